@@ -1,0 +1,478 @@
+"""The experiment catalog: entity spaces, defaults, domains and hardcoded values.
+
+This is the *what* of a benchmark, transcribed from the reference experiments:
+five experiments, the fields a point may set, what each defaults to, which
+values are allowed, and the per-model LoRA ``target_modules``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import CatalogError, InputError
+from .yamlio import load_yaml, loads_yaml
+
+BENCHMARK_MODELS = (
+    "granite-3b-1.5", "hf-tiny-model-private/tiny-random-BloomForCausalLM", "llama-7b", "granite-13b-v2",
+    "llama-13b", "granite-20b-v2", "granite-7b-base", "granite-8b-japanese", "granite-8b-code-base",
+    "granite-34b-code-base", "mistral-7b-v0.1", "llama3-8b", "llama3-70b", "mixtral-8x7b-instruct-v0.1",
+    "llama2-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "granite-3b-code-base-128k",
+    "granite-8b-code-base-128k", "allam-1-13b", "granite-3-8b", "granite-3.1-2b", "granite-3.1-8b-instruct",
+    "mistral-123b-v2", "granite-3.1-3b-a800m-instruct", "granite-vision-3.2-2b", "smollm2-135m",
+    "llava-v1.6-mistral-7b", "granite-4.0-micro", "granite-4.0-h-1b", "granite-4.0-350m", "granite-4.0-h-small",
+    "granite-4.0-h-micro", "granite-4.0-h-tiny", "granite-3.3-8b",
+)
+GPTQ_MODELS = (
+    "llama-7b", "granite-20b-v2", "granite-7b-base", "granite-8b-code-instruct", "granite-34b-code-base",
+    "mistral-7b-v0.1", "llama3-70b", "mixtral-8x7b-instruct-v0.1", "llama3.1-405b",
+)
+
+_QV, _QK, _CA = ("q_proj", "v_proj"), ("q_proj", "k_proj"), ("c_attn", "c_proj")
+LORA_TARGET_MODULES: dict[str, tuple[str, ...]] = {
+    "llama3.2-1b": _QV, "llama3.2-3b": _QV, "smollm2-135m": _QV, "granite-3.0-1b-a400m-base": _QV,
+    "granite-3.1-3b-a800m-instruct": _QV, "granite-vision-3.2-2b": _QV, "granite-3b-code-base-128k": _QV,
+    "granite-7b-base": _QV, "granite-8b-code-base-128k": _QV, "granite-8b-code-base": _QV,
+    "granite-8b-japanese": _QV, "granite-13b-v2": _CA, "granite-20b-v2": _CA, "granite-34b-code-base": _CA,
+    "llama-7b": _QK, "llama-13b": _QK, "llama2-70b": _QV, "llama3-8b": _QK, "llama3-70b": _QV,
+    "llama3.1-8b": _QV, "llama3.1-70b": _QV, "llama3.1-405b": _QV, "granite-4.0-micro": _QV,
+    "granite-4.0-h-1b": _QV, "granite-4.0-350m": _QV, "granite-4.0-h-small": _QV, "granite-4.0-h-micro": _QV,
+    "granite-4.0-h-tiny": _QV, "allam-1-13b": _QV,
+    "hf-tiny-model-private/tiny-random-BloomForCausalLM": ("dense_h_to_4h", "dense_4h_to_4h"),
+    "mistral-7b-v0.1": _QV, "mistral-123b-v2": _QV, "mixtral-8x7b-instruct-v0.1": _QV, "granite-3-8b": _QV,
+    "granite-3.3-8b": _QV, "granite-3.1-2b": _QV, "granite-3.1-8b-instruct": _QV, "llava-v1.6-mistral-7b": _QV,
+}
+GPTQ_TARGET_MODULES: dict[str, tuple[str, ...]] = {
+    "granite-8b-code-instruct": _QV, "granite-7b-base": _QV, "granite-20b-v2": _CA, "granite-34b-code-base": _CA,
+    "llama-7b": _QK, "llama3-70b": _QV, "mistral-7b-v0.1": _QV, "mixtral-8x7b-instruct-v0.1": _QV,
+    "llama3.1-405b": _QV, "allam-1-13b": _QV,
+}
+DEFAULT_TARGET_MODULES = _QV
+
+TEXT_DATASETS = (
+    "news-chars-512-entries-4096",
+    "news-chars-1024-entries-4096",
+    "news-chars-2048-entries-4096",
+    "news-tokens-16384plus-entries-4096",
+    "news-tokens-128kplus-entries-320",
+)
+VISION_DATASETS = ("vision-384x384-16384plus-entries-4096", "vision-384x768-16384plus-entries-4096")
+BENCHMARK_DATASETS = TEXT_DATASETS[:4] + VISION_DATASETS
+DATASET_IDS = TEXT_DATASETS + VISION_DATASETS
+
+FMS_VERSIONS = ("3.1.0", "3.0.0.1", "3.0.0", "2.8.2", "2.7.1", "2.6.0", "2.5.0", "2.4.0", "2.3.1", "2.2.1",
+                "2.1.2", "2.1.0", "2.0.1")
+OPTIMIZERS = (
+    "adamw_hf", "adamw_torch", "adamw_torch_fused", "adamw_torch_xla", "adamw_torch_npu_fused", "adamw_apex_fused",
+    "adafactor", "adamw_anyprecision", "adamw_torch_4bit", "ademamix", "sgd", "adagrad", "adamw_bnb_8bit",
+    "adamw_8bit", "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit", "paged_adamw_8bit",
+    "paged_ademamix_32bit", "paged_ademamix_8bit", "paged_lion_32bit", "paged_lion_8bit", "rmsprop", "rmsprop_bnb",
+    "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "galore_adamw", "galore_adamw_8bit", "galore_adafactor",
+    "galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise", "lomo", "adalomo",
+    "grokadamw", "schedule_free_adamw", "schedule_free_sgd",
+)
+SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+STATE_DICT = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
+AUTO_STOP = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
+
+# Properties each benchmark measures, under the reference names (collect's columns).
+BENCHMARK_PROPERTIES = (
+    "gpu_compute_utilization_min", "gpu_compute_utilization_avg", "gpu_compute_utilization_max",
+    "gpu_memory_utilization_min", "gpu_memory_utilization_avg", "gpu_memory_utilization_max",
+    "gpu_power_percent_min", "gpu_power_percent_avg", "gpu_power_percent_max",
+    "gpu_power_watts_min", "gpu_power_watts_avg", "gpu_power_watts_max",
+    "gpu_memory_utilization_peak", "cpu_compute_utilization", "cpu_memory_utilization",
+    "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_tokens_per_second",
+    "train_tokens_per_gpu_per_second", "dataset_tokens_per_second", "dataset_tokens_per_second_per_gpu",
+    "is_valid",
+)
+STABILITY_PROPERTIES = ("f_gpu_oom", "f_other_error", "f_no_error", "is_valid")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One entity-space field: its type, default, domain and meaning."""
+
+    name: str
+    kind: str  # int | float | bool | str | list
+    help: str
+    default: Any = None
+    required: bool = False
+    domain: tuple[Any, ...] | None = None
+    nullable: bool = False
+    minimum: float | None = None
+
+    def coerce(self, value: Any, where: str) -> Any:
+        """Check *value* against the field; return it in canonical form or raise ``InputError``."""
+        if value is None or (isinstance(value, str) and value == "None" and self.nullable):
+            if self.nullable or self.default is None:
+                return None
+            raise InputError(f"{where}: {self.name} must not be null")
+        kind = self.kind
+        bad = f"{where}: {self.name} must be {_kind_text(kind)}, got {value!r}"
+        if kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                if isinstance(value, float) and value.is_integer():
+                    value = int(value)
+                else:
+                    raise InputError(bad)
+        elif kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InputError(bad)
+            value = float(value)
+        elif kind == "bool":
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                value = value.lower() == "true"
+            if not isinstance(value, bool):
+                raise InputError(bad)
+        elif kind == "str":
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise InputError(bad)
+            value = str(value)
+        elif kind == "list":
+            if isinstance(value, str):
+                value = value.split()
+            if not isinstance(value, (list, tuple)):
+                raise InputError(bad)
+            value = [str(v) for v in value]
+        if self.minimum is not None and isinstance(value, (int, float)) and value < self.minimum:
+            raise InputError(f"{where}: {self.name} must be >= {self.minimum:g}, got {value!r}")
+        if self.domain is not None and value not in self.domain:
+            shown = ", ".join(str(d) for d in self.domain)
+            raise InputError(f"{where}: {self.name} must be one of: {shown}; got {value!r}")
+        return value
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "type": self.kind, "required": self.required, "default": self.default,
+                "domain": list(self.domain) if self.domain is not None else None, "nullable": self.nullable,
+                "help": self.help}
+
+
+def _kind_text(kind: str) -> str:
+    return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+            "list": "a list"}[kind]
+
+
+def _f(name: str, kind: str, help: str, default: Any = None, **kw: Any) -> FieldSpec:
+    return FieldSpec(name=name, kind=kind, help=help, default=default, **kw)
+
+
+def _core_required(models: tuple[str, ...]) -> list[FieldSpec]:
+    return [
+        _f("model_name", "str", "Model name (see the model map)", required=True, domain=None),
+        _f("model_max_length", "int", "Maximum sequence length; sequences are right padded and truncated",
+           required=True, minimum=1),
+        _f("number_gpus", "int", "Effective number of GPUs, spread evenly over number_nodes", required=True,
+           minimum=0),
+        _f("batch_size", "int", "Effective batch size, spread evenly over max(1, number_gpus) devices",
+           required=True),
+        _f("gpu_model", "str", "GPU product (e.g. NVIDIA-A100-SXM4-80GB); defaults to the partition's",
+           required=True),
+    ]
+
+
+def _benchmark_optional(dtype_domain: tuple[str, ...], dtype_default: str) -> list[FieldSpec]:
+    return [
+        _f("dataset_id", "str", "Synthetic dataset id", "news-tokens-16384plus-entries-4096",
+           domain=BENCHMARK_DATASETS),
+        _f("gradient_checkpointing", "bool", "Use gradient checkpointing", True),
+        _f("gradient_accumulation_steps", "int", "Update steps to accumulate before a backward/update pass", 4,
+           minimum=1),
+        _f("torch_dtype", "str", "dtype the weights are loaded in", dtype_default, domain=dtype_domain),
+        _f("max_steps", "int", "Optimisation steps; -1 to respect num_train_epochs", -1),
+        _f("num_train_epochs", "float", "Epochs; ignored when max_steps > 0", 1.0, minimum=0),
+        _f("stop_after_seconds", "float", "Ask the optimiser to stop after this many seconds (checked after each "
+           "step); -1 = off", -1.0),
+        _f("auto_stop_method", "str", f"None or {AUTO_STOP}", None, domain=(None, AUTO_STOP), nullable=True),
+        _f("distributed_backend", "str", "FSDP (default for multi-GPU) or DDP; None for single-device runs",
+           None, domain=(None, "FSDP", "DDP"), nullable=True),
+        _f("number_nodes", "int", "Machines to spread number_gpus over, one process per GPU", 1),
+        _f("fms_hf_tuning_version", "str", "Reference tuning-stack version label (recorded with the point)",
+           "2.1.2", domain=FMS_VERSIONS),
+        _f("enable_roce", "bool", "RDMA over Converged Ethernet for multi-node runs", False),
+        _f("fast_moe", "int", "Expert-parallel degree; number_gpus must be divisible by it (0 = off)", 0,
+           minimum=0),
+        _f("fast_kernels", "list", "[fast_loss, fast_rms_layernorm, fast_rope_embeddings]", None, nullable=True),
+        _f("optim", "str", "Optimizer", "adamw_torch", domain=OPTIMIZERS),
+        _f("bf16", "bool", "bf16 mixed precision", False),
+        _f("gradient_checkpointing_use_reentrant", "bool", "Reentrant activation checkpointing", False),
+        _f("fsdp_sharding_strategy", "str", "FSDP sharding strategy", "FULL_SHARD", domain=SHARDING),
+        _f("fsdp_state_dict_type", "str", "FSDP state dict type", "FULL_STATE_DICT", domain=STATE_DICT),
+        _f("fsdp_use_orig_params", "bool", "FSDP use_orig_params", True),
+        _f("accelerate_config_mixed_precision", "str", "accelerate mixed_precision", "no",
+           domain=("no", "fp16", "bf16", "fp8")),
+        _f("accelerate_config_fsdp_transformer_layer_cls_to_wrap", "str",
+           "Transformer layer class(es) for FSDP auto-wrap, e.g. LlamaDecoderLayer", None, nullable=True),
+        _f("dataset_text_field", "str", "Text column of the dataset", None, nullable=True),
+        _f("dataset_image_field", "str", "Image column of a vision dataset", None, nullable=True),
+        _f("remove_unused_columns", "bool", "Remove dataset columns the model does not use", True),
+        _f("dataset_kwargs_skip_prepare_dataset", "bool", "Skip trl's dataset preparation", False),
+    ]
+
+
+LORA_FIELDS = [
+    _f("r", "int", "LoRA rank", 4, minimum=1),
+    _f("lora_alpha", "int", "LoRA alpha", 16, minimum=1),
+]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    id: str
+    method: str  # full | lora | pt | gptq-lora
+    summary: str
+    fields: tuple[FieldSpec, ...]
+    models: tuple[str, ...]
+    hardcoded: Mapping[str, Any] = field(default_factory=dict)
+    properties: tuple[str, ...] = BENCHMARK_PROPERTIES
+    trials: int = 1
+    multi_node: bool = True
+    requires_cuda: bool = False
+
+    def field(self, name: str) -> FieldSpec | None:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        return None
+
+    @property
+    def field_names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+    def target_modules(self, model_name: str, model_map: ModelMap | None = None) -> tuple[str, ...]:
+        if model_map is not None and model_map.target_modules(model_name):
+            return model_map.target_modules(model_name)  # type: ignore[return-value]
+        table = GPTQ_TARGET_MODULES if self.method == "gptq-lora" else LORA_TARGET_MODULES
+        return table.get(model_name, DEFAULT_TARGET_MODULES)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "method": self.method, "summary": self.summary,
+            "required": [f.to_dict() for f in self.fields if f.required],
+            "optional": [f.to_dict() for f in self.fields if not f.required],
+            "hardcoded": dict(self.hardcoded), "models": list(self.models),
+            "measured_properties": list(self.properties), "trials": self.trials,
+            "multi_node": self.multi_node, "requires_cuda": self.requires_cuda,
+            "target_modules": ({m: list(t) for m, t in (GPTQ_TARGET_MODULES if self.method == "gptq-lora"
+                                                        else LORA_TARGET_MODULES).items()}
+                               if self.method in ("lora", "gptq-lora") else None),
+        }
+
+
+_COMMON_HARDCODED = {
+    "use_flash_attn": True, "packing": False, "save_strategy": "no", "learning_rate": 1e-5, "weight_decay": 0.0,
+    "warmup_ratio": 0.03, "lr_scheduler_type": "cosine", "logging_steps": 1, "include_tokens_per_second": True,
+    "response_template": "\n### Response:", "dataset_text_field": "output", "cpus_per_device": 2,
+    "min_cpus": 2,
+}
+
+EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def _add(exp: Experiment) -> None:
+    EXPERIMENTS[exp.id] = exp
+
+
+_add(Experiment(
+    id="finetune_full_benchmark-v1.0.0", method="full",
+    summary="Full fine-tuning; throughput, GPU/CPU utilisation and memory",
+    fields=tuple(_core_required(BENCHMARK_MODELS) + _benchmark_optional(("bfloat16", "float32", "float16"), "bfloat16")),
+    models=BENCHMARK_MODELS, hardcoded={**_COMMON_HARDCODED, "peft_method": "none"},
+))
+_add(Experiment(
+    id="finetune_lora_benchmark-v1.0.0", method="lora",
+    summary="LoRA fine-tuning (per-model target_modules); throughput, utilisation and memory",
+    fields=tuple(_core_required(BENCHMARK_MODELS) + _benchmark_optional(("bfloat16", "float32", "float16"), "bfloat16")
+                 + LORA_FIELDS),
+    models=BENCHMARK_MODELS, hardcoded={**_COMMON_HARDCODED, "peft_method": "lora"},
+))
+_add(Experiment(
+    id="finetune_pt_benchmark-v1.0.0", method="pt",
+    summary="Prompt tuning; throughput, utilisation and memory",
+    fields=tuple(_core_required(BENCHMARK_MODELS) + _benchmark_optional(("bfloat16", "float32", "float16"), "bfloat16")),
+    models=BENCHMARK_MODELS,
+    hardcoded={**_COMMON_HARDCODED, "peft_method": "pt", "num_virtual_tokens": 20,
+               "prompt_tuning_init": "RANDOM"},
+))
+_add(Experiment(
+    id="finetune_gtpq-lora_benchmark-v1.0.0", method="gptq-lora",
+    summary="LoRA on GPTQ-quantised weights (CUDA only, float16)",
+    fields=tuple(_core_required(GPTQ_MODELS) + _benchmark_optional(("float16",), "float16") + LORA_FIELDS),
+    models=GPTQ_MODELS, requires_cuda=True,
+    hardcoded={**_COMMON_HARDCODED, "peft_method": "lora", "auto_gptq": "triton_v2",
+               "fast_kernels": ["True", "True", "True"], "fused_lora": ["auto_gptq", "True"], "fp16": True,
+               "torch_dtype": "float16"},
+))
+_add(Experiment(
+    id="finetune_full_stability-v1.0.0", method="full",
+    summary="Full fine-tuning 5 times for 5 steps; fractions that ran out of GPU memory, failed, or completed",
+    fields=(
+        _f("model_name", "str", "Model name (see the model map)", required=True),
+        _f("dataset_id", "str", "Synthetic dataset id", required=True, domain=DATASET_IDS),
+        _f("number_gpus", "int", "GPUs (0 or more; single node only)", required=True, minimum=0),
+        _f("model_max_length", "int", "Maximum sequence length", required=True, minimum=1),
+        _f("torch_dtype", "str", "Any torch dtype name", required=True,
+           domain=("bfloat16", "float16", "float32", "float64", "half", "float", "double")),
+        _f("batch_size", "int", "Effective batch size", required=True),
+        _f("gpu_model", "str", "GPU product; defaults to the partition's", required=True),
+        _f("gradient_accumulation_steps", "int", "Defaults to 4", 4, minimum=1),
+        _f("number_nodes", "int", "Always 1: the stability experiment is single-node", 1),
+        _f("fast_moe", "int", "Expert-parallel degree (0 = off)", 0, minimum=0),
+    ),
+    models=BENCHMARK_MODELS, properties=STABILITY_PROPERTIES, trials=5, multi_node=False,
+    hardcoded={**_COMMON_HARDCODED, "peft_method": "none", "max_steps": 5, "distributed_backend": "FSDP",
+               "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_state_dict_type": "FULL_STATE_DICT",
+               "accelerate_config_mixed_precision": "no", "optim": "adamw_torch", "bf16": False,
+               "gradient_checkpointing": True, "gradient_checkpointing_use_reentrant": False, "trials": 5},
+))
+
+
+def get_experiment(exp_id: str) -> Experiment:
+    if exp_id in EXPERIMENTS:
+        return EXPERIMENTS[exp_id]
+    raise CatalogError(f"unknown experiment {exp_id!r}; known experiments: {', '.join(EXPERIMENTS)}")
+
+
+# -- model map ---------------------------------------------------------------------------------------------
+
+VARIANTS = ("Vanilla", "GPTQ-Quantized")
+MODEL_ENTRY_KEYS = VARIANTS + ("target_modules", "path", "id")
+
+
+@dataclass
+class ModelMap:
+    """Model name -> weights source per variant, plus optional per-model LoRA target modules."""
+
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+
+    def names(self) -> list[str]:
+        return sorted(self.entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def source(self, name: str, variant: str = "Vanilla") -> str | None:
+        entry = self.entries.get(name)
+        if not entry:
+            return None
+        return entry.get(variant) or (entry.get("Vanilla") if variant == "Vanilla" else None)
+
+    def target_modules(self, name: str) -> tuple[str, ...] | None:
+        entry = self.entries.get(name) or {}
+        tm = entry.get("target_modules")
+        return tuple(tm) if tm else None
+
+    def merged(self, doc: Any, source: str, base_dir: Path | None) -> ModelMap:
+        """A copy with *doc* (name -> id/path, or name -> {Vanilla:, GPTQ-Quantized:, target_modules:}) on top."""
+        out = ModelMap({k: dict(v) for k, v in self.entries.items()}, dict(self.origins))
+        if doc is None:
+            return out
+        if not isinstance(doc, Mapping):
+            raise InputError(f"{source}: model_map must be a mapping of model name -> HF id or local path")
+        for name, value in doc.items():
+            name = str(name)
+            if isinstance(value, (str, Path)):
+                entry: dict[str, Any] = {"Vanilla": _resolve_source(str(value), base_dir)}
+            elif isinstance(value, Mapping):
+                unknown = [k for k in value if k not in MODEL_ENTRY_KEYS]
+                if unknown:
+                    raise InputError(
+                        f"{source}: model_map.{name}.{unknown[0]} is not a known key; valid keys: "
+                        f"{', '.join(MODEL_ENTRY_KEYS)}")
+                entry = {}
+                for k, v in value.items():
+                    if k in ("path", "id"):
+                        k = "Vanilla"
+                    if k == "target_modules":
+                        if isinstance(v, str):
+                            v = v.split()
+                        if not isinstance(v, list) or not v:
+                            raise InputError(f"{source}: model_map.{name}.target_modules must be a non-empty list")
+                        entry[k] = [str(x) for x in v]
+                    elif not isinstance(v, str) or not v.strip():
+                        raise InputError(f"{source}: model_map.{name}.{k} must be a HF id or a path, got {v!r}")
+                    else:
+                        entry[k] = _resolve_source(v, base_dir)
+            else:
+                raise InputError(f"{source}: model_map.{name} must be a HF id, a path, or a mapping; got {value!r}")
+            merged_entry = dict(out.entries.get(name, {}))
+            merged_entry.update(entry)
+            out.entries[name] = merged_entry
+            out.origins[name] = source
+        return out
+
+
+def is_local_source(src: str) -> bool:
+    return src.startswith(("/", "./", "../", "~")) or os.path.isdir(src)
+
+
+def _resolve_source(src: str, base_dir: Path | None) -> str:
+    src = src.strip()
+    if src.startswith("~"):
+        return str(Path(src).expanduser())
+    if src.startswith(("./", "../")) and base_dir is not None:
+        return str((base_dir / src).resolve())
+    return src
+
+
+def builtin_model_map() -> ModelMap:
+    text = resources.files("harness").joinpath("data/models.yaml").read_text(encoding="utf-8")
+    doc = loads_yaml(text, "<built-in model map>", CatalogError)
+    mm = ModelMap().merged(doc, "<built-in model map>", None)
+    for name in mm.entries:
+        mm.origins[name] = "built-in"
+    return mm
+
+
+def load_model_map(path: str | Path | None = None) -> ModelMap:
+    """Built-in map, then ``$SBENCH_MODEL_MAP`` or *path* on top."""
+    mm = builtin_model_map()
+    p = path or os.environ.get("SBENCH_MODEL_MAP")
+    if p:
+        p = Path(p)
+        mm = mm.merged(load_yaml(p, InputError, "model map"), str(p), p.parent.resolve())
+    return mm
+
+
+def model_config(source: str) -> dict[str, Any] | None:
+    """The model's config.json when it can be found locally (a directory, or the HF cache); else None."""
+    cand = Path(source).expanduser()
+    if cand.is_dir():
+        cfg = cand / "config.json"
+        if cfg.is_file():
+            try:
+                return json.loads(cfg.read_text())
+            except (OSError, ValueError):
+                return None
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return None
+    try:
+        hit = try_to_load_from_cache(source, "config.json")
+    except Exception:  # noqa: BLE001 - an invalid repo id is simply "not found locally"
+        return None
+    if isinstance(hit, str) and os.path.isfile(hit):
+        try:
+            return json.loads(Path(hit).read_text())
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def num_local_experts(config: Mapping[str, Any]) -> int | None:
+    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    text_cfg = config.get("text_config")
+    if isinstance(text_cfg, Mapping):
+        return num_local_experts(text_cfg)
+    return None

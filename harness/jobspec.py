@@ -1,0 +1,319 @@
+"""JobSpec: everything one attempt needs, computed once.
+
+``render`` writes a JobSpec to a job directory and ``submit`` submits exactly
+those files; no sbatch directive or launch flag is computed anywhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import __version__
+from .catalog import Experiment, get_experiment
+from .inventory import Host, Inventory, Partition
+from .paths import JobPaths
+from .plan import PlannedPoint, RunnerSettings, Sweep
+
+PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral range (32768+)
+DEFAULT_TIME = "01:00:00"
+TEXT_FIELD = "output"
+RESPONSE_TEMPLATE = "\\n### Response:"  # escaped, as on the reference command line
+
+
+def dataset_filename(dataset_id: str) -> str:
+    return f"{dataset_id}.parquet" if dataset_id.startswith("vision-") else f"{dataset_id}.jsonl"
+
+
+def default_port(point_id: str, repeat: int, attempt: int) -> int:
+    """A port spread by point and attempt; launch.sh replaces it with one derived from the SLURM job id."""
+    h = int(hashlib.sha256(f"{point_id}.{repeat}.{attempt}".encode()).hexdigest(), 16)
+    return PORT_BASE + h % PORT_SPAN
+
+
+@dataclass
+class JobSpec:
+    campaign: str
+    point_id: str
+    repeat: int
+    attempt: int
+    experiment: str
+    method: str
+    entity: dict[str, Any]
+    job_dir: str
+    partition: str
+    cpu_partition: bool
+    model_source: str
+    dataset_id: str
+    dataset_path: str
+    data_dir: str
+    resources: dict[str, Any]
+    launcher: str  # python | accelerate
+    num_machines: int
+    num_processes: int
+    processes_per_node: int
+    port: int
+    accelerate_config: dict[str, Any] | None
+    train_argv: list[str]
+    python: str
+    setup: list[str]
+    env: dict[str, str]
+    host_env: dict[str, dict[str, str]]
+    host_addresses: dict[str, str]
+    trials: int
+    runner: dict[str, Any]
+    adjustments: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    sbench_version: str = __version__
+
+    @property
+    def paths(self) -> JobPaths:
+        return JobPaths(self.job_dir)
+
+    def shape(self) -> tuple[tuple[str, Any], ...]:
+        """Resource shape: points with equal shapes share one job array."""
+        return tuple(sorted((k, v) for k, v in self.resources.items() if k not in ("job_name", "output")))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _mem_gb(part: Partition, per_node: int, cpus: int, override: float | None) -> int:
+    if override:
+        return max(1, math.ceil(override))
+    if part.gpus_per_node and per_node:
+        share = part.memory_gb * per_node / part.gpus_per_node
+    else:
+        share = part.memory_gb * cpus / part.cpus_per_node
+    return max(1, math.ceil(share))
+
+
+def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], per_node: int, job_dir: str,
+               point: PlannedPoint) -> dict[str, Any]:
+    nodes = e.get("number_nodes", 1)
+    cpus = max(2, 2 * per_node)
+    res: dict[str, Any] = {
+        "job_name": f"sbench.{sweep.campaign}.{point.point_id[:8]}",
+        "partition": part.slurm_partition,
+        "nodes": nodes,
+        "ntasks_per_node": 1,
+    }
+    if not part.is_cpu and e["number_gpus"] > 0:
+        res["gpus_per_node"] = per_node
+    res["cpus_per_task"] = cpus
+    res["mem"] = f"{_mem_gb(part, per_node, cpus, sweep.slurm.mem_gb)}G"
+    res["time"] = sweep.slurm.time or part.time_limit or DEFAULT_TIME
+    for key in ("account", "qos", "constraint"):
+        value = getattr(sweep.slurm, key) or getattr(part, key)
+        if value:
+            res[key] = value
+    exclusive = sweep.slurm.exclusive if sweep.slurm.exclusive is not None else part.exclusive
+    if exclusive:
+        res["exclusive"] = True
+    res["output"] = f"{job_dir}/slurm-%j.out"
+    return res
+
+
+def _fsdp_block(e: dict[str, Any], cpu: bool, adjustments: list[str]) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_backward_prefetch": "BACKWARD_PRE",
+        "fsdp_forward_prefetch": False,
+        "fsdp_offload_params": False,
+        "fsdp_sharding_strategy": e.get("fsdp_sharding_strategy", "FULL_SHARD"),
+        "fsdp_state_dict_type": e.get("fsdp_state_dict_type", "FULL_STATE_DICT"),
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_sync_module_states": True,
+    }
+    wrap = e.get("accelerate_config_fsdp_transformer_layer_cls_to_wrap")
+    if wrap:
+        cfg["fsdp_transformer_layer_cls_to_wrap"] = wrap
+    if cpu:
+        # FSDP v1 needs an accelerator; v2 (fully_shard) runs on CPU over gloo. v2 has no prefetch or
+        # sync_module_states knobs and expresses the sharding strategy as reshard_after_forward.
+        strategy = cfg.pop("fsdp_sharding_strategy")
+        for k in ("fsdp_backward_prefetch", "fsdp_forward_prefetch", "fsdp_sync_module_states"):
+            cfg.pop(k)
+        cfg["fsdp_version"] = 2
+        cfg["fsdp_reshard_after_forward"] = strategy in ("FULL_SHARD", "HYBRID_SHARD")
+        if cfg["fsdp_state_dict_type"] == "LOCAL_STATE_DICT":
+            cfg["fsdp_state_dict_type"] = "SHARDED_STATE_DICT"
+            adjustments.append("cpu partition: FSDP v2 has no LOCAL_STATE_DICT; using SHARDED_STATE_DICT")
+        adjustments.append(f"cpu partition: FSDP v2 (fsdp_reshard_after_forward="
+                           f"{str(cfg['fsdp_reshard_after_forward']).lower()} for {strategy})")
+    return cfg
+
+
+def accelerate_config(e: dict[str, Any], part: Partition, num_machines: int, num_processes: int, port: int,
+                      main_ip: str | None, adjustments: list[str]) -> dict[str, Any]:
+    """The accelerate config of the reference templates, field for field (FSDP or DDP)."""
+    backend = e.get("distributed_backend") or "FSDP"
+    mixed = e.get("accelerate_config_mixed_precision", "no")
+    if part.is_cpu and mixed != "no":
+        adjustments.append(f"cpu partition: accelerate mixed_precision {mixed} -> no")
+        mixed = "no"
+    cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE"}
+    if backend == "FSDP":
+        cfg["distributed_type"] = "FSDP"
+        cfg["downcast_bf16"] = "no"
+        cfg["fsdp_config"] = _fsdp_block(e, part.is_cpu, adjustments)
+    else:
+        cfg["debug"] = False
+        cfg["downcast_bf16"] = "no"
+        cfg["distributed_type"] = "MULTI_CPU" if part.is_cpu else "MULTI_GPU"
+    cfg.update({
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": mixed,
+        "num_machines": num_machines,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "tpu_env": [],
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+        "use_cpu": part.is_cpu,
+    })
+    if num_machines > 1 and main_ip:
+        cfg["main_process_ip"] = main_ip
+    cfg["main_process_port"] = port
+    cfg["num_processes"] = num_processes
+    return cfg
+
+
+def _bool(v: Any) -> str:
+    return "True" if v else "False"
+
+
+def train_argv(exp: Experiment, e: dict[str, Any], model_source: str, dataset_path: str, job_dir: str,
+               per_device_bs: int, target_modules: tuple[str, ...]) -> list[str]:
+    """The reference command line, argument for argument, plus sbench's own measurement flags."""
+    hc = exp.hardcoded
+    dtype = hc.get("torch_dtype", e.get("torch_dtype", "bfloat16"))
+    max_steps = hc.get("max_steps", e.get("max_steps", -1))
+    argv = [
+        "--model_name_or_path", model_source,
+        "--torch_dtype", str(dtype),
+        "--use_flash_attn", _bool(hc["use_flash_attn"]),
+        "--training_data_path", dataset_path,
+        "--response_template", RESPONSE_TEMPLATE,
+        "--dataset_text_field", e.get("dataset_text_field") or TEXT_FIELD,
+        "--log_level", "debug",
+        "--num_train_epochs", f"{float(e.get('num_train_epochs', 1.0)):g}",
+        "--max_steps", str(max_steps),
+        "--per_device_train_batch_size", str(per_device_bs),
+        "--max_seq_length", str(e["model_max_length"]),
+        "--eval_strategy", "no",
+        "--output_dir", f"{job_dir}/output",
+        "--gradient_accumulation_steps", str(e.get("gradient_accumulation_steps", 4)),
+        "--save_strategy", "no",
+        "--learning_rate", "1e-05",
+        "--weight_decay", "0.0",
+        "--warmup_ratio", "0.03",
+        "--lr_scheduler_type", "cosine",
+        "--logging_steps", "1",
+        "--include_tokens_per_second", "True",
+        "--gradient_checkpointing", _bool(hc.get("gradient_checkpointing", e.get("gradient_checkpointing", True))),
+        "--packing", "False",
+        "--peft_method", hc["peft_method"],
+    ]
+    if hc["peft_method"] == "lora":
+        argv += ["--target_modules", *target_modules,
+                 "--r", str(e.get("r", 4)), "--lora_alpha", str(e.get("lora_alpha", 16))]
+    if hc["peft_method"] == "pt":
+        argv += ["--num_virtual_tokens", str(hc["num_virtual_tokens"]),
+                 "--prompt_tuning_init", hc["prompt_tuning_init"]]
+    if exp.method == "gptq-lora":
+        argv += ["--fp16", "true", "--fast_kernels", "true", "true", "true",
+                 "--fused_lora", "auto_gptq", "true", "--auto_gptq", "triton_v2"]
+    elif e.get("fast_kernels"):
+        argv += ["--fast_kernels", *[str(x).lower() for x in e["fast_kernels"]]]
+    argv += [
+        "--optim", str(hc.get("optim", e.get("optim", "adamw_torch"))),
+        "--bf16", _bool(hc.get("bf16", e.get("bf16", False))),
+        "--gradient_checkpointing_kwargs",
+        '{"use_reentrant": %s}' % str(hc.get("gradient_checkpointing_use_reentrant",
+                                             e.get("gradient_checkpointing_use_reentrant", False))).lower(),
+        "--fast_moe", str(e.get("fast_moe", 0)),
+        "--distributed_backend", str(hc.get("distributed_backend", e.get("distributed_backend")) or "None"),
+        "--fsdp_use_orig_params", _bool(e.get("fsdp_use_orig_params", True)),
+        "--stop_after_seconds", f"{float(e.get('stop_after_seconds', -1.0)):g}",
+        "--auto_stop_method", str(e.get("auto_stop_method") or "None"),
+        "--job_dir", job_dir,
+    ]
+    return argv
+
+
+def _host_env(inv: Inventory, part: Partition, host: Host, e: dict[str, Any], job_dir: str,
+              multi_node: bool) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if multi_node:
+        env["NCCL_DEBUG"] = "INFO"  # lets collect read which transport each node used
+        if e.get("enable_roce") and host.roce is not None:
+            env.update(inv.nccl)
+            env["NCCL_IB_HCA"] = host.roce.nccl_ib_hca
+            env["NCCL_IB_GID_INDEX"] = str(host.roce.gid_index)
+            if host.roce.socket_ifname:
+                env["NCCL_SOCKET_IFNAME"] = host.roce.socket_ifname
+            env["NCCL_IB_DISABLE"] = "0"
+            if host.nccl_topo_file:
+                env["NCCL_TOPO_FILE"] = host.nccl_topo_file
+            env["NCCL_DEBUG_SUBSYS"] = "INIT,BOOTSTRAP,ENV,NET"
+        else:
+            env["NCCL_IB_DISABLE"] = "1"
+    else:
+        env["NCCL_IB_DISABLE"] = "1"
+    env["HF_DATASETS_CACHE"] = str(JobPaths(job_dir).hf_cache(host.name) / "datasets")
+    if host.address:
+        env["SBENCH_HOST_ADDRESS"] = host.address
+    env.update(host.env)  # the inventory's own per-host values win
+    return env
+
+
+def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: int, job_dir: str,
+                  python: str | None = None) -> JobSpec:
+    exp = get_experiment(point.experiment)
+    part = inv.partition(point.partition)
+    e = dict(point.entity)
+    gpus, nodes = e["number_gpus"], e.get("number_nodes", 1)
+    devices = max(1, gpus)
+    per_node = devices // nodes
+    per_device_bs = e["batch_size"] // devices
+    adjustments: list[str] = []
+    launcher = "accelerate" if devices > 1 else "python"
+    port = default_port(point.point_id, point.repeat, attempt)
+    first_host = next(iter(part.hosts.values()))
+    acc = None
+    if launcher == "accelerate":
+        acc = accelerate_config(e, part, nodes, devices, port, first_host.address or first_host.name, adjustments)
+    if part.is_cpu:
+        if e.get("torch_dtype") not in (None, "float32") or e.get("bf16"):
+            adjustments.append("cpu partition: the runner loads float32 weights and turns bf16/fp16 and "
+                               "flash-attention off when no CUDA device is present")
+    dataset_path = str(sweep.data_dir / dataset_filename(e.get("dataset_id") or "news-tokens-16384plus-entries-4096"))
+    target = exp.target_modules(e["model_name"], sweep.model_map)
+    argv = train_argv(exp, e, point.model_source or e["model_name"], dataset_path, job_dir, per_device_bs, target)
+    env = dict(inv.env)
+    env.update(part.env)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    host_env = {h.name: _host_env(inv, part, h, e, job_dir, nodes > 1) for h in part.hosts.values()}
+    return JobSpec(
+        campaign=sweep.campaign, point_id=point.point_id, repeat=point.repeat, attempt=attempt,
+        experiment=exp.id, method=exp.method, entity=e, job_dir=job_dir, partition=part.name,
+        cpu_partition=part.is_cpu, model_source=point.model_source or e["model_name"],
+        dataset_id=e.get("dataset_id") or "news-tokens-16384plus-entries-4096", dataset_path=dataset_path,
+        data_dir=str(sweep.data_dir),
+        resources=_resources(sweep, part, e, per_node if gpus > 0 else 0, job_dir, point),
+        launcher=launcher, num_machines=nodes, num_processes=devices, processes_per_node=per_node, port=port,
+        accelerate_config=acc, train_argv=argv, python=python or part.python or inv.python or sys.executable,
+        setup=list(inv.setup) + list(part.setup), env=env, host_env=host_env,
+        host_addresses={h.name: h.address for h in part.hosts.values() if h.address},
+        trials=exp.trials, runner=sweep.runner.to_dict(), adjustments=adjustments, notes=list(point.notes),
+    )
+
+
+def runner_settings(spec: dict[str, Any]) -> RunnerSettings:
+    return RunnerSettings(**spec.get("runner", {}))

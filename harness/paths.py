@@ -1,0 +1,128 @@
+"""One class owns the layout of a job directory; the runner and collect both use it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def safe_name(text: str) -> str:
+    """A host or rank name usable as part of a file name."""
+    return _SAFE.sub("_", str(text)) or "_"
+
+
+def job_dir_name(point_id: str, repeat: int, attempt: int) -> str:
+    return f"{point_id}.r{repeat}.a{attempt}"
+
+
+def parse_job_dir_name(name: str) -> tuple[str, int, int] | None:
+    m = re.match(r"^([0-9a-f]{16})\.r(\d+)\.a(\d+)$", name)
+    if not m:
+        return None
+    return m.group(1), int(m.group(2)), int(m.group(3))
+
+
+class JobPaths:
+    """Every file of one attempt's job directory.
+
+    Written at render time: ``spec.json``, ``job.sbatch``, ``launch.sh``,
+    ``accelerate.yaml`` (multi-device only) and ``env/<host>.sh``.
+    Written by the runner on each node (keyed by the SLURM node name, never by
+    ``hostname``, which namespaced test nodes share): ``stages.<host>.jsonl``,
+    ``samples.<host>.csv``, ``result.<host>.json``, ``train.<host>.log``
+    (the training processes' stdout/stderr, NCCL lines included) and
+    ``error.<rank>.json``. Rank 0 writes ``log_history.json``.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"JobPaths({str(self.root)!r})"
+
+    # -- rendered -------------------------------------------------------------
+    @property
+    def spec(self) -> Path:
+        return self.root / "spec.json"
+
+    @property
+    def sbatch(self) -> Path:
+        return self.root / "job.sbatch"
+
+    @property
+    def launch(self) -> Path:
+        return self.root / "launch.sh"
+
+    @property
+    def accelerate(self) -> Path:
+        return self.root / "accelerate.yaml"
+
+    @property
+    def env_dir(self) -> Path:
+        return self.root / "env"
+
+    def env(self, host: str) -> Path:
+        return self.env_dir / f"{safe_name(host)}.sh"
+
+    # -- written by the run ---------------------------------------------------
+    def stages(self, host: str) -> Path:
+        return self.root / f"stages.{safe_name(host)}.jsonl"
+
+    def samples(self, host: str) -> Path:
+        return self.root / f"samples.{safe_name(host)}.csv"
+
+    def result(self, host: str) -> Path:
+        return self.root / f"result.{safe_name(host)}.json"
+
+    def train_log(self, host: str) -> Path:
+        return self.root / f"train.{safe_name(host)}.log"
+
+    def error(self, rank: int | str) -> Path:
+        return self.root / f"error.{safe_name(str(rank))}.json"
+
+    def rank_result(self, rank: int | str) -> Path:
+        return self.root / f"rank.{safe_name(str(rank))}.json"
+
+    @property
+    def log_history(self) -> Path:
+        return self.root / "log_history.json"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.root / "output"
+
+    def hf_cache(self, host: str) -> Path:
+        return self.root / ".cache" / safe_name(host)
+
+    def slurm_out(self, job_id: str) -> Path:
+        return self.root / f"slurm-{job_id}.out"
+
+    @property
+    def submitted(self) -> Path:
+        """Written by submit: scheduler, job id and time of the submission."""
+        return self.root / "submitted.json"
+
+    # -- discovery (collect) --------------------------------------------------
+    def _hosts(self, prefix: str, suffix: str) -> list[str]:
+        n, m = len(prefix), len(suffix)
+        return sorted(p.name[n:-m] for p in self.root.glob(f"{prefix}*{suffix}"))
+
+    def stage_hosts(self) -> list[str]:
+        return self._hosts("stages.", ".jsonl")
+
+    def sample_hosts(self) -> list[str]:
+        return self._hosts("samples.", ".csv")
+
+    def result_hosts(self) -> list[str]:
+        return self._hosts("result.", ".json")
+
+    def error_ranks(self) -> list[str]:
+        return self._hosts("error.", ".json")
+
+    def rendered_hosts(self) -> list[str]:
+        return sorted(p.stem for p in self.env_dir.glob("*.sh"))
+
+    def slurm_outputs(self) -> list[Path]:
+        return sorted(self.root.glob("slurm-*.out"))

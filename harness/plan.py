@@ -1,0 +1,371 @@
+"""Sweeps and plans: expand a sweep into points, resolve defaults, apply the validity rules.
+
+A *point* is an experiment plus its fully resolved entity values; its id is a
+stable hash of exactly those, so the same point is recognised across
+campaigns. Invalid points are reported with their reasons, never dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .catalog import (
+    Experiment, ModelMap, get_experiment, is_local_source, load_model_map, model_config, num_local_experts,
+)
+from .errors import CatalogError, InputError, SweepError
+from .inventory import Inventory, Partition
+from .schema import Checker
+from .yamlio import LineDict, load_yaml
+
+SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
+              "model_map", "data_dir", "runner")
+SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel")
+RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache")
+AUTO_STOP_KEYS = ("warmup_seconds", "stable_seconds", "min_steps")
+CAMPAIGN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+DEFAULT_DATA_DIR = "results/datasets"
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """How the in-job runner measures; recorded with every attempt (not part of the point's identity)."""
+
+    sample_interval_s: float = 1.0
+    warmup_seconds: float = 60.0
+    stable_seconds: float = 120.0
+    min_steps: int = 10
+    stop_grace_s: float = 30.0
+    token_cache: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class SlurmOverrides:
+    time: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool | None = None
+    mem_gb: float | None = None
+    max_parallel: int | None = None
+
+
+@dataclass
+class Sweep:
+    campaign: str
+    experiment: Experiment
+    source: str
+    base_dir: Path
+    partition: str | None
+    entity: dict[str, Any]
+    grid: dict[str, list[Any]]
+    repeats: int
+    slurm: SlurmOverrides
+    model_map: ModelMap
+    data_dir: Path
+    runner: RunnerSettings
+    description: str = ""
+    lines: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class PlannedPoint:
+    point_id: str
+    repeat: int
+    experiment: str
+    entity: dict[str, Any]
+    valid: bool
+    reasons: list[str]
+    notes: list[str]
+    partition: str
+    model_source: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "point_id": self.point_id, "repeat": self.repeat, "experiment": self.experiment,
+            "entity": self.entity, "valid": self.valid, "reasons": self.reasons, "notes": self.notes,
+            "partition": self.partition, "model_source": self.model_source,
+        }
+
+
+def point_id(experiment: str, entity: Mapping[str, Any]) -> str:
+    """Stable id: a hash of the experiment and every resolved entity value (key order irrelevant)."""
+    blob = json.dumps({"experiment": experiment, "entity": dict(entity)}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_sweep(path: str | Path, model_map_path: str | Path | None = None) -> Sweep:
+    p = Path(path)
+    doc = load_yaml(p, SweepError, "sweep")
+    return parse_sweep(doc, str(p), p.parent.resolve(), model_map_path)
+
+
+def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Path | None = None) -> Sweep:
+    ck = Checker(source, SweepError)
+    if doc is None:
+        ck.fail("(document)", "is empty; expected campaign:, experiment: and entity:")
+    doc = ck.mapping(doc, "(document)")
+    ck.known_keys(doc, "", SWEEP_KEYS)
+    campaign = ck.require(doc, "", "campaign", "a unique name for this sweep's results")
+    campaign = ck.string(doc, "", "campaign")
+    if not CAMPAIGN_NAME.match(campaign):
+        ck.fail("campaign", f"must use letters, digits, '.', '_' or '-' (max 100), got {campaign!r}", doc, "campaign")
+    ck.require(doc, "", "experiment", "e.g. finetune_lora_benchmark-v1.0.0; see 'sbench experiments list'")
+    exp_id = ck.string(doc, "", "experiment")
+    try:
+        experiment = get_experiment(exp_id)
+    except CatalogError as exc:
+        ck.fail("experiment", str(exc).replace("unknown experiment", "names an unknown experiment"), doc, "experiment")
+    entity = dict(ck.mapping(doc.get("entity"), "entity", doc, "entity"))
+    grid_node = ck.mapping(doc.get("grid"), "grid", doc, "grid")
+    grid: dict[str, list[Any]] = {}
+    for k, v in grid_node.items():
+        values = v if isinstance(v, list) else [v]
+        if not values:
+            ck.fail(f"grid.{k}", "is an empty list; give at least one value", grid_node, k)
+        grid[str(k)] = values
+    known = experiment.field_names
+    for section, node in (("entity", entity), ("grid", grid)):
+        for k in node:
+            if k not in known:
+                import difflib
+                close = difflib.get_close_matches(k, known, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                ck.fail(f"{section}.{k}", f"is not a field of {experiment.id}; {hint}valid fields: {', '.join(known)}",
+                        doc.get(section), k)
+    both = sorted(set(entity) & set(grid))
+    if both:
+        ck.fail(f"grid.{both[0]}", "is set in both entity: and grid:; keep it in one place", grid_node, both[0])
+    repeats = ck.integer(doc, "", "repeats", default=1, minimum=1)
+    slurm_node = ck.mapping(doc.get("slurm"), "slurm", doc, "slurm")
+    ck.known_keys(slurm_node, "slurm", SLURM_KEYS)
+    slurm = SlurmOverrides(
+        time=ck.string(slurm_node, "slurm", "time"),
+        account=ck.string(slurm_node, "slurm", "account"),
+        qos=ck.string(slurm_node, "slurm", "qos"),
+        constraint=ck.string(slurm_node, "slurm", "constraint"),
+        exclusive=ck.boolean(slurm_node, "slurm", "exclusive"),
+        mem_gb=ck.number(slurm_node, "slurm", "mem_gb", minimum=0),
+        max_parallel=ck.integer(slurm_node, "slurm", "max_parallel", minimum=1),
+    )
+    if slurm.time is not None and not re.match(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$", slurm.time):
+        ck.fail("slurm.time", f"must be a SLURM time like '01:00:00', '90' or '1-12:00:00', got {slurm.time!r}",
+                slurm_node, "time")
+    runner_node = ck.mapping(doc.get("runner"), "runner", doc, "runner")
+    ck.known_keys(runner_node, "runner", RUNNER_KEYS)
+    auto = ck.mapping(runner_node.get("auto_stop"), "runner.auto_stop", runner_node, "auto_stop")
+    ck.known_keys(auto, "runner.auto_stop", AUTO_STOP_KEYS)
+    interval = ck.number(runner_node, "runner", "sample_interval_s", default=1.0, minimum=0.01)
+    runner = RunnerSettings(
+        sample_interval_s=float(interval),
+        warmup_seconds=float(ck.number(auto, "runner.auto_stop", "warmup_seconds", default=60.0, minimum=0)),
+        stable_seconds=float(ck.number(auto, "runner.auto_stop", "stable_seconds", default=120.0, minimum=0)),
+        min_steps=ck.integer(auto, "runner.auto_stop", "min_steps", default=10, minimum=1),
+        stop_grace_s=float(ck.number(runner_node, "runner", "stop_grace_s", default=30.0, minimum=0)),
+        token_cache=ck.boolean(runner_node, "runner", "token_cache", default=True),
+    )
+    try:
+        mm = load_model_map(model_map_path)
+        if doc.get("model_map") is not None:
+            mm = mm.merged(ck.mapping(doc["model_map"], "model_map", doc, "model_map"), source, base_dir)
+    except InputError as exc:
+        raise SweepError(str(exc)) from None
+    data_dir_raw = ck.string(doc, "", "data_dir")
+    if data_dir_raw:
+        data_dir = Path(data_dir_raw).expanduser()
+        if not data_dir.is_absolute():
+            data_dir = (base_dir / data_dir).resolve()
+    else:
+        data_dir = Path(os.environ.get("SBENCH_DATA_DIR", DEFAULT_DATA_DIR)).resolve()
+    return Sweep(
+        campaign=campaign, experiment=experiment, source=source, base_dir=base_dir,
+        partition=ck.string(doc, "", "partition"), entity=entity, grid=grid, repeats=repeats, slurm=slurm,
+        model_map=mm, data_dir=data_dir, runner=runner, description=ck.string(doc, "", "description", default="", nonempty=False) or "",
+        lines=dict(doc.lines) if isinstance(doc, LineDict) else {},
+    )
+
+
+def _where(sweep: Sweep, combo_keys: dict[str, int], name: str) -> str:
+    if name in combo_keys:
+        return f"{sweep.source}: grid.{name}[{combo_keys[name]}]"
+    return f"{sweep.source}: entity.{name}"
+
+
+def resolve_entity(sweep: Sweep, raw: Mapping[str, Any], partition: Partition,
+                   combo_keys: dict[str, int]) -> tuple[dict[str, Any], list[str]]:
+    """Fill defaults and hardcoded values, check types and domains. Returns (entity, notes)."""
+    exp = sweep.experiment
+    notes: list[str] = []
+    values = dict(raw)
+    if values.get("gpu_model") in (None, "") and "gpu_model" not in raw:
+        values["gpu_model"] = partition.gpu_model
+        notes.append(f"gpu_model taken from partition {partition.name!r}: {partition.gpu_model}")
+    entity: dict[str, Any] = {}
+    for spec in exp.fields:
+        where = _where(sweep, combo_keys, spec.name)
+        if spec.name in values:
+            entity[spec.name] = spec.coerce(values[spec.name], where)
+        elif spec.required:
+            raise SweepError(f"{sweep.source}: entity.{spec.name} is required by {exp.id} but missing; "
+                             f"add it under entity: or grid: ({spec.help})")
+        else:
+            entity[spec.name] = spec.default
+    # Model names: the experiment's own list plus anything a model map names.
+    name = entity["model_name"]
+    if name not in exp.models and name not in sweep.model_map:
+        raise SweepError(
+            f"{_where(sweep, combo_keys, 'model_name')}: unknown model {name!r} for {exp.id}; add it to the "
+            f"sweep's model_map: (name: HF id or local path) or use one of: {', '.join(exp.models)}")
+    # Single-device runs use no distributed backend (the trainer runs directly).
+    if "distributed_backend" in entity:
+        if entity["number_gpus"] <= 1:
+            if entity["distributed_backend"] is not None:
+                notes.append(f"distributed_backend {entity['distributed_backend']} ignored: single-device run")
+            entity["distributed_backend"] = None
+        elif entity["distributed_backend"] is None:
+            entity["distributed_backend"] = "FSDP"
+    return entity, notes
+
+
+def validity_reasons(exp: Experiment, e: Mapping[str, Any], model_cfg: Mapping[str, Any] | None,
+                     model_src: str | None) -> tuple[list[str], list[str]]:
+    """The reference is_valid rules 1-7. Returns (reasons the point is invalid, notes)."""
+    reasons: list[str] = []
+    notes: list[str] = []
+    gpus, nodes, bs = e["number_gpus"], e.get("number_nodes", 1), e["batch_size"]
+    if gpus > 0 and bs % gpus != 0:
+        reasons.append(f"rule 1: batch_size {bs} is not divisible by number_gpus {gpus}")
+    if nodes > 0 and gpus % nodes != 0:
+        reasons.append(f"rule 2: number_gpus {gpus} is not divisible by number_nodes {nodes}")
+    if nodes <= 0:
+        reasons.append(f"rule 3: number_nodes must be greater than 0, got {nodes}")
+    if bs <= 0:
+        reasons.append(f"rule 4: batch_size must be greater than 0, got {bs}")
+    if gpus > 0 and not str(e.get("gpu_model") or "").strip():
+        reasons.append("rule 5: gpu_model must be a non-empty string when number_gpus > 0")
+    fast_moe = e.get("fast_moe") or 0
+    if fast_moe:
+        if gpus % fast_moe != 0:
+            reasons.append(f"rule 6: number_gpus {gpus} is not divisible by fast_moe {fast_moe}")
+        if model_cfg is None:
+            notes.append(f"rule 7 could not be checked: no local config.json for {model_src or e['model_name']} "
+                         "(download the model or point model_map at a local copy)")
+        else:
+            experts = num_local_experts(model_cfg)
+            if experts is None:
+                reasons.append(f"rule 7: fast_moe {fast_moe} is set but model {e['model_name']} has no "
+                               "num_local_experts (not a Mixture-of-Experts model)")
+            elif experts % fast_moe != 0:
+                reasons.append(f"rule 7: num_local_experts {experts} of {e['model_name']} is not divisible by "
+                               f"fast_moe {fast_moe}")
+    return reasons, notes
+
+
+def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) -> tuple[list[str], list[str]]:
+    """Can the partition host this point? Returns (reasons, notes)."""
+    reasons: list[str] = []
+    notes: list[str] = []
+    gpus, nodes = e["number_gpus"], e.get("number_nodes", 1)
+    if nodes < 1:
+        return reasons, notes
+    if exp.requires_cuda and part.is_cpu:
+        reasons.append(f"placement: {exp.method} needs CUDA GPUs; partition {part.name!r} is a CPU partition")
+    if not part.is_cpu and gpus > 0 and e.get("gpu_model") and e["gpu_model"] != part.gpu_model:
+        reasons.append(f"placement: point asks for gpu_model {e['gpu_model']!r}; partition {part.name!r} has "
+                       f"{part.gpu_model!r}")
+    if not exp.multi_node and nodes > 1:
+        reasons.append(f"placement: {exp.id} runs on a single node; number_nodes is {nodes}")
+    if nodes > len(part.hosts):
+        reasons.append(f"placement: number_nodes {nodes} exceeds the {len(part.hosts)} host(s) of partition "
+                       f"{part.name!r}")
+    per_node = gpus // nodes if nodes and gpus % nodes == 0 else -(-gpus // max(nodes, 1))
+    if per_node > part.gpus_per_node:
+        unit = "worker processes" if part.is_cpu else "GPUs"
+        reasons.append(f"placement: {per_node} {unit} per node requested; partition {part.name!r} has "
+                       f"{part.gpus_per_node} per node")
+    cpus = max(2, 2 * per_node)
+    if cpus > part.cpus_per_node:
+        reasons.append(f"placement: needs {cpus} CPUs per node (2 per device, at least 2); partition "
+                       f"{part.name!r} has {part.cpus_per_node}")
+    if e.get("enable_roce") and nodes > 1:
+        missing = [h.name for h in part.hosts.values() if h.roce is None]
+        if missing:
+            reasons.append(f"placement: enable_roce needs roce settings on every host of partition {part.name!r}; "
+                           f"missing on {', '.join(missing)}")
+    elif e.get("enable_roce"):
+        notes.append("enable_roce has no effect on a single-node run")
+    if part.is_cpu and e.get("distributed_backend") == "FSDP" and e.get("fsdp_sharding_strategy") == "NO_SHARD":
+        reasons.append("placement: fsdp_sharding_strategy NO_SHARD has no FSDP v2 equivalent (CPU partitions "
+                       "use FSDP v2); use distributed_backend DDP")
+    return reasons, notes
+
+
+def _combos(sweep: Sweep) -> list[tuple[dict[str, Any], dict[str, int]]]:
+    keys = list(sweep.grid)
+    out = []
+    for idx in itertools.product(*(range(len(sweep.grid[k])) for k in keys)):
+        raw = dict(sweep.entity)
+        pos = {}
+        for k, i in zip(keys, idx):
+            raw[k] = sweep.grid[k][i]
+            pos[k] = i
+        out.append((raw, pos))
+    return out
+
+
+def plan_sweep(sweep: Sweep, inventory: Inventory) -> list[PlannedPoint]:
+    """Every point x repeat of the sweep, with validity and reasons."""
+    try:
+        partition = inventory.partition(sweep.partition)
+    except InputError as exc:
+        raise SweepError(f"{sweep.source}: partition: {exc}") from None
+    exp = sweep.experiment
+    cfg_cache: dict[str, Any] = {}
+    points: list[PlannedPoint] = []
+    seen: set[str] = set()
+    for raw, pos in _combos(sweep):
+        entity, notes = resolve_entity(sweep, raw, partition, pos)
+        variant = "GPTQ-Quantized" if exp.method == "gptq-lora" else "Vanilla"
+        src = sweep.model_map.source(entity["model_name"], variant)
+        if src is None and variant != "Vanilla":
+            notes.append(f"no GPTQ-Quantized weights mapped for {entity['model_name']}; using its Vanilla weights")
+            src = sweep.model_map.source(entity["model_name"])
+        cfg = None
+        if entity.get("fast_moe") and src:
+            if src not in cfg_cache:
+                cfg_cache[src] = model_config(src)
+            cfg = cfg_cache[src]
+        reasons, vnotes = validity_reasons(exp, entity, cfg, src)
+        preasons, pnotes = placement_reasons(exp, entity, partition)
+        if src is None:
+            preasons.append(f"model: no weights mapped for {entity['model_name']}; add it to model_map:")
+        elif is_local_source(src) and not Path(src).expanduser().exists():
+            # Compute nodes may mount paths this machine cannot see; say so, do not invalidate.
+            notes.append(f"model weights {src} are not visible from this machine (for a test model: "
+                         f"sbench model tiny -o {src})")
+        pid = point_id(exp.id, entity)
+        if pid in seen:
+            # The same point reached twice through the grid (e.g. a backend ignored on one device).
+            grid_pos = ", ".join(f"{k}[{i}]" for k, i in pos.items())
+            for p in points:
+                if p.point_id == pid:
+                    p.notes.append(f"also produced by grid combination {grid_pos}; measured once")
+            continue
+        seen.add(pid)
+        for r in range(sweep.repeats):
+            points.append(PlannedPoint(
+                point_id=pid, repeat=r, experiment=exp.id, entity=entity, valid=not (reasons or preasons),
+                reasons=reasons + preasons, notes=notes + vnotes + pnotes, partition=partition.name,
+                model_source=src,
+            ))
+    return points

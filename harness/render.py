@@ -1,0 +1,170 @@
+"""Render a JobSpec into the files of a job directory.
+
+Rendering is pure: each function returns text. ``write_job_dir`` is the only
+place that touches the disk. Every value that reaches a shell line goes
+through ``shlex.quote``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from . import __version__
+from .errors import RenderError
+from .inventory import Inventory
+from .jobspec import PORT_BASE, PORT_SPAN, JobSpec, build_jobspec
+from .paths import JobPaths, job_dir_name
+from .plan import PlannedPoint, Sweep
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("harness", "templates"),
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,  # noqa: S701 - shell and YAML, not HTML; values are shell-quoted explicitly
+    keep_trailing_newline=True,
+)
+_ENV.filters["q"] = lambda v: shlex.quote(str(v))
+# Env files always single-quote, so a value such as NCCL_IB_HCA's '=mlx5_0' reads unambiguously.
+_ENV.filters["sq"] = lambda v: "'" + str(v).replace("'", "'\"'\"'") + "'"
+
+DIRECTIVE_ORDER = ("job_name", "partition", "nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "mem",
+                   "time", "account", "qos", "constraint", "exclusive", "output")
+
+
+def _directive_value(key: str, value: Any) -> str:
+    text = str(value)
+    if any(c in text for c in "\n\r\0"):
+        raise RenderError(f"sbatch option --{key.replace('_', '-')} would contain a line break: {text!r}")
+    if any(c.isspace() for c in text) or '"' in text or "'" in text:
+        # sbatch reads #SBATCH values with its own quote handling; double quotes keep spaces together.
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def sbatch_directives(resources: dict[str, Any], extra: dict[str, Any] | None = None) -> list[str]:
+    """``--key=value`` strings in a fixed order; ``True`` becomes a bare flag."""
+    merged = dict(resources)
+    merged.update(extra or {})
+    keys = [k for k in DIRECTIVE_ORDER if k in merged] + sorted(k for k in merged if k not in DIRECTIVE_ORDER)
+    out = []
+    for k in keys:
+        v = merged[k]
+        if v is None or v is False:
+            continue
+        flag = "--" + k.replace("_", "-")
+        out.append(flag if v is True else f"{flag}={_directive_value(k, v)}")
+    return out
+
+
+def render_sbatch(spec: JobSpec) -> str:
+    return _ENV.get_template("job.sbatch.j2").render(spec=spec, directives=sbatch_directives(spec.resources))
+
+
+def _arg_pairs(argv: list[str]) -> list[tuple[str, str | None]]:
+    pairs: list[tuple[str, str | None]] = []
+    for tok in argv:
+        if tok.startswith("--") or not pairs:
+            pairs.append((tok, None))
+        else:
+            flag, vals = pairs[-1]
+            q = shlex.quote(tok)
+            pairs[-1] = (flag, q if vals is None else f"{vals} {q}")
+    return pairs
+
+
+def render_launch(spec: JobSpec) -> str:
+    return _ENV.get_template("launch.sh.j2").render(
+        spec=spec, hosts=sorted(spec.host_env), arg_pairs=_arg_pairs(spec.train_argv),
+        port_base=PORT_BASE, port_span=PORT_SPAN,
+    )
+
+
+def host_environment(spec: JobSpec, host: str) -> dict[str, str]:
+    env = {
+        "SBENCH_CAMPAIGN": spec.campaign,
+        "SBENCH_POINT_ID": spec.point_id,
+        "SBENCH_REPEAT": str(spec.repeat),
+        "SBENCH_ATTEMPT": str(spec.attempt),
+        "SBENCH_PARTITION": spec.partition,
+    }
+    env.update(spec.env)
+    env.update(spec.host_env[host])
+    return env
+
+
+def render_env(spec: JobSpec, host: str) -> str:
+    return _ENV.get_template("env.sh.j2").render(spec=spec, host=host, env=host_environment(spec, host))
+
+
+def render_accelerate(spec: JobSpec) -> str | None:
+    if spec.accelerate_config is None:
+        return None
+    head = (f"# sbench {spec.sbench_version}: accelerate config for point {spec.point_id}, attempt {spec.attempt}.\n"
+            "# launch.sh passes machine_rank, main_process_ip and main_process_port on the command line at run\n"
+            "# time (from SLURM), overriding the values below.\n")
+    return head + yaml.safe_dump(spec.accelerate_config, sort_keys=False, default_flow_style=False)
+
+
+def render_spec_json(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Sweep) -> str:
+    doc = {
+        "sbench_version": __version__,
+        "rendered_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "campaign": spec.campaign,
+        "sweep": {"source": sweep.source, "description": sweep.description},
+        "point": point.to_dict(),
+        "inventory": inv.to_dict(),
+        "jobspec": spec.to_dict(),
+    }
+    return json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n"
+
+
+def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def write_job_dir(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Sweep) -> JobPaths:
+    """Write every rendered file of *spec* into its job directory."""
+    paths = JobPaths(spec.job_dir)
+    try:
+        paths.env_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RenderError(f"cannot create job directory {paths.root}: {exc}") from None
+    files = {
+        paths.spec: (render_spec_json(spec, inv, point, sweep), 0o644),
+        paths.sbatch: (render_sbatch(spec), 0o755),
+        paths.launch: (render_launch(spec), 0o755),
+    }
+    acc = render_accelerate(spec)
+    if acc is not None:
+        files[paths.accelerate] = (acc, 0o644)
+    for host in spec.host_env:
+        files[paths.env(host)] = (render_env(spec, host), 0o644)
+    for path, (text, mode) in files.items():
+        _atomic_write(path, text, mode)
+    return paths
+
+
+def render_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out_dir: str | Path,
+                  attempt: int = 1, python: str | None = None) -> list[JobSpec]:
+    """Render one job directory per valid point under *out_dir*; invalid points are skipped here and
+    reported by the caller (they are part of the plan)."""
+    out = Path(out_dir).expanduser().resolve()
+    specs = []
+    for p in points:
+        if not p.valid:
+            continue
+        job_dir = str(out / job_dir_name(p.point_id, p.repeat, attempt))
+        spec = build_jobspec(sweep, inv, p, attempt, job_dir, python=python)
+        write_job_dir(spec, inv, p, sweep)
+        specs.append(spec)
+    return specs

@@ -1,0 +1,114 @@
+"""YAML loading that refuses duplicate keys and remembers line numbers.
+
+PyYAML silently keeps the last of two equal keys; a cluster description where
+``gid_index`` appears twice must be an error, not a coin toss.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import InputError
+
+
+class LineDict(dict):
+    """A dict that knows the source line (1-based) of each of its keys."""
+
+    lines: dict[str, int]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lines = {}
+        self.start_line = 0
+
+
+class DuplicateKeyError(Exception):
+    def __init__(self, key: str, first: int, second: int, path: list[str]) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second, self.path = key, first, second, path
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> LineDict:
+    loader.flatten_mapping(node)
+    out = LineDict()
+    out.start_line = node.start_mark.line + 1
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, (str, int, float, bool)) and key is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"unhashable or complex key {key!r}", key_node.start_mark
+            )
+        skey = str(key) if not isinstance(key, str) else key
+        line = key_node.start_mark.line + 1
+        if skey in out:
+            raise DuplicateKeyError(skey, out.lines[skey], line, [])
+        out[skey] = loader.construct_object(value_node, deep=True)
+        out.lines[skey] = line
+    return out
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _locate_duplicate(text: str, key: str, second_line: int) -> str:
+    """Best-effort dotted path of the duplicated key, from indentation."""
+    lines = text.splitlines()
+    if not (0 < second_line <= len(lines)):
+        return key
+    target = lines[second_line - 1]
+    indent = len(target) - len(target.lstrip())
+    parts = [key]
+    for raw in reversed(lines[: second_line - 1]):
+        stripped = raw.lstrip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        ind = len(raw) - len(stripped)
+        if ind < indent and ":" in stripped:
+            parts.append(stripped.split(":", 1)[0].strip().strip("'\"").lstrip("- "))
+            indent = ind
+            if ind == 0:
+                break
+    return ".".join(reversed(parts))
+
+
+def load_yaml(path: str | Path, error: type[InputError] = InputError, what: str = "file") -> Any:
+    """Load one YAML document from *path*; every problem becomes *error* naming the file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{p}: {what} not found") from None
+    except IsADirectoryError:
+        raise error(f"{p}: is a directory, expected a YAML {what}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{p}: cannot read {what}: {exc}") from None
+    return loads_yaml(text, str(p), error)
+
+
+def loads_yaml(text: str, source: str, error: type[InputError] = InputError) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - SafeLoader subclass
+    except DuplicateKeyError as dup:
+        dotted = _locate_duplicate(text, dup.key, dup.second)
+        raise error(
+            f"{source}:{dup.second}: duplicate key {dotted!r} (first defined on line {dup.first}); "
+            "YAML would silently keep only the last one - remove or rename one of them"
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise error(f"{where}: invalid YAML: {problem}") from None
+
+
+def line_of(node: Any, key: str) -> int | None:
+    if isinstance(node, LineDict):
+        return node.lines.get(key)
+    return None
