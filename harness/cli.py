@@ -245,5 +245,10 @@ def render(sweep: Path, inventory: Path | None, model_map: Path | None, out_dir:
                + (f"; {len(invalid)} invalid point(s) not rendered" if invalid else ""), err=True)
 
 
+
+# Command groups that live in their own modules register themselves on ``main``.
+from . import cli_data, cli_jobs, cli_results  # noqa: E402,F401
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

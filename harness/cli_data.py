@@ -1,0 +1,1 @@
+"""CLI: test models and synthetic datasets (sbench model ..., sbench dataset ...)."""

@@ -1,0 +1,1 @@
+"""CLI: submit, status, cancel and retry."""

@@ -1,0 +1,1 @@
+"""CLI: collect, query and report."""

@@ -1,0 +1,83 @@
+"""Shared fixtures. Tests read like the README: real CLI, real files, real cluster."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+CLUSTER_SCRIPT = ROOT / "tests" / "cluster" / "cluster.sh"
+TEST_INVENTORY = FIXTURES / "inventory" / "testcluster.yaml"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="Rewrite tests/golden/* from the current renderer instead of comparing.")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture
+def cli():
+    """Invoke ``sbench`` in-process; returns the click Result."""
+    from harness.cli import main
+
+    runner = CliRunner()
+
+    def run(*args: str, **kw):
+        return runner.invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
+
+    return run
+
+
+@pytest.fixture
+def weird_tmp_path(tmp_path: Path) -> Path:
+    """A directory whose name has spaces, quotes and a dollar sign: quoting bugs show up here."""
+    p = tmp_path / "we ird 'q' \"dq\" $HOME `x`"
+    p.mkdir()
+    return p
+
+
+def _cluster_ok() -> bool:
+    if not CLUSTER_SCRIPT.exists() or shutil.which("sbatch") is None:
+        return False
+    return subprocess.run(["bash", str(CLUSTER_SCRIPT), "status"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> dict[str, str]:
+    """The project's real test cluster (slurmctld, two slurmd in namespaces, slurmdbd).
+
+    Started by ``make test`` before pytest; started here if it is not up. Set
+    SBENCH_SKIP_SLURM=1 to skip cluster tests on a machine that cannot run it.
+    """
+    if os.environ.get("SBENCH_SKIP_SLURM") == "1":
+        pytest.skip("SBENCH_SKIP_SLURM=1")
+    if not _cluster_ok():
+        proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "start"], capture_output=True, text=True)
+        if proc.returncode != 0 or not _cluster_ok():
+            pytest.fail(f"test SLURM cluster is not running and could not be started:\n{proc.stdout}\n{proc.stderr}")
+    return {"inventory": str(TEST_INVENTORY), "partition_cpu": "cpu", "partition_gpu": "gpu"}
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with a locally trained tokenizer (no download)."""
+    from harness.tinymodel import make_tiny_model
+
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    make_tiny_model(out)
+    return out

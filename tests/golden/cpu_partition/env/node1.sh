@@ -1,0 +1,13 @@
+# sbench <VERSION>: environment of host node1 (partition cpu), sourced by launch.sh on that host.
+export SBENCH_CAMPAIGN='golden-cpu-partition'
+export SBENCH_POINT_ID='53e2af53f5c8a87d'
+export SBENCH_REPEAT='0'
+export SBENCH_ATTEMPT='1'
+export SBENCH_PARTITION='cpu'
+export GLOO_SOCKET_IFNAME='eth0'
+export OMP_NUM_THREADS='1'
+export TOKENIZERS_PARALLELISM='false'
+export PYTHONUNBUFFERED='1'
+export NCCL_IB_DISABLE='1'
+export HF_DATASETS_CACHE='<OUT>/53e2af53f5c8a87d.r0.a1/.cache/node1/datasets'
+export SBENCH_HOST_ADDRESS='198.18.0.11'

@@ -1,0 +1,13 @@
+# sbench <VERSION>: environment of host node2 (partition gpu), sourced by launch.sh on that host.
+export SBENCH_CAMPAIGN='golden-ddp-multi-gpu'
+export SBENCH_POINT_ID='dec6507dd41bce2a'
+export SBENCH_REPEAT='0'
+export SBENCH_ATTEMPT='1'
+export SBENCH_PARTITION='gpu'
+export GLOO_SOCKET_IFNAME='eth0'
+export OMP_NUM_THREADS='1'
+export TOKENIZERS_PARALLELISM='false'
+export PYTHONUNBUFFERED='1'
+export NCCL_IB_DISABLE='1'
+export HF_DATASETS_CACHE='<OUT>/dec6507dd41bce2a.r0.a1/.cache/node2/datasets'
+export SBENCH_HOST_ADDRESS='198.18.0.12'

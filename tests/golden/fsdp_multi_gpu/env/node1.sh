@@ -1,0 +1,13 @@
+# sbench <VERSION>: environment of host node1 (partition gpu), sourced by launch.sh on that host.
+export SBENCH_CAMPAIGN='golden-fsdp-multi-gpu'
+export SBENCH_POINT_ID='4ff6d5ac4df053ba'
+export SBENCH_REPEAT='0'
+export SBENCH_ATTEMPT='1'
+export SBENCH_PARTITION='gpu'
+export GLOO_SOCKET_IFNAME='eth0'
+export OMP_NUM_THREADS='1'
+export TOKENIZERS_PARALLELISM='false'
+export PYTHONUNBUFFERED='1'
+export NCCL_IB_DISABLE='1'
+export HF_DATASETS_CACHE='<OUT>/4ff6d5ac4df053ba.r0.a1/.cache/node1/datasets'
+export SBENCH_HOST_ADDRESS='198.18.0.11'

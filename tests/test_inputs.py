@@ -1,0 +1,281 @@
+"""Bad input gets a clear error naming the file and key, exit code 2, and no traceback."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+GOOD_PARTITION = """\
+    gpu_model: NVIDIA-A100-SXM4-80GB
+    gpus_per_node: 8
+    cpus_per_node: 64
+    memory_gb: 720
+"""
+
+
+def inv(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "cluster.yaml"
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+INVENTORY_ERRORS = {
+    "duplicate_key": ("""\
+        cluster: c
+        partitions:
+          a100:
+            gpu_model: NVIDIA-A100-SXM4-80GB
+            gpus_per_node: 8
+            cpus_per_node: 64
+            memory_gb: 720
+            hosts:
+              gpu-a01:
+                roce: {hcas: ["mlx5_0:1"], gid_index: 3}
+                address: 10.0.0.1
+                address: 10.0.0.2
+        """, ["cluster.yaml:12", "duplicate key", "partitions.a100.hosts.gpu-a01.address", "line 11"]),
+    "wrong_type": ("""\
+        partitions:
+          a100:
+            gpu_model: NVIDIA-A100-SXM4-80GB
+            gpus_per_node: eight
+            cpus_per_node: 64
+            memory_gb: 720
+            hosts: {h1: {}}
+        """, ["cluster.yaml:4", "partitions.a100.gpus_per_node must be an integer >= 0, got 'eight'"]),
+    "missing_required": ("""\
+        partitions:
+          a100:
+            gpus_per_node: 8
+            cpus_per_node: 64
+            memory_gb: 720
+            hosts: {h1: {}}
+        """, ["partitions.a100.gpu_model is required but missing"]),
+    "hca_form": ("""\
+        partitions:
+          a100:
+            gpu_model: NVIDIA-A100-SXM4-80GB
+            gpus_per_node: 8
+            cpus_per_node: 64
+            memory_gb: 720
+            hosts:
+              h1: {roce: {hcas: [mlx5_0], gid_index: 3}}
+        """, ["partitions.a100.hosts.h1.roce.hcas[0] must be in 'dev:port' form", "'mlx5_0'"]),
+    "gid_not_int": ("""\
+        partitions:
+          a100:
+            gpu_model: NVIDIA-A100-SXM4-80GB
+            gpus_per_node: 8
+            cpus_per_node: 64
+            memory_gb: 720
+            hosts:
+              h1: {roce: {hcas: ["mlx5_0:1"], gid_index: three}}
+        """, ["partitions.a100.hosts.h1.roce.gid_index must be an integer >= 0, got 'three'"]),
+    "gid_negative": ("""\
+        partitions:
+          a100:
+            gpu_model: NVIDIA-A100-SXM4-80GB
+            gpus_per_node: 8
+            cpus_per_node: 64
+            memory_gb: 720
+            hosts:
+              h1: {roce: {hcas: ["mlx5_0:1"], gid_index: -1}}
+        """, ["roce.gid_index must be an integer >= 0, got -1"]),
+    "unknown_key": ("""\
+        partitions:
+          a100:
+            gpu_model: NVIDIA-A100-SXM4-80GB
+            gpus_per_nod: 8
+            cpus_per_node: 64
+            memory_gb: 720
+            hosts: {h1: {}}
+        """, ["partitions.a100.gpus_per_nod is not a known key", "did you mean 'gpus_per_node'"]),
+    "empty_partition": ("""\
+        partitions:
+          a100:
+            gpu_model: NVIDIA-A100-SXM4-80GB
+            gpus_per_node: 8
+            cpus_per_node: 64
+            memory_gb: 720
+            hosts: {}
+        """, ["partitions.a100.hosts is empty"]),
+    "bad_env_name": ("""\
+        partitions:
+          a100:
+            gpu_model: cpu
+            gpus_per_node: 2
+            cpus_per_node: 4
+            memory_gb: 8
+            env: {"BAD NAME; rm -rf /": "x"}
+            hosts: {h1: {}}
+        """, ["is not a valid environment variable name"]),
+    "not_yaml": ("partitions: [unclosed\n", ["cluster.yaml:", "invalid YAML"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVENTORY_ERRORS))
+def test_inventory_errors(case: str, cli, tmp_path: Path) -> None:
+    body, needles = INVENTORY_ERRORS[case]
+    path = inv(tmp_path, body)
+    res = cli("inventory", "check", "-i", path)
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    assert str(path) in res.output
+    for n in needles:
+        assert n in res.output, f"{n!r} not in {res.output!r}"
+
+
+def test_missing_inventory_file(cli, tmp_path: Path) -> None:
+    res = cli("inventory", "check", "-i", tmp_path / "nope.yaml")
+    assert res.exit_code == 2 and "inventory not found" in res.output
+
+
+def test_inventory_check_json_and_gid_warning(cli) -> None:
+    root = Path(__file__).resolve().parent.parent
+    res = cli("inventory", "check", "-i", root / "inventory" / "example-roce.yaml", "--json")
+    assert res.exit_code == 0
+    doc = json.loads(res.stdout)
+    assert set(doc["partitions"]) == {"a100", "h100"}
+    a03 = doc["partitions"]["a100"]["hosts"]["gpu-a03"]["roce"]
+    assert a03 == {"hcas": ["mlx5_1:1", "mlx5_2:1"], "nccl_ib_hca": "=mlx5_1,mlx5_2", "gid_index": 1,
+                   "socket_ifname": "net1-1"}
+    assert any("different RoCE GID indices" in w for w in doc["warnings"])
+
+
+def test_local_inventory_describes_this_machine(cli) -> None:
+    import os
+
+    import psutil
+
+    res = cli("inventory", "check", "--json", env={"SBENCH_INVENTORY": ""})
+    assert res.exit_code == 0
+    doc = json.loads(res.stdout)
+    part = doc["partitions"]["local"]
+    assert part["cpus_per_node"] == os.cpu_count()
+    assert abs(part["memory_gb"] - psutil.virtual_memory().total / 2**30) < 0.1
+    assert part["gpu_model"] == "cpu" and part["gpus_per_node"] == os.cpu_count()  # no NVML GPUs here
+
+
+SWEEP_BASE = {
+    "campaign": "c", "experiment": "finetune_lora_benchmark-v1.0.0",
+    "entity": {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 1, "batch_size": 4},
+}
+
+
+def sweep_file(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "sweep.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+SWEEP_ERRORS = {
+    "unknown_field": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4, batchsize: 8}
+        """, ["entity.batchsize is not a field of finetune_lora_benchmark-v1.0.0", "did you mean 'batch_size'"]),
+    "wrong_type": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1}
+        grid: {batch_size: [4, eight]}
+        """, ["grid.batch_size[1]", "batch_size must be an integer, got 'eight'"]),
+    "domain": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4, torch_dtype: float64}
+        """, ["entity.torch_dtype", "must be one of: bfloat16, float32, float16; got 'float64'"]),
+    "unknown_experiment": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v9
+        entity: {}
+        """, ["experiment names an unknown experiment", "finetune_lora_benchmark-v1.0.0"]),
+    "missing_required": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, number_gpus: 1, batch_size: 4}
+        """, ["entity.model_max_length is required"]),
+    "missing_campaign": ("""\
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {}
+        """, ["campaign is required"]),
+    "unknown_model": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: gpt-17, model_max_length: 512, number_gpus: 1, batch_size: 4}
+        """, ["unknown model 'gpt-17'", "model_map"]),
+    "duplicate_key": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4}
+        grid:
+          batch_size: [1]
+          batch_size: [2]
+        """, ["sweep.yaml:6", "duplicate key 'grid.batch_size'"]),
+    "empty_grid_list": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1}
+        grid: {batch_size: []}
+        """, ["grid.batch_size is an empty list"]),
+    "unknown_top_key": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4}
+        repeat: 3
+        """, ["repeat is not a known key", "did you mean 'repeats'"]),
+    "bad_campaign_name": ("""\
+        campaign: "my campaign; rm -rf /"
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4}
+        """, ["campaign must use letters, digits"]),
+    "bad_time": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4}
+        slurm: {time: "one hour"}
+        """, ["slurm.time must be a SLURM time"]),
+    "in_both": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4}
+        grid: {batch_size: [1, 2]}
+        """, ["grid.batch_size is set in both entity: and grid:"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SWEEP_ERRORS))
+@pytest.mark.parametrize("command", ["plan", "render"])
+def test_sweep_errors(case: str, command: str, cli, tmp_path: Path) -> None:
+    body, needles = SWEEP_ERRORS[case]
+    path = sweep_file(tmp_path, body)
+    args = ["plan", path] if command == "plan" else ["render", path, "-o", tmp_path / "out"]
+    res = cli(*args)
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    assert str(path) in res.output
+    for n in needles:
+        assert n in res.output, f"{n!r} not in {res.output!r}"
+    if command == "render":
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_unknown_partition(cli, tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    path = sweep_file(tmp_path, """\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        partition: v100
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4}
+        """)
+    res = cli("plan", path, "-i", root / "inventory" / "example-roce.yaml")
+    assert res.exit_code == 2
+    assert "no partition 'v100'" in res.output and "a100, h100" in res.output
+
+
+def test_unknown_experiment_show(cli) -> None:
+    res = cli("experiments", "show", "nope")
+    assert res.exit_code == 2 and "unknown experiment 'nope'" in res.output
