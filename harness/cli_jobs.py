@@ -1,1 +1,118 @@
 """CLI: submit, status, cancel and retry."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .cli import db_option, echo_json, inventory_option, json_option, main, model_map_option, sweep_argument, table, \
+    workdir_option
+
+
+class Progress:
+    """A progress bar on a terminal; plain occasional lines otherwise (or nothing with quiet)."""
+
+    def __init__(self, label: str, quiet: bool = False) -> None:
+        self.label, self.quiet = label, quiet
+        self.tty = sys.stderr.isatty()
+        self._bar = None
+        self._last = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.quiet or total <= 0:
+            return
+        if self.tty:
+            if self._bar is None:
+                self._bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True)
+                self._bar.__enter__()
+            self._bar.update(done - self._bar.pos)
+            if done >= total:
+                self.close()
+        elif done != self._last:
+            click.echo(f"{self.label}: {done}/{total} done", err=True)
+        self._last = done
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+
+def executor_option(f: Any) -> Any:
+    return click.option("--executor", type=click.Choice(["auto", "slurm", "local"]), default="auto", show_default=True,
+                        help="auto = slurm when sbatch is on PATH, else local.")(f)
+
+
+@main.command()
+@sweep_argument
+@inventory_option
+@executor_option
+@workdir_option
+@db_option
+@model_map_option
+@click.option("--wait", is_flag=True, help="Wait until every submitted attempt has finished.")
+@click.option("--force", is_flag=True, help="Run points again even when already measured.")
+@click.option("--retry-failed", is_flag=True, help="Resubmit points whose last attempt failed, as new attempts.")
+@click.option("--max-parallel", type=click.IntRange(min=1), default=None,
+              help="At most this many attempts of one array run at once (SLURM %-limit; local queue width).")
+@click.option("--hold", is_flag=True, help="Submit held (sbatch --hold); release with scontrol release.")
+@json_option
+def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | None, db: Path | None,
+           model_map: Path | None, wait: bool, force: bool, retry_failed: bool, max_parallel: int | None,
+           hold: bool, as_json: bool) -> None:
+    """Submit a sweep: one job array per resource shape on SLURM, or a local queue.
+
+    Example: sbench submit sweeps/demo-cpu.yaml --executor local --wait
+    """
+    from .sbatch.submit import submit_sweep
+
+    progress = Progress("attempts finished", quiet=as_json)
+    try:
+        report = submit_sweep(sweep, inventory, executor, workdir, db, wait=wait, force=force,
+                              retry_failed=retry_failed, max_parallel=max_parallel, hold=hold, model_map=model_map,
+                              progress=progress)
+    finally:
+        progress.close()
+    _print_submit(report.to_dict(), as_json)
+
+
+def _print_submit(d: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        echo_json(d)
+        return
+    rows = [{"point_id": r["point_id"], "rep": r["repeat"], "action": r["action"], "attempt": r["attempt"],
+             "job_id": r["job_id"], "reason": r["reason"]} for r in d["points"]]
+    click.echo(table(rows, ["point_id", "rep", "action", "attempt", "job_id", "reason"]))
+    extra = f", {d['sbatch_calls']} sbatch call(s)" if d["executor"] == "slurm" else ""
+    click.echo(f"\ncampaign {d['campaign']}: {d['submitted']} attempt(s) submitted with the {d['executor']} "
+               f"executor{extra}; job dirs under {d['campaign_dir']}")
+    if d.get("db_note"):
+        click.echo(f"note: {d['db_note']}", err=True)
+
+
+@main.command()
+@click.argument("campaign")
+@workdir_option
+@db_option
+@executor_option
+@click.option("--wait", is_flag=True, help="Wait until every resubmitted attempt has finished.")
+@click.option("--max-parallel", type=click.IntRange(min=1), default=None)
+@json_option
+def retry(campaign: str, workdir: Path | None, db: Path | None, executor: str, wait: bool, max_parallel: int | None,
+          as_json: bool) -> None:
+    """Resubmit the failed points of a campaign as new attempts; ok and invalid ones stay as they are.
+
+    Example: sbench retry lora-scan
+    """
+    from .sbatch.submit import retry_campaign
+
+    progress = Progress("attempts finished", quiet=as_json)
+    try:
+        report = retry_campaign(campaign, workdir, db, executor=executor, wait=wait, max_parallel=max_parallel,
+                                progress=progress)
+    finally:
+        progress.close()
+    _print_submit(report.to_dict(), as_json)

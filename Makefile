@@ -1,0 +1,46 @@
+# sbench developer entry points. `make demo` and `make test` do all their own set-up.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-fast cluster cluster-stop bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	# The CPU build of torch first: a looser requirement would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## demo: a LoRA sweep on the tiny model with the local executor (CPU), collected into DuckDB, results printed
+demo: setup
+	$(BIN)/sbench model tiny -o results/models/tiny --if-missing
+	$(BIN)/sbench submit sweeps/demo-cpu.yaml --executor local --wait
+	$(BIN)/sbench collect
+	$(BIN)/sbench query "select model_name, number_gpus, batch_size, distributed_backend, round(train_runtime, 2) as runtime_s, round(dataset_tokens_per_second, 1) as dataset_tok_s, round(train_tokens_per_gpu_per_second, 1) as tok_s_per_gpu, round(cpu_compute_utilization, 1) as cpu_pct, is_valid from measurements where campaign = 'demo-cpu' order by number_gpus, batch_size"
+
+## test: system packages, the real test SLURM cluster, then the whole test suite
+test: setup
+	bash tests/cluster/cluster.sh start
+	$(BIN)/pytest -q
+
+## test-fast: everything that needs neither the SLURM cluster nor long training
+test-fast: setup
+	SBENCH_SKIP_SLURM=1 $(BIN)/pytest -q -m "not slurm and not train"
+
+cluster:
+	bash tests/cluster/cluster.sh start
+
+cluster-stop:
+	bash tests/cluster/cluster.sh stop
+
+bench: setup
+	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/collect.py
+	$(BIN)/python bench/submit.py
+
+clean:
+	rm -rf results/runs results/results.duckdb results/datasets results/models

@@ -1,0 +1,178 @@
+"""submit: plan a sweep, decide what still needs running, render it, hand it to an executor, record it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import SweepError
+from ..inventory import Inventory, load_inventory
+from ..jobspec import JobSpec, build_jobspec
+from ..paths import job_dir_name
+from ..plan import PlannedPoint, Sweep, load_sweep, plan_sweep
+from ..render import write_job_dir
+from . import manifest
+from .executors import SubmitOptions, Submitted, get_backend, resolve_executor
+from .state import PointHistory, campaign_history, record_events
+
+DEFAULT_WORKDIR = Path("results/runs")
+DEFAULT_DB = Path("results/results.duckdb")
+
+
+@dataclass
+class Decision:
+    point: PlannedPoint
+    action: str  # submit | skip
+    reason: str
+    attempt: int = 0
+
+
+@dataclass
+class SubmitReport:
+    campaign: str
+    executor: str
+    campaign_dir: Path
+    decisions: list[Decision]
+    submitted: list[Submitted] = field(default_factory=list)
+    sbatch_calls: int = 0
+    db_note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        by_key = {(s.spec.point_id, s.spec.repeat): s for s in self.submitted}
+        rows = []
+        for d in self.decisions:
+            sub = by_key.get((d.point.point_id, d.point.repeat))
+            rows.append({"point_id": d.point.point_id, "repeat": d.point.repeat, "action": d.action,
+                         "reason": d.reason, "attempt": d.attempt or None,
+                         "job_id": sub.job_id if sub else None, "job_dir": sub.spec.job_dir if sub else None})
+        return {"campaign": self.campaign, "executor": self.executor, "campaign_dir": str(self.campaign_dir),
+                "sbatch_calls": self.sbatch_calls, "submitted": len(self.submitted), "points": rows,
+                "db_note": self.db_note}
+
+
+def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
+           retry_failed: bool) -> list[Decision]:
+    """Skip what is measured or in flight; resubmit failures only when asked."""
+    out = []
+    for p in points:
+        if not p.valid:
+            out.append(Decision(p, "skip", "invalid: " + "; ".join(p.reasons)))
+            continue
+        attempts = history.attempts(campaign, p.point_id, p.repeat)
+        next_attempt = max((a.attempt for a in attempts), default=0) + 1
+        inflight = [a for a in attempts if a.outcome is None]
+        measured = history.measured(p.point_id)
+        if inflight and not force:
+            a = inflight[-1]
+            out.append(Decision(p, "skip", f"attempt {a.attempt} is {a.state or 'in flight'} (job {a.job_id})"))
+        elif force:
+            out.append(Decision(p, "submit", "force", next_attempt))
+        elif measured > p.repeat:
+            out.append(Decision(p, "skip", f"already measured ({measured} ok/invalid run(s) of this point)"))
+        elif attempts and attempts[-1].outcome == "failed":
+            if retry_failed:
+                out.append(Decision(p, "submit", "retry", next_attempt))
+            else:
+                out.append(Decision(p, "skip", f"attempt {attempts[-1].attempt} failed "
+                                               f"({attempts[-1].reason or 'see its job dir'}); use --retry-failed"))
+        elif attempts and attempts[-1].outcome in ("ok", "invalid"):
+            out.append(Decision(p, "skip", f"attempt {attempts[-1].attempt} ended {attempts[-1].outcome}"))
+        else:
+            out.append(Decision(p, "submit", "new", next_attempt))
+    return out
+
+
+def _check_campaign(campaign_dir: Path, sweep: Sweep) -> bool:
+    """True when the campaign already exists; refuse reusing a name for another experiment."""
+    for ev in manifest.read(campaign_dir):
+        if ev.get("type") == "campaign":
+            if ev.get("experiment") != sweep.experiment.id:
+                raise SweepError(f"{sweep.source}: campaign {sweep.campaign!r} already exists for experiment "
+                                 f"{ev.get('experiment')}; choose another campaign name")
+            return True
+    return False
+
+
+def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor: str = "auto",
+                 workdir: Path | None = None, db: Path | None = None, *, wait: bool = False, force: bool = False,
+                 retry_failed: bool = False, max_parallel: int | None = None, hold: bool = False,
+                 model_map: Path | None = None, only_failed: bool = False,
+                 progress: Callable[[int, int], None] | None = None) -> SubmitReport:
+    inv: Inventory = load_inventory(inventory_path)
+    sweep = load_sweep(sweep_path, model_map)
+    points = plan_sweep(sweep, inv)
+    name = resolve_executor(executor)
+    workdir = (workdir or Path(os.environ.get("SBENCH_WORKDIR", DEFAULT_WORKDIR))).resolve()
+    db = (db or Path(os.environ.get("SBENCH_DB", DEFAULT_DB))).resolve()
+    campaign_dir = workdir / sweep.campaign
+    exists = _check_campaign(campaign_dir, sweep)
+    history, db_note = campaign_history(db, workdir, sweep.campaign, [p.point_id for p in points])
+    decisions = decide(points, history, sweep.campaign, force, retry_failed or only_failed)
+    if only_failed:
+        decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
+                     for d in decisions]
+    report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note)
+    todo = [d for d in decisions if d.action == "submit"]
+    events: list[dict[str, Any]] = []
+    if not exists:
+        events.append({"type": "campaign", "campaign": sweep.campaign, "experiment": sweep.experiment.id,
+                       "sweep": str(Path(sweep_path).resolve()), "inventory": inv.source, "cluster": inv.cluster,
+                       "partition": points[0].partition if points else None, "executor": name,
+                       "description": sweep.description, "created_at": manifest.now_iso(),
+                       "sbench_version": __version__})
+    known = {(e.get("point_id"), e.get("repeat")) for e in manifest.read(campaign_dir) if e.get("type") == "point"}
+    for p in points:
+        if (p.point_id, p.repeat) not in known:
+            events.append({"type": "point", "campaign": sweep.campaign, **p.to_dict()})
+    manifest.append(campaign_dir, events)
+    specs: list[JobSpec] = []
+    for d in todo:
+        job_dir = campaign_dir / job_dir_name(d.point.point_id, d.point.repeat, d.attempt)
+        spec = build_jobspec(sweep, inv, d.point, d.attempt, str(job_dir))
+        write_job_dir(spec, inv, d.point, sweep)
+        specs.append(spec)
+    if specs:
+        backend = get_backend(name)
+        opts = SubmitOptions(max_parallel=max_parallel or sweep.slurm.max_parallel, hold=hold, wait=wait)
+        report.submitted = backend.submit(campaign_dir, specs, opts)
+        report.sbatch_calls = getattr(backend, "sbatch_calls", 0)
+        reasons = {(d.point.point_id, d.point.repeat): d.reason for d in todo}
+        attempt_events = [{
+            "type": "attempt", "campaign": sweep.campaign, "point_id": s.spec.point_id, "repeat": s.spec.repeat,
+            "attempt": s.spec.attempt, "job_dir": s.spec.job_dir, "executor": name, "job_id": s.job_id,
+            "array_job_id": s.array_job_id, "array_task_id": s.array_task_id, "submitted_at": manifest.now_iso(),
+            "reason": reasons[(s.spec.point_id, s.spec.repeat)], **s.extra,
+        } for s in report.submitted]
+        manifest.append(campaign_dir, attempt_events)
+        events += attempt_events
+        if wait:
+            backend.wait(report.submitted, progress)
+    report.db_note = record_events(db, events) or report.db_note
+    return report
+
+
+def campaign_record(workdir: Path | None, campaign: str) -> dict[str, Any]:
+    workdir = (workdir or Path(os.environ.get("SBENCH_WORKDIR", DEFAULT_WORKDIR))).resolve()
+    for ev in manifest.read(workdir / campaign):
+        if ev.get("type") == "campaign":
+            return ev
+    from ..errors import InputError
+
+    raise InputError(f"no campaign {campaign!r} under {workdir} (no {workdir / campaign / manifest.MANIFEST})")
+
+
+def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None = None, *, executor: str = "auto",
+                   wait: bool = False, max_parallel: int | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> SubmitReport:
+    """Resubmit a campaign's failed points from the sweep and inventory it was submitted with."""
+    rec = campaign_record(workdir, campaign)
+    inv = rec.get("inventory")
+    inv_path = None if not inv or inv.startswith("<") else Path(inv)
+    if executor == "auto" and rec.get("executor"):
+        executor = rec["executor"]
+    return submit_sweep(Path(rec["sweep"]), inv_path, executor, workdir, db, wait=wait, only_failed=True,
+                        max_parallel=max_parallel, progress=progress)
