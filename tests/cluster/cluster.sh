@@ -115,8 +115,9 @@ wait_for() {
 }
 
 # Start a daemon fully detached: new session (so a test's Ctrl-C or killpg does
-# not hit it) and no inherited stdout (else `$(cluster.sh start)` would hang).
-spawn() { setsid -f "$@" </dev/null >>"$LOGDIR/spawn.log" 2>&1; }
+# not hit it), no inherited stdout (else `$(cluster.sh start)` would hang) and
+# not the lock fd 9 (else the daemon holds our lock forever).
+spawn() { setsid -f "$@" </dev/null >>"$LOGDIR/spawn.log" 2>&1 9>&-; }
 
 # ---------------------------------------------------------------- packages
 ensure_packages() {
@@ -306,10 +307,10 @@ ensure_network() {
 }
 
 ensure_hosts() {
-  local want=() n line missing=0
+  local want=() n line stale=0
   for n in "${NODES[@]}"; do want+=("${NODE_IP[$n]} $n # sbench-cluster"); done
-  for line in "${want[@]}"; do grep -qxF "$line" /etc/hosts || missing=1; done
-  ((missing)) || return 0
+  for line in "${want[@]}"; do grep -qxF "$line" /etc/hosts || stale=1; done
+  ((stale)) || return 0
   # Rewrite in place (not sed -i): /etc/hosts is often a bind mount in containers.
   local content
   content=$(grep -v -E '# sbench-cluster$' /etc/hosts || true)
@@ -447,12 +448,21 @@ resume_if_needed() {
   fi
 }
 
+slurmd_start_time() { timeout 10 scontrol show node "$1" 2>/dev/null | grep -o 'SlurmdStartTime=[^ ]*' | cut -d= -f2; }
+
+# wait_nodes NODE...: until every node is idle/mixed/allocated (resuming
+# down/drained ones). With NEWER_THAN=<ISO time> also require that the node's
+# slurmd registered at or after that time (the controller still reports the
+# old state for a moment after a restart).
 wait_nodes() {
   local end=$((SECONDS + TIMEOUT)) n all
   while :; do
     all=1
     for n in "$@"; do
-      node_usable "$n" && continue
+      if node_usable "$n"; then
+        [[ -z ${NEWER_THAN:-} || ! $(slurmd_start_time "$n") < $NEWER_THAN ]] && continue
+        all=0; continue
+      fi
       all=0
       resume_if_needed "$n"
     done
@@ -512,7 +522,7 @@ cmd_start() {
   ensure_packages
   ensure_files
   # Fast path: an unchanged, healthy cluster is left untouched.
-  if ((SLURM_CONF_CHANGED == 0 && DBD_CONF_CHANGED == 0)) && ns_ok sbn1 && ns_ok sbn2 && health 0; then
+  if ((SLURM_CONF_CHANGED == 0 && DBD_CONF_CHANGED == 0)) && ns_ok "${NODE_NS[node1]}" && ns_ok "${NODE_NS[node2]}" && health 0; then
     ensure_hosts
     log "already running and healthy"
     return 0
@@ -533,8 +543,13 @@ cmd_stop() {
     stop_procs slurmd "(^| )-N $n( |$)"
     # Job steps and their processes live in the namespace too.
     if ns_ok "${NODE_NS[$n]}"; then
-      p=$(ip netns pids "${NODE_NS[$n]}" 2>/dev/null | tr '\n' ' ')
-      [[ -n ${p// /} ]] && { kill -TERM $p 2>/dev/null || true; sleep 1; kill -KILL $(ip netns pids "${NODE_NS[$n]}" 2>/dev/null) 2>/dev/null || true; }
+      p=$(ip netns pids "${NODE_NS[$n]}" 2>/dev/null || true)
+      if [[ -n $p ]]; then
+        kill -TERM $p 2>/dev/null || true
+        sleep 1
+        p=$(ip netns pids "${NODE_NS[$n]}" 2>/dev/null || true)
+        [[ -n $p ]] && kill -KILL $p 2>/dev/null || true
+      fi
     fi
   done
   [[ -n $(live_pids slurmctld) ]] && log "stopping slurmctld"
@@ -572,8 +587,10 @@ cmd_kill_node() {
 cmd_start_node() {
   local n=$1; valid_node "$n"
   ctld_ok || die "slurmctld is not running; use '$0 start'" "$LOGDIR/slurmctld.log"
+  local since=""
+  [[ -z $(slurmd_pids "$n") ]] && since=$(date +%FT%T)
   start_slurmd "$n"
-  wait_nodes "$n"
+  NEWER_THAN=$since wait_nodes "$n"
   log "$n is $(node_state "$n")"
 }
 
