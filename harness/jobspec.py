@@ -81,6 +81,12 @@ class JobSpec:
         return asdict(self)
 
 
+def cpus_per_task(part: Partition, per_node: int) -> int:
+    """2 CPU cores per GPU (at least 2), as the reference requests; a CPU partition's worker is itself a
+    process that needs one core, so there it is 1 per worker (at least 2)."""
+    return max(2, (1 if part.is_cpu else 2) * per_node)
+
+
 def _mem_gb(part: Partition, per_node: int, cpus: int, override: float | None) -> int:
     if override:
         return max(1, math.ceil(override))
@@ -94,7 +100,7 @@ def _mem_gb(part: Partition, per_node: int, cpus: int, override: float | None) -
 def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], per_node: int, job_dir: str,
                point: PlannedPoint) -> dict[str, Any]:
     nodes = e.get("number_nodes", 1)
-    cpus = max(2, 2 * per_node)
+    cpus = cpus_per_task(part, per_node)
     res: dict[str, Any] = {
         "job_name": f"sbench.{sweep.campaign}.{point.point_id[:8]}",
         "partition": part.slurm_partition,

@@ -293,9 +293,12 @@ def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) ->
         unit = "worker processes" if part.is_cpu else "GPUs"
         reasons.append(f"placement: {per_node} {unit} per node requested; partition {part.name!r} has "
                        f"{part.gpus_per_node} per node")
-    cpus = max(2, 2 * per_node)
+    from .jobspec import cpus_per_task  # noqa: PLC0415 - jobspec imports plan
+
+    cpus = cpus_per_task(part, per_node)
     if cpus > part.cpus_per_node:
-        reasons.append(f"placement: needs {cpus} CPUs per node (2 per device, at least 2); partition "
+        rule = "1 per worker" if part.is_cpu else "2 per device"
+        reasons.append(f"placement: needs {cpus} CPUs per node ({rule}, at least 2); partition "
                        f"{part.name!r} has {part.cpus_per_node}")
     if e.get("enable_roce") and nodes > 1:
         missing = [h.name for h in part.hosts.values() if h.roce is None]

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import StoreBusyError, SubmitError
+
 
 @dataclass
 class AttemptState:
@@ -34,8 +36,36 @@ class PointHistory:
 
 
 def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str]) -> tuple[PointHistory, str | None]:
-    raise NotImplementedError  # replaced once the store lands
+    """Collect the campaign (incremental: a no-op when nothing changed), then read its attempts and how often
+    each point was measured in any campaign."""
+    from ..collect.ingest import collect
+    from ..collect.store import open_store
+
+    try:
+        collect(db, workdir, campaign)
+    except StoreBusyError as exc:
+        raise SubmitError(f"{exc}; nothing was submitted - run submit again once it is free") from None
+    history = PointHistory()
+    with open_store(db, read_only=True) as st:
+        for row in st.attempt_rows(campaign):
+            key = (row["campaign"], row["point_id"], int(row["repeat"]))
+            history.by_run.setdefault(key, []).append(AttemptState(
+                attempt=int(row["attempt"]), job_id=row.get("job_id"), state=row.get("state"),
+                outcome=row.get("outcome"), reason=row.get("reason")))
+        for pid, st_ in st.point_status(point_ids=point_ids).items():
+            history.measured_counts[pid] = st_.ok + st_.invalid
+    return history, None
 
 
 def record_events(db: Path, events: list[dict[str, Any]]) -> str | None:
-    raise NotImplementedError
+    """Record manifest events in the DB; when it is busy, say so - the manifest already has them."""
+    if not events:
+        return None
+    from ..collect.store import open_store
+
+    try:
+        with open_store(db) as st:
+            st.record_manifest(events)
+    except StoreBusyError as exc:
+        return f"{exc}; the submission is in the campaign manifest and the next 'sbench collect' records it"
+    return None

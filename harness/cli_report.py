@@ -1,0 +1,1 @@
+"""CLI: the HTML report."""
