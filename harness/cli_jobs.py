@@ -116,3 +116,49 @@ def retry(campaign: str, workdir: Path | None, db: Path | None, executor: str, w
     finally:
         progress.close()
     _print_submit(report.to_dict(), as_json)
+
+
+@main.command()
+@workdir_option
+@db_option
+@click.option("--campaign", default=None, help="Only this campaign.")
+@json_option
+def status(workdir: Path | None, db: Path | None, campaign: str | None, as_json: bool) -> None:
+    """Show every point and attempt: pending, running or done, from the DB and the live scheduler.
+
+    Example: sbench status --campaign demo-cpu
+    """
+    from .sbatch.control import status as status_report
+
+    rep = status_report(workdir, db, campaign)
+    if as_json:
+        echo_json({"rows": rep.rows, "counts": rep.counts, "note": rep.note})
+        return
+    rows = [{"campaign": r.get("campaign"), "point_id": r.get("point_id"), "rep": r.get("repeat"),
+             "attempt": r.get("last_attempt"), "job_id": r.get("job_id"), "phase": r.get("phase"),
+             "state": r.get("live_state") or r.get("state"), "outcome": r.get("outcome"),
+             "reason": _short(r.get("reason") or "; ".join(r.get("point_reasons") or []))} for r in rep.rows]
+    if rows:
+        click.echo(table(rows, list(rows[0])))
+    click.echo("\n" + ", ".join(f"{v} {k}" for k, v in sorted(rep.counts.items())) if rep.counts else "nothing yet")
+    if rep.note:
+        click.echo(f"note: {rep.note}", err=True)
+
+
+def _short(text: str, n: int = 70) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+@main.command()
+@workdir_option
+@db_option
+@click.option("--campaign", default=None, help="Only this campaign (default: every campaign).")
+def cancel(workdir: Path | None, db: Path | None, campaign: str | None) -> None:
+    """Cancel every attempt that is still queued or running.
+
+    Example: sbench cancel --campaign lora-scan
+    """
+    from .sbatch.control import cancel as cancel_attempts
+
+    done = cancel_attempts(workdir, db, campaign)
+    click.echo(f"cancelled {len(done)} attempt(s)" + (": " + " ".join(done) if done else ""))

@@ -1,1 +1,36 @@
 """CLI: the HTML report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .cli import db_option, main
+
+DEFAULT_DB = Path("results/results.duckdb")
+
+
+@main.command()
+@db_option
+@click.option("--campaign", default=None, help="Only this campaign's runs (default: every campaign).")
+@click.option("--run", "run_id", default=None, metavar="RUN_ID",
+              help="Run for the utilisation-over-time panels (default: the longest ok run).")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"),
+              show_default=True, help="HTML file to write ('-' for stdout).")
+def report(db: Path | None, campaign: str | None, run_id: str | None, out: Path) -> None:
+    """Write one self-contained HTML page of plots and tables from the results database.
+
+    Example: sbench report --campaign lora-scan -o report.html
+    """
+    from .report import build_report
+
+    rep = build_report(db or DEFAULT_DB, campaign=campaign, run_id=run_id)
+    if str(out) == "-":
+        click.echo(rep.html)
+        return
+    try:
+        out.write_text(rep.html, encoding="utf-8")
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
+    click.echo(f"wrote {out}: {rep.summary()}")

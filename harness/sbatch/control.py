@@ -1,0 +1,141 @@
+"""status and cancel: what the database knows, joined with what the scheduler says right now."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from . import manifest
+from .executors import get_backend
+from .submit import DEFAULT_DB, DEFAULT_WORKDIR
+
+
+def _defaults(workdir: Path | None, db: Path | None) -> tuple[Path, Path]:
+    wd = (workdir or Path(os.environ.get("SBENCH_WORKDIR", DEFAULT_WORKDIR))).resolve()
+    dbp = (db or Path(os.environ.get("SBENCH_DB", DEFAULT_DB))).resolve()
+    return wd, dbp
+
+
+def manifest_attempts(workdir: Path, campaign: str | None) -> list[dict[str, Any]]:
+    """Every attempt line of every (or one) campaign manifest, newest state of each job dir."""
+    camps = [workdir / campaign] if campaign else sorted(p.parent for p in workdir.glob(f"*/{manifest.MANIFEST}"))
+    out: dict[str, dict[str, Any]] = {}
+    for cdir in camps:
+        for ev in manifest.read(cdir):
+            if ev.get("type") == "attempt" and ev.get("job_dir"):
+                out[ev["job_dir"]] = ev
+    return list(out.values())
+
+
+def live_states(attempts: list[dict[str, Any]]) -> dict[str, str]:
+    """Keyed by job_dir: the scheduler's current word on each attempt."""
+    out: dict[str, str] = {}
+    for executor in ("slurm", "local"):
+        group = [a for a in attempts if a.get("executor") == executor]
+        if not group:
+            continue
+        try:
+            backend = get_backend(executor)
+        except Exception:  # noqa: BLE001 - no sbatch here: the scheduler cannot be asked
+            continue
+        states = backend.live_states(group)
+        for a in group:
+            key = a.get("job_dir") if executor == "local" else str(a.get("job_id"))
+            if key in states:
+                out[a["job_dir"]] = states[key]
+    return out
+
+
+@dataclass
+class StatusReport:
+    rows: list[dict[str, Any]]
+    counts: dict[str, int] = field(default_factory=dict)
+    note: str | None = None
+
+
+def status(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None) -> StatusReport:
+    from ..collect.store import open_store
+
+    wd, dbp = _defaults(workdir, db)
+    rows: list[dict[str, Any]] = []
+    note = None
+    if dbp.exists():
+        with open_store(dbp, read_only=True) as st:
+            rows = st.status_rows(campaign)
+    else:
+        note = f"no results database at {dbp} yet; showing the campaign manifests"
+    attempts = manifest_attempts(wd, campaign)
+    by_dir = {a["job_dir"]: a for a in attempts}
+    known = {r.get("job_dir") for r in rows if r.get("job_dir")}
+    # Attempts the DB has not seen yet (submitted while it was busy, or no DB): from the manifest.
+    for a in attempts:
+        if a["job_dir"] not in known:
+            rows.append({"campaign": a.get("campaign"), "point_id": a.get("point_id"), "repeat": a.get("repeat"),
+                         "last_attempt": a.get("attempt"), "job_id": a.get("job_id"), "state": "SUBMITTED",
+                         "outcome": None, "reason": "not collected yet", "job_dir": a["job_dir"], "valid": True})
+    pending = [by_dir.get(r["job_dir"], {"job_dir": r["job_dir"], "job_id": r.get("job_id"),
+                                         "executor": _executor_of(r)})
+               for r in rows if r.get("job_dir") and r.get("outcome") is None]
+    live = live_states([p for p in pending if p.get("executor")])
+    if campaign and not rows:
+        raise InputError(f"no campaign {campaign!r} in {dbp} or under {wd}")
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r.get("outcome"):
+            phase = r["outcome"]
+        elif not r.get("job_dir"):
+            phase = "invalid (not run)" if r.get("valid") is False else "not submitted"
+        else:
+            ls = live.get(r["job_dir"])
+            r["live_state"] = ls
+            phase = _phase(ls, r.get("state"))
+        r["phase"] = phase
+        counts[phase] = counts.get(phase, 0) + 1
+    rows.sort(key=lambda r: (str(r.get("campaign")), str(r.get("point_id")), r.get("repeat") or 0))
+    return StatusReport(rows, counts, note)
+
+
+def _executor_of(row: dict[str, Any]) -> str | None:
+    jid = str(row.get("job_id") or "")
+    return "slurm" if jid and jid.replace("_", "").isdigit() else None
+
+
+def _phase(live: str | None, db_state: str | None) -> str:
+    word = (live or "").split(" ")[0]
+    if word in ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD"):
+        return "pending"
+    if word in ("RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING"):
+        return "running"
+    if word:
+        return "done (not collected)"
+    return (db_state or "submitted").lower()
+
+
+def cancel(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None) -> list[str]:
+    """Cancel every attempt still queued or running (all campaigns, or one); returns what was cancelled."""
+    wd, dbp = _defaults(workdir, db)
+    attempts = manifest_attempts(wd, campaign)
+    if campaign and not attempts and not (wd / campaign).exists():
+        raise InputError(f"no campaign {campaign!r} under {wd}")
+    live = live_states(attempts)
+    active = [a for a in attempts if _phase(live.get(a["job_dir"]), None) in ("pending", "running")
+              or (a.get("executor") == "local" and live.get(a["job_dir"]) in ("PENDING", "RUNNING"))]
+    done: list[str] = []
+    for executor in ("slurm", "local"):
+        group = [a for a in active if a.get("executor") == executor]
+        if group:
+            done += get_backend(executor).cancel(group)
+    by_campaign: dict[str, list[str]] = {}
+    for a in active:
+        by_campaign.setdefault(a["campaign"], []).append(str(a.get("job_id") or a["job_dir"]))
+    events = []
+    for camp, ids in by_campaign.items():
+        events += manifest.append(wd / camp, [{"type": "cancel", "campaign": camp, "job_ids": ids,
+                                               "at": manifest.now_iso()}])
+    from .state import record_events
+
+    record_events(dbp, events)
+    return done
