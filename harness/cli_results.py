@@ -1,1 +1,116 @@
 """CLI: collect, query and report."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .cli import db_option, echo_json, json_option, main, table, workdir_option
+
+DEFAULT_DB = Path("results/results.duckdb")
+DEFAULT_WORKDIR = Path("results/runs")
+
+
+class _Progress:
+    """A click progress bar per phase on a TTY; one plain line per phase otherwise."""
+
+    LABELS = {"discover": "finding runs", "parse": "reading job dirs", "samples": "loading samples"}
+
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.phase: str | None = None
+        self.bar: Any = None
+        self.done = 0
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if phase != self.phase:
+            self.close()
+            self.phase, self.done = phase, 0
+            label = self.LABELS.get(phase, phase)
+            if self.tty:
+                self.bar = click.progressbar(length=max(total, 1), label=f"collect: {label}", file=sys.stderr)
+                self.bar.__enter__()
+            else:
+                click.echo(f"collect: {label}" + (f" ({total})" if total > 1 else ""), err=True)
+        if self.bar is not None and done > self.done:
+            self.bar.update(done - self.done)
+            self.done = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+@main.command()
+@db_option
+@workdir_option
+@click.option("--campaign", default=None, help="Only this campaign's runs.")
+@json_option
+def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json: bool) -> None:
+    """Read job directories and SLURM accounting into the results database.
+
+    Example: sbench collect --campaign lora-scan
+    """
+    from .collect import collect as run_collect
+
+    prog = _Progress(tty=sys.stderr.isatty()) if not as_json else None
+    try:
+        report = run_collect(db or DEFAULT_DB, workdir or DEFAULT_WORKDIR, campaign, progress=prog)
+    finally:
+        if prog is not None:
+            prog.close()
+    if as_json:
+        echo_json(report.to_dict())
+        return
+    outcomes = ", ".join(f"{v} {k}" for k, v in report.outcomes.items()) or "none"
+    click.echo(f"collected {report.runs} run(s) into {report.db}: {report.new} new, {report.updated} updated, "
+               f"{report.unchanged} unchanged; {report.sample_rows} sample rows loaded in {report.elapsed_s:.1f} s")
+    click.echo(f"runs by outcome: {outcomes}")
+    if report.sacct and report.sacct != "ok":
+        click.echo(f"note: SLURM accounting unavailable ({report.sacct}); states come from squeue and the files",
+                   err=True)
+    for w in report.warnings:
+        click.echo(f"warning: {w}", err=True)
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return v
+
+
+@main.command()
+@click.argument("sql")
+@db_option
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
+              help="Output format.")
+def query(sql: str, db: Path | None, fmt: str) -> None:
+    """Run SQL against the results database (read-only) and print the rows.
+
+    Example: sbench query "select model_name, batch_size, dataset_tokens_per_second from measurements"
+    """
+    from .collect.store import open_store
+
+    with open_store(db or DEFAULT_DB, read_only=True) as store:
+        cols, rows = store.query(sql)
+    if fmt == "json":
+        click.echo(json.dumps([dict(zip(cols, r)) for r in rows], indent=2, default=str))
+    elif fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(cols)
+        w.writerows(rows)
+        click.echo(buf.getvalue(), nl=False)
+    else:
+        if not cols:
+            click.echo("(no result)")
+            return
+        click.echo(table([{c: _cell(v) for c, v in zip(cols, r)} for r in rows], cols))
+        click.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")

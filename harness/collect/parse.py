@@ -1,0 +1,273 @@
+"""Parsers for the job-directory files (docs/job-directory.md). Pure: they read files and return
+values plus *problems* (precise, human-readable strings); they never raise on bad content."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STAGE_KEYS = ("event", "stage", "t_wall")
+
+
+def read_json(path: Path) -> tuple[Any, str | None]:
+    """(document, None), (None, problem) for unreadable/corrupt content, (None, None) when missing."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"{path.name}: unreadable ({exc.strerror})"
+    if not text.strip():
+        return None, f"{path.name}: empty file"
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
+            return None, f"{path.name} line {exc.lineno}: truncated JSON"
+        return None, f"{path.name} line {exc.lineno}: invalid JSON ({exc.msg})"
+
+
+def read_jsonl(path: Path, required: Iterable[str] = ()) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
+    """Objects of a JSON-lines file with their line numbers, and a problem per bad line.
+
+    A last line without its newline that does not parse is "truncated JSON" (the writer died or is
+    still writing); any other line that does not parse is "invalid JSON".
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [], []
+    except OSError as exc:
+        return [], [f"{path.name}: unreadable ({exc.strerror})"]
+    out: list[tuple[int, dict[str, Any]]] = []
+    problems: list[str] = []
+    lines = data.split(b"\n")
+    complete_last = data.endswith(b"\n")
+    need = tuple(required)
+    numbered = [(i, raw) for i, raw in enumerate(lines, 1) if raw.strip()]
+    if complete_last:
+        # Fast path: the whole file as one JSON array (one parser call); any bad line -> line by line.
+        try:
+            objs = json.loads(b"[" + b",".join(raw for _, raw in numbered) + b"]")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            objs = None
+        if objs is not None and len(objs) == len(numbered) and all(
+                isinstance(o, dict) and all(k in o for k in need) for o in objs):
+            return [(i, o) for (i, _), o in zip(numbered, objs)], []
+    for i, raw in numbered:
+        is_last_partial = i == len(lines) and not complete_last
+        try:
+            obj = json.loads(raw.decode("utf-8", errors="replace"))
+        except json.JSONDecodeError:
+            problems.append(f"{path.name} line {i}: {'truncated' if is_last_partial else 'invalid'} JSON")
+            continue
+        if not isinstance(obj, dict):
+            problems.append(f"{path.name} line {i}: not a JSON object")
+            continue
+        missing = [k for k in need if k not in obj]
+        if missing:
+            problems.append(f"{path.name} line {i}: missing {', '.join(missing)}")
+            continue
+        out.append((i, obj))
+    return out, problems
+
+
+# -- stages -----------------------------------------------------------------------------------------------
+@dataclass
+class StageRow:
+    host: str
+    rank: int | None
+    stage: str
+    trial: int | None
+    restart: int
+    pid: int | None
+    start_wall: float | None
+    end_wall: float | None
+    duration_s: float | None
+    status: str  # ok | error | killed | incomplete
+    error: str | None
+    info: Any = None
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.host, self.rank, self.stage, self.trial)
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class StageLog:
+    """One host's stages: paired rows, problems, and the restart they ended in."""
+
+    host: str
+    rows: list[StageRow] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    last_restart: int = 0
+
+
+def parse_stages(path: Path, host: str) -> StageLog:
+    """Pair ``start``/``end`` events by (rank, stage, trial, restart, pid), in file order."""
+    log = StageLog(host)
+    events, problems = read_jsonl(path, STAGE_KEYS)
+    log.problems.extend(problems)
+    open_: dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]] = {}
+    for lineno, ev in events:
+        restart = _int(ev.get("restart")) or 0
+        log.last_restart = max(log.last_restart, restart)
+        key = (_int(ev.get("rank")), str(ev["stage"]), _int(ev.get("trial")), restart, _int(ev.get("pid")))
+        if ev["event"] == "start":
+            open_.setdefault(key, []).append((lineno, ev))
+        elif ev["event"] == "end":
+            starts = open_.get(key)
+            start = starts.pop(0)[1] if starts else None
+            if start is None:
+                log.problems.append(f"{path.name} line {lineno}: end of {key[1]} without a start")
+            log.rows.append(_stage_row(host, key, start, ev))
+        else:
+            log.problems.append(f"{path.name} line {lineno}: unknown event {ev['event']!r}")
+    for key, starts in open_.items():
+        for _lineno, ev in starts:
+            log.rows.append(_stage_row(host, key, ev, None))
+    log.rows.sort(key=lambda r: (r.restart, r.start_wall if r.start_wall is not None else float("inf"),
+                                 r.rank if r.rank is not None else -1, r.stage, r.trial or 0))
+    return log
+
+
+def _stage_row(host: str, key: tuple[Any, ...], start: Mapping[str, Any] | None,
+               end: Mapping[str, Any] | None) -> StageRow:
+    rank, stage, trial, restart, pid = key
+    sw = _num(start.get("t_wall")) if start else None
+    ew = _num(end.get("t_wall")) if end else None
+    dur = None
+    if start and end:
+        sm, em = _num(start.get("t_mono")), _num(end.get("t_mono"))
+        dur = em - sm if sm is not None and em is not None else (ew - sw if sw is not None and ew is not None else None)
+    status = "incomplete" if end is None else str(end.get("status") or "ok")
+    err = end.get("error") if end else None
+    return StageRow(host=host, rank=rank, stage=stage, trial=trial, restart=restart, pid=pid, start_wall=sw,
+                    end_wall=ew, duration_s=dur, status=status, error=None if err is None else str(err),
+                    info=end.get("info") if end else None)
+
+
+# -- NCCL transport -----------------------------------------------------------------------------------------
+_NCCL = re.compile(
+    rb"NCCL INFO (?:(NET/IB) : (Using [^\n]*|No device found[^\n]*)|(NET/Socket) : Using[^\n]*|"
+    rb"Using network (\w+)|Channel [^\n]* via (NET/\w+)[^\n]*)")
+
+
+def nccl_transport(path: Path) -> tuple[str | None, str | None]:
+    """The inter-node transport NCCL chose in a training log: ``'roce'``, ``'ib'``, ``'socket'`` or
+    None (no NCCL network line: a single-node run, NCCL_DEBUG off, or no log), with the line that
+    says so.
+
+    ``Using network IB|Socket`` is NCCL's final word; ``NET/IB : Using [0]mlx5_0:1/RoCE`` tells RoCE
+    from InfiniBand (``/IB``); ``NET/Socket : Using`` and channels ``via NET/Socket`` mean TCP.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None, None
+    ib_line = ib_kind = None
+    socket_line = network = network_line = channel = channel_line = None
+    for m in _NCCL.finditer(data):
+        line = m.group(0).decode("utf-8", errors="replace")
+        if m.group(1):
+            what = m.group(2)
+            if what.startswith(b"Using"):
+                ib_line = line
+                ib_kind = "roce" if b"/RoCE" in what else "ib"
+        elif m.group(3):
+            socket_line = line
+        elif m.group(4):
+            network, network_line = m.group(4).decode().lower(), line
+        elif m.group(5):
+            channel, channel_line = m.group(5).decode(), line
+    if network == "ib":
+        return ib_kind or "ib", ib_line or network_line
+    if network == "socket":
+        return "socket", network_line
+    if channel == "NET/IB":
+        return ib_kind or "ib", ib_line or channel_line
+    if channel == "NET/Socket":
+        return "socket", channel_line
+    if ib_line:
+        return ib_kind, ib_line
+    if socket_line:
+        return "socket", socket_line
+    return None, None
+
+
+def summarize_transports(by_host: Mapping[str, str | None]) -> tuple[str | None, str | None]:
+    """(one value when every host that reported agrees, else 'mixed'; 'host=transport,...')."""
+    seen = {t for t in by_host.values() if t}
+    summary = None if not seen else (seen.pop() if len(seen) == 1 else "mixed")
+    detail = ",".join(f"{h}={t or '-'}" for h, t in sorted(by_host.items())) or None
+    return summary, detail
+
+
+# -- SLURM host lists ---------------------------------------------------------------------------------------
+def expand_hostlist(text: str | None) -> list[str]:
+    """``gpu-a[01-03,07],node9`` -> ``['gpu-a01', 'gpu-a02', 'gpu-a03', 'gpu-a07', 'node9']``."""
+    if not text or text.strip() in ("", "None assigned", "(null)", "None"):
+        return []
+    out: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
+        out.extend(_expand_one(part.strip()))
+    return [h for h in out if h]
+
+
+def _expand_one(part: str) -> list[str]:
+    m = re.search(r"\[([^\]]*)\]", part)
+    if not m:
+        return [part]
+    head, tail = part[:m.start()], part[m.end():]
+    names = []
+    for rng in m.group(1).split(","):
+        if "-" in rng:
+            a, b = rng.split("-", 1)
+            width = len(a) if a.startswith("0") else 0
+            for n in range(int(a), int(b) + 1):
+                names.append(f"{head}{n:0{width}d}")
+        else:
+            names.append(f"{head}{rng}")
+    return [x for name in names for x in _expand_one(name + tail)]
+
+
+# -- CSV tails ----------------------------------------------------------------------------------------------
+def csv_tail(path: Path) -> tuple[int, int] | None:
+    """None when the file ends with a newline (or is empty); else (bytes up to the last newline,
+    1-based number of the truncated last line)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            if size == 0:
+                return None
+            fh.seek(size - 1)
+            if fh.read(1) == b"\n":
+                return None
+            fh.seek(0)
+            data = fh.read()
+    except OSError:
+        return None
+    cut = data.rfind(b"\n") + 1
+    return cut, data.count(b"\n") + 1

@@ -1,0 +1,243 @@
+"""SLURM accounting: batched ``sacct`` (or ``squeue``) calls, their parsing, and the mapping of
+SLURM job states to run outcomes."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .parse import expand_hostlist
+
+SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,MaxRSS,NodeList,Start,End"
+CHUNK = 200  # ids per sacct call (keeps the command line short)
+
+# Still going: no outcome yet. A requeued or preempted-then-requeued job keeps its job id, so it stays
+# the same run (same job dir, same row) and is simply updated when it finishes.
+PENDING_STATES = frozenset({
+    "PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "CONFIGURING", "COMPLETING",
+    "RESIZING", "STAGE_OUT", "SIGNALING", "RESV_DEL_HOLD", "STOPPED", "SUBMITTED", "UNKNOWN",
+})
+# Ended by the scheduler: the run failed for this reason whatever its files say (unless the files
+# show a GPU OOM first: then it is invalid).
+FAILURE_STATES = {
+    "CANCELLED": "cancelled", "TIMEOUT": "timeout", "NODE_FAIL": "node failure", "OUT_OF_MEMORY": "host OOM",
+    "PREEMPTED": "preempted", "BOOT_FAIL": "node boot failure", "DEADLINE": "deadline reached",
+    "REVOKED": "revoked",
+}
+# Ended on its own: the files say whether it was ok, invalid or failed.
+ENDED_STATES = frozenset({"COMPLETED", "FAILED", "SPECIAL_EXIT"})
+# States that never change again (PREEMPTED may turn into a requeue, so it is asked about again).
+FINAL_STATES = frozenset((ENDED_STATES | set(FAILURE_STATES)) - {"PREEMPTED"})
+
+
+@dataclass
+class StepAccounting:
+    step_id: str
+    state: str
+    exit_code: int | None
+    max_rss_mb: float | None
+    node_list: str | None
+
+
+@dataclass
+class JobAccounting:
+    """One job (or array task) as sacct reports it, its steps folded in."""
+
+    job_id: str
+    state: str  # normalised: first word, e.g. 'CANCELLED' for 'CANCELLED by 0'
+    state_raw: str
+    exit_code: int | None
+    exit_signal: int | None
+    elapsed_s: float | None
+    node_list: str | None
+    start: _dt.datetime | None
+    end: _dt.datetime | None
+    steps: list[StepAccounting] = field(default_factory=list)
+
+    @property
+    def hosts(self) -> list[str]:
+        return expand_hostlist(self.node_list)
+
+    @property
+    def max_rss_mb(self) -> float | None:
+        vals = [s.max_rss_mb for s in self.steps if s.max_rss_mb is not None]
+        return max(vals) if vals else None
+
+
+def normalise_state(raw: str) -> str:
+    s = (raw or "").strip().split()[0] if (raw or "").strip() else "UNKNOWN"
+    return s.rstrip("+").upper()
+
+
+def parse_elapsed(text: str | None) -> float | None:
+    """``[D-]HH:MM:SS``, ``MM:SS`` or ``MM:SS.mmm`` -> seconds."""
+    if not text or text in ("INVALID", "UNLIMITED", "Partition_Limit"):
+        return None
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+    parts = [float(p) for p in text.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0.0)
+    h, m, s = parts[-3:]
+    return days * 86400 + h * 3600 + m * 60 + s
+
+
+_RSS = re.compile(r"^([0-9.]+)([KMGTP]?)$")
+
+
+def parse_rss_mb(text: str | None) -> float | None:
+    """sacct's MaxRSS (``1234K``, ``12.5M``, ``2G``; no suffix = bytes) in MiB."""
+    if not text:
+        return None
+    m = _RSS.match(text.strip())
+    if not m:
+        return None
+    scale = {"": 1 / 2**20, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2, "P": 1024.0**3}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def parse_exit(text: str | None) -> tuple[int | None, int | None]:
+    if not text or ":" not in text:
+        return None, None
+    a, b = text.split(":", 1)
+    try:
+        return int(a), int(b)
+    except ValueError:
+        return None, None
+
+
+def parse_time(text: str | None) -> _dt.datetime | None:
+    """sacct prints the cluster's local time without a zone; returned as naive UTC."""
+    if not text or text in ("Unknown", "None", "N/A"):
+        return None
+    try:
+        return _dt.datetime.fromisoformat(text).astimezone(_dt.timezone.utc).replace(tzinfo=None)
+    except ValueError:
+        return None
+
+
+def expand_job_ids(job_id: str) -> list[str]:
+    """``123_[5-7%2]`` (a pending array's tasks in one record) -> ``['123_5', '123_6', '123_7']``."""
+    m = re.match(r"^(\d+)_\[([^\]]*)\]$", job_id)
+    if not m:
+        return [job_id]
+    base, spec = m.group(1), m.group(2).split("%", 1)[0]
+    out = []
+    for part in spec.split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.extend(f"{base}_{n}" for n in range(int(a), int(b) + 1))
+        elif part:
+            out.append(f"{base}_{part}")
+    return out
+
+
+def parse_sacct(text: str) -> dict[str, JobAccounting]:
+    """Parse ``sacct -P -n --format=JobID,State,ExitCode,Elapsed,MaxRSS,NodeList,Start,End`` output.
+
+    Job records (``123``, ``123_4``) become :class:`JobAccounting`; step records (``123_4.batch``,
+    ``123_4.0``, ``123.extern``) are folded into their job (MaxRSS lives on steps). When a job
+    appears twice (requeues listed with ``-D``) the last record wins, so a run is never duplicated.
+    """
+    jobs: dict[str, JobAccounting] = {}
+    steps: list[tuple[str, StepAccounting]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = line.split("|")
+        if len(f) < 8:
+            f += [""] * (8 - len(f))
+        jid, state_raw, exitc, elapsed, rss, nodes, start, end = (x.strip() for x in f[:8])
+        if "." in jid:
+            parent, step = jid.split(".", 1)
+            code, _sig = parse_exit(exitc)
+            steps.append((parent, StepAccounting(step, normalise_state(state_raw), code, parse_rss_mb(rss),
+                                                 nodes or None)))
+            continue
+        code, sig = parse_exit(exitc)
+        for one in expand_job_ids(jid):
+            jobs[one] = JobAccounting(
+                job_id=one, state=normalise_state(state_raw), state_raw=state_raw, exit_code=code,
+                exit_signal=sig, elapsed_s=parse_elapsed(elapsed),
+                node_list=None if nodes in ("", "None assigned") else nodes,
+                start=parse_time(start), end=parse_time(end))
+    for parent, st in steps:
+        if parent in jobs:
+            jobs[parent].steps.append(st)
+    return jobs
+
+
+Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+
+def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=120, check=False)
+
+
+def sacct_argv(job_ids: Sequence[str]) -> list[str]:
+    return ["sacct", "-j", ",".join(job_ids), "-P", "-n", f"--format={SACCT_FORMAT}"]
+
+
+def query_sacct(job_ids: Iterable[str], runner: Runner = _run,
+                chunk: int = CHUNK) -> tuple[dict[str, JobAccounting] | None, str | None]:
+    """Accounting for *job_ids* in as few sacct calls as possible.
+
+    Returns (jobs, None), or (None, why) when sacct cannot answer at all (no binary, accounting
+    storage disabled, controller down); the caller then falls back to squeue and the files.
+    """
+    ids = sorted({j for j in job_ids if j})
+    out: dict[str, JobAccounting] = {}
+    for i in range(0, len(ids), chunk):
+        part = ids[i:i + chunk]
+        try:
+            res = runner(sacct_argv(part))
+        except FileNotFoundError:
+            return None, "no sacct command"
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"sacct failed: {exc}"
+        if res.returncode != 0:
+            msg = (res.stderr or res.stdout or "").strip().splitlines()
+            return None, f"sacct failed: {msg[-1] if msg else f'exit {res.returncode}'}"
+        out.update(parse_sacct(res.stdout))
+    return out, None
+
+
+def parse_squeue(text: str) -> dict[str, tuple[str, str | None]]:
+    """``squeue -h -o '%i|%T|%N'`` -> {job id: (state, node list)}."""
+    out: dict[str, tuple[str, str | None]] = {}
+    for line in text.splitlines():
+        f = line.strip().split("|")
+        if len(f) < 2 or not f[0]:
+            continue
+        nodes = f[2].strip() if len(f) > 2 and f[2].strip() else None
+        for one in expand_job_ids(f[0].strip()):
+            out[one] = (normalise_state(f[1]), nodes)
+    return out
+
+
+def query_squeue(runner: Runner = _run) -> dict[str, tuple[str, str | None]] | None:
+    """Every job the queue still holds, or None when squeue cannot answer."""
+    try:
+        res = runner(["squeue", "-h", "-o", "%i|%T|%N"])
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res.returncode != 0:
+        return None
+    return parse_squeue(res.stdout)
+
+
+def scheduler_verdict(state: str | None) -> tuple[str, str | None]:
+    """('pending' | 'failed' | 'files', reason): what a SLURM state says about a run's outcome."""
+    s = normalise_state(state or "UNKNOWN")
+    if s in PENDING_STATES:
+        return "pending", None
+    if s in FAILURE_STATES:
+        return "failed", FAILURE_STATES[s]
+    if s in ENDED_STATES:
+        return "files", None
+    return "files", None

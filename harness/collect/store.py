@@ -1,0 +1,805 @@
+"""The results database: the one module that owns SQL and the schema.
+
+Everything that reads or writes ``results.duckdb`` goes through :class:`Store`.
+The schema is created if missing and versioned (``metadata.schema_version``);
+a database of another version is refused with a message that says what to do.
+Every write runs in a transaction.
+
+API for ``submit`` and ``status``
+---------------------------------
+``open_store(path, wait_s=None)``
+    Open (and create) the DB for writing. DuckDB allows one writing process at a
+    time; while another holds the lock we retry for ``wait_s`` seconds (default
+    ``$SBENCH_DB_WAIT`` or 5 s), then raise :class:`StoreBusyError` naming the
+    file and the holder's PID. Use it as a context manager; keep it open briefly.
+``Store.record_manifest(events) -> list[str]``
+    Idempotent upsert of manifest lines (dicts in the format of
+    docs/job-directory.md): ``campaign`` -> ``campaigns``, ``point`` -> ``points``
+    and ``campaign_points``, ``attempt`` -> ``runs`` (a new row starts with
+    ``state='SUBMITTED'`` and ``outcome`` NULL; an existing row keeps the
+    state/outcome collect found, only its submission columns are refreshed),
+    ``cancel`` -> ``runs.cancel_requested_at``. Runs in one transaction.
+    Returns the problems found in malformed events (``strict=True`` raises
+    :class:`CollectError` on the first instead).
+``Store.point_status(campaign=None, point_ids=None) -> dict[str, PointStatus]``
+    Per point: attempts that are ``ok`` / ``invalid`` / ``failed`` / ``pending``
+    (outcome NULL: submitted, queued, running), ``attempts``, ``last_attempt``
+    and ``last_outcome``. With ``campaign``, only that campaign's attempts; with
+    ``point_ids``, those points' attempts in every campaign (a point is the same
+    point across campaigns); with both, the intersection.
+``Store.next_attempt(campaign, point_id, repeat) -> int``
+    1 + the highest attempt number recorded for that point and repeat.
+``Store.status_rows(campaign=None) -> list[dict]``
+    Every (campaign, point, repeat), attempts or not (invalid points have none),
+    with the point's validity and reasons and its latest attempt's job id, state,
+    outcome, reason and times, and the counts above. ``Store.attempt_rows``
+    lists every attempt.
+
+Tables (``SCHEMA`` below is the full list of columns)
+-----------------------------------------------------
+``metadata``, ``campaigns``, ``points`` (entity fields as typed columns),
+``campaign_points``, ``runs`` (one per attempt), ``run_hosts``, ``stages``,
+``samples``, ``ranks``, ``errors``, ``trials``, ``measurements``,
+``environment``; views ``latest_measurements``, ``run_summary``,
+``stage_durations``, ``point_status``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from ..catalog import BENCHMARK_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
+from ..errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
+
+SCHEMA_VERSION = 1
+DEFAULT_WAIT_S = 5.0
+
+_KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
+
+
+def _entity_columns() -> list[tuple[str, str]]:
+    """Every entity-space field of every experiment, typed from the catalog's FieldSpecs."""
+    cols: dict[str, str] = {}
+    for exp in EXPERIMENTS.values():
+        for f in exp.fields:
+            sql = _KIND_SQL[f.kind]
+            if cols.setdefault(f.name, sql) != sql:  # pragma: no cover - a catalog bug
+                raise CollectError(f"catalog: field {f.name} has two types ({cols[f.name]} and {sql})")
+    return list(cols.items())
+
+
+ENTITY_COLUMNS: list[tuple[str, str]] = _entity_columns()
+ENTITY_FIELDS: dict[str, str] = dict(ENTITY_COLUMNS)
+# The seeds' measured properties (is_valid is its own BOOLEAN column).
+PROPERTY_COLUMNS: list[str] = [p for p in BENCHMARK_PROPERTIES if p != "is_valid"] + [
+    p for p in STABILITY_PROPERTIES if p != "is_valid"]
+
+_RUN_KEY = [("run_id", "VARCHAR")]
+
+SCHEMA: dict[str, list[tuple[str, str]]] = {
+    "metadata": [("key", "VARCHAR"), ("value", "VARCHAR")],
+    "campaigns": [
+        ("campaign", "VARCHAR"), ("experiment", "VARCHAR"), ("sweep", "VARCHAR"), ("inventory", "VARCHAR"),
+        ("partition", "VARCHAR"), ("executor", "VARCHAR"), ("created_at", "TIMESTAMP"),
+        ("sbench_version", "VARCHAR"), ("source", "VARCHAR"),
+    ],
+    "points": [("point_id", "VARCHAR"), ("experiment", "VARCHAR"), ("valid", "BOOLEAN"),
+               ("reasons", "VARCHAR[]"), ("notes", "VARCHAR[]"), *ENTITY_COLUMNS, ("entity", "JSON")],
+    "campaign_points": [("campaign", "VARCHAR"), ("point_id", "VARCHAR"), ("repeat", "INTEGER")],
+    "runs": [
+        *_RUN_KEY, ("campaign", "VARCHAR"), ("point_id", "VARCHAR"), ("repeat", "INTEGER"),
+        ("attempt", "INTEGER"), ("experiment", "VARCHAR"), ("job_dir", "VARCHAR"), ("executor", "VARCHAR"),
+        ("job_id", "VARCHAR"), ("array_job_id", "VARCHAR"), ("array_task_id", "INTEGER"),
+        ("submit_reason", "VARCHAR"), ("submitted_at", "TIMESTAMP"), ("cancel_requested_at", "TIMESTAMP"),
+        ("state", "VARCHAR"), ("exit_code", "INTEGER"), ("exit_signal", "INTEGER"), ("elapsed_s", "DOUBLE"),
+        ("node_list", "VARCHAR"), ("hosts_expected", "VARCHAR[]"), ("hosts_seen", "VARCHAR[]"),
+        ("num_machines", "INTEGER"), ("max_rss_mb", "DOUBLE"),
+        ("outcome", "VARCHAR"), ("reason", "VARCHAR"), ("warnings", "VARCHAR[]"),
+        ("accounting_source", "VARCHAR"), ("started_at", "TIMESTAMP"), ("ended_at", "TIMESTAMP"),
+        ("restarts", "INTEGER"), ("transport", "VARCHAR"), ("transport_by_host", "VARCHAR"),
+        ("train_start_wall", "DOUBLE"), ("train_end_wall", "DOUBLE"), ("warmup_end_wall", "DOUBLE"),
+        ("global_step", "BIGINT"), ("stopped_by", "VARCHAR"), ("sample_rows", "BIGINT"),
+        ("fingerprint", "VARCHAR"), ("collected_at", "TIMESTAMP"),
+    ],
+    "run_hosts": [
+        *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("expected", "BOOLEAN"),
+        ("seen", "BOOLEAN"), ("has_stages", "BOOLEAN"), ("has_samples", "BOOLEAN"), ("has_result", "BOOLEAN"),
+        ("has_environment", "BOOLEAN"), ("has_log", "BOOLEAN"), ("outcome", "VARCHAR"), ("exit_code", "INTEGER"),
+        ("signal", "VARCHAR"), ("reason", "VARCHAR"), ("started_wall", "DOUBLE"), ("ended_wall", "DOUBLE"),
+        ("transport", "VARCHAR"), ("nccl_net", "VARCHAR"),
+    ],
+    "stages": [
+        *_RUN_KEY, ("host", "VARCHAR"), ("rank", "INTEGER"), ("stage", "VARCHAR"), ("trial", "INTEGER"),
+        ("restart", "INTEGER"), ("pid", "BIGINT"), ("start_wall", "DOUBLE"), ("end_wall", "DOUBLE"),
+        ("started_at", "TIMESTAMP"), ("ended_at", "TIMESTAMP"), ("duration_s", "DOUBLE"), ("status", "VARCHAR"),
+        ("error", "VARCHAR"), ("info", "JSON"),
+    ],
+    "samples": [
+        *_RUN_KEY, ("host", "VARCHAR"), ("kind", "VARCHAR"), ("device", "INTEGER"), ("t_wall", "DOUBLE"),
+        ("t_rel", "DOUBLE"), ("t_mono", "DOUBLE"), ("gpu_util", "DOUBLE"), ("mem_used_mb", "DOUBLE"),
+        ("mem_total_mb", "DOUBLE"), ("power_w", "DOUBLE"), ("power_limit_w", "DOUBLE"), ("cpu_pct", "DOUBLE"),
+        ("mem_pct", "DOUBLE"), ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"),
+    ],
+    "ranks": [
+        *_RUN_KEY, ("rank", "INTEGER"), ("host", "VARCHAR"), ("local_rank", "INTEGER"), ("world_size", "INTEGER"),
+        ("device", "VARCHAR"), ("global_step", "BIGINT"), ("train_start_wall", "DOUBLE"),
+        ("train_end_wall", "DOUBLE"), ("warmup_end_wall", "DOUBLE"), ("stopped_by", "VARCHAR"),
+        ("train_runtime", "DOUBLE"), ("train_samples_per_second", "DOUBLE"), ("train_steps_per_second", "DOUBLE"),
+        ("train_tokens_per_second", "DOUBLE"), ("dataset_tokens", "BIGINT"), ("dataset_tokens_per_second", "DOUBLE"),
+        ("notes", "VARCHAR[]"), ("metrics", "JSON"),
+    ],
+    "errors": [
+        *_RUN_KEY, ("rank", "VARCHAR"), ("host", "VARCHAR"), ("kind", "VARCHAR"), ("error_type", "VARCHAR"),
+        ("message", "VARCHAR"), ("traceback", "VARCHAR"), ("stage", "VARCHAR"), ("trial", "INTEGER"),
+        ("t_wall", "DOUBLE"),
+    ],
+    "trials": [
+        *_RUN_KEY, ("trial", "INTEGER"), ("host", "VARCHAR"), ("exit_code", "INTEGER"), ("outcome", "VARCHAR"),
+        ("reason", "VARCHAR"), ("start_wall", "DOUBLE"), ("end_wall", "DOUBLE"), ("duration_s", "DOUBLE"),
+    ],
+    "measurements": [
+        *_RUN_KEY, ("campaign", "VARCHAR"), ("point_id", "VARCHAR"), ("repeat", "INTEGER"), ("attempt", "INTEGER"),
+        ("experiment", "VARCHAR"), ("ended_at", "TIMESTAMP"), ("is_valid", "BOOLEAN"),
+        *[(p, "DOUBLE") for p in PROPERTY_COLUMNS],
+        ("trials_run", "INTEGER"), ("window_start_wall", "DOUBLE"), ("window_end_wall", "DOUBLE"),
+        ("window_s", "DOUBLE"), ("gpu_devices", "INTEGER"), ("gpu_samples", "BIGINT"), ("proc_samples", "BIGINT"),
+        ("world_size", "INTEGER"), ("transport", "VARCHAR"), ("notes", "VARCHAR[]"), *ENTITY_COLUMNS,
+    ],
+    "environment": [
+        *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("python", "VARCHAR"), ("torch", "VARCHAR"),
+        ("transformers", "VARCHAR"), ("trl", "VARCHAR"), ("peft", "VARCHAR"), ("accelerate", "VARCHAR"),
+        ("datasets", "VARCHAR"), ("submitit", "VARCHAR"), ("duckdb", "VARCHAR"), ("nvidia_ml_py", "VARCHAR"),
+        ("sbench_version", "VARCHAR"), ("git_commit", "VARCHAR"), ("gpu_count", "INTEGER"),
+        ("gpu_names", "VARCHAR[]"), ("gpus", "JSON"), ("cpu_count", "INTEGER"), ("memory_total_mb", "DOUBLE"),
+        ("env", "JSON"), ("packages", "JSON"),
+    ],
+}
+PRIMARY_KEYS = {"metadata": ("key",), "campaigns": ("campaign",), "points": ("point_id",),
+                "campaign_points": ("campaign", "point_id", "repeat"), "runs": ("run_id",),
+                "measurements": ("run_id",)}
+# Tables whose rows belong to one run and are replaced as a whole when the run changes.
+RUN_CHILD_TABLES = ("run_hosts", "stages", "samples", "ranks", "errors", "trials", "measurements", "environment")
+# Columns of ``runs`` that a manifest ``attempt`` line owns; collect owns the rest.
+MANIFEST_RUN_COLUMNS = ("campaign", "point_id", "repeat", "attempt", "experiment", "job_dir", "executor", "job_id",
+                        "array_job_id", "array_task_id", "submit_reason", "submitted_at")
+
+_HEADLINE = ["train_runtime", "train_tokens_per_second", "dataset_tokens_per_second",
+             "gpu_compute_utilization_avg", "gpu_memory_utilization_peak", "f_gpu_oom", "f_no_error"]
+VIEWS: dict[str, str] = {
+    # The latest valid measurement of each point (across campaigns): what --force/skip decisions and
+    # most analyses want.
+    "latest_measurements": """
+        SELECT * EXCLUDE (_rn) FROM (
+            SELECT m.*, row_number() OVER (PARTITION BY m.point_id
+                                           ORDER BY m.ended_at DESC NULLS LAST, m.run_id DESC) AS _rn
+            FROM measurements m WHERE m.is_valid)
+        WHERE _rn = 1""",
+    "run_summary": f"""
+        SELECT r.run_id, r.campaign, r.point_id, r.repeat, r.attempt, r.experiment, p.model_name,
+               p.number_gpus, p.number_nodes, p.batch_size, p.model_max_length, p.distributed_backend,
+               p.enable_roce, r.executor, r.job_id, r.state, r.outcome, r.reason, r.elapsed_s, r.node_list,
+               r.transport, r.accounting_source, r.submitted_at, r.started_at, r.ended_at, m.is_valid,
+               {", ".join("m." + c for c in _HEADLINE)}
+        FROM runs r LEFT JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id)""",
+    "stage_durations": """
+        SELECT run_id, stage, trial, count(*) AS n, count(DISTINCT host) AS hosts,
+               min(duration_s) AS min_s, avg(duration_s) AS avg_s, max(duration_s) AS max_s,
+               count(*) FILTER (WHERE status = 'error') AS errors,
+               count(*) FILTER (WHERE status = 'incomplete') AS incomplete
+        FROM stages GROUP BY run_id, stage, trial""",
+    "point_status": """
+        SELECT cp.campaign, cp.point_id, cp.repeat, p.valid,
+               count(r.run_id) AS attempts,
+               count(*) FILTER (WHERE r.outcome = 'ok') AS ok,
+               count(*) FILTER (WHERE r.outcome = 'invalid') AS invalid,
+               count(*) FILTER (WHERE r.outcome = 'failed') AS failed,
+               count(*) FILTER (WHERE r.run_id IS NOT NULL AND r.outcome IS NULL) AS pending
+        FROM campaign_points cp LEFT JOIN points p USING (point_id)
+             LEFT JOIN runs r ON r.campaign = cp.campaign AND r.point_id = cp.point_id AND r.repeat = cp.repeat
+        GROUP BY ALL""",
+}
+
+
+
+def _to_int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if f.is_integer() else None
+
+
+def _to_float(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _to_bool(v: Any) -> bool | None:
+    if isinstance(v, str):
+        return {"true": True, "false": False}.get(v.lower())
+    return bool(v) if isinstance(v, (bool, int)) else None
+
+
+def _to_list(v: Any) -> list[str] | None:
+    return [str(x) for x in v] if isinstance(v, (list, tuple)) else None
+
+
+def _to_ts(v: Any) -> _dt.datetime | None:
+    return v if isinstance(v, _dt.datetime) else utc(v)
+
+
+# Python values -> the column's type; anything that does not fit (a runner file with a string where a
+# number belongs) becomes NULL rather than aborting the whole collect.
+_COERCE = {"VARCHAR": lambda v: v if isinstance(v, str) else str(v), "JSON": lambda v: v if isinstance(v, str)
+           else json.dumps(v, sort_keys=True, default=str), "BIGINT": _to_int, "INTEGER": _to_int,
+           "DOUBLE": _to_float, "BOOLEAN": _to_bool, "VARCHAR[]": _to_list, "TIMESTAMP": _to_ts}
+
+
+def _column(values: Sequence[Any], sql_type: str) -> np.ndarray:
+    conv = _COERCE[sql_type]
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = [None if v is None else conv(v) for v in values]
+    return arr
+
+
+def frame(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """Rows as a dict of typed object arrays, which DuckDB scans directly (no pandas, no row loop)."""
+    return {c: _column([r.get(c) for r in rows], t) for c, t in columns}
+
+SAMPLE_CSV_COLUMNS = (("t_wall", "DOUBLE"), ("t_mono", "DOUBLE"), ("kind", "VARCHAR"), ("device", "INTEGER"),
+                      ("gpu_util", "DOUBLE"), ("mem_used_mb", "DOUBLE"), ("mem_total_mb", "DOUBLE"),
+                      ("power_w", "DOUBLE"), ("power_limit_w", "DOUBLE"), ("cpu_pct", "DOUBLE"),
+                      ("mem_pct", "DOUBLE"), ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"))
+
+
+def q(name: str) -> str:
+    """A quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def utc(value: Any) -> _dt.datetime | None:
+    """An epoch number or ISO-8601 string as a naive UTC datetime (the DB stores TIMESTAMP in UTC)."""
+    if value is None or value == "":
+        return None
+    try:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return _dt.datetime.fromtimestamp(float(value), tz=_dt.timezone.utc).replace(tzinfo=None)
+        if isinstance(value, _dt.datetime):
+            d = value
+        else:
+            d = _dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        if d.tzinfo is not None:
+            d = d.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+        return d
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def coerce_entity_value(kind_sql: str, value: Any) -> Any:
+    """An entity value in its column's type (None when it cannot be one)."""
+    if value is None:
+        return None
+    try:
+        if kind_sql == "BIGINT":
+            return None if isinstance(value, bool) else int(value)
+        if kind_sql == "DOUBLE":
+            return None if isinstance(value, bool) else float(value)
+        if kind_sql == "BOOLEAN":
+            if isinstance(value, str):
+                return {"true": True, "false": False}.get(value.lower())
+            return bool(value)
+        if kind_sql == "VARCHAR[]":
+            if isinstance(value, str):
+                return value.split()
+            return [str(v) for v in value]
+        return str(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def entity_values(entity: Mapping[str, Any] | None) -> dict[str, Any]:
+    entity = entity or {}
+    return {name: coerce_entity_value(sql, entity.get(name)) for name, sql in ENTITY_COLUMNS}
+
+
+def to_json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, sort_keys=True, default=str)
+
+
+@dataclass
+class PointStatus:
+    """Attempt counts of one point, for submit's skip / --force / --retry-failed decisions."""
+
+    point_id: str
+    ok: int = 0
+    invalid: int = 0
+    failed: int = 0
+    pending: int = 0
+    attempts: int = 0
+    last_attempt: int = 0
+    last_outcome: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _default_wait() -> float:
+    try:
+        return float(os.environ.get("SBENCH_DB_WAIT", DEFAULT_WAIT_S))
+    except ValueError:
+        return DEFAULT_WAIT_S
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    text = str(exc)
+    return "lock" in text.lower() and ("Could not set lock" in text or "Conflicting lock" in text)
+
+
+def open_store(path: str | Path, *, read_only: bool = False, wait_s: float | None = None) -> Store:
+    """Open the results DB (creating it and its schema unless *read_only*); see :class:`Store`."""
+    return Store.open(path, read_only=read_only, wait_s=wait_s)
+
+
+class Store:
+    """A connection to the results DB with the schema checked. Not thread-safe."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, read_only: bool) -> None:
+        self.con = con
+        self.path = path
+        self.read_only = read_only
+        self._tx_depth = 0
+
+    # -- opening -------------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path, *, read_only: bool = False, wait_s: float | None = None) -> Store:
+        p = Path(path)
+        if read_only and not p.exists():
+            raise InputError(f"{p}: no results database here; run `sbench collect` first (or pass --db)")
+        if not read_only:
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CollectError(f"cannot create {p.parent}: {exc}") from None
+        wait = _default_wait() if wait_s is None else wait_s
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            try:
+                con = duckdb.connect(str(p), read_only=read_only)
+                break
+            except duckdb.Error as exc:
+                if not _is_lock_error(exc):
+                    raise CollectError(f"{p}: cannot open the results database: {exc}") from None
+                if time.monotonic() >= deadline:
+                    m = re.search(r"\(PID (\d+)\)", str(exc))
+                    holder = f" (PID {m.group(1)})" if m else ""
+                    raise StoreBusyError(
+                        f"{p} is in use by another process{holder}; waited {wait:g} s. DuckDB allows one "
+                        f"writer at a time: wait for that sbench collect/submit to finish and retry "
+                        f"(SBENCH_DB_WAIT=<seconds> waits longer).") from None
+                time.sleep(0.2)
+        store = cls(con, p, read_only)
+        try:
+            store._check_schema()
+        except BaseException:
+            con.close()
+            raise
+        return store
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _tables(self) -> set[str]:
+        rows = self.con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()
+        return {r[0] for r in rows}
+
+    def _check_schema(self) -> None:
+        tables = self._tables()
+        if "metadata" in tables:
+            rows = self.con.execute("SELECT value FROM metadata WHERE key = 'schema_version'").fetchall()
+            found = rows[0][0] if rows else None
+            if found != str(SCHEMA_VERSION):
+                raise SchemaMismatchError(
+                    f"{self.path} has results schema version {found or '(none)'}, but this sbench uses version "
+                    f"{SCHEMA_VERSION}. Move the file aside (e.g. mv {self.path} {self.path}.v{found or 'old'}) "
+                    f"and run `sbench collect` to rebuild it from the job directories, or use the sbench "
+                    f"version that wrote it.")
+            return
+        if tables:
+            raise SchemaMismatchError(
+                f"{self.path} is not an sbench results database (it has tables {', '.join(sorted(tables))} but "
+                f"no metadata table with a schema_version); pass another --db or move it aside.")
+        if self.read_only:
+            raise SchemaMismatchError(f"{self.path} is empty: no sbench schema; run `sbench collect` first")
+        with self.transaction():
+            for table, cols in SCHEMA.items():
+                body = ", ".join(f"{q(c)} {t}" for c, t in cols)
+                pk = PRIMARY_KEYS.get(table)
+                if pk:
+                    body += f", PRIMARY KEY ({', '.join(q(c) for c in pk)})"
+                self.con.execute(f"CREATE TABLE IF NOT EXISTS {q(table)} ({body})")
+            for name, sql in VIEWS.items():
+                self.con.execute(f"CREATE OR REPLACE VIEW {q(name)} AS {sql}")
+            self.con.execute("INSERT INTO metadata VALUES ('schema_version', ?), ('created_by', 'sbench')",
+                             [str(SCHEMA_VERSION)])
+
+    # -- transactions --------------------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction; nested uses join the outer one."""
+        if self._tx_depth:
+            self._tx_depth += 1
+            try:
+                yield
+            finally:
+                self._tx_depth -= 1
+            return
+        self.con.execute("BEGIN TRANSACTION")
+        self._tx_depth = 1
+        try:
+            yield
+        except BaseException:
+            self._tx_depth = 0
+            try:
+                self.con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            raise
+        self._tx_depth = 0
+        self.con.execute("COMMIT")
+
+    # -- generic helpers -----------------------------------------------------------------------------------
+    def insert(self, table: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        if not rows:
+            return 0
+        self.con.register("_sbench_stage", frame(SCHEMA[table], rows))
+        try:
+            cols = ", ".join(f"CAST({q(c)} AS {t}) AS {q(c)}" for c, t in SCHEMA[table])
+            self.con.execute(f"INSERT INTO {q(table)} BY NAME SELECT {cols} FROM _sbench_stage")
+        finally:
+            self.con.unregister("_sbench_stage")
+        return len(rows)
+
+    def delete_runs(self, run_ids: Sequence[str], tables: Iterable[str] = RUN_CHILD_TABLES) -> None:
+        if not run_ids:
+            return
+        self.con.register("_sbench_ids", frame([("run_id", "VARCHAR")], [{"run_id": r} for r in run_ids]))
+        try:
+            for t in tables:
+                self.con.execute(f"DELETE FROM {q(t)} WHERE run_id IN (SELECT run_id FROM _sbench_ids)")
+        finally:
+            self.con.unregister("_sbench_ids")
+
+    def _upsert(self, table: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str],
+                keep_when_null: bool = False) -> None:
+        """Insert rows whose key is new; update *columns* of existing rows only where a value differs
+        (so re-recording the same rows rewrites nothing). With *keep_when_null* a NULL in *rows* leaves
+        the stored value alone."""
+        if not rows:
+            return
+        key = PRIMARY_KEYS[table]
+        types = dict(SCHEMA[table])
+        cols = list(dict.fromkeys([*key, *columns]))
+        # Later duplicates of a key win (a manifest is append-only: the last line is the newest word).
+        latest: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+        for r in rows:
+            latest[tuple(r.get(k) for k in key)] = r
+        self.con.register("_sbench_up", frame([(c, types[c]) for c in cols], list(latest.values())))
+        try:
+            self.con.execute("CREATE OR REPLACE TEMP TABLE _sbench_up_t AS SELECT "
+                             + ", ".join(f"CAST({q(c)} AS {types[c]}) AS {q(c)}" for c in cols) + " FROM _sbench_up")
+            on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
+            upd = [c for c in columns if c not in key]
+            if upd:
+                if keep_when_null:
+                    sets = ", ".join(f"{q(c)} = coalesce(s.{q(c)}, t.{q(c)})" for c in upd)
+                    differs = " OR ".join(f"(s.{q(c)} IS NOT NULL AND t.{q(c)} IS DISTINCT FROM s.{q(c)})"
+                                          for c in upd)
+                else:
+                    sets = ", ".join(f"{q(c)} = s.{q(c)}" for c in upd)
+                    differs = " OR ".join(f"t.{q(c)} IS DISTINCT FROM s.{q(c)}" for c in upd)
+                self.con.execute(f"UPDATE {q(table)} AS t SET {sets} FROM _sbench_up_t AS s WHERE {on} AND ({differs})")
+            self.con.execute(
+                f"INSERT INTO {q(table)} ({', '.join(q(c) for c in cols)}) "
+                f"SELECT {', '.join('s.' + q(c) for c in cols)} FROM _sbench_up_t AS s "
+                f"WHERE NOT EXISTS (SELECT 1 FROM {q(table)} AS t WHERE {on})")
+        finally:
+            self.con.unregister("_sbench_up")
+            self.con.execute("DROP TABLE IF EXISTS _sbench_up_t")
+
+    def fetch_dicts(self, sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        cur = self.con.execute(sql, params or [])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
+    # -- manifest (submit's API) ---------------------------------------------------------------------------
+    def record_manifest(self, events: Iterable[Mapping[str, Any]], *, strict: bool = True,
+                        source: str = "manifest") -> list[str]:
+        """Idempotently record manifest events (see the module docstring)."""
+        campaigns: list[dict[str, Any]] = []
+        points: list[dict[str, Any]] = []
+        links: list[dict[str, Any]] = []
+        attempts: list[dict[str, Any]] = []
+        cancels: list[tuple[str, list[str], Any]] = []
+        problems: list[str] = []
+
+        def bad(i: int, msg: str) -> None:
+            text = f"{source} event {i}: {msg}"
+            if strict:
+                raise CollectError(text)
+            problems.append(text)
+
+        for i, ev in enumerate(events, 1):
+            if not isinstance(ev, Mapping):
+                bad(i, "not a JSON object")
+                continue
+            kind = ev.get("type")
+            try:
+                if kind == "campaign":
+                    campaigns.append({"campaign": str(ev["campaign"]), "experiment": ev.get("experiment"),
+                                      "sweep": ev.get("sweep"), "inventory": ev.get("inventory"),
+                                      "partition": ev.get("partition"), "executor": ev.get("executor"),
+                                      "created_at": utc(ev.get("created_at")),
+                                      "sbench_version": ev.get("sbench_version"), "source": "manifest"})
+                elif kind == "point":
+                    points.append(point_row(str(ev["point_id"]), ev.get("experiment"), ev.get("entity"),
+                                            ev.get("valid"), ev.get("reasons"), ev.get("notes")))
+                    links.append({"campaign": str(ev["campaign"]), "point_id": str(ev["point_id"]),
+                                  "repeat": int(ev.get("repeat") or 0)})
+                elif kind == "attempt":
+                    attempts.append(attempt_row(ev))
+                    links.append({"campaign": str(ev["campaign"]), "point_id": str(ev["point_id"]),
+                                  "repeat": int(ev.get("repeat") or 0)})
+                elif kind == "cancel":
+                    ids = ev.get("job_ids") or []
+                    if not isinstance(ids, list):
+                        raise TypeError("job_ids must be a list")
+                    cancels.append((str(ev["campaign"]), [str(j) for j in ids], utc(ev.get("at"))))
+                else:
+                    bad(i, f"unknown type {kind!r} (expected campaign, point, attempt or cancel)")
+            except (KeyError, TypeError, ValueError) as exc:
+                bad(i, f"{kind} line is malformed: {exc!r}")
+        with self.transaction():
+            self._upsert("campaigns", campaigns, [c for c, _ in SCHEMA["campaigns"]])
+            self._upsert("points", points, [c for c, _ in SCHEMA["points"]])
+            self._upsert("campaign_points", links, [])
+            self._upsert("runs", attempts, MANIFEST_RUN_COLUMNS, keep_when_null=True)
+            new = [a["run_id"] for a in attempts]
+            if new:
+                self.con.register("_sbench_new", frame([("run_id", "VARCHAR")], [{"run_id": r} for r in new]))
+                try:
+                    self.con.execute("UPDATE runs SET state = 'SUBMITTED' WHERE state IS NULL AND outcome IS NULL "
+                                     "AND run_id IN (SELECT run_id FROM _sbench_new)")
+                finally:
+                    self.con.unregister("_sbench_new")
+            for campaign, ids, at in cancels:
+                for job_id in ids:
+                    self.con.execute("UPDATE runs SET cancel_requested_at = ? WHERE campaign = ? AND job_id = ? "
+                                     "AND cancel_requested_at IS DISTINCT FROM ?", [at, campaign, job_id, at])
+        return problems
+
+    def ensure_spec_rows(self, campaign: Mapping[str, Any], point: Mapping[str, Any],
+                         link: Mapping[str, Any], run: Mapping[str, Any]) -> None:
+        """Rows for a job dir rendered and submitted by hand (no manifest): insert what is missing,
+        never overwrite what a manifest recorded."""
+        with self.transaction():
+            for table, row in (("campaigns", campaign), ("points", point), ("campaign_points", link),
+                               ("runs", run)):
+                key = PRIMARY_KEYS[table]
+                where = " AND ".join(f"{q(k)} = ?" for k in key)
+                if self.con.execute(f"SELECT 1 FROM {q(table)} WHERE {where}", [row[k] for k in key]).fetchall():
+                    continue
+                self.insert(table, [row])
+
+    # -- status (submit/status API) ------------------------------------------------------------------------
+    def point_status(self, campaign: str | None = None,
+                     point_ids: Iterable[str] | None = None) -> dict[str, PointStatus]:
+        where, params = [], []
+        if campaign is not None:
+            where.append("campaign = ?")
+            params.append(campaign)
+        ids = list(point_ids) if point_ids is not None else None
+        if ids is not None:
+            if not ids:
+                return {}
+            where.append(f"point_id IN ({', '.join('?' for _ in ids)})")
+            params.extend(ids)
+        sql = ("SELECT point_id, attempt, outcome, submitted_at, run_id FROM runs"
+               + (" WHERE " + " AND ".join(where) if where else "")
+               + " ORDER BY point_id, submitted_at NULLS FIRST, attempt, run_id")
+        out: dict[str, PointStatus] = {pid: PointStatus(pid) for pid in ids or []}
+        for pid, attempt, outcome, _sub, _rid in self.con.execute(sql, params).fetchall():
+            st = out.setdefault(pid, PointStatus(pid))
+            st.attempts += 1
+            if outcome in ("ok", "invalid", "failed"):
+                setattr(st, outcome, getattr(st, outcome) + 1)
+            else:
+                st.pending += 1
+            st.last_attempt = max(st.last_attempt, int(attempt or 0))
+            st.last_outcome = outcome
+        if campaign is not None and ids is None:
+            for (pid,) in self.con.execute("SELECT DISTINCT point_id FROM campaign_points WHERE campaign = ?",
+                                           [campaign]).fetchall():
+                out.setdefault(pid, PointStatus(pid))
+        return out
+
+    def next_attempt(self, campaign: str, point_id: str, repeat: int) -> int:
+        rows = self.con.execute("SELECT max(attempt) FROM runs WHERE campaign = ? AND point_id = ? AND repeat = ?",
+                                [campaign, point_id, repeat]).fetchall()
+        return int(rows[0][0] or 0) + 1
+
+    def attempt_rows(self, campaign: str | None = None) -> list[dict[str, Any]]:
+        cols = ("run_id, campaign, point_id, repeat, attempt, experiment, executor, job_id, state, outcome, reason, "
+                "accounting_source, submitted_at, started_at, ended_at, elapsed_s, node_list, transport, job_dir")
+        sql = f"SELECT {cols} FROM runs" + (" WHERE campaign = ?" if campaign else "")
+        return self.fetch_dicts(sql + " ORDER BY campaign, point_id, repeat, attempt", [campaign] if campaign else [])
+
+    def status_rows(self, campaign: str | None = None) -> list[dict[str, Any]]:
+        sql = """
+            WITH latest AS (
+                SELECT * EXCLUDE (_rn) FROM (
+                    SELECT r.*, row_number() OVER (PARTITION BY campaign, point_id, repeat
+                                                   ORDER BY attempt DESC) AS _rn FROM runs r)
+                WHERE _rn = 1)
+            SELECT ps.campaign, ps.point_id, ps.repeat, ps.valid, p.reasons AS point_reasons, p.model_name,
+                   ps.attempts, ps.ok, ps.invalid, ps.failed, ps.pending,
+                   l.attempt AS last_attempt, l.job_id, l.state, l.outcome, l.reason, l.submitted_at,
+                   l.started_at, l.ended_at, l.job_dir
+            FROM point_status ps LEFT JOIN points p USING (point_id)
+                 LEFT JOIN latest l ON l.campaign = ps.campaign AND l.point_id = ps.point_id AND l.repeat = ps.repeat
+        """
+        params: list[Any] = []
+        if campaign:
+            sql += " WHERE ps.campaign = ?"
+            params.append(campaign)
+        return self.fetch_dicts(sql + " ORDER BY ps.campaign, ps.point_id, ps.repeat", params)
+
+    # -- collect internals ---------------------------------------------------------------------------------
+    def run_index(self) -> dict[str, dict[str, Any]]:
+        """What collect needs to decide whether a run changed."""
+        rows = self.fetch_dicts("SELECT run_id, campaign, point_id, repeat, attempt, job_dir, executor, job_id, "
+                                "state, outcome, fingerprint, accounting_source, cancel_requested_at FROM runs")
+        return {r["run_id"]: r for r in rows}
+
+    def replace_runs(self, runs: Sequence[Mapping[str, Any]]) -> None:
+        """Write collect's full view of *runs* (manifest columns included) over any existing rows."""
+        if not runs:
+            return
+        cols = [c for c, _ in SCHEMA["runs"] if c != "run_id"]
+        self._upsert("runs", runs, cols)
+
+    def load_samples(self, files: Sequence[Mapping[str, Any]]) -> tuple[int, list[tuple[str, int, str]]]:
+        """Bulk-load sample CSVs with DuckDB's reader: one ``read_csv`` over all *files* (dicts with
+        ``path``, ``run_id``, ``host``, ``t0``), joined to that mapping. Returns the row count and the
+        rejected lines as (path, line, message)."""
+        if not files:
+            return 0, []
+        mapping = frame([("filename", "VARCHAR"), ("run_id", "VARCHAR"), ("host", "VARCHAR"), ("t0", "DOUBLE")],
+                        [{"filename": str(f["path"]), "run_id": f["run_id"], "host": f["host"], "t0": f.get("t0")}
+                         for f in files])
+        columns = "{" + ", ".join(f"'{c}': '{t}'" for c, t in SAMPLE_CSV_COLUMNS) + "}"
+        self.con.register("_sbench_files", mapping)
+        try:
+            n = self.con.execute(
+                f"""INSERT INTO samples (run_id, host, kind, device, t_wall, t_rel, t_mono, gpu_util, mem_used_mb,
+                        mem_total_mb, power_w, power_limit_w, cpu_pct, mem_pct, rss_mb, nprocs)
+                    SELECT m.run_id, m.host, c.kind, c.device, c.t_wall, c.t_wall - m.t0, c.t_mono, c.gpu_util,
+                           c.mem_used_mb, c.mem_total_mb, c.power_w, c.power_limit_w, c.cpu_pct, c.mem_pct,
+                           c.rss_mb, c.nprocs
+                    FROM read_csv($files, columns = {columns}, header = true, auto_detect = false, delim = ',',
+                                  quote = '"', escape = '"', filename = true, ignore_errors = true,
+                                  store_rejects = true, rejects_table = '_sbench_rej',
+                                  rejects_scan = '_sbench_rej_scan')
+                         AS c JOIN _sbench_files AS m USING (filename)""",
+                {"files": [str(f["path"]) for f in files]}).fetchall()[0][0]
+            rejects = self.con.execute(
+                """SELECT DISTINCT s.file_path, e.line, e.error_type || ': ' || e.error_message
+                   FROM _sbench_rej AS e JOIN _sbench_rej_scan AS s USING (scan_id, file_id)
+                   ORDER BY 1, 2""").fetchall()
+            self.con.execute("DROP TABLE IF EXISTS _sbench_rej")
+            self.con.execute("DROP TABLE IF EXISTS _sbench_rej_scan")
+        except duckdb.Error as exc:
+            raise CollectError(f"loading samples failed: {exc}") from None
+        finally:
+            self.con.unregister("_sbench_files")
+        return int(n), [(str(a), int(b), str(c)) for a, b, c in rejects]
+
+    def sample_stats(self, windows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Per (run, host, kind, device) statistics of the samples inside each run's measured window
+        (``run_id``, ``start``, ``end``; NULL bounds = unbounded), plus rows counted outside it."""
+        if not windows:
+            return []
+        tbl = frame([("run_id", "VARCHAR"), ("w_start", "DOUBLE"), ("w_end", "DOUBLE")],
+                    [{"run_id": w["run_id"], "w_start": w.get("start"), "w_end": w.get("end")} for w in windows])
+        self.con.register("_sbench_win", tbl)
+        try:
+            return self.fetch_dicts("""
+                SELECT s.run_id, s.host, s.kind, s.device,
+                       count(*) AS rows_all,
+                       count(*) FILTER (WHERE inw) AS samples,
+                       avg(gpu_util) FILTER (WHERE inw) AS gpu_util,
+                       avg(100.0 * mem_used_mb / nullif(mem_total_mb, 0)) FILTER (WHERE inw) AS mem_util,
+                       max(100.0 * mem_used_mb / nullif(mem_total_mb, 0)) FILTER (WHERE inw) AS mem_util_peak,
+                       avg(power_w) FILTER (WHERE inw) AS power_w,
+                       avg(100.0 * power_w / nullif(power_limit_w, 0)) FILTER (WHERE inw) AS power_pct,
+                       avg(cpu_pct) FILTER (WHERE inw) AS cpu_pct,
+                       avg(mem_pct) FILTER (WHERE inw) AS mem_pct,
+                       max(rss_mb) AS rss_mb_max
+                FROM (SELECT s.*, (w.w_start IS NULL OR s.t_wall >= w.w_start)
+                                  AND (w.w_end IS NULL OR s.t_wall <= w.w_end) AS inw
+                      FROM samples s JOIN _sbench_win w USING (run_id)) AS s
+                GROUP BY ALL ORDER BY ALL""")
+        finally:
+            self.con.unregister("_sbench_win")
+
+    def get_metadata(self, key: str) -> str | None:
+        rows = self.con.execute("SELECT value FROM metadata WHERE key = ?", [key]).fetchall()
+        return rows[0][0] if rows else None
+
+    def set_metadata(self, key: str, value: str) -> None:
+        self._upsert("metadata", [{"key": key, "value": value}], ["value"])
+
+    # -- query ---------------------------------------------------------------------------------------------
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run user SQL; errors become :class:`InputError` (exit 2) with DuckDB's message."""
+        try:
+            cur = self.con.execute(sql)
+            if cur.description is None:
+                return [], []
+            return [d[0] for d in cur.description], cur.fetchall()
+        except duckdb.Error as exc:
+            raise InputError(f"SQL error: {exc}") from None
+
+
+def point_row(point_id: str, experiment: Any, entity: Any, valid: Any, reasons: Any, notes: Any) -> dict[str, Any]:
+    ent = entity if isinstance(entity, Mapping) else {}
+    row: dict[str, Any] = {"point_id": point_id, "experiment": experiment,
+                           "valid": None if valid is None else bool(valid),
+                           "reasons": [str(r) for r in reasons] if isinstance(reasons, list) else None,
+                           "notes": [str(n) for n in notes] if isinstance(notes, list) else None,
+                           "entity": to_json(dict(ent)) if ent else None}
+    row.update(entity_values(ent))
+    return row
+
+
+def run_id_of(campaign: str, point_id: str, repeat: int, attempt: int) -> str:
+    return f"{campaign}/{point_id}.r{repeat}.a{attempt}"
+
+
+def attempt_row(ev: Mapping[str, Any]) -> dict[str, Any]:
+    campaign, pid = str(ev["campaign"]), str(ev["point_id"])
+    repeat, attempt = int(ev.get("repeat") or 0), int(ev["attempt"])
+    task = ev.get("array_task_id")
+    return {"run_id": run_id_of(campaign, pid, repeat, attempt), "campaign": campaign, "point_id": pid,
+            "repeat": repeat, "attempt": attempt, "experiment": ev.get("experiment"),
+            "job_dir": None if ev.get("job_dir") is None else str(ev["job_dir"]),
+            "executor": ev.get("executor"), "job_id": None if ev.get("job_id") is None else str(ev["job_id"]),
+            "array_job_id": None if ev.get("array_job_id") is None else str(ev["array_job_id"]),
+            "array_task_id": None if task is None else int(task), "submit_reason": ev.get("reason"),
+            "submitted_at": utc(ev.get("submitted_at"))}

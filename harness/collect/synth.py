@@ -1,0 +1,225 @@
+"""Writers for synthetic job directories in the format of docs/job-directory.md.
+
+Used by the collect tests (which write their own raw rows through these) and by
+``bench/collect.py`` (which builds thousands of runs). Nothing here is used by a real run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..paths import JobPaths, job_dir_name
+from ..plan import point_id as make_point_id
+
+SAMPLE_HEADER = ("t_wall,t_mono,kind,device,gpu_util,mem_used_mb,mem_total_mb,power_w,power_limit_w,cpu_pct,"
+                 "mem_pct,rss_mb,nprocs")
+SAMPLE_FIELDS = SAMPLE_HEADER.split(",")
+T0 = 1763769600.0  # 2025-11-22T00:00:00Z
+
+
+def write_json(path: Path, doc: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def entity_for(experiment: str = "finetune_lora_benchmark-v1.0.0", **over: Any) -> dict[str, Any]:
+    """A fully resolved entity (catalog defaults plus *over*)."""
+    from ..catalog import get_experiment
+
+    exp = get_experiment(experiment)
+    base = {"model_name": "smollm2-135m", "model_max_length": 1024, "number_gpus": 2, "batch_size": 8,
+            "gpu_model": "NVIDIA-A100-SXM4-80GB", "dataset_id": "news-chars-512-entries-4096",
+            "torch_dtype": "bfloat16"}
+    out: dict[str, Any] = {}
+    for f in exp.fields:
+        out[f.name] = over.get(f.name, base.get(f.name, f.default))
+    return out
+
+
+def write_spec(paths: JobPaths, campaign: str, point_id: str, repeat: int, attempt: int, experiment: str,
+               entity: Mapping[str, Any], num_machines: int = 1, num_processes: int = 1, trials: int = 1) -> None:
+    write_json(paths.spec, {
+        "sbench_version": "0.1.0", "rendered_at": "2025-11-21T23:59:00+0000", "campaign": campaign,
+        "sweep": {"source": "sweeps/synthetic.yaml", "description": ""},
+        "point": {"point_id": point_id, "repeat": repeat, "experiment": experiment, "entity": dict(entity),
+                  "valid": True, "reasons": [], "notes": [], "partition": "a100", "model_source": "x"},
+        "inventory": {"cluster": "synthetic"},
+        "jobspec": {"campaign": campaign, "point_id": point_id, "repeat": repeat, "attempt": attempt,
+                    "experiment": experiment, "entity": dict(entity), "job_dir": str(paths.root),
+                    "num_machines": num_machines, "num_processes": num_processes, "trials": trials,
+                    "partition": "a100", "runner": {"sample_interval_s": 1.0}},
+    })
+
+
+def stage_event(event: str, stage: str, host: str, t_wall: float, rank: int | None = None, trial: int | None = None,
+                restart: int = 0, pid: int = 4242, status: str = "ok", error: str | None = None,
+                info: Any = None) -> dict[str, Any]:
+    ev: dict[str, Any] = {"event": event, "stage": stage, "host": host, "rank": rank, "trial": trial,
+                          "t_wall": t_wall, "t_mono": t_wall - T0 + 5000.0, "restart": restart, "pid": pid}
+    if event == "end":
+        ev.update({"status": status, "error": error, "info": info})
+    return ev
+
+
+def write_lines(path: Path, lines: Iterable[str], trailing_newline: bool = True) -> None:
+    text = "\n".join(lines)
+    path.write_text(text + ("\n" if trailing_newline and text else ""))
+
+
+def write_stages(paths: JobPaths, host: str, events: Sequence[Mapping[str, Any]]) -> None:
+    write_lines(paths.stages(host), (json.dumps(e) for e in events))
+
+
+def normal_stages(host: str, t_start: float, t_train0: float, t_train1: float, ranks: Sequence[int],
+                  node_runner: bool = True) -> list[dict[str, Any]]:
+    """A complete, successful stage sequence for one host."""
+    ev: list[dict[str, Any]] = []
+    if node_runner:
+        ev += [stage_event("start", "setup", host, t_start), stage_event("end", "setup", host, t_start + 1)]
+    for r in ranks:
+        ev += [stage_event("start", "dataset", host, t_start + 1, r),
+               stage_event("end", "dataset", host, t_start + 2, r),
+               stage_event("start", "model_load", host, t_start + 2, r),
+               stage_event("end", "model_load", host, t_train0 - 0.5, r),
+               stage_event("start", "train", host, t_train0, r),
+               stage_event("end", "train", host, t_train1, r, info={"global_step": 20})]
+    if node_runner:
+        ev += [stage_event("start", "teardown", host, t_train1 + 0.5),
+               stage_event("end", "teardown", host, t_train1 + 1)]
+    return ev
+
+
+def sample_line(row: Mapping[str, Any]) -> str:
+    return ",".join("" if row.get(k) is None else str(row[k]) for k in SAMPLE_FIELDS)
+
+
+def write_samples(paths: JobPaths, host: str, rows: Iterable[Mapping[str, Any]], trailing_newline: bool = True) -> None:
+    write_lines(paths.samples(host), [SAMPLE_HEADER, *(sample_line(r) for r in rows)], trailing_newline)
+
+
+def gen_samples(t_begin: float, n: int, gpus: int, seed: int = 0, interval: float = 1.0) -> list[dict[str, Any]]:
+    """*n* ticks of *gpus* GPU rows plus one proc row each."""
+    rnd = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+    for i in range(n):
+        t = round(t_begin + i * interval, 3)
+        mono = round(t - T0 + 5000.0, 3)
+        for d in range(gpus):
+            rows.append({"t_wall": t, "t_mono": mono, "kind": "gpu", "device": d,
+                         "gpu_util": round(rnd.uniform(20, 100), 1), "mem_used_mb": round(rnd.uniform(1000, 80000), 1),
+                         "mem_total_mb": 81920.0, "power_w": round(rnd.uniform(80, 400), 1), "power_limit_w": 400.0})
+        rows.append({"t_wall": t, "t_mono": mono, "kind": "proc", "device": -1,
+                     "cpu_pct": round(rnd.uniform(50, 400), 1),
+                     "mem_pct": round(rnd.uniform(1, 10), 2), "rss_mb": round(rnd.uniform(2000, 9000), 1),
+                     "nprocs": gpus + 1})
+    return rows
+
+
+def rank_doc(rank: int, host: str, world: int, t_train0: float, t_train1: float, tps: float = 1000.0,
+             warmup_end: float | None = None, **metrics: Any) -> dict[str, Any]:
+    runtime = t_train1 - (warmup_end or t_train0)
+    m = {"train_runtime": runtime, "train_samples_per_second": 4.0, "train_steps_per_second": 0.5,
+         "train_tokens_per_second": tps, "dataset_tokens": 50000, "dataset_tokens_per_second": 50000 / runtime}
+    m.update(metrics)
+    return {"rank": rank, "local_rank": rank, "world_size": world, "host": host, "env": {}, "device": "cpu",
+            "notes": [], "global_step": 20, "train_start_wall": t_train0, "train_end_wall": t_train1,
+            "warmup_end_wall": warmup_end, "stopped_by": "max_steps", "metrics": m,
+            "dataset_token_counts": {"total": 50000, "entries": 4096, "cache": "hit", "key": "k"}}
+
+
+def result_doc(host: str, machine_rank: int, t_start: float, t_end: float, outcome: str = "ok",
+               reason: str | None = None, exit_code: int = 0, samples: int = 0, **extra: Any) -> dict[str, Any]:
+    doc = {"host": host, "machine_rank": machine_rank, "exit_code": exit_code, "signal": None, "outcome": outcome,
+           "reason": reason, "started_wall": t_start, "ended_wall": t_end, "samples": samples,
+           "sample_interval_s": 1.0, "trials": [], "ranks": []}
+    doc.update(extra)
+    return doc
+
+
+def environment_doc(host: str, machine_rank: int, gpus: int) -> dict[str, Any]:
+    return {"host": host, "machine_rank": machine_rank, "python": "3.11.7",
+            "packages": {"torch": "2.5.1", "transformers": "5.0.0", "trl": "1.0.0", "peft": "0.17.0",
+                         "accelerate": "1.10.0", "datasets": "3.0.0", "submitit": "1.5.2", "duckdb": "2.0.0",
+                         "nvidia-ml-py": "12.560.30"},
+            "sbench_version": "0.1.0", "git_commit": None,
+            "gpus": [{"index": i, "uuid": f"GPU-{host}-{i}", "pci_bus_id": f"0000:{i:02x}:00.0",
+                      "name": "NVIDIA A100-SXM4-80GB", "memory_total_mb": 81920} for i in range(gpus)],
+            "cpu_count": 64, "memory_total_mb": 737280, "env": {"NCCL_DEBUG": "INFO", "HF_TOKEN": "<redacted>"}}
+
+
+NCCL_ROCE_LOG = """\
+{host}:4242:4242 [0] NCCL INFO Bootstrap : Using net1-0:10.0.1.11<0>
+{host}:4242:4242 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 0.
+{host}:4242:4242 [0] NCCL INFO NCCL_IB_HCA set to mlx5_0,mlx5_3
+{host}:4242:4242 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_3:1/RoCE [RO]; OOB net1-0:10.0.1.11<0>
+{host}:4242:4242 [0] NCCL INFO Using non-device net plugin version 0
+{host}:4242:4242 [0] NCCL INFO Using network IB
+"""
+
+
+def manifest_events(campaign: str, experiment: str, executor: str = "slurm") -> dict[str, Any]:
+    return {"type": "campaign", "campaign": campaign, "experiment": experiment, "sweep": "/abs/sweeps/x.yaml",
+            "inventory": "inventory/x.yaml", "partition": "a100", "executor": executor,
+            "created_at": "2025-11-21T23:58:00+00:00", "sbench_version": "0.1.0"}
+
+
+def append_manifest(workdir: Path, campaign: str, events: Iterable[Mapping[str, Any]]) -> Path:
+    path = Path(workdir) / campaign / "manifest.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        for ev in events:
+            fh.write(json.dumps(ev) + "\n")
+    return path
+
+
+def make_run(workdir: Path, campaign: str, index: int, hosts: Sequence[str] = ("node1", "node2"),
+             gpus_per_host: int = 8, ticks: int = 600, experiment: str = "finetune_full_benchmark-v1.0.0",
+             samples_text: Mapping[str, str] | None = None, executor: str = "slurm", job_id: str | None = None,
+             log_text: str | None = None, seed: int | None = None) -> dict[str, Any]:
+    """One complete, successful attempt (all files per the contract) plus its manifest lines.
+
+    *samples_text* (host -> CSV text) lets a caller reuse pre-rendered sample files (the bench).
+    """
+    world = len(hosts) * gpus_per_host
+    entity = entity_for(experiment, number_gpus=world, number_nodes=len(hosts), batch_size=world * 2,
+                        model_max_length=512 + index)
+    pid = make_point_id(experiment, entity)
+    job_dir = Path(workdir) / campaign / job_dir_name(pid, 0, 1)
+    paths = JobPaths(job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    write_spec(paths, campaign, pid, 0, 1, experiment, entity, len(hosts), world)
+    jid = job_id or f"{1000 + index // 100}_{index % 100}"
+    write_json(paths.submitted, {"executor": executor, "job_id": jid, "submitted_at": "2025-11-21T23:59:30+00:00"})
+    t_start, t_train0 = T0, T0 + 10.0
+    t_train1 = t_train0 + ticks - 15.0
+    for m, host in enumerate(hosts):
+        ranks = list(range(m * gpus_per_host, (m + 1) * gpus_per_host))
+        write_stages(paths, host, normal_stages(host, t_start, t_train0, t_train1, ranks))
+        if samples_text is not None:
+            paths.samples(host).write_text(samples_text[host])
+        else:
+            write_samples(paths, host, gen_samples(t_start, ticks, gpus_per_host, seed=(seed or index) * 7 + m))
+        for r in ranks:
+            write_json(paths.rank_result(r), rank_doc(r, host, world, t_train0, t_train1))
+        res = result_doc(host, m, t_start, t_train1 + 1, samples=ticks * (gpus_per_host + 1))
+        if m == 0:
+            res["training"] = rank_doc(0, host, world, t_train0, t_train1)
+        write_json(paths.result(host), res)
+        write_json(paths.root / f"environment.{host}.json", environment_doc(host, m, gpus_per_host))
+        paths.train_log(host).write_text(log_text.format(host=host) if log_text is not None
+                                         else NCCL_ROCE_LOG.format(host=host))
+    events = [
+        {"type": "point", "campaign": campaign, "point_id": pid, "repeat": 0, "experiment": experiment,
+         "entity": entity, "valid": True, "reasons": [], "notes": []},
+        {"type": "attempt", "campaign": campaign, "point_id": pid, "repeat": 0, "attempt": 1,
+         "job_dir": str(job_dir), "executor": executor, "job_id": jid,
+         "array_job_id": jid.split("_")[0] if "_" in jid else None,
+         "array_task_id": int(jid.split("_")[1]) if "_" in jid else None,
+         "submitted_at": "2025-11-21T23:59:30+00:00", "reason": "new"},
+    ]
+    return {"job_dir": job_dir, "paths": paths, "point_id": pid, "entity": entity, "job_id": jid, "events": events,
+            "t_train0": t_train0, "t_train1": t_train1}

@@ -1,0 +1,637 @@
+"""Collect end to end: job dirs written per docs/job-directory.md -> results DB.
+
+Expected values are recomputed here from the raw rows each test writes, independently of
+harness.collect.aggregate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+import duckdb
+import pytest
+
+from harness.collect import aggregate, collect, synth
+from harness.collect.store import SCHEMA
+from harness.paths import JobPaths, job_dir_name
+from harness.plan import point_id as make_point_id
+
+REPO = Path(__file__).resolve().parents[1]
+CAMPAIGN = "c1"
+FULL = "finetune_full_benchmark-v1.0.0"
+
+
+class FakeSlurm:
+    """Stands in for sacct: answers from a dict job id -> (state, exit, nodes); counts calls."""
+
+    def __init__(self, jobs: dict[str, tuple[str, str, str]] | None = None) -> None:
+        self.jobs = jobs or {}
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv):
+        self.calls.append(list(argv))
+        if argv[0] != "sacct":
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        lines = []
+        for j in argv[argv.index("-j") + 1].split(","):
+            if j in self.jobs:
+                state, code, nodes = self.jobs[j]
+                lines.append(f"{j}|{state}|{code}|00:10:00||{nodes}|2025-11-22T00:00:00|2025-11-22T00:10:00")
+                lines.append(f"{j}.0|{state}|{code}|00:10:00|2097152K|{nodes}|2025-11-22T00:00:00|2025-11-22T00:10:00")
+        return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
+
+
+def write_attempt(workdir: Path, idx: int, *, hosts=("node1",), gpus_per_host=2, samples=None, ticks=20,
+                  t_train0=None, t_train1=None, warmup_end=None, entity_over=None, results=True, stages=None,
+                  errors=(), job_id=None, executor="slurm", experiment=FULL, rank0_metrics=None, trials=None,
+                  logs=None, manifest=True) -> dict[str, Any]:
+    """One attempt's files. Defaults: a successful single-node 2-GPU run."""
+    world = len(hosts) * gpus_per_host
+    ent = synth.entity_for(experiment, **{"number_gpus": world, "number_nodes": len(hosts), "batch_size": 2 * world,
+                                          "model_max_length": 100 + idx, **(entity_over or {})})
+    pid = make_point_id(experiment, ent)
+    job_dir = workdir / CAMPAIGN / job_dir_name(pid, 0, 1)
+    paths = JobPaths(job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    synth.write_spec(paths, CAMPAIGN, pid, 0, 1, experiment, ent, len(hosts), world,
+                     trials=5 if "stability" in experiment else 1)
+    jid = job_id or f"9{idx:03d}"
+    t0 = synth.T0
+    tr0 = t_train0 if t_train0 is not None else t0 + 5
+    tr1 = t_train1 if t_train1 is not None else t0 + ticks - 5
+    rows_by_host = {}
+    for m, h in enumerate(hosts):
+        ranks = list(range(m * gpus_per_host, (m + 1) * gpus_per_host))
+        if stages is None or h not in stages:
+            synth.write_stages(paths, h, synth.normal_stages(h, t0, tr0, tr1, ranks))
+        elif stages[h] is not None:
+            paths.stages(h).write_text(stages[h])
+        rows = samples[h] if samples is not None else synth.gen_samples(t0, ticks, gpus_per_host, seed=idx * 10 + m)
+        rows_by_host[h] = rows
+        if rows is not None:
+            synth.write_samples(paths, h, rows)
+        if results is True or (isinstance(results, dict) and h in results):
+            doc = synth.result_doc(h, m, t0, tr1 + 1)
+            if isinstance(results, dict):
+                doc.update(results[h])
+            if trials is not None and m == 0:
+                doc["trials"] = trials
+            synth.write_json(paths.result(h), doc)
+            for r in ranks:
+                rd = synth.rank_doc(r, h, world, tr0, tr1, tps=1000.0 + r, warmup_end=warmup_end,
+                                    **(rank0_metrics or {} if r == 0 else {}))
+                synth.write_json(paths.rank_result(r), rd)
+        synth.write_json(paths.root / f"environment.{h}.json", synth.environment_doc(h, m, gpus_per_host))
+        if logs and h in logs:
+            paths.train_log(h).write_text(logs[h])
+    for e in errors:
+        synth.write_json(paths.error(e["rank"]), e)
+    events = [{"type": "point", "campaign": CAMPAIGN, "point_id": pid, "repeat": 0, "experiment": experiment,
+               "entity": ent, "valid": True, "reasons": [], "notes": []},
+              {"type": "attempt", "campaign": CAMPAIGN, "point_id": pid, "repeat": 0, "attempt": 1,
+               "job_dir": str(job_dir), "executor": executor, "job_id": jid, "array_job_id": None,
+               "array_task_id": None, "submitted_at": "2025-11-21T23:59:30+00:00", "reason": "new"}]
+    if manifest:
+        synth.append_manifest(workdir, CAMPAIGN, events)
+    return {"run_id": f"{CAMPAIGN}/{pid}.r0.a1", "paths": paths, "job_id": jid, "rows": rows_by_host,
+            "t_train0": tr0, "t_train1": tr1, "entity": ent, "world": world, "point_id": pid}
+
+
+def dump(db: Path) -> dict[str, list[tuple]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: con.execute(f'SELECT * FROM "{t}" ORDER BY ALL').fetchall() for t in SCHEMA}
+    finally:
+        con.close()
+
+
+def one(db: Path, sql: str, params=()) -> dict[str, Any]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        cur = con.execute(sql, list(params))
+        names = [d[0] for d in cur.description]
+        rows = cur.fetchall()
+        assert len(rows) == 1, rows
+        return dict(zip(names, rows[0]))
+    finally:
+        con.close()
+
+
+def rows_of(db: Path, sql: str, params=()) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql, list(params)).fetchall()
+    finally:
+        con.close()
+
+
+@pytest.fixture()
+def wd(tmp_path):
+    d = tmp_path / "runs"
+    d.mkdir()
+    synth.append_manifest(d, CAMPAIGN, [synth.manifest_events(CAMPAIGN, FULL)])
+    return d
+
+
+# -- aggregation --------------------------------------------------------------------------------------------
+def expected_gpu(rows_by_host, start, end):
+    per_dev = {}
+    for h, rows in rows_by_host.items():
+        for r in rows:
+            if r["kind"] == "gpu" and start <= r["t_wall"] <= end:
+                per_dev.setdefault((h, r["device"]), []).append(r)
+    util = [mean(r["gpu_util"] for r in rs) for rs in per_dev.values()]
+    mem = [mean(100 * r["mem_used_mb"] / r["mem_total_mb"] for r in rs) for rs in per_dev.values()]
+    pw = [mean(r["power_w"] for r in rs) for rs in per_dev.values()]
+    pct = [mean(100 * r["power_w"] / r["power_limit_w"] for r in rs) for rs in per_dev.values()]
+    peak = max(100 * r["mem_used_mb"] / r["mem_total_mb"] for rs in per_dev.values() for r in rs)
+    out = {"gpu_memory_utilization_peak": peak}
+    for name, vals in (("gpu_compute_utilization", util), ("gpu_memory_utilization", mem),
+                       ("gpu_power_watts", pw), ("gpu_power_percent", pct)):
+        out.update({f"{name}_min": min(vals), f"{name}_avg": mean(vals), f"{name}_max": max(vals)})
+    cpu = [mean(r["cpu_pct"] for r in rows if r["kind"] == "proc" and start <= r["t_wall"] <= end)
+           for rows in rows_by_host.values()]
+    memp = [mean(r["mem_pct"] for r in rows if r["kind"] == "proc" and start <= r["t_wall"] <= end)
+            for rows in rows_by_host.values()]
+    out["cpu_compute_utilization"] = mean(cpu)
+    out["cpu_memory_utilization"] = mean(memp)
+    return out, len(per_dev)
+
+
+def test_measurements_match_an_independent_recomputation(wd, tmp_path):
+    run = write_attempt(wd, 1, hosts=("node1", "node2"), gpus_per_host=3, ticks=40)
+    db = tmp_path / "r.duckdb"
+    rep = collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")}))
+    assert rep.outcomes == {"ok": 1} and rep.sample_rows == 2 * 40 * 4
+    m = one(db, "SELECT * FROM measurements")
+    exp, ndev = expected_gpu(run["rows"], run["t_train0"], run["t_train1"])
+    assert ndev == 6 and m["gpu_devices"] == 6
+    for k, v in exp.items():
+        assert m[k] == pytest.approx(v, rel=1e-9), k
+    # samples outside the window (setup, model load) really were excluded
+    all_util = [r["gpu_util"] for rows in run["rows"].values() for r in rows if r["kind"] == "gpu"]
+    assert m["gpu_compute_utilization_max"] != pytest.approx(max(all_util))
+    assert m["is_valid"] is True
+    assert m["train_tokens_per_gpu_per_second"] == 1000.0  # rank 0's value
+    assert m["train_tokens_per_second"] == 6 * 1000.0  # num_gpus x rank 0 (seeds: FSDP estimate)
+    runtime = run["t_train1"] - run["t_train0"]
+    assert m["train_runtime"] == runtime
+    assert m["dataset_tokens_per_second"] == pytest.approx(50000 / runtime)
+    assert m["dataset_tokens_per_second_per_gpu"] == pytest.approx(50000 / runtime / 6)
+    # entity values sit beside the properties, typed
+    assert m["number_gpus"] == 6 and m["model_max_length"] == 101 and m["gradient_checkpointing"] is True
+    r = one(db, "SELECT * FROM runs")
+    assert r["accounting_source"] == "sacct" and r["state"] == "COMPLETED" and r["max_rss_mb"] == 2048.0
+    assert r["hosts_expected"] == ["node1", "node2"] and r["hosts_seen"] == ["node1", "node2"]
+    # t_rel counts from train start
+    t_rel = rows_of(db, "SELECT min(t_rel) FROM samples")[0][0]
+    assert t_rel == pytest.approx(synth.T0 - run["t_train0"])
+
+
+def test_pure_aggregation_functions_agree(wd):
+    rows = [
+        {"kind": "gpu", "host": "a", "device": 0, "t_wall": 1.0, "gpu_util": 10, "mem_used_mb": 10, "mem_total_mb": 100,
+         "power_w": 100, "power_limit_w": 400},
+        {"kind": "gpu", "host": "a", "device": 0, "t_wall": 2.0, "gpu_util": 30, "mem_used_mb": 30, "mem_total_mb": 100,
+         "power_w": 300, "power_limit_w": 400},
+        {"kind": "gpu", "host": "a", "device": 1, "t_wall": 2.0, "gpu_util": 90, "mem_used_mb": 50, "mem_total_mb": 100,
+         "power_w": 200, "power_limit_w": 250},
+        {"kind": "gpu", "host": "a", "device": 1, "t_wall": 9.0, "gpu_util": 0, "mem_used_mb": 99, "mem_total_mb": 100,
+         "power_w": 0, "power_limit_w": 250},  # outside the window
+    ]
+    devs = aggregate.device_stats(rows, 1.0, 5.0)
+    props = aggregate.gpu_properties(devs, True)
+    assert props["gpu_compute_utilization_min"] == 20 and props["gpu_compute_utilization_max"] == 90
+    assert props["gpu_compute_utilization_avg"] == 55
+    assert props["gpu_memory_utilization_avg"] == pytest.approx((20 + 50) / 2)
+    assert props["gpu_memory_utilization_peak"] == 50
+    assert props["gpu_power_percent_max"] == 80 and props["gpu_power_percent_min"] == 50
+    assert props["gpu_power_watts_avg"] == 200
+    assert all(v == 0.0 for v in aggregate.gpu_properties([], False).values())
+    assert aggregate.measured_window({"train_start_wall": 1, "train_end_wall": 9, "warmup_end_wall": 4},
+                                     "WARMUP_60S_STABLE_120S_OR_10_STEPS") == (4.0, 9.0)
+    rank0 = {"train_start_wall": 1, "train_end_wall": 9, "warmup_end_wall": 4}
+    assert aggregate.measured_window(rank0, None) == (1.0, 9.0)
+    assert aggregate.stability_properties(["ok", "invalid", "invalid", "failed", "ok"], 5) == {
+        "f_gpu_oom": 0.4, "f_other_error": 0.2, "f_no_error": 0.4}
+
+
+def test_auto_stop_excludes_warmup_and_stop_after_seconds_omits_tokens(wd, tmp_path):
+    warm = synth.T0 + 15
+    run = write_attempt(wd, 2, ticks=40, warmup_end=warm,
+                        entity_over={"auto_stop_method": "WARMUP_60S_STABLE_120S_OR_10_STEPS",
+                                     "stop_after_seconds": 30.0})
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    m = one(db, "SELECT * FROM measurements")
+    exp, _ = expected_gpu(run["rows"], warm, run["t_train1"])
+    assert m["window_start_wall"] == warm
+    assert m["gpu_compute_utilization_avg"] == pytest.approx(exp["gpu_compute_utilization_avg"])
+    assert m["cpu_compute_utilization"] == pytest.approx(exp["cpu_compute_utilization"])
+    assert m["train_tokens_per_second"] is None and m["train_tokens_per_gpu_per_second"] is None
+    assert m["dataset_tokens_per_second"] is not None
+
+
+def test_cpu_only_run_reports_zero_gpu_values(wd, tmp_path):
+    rows = [r for r in synth.gen_samples(synth.T0, 20, 0)]
+    assert all(r["kind"] == "proc" for r in rows)
+    run = write_attempt(wd, 3, gpus_per_host=1, samples={"node1": rows}, entity_over={"number_gpus": 0})
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    m = one(db, "SELECT * FROM measurements")
+    for p in aggregate.GPU_PROPERTIES:
+        assert m[p] == 0.0, p
+    inw = [r["cpu_pct"] for r in rows if run["t_train0"] <= r["t_wall"] <= run["t_train1"]]
+    assert m["cpu_compute_utilization"] == pytest.approx(mean(inw))
+
+
+def test_stability_fractions(wd, tmp_path):
+    exp = "finetune_full_stability-v1.0.0"
+    trials = [{"trial": i, "exit_code": c, "outcome": o, "reason": None}
+              for i, (c, o) in enumerate([(0, "ok"), (1, "invalid"), (1, "invalid"), (1, "failed"), (0, "ok")])]
+    run = write_attempt(wd, 4, experiment=exp, trials=trials,
+                        errors=[{"rank": 0, "host": "node1", "kind": "invalid", "error_type": "torch.OutOfMemoryError",
+                                 "message": "CUDA out of memory", "stage": "train", "trial": 2, "t_wall": synth.T0}])
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    m = one(db, "SELECT * FROM measurements")
+    assert (m["f_gpu_oom"], m["f_other_error"], m["f_no_error"]) == (0.4, 0.2, 0.4)
+    assert m["is_valid"] is True and m["trials_run"] == 5 and m["train_runtime"] is None
+    assert rows_of(db, "SELECT trial, outcome FROM trials ORDER BY trial") == [
+        (0, "ok"), (1, "invalid"), (2, "invalid"), (3, "failed"), (4, "ok")]
+
+
+# -- outcomes and reasons ----------------------------------------------------------------------------------
+def test_invalid_run_gets_measurement_with_null_properties(wd, tmp_path):
+    run = write_attempt(wd, 5, results={"node1": {"outcome": "invalid", "reason": "GPU out of memory", "exit_code": 1}},
+                        errors=[{"rank": 1, "host": "node1", "kind": "invalid", "error_type": "torch.OutOfMemoryError",
+                                 "message": "CUDA out of memory. Tried to allocate 2.00 GiB\nmore", "traceback": "tb",
+                                 "stage": "train", "trial": None, "t_wall": synth.T0 + 7}])
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("FAILED", "1:0", "node1")}))
+    r = one(db, "SELECT outcome, reason FROM runs")
+    assert r["outcome"] == "invalid"
+    assert r["reason"].startswith("GPU out of memory: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                                  "2.00 GiB (rank 1 on node1 during train)")
+    m = one(db, "SELECT * FROM measurements")
+    assert m["is_valid"] is False and m["gpu_compute_utilization_avg"] is None and m["train_runtime"] is None
+    assert m["model_name"] == "smollm2-135m"
+    assert one(db, "SELECT kind, error_type FROM errors") == {"kind": "invalid", "error_type": "torch.OutOfMemoryError"}
+
+
+@pytest.mark.parametrize("state,reason", [("CANCELLED by 0", "cancelled"), ("TIMEOUT", "timeout after 600 s"),
+                                          ("NODE_FAIL", "node failure"), ("OUT_OF_MEMORY", "host OOM")])
+def test_scheduler_failures_are_failed_runs_without_measurement(wd, tmp_path, state, reason):
+    run = write_attempt(wd, 6, results=False,
+                        stages={"node1": json.dumps(synth.stage_event("start", "train", "node1", synth.T0 + 5, 0))
+                                + "\n"})
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: (state, "0:9", "node1")}))
+    r = one(db, "SELECT state, outcome, reason FROM runs")
+    assert r["outcome"] == "failed" and r["state"] == state.split()[0]
+    assert r["reason"].split("; ")[0] == reason
+    assert "crashed during train on node1: start without end" in r["reason"]
+    assert rows_of(db, "SELECT count(*) FROM measurements") == [(0,)]
+
+
+def test_missing_node_and_truncated_stages_give_precise_reasons(wd, tmp_path):
+    h = "node1"
+    evs = synth.normal_stages(h, synth.T0, synth.T0 + 5, synth.T0 + 15, [0])
+    lines = [json.dumps(e) for e in evs]
+    # the train 'end' line was cut mid-write (the node died): line 7 is truncated
+    idx = next(i for i, e in enumerate(evs) if e["stage"] == "train" and e["event"] == "end")
+    text = "\n".join(lines[:idx]) + "\n" + lines[idx][:25]
+    run = write_attempt(wd, 7, hosts=("node1", "node2"), gpus_per_host=1, results={},
+                        stages={"node1": text, "node2": None})
+    os.remove(run["paths"].samples("node2"))
+    os.remove(run["paths"].root / "environment.node2.json")
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("FAILED", "1:0", "node[1-2]")}))
+    r = one(db, "SELECT outcome, reason, hosts_expected, hosts_seen FROM runs")
+    assert r["outcome"] == "failed"
+    parts = r["reason"].split("; ")
+    assert f"stages.node1.jsonl line {idx + 1}: truncated JSON" in parts
+    assert "crashed during train on node1: start without end" in parts
+    assert "node node2: no stages file (expected hosts node1,node2)" in parts
+    assert "node node1: no result file" in parts
+    assert r["hosts_expected"] == ["node1", "node2"] and r["hosts_seen"] == ["node1"]
+    assert one(db, "SELECT seen, has_stages FROM run_hosts WHERE host = 'node2'") == {"seen": False,
+                                                                                        "has_stages": False}
+
+
+def test_corrupt_and_truncated_csv_lines(wd, tmp_path):
+    rows = synth.gen_samples(synth.T0, 20, 2)
+    run = write_attempt(wd, 8, samples={"node1": rows})
+    p = run["paths"].samples("node1")
+    lines = p.read_text().splitlines()
+    lines.insert(5, "GARBAGE,x")  # becomes line 6
+    p.write_text("\n".join(lines) + "\n" + "1763769700.0,5100.0,gpu,0,55")  # truncated last line, no newline
+    total_lines = len(lines) + 1
+    db = tmp_path / "r.duckdb"
+    rep = collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    assert rep.sample_rows == len(rows)  # neither the garbage nor the truncated row got in
+    r = one(db, "SELECT outcome, warnings FROM runs")
+    assert r["outcome"] == "ok"
+    assert f"samples.node1.csv line {total_lines}: truncated last line (ignored)" in r["warnings"]
+    assert any(w.startswith("samples.node1.csv line 6: MISSING COLUMNS") for w in r["warnings"])
+
+
+def test_nccl_transport_recorded_per_host(wd, tmp_path):
+    fix = Path(__file__).parent / "fixtures" / "collect" / "nccl"
+    run = write_attempt(wd, 9, hosts=("node1", "node2"), gpus_per_host=1,
+                        logs={"node1": (fix / "roce.node1.log").read_text(),
+                              "node2": (fix / "socket.node2.log").read_text()})
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")}))
+    assert rows_of(db, "SELECT host, transport FROM run_hosts ORDER BY host") == [("node1", "roce"),
+                                                                                  ("node2", "socket")]
+    assert one(db, "SELECT transport, transport_by_host FROM runs") == {
+        "transport": "mixed", "transport_by_host": "node1=roce,node2=socket"}
+
+
+# -- incremental, idempotent ------------------------------------------------------------------------------
+def build_mixed(wd):
+    runs = [write_attempt(wd, 10),
+            write_attempt(wd, 11, results=False, stages={"node1": json.dumps(
+                synth.stage_event("start", "train", "node1", synth.T0 + 5, 0)) + "\n"}),
+            write_attempt(wd, 12, results={"node1": {"outcome": "invalid", "reason": "oom"}},
+                          errors=[{"rank": 0, "host": "node1", "kind": "invalid", "error_type": "OOM",
+                                   "message": "m", "stage": "train"}]),
+            write_attempt(wd, 13, results=False)]
+    fake = FakeSlurm({runs[0]["job_id"]: ("COMPLETED", "0:0", "node1"), runs[1]["job_id"]: ("TIMEOUT", "0:0", "node1"),
+                      runs[2]["job_id"]: ("FAILED", "1:0", "node1"), runs[3]["job_id"]: ("RUNNING", "0:0", "node1")})
+    return runs, fake
+
+
+def test_recollect_changes_no_row(wd, tmp_path):
+    runs, fake = build_mixed(wd)
+    db = tmp_path / "r.duckdb"
+    rep = collect(db, wd, sacct_runner=fake)
+    assert rep.outcomes == {"failed": 1, "invalid": 1, "ok": 1, "pending": 1}
+    before = dump(db)
+    assert sum(len(v) for v in before.values()) > 100
+    calls = len(fake.calls)
+    rep2 = collect(db, wd, sacct_runner=fake)
+    assert dump(db) == before
+    assert (rep2.new, rep2.updated, rep2.unchanged, rep2.sample_rows) == (0, 0, 4, 0)
+    # only the still-running job was asked about again
+    assert len(fake.calls) == calls + 1 and fake.calls[-1][2] == runs[3]["job_id"]
+
+
+def test_running_attempt_is_updated_when_it_finishes(wd, tmp_path):
+    run = write_attempt(wd, 14, results=False)
+    fake = FakeSlurm({run["job_id"]: ("RUNNING", "0:0", "node1")})
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=fake)
+    r = one(db, "SELECT state, outcome, ended_at FROM runs")
+    assert r == {"state": "RUNNING", "outcome": None, "ended_at": None}
+    assert rows_of(db, "SELECT count(*) FROM measurements") == [(0,)]
+    n_samples = rows_of(db, "SELECT count(*) FROM samples")[0][0]
+    # the job finishes: more samples, result and rank files appear, sacct says COMPLETED
+    paths = run["paths"]
+    extra = synth.gen_samples(synth.T0 + 20, 5, 2, seed=99)
+    with paths.samples("node1").open("a") as fh:
+        fh.write("".join(synth.sample_line(r) + "\n" for r in extra))
+    synth.write_json(paths.result("node1"), synth.result_doc("node1", 0, synth.T0, synth.T0 + 16))
+    for rk in (0, 1):
+        synth.write_json(paths.rank_result(rk), synth.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))
+    fake.jobs[run["job_id"]] = ("COMPLETED", "0:0", "node1")
+    rep = collect(db, wd, sacct_runner=fake)
+    assert (rep.new, rep.updated) == (0, 1)
+    r = one(db, "SELECT state, outcome FROM runs")
+    assert r == {"state": "COMPLETED", "outcome": "ok"}
+    assert rows_of(db, "SELECT count(*) FROM samples")[0][0] == n_samples + len(extra)
+    assert rows_of(db, "SELECT count(*), count(DISTINCT run_id) FROM measurements") == [(1, 1)]
+    assert rows_of(db, "SELECT count(*) FROM runs") == [(1,)]
+
+
+def test_requeued_job_stays_one_run(wd, tmp_path):
+    run = write_attempt(wd, 15, results=False)
+    fake = FakeSlurm({run["job_id"]: ("PREEMPTED", "0:0", "node1")})
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=fake)
+    assert one(db, "SELECT outcome, reason FROM runs")["reason"].startswith("preempted")
+    fake.jobs[run["job_id"]] = ("RUNNING", "0:0", "node2")  # requeued under the same job id
+    collect(db, wd, sacct_runner=fake)
+    assert rows_of(db, "SELECT count(*), any_value(state), any_value(outcome) FROM runs") == [(1, "RUNNING", None)]
+
+
+def test_hand_rendered_job_dir_without_manifest_is_collected(wd, tmp_path):
+    run = write_attempt(wd, 16, manifest=False, executor="local")
+    synth.write_json(run["paths"].submitted, {"executor": "local", "job_id": "not-a-pid",
+                                              "submitted_at": "2025-11-22T00:00:00+00:00"})
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm())
+    r = one(db, "SELECT campaign, point_id, outcome, executor, accounting_source FROM runs")
+    assert r == {"campaign": CAMPAIGN, "point_id": run["point_id"], "outcome": "ok", "executor": "local",
+                 "accounting_source": "executor"}
+    assert one(db, "SELECT source FROM campaigns") == {"source": "manifest"}  # the fixture's campaign line
+    assert one(db, "SELECT number_gpus FROM points") == {"number_gpus": 2}
+
+
+def test_no_sacct_falls_back_to_files(wd, tmp_path):
+    run = write_attempt(wd, 17)
+
+    def no_sacct(argv):
+        raise FileNotFoundError(argv[0])
+
+    db = tmp_path / "r.duckdb"
+    rep = collect(db, wd, sacct_runner=no_sacct)
+    assert rep.sacct == "no sacct command"
+    assert one(db, "SELECT state, outcome, accounting_source FROM runs") == {
+        "state": "COMPLETED", "outcome": "ok", "accounting_source": "files"}
+    assert run["job_id"]
+
+
+# -- crash safety and concurrency ---------------------------------------------------------------------------
+def _collect_proc(db: Path, wd: Path, pause: str | None = None, extra_env: dict[str, str] | None = None):
+    env = {**os.environ, "SBENCH_SACCT_FAKE": "1"}
+    if pause:
+        env.update({"SBENCH_COLLECT_PAUSE_AT": pause, "SBENCH_COLLECT_PAUSE_S": "60"})
+    env.update(extra_env or {})
+    code = ("import sys, subprocess\n"
+            "from harness.collect import collect\n"
+            "fake = lambda argv: subprocess.CompletedProcess(argv, 0, '', '')\n"
+            "collect(sys.argv[1], sys.argv[2], sacct_runner=fake)\n")
+    return subprocess.Popen([sys.executable, "-c", code, str(db), str(wd)], env=env, cwd=REPO,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_paused(proc) -> None:
+    line = proc.stderr.readline()
+    assert "paused at" in line, line + proc.stderr.read()
+
+
+@pytest.mark.parametrize("phase", ["samples", "write", "commit"])
+def test_kill_9_mid_collect_leaves_db_as_before(wd, tmp_path, phase):
+    write_attempt(wd, 20)
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm())
+    before = dump(db)
+    for i in range(21, 24):
+        write_attempt(wd, i)
+    proc = _collect_proc(db, wd, pause=phase)
+    _wait_paused(proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert dump(db) == before  # nothing of the killed collect is visible
+    rep = collect(db, wd, sacct_runner=FakeSlurm())
+    assert rep.new == 3
+    after = dump(db)
+    assert len(after["runs"]) == 4 and len(after["measurements"]) == 4
+
+
+def test_second_collect_gets_a_clear_busy_message(wd, tmp_path):
+    write_attempt(wd, 30)
+    db = tmp_path / "r.duckdb"
+    proc = _collect_proc(db, wd, pause="parse")
+    try:
+        _wait_paused(proc)
+        env = {**os.environ, "SBENCH_DB_WAIT": "0.5"}
+        t = time.monotonic()
+        res = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", "collect",
+                              "--db", str(db), "--workdir", str(wd)],
+                             capture_output=True, text=True, env=env, cwd=REPO)
+        assert time.monotonic() - t < 30
+        assert res.returncode == 1
+        assert f"Error: {db} is in use by another process (PID {proc.pid}); waited 0.5 s" in res.stderr
+        assert "Traceback" not in res.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_local_executor_run_is_running_while_its_process_lives_then_done(wd, tmp_path):
+    # submitit's local job id is the process id: this test process stands in for the live job
+    run = write_attempt(wd, 40, results=False, executor="local", job_id=str(os.getpid()))
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm())
+    assert one(db, "SELECT state, outcome, accounting_source FROM runs") == {
+        "state": "RUNNING", "outcome": None, "accounting_source": "executor"}
+    paths = run["paths"]
+    synth.write_json(paths.result("node1"), synth.result_doc("node1", 0, synth.T0, synth.T0 + 16))
+    for rk in (0, 1):
+        synth.write_json(paths.rank_result(rk), synth.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))
+    collect(db, wd, sacct_runner=FakeSlurm())
+    assert one(db, "SELECT state, outcome FROM runs") == {"state": "COMPLETED", "outcome": "ok"}
+
+
+def test_job_that_never_started_its_runner_reports_the_batch_output(wd, tmp_path):
+    run = write_attempt(wd, 41, results=False, stages={"node1": None}, samples={"node1": None})
+    paths = run["paths"]
+    for p in list(paths.root.glob("environment.*.json")):
+        p.unlink()
+    paths.slurm_out(run["job_id"]).write_text("+ source env/node1.sh\nlaunch.sh: line 12: /shared/venv/bin/python: "
+                                              "No such file or directory\n")
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("FAILED", "127:0", "node1")}))
+    r = one(db, "SELECT outcome, reason FROM runs")
+    assert r["outcome"] == "failed"
+    assert r["reason"] == ("node node1: no stages file (expected hosts node1); "
+                           f"slurm-{run['job_id']}.out: launch.sh: line 12: /shared/venv/bin/python: "
+                           "No such file or directory")
+
+
+def test_weird_paths_are_collected(weird_tmp_path):
+    wd = weird_tmp_path / "runs"
+    wd.mkdir()
+    synth.append_manifest(wd, CAMPAIGN, [synth.manifest_events(CAMPAIGN, FULL)])
+    run = write_attempt(wd, 50)
+    db = weird_tmp_path / "r 'x'.duckdb"
+    rep = collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    assert rep.outcomes == {"ok": 1}
+    assert rep.sample_rows == sum(len(r) for r in run["rows"].values())
+
+
+def test_views_latest_measurement_run_summary_and_stage_durations(wd, tmp_path):
+    first = write_attempt(wd, 60)
+    # a second attempt of the same point, finished later, with a different rank-0 throughput
+    pid, paths1 = first["point_id"], first["paths"]
+    paths2 = JobPaths(paths1.root.parent / job_dir_name(pid, 0, 2))
+    shutil.copytree(paths1.root, paths2.root)
+    for rk in (0, 1):
+        synth.write_json(paths2.rank_result(rk), synth.rank_doc(rk, "node1", 2, first["t_train0"], first["t_train1"],
+                                                                tps=3000.0))
+    synth.write_json(paths2.result("node1"), synth.result_doc("node1", 0, synth.T0 + 100, synth.T0 + 200))
+    synth.append_manifest(wd, CAMPAIGN, [{"type": "attempt", "campaign": CAMPAIGN, "point_id": pid, "repeat": 0,
+                                          "attempt": 2, "job_dir": str(paths2.root), "executor": "slurm",
+                                          "job_id": "7777", "submitted_at": "2025-11-22T01:00:00+00:00",
+                                          "reason": "force"}])
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm({first["job_id"]: ("COMPLETED", "0:0", "node1"),
+                                            "7777": ("COMPLETED", "0:0", "node1")}))
+    assert rows_of(db, "SELECT count(*) FROM measurements") == [(2,)]
+    latest = one(db, "SELECT run_id, train_tokens_per_gpu_per_second FROM latest_measurements")
+    assert latest == {"run_id": f"{CAMPAIGN}/{pid}.r0.a2", "train_tokens_per_gpu_per_second": 3000.0}
+    summary = rows_of(db, "SELECT attempt, outcome, model_name, number_gpus FROM run_summary ORDER BY attempt")
+    assert summary == [(1, "ok", "smollm2-135m", 2), (2, "ok", "smollm2-135m", 2)]
+    train = one(db, "SELECT n, hosts, min_s, max_s FROM stage_durations WHERE run_id = ? AND stage = 'train'",
+                [first["run_id"]])
+    assert train == {"n": 2, "hosts": 1, "min_s": first["t_train1"] - first["t_train0"],
+                     "max_s": first["t_train1"] - first["t_train0"]}
+    assert one(db, "SELECT attempts, ok, pending FROM point_status") == {"attempts": 2, "ok": 2, "pending": 0}
+
+
+def test_campaign_filter_and_plain_progress(wd, tmp_path):
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    write_attempt(wd, 70, executor="local", job_id="x")
+    other = tmp_path / "runs" / "other"
+    synth.make_run(tmp_path / "runs", "other", 1, hosts=("node1",), gpus_per_host=1, ticks=10, executor="local",
+                   job_id="y")
+    assert other.is_dir()
+    db = tmp_path / "r.duckdb"
+    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd), "--campaign", CAMPAIGN])
+    assert res.exit_code == 0, res.output
+    assert "collect: reading job dirs" in res.output  # not a TTY: plain progress lines, no bar
+    assert rows_of(db, "SELECT DISTINCT campaign FROM runs") == [(CAMPAIGN,)]
+    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd)])
+    assert sorted(rows_of(db, "SELECT DISTINCT campaign FROM runs")) == [(CAMPAIGN,), ("other",)]
+
+
+def test_glob_characters_in_the_work_dir_path(tmp_path):
+    wd = tmp_path / "we[ir]d*runs"
+    wd.mkdir()
+    synth.append_manifest(wd, CAMPAIGN, [synth.manifest_events(CAMPAIGN, FULL)])
+    run = write_attempt(wd, 51)
+    db = tmp_path / "r.duckdb"
+    rep = collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    assert rep.sample_rows == sum(len(r) for r in run["rows"].values()) and rep.outcomes == {"ok": 1}
+
+
+def test_gpu_run_without_samples_file_has_unknown_not_zero_gpu_values(wd, tmp_path):
+    run = write_attempt(wd, 52, samples={"node1": None})
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    m = one(db, "SELECT gpu_compute_utilization_avg, gpu_memory_utilization_peak, train_runtime, notes "
+                "FROM measurements")
+    assert m["gpu_compute_utilization_avg"] is None and m["gpu_memory_utilization_peak"] is None
+    assert m["train_runtime"] == run["t_train1"] - run["t_train0"]
+    assert m["notes"] == ["no samples file: GPU and CPU utilisation unknown"]
+
+
+def test_rendered_only_job_dir_is_not_a_run(wd, tmp_path):
+    ent = synth.entity_for(FULL)
+    pid = make_point_id(FULL, ent)
+    paths = JobPaths(wd / CAMPAIGN / job_dir_name(pid, 0, 1))
+    paths.root.mkdir(parents=True)
+    synth.write_spec(paths, CAMPAIGN, pid, 0, 1, FULL, ent)
+    paths.sbatch.write_text("#!/bin/bash\n")
+    paths.launch.write_text("#!/bin/bash\n")
+    db = tmp_path / "r.duckdb"
+    rep = collect(db, wd, sacct_runner=FakeSlurm())
+    assert rep.runs == 0 and rows_of(db, "SELECT count(*) FROM runs") == [(0,)]
+    synth.write_json(paths.submitted, {"executor": "slurm", "job_id": "4444", "submitted_at": "2025-11-22T00:00:00Z"})
+    rep = collect(db, wd, sacct_runner=FakeSlurm({"4444": ("PENDING", "0:0", "None assigned")}))
+    assert rows_of(db, "SELECT job_id, state, outcome FROM runs") == [("4444", "PENDING", None)]

@@ -1,0 +1,217 @@
+"""The results store: schema, versioning, the manifest/status API for submit, and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.collect import SCHEMA_VERSION, open_store, synth
+from harness.collect.store import ENTITY_COLUMNS
+from harness.errors import InputError, SchemaMismatchError
+
+EXP = "finetune_lora_benchmark-v1.0.0"
+
+
+def manifest(campaign="scan", n=3, executor="slurm"):
+    evs = [synth.manifest_events(campaign, EXP, executor)]
+    for i in range(n):
+        ent = synth.entity_for(EXP, batch_size=8 * (i + 1), fast_kernels=["True", "False", "True"] if i == 0 else None)
+        pid = f"{i:016x}"
+        evs.append({"type": "point", "campaign": campaign, "point_id": pid, "repeat": 0, "experiment": EXP,
+                    "entity": ent, "valid": i != 2, "reasons": [] if i != 2 else ["batch_size % number_gpus != 0"],
+                    "notes": []})
+        if i != 2:
+            evs.append({"type": "attempt", "campaign": campaign, "point_id": pid, "repeat": 0, "attempt": 1,
+                        "job_dir": f"/abs/results/runs/{campaign}/{pid}.r0.a1", "executor": executor,
+                        "job_id": f"1234_{i}", "array_job_id": "1234", "array_task_id": i,
+                        "submitted_at": "2025-11-21T10:00:01+00:00", "reason": "new"})
+    return evs
+
+
+def table_dump(db):
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: con.execute(f'SELECT * FROM "{t}" ORDER BY ALL').fetchall()
+                for t in ("campaigns", "points", "campaign_points", "runs")}
+    finally:
+        con.close()
+
+
+def test_schema_created_with_version_and_typed_entity_columns(tmp_path):
+    db = tmp_path / "sub" / "r.duckdb"
+    with open_store(db) as st:
+        assert st.con.execute("SELECT value FROM metadata WHERE key = 'schema_version'").fetchall() == [
+            (str(SCHEMA_VERSION),)]
+        types = dict(st.con.execute("SELECT column_name, data_type FROM information_schema.columns "
+                                    "WHERE table_name = 'points'").fetchall())
+        views = {r[0] for r in st.con.execute("SELECT table_name FROM information_schema.tables "
+                                              "WHERE table_type = 'VIEW'").fetchall()}
+    assert types["batch_size"] == "BIGINT" and types["num_train_epochs"] == "DOUBLE"
+    assert types["gradient_checkpointing"] == "BOOLEAN" and types["model_name"] == "VARCHAR"
+    assert types["fast_kernels"] == "VARCHAR[]" and types["r"] == "BIGINT"
+    assert {"latest_measurements", "run_summary", "stage_durations", "point_status"} <= views
+    # every entity-space field of every experiment is a column
+    from harness.catalog import EXPERIMENTS
+    names = {c for c, _ in ENTITY_COLUMNS}
+    assert all(f.name in names for e in EXPERIMENTS.values() for f in e.fields)
+
+
+def test_schema_mismatch_is_refused_clearly(tmp_path):
+    db = tmp_path / "r.duckdb"
+    open_store(db).close()
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE metadata SET value = '0' WHERE key = 'schema_version'")
+    con.close()
+    with pytest.raises(SchemaMismatchError) as exc:
+        open_store(db)
+    msg = str(exc.value)
+    assert str(db) in msg and "version 0" in msg and f"version {SCHEMA_VERSION}" in msg
+    assert "sbench collect" in msg and "mv " in msg
+    res = CliRunner().invoke(main, ["query", "select 1", "--db", str(db)])
+    assert res.exit_code == 1 and "schema version 0" in res.output
+
+
+def test_foreign_duckdb_file_is_refused(tmp_path):
+    db = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE t (x INT)")
+    con.close()
+    with pytest.raises(SchemaMismatchError, match="not an sbench results database"):
+        open_store(db)
+
+
+def test_record_manifest_is_idempotent_and_feeds_point_status(tmp_path):
+    db = tmp_path / "r.duckdb"
+    evs = manifest()
+    with open_store(db) as st:
+        assert st.record_manifest(evs) == []
+    first = table_dump(db)
+    with open_store(db) as st:
+        st.record_manifest(evs)
+        st.record_manifest(evs[:3])
+    assert table_dump(db) == first
+    with open_store(db) as st:
+        runs = st.attempt_rows("scan")
+        assert [(r["job_id"], r["state"], r["outcome"]) for r in runs] == [("1234_0", "SUBMITTED", None),
+                                                                           ("1234_1", "SUBMITTED", None)]
+        status = st.point_status("scan")
+        assert set(status) == {f"{i:016x}" for i in range(3)}
+        assert status[f"{0:016x}"].pending == 1 and status[f"{0:016x}"].attempts == 1
+        assert status[f"{2:016x}"].attempts == 0  # invalid point: no attempt
+        # collect's later verdict survives a re-recorded manifest
+        st.con.execute("UPDATE runs SET state = 'COMPLETED', outcome = 'failed' WHERE job_id = '1234_0'")
+        st.record_manifest(evs)
+        assert st.point_status(point_ids=[f"{0:016x}"])[f"{0:016x}"].failed == 1
+        assert st.next_attempt("scan", f"{0:016x}", 0) == 2
+        rows = st.status_rows("scan")
+        assert [(r["point_id"][-1], r["valid"], r["state"]) for r in rows] == [
+            ("0", True, "COMPLETED"), ("1", True, "SUBMITTED"), ("2", False, None)]
+        assert st.con.execute("SELECT fast_kernels, batch_size FROM points WHERE point_id = ?",
+                              [f"{0:016x}"]).fetchall() == [(["True", "False", "True"], 8)]
+        # a cancel line marks the run
+        st.record_manifest([{"type": "cancel", "campaign": "scan", "job_ids": ["1234_1"],
+                             "at": "2025-11-21T11:00:00Z"}])
+        assert st.con.execute("SELECT count(*) FROM runs WHERE cancel_requested_at IS NOT NULL").fetchall() == [(1,)]
+
+
+def test_malformed_manifest_events(tmp_path):
+    with open_store(tmp_path / "r.duckdb") as st:
+        with pytest.raises(Exception, match="event 1: attempt line is malformed"):
+            st.record_manifest([{"type": "attempt", "campaign": "x"}])
+        problems = st.record_manifest([{"type": "bogus"}, {"type": "campaign", "campaign": "ok"}], strict=False)
+        assert problems == ["manifest event 1: unknown type 'bogus' (expected campaign, point, attempt or cancel)"]
+        assert st.con.execute("SELECT campaign FROM campaigns").fetchall() == [("ok",)]
+
+
+def test_query_cli_formats_and_errors(tmp_path):
+    db = tmp_path / "r.duckdb"
+    with open_store(db) as st:
+        st.record_manifest(manifest())
+    r = CliRunner()
+    res = r.invoke(main, ["query", "select job_id, attempt from runs order by job_id", "--db", str(db)])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[0].split() == ["job_id", "attempt"]
+    assert "1234_1  1" in res.output and "(2 rows)" in res.output
+    res = r.invoke(main, ["query", "select job_id, attempt from runs order by job_id", "--db", str(db),
+                          "--format", "csv"])
+    assert res.output == "job_id,attempt\n1234_0,1\n1234_1,1\n"
+    res = r.invoke(main, ["query", "select job_id, submitted_at from runs order by job_id", "--db", str(db),
+                          "--format", "json"])
+    assert json.loads(res.output)[0] == {"job_id": "1234_0", "submitted_at": "2025-11-21 10:00:01"}
+    res = r.invoke(main, ["query", "selec nonsense", "--db", str(db)])
+    assert res.exit_code == 2 and res.output.startswith("Error: SQL error: Parser Error")
+    assert "Traceback" not in res.output
+    res = r.invoke(main, ["query", "delete from runs", "--db", str(db)])
+    assert res.exit_code == 2 and "read-only" in res.output
+    res = r.invoke(main, ["query", "select 1", "--db", str(tmp_path / "nope.duckdb")])
+    assert res.exit_code == 2 and "run `sbench collect` first" in res.output
+    assert not (tmp_path / "nope.duckdb").exists()
+
+
+def test_collect_cli_json_and_plain(tmp_path, monkeypatch):
+    wd = tmp_path / "runs"
+    run = synth.make_run(wd, "c", 0, hosts=("node1",), gpus_per_host=1, ticks=20, executor="local",
+                         job_id="not-a-pid")
+    synth.append_manifest(wd, "c", [synth.manifest_events("c", "finetune_full_benchmark-v1.0.0", "local"),
+                                    *run["events"]])
+    db = tmp_path / "r.duckdb"
+    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert (doc["runs"], doc["new"], doc["outcomes"]) == (1, 1, {"ok": 1})
+    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd)])
+    assert res.exit_code == 0
+    assert "collected 1 run(s)" in res.output and "0 new, 0 updated, 1 unchanged" in res.output
+    assert "runs by outcome: 1 ok" in res.output
+
+
+def test_commands_have_help_with_example():
+    for cmd in ("collect", "query"):
+        res = CliRunner().invoke(main, [cmd, "--help"])
+        assert res.exit_code == 0 and "Example: sbench " + cmd in res.output
+
+
+def test_query_rejects_missing_sql_argument():
+    res = CliRunner().invoke(main, ["query"])
+    assert res.exit_code == 2
+
+
+def test_sacct_cli_path_uses_fake_binary(tmp_path, monkeypatch):
+    """collect calls the real `sacct` on PATH in one batched call: here a recorded-output stand-in."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.txt"
+    (bin_dir / "sacct").write_text(
+        "#!/bin/sh\n"
+        f"echo \"$@\" >> {calls}\n"
+        "echo '1000_0|COMPLETED|0:0|00:09:00||node[1-2]|2025-11-22T00:00:00|2025-11-22T00:09:00'\n"
+        "echo '1000_0.0|COMPLETED|0:0|00:09:00|1048576K|node[1-2]|2025-11-22T00:00:00|2025-11-22T00:09:00'\n"
+        "echo '1000_1|NODE_FAIL|0:0|00:01:00||node[3-4]|2025-11-22T00:00:00|2025-11-22T00:01:00'\n")
+    (bin_dir / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    wd = tmp_path / "runs"
+    evs = [synth.manifest_events("c", "finetune_full_benchmark-v1.0.0")]
+    for i in range(2):
+        evs += synth.make_run(wd, "c", i, ticks=20, gpus_per_host=1)["events"]
+    synth.append_manifest(wd, "c", evs)
+    db = tmp_path / "r.duckdb"
+    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd)])
+    assert res.exit_code == 0, res.output
+    assert calls.read_text().count("-j") == 1
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("SELECT job_id, state, outcome, reason, max_rss_mb, node_list, accounting_source "
+                       "FROM runs ORDER BY job_id").fetchall()
+    con.close()
+    assert rows[0] == ("1000_0", "COMPLETED", "ok", None, 1024.0, "node[1-2]", "sacct")
+    assert rows[1][:3] == ("1000_1", "NODE_FAIL", "failed") and rows[1][3].startswith("node failure")
+    # node3/node4 were allocated, but the files came from node1/node2: said so, precisely
+    assert "node node3: no stages file (expected hosts node3,node4)" in rows[1][3]
+
+
+def test_open_read_only_does_not_create(tmp_path):
+    with pytest.raises(InputError):
+        open_store(tmp_path / "x.duckdb", read_only=True)
