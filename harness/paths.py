@@ -76,6 +76,9 @@ class JobPaths:
     def result(self, host: str) -> Path:
         return self.root / f"result.{safe_name(host)}.json"
 
+    def environment(self, host: str) -> Path:
+        return self.root / f"environment.{safe_name(host)}.json"
+
     def train_log(self, host: str) -> Path:
         return self.root / f"train.{safe_name(host)}.log"
 
@@ -120,6 +123,12 @@ class JobPaths:
 
     def error_ranks(self) -> list[str]:
         return self._hosts("error.", ".json")
+
+    def rank_ids(self) -> list[str]:
+        return self._hosts("rank.", ".json")
+
+    def environment_hosts(self) -> list[str]:
+        return self._hosts("environment.", ".json")
 
     def rendered_hosts(self) -> list[str]:
         return sorted(p.stem for p in self.env_dir.glob("*.sh"))

@@ -131,7 +131,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     stage_runs = [dict(r, method=method_of(r["experiment"]), stages=per_run[r["run_id"]])
                   for r in runs if r["run_id"] in per_run]
     gpu_samples = store.fetch_dicts(
-        f"SELECT count(*) AS n FROM samples s JOIN runs r USING (run_id) WHERE s.kind = 'gpu'"
+        "SELECT count(*) AS n FROM samples s JOIN runs r USING (run_id) WHERE s.kind = 'gpu'"
         + (" AND r.campaign = ?" if campaign else ""), params)[0]["n"]
     data = ReportData(db=str(store.path), generated_at=now or _dt.datetime.now(_dt.timezone.utc),
                       campaign=campaign, campaigns=campaigns, outcomes=outcomes, measurements=measurements,

@@ -33,7 +33,7 @@ import duckdb
 
 from ..catalog import EXPERIMENTS
 from ..errors import CollectError
-from ..paths import JobPaths, parse_job_dir_name, safe_name
+from ..paths import JobPaths, parse_job_dir_name
 from . import aggregate
 from .parse import StageLog, csv_tail, nccl_transport, parse_stages, read_json, read_jsonl, summarize_transports
 from .sacct import FINAL_STATES, JobAccounting, Runner, query_sacct, query_squeue, scheduler_verdict
@@ -228,8 +228,7 @@ def _names_like(names: list[str], make: Callable[[str], Path]) -> list[str]:
 
 
 def _environment_path(paths: JobPaths, host: str) -> Path:
-    # docs/job-directory.md: environment.<host>.json (JobPaths has no property for it yet).
-    return paths.root / f"environment.{safe_name(host)}.json"
+    return paths.environment(host)
 
 
 def _slurm_tail(paths: JobPaths) -> str | None:
