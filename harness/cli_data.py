@@ -1,1 +1,129 @@
 """CLI: test models and synthetic datasets (sbench model ..., sbench dataset ...)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .cli import echo_json, json_option, main
+
+
+def _quiet_transformers() -> None:
+    """No progress bars or advisory warnings from transformers in command output."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+# -- model -------------------------------------------------------------------------------------------------
+@main.group()
+def model() -> None:
+    """Test models built locally (nothing is downloaded).
+
+    Example: sbench model tiny -o models/tiny
+    """
+
+
+@model.command("tiny")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory to write config, weights and tokenizer into.")
+@click.option("--arch", type=click.Choice(["llama", "mixtral"]), default="llama", show_default=True,
+              help="llama, or mixtral (4 experts, 2 per token) for Mixture-of-Experts rules.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the tokenizer corpus.")
+@click.option("--if-missing", is_flag=True, help="Keep an existing model in DIR (one with config.json) as it is.")
+def model_tiny(out_dir: Path, arch: str, seed: int, if_missing: bool) -> None:
+    """Write a tiny random causal LM with a locally trained BPE tokenizer.
+
+    Example: sbench model tiny -o models/tiny-moe --arch mixtral
+    """
+    from .tinymodel import describe_model, make_tiny_model
+
+    _quiet_transformers()
+    if if_missing and (out_dir / "config.json").is_file():
+        path = out_dir
+    else:
+        path = make_tiny_model(out_dir, arch=arch, seed=seed)
+    d = describe_model(path)
+    click.echo(str(path))
+    experts = f", {d['experts']} experts" if d["experts"] else ""
+    click.echo(f"{d['arch']}: {d['params']:,} params, vocab {d['vocab']}, {d['layers']} layers, "
+               f"hidden {d['hidden_size']}{experts}")
+
+
+# -- dataset -----------------------------------------------------------------------------------------------
+@main.group()
+def dataset() -> None:
+    """Synthetic benchmark datasets: generate them and count their tokens.
+
+    Example: sbench dataset generate news-chars-512-entries-4096 -o data/news-chars-512-entries-4096.jsonl
+    """
+
+
+def _tokenizer_option(required: bool):  # type: ignore[no-untyped-def]
+    return click.option("--tokenizer", "tokenizer", required=required, default=None, metavar="HF_ID_OR_PATH",
+                        help="Tokenizer: a local directory or an HF id available offline.")
+
+
+@dataset.command("generate")
+@click.argument("dataset_id")
+@click.option("-o", "--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="File to write (.jsonl for text ids, .parquet for vision ids); a .meta.json goes next to it.")
+@_tokenizer_option(required=False)
+@click.option("--entries", type=click.IntRange(min=1), default=None,
+              help="Entries to write instead of the count in the id (for quick tests).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the text and images.")
+@json_option
+def dataset_generate(dataset_id: str, out_path: Path, tokenizer: str | None, entries: int | None, seed: int,
+                     as_json: bool) -> None:
+    """Generate a dataset of the reference catalog, deterministically from a seed.
+
+    Example: sbench dataset generate news-tokens-16384plus-entries-4096 -o data/news16k.jsonl --tokenizer models/tiny
+    """
+    from .datagen import generate_dataset
+
+    if tokenizer:
+        _quiet_transformers()
+    info = generate_dataset(dataset_id, out_path, tokenizer=tokenizer, entries=entries, seed=seed)
+    if as_json:
+        echo_json(info.to_dict())
+        return
+    c = info.chars
+    click.echo(f"{info.path}  ({info.format}, {info.size_bytes / 1e6:.1f} MB, {info.elapsed_s:.1f} s)")
+    click.echo(f"entries {info.entries}; characters min {c['min']} / avg {c['avg']:g} / max {c['max']}")
+    if info.tokens:
+        t = info.tokens
+        click.echo(f"tokens ({info.tokenizer}, no special tokens): min {t['min']} / avg {t['avg']:g} / max {t['max']}")
+    g = info.length_guarantee
+    click.echo(f"length: {g['method']} ({'verified' if g.get('verified') else 'not verified'}): {g['detail']}")
+
+
+@dataset.command("count")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@_tokenizer_option(required=True)
+@click.option("--max-seq-length", type=click.IntRange(min=1), required=True,
+              help="Entries count at most min(this, tokenizer.model_max_length) tokens.")
+@click.option("--text-field", default="output", show_default=True, help="JSON field / column holding the text.")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Cache the counts here (keyed by tokenizer, dataset content and max length).")
+@json_option
+def dataset_count(path: Path, tokenizer: str, max_seq_length: int, text_field: str, cache_dir: Path | None,
+                  as_json: bool) -> None:
+    """Count a dataset's tokens exactly as runs report them: min(tokens, model_max_length, max_seq_length).
+
+    Example: sbench dataset count data/news-chars-512-entries-4096.jsonl --tokenizer models/tiny --max-seq-length 1024
+    """
+    from .tokens import dataset_token_counts
+
+    _quiet_transformers()
+    tc = dataset_token_counts(tokenizer, path, text_field=text_field, max_seq_length=max_seq_length,
+                              cache_dir=cache_dir)
+    if as_json:
+        echo_json({**tc.summary(), "min": min(tc.counts, default=0), "max": max(tc.counts, default=0),
+                   "elapsed_s": tc.elapsed_s})
+        return
+    avg = tc.total / tc.entries if tc.entries else 0.0
+    click.echo(f"total {tc.total} tokens over {tc.entries} entries (avg {avg:.1f}, min {min(tc.counts, default=0)}, "
+               f"max {max(tc.counts, default=0)}; truncated at {tc.max_length})")
+    click.echo(f"cache {tc.cache}  key {tc.key}")

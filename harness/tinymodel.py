@@ -1,0 +1,117 @@
+"""A tiny random causal LM with a locally trained tokenizer, for tests and CPU smoke runs.
+
+Nothing is downloaded: the byte-level BPE tokenizer is trained on sbench's own synthetic
+news corpus (``harness.datagen.news_corpus``), so it splits the benchmark datasets the way a
+real tokenizer would, only with a much smaller vocabulary. The directory loads through the
+ordinary ``AutoTokenizer.from_pretrained`` / ``AutoModelForCausalLM.from_pretrained`` path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError, SbenchError
+
+ARCHS = ("llama", "mixtral")
+SPECIAL_TOKENS = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+_CORPUS_CHARS = 400_000  # enough text for every merge of a 512-entry vocabulary; trains in well under a second
+
+
+def train_tokenizer(*, vocab_size: int = 512, model_max_length: int = 4096, seed: int = 0) -> Any:
+    """A ``PreTrainedTokenizerFast``: byte-level BPE trained on the synthetic news corpus.
+
+    Like Llama's tokenizer it adds ``<s>`` in front of every sequence and nothing at the end.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from .datagen import news_corpus
+
+    specials = list(SPECIAL_TOKENS.values())
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(alphabet) + len(specials):
+        raise InputError(f"vocab_size must be at least {len(alphabet) + len(specials)} (256 bytes + "
+                         f"{len(specials)} special tokens), got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, initial_alphabet=alphabet,
+                                  show_progress=False)
+    tok.train_from_iterator(news_corpus(_CORPUS_CHARS, seed=seed), trainer)
+    bos = SPECIAL_TOKENS["bos_token"]
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                       special_tokens=[(bos, tok.token_to_id(bos))])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=model_max_length, **SPECIAL_TOKENS)
+
+
+def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", vocab_size: int = 512,
+                    hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
+                    max_position_embeddings: int = 4096, seed: int = 0) -> Path:
+    """Write a tiny random Llama (or Mixtral: 4 experts, 2 per token) and its tokenizer to ``out_dir``.
+
+    Weights are seeded, so the same arguments give the same checkpoint.
+    """
+    if arch not in ARCHS:
+        raise InputError(f"unknown arch {arch!r}; choose one of: {', '.join(ARCHS)}")
+    for name, value in (("hidden_size", hidden_size), ("num_layers", num_layers), ("num_heads", num_heads),
+                        ("max_position_embeddings", max_position_embeddings)):
+        if value < 1:
+            raise InputError(f"{name} must be a positive integer, got {value}")
+    if hidden_size % num_heads:
+        raise InputError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create model directory {out}: {exc.strerror}") from exc
+    tokenizer = train_tokenizer(vocab_size=vocab_size, model_max_length=max_position_embeddings, seed=seed)
+    common: dict[str, Any] = dict(
+        vocab_size=max(vocab_size, len(tokenizer)), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        # Grouped-query attention where the head count allows, as in the real Llama 3 / Mixtral.
+        num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
+        max_position_embeddings=max_position_embeddings, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+    )
+    if arch == "mixtral":
+        config = MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **common)
+        cls: Any = MixtralForCausalLM
+    else:
+        config = LlamaConfig(**common)
+        cls = LlamaForCausalLM
+    # The seed fixes the random init; fork_rng keeps the caller's global torch RNG untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(config)
+    try:
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    except OSError as exc:
+        raise SbenchError(f"cannot write the tiny model to {out}: {exc}") from exc
+    return out
+
+
+def describe_model(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parameter count, vocabulary and layers of a model directory, read from its config and weights."""
+    import json
+
+    from safetensors import safe_open
+
+    d = Path(model_dir)
+    config = json.loads((d / "config.json").read_text())
+    params = 0
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():
+                n = 1
+                for dim in st.get_slice(k).get_shape():
+                    n *= dim
+                params += n
+    return {"path": str(d), "arch": config.get("model_type"), "params": params, "vocab": config.get("vocab_size"),
+            "layers": config.get("num_hidden_layers"), "hidden_size": config.get("hidden_size"),
+            "experts": config.get("num_local_experts")}

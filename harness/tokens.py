@@ -1,0 +1,358 @@
+"""Exact dataset token counts, and the pre-tokenized training set that matches them.
+
+The reference defines the tokens a run processed from its dataset as, per entry,
+``min(len(tokens(entry["output"])), tokenizer.model_max_length, max_seq_length)``.
+``dataset_token_counts`` computes exactly that (cached per tokenizer + dataset + length),
+and ``encode_for_training`` produces the ``input_ids`` the trainer consumes with the very
+same tokenizer call, so ``len(input_ids[i]) == counts[i]`` by construction: what the run
+reports is what it trained on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError, SbenchError
+
+COUNT_VERSION = 1  # bump when the counting rule changes: old cache entries then miss
+_BATCH = 32
+# A fixed text whose ids enter the tokenizer fingerprint: it catches behaviour (special
+# tokens, normalisation) that settings outside tokenizer.json can change.
+_PROBE = "Probe: The council approved the $12 million budget on Monday.\n### Response:\n  ÄÖ 中文 123"
+
+
+# -- tokenizers ---------------------------------------------------------------------------------------------
+def load_tokenizer(tokenizer: Any) -> Any:
+    """A tokenizer object from an object (returned as is), an HF id or a local directory."""
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        if not callable(tokenizer):
+            raise InputError(f"tokenizer must be an HF id, a directory or a tokenizer object, got {tokenizer!r}")
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    text = str(tokenizer)
+    local = Path(text).expanduser()
+    # An HF id has at most one slash; anything that looks like a path must exist, or the hub
+    # lookup that follows would report a confusing "repo id" error instead.
+    looks_like_path = isinstance(tokenizer, os.PathLike) or text.startswith((".", "/", "~")) or text.count("/") > 1
+    if looks_like_path and not local.exists():
+        raise InputError(f"tokenizer directory {text} does not exist; give a model directory (e.g. from "
+                         "'sbench model tiny -o DIR') or an HF id")
+    try:
+        return AutoTokenizer.from_pretrained(str(local) if local.exists() else text)
+    except Exception as exc:  # transformers raises OSError, ValueError, HF hub errors...
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+        offline = " (HF_HUB_OFFLINE=1: only local directories and cached ids work)" if os.environ.get(
+            "HF_HUB_OFFLINE") == "1" else ""
+        raise InputError(f"cannot load tokenizer {str(tokenizer)!r}: {first}. Give a directory with tokenizer "
+                         f"files (tokenizer.json / tokenizer_config.json) or an available HF id{offline}") from exc
+
+
+def tokenizer_name(spec: Any, tokenizer: Any) -> str:
+    """How to name a tokenizer in messages and metadata: the id/path it came from."""
+    if isinstance(spec, (str, os.PathLike)):
+        return str(spec)
+    return str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+
+
+def effective_max_length(tokenizer: Any, max_seq_length: int) -> int:
+    """``min(tokenizer.model_max_length, max_seq_length)``.
+
+    ``model_max_length`` is a huge sentinel (``int(1e30)``) for tokenizers that do not
+    declare one, sometimes a float or None; those leave ``max_seq_length`` in charge.
+    """
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < 1:
+        raise InputError(f"max_seq_length must be a positive integer, got {max_seq_length!r}")
+    mml = getattr(tokenizer, "model_max_length", None)
+    if isinstance(mml, (int, float)) and not isinstance(mml, bool) and math.isfinite(mml) and mml >= 1:
+        return min(max_seq_length, int(mml))
+    return max_seq_length
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """sha256 over what decides token ids: the serialized tokenizer, special tokens and a probe's ids."""
+    parts: dict[str, Any] = {"class": type(tokenizer).__name__}
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        state = json.loads(backend.to_str())
+        # Truncation/padding are per-call state HF leaves behind; they do not change what we count.
+        state.pop("truncation", None)
+        state.pop("padding", None)
+        parts["backend"] = state
+    else:
+        parts["vocab"] = sorted(tokenizer.get_vocab().items())
+    parts["special_tokens"] = {k: str(v) for k, v in sorted(getattr(tokenizer, "special_tokens_map", {}).items())}
+    for attr in ("add_bos_token", "add_eos_token", "truncation_side", "do_lower_case"):
+        parts[attr] = getattr(tokenizer, attr, None)
+    parts["probe"] = list(tokenizer(_PROBE)["input_ids"])
+    return sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class _Encoder:
+    """The one tokenizer call behind both counting and encoding.
+
+    Special tokens on (as the trainer would add them), truncation at the effective max
+    length on the tokenizer's ``truncation_side``, no padding. Fast tokenizers go through a
+    private copy of their Rust backend: batch encoding without per-token Python objects, and
+    no interference with the caller's tokenizer state.
+    """
+
+    def __init__(self, tokenizer: Any, max_length: int) -> None:
+        self.tokenizer, self.max_length = tokenizer, max_length
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.backend = None
+        if backend is not None:
+            from tokenizers import Tokenizer
+
+            self.backend = Tokenizer.from_str(backend.to_str())
+            self.backend.no_padding()
+            try:
+                self.backend.enable_truncation(max_length, stride=0, strategy="longest_first",
+                                               direction=getattr(tokenizer, "truncation_side", "right") or "right")
+            except Exception as exc:
+                raise InputError(f"cannot truncate to {max_length} tokens with this tokenizer: {exc}") from exc
+
+    def lengths(self, texts: list[str]) -> list[int]:
+        if self.backend is not None:
+            try:
+                return [len(e) for e in self.backend.encode_batch_fast(texts, add_special_tokens=True)]
+            except Exception as exc:  # e.g. max length shorter than the special tokens it must keep
+                raise InputError(f"tokenizing at max length {self.max_length} failed: {exc}") from exc
+        enc = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self.max_length,
+                             padding=False, return_attention_mask=False)
+        return [len(ids) for ids in enc["input_ids"]]
+
+    def encode(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        if self.backend is None:
+            raise InputError(f"{tokenizer_name(None, self.tokenizer)} is a slow (Python) tokenizer; the completion "
+                             "mask needs a fast tokenizer's offset mapping (tokenizer.json)")
+        try:
+            return [(e.ids, e.offsets) for e in self.backend.encode_batch(texts, add_special_tokens=True)]
+        except Exception as exc:
+            raise InputError(f"tokenizing at max length {self.max_length} failed: {exc}") from exc
+
+
+# -- datasets -----------------------------------------------------------------------------------------------
+def _iter_texts(path: Path, text_field: str) -> Iterator[str]:
+    """The ``text_field`` of every entry of a JSONL or Parquet file, in order."""
+    if not path.is_file():
+        raise InputError(f"dataset file {path} does not exist; generate it with: sbench dataset generate ID -o {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(path)
+        if text_field not in pf.schema_arrow.names:
+            raise InputError(f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}); "
+                             "pass the right --text-field")
+        for batch in pf.iter_batches(columns=[text_field], batch_size=256):
+            for value in batch.column(0).to_pylist():
+                yield value or ""
+        return
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise InputError(f"{path}:{lineno}: not a JSON object ({exc}); datasets are JSONL, one object a line")
+            value = obj.get(text_field) if isinstance(obj, dict) else None
+            if not isinstance(value, str):
+                keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
+                raise InputError(f"{path}:{lineno}: no string field {text_field!r} (has: {keys}); pass the right "
+                                 "--text-field")
+            yield value
+
+
+def _batches(texts: Iterator[str], size: int = _BATCH) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for t in texts:
+        batch.append(t)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+@dataclass
+class TokenCounts:
+    """Per-entry token counts of a dataset under one tokenizer and max length."""
+
+    counts: list[int]
+    total: int
+    entries: int
+    cache: str  # "hit" | "miss" | "off"
+    key: str
+    max_length: int  # the effective max length the counts were truncated at
+    elapsed_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """What a run records: ``{"total", "entries", "cache", "key", "max_length"}``."""
+        return {"total": self.total, "entries": self.entries, "cache": self.cache, "key": self.key,
+                "max_length": self.max_length}
+
+
+def _cache_key(fingerprint: str, dataset_sha: str, max_length: int, text_field: str) -> str:
+    doc = {"v": COUNT_VERSION, "tokenizer": fingerprint, "dataset_sha256": dataset_sha, "max_length": max_length,
+           "text_field": text_field}
+    return sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _read_cache(file: Path, key: str) -> list[int] | None:
+    try:
+        doc = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None  # missing or half-written by a crashed writer from before atomic writes: recount
+    counts = doc.get("counts")
+    if (doc.get("key") != key or not isinstance(counts, list) or len(counts) != doc.get("entries")
+            or sum(counts) != doc.get("total")):
+        return None
+    return counts
+
+
+def _write_cache(file: Path, doc: dict[str, Any]) -> None:
+    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, file)  # atomic: a concurrent reader sees the old file or the whole new one
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise SbenchError(f"cannot write token-count cache {file}: {exc.strerror}") from exc
+
+
+def _cache_file(cache_dir: str | os.PathLike[str] | None, key: str) -> Path | None:
+    return Path(cache_dir) / f"tokens-{key}.json" if cache_dir is not None else None
+
+
+def _store_counts(file: Path, key: str, counts: list[int], max_length: int, text_field: str, path: Path,
+                  tokenizer: str) -> None:
+    _write_cache(file, {"key": key, "version": COUNT_VERSION, "entries": len(counts), "total": sum(counts),
+                        "max_length": max_length, "text_field": text_field, "dataset": str(path),
+                        "tokenizer": tokenizer, "counts": counts})
+
+
+def dataset_token_counts(tokenizer: Any, dataset_path: str | os.PathLike[str], *, text_field: str = "output",
+                         max_seq_length: int, cache_dir: str | os.PathLike[str] | None = None) -> TokenCounts:
+    """Exact per-entry counts ``min(len(tokens(text)), model_max_length, max_seq_length)``.
+
+    ``tokenizer`` is an object, an HF id or a directory. With ``cache_dir`` the counts are
+    stored under a key over the tokenizer fingerprint, the dataset's sha256, the effective
+    max length and the text field, so any change to one of them recounts.
+    """
+    from .datagen import file_sha256
+
+    t0 = time.monotonic()
+    tok = load_tokenizer(tokenizer)
+    path = Path(dataset_path)
+    eff = effective_max_length(tok, max_seq_length)
+    if not path.is_file():
+        raise InputError(f"dataset file {path} does not exist; generate it with: sbench dataset generate ID -o {path}")
+    key = _cache_key(tokenizer_fingerprint(tok), file_sha256(path), eff, text_field)
+    cache_file = _cache_file(cache_dir, key)
+    if cache_file is not None and (cached := _read_cache(cache_file, key)) is not None:
+        return TokenCounts(counts=cached, total=sum(cached), entries=len(cached), cache="hit", key=key,
+                           max_length=eff, elapsed_s=round(time.monotonic() - t0, 3))
+    encoder = _Encoder(tok, eff)
+    counts: list[int] = []
+    for batch in _batches(_iter_texts(path, text_field)):
+        counts.extend(encoder.lengths(batch))
+    if cache_file is not None:
+        _store_counts(cache_file, key, counts, eff, text_field, path, tokenizer_name(tokenizer, tok))
+    return TokenCounts(counts=counts, total=sum(counts), entries=len(counts),
+                       cache="miss" if cache_file is not None else "off", key=key, max_length=eff,
+                       elapsed_s=round(time.monotonic() - t0, 3))
+
+
+# -- training data ------------------------------------------------------------------------------------------
+_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2}|[ntr0\\'\"])")
+_SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
+
+
+def decode_template(s: str) -> str:
+    r"""Turn the escapes a shell passes through literally (``\n``, ``\t``, ``\xNN``, ``\uNNNN``) into characters.
+
+    ``"\\n### Response:"`` (backslash, n) becomes ``"\n### Response:"``. Unknown escapes
+    stay as written, and text without a backslash is returned unchanged (so decoding twice
+    is harmless).
+    """
+    def sub(m: re.Match[str]) -> str:
+        e = m.group(1)
+        return chr(int(e[1:], 16)) if e[0] in "ux" else _SIMPLE[e]
+
+    return _ESCAPE.sub(sub, s)
+
+
+def completion_mask(text: str, offsets: list[tuple[int, int]], start: int) -> list[int]:
+    """1 for tokens that begin at or after character ``start``, else 0.
+
+    A token straddling ``start`` belongs to the prompt. Special tokens carry the offset
+    (0, 0): one before the completion (BOS) is prompt, one after it (EOS) is completion.
+    """
+    mask, seen = [], False
+    for s, e in offsets:
+        special = s == e == 0
+        inside = (seen and special) or (not special and s >= start)
+        seen = seen or inside
+        mask.append(1 if inside else 0)
+    return mask
+
+
+def encode_for_training(tokenizer: Any, dataset_path: str | os.PathLike[str], *, text_field: str = "output",
+                        max_seq_length: int, response_template: str,
+                        cache_dir: str | os.PathLike[str] | None = None) -> Any:
+    """A ``datasets.Dataset`` with ``input_ids`` and ``completion_mask`` (1 = response token).
+
+    Rows are truncated exactly like ``dataset_token_counts`` counts them. The response starts
+    right after the first occurrence of the (decoded) ``response_template`` in each text.
+    With ``cache_dir`` the row lengths are also stored as ``dataset_token_counts``'s cache
+    entry, so counting after encoding is a hit instead of a second pass over the dataset.
+    """
+    import pyarrow as pa
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+
+    tok = load_tokenizer(tokenizer)
+    template = decode_template(response_template)
+    if not template:
+        raise InputError("response_template is empty; the reference uses '\\n### Response:'")
+    path = Path(dataset_path)
+    eff = effective_max_length(tok, max_seq_length)
+    encoder = _Encoder(tok, eff)
+    lengths: list[int] = []
+    ids_type, mask_type = pa.list_(pa.int32()), pa.list_(pa.int8())
+    batches, row = [], 0
+    for texts in _batches(_iter_texts(path, text_field)):
+        ids_col, mask_col = [], []
+        for text, (ids, offsets) in zip(texts, encoder.encode(texts)):
+            pos = text.find(template)
+            if pos < 0:
+                raise InputError(f"{path}: entry {row} has no response template {template!r}; check "
+                                 "--response_template (escapes like \\n are decoded) and --text-field")
+            ids_col.append(ids)
+            lengths.append(len(ids))
+            mask_col.append(completion_mask(text, offsets, pos + len(template)))
+            row += 1
+        # Arrow arrays per batch: ~5 bytes a token instead of Python ints for the whole dataset.
+        batches.append(pa.record_batch([pa.array(ids_col, ids_type), pa.array(mask_col, mask_type)],
+                                       names=["input_ids", "completion_mask"]))
+    if cache_dir is not None:
+        from .datagen import file_sha256
+
+        key = _cache_key(tokenizer_fingerprint(tok), file_sha256(path), eff, text_field)
+        _store_counts(_cache_file(cache_dir, key), key, lengths, eff, text_field, path,  # type: ignore[arg-type]
+                      tokenizer_name(tokenizer, tok))
+    schema = pa.schema([("input_ids", ids_type), ("completion_mask", mask_type)])
+    return Dataset(InMemoryTable(pa.Table.from_batches(batches, schema=schema)))
