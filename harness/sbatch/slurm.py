@@ -34,6 +34,7 @@ class ScriptExecutor(submitit.SlurmExecutor):
 
     def __init__(self, folder: Path, script: str, hold: bool = False) -> None:
         super().__init__(folder=folder)
+        submitit.core.utils.JobPaths.get_first_id_independent_folder(self.folder).mkdir(parents=True, exist_ok=True)
         self._script = script
         self._hold = hold
 
