@@ -119,6 +119,10 @@ def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], per_node: int, 
     exclusive = sweep.slurm.exclusive if sweep.slurm.exclusive is not None else part.exclusive
     if exclusive:
         res["exclusive"] = True
+    # One attempt is one execution unless the sweep opts in: a node failure is a failed attempt that
+    # `sbench retry` resubmits with a fresh job dir. With requeue on, a requeued job continues in the
+    # same job dir (stage events carry SLURM_RESTART_COUNT).
+    res["requeue" if sweep.slurm.requeue else "no_requeue"] = True
     res["output"] = f"{job_dir}/slurm-%j.out"
     return res
 

@@ -27,7 +27,7 @@ from .yamlio import LineDict, load_yaml
 
 SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
               "model_map", "data_dir", "runner")
-SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel")
+SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue")
 RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache")
 AUTO_STOP_KEYS = ("warmup_seconds", "stable_seconds", "min_steps")
 CAMPAIGN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -58,6 +58,7 @@ class SlurmOverrides:
     exclusive: bool | None = None
     mem_gb: float | None = None
     max_parallel: int | None = None
+    requeue: bool = False
 
 
 @dataclass
@@ -157,6 +158,7 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         exclusive=ck.boolean(slurm_node, "slurm", "exclusive"),
         mem_gb=ck.number(slurm_node, "slurm", "mem_gb", minimum=0),
         max_parallel=ck.integer(slurm_node, "slurm", "max_parallel", minimum=1),
+        requeue=ck.boolean(slurm_node, "slurm", "requeue", default=False),
     )
     if slurm.time is not None and not re.match(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$", slurm.time):
         ck.fail("slurm.time", f"must be a SLURM time like '01:00:00', '90' or '1-12:00:00', got {slurm.time!r}",

@@ -35,7 +35,7 @@ _ENV.filters["q"] = lambda v: shlex.quote(str(v))
 _ENV.filters["sq"] = lambda v: "'" + str(v).replace("'", "'\"'\"'") + "'"
 
 DIRECTIVE_ORDER = ("job_name", "partition", "nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "mem",
-                   "time", "account", "qos", "constraint", "exclusive", "output")
+                   "time", "account", "qos", "constraint", "exclusive", "requeue", "no_requeue", "output")
 
 
 def _directive_value(key: str, value: Any) -> str:
