@@ -1,0 +1,377 @@
+"""The node runner: ``python -m harness.runner node --job-dir D --host H -- CMD...``.
+
+One per node (``launch.sh`` execs it). In order it
+
+1. ``setup``: writes ``environment.<host>.json`` and starts the node's one sampler;
+2. ``dataset``: makes sure the dataset file exists (``harness.datagen.ensure_dataset``; the
+   ``news-tokens-*`` ids are checked with the model's tokenizer);
+3. runs CMD (the training command) as a child in its own process group, stdout and stderr
+   appended to ``train.<host>.log``; for the stability experiment (``trials > 1`` in
+   spec.json) it runs CMD once per trial, each a ``trial`` stage with ``SBENCH_TRIAL=i`` and
+   its own rendezvous port;
+4. ``teardown``: stops the sampler and writes ``result.<host>.json``.
+
+SIGTERM/SIGINT (scancel, the time limit) are forwarded to the training processes; after
+``runner.stop_grace_s`` whatever is left is killed. ``result.<host>.json`` is written at once
+on the signal and again when the training processes are gone.
+
+Exit status: 0 ok, 1 failed, 2 invalid (GPU out of memory / illegal memory access), 3 bad
+invocation, 128+N when stopped by signal N. Stability runs exit 0 once every trial ran, whatever
+each trial's outcome (those outcomes are the measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..paths import JobPaths
+from . import classify
+from .envcapture import capture
+from .sampler import Sampler, open_backend
+from .stages import StageLog, Terminated, open_stages, read_stages
+
+EXIT = {"ok": 0, "failed": 1, "invalid": 2}
+LOG_TAIL_BYTES = 256 * 1024
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _log_tail(path: Path, start: int = 0) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(start, size - LOG_TAIL_BYTES))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def with_port(cmd: list[str], port: int) -> list[str]:
+    """CMD with its ``--main_process_port`` replaced (a fresh rendezvous port per trial)."""
+    out = list(cmd)
+    for i, tok in enumerate(out[:-1]):
+        if tok == "--main_process_port":
+            out[i + 1] = str(port)
+    for i, tok in enumerate(out):
+        if tok.startswith("--main_process_port="):
+            out[i] = f"--main_process_port={port}"
+    return out
+
+
+def cmd_port(cmd: list[str]) -> int | None:
+    for i, tok in enumerate(cmd[:-1]):
+        if tok == "--main_process_port":
+            try:
+                return int(cmd[i + 1])
+            except ValueError:
+                return None
+    return None
+
+
+def trial_port(base: int, trial: int) -> int:
+    """Distinct per trial (TIME_WAIT sockets of the previous rendezvous may still hold the old port)."""
+    return 20000 + (base - 20000 + 7 * trial) % 12000 if 20000 <= base < 32000 else base + 7 * trial
+
+
+class NodeRunner:
+    def __init__(self, job_dir: str | Path, host: str, cmd: list[str]) -> None:
+        self.paths = JobPaths(job_dir)
+        self.host = host
+        self.cmd = cmd
+        doc = _read_json(self.paths.spec)
+        if not isinstance(doc, dict) or "jobspec" not in doc:
+            raise SystemExit(f"sbench runner: {self.paths.spec} is missing or not a rendered spec.json")
+        self.spec: dict[str, Any] = doc["jobspec"]
+        self.settings: dict[str, Any] = {"sample_interval_s": 1.0, "stop_grace_s": 30.0, **(self.spec.get("runner") or {})}
+        self.trials = int(self.spec.get("trials") or 1)
+        self.machine_rank = int(os.environ.get("SBENCH_MACHINE_RANK") or os.environ.get("SLURM_NODEID") or 0)
+        ppn = int(self.spec.get("processes_per_node") or 1)
+        self.expected_ranks = list(range(self.machine_rank * ppn, (self.machine_rank + 1) * ppn))
+        self.log = StageLog(self.paths.stages(host), host, rank=None)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.terminated_by: int | None = None
+        self.kill_deadline: float | None = None
+        self.sampler: Sampler | None = None
+        self.phase = "init"
+        self.result: dict[str, Any] = {
+            "host": host, "machine_rank": self.machine_rank, "exit_code": None, "signal": None, "outcome": None,
+            "reason": None, "started_wall": time.time(), "ended_wall": None, "samples": 0,
+            "sample_interval_s": float(self.settings["sample_interval_s"]), "trials": [], "ranks": [],
+            "expected_ranks": self.expected_ranks, "command": cmd, "pid": os.getpid(),
+        }
+
+    # -- signals ---------------------------------------------------------------------------------
+    def _descendants(self) -> list[psutil.Process]:
+        if self.proc is None:
+            return []
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def _signal_tree(self, sig: int) -> None:
+        """Signal the child's process group and every descendant (torch elastic puts ranks in sessions of their own)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        kids = self._descendants()
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in kids:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        first = self.terminated_by is None
+        self.terminated_by = self.terminated_by or signum
+        if self.proc is not None and self.proc.poll() is None:
+            if first:
+                print(f"sbench runner: signal {signum}: stopping training (grace {self.settings['stop_grace_s']} s)",
+                      file=sys.stderr, flush=True)
+                self._signal_tree(signal.SIGTERM)
+                self.kill_deadline = time.monotonic() + float(self.settings["stop_grace_s"])
+                # On disk at once: SLURM's SIGKILL may follow before the training processes are gone.
+                self.result.update(outcome="failed", signal=None, ended_wall=time.time(),
+                                   reason=f"node runner received signal {signum}; stopping training")
+                self.result["samples"] = self.sampler.rows if self.sampler else 0
+                _write_json(self.paths.result(self.host), self.result)
+            else:
+                self._signal_tree(signal.SIGKILL)  # a second signal: no more grace
+            return
+        if self.phase == "teardown":
+            return  # finishing anyway: result.<host>.json records the signal
+        raise Terminated(signum)  # not training: abort the current stage
+
+    # -- stages ----------------------------------------------------------------------------------
+    def setup(self) -> None:
+        with self.log.stage("setup") as info:
+            env = capture(self.host, self.machine_rank)
+            _write_json(self.paths.environment(self.host), env)
+            per_node = None if self.spec.get("cpu_partition") else len(self.expected_ranks)
+            backend, note = open_backend(max_devices=per_node)
+            self.sampler = Sampler(self.paths.samples(self.host), float(self.settings["sample_interval_s"]),
+                                   backend).start()
+            info.update(sampler_backend=backend.name, gpus_sampled=len(backend.devices()),
+                        sample_interval_s=self.sampler.interval_s, note=note)
+
+    def dataset(self) -> None:
+        from ..datagen import dataset_status, ensure_dataset
+
+        dataset_id, path = self.spec["dataset_id"], self.spec["dataset_path"]
+        with self.log.stage("dataset") as info:
+            status = dataset_status(dataset_id, path)
+            tokenizer = self.spec.get("model_source") if "-tokens-" in dataset_id else None
+            ensure_dataset(dataset_id, path, tokenizer=tokenizer)
+            info.update(dataset_id=dataset_id, path=str(path), status_before=status,
+                        checked_with_tokenizer=tokenizer)
+
+    def _stale_rank_files(self) -> None:
+        for r in self.expected_ranks:
+            for p in (self.paths.rank_result(r), self.paths.error(r)):
+                try:
+                    p.unlink()
+                except FileNotFoundError:
+                    pass
+        if 0 in self.expected_ranks:
+            try:
+                self.paths.log_history.unlink()
+            except FileNotFoundError:
+                pass
+
+    def run_child(self, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
+        """Run one training command to its end; returns exit code/signal and what the ranks wrote."""
+        self._stale_rank_files()
+        log_path = self.paths.train_log(self.host)
+        start_at = log_path.stat().st_size if log_path.exists() else 0
+        started = time.time()
+        with open(log_path, "ab", buffering=0) as log:
+            log.write(f"==> sbench {time.strftime('%Y-%m-%dT%H:%M:%S%z')} host {self.host}: {' '.join(cmd)}\n"
+                      .encode())
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, start_new_session=True)
+        if self.sampler is not None:
+            self.sampler.set_root(self.proc.pid)
+        known: dict[int, psutil.Process] = {}  # descendants seen, to find orphans once the launcher is gone
+        last_scan = 0.0
+        while True:
+            try:
+                self.proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() - last_scan > 2.0:
+                    known.update((p.pid, p) for p in self._descendants())
+                    last_scan = time.monotonic()
+                if self.kill_deadline is not None and time.monotonic() > self.kill_deadline:
+                    print("sbench runner: grace period over; killing the training processes", file=sys.stderr,
+                          flush=True)
+                    self._signal_tree(signal.SIGKILL)
+                    self.kill_deadline = None
+        # Stragglers (ranks in sessions of their own whose launcher died) must not outlive the job step.
+        # psutil's is_running() compares create times, so a reused pid is never hit.
+        for p in known.values():
+            try:
+                if p.is_running():
+                    p.kill()
+            except psutil.Error:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # anything left in the training command's process group
+        except (ProcessLookupError, PermissionError):
+            pass
+        rc = self.proc.returncode
+        if self.sampler is not None:
+            self.sampler.set_root(None)
+        tail = _log_tail(log_path, start_at)
+        rank_docs = {r: d for r in self.expected_ranks if isinstance(d := _read_json(self.paths.rank_result(r)), dict)}
+        errors = [d for r in self.expected_ranks if isinstance(d := _read_json(self.paths.error(r)), dict)]
+        rank_exit = classify.elastic_failures(tail)
+        events = [e for e in read_stages(self.paths.stages(self.host))
+                  if e.get("rank") is not None and (e.get("t_wall") or 0) >= started]
+        out = {
+            "open_stages": [{k: e.get(k) for k in ("stage", "rank", "pid", "trial", "t_wall")}
+                            for e in open_stages(events)],
+            "exit_code": rc if rc >= 0 else None,
+            "signal": -rc if rc < 0 else None,
+            "rank_exit_codes": {str(k): v for k, v in sorted(rank_exit.items())},
+            "rank_docs": rank_docs, "errors": errors,
+        }
+        out["outcome"], out["reason"] = classify.node_outcome(
+            exit_code=out["exit_code"], signal=out["signal"], errors=errors, expected_ranks=self.expected_ranks,
+            rank_docs=rank_docs, rank_exit=rank_exit, terminated_by=self.terminated_by, log_tail=tail)
+        self.proc = None
+        return out
+
+    def train(self) -> dict[str, Any]:
+        env = dict(os.environ)
+        if self.trials <= 1:
+            return self.run_child(self.cmd, env)
+        base = cmd_port(self.cmd) or int(os.environ.get("SBENCH_MAIN_PORT") or 29500)
+        last: dict[str, Any] = {}
+        for i in range(self.trials):
+            if self.terminated_by is not None:
+                break
+            port = trial_port(base, i)
+            tenv = {**env, "SBENCH_TRIAL": str(i), "SBENCH_MAIN_PORT": str(port)}
+            with self.log.stage("trial", trial=i) as info:
+                last = self.run_child(with_port(self.cmd, port), tenv)
+                rec = {"trial": i, "exit_code": last["exit_code"], "signal": last["signal"],
+                       "rank_exit_codes": last["rank_exit_codes"], "open_stages": last["open_stages"],
+                       "outcome": last["outcome"], "reason": last["reason"], "port": port,
+                       "errors": [{k: e.get(k) for k in ("rank", "kind", "error_type", "message", "stage")}
+                                  for e in last["errors"]]}
+                self.result["trials"].append(rec)
+                info.update(outcome=rec["outcome"], exit_code=rec["exit_code"], signal=rec["signal"], port=port)
+        return last
+
+    def finish(self, run: dict[str, Any] | None, failure: str | None = None) -> dict[str, Any]:
+        res = self.result
+        self.phase = "teardown"
+        with self.log.stage("teardown") as info:
+            res["samples"] = self.sampler.stop() if self.sampler else 0
+            if self.sampler is not None:
+                res["sampler"] = {"backend": self.sampler.backend.name, "ticks": self.sampler.ticks,
+                                  "errors": self.sampler.errors, "last_error": self.sampler.last_error}
+            run = run or {}
+            res["exit_code"], res["signal"] = run.get("exit_code"), run.get("signal")
+            res["rank_exit_codes"] = run.get("rank_exit_codes", {})
+            res["open_stages"] = run.get("open_stages", [])
+            docs = run.get("rank_docs", {})
+            res["ranks"] = [docs[r] for r in sorted(docs)]
+            if failure is not None:
+                res["outcome"], res["reason"] = "failed", failure
+            elif self.trials > 1:
+                counts = {k: sum(1 for t in res["trials"] if t["outcome"] == k) for k in ("ok", "invalid", "failed")}
+                done = len(res["trials"])
+                if self.terminated_by is not None or done < self.trials:
+                    res["outcome"] = "failed"
+                    res["reason"] = (f"stopped by signal {self.terminated_by} after {done} of {self.trials} trials"
+                                     if self.terminated_by else f"only {done} of {self.trials} trials ran")
+                else:
+                    res["outcome"] = "ok"
+                    res["reason"] = (f"{self.trials} trials: {counts['ok']} ok, {counts['invalid']} invalid "
+                                     f"(GPU OOM), {counts['failed']} failed")
+                res["trial_counts"] = counts
+            else:
+                res["outcome"], res["reason"] = run.get("outcome", "failed"), run.get("reason", "training did not run")
+            res["terminated_by"] = self.terminated_by
+            if 0 in docs:
+                keys = ("global_step", "train_start_wall", "train_end_wall", "warmup_end_wall", "stopped_by",
+                        "window", "metrics", "totals", "hf_metrics", "dataset_token_counts", "world_size",
+                        "distributed", "notes", "status")
+                res["training"] = {k: docs[0].get(k) for k in keys}
+                res["log_history"] = _read_json(self.paths.log_history)
+            res["ended_wall"] = time.time()
+            _write_json(self.paths.result(self.host), res)
+            info.update(outcome=res["outcome"], samples=res["samples"])
+        return res
+
+    def exit_code(self) -> int:
+        if self.terminated_by is not None:
+            return 128 + self.terminated_by
+        return EXIT.get(self.result.get("outcome") or "failed", 1)
+
+    def main(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        run: dict[str, Any] | None = None
+        failure = None
+        try:
+            self.setup()
+            self.dataset()
+            run = self.train()
+        except Terminated as exc:
+            failure = f"node runner received signal {exc.signum} before training finished"
+            self.terminated_by = exc.signum
+        except Exception as exc:  # noqa: BLE001 - recorded in result.<host>.json
+            stage = self.log.last_failed or "runner"
+            failure = f"{stage}: {classify.error_type(exc)}: {exc}"[:2000]
+            print(f"sbench runner: {failure}", file=sys.stderr, flush=True)
+        self.finish(run, failure)
+        return self.exit_code()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness.runner node",
+                                description="Run one node's share of an sbench job (see docs/job-directory.md).")
+    p.add_argument("--job-dir", required=True, help="the attempt's job directory (holds spec.json)")
+    p.add_argument("--host", required=True, help="this node's SLURM node name")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- followed by the training command")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        build_parser().error("no training command after --")
+    try:
+        runner = NodeRunner(args.job_dir, args.host, cmd)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 3
+    return runner.main()

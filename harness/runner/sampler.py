@@ -1,0 +1,426 @@
+"""One sampler per node: GPU and process-tree readings into ``samples.<host>.csv``.
+
+GPU readings come from a backend picked by name from :data:`BACKENDS`:
+
+- ``nvml``: the real NVIDIA Management Library (``pynvml`` from nvidia-ml-py). Used whenever
+  NVML loads; on a machine without the NVIDIA driver there are simply no GPU rows.
+- ``fake``: a deterministic stand-in for NVML, for tests: ``SBENCH_SAMPLER_BACKEND=fake`` and
+  ``SBENCH_FAKE_GPUS=N``. It goes through the same device matching as ``nvml``.
+- ``none``: no GPU rows.
+
+The GPUs sampled are those the job uses: ``CUDA_VISIBLE_DEVICES`` in its own order (CUDA
+indices or ``GPU-<uuid>`` prefixes, as CUDA accepts them), matched to NVML devices by UUID, or
+for indices by PCI bus id order (CUDA's order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and its
+tie-break among identical GPUs otherwise), then the first ``max_devices`` of them (one per
+process on the node). Row ``device`` is the position in that order.
+
+The process row covers the training process tree (the command the node runner started and all
+its descendants, found again on every tick). CPU % is computed from ``cpu_times`` deltas
+(100 = one core), the same formula as ``psutil.Process.cpu_percent``; a process seen for the
+first time is primed and not counted unless it was born after the previous tick (then its whole
+CPU time falls inside the interval). The first tick only primes, so no invented 0.0 is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+COLUMNS = ("t_wall", "t_mono", "kind", "device", "gpu_util", "mem_used_mb", "mem_total_mb", "power_w",
+           "power_limit_w", "cpu_pct", "mem_pct", "rss_mb", "nprocs")
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    index: int  # position in the job's CUDA_VISIBLE_DEVICES order (the samples' ``device``)
+    nvml_index: int
+    uuid: str
+    pci_bus_id: str
+    name: str
+    memory_total_mb: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+# -- CUDA_VISIBLE_DEVICES -----------------------------------------------------------------------
+
+def parse_visible_devices(value: str | None) -> list[str] | None:
+    """The entries of ``CUDA_VISIBLE_DEVICES``; None when unset (all devices visible).
+
+    Like CUDA, parsing stops at the first entry that is neither an index nor a UUID.
+    """
+    if value is None:
+        return None
+    out: list[str] = []
+    for raw in value.split(","):
+        tok = raw.strip()
+        if tok.isdigit() or tok.startswith(("GPU-", "MIG-")):
+            out.append(tok)
+        else:
+            break  # includes "-1" and "": no (further) devices
+    return out
+
+
+def match_visible(all_devices: list[dict[str, Any]], visible: list[str] | None) -> list[dict[str, Any]]:
+    """NVML devices (dicts with ``nvml_index``, ``uuid``, ``pci_bus_id``) in CUDA_VISIBLE_DEVICES order."""
+    by_pci = sorted(all_devices, key=lambda d: str(d["pci_bus_id"]).lower())
+    if visible is None:
+        return by_pci
+    out: list[dict[str, Any]] = []
+    for tok in visible:
+        found = None
+        if tok.isdigit():
+            i = int(tok)
+            found = by_pci[i] if i < len(by_pci) else None
+        elif tok.startswith("GPU-"):
+            hits = [d for d in all_devices if str(d["uuid"]).lower().startswith(tok.lower())]
+            found = hits[0] if len(hits) == 1 else None  # CUDA rejects an ambiguous prefix
+        # MIG instances are not NVML devices of their own here: they are skipped.
+        if found is None:
+            break  # CUDA ignores this entry and every one after it
+        if found not in out:
+            out.append(found)
+    return out
+
+
+# -- backends -----------------------------------------------------------------------------------
+
+class GpuBackend:
+    """No GPUs. Subclasses return the devices in use and one reading per device."""
+
+    name = "none"
+
+    def devices(self) -> list[GpuDevice]:
+        return []
+
+    def read(self) -> list[dict[str, float | None]]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class NvmlBackend(GpuBackend):
+    """Readings through an NVML module (``pynvml`` or :class:`FakeNvml`)."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: Any = None, *, max_devices: int | None = None,
+                 visible: str | None = None, use_env: bool = True) -> None:
+        if nvml is None:
+            import pynvml as nvml  # optional: only needed here
+        self.nvml = nvml
+        nvml.nvmlInit()  # raises when the library or driver is missing
+        all_devs = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                mem_total = nvml.nvmlDeviceGetMemoryInfo(h).total / 2**20
+            except Exception:  # noqa: BLE001 - NotSupported on some devices
+                mem_total = None
+            all_devs.append({"nvml_index": i, "handle": h, "uuid": _s(nvml.nvmlDeviceGetUUID(h)),
+                             "pci_bus_id": _s(nvml.nvmlDeviceGetPciInfo(h).busId),
+                             "name": _s(nvml.nvmlDeviceGetName(h)), "memory_total_mb": mem_total})
+        if use_env and visible is None:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        chosen = match_visible(all_devs, parse_visible_devices(visible))
+        self._all = [GpuDevice(index=k, **{x: d[x] for x in ("nvml_index", "uuid", "pci_bus_id", "name",
+                                                              "memory_total_mb")})
+                     for k, d in enumerate(chosen)]
+        self._handles = [d["handle"] for d in chosen]
+        self.max_devices = max_devices
+
+    def visible_devices(self) -> list[GpuDevice]:
+        return list(self._all)
+
+    def devices(self) -> list[GpuDevice]:
+        n = len(self._all) if self.max_devices is None else min(self.max_devices, len(self._all))
+        return self._all[:n]
+
+    def _field(self, fn: Callable[[Any], Any], handle: Any) -> Any:
+        try:
+            return fn(handle)
+        except Exception:  # noqa: BLE001 - a field NVML cannot report is left empty
+            return None
+
+    def read(self) -> list[dict[str, float | None]]:
+        nv = self.nvml
+        out = []
+        for dev in self.devices():
+            h = self._handles[dev.index]
+            util = self._field(nv.nvmlDeviceGetUtilizationRates, h)
+            mem = self._field(nv.nvmlDeviceGetMemoryInfo, h)
+            power = self._field(nv.nvmlDeviceGetPowerUsage, h)
+            limit = self._field(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+            out.append({
+                "gpu_util": None if util is None else util.gpu,
+                "mem_used_mb": None if mem is None else mem.used / 2**20,
+                "mem_total_mb": None if mem is None else mem.total / 2**20,
+                "power_w": None if power is None else power / 1000.0,  # NVML reports milliwatts
+                "power_limit_w": None if limit is None else limit / 1000.0,
+            })
+        return out
+
+    def close(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class FakeNvml:
+    """A deterministic NVML: ``n`` GPUs whose readings depend only on (GPU, call number).
+
+    GPU ``i`` has UUID ``GPU-fa4e0000-0000-0000-0000-00000000000i``, PCI bus id
+    ``00000000:<0x10+i>:00.0``, 80 GiB, memory used ``1024*(i+1)`` MiB, power ``100+10*i`` W of a
+    ``400+i`` W limit, and utilisation ``(10*i + 5*call) % 101``.
+    """
+
+    class _Obj:
+        def __init__(self, **kw: Any) -> None:
+            self.__dict__.update(kw)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.calls = [0] * n
+        self.initialised = False
+
+    @staticmethod
+    def uuid(i: int) -> str:
+        return f"GPU-fa4e0000-0000-0000-0000-{i:012d}"
+
+    def nvmlInit(self) -> None:
+        self.initialised = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialised = False
+
+    def nvmlDeviceGetCount(self) -> int:
+        return self.n
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        if not 0 <= i < self.n:
+            raise ValueError(f"no fake GPU {i}")
+        return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return self.uuid(h)
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return "Fake GPU 80GB"
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        return self._Obj(busId=f"00000000:{0x10 + h:02X}:00.0")
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        return self._Obj(total=80 * 2**30, used=1024 * (h + 1) * 2**20, free=(80 * 1024 - 1024 * (h + 1)) * 2**20)
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        self.calls[h] += 1
+        return self._Obj(gpu=(10 * h + 5 * self.calls[h]) % 101, memory=0)
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return (100 + 10 * h) * 1000
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        return (400 + h) * 1000
+
+
+def _nvml(max_devices: int | None = None) -> GpuBackend:
+    return NvmlBackend(max_devices=max_devices)
+
+
+def _fake(max_devices: int | None = None) -> GpuBackend:
+    backend = NvmlBackend(FakeNvml(int(os.environ.get("SBENCH_FAKE_GPUS", "2"))), max_devices=max_devices)
+    backend.name = "fake"
+    return backend
+
+
+def _none(max_devices: int | None = None) -> GpuBackend:
+    return GpuBackend()
+
+
+BACKENDS: dict[str, Callable[..., GpuBackend]] = {"nvml": _nvml, "fake": _fake, "none": _none}
+
+
+def open_backend(name: str | None = None, *, max_devices: int | None = None) -> tuple[GpuBackend, str | None]:
+    """``(backend, note)``: *name*, else ``$SBENCH_SAMPLER_BACKEND``, else ``nvml`` falling back to none."""
+    name = name or os.environ.get("SBENCH_SAMPLER_BACKEND") or "nvml"
+    if name not in BACKENDS:
+        raise ValueError(f"unknown sampler backend {name!r}; known: {', '.join(BACKENDS)}")
+    try:
+        return BACKENDS[name](max_devices=max_devices), None
+    except Exception as exc:  # NVML missing is normal on CPU nodes
+        if name == "nvml":
+            return GpuBackend(), f"NVML not available ({type(exc).__name__}: {exc}); no GPU rows"
+        raise
+
+
+# -- the process tree ---------------------------------------------------------------------------
+
+class ProcessTree:
+    """CPU and memory of a process and all its descendants, found anew on each reading."""
+
+    def __init__(self, root_pid: int) -> None:
+        self.root_pid = root_pid
+        self._root: psutil.Process | None = None
+        self._prev: dict[tuple[int, float], float] = {}
+        self._last_wall: float | None = None
+        self._last_mono: float | None = None
+        self._mem_total = psutil.virtual_memory().total
+
+    def _procs(self) -> list[psutil.Process]:
+        try:
+            if self._root is None:
+                self._root = psutil.Process(self.root_pid)
+            if not self._root.is_running():
+                return []
+            return [self._root, *self._root.children(recursive=True)]
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return []
+
+    def read(self) -> dict[str, float] | None:
+        """One reading, or None when nothing can be reported yet (first call, or no process)."""
+        now_wall, now_mono = time.time(), time.monotonic()
+        cpu = rss = 0.0
+        nprocs = counted = 0
+        current: dict[tuple[int, float], float] = {}
+        for p in self._procs():
+            try:
+                with p.oneshot():
+                    key = (p.pid, p.create_time())
+                    t = p.cpu_times()
+                    total = t.user + t.system
+                    mem = p.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            nprocs += 1
+            rss += mem
+            current[key] = total
+            if key in self._prev:
+                cpu += max(0.0, total - self._prev[key])
+                counted += 1
+            elif self._last_wall is not None and key[1] >= self._last_wall:
+                cpu += total  # born since the previous tick: all of its CPU time is in this interval
+                counted += 1
+        last_mono = self._last_mono
+        self._prev, self._last_wall, self._last_mono = current, now_wall, now_mono
+        if last_mono is None or counted == 0 or now_mono <= last_mono:
+            return None  # priming only: there is no interval to divide by
+        return {
+            "cpu_pct": 100.0 * cpu / (now_mono - last_mono),
+            "mem_pct": 100.0 * rss / self._mem_total,
+            "rss_mb": rss / 2**20,
+            "nprocs": nprocs,
+        }
+
+
+# -- the sampler --------------------------------------------------------------------------------
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6f}".rstrip("0").rstrip(".") if abs(v) < 1e12 else repr(v)
+    return str(v)
+
+
+class Sampler:
+    """Appends rows to ``samples.<host>.csv`` every ``interval_s`` from a background thread."""
+
+    def __init__(self, path: str | Path, interval_s: float, backend: GpuBackend | None = None,
+                 root_pid: int | None = None) -> None:
+        self.path = Path(path)
+        self.interval_s = max(0.01, float(interval_s))
+        self.backend = backend or GpuBackend()
+        self.tree = ProcessTree(root_pid) if root_pid else None
+        self.rows = 0
+        self.ticks = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        self._fh = open(self.path, "a", newline="", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+        self._csv = csv.writer(self._fh, lineterminator="\n")
+        if new:
+            self._csv.writerow(COLUMNS)
+            self._fh.flush()
+
+    def set_root(self, pid: int | None) -> None:
+        """Follow a new training process tree (each stability trial starts a new one)."""
+        with self._lock:
+            self.tree = ProcessTree(pid) if pid else None
+            if self.tree is not None:
+                self.tree.read()  # prime at once, so the next tick already has an interval
+
+    def _rows(self, wall: float, mono: float) -> Iterable[list[str]]:
+        for dev, r in zip(self.backend.devices(), self.backend.read()):
+            yield [_fmt(wall), _fmt(mono), "gpu", str(dev.index), _fmt(r["gpu_util"]), _fmt(r["mem_used_mb"]),
+                   _fmt(r["mem_total_mb"]), _fmt(r["power_w"]), _fmt(r["power_limit_w"]), "", "", "", ""]
+        if self.tree is not None:
+            p = self.tree.read()
+            if p is not None:
+                yield [_fmt(wall), _fmt(mono), "proc", "-1", "", "", "", "", "", _fmt(p["cpu_pct"]),
+                       _fmt(p["mem_pct"]), _fmt(p["rss_mb"]), str(p["nprocs"])]
+
+    def tick(self) -> int:
+        """Take one sample now; returns the number of rows written."""
+        with self._lock:
+            wall, mono = time.time(), time.monotonic()
+            try:
+                rows = list(self._rows(wall, mono))
+            except Exception as exc:  # noqa: BLE001 - a failed reading must not stop the run
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                return 0
+            if self._fh.closed:
+                return 0
+            self._csv.writerows(rows)
+            self._fh.flush()
+            self.rows += len(rows)
+            self.ticks += 1
+            return len(rows)
+
+    def _loop(self) -> None:
+        t0 = time.monotonic()
+        k = 0
+        while not self._stop.is_set():
+            self.tick()
+            k += 1
+            # Fixed schedule (t0 + k*interval), so slow ticks do not drift the sampling grid.
+            delay = t0 + k * self.interval_s - time.monotonic()
+            if delay < 0:
+                k = int((time.monotonic() - t0) / self.interval_s) + 1
+                delay = t0 + k * self.interval_s - time.monotonic()
+            self._stop.wait(max(0.0, delay))
+
+    def start(self) -> Sampler:
+        self._thread = threading.Thread(target=self._loop, name="sbench-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        """Stop the thread, take a last sample, close the file; returns the number of rows."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.close()
+        self.backend.close()
+        return self.rows

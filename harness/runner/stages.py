@@ -1,0 +1,130 @@
+"""Stage events: ``stages.<host>.jsonl``, one JSON object per line, appended with a single ``write()``.
+
+A ``start`` without an ``end`` means the process died inside that stage (SIGKILL, host OOM,
+node failure); that is the only trace such a crash can leave, so every event is written and
+flushed to the kernel before the stage's work begins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+STAGES = ("setup", "dataset", "tokens", "model_load", "train", "teardown", "trial")
+
+
+class Terminated(BaseException):
+    """Raised by a SIGTERM/SIGINT handler so that open stages end with status ``killed``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by signal {signum}")
+        self.signum = signum
+
+
+def restart_count() -> int:
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def append_line(path: Path, obj: dict[str, Any]) -> None:
+    """Append one JSON line with one ``write()`` on an ``O_APPEND`` descriptor.
+
+    Several processes (node runner and ranks) append to the same file; O_APPEND makes each
+    single write land whole at the end, so lines never interleave.
+    """
+    data = (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+class StageLog:
+    """Writes start/end events of one process (the node runner: ``rank=None``; or one rank)."""
+
+    def __init__(self, path: str | Path, host: str, rank: int | None = None, trial: int | None = None,
+                 enabled: bool = True) -> None:
+        self.path = Path(path)
+        self.host = host
+        self.rank = rank
+        self.trial = trial
+        self.enabled = enabled
+        self.restart = restart_count()
+        self.current: str | None = None
+        self.last_failed: str | None = None  # the stage an exception last escaped from
+
+    def _event(self, event: str, stage: str, trial: int | None, **extra: Any) -> dict[str, Any]:
+        obj: dict[str, Any] = {
+            "event": event, "stage": stage, "host": self.host, "rank": self.rank,
+            "trial": self.trial if trial is None else trial,
+            "t_wall": time.time(), "t_mono": time.monotonic(), "restart": self.restart, "pid": os.getpid(),
+        }
+        obj.update(extra)
+        if self.enabled:
+            append_line(self.path, obj)
+        return obj
+
+    def start(self, stage: str, trial: int | None = None) -> dict[str, Any]:
+        self.current = stage
+        return self._event("start", stage, trial)
+
+    def end(self, stage: str, status: str = "ok", error: str | None = None, info: dict[str, Any] | None = None,
+            trial: int | None = None) -> dict[str, Any]:
+        if self.current == stage:
+            self.current = None
+        return self._event("end", stage, trial, status=status, error=error, info=info or {})
+
+    @contextmanager
+    def stage(self, stage: str, info: dict[str, Any] | None = None, trial: int | None = None) -> Iterator[dict[str, Any]]:
+        """``with log.stage("train", info) as info:`` — fill *info* inside; the end event carries it.
+
+        An exception ends the stage with ``error`` (``killed`` for :class:`Terminated`) and propagates.
+        """
+        info = {} if info is None else info
+        self.start(stage, trial)
+        try:
+            yield info
+        except Terminated as exc:
+            self.last_failed = stage
+            self.end(stage, "killed", str(exc), info, trial)
+            raise
+        except BaseException as exc:
+            self.last_failed = stage
+            status = "killed" if isinstance(exc, KeyboardInterrupt) else "error"
+            self.end(stage, status, f"{type(exc).__name__}: {exc}"[:2000], info, trial)
+            raise
+        self.end(stage, "ok", None, info, trial)
+
+
+def read_stages(path: str | Path) -> list[dict[str, Any]]:
+    """All events of a stages file; a torn last line (a process killed mid-write) is skipped."""
+    out = []
+    p = Path(path)
+    if not p.exists():
+        return out
+    for line in p.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def open_stages(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Start events without a matching end (same pid, stage and trial): where processes died."""
+    open_: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for ev in events:
+        key = (ev.get("pid"), ev.get("stage"), ev.get("trial"), ev.get("restart"))
+        if ev.get("event") == "start":
+            open_[key] = ev
+        elif ev.get("event") == "end":
+            open_.pop(key, None)
+    return list(open_.values())
