@@ -173,7 +173,11 @@ def accelerate_config(e: dict[str, Any], part: Partition, num_machines: int, num
     else:
         cfg["debug"] = False
         cfg["downcast_bf16"] = "no"
-        cfg["distributed_type"] = "MULTI_CPU" if part.is_cpu else "MULTI_GPU"
+        # On a CPU partition DDP is still launched as MULTI_GPU (torch.distributed.run, one process per
+        # worker, gloo because use_cpu is set): accelerate's MULTI_CPU launcher starts a single process.
+        cfg["distributed_type"] = "MULTI_GPU"
+        if part.is_cpu:
+            adjustments.append("cpu partition: DDP launched as MULTI_GPU with use_cpu (gloo, one process per worker)")
     cfg.update({
         "machine_rank": 0,
         "main_training_function": "main",

@@ -184,15 +184,12 @@ def test_lora_fsdp_v2_two_processes(tmp_path, inventory, host, tiny_model, small
     assert Path(r1["dataset_token_counts"]["cache_dir"]).parent == small_data
 
 
-def test_ddp_as_rendered_launches_two_processes(tmp_path, inventory, host, tiny_model, small_data):
-    """accelerate launches MULTI_CPU configs with its single-process launcher (mpirun aside): one rank only."""
+def test_ddp_is_rendered_as_a_launchable_multi_process_config(tmp_path, inventory, host, tiny_model, small_data):
+    """accelerate starts MULTI_CPU configs with its single-process launcher; CPU DDP must use MULTI_GPU + use_cpu."""
     (paths,) = render(tmp_path, inventory, tiny_model, small_data, experiment="finetune_lora_benchmark-v1.0.0",
                       entity={"number_gpus": 2, "batch_size": 4, "max_steps": 2, "distributed_backend": "DDP"})
     cfg = yaml.safe_load(paths.accelerate.read_text())
-    if cfg["distributed_type"] == "MULTI_CPU":
-        pytest.xfail("jobspec renders distributed_type MULTI_CPU for CPU DDP; accelerate then starts one "
-                     "process (needs MULTI_GPU + use_cpu: true, which runs torchrun)")
-    assert cfg["use_cpu"] is True
+    assert cfg["distributed_type"] == "MULTI_GPU" and cfg["use_cpu"] is True
 
 
 def test_lora_ddp_two_processes_auto_stop_agrees_across_ranks(tmp_path, inventory, host, tiny_model, small_data):
@@ -200,10 +197,6 @@ def test_lora_ddp_two_processes_auto_stop_agrees_across_ranks(tmp_path, inventor
                       entity={"number_gpus": 2, "batch_size": 4, "max_steps": 2000, "distributed_backend": "DDP",
                               "auto_stop_method": AUTO},
                       runner={"auto_stop": {"warmup_seconds": 2, "stable_seconds": 2, "min_steps": 3}})
-    text = paths.accelerate.read_text()
-    if "distributed_type: MULTI_CPU" in text:
-        # See test_ddp_as_rendered_launches_two_processes: the launchable form of the same config.
-        paths.accelerate.write_text(text.replace("distributed_type: MULTI_CPU", "distributed_type: MULTI_GPU"))
     proc = launch(paths, host)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = check_common(paths, host, [0, 1])
