@@ -81,3 +81,40 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("models") / "tiny"
     make_tiny_model(out)
     return out
+
+
+SMALL_DATASET = "news-chars-512-entries-4096"
+
+
+@pytest.fixture(scope="session")
+def small_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir whose news-chars-512 file holds 64 generated entries and no sidecar.
+
+    Without the sidecar the runner treats the file as external data and uses it as it is,
+    so runs start in seconds instead of encoding 4096 entries.
+    """
+    from harness.datagen import generate_dataset
+
+    src = tmp_path_factory.mktemp("gen") / f"{SMALL_DATASET}.jsonl"
+    generate_dataset(SMALL_DATASET, src, entries=64)
+    d = tmp_path_factory.mktemp("data")
+    shutil.copy(src, d / f"{SMALL_DATASET}.jsonl")
+    return d
+
+
+def write_sweep(path: Path, doc: dict) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def table_contents(db: Path, tables: list[str]) -> dict[str, list[tuple]]:
+    """Every row of *tables*, sorted, for before/after comparisons."""
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: sorted(map(repr, con.execute(f"SELECT * FROM {t}").fetchall())) for t in tables}
+    finally:
+        con.close()

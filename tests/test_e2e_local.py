@@ -1,0 +1,209 @@
+"""The embedded default end to end: `sbench submit --executor local --wait`, collect, SQL.
+
+Real training of the tiny model on this machine's CPU through submitit's local executor;
+the measured properties in DuckDB are recomputed here, independently, from the raw files.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from harness.paths import JobPaths
+
+from .conftest import SMALL_DATASET, table_contents, write_sweep
+
+pytestmark = pytest.mark.train
+
+TABLES = ["campaigns", "points", "runs", "stages", "samples", "measurements", "environment", "ranks", "run_hosts"]
+
+
+def sweep_doc(campaign: str, experiment: str, model: Path, data: Path, entity: dict, grid: dict) -> dict:
+    return {"campaign": campaign, "experiment": experiment,
+            "entity": {"model_name": "tiny", "model_max_length": 96, "dataset_id": SMALL_DATASET,
+                       "gradient_accumulation_steps": 1, **entity},
+            "grid": grid, "model_map": {"tiny": str(model)}, "data_dir": str(data),
+            "runner": {"sample_interval_s": 0.2}}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, tiny_model, small_data_dir):
+    """One workdir + DB shared by this module's campaigns."""
+    root = tmp_path_factory.mktemp("e2e")
+    return {"root": root, "workdir": root / "runs", "db": root / "results.duckdb", "model": tiny_model,
+            "data": small_data_dir}
+
+
+def run_cli(cli, env, *args):
+    res = cli(*args, "--workdir", env["workdir"], "--db", env["db"])
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def sql(db: Path, query: str, params=None) -> list[dict]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        cur = con.execute(query, params or [])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def lora_campaign(cli_module, env):
+    """LoRA with 1 and 2 processes, DDP and FSDP v2, through the local executor; then collect."""
+    sweep = write_sweep(env["root"] / "lora.yaml", sweep_doc(
+        "e2e-lora", "finetune_lora_benchmark-v1.0.0", env["model"], env["data"],
+        {"batch_size": 4, "max_steps": 6}, {"number_gpus": [1, 2], "distributed_backend": ["DDP", "FSDP"]}))
+    sub = run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait", "--json")
+    report = json.loads(sub.stdout)
+    col = run_cli(cli_module, env, "collect", "--json")
+    return {"sweep": sweep, "submit": report, "collect": json.loads(col.stdout)}
+
+
+@pytest.fixture(scope="module")
+def cli_module():
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    runner = CliRunner()
+
+    def run(*args, **kw):
+        return runner.invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
+
+    return run
+
+
+def test_local_sweep_runs_every_point(lora_campaign, env) -> None:
+    rep = lora_campaign["submit"]
+    assert rep["executor"] == "local" and rep["submitted"] == 3  # 1 process (backend ignored), DDP, FSDP
+    runs = sql(env["db"], "SELECT * FROM runs WHERE campaign = 'e2e-lora' ORDER BY point_id")
+    assert [r["outcome"] for r in runs] == ["ok"] * 3, [(r["outcome"], r["reason"]) for r in runs]
+    assert {r["accounting_source"] for r in runs} <= {"executor", "files"}
+    m = sql(env["db"], "SELECT * FROM measurements WHERE campaign = 'e2e-lora'")
+    assert len(m) == 3 and all(r["is_valid"] for r in m)
+    backends = sorted(str(r["distributed_backend"]) for r in m)
+    assert backends == ["DDP", "FSDP", "None"]
+    for r in sql(env["db"], "SELECT * FROM ranks WHERE run_id IN (SELECT run_id FROM runs WHERE campaign='e2e-lora')"):
+        assert r["global_step"] == 6
+
+
+def test_measurements_agree_with_an_independent_recomputation(lora_campaign, env) -> None:
+    for m in sql(env["db"], "SELECT m.*, r.job_dir FROM measurements m JOIN runs r USING (run_id) "
+                            "WHERE r.campaign = 'e2e-lora'"):
+        paths = JobPaths(m["job_dir"])
+        rank0 = json.loads(paths.rank_result(0).read_text())
+        world = rank0["world_size"]
+        start, end = rank0["train_start_wall"], rank0["train_end_wall"]
+        # CPU: time average of the process-tree rows inside the training window, per host, then mean.
+        per_host = []
+        for host in paths.sample_hosts():
+            with paths.samples(host).open() as fh:
+                rows = [r for r in csv.DictReader(fh) if r["kind"] == "proc" and start <= float(r["t_wall"]) <= end]
+            assert rows, "no process samples inside the training window"
+            per_host.append((sum(float(r["cpu_pct"]) for r in rows) / len(rows),
+                             sum(float(r["mem_pct"]) for r in rows) / len(rows)))
+        cpu = sum(c for c, _ in per_host) / len(per_host)
+        mem = sum(x for _, x in per_host) / len(per_host)
+        assert m["cpu_compute_utilization"] == pytest.approx(cpu, rel=1e-6)
+        assert m["cpu_memory_utilization"] == pytest.approx(mem, rel=1e-6)
+        # No GPUs here: every GPU property is 0.0 (not NULL).
+        for k in ("gpu_compute_utilization_avg", "gpu_memory_utilization_peak", "gpu_power_watts_max"):
+            assert m[k] == 0.0
+        # Throughput from the trainer's own logs: rank 0's window and the exact token count.
+        runtime = end - start
+        assert m["train_runtime"] == pytest.approx(runtime, rel=1e-3)
+        # Dataset tokens: recount the entries the run consumed from the dataset file with the tokenizer.
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(env["model"]))
+        entries = [json.loads(l)["output"] for l in (env["data"] / f"{SMALL_DATASET}.jsonl").open()]
+        counts = [min(len(tok(e)["input_ids"]), 96) for e in entries]
+        assert rank0["dataset_token_counts"]["total"] == sum(counts)
+        processed = rank0["metrics"]["dataset_tokens"]
+        assert m["dataset_tokens_per_second"] == pytest.approx(processed / runtime, rel=1e-3)
+        assert m["dataset_tokens_per_second_per_gpu"] == pytest.approx(processed / runtime / world, rel=1e-3)
+        samples = rank0["metrics"]["train_samples"]
+        assert samples == 6 * 4  # max_steps x effective batch size
+        assert m["train_samples_per_second"] == pytest.approx(samples / runtime, rel=1e-3)
+
+
+def test_recollect_changes_no_row(lora_campaign, env, cli_module) -> None:
+    before = table_contents(env["db"], TABLES)
+    res = json.loads(run_cli(cli_module, env, "collect", "--json").stdout)
+    assert res["new"] == 0 and res["updated"] == 0
+    assert table_contents(env["db"], TABLES) == before
+
+
+def test_resubmit_skips_measured_points_and_status_shows_done(lora_campaign, env, cli_module) -> None:
+    again = json.loads(run_cli(cli_module, env, "submit", lora_campaign["sweep"], "--executor", "local",
+                               "--json").stdout)
+    assert again["submitted"] == 0
+    assert all(p["action"] == "skip" and "already measured" in p["reason"] for p in again["points"])
+    st = json.loads(run_cli(cli_module, env, "status", "--campaign", "e2e-lora", "--json").stdout)
+    assert st["counts"] == {"ok": 3}
+    res = cli_module("query", "select count(*) as n from latest_measurements where campaign='e2e-lora'",
+                     "--format", "csv", "--db", env["db"])
+    assert res.exit_code == 0, res.output
+    text = res.stdout
+    assert text.strip().splitlines() == ["n", "3"]
+
+
+def test_failed_point_is_retried_as_a_new_attempt_and_ok_points_stay(env, cli_module, monkeypatch) -> None:
+    sweep = write_sweep(env["root"] / "mixed.yaml", sweep_doc(
+        "e2e-mixed", "finetune_full_benchmark-v1.0.0", env["model"], env["data"],
+        {"batch_size": 2, "max_steps": 2, "number_gpus": 1}, {"optim": ["adamw_torch", "adamw_bnb_8bit"]}))
+    run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
+    run_cli(cli_module, env, "collect")
+    runs = {r["optim"]: r for r in sql(env["db"], "SELECT p.optim, r.* FROM runs r JOIN points p USING (point_id) "
+                                                  "WHERE r.campaign = 'e2e-mixed'")}
+    assert runs["adamw_torch"]["outcome"] == "ok"
+    assert runs["adamw_bnb_8bit"]["outcome"] == "failed" and runs["adamw_bnb_8bit"]["reason"]
+    assert not sql(env["db"], "SELECT * FROM measurements WHERE run_id = ?", [runs["adamw_bnb_8bit"]["run_id"]])
+    plain = json.loads(run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--json").stdout)
+    assert plain["submitted"] == 0
+    assert any("use --retry-failed" in p["reason"] for p in plain["points"])
+    rep = json.loads(run_cli(cli_module, env, "retry", "e2e-mixed", "--executor", "local", "--wait", "--json").stdout)
+    assert rep["submitted"] == 1
+    (row,) = [p for p in rep["points"] if p["action"] == "submit"]
+    assert row["point_id"] == runs["adamw_bnb_8bit"]["point_id"] and row["attempt"] == 2 and row["reason"] == "retry"
+    run_cli(cli_module, env, "collect")
+    attempts = sql(env["db"], "SELECT p.optim, r.attempt, r.outcome FROM runs r JOIN points p USING (point_id) "
+                              "WHERE r.campaign = 'e2e-mixed' ORDER BY p.optim, r.attempt")
+    assert [(a["optim"], a["attempt"], a["outcome"]) for a in attempts] == [
+        ("adamw_bnb_8bit", 1, "failed"), ("adamw_bnb_8bit", 2, "failed"), ("adamw_torch", 1, "ok")]
+
+
+def test_gpu_oom_is_an_invalid_measurement(env, cli_module, monkeypatch) -> None:
+    monkeypatch.setenv("SBENCH_FAULT", "oom@step=1")
+    sweep = write_sweep(env["root"] / "oom.yaml", sweep_doc(
+        "e2e-oom", "finetune_full_benchmark-v1.0.0", env["model"], env["data"],
+        {"batch_size": 2, "max_steps": 3, "number_gpus": 1}, {}))
+    run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
+    monkeypatch.delenv("SBENCH_FAULT")
+    run_cli(cli_module, env, "collect")
+    (run,) = sql(env["db"], "SELECT * FROM runs WHERE campaign = 'e2e-oom'")
+    assert run["outcome"] == "invalid" and "OutOfMemoryError" in run["reason"]
+    (m,) = sql(env["db"], "SELECT * FROM measurements WHERE run_id = ?", [run["run_id"]])
+    assert m["is_valid"] is False
+
+
+def test_stability_experiment_records_fractions(env, cli_module) -> None:
+    doc = sweep_doc("e2e-stab", "finetune_full_stability-v1.0.0", env["model"], env["data"],
+                    {"batch_size": 2, "number_gpus": 1, "torch_dtype": "float32"}, {})
+    for k in ("max_steps",):
+        doc["entity"].pop(k, None)
+    sweep = write_sweep(env["root"] / "stab.yaml", doc)
+    run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
+    run_cli(cli_module, env, "collect")
+    (m,) = sql(env["db"], "SELECT * FROM measurements WHERE campaign = 'e2e-stab'")
+    trials = sql(env["db"], "SELECT * FROM trials WHERE run_id = ? ORDER BY trial", [m["run_id"]])
+    assert len(trials) == 5 and all(t["outcome"] == "ok" for t in trials)
+    assert (m["f_gpu_oom"], m["f_other_error"], m["f_no_error"]) == (0.0, 0.0, 1.0)
+    assert m["is_valid"] is True
