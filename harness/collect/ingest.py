@@ -829,7 +829,11 @@ def _collect(db: str | Path, wait_s: float | None, report: CollectReport, manife
             _pause("parse")
             datas: list[RunData] = []
             for i, (a, s, info) in enumerate(changed):
-                datas.append(analyze(a, s, info.get("cancel_requested_at") is not None, known_points.get(a.point_id)))
+                d = analyze(a, s, info.get("cancel_requested_at") is not None, known_points.get(a.point_id))
+                # The cancel request comes from the manifest, not from the files: keep it.
+                if d.run.get("cancel_requested_at") is None:
+                    d.run["cancel_requested_at"] = info.get("cancel_requested_at")
+                datas.append(d)
                 if i % 25 == 0:
                     prog("parse", i, len(changed))
             prog("parse", len(changed), len(changed))

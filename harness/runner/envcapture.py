@@ -20,7 +20,7 @@ import psutil
 
 from .. import __version__
 
-ENV_PREFIXES = ("NCCL_", "CUDA_", "SLURM_", "SBENCH_", "HF_", "OMP_", "GLOO_", "TORCH_", "ACCELERATE_")
+ENV_PREFIXES = ("NCCL_", "CUDA_", "SLURM_", "SLURMD_", "SBENCH_", "HF_", "OMP_", "GLOO_", "TORCH_", "ACCELERATE_")
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 REDACTED = "<redacted>"
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "submitit", "duckdb", "nvidia-ml-py")

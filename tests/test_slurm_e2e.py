@@ -1,0 +1,237 @@
+"""SLURM end to end on the project's real test cluster: job arrays, 2-node DDP and FSDP v2 across
+network namespaces, RoCE env per host, and the faults clusters inflict — each followed by a collect.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from harness.paths import JobPaths
+
+from .conftest import CLUSTER_SCRIPT, SMALL_DATASET, TEST_INVENTORY, write_sweep
+
+pytestmark = [pytest.mark.slurm, pytest.mark.train]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, tiny_model, small_data_dir, slurm_cluster):
+    root = tmp_path_factory.mktemp("slurm-e2e")
+    return {"root": root, "workdir": root / "runs", "db": root / "results.duckdb", "model": tiny_model,
+            "data": small_data_dir}
+
+
+@pytest.fixture(scope="module")
+def sb():
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    runner = CliRunner()
+
+    def run(env, *args, ok=True, db_only=False):
+        extra = ["--db", env["db"]] if db_only else ["--workdir", env["workdir"], "--db", env["db"]]
+        res = runner.invoke(main, [str(a) for a in args] + [str(x) for x in extra], catch_exceptions=False)
+        if ok:
+            assert res.exit_code == 0, res.output
+        return res
+
+    return run
+
+
+def sweep(env, name: str, entity: dict, grid: dict | None = None, slurm: dict | None = None,
+          experiment: str = "finetune_lora_benchmark-v1.0.0") -> Path:
+    doc = {"campaign": name, "experiment": experiment, "partition": "cpu",
+           "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET,
+                      "gradient_accumulation_steps": 1, "batch_size": 2, **entity},
+           "grid": grid or {}, "model_map": {"tiny": str(env["model"])}, "data_dir": str(env["data"]),
+           "runner": {"sample_interval_s": 0.5}}
+    if slurm:
+        doc["slurm"] = slurm
+    return write_sweep(env["root"] / f"{name}.yaml", doc)
+
+
+def submit(sb, env, path: Path, *flags: str) -> dict:
+    res = sb(env, "submit", path, "-i", TEST_INVENTORY, "--executor", "slurm", "--json", *flags)
+    return json.loads(res.stdout)
+
+
+def sql(env, query: str, params=None) -> list[dict]:
+    con = duckdb.connect(str(env["db"]), read_only=True)
+    try:
+        cur = con.execute(query, params or [])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+    finally:
+        con.close()
+
+
+def wait_for(cond, timeout: float, what: str, every: float = 1.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def training_started(job_dir: str, hosts: list[str]) -> bool:
+    paths = JobPaths(job_dir)
+    for h in hosts:
+        p = paths.stages(h)
+        if not p.exists() or '"stage":"train"' not in p.read_text().replace(" ", ""):
+            return False
+    return True
+
+
+def squeue_gone(job_id: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job_id.split("_")[0]], capture_output=True, text=True).stdout
+    return not out.strip()
+
+
+def collect(sb, env) -> dict:
+    # sacct trails slurmctld by about a second
+    time.sleep(2)
+    return json.loads(sb(env, "collect", "--json").stdout)
+
+
+def test_arrays_two_node_ddp_fsdp_and_roce_env_per_host(sb, env) -> None:
+    path = sweep(env, "arrays", {"number_gpus": 2, "max_steps": 3, "enable_roce": True},
+                 {"number_nodes": [1, 2], "distributed_backend": ["DDP", "FSDP"]})
+    rep = submit(sb, env, path, "--wait")
+    # two resource shapes (1 node, 2 nodes) -> two sbatch calls for four points, each a job array
+    assert rep["submitted"] == 4 and rep["sbatch_calls"] == 2
+    arrays = {p["job_id"].split("_")[0] for p in rep["points"]}
+    assert len(arrays) == 2 and all("_" in p["job_id"] for p in rep["points"])
+    collect(sb, env)
+    runs = sql(env, "SELECT r.*, p.number_nodes, p.distributed_backend FROM runs r JOIN points p USING (point_id) "
+                    "WHERE campaign = 'arrays' ORDER BY p.number_nodes, p.distributed_backend")
+    assert [r["outcome"] for r in runs] == ["ok"] * 4, [(r["outcome"], r["reason"]) for r in runs]
+    for r in runs:
+        assert r["accounting_source"] == "sacct" and r["state"] == "COMPLETED" and r["exit_code"] == 0
+        assert r["elapsed_s"] > 0 and r["max_rss_mb"] and r["max_rss_mb"] > 0
+        if r["number_nodes"] == 2:
+            assert r["node_list"] == "node[1-2]"
+            # per-host stages and samples, one run
+            hosts = sql(env, "SELECT DISTINCT host FROM stages WHERE run_id = ? ORDER BY 1", [r["run_id"]])
+            assert [h["host"] for h in hosts] == ["node1", "node2"]
+            shosts = sql(env, "SELECT host, count(*) AS n FROM samples WHERE run_id = ? GROUP BY 1 ORDER BY 1",
+                         [r["run_id"]])
+            assert [h["host"] for h in shosts] == ["node1", "node2"] and all(h["n"] > 0 for h in shosts)
+            (m,) = sql(env, "SELECT * FROM measurements WHERE run_id = ?", [r["run_id"]])
+            assert m["is_valid"] and m["train_runtime"] > 0 and m["dataset_tokens_per_second"] > 0
+            assert m["world_size"] == 2
+            # each node's training process ran with its own host's RoCE settings
+            paths = JobPaths(r["job_dir"])
+            seen = {}
+            for rank in (0, 1):
+                rank_doc = json.loads(paths.rank_result(rank).read_text())
+                seen[rank_doc["host"]] = rank_doc["env"]
+                assert rank_doc["world_size"] == 2
+                dist = rank_doc["distributed"]
+                if r["distributed_backend"] == "FSDP":
+                    assert dist["distributed_type"] == "FSDP" and dist["fsdp_version"] == 2
+                else:
+                    assert dist["wrapped_class"] == "DistributedDataParallel"
+            assert seen["node1"]["NCCL_IB_HCA"] == "=mlx5_0,mlx5_3" and seen["node1"]["NCCL_IB_GID_INDEX"] == "3"
+            assert seen["node2"]["NCCL_IB_HCA"] == "=mlx5_1" and seen["node2"]["NCCL_IB_GID_INDEX"] == "1"
+            for e in seen.values():
+                assert e["NCCL_IB_DISABLE"] == "0" and e["NCCL_SOCKET_IFNAME"] == "eth0"
+                assert e["NCCL_DEBUG"] == "INFO"
+            assert seen["node1"]["SLURMD_NODENAME"] == "node1" and seen["node2"]["SLURMD_NODENAME"] == "node2"
+        else:
+            assert r["node_list"] in ("node1", "node2")
+            env0 = json.loads(JobPaths(r["job_dir"]).rank_result(0).read_text())["env"]
+            assert env0["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in env0  # RoCE is multi-node only
+    st = json.loads(sb(env, "status", "--campaign", "arrays", "--json").stdout)
+    assert st["counts"] == {"ok": 4}
+
+
+def test_held_and_running_jobs_show_in_status_and_cancel(sb, env) -> None:
+    long_run = sweep(env, "cancelme", {"number_gpus": 1, "max_steps": 100000})
+    held = sweep(env, "heldme", {"number_gpus": 1, "max_steps": 3})
+    run_rep = submit(sb, env, long_run)
+    held_rep = submit(sb, env, held, "--hold")
+    (running,) = [p for p in run_rep["points"] if p["action"] == "submit"]
+    (pending,) = [p for p in held_rep["points"] if p["action"] == "submit"]
+    wait_for(lambda: training_started(running["job_dir"], ["node1"]) or training_started(running["job_dir"], ["node2"]),
+             120, "training to start")
+    st = json.loads(sb(env, "status", "--json").stdout)
+    phases = {r["campaign"]: r["phase"] for r in st["rows"] if r["campaign"] in ("cancelme", "heldme")}
+    assert phases == {"cancelme": "running", "heldme": "pending"}
+    out = sb(env, "cancel", "--campaign", "cancelme").stdout
+    assert running["job_id"] in out
+    sb(env, "cancel", "--campaign", "heldme")
+    wait_for(lambda: squeue_gone(running["job_id"]) and squeue_gone(pending["job_id"]), 60, "jobs to leave the queue")
+    collect(sb, env)
+    rows = {r["campaign"]: r for r in sql(env, "SELECT * FROM runs WHERE campaign IN ('cancelme', 'heldme')")}
+    for camp in ("cancelme", "heldme"):
+        assert rows[camp]["outcome"] == "failed" and rows[camp]["state"].startswith("CANCELLED")
+        assert "cancel" in rows[camp]["reason"].lower()
+        assert rows[camp]["cancel_requested_at"] is not None
+    # the runner recorded the SIGTERM it got mid-training
+    res = json.loads(Path(running["job_dir"], f"result.{rows['cancelme']['node_list']}.json").read_text())
+    assert res["outcome"] == "failed" and res["terminated_by"]
+
+
+def test_time_limit_is_a_timeout_failure(sb, env) -> None:
+    path = sweep(env, "timeout", {"number_gpus": 1, "max_steps": 1000000}, slurm={"time": "00:01:00"})
+    rep = submit(sb, env, path)
+    (p,) = [x for x in rep["points"] if x["action"] == "submit"]
+    wait_for(lambda: squeue_gone(p["job_id"]), 240, "the time limit to end the job", every=3)
+    collect(sb, env)
+    (run,) = sql(env, "SELECT * FROM runs WHERE campaign = 'timeout'")
+    assert run["outcome"] == "failed" and run["state"] == "TIMEOUT" and "timeout" in run["reason"].lower()
+    assert run["elapsed_s"] >= 60
+    assert not sql(env, "SELECT * FROM measurements WHERE run_id = ?", [run["run_id"]])
+
+
+def test_killed_slurmd_is_a_node_failure(sb, env) -> None:
+    path = sweep(env, "nodefail", {"number_gpus": 2, "number_nodes": 2, "max_steps": 1000000,
+                                   "distributed_backend": "DDP"})
+    rep = submit(sb, env, path)
+    (p,) = [x for x in rep["points"] if x["action"] == "submit"]
+    try:
+        wait_for(lambda: training_started(p["job_dir"], ["node1", "node2"]), 180, "training on both nodes")
+        subprocess.run(["bash", str(CLUSTER_SCRIPT), "kill-node", "node2"], check=True, capture_output=True)
+        wait_for(lambda: squeue_gone(p["job_id"]), 240, "the controller to fail the job", every=3)
+    finally:
+        subprocess.run(["bash", str(CLUSTER_SCRIPT), "start-node", "node2"], check=True, capture_output=True)
+    collect(sb, env)
+    (run,) = sql(env, "SELECT * FROM runs WHERE campaign = 'nodefail'")
+    assert run["outcome"] == "failed" and run["state"] == "NODE_FAIL" and "node failure" in run["reason"].lower()
+    assert not sql(env, "SELECT * FROM measurements WHERE run_id = ?", [run["run_id"]])
+    # nothing lost: the attempt is there once, and a retry makes a second attempt
+    rep2 = json.loads(sb(env, "retry", "nodefail", "--executor", "slurm", "--json").stdout)
+    assert rep2["submitted"] == 1 and rep2["points"][0]["attempt"] == 2
+    sb(env, "cancel", "--campaign", "nodefail")
+
+
+def test_requeued_job_is_one_attempt_that_continued(sb, env, monkeypatch) -> None:
+    monkeypatch.setenv("SBENCH_FAULT", "sleep@step=2:20")  # hold the first execution mid-training
+    path = sweep(env, "requeue", {"number_gpus": 1, "max_steps": 4}, slurm={"requeue": True})
+    rep = submit(sb, env, path)
+    monkeypatch.delenv("SBENCH_FAULT")
+    (p,) = [x for x in rep["points"] if x["action"] == "submit"]
+    job = p["job_id"]
+    wait_for(lambda: training_started(p["job_dir"], ["node1"]) or training_started(p["job_dir"], ["node2"]),
+             120, "training to start")
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+    wait_for(lambda: squeue_gone(job), 240, "the requeued job to finish", every=2)
+    collect(sb, env)
+    runs = sql(env, "SELECT * FROM runs WHERE campaign = 'requeue'")
+    assert len(runs) == 1  # one attempt, continued - not lost, not duplicated
+    (run,) = runs
+    assert run["outcome"] == "ok" and run["restarts"] == 1, (run["outcome"], run["reason"], run["restarts"])
+    restarts = sql(env, "SELECT DISTINCT restart FROM stages WHERE run_id = ? ORDER BY 1", [run["run_id"]])
+    assert [r["restart"] for r in restarts] == [0, 1]
+    (m,) = sql(env, "SELECT * FROM measurements WHERE run_id = ?", [run["run_id"]])
+    assert m["is_valid"]
