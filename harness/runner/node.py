@@ -50,6 +50,17 @@ def _write_json(path: Path, doc: Any) -> None:
     os.replace(tmp, path)
 
 
+def _become_subreaper() -> bool:
+    """PR_SET_CHILD_SUBREAPER: orphaned descendants are reparented to this process, not to init."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # 36 = PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -217,13 +228,17 @@ class NodeRunner:
         if self.sampler is not None:
             self.sampler.set_root(self.proc.pid)
         known: dict[int, psutil.Process] = {}  # descendants seen, to find orphans once the launcher is gone
+        # As a child subreaper the runner inherits orphaned ranks, so one scan at the end finds them; the
+        # periodic scan is only the fallback where prctl is refused. Waking rarely keeps the runner's own
+        # CPU use out of the training's way (bench/overhead.py).
+        scan_every = None if _become_subreaper() else 2.0
         last_scan = 0.0
         while True:
             try:
-                self.proc.wait(timeout=0.2)
+                self.proc.wait(timeout=0.5)
                 break
             except subprocess.TimeoutExpired:
-                if time.monotonic() - last_scan > 2.0:
+                if scan_every is not None and time.monotonic() - last_scan > scan_every:
                     known.update((p.pid, p) for p in self._descendants())
                     last_scan = time.monotonic()
                 if self.kill_deadline is not None and time.monotonic() > self.kill_deadline:
@@ -233,6 +248,10 @@ class NodeRunner:
                     self.kill_deadline = None
         # Stragglers (ranks in sessions of their own whose launcher died) must not outlive the job step.
         # psutil's is_running() compares create times, so a reused pid is never hit.
+        try:
+            known.update((p.pid, p) for p in psutil.Process().children(recursive=True))
+        except psutil.Error:
+            pass
         for p in known.values():
             try:
                 if p.is_running():

@@ -315,6 +315,7 @@ def _make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dic
         def on_step_end(self, args, state, control, **kw):
             now_wall, now = time.time(), time.perf_counter()
             timeline["end_wall"], timeline["t_end"], timeline["end_step"] = now_wall, now, state.global_step
+            timeline.setdefault("step_end_wall", []).append(now_wall)  # step-time distribution, stragglers
             timeline["end_counts"] = meter.snapshot()
             ctx.fault_at_step(state.global_step)
             if not policy.active:
@@ -354,6 +355,7 @@ def measurements(timeline: dict[str, Any], policy: StopPolicy, max_steps: int) -
         stopped = "max_steps" if max_steps > 0 and end_step >= max_steps else "epochs"
     out["stopped_by"] = stopped
     out["global_step"] = end_step
+    out["step_end_wall"] = timeline.get("step_end_wall", [])
     if "t_end" not in timeline:
         out["metrics"] = None
         return out
