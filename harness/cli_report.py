@@ -7,8 +7,7 @@ from pathlib import Path
 import click
 
 from .cli import db_option, main
-
-DEFAULT_DB = Path("results/results.duckdb")
+from .paths import DEFAULT_DB
 
 
 @main.command()

@@ -12,9 +12,7 @@ from typing import Any
 import click
 
 from .cli import db_option, echo_json, json_option, main, table, workdir_option
-
-DEFAULT_DB = Path("results/results.duckdb")
-DEFAULT_WORKDIR = Path("results/runs")
+from .paths import DEFAULT_DB, DEFAULT_WORKDIR
 
 
 class _Progress:

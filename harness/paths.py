@@ -7,6 +7,10 @@ from pathlib import Path
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
+# Login-node defaults (the CLI's --db / --workdir, or $SBENCH_DB / $SBENCH_WORKDIR, override them).
+DEFAULT_DB = Path("results/results.duckdb")
+DEFAULT_WORKDIR = Path("results/runs")
+
 
 def safe_name(text: str) -> str:
     """A host or rank name usable as part of a file name."""

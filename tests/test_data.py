@@ -99,7 +99,6 @@ def test_tiny_model_is_deterministic_per_seed(tmp_path: Path) -> None:
 
 
 def test_cli_model_tiny_mixtral_is_a_working_moe(cli, tmp_path: Path) -> None:
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "moe"

@@ -568,8 +568,6 @@ def _lengths_and_empty(data: Any) -> tuple[list[int], int]:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
-    import torch
-
     doc = ctx.doc
     settings = resolve_settings(args, ctx)  # before the heavy imports: a config that cannot run fails fast
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..paths import DEFAULT_DB, DEFAULT_WORKDIR
 from . import manifest
 from .executors import get_backend
-from .submit import DEFAULT_DB, DEFAULT_WORKDIR
 
 
 def _defaults(workdir: Path | None, db: Path | None) -> tuple[Path, Path]:

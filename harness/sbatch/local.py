@@ -24,7 +24,7 @@ import submitit
 from ..errors import SubmitError
 from ..jobspec import JobSpec
 from ..paths import JobPaths
-from .executors import Submitted, SubmitOptions, register
+from .executors import SubmitOptions, Submitted, register
 from .manifest import now_iso, write_submitted
 
 QUEUE_DIR = ".local"

@@ -22,7 +22,7 @@ from submitit.slurm.slurm import SlurmJob
 from ..errors import SubmitError
 from ..jobspec import JobSpec
 from ..render import sbatch_directives
-from .executors import Submitted, SubmitOptions, register
+from .executors import SubmitOptions, Submitted, register
 from .manifest import now_iso, write_submitted
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",

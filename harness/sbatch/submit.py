@@ -12,15 +12,12 @@ from .. import __version__
 from ..errors import SweepError
 from ..inventory import Inventory, load_inventory
 from ..jobspec import JobSpec, build_jobspec
-from ..paths import job_dir_name
+from ..paths import DEFAULT_DB, DEFAULT_WORKDIR, job_dir_name
 from ..plan import PlannedPoint, Sweep, load_sweep, plan_sweep
 from ..render import write_job_dir
 from . import manifest
 from .executors import SubmitOptions, Submitted, get_backend, resolve_executor
 from .state import PointHistory, campaign_history, record_events
-
-DEFAULT_WORKDIR = Path("results/runs")
-DEFAULT_DB = Path("results/results.duckdb")
 
 
 @dataclass
