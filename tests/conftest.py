@@ -118,3 +118,16 @@ def table_contents(db: Path, tables: list[str]) -> dict[str, list[tuple]]:
         return {t: sorted(map(repr, con.execute(f"SELECT * FROM {t}").fetchall())) for t in tables}
     finally:
         con.close()
+
+
+def sql_rows(db: Path, query: str, params=None) -> list[dict]:
+    """Rows of *query* against the results DB, as dicts (read-only)."""
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        cur = con.execute(query, params or [])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+    finally:
+        con.close()

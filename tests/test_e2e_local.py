@@ -10,12 +10,11 @@ import csv
 import json
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from harness.paths import JobPaths
 
-from .conftest import SMALL_DATASET, table_contents, write_sweep
+from .conftest import SMALL_DATASET, sql_rows, table_contents, write_sweep
 
 pytestmark = pytest.mark.train
 
@@ -44,14 +43,7 @@ def run_cli(cli, env, *args):
     return res
 
 
-def sql(db: Path, query: str, params=None) -> list[dict]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        cur = con.execute(query, params or [])
-        cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, r)) for r in cur.fetchall()]
-    finally:
-        con.close()
+sql = sql_rows
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,11 @@ import subprocess
 import time
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from harness.paths import JobPaths
 
-from .conftest import CLUSTER_SCRIPT, SMALL_DATASET, TEST_INVENTORY, write_sweep
+from .conftest import CLUSTER_SCRIPT, SMALL_DATASET, TEST_INVENTORY, sql_rows, write_sweep
 
 pytestmark = [pytest.mark.slurm, pytest.mark.train]
 
@@ -62,13 +61,7 @@ def submit(sb, env, path: Path, *flags: str) -> dict:
 
 
 def sql(env, query: str, params=None) -> list[dict]:
-    con = duckdb.connect(str(env["db"]), read_only=True)
-    try:
-        cur = con.execute(query, params or [])
-        cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, r)) for r in cur.fetchall()]
-    finally:
-        con.close()
+    return sql_rows(env["db"], query, params)
 
 
 def wait_for(cond, timeout: float, what: str, every: float = 1.0):
