@@ -57,6 +57,42 @@ def echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, default=str))
 
 
+class Progress:
+    """Progress of a long command, by phase: a bar per phase on a terminal, one plain line per phase
+    (and per change of count) otherwise, nothing when quiet. Call it as ``progress(phase, done, total)``."""
+
+    def __init__(self, prefix: str, labels: dict[str, str] | None = None, quiet: bool = False) -> None:
+        self.prefix, self.labels, self.quiet = prefix, labels or {}, quiet
+        self.tty = sys.stderr.isatty()
+        self.phase: str | None = None
+        self.bar: Any = None
+        self.done = 0
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if self.quiet:
+            return
+        label = f"{self.prefix}: {self.labels.get(phase, phase)}"
+        if phase != self.phase:
+            self.close()
+            self.phase, self.done = phase, 0
+            if self.tty:
+                self.bar = click.progressbar(length=max(total, 1), label=label, file=sys.stderr, show_pos=True)
+                self.bar.__enter__()
+            else:
+                click.echo(label + (f" ({total})" if total > 1 else ""), err=True)
+        if self.bar is not None:
+            if done > self.done:
+                self.bar.update(done - self.done)
+        elif done != self.done and total > 1 and not self.tty:
+            click.echo(f"{label}: {done}/{total}", err=True)
+        self.done = max(self.done, done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """A plain aligned text table."""
     cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
@@ -248,7 +284,6 @@ def render(sweep: Path, inventory: Path | None, model_map: Path | None, out_dir:
 
 # Command groups that live in their own modules register themselves on ``main``.
 from . import cli_data, cli_jobs, cli_report, cli_results  # noqa: E402,F401
-
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -2,43 +2,23 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from .cli import db_option, echo_json, inventory_option, json_option, main, model_map_option, sweep_argument, table, \
-    workdir_option
-
-
-class Progress:
-    """A progress bar on a terminal; plain occasional lines otherwise (or nothing with quiet)."""
-
-    def __init__(self, label: str, quiet: bool = False) -> None:
-        self.label, self.quiet = label, quiet
-        self.tty = sys.stderr.isatty()
-        self._bar = None
-        self._last = -1
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.quiet or total <= 0:
-            return
-        if self.tty:
-            if self._bar is None:
-                self._bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True)
-                self._bar.__enter__()
-            self._bar.update(done - self._bar.pos)
-            if done >= total:
-                self.close()
-        elif done != self._last:
-            click.echo(f"{self.label}: {done}/{total} done", err=True)
-        self._last = done
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.__exit__(None, None, None)
-            self._bar = None
+from .cli import (
+    Progress,
+    db_option,
+    echo_json,
+    inventory_option,
+    json_option,
+    main,
+    model_map_option,
+    sweep_argument,
+    table,
+    workdir_option,
+)
 
 
 def executor_option(f: Any) -> Any:
@@ -69,11 +49,11 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
     """
     from .sbatch.submit import submit_sweep
 
-    progress = Progress("attempts finished", quiet=as_json)
+    progress = Progress("submit", {"wait": "attempts finished"}, quiet=as_json)
     try:
         report = submit_sweep(sweep, inventory, executor, workdir, db, wait=wait, force=force,
                               retry_failed=retry_failed, max_parallel=max_parallel, hold=hold, model_map=model_map,
-                              progress=progress)
+                              progress=lambda done, total: progress("wait", done, total))
     finally:
         progress.close()
     _print_submit(report.to_dict(), as_json)
@@ -109,10 +89,10 @@ def retry(campaign: str, workdir: Path | None, db: Path | None, executor: str, w
     """
     from .sbatch.submit import retry_campaign
 
-    progress = Progress("attempts finished", quiet=as_json)
+    progress = Progress("retry", {"wait": "attempts finished"}, quiet=as_json)
     try:
         report = retry_campaign(campaign, workdir, db, executor=executor, wait=wait, max_parallel=max_parallel,
-                                progress=progress)
+                                progress=lambda done, total: progress("wait", done, total))
     finally:
         progress.close()
     _print_submit(report.to_dict(), as_json)

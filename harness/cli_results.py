@@ -5,45 +5,23 @@ from __future__ import annotations
 import csv
 import io
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from .cli import db_option, echo_json, json_option, main, table, workdir_option
+from .cli import (
+    Progress,
+    db_option,
+    echo_json,
+    json_option,
+    main,
+    table,
+    workdir_option,
+)
 from .paths import DEFAULT_DB, DEFAULT_WORKDIR
 
-
-class _Progress:
-    """A click progress bar per phase on a TTY; one plain line per phase otherwise."""
-
-    LABELS = {"discover": "finding runs", "parse": "reading job dirs", "samples": "loading samples"}
-
-    def __init__(self, tty: bool) -> None:
-        self.tty = tty
-        self.phase: str | None = None
-        self.bar: Any = None
-        self.done = 0
-
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        if phase != self.phase:
-            self.close()
-            self.phase, self.done = phase, 0
-            label = self.LABELS.get(phase, phase)
-            if self.tty:
-                self.bar = click.progressbar(length=max(total, 1), label=f"collect: {label}", file=sys.stderr)
-                self.bar.__enter__()
-            else:
-                click.echo(f"collect: {label}" + (f" ({total})" if total > 1 else ""), err=True)
-        if self.bar is not None and done > self.done:
-            self.bar.update(done - self.done)
-            self.done = done
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
+COLLECT_PHASES = {"discover": "finding runs", "parse": "reading job dirs", "samples": "loading samples"}
 
 
 @main.command()
@@ -58,12 +36,11 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json
     """
     from .collect import collect as run_collect
 
-    prog = _Progress(tty=sys.stderr.isatty()) if not as_json else None
+    prog = Progress("collect", COLLECT_PHASES, quiet=as_json)
     try:
         report = run_collect(db or DEFAULT_DB, workdir or DEFAULT_WORKDIR, campaign, progress=prog)
     finally:
-        if prog is not None:
-            prog.close()
+        prog.close()
     if as_json:
         echo_json(report.to_dict())
         return
