@@ -199,3 +199,23 @@ def test_stability_experiment_records_fractions(env, cli_module) -> None:
     assert len(trials) == 5 and all(t["outcome"] == "ok" for t in trials)
     assert (m["f_gpu_oom"], m["f_other_error"], m["f_no_error"]) == (0.0, 0.0, 1.0)
     assert m["is_valid"] is True
+
+
+def test_full_and_prompt_tuning_with_two_processes(env, cli_module) -> None:
+    for name, exp, backend in (("e2e-full2", "finetune_full_benchmark-v1.0.0", "FSDP"),
+                               ("e2e-pt2", "finetune_pt_benchmark-v1.0.0", "DDP")):
+        sweep = write_sweep(env["root"] / f"{name}.yaml", sweep_doc(
+            name, exp, env["model"], env["data"],
+            {"batch_size": 4, "max_steps": 3, "number_gpus": 2, "distributed_backend": backend}, {}))
+        run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
+    run_cli(cli_module, env, "collect")
+    rows = sql(env["db"], "SELECT r.campaign, r.outcome, r.reason, m.world_size, m.train_runtime, p.distributed_backend "
+                          "FROM runs r JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id) "
+                          "WHERE r.campaign IN ('e2e-full2', 'e2e-pt2') ORDER BY 1")
+    assert [(r["campaign"], r["outcome"], r["world_size"]) for r in rows] == [("e2e-full2", "ok", 2), ("e2e-pt2", "ok", 2)]
+    assert all(r["train_runtime"] > 0 for r in rows)
+    for camp, method in (("e2e-full2", "none"), ("e2e-pt2", "pt")):
+        (run,) = sql(env["db"], "SELECT job_dir FROM runs WHERE campaign = ?", [camp])
+        for rank in (0, 1):
+            doc = json.loads(JobPaths(run["job_dir"]).rank_result(rank).read_text())
+            assert doc["model"]["peft_method"] == method and doc["world_size"] == 2

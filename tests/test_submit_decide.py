@@ -1,0 +1,114 @@
+"""Submit's decisions and the SLURM array script, without a scheduler."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from harness.plan import PlannedPoint
+from harness.sbatch.state import AttemptState, PointHistory
+from harness.sbatch.submit import decide
+
+
+def point(pid: str, repeat: int = 0, valid: bool = True) -> PlannedPoint:
+    return PlannedPoint(point_id=pid, repeat=repeat, experiment="e", entity={}, valid=valid,
+                        reasons=[] if valid else ["rule 1: x"], notes=[], partition="p", model_source="m")
+
+
+def history(runs: dict, measured: dict | None = None) -> PointHistory:
+    h = PointHistory(measured_counts=measured or {})
+    for (pid, rep), attempts in runs.items():
+        h.by_run[("c", pid, rep)] = [AttemptState(a, f"j{a}", s, o, r) for a, s, o, r in attempts]
+    return h
+
+
+def test_decisions() -> None:
+    pts = [point("new"), point("done"), point("running"), point("failed"), point("invalid", valid=False),
+           point("elsewhere"), point("oom")]
+    h = history({
+        ("done", 0): [(1, "COMPLETED", "ok", None)],
+        ("running", 0): [(1, "RUNNING", None, None)],
+        ("failed", 0): [(1, "FAILED", "failed", "ImportError: bitsandbytes")],
+        ("oom", 0): [(1, "FAILED", "invalid", "OutOfMemoryError")],
+    }, measured={"done": 1, "elsewhere": 1, "oom": 1})
+    d = {x.point.point_id: x for x in decide(pts, h, "c", force=False, retry_failed=False)}
+    assert (d["new"].action, d["new"].attempt, d["new"].reason) == ("submit", 1, "new")
+    assert d["done"].action == "skip" and "already measured" in d["done"].reason
+    assert d["running"].action == "skip" and "RUNNING" in d["running"].reason
+    assert d["failed"].action == "skip" and "use --retry-failed" in d["failed"].reason
+    assert d["invalid"].action == "skip" and d["invalid"].reason.startswith("invalid: rule 1")
+    assert d["elsewhere"].action == "skip"  # measured in another campaign: the same point
+    assert d["oom"].action == "skip"  # an invalid (OOM) measurement is a result, not a failure
+    r = {x.point.point_id: x for x in decide(pts, h, "c", force=False, retry_failed=True)}
+    assert (r["failed"].action, r["failed"].attempt, r["failed"].reason) == ("submit", 2, "retry")
+    assert r["done"].action == "skip" and r["oom"].action == "skip"
+    f = {x.point.point_id: x for x in decide(pts, h, "c", force=True, retry_failed=False)}
+    assert (f["done"].action, f["done"].attempt, f["done"].reason) == ("submit", 2, "force")
+    assert f["invalid"].action == "skip"  # force never runs a point the rules reject
+
+
+def test_repeats_count_measurements() -> None:
+    pts = [point("p", 0), point("p", 1), point("p", 2)]
+    h = history({("p", 0): [(1, "COMPLETED", "ok", None)]}, measured={"p": 1})
+    d = decide(pts, h, "c", force=False, retry_failed=False)
+    assert [x.action for x in d] == ["skip", "submit", "submit"]
+
+
+def test_array_script_runs_each_points_own_job_sbatch(tmp_path: Path) -> None:
+    from harness.inventory import load_inventory
+    from harness.plan import parse_sweep, plan_sweep
+    from harness.render import render_points
+    from harness.sbatch.slurm import array_script, group_by_shape
+
+    from .conftest import TEST_INVENTORY
+
+    doc = {"campaign": "arr", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "gpu",
+           "entity": {"model_name": "smollm2-135m", "model_max_length": 256},
+           "grid": {"batch_size": [8, 16, 24], "number_gpus": [1, 8]}}
+    sweep = parse_sweep(doc, "s.yaml", tmp_path)
+    inv = load_inventory(TEST_INVENTORY)
+    specs = render_points(sweep, inv, plan_sweep(sweep, inv), tmp_path / "out")
+    groups = group_by_shape(specs)
+    assert sorted(len(g) for g in groups) == [3, 3]
+    text = array_script("arr", groups[0], 2, tmp_path / "logs")
+    lines = text.splitlines()
+    assert "#SBATCH --array=0-2%2" in lines
+    own = [l for l in Path(groups[0][0].job_dir, "job.sbatch").read_text().splitlines() if l.startswith("#SBATCH")]
+    for d in own:  # every directive of the point's own script, except its name and output file
+        if not d.startswith(("#SBATCH --job-name", "#SBATCH --output")):
+            assert d in lines, d
+    assert lines[-1] == 'exec bash "$JOB_DIR/job.sbatch"'
+    for s in groups[0]:
+        assert s.job_dir in text
+
+
+def test_local_inventory_reads_gpus_through_nvml(monkeypatch) -> None:
+    """A fake NVML module (the real one needs a driver): the local inventory becomes a GPU partition."""
+    fake = types.ModuleType("pynvml")
+    names = ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"]
+
+    class Mem:
+        total = 80 * 2**30
+
+    fake.nvmlInit = lambda: None
+    fake.nvmlShutdown = lambda: None
+    fake.nvmlDeviceGetCount = lambda: len(names)
+    fake.nvmlDeviceGetHandleByIndex = lambda i: i
+    fake.nvmlDeviceGetName = lambda h: names[h]
+    fake.nvmlDeviceGetMemoryInfo = lambda h: Mem()
+    fake.nvmlDeviceGetUUID = lambda h: f"GPU-{h:04d}"
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    from harness.inventory import local_inventory
+
+    part = local_inventory().partitions["local"]
+    assert part.gpu_model == "NVIDIA-H100-80GB-HBM3" and part.gpus_per_node == 2 and not part.is_cpu
+
+
+@pytest.mark.parametrize("text,minutes", [("90", 90), ("01:30:00", 90), ("1-00:00:00", 1440), ("10:30", 10.5)])
+def test_slurm_time(text: str, minutes: float) -> None:
+    from harness.sbatch.local import slurm_time_minutes
+
+    assert slurm_time_minutes(text) == minutes
