@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast cluster cluster-stop bench clean
+.PHONY: setup demo test test-fast browser cluster cluster-stop bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,9 +23,13 @@ demo: setup
 	$(BIN)/sbench query "select model_name, number_gpus, batch_size, distributed_backend, round(train_runtime, 2) as runtime_s, round(dataset_tokens_per_second, 1) as dataset_tok_s, round(train_tokens_per_gpu_per_second, 1) as tok_s_per_gpu, round(cpu_compute_utilization, 1) as cpu_pct, is_valid from measurements where campaign = 'demo-cpu' order by number_gpus, batch_size"
 
 ## test: system packages, the real test SLURM cluster, then the whole test suite
-test: setup
+test: setup browser
 	bash tests/cluster/cluster.sh start
 	$(BIN)/pytest -q
+
+## browser: headless Chromium (Debian package) for the report's rendering test
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "note: chromium not installed (needs root); the report rendering test will be skipped"; }
 
 ## test-fast: everything that needs neither the SLURM cluster nor long training
 test-fast: setup
