@@ -11,7 +11,9 @@ Runs come from ``<workdir>/*/manifest.jsonl`` (re-recorded only when the file ch
 ``<workdir>/<campaign>/*/spec.json`` (job dirs rendered and submitted by hand; a dir that was only
 rendered, with nothing submitted or run, is skipped). SLURM runs are looked up with one batched
 ``sacct`` call (``squeue`` when sacct cannot answer); local runs by their process id; the files decide
-the rest. Samples are bulk-loaded by DuckDB's CSV reader in one scan over all new files.
+the rest. Samples are bulk-loaded by DuckDB's CSV reader in one scan over all new files, in a helper
+thread that runs while the job dirs are parsed (same connection, same transaction; the parse does not
+use the database).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -35,9 +38,33 @@ from ..catalog import EXPERIMENTS
 from ..errors import CollectError
 from ..paths import JobPaths, parse_job_dir_name
 from . import aggregate
-from .parse import StageLog, csv_tail, nccl_transport, parse_stages, read_json, read_jsonl, summarize_transports
-from .sacct import FINAL_STATES, JobAccounting, Runner, query_sacct, query_squeue, scheduler_verdict
-from .store import attempt_row, entity_values, open_store, point_row, run_id_of, to_json, utc
+from .parse import (
+    StageLog,
+    csv_tail,
+    nccl_transport,
+    parse_stages,
+    read_json,
+    read_jsonl,
+    summarize_transports,
+)
+from .sacct import (
+    FINAL_STATES,
+    JobAccounting,
+    Runner,
+    query_sacct,
+    query_squeue,
+    scheduler_verdict,
+)
+from .store import (
+    attempt_row,
+    entity_values,
+    open_store,
+    point_row,
+    run_id_of,
+    stage,
+    to_json,
+    utc,
+)
 
 MANIFEST = "manifest.jsonl"
 Progress = Callable[[str, int, int], None]
@@ -58,6 +85,9 @@ class CollectReport:
     sacct: str | None = None
     warnings: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    # Seconds per phase, in order (they add up to elapsed_s): discover, decide, delete, parse (the sample
+    # load runs meanwhile), samples (what is left of the load after parsing), measure, write, commit;
+    # plus samples_load, the load's own duration (it overlaps parse, so it is not part of the sum).
     timings: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -758,31 +788,78 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     return report
 
 
-def _sample_inputs(datas: list[RunData],
-                   tmpdir: Path) -> tuple[list[dict[str, Any]], dict[str, tuple[RunData, str, str]]]:
-    """The sample CSVs to load, each mapped to its run and host. A file whose last line was cut
+def sample_files_of(att: Attempt) -> list[tuple[str, Path]]:
+    """(host, path) of the attempt's ``samples.<host>.csv`` files, from the listing its fingerprint was
+    taken from (the same one :func:`analyze` reads)."""
+    if att.job_dir is None or att.files is None:
+        return []
+    paths = JobPaths(att.job_dir)
+    return [(h, paths.samples(h)) for h in _names_like(att.files, paths.samples)]
+
+
+@dataclass
+class SampleFile:
+    """One samples CSV to load: where the reader reads it (``use``: the file, or a link/trimmed copy in
+    the temp dir) and what it belongs to."""
+
+    file_id: int
+    run_id: str
+    host: str
+    path: Path
+    use: str
+    truncated_line: int | None = None  # 1-based number of a last line cut mid-write (not loaded)
+
+
+def _sample_inputs(changed: list[tuple[Attempt, Sched, dict[str, Any]]], first_id: int,
+                   tmpdir: Path) -> list[SampleFile]:
+    """The sample CSVs of the changed runs, numbered from *first_id*. A file whose last line was cut
     mid-write (no final newline) is loaded from a copy without that line, so a half-written number
-    never gets in."""
-    files: list[dict[str, Any]] = []
-    by_path: dict[str, tuple[RunData, str, str]] = {}
-    for d in datas:
-        for host, path in d.sample_files:
-            use = path
-            if any(c in str(path) for c in "*?[{"):
+    never gets in. Needs only the directory listings, so the load can start before the runs are parsed."""
+    files: list[SampleFile] = []
+    for a, _s, _info in changed:
+        for host, path in sample_files_of(a):
+            i = len(files)
+            use = str(path)
+            if any(c in use for c in "*?[{"):
                 # DuckDB's reader expands glob characters in file names: read such a file via a plain link.
-                use = tmpdir / f"{len(files)}.link.csv"
-                use.symlink_to(path)
+                link = tmpdir / f"{i}.link.csv"
+                link.symlink_to(path)
+                use = str(link)
+            sf = SampleFile(first_id + i, a.run_id, host, path, use)
             tail = csv_tail(path)
             if tail is not None:
-                cut, lineno = tail
-                use = tmpdir / f"{len(files)}.csv"
-                with path.open("rb") as src, use.open("wb") as dst:
+                cut, sf.truncated_line = tail
+                copy = tmpdir / f"{i}.csv"
+                with path.open("rb") as src, copy.open("wb") as dst:
                     dst.write(src.read(cut))
-                if d.over:
-                    _warn(d, f"{path.name} line {lineno}: truncated last line (ignored)")
-            files.append({"path": str(use), "run_id": d.run["run_id"], "host": host, "t0": d.run["train_start_wall"]})
-            by_path[str(use)] = (d, host, path.name)
-    return files, by_path
+                sf.use = str(copy)
+            files.append(sf)
+    return files
+
+
+class _Background(threading.Thread):
+    """Runs one call in a helper thread; :meth:`result` joins it and returns (or raises) its outcome."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        super().__init__(name="sbench-collect-samples", daemon=True)
+        self.fn, self.args = fn, args
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        t = time.perf_counter()
+        try:
+            self.value = self.fn(*self.args)
+        except BaseException as exc:  # handed to the caller by result()
+            self.error = exc
+        self.seconds = time.perf_counter() - t
+
+    def result(self) -> Any:
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def _collect(db: str | Path, wait_s: float | None, report: CollectReport, manifests: list[Manifest],
@@ -827,36 +904,67 @@ def _collect(db: str | Path, wait_s: float | None, report: CollectReport, manife
             report.unchanged = len(attempts) - len(changed)
             clock.lap("decide")
             _pause("parse")
-            datas: list[RunData] = []
-            for i, (a, s, info) in enumerate(changed):
-                d = analyze(a, s, info.get("cancel_requested_at") is not None, known_points.get(a.point_id))
-                # The cancel request comes from the manifest, not from the files: keep it.
-                if d.run.get("cancel_requested_at") is None:
-                    d.run["cancel_requested_at"] = info.get("cancel_requested_at")
-                datas.append(d)
-                if i % 25 == 0:
-                    prog("parse", i, len(changed))
-            prog("parse", len(changed), len(changed))
-            clock.lap("parse")
+            ids = [a.run_id for a, _s, _info in changed]
+            store.delete_runs(ids)
+            files = _sample_inputs(changed, store.next_sample_file_id(), tmpdir)
+            clock.lap("delete")
+            _pause("samples")
+            # The sample load (DuckDB, both cores, GIL released) runs in a helper thread while this one
+            # parses the job dirs (Python); nothing else touches the connection until it is joined.
+            loader = _Background(store.load_samples, [f.use for f in files], files[0].file_id) if files else None
+            if loader is not None:
+                loader.start()
+            try:
+                datas: list[RunData] = []
+                for i, (a, s, info) in enumerate(changed):
+                    d = analyze(a, s, info.get("cancel_requested_at") is not None, known_points.get(a.point_id))
+                    # The cancel request comes from the manifest, not from the files: keep it.
+                    if d.run.get("cancel_requested_at") is None:
+                        d.run["cancel_requested_at"] = info.get("cancel_requested_at")
+                    datas.append(d)
+                    if i % 25 == 0:
+                        prog("parse", i, len(changed))
+                prog("parse", len(changed), len(changed))
+                # Typed columns of the run's child rows, while the load still has the connection.
+                staged = [stage(table, [r for d in datas for r in getattr(d, attr)])
+                          for table, attr in (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"),
+                                              ("errors", "errors"), ("trials", "trials"),
+                                              ("environment", "environment"))]
+                clock.lap("parse")
+                prog("samples", 0, 1)
+                n, rejects = loader.result() if loader is not None else (0, [])
+            except BaseException:
+                if loader is not None and loader.is_alive():
+                    store.con.interrupt()
+                    loader.join()
+                raise
+            if loader is not None:
+                report.timings["samples_load"] = round(loader.seconds, 3)
+            clock.lap("samples")
+            prog("samples", 1, 1)
             for d in datas:
                 if d.run["run_id"] in index and index[d.run["run_id"]].get("fingerprint") is not None:
                     report.updated += 1
                 else:
                     report.new += 1
-            ids = [d.run["run_id"] for d in datas]
-            store.delete_runs(ids)
-            _pause("samples")
-            files, by_path = _sample_inputs(datas, tmpdir)
-            prog("samples", 0, 1)
-            clock.lap("delete")
-            n, rejects = store.load_samples(files)
-            clock.lap("samples")
+            by_run = {d.run["run_id"]: d for d in datas}
             report.sample_rows = n
+            loaded: dict[str, list[tuple[str, Path]]] = {}
+            for f in files:
+                d = by_run[f.run_id]
+                loaded.setdefault(f.run_id, []).append((f.host, f.path))
+                if f.truncated_line is not None and d.over:
+                    _warn(d, f"{f.path.name} line {f.truncated_line}: truncated last line (ignored)")
+            by_use = {f.use: f for f in files}
             for fpath, line, msg in rejects:
-                hit = by_path.get(fpath)
+                hit = by_use.get(fpath)
                 if hit:
-                    _warn(hit[0], f"{hit[2]} line {line}: {msg} (row skipped)")
-            prog("samples", 1, 1)
+                    _warn(by_run[hit.run_id], f"{hit.path.name} line {line}: {msg} (row skipped)")
+            for d in datas:
+                d.sample_files = loaded.get(d.run["run_id"], [])
+            store.insert("sample_files", [{"file_id": f.file_id, "run_id": f.run_id, "host": f.host,
+                                           "path": str(f.path), "t0": by_run[f.run_id].run["train_start_wall"]}
+                                          for f in files])
             _pause("measure")
             stats = store.sample_stats([{"run_id": d.run["run_id"], "start": d.window[0], "end": d.window[1]}
                                         for d in datas if d.sample_files])
@@ -884,9 +992,8 @@ def _collect(db: str | Path, wait_s: float | None, report: CollectReport, manife
                 d.run["collected_at"] = now
             _pause("write")
             store.replace_runs([d.run for d in datas])
-            for table, attr in (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"),
-                                ("errors", "errors"), ("trials", "trials"), ("environment", "environment")):
-                store.insert(table, [r for d in datas for r in getattr(d, attr)])
+            for rows in staged:
+                store.insert(rows.table, rows)
             store.insert("measurements", measurements)
             clock.lap("write")
             _pause("commit")

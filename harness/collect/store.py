@@ -39,9 +39,17 @@ Tables (``SCHEMA`` below is the full list of columns)
 -----------------------------------------------------
 ``metadata``, ``campaigns``, ``points`` (entity fields as typed columns),
 ``campaign_points``, ``runs`` (one per attempt), ``run_hosts``, ``stages``,
-``samples``, ``ranks``, ``errors``, ``trials``, ``measurements``,
-``environment``; views ``latest_measurements``, ``run_summary``,
+``sample_files``, ``sample_rows``, ``ranks``, ``errors``, ``trials``, ``measurements``,
+``environment``; views ``samples``, ``latest_measurements``, ``run_summary``,
 ``stage_durations``, ``point_status``.
+
+Samples are stored compactly: ``sample_files`` has one row per loaded ``samples.<host>.csv``
+(``file_id``, ``run_id``, ``host``, its ``path`` and ``t0``, the run's training start);
+``sample_rows`` has the file's rows keyed by that small integer, ``kind`` as the ENUM
+``sample_kind`` ('gpu', 'proc') and no per-row run id, host or derived column. The view
+``samples`` joins them back into the documented columns (``run_id``, ``host``, ``kind``,
+``device``, ``t_wall``, ``t_rel`` = ``t_wall - t0``, ``t_mono``, the metrics, ``nprocs``): query
+``samples``; the two tables are storage.
 """
 
 from __future__ import annotations
@@ -63,7 +71,7 @@ import numpy as np
 from ..catalog import BENCHMARK_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
 from ..errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: samples became a view over sample_files + sample_rows
 DEFAULT_WAIT_S = 5.0
 
 _KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
@@ -126,11 +134,14 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("started_at", "TIMESTAMP"), ("ended_at", "TIMESTAMP"), ("duration_s", "DOUBLE"), ("status", "VARCHAR"),
         ("error", "VARCHAR"), ("info", "JSON"),
     ],
-    "samples": [
-        *_RUN_KEY, ("host", "VARCHAR"), ("kind", "VARCHAR"), ("device", "INTEGER"), ("t_wall", "DOUBLE"),
-        ("t_rel", "DOUBLE"), ("t_mono", "DOUBLE"), ("gpu_util", "DOUBLE"), ("mem_used_mb", "DOUBLE"),
-        ("mem_total_mb", "DOUBLE"), ("power_w", "DOUBLE"), ("power_limit_w", "DOUBLE"), ("cpu_pct", "DOUBLE"),
-        ("mem_pct", "DOUBLE"), ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"),
+    # One row per loaded samples.<host>.csv; t0 is the run's train_start_wall (t_rel = t_wall - t0).
+    "sample_files": [("file_id", "INTEGER"), *_RUN_KEY, ("host", "VARCHAR"), ("path", "VARCHAR"), ("t0", "DOUBLE")],
+    # The CSV rows, keyed by file_id; queried through the ``samples`` view.
+    "sample_rows": [
+        ("file_id", "INTEGER"), ("kind", "sample_kind"), ("device", "INTEGER"), ("t_wall", "DOUBLE"),
+        ("t_mono", "DOUBLE"), ("gpu_util", "DOUBLE"), ("mem_used_mb", "DOUBLE"), ("mem_total_mb", "DOUBLE"),
+        ("power_w", "DOUBLE"), ("power_limit_w", "DOUBLE"), ("cpu_pct", "DOUBLE"), ("mem_pct", "DOUBLE"),
+        ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"),
     ],
     "ranks": [
         *_RUN_KEY, ("rank", "INTEGER"), ("host", "VARCHAR"), ("local_rank", "INTEGER"), ("world_size", "INTEGER"),
@@ -168,9 +179,13 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
 }
 PRIMARY_KEYS = {"metadata": ("key",), "campaigns": ("campaign",), "points": ("point_id",),
                 "campaign_points": ("campaign", "point_id", "repeat"), "runs": ("run_id",),
-                "measurements": ("run_id",)}
-# Tables whose rows belong to one run and are replaced as a whole when the run changes.
-RUN_CHILD_TABLES = ("run_hosts", "stages", "samples", "ranks", "errors", "trials", "measurements", "environment")
+                "measurements": ("run_id",), "sample_files": ("file_id",)}
+# Tables whose rows belong to one run and are replaced as a whole when the run changes
+# (``sample_rows`` go with their ``sample_files`` row).
+RUN_CHILD_TABLES = ("run_hosts", "stages", "sample_files", "ranks", "errors", "trials", "measurements",
+                    "environment")
+# Types created before the tables.
+TYPES = {"sample_kind": "ENUM ('gpu', 'proc')"}
 # Columns of ``runs`` that a manifest ``attempt`` line owns; collect owns the rest.
 MANIFEST_RUN_COLUMNS = ("campaign", "point_id", "repeat", "attempt", "experiment", "job_dir", "executor", "job_id",
                         "array_job_id", "array_task_id", "submit_reason", "submitted_at")
@@ -178,6 +193,11 @@ MANIFEST_RUN_COLUMNS = ("campaign", "point_id", "repeat", "attempt", "experiment
 _HEADLINE = ["train_runtime", "train_tokens_per_second", "dataset_tokens_per_second",
              "gpu_compute_utilization_avg", "gpu_memory_utilization_peak", "f_gpu_oom", "f_no_error"]
 VIEWS: dict[str, str] = {
+    # The samples as documented (docs/job-directory.md), one row per CSV row.
+    "samples": """
+        SELECT f.run_id, f.host, s.kind, s.device, s.t_wall, s.t_wall - f.t0 AS t_rel, s.t_mono, s.gpu_util,
+               s.mem_used_mb, s.mem_total_mb, s.power_w, s.power_limit_w, s.cpu_pct, s.mem_pct, s.rss_mb, s.nprocs
+        FROM sample_rows s JOIN sample_files f USING (file_id)""",
     # The latest valid measurement of each point (across campaigns): what --force/skip decisions and
     # most analyses want.
     "latest_measurements": """
@@ -266,10 +286,31 @@ def frame(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[str, Any]])
     """Rows as a dict of typed object arrays, which DuckDB scans directly (no pandas, no row loop)."""
     return {c: _column([r.get(c) for r in rows], t) for c, t in columns}
 
+
+@dataclass
+class Staged:
+    """Rows of one table as typed columns (:func:`frame`), ready for :meth:`Store.insert`."""
+
+    table: str
+    rows: int
+    columns: dict[str, np.ndarray]
+
+
+def stage(table: str, rows: Sequence[Mapping[str, Any]]) -> Staged:
+    """Convert *rows* for :meth:`Store.insert` into *table*; pure Python, no database (so it can be done
+    while the connection is busy elsewhere)."""
+    return Staged(table, len(rows), frame(SCHEMA[table], rows) if rows else {})
+
+# The samples CSV format (docs/job-directory.md): column order and types.
 SAMPLE_CSV_COLUMNS = (("t_wall", "DOUBLE"), ("t_mono", "DOUBLE"), ("kind", "VARCHAR"), ("device", "INTEGER"),
                       ("gpu_util", "DOUBLE"), ("mem_used_mb", "DOUBLE"), ("mem_total_mb", "DOUBLE"),
                       ("power_w", "DOUBLE"), ("power_limit_w", "DOUBLE"), ("cpu_pct", "DOUBLE"),
                       ("mem_pct", "DOUBLE"), ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"))
+# What collect's reader asks for: the same, with ``kind`` read straight into the ENUM (a kind other than
+# gpu/proc is a rejected line with its reason, like any value that does not convert).
+_SAMPLE_READ_TYPES = {**dict(SAMPLE_CSV_COLUMNS), "kind": "sample_kind"}
+# Reader errors about one value; any other kind is about the whole line (see _reject_reasons).
+_CSV_VALUE_ERRORS = ("CAST",)
 
 
 def q(name: str) -> str:
@@ -438,6 +479,8 @@ class Store:
         if self.read_only:
             raise SchemaMismatchError(f"{self.path} is empty: no sbench schema; run `sbench collect` first")
         with self.transaction():
+            for name, definition in TYPES.items():
+                self.con.execute(f"CREATE TYPE {q(name)} AS {definition}")
             for table, cols in SCHEMA.items():
                 body = ", ".join(f"{q(c)} {t}" for c, t in cols)
                 pk = PRIMARY_KEYS.get(table)
@@ -475,16 +518,18 @@ class Store:
         self.con.execute("COMMIT")
 
     # -- generic helpers -----------------------------------------------------------------------------------
-    def insert(self, table: str, rows: Sequence[Mapping[str, Any]]) -> int:
-        if not rows:
+    def insert(self, table: str, rows: Sequence[Mapping[str, Any]] | Staged) -> int:
+        """Insert *rows* (dicts, or :func:`stage`'s typed columns, built ahead without the database)."""
+        staged = rows if isinstance(rows, Staged) else stage(table, rows)
+        if not staged.rows:
             return 0
-        self.con.register("_sbench_stage", frame(SCHEMA[table], rows))
+        self.con.register("_sbench_stage", staged.columns)
         try:
             cols = ", ".join(f"CAST({q(c)} AS {t}) AS {q(c)}" for c, t in SCHEMA[table])
             self.con.execute(f"INSERT INTO {q(table)} BY NAME SELECT {cols} FROM _sbench_stage")
         finally:
             self.con.unregister("_sbench_stage")
-        return len(rows)
+        return staged.rows
 
     def delete_runs(self, run_ids: Sequence[str], tables: Iterable[str] = RUN_CHILD_TABLES) -> None:
         if not run_ids:
@@ -492,6 +537,9 @@ class Store:
         self.con.register("_sbench_ids", frame([("run_id", "VARCHAR")], [{"run_id": r} for r in run_ids]))
         try:
             for t in tables:
+                if t == "sample_files":
+                    self.con.execute("DELETE FROM sample_rows WHERE file_id IN (SELECT file_id FROM sample_files "
+                                     "WHERE run_id IN (SELECT run_id FROM _sbench_ids))")
                 self.con.execute(f"DELETE FROM {q(t)} WHERE run_id IN (SELECT run_id FROM _sbench_ids)")
         finally:
             self.con.unregister("_sbench_ids")
@@ -694,41 +742,42 @@ class Store:
         cols = [c for c, _ in SCHEMA["runs"] if c != "run_id"]
         self._upsert("runs", runs, cols)
 
-    def load_samples(self, files: Sequence[Mapping[str, Any]]) -> tuple[int, list[tuple[str, int, str]]]:
-        """Bulk-load sample CSVs with DuckDB's reader: one ``read_csv`` over all *files* (dicts with
-        ``path``, ``run_id``, ``host``, ``t0``), joined to that mapping. Returns the row count and the
-        rejected lines as (path, line, message)."""
-        if not files:
+    def next_sample_file_id(self) -> int:
+        """The first unused ``sample_files.file_id``."""
+        return int(self.con.execute("SELECT coalesce(max(file_id) + 1, 0) FROM sample_files").fetchall()[0][0])
+
+    def load_samples(self, paths: Sequence[str], first_file_id: int) -> tuple[int, list[tuple[str, int, str]]]:
+        """Bulk-load sample CSVs into ``sample_rows`` with DuckDB's reader, one scan over all *paths*; the
+        rows of ``paths[i]`` get ``file_id = first_file_id + i`` (the caller records the matching
+        ``sample_files`` rows). Returns the row count and the rejected lines as (path, line, reason), one
+        reason per line. Touches nothing but the connection, so it may run in a helper thread while the
+        caller does other (non-database) work."""
+        if not paths:
             return 0, []
-        mapping = frame([("filename", "VARCHAR"), ("run_id", "VARCHAR"), ("host", "VARCHAR"), ("t0", "DOUBLE")],
-                        [{"filename": str(f["path"]), "run_id": f["run_id"], "host": f["host"], "t0": f.get("t0")}
-                         for f in files])
-        columns = "{" + ", ".join(f"'{c}': '{t}'" for c, t in SAMPLE_CSV_COLUMNS) + "}"
-        self.con.register("_sbench_files", mapping)
+        columns = "{" + ", ".join(f"'{c}': '{t}'" for c, t in _SAMPLE_READ_TYPES.items()) + "}"
+        names = [c for c, _ in SCHEMA["sample_rows"] if c != "file_id"]
+        # Row order is meaningless here (every row carries its file and time): let each thread append
+        # what it parsed without re-establishing the files' order.
+        self.con.execute("SET preserve_insertion_order = false")
         try:
             n = self.con.execute(
-                f"""INSERT INTO samples (run_id, host, kind, device, t_wall, t_rel, t_mono, gpu_util, mem_used_mb,
-                        mem_total_mb, power_w, power_limit_w, cpu_pct, mem_pct, rss_mb, nprocs)
-                    SELECT m.run_id, m.host, c.kind, c.device, c.t_wall, c.t_wall - m.t0, c.t_mono, c.gpu_util,
-                           c.mem_used_mb, c.mem_total_mb, c.power_w, c.power_limit_w, c.cpu_pct, c.mem_pct,
-                           c.rss_mb, c.nprocs
+                f"""INSERT INTO sample_rows (file_id, {", ".join(names)})
+                    SELECT CAST(file_index AS INTEGER) + {int(first_file_id)}, {", ".join(names)}
                     FROM read_csv($files, columns = {columns}, header = true, auto_detect = false, delim = ',',
-                                  quote = '"', escape = '"', filename = true, ignore_errors = true,
-                                  store_rejects = true, rejects_table = '_sbench_rej',
-                                  rejects_scan = '_sbench_rej_scan')
-                         AS c JOIN _sbench_files AS m USING (filename)""",
-                {"files": [str(f["path"]) for f in files]}).fetchall()[0][0]
-            rejects = self.con.execute(
-                """SELECT DISTINCT s.file_path, e.line, e.error_type || ': ' || e.error_message
+                                  quote = '"', escape = '"', ignore_errors = true, store_rejects = true,
+                                  rejects_table = '_sbench_rej', rejects_scan = '_sbench_rej_scan')""",
+                {"files": [str(p) for p in paths]}).fetchall()[0][0]
+            found = self.con.execute(
+                """SELECT s.file_path, e.line, e.column_idx, e.error_type, e.error_message
                    FROM _sbench_rej AS e JOIN _sbench_rej_scan AS s USING (scan_id, file_id)
-                   ORDER BY 1, 2""").fetchall()
+                   ORDER BY 1, 2, 3, 4, 5""").fetchall()
             self.con.execute("DROP TABLE IF EXISTS _sbench_rej")
             self.con.execute("DROP TABLE IF EXISTS _sbench_rej_scan")
         except duckdb.Error as exc:
             raise CollectError(f"loading samples failed: {exc}") from None
         finally:
-            self.con.unregister("_sbench_files")
-        return int(n), [(str(a), int(b), str(c)) for a, b, c in rejects]
+            self.con.execute("SET preserve_insertion_order = true")
+        return int(n), _reject_reasons(found)
 
     def sample_stats(self, windows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Per (run, host, kind, device) statistics of the samples inside each run's measured window
@@ -739,22 +788,42 @@ class Store:
                     [{"run_id": w["run_id"], "w_start": w.get("start"), "w_end": w.get("end")} for w in windows])
         self.con.register("_sbench_win", tbl)
         try:
+            # Aggregate on the small integer key (one file = one run and host) split by in/out of the
+            # window (cheaper than filtered aggregates), fold the split, then name the files.
             return self.fetch_dicts("""
-                SELECT s.run_id, s.host, s.kind, s.device,
-                       count(*) AS rows_all,
-                       count(*) FILTER (WHERE inw) AS samples,
-                       avg(gpu_util) FILTER (WHERE inw) AS gpu_util,
-                       avg(100.0 * mem_used_mb / nullif(mem_total_mb, 0)) FILTER (WHERE inw) AS mem_util,
-                       max(100.0 * mem_used_mb / nullif(mem_total_mb, 0)) FILTER (WHERE inw) AS mem_util_peak,
-                       avg(power_w) FILTER (WHERE inw) AS power_w,
-                       avg(100.0 * power_w / nullif(power_limit_w, 0)) FILTER (WHERE inw) AS power_pct,
-                       avg(cpu_pct) FILTER (WHERE inw) AS cpu_pct,
-                       avg(mem_pct) FILTER (WHERE inw) AS mem_pct,
-                       max(rss_mb) AS rss_mb_max
-                FROM (SELECT s.*, (w.w_start IS NULL OR s.t_wall >= w.w_start)
-                                  AND (w.w_end IS NULL OR s.t_wall <= w.w_end) AS inw
-                      FROM samples s JOIN _sbench_win w USING (run_id)) AS s
-                GROUP BY ALL ORDER BY ALL""")
+                WITH w AS (SELECT f.file_id, coalesce(x.w_start, '-infinity'::DOUBLE) AS lo,
+                                  coalesce(x.w_end, 'infinity'::DOUBLE) AS hi
+                           FROM sample_files f JOIN _sbench_win x USING (run_id)),
+                     g AS (
+                    SELECT file_id, kind, device, coalesce(s.t_wall BETWEEN w.lo AND w.hi, false) AS inw,
+                           count(*) AS n,
+                           avg(gpu_util) AS gpu_util,
+                           avg(100.0 * mem_used_mb / nullif(mem_total_mb, 0)) AS mem_util,
+                           max(100.0 * mem_used_mb / nullif(mem_total_mb, 0)) AS mem_util_peak,
+                           avg(power_w) AS power_w,
+                           avg(100.0 * power_w / nullif(power_limit_w, 0)) AS power_pct,
+                           avg(cpu_pct) AS cpu_pct,
+                           avg(mem_pct) AS mem_pct,
+                           max(rss_mb) AS rss_mb_max
+                    FROM sample_rows s JOIN w USING (file_id)
+                    GROUP BY ALL),
+                     a AS (
+                    SELECT file_id, kind, device, CAST(sum(n) AS BIGINT) AS rows_all,
+                           CAST(coalesce(sum(n) FILTER (WHERE inw), 0) AS BIGINT) AS samples,
+                           max(gpu_util) FILTER (WHERE inw) AS gpu_util,
+                           max(mem_util) FILTER (WHERE inw) AS mem_util,
+                           max(mem_util_peak) FILTER (WHERE inw) AS mem_util_peak,
+                           max(power_w) FILTER (WHERE inw) AS power_w,
+                           max(power_pct) FILTER (WHERE inw) AS power_pct,
+                           max(cpu_pct) FILTER (WHERE inw) AS cpu_pct,
+                           max(mem_pct) FILTER (WHERE inw) AS mem_pct,
+                           max(rss_mb_max) AS rss_mb_max
+                    FROM g GROUP BY file_id, kind, device)
+                SELECT f.run_id, f.host, CAST(a.kind AS VARCHAR) AS kind, a.device, a.rows_all, a.samples,
+                       a.gpu_util, a.mem_util, a.mem_util_peak, a.power_w, a.power_pct, a.cpu_pct, a.mem_pct,
+                       a.rss_mb_max
+                FROM a JOIN sample_files f USING (file_id)
+                ORDER BY f.run_id, f.host, a.kind, a.device""")
         finally:
             self.con.unregister("_sbench_win")
 
@@ -775,6 +844,22 @@ class Store:
             return [d[0] for d in cur.description], cur.fetchall()
         except duckdb.Error as exc:
             raise InputError(f"SQL error: {exc}") from None
+
+
+def _reject_reasons(found: Sequence[tuple[Any, ...]]) -> list[tuple[str, int, str]]:
+    """DuckDB's rejects, (path, line, column_idx, error_type, message) sorted, as one reason per bad value
+    or, for a line whose shape is wrong (too few/many columns, bad quoting, ...), one reason for the line
+    (the reader also lists each column it then could not fill, or the values it misread; those are
+    consequences, not causes)."""
+    by_line: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+    for path, line, col, etype, msg in found:
+        by_line.setdefault((str(path), int(line)), []).append((col, etype, msg))
+    out: list[tuple[str, int, str]] = []
+    for (path, line), errs in by_line.items():
+        shape = [e for e in errs if e[1] not in _CSV_VALUE_ERRORS]
+        for _col, etype, msg in (shape[:1] or errs):
+            out.append((path, line, f"{etype}: {msg}"))
+    return list(dict.fromkeys(out))
 
 
 def point_row(point_id: str, experiment: Any, entity: Any, valid: Any, reasons: Any, notes: Any) -> dict[str, Any]:
