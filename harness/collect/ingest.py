@@ -949,10 +949,8 @@ def _collect(db: str | Path, wait_s: float | None, report: CollectReport, manife
                     report.new += 1
             by_run = {d.run["run_id"]: d for d in datas}
             report.sample_rows = n
-            loaded: dict[str, list[tuple[str, Path]]] = {}
             for f in files:
                 d = by_run[f.run_id]
-                loaded.setdefault(f.run_id, []).append((f.host, f.path))
                 if f.truncated_line is not None and d.over:
                     _warn(d, f"{f.path.name} line {f.truncated_line}: truncated last line (ignored)")
             by_use = {f.use: f for f in files}
@@ -960,8 +958,6 @@ def _collect(db: str | Path, wait_s: float | None, report: CollectReport, manife
                 hit = by_use.get(fpath)
                 if hit:
                     _warn(by_run[hit.run_id], f"{hit.path.name} line {line}: {msg} (row skipped)")
-            for d in datas:
-                d.sample_files = loaded.get(d.run["run_id"], [])
             store.insert("sample_files", [{"file_id": f.file_id, "run_id": f.run_id, "host": f.host,
                                            "path": str(f.path), "t0": by_run[f.run_id].run["train_start_wall"]}
                                           for f in files])
