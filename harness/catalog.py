@@ -8,6 +8,7 @@ values are allowed, and the per-model LoRA ``target_modules``.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CatalogError, InputError
+from .schema import INT_MAX, MAX_NUMBER, control_char
 from .yamlio import load_yaml, loads_yaml
 
 BENCHMARK_MODELS = (
@@ -79,6 +81,11 @@ OPTIMIZERS = (
 SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 STATE_DICT = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
 AUTO_STOP = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
+# Bounds of entity values: beyond them a value is a typo, never a benchmark.
+MAX_GPUS = 1 << 16
+MAX_NODES = 1 << 12
+MAX_BATCH = 1 << 24
+MAX_SEQ_LEN = 1 << 24
 
 # Properties each benchmark measures, under the reference names (collect's columns).
 BENCHMARK_PROPERTIES = (
@@ -106,25 +113,32 @@ class FieldSpec:
     domain: tuple[Any, ...] | None = None
     nullable: bool = False
     minimum: float | None = None
+    maximum: float | None = None  # default: INT_MAX for int, MAX_NUMBER for float
+    max_len: int = 256  # characters of a str value (or of each item of a list)
 
     def coerce(self, value: Any, where: str) -> Any:
         """Check *value* against the field; return it in canonical form or raise ``InputError``."""
         if value is None or (isinstance(value, str) and value == "None" and self.nullable):
-            if self.nullable or self.default is None:
+            if self.nullable or (self.default is None and not self.required):
                 return None
-            raise InputError(f"{where}: {self.name} must not be null")
+            hint = f" ({self.help})" if self.required else ""
+            raise InputError(f"{where}: {self.name} must not be null; give {_kind_text(self.kind)}{hint}")
         kind = self.kind
-        bad = f"{where}: {self.name} must be {_kind_text(kind)}, got {value!r}"
+        bad = f"{where}: {self.name} must be {_kind_text(kind)}, got {_short(value)}"
         if kind == "int":
             if isinstance(value, bool) or not isinstance(value, int):
-                if isinstance(value, float) and value.is_integer():
+                if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**63:
                     value = int(value)
                 else:
                     raise InputError(bad)
         elif kind == "float":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise InputError(bad)
+            if isinstance(value, int) and abs(value) > 2**63:
+                raise InputError(f"{where}: {self.name} must be a number <= {_num(self.upper)}, got {_short(value)}")
             value = float(value)
+            if not math.isfinite(value):
+                raise InputError(f"{where}: {self.name} must be a finite number, got {value!r}")
         elif kind == "bool":
             if isinstance(value, str) and value.lower() in ("true", "false"):
                 value = value.lower() == "true"
@@ -133,24 +147,57 @@ class FieldSpec:
         elif kind == "str":
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 raise InputError(bad)
-            value = str(value)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InputError(bad)
+            value = self._text(str(value), where)
         elif kind == "list":
             if isinstance(value, str):
                 value = value.split()
-            if not isinstance(value, (list, tuple)):
+            if not isinstance(value, (list, tuple)) or len(value) > 64 or not all(
+                    isinstance(v, (str, int, bool)) for v in value):
                 raise InputError(bad)
-            value = [str(v) for v in value]
-        if self.minimum is not None and isinstance(value, (int, float)) and value < self.minimum:
-            raise InputError(f"{where}: {self.name} must be >= {self.minimum:g}, got {value!r}")
+            value = [self._text(str(v), where) for v in value]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if self.minimum is not None and value < self.minimum:
+                raise InputError(f"{where}: {self.name} must be >= {_num(self.minimum)}, got {_short(value)}")
+            if value > self.upper or value < -self.upper:
+                raise InputError(f"{where}: {self.name} must be <= {_num(self.upper)}, got {_short(value)}")
         if self.domain is not None and value not in self.domain:
             shown = ", ".join(str(d) for d in self.domain)
             raise InputError(f"{where}: {self.name} must be one of: {shown}; got {value!r}")
         return value
 
+    @property
+    def upper(self) -> float:
+        if self.maximum is not None:
+            return self.maximum
+        return INT_MAX if self.kind == "int" else MAX_NUMBER
+
+    def _text(self, text: str, where: str) -> str:
+        if len(text) > self.max_len:
+            raise InputError(f"{where}: {self.name} is {len(text)} characters long; at most {self.max_len} "
+                             "are allowed")
+        bad = control_char(text)
+        if bad is not None:
+            raise InputError(f"{where}: {self.name} contains the control character {bad}; remove it "
+                             f"(got {_short(text)})")
+        return text
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "type": self.kind, "required": self.required, "default": self.default,
                 "domain": list(self.domain) if self.domain is not None else None, "nullable": self.nullable,
                 "help": self.help}
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _kind_text(kind: str) -> str:
@@ -166,11 +213,11 @@ def _core_required(models: tuple[str, ...]) -> list[FieldSpec]:
     return [
         _f("model_name", "str", "Model name (see the model map)", required=True, domain=None),
         _f("model_max_length", "int", "Maximum sequence length; sequences are right padded and truncated",
-           required=True, minimum=1),
+           required=True, minimum=1, maximum=MAX_SEQ_LEN),
         _f("number_gpus", "int", "Effective number of GPUs, spread evenly over number_nodes", required=True,
-           minimum=0),
+           minimum=0, maximum=MAX_GPUS),
         _f("batch_size", "int", "Effective batch size, spread evenly over max(1, number_gpus) devices",
-           required=True),
+           required=True, maximum=MAX_BATCH),
         _f("gpu_model", "str", "GPU product (e.g. NVIDIA-A100-SXM4-80GB); defaults to the partition's",
            required=True),
     ]
@@ -182,21 +229,22 @@ def _benchmark_optional(dtype_domain: tuple[str, ...], dtype_default: str) -> li
            domain=BENCHMARK_DATASETS),
         _f("gradient_checkpointing", "bool", "Use gradient checkpointing", True),
         _f("gradient_accumulation_steps", "int", "Update steps to accumulate before a backward/update pass", 4,
-           minimum=1),
+           minimum=1, maximum=MAX_BATCH),
         _f("torch_dtype", "str", "dtype the weights are loaded in", dtype_default, domain=dtype_domain),
-        _f("max_steps", "int", "Optimisation steps; -1 to respect num_train_epochs", -1),
-        _f("num_train_epochs", "float", "Epochs; ignored when max_steps > 0", 1.0, minimum=0),
+        _f("max_steps", "int", "Optimisation steps; -1 to respect num_train_epochs", -1, minimum=-1),
+        _f("num_train_epochs", "float", "Epochs; ignored when max_steps > 0", 1.0, minimum=0, maximum=1e6),
         _f("stop_after_seconds", "float", "Ask the optimiser to stop after this many seconds (checked after each "
-           "step); -1 = off", -1.0),
+           "step); -1 = off", -1.0, minimum=-1, maximum=1e9),
         _f("auto_stop_method", "str", f"None or {AUTO_STOP}", None, domain=(None, AUTO_STOP), nullable=True),
         _f("distributed_backend", "str", "FSDP (default for multi-GPU) or DDP; None for single-device runs",
            None, domain=(None, "FSDP", "DDP"), nullable=True),
-        _f("number_nodes", "int", "Machines to spread number_gpus over, one process per GPU", 1),
+        _f("number_nodes", "int", "Machines to spread number_gpus over, one process per GPU", 1,
+           maximum=MAX_NODES),
         _f("fms_hf_tuning_version", "str", "Reference tuning-stack version label (recorded with the point)",
            "2.1.2", domain=FMS_VERSIONS),
         _f("enable_roce", "bool", "RDMA over Converged Ethernet for multi-node runs", False),
         _f("fast_moe", "int", "Expert-parallel degree; number_gpus must be divisible by it (0 = off)", 0,
-           minimum=0),
+           minimum=0, maximum=MAX_GPUS),
         _f("fast_kernels", "list", "[fast_loss, fast_rms_layernorm, fast_rope_embeddings]", None, nullable=True),
         _f("optim", "str", "Optimizer", "adamw_torch", domain=OPTIMIZERS),
         _f("bf16", "bool", "bf16 mixed precision", False),
@@ -216,8 +264,8 @@ def _benchmark_optional(dtype_domain: tuple[str, ...], dtype_default: str) -> li
 
 
 LORA_FIELDS = [
-    _f("r", "int", "LoRA rank", 4, minimum=1),
-    _f("lora_alpha", "int", "LoRA alpha", 16, minimum=1),
+    _f("r", "int", "LoRA rank", 4, minimum=1, maximum=1 << 16),
+    _f("lora_alpha", "int", "LoRA alpha", 16, minimum=1, maximum=1 << 20),
 ]
 
 
@@ -314,15 +362,16 @@ _add(Experiment(
     fields=(
         _f("model_name", "str", "Model name (see the model map)", required=True),
         _f("dataset_id", "str", "Synthetic dataset id", required=True, domain=DATASET_IDS),
-        _f("number_gpus", "int", "GPUs (0 or more; single node only)", required=True, minimum=0),
-        _f("model_max_length", "int", "Maximum sequence length", required=True, minimum=1),
+        _f("number_gpus", "int", "GPUs (0 or more; single node only)", required=True, minimum=0,
+           maximum=MAX_GPUS),
+        _f("model_max_length", "int", "Maximum sequence length", required=True, minimum=1, maximum=MAX_SEQ_LEN),
         _f("torch_dtype", "str", "Any torch dtype name", required=True,
            domain=("bfloat16", "float16", "float32", "float64", "half", "float", "double")),
-        _f("batch_size", "int", "Effective batch size", required=True),
+        _f("batch_size", "int", "Effective batch size", required=True, maximum=MAX_BATCH),
         _f("gpu_model", "str", "GPU product; defaults to the partition's", required=True),
-        _f("gradient_accumulation_steps", "int", "Defaults to 4", 4, minimum=1),
-        _f("number_nodes", "int", "Always 1: the stability experiment is single-node", 1),
-        _f("fast_moe", "int", "Expert-parallel degree (0 = off)", 0, minimum=0),
+        _f("gradient_accumulation_steps", "int", "Defaults to 4", 4, minimum=1, maximum=MAX_BATCH),
+        _f("number_nodes", "int", "Always 1: the stability experiment is single-node", 1, maximum=MAX_NODES),
+        _f("fast_moe", "int", "Expert-parallel degree (0 = off)", 0, minimum=0, maximum=MAX_GPUS),
     ),
     models=BENCHMARK_MODELS, properties=STABILITY_PROPERTIES, trials=5, multi_node=False,
     hardcoded={**_COMMON_HARDCODED, "peft_method": "none", "max_steps": 5, "distributed_backend": "FSDP",
@@ -377,6 +426,11 @@ class ModelMap:
             raise InputError(f"{source}: model_map must be a mapping of model name -> HF id or local path")
         for name, value in doc.items():
             name = str(name)
+            _check_text(source, f"model_map.{name}", name, 256)
+            for k, v in (value.items() if isinstance(value, Mapping) else [("", value)]):
+                for item in (v if isinstance(v, list) else [v]):
+                    if isinstance(item, str):
+                        _check_text(source, f"model_map.{name}" + (f".{k}" if k else ""), item, 1024)
             if isinstance(value, (str, Path)):
                 entry: dict[str, Any] = {"Vanilla": _resolve_source(str(value), base_dir)}
             elif isinstance(value, Mapping):
@@ -406,6 +460,14 @@ class ModelMap:
             out.entries[name] = merged_entry
             out.origins[name] = source
         return out
+
+
+def _check_text(source: str, key: str, text: str, max_len: int) -> None:
+    if len(text) > max_len:
+        raise InputError(f"{source}: {key} is {len(text)} characters long; at most {max_len} are allowed")
+    bad = control_char(text)
+    if bad is not None:
+        raise InputError(f"{source}: {key} contains the control character {bad}; remove it")
 
 
 def is_local_source(src: str) -> bool:

@@ -15,13 +15,26 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InventoryError
-from .schema import Checker
+from .schema import (
+    ADDRESS,
+    IFNAME,
+    SLURM_CONSTRAINT,
+    SLURM_NAME,
+    SLURM_TIME,
+    SLURM_TIME_TEXT,
+    Checker,
+)
 from .yamlio import load_yaml
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-HCA = re.compile(r"^[A-Za-z0-9_.-]+:[0-9]+$")
+# Every pattern is used with fullmatch: '$' would accept a trailing newline.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+HCA = re.compile(r"[A-Za-z0-9_.-]{1,64}:[0-9]{1,3}")
+GPU_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,127}")
 CPU_MODEL = "cpu"
+MAX_GPUS_PER_NODE = 1024
+MAX_CPUS_PER_NODE = 1 << 16
+MAX_MEMORY_GB = 1 << 20
+MAX_GID_INDEX = 255
 
 TOP_KEYS = ("cluster", "defaults", "partitions")
 DEFAULT_KEYS = ("env", "nccl", "setup", "python", "data_dir", "models_dir")
@@ -115,7 +128,7 @@ def _checker(source: str) -> Checker:
 def _env(ck: Checker, node: Mapping[str, Any], key: str, name: str) -> dict[str, str]:
     env = ck.string_map(node, key, name)
     for k in env:
-        if not ENV_NAME.match(k):
+        if not ENV_NAME.fullmatch(k):
             ck.fail(f"{key}.{name}.{k}", "is not a valid environment variable name (letters, digits, _)", node.get(name), k)
     return env
 
@@ -127,26 +140,27 @@ def _roce(ck: Checker, node: Any, key: str, parent: Mapping[str, Any]) -> Roce:
     if not hcas:
         ck.fail(f"{key}.hcas", "is required: list the RoCE HCAs as 'dev:port', e.g. ['mlx5_0:1']", node, "hcas")
     for i, h in enumerate(hcas):
-        if not HCA.match(h):
+        if not HCA.fullmatch(h):
             ck.fail(f"{key}.hcas[{i}]", f"must be in 'dev:port' form (e.g. 'mlx5_0:1'), got {h!r}", node, "hcas")
     gid = node.get("gid_index")
     if gid is None:
         ck.fail(f"{key}.gid_index", "is required: the GID index of a RoCE v2 entry (see show_gids)", node)
     if isinstance(gid, bool) or not isinstance(gid, int) or gid < 0:
         ck.fail(f"{key}.gid_index", f"must be an integer >= 0, got {gid!r}", node, "gid_index")
-    ifname = ck.string(node, key, "socket_ifname")
+    ck.integer(node, key, "gid_index", minimum=0, maximum=MAX_GID_INDEX)
+    ifname = ck.string(node, key, "socket_ifname", pattern=IFNAME,
+                       what="a network interface name, or NCCL's list form such as 'eth0' or '^lo,docker'")
     return Roce(hcas=tuple(hcas), gid_index=gid, socket_ifname=ifname)
 
 
 def _host(ck: Checker, name: str, node: Any, key: str, parent: Mapping[str, Any]) -> Host:
-    if not HOST_NAME.match(name):
-        ck.fail(key, "is not a valid host name (letters, digits, '.', '_', '-')", parent, name)
+    ck.name(name, key, parent, name, what="host name (the SLURM node name)")
     node = ck.mapping(node, key, parent, name)
     ck.known_keys(node, key, HOST_KEYS)
     roce = _roce(ck, node["roce"], f"{key}.roce", node) if node.get("roce") is not None else None
     return Host(
         name=name,
-        address=ck.string(node, key, "address"),
+        address=ck.string(node, key, "address", pattern=ADDRESS, what="an IP address or a DNS name"),
         roce=roce,
         nccl_topo_file=ck.string(node, key, "nccl_topo_file"),
         env=_env(ck, node, key, "env"),
@@ -155,16 +169,18 @@ def _host(ck: Checker, name: str, node: Any, key: str, parent: Mapping[str, Any]
 
 def _partition(ck: Checker, name: str, node: Any, parent: Mapping[str, Any]) -> Partition:
     key = f"partitions.{name}"
+    ck.name(name, key, parent, name, what="partition name")
     node = ck.mapping(node, key, parent, name)
     ck.known_keys(node, key, PARTITION_KEYS)
     gpu_model = ck.require(node, key, "gpu_model", "the GPU product name, or 'cpu' for a CPU partition")
-    gpu_model = ck.string(node, key, "gpu_model")
+    gpu_model = ck.string(node, key, "gpu_model", pattern=GPU_MODEL,
+                          what="a GPU product name such as 'NVIDIA-A100-SXM4-80GB', or 'cpu'")
     ck.require(node, key, "gpus_per_node", "GPUs per host; on a CPU partition, worker processes per host")
-    gpus = ck.integer(node, key, "gpus_per_node", minimum=0)
+    gpus = ck.integer(node, key, "gpus_per_node", minimum=0, maximum=MAX_GPUS_PER_NODE)
     ck.require(node, key, "cpus_per_node")
-    cpus = ck.integer(node, key, "cpus_per_node", minimum=1)
+    cpus = ck.integer(node, key, "cpus_per_node", minimum=1, maximum=MAX_CPUS_PER_NODE)
     ck.require(node, key, "memory_gb")
-    mem = ck.number(node, key, "memory_gb", minimum=0)
+    mem = ck.number(node, key, "memory_gb", minimum=0, maximum=MAX_MEMORY_GB)
     if mem <= 0:
         ck.fail(f"{key}.memory_gb", f"must be a number > 0, got {mem}", node, "memory_gb")
     if gpu_model.lower() == CPU_MODEL and gpus < 1:
@@ -175,18 +191,20 @@ def _partition(ck: Checker, name: str, node: Any, parent: Mapping[str, Any]) -> 
     hosts_node = ck.mapping(hosts_node, f"{key}.hosts", node, "hosts")
     hosts = {str(h): _host(ck, str(h), v, f"{key}.hosts.{h}", hosts_node) for h, v in hosts_node.items()}
     setup = ck.string_list(node, key, "setup", default=[])
+    slurm_name = {"pattern": SLURM_NAME, "what": "a SLURM name (letters, digits, '_', '.', '+', '-')"}
     return Partition(
         name=name,
-        slurm_partition=ck.string(node, key, "slurm_partition", default=name),
+        slurm_partition=ck.string(node, key, "slurm_partition", default=name, **slurm_name),
         gpu_model=gpu_model,
         gpus_per_node=gpus,
         cpus_per_node=cpus,
         memory_gb=float(mem),
         hosts=hosts,
-        account=ck.string(node, key, "account"),
-        qos=ck.string(node, key, "qos"),
-        constraint=ck.string(node, key, "constraint"),
-        time_limit=ck.string(node, key, "time_limit"),
+        account=ck.string(node, key, "account", **slurm_name),
+        qos=ck.string(node, key, "qos", **slurm_name),
+        constraint=ck.string(node, key, "constraint", pattern=SLURM_CONSTRAINT,
+                             what="a SLURM constraint expression (features joined by & | , [ ] *)"),
+        time_limit=ck.string(node, key, "time_limit", pattern=SLURM_TIME, what=SLURM_TIME_TEXT),
         setup=tuple(setup),
         env=_env(ck, node, key, "env"),
         python=ck.string(node, key, "python"),
@@ -201,6 +219,7 @@ def parse_inventory(doc: Any, source: str) -> Inventory:
     doc = ck.mapping(doc, "(document)")
     ck.known_keys(doc, "", TOP_KEYS)
     cluster = ck.string(doc, "", "cluster", default="cluster")
+    ck.name(cluster, "cluster", doc, "cluster", what="cluster name")
     defaults = ck.mapping(doc.get("defaults"), "defaults", doc, "defaults")
     ck.known_keys(defaults, "defaults", DEFAULT_KEYS)
     parts_node = doc.get("partitions")
@@ -208,6 +227,14 @@ def parse_inventory(doc: Any, source: str) -> Inventory:
         ck.fail("partitions", "is required: describe at least one partition", doc, "partitions")
     parts_node = ck.mapping(parts_node, "partitions", doc, "partitions")
     partitions = {str(n): _partition(ck, str(n), v, parts_node) for n, v in parts_node.items()}
+    seen: dict[str, tuple[str, str | None]] = {}
+    for p in partitions.values():
+        for h in p.hosts.values():
+            first = seen.setdefault(h.name, (p.name, h.address))
+            if first[0] != p.name and h.address and first[1] and h.address != first[1]:
+                ck.fail(f"partitions.{p.name}.hosts.{h.name}.address",
+                        f"is {h.address!r}, but partitions.{first[0]}.hosts.{h.name}.address is {first[1]!r}; "
+                        "one SLURM node has one address - make them equal", parts_node.get(p.name))
     warnings = []
     for p in partitions.values():
         gids = {h.name: h.roce.gid_index for h in p.hosts.values() if h.roce}
@@ -289,10 +316,11 @@ def local_inventory() -> Inventory:
 
 
 def inventory_path(path: str | Path | None) -> Path | None:
+    """The inventory file, absolute (recorded in manifests, so `retry` works from any directory)."""
     if path:
-        return Path(path)
+        return Path(path).expanduser().absolute()
     env = os.environ.get("SBENCH_INVENTORY")
-    return Path(env) if env else None
+    return Path(env).expanduser().absolute() if env else None
 
 
 def load_inventory(path: str | Path | None = None) -> Inventory:

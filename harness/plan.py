@@ -11,7 +11,6 @@ import hashlib
 import itertools
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,15 @@ from .catalog import (
 )
 from .errors import CatalogError, InputError, SweepError
 from .inventory import Inventory, Partition
-from .schema import Checker
+from .schema import (
+    MAX_LIST,
+    NAME,
+    SLURM_CONSTRAINT,
+    SLURM_NAME,
+    SLURM_TIME,
+    SLURM_TIME_TEXT,
+    Checker,
+)
 from .yamlio import LineDict, load_yaml
 
 SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
@@ -30,8 +37,11 @@ SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "g
 SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue")
 RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache")
 AUTO_STOP_KEYS = ("warmup_seconds", "stable_seconds", "min_steps")
-CAMPAIGN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+CAMPAIGN_NAME = NAME  # fullmatch only: '$' would accept a trailing newline
 DEFAULT_DATA_DIR = "results/datasets"
+MAX_REPEATS = 1000
+MAX_RUNS = 100_000  # points x repeats of one sweep; a larger grid is a typo, or several campaigns
+MAX_PARALLEL = 100_000
 
 
 @dataclass(frozen=True)
@@ -119,7 +129,7 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     ck.known_keys(doc, "", SWEEP_KEYS)
     campaign = ck.require(doc, "", "campaign", "a unique name for this sweep's results")
     campaign = ck.string(doc, "", "campaign")
-    if not CAMPAIGN_NAME.match(campaign):
+    if not CAMPAIGN_NAME.fullmatch(campaign):
         ck.fail("campaign", f"must use letters, digits, '.', '_' or '-' (max 100), got {campaign!r}", doc, "campaign")
     ck.require(doc, "", "experiment", "e.g. finetune_lora_benchmark-v1.0.0; see 'sbench experiments list'")
     exp_id = ck.string(doc, "", "experiment")
@@ -130,11 +140,15 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     entity = dict(ck.mapping(doc.get("entity"), "entity", doc, "entity"))
     grid_node = ck.mapping(doc.get("grid"), "grid", doc, "grid")
     grid: dict[str, list[Any]] = {}
+    combos = 1
     for k, v in grid_node.items():
         values = v if isinstance(v, list) else [v]
         if not values:
             ck.fail(f"grid.{k}", "is an empty list; give at least one value", grid_node, k)
+        if len(values) > MAX_LIST:
+            ck.fail(f"grid.{k}", f"has {len(values)} values; at most {MAX_LIST} are allowed", grid_node, k)
         grid[str(k)] = values
+        combos *= len(values)
     known = experiment.field_names
     for section, node in (("entity", entity), ("grid", grid)):
         for k in node:
@@ -147,33 +161,40 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     both = sorted(set(entity) & set(grid))
     if both:
         ck.fail(f"grid.{both[0]}", "is set in both entity: and grid:; keep it in one place", grid_node, both[0])
-    repeats = ck.integer(doc, "", "repeats", default=1, minimum=1)
+    repeats = ck.integer(doc, "", "repeats", default=1, minimum=1, maximum=MAX_REPEATS)
+    if combos * repeats > MAX_RUNS:
+        ck.fail("grid", f"expands to {combos} grid combinations x {repeats} repeat(s) = {combos * repeats} runs; at "
+                        f"most {MAX_RUNS} are allowed in one sweep - split it into several campaigns",
+                doc, "grid" if "grid" in doc else "repeats")
     slurm_node = ck.mapping(doc.get("slurm"), "slurm", doc, "slurm")
     ck.known_keys(slurm_node, "slurm", SLURM_KEYS)
+    slurm_name = {"pattern": SLURM_NAME, "what": "a SLURM name (letters, digits, '_', '.', '+', '-')"}
     slurm = SlurmOverrides(
-        time=ck.string(slurm_node, "slurm", "time"),
-        account=ck.string(slurm_node, "slurm", "account"),
-        qos=ck.string(slurm_node, "slurm", "qos"),
-        constraint=ck.string(slurm_node, "slurm", "constraint"),
+        time=ck.string(slurm_node, "slurm", "time", pattern=SLURM_TIME, what=SLURM_TIME_TEXT),
+        account=ck.string(slurm_node, "slurm", "account", **slurm_name),
+        qos=ck.string(slurm_node, "slurm", "qos", **slurm_name),
+        constraint=ck.string(slurm_node, "slurm", "constraint", pattern=SLURM_CONSTRAINT,
+                             what="a SLURM constraint expression (features joined by & | , [ ] *)"),
         exclusive=ck.boolean(slurm_node, "slurm", "exclusive"),
-        mem_gb=ck.number(slurm_node, "slurm", "mem_gb", minimum=0),
-        max_parallel=ck.integer(slurm_node, "slurm", "max_parallel", minimum=1),
+        mem_gb=ck.number(slurm_node, "slurm", "mem_gb", minimum=0, maximum=1 << 20),
+        max_parallel=ck.integer(slurm_node, "slurm", "max_parallel", minimum=1, maximum=MAX_PARALLEL),
         requeue=ck.boolean(slurm_node, "slurm", "requeue", default=False),
     )
-    if slurm.time is not None and not re.match(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$", slurm.time):
-        ck.fail("slurm.time", f"must be a SLURM time like '01:00:00', '90' or '1-12:00:00', got {slurm.time!r}",
-                slurm_node, "time")
     runner_node = ck.mapping(doc.get("runner"), "runner", doc, "runner")
     ck.known_keys(runner_node, "runner", RUNNER_KEYS)
     auto = ck.mapping(runner_node.get("auto_stop"), "runner.auto_stop", runner_node, "auto_stop")
     ck.known_keys(auto, "runner.auto_stop", AUTO_STOP_KEYS)
-    interval = ck.number(runner_node, "runner", "sample_interval_s", default=1.0, minimum=0.01)
+    interval = ck.number(runner_node, "runner", "sample_interval_s", default=1.0, minimum=0.01, maximum=3600)
+    day = 86400.0
     runner = RunnerSettings(
         sample_interval_s=float(interval),
-        warmup_seconds=float(ck.number(auto, "runner.auto_stop", "warmup_seconds", default=60.0, minimum=0)),
-        stable_seconds=float(ck.number(auto, "runner.auto_stop", "stable_seconds", default=120.0, minimum=0)),
-        min_steps=ck.integer(auto, "runner.auto_stop", "min_steps", default=10, minimum=1),
-        stop_grace_s=float(ck.number(runner_node, "runner", "stop_grace_s", default=30.0, minimum=0)),
+        warmup_seconds=float(ck.number(auto, "runner.auto_stop", "warmup_seconds", default=60.0, minimum=0,
+                                       maximum=day)),
+        stable_seconds=float(ck.number(auto, "runner.auto_stop", "stable_seconds", default=120.0, minimum=0,
+                                       maximum=day)),
+        min_steps=ck.integer(auto, "runner.auto_stop", "min_steps", default=10, minimum=1, maximum=10**9),
+        stop_grace_s=float(ck.number(runner_node, "runner", "stop_grace_s", default=30.0, minimum=0,
+                                     maximum=day)),
         token_cache=ck.boolean(runner_node, "runner", "token_cache", default=True),
     )
     try:
@@ -182,17 +203,21 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
             mm = mm.merged(ck.mapping(doc["model_map"], "model_map", doc, "model_map"), source, base_dir)
     except InputError as exc:
         raise SweepError(str(exc)) from None
-    data_dir_raw = ck.string(doc, "", "data_dir")
+    data_dir_raw = ck.string(doc, "", "data_dir", max_len=1024)
     if data_dir_raw:
         data_dir = Path(data_dir_raw).expanduser()
         if not data_dir.is_absolute():
             data_dir = (base_dir / data_dir).resolve()
     else:
         data_dir = Path(os.environ.get("SBENCH_DATA_DIR", DEFAULT_DATA_DIR)).resolve()
+    partition = ck.string(doc, "", "partition")
+    if partition is not None:
+        ck.name(partition, "partition", doc, "partition", what="partition name")
     return Sweep(
         campaign=campaign, experiment=experiment, source=source, base_dir=base_dir,
-        partition=ck.string(doc, "", "partition"), entity=entity, grid=grid, repeats=repeats, slurm=slurm,
-        model_map=mm, data_dir=data_dir, runner=runner, description=ck.string(doc, "", "description", default="", nonempty=False) or "",
+        partition=partition, entity=entity, grid=grid, repeats=repeats, slurm=slurm,
+        model_map=mm, data_dir=data_dir, runner=runner,
+        description=ck.string(doc, "", "description", default="", nonempty=False, multiline=True) or "",
         lines=dict(doc.lines) if isinstance(doc, LineDict) else {},
     )
 
@@ -315,6 +340,14 @@ def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) ->
     return reasons, notes
 
 
+def _mount_visible(src: str) -> bool:
+    """Whether this machine sees the file system *src* lives on: its top-level directory exists (a
+    missing model under a visible /shared is a typo; a missing /models may be mounted on compute nodes)."""
+    p = Path(src).expanduser()
+    parts = p.parts
+    return len(parts) < 2 or Path(parts[0], parts[1]).exists()
+
+
 def _combos(sweep: Sweep) -> list[tuple[dict[str, Any], dict[str, int]]]:
     keys = list(sweep.grid)
     out = []
@@ -355,7 +388,14 @@ def plan_sweep(sweep: Sweep, inventory: Inventory) -> list[PlannedPoint]:
         if src is None:
             preasons.append(f"model: no weights mapped for {entity['model_name']}; add it to model_map:")
         elif is_local_source(src) and not Path(src).expanduser().exists():
-            # Compute nodes may mount paths this machine cannot see; say so, do not invalidate.
+            origin = sweep.model_map.origins.get(entity["model_name"], "built-in")
+            if origin != "built-in" and _mount_visible(src):
+                # A path the user wrote: a typo here costs an allocation, so it is an input error.
+                raise SweepError(
+                    f"{origin}: model_map.{entity['model_name']} points to {src}, which does not exist; fix the "
+                    f"path, or create it (for a test model: sbench model tiny -o {src})")
+            # The built-in map names the reference deployment's paths, and a file system that is not
+            # mounted here at all may be mounted on the compute nodes: say so, do not invalidate.
             notes.append(f"model weights {src} are not visible from this machine (for a test model: "
                          f"sbench model tiny -o {src})")
         pid = point_id(exp.id, entity)

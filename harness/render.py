@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ import yaml
 
 from . import __version__
 from .errors import RenderError
-from .inventory import Inventory
+from .inventory import ENV_NAME, Inventory
 from .jobspec import PORT_BASE, PORT_SPAN, JobSpec, build_jobspec
 from .paths import JobPaths, job_dir_name
 from .plan import PlannedPoint, Sweep
@@ -33,6 +34,17 @@ _ENV = jinja2.Environment(
 _ENV.filters["q"] = lambda v: shlex.quote(str(v))
 # Env files always single-quote, so a value such as NCCL_IB_HCA's '=mlx5_0' reads unambiguously.
 _ENV.filters["sq"] = lambda v: "'" + str(v).replace("'", "'\"'\"'") + "'"
+# Inside a comment only a line break could end it: anything but printable ASCII becomes '?'.
+_ENV.filters["c"] = lambda v: re.sub(r"[^\x20-\x7e]", "?", str(v))
+
+
+def _envname(v: Any) -> str:
+    if not ENV_NAME.fullmatch(str(v)):
+        raise RenderError(f"environment variable name {str(v)!r} is not a valid name (letters, digits, _)")
+    return str(v)
+
+
+_ENV.filters["envname"] = _envname
 
 DIRECTIVE_ORDER = ("job_name", "partition", "nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "mem",
                    "time", "account", "qos", "constraint", "exclusive", "requeue", "no_requeue", "output")

@@ -8,15 +8,76 @@ integer >= 0, got 'eight'``.
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn
 
 from .errors import InputError
 from .yamlio import LineDict
 
+# -- limits: the one home of every input bound -------------------------------------------------------------
+BIGINT_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1  # what an INTEGER column holds; the default ceiling of an integer key
+MAX_STRING = 4096  # characters in any one string value
+MAX_LIST = 1024  # items in any one list value (setup lines, HCAs, grid values, ...)
+MAX_NUMBER = 1e15  # magnitude of any float value
+# A name that becomes part of a file name, a job name or a script: letters, digits, '.', '_', '-'.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # every control character but tab and newline
+_CONTROL_LINE = re.compile(r"[\x00-\x1f\x7f]")  # every control character, tab and newline included
+
+
+# SLURM's time formats (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) and its words for no limit.
+SLURM_TIME = re.compile(r"\d{1,4}-\d{1,2}(?::\d{2}){0,2}|\d{1,7}(?::\d{2}){0,2}|UNLIMITED|INFINITE|unlimited|infinite")
+SLURM_TIME_TEXT = "a SLURM time like '90', '01:00:00', '1-12:00:00' or 'UNLIMITED'"
+# Names SLURM accepts for partitions, accounts, QOS and reservations; a constraint adds its operators.
+SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_.&|,\[\]*()!:+-]{1,512}")
+# A host address: an IPv4/IPv6 literal or a DNS name.
+ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})")
+# NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: interface names or prefixes, '^' to exclude, '=' for exact.
+IFNAME = re.compile(r"[\^=]?[A-Za-z0-9_.:@-]{1,64}(?:,[\^=]?[A-Za-z0-9_.:@-]{1,64}){0,31}")
+
+
+def slurm_time_minutes(text: str) -> float | None:
+    """A SLURM time in minutes; None for UNLIMITED/INFINITE. Raises ``ValueError`` on another format."""
+    text = str(text).strip()
+    if SLURM_TIME.fullmatch(text) is None:
+        raise ValueError(f"not {SLURM_TIME_TEXT}: {text!r}")
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+        h, m, s = ([int(p) for p in text.split(":")] + [0, 0])[:3]
+    else:
+        parts = [int(p) for p in text.split(":")]
+        h, m, s = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]  # type: ignore[assignment]
+    return days * 1440 + h * 60 + m + s / 60
+
+
+def control_char(text: str, multiline: bool = False) -> str | None:
+    """The first control character of *text* (newline and tab allowed when *multiline*), shown escaped."""
+    m = (_CONTROL if multiline else _CONTROL_LINE).search(text)
+    return None if m is None else repr(m.group(0))
+
+
+def is_name(text: Any) -> bool:
+    """True for a full-match identifier (see :data:`NAME`); a trailing newline is no match."""
+    return isinstance(text, str) and NAME.fullmatch(text) is not None
+
 
 def _show(value: Any) -> str:
-    text = repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return f"an integer of {len(str(abs(value))) if abs(value) < 10**4000 else 'over 4000'} digits"
+    if isinstance(value, (list, dict)) and len(value) > 20:
+        return f"a {type(value).__name__} of {len(value)} items"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"a {type(value).__name__}"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -61,34 +122,65 @@ class Checker:
         return node[name]
 
     # -- scalars -----------------------------------------------------------
-    def string(self, node: Mapping[str, Any], key: str, name: str, default: Any = None, nonempty: bool = True) -> Any:
+    def string(self, node: Mapping[str, Any], key: str, name: str, default: Any = None, nonempty: bool = True,
+               pattern: re.Pattern[str] | None = None, what: str = "", multiline: bool = False,
+               max_len: int = MAX_STRING) -> Any:
+        """A string value: no control characters (newlines only when *multiline*), at most *max_len*
+        characters, and a full match of *pattern* (described by *what*) when given."""
         value = node.get(name, default)
         if value is None:
             return default
         dotted = f"{key}.{name}" if key else name
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             self.fail(dotted, f"must be a string, got {_show(value)}", node, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(dotted, f"must be a string, got {_show(value)}", node, name)
         value = str(value)
+        self.text(value, dotted, node, name, multiline=multiline, max_len=max_len)
         if nonempty and not value.strip():
             self.fail(dotted, "must not be empty", node, name)
+        if pattern is not None and pattern.fullmatch(value) is None:
+            self.fail(dotted, f"must be {what or 'a name'}, got {_show(value)}", node, name)
         return value
 
-    def integer(self, node: Mapping[str, Any], key: str, name: str, default: Any = None, minimum: int | None = None) -> Any:
+    def text(self, value: str, dotted: str, node: Any = None, leaf: str | None = None, *,
+             multiline: bool = False, max_len: int = MAX_STRING) -> str:
+        """Check a string already in hand: length and control characters."""
+        if len(value) > max_len:
+            self.fail(dotted, f"is {len(value)} characters long; at most {max_len} are allowed", node, leaf)
+        bad = control_char(value, multiline)
+        if bad is not None:
+            self.fail(dotted, f"contains the control character {bad}; remove it (got {_show(value)})", node, leaf)
+        return value
+
+    def name(self, value: Any, dotted: str, node: Any = None, leaf: str | None = None, what: str = "name") -> str:
+        """A key used as an identifier (partition, host, campaign): a full match of :data:`NAME`."""
+        if not is_name(value):
+            self.fail(dotted, f"is not a valid {what}: use letters, digits, '.', '_' or '-' (start with a letter "
+                              f"or digit, at most 100), got {_show(value)}", node, leaf)
+        return value
+
+    def integer(self, node: Mapping[str, Any], key: str, name: str, default: Any = None, minimum: int | None = None,
+                maximum: int = INT_MAX) -> Any:
+        """An integer (a YAML number, never a quoted string) in [minimum, maximum]."""
         value = node.get(name, default)
         if value is None:
             return default
         dotted = f"{key}.{name}" if key else name
         bound = f" >= {minimum}" if minimum is not None else ""
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) <= maximum:
+            value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-                value = int(value)
-            else:
-                self.fail(dotted, f"must be an integer{bound}, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be an integer{bound}, got {_show(value)}", node, name)
         if minimum is not None and value < minimum:
-            self.fail(dotted, f"must be an integer{bound}, got {value}", node, name)
+            self.fail(dotted, f"must be an integer{bound}, got {_show(value)}", node, name)
+        if value > maximum:
+            self.fail(dotted, f"must be an integer <= {maximum}, got {_show(value)}", node, name)
         return value
 
-    def number(self, node: Mapping[str, Any], key: str, name: str, default: Any = None, minimum: float | None = None) -> Any:
+    def number(self, node: Mapping[str, Any], key: str, name: str, default: Any = None, minimum: float | None = None,
+               maximum: float = MAX_NUMBER) -> Any:
+        """A finite number (a YAML number, never a quoted string, NaN or infinity) in [minimum, maximum]."""
         value = node.get(name, default)
         if value is None:
             return default
@@ -96,8 +188,12 @@ class Checker:
         bound = f" >= {minimum}" if minimum is not None else ""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(dotted, f"must be a number{bound}, got {_show(value)}", node, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(dotted, f"must be a finite number{bound}, got {_show(value)}", node, name)
         if minimum is not None and value < minimum:
-            self.fail(dotted, f"must be a number{bound}, got {value}", node, name)
+            self.fail(dotted, f"must be a number{bound}, got {_show(value)}", node, name)
+        if value > maximum:
+            self.fail(dotted, f"must be a number <= {maximum:g}, got {_show(value)}", node, name)
         return value
 
     def boolean(self, node: Mapping[str, Any], key: str, name: str, default: Any = None) -> Any:
@@ -116,9 +212,14 @@ class Checker:
         dotted = f"{key}.{name}" if key else name
         if isinstance(value, str):
             value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+        if not isinstance(value, list) or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
             self.fail(dotted, f"must be a list of strings, got {_show(value)}", node, name)
-        return [str(v) for v in value]
+        if len(value) > MAX_LIST:
+            self.fail(dotted, f"has {len(value)} items; at most {MAX_LIST} are allowed", node, name)
+        out = [str(v) for v in value]
+        for i, v in enumerate(out):
+            self.text(v, f"{dotted}[{i}]", node, name)
+        return out
 
     def string_map(self, node: Mapping[str, Any], key: str, name: str) -> dict[str, str]:
         value = node.get(name)
@@ -126,11 +227,13 @@ class Checker:
         if value is None:
             return {}
         value = self.mapping(value, dotted, node, name)
+        if len(value) > MAX_LIST:
+            self.fail(dotted, f"has {len(value)} entries; at most {MAX_LIST} are allowed", node, name)
         out: dict[str, str] = {}
         for k, v in value.items():
             if isinstance(v, bool):
                 v = "1" if v else "0"
-            if not isinstance(v, (str, int, float)):
+            if not isinstance(v, (str, int, float)) or (isinstance(v, float) and not math.isfinite(v)):
                 self.fail(f"{dotted}.{k}", f"must be a string, got {_show(v)}", value, k)
-            out[str(k)] = str(v)
+            out[str(k)] = self.text(str(v), f"{dotted}.{k}", value, k)
         return out

@@ -13,6 +13,11 @@ import yaml
 
 from .errors import InputError
 
+MAX_DOC_BYTES = 1 << 20  # an inventory, sweep or model map larger than 1 MiB is a mistake
+MAX_ALIASES = 256  # alias uses (*name) in one document
+MAX_NODES = 200_000  # values in one document after aliases are expanded (a "billion laughs" stops here)
+MAX_DEPTH = 64  # nesting of mappings and lists
+
 
 class LineDict(dict):
     """A dict that knows the source line (1-based) of each of its keys."""
@@ -32,7 +37,28 @@ class DuplicateKeyError(Exception):
 
 
 class _Loader(yaml.SafeLoader):
-    pass
+    """SafeLoader that refuses duplicate keys and counts aliases and nesting while it composes."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.aliases = 0
+        self.depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.events.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(None, None, f"more than {MAX_ALIASES} aliases (*name): refusing "
+                                                  "a document that expands this much", mark)
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> LineDict:
@@ -82,6 +108,9 @@ def load_yaml(path: str | Path, error: type[InputError] = InputError, what: str 
     """Load one YAML document from *path*; every problem becomes *error* naming the file."""
     p = Path(path)
     try:
+        size = p.stat().st_size
+        if p.is_file() and size > MAX_DOC_BYTES:
+            raise error(f"{p}: the {what} is {size} bytes; at most {MAX_DOC_BYTES} are allowed")
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise error(f"{p}: {what} not found") from None
@@ -92,9 +121,44 @@ def load_yaml(path: str | Path, error: type[InputError] = InputError, what: str 
     return loads_yaml(text, str(p), error)
 
 
+def _expanded_size(doc: Any) -> int:
+    """Values in *doc* counting every alias expansion (shared objects counted once per use); raises
+    ``ValueError`` on a recursive alias. Memoised per object, so a 9-level alias bomb costs 9 steps."""
+    memo: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(obj: Any) -> int:
+        if not isinstance(obj, (dict, list)):
+            return 1
+        key = id(obj)
+        if key in memo:
+            return memo[key]
+        if key in active:
+            raise ValueError("a recursive alias (a value that contains itself)")
+        active.add(key)
+        items = obj.values() if isinstance(obj, dict) else obj
+        n = 1 + sum(size(v) for v in items) + (len(obj) if isinstance(obj, dict) else 0)
+        active.discard(key)
+        memo[key] = n
+        return n
+
+    return size(doc)
+
+
 def loads_yaml(text: str, source: str, error: type[InputError] = InputError) -> Any:
+    if len(text) > MAX_DOC_BYTES:
+        raise error(f"{source}: the document is {len(text)} characters; at most {MAX_DOC_BYTES} are allowed")
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - SafeLoader subclass
+        doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - SafeLoader subclass
+        n = _expanded_size(doc)
+        if n > MAX_NODES:
+            raise error(f"{source}: the document expands to {n} values (anchors and aliases included); at most "
+                        f"{MAX_NODES} are allowed - write the values out or split the file")
+        return doc
+    except ValueError as exc:  # int() of a huge literal, a recursive alias
+        raise error(f"{source}: invalid YAML: {exc}") from None
+    except RecursionError:
+        raise error(f"{source}: invalid YAML: nested too deeply") from None
     except DuplicateKeyError as dup:
         dotted = _locate_duplicate(text, dup.key, dup.second)
         raise error(

@@ -166,6 +166,7 @@ def test_every_seed_model_is_mapped_and_overridable(cli, tmp_path: Path) -> None
     assert set(LORA_TARGET_MODULES) <= set(mm.entries)
     override = tmp_path / "mm.yaml"
     override.write_text("smollm2-135m: ./weights/smol\n")
+    (tmp_path / "weights/smol").mkdir(parents=True)
     sweep = tmp_path / "s.yaml"
     sweep.write_text(yaml.safe_dump({
         "campaign": "mm", "experiment": "finetune_full_benchmark-v1.0.0",

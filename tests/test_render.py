@@ -210,6 +210,7 @@ def test_weird_paths_are_quoted_not_injected(weird_tmp_path: Path, tmp_path: Pat
                       "json.dump({'argv': sys.argv, 'cwd': os.getcwd()}, open(os.environ['DUMP_TO'], 'w'))\n")
     dumper.chmod(dumper.stat().st_mode | stat.S_IEXEC)
     model = weird_tmp_path / "model $(touch /tmp/sbench-pwned) ';' \"x\""
+    model.mkdir(parents=True)
     inv_path = tmp_path / "inv.yaml"
     inv_path.write_text(yaml.safe_dump({"cluster": "w", "partitions": {"p": {
         "gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 4, "memory_gb": 8, "python": str(dumper),

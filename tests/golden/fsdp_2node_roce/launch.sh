@@ -2,11 +2,13 @@
 # sbench <VERSION>: runs once per node. campaign golden-fsdp-2node-roce, point 4531f9db92ee785e, attempt 1
 set -euo pipefail
 JOB_DIR=<OUT>/4531f9db92ee785e.r0.a1
+PARTITION=gpu
+KNOWN_HOSTS='node1 node2'
 # Keyed by the SLURM node name: namespaced or containerised nodes may share one hostname.
 HOST="${SLURMD_NODENAME:-${SBENCH_HOST:-$(hostname -s)}}"
 ENV_FILE="$JOB_DIR/env/$HOST.sh"
 if [[ ! -f "$ENV_FILE" ]]; then
-  echo "sbench: host $HOST is not a host of partition gpu (known: node1 node2); add it to the inventory" >&2
+  echo "sbench: host $HOST is not a host of partition $PARTITION (known: $KNOWN_HOSTS); add it to the inventory" >&2
   exit 3
 fi
 # shellcheck source=/dev/null
