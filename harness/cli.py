@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,24 @@ class SbenchGroup(click.Group):
         except SbenchError as exc:
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug, not the user's mistake: one line, unless asked
+            if os.environ.get("SBENCH_DEBUG"):
+                raise
+            click.echo(f"Error: internal error: {type(exc).__name__}: {exc} (this is a bug in sbench; "
+                       "SBENCH_DEBUG=1 shows the traceback)", err=True)
+            ctx.exit(1)
+
+
+def campaign_name(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    """Click callback: a campaign name is an identifier (never a path such as ../x)."""
+    from .schema import is_name
+
+    if value is not None and not is_name(value):
+        shown = repr(value) if len(value) <= 80 else repr(value[:77] + "...")
+        raise click.BadParameter(f"{shown} is not a campaign name (letters, digits, '.', '_', '-'; at most 100)")
+    return value
 
 
 def inventory_option(f: Any) -> Any:

@@ -9,6 +9,7 @@ import click
 
 from .cli import (
     Progress,
+    campaign_name,
     db_option,
     echo_json,
     inventory_option,
@@ -74,7 +75,7 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("campaign")
+@click.argument("campaign", callback=campaign_name)
 @workdir_option
 @db_option
 @executor_option
@@ -101,7 +102,7 @@ def retry(campaign: str, workdir: Path | None, db: Path | None, executor: str, w
 @main.command()
 @workdir_option
 @db_option
-@click.option("--campaign", default=None, help="Only this campaign.")
+@click.option("--campaign", default=None, callback=campaign_name, help="Only this campaign.")
 @json_option
 def status(workdir: Path | None, db: Path | None, campaign: str | None, as_json: bool) -> None:
     """Show every point and attempt: pending, running or done, from the DB and the live scheduler.
@@ -132,7 +133,7 @@ def _short(text: str, n: int = 70) -> str:
 @main.command()
 @workdir_option
 @db_option
-@click.option("--campaign", default=None, help="Only this campaign (default: every campaign).")
+@click.option("--campaign", default=None, callback=campaign_name, help="Only this campaign (default: every campaign).")
 def cancel(workdir: Path | None, db: Path | None, campaign: str | None) -> None:
     """Cancel every attempt that is still queued or running.
 

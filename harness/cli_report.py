@@ -6,13 +6,14 @@ from pathlib import Path
 
 import click
 
-from .cli import db_option, main
+from .cli import campaign_name, db_option, main
 from .paths import DEFAULT_DB
 
 
 @main.command()
 @db_option
-@click.option("--campaign", default=None, help="Only this campaign's runs (default: every campaign).")
+@click.option("--campaign", default=None, callback=campaign_name,
+              help="Only this campaign's runs (default: every campaign).")
 @click.option("--run", "run_id", default=None, metavar="RUN_ID",
               help="Run for the utilisation-over-time panels (default: the longest ok run).")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"),

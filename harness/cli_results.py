@@ -12,6 +12,7 @@ import click
 
 from .cli import (
     Progress,
+    campaign_name,
     db_option,
     echo_json,
     json_option,
@@ -19,6 +20,7 @@ from .cli import (
     table,
     workdir_option,
 )
+from .errors import InputError
 from .paths import DEFAULT_DB, DEFAULT_WORKDIR
 
 COLLECT_PHASES = {"discover": "finding runs", "parse": "reading job dirs", "samples": "loading samples"}
@@ -27,7 +29,7 @@ COLLECT_PHASES = {"discover": "finding runs", "parse": "reading job dirs", "samp
 @main.command()
 @db_option
 @workdir_option
-@click.option("--campaign", default=None, help="Only this campaign's runs.")
+@click.option("--campaign", default=None, callback=campaign_name, help="Only this campaign's runs.")
 @json_option
 def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json: bool) -> None:
     """Read job directories and SLURM accounting into the results database.
@@ -36,9 +38,15 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json
     """
     from .collect import collect as run_collect
 
+    wd = workdir or DEFAULT_WORKDIR
+    if not wd.is_dir():
+        raise InputError(f"--workdir {wd}: no such directory; nothing to collect (submit a sweep first, or pass "
+                         "--workdir / $SBENCH_WORKDIR where its job directories are)")
+    if campaign and not (wd / campaign).is_dir():
+        raise InputError(f"--campaign {campaign}: no campaign directory {wd / campaign}")
     prog = Progress("collect", COLLECT_PHASES, quiet=as_json)
     try:
-        report = run_collect(db or DEFAULT_DB, workdir or DEFAULT_WORKDIR, campaign, progress=prog)
+        report = run_collect(db or DEFAULT_DB, wd, campaign, progress=prog)
     finally:
         prog.close()
     if as_json:

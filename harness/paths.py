@@ -10,6 +10,7 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 # Login-node defaults (the CLI's --db / --workdir, or $SBENCH_DB / $SBENCH_WORKDIR, override them).
 DEFAULT_DB = Path("results/results.duckdb")
 DEFAULT_WORKDIR = Path("results/runs")
+SPEC_SCHEMA = "sbench.spec/1"  # the "schema" of every spec.json render writes
 
 
 def safe_name(text: str) -> str:

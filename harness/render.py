@@ -19,10 +19,10 @@ import jinja2
 import yaml
 
 from . import __version__
-from .errors import RenderError
+from .errors import InputError, RenderError
 from .inventory import ENV_NAME, Inventory
 from .jobspec import PORT_BASE, PORT_SPAN, JobSpec, build_jobspec
-from .paths import JobPaths, job_dir_name
+from .paths import SPEC_SCHEMA, JobPaths, job_dir_name
 from .plan import PlannedPoint, Sweep
 
 _ENV = jinja2.Environment(
@@ -126,6 +126,7 @@ def render_accelerate(spec: JobSpec) -> str | None:
 
 def render_spec_json(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Sweep) -> str:
     doc = {
+        "schema": SPEC_SCHEMA,
         "sbench_version": __version__,
         "rendered_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "campaign": spec.campaign,
@@ -144,13 +145,12 @@ def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def write_job_dir(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Sweep) -> JobPaths:
-    """Write every rendered file of *spec* into its job directory."""
+Rendered = dict  # Path -> (text, mode): every file of one job directory, not yet on disk
+
+
+def render_files(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Sweep) -> Rendered:
+    """Every file of *spec*'s job directory as text; pure (nothing touches the disk)."""
     paths = JobPaths(spec.job_dir)
-    try:
-        paths.env_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise RenderError(f"cannot create job directory {paths.root}: {exc}") from None
     files = {
         paths.spec: (render_spec_json(spec, inv, point, sweep), 0o644),
         paths.sbatch: (render_sbatch(spec), 0o755),
@@ -161,22 +161,57 @@ def write_job_dir(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Swe
         files[paths.accelerate] = (acc, 0o644)
     for host in spec.host_env:
         files[paths.env(host)] = (render_env(spec, host), 0o644)
-    for path, (text, mode) in files.items():
-        _atomic_write(path, text, mode)
+    return files
+
+
+def write_files(job_dir: str | Path, files: Rendered) -> JobPaths:
+    paths = JobPaths(job_dir)
+    try:
+        paths.env_dir.mkdir(parents=True, exist_ok=True)
+        for path, (text, mode) in files.items():
+            _atomic_write(path, text, mode)
+    except OSError as exc:
+        raise RenderError(f"cannot write job directory {paths.root}: {exc}") from None
     return paths
+
+
+def write_job_dir(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Sweep) -> JobPaths:
+    """Write every rendered file of *spec* into its job directory."""
+    return write_files(spec.job_dir, render_files(spec, inv, point, sweep))
+
+
+def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out_dir: str | Path,
+                   attempts: dict[tuple[str, int], int] | None = None,
+                   python: str | None = None) -> list[tuple[JobSpec, Rendered]]:
+    """Build and render (in memory) every valid point's job directory under *out_dir*: everything that
+    can fail on a value fails here, before anything is written. *attempts* gives the attempt number per
+    (point_id, repeat) (default 1); points not in it are skipped when it is given."""
+    out = Path(out_dir).expanduser().resolve()
+    done = []
+    for p in points:
+        if not p.valid:
+            continue
+        attempt = 1 if attempts is None else attempts.get((p.point_id, p.repeat))
+        if attempt is None:
+            continue
+        job_dir = str(out / job_dir_name(p.point_id, p.repeat, attempt))
+        try:
+            spec = build_jobspec(sweep, inv, p, attempt, job_dir, python=python)
+            files = render_files(spec, inv, p, sweep)
+        except (RenderError, ValueError, TypeError, jinja2.TemplateError) as exc:
+            raise InputError(f"{sweep.source}: point {p.point_id} (repeat {p.repeat}) cannot be rendered: {exc}; "
+                             "nothing was written") from None
+        done.append((spec, files))
+    return done
 
 
 def render_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out_dir: str | Path,
                   attempt: int = 1, python: str | None = None) -> list[JobSpec]:
     """Render one job directory per valid point under *out_dir*; invalid points are skipped here and
-    reported by the caller (they are part of the plan)."""
-    out = Path(out_dir).expanduser().resolve()
-    specs = []
-    for p in points:
-        if not p.valid:
-            continue
-        job_dir = str(out / job_dir_name(p.point_id, p.repeat, attempt))
-        spec = build_jobspec(sweep, inv, p, attempt, job_dir, python=python)
-        write_job_dir(spec, inv, p, sweep)
-        specs.append(spec)
-    return specs
+    reported by the caller (they are part of the plan). Every directory is rendered in memory first,
+    so a point that cannot be rendered leaves *out_dir* untouched."""
+    attempts = {(p.point_id, p.repeat): attempt for p in points}
+    prepared = prepare_points(sweep, inv, points, out_dir, attempts, python=python)
+    for spec, files in prepared:
+        write_files(spec.job_dir, files)
+    return [spec for spec, _ in prepared]

@@ -261,13 +261,17 @@ def test_secrets_never_reach_the_job_dir(job):
     paths, cmd = job("ok")
     secret = "hf_s3cr3t_value_123"
     env = {"HF_TOKEN": secret, "SBENCH_API_KEY": secret, "NCCL_PASSWORD": secret, "SLURM_SECRET_X": secret,
-           "NCCL_DEBUG": "INFO"}
+           "HF_AUTH": secret, "SBENCH_API_PASS": secret, "NCCL_DEBUG": "INFO",
+           "NCCL_COMMENT": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123"}
     assert run_node(paths, cmd, env=env).returncode == 0
     for f in paths.root.rglob("*"):
         if f.is_file():
-            assert secret not in f.read_text(errors="replace"), f
+            text = f.read_text(errors="replace")
+            assert secret not in text and "hf_AbCdEf" not in text, f
     captured = json.loads(paths.environment("node7").read_text())["env"]
-    assert captured["HF_TOKEN"] == captured["SBENCH_API_KEY"] == captured["SLURM_SECRET_X"] == "<redacted>"
+    # Not on the allow-list: never recorded. On it but named or shaped like a credential: redacted.
+    assert not {"HF_TOKEN", "SBENCH_API_KEY", "HF_AUTH", "SBENCH_API_PASS"} & set(captured)
+    assert captured["NCCL_PASSWORD"] == captured["SLURM_SECRET_X"] == captured["NCCL_COMMENT"] == "<redacted>"
     assert captured["NCCL_DEBUG"] == "INFO"
 
 
@@ -436,15 +440,21 @@ def test_fault_fire_raises_the_classified_errors():
 
 # -- environment capture ---------------------------------------------------------------------
 
-def test_relevant_env_filters_and_redacts():
+def test_relevant_env_records_an_allow_list_and_redacts():
     env = {"HF_TOKEN": "t", "HF_HOME": "/h", "SBENCH_API_KEY": "k", "NCCL_IB_HCA": "=mlx5_0",
            "TORCH_SECRET_SAUCE": "s", "SLURM_JOB_ID": "12", "GLOO_SOCKET_IFNAME": "eth0", "PATH": "/bin",
            "AWS_SECRET_ACCESS_KEY": "aws", "ACCELERATE_PASSWORD_X": "p", "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": "0,1"}
+           "CUDA_VISIBLE_DEVICES": "GPU-5f0e2a57-7d2c-4bb4-9d0b-0f1c7a9e1b11,1", "HF_AUTH": "x",
+           "SBENCH_API_PASS": "y", "SBENCH_CAMPAIGN": "c1", "NCCL_DEBUG_FILE": "hf_abcdefghijklmnopqrstuvwxyz012",
+           "SLURM_JOB_COMMENT": "token=AbCdEf0123456789AbCdEf0123456789xyz",
+           "MASTER_ADDR": "https://user:hunter2@example.org/x", "TORCH_HOME": "/shared/torch/cache"}
     out = envcapture.relevant_env(env)
-    assert out == {"ACCELERATE_PASSWORD_X": "<redacted>", "CUDA_VISIBLE_DEVICES": "0,1", "GLOO_SOCKET_IFNAME": "eth0",
-                   "HF_HOME": "/h", "HF_TOKEN": "<redacted>", "NCCL_IB_HCA": "=mlx5_0", "OMP_NUM_THREADS": "1",
-                   "SBENCH_API_KEY": "<redacted>", "SLURM_JOB_ID": "12", "TORCH_SECRET_SAUCE": "<redacted>"}
+    assert out == {
+        "ACCELERATE_PASSWORD_X": "<redacted>", "CUDA_VISIBLE_DEVICES": "GPU-5f0e2a57-7d2c-4bb4-9d0b-0f1c7a9e1b11,1",
+        "GLOO_SOCKET_IFNAME": "eth0", "HF_HOME": "/h", "NCCL_IB_HCA": "=mlx5_0", "OMP_NUM_THREADS": "1",
+        "SLURM_JOB_ID": "12", "TORCH_SECRET_SAUCE": "<redacted>", "SBENCH_CAMPAIGN": "c1",
+        "NCCL_DEBUG_FILE": "<redacted>", "SLURM_JOB_COMMENT": "<redacted>", "MASTER_ADDR": "<redacted>",
+        "TORCH_HOME": "/shared/torch/cache"}
 
 
 def test_git_commit_read_from_the_repository_files(tmp_path):

@@ -153,7 +153,7 @@ def test_full_single_process_generates_dataset_and_trains(tmp_path, inventory, h
     assert rank["device"] == "cpu" and rank["settings"]["torch_dtype"] == "float32"
     assert any("float32: no CUDA" in n for n in rank["notes"])
     assert rank["model"]["trainable_parameters"] == rank["model"]["parameters"]  # full fine-tuning
-    assert rank["env"]["HF_TOKEN"] == "<redacted>"
+    assert "HF_TOKEN" not in rank["env"] and rank["env"]["SBENCH_CAMPAIGN"]  # allow-listed variables only
     assert "hf_do_not_leak_42" not in paths.rank_result(0).read_text()
     assert "hf_do_not_leak_42" not in paths.environment(host).read_text()
     hist = load(paths.log_history)

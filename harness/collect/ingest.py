@@ -18,7 +18,6 @@ use the database).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -36,15 +35,25 @@ import duckdb
 
 from ..catalog import EXPERIMENTS
 from ..errors import CollectError
-from ..paths import JobPaths, parse_job_dir_name
+from ..paths import JobPaths
 from . import aggregate
+from .discover import (
+    Attempt,
+    Manifest,
+    discover,
+    names_like,
+    rendered_names,
+    sample_files_of,
+    scan,
+    spec_exec,
+    spec_rows,
+)
 from .parse import (
     StageLog,
     csv_tail,
     nccl_transport,
     parse_stages,
     read_json,
-    read_jsonl,
     summarize_transports,
 )
 from .sacct import (
@@ -56,17 +65,13 @@ from .sacct import (
     scheduler_verdict,
 )
 from .store import (
-    attempt_row,
     entity_values,
     open_store,
-    point_row,
-    run_id_of,
     stage,
     to_json,
     utc,
 )
 
-MANIFEST = "manifest.jsonl"
 Progress = Callable[[str, int, int], None]
 PAUSE_ENV = "SBENCH_COLLECT_PAUSE_AT"  # tests: pause at a phase (inside the transaction) to be killed there
 
@@ -95,21 +100,6 @@ class CollectReport:
 
 
 @dataclass
-class Attempt:
-    """A run found on disk and/or in a manifest."""
-
-    run_id: str
-    campaign: str
-    point_id: str
-    repeat: int
-    attempt: int
-    job_dir: Path | None
-    manifest: dict[str, Any] | None = None  # the attempt line
-    fingerprint: str = "missing"
-    files: list[str] | None = None  # names of the job dir's top-level files (from the fingerprint scan)
-
-
-@dataclass
 class Sched:
     source: str  # sacct | executor | files
     state: str | None = None  # None: the files decide
@@ -134,95 +124,6 @@ def _pause(phase: str) -> None:
         time.sleep(float(os.environ.get("SBENCH_COLLECT_PAUSE_S", "60")))
 
 
-# -- discovery -------------------------------------------------------------------------------------------
-def read_manifest(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    events, problems = read_jsonl(path, ("type",))
-    return [ev for _, ev in events], [f"{path.parent.name}/{p}" for p in problems]
-
-
-def scan(job_dir: Path | None) -> tuple[str, list[str] | None]:
-    """A cheap digest of the job dir's top-level files (name, size, mtime_ns), and their names."""
-    if job_dir is None:
-        return "missing", None
-    try:
-        entries = sorted((e.name, st.st_size, st.st_mtime_ns) for e in os.scandir(job_dir)
-                         if e.is_file(follow_symlinks=False) for st in [e.stat(follow_symlinks=False)])
-    except OSError:
-        return "missing", None
-    return hashlib.sha1(repr(entries).encode()).hexdigest()[:20], [e[0] for e in entries]
-
-
-def fingerprint(job_dir: Path | None) -> str:
-    return scan(job_dir)[0]
-
-
-@dataclass
-class Manifest:
-    path: Path
-    fingerprint: str  # size:mtime_ns; an unchanged manifest need not be recorded again
-    events: list[dict[str, Any]]
-
-
-def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[str, Attempt], list[str]]:
-    """Manifests and the attempts they name, plus job dirs found by their ``spec.json``."""
-    manifests: list[Manifest] = []
-    attempts: dict[str, Attempt] = {}
-    warnings: list[str] = []
-    if not workdir.is_dir():
-        return manifests, attempts, warnings
-    known: set[str] = set()
-    camp_dirs = sorted(p for p in workdir.iterdir() if p.is_dir() and (campaign is None or p.name == campaign))
-    for cdir in camp_dirs:
-        mpath = cdir / MANIFEST
-        if mpath.is_file():
-            st = mpath.stat()
-            evs, probs = read_manifest(mpath)
-            warnings += probs
-            mine = [ev for ev in evs if campaign is None or ev.get("campaign") == campaign]
-            manifests.append(Manifest(mpath, f"{st.st_size}:{st.st_mtime_ns}", mine))
-            for ev in mine:
-                if ev.get("type") == "attempt":
-                    try:
-                        row = attempt_row(ev)
-                    except (KeyError, TypeError, ValueError):
-                        continue  # reported by record_manifest
-                    jd = Path(row["job_dir"]) if row["job_dir"] else None
-                    attempts[row["run_id"]] = Attempt(row["run_id"], row["campaign"], row["point_id"], row["repeat"],
-                                                      row["attempt"], jd, dict(ev))
-                    if jd is not None:
-                        known.add(os.path.abspath(jd))
-        for spec in sorted(cdir.glob("*/spec.json")):
-            jd = spec.parent
-            if os.path.abspath(jd) in known:
-                continue
-            parsed = parse_job_dir_name(jd.name)
-            if parsed is None:
-                continue
-            pid, rep, att = parsed
-            doc, _ = read_json(spec)
-            camp = (doc or {}).get("campaign") or cdir.name
-            rid = run_id_of(str(camp), pid, rep, att)
-            if rid in attempts:
-                other = attempts[rid].job_dir
-                if other is None:
-                    attempts[rid].job_dir = jd
-                elif not _same_dir(other, jd):
-                    warnings.append(f"{jd}: same run as {other}; ignored")
-                continue
-            attempts[rid] = Attempt(rid, str(camp), pid, rep, att, jd, None)
-    return manifests, attempts, warnings
-
-
-def _rendered_names(paths: JobPaths) -> set[str]:
-    return {paths.spec.name, paths.sbatch.name, paths.launch.name, paths.accelerate.name}
-
-
-def _same_dir(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
 
 # -- per-run analysis ------------------------------------------------------------------------------------
 @dataclass
@@ -243,18 +144,6 @@ class RunData:
     world_size: int = 1
     window: tuple[float | None, float | None] = (None, None)
     over: bool = False
-
-
-_SENTINEL = "SBENCHHOSTSENTINEL"
-
-
-def _names_like(names: list[str], make: Callable[[str], Path]) -> list[str]:
-    """The host (or rank) parts of *names* that match JobPaths's naming *make*, e.g. ``paths.stages``.
-
-    Works on one directory listing, so a job dir is listed once instead of once per file kind."""
-    pre, suf = make(_SENTINEL).name.split(_SENTINEL)
-    n = len(pre) + len(suf)
-    return sorted(x[len(pre):len(x) - len(suf)] for x in names if len(x) > n and x.startswith(pre) and x.endswith(suf))
 
 
 def _environment_path(paths: JobPaths, host: str) -> Path:
@@ -280,6 +169,10 @@ def _first_line(text: Any, limit: int = 300) -> str:
     s = str(text or "").strip().splitlines()
     line = s[0] if s else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 256 else None
 
 
 def _local_alive(job_id: str | None) -> bool | None:
@@ -332,10 +225,10 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
     names: list[str] = []
     if paths is not None:
         names = att.files if att.files is not None else (scan(jd)[1] or [])
-        for h in _names_like(names, paths.stages):
+        for h in names_like(names, paths.stages):
             stage_logs[h] = parse_stages(paths.stages(h), h)
             problems += stage_logs[h].problems
-        result_hosts = _names_like(names, paths.result)
+        result_hosts = names_like(names, paths.result)
         for h in result_hosts:
             doc, p = read_json(paths.result(h))
             if p:
@@ -344,14 +237,14 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
                 results[h] = doc
             elif doc is not None:
                 problems.append(f"{paths.result(h).name}: not a JSON object")
-        for h in _names_like(names, lambda x: _environment_path(paths, x)):
+        for h in names_like(names, lambda x: _environment_path(paths, x)):
             doc, p = read_json(_environment_path(paths, h))
             if p:
                 problems.append(p)
             if isinstance(doc, dict):
                 envs[h] = doc
-        sample_hosts = _names_like(names, paths.samples)
-        log_hosts = _names_like(names, paths.train_log)
+        sample_hosts = names_like(names, paths.samples)
+        log_hosts = names_like(names, paths.train_log)
         hosts_all = set(stage_logs) | set(result_hosts) | set(sample_hosts) | set(envs) | set(log_hosts)
     else:
         sample_hosts, log_hosts = [], []
@@ -359,7 +252,7 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
     # -- ranks and errors ------------------------------------------------------------------------------------
     ranks: dict[int, dict[str, Any]] = {}
     if paths is not None:
-        for r in _names_like(names, paths.rank_result):
+        for r in names_like(names, paths.rank_result):
             doc, p = read_json(paths.rank_result(r))
             if p:
                 problems.append(p)
@@ -376,7 +269,7 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
                 rank0 = res["training"]
     errors: list[dict[str, Any]] = []
     if paths is not None:
-        for r in _names_like(names, paths.error):
+        for r in names_like(names, paths.error):
             doc, p = read_json(paths.error(r))
             if p:
                 problems.append(p)
@@ -443,6 +336,10 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
     for res in results.values():
         if isinstance(res.get("trials"), list) and res["trials"]:
             trials_doc = [t for t in res["trials"] if isinstance(t, dict)]
+    # The signal that ended a run no scheduler accounts for (local executor): the node runner's, else
+    # launch.sh's as the local executor recorded it.
+    killed_by = next((_int_or_none(r.get("terminated_by") or r.get("signal")) for r in results.values()
+                      if r.get("terminated_by") or r.get("signal")), None) or _int_or_none(submitted.get("exit_signal"))
     outcome: str | None = None
     state = sched.state
     if not over:
@@ -457,7 +354,9 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
                 sched_fail_reason = why
                 if job and job.elapsed_s is not None and sched.state == "TIMEOUT":
                     sched_fail_reason = f"timeout after {job.elapsed_s:g} s"
-        elif cancel_requested and not (results and len(results) >= max(1, len(hosts_expected) or num_machines)):
+        elif cancel_requested and not (results and len(results) >= max(1, len(hosts_expected) or num_machines)
+                                       and all(r.get("outcome") == "ok" for r in results.values())):
+            # A cancel that arrived in time: the node runners stopped on its signal (or never started).
             sched_fail_reason = "cancelled"
             state = "CANCELLED"
         host_fail = [f"node {h}: {r.get('reason')}" for h, r in sorted(results.items())
@@ -504,7 +403,7 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
                     reasons.append(tail)
             reasons += problems
         if state is None:
-            if sched.gone and not hosts_all:
+            if sched.gone and not hosts_all or killed_by:
                 state = "FAILED"
             else:
                 codes = [r.get("exit_code") for r in results.values()]
@@ -620,7 +519,7 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
         "submitted_at": utc(man.get("submitted_at") or submitted.get("submitted_at") or submitted.get("submit_time")),
         "state": state, "exit_code": job.exit_code if job else (
             max((r.get("exit_code") for r in results.values() if isinstance(r.get("exit_code"), int)), default=None)),
-        "exit_signal": job.exit_signal if job else None, "elapsed_s": elapsed,
+        "exit_signal": job.exit_signal if job else killed_by, "elapsed_s": elapsed,
         "node_list": job.node_list if job else None, "hosts_expected": hosts_expected or None,
         "hosts_seen": sorted(hosts_all), "num_machines": num_machines,
         "max_rss_mb": job.max_rss_mb if job else None, "outcome": outcome,
@@ -640,6 +539,31 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
     if paths is not None:
         data.sample_files = [(h, paths.samples(h)) for h in sample_hosts]
     return data
+
+
+def analyze_isolated(att: Attempt, sched: Sched, cancel_requested: bool,
+                     known_point: Mapping[str, Any] | None = None) -> RunData:
+    """:func:`analyze`, with any failure confined to this run: it is recorded as failed, with the reason,
+    and every other run of the collect goes on."""
+    try:
+        data = analyze(att, sched, cancel_requested, known_point)
+        for rows in (data.hosts, data.stages, data.ranks, data.errors, data.trials, data.environment):
+            for row in rows:  # the run's own rows must stage, or the run is recorded without them
+                row["run_id"] = att.run_id
+        return data
+    except Exception as exc:  # noqa: BLE001 - one unreadable job dir must not stop the others
+        why = f"collect could not read this job directory: {type(exc).__name__}: {_first_line(exc)}"
+        run = {"run_id": att.run_id, "campaign": att.campaign, "point_id": att.point_id, "repeat": att.repeat,
+               "attempt": att.attempt, "job_dir": str(att.job_dir) if att.job_dir else None,
+               "state": sched.state or "FAILED", "outcome": "failed", "reason": why, "warnings": None,
+               "accounting_source": sched.source, "fingerprint": att.fingerprint, "max_rss_mb": None,
+               "train_start_wall": None, "hosts_seen": [], "num_machines": None}
+        man = att.manifest or {}
+        for k in ("executor", "job_id", "array_job_id", "array_task_id", "experiment"):
+            run[k] = man.get(k)
+        run["submit_reason"] = man.get("reason")
+        run["submitted_at"] = utc(man.get("submitted_at"))
+        return RunData(run=run, over=True)
 
 
 def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -725,36 +649,6 @@ def scheduler_states(todo: list[tuple[Attempt, dict[str, Any]]], runner: Runner 
 
 
 # -- the collect -------------------------------------------------------------------------------------------
-def _spec_rows(att: Attempt) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
-    paths = JobPaths(att.job_dir) if att.job_dir else None
-    spec, _ = read_json(paths.spec) if paths else (None, None)
-    spec = spec if isinstance(spec, dict) else {}
-    point = spec.get("point") or {}
-    js = spec.get("jobspec") or {}
-    sub, _ = read_json(paths.submitted) if paths else (None, None)
-    sub = sub if isinstance(sub, dict) else {}
-    exp = point.get("experiment") or js.get("experiment")
-    camp = {"campaign": att.campaign, "experiment": exp, "sweep": (spec.get("sweep") or {}).get("source"),
-            "partition": js.get("partition"), "executor": sub.get("executor"),
-            "created_at": utc(spec.get("rendered_at")),
-            "sbench_version": spec.get("sbench_version"), "source": "spec"}
-    prow = point_row(att.point_id, exp, point.get("entity") or js.get("entity"), point.get("valid", True),
-                     point.get("reasons") or [], point.get("notes") or [])
-    link = {"campaign": att.campaign, "point_id": att.point_id, "repeat": att.repeat}
-    run = {"run_id": att.run_id, "campaign": att.campaign, "point_id": att.point_id, "repeat": att.repeat,
-           "attempt": att.attempt, "experiment": exp, "job_dir": str(att.job_dir), "executor": sub.get("executor"),
-           "job_id": None if sub.get("job_id") is None else str(sub.get("job_id")),
-           "submitted_at": utc(sub.get("submitted_at") or sub.get("submit_time")), "state": "SUBMITTED"}
-    return camp, prow, link, run
-
-
-def _spec_exec(att: Attempt) -> dict[str, Any]:
-    if att.job_dir is None:
-        return {}
-    sub, _ = read_json(JobPaths(att.job_dir).submitted)
-    return sub if isinstance(sub, dict) else {}
-
-
 def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *, progress: Progress | None = None,
             sacct_runner: Runner | None = None, wait_s: float | None = None) -> CollectReport:
     """Collect every run under *workdir* into *db*; see the module docstring."""
@@ -772,7 +666,7 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
         a.fingerprint, a.files = scan(a.job_dir)
     # A job dir that was only rendered (a preview: no manifest line, never submitted, nothing ran) is no run.
     previews = [rid for rid, a in attempts.items() if a.manifest is None and a.job_dir is not None
-                and set(a.files or ()) <= _rendered_names(JobPaths(a.job_dir))]
+                and set(a.files or ()) <= rendered_names(JobPaths(a.job_dir))]
     for rid in previews:
         del attempts[rid]
     prog("discover", 1, 1)
@@ -786,15 +680,6 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
         shutil.rmtree(tmpdir, ignore_errors=True)
     report.elapsed_s = round(time.monotonic() - t0, 3)
     return report
-
-
-def sample_files_of(att: Attempt) -> list[tuple[str, Path]]:
-    """(host, path) of the attempt's ``samples.<host>.csv`` files, from the listing its fingerprint was
-    taken from (the same one :func:`analyze` reads)."""
-    if att.job_dir is None or att.files is None:
-        return []
-    paths = JobPaths(att.job_dir)
-    return [(h, paths.samples(h)) for h in _names_like(att.files, paths.samples)]
 
 
 @dataclass
@@ -878,7 +763,7 @@ def _collect(db: str | Path, wait_s: float | None, report: CollectReport, manife
             index = store.run_index()
             for a in attempts.values():
                 if a.manifest is None and a.run_id not in index:
-                    camp, prow, link, run = _spec_rows(a)
+                    camp, prow, link, run = spec_rows(a)
                     store.ensure_spec_rows(camp, prow, link, run)
             index = store.run_index()
             # Which runs may have changed: new, files changed, or a state that can still change.
@@ -886,7 +771,7 @@ def _collect(db: str | Path, wait_s: float | None, report: CollectReport, manife
             for a in attempts.values():
                 info = dict(index.get(a.run_id) or {})
                 if not info.get("executor") or not info.get("job_id"):
-                    sub = _spec_exec(a)
+                    sub = spec_exec(a)
                     info.setdefault("executor", None)
                     info["executor"] = info.get("executor") or sub.get("executor")
                     info["job_id"] = info.get("job_id") or sub.get("job_id")
@@ -917,7 +802,8 @@ def _collect(db: str | Path, wait_s: float | None, report: CollectReport, manife
             try:
                 datas: list[RunData] = []
                 for i, (a, s, info) in enumerate(changed):
-                    d = analyze(a, s, info.get("cancel_requested_at") is not None, known_points.get(a.point_id))
+                    d = analyze_isolated(a, s, info.get("cancel_requested_at") is not None,
+                                         known_points.get(a.point_id))
                     # The cancel request comes from the manifest, not from the files: keep it.
                     if d.run.get("cancel_requested_at") is None:
                         d.run["cancel_requested_at"] = info.get("cancel_requested_at")
@@ -1011,4 +897,4 @@ def _warn(d: RunData, text: str) -> None:
         d.run["reason"] = "; ".join(dict.fromkeys([*parts, text]))
 
 
-__all__ = ["CollectReport", "analyze", "collect", "discover", "fingerprint", "measurement_row"]
+__all__ = ["CollectReport", "analyze", "collect", "discover", "measurement_row"]

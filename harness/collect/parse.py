@@ -13,8 +13,24 @@ from typing import Any
 STAGE_KEYS = ("event", "stage", "t_wall")
 
 
+MAX_FILE_BYTES = 256 << 20  # a runner's JSON or JSON-lines file larger than this is not read
+
+
+def _too_large(path: Path) -> str | None:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if size > MAX_FILE_BYTES:
+        return f"{path.name}: {size} bytes, larger than the {MAX_FILE_BYTES >> 20} MiB a runner file can be; not read"
+    return None
+
+
 def read_json(path: Path) -> tuple[Any, str | None]:
     """(document, None), (None, problem) for unreadable/corrupt content, (None, None) when missing."""
+    big = _too_large(path)
+    if big:
+        return None, big
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
@@ -25,6 +41,8 @@ def read_json(path: Path) -> tuple[Any, str | None]:
         return None, f"{path.name}: empty file"
     try:
         return json.loads(text), None
+    except RecursionError:
+        return None, f"{path.name}: nested too deeply to be a runner file"
     except json.JSONDecodeError as exc:
         if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
             return None, f"{path.name} line {exc.lineno}: truncated JSON"
@@ -37,6 +55,9 @@ def read_jsonl(path: Path, required: Iterable[str] = ()) -> tuple[list[tuple[int
     A last line without its newline that does not parse is "truncated JSON" (the writer died or is
     still writing); any other line that does not parse is "invalid JSON".
     """
+    big = _too_large(path)
+    if big:
+        return [], [big]
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -53,7 +74,7 @@ def read_jsonl(path: Path, required: Iterable[str] = ()) -> tuple[list[tuple[int
         # Fast path: the whole file as one JSON array (one parser call); any bad line -> line by line.
         try:
             objs = json.loads(b"[" + b",".join(raw for _, raw in numbered) + b"]")
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             objs = None
         if objs is not None and len(objs) == len(numbered) and all(
                 isinstance(o, dict) and all(k in o for k in need) for o in objs):
@@ -62,7 +83,7 @@ def read_jsonl(path: Path, required: Iterable[str] = ()) -> tuple[list[tuple[int
         is_last_partial = i == len(lines) and not complete_last
         try:
             obj = json.loads(raw.decode("utf-8", errors="replace"))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             problems.append(f"{path.name} line {i}: {'truncated' if is_last_partial else 'invalid'} JSON")
             continue
         if not isinstance(obj, dict):

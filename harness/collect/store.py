@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import re
 import time
@@ -73,6 +74,9 @@ from ..errors import CollectError, InputError, SchemaMismatchError, StoreBusyErr
 
 SCHEMA_VERSION = 2  # 2: samples became a view over sample_files + sample_rows
 DEFAULT_WAIT_S = 5.0
+READ_ONLY_CONFIG = {"enable_external_access": False, "autoinstall_known_extensions": False,
+                    "autoload_known_extensions": False, "allow_community_extensions": False,
+                    "lock_configuration": True}
 
 _KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
 
@@ -233,16 +237,24 @@ VIEWS: dict[str, str] = {
 
 
 
-def _to_int(v: Any) -> int | None:
+_INT_RANGE = {"INTEGER": 2**31, "BIGINT": 2**63}
+
+
+def _to_int(v: Any, bits: str = "BIGINT") -> int | None:
+    """An integer that fits the column (INTEGER or BIGINT); None for anything else, so one out-of-range
+    value in a file can never abort a collect."""
     if isinstance(v, bool):
         return int(v)
-    if isinstance(v, int):
-        return v
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return int(f) if f.is_integer() else None
+    if not isinstance(v, int):
+        try:
+            f = float(v)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if not f.is_integer():  # also NaN and infinity
+            return None
+        v = int(f)
+    limit = _INT_RANGE[bits]
+    return v if -limit <= v < limit else None
 
 
 def _to_float(v: Any) -> float | None:
@@ -250,8 +262,31 @@ def _to_float(v: Any) -> float | None:
         return None
     try:
         return float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
+
+
+def _to_str(v: Any) -> str:
+    """Text DuckDB accepts: no NUL, valid UTF-8 (lone surrogates from a JSON file become U+FFFD)."""
+    text = v if isinstance(v, str) else str(v)
+    if "\0" in text:
+        text = text.replace("\0", "\\0")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def _finite(value: Any) -> Any:
+    """*value* with every non-finite float replaced by None (JSON has no NaN or infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _to_bool(v: Any) -> bool | None:
@@ -261,7 +296,7 @@ def _to_bool(v: Any) -> bool | None:
 
 
 def _to_list(v: Any) -> list[str] | None:
-    return [str(x) for x in v] if isinstance(v, (list, tuple)) else None
+    return [_to_str(x) for x in v] if isinstance(v, (list, tuple)) else None
 
 
 def _to_ts(v: Any) -> _dt.datetime | None:
@@ -270,9 +305,18 @@ def _to_ts(v: Any) -> _dt.datetime | None:
 
 # Python values -> the column's type; anything that does not fit (a runner file with a string where a
 # number belongs) becomes NULL rather than aborting the whole collect.
-_COERCE = {"VARCHAR": lambda v: v if isinstance(v, str) else str(v), "JSON": lambda v: v if isinstance(v, str)
-           else json.dumps(v, sort_keys=True, default=str), "BIGINT": _to_int, "INTEGER": _to_int,
+_COERCE = {"VARCHAR": _to_str, "JSON": lambda v: _json_text(v) if isinstance(v, str) else to_json(v),
+           "BIGINT": _to_int, "INTEGER": lambda v: _to_int(v, "INTEGER"),
            "DOUBLE": _to_float, "BOOLEAN": _to_bool, "VARCHAR[]": _to_list, "TIMESTAMP": _to_ts}
+
+
+def _json_text(text: str) -> str | None:
+    """A JSON column's text as DuckDB will parse it: re-encoded when Python's parser had to accept
+    NaN/Infinity, None when it is no JSON at all."""
+    try:
+        return to_json(json.loads(text))
+    except (ValueError, RecursionError):
+        return None
 
 
 def _column(values: Sequence[Any], sql_type: str) -> np.ndarray:
@@ -342,18 +386,18 @@ def coerce_entity_value(kind_sql: str, value: Any) -> Any:
         return None
     try:
         if kind_sql == "BIGINT":
-            return None if isinstance(value, bool) else int(value)
+            return None if isinstance(value, bool) else _to_int(value)
         if kind_sql == "DOUBLE":
-            return None if isinstance(value, bool) else float(value)
+            return None if isinstance(value, bool) else _to_float(value)
         if kind_sql == "BOOLEAN":
             if isinstance(value, str):
                 return {"true": True, "false": False}.get(value.lower())
             return bool(value)
         if kind_sql == "VARCHAR[]":
             if isinstance(value, str):
-                return value.split()
-            return [str(v) for v in value]
-        return str(value)
+                return [_to_str(v) for v in value.split()]
+            return [_to_str(v) for v in value]
+        return _to_str(value)
     except (TypeError, ValueError):
         return None
 
@@ -364,7 +408,15 @@ def entity_values(entity: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def to_json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, sort_keys=True, default=str)
+    """JSON text DuckDB's JSON type accepts: non-finite floats become null, keys strings, text valid."""
+    if value is None:
+        return None
+    try:
+        return _to_str(json.dumps(value, sort_keys=True, default=str, allow_nan=False))
+    except ValueError:
+        return _to_str(json.dumps(_finite(value), sort_keys=True, default=str, allow_nan=False))
+    except (TypeError, RecursionError):
+        return None
 
 
 @dataclass
@@ -423,9 +475,12 @@ class Store:
                 raise CollectError(f"cannot create {p.parent}: {exc}") from None
         wait = _default_wait() if wait_s is None else wait_s
         deadline = time.monotonic() + max(0.0, wait)
+        # A read-only connection is sandboxed: no ATTACH (of a writable link to this very file), no COPY
+        # TO, no reading other files, no extensions, and no SET to undo that.
+        config = READ_ONLY_CONFIG if read_only else {}
         while True:
             try:
-                con = duckdb.connect(str(p), read_only=read_only)
+                con = duckdb.connect(str(p), read_only=read_only, config=dict(config))
                 break
             except duckdb.Error as exc:
                 if not _is_lock_error(exc):
@@ -463,7 +518,10 @@ class Store:
     def _check_schema(self) -> None:
         tables = self._tables()
         if "metadata" in tables:
-            rows = self.con.execute("SELECT value FROM metadata WHERE key = 'schema_version'").fetchall()
+            try:
+                rows = self.con.execute("SELECT value FROM metadata WHERE key = 'schema_version'").fetchall()
+            except duckdb.Error:
+                rows = []
             found = rows[0][0] if rows else None
             if found != str(SCHEMA_VERSION):
                 raise SchemaMismatchError(
@@ -471,6 +529,13 @@ class Store:
                     f"{SCHEMA_VERSION}. Move the file aside (e.g. mv {self.path} {self.path}.v{found or 'old'}) "
                     f"and run `sbench collect` to rebuild it from the job directories, or use the sbench "
                     f"version that wrote it.")
+            problems = self._schema_problems()
+            if problems:
+                raise SchemaMismatchError(
+                    f"{self.path} says schema version {SCHEMA_VERSION} but its tables were changed "
+                    f"({'; '.join(problems[:5])}{'; ...' if len(problems) > 5 else ''}). Move the file aside "
+                    f"(mv {self.path} {self.path}.damaged) and run `sbench collect` to rebuild it from the job "
+                    "directories.")
             return
         if tables:
             raise SchemaMismatchError(
@@ -491,6 +556,33 @@ class Store:
                 self.con.execute(f"CREATE OR REPLACE VIEW {q(name)} AS {sql}")
             self.con.execute("INSERT INTO metadata VALUES ('schema_version', ?), ('created_by', 'sbench')",
                              [str(SCHEMA_VERSION)])
+
+    def _schema_problems(self) -> list[str]:
+        """What differs from :data:`SCHEMA` and :data:`VIEWS`: missing tables, views or columns, or a
+        column of another type (one query over the catalog)."""
+        have: dict[str, list[tuple[str, str]]] = {}
+        for table, col, dtype in self.con.execute(
+                "SELECT table_name, column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position").fetchall():
+            have.setdefault(table, []).append((col, dtype))
+        kinds = dict(self.con.execute("SELECT table_name, table_type FROM information_schema.tables "
+                                      "WHERE table_schema = 'main'").fetchall())
+        problems = []
+        for table, cols in SCHEMA.items():
+            if kinds.get(table) != "BASE TABLE":
+                problems.append(f"table {table} is missing")
+                continue
+            found = dict(have.get(table, []))
+            for col, dtype in cols:
+                if col not in found:
+                    problems.append(f"{table}.{col} is missing")
+                elif dtype in _KIND_SQL.values() or dtype in _COERCE:
+                    if found[col] != dtype and not (dtype == "JSON" and found[col] == "JSON"):
+                        problems.append(f"{table}.{col} is {found[col]}, not {dtype}")
+        for view in VIEWS:
+            if kinds.get(view) != "VIEW":
+                problems.append(f"view {view} is missing")
+        return problems
 
     # -- transactions --------------------------------------------------------------------------------------
     @contextmanager
@@ -619,16 +711,17 @@ class Store:
                     points.append(point_row(str(ev["point_id"]), ev.get("experiment"), ev.get("entity"),
                                             ev.get("valid"), ev.get("reasons"), ev.get("notes")))
                     links.append({"campaign": str(ev["campaign"]), "point_id": str(ev["point_id"]),
-                                  "repeat": int(ev.get("repeat") or 0)})
+                                  "repeat": key_int(ev.get("repeat") or 0, "repeat")})
                 elif kind == "attempt":
                     attempts.append(attempt_row(ev))
                     links.append({"campaign": str(ev["campaign"]), "point_id": str(ev["point_id"]),
-                                  "repeat": int(ev.get("repeat") or 0)})
+                                  "repeat": key_int(ev.get("repeat") or 0, "repeat")})
                 elif kind == "cancel":
-                    ids = ev.get("job_ids") or []
-                    if not isinstance(ids, list):
-                        raise TypeError("job_ids must be a list")
-                    cancels.append((str(ev["campaign"]), [str(j) for j in ids], utc(ev.get("at"))))
+                    # SLURM attempts are named by job id, local ones (no job id when queued) by job dir.
+                    ids, dirs = ev.get("job_ids") or [], ev.get("job_dirs") or []
+                    if not isinstance(ids, list) or not isinstance(dirs, list):
+                        raise TypeError("job_ids and job_dirs must be lists")
+                    cancels.append((str(ev["campaign"]), [str(j) for j in ids + dirs], utc(ev.get("at"))))
                 else:
                     bad(i, f"unknown type {kind!r} (expected campaign, point, attempt or cancel)")
             except (KeyError, TypeError, ValueError) as exc:
@@ -648,8 +741,9 @@ class Store:
                     self.con.unregister("_sbench_new")
             for campaign, ids, at in cancels:
                 for job_id in ids:
-                    self.con.execute("UPDATE runs SET cancel_requested_at = ? WHERE campaign = ? AND job_id = ? "
-                                     "AND cancel_requested_at IS DISTINCT FROM ?", [at, campaign, job_id, at])
+                    self.con.execute("UPDATE runs SET cancel_requested_at = ? WHERE campaign = ? "
+                                     "AND (job_id = ? OR job_dir = ?) AND cancel_requested_at IS DISTINCT FROM ?",
+                                     [at, campaign, job_id, job_id, at])
         return problems
 
     def ensure_spec_rows(self, campaign: Mapping[str, Any], point: Mapping[str, Any],
@@ -707,6 +801,11 @@ class Store:
                 "accounting_source, submitted_at, started_at, ended_at, elapsed_s, node_list, transport, job_dir")
         sql = f"SELECT {cols} FROM runs" + (" WHERE campaign = ?" if campaign else "")
         return self.fetch_dicts(sql + " ORDER BY campaign, point_id, repeat, attempt", [campaign] if campaign else [])
+
+    def job_dirs(self, campaign: str | None = None) -> set[str]:
+        """The job dir of every attempt recorded (of one campaign, or all)."""
+        sql = "SELECT job_dir FROM runs WHERE job_dir IS NOT NULL" + (" AND campaign = ?" if campaign else "")
+        return {r[0] for r in self.con.execute(sql, [campaign] if campaign else []).fetchall()}
 
     def status_rows(self, campaign: str | None = None) -> list[dict[str, Any]]:
         sql = """
@@ -877,14 +976,26 @@ def run_id_of(campaign: str, point_id: str, repeat: int, attempt: int) -> str:
     return f"{campaign}/{point_id}.r{repeat}.a{attempt}"
 
 
+def key_int(value: Any, name: str) -> int:
+    """A repeat/attempt/task number of a manifest line: an INTEGER, or ``ValueError`` (the line is
+    reported as malformed instead of aborting the collect)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{name} must be an integer, got {value!r}"[:200])
+    n = int(value)
+    if not 0 <= n < 2**31:
+        raise ValueError(f"{name} must be an integer in [0, 2^31), got {str(value)[:40]}")
+    return n
+
+
 def attempt_row(ev: Mapping[str, Any]) -> dict[str, Any]:
-    campaign, pid = str(ev["campaign"]), str(ev["point_id"])
-    repeat, attempt = int(ev.get("repeat") or 0), int(ev["attempt"])
+    campaign, pid = _to_str(ev["campaign"]), _to_str(ev["point_id"])
+    repeat, attempt = key_int(ev.get("repeat") or 0, "repeat"), key_int(ev["attempt"], "attempt")
     task = ev.get("array_task_id")
+    task = None if task is None else key_int(task, "array_task_id")
     return {"run_id": run_id_of(campaign, pid, repeat, attempt), "campaign": campaign, "point_id": pid,
             "repeat": repeat, "attempt": attempt, "experiment": ev.get("experiment"),
             "job_dir": None if ev.get("job_dir") is None else str(ev["job_dir"]),
             "executor": ev.get("executor"), "job_id": None if ev.get("job_id") is None else str(ev["job_id"]),
             "array_job_id": None if ev.get("array_job_id") is None else str(ev["array_job_id"]),
-            "array_task_id": None if task is None else int(task), "submit_reason": ev.get("reason"),
+            "array_task_id": task, "submit_reason": ev.get("reason"),
             "submitted_at": utc(ev.get("submitted_at"))}

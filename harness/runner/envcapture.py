@@ -1,7 +1,11 @@
 """Environment capture: what ran where, for ``environment.<host>.json`` and ``rank.<rank>.json``.
 
-Secrets never reach the job directory: ``HF_TOKEN`` and every variable whose name contains
-``TOKEN``, ``KEY``, ``SECRET`` or ``PASSWORD`` is written as ``"<redacted>"``.
+Only variables that shape a run are recorded, by allow-list (:data:`ENV_PREFIXES` and
+:data:`ENV_NAMES`): NCCL, CUDA, SLURM, the launcher's rendezvous, thread counts, the Hugging Face
+cache and offline switches, and sbench's own. Anything else (``HF_AUTH``, ``AWS_*``, a site's
+``*_API_PASS``) is never written. Among the recorded ones, a variable whose name says credential
+(:data:`SECRET_WORDS`) or whose value looks like one (:func:`looks_like_secret`) is written as
+``"<redacted>"``.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import re
 import socket
 import sys
 import time
@@ -20,21 +25,55 @@ import psutil
 
 from .. import __version__
 
-ENV_PREFIXES = ("NCCL_", "CUDA_", "SLURM_", "SLURMD_", "SBENCH_", "HF_", "OMP_", "GLOO_", "TORCH_", "ACCELERATE_")
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+ENV_PREFIXES = ("NCCL_", "CUDA_", "SLURM_", "SLURMD_", "OMP_", "GLOO_", "TORCH_", "TORCHELASTIC_", "PYTORCH_",
+                "ACCELERATE_", "NVIDIA_", "UCX_", "FI_", "MKL_", "KMP_")
+ENV_NAMES = frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "ROLE_RANK", "NODE_RANK", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH",
+    "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+    "HF_HUB_ENABLE_HF_TRANSFER", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_CACHE",
+    "SBENCH_CAMPAIGN", "SBENCH_POINT_ID", "SBENCH_REPEAT", "SBENCH_ATTEMPT", "SBENCH_PARTITION", "SBENCH_HOST",
+    "SBENCH_HOST_ADDRESS", "SBENCH_MACHINE_RANK", "SBENCH_MAIN_IP", "SBENCH_MAIN_PORT", "SBENCH_TRIAL",
+    "SBENCH_SAMPLER_BACKEND", "SBENCH_FAKE_GPUS", "SBENCH_FAULT", "SBENCH_STAGE_LOG", "SBENCH_DATA_DIR",
+})
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASS", "PWD", "AUTH", "CRED", "COOKIE", "SESSION", "PRIVATE",
+                "SIGNATURE")
 REDACTED = "<redacted>"
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "submitit", "duckdb", "nvidia-ml-py")
+_SECRET_VALUES = re.compile(
+    r"hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}|-----BEGIN [A-Z ]*PRIVATE KEY"
+    r"|[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@|\b[Bb]earer\s+\S{8,}")
+_OPAQUE = re.compile(r"[A-Za-z0-9_+=]{32,}")
 
 
 def is_secret(name: str) -> bool:
+    """A variable whose name says it holds a credential."""
     upper = name.upper()
-    return upper == "HF_TOKEN" or any(w in upper for w in SECRET_WORDS)
+    return any(w in upper for w in SECRET_WORDS)
+
+
+def looks_like_secret(value: str) -> bool:
+    """A value shaped like a credential: a known token format, a URL with a password, a bearer token, or
+    a long opaque mix of upper case, lower case and digits (UUIDs, paths and node lists are not)."""
+    if _SECRET_VALUES.search(value):
+        return True
+    for m in _OPAQUE.finditer(value):
+        tok = m.group(0)
+        if re.search(r"[A-Z]", tok) and re.search(r"[a-z]", tok) and re.search(r"[0-9]", tok):
+            return True
+    return False
+
+
+def is_recorded(name: str) -> bool:
+    return name in ENV_NAMES or name.startswith(ENV_PREFIXES)
 
 
 def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The variables that shape a run (NCCL, CUDA, SLURM, ...), secrets redacted, sorted by name."""
+    """The allow-listed variables that shape a run, credentials redacted, sorted by name."""
     environ = os.environ if environ is None else environ
-    return {k: (REDACTED if is_secret(k) else v) for k, v in sorted(environ.items()) if k.startswith(ENV_PREFIXES)}
+    return {k: (REDACTED if is_secret(k) or looks_like_secret(v) else v)
+            for k, v in sorted(environ.items()) if is_recorded(k)}
 
 
 def package_versions() -> dict[str, str | None]:

@@ -5,7 +5,8 @@ One per node (``launch.sh`` execs it). In order it
 1. ``setup``: writes ``environment.<host>.json`` and starts the node's one sampler;
 2. ``dataset``: makes sure the dataset file exists (``harness.datagen.ensure_dataset``; the
    ``news-tokens-*`` ids are checked with the model's tokenizer);
-3. runs CMD (the training command) as a child in its own process group, stdout and stderr
+3. runs CMD (the training command) as a child in its own process group, with a parent-death
+   signal (SIGTERM) so it cannot outlive a runner killed with SIGKILL, stdout and stderr
    appended to ``train.<host>.log``; for the stability experiment (``trials > 1`` in
    spec.json) it runs CMD once per trial, each a ``trial`` stage with ``SBENCH_TRIAL=i`` and
    its own rendezvous port;
@@ -35,7 +36,7 @@ from typing import Any
 import psutil
 
 from ..paths import JobPaths
-from . import classify
+from . import classify, pdeath
 from .envcapture import capture
 from .sampler import Sampler, open_backend
 from .stages import StageLog, Terminated, open_stages, read_stages
@@ -223,8 +224,9 @@ class NodeRunner:
         with open(log_path, "ab", buffering=0) as log:
             log.write(f"==> sbench {time.strftime('%Y-%m-%dT%H:%M:%S%z')} host {self.host}: {' '.join(cmd)}\n"
                       .encode())
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, start_new_session=True)
+            # Behind the parent-death wrapper: a node runner killed with SIGKILL takes its training with it.
+            self.proc = subprocess.Popen(pdeath.wrap(cmd), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         if self.sampler is not None:
             self.sampler.set_root(self.proc.pid)
         known: dict[int, psutil.Process] = {}  # descendants seen, to find orphans once the launcher is gone

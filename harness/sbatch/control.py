@@ -62,14 +62,17 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
     wd, dbp = _defaults(workdir, db)
     rows: list[dict[str, Any]] = []
     note = None
+    recorded: set[str] = set()
     if dbp.exists():
         with open_store(dbp, read_only=True) as st:
             rows = st.status_rows(campaign)
+            recorded = st.job_dirs(campaign)
     else:
         note = f"no results database at {dbp} yet; showing the campaign manifests"
     attempts = manifest_attempts(wd, campaign)
     by_dir = {a["job_dir"]: a for a in attempts}
-    known = {r.get("job_dir") for r in rows if r.get("job_dir")}
+    # Every attempt the DB has (earlier attempts too, not only each point's latest) is collected.
+    known = recorded | {r.get("job_dir") for r in rows if r.get("job_dir")}
     # Attempts the DB has not seen yet (submitted while it was busy, or no DB): from the manifest.
     for a in attempts:
         if a["job_dir"] not in known:
@@ -128,13 +131,14 @@ def cancel(workdir: Path | None = None, db: Path | None = None, campaign: str | 
         group = [a for a in active if a.get("executor") == executor]
         if group:
             done += get_backend(executor).cancel(group)
-    by_campaign: dict[str, list[str]] = {}
+    by_campaign: dict[str, list[dict[str, Any]]] = {}
     for a in active:
-        by_campaign.setdefault(a["campaign"], []).append(str(a.get("job_id") or a["job_dir"]))
+        by_campaign.setdefault(a["campaign"], []).append(a)
     events = []
-    for camp, ids in by_campaign.items():
-        events += manifest.append(wd / camp, [{"type": "cancel", "campaign": camp, "job_ids": ids,
-                                               "at": manifest.now_iso()}])
+    for camp, group in by_campaign.items():
+        events += manifest.append(wd / camp, [{
+            "type": "cancel", "campaign": camp, "job_ids": [str(a["job_id"]) for a in group if a.get("job_id")],
+            "job_dirs": [str(a["job_dir"]) for a in group], "at": manifest.now_iso()}])
     from .state import record_events
 
     record_events(dbp, events)

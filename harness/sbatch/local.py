@@ -19,34 +19,52 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import submitit
 
-from ..errors import SubmitError
+from ..errors import InputError
 from ..jobspec import JobSpec
 from ..paths import JobPaths
+from ..runner import pdeath
+from ..schema import slurm_time_minutes
 from .executors import SubmitOptions, Submitted, register
 from .manifest import now_iso, write_submitted
 
 QUEUE_DIR = ".local"
+NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNLIMITED
 
 
-def slurm_time_minutes(text: str) -> float:
-    """SLURM time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in minutes."""
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
-        parts = [int(p) for p in text.split(":")] + [0, 0]
-        h, m, s = parts[0], parts[1], parts[2]
-    else:
-        parts = [int(p) for p in text.split(":")]
-        if len(parts) == 1:
-            h, m, s = 0, parts[0], 0
-        elif len(parts) == 2:
-            h, m, s = 0, parts[0], parts[1]
-        else:
-            h, m, s = parts[0], parts[1], parts[2]
-    return days * 1440 + h * 60 + m + s / 60
+def timeout_minutes(time_text: str) -> float:
+    minutes = slurm_time_minutes(time_text)
+    return NO_LIMIT_MIN if minutes is None else max(minutes, 1.0)
+
+
+def identity(pid: int, needle: str) -> dict:
+    """What makes a process ours beyond its pid: start time and a string its command line holds (the
+    pid survives ``exec``, so the command line may be any of wrapper, bash or node runner)."""
+    try:
+        ct = psutil.Process(pid).create_time()
+    except psutil.Error:
+        ct = None
+    return {"pid": pid, "create_time": ct, "needle": needle}
+
+
+def verified(ident: dict | None) -> psutil.Process | None:
+    """The process *ident* recorded, if that very process still runs; None for a pid now used by
+    another process (or none at all)."""
+    if not isinstance(ident, dict):
+        return None
+    try:
+        proc = psutil.Process(int(ident["pid"]))
+        if ident.get("create_time") is None or abs(proc.create_time() - float(ident["create_time"])) > 0.05:
+            return None
+        if str(ident.get("needle") or "\0") not in " ".join(proc.cmdline()):
+            return None
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return None
 
 
 def free_port() -> int:
@@ -71,9 +89,12 @@ class LocalLaunch:
         if not env.get("CUDA_VISIBLE_DEVICES"):
             env.pop("CUDA_VISIBLE_DEVICES", None)  # submitit sets "" when no GPUs were asked for
         with paths.slurm_out(f"local-{job_id}").open("ab") as out:
-            proc = subprocess.Popen(["bash", str(paths.launch)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-            _update_submitted(paths, {"pid": proc.pid, "started_at": now_iso()})
+            # launch.sh in a session of its own (cancel signals the group), bound to this process by a
+            # parent-death signal: killing the local job process stops the node runner and its training.
+            proc = subprocess.Popen(pdeath.wrap(["bash", str(paths.launch)]), env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            _update_submitted(paths, {"pid": proc.pid, "process": identity(proc.pid, str(paths.root)),
+                                      "started_at": now_iso()})
 
             def forward(signum, _frame):  # noqa: ANN001 - signal handler signature
                 try:
@@ -84,7 +105,12 @@ class LocalLaunch:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
                 signal.signal(sig, forward)
             rc = proc.wait()
-        _update_submitted(paths, {"exit_code": rc, "ended_at": now_iso()})
+        fields = {"exit_code": rc, "ended_at": now_iso()}
+        if rc < 0:
+            fields["exit_signal"] = -rc
+        elif rc > 128:
+            fields["exit_signal"] = rc - 128
+        _update_submitted(paths, fields)
         if rc != 0:
             raise RuntimeError(f"launch.sh exited with {rc}; see {self.job_dir}")
         return rc
@@ -150,13 +176,24 @@ def run_queue(queue_file: Path, progress: Callable[[int, int], None] | None = No
     return failed
 
 
-def kill_launch(job_dir: str) -> bool:
-    """SIGTERM the process group of a running local launch.sh (the node runner records the cancel)."""
+def _submitted_info(job_dir: str) -> dict:
     try:
         info = json.loads(JobPaths(job_dir).submitted.read_text())
-        os.killpg(int(info["pid"]), signal.SIGTERM)
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def kill_launch(job_dir: str) -> bool:
+    """SIGTERM the process group of a running local launch.sh (the node runner records the cancel),
+    only once the recorded process is verified to be that launch (start time and command line)."""
+    proc = verified(_submitted_info(job_dir).get("process"))
+    if proc is None:
+        return False
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
         return True
-    except (OSError, ValueError, KeyError, TypeError):
+    except OSError:
         return False
 
 
@@ -164,11 +201,15 @@ def kill_launch(job_dir: str) -> bool:
 class LocalBackend:
     name = "local"
 
-    def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]:
+    def check(self, specs: list[JobSpec]) -> None:
+        """Refuse, before anything is written, what this executor cannot run."""
         multi = [s.point_id for s in specs if s.num_machines > 1]
         if multi:
-            raise SubmitError(f"the local executor runs on one machine; {len(multi)} point(s) need several nodes "
-                              f"(e.g. {multi[0]}); use --executor slurm or number_nodes: 1")
+            raise InputError(f"the local executor runs on one machine; {len(multi)} point(s) need several nodes "
+                             f"(e.g. {multi[0]}); use --executor slurm or number_nodes: 1")
+
+    def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]:
+        self.check(specs)
         qdir = campaign_dir / QUEUE_DIR
         qdir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
@@ -177,7 +218,7 @@ class LocalBackend:
             "submitit_folder": str(qdir / "submitit"),
             "max_parallel": opts.max_parallel or 1,
             "jobs": [{"job_dir": s.job_dir, "host": local_host(s),
-                      "timeout_min": slurm_time_minutes(str(s.resources.get("time", "01:00:00"))),
+                      "timeout_min": timeout_minutes(str(s.resources.get("time", "01:00:00"))),
                       "gpus": 0 if s.cpu_partition else s.processes_per_node} for s in specs],
         }
         qfile = qdir / f"queue-{stamp}.json"
@@ -191,7 +232,7 @@ class LocalBackend:
             log = (qdir / f"queue-{stamp}.log").open("ab")
             proc = subprocess.Popen([sys.executable, "-m", "harness.sbatch.local", str(qfile)], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-            (qdir / f"queue-{stamp}.pid").write_text(str(proc.pid))
+            (qdir / f"queue-{stamp}.pid").write_text(json.dumps(identity(proc.pid, str(qfile))))
         self._queue = qfile
         return out
 
@@ -210,9 +251,15 @@ class LocalBackend:
         for q in queues:
             pidfile = Path(q).with_suffix(".pid")
             try:
-                os.kill(int(pidfile.read_text()), signal.SIGTERM)
+                ident = json.loads(pidfile.read_text())
             except (OSError, ValueError):
-                pass
+                continue
+            proc = verified(ident)  # never signal a pid that now belongs to another process
+            if proc is not None:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except psutil.Error:
+                    pass
         done = []
         for a in attempts:
             if kill_launch(a["job_dir"]) or a.get("queue"):
@@ -228,15 +275,12 @@ class LocalBackend:
             except (OSError, ValueError):
                 continue
             if info.get("ended_at"):
-                out[a["job_dir"]] = "COMPLETED" if info.get("exit_code") == 0 else "FAILED"
+                out[a["job_dir"]] = "COMPLETED" if info.get("exit_code") == 0 else (
+                "CANCELLED" if info.get("cancelled_at") else "FAILED")
             elif info.get("cancelled_at"):
                 out[a["job_dir"]] = "CANCELLED"
             elif info.get("pid"):
-                try:
-                    os.kill(int(info["pid"]), 0)
-                    out[a["job_dir"]] = "RUNNING"
-                except OSError:
-                    out[a["job_dir"]] = "LOST"
+                out[a["job_dir"]] = "RUNNING" if verified(info.get("process")) is not None else "LOST"
             else:
                 out[a["job_dir"]] = "PENDING"
         return out

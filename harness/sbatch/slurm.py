@@ -90,6 +90,9 @@ class SlurmBackend:
     def __init__(self) -> None:
         self.sbatch_calls = 0
 
+    def check(self, specs: list[JobSpec]) -> None:
+        """Nothing beyond what plan and render checked: SLURM places multi-node points itself."""
+
     def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]:
         folder = campaign_dir / ".submitit"
         logs = campaign_dir / ".slurm"

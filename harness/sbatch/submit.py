@@ -11,10 +11,10 @@ from typing import Any
 from .. import __version__
 from ..errors import SweepError
 from ..inventory import Inventory, load_inventory
-from ..jobspec import JobSpec, build_jobspec
-from ..paths import DEFAULT_DB, DEFAULT_WORKDIR, job_dir_name
+from ..jobspec import JobSpec
+from ..paths import DEFAULT_DB, DEFAULT_WORKDIR
 from ..plan import PlannedPoint, Sweep, load_sweep, plan_sweep
-from ..render import write_job_dir
+from ..render import prepare_points, write_files
 from . import manifest
 from .executors import SubmitOptions, Submitted, get_backend, resolve_executor
 from .state import PointHistory, campaign_history, record_events
@@ -99,6 +99,8 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
                  retry_failed: bool = False, max_parallel: int | None = None, hold: bool = False,
                  model_map: Path | None = None, only_failed: bool = False,
                  progress: Callable[[int, int], None] | None = None) -> SubmitReport:
+    # Everything that can be wrong with the input is found before the DB, the manifest or a job dir is
+    # touched: load and plan, then build and render every valid point in memory.
     inv: Inventory = load_inventory(inventory_path)
     sweep = load_sweep(sweep_path, model_map)
     points = plan_sweep(sweep, inv)
@@ -106,6 +108,9 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     workdir = (workdir or Path(os.environ.get("SBENCH_WORKDIR", DEFAULT_WORKDIR))).resolve()
     db = (db or Path(os.environ.get("SBENCH_DB", DEFAULT_DB))).resolve()
     campaign_dir = workdir / sweep.campaign
+    preview = prepare_points(sweep, inv, points, campaign_dir)
+    backend = get_backend(name)
+    backend.check([spec for spec, _ in preview])
     exists = _check_campaign(campaign_dir, sweep)
     history, db_note = campaign_history(db, workdir, sweep.campaign, [p.point_id for p in points])
     decisions = decide(points, history, sweep.campaign, force, retry_failed or only_failed)
@@ -126,14 +131,13 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
         if (p.point_id, p.repeat) not in known:
             events.append({"type": "point", "campaign": sweep.campaign, **p.to_dict()})
     manifest.append(campaign_dir, events)
+    prepared = prepare_points(sweep, inv, [d.point for d in todo], campaign_dir,
+                              {(d.point.point_id, d.point.repeat): d.attempt for d in todo})
     specs: list[JobSpec] = []
-    for d in todo:
-        job_dir = campaign_dir / job_dir_name(d.point.point_id, d.point.repeat, d.attempt)
-        spec = build_jobspec(sweep, inv, d.point, d.attempt, str(job_dir))
-        write_job_dir(spec, inv, d.point, sweep)
+    for spec, files in prepared:
+        write_files(spec.job_dir, files)
         specs.append(spec)
     if specs:
-        backend = get_backend(name)
         opts = SubmitOptions(max_parallel=max_parallel or sweep.slurm.max_parallel, hold=hold, wait=wait)
         report.submitted = backend.submit(campaign_dir, specs, opts)
         report.sbatch_calls = getattr(backend, "sbatch_calls", 0)
