@@ -171,6 +171,15 @@ def _first_line(text: Any, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+def _count(value: Any, minimum: int = 1, maximum: int = 2**31 - 1) -> int | None:
+    """A count or index from a runner file (an integer in [minimum, maximum]); None for anything else."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        return None
+    return value
+
+
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 256 else None
 
@@ -212,9 +221,9 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
     submitted = submitted if isinstance(submitted, dict) else {}
     if sub_p:
         warnings.append(sub_p)
-    num_machines = int(js.get("num_machines") or entity.get("number_nodes") or 1)
+    num_machines = _count(js.get("num_machines")) or _count(entity.get("number_nodes")) or 1
     exp = EXPERIMENTS.get(str(experiment)) if experiment else None
-    expected_trials = int(js.get("trials") or (exp.trials if exp else 1))
+    expected_trials = _count(js.get("trials")) or (exp.trials if exp else 1)
 
     # -- per-host files ------------------------------------------------------------------------------------
     hosts_all: set[str] = set()
@@ -257,11 +266,13 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
             if p:
                 problems.append(p)
             if isinstance(doc, dict) and doc.get("rank") is not None:
-                ranks[int(doc["rank"])] = doc
+                if _count(doc["rank"], 0) is not None:
+                    ranks[_count(doc["rank"], 0)] = doc
     for res in results.values():
         for doc in res.get("ranks") or []:
             if isinstance(doc, dict) and doc.get("rank") is not None:
-                ranks.setdefault(int(doc["rank"]), doc)
+                if _count(doc["rank"], 0) is not None:
+                    ranks.setdefault(_count(doc["rank"], 0), doc)
     rank0 = ranks.get(0)
     if rank0 is None:
         for res in results.values():
@@ -454,7 +465,7 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
             **{k: aggregate._f(m.get(k)) for k in ("train_runtime", "train_samples_per_second",
                                                    "train_steps_per_second", "train_tokens_per_second",
                                                    "dataset_tokens_per_second")},
-            "dataset_tokens": None if m.get("dataset_tokens") is None else int(m["dataset_tokens"]),
+            "dataset_tokens": _count(m.get("dataset_tokens"), 0, 2**63 - 1),
             "notes": [str(n) for n in doc.get("notes") or []] if isinstance(doc.get("notes"), list) else None,
             "metrics": to_json(m or None)})
     err_rows = [{"run_id": run_id, "rank": str(e.get("rank", e["_rank"])), "host": e.get("host"),
@@ -503,8 +514,8 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
     if train_start is None:
         train_starts = [r["start_wall"] for r in stage_rows if r["stage"] == "train" and r["start_wall"] is not None]
         train_start = min(train_starts) if train_starts else None
-    world = int((rank0 or {}).get("world_size") or js.get("num_processes")
-                or max(1, int(entity.get("number_gpus") or 0)))
+    world = (_count((rank0 or {}).get("world_size")) or _count(js.get("num_processes"))
+             or max(1, _count(entity.get("number_gpus"), 0) or 0))
     executor = man.get("executor") or submitted.get("executor")
     job_id = man.get("job_id") or submitted.get("job_id")
     restarts = max([log.last_restart for log in stage_logs.values()] + [0])

@@ -798,7 +798,8 @@ class Store:
 
     def attempt_rows(self, campaign: str | None = None) -> list[dict[str, Any]]:
         cols = ("run_id, campaign, point_id, repeat, attempt, experiment, executor, job_id, state, outcome, reason, "
-                "accounting_source, submitted_at, started_at, ended_at, elapsed_s, node_list, transport, job_dir")
+                "accounting_source, submitted_at, started_at, ended_at, elapsed_s, node_list, transport, job_dir, "
+                "cancel_requested_at")
         sql = f"SELECT {cols} FROM runs" + (" WHERE campaign = ?" if campaign else "")
         return self.fetch_dicts(sql + " ORDER BY campaign, point_id, repeat, attempt", [campaign] if campaign else [])
 

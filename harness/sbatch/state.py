@@ -21,6 +21,7 @@ class AttemptState:
     state: str | None
     outcome: str | None  # ok | invalid | failed | None (queued/running)
     reason: str | None = None
+    cancelled: bool = False  # the user cancelled it (sbench cancel): retry leaves it alone
 
 
 @dataclass
@@ -51,7 +52,8 @@ def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str
             key = (row["campaign"], row["point_id"], int(row["repeat"]))
             history.by_run.setdefault(key, []).append(AttemptState(
                 attempt=int(row["attempt"]), job_id=row.get("job_id"), state=row.get("state"),
-                outcome=row.get("outcome"), reason=row.get("reason")))
+                outcome=row.get("outcome"), reason=row.get("reason"),
+                cancelled=row.get("cancel_requested_at") is not None and row.get("outcome") == "failed"))
         for pid, st_ in st.point_status(point_ids=point_ids).items():
             history.measured_counts[pid] = st_.ok + st_.invalid
     return history, None

@@ -70,6 +70,9 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
             out.append(Decision(p, "submit", "force", next_attempt))
         elif measured > p.repeat:
             out.append(Decision(p, "skip", f"already measured ({measured} ok/invalid run(s) of this point)"))
+        elif attempts and attempts[-1].outcome == "failed" and attempts[-1].cancelled:
+            out.append(Decision(p, "skip", f"attempt {attempts[-1].attempt} was cancelled with sbench cancel; "
+                                           "use --force to run it again"))
         elif attempts and attempts[-1].outcome == "failed":
             if retry_failed:
                 out.append(Decision(p, "submit", "retry", next_attempt))
