@@ -109,9 +109,17 @@ def load_yaml(path: str | Path, error: type[InputError] = InputError, what: str 
     p = Path(path)
     try:
         size = p.stat().st_size
-        if p.is_file() and size > MAX_DOC_BYTES:
+        if p.is_dir():
+            raise IsADirectoryError(str(p))
+        if not p.is_file():
+            raise error(f"{p}: is not a regular file; give the path of a YAML {what}")
+        if size > MAX_DOC_BYTES:
             raise error(f"{p}: the {what} is {size} bytes; at most {MAX_DOC_BYTES} are allowed")
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as fh:
+            data = fh.read(MAX_DOC_BYTES + 1)
+        if len(data) > MAX_DOC_BYTES:
+            raise error(f"{p}: the {what} is larger than {MAX_DOC_BYTES} bytes, the most allowed")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise error(f"{p}: {what} not found") from None
     except IsADirectoryError:
