@@ -9,28 +9,15 @@ import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .. import jobstate
 from .parse import expand_hostlist
 
 SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,MaxRSS,NodeList,Start,End"
 CHUNK = 200  # ids per sacct call (keeps the command line short)
 
-# Still going: no outcome yet. A requeued or preempted-then-requeued job keeps its job id, so it stays
-# the same run (same job dir, same row) and is simply updated when it finishes.
-PENDING_STATES = frozenset({
-    "PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "CONFIGURING", "COMPLETING",
-    "RESIZING", "STAGE_OUT", "SIGNALING", "RESV_DEL_HOLD", "STOPPED", "SUBMITTED", "UNKNOWN",
-})
-# Ended by the scheduler: the run failed for this reason whatever its files say (unless the files
-# show a GPU OOM first: then it is invalid).
-FAILURE_STATES = {
-    "CANCELLED": "cancelled", "TIMEOUT": "timeout", "NODE_FAIL": "node failure", "OUT_OF_MEMORY": "host OOM",
-    "PREEMPTED": "preempted", "BOOT_FAIL": "node boot failure", "DEADLINE": "deadline reached",
-    "REVOKED": "revoked",
-}
-# Ended on its own: the files say whether it was ok, invalid or failed.
-ENDED_STATES = frozenset({"COMPLETED", "FAILED", "SPECIAL_EXIT"})
-# States that never change again (PREEMPTED may turn into a requeue, so it is asked about again).
-FINAL_STATES = frozenset((ENDED_STATES | set(FAILURE_STATES)) - {"PREEMPTED"})
+# The state model lives in harness.jobstate (one table for submit --wait, status, cancel and collect).
+PENDING_STATES, FAILURE_STATES, ENDED_STATES, FINAL_STATES = (
+    jobstate.PENDING_STATES, jobstate.FAILURE_STATES, jobstate.ENDED_STATES, jobstate.FINAL_STATES)
 
 
 @dataclass
@@ -68,8 +55,7 @@ class JobAccounting:
 
 
 def normalise_state(raw: str) -> str:
-    s = (raw or "").strip().split()[0] if (raw or "").strip() else "UNKNOWN"
-    return s.rstrip("+").upper()
+    return jobstate.normalise(raw)
 
 
 def parse_elapsed(text: str | None) -> float | None:
@@ -233,11 +219,4 @@ def query_squeue(runner: Runner = _run) -> dict[str, tuple[str, str | None]] | N
 
 def scheduler_verdict(state: str | None) -> tuple[str, str | None]:
     """('pending' | 'failed' | 'files', reason): what a SLURM state says about a run's outcome."""
-    s = normalise_state(state or "UNKNOWN")
-    if s in PENDING_STATES:
-        return "pending", None
-    if s in FAILURE_STATES:
-        return "failed", FAILURE_STATES[s]
-    if s in ENDED_STATES:
-        return "files", None
-    return "files", None
+    return jobstate.verdict(state)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import jobstate
 from ..errors import InputError
 from ..paths import DEFAULT_DB, DEFAULT_WORKDIR
 from . import manifest
@@ -107,13 +108,10 @@ def _executor_of(row: dict[str, Any]) -> str | None:
 
 
 def _phase(live: str | None, db_state: str | None) -> str:
-    word = (live or "").split(" ")[0]
-    if word in ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD"):
-        return "pending"
-    if word in ("RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING"):
-        return "running"
-    if word:
-        return "done (not collected)"
+    """pending / running / done (not collected), from the scheduler's live word (harness.jobstate)."""
+    if live:
+        phase = jobstate.lookup(live).phase
+        return "done (not collected)" if phase == "done" else phase
     return (db_state or "submitted").lower()
 
 

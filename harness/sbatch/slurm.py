@@ -19,14 +19,12 @@ from typing import Any
 import submitit
 from submitit.slurm.slurm import SlurmJob
 
+from .. import jobstate
 from ..errors import SubmitError
 from ..jobspec import JobSpec
 from ..render import sbatch_directives
 from .executors import SubmitOptions, Submitted, register
 from .manifest import now_iso, write_submitted
-
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-            "BOOT_FAIL", "DEADLINE", "REVOKED"}
 
 
 class ScriptExecutor(submitit.SlurmExecutor):
@@ -123,7 +121,7 @@ class SlurmBackend:
         total = len(ids)
         while True:
             states = self.live_states([{"job_id": i} for i in ids])
-            done = sum(1 for i in ids if states.get(i, "").split(" ")[0] in TERMINAL)
+            done = sum(1 for i in ids if jobstate.is_done(states.get(i)) and i in states)
             if progress:
                 progress(done, total)
             if done >= total:

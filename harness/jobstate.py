@@ -1,0 +1,82 @@
+"""The one job-state model: what every SLURM (and local executor) state means to sbench.
+
+``submit --wait`` (is the attempt over?), ``status`` (pending, running or done?), ``cancel`` (is
+there anything to cancel?) and ``collect`` (what outcome does the scheduler dictate, and can the
+state still change?) all read this table, so they cannot disagree.
+
+Each state has
+- ``phase``: ``pending`` (queued, held, requeued), ``running`` or ``done`` (the attempt no
+  longer executes; it may be released or requeued later, see ``final``);
+- ``verdict``: ``pending`` (no outcome yet), ``files`` (it ended on its own: the job dir's files
+  say ok, invalid or failed) or ``failed`` (the scheduler ended it, for ``reason``);
+- ``final``: the state never changes again, so collect need not ask about it twice.
+
+A preempted job without requeue stays PREEMPTED (failed); with requeue it goes back to PENDING
+under the same job id and is the same attempt. SPECIAL_EXIT is a job held for requeue by an
+exit-code rule: its execution is over (done, judged by its files) but it may be released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class JobState:
+    name: str
+    phase: str  # pending | running | done
+    verdict: str  # pending | files | failed
+    reason: str | None = None
+    final: bool = False
+
+
+def _table() -> dict[str, JobState]:
+    rows = [JobState(s, "pending", "pending") for s in (
+        "PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUBMITTED",
+        "UNKNOWN")]
+    rows += [JobState(s, "running", "pending") for s in (
+        "RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING", "STOPPED", "POWER_UP_NODE",
+        "UPDATE_DB")]
+    rows += [JobState("COMPLETED", "done", "files", final=True), JobState("FAILED", "done", "files", final=True),
+             JobState("SPECIAL_EXIT", "done", "files"),
+             # the local executor: its process is gone without recording an end
+             JobState("LOST", "done", "files"), JobState("GONE", "done", "files")]
+    rows += [JobState(s, "done", "failed", why, final=s != "PREEMPTED") for s, why in (
+        ("CANCELLED", "cancelled"), ("TIMEOUT", "timeout"), ("NODE_FAIL", "node failure"),
+        ("OUT_OF_MEMORY", "host OOM"), ("PREEMPTED", "preempted"), ("BOOT_FAIL", "node boot failure"),
+        ("DEADLINE", "deadline reached"), ("REVOKED", "revoked"))]
+    return {r.name: r for r in rows}
+
+
+STATES: dict[str, JobState] = _table()
+UNKNOWN = STATES["UNKNOWN"]
+
+
+def normalise(raw: str | None) -> str:
+    """SLURM's text to a state name: ``CANCELLED by 0`` -> ``CANCELLED``, ``COMPLETED+`` ->
+    ``COMPLETED``, ``PENDING (Resources)`` -> ``PENDING``; empty -> ``UNKNOWN``."""
+    text = (raw or "").strip()
+    return text.split()[0].rstrip("+").upper() if text else "UNKNOWN"
+
+
+def lookup(raw: str | None) -> JobState:
+    """The state of *raw*; a name sbench does not know is pending (asked about again, never lost)."""
+    name = normalise(raw)
+    return STATES.get(name) or JobState(name, "pending", "pending")
+
+
+def is_done(raw: str | None) -> bool:
+    return lookup(raw).phase == "done"
+
+
+def verdict(raw: str | None) -> tuple[str, str | None]:
+    """('pending' | 'failed' | 'files', reason): what the state says about a run's outcome."""
+    st = lookup(raw)
+    return st.verdict, st.reason
+
+
+PENDING_STATES = frozenset(n for n, s in STATES.items() if s.verdict == "pending")
+FAILURE_STATES = {n: s.reason for n, s in STATES.items() if s.verdict == "failed"}
+ENDED_STATES = frozenset(n for n, s in STATES.items() if s.verdict == "files")
+FINAL_STATES = frozenset(n for n, s in STATES.items() if s.final)
+DONE_STATES = frozenset(n for n, s in STATES.items() if s.phase == "done")

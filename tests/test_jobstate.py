@@ -1,0 +1,90 @@
+"""One job-state model: recorded squeue and sacct output gives the same answer in submit --wait, status,
+cancel and collect."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness import jobstate
+from harness.collect.sacct import FINAL_STATES, parse_sacct, scheduler_verdict
+from harness.sbatch import control, slurm
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "states"
+SQUEUE = (FIX / "squeue.txt").read_text()
+SACCT = (FIX / "sacct.txt").read_text()
+SACCT_FULL = (FIX / "sacct_full.txt").read_text()
+
+# What each recorded job is, as a person reading SLURM's docs would say it.
+EXPECTED = {
+    "5001": "pending", "5002": "pending", "5003_4": "running", "5004": "pending", "5005": "running",
+    "5006": "running", "5007": "pending", "5008": "pending", "5009": "done", "5010": "running", "5011": "running",
+    "5012": "pending",
+    "6001": "done", "6002": "done", "6003": "done", "6004": "done", "6005": "done", "6006": "done", "6007": "done",
+    "6008": "done", "6009": "done", "6010": "done", "6011": "done", "6012": "pending", "6013": "done",
+    "6014": "running", "6015": "pending",
+}
+FAILED_BY_SCHEDULER = {"6003": "cancelled", "6004": "timeout", "6005": "node failure", "6006": "host OOM",
+                       "6007": "preempted", "6008": "node boot failure", "6009": "deadline reached",
+                       "6010": "revoked"}
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """squeue answers for the live 500x jobs, sacct for the ended 600x ones, as on a real cluster."""
+
+    def fake_run(argv, capture_output=True, text=True):  # noqa: ARG001 - subprocess.run's signature
+        if argv[0] == "squeue":
+            wanted = set(argv[argv.index("-j") + 1].split(","))
+            out = "".join(line + "\n" for line in SQUEUE.splitlines() if line.split("|")[0].split("_")[0] in wanted)
+            return subprocess.CompletedProcess(argv, 0, out, "")
+        if argv[0] == "sacct":
+            wanted = set(argv[argv.index("-j") + 1].split(","))
+            out = "".join(line + "\n" for line in SACCT.splitlines() if line.split("|")[0] in wanted)
+            return subprocess.CompletedProcess(argv, 0, out, "")
+        raise AssertionError(argv)
+
+    monkeypatch.setattr(slurm.subprocess, "run", fake_run)
+    return slurm.query_states(list(EXPECTED))
+
+
+def test_every_recorded_job_is_seen(recorded) -> None:
+    assert set(recorded) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("job_id", sorted(EXPECTED))
+def test_submit_wait_status_cancel_and_collect_agree(recorded, job_id: str) -> None:
+    live = recorded[job_id]
+    expected = EXPECTED[job_id]
+    # submit --wait: counts an attempt as finished exactly when it is done
+    assert jobstate.is_done(live) == (expected == "done")
+    # status: the phase it shows
+    phase = control._phase(live, None)
+    assert phase == ("done (not collected)" if expected == "done" else expected)
+    # cancel: only what is pending or running is cancelled
+    assert (phase in ("pending", "running")) == (expected != "done")
+    # collect: an outcome is decided once the attempt is done, not before
+    verdict, reason = scheduler_verdict(live)
+    assert (verdict != "pending") == (expected == "done")
+    if job_id in FAILED_BY_SCHEDULER:
+        assert (verdict, reason) == ("failed", FAILED_BY_SCHEDULER[job_id])
+
+
+def test_collect_reads_the_same_states_from_full_sacct_records() -> None:
+    jobs = parse_sacct(SACCT_FULL)
+    for job_id, acct in jobs.items():
+        verdict, _ = scheduler_verdict(acct.state)
+        assert (verdict != "pending") == (EXPECTED[job_id] == "done"), job_id
+        assert jobstate.is_done(acct.state_raw) == jobstate.is_done(acct.state)
+    assert jobs["6003"].state == "CANCELLED" and jobs["6013"].state == "COMPLETED"
+
+
+def test_states_that_may_still_change_are_asked_about_again() -> None:
+    # A preempted job may be requeued, a special exit released: both are done now, but not final.
+    assert {"PREEMPTED", "SPECIAL_EXIT", "REQUEUED", "PENDING", "RUNNING"}.isdisjoint(FINAL_STATES)
+    assert {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+            "REVOKED"} <= FINAL_STATES
+    # A state this sbench has never heard of is treated as still going: asked about again, never lost.
+    assert jobstate.lookup("SOMETHING_NEW").phase == "pending" and not jobstate.is_done("SOMETHING_NEW")
