@@ -137,6 +137,9 @@ def test_arrays_two_node_ddp_fsdp_and_roce_env_per_host(sb, env) -> None:
             for e in seen.values():
                 assert e["NCCL_IB_DISABLE"] == "0" and e["NCCL_SOCKET_IFNAME"] == "eth0"
                 assert e["NCCL_DEBUG"] == "INFO"
+                # The inventory sets no GLOO_SOCKET_IFNAME and the nodes' shared hostname resolves to
+                # 127.0.0.1: launch.sh found the interface that holds each node's inventory address.
+                assert e["GLOO_SOCKET_IFNAME"] == "eth0"
             assert seen["node1"]["SLURMD_NODENAME"] == "node1" and seen["node2"]["SLURMD_NODENAME"] == "node2"
         else:
             assert r["node_list"] in ("node1", "node2")

@@ -34,6 +34,16 @@ elif [[ -n "${SLURM_JOB_ID:-}" ]]; then
 fi
 export SBENCH_HOST="$HOST" SBENCH_MACHINE_RANK="$MACHINE_RANK" SBENCH_MAIN_IP="$MAIN_IP" SBENCH_MAIN_PORT="$PORT"
 PY=<PYTHON>
+# gloo and NCCL's bootstrap bind to the interface that holds this host's inventory address unless the
+# inventory sets them: the hostname may resolve to a loopback address (127.0.1.1 on Debian/Ubuntu).
+if [[ -n "${SBENCH_HOST_ADDRESS:-}" && ( -z "${GLOO_SOCKET_IFNAME:-}" || -z "${NCCL_SOCKET_IFNAME:-}" ) ]]; then
+  IFACE="$("$PY" -m harness.runner.netif "$SBENCH_HOST_ADDRESS" 2>/dev/null || true)"
+  if [[ -n "$IFACE" ]]; then
+    export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$IFACE}" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-$IFACE}"
+  else
+    echo "sbench: warning: no interface of $HOST holds its inventory address $SBENCH_HOST_ADDRESS; gloo and NCCL pick one themselves (set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME in the inventory)" >&2
+  fi
+fi
 exec "$PY" -m harness.runner node --job-dir "$JOB_DIR" --host "$HOST" -- \
   "$PY" -m accelerate.commands.launch --config_file "$JOB_DIR/accelerate.yaml" \
     --num_processes 4 --num_machines 2 --machine_rank "$MACHINE_RANK" \
