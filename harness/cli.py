@@ -287,10 +287,13 @@ def render(sweep: Path, inventory: Path | None, model_map: Path | None, out_dir:
 
     Example: sbench render sweeps/demo-cpu.yaml -o /tmp/preview
     """
-    from .render import render_points
+    from .render import ClusterFit, cluster_fit, render_points
 
     inv, sw, points = _plan(sweep, inventory, model_map)
-    specs = render_points(sw, inv, points, out_dir)
+    fit = cluster_fit(inv, [p for p in points if p.valid]) if inventory is not None else ClusterFit()
+    specs = render_points(sw, inv, points, out_dir, fit=fit)
+    for note in fit.check(specs, inv):
+        click.echo(f"warning: {note}", err=True)
     for s in specs:
         click.echo(s.job_dir)
     invalid = [p for p in points if not p.valid]

@@ -72,6 +72,8 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
                f"executor{extra}; job dirs under {d['campaign_dir']}")
     if d.get("db_note"):
         click.echo(f"note: {d['db_note']}", err=True)
+    for w in d.get("warnings") or []:
+        click.echo(f"warning: {w}", err=True)
 
 
 @main.command()

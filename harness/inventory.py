@@ -23,6 +23,7 @@ from .schema import (
     SLURM_TIME,
     SLURM_TIME_TEXT,
     Checker,
+    sbatch_extra,
 )
 from .yamlio import load_yaml
 
@@ -40,7 +41,7 @@ TOP_KEYS = ("cluster", "defaults", "partitions")
 DEFAULT_KEYS = ("env", "nccl", "setup", "python", "data_dir", "models_dir")
 PARTITION_KEYS = (
     "slurm_partition", "account", "qos", "constraint", "time_limit", "gpu_model",
-    "gpus_per_node", "cpus_per_node", "memory_gb", "setup", "env", "python", "exclusive", "hosts",
+    "gpus_per_node", "cpus_per_node", "memory_gb", "setup", "env", "python", "exclusive", "hosts", "slurm_extra",
 )
 HOST_KEYS = ("address", "roce", "nccl_topo_file", "env")
 ROCE_KEYS = ("hcas", "gid_index", "socket_ifname")
@@ -84,6 +85,7 @@ class Partition:
     env: dict[str, str] = field(default_factory=dict)
     python: str | None = None
     exclusive: bool = False
+    slurm_extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_cpu(self) -> bool:
@@ -209,6 +211,7 @@ def _partition(ck: Checker, name: str, node: Any, parent: Mapping[str, Any]) -> 
         env=_env(ck, node, key, "env"),
         python=ck.string(node, key, "python"),
         exclusive=ck.boolean(node, key, "exclusive", default=False),
+        slurm_extra=sbatch_extra(ck, node, key, "slurm_extra"),
     )
 
 

@@ -81,26 +81,48 @@ class JobSpec:
         return asdict(self)
 
 
+MIN_CPUS = 2  # the reference's floor of CPU cores for one task
+MEM_RESERVE = 0.05  # of a partial node's memory share, left to the OS and other jobs' daemons
+MB_PER_GB = 1000  # inventory GB -> SLURM MB, rounding down: SLURM's RealMemory is often a little below spec
+
+
+def node_share(part: Partition, per_node: int) -> float:
+    """The fraction of a node one point uses: its devices (CPU workers) over the node's."""
+    if part.gpus_per_node <= 0:
+        return 1.0
+    return min(1.0, max(per_node, 1) / part.gpus_per_node)
+
+
+def whole_node(part: Partition, per_node: int) -> bool:
+    return node_share(part, per_node) >= 1.0
+
+
 def cpus_per_task(part: Partition, per_node: int) -> int:
-    """2 CPU cores per GPU (at least 2), as the reference requests; a CPU partition's worker is itself a
-    process that needs one core, so there it is 1 per worker (at least 2)."""
-    return max(2, (1 if part.is_cpu else 2) * per_node)
+    """One task per node gets the node's cores, or its share of them for a partial node (at least 2):
+    the ranks and the node's sampler run inside that task, so it must not be a slice of 2 per GPU."""
+    return max(MIN_CPUS, int(part.cpus_per_node * node_share(part, per_node)))
 
 
-def _mem_gb(part: Partition, per_node: int, cpus: int, override: float | None) -> int:
-    if override:
-        return max(1, math.ceil(override))
-    if part.gpus_per_node and per_node:
-        share = part.memory_gb * per_node / part.gpus_per_node
-    else:
-        share = part.memory_gb * cpus / part.cpus_per_node
-    return max(1, math.ceil(share))
+def threads_per_rank(part: Partition, per_node: int) -> int:
+    """OMP_NUM_THREADS when the inventory does not set it: the task's cores over its ranks."""
+    return max(1, cpus_per_task(part, per_node) // max(per_node, 1))
+
+
+def memory_request(part: Partition, per_node: int, override_gb: float | None) -> str:
+    """``--mem``: the sweep's ``slurm.mem_gb`` when given; ``0`` (all of the node's memory) for a whole
+    node; else the point's share of the node less a reserve, in MB. Never the spec-sheet figure in G:
+    SLURM counts 1G as 1024 MB, so ``memory_gb: 1000`` as ``1000G`` exceeds a RealMemory=1000000 node."""
+    if override_gb:
+        return f"{max(1, math.floor(override_gb * MB_PER_GB))}M"
+    if whole_node(part, per_node):
+        return "0"
+    share = part.memory_gb * MB_PER_GB * node_share(part, per_node) * (1 - MEM_RESERVE)
+    return f"{max(1, math.floor(share))}M"
 
 
 def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], per_node: int, job_dir: str,
-               point: PlannedPoint) -> dict[str, Any]:
+               point: PlannedPoint, exclude: list[str] | None = None) -> dict[str, Any]:
     nodes = e.get("number_nodes", 1)
-    cpus = cpus_per_task(part, per_node)
     res: dict[str, Any] = {
         "job_name": f"sbench.{sweep.campaign}.{point.point_id[:8]}",
         "partition": part.slurm_partition,
@@ -109,20 +131,30 @@ def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], per_node: int, 
     }
     if not part.is_cpu and e["number_gpus"] > 0:
         res["gpus_per_node"] = per_node
-    res["cpus_per_task"] = cpus
-    res["mem"] = f"{_mem_gb(part, per_node, cpus, sweep.slurm.mem_gb)}G"
+    res["cpus_per_task"] = cpus_per_task(part, per_node)
+    res["mem"] = memory_request(part, per_node, sweep.slurm.mem_gb)
     res["time"] = sweep.slurm.time or part.time_limit or DEFAULT_TIME
     for key in ("account", "qos", "constraint"):
         value = getattr(sweep.slurm, key) or getattr(part, key)
         if value:
             res[key] = value
-    exclusive = sweep.slurm.exclusive if sweep.slurm.exclusive is not None else part.exclusive
+    # A multi-node RoCE point owns its nodes (no other job's traffic on the HCAs) unless the sweep says not.
+    roce_multi = bool(e.get("enable_roce")) and nodes > 1
+    exclusive = sweep.slurm.exclusive if sweep.slurm.exclusive is not None else (part.exclusive or roce_multi)
     if exclusive:
         res["exclusive"] = True
+    # Only inventory hosts: when the point needs every host, name them; otherwise the submit-time view of
+    # the SLURM partition (if a controller answers) excludes its other nodes (see restrict_to_inventory).
+    if nodes == len(part.hosts):
+        res["nodelist"] = ",".join(sorted(part.hosts))
+    elif exclude:
+        res["exclude"] = ",".join(sorted(exclude))
     # One attempt is one execution unless the sweep opts in: a node failure is a failed attempt that
     # `sbench retry` resubmits with a fresh job dir. With requeue on, a requeued job continues in the
     # same job dir (stage events carry SLURM_RESTART_COUNT).
     res["requeue" if sweep.slurm.requeue else "no_requeue"] = True
+    for key, value in {**part.slurm_extra, **sweep.slurm.extra}.items():
+        res[key.replace("-", "_")] = value
     res["output"] = f"{job_dir}/slurm-%j.out"
     return res
 
@@ -287,7 +319,9 @@ def _host_env(inv: Inventory, part: Partition, host: Host, e: dict[str, Any], jo
 
 
 def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: int, job_dir: str,
-                  python: str | None = None) -> JobSpec:
+                  python: str | None = None, exclude: list[str] | None = None) -> JobSpec:
+    """*exclude*: the SLURM partition's nodes that are not inventory hosts (from the controller, when it
+    answers), kept out of a point that does not need every host."""
     exp = get_experiment(point.experiment)
     part = inv.partition(point.partition)
     e = dict(point.entity)
@@ -311,6 +345,7 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
     argv = train_argv(exp, e, point.model_source or e["model_name"], dataset_path, job_dir, per_device_bs, target)
     env = dict(inv.env)
     env.update(part.env)
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(part, per_node)))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("PYTHONUNBUFFERED", "1")
     host_env = {h.name: _host_env(inv, part, h, e, job_dir, nodes > 1) for h in part.hosts.values()}
@@ -320,7 +355,7 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         cpu_partition=part.is_cpu, model_source=point.model_source or e["model_name"],
         dataset_id=e.get("dataset_id") or "news-tokens-16384plus-entries-4096", dataset_path=dataset_path,
         data_dir=str(sweep.data_dir),
-        resources=_resources(sweep, part, e, per_node if gpus > 0 else 0, job_dir, point),
+        resources=_resources(sweep, part, e, per_node if gpus > 0 else 0, job_dir, point, exclude),
         launcher=launcher, num_machines=nodes, num_processes=devices, processes_per_node=per_node, port=port,
         accelerate_config=acc, train_argv=argv, python=python or part.python or inv.python or sys.executable,
         setup=list(inv.setup) + list(part.setup), env=env, host_env=host_env,

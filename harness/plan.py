@@ -23,6 +23,7 @@ from .errors import CatalogError, InputError, SweepError
 from .inventory import Inventory, Partition
 from .schema import (
     MAX_LIST,
+    sbatch_extra,
     NAME,
     SLURM_CONSTRAINT,
     SLURM_NAME,
@@ -34,7 +35,7 @@ from .yamlio import LineDict, load_yaml
 
 SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
               "model_map", "data_dir", "runner")
-SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue")
+SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue", "extra")
 RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache")
 AUTO_STOP_KEYS = ("warmup_seconds", "stable_seconds", "min_steps")
 CAMPAIGN_NAME = NAME  # fullmatch only: '$' would accept a trailing newline
@@ -69,6 +70,7 @@ class SlurmOverrides:
     mem_gb: float | None = None
     max_parallel: int | None = None
     requeue: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -179,6 +181,7 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         mem_gb=ck.number(slurm_node, "slurm", "mem_gb", minimum=0, maximum=1 << 20),
         max_parallel=ck.integer(slurm_node, "slurm", "max_parallel", minimum=1, maximum=MAX_PARALLEL),
         requeue=ck.boolean(slurm_node, "slurm", "requeue", default=False),
+        extra=sbatch_extra(ck, slurm_node, "slurm", "extra"),
     )
     runner_node = ck.mapping(doc.get("runner"), "runner", doc, "runner")
     ck.known_keys(runner_node, "runner", RUNNER_KEYS)
@@ -324,9 +327,11 @@ def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) ->
 
     cpus = cpus_per_task(part, per_node)
     if cpus > part.cpus_per_node:
-        rule = "1 per worker" if part.is_cpu else "2 per device"
-        reasons.append(f"placement: needs {cpus} CPUs per node ({rule}, at least 2); partition "
+        reasons.append(f"placement: needs {cpus} CPUs per node (at least 2); partition "
                        f"{part.name!r} has {part.cpus_per_node}")
+    elif part.is_cpu and cpus < per_node:
+        reasons.append(f"placement: {per_node} worker processes per node get {cpus} cores; partition "
+                       f"{part.name!r} needs at least one core per worker")
     if e.get("enable_roce") and nodes > 1:
         missing = [h.name for h in part.hosts.values() if h.roce is None]
         if missing:

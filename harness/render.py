@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,8 @@ def _envname(v: Any) -> str:
 _ENV.filters["envname"] = _envname
 
 DIRECTIVE_ORDER = ("job_name", "partition", "nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "mem",
-                   "time", "account", "qos", "constraint", "exclusive", "requeue", "no_requeue", "output")
+                   "time", "account", "qos", "constraint", "exclusive", "nodelist", "exclude", "requeue", "no_requeue",
+                   "output")
 
 
 def _directive_value(key: str, value: Any) -> str:
@@ -180,9 +182,46 @@ def write_job_dir(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Swe
     return write_files(spec.job_dir, render_files(spec, inv, point, sweep))
 
 
+@dataclass
+class ClusterFit:
+    """The SLURM partition as its controller describes it, for one sweep's partition."""
+
+    exclude: list[str] | None = None  # partition nodes that are not inventory hosts
+    notes: list[str] = field(default_factory=list)  # what does not fit, or why nothing was checked
+    nodes: dict[str, Any] | None = None
+
+    def check(self, specs: list[JobSpec], inv: Inventory) -> list[str]:
+        from .sbatch.clusterview import misfits
+
+        if self.nodes is None:
+            return list(self.notes)
+        out = list(self.notes)
+        for spec in specs:
+            part = inv.partition(spec.partition)
+            out += [f"point {spec.point_id}: {m}" for m in misfits(sorted(part.hosts), self.nodes, spec.resources,
+                                                                  part.slurm_partition)]
+        return list(dict.fromkeys(out))
+
+
+def cluster_fit(inv: Inventory, points: list[PlannedPoint], lookup: Any = None) -> ClusterFit:
+    """Ask the controller (``sinfo``) about the sweep's SLURM partition; an empty fit when none answers."""
+    from .sbatch.clusterview import partition_nodes
+
+    names = {p.partition for p in points}
+    if len(names) != 1:
+        return ClusterFit()
+    part = inv.partition(names.pop())
+    nodes, why = (lookup or partition_nodes)(part.slurm_partition)
+    if nodes is None:
+        return ClusterFit(notes=[f"requests not checked against SLURM ({why}); allocations of fewer nodes than the "
+                                 f"partition has hosts are not restricted to inventory hosts"])
+    others = sorted(set(nodes) - set(part.hosts))
+    return ClusterFit(exclude=others or None, nodes=nodes)
+
+
 def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out_dir: str | Path,
                    attempts: dict[tuple[str, int], int] | None = None,
-                   python: str | None = None) -> list[tuple[JobSpec, Rendered]]:
+                   python: str | None = None, fit: ClusterFit | None = None) -> list[tuple[JobSpec, Rendered]]:
     """Build and render (in memory) every valid point's job directory under *out_dir*: everything that
     can fail on a value fails here, before anything is written. *attempts* gives the attempt number per
     (point_id, repeat) (default 1); points not in it are skipped when it is given."""
@@ -196,7 +235,8 @@ def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out
             continue
         job_dir = str(out / job_dir_name(p.point_id, p.repeat, attempt))
         try:
-            spec = build_jobspec(sweep, inv, p, attempt, job_dir, python=python)
+            spec = build_jobspec(sweep, inv, p, attempt, job_dir, python=python,
+                                 exclude=fit.exclude if fit is not None else None)
             files = render_files(spec, inv, p, sweep)
         except (RenderError, ValueError, TypeError, jinja2.TemplateError) as exc:
             raise InputError(f"{sweep.source}: point {p.point_id} (repeat {p.repeat}) cannot be rendered: {exc}; "
@@ -206,12 +246,12 @@ def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out
 
 
 def render_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out_dir: str | Path,
-                  attempt: int = 1, python: str | None = None) -> list[JobSpec]:
+                  attempt: int = 1, python: str | None = None, fit: ClusterFit | None = None) -> list[JobSpec]:
     """Render one job directory per valid point under *out_dir*; invalid points are skipped here and
     reported by the caller (they are part of the plan). Every directory is rendered in memory first,
     so a point that cannot be rendered leaves *out_dir* untouched."""
     attempts = {(p.point_id, p.repeat): attempt for p in points}
-    prepared = prepare_points(sweep, inv, points, out_dir, attempts, python=python)
+    prepared = prepare_points(sweep, inv, points, out_dir, attempts, python=python, fit=fit)
     for spec, files in prepared:
         write_files(spec.job_dir, files)
     return [spec for spec, _ in prepared]

@@ -40,6 +40,57 @@ ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})")
 IFNAME = re.compile(r"[\^=]?[A-Za-z0-9_.:@-]{1,64}(?:,[\^=]?[A-Za-z0-9_.:@-]{1,64}){0,31}")
 
 
+# sbatch long options a sweep's slurm.extra or a partition's slurm_extra may add. sbench renders the rest
+# itself (nodes, tasks, CPUs, memory, time, partition, account, qos, constraint, exclusive, nodelist,
+# requeue, job name, output, array), and options that change how the script runs (--wrap, --export,
+# --chdir, --hold, --parsable, --wait) are refused.
+SBATCH_EXTRA_OPTIONS = frozenset({
+    "reservation", "switches", "gres", "gpus", "gpus-per-task", "gpus-per-socket", "gpu-bind", "gpu-freq",
+    "cpus-per-gpu", "mem-per-gpu", "mem-bind", "cpu-freq", "hint", "core-spec", "thread-spec", "comment",
+    "wckey", "licenses", "begin", "deadline", "distribution", "exclude", "network", "prefer", "priority",
+    "nice", "mail-type", "mail-user", "signal", "tmp", "mincpus", "sockets-per-node", "cores-per-socket",
+    "threads-per-core", "ntasks-per-core", "ntasks-per-socket", "spread-job", "use-min-nodes",
+    "cluster-constraint", "clusters", "profile", "acctg-freq", "power", "bb", "bbf", "oversubscribe",
+    "overcommit", "dependency", "kill-on-invalid-dep", "container", "container-id", "container-image",
+    "container-mounts", "container-workdir", "container-name", "container-save", "container-mount-home",
+    "no-container-mount-home", "container-remap-root", "no-container-remap-root", "container-entrypoint",
+    "no-container-entrypoint", "container-writable", "container-readonly", "container-env",
+    "container-image-save", "time-min", "gres-flags", "tres-per-task", "x11", "delay-boot", "qos-level",
+})
+_OPTION_VALUE = re.compile(r"[^\x00-\x1f\x7f]{1,4096}")
+
+
+def sbatch_extra(ck: "Checker", node: Mapping[str, Any], key: str, name: str) -> dict[str, Any]:
+    """A mapping of known sbatch long options (see :data:`SBATCH_EXTRA_OPTIONS`) to values: a string or
+    number (rendered ``--opt=value``, quoted when needed) or ``true`` (a bare ``--opt``)."""
+    value = node.get(name)
+    dotted = f"{key}.{name}" if key else name
+    if value is None:
+        return {}
+    value = ck.mapping(value, dotted, node, name)
+    out: dict[str, Any] = {}
+    for opt, v in value.items():
+        opt = str(opt).lstrip("-").replace("_", "-")
+        if opt not in SBATCH_EXTRA_OPTIONS:
+            close = difflib.get_close_matches(opt, sorted(SBATCH_EXTRA_OPTIONS), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            ck.fail(f"{dotted}.{opt}", f"is not an sbatch option sbench passes through; {hint}sbench sets nodes, "
+                                       "tasks, CPUs, memory, time and placement itself (see the README)", value, opt)
+        if v is True:
+            out[opt] = True
+        elif v is False or v is None:
+            continue
+        elif isinstance(v, (str, int)) and not isinstance(v, bool):
+            text = str(v)
+            if not _OPTION_VALUE.fullmatch(text):
+                ck.fail(f"{dotted}.{opt}", f"must be a one-line value without control characters, got {_show(v)}",
+                        value, opt)
+            out[opt] = text
+        else:
+            ck.fail(f"{dotted}.{opt}", f"must be a string, a number or true, got {_show(v)}", value, opt)
+    return out
+
+
 def slurm_time_minutes(text: str) -> float | None:
     """A SLURM time in minutes; None for UNLIMITED/INFINITE. Raises ``ValueError`` on another format."""
     text = str(text).strip()

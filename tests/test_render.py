@@ -168,15 +168,22 @@ def test_sbatch_directives_follow_partition_and_point(tmp_path: Path) -> None:
     lines = [l for l in (job_dir / "job.sbatch").read_text().splitlines() if l.startswith("#SBATCH")]
     d = dict(l[len("#SBATCH --"):].split("=", 1) for l in lines if "=" in l)
     assert d["nodes"] == "2" and d["ntasks-per-node"] == "1" and d["gpus-per-node"] == "8"
-    assert d["cpus-per-task"] == "16"  # 2 CPUs per device
-    assert d["mem"] == "720G" and d["time"] == "01:00:00" and d["partition"] == "gpu"
+    # A whole node: all of its cores for the one task, all of its memory (--mem=0, never "720G", which
+    # SLURM reads as 720*1024 MB), and only the inventory's hosts; multi-node RoCE owns its nodes.
+    assert d["cpus-per-task"] == "96" and d["mem"] == "0" and d["nodelist"] == "node1,node2"
+    assert "#SBATCH --exclusive" in lines
+    assert d["time"] == "01:00:00" and d["partition"] == "gpu"
+    env = _source_env(job_dir / "env" / "node1.sh")
+    assert env["OMP_NUM_THREADS"] == "1"  # the inventory's own value wins over cores per rank
     single = render_case("single_device", tmp_path / "s")
     d1 = dict(l[len("#SBATCH --"):].split("=", 1) for l in (single / "job.sbatch").read_text().splitlines()
               if l.startswith("#SBATCH") and "=" in l)
-    assert d1["cpus-per-task"] == "2" and d1["gpus-per-node"] == "1" and d1["mem"] == "90G"
+    # 1 of 8 GPUs: an eighth of the cores, and an eighth of 720 GB in MB less a 5% reserve
+    assert d1["cpus-per-task"] == "12" and d1["gpus-per-node"] == "1" and d1["mem"] == f"{int(720e3 / 8 * 0.95)}M"
+    assert "nodelist" not in d1 and "#SBATCH --exclusive" not in (single / "job.sbatch").read_text()
     cpu = render_case("cpu_partition", tmp_path / "c")
     text = (cpu / "job.sbatch").read_text()
-    assert "--gpus-per-node" not in text and "--cpus-per-task=2" in text  # 1 core per CPU worker, at least 2
+    assert "--gpus-per-node" not in text and "--cpus-per-task=96" in text and "--mem=0" in text
 
 
 def test_roce_env_is_per_host(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from ..inventory import Inventory, load_inventory
 from ..jobspec import JobSpec
 from ..paths import DEFAULT_DB, DEFAULT_WORKDIR
 from ..plan import PlannedPoint, Sweep, load_sweep, plan_sweep
-from ..render import prepare_points, write_files
+from ..render import ClusterFit, cluster_fit, prepare_points, write_files
 from . import manifest
 from .executors import SubmitOptions, Submitted, get_backend, resolve_executor
 from .state import PointHistory, campaign_history, record_events
@@ -37,6 +37,7 @@ class SubmitReport:
     submitted: list[Submitted] = field(default_factory=list)
     sbatch_calls: int = 0
     db_note: str | None = None
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         by_key = {(s.spec.point_id, s.spec.repeat): s for s in self.submitted}
@@ -48,7 +49,7 @@ class SubmitReport:
                          "job_id": sub.job_id if sub else None, "job_dir": sub.spec.job_dir if sub else None})
         return {"campaign": self.campaign, "executor": self.executor, "campaign_dir": str(self.campaign_dir),
                 "sbatch_calls": self.sbatch_calls, "submitted": len(self.submitted), "points": rows,
-                "db_note": self.db_note}
+                "db_note": self.db_note, "warnings": self.warnings}
 
 
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
@@ -111,16 +112,18 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     workdir = (workdir or Path(os.environ.get("SBENCH_WORKDIR", DEFAULT_WORKDIR))).resolve()
     db = (db or Path(os.environ.get("SBENCH_DB", DEFAULT_DB))).resolve()
     campaign_dir = workdir / sweep.campaign
-    preview = prepare_points(sweep, inv, points, campaign_dir)
+    fit = cluster_fit(inv, [p for p in points if p.valid]) if name == "slurm" else ClusterFit()
+    preview = prepare_points(sweep, inv, points, campaign_dir, fit=fit)
     backend = get_backend(name)
     backend.check([spec for spec, _ in preview])
+    fit_notes = fit.check([spec for spec, _ in preview], inv)
     exists = _check_campaign(campaign_dir, sweep)
     history, db_note = campaign_history(db, workdir, sweep.campaign, [p.point_id for p in points])
     decisions = decide(points, history, sweep.campaign, force, retry_failed or only_failed)
     if only_failed:
         decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
                      for d in decisions]
-    report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note)
+    report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note, warnings=fit_notes)
     todo = [d for d in decisions if d.action == "submit"]
     events: list[dict[str, Any]] = []
     if not exists:
@@ -135,7 +138,7 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
             events.append({"type": "point", "campaign": sweep.campaign, **p.to_dict()})
     manifest.append(campaign_dir, events)
     prepared = prepare_points(sweep, inv, [d.point for d in todo], campaign_dir,
-                              {(d.point.point_id, d.point.repeat): d.attempt for d in todo})
+                              {(d.point.point_id, d.point.repeat): d.attempt for d in todo}, fit=fit)
     specs: list[JobSpec] = []
     for spec, files in prepared:
         write_files(spec.job_dir, files)

@@ -1,0 +1,110 @@
+"""What the SLURM controller says about a partition's nodes, when one answers.
+
+``render`` and ``submit`` use it to keep allocations on inventory hosts (the partition's other nodes
+are excluded) and to say which rendered requests do not fit the nodes as SLURM configured them
+(cores, memory, GPUs). Without ``sinfo`` or a controller they say so and go on: the rendered
+requests are still the ones the inventory implies.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..collect.parse import expand_hostlist
+
+Runner = Callable[[Sequence[str]], subprocess.CompletedProcess]
+SINFO_FORMAT = "%N|%c|%m|%G"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    cpus: int | None
+    memory_mb: int | None
+    gpus: int | None
+
+
+def _run(argv: Sequence[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=15)
+
+
+def _gpus(gres: str) -> int | None:
+    """``gpu:8``, ``gpu:h100:8(S:0-1)``, ``gpu:a100:4,nic:2`` -> the GPU count; ``(null)`` -> 0."""
+    total, seen = 0, False
+    for part in gres.split(","):
+        m = re.match(r"gpu(?::[^:(]+)?:(\d+)", part.strip())
+        if m:
+            total += int(m.group(1))
+            seen = True
+    return total if seen else (0 if gres.strip() in ("(null)", "") else None)
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text.strip().rstrip("+"))
+    except ValueError:
+        return None
+
+
+def parse_sinfo(text: str) -> dict[str, NodeInfo]:
+    nodes: dict[str, NodeInfo] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 4 or not parts[0]:
+            continue
+        for name in expand_hostlist(parts[0]):
+            nodes[name] = NodeInfo(name, _int(parts[1]), _int(parts[2]), _gpus(parts[3]))
+    return nodes
+
+
+def partition_nodes(slurm_partition: str, runner: Runner | None = None) -> tuple[dict[str, NodeInfo] | None, str]:
+    """(nodes of the SLURM partition, None when nobody answers; and why not)."""
+    if runner is None:
+        if shutil.which("sinfo") is None:
+            return None, "sinfo is not on PATH"
+        runner = _run
+    try:
+        res = runner(["sinfo", "-h", "-N", "-p", slurm_partition, "-o", SINFO_FORMAT])
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"sinfo failed: {exc}"
+    if res.returncode != 0:
+        return None, f"sinfo failed: {(res.stderr or '').strip()[:200]}"
+    nodes = parse_sinfo(res.stdout)
+    if not nodes:
+        return None, f"SLURM partition {slurm_partition!r} has no nodes (or does not exist)"
+    return nodes, ""
+
+
+def mem_mb(request: str) -> int | None:
+    """``--mem`` as rendered (``0``, ``1234M``, ``10G``) in MB; None for 0 (the whole node)."""
+    m = re.fullmatch(r"(\d+)([KMGT]?)", request)
+    if not m or m.group(1) == "0":
+        return None
+    return int(m.group(1)) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}[m.group(2)]
+
+
+def misfits(hosts: Sequence[str], nodes: dict[str, NodeInfo], resources: dict, slurm_partition: str) -> list[str]:
+    """What of one point's request does not fit the inventory hosts as SLURM configured them."""
+    out = []
+    missing = [h for h in hosts if h not in nodes]
+    if missing:
+        out.append(f"inventory hosts {', '.join(missing)} are not nodes of SLURM partition {slurm_partition!r}")
+    for h in hosts:
+        n = nodes.get(h)
+        if n is None:
+            continue
+        cpus = resources.get("cpus_per_task")
+        if n.cpus is not None and isinstance(cpus, int) and cpus > n.cpus:
+            out.append(f"{h}: --cpus-per-task={cpus} but SLURM gives the node {n.cpus} CPUs (fix cpus_per_node)")
+        want = mem_mb(str(resources.get("mem", "0")))
+        if n.memory_mb is not None and want is not None and want > n.memory_mb:
+            out.append(f"{h}: --mem={resources['mem']} but the node's RealMemory is {n.memory_mb} MB "
+                       "(fix memory_gb or slurm.mem_gb)")
+        gpus = resources.get("gpus_per_node")
+        if n.gpus is not None and isinstance(gpus, int) and gpus > n.gpus:
+            out.append(f"{h}: --gpus-per-node={gpus} but the node has {n.gpus} GPUs in its Gres (fix gpus_per_node)")
+    return out

@@ -1,0 +1,170 @@
+"""Requests SLURM accepts: whole nodes by --mem=0, shares in MB with a reserve, the task owns its cores,
+OMP_NUM_THREADS per rank, only inventory hosts, validated extra sbatch options; checked by the real
+controller of the test cluster with ``sbatch --test-only``."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.inventory import load_inventory
+from harness.plan import parse_sweep, plan_sweep
+from harness.render import ClusterFit, cluster_fit, render_points
+from harness.sbatch.clusterview import misfits, parse_sinfo
+
+from .conftest import TEST_INVENTORY
+
+SINFO = "node1|96|1000000|gpu:8\nnode2|96|1000000|gpu:h100:8(S:0-1)\ncpu[01-02]|64|512000|(null)\n"
+
+
+def directives(job_dir: Path) -> dict[str, str]:
+    out = {}
+    for line in (job_dir / "job.sbatch").read_text().splitlines():
+        if line.startswith("#SBATCH --"):
+            k, _, v = line[len("#SBATCH --"):].partition("=")
+            out[k] = v or "true"
+    return out
+
+
+def inventory(tmp_path: Path, **over) -> Path:
+    doc = yaml.safe_load(TEST_INVENTORY.read_text())
+    for part in doc["partitions"].values():
+        part.update(copy.deepcopy(over))
+    p = tmp_path / "inv.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def render(tmp_path: Path, inv_path: Path, entity: dict, grid: dict, partition: str = "gpu", slurm=None,
+           fit: ClusterFit | None = None) -> list[Path]:
+    doc = {"campaign": "req", "experiment": "finetune_full_benchmark-v1.0.0", "partition": partition,
+           "entity": {"model_name": "llama3-8b", "model_max_length": 1024, **entity}, "grid": grid,
+           "model_map": {"llama3-8b": "/models/llama3-8b"}, "data_dir": "/data/sbench"}
+    if slurm:
+        doc["slurm"] = slurm
+    sweep = parse_sweep(doc, "req.yaml", tmp_path)
+    inv = load_inventory(inv_path)
+    points = [p for p in plan_sweep(sweep, inv) if p.valid]
+    specs = render_points(sweep, inv, points, tmp_path / "out", fit=fit)
+    return [Path(s.job_dir) for s in specs]
+
+
+def test_threads_per_rank_when_the_inventory_sets_none(tmp_path: Path) -> None:
+    doc = yaml.safe_load(TEST_INVENTORY.read_text())
+    del doc["defaults"]["env"]["OMP_NUM_THREADS"]
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump(doc))
+    for gpus, threads in ((8, "12"), (2, "12"), (1, "12")):
+        (jd,) = render(tmp_path / str(gpus), inv, {"batch_size": 8}, {"number_gpus": [gpus]})
+        env = (jd / "env" / "node1.sh").read_text()
+        assert f"export OMP_NUM_THREADS='{threads}'" in env  # 96 cores / 8 GPUs: 12 per rank, never 16 x 8
+
+
+def test_extra_sbatch_options_from_sweep_and_partition_are_rendered_quoted(tmp_path: Path) -> None:
+    inv = inventory(tmp_path, slurm_extra={"reservation": "bench night", "gres": "gpu:h100:8"})
+    (jd,) = render(tmp_path, inv, {"batch_size": 8, "number_gpus": 8}, {},
+                   slurm={"extra": {"switches": "1@10:00", "container-image": "nvcr.io#nvidia/pytorch:24.05-py3",
+                                    "container_mounts": "/shared:/shared", "gres": "gpu:a100:8",
+                                    "no-container-mount-home": True}})
+    d = directives(jd)
+    assert d["reservation"] == '"bench night"' and d["switches"] == "1@10:00"
+    assert d["gres"] == "gpu:a100:8"  # the sweep's value wins over the partition's
+    assert d["container-image"] == "nvcr.io#nvidia/pytorch:24.05-py3" and d["container-mounts"] == "/shared:/shared"
+    assert d["no-container-mount-home"] == "true"
+    proc = subprocess.run(["bash", "-n", str(jd / "job.sbatch")])
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("extra,words", [
+    ({"wrap": "id"}, ["slurm.extra.wrap", "is not an sbatch option"]),
+    ({"mem": "10G"}, ["slurm.extra.mem", "sets nodes"]),
+    ({"export": "ALL"}, ["slurm.extra.export"]),
+    ({"reservaton": "x"}, ["did you mean 'reservation'"]),
+    ({"comment": "a\nb"}, ["slurm.extra.comment", "one-line"]),
+    ({"comment": [1]}, ["slurm.extra.comment", "must be a string"]),
+])
+def test_extra_options_are_validated(cli, tmp_path: Path, extra: dict, words: list[str]) -> None:
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"campaign": "x", "experiment": "finetune_full_benchmark-v1.0.0",
+                                     "partition": "gpu", "slurm": {"extra": extra},
+                                     "entity": {"model_name": "smollm2-135m", "model_max_length": 64,
+                                                "batch_size": 8, "number_gpus": 8}}))
+    res = cli("plan", sweep, "-i", TEST_INVENTORY)
+    assert res.exit_code == 2
+    assert all(w in res.output for w in words), res.output
+
+
+def test_sinfo_is_read_and_misfits_are_named() -> None:
+    nodes = parse_sinfo(SINFO)
+    assert nodes["node2"].gpus == 8 and nodes["cpu01"].gpus == 0 and nodes["cpu02"].memory_mb == 512000
+    res = {"cpus_per_task": 128, "mem": "1000G", "gpus_per_node": 8}
+    found = misfits(["node1", "gpu-x"], nodes, res, "gpu")
+    assert any("gpu-x are not nodes" in m for m in found)
+    assert any("--cpus-per-task=128" in m for m in found)
+    assert any("--mem=1000G" in m and "1000000 MB" in m for m in found)
+    assert misfits(["node1"], nodes, {"cpus_per_task": 96, "mem": "0", "gpus_per_node": 8}, "gpu") == []
+
+
+def test_other_nodes_of_the_slurm_partition_are_excluded(tmp_path: Path) -> None:
+    doc = yaml.safe_load(TEST_INVENTORY.read_text())
+    doc["partitions"]["gpu"]["hosts"]["node3"] = {"address": "198.18.0.13"}
+    inv_path = tmp_path / "inv.yaml"
+    inv_path.write_text(yaml.safe_dump(doc))
+    inv = load_inventory(inv_path)
+
+    def lookup(_name):
+        return parse_sinfo("node[1-4]|96|1000000|gpu:8\n"), ""
+
+    sweep = parse_sweep({"campaign": "x", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "gpu",
+                         "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 48},
+                         "grid": {"number_gpus": [8, 24], "number_nodes": [1, 3]}}, "x.yaml", tmp_path)
+    points = [p for p in plan_sweep(sweep, inv) if p.valid]
+    fit = cluster_fit(inv, points, lookup)
+    assert fit.exclude == ["node4"]
+    dirs = [Path(s.job_dir) for s in render_points(sweep, inv, points, tmp_path / "out", fit=fit)]
+    by_nodes = {directives(d)["nodes"]: directives(d) for d in dirs}
+    assert by_nodes["1"]["exclude"] == "node4" and "nodelist" not in by_nodes["1"]
+    assert by_nodes["3"]["nodelist"] == "node1,node2,node3" and "exclude" not in by_nodes["3"]
+
+
+@pytest.mark.slurm
+def test_every_two_node_gpu_point_is_accepted_by_the_controller(slurm_cluster, tmp_path: Path) -> None:
+    """memory_gb: 1000 on nodes with RealMemory=1000000: '1000G' would be refused; what sbench renders is not."""
+    inv = inventory(tmp_path, memory_gb=1000)
+    dirs = render(tmp_path, inv, {"batch_size": 16, "number_nodes": 2},
+                  {"number_gpus": [2, 4, 8, 16], "enable_roce": [False, True]})
+    assert len(dirs) == 8
+    seen_mem = set()
+    for jd in dirs:
+        d = directives(jd)
+        seen_mem.add(d["mem"])
+        proc = subprocess.run(["sbatch", "--test-only", str(jd / "job.sbatch")], capture_output=True, text=True)
+        assert proc.returncode == 0 and "to start at" in proc.stderr, (d, proc.stderr)
+    assert "0" in seen_mem and any(m.endswith("M") for m in seen_mem)  # whole nodes and shares both covered
+    old_style = subprocess.run(["sbatch", "--test-only", "-N2", "-p", "gpu", "--mem=1000G", "--wrap", "true"],
+                               capture_output=True, text=True)
+    assert old_style.returncode != 0  # the controller really refuses the spec-sheet figure
+
+
+@pytest.mark.slurm
+def test_render_asks_the_controller_and_keeps_jobs_on_inventory_hosts(cli, slurm_cluster, tmp_path: Path) -> None:
+    doc = yaml.safe_load(TEST_INVENTORY.read_text())
+    del doc["partitions"]["cpu"]["hosts"]["node2"]  # node2 is in the SLURM partition, not in the inventory
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump(doc))
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"campaign": "x", "experiment": "finetune_full_benchmark-v1.0.0",
+                                     "partition": "cpu",
+                                     "entity": {"model_name": "smollm2-135m", "model_max_length": 64,
+                                                "batch_size": 2, "number_gpus": 2}}))
+    res = cli("render", sweep, "-i", inv, "-o", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    (jd,) = [p.parent for p in (tmp_path / "out").glob("*/job.sbatch")]
+    d = directives(jd)
+    assert d["nodelist"] == "node1"  # the point needs every inventory host
+    proc = subprocess.run(["sbatch", "--test-only", str(jd / "job.sbatch")], capture_output=True, text=True)
+    assert proc.returncode == 0 and "node1" in proc.stderr and "node2" not in proc.stderr, proc.stderr
