@@ -305,7 +305,7 @@ def render(sweep: Path, inventory: Path | None, model_map: Path | None, out_dir:
 
 
 # Command groups that live in their own modules register themselves on ``main``.
-from . import cli_data, cli_jobs, cli_report, cli_results  # noqa: E402,F401
+from . import cli_cluster, cli_data, cli_jobs, cli_report, cli_results  # noqa: E402,F401
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

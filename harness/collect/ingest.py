@@ -180,6 +180,16 @@ def _count(value: Any, minimum: int = 1, maximum: int = 2**31 - 1) -> int | None
     return value
 
 
+def _provenance(doc: Any) -> dict[str, Any]:
+    """environment.<host>.json's provenance block as the environment table's columns."""
+    doc = doc if isinstance(doc, dict) else {}
+    out = {k: None if doc.get(src) is None else str(doc.get(src))
+           for k, src in (("driver_version", "driver"), ("cuda_driver", "cuda_driver"), ("cuda_runtime", "cuda_runtime"),
+                          ("nccl", "nccl"), ("cudnn", "cudnn"), ("flash_attn", "flash_attn"))}
+    out["hca_firmware"] = to_json(doc.get("hcas")) if isinstance(doc.get("hcas"), list) and doc["hcas"] else None
+    return out
+
+
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 256 else None
 
@@ -498,7 +508,8 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
             "gpu_count": len(gpus), "gpu_names": [str(g.get("name")) for g in gpus if isinstance(g, dict)],
             "gpus": to_json(gpus), "cpu_count": doc.get("cpu_count"),
             "memory_total_mb": aggregate._f(doc.get("memory_total_mb")), "env": to_json(doc.get("env")),
-            "packages": to_json(doc.get("packages"))})
+            "packages": to_json(doc.get("packages")),
+            **_provenance(doc.get("provenance"))})
 
     # -- times, the run row ----------------------------------------------------------------------------------
     starts = [aggregate._f(r.get("started_wall")) for r in results.values()] + \

@@ -40,7 +40,7 @@ Tables (``SCHEMA`` below is the full list of columns)
 ``metadata``, ``campaigns``, ``points`` (entity fields as typed columns),
 ``campaign_points``, ``runs`` (one per attempt), ``run_hosts``, ``stages``,
 ``sample_files``, ``sample_rows``, ``ranks``, ``errors``, ``trials``, ``measurements``,
-``environment``; views ``samples``, ``latest_measurements``, ``run_summary``,
+``environment``, ``probes``; views ``samples``, ``latest_measurements``, ``run_summary``,
 ``stage_durations``, ``point_status``.
 
 Samples are stored compactly: ``sample_files`` has one row per loaded ``samples.<host>.csv``
@@ -72,7 +72,7 @@ import numpy as np
 from ..catalog import BENCHMARK_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
 from ..errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
 
-SCHEMA_VERSION = 2  # 2: samples became a view over sample_files + sample_rows
+SCHEMA_VERSION = 3  # 2: samples became a view over sample_files + sample_rows; 3: environment provenance
 DEFAULT_WAIT_S = 5.0
 READ_ONLY_CONFIG = {"enable_external_access": False, "autoinstall_known_extensions": False,
                     "autoload_known_extensions": False, "allow_community_extensions": False,
@@ -178,10 +178,19 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("datasets", "VARCHAR"), ("submitit", "VARCHAR"), ("duckdb", "VARCHAR"), ("nvidia_ml_py", "VARCHAR"),
         ("sbench_version", "VARCHAR"), ("git_commit", "VARCHAR"), ("gpu_count", "INTEGER"),
         ("gpu_names", "VARCHAR[]"), ("gpus", "JSON"), ("cpu_count", "INTEGER"), ("memory_total_mb", "DOUBLE"),
-        ("env", "JSON"), ("packages", "JSON"),
+        ("env", "JSON"), ("packages", "JSON"), ("driver_version", "VARCHAR"), ("cuda_driver", "VARCHAR"),
+        ("cuda_runtime", "VARCHAR"), ("nccl", "VARCHAR"), ("cudnn", "VARCHAR"), ("flash_attn", "VARCHAR"),
+        ("hca_firmware", "JSON"),
+    ],
+    # sbench probe: one row per probed host.
+    "probes": [
+        ("probe_id", "VARCHAR"), ("host", "VARCHAR"), ("cluster", "VARCHAR"), ("partition", "VARCHAR"),
+        ("probed_at", "TIMESTAMP"), ("gpu_count", "INTEGER"), ("gpu_names", "VARCHAR[]"),
+        ("driver_version", "VARCHAR"), ("cuda_driver", "VARCHAR"), ("cores", "INTEGER"), ("memory_gb", "DOUBLE"),
+        ("memlock", "VARCHAR"), ("hcas", "JSON"), ("differences", "VARCHAR[]"), ("doc", "JSON"),
     ],
 }
-PRIMARY_KEYS = {"metadata": ("key",), "campaigns": ("campaign",), "points": ("point_id",),
+PRIMARY_KEYS = {"metadata": ("key",), "probes": ("probe_id", "host"), "campaigns": ("campaign",), "points": ("point_id",),
                 "campaign_points": ("campaign", "point_id", "repeat"), "runs": ("run_id",),
                 "measurements": ("run_id",), "sample_files": ("file_id",)}
 # Tables whose rows belong to one run and are replaced as a whole when the run changes
@@ -802,6 +811,11 @@ class Store:
                 "cancel_requested_at")
         sql = f"SELECT {cols} FROM runs" + (" WHERE campaign = ?" if campaign else "")
         return self.fetch_dicts(sql + " ORDER BY campaign, point_id, repeat, attempt", [campaign] if campaign else [])
+
+    def record_probes(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Store one ``sbench probe`` (rows of the ``probes`` table) in one transaction."""
+        with self.transaction():
+            self.insert("probes", rows)
 
     def job_dirs(self, campaign: str | None = None) -> set[str]:
         """The job dir of every attempt recorded (of one campaign, or all)."""

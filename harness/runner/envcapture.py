@@ -39,7 +39,10 @@ ENV_NAMES = frozenset({
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASS", "PWD", "AUTH", "CRED", "COOKIE", "SESSION", "PRIVATE",
                 "SIGNATURE")
 REDACTED = "<redacted>"
-PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "submitit", "duckdb", "nvidia-ml-py")
+PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "submitit", "duckdb", "nvidia-ml-py",
+            "flash-attn", "flash_attn", "deepspeed", "bitsandbytes", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
+            "nvidia-cudnn-cu12", "nvidia-cudnn-cu13", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu13")
+SYSFS_IB = Path("/sys/class/infiniband")
 _SECRET_VALUES = re.compile(
     r"hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}"
     r"|xox[abposr]-[A-Za-z0-9-]{10,}|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}|-----BEGIN [A-Z ]*PRIVATE KEY"
@@ -142,6 +145,78 @@ def gpus(max_devices: int | None = None) -> tuple[list[dict[str, Any]], str | No
         backend.close()
 
 
+def _first(pk: dict[str, str | None], *names: str) -> str | None:
+    return next((pk[n] for n in names if pk.get(n)), None)
+
+
+def torch_cuda_runtime() -> str | None:
+    """The CUDA runtime torch was built with, read from torch/version.py (no torch import: the node
+    runner stays light)."""
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text(encoding="utf-8")
+    except (OSError, ImportError, ValueError):
+        return None
+    m = re.search(r"^cuda(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return m.group(1) if m else None
+
+
+def nvml_versions() -> dict[str, str | None]:
+    """The GPU driver and the CUDA version it supports, through NVML; empty without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML library or no GPU
+        return {}
+    try:
+        drv = pynvml.nvmlSystemGetDriverVersion()
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+        return {"driver": drv.decode() if isinstance(drv, bytes) else str(drv),
+                "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}"}
+    except Exception:  # noqa: BLE001
+        return {}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def hca_firmware(root: Path = SYSFS_IB) -> list[dict[str, str | None]]:
+    """Each RDMA device's firmware and board id, from sysfs."""
+    out = []
+    try:
+        devs = sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return out
+    for d in devs:
+        def read(name: str) -> str | None:
+            try:
+                return (d / name).read_text(encoding="utf-8").strip() or None
+            except OSError:
+                return None
+
+        out.append({"name": d.name, "fw_ver": read("fw_ver"), "board_id": read("board_id"),
+                    "hca_type": read("hca_type")})
+    return out
+
+
+def provenance(packages: dict[str, str | None]) -> dict[str, Any]:
+    """Driver, CUDA (driver and runtime), NCCL, cuDNN and flash-attn versions and HCA firmware, each
+    None when not present on the node."""
+    return {**{"driver": None, "cuda_driver": None}, **nvml_versions(),
+            "cuda_runtime": torch_cuda_runtime(),
+            "nccl": _first(packages, "nvidia-nccl-cu12", "nvidia-nccl-cu13"),
+            "cudnn": _first(packages, "nvidia-cudnn-cu12", "nvidia-cudnn-cu13"),
+            "flash_attn": _first(packages, "flash-attn", "flash_attn"),
+            "hcas": hca_firmware()}
+
+
 def capture(host: str, machine_rank: int | None = None) -> dict[str, Any]:
     """The body of ``environment.<host>.json``."""
     gpu_list, note = gpus()
@@ -153,7 +228,8 @@ def capture(host: str, machine_rank: int | None = None) -> dict[str, Any]:
         "python": {"version": platform.python_version(), "executable": sys.executable,
                    "implementation": platform.python_implementation()},
         "platform": platform.platform(),
-        "packages": package_versions(),
+        "packages": (pk := package_versions()),
+        "provenance": provenance(pk),
         "sbench_version": __version__,
         "git_commit": git_commit(),
         "gpus": gpu_list,

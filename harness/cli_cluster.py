@@ -1,0 +1,71 @@
+"""CLI: probe the cluster's nodes and compare them with the inventory."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+import yaml
+
+from .cli import db_option, echo_json, inventory_option, json_option, main, table, workdir_option
+from .paths import DEFAULT_DB, DEFAULT_WORKDIR
+
+
+@main.command()
+@inventory_option
+@click.option("--partition", default=None, help="Partition to probe (default: the inventory's only one).")
+@click.option("--on", "where", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
+              help="local: this machine, as one host of the partition; slurm: one task on every inventory host.")
+@click.option("--host", default=None, help="With --on local: the inventory host this machine is.")
+@click.option("--write", "write_to", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write an inventory fragment of what the nodes have to this file.")
+@workdir_option
+@db_option
+@json_option
+def probe(inventory: Path | None, partition: str | None, where: str, host: str | None, write_to: Path | None,
+          workdir: Path | None, db: Path | None, as_json: bool) -> None:
+    """Probe GPUs, RDMA devices and GID tables, memlock, cores and memory; print what differs from the inventory.
+
+    Example: sbench probe -i cluster.yaml --partition a100 --on slurm --write probed.yaml
+    """
+    from .collect.store import open_store, to_json, utc
+    from .inventory import load_inventory
+    from .probe import compare, fragment, run_probe
+
+    inv = load_inventory(inventory)
+    part = inv.partition(partition)
+    probes = run_probe(inv, part.name, where == "slurm", workdir or DEFAULT_WORKDIR, host)
+    probe_id = time.strftime("%Y%m%dT%H%M%S") + f"-{part.name}"
+    rows, diffs = [], []
+    for name, pr in sorted(probes.items()):
+        found = compare(part, part.hosts[name], pr) if name in part.hosts else [f"{name}: not an inventory host"]
+        diffs += found
+        rows.append({"probe_id": probe_id, "host": name, "cluster": inv.cluster, "partition": part.name,
+                     "probed_at": utc(pr.get("t_wall")), "gpu_count": pr.get("gpu_count"),
+                     "gpu_names": [g.get("name") for g in pr.get("gpus") or []], "driver_version": pr.get("driver"),
+                     "cuda_driver": pr.get("cuda_driver"), "cores": pr.get("cores"), "memory_gb": pr.get("memory_gb"),
+                     "memlock": pr.get("memlock"), "hcas": to_json(pr.get("hcas")), "differences": found,
+                     "doc": to_json(pr)})
+    with open_store(db or DEFAULT_DB) as st:
+        st.record_probes(rows)
+    if write_to is not None:
+        frag = fragment(part.name, probes, {h: part.hosts[h].address for h in probes if h in part.hosts})
+        write_to.write_text(f"# sbench probe {probe_id}: what the nodes of partition {part.name} have\n"
+                            + yaml.safe_dump(frag, sort_keys=False))
+    if as_json:
+        echo_json({"probe_id": probe_id, "probes": probes, "differences": diffs})
+        return
+    out = [{"host": r["host"], "gpus": r["gpu_count"], "driver": r["driver_version"] or "-", "cores": r["cores"],
+            "memory_gb": r["memory_gb"], "memlock": r["memlock"],
+            "hcas": " ".join(f"{d['name']}:{p['port']}({(p.get('state') or '?').split(':')[-1].strip()},"
+                             f"{p.get('link_layer') or '?'})" for d in probes[r["host"]].get("hcas") or []
+                             for p in d["ports"]) or "none"} for r in rows]
+    click.echo(table(out, list(out[0])))
+    click.echo(f"\nprobe {probe_id}: {len(rows)} host(s) recorded in {db or DEFAULT_DB}")
+    for d in diffs:
+        click.echo(f"differs: {d}")
+    if not diffs:
+        click.echo("the inventory matches the nodes")
+    if write_to is not None:
+        click.echo(f"wrote an inventory fragment to {write_to}")

@@ -1,0 +1,258 @@
+"""``sbench probe``: what each node really has, compared with the inventory.
+
+On a node, :func:`probe_node` reads GPUs through NVML (model, count, memory, driver, CUDA), the RDMA
+devices from ``/sys/class/infiniband`` (ports, state, link layer, rate, and the GID table with each
+entry's type, so which indices are RoCE v2 with an IPv4-mapped address), the memlock limit, cores and
+memory. :func:`compare` turns the differences from the inventory into lines that each say the fix;
+:func:`fragment` writes an inventory fragment from what was found.
+
+``python -m harness.probe --out-dir DIR`` is what runs on each node (one task per inventory host with
+``--on slurm``); it writes ``DIR/probe.<node>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import resource
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .inventory import Host, Inventory, Partition, detect_gpus, gpu_label
+
+SYSFS_IB = Path(os.environ.get("SBENCH_SYSFS_IB", "/sys/class/infiniband"))
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:  # an unused GID's type reads as EINVAL
+        return None
+
+
+def ipv4_of_gid(gid: str) -> str | None:
+    """The IPv4 address of an IPv4-mapped GID (``::ffff:a.b.c.d``), else None."""
+    try:
+        addr = ipaddress.IPv6Address(gid)
+    except ValueError:
+        return None
+    return str(addr.ipv4_mapped) if addr.ipv4_mapped else None
+
+
+def read_hcas(root: Path = SYSFS_IB) -> list[dict[str, Any]]:
+    """Every RDMA device with its firmware and ports; each port with state, link layer, rate and the
+    populated entries of its GID table."""
+    try:
+        devs = sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return []
+    out = []
+    for dev in devs:
+        ports = []
+        for port in sorted((dev / "ports").glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+            gids = []
+            gid_dir = port / "gids"
+            for g in sorted(gid_dir.glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+                value = _read(g)
+                if not value or value == ZERO_GID:
+                    continue
+                gids.append({"index": int(g.name), "gid": value,
+                             "type": _read(port / "gid_attrs" / "types" / g.name),
+                             "ndev": _read(port / "gid_attrs" / "ndevs" / g.name), "ipv4": ipv4_of_gid(value)})
+            ports.append({"port": int(port.name) if port.name.isdigit() else port.name,
+                          "state": _read(port / "state"), "phys_state": _read(port / "phys_state"),
+                          "link_layer": _read(port / "link_layer"), "rate": _read(port / "rate"), "gids": gids})
+        out.append({"name": dev.name, "fw_ver": _read(dev / "fw_ver"), "board_id": _read(dev / "board_id"),
+                    "ports": ports})
+    return out
+
+
+def roce_v2_ipv4(port: dict[str, Any]) -> list[dict[str, Any]]:
+    return [g for g in port.get("gids") or [] if (g.get("type") or "").lower() == "roce v2" and g.get("ipv4")]
+
+
+def memlock() -> str:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+
+
+def probe_node(host: str | None = None, sysfs_ib: Path | None = None) -> dict[str, Any]:
+    import psutil
+
+    from .runner.envcapture import nvml_versions
+
+    gpus = detect_gpus()
+    return {
+        "host": host or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
+        "t_wall": time.time(),
+        "gpus": gpus, "gpu_count": len(gpus), **{"driver": None, "cuda_driver": None}, **nvml_versions(),
+        "hcas": read_hcas(sysfs_ib or SYSFS_IB),
+        "memlock": memlock(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        # inventory GB as sbench requests it from SLURM: 1 GB = 1000 MB (MiB)
+        "memory_gb": round(psutil.virtual_memory().total / 2**20 / 1000, 1),
+    }
+
+
+def _hca_port(probe: dict[str, Any], hca: str) -> dict[str, Any] | None:
+    dev, _, port = hca.partition(":")
+    for d in probe.get("hcas") or []:
+        if d["name"] == dev:
+            for p in d["ports"]:
+                if str(p["port"]) == port:
+                    return p
+    return None
+
+
+def compare(part: Partition, host: Host, probe: dict[str, Any]) -> list[str]:
+    """Each difference between the inventory's word on *host* and what the node has, with its fix."""
+    key = f"partitions.{part.name}"
+    out: list[str] = []
+    n = probe.get("gpu_count") or 0
+    if not part.is_cpu:
+        if n != part.gpus_per_node:
+            out.append(f"{host.name}: {key}.gpus_per_node is {part.gpus_per_node}, NVML sees {n} GPU(s); "
+                       f"set gpus_per_node: {n}")
+        names = {gpu_label(g["name"]) for g in probe.get("gpus") or []}
+        if names and part.gpu_model not in names:
+            out.append(f"{host.name}: {key}.gpu_model is {part.gpu_model!r}, the node has {', '.join(sorted(names))}; "
+                       f"set gpu_model: {sorted(names)[0]}")
+    elif n:
+        out.append(f"{host.name}: {key} is a CPU partition but NVML sees {n} GPU(s); set gpu_model to "
+                   f"{gpu_label(probe['gpus'][0]['name'])} and gpus_per_node: {n} to benchmark them")
+    cores = probe.get("cores")
+    if isinstance(cores, int) and part.cpus_per_node > cores:
+        out.append(f"{host.name}: {key}.cpus_per_node is {part.cpus_per_node}, the node has {cores} cores; "
+                   f"set cpus_per_node: {cores}")
+    mem = probe.get("memory_gb")
+    if isinstance(mem, (int, float)) and part.memory_gb > mem:
+        out.append(f"{host.name}: {key}.memory_gb is {part.memory_gb:g}, the node has {mem:g} GB; "
+                   f"set memory_gb: {int(mem)}")
+    hkey = f"{key}.hosts.{host.name}.roce"
+    if host.roce is None:
+        usable = [f"{d['name']}:{p['port']}" for d in probe.get("hcas") or [] for p in d["ports"]
+                  if (p.get("link_layer") or "").lower() == "ethernet" and roce_v2_ipv4(p)]
+        if usable:
+            out.append(f"{host.name}: has RoCE ports {', '.join(usable)} but the inventory has no roce: for it; "
+                       "sbench probe --write FILE proposes one")
+        return out
+    for hca in host.roce.hcas:
+        port = _hca_port(probe, hca)
+        if port is None:
+            have = [f"{d['name']}:{p['port']}" for d in probe.get("hcas") or [] for p in d["ports"]]
+            out.append(f"{host.name}: {hkey}.hcas names {hca}, which the node does not have "
+                       f"(it has {', '.join(have) or 'no RDMA devices'}); fix hcas")
+            continue
+        if "ACTIVE" not in (port.get("state") or ""):
+            out.append(f"{host.name}: {hca} is {port.get('state') or 'in an unknown state'}, not ACTIVE; "
+                       "check the cable and the switch port, or drop it from hcas")
+        if (port.get("link_layer") or "").lower() != "ethernet":
+            out.append(f"{host.name}: {hca} has link layer {port.get('link_layer')}, not Ethernet: that is "
+                       "InfiniBand, not RoCE")
+        gid = next((g for g in port.get("gids") or [] if g["index"] == host.roce.gid_index), None)
+        v2 = roce_v2_ipv4(port)
+        if gid is None or gid not in v2:
+            what = "is empty" if gid is None else f"is {gid.get('type')} {gid.get('gid')}"
+            fix = f"use gid_index: {v2[0]['index']} (RoCE v2, {v2[0]['ipv4']})" if v2 else \
+                "the port has no RoCE v2 entry with an IPv4 address"
+            out.append(f"{host.name}: {hkey}.gid_index {host.roce.gid_index} on {hca} {what}; {fix}")
+    if probe.get("memlock") != "unlimited":
+        out.append(f"{host.name}: the memlock limit is {probe.get('memlock')} bytes; RDMA needs it unlimited "
+                   "(ulimit -l unlimited, or the limits.conf / slurmd unit of the nodes)")
+    return out
+
+
+def fragment(part_name: str, probes: dict[str, dict[str, Any]], addresses: dict[str, str | None]) -> dict[str, Any]:
+    """An inventory partition built from *probes* (host -> probe): what the nodes have."""
+    first = next(iter(probes.values()), {})
+    gpus = first.get("gpus") or []
+    part: dict[str, Any] = {
+        "gpu_model": gpu_label(gpus[0]["name"]) if gpus else "cpu",
+        "gpus_per_node": len(gpus) if gpus else max(1, int(first.get("cores") or 1)),
+        "cpus_per_node": min(int(p.get("cores") or 1) for p in probes.values()),
+        "memory_gb": int(min(float(p.get("memory_gb") or 0) for p in probes.values())),
+        "hosts": {},
+    }
+    for name, pr in sorted(probes.items()):
+        entry: dict[str, Any] = {}
+        if addresses.get(name):
+            entry["address"] = addresses[name]
+        hcas, gid, ifname = [], None, None
+        for d in pr.get("hcas") or []:
+            for p in d["ports"]:
+                v2 = roce_v2_ipv4(p)
+                if "ACTIVE" in (p.get("state") or "") and (p.get("link_layer") or "").lower() == "ethernet" and v2:
+                    hcas.append(f"{d['name']}:{p['port']}")
+                    gid = v2[0]["index"] if gid is None else gid
+                    ifname = ifname or v2[0].get("ndev")
+        if hcas:
+            entry["roce"] = {"hcas": hcas, "gid_index": gid, **({"socket_ifname": ifname} if ifname else {})}
+        part["hosts"][name] = entry
+    return {"partitions": {part_name: part}}
+
+
+def run_probe(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Path,
+              host: str | None = None) -> dict[str, dict[str, Any]]:
+    """Probe the partition's hosts: each through SLURM (one task per host), or this machine as *host*."""
+    import subprocess
+
+    from .errors import InputError, RunnerError
+
+    part = inv.partition(partition)
+    if not on_slurm:
+        me = host or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+        if me not in part.hosts:
+            if len(part.hosts) == 1 and host is None:
+                me = next(iter(part.hosts))
+            else:
+                raise InputError(f"this machine ({me}) is not a host of partition {part.name!r} "
+                                 f"({', '.join(part.hosts)}); pass --host NAME or use --on slurm")
+        return {me: probe_node(me)}
+    import shutil
+
+    if shutil.which("srun") is None:
+        raise RunnerError("--on slurm: srun is not on PATH; run on a SLURM login node")
+    out_dir = (workdir / ".probe" / time.strftime("%Y%m%dT%H%M%S")).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hosts = sorted(part.hosts)
+    py = part.python or inv.python or sys.executable
+    argv = ["srun", f"--partition={part.slurm_partition}", f"--nodes={len(hosts)}", f"--nodelist={','.join(hosts)}",
+            "--ntasks-per-node=1", "--job-name=sbench.probe", "--time=00:10:00", "--mem=100M",
+            *([f"--account={part.account}"] if part.account else []), *([f"--qos={part.qos}"] if part.qos else []),
+            py, "-m", "harness.probe", "--out-dir", str(out_dir)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                                        os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+    probes = {}
+    for h in hosts:
+        f = out_dir / f"probe.{h}.json"
+        try:
+            probes[h] = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+    if not probes:
+        raise RunnerError(f"probe job wrote nothing (srun exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return probes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.probe", description="Probe this node (see sbench probe).")
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--host", default=None)
+    args = ap.parse_args(argv)
+    doc = probe_node(args.host)
+    out = Path(args.out_dir) / f"probe.{doc['host']}.json"
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

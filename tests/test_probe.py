@@ -1,0 +1,164 @@
+"""sbench probe: sysfs RDMA layout, GID types, comparison with the inventory and its fixes, the inventory
+fragment, provenance; and for real on the test cluster's nodes (no HCAs there)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.inventory import load_inventory, parse_inventory
+from harness.probe import compare, fragment, ipv4_of_gid, read_hcas
+from harness.runner.envcapture import hca_firmware
+
+from .conftest import TEST_INVENTORY, sql_rows
+
+# sysfs writes GIDs in full form; an unused entry is all zeros and its type reads as EINVAL (absent here).
+GIDS = {
+    0: ("fe80:0000:0000:0000:ba59:9fff:fe1d:7a10", "IB/RoCE v1", "net1-0"),
+    1: ("fe80:0000:0000:0000:ba59:9fff:fe1d:7a10", "RoCE v2", "net1-0"),
+    2: ("0000:0000:0000:0000:0000:ffff:0a00:010b", "IB/RoCE v1", "net1-0"),
+    3: ("0000:0000:0000:0000:0000:ffff:0a00:010b", "RoCE v2", "net1-0"),
+    4: ("0000:0000:0000:0000:0000:0000:0000:0000", None, None),
+}
+
+
+def make_sysfs(root: Path) -> Path:
+    ib = root / "class" / "infiniband"
+
+    def dev(name: str, fw: str, state: str, link: str, gids: dict) -> None:
+        d = ib / name
+        port = d / "ports" / "1"
+        for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+            (port / sub).mkdir(parents=True, exist_ok=True)
+        (d / "fw_ver").write_text(fw + "\n")
+        (d / "board_id").write_text("MT_0000000222\n")
+        (port / "state").write_text(state + "\n")
+        (port / "phys_state").write_text("5: LinkUp\n" if "ACTIVE" in state else "3: Disabled\n")
+        (port / "link_layer").write_text(link + "\n")
+        (port / "rate").write_text("200 Gb/sec (4X HDR)\n")
+        for i, (gid, typ, ndev) in gids.items():
+            (port / "gids" / str(i)).write_text(gid + "\n")
+            if typ:
+                (port / "gid_attrs" / "types" / str(i)).write_text(typ + "\n")
+                (port / "gid_attrs" / "ndevs" / str(i)).write_text(ndev + "\n")
+
+    dev("mlx5_0", "28.39.1002", "4: ACTIVE", "Ethernet", GIDS)
+    dev("mlx5_3", "28.39.1002", "1: DOWN", "Ethernet", {0: GIDS[0]})
+    dev("mlx5_1", "20.31.1014", "4: ACTIVE", "InfiniBand", {0: GIDS[0]})
+    return ib
+
+
+def inv_with(tmp_path: Path, roce: dict) -> tuple:
+    doc = {"cluster": "c", "partitions": {"a100": {
+        "gpu_model": "NVIDIA-A100-SXM4-80GB", "gpus_per_node": 8, "cpus_per_node": 64, "memory_gb": 720,
+        "hosts": {"gpu-a01": {"address": "10.0.1.11", "roce": roce}}}}}
+    inv = parse_inventory(doc, "inv.yaml")
+    part = inv.partitions["a100"]
+    return part, part.hosts["gpu-a01"]
+
+
+def node_probe(ib: Path, **over) -> dict:
+    gpus = [{"index": i, "name": "NVIDIA A100-SXM4-80GB", "uuid": f"GPU-{i}", "memory_gb": 79.2} for i in range(8)]
+    return {"host": "gpu-a01", "gpus": gpus, "gpu_count": 8, "driver": "550.54.15", "cuda_driver": "12.4",
+            "hcas": read_hcas(ib), "memlock": "unlimited", "cores": 64, "memory_gb": 1031.9, **over}
+
+
+def test_sysfs_is_read_with_gid_types_and_ipv4(tmp_path: Path) -> None:
+    ib = make_sysfs(tmp_path)
+    hcas = {d["name"]: d for d in read_hcas(ib)}
+    assert set(hcas) == {"mlx5_0", "mlx5_1", "mlx5_3"} and hcas["mlx5_0"]["fw_ver"] == "28.39.1002"
+    (port,) = hcas["mlx5_0"]["ports"]
+    assert port["state"] == "4: ACTIVE" and port["link_layer"] == "Ethernet" and port["rate"].startswith("200")
+    assert [(g["index"], g["type"], g["ipv4"]) for g in port["gids"]] == [
+        (0, "IB/RoCE v1", None), (1, "RoCE v2", None), (2, "IB/RoCE v1", "10.0.1.11"), (3, "RoCE v2", "10.0.1.11")]
+    assert ipv4_of_gid("::ffff:192.168.3.4") == "192.168.3.4" and ipv4_of_gid("fe80::1") is None
+    assert [h["fw_ver"] for h in hca_firmware(ib)] == ["28.39.1002", "20.31.1014", "28.39.1002"]
+    assert read_hcas(tmp_path / "nothing") == []
+
+
+def test_a_correct_inventory_has_no_differences(tmp_path: Path) -> None:
+    ib = make_sysfs(tmp_path)
+    part, host = inv_with(tmp_path, {"hcas": ["mlx5_0:1"], "gid_index": 3})
+    assert compare(part, host, node_probe(ib)) == []
+
+
+@pytest.mark.parametrize("roce,over,words", [
+    ({"hcas": ["mlx5_0:1"], "gid_index": 1}, {}, ["gid_index 1 on mlx5_0:1 is RoCE v2", "use gid_index: 3"]),
+    ({"hcas": ["mlx5_0:1"], "gid_index": 2}, {}, ["is IB/RoCE v1", "use gid_index: 3 (RoCE v2, 10.0.1.11)"]),
+    ({"hcas": ["mlx5_0:1"], "gid_index": 9}, {}, ["gid_index 9 on mlx5_0:1 is empty"]),
+    ({"hcas": ["mlx5_3:1"], "gid_index": 3}, {}, ["mlx5_3:1 is 1: DOWN, not ACTIVE"]),
+    ({"hcas": ["mlx5_1:1"], "gid_index": 0}, {}, ["link layer InfiniBand"]),
+    ({"hcas": ["mlx5_9:1"], "gid_index": 3}, {}, ["names mlx5_9:1, which the node does not have"]),
+    ({"hcas": ["mlx5_0:1"], "gid_index": 3}, {"memlock": "65536"}, ["memlock limit is 65536"]),
+    ({"hcas": ["mlx5_0:1"], "gid_index": 3}, {"gpu_count": 4, "gpus": []}, ["gpus_per_node is 8, NVML sees 4",
+                                                                            "set gpus_per_node: 4"]),
+    ({"hcas": ["mlx5_0:1"], "gid_index": 3}, {"cores": 32}, ["set cpus_per_node: 32"]),
+    ({"hcas": ["mlx5_0:1"], "gid_index": 3}, {"memory_gb": 500.2}, ["set memory_gb: 500"]),
+])
+def test_each_difference_names_its_fix(tmp_path: Path, roce, over, words) -> None:
+    ib = make_sysfs(tmp_path)
+    part, host = inv_with(tmp_path, roce)
+    text = "\n".join(compare(part, host, node_probe(ib, **over)))
+    assert all(w in text for w in words), text
+
+
+def test_the_fragment_proposes_what_the_node_has(tmp_path: Path) -> None:
+    ib = make_sysfs(tmp_path)
+    frag = fragment("a100", {"gpu-a01": node_probe(ib)}, {"gpu-a01": "10.0.1.11"})
+    part = frag["partitions"]["a100"]
+    assert part["gpu_model"] == "NVIDIA-A100-SXM4-80GB" and part["gpus_per_node"] == 8
+    assert part["hosts"]["gpu-a01"] == {"address": "10.0.1.11", "roce": {"hcas": ["mlx5_0:1"], "gid_index": 3,
+                                                                         "socket_ifname": "net1-0"}}
+    # what it proposes is a valid inventory, and one without differences
+    doc = {"cluster": "c", "partitions": frag["partitions"]}
+    inv = parse_inventory(yaml.safe_load(yaml.safe_dump(doc)), "frag.yaml")
+    p = inv.partitions["a100"]
+    assert compare(p, p.hosts["gpu-a01"], node_probe(ib)) == []
+
+
+@pytest.mark.slurm
+def test_probe_runs_on_every_test_cluster_node_and_lands_in_the_db(cli, slurm_cluster, tmp_path: Path) -> None:
+    db = tmp_path / "r.duckdb"
+    res = cli("probe", "-i", TEST_INVENTORY, "--partition", "cpu", "--on", "slurm", "--workdir", tmp_path / "runs",
+              "--db", db, "--write", tmp_path / "frag.yaml", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert set(out["probes"]) == {"node1", "node2"}
+    assert all(p["host"] in ("node1", "node2") and p["hcas"] == [] for p in out["probes"].values())
+    rows = sql_rows(db, "SELECT host, hcas, differences FROM probes ORDER BY host")
+    assert [r["host"] for r in rows] == ["node1", "node2"]
+    # the test inventory claims HCAs the namespaced nodes do not have: each is named, with the fix
+    assert any("which the node does not have (it has no RDMA devices)" in d for d in rows[0]["differences"])
+    frag = yaml.safe_load((tmp_path / "frag.yaml").read_text())
+    assert set(frag["partitions"]["cpu"]["hosts"]) == {"node1", "node2"}
+    assert load_inventory(TEST_INVENTORY).partitions["cpu"].hosts["node1"].address == \
+        frag["partitions"]["cpu"]["hosts"]["node1"]["address"]
+
+
+def test_provenance_is_captured_and_collected(tmp_path: Path) -> None:
+    from harness.collect import collect
+    from harness.collect.synth import append_manifest, make_run
+    from harness.runner.envcapture import capture
+
+    env = capture("node1")
+    prov = env["provenance"]
+    assert set(prov) >= {"driver", "cuda_driver", "cuda_runtime", "nccl", "cudnn", "flash_attn", "hcas"}
+    import torch
+
+    assert prov["cuda_runtime"] == torch.version.cuda  # read from torch/version.py without importing torch
+    wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
+    run = make_run(wd, "p", 0, hosts=("node1",), gpus_per_host=1, ticks=5, executor="local", job_id="999990")
+    append_manifest(wd, "p", run["events"])
+    doc = json.loads(run["paths"].environment("node1").read_text())
+    doc["provenance"] = {"driver": "550.54.15", "cuda_driver": "12.4", "cuda_runtime": "12.4", "nccl": "2.21.5",
+                         "cudnn": "9.1.0.70", "flash_attn": "2.6.3",
+                         "hcas": [{"name": "mlx5_0", "fw_ver": "28.39.1002", "board_id": "MT_1", "hca_type": None}]}
+    run["paths"].environment("node1").write_text(json.dumps(doc))
+    collect(db, wd)
+    (row,) = sql_rows(db, "SELECT driver_version, cuda_driver, cuda_runtime, nccl, cudnn, flash_attn, "
+                          "hca_firmware->>'$[0].fw_ver' AS fw FROM environment")
+    assert row == {"driver_version": "550.54.15", "cuda_driver": "12.4", "cuda_runtime": "12.4", "nccl": "2.21.5",
+                   "cudnn": "9.1.0.70", "flash_attn": "2.6.3", "fw": "28.39.1002"}
