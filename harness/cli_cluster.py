@@ -9,6 +9,7 @@ import click
 import yaml
 
 from .cli import db_option, echo_json, inventory_option, json_option, main, table, workdir_option
+from .errors import RunnerError
 from .paths import DEFAULT_DB, DEFAULT_WORKDIR
 
 
@@ -69,3 +70,63 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
         click.echo("the inventory matches the nodes")
     if write_to is not None:
         click.echo(f"wrote an inventory fragment to {write_to}")
+
+
+def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    from .fabric import parse_size
+
+    if not value:
+        return None
+    try:
+        sizes = [parse_size(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give sizes like 1K,64K,1M,256M") from None
+    if not sizes or any(s < 4 or s > 8 * 1024**3 for s in sizes):
+        raise click.BadParameter("each size must be between 4 bytes and 8G")
+    return sizes
+
+
+@main.command()
+@inventory_option
+@click.option("--partition", default=None, help="Partition (default: the inventory's only one).")
+@click.option("--nodes", type=click.IntRange(min=1, max=4096), default=2, show_default=True,
+              help="Whole nodes to span (one process per device).")
+@click.option("--roce/--no-roce", default=None, help="Use the hosts' RoCE settings (default: when every host has them).")
+@click.option("--sizes", callback=_sizes, default=None, help="Message sizes, e.g. 1K,1M,64M (default: 1K..256M; "
+                                                             "1K..16M on CPU partitions).")
+@click.option("--iters", type=click.IntRange(min=1, max=10000), default=20, show_default=True)
+@click.option("--executor", type=click.Choice(["auto", "slurm", "local"]), default="auto", show_default=True)
+@workdir_option
+@db_option
+@json_option
+def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool | None, sizes: list[int] | None,
+           iters: int, executor: str, workdir: Path | None, db: Path | None, as_json: bool) -> None:
+    """All-reduce and all-gather bandwidth across nodes, with exactly a benchmark point's per-host environment.
+
+    Example: sbench fabric -i cluster.yaml --partition a100 --nodes 2
+    """
+    from .collect.store import open_store
+    from .fabric import run_fabric
+    from .inventory import load_inventory
+    from .sbatch.executors import resolve_executor
+
+    inv = load_inventory(inventory)
+    res = run_fabric(inv, partition, nodes, workdir or DEFAULT_WORKDIR, executor=resolve_executor(executor),
+                     roce=roce, sizes=sizes, iters=iters)
+    with open_store(db or DEFAULT_DB) as st:
+        st.record_fabric(res.rows)
+    if as_json:
+        echo_json(res.to_dict())
+    else:
+        rows = [{"op": r["op"], "bytes": r["bytes"], "time_us": f"{r['time_us']:.1f}",
+                 "algbw_GB/s": f"{r['algbw_gbps']:.3f}", "busbw_GB/s": f"{r['busbw_gbps']:.3f}"}
+                for r in res.rows if r.get("bytes")]
+        if rows:
+            click.echo(table(rows, list(rows[0])))
+        transports = ", ".join(f"{h}={t or '-'}" for h, t in res.transports.items()) or "-"
+        click.echo(f"\nfabric {res.fabric_id}: {res.backend or '?'} over {nodes} node(s), world {res.world_size}; "
+                   f"NCCL transport per host: {transports}; recorded in {db or DEFAULT_DB}")
+    if not res.ok:
+        raise RunnerError(f"fabric failed: {res.reason}")
+
+

@@ -40,10 +40,12 @@ def executor_option(f: Any) -> Any:
 @click.option("--max-parallel", type=click.IntRange(min=1), default=None,
               help="At most this many attempts of one array run at once (SLURM %-limit; local queue width).")
 @click.option("--hold", is_flag=True, help="Submit held (sbatch --hold); release with scontrol release.")
+@click.option("--preflight", is_flag=True, help="First run sbench fabric for each partition and node count of the "
+              "multi-node points; refuse to submit when it fails or RoCE points would run over Socket.")
 @json_option
 def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | None, db: Path | None,
            model_map: Path | None, wait: bool, force: bool, retry_failed: bool, max_parallel: int | None,
-           hold: bool, as_json: bool) -> None:
+           hold: bool, preflight: bool, as_json: bool) -> None:
     """Submit a sweep: one job array per resource shape on SLURM, or a local queue.
 
     Example: sbench submit sweeps/demo-cpu.yaml --executor local --wait
@@ -54,6 +56,7 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
     try:
         report = submit_sweep(sweep, inventory, executor, workdir, db, wait=wait, force=force,
                               retry_failed=retry_failed, max_parallel=max_parallel, hold=hold, model_map=model_map,
+                              preflight=preflight,
                               progress=lambda done, total: progress("wait", done, total))
     finally:
         progress.close()
@@ -74,6 +77,9 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
         click.echo(f"note: {d['db_note']}", err=True)
     for w in d.get("warnings") or []:
         click.echo(f"warning: {w}", err=True)
+    for f in d.get("preflight") or []:
+        click.echo(f"preflight: fabric {f['fabric_id']} on {f['partition']} x{f['nodes']} ok "
+                   f"({', '.join(f'{h}={t or chr(45)}' for h, t in f['transports'].items())})", err=True)
 
 
 @main.command()

@@ -68,6 +68,12 @@ class JobSpec:
     adjustments: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     sbench_version: str = __version__
+    workload: str = "train"  # train | idle (runner.workload) | fabric (sbench fabric); see ``module``
+
+    @property
+    def module(self) -> str:
+        """The Python module each process runs."""
+        return {"fabric": "harness.fabric", "idle": "harness.runner.idle"}.get(self.workload, "harness.runner.train")
 
     @property
     def paths(self) -> JobPaths:
@@ -343,6 +349,8 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
     dataset_path = str(sweep.data_dir / dataset_filename(e.get("dataset_id") or "news-tokens-16384plus-entries-4096"))
     target = exp.target_modules(e["model_name"], sweep.model_map)
     argv = train_argv(exp, e, point.model_source or e["model_name"], dataset_path, job_dir, per_device_bs, target)
+    if sweep.runner.workload == "idle":
+        argv = ["--job-dir", job_dir, "--seconds", f"{sweep.runner.idle_seconds:g}"]
     env = dict(inv.env)
     env.update(part.env)
     env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(part, per_node)))
@@ -361,6 +369,7 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         setup=list(inv.setup) + list(part.setup), env=env, host_env=host_env,
         host_addresses={h.name: h.address for h in part.hosts.values() if h.address},
         trials=exp.trials, runner=sweep.runner.to_dict(), adjustments=adjustments, notes=list(point.notes),
+        workload=sweep.runner.workload,
     )
 
 

@@ -36,7 +36,8 @@ from .yamlio import LineDict, load_yaml
 SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
               "model_map", "data_dir", "runner")
 SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue", "extra")
-RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache")
+RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds")
+WORKLOADS = ("train", "idle")
 AUTO_STOP_KEYS = ("warmup_seconds", "stable_seconds", "min_steps")
 CAMPAIGN_NAME = NAME  # fullmatch only: '$' would accept a trailing newline
 DEFAULT_DATA_DIR = "results/datasets"
@@ -55,6 +56,8 @@ class RunnerSettings:
     min_steps: int = 10
     stop_grace_s: float = 30.0
     token_cache: bool = True
+    workload: str = "train"  # train | idle (a dry run of the harness: harness.runner.idle)
+    idle_seconds: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -111,9 +114,13 @@ class PlannedPoint:
         }
 
 
-def point_id(experiment: str, entity: Mapping[str, Any]) -> str:
-    """Stable id: a hash of the experiment and every resolved entity value (key order irrelevant)."""
-    blob = json.dumps({"experiment": experiment, "entity": dict(entity)}, sort_keys=True, separators=(",", ":"))
+def point_id(experiment: str, entity: Mapping[str, Any], workload: str = "train") -> str:
+    """Stable id: a hash of the experiment and every resolved entity value (key order irrelevant). A dry
+    run (``runner.workload: idle``) has ids of its own, so it never stands for a trained point."""
+    doc: dict[str, Any] = {"experiment": experiment, "entity": dict(entity)}
+    if workload != "train":
+        doc["workload"] = workload
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -199,7 +206,12 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         stop_grace_s=float(ck.number(runner_node, "runner", "stop_grace_s", default=30.0, minimum=0,
                                      maximum=day)),
         token_cache=ck.boolean(runner_node, "runner", "token_cache", default=True),
+        workload=ck.string(runner_node, "runner", "workload", default="train"),
+        idle_seconds=float(ck.number(runner_node, "runner", "idle_seconds", default=1.0, minimum=0, maximum=day)),
     )
+    if runner.workload not in WORKLOADS:
+        ck.fail("runner.workload", f"must be one of: {', '.join(WORKLOADS)}; got {runner.workload!r}", runner_node,
+                "workload")
     try:
         mm = load_model_map(model_map_path)
         if doc.get("model_map") is not None:
@@ -403,7 +415,7 @@ def plan_sweep(sweep: Sweep, inventory: Inventory) -> list[PlannedPoint]:
             # mounted here at all may be mounted on the compute nodes: say so, do not invalidate.
             notes.append(f"model weights {src} are not visible from this machine (for a test model: "
                          f"sbench model tiny -o {src})")
-        pid = point_id(exp.id, entity)
+        pid = point_id(exp.id, entity, sweep.runner.workload)
         if pid in seen:
             # The same point reached twice through the grid (e.g. a backend ignored on one device).
             grid_pos = ", ".join(f"{k}[{i}]" for k, i in pos.items())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class ReportData:
     run_choice: str = ""
     traces: list[dict[str, Any]] = field(default_factory=list)  # bucketed samples of that run
     run_offset: float | None = None  # t_wall - x of the traces (to place window bounds)
+    fabric: list[dict[str, Any]] = field(default_factory=list)  # rows of the latest sbench fabric runs
 
 
 @dataclass
@@ -137,6 +139,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
                       campaign=campaign, campaigns=campaigns, outcomes=outcomes, measurements=measurements,
                       stage_runs=stage_runs, gpu_samples=int(gpu_samples))
     _load_run(store, data, campaign, run_id)
+    data.fabric = store.fabric_rows()
     return data
 
 
@@ -592,6 +595,31 @@ def _run_line(data: ReportData, word: str) -> str:
             + (" In sand: the warm-up." if "warm-up" in shaded else ""))
 
 
+def fabric_charts(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Bus bandwidth vs message size, one panel per collective, one line per fabric run."""
+    if not rows:
+        return no_data("no fabric run yet: sbench fabric -i INVENTORY --partition P --nodes N")
+    runs = sorted({r["fabric_id"] for r in rows})
+    colors = {f: PALETTE[i % len(PALETTE)] for i, f in enumerate(runs)}
+    panels = []
+    for op in ("all_reduce", "all_gather"):
+        series = []
+        for f in runs:
+            pts = [(float(r["bytes"]), r["busbw_gbps"],
+                    f"{f}: {op} {int(r['bytes'])} B, {r['time_us']:.1f} us, busbw {r['busbw_gbps']:.3f} GB/s")
+                   for r in rows if r["fabric_id"] == f and r["op"] == op and r.get("bytes") and r.get("busbw_gbps")]
+            if pts:
+                first = next(r for r in rows if r["fabric_id"] == f)
+                tr = first.get("transport_by_host")
+                tr = json.loads(tr) if isinstance(tr, str) else (tr or {})
+                kinds = ",".join(sorted({t for t in tr.values() if t})) or first.get("backend") or "?"
+                series.append(Series(f"{first['partition']} x{first['nodes']} ({kinds}) {f[:15]}", pts, colors[f]))
+        panels.append(f'<div class="panel"><h3>{op.replace("_", "-")} bus bandwidth</h3>'
+                      + line_chart(series, x_label="message size (bytes, log2)", y_label="busbw (GB/s)", log2_x=True,
+                                   empty=f"no {op} rows") + "</div>")
+    return '<div class="row">' + "".join(panels) + "</div>"
+
+
 def render_report(data: ReportData) -> str:
     """The page for *data*: a pure function of it."""
     ms = data.measurements
@@ -627,6 +655,10 @@ def render_report(data: ReportData) -> str:
                  "Wall seconds per stage; OOM runs in red, failed runs in orange."
                  + (f" {esc(stage_note)}" if stage_note else ""), f'<div class="wide">{stages}</div>'),
         _section("utilisation", "4. Utilisation over time", _run_line(data, word), utilisation_charts(data)),
+        _section("fabric", "5. Fabric: collective bandwidth across nodes",
+                 "sbench fabric runs: bus bandwidth of all-reduce (algbw × 2(n−1)/n) and all-gather (algbw × (n−1)/n) "
+                 "by message size, one line per run, labelled partition × nodes and the transport NCCL chose "
+                 "(gloo on CPU partitions).", fabric_charts(data.fabric)),
         _section("latest", "Latest measurement per point",
                  "The newest measurement of each point (OOM rows in red) and how many measurements the point has.",
                  f'<div class="wide">{latest_table(ms)}</div>'),

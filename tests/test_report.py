@@ -442,7 +442,8 @@ def test_a_campaign_without_measurements_gets_no_data_panels(tmp_path, cli):
     out = tmp_path / "r.html"
     assert cli("report", "--db", tmp_path / "r.duckdb", "-o", out).exit_code == 0
     page = out.read_text()
-    assert page.count('<div class="nodata">') == 4  # plots 1, 2 (GPU and process) and the table
+    assert page.count('<div class="nodata">') == 5  # plots 1, 2 (GPU and process), the table, and no fabric run
+    assert "no fabric run yet" in section(page, "fabric")
     assert "No data: no measurement with dataset_tokens_per_second" in section(page, "throughput")
     assert "No data: no measurements in this selection" in section(page, "latest")
     assert len(svgs(section(page, "stages"))) == 1  # the failed run still has stage times

@@ -112,7 +112,9 @@ def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[
     if not workdir.is_dir():
         return manifests, attempts, warnings
     known: set[str] = set()
-    camp_dirs = sorted(p for p in workdir.iterdir() if p.is_dir() and (campaign is None or p.name == campaign))
+    # Dot dirs hold sbench's own jobs (.fabric, .probe), not campaigns.
+    camp_dirs = sorted(p for p in workdir.iterdir() if p.is_dir() and not p.name.startswith(".")
+                       and (campaign is None or p.name == campaign))
     for cdir in camp_dirs:
         mpath = cdir / MANIFEST
         if mpath.is_file():

@@ -144,6 +144,7 @@ class RunData:
     world_size: int = 1
     window: tuple[float | None, float | None] = (None, None)
     over: bool = False
+    workload: str = "train"
 
 
 def _environment_path(paths: JobPaths, host: str) -> Path:
@@ -557,7 +558,7 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
     }
     data = RunData(run=run, hosts=host_rows, stages=stage_rows, ranks=rank_rows, errors=err_rows, trials=trial_rows,
                    environment=env_rows, rank0=rank0, entity=entity, experiment=experiment, world_size=world,
-                   window=window, over=over)
+                   window=window, over=over, workload=str(js.get("workload") or "train"))
     if paths is not None:
         data.sample_files = [(h, paths.samples(h)) for h in sample_hosts]
     return data
@@ -593,6 +594,8 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     run = d.run
     if run["outcome"] not in ("ok", "invalid"):
         return None  # failed runs record no properties (seeds: "Failed measurements do not record any")
+    if d.workload != "train":
+        return None  # a dry run of the harness (runner.workload: idle) measured no training
     exp = EXPERIMENTS.get(str(d.experiment)) if d.experiment else None
     row: dict[str, Any] = {k: run[k] for k in ("run_id", "campaign", "point_id", "repeat", "attempt", "experiment")}
     row["ended_at"] = run["ended_at"]

@@ -40,7 +40,7 @@ Tables (``SCHEMA`` below is the full list of columns)
 ``metadata``, ``campaigns``, ``points`` (entity fields as typed columns),
 ``campaign_points``, ``runs`` (one per attempt), ``run_hosts``, ``stages``,
 ``sample_files``, ``sample_rows``, ``ranks``, ``errors``, ``trials``, ``measurements``,
-``environment``, ``probes``; views ``samples``, ``latest_measurements``, ``run_summary``,
+``environment``, ``probes``, ``fabric``; views ``samples``, ``latest_measurements``, ``run_summary``,
 ``stage_durations``, ``point_status``.
 
 Samples are stored compactly: ``sample_files`` has one row per loaded ``samples.<host>.csv``
@@ -188,6 +188,14 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("probed_at", "TIMESTAMP"), ("gpu_count", "INTEGER"), ("gpu_names", "VARCHAR[]"),
         ("driver_version", "VARCHAR"), ("cuda_driver", "VARCHAR"), ("cores", "INTEGER"), ("memory_gb", "DOUBLE"),
         ("memlock", "VARCHAR"), ("hcas", "JSON"), ("differences", "VARCHAR[]"), ("doc", "JSON"),
+    ],
+    # sbench fabric: one row per (fabric run, collective, message size).
+    "fabric": [
+        ("fabric_id", "VARCHAR"), ("cluster", "VARCHAR"), ("partition", "VARCHAR"), ("nodes", "INTEGER"),
+        ("world_size", "INTEGER"), ("backend", "VARCHAR"), ("enable_roce", "BOOLEAN"), ("op", "VARCHAR"),
+        ("bytes", "BIGINT"), ("iters", "INTEGER"), ("time_us", "DOUBLE"), ("algbw_gbps", "DOUBLE"),
+        ("busbw_gbps", "DOUBLE"), ("transport_by_host", "JSON"), ("ok", "BOOLEAN"), ("reason", "VARCHAR"),
+        ("job_dir", "VARCHAR"), ("measured_at", "TIMESTAMP"),
     ],
 }
 PRIMARY_KEYS = {"metadata": ("key",), "probes": ("probe_id", "host"), "campaigns": ("campaign",), "points": ("point_id",),
@@ -816,6 +824,19 @@ class Store:
         """Store one ``sbench probe`` (rows of the ``probes`` table) in one transaction."""
         with self.transaction():
             self.insert("probes", rows)
+
+    def record_fabric(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Store one ``sbench fabric`` run (rows of the ``fabric`` table) in one transaction."""
+        with self.transaction():
+            self.insert("fabric", [{**r, "measured_at": utc(r.get("measured_at"))} for r in rows])
+
+    def fabric_rows(self, last: int = 20) -> list[dict[str, Any]]:
+        """The rows of the *last* fabric runs that measured something, oldest run first."""
+        return self.fetch_dicts(
+            """SELECT * FROM fabric WHERE fabric_id IN (
+                   SELECT fabric_id FROM fabric WHERE bytes IS NOT NULL GROUP BY fabric_id
+                   ORDER BY max(measured_at) DESC LIMIT ?)
+               ORDER BY fabric_id, op, bytes""", [last])
 
     def job_dirs(self, campaign: str | None = None) -> set[str]:
         """The job dir of every attempt recorded (of one campaign, or all)."""

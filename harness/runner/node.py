@@ -363,7 +363,8 @@ class NodeRunner:
         failure = None
         try:
             self.setup()
-            self.dataset()
+            if self.spec.get("workload", "train") == "train":
+                self.dataset()
             run = self.train()
         except Terminated as exc:
             failure = f"node runner received signal {exc.signum} before training finished"

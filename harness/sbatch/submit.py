@@ -38,6 +38,7 @@ class SubmitReport:
     sbatch_calls: int = 0
     db_note: str | None = None
     warnings: list[str] = field(default_factory=list)
+    preflight: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         by_key = {(s.spec.point_id, s.spec.repeat): s for s in self.submitted}
@@ -49,7 +50,7 @@ class SubmitReport:
                          "job_id": sub.job_id if sub else None, "job_dir": sub.spec.job_dir if sub else None})
         return {"campaign": self.campaign, "executor": self.executor, "campaign_dir": str(self.campaign_dir),
                 "sbatch_calls": self.sbatch_calls, "submitted": len(self.submitted), "points": rows,
-                "db_note": self.db_note, "warnings": self.warnings}
+                "db_note": self.db_note, "warnings": self.warnings, "preflight": self.preflight}
 
 
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
@@ -101,7 +102,7 @@ def _check_campaign(campaign_dir: Path, sweep: Sweep) -> bool:
 def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor: str = "auto",
                  workdir: Path | None = None, db: Path | None = None, *, wait: bool = False, force: bool = False,
                  retry_failed: bool = False, max_parallel: int | None = None, hold: bool = False,
-                 model_map: Path | None = None, only_failed: bool = False,
+                 model_map: Path | None = None, only_failed: bool = False, preflight: bool = False,
                  progress: Callable[[int, int], None] | None = None) -> SubmitReport:
     # Everything that can be wrong with the input is found before the DB, the manifest or a job dir is
     # touched: load and plan, then build and render every valid point in memory.
@@ -117,13 +118,15 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     backend = get_backend(name)
     backend.check([spec for spec, _ in preview])
     fit_notes = fit.check([spec for spec, _ in preview], inv)
+    checked = run_preflight(inv, points, workdir, db) if preflight else []
     exists = _check_campaign(campaign_dir, sweep)
     history, db_note = campaign_history(db, workdir, sweep.campaign, [p.point_id for p in points])
     decisions = decide(points, history, sweep.campaign, force, retry_failed or only_failed)
     if only_failed:
         decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
                      for d in decisions]
-    report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note, warnings=fit_notes)
+    report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note, warnings=fit_notes,
+                          preflight=checked)
     todo = [d for d in decisions if d.action == "submit"]
     events: list[dict[str, Any]] = []
     if not exists:
@@ -160,6 +163,41 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
             backend.wait(report.submitted, progress)
     report.db_note = record_events(db, events) or report.db_note
     return report
+
+
+def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db: Path,
+                  fabric: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
+    """``--preflight``: one fabric job per partition and node count of the sweep's multi-node points,
+    before anything is submitted. Refuses (SubmitError) when one fails, or when RoCE points would run
+    over Socket. Each fabric run lands in the ``fabric`` table."""
+    from ..collect.store import open_store
+    from ..errors import SubmitError
+    from ..fabric import run_fabric
+
+    fabric = fabric or run_fabric
+    shapes: dict[tuple[str, int], bool] = {}
+    for p in points:
+        n = int(p.entity.get("number_nodes") or 1)
+        if p.valid and n > 1:
+            shapes[(p.partition, n)] = shapes.get((p.partition, n), False) or bool(p.entity.get("enable_roce"))
+    out = []
+    for (part, n), roce in sorted(shapes.items()):
+        res = fabric(inv, part, n, workdir, executor="slurm", roce=True if roce else None)
+        try:
+            with open_store(db) as st:
+                st.record_fabric(res.rows)
+        except Exception:  # noqa: BLE001 - a busy DB must not hide the verdict; the job dir keeps the files
+            pass
+        out.append({"partition": part, "nodes": n, "fabric_id": res.fabric_id, "ok": res.ok,
+                    "transports": res.transports})
+        if not res.ok:
+            raise SubmitError(f"preflight: fabric on partition {part} over {n} nodes failed: {res.reason}; "
+                              f"nothing was submitted (job dir {res.job_dir})")
+        if roce and res.socket_hosts:
+            raise SubmitError(f"preflight: RoCE points on partition {part} over {n} nodes would run over Socket "
+                              f"(NCCL chose Socket on {', '.join(res.socket_hosts)}); check the hosts' roce: HCAs and "
+                              f"GID index (sbench probe), nothing was submitted")
+    return out
 
 
 def campaign_record(workdir: Path | None, campaign: str) -> dict[str, Any]:

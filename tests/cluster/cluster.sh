@@ -28,10 +28,25 @@ unset SLURM_CONF
 CLUSTER=sbench
 BRIDGE=sbbr0
 CTL_IP=198.18.0.1
-NODES=(node1 node2)
-declare -A NODE_IP=([node1]=198.18.0.11 [node2]=198.18.0.12)
-declare -A NODE_NS=([node1]=sbn1 [node2]=sbn2)
-declare -A NODE_VETH=([node1]=sbv1 [node2]=sbv2)   # host-side veth ends
+# SBENCH_CLUSTER_NODES (default 2, at most 50) namespaced nodes node1..nodeN at 198.18.0.(10+i). Commands
+# other than `start` act on as many nodes as the current slurm.conf declares.
+NNODES=${SBENCH_CLUSTER_NODES:-}
+if [[ -z $NNODES && ${1:-} != start && -f /etc/slurm/slurm.conf ]] && grep -q 'sbench tests/cluster' /etc/slurm/slurm.conf; then
+  NNODES=$(grep -c '^NodeName=' /etc/slurm/slurm.conf || true)
+fi
+NNODES=${NNODES:-2}
+if ! [[ $NNODES =~ ^[0-9]+$ ]] || ((NNODES < 1 || NNODES > 50)); then
+  echo "[cluster] ERROR: SBENCH_CLUSTER_NODES must be 1..50, got '$NNODES'" >&2
+  exit 2
+fi
+NODES=()
+declare -A NODE_IP=() NODE_NS=() NODE_VETH=()   # NODE_VETH: host-side veth ends
+for ((i = 1; i <= NNODES; i++)); do
+  NODES+=("node$i")
+  NODE_IP[node$i]=198.18.0.$((10 + i))
+  NODE_NS[node$i]=sbn$i
+  NODE_VETH[node$i]=sbv$i
+done
 PKGS=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server iproute2 procps)
 SLURM_ETC=/etc/slurm
 MARKER="# managed by sbench tests/cluster/cluster.sh"
@@ -193,10 +208,9 @@ AccountingStorageTRES=gres/gpu
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=task=1
 JobCompType=jobcomp/none
-NodeName=node1 NodeAddr=${NODE_IP[node1]} CPUs=96 RealMemory=1000000 Gres=gpu:8 State=UNKNOWN
-NodeName=node2 NodeAddr=${NODE_IP[node2]} CPUs=96 RealMemory=1000000 Gres=gpu:8 State=UNKNOWN
-PartitionName=cpu Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP
-PartitionName=gpu Nodes=node[1-2] MaxTime=INFINITE State=UP
+$(for n in "${NODES[@]}"; do echo "NodeName=$n NodeAddr=${NODE_IP[$n]} CPUs=96 RealMemory=1000000 Gres=gpu:8 State=UNKNOWN"; done)
+PartitionName=cpu Nodes=node[1-$NNODES] Default=YES MaxTime=INFINITE State=UP
+PartitionName=gpu Nodes=node[1-$NNODES] MaxTime=INFINITE State=UP
 EOF
 }
 
@@ -204,7 +218,7 @@ gen_gres_conf() {
   cat <<EOF
 $MARKER
 # Fake device nodes stand in for /dev/nvidia* (see ensure_files).
-NodeName=node[1-2] Name=gpu File=$DIR/gpus/nvidia[0-7]
+NodeName=node[1-$NNODES] Name=gpu File=$DIR/gpus/nvidia[0-7]
 EOF
 }
 
@@ -315,14 +329,17 @@ ensure_hosts() {
   local content
   content=$(grep -v -E '# sbench-cluster$' /etc/hosts || true)
   printf '%s\n' "$content" "${want[@]}" >/etc/hosts
-  log "added node1/node2 to /etc/hosts"
+  log "added ${NODES[*]} to /etc/hosts"
 }
 
 teardown_network() {
   local n
-  for n in "${NODES[@]}"; do
-    ip netns del "${NODE_NS[$n]}" 2>/dev/null || true
-    ip link del "${NODE_VETH[$n]}" 2>/dev/null || true
+  # Every sbn<i> namespace and sbv<i> link, also those of a larger cluster started before.
+  for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^sbn[0-9]+$' || true); do
+    ip netns del "$n" 2>/dev/null || true
+  done
+  for n in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E '^sbv[0-9]+$' || true); do
+    ip link del "$n" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
   if command -v iptables >/dev/null; then
@@ -522,7 +539,9 @@ cmd_start() {
   ensure_packages
   ensure_files
   # Fast path: an unchanged, healthy cluster is left untouched.
-  if ((SLURM_CONF_CHANGED == 0 && DBD_CONF_CHANGED == 0)) && ns_ok "${NODE_NS[node1]}" && ns_ok "${NODE_NS[node2]}" && health 0; then
+  local all_ns=1 n
+  for n in "${NODES[@]}"; do ns_ok "${NODE_NS[$n]}" || all_ns=0; done
+  if ((SLURM_CONF_CHANGED == 0 && DBD_CONF_CHANGED == 0 && all_ns)) && health 0; then
     ensure_hosts
     log "already running and healthy"
     return 0
