@@ -45,6 +45,7 @@ bench: setup
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/collect.py
 	$(BIN)/python bench/submit.py
+	$(BIN)/python bench/scale.py
 
 clean:
 	rm -rf results/runs results/results.duckdb results/datasets results/models
