@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CatalogError, InputError
-from .schema import INT_MAX, MAX_NUMBER, control_char
+from .schema import INT_MAX, MAX_NUMBER, show, text_problem
 from .yamlio import load_yaml, loads_yaml
 
 BENCHMARK_MODELS = (
@@ -124,7 +124,7 @@ class FieldSpec:
             hint = f" ({self.help})" if self.required else ""
             raise InputError(f"{where}: {self.name} must not be null; give {_kind_text(self.kind)}{hint}")
         kind = self.kind
-        bad = f"{where}: {self.name} must be {_kind_text(kind)}, got {_short(value)}"
+        bad = f"{where}: {self.name} must be {_kind_text(kind)}, got {show(value)}"
         if kind == "int":
             if isinstance(value, bool) or not isinstance(value, int):
                 if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**63:
@@ -135,7 +135,7 @@ class FieldSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise InputError(bad)
             if isinstance(value, int) and abs(value) > 2**63:
-                raise InputError(f"{where}: {self.name} must be a number <= {_num(self.upper)}, got {_short(value)}")
+                raise InputError(f"{where}: {self.name} must be a number <= {_num(self.upper)}, got {show(value)}")
             value = float(value)
             if not math.isfinite(value):
                 raise InputError(f"{where}: {self.name} must be a finite number, got {value!r}")
@@ -159,9 +159,9 @@ class FieldSpec:
             value = [self._text(str(v), where) for v in value]
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if self.minimum is not None and value < self.minimum:
-                raise InputError(f"{where}: {self.name} must be >= {_num(self.minimum)}, got {_short(value)}")
+                raise InputError(f"{where}: {self.name} must be >= {_num(self.minimum)}, got {show(value)}")
             if value > self.upper or value < -self.upper:
-                raise InputError(f"{where}: {self.name} must be <= {_num(self.upper)}, got {_short(value)}")
+                raise InputError(f"{where}: {self.name} must be <= {_num(self.upper)}, got {show(value)}")
         if self.domain is not None and value not in self.domain:
             shown = ", ".join(str(d) for d in self.domain)
             raise InputError(f"{where}: {self.name} must be one of: {shown}; got {value!r}")
@@ -174,13 +174,9 @@ class FieldSpec:
         return INT_MAX if self.kind == "int" else MAX_NUMBER
 
     def _text(self, text: str, where: str) -> str:
-        if len(text) > self.max_len:
-            raise InputError(f"{where}: {self.name} is {len(text)} characters long; at most {self.max_len} "
-                             "are allowed")
-        bad = control_char(text)
-        if bad is not None:
-            raise InputError(f"{where}: {self.name} contains the control character {bad}; remove it "
-                             f"(got {_short(text)})")
+        problem = text_problem(text, self.max_len)
+        if problem:
+            raise InputError(f"{where}: {self.name} {problem}")
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,13 +187,6 @@ class FieldSpec:
 
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
-        return f"an integer of {len(str(abs(value)))} digits"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _kind_text(kind: str) -> str:
@@ -463,11 +452,9 @@ class ModelMap:
 
 
 def _check_text(source: str, key: str, text: str, max_len: int) -> None:
-    if len(text) > max_len:
-        raise InputError(f"{source}: {key} is {len(text)} characters long; at most {max_len} are allowed")
-    bad = control_char(text)
-    if bad is not None:
-        raise InputError(f"{source}: {key} contains the control character {bad}; remove it")
+    problem = text_problem(text, max_len)
+    if problem:
+        raise InputError(f"{source}: {key} {problem}")
 
 
 def is_local_source(src: str) -> bool:

@@ -19,7 +19,9 @@ from .schema import (
     ADDRESS,
     IFNAME,
     SLURM_CONSTRAINT,
+    SLURM_CONSTRAINT_TEXT,
     SLURM_NAME,
+    SLURM_NAME_TEXT,
     SLURM_TIME,
     SLURM_TIME_TEXT,
     Checker,
@@ -193,7 +195,7 @@ def _partition(ck: Checker, name: str, node: Any, parent: Mapping[str, Any]) -> 
     hosts_node = ck.mapping(hosts_node, f"{key}.hosts", node, "hosts")
     hosts = {str(h): _host(ck, str(h), v, f"{key}.hosts.{h}", hosts_node) for h, v in hosts_node.items()}
     setup = ck.string_list(node, key, "setup", default=[])
-    slurm_name = {"pattern": SLURM_NAME, "what": "a SLURM name (letters, digits, '_', '.', '+', '-')"}
+    slurm_name = {"pattern": SLURM_NAME, "what": SLURM_NAME_TEXT}
     return Partition(
         name=name,
         slurm_partition=ck.string(node, key, "slurm_partition", default=name, **slurm_name),
@@ -205,7 +207,7 @@ def _partition(ck: Checker, name: str, node: Any, parent: Mapping[str, Any]) -> 
         account=ck.string(node, key, "account", **slurm_name),
         qos=ck.string(node, key, "qos", **slurm_name),
         constraint=ck.string(node, key, "constraint", pattern=SLURM_CONSTRAINT,
-                             what="a SLURM constraint expression (features joined by & | , [ ] *)"),
+                             what=SLURM_CONSTRAINT_TEXT),
         time_limit=ck.string(node, key, "time_limit", pattern=SLURM_TIME, what=SLURM_TIME_TEXT),
         setup=tuple(setup),
         env=_env(ck, node, key, "env"),

@@ -23,13 +23,15 @@ from .errors import CatalogError, InputError, SweepError
 from .inventory import Inventory, Partition
 from .schema import (
     MAX_LIST,
-    sbatch_extra,
     NAME,
     SLURM_CONSTRAINT,
+    SLURM_CONSTRAINT_TEXT,
     SLURM_NAME,
+    SLURM_NAME_TEXT,
     SLURM_TIME,
     SLURM_TIME_TEXT,
     Checker,
+    sbatch_extra,
 )
 from .yamlio import LineDict, load_yaml
 
@@ -177,13 +179,13 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
                 doc, "grid" if "grid" in doc else "repeats")
     slurm_node = ck.mapping(doc.get("slurm"), "slurm", doc, "slurm")
     ck.known_keys(slurm_node, "slurm", SLURM_KEYS)
-    slurm_name = {"pattern": SLURM_NAME, "what": "a SLURM name (letters, digits, '_', '.', '+', '-')"}
+    slurm_name = {"pattern": SLURM_NAME, "what": SLURM_NAME_TEXT}
     slurm = SlurmOverrides(
         time=ck.string(slurm_node, "slurm", "time", pattern=SLURM_TIME, what=SLURM_TIME_TEXT),
         account=ck.string(slurm_node, "slurm", "account", **slurm_name),
         qos=ck.string(slurm_node, "slurm", "qos", **slurm_name),
         constraint=ck.string(slurm_node, "slurm", "constraint", pattern=SLURM_CONSTRAINT,
-                             what="a SLURM constraint expression (features joined by & | , [ ] *)"),
+                             what=SLURM_CONSTRAINT_TEXT),
         exclusive=ck.boolean(slurm_node, "slurm", "exclusive"),
         mem_gb=ck.number(slurm_node, "slurm", "mem_gb", minimum=0, maximum=1 << 20),
         max_parallel=ck.integer(slurm_node, "slurm", "max_parallel", minimum=1, maximum=MAX_PARALLEL),

@@ -13,7 +13,6 @@ memory. :func:`compare` turns the differences from the inventory into lines that
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import os
 import resource
@@ -24,54 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .inventory import Host, Inventory, Partition, detect_gpus, gpu_label
-
-SYSFS_IB = Path(os.environ.get("SBENCH_SYSFS_IB", "/sys/class/infiniband"))
-ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:  # an unused GID's type reads as EINVAL
-        return None
-
-
-def ipv4_of_gid(gid: str) -> str | None:
-    """The IPv4 address of an IPv4-mapped GID (``::ffff:a.b.c.d``), else None."""
-    try:
-        addr = ipaddress.IPv6Address(gid)
-    except ValueError:
-        return None
-    return str(addr.ipv4_mapped) if addr.ipv4_mapped else None
-
-
-def read_hcas(root: Path = SYSFS_IB) -> list[dict[str, Any]]:
-    """Every RDMA device with its firmware and ports; each port with state, link layer, rate and the
-    populated entries of its GID table."""
-    try:
-        devs = sorted(p for p in root.iterdir() if p.is_dir())
-    except OSError:
-        return []
-    out = []
-    for dev in devs:
-        ports = []
-        for port in sorted((dev / "ports").glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
-            gids = []
-            gid_dir = port / "gids"
-            for g in sorted(gid_dir.glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
-                value = _read(g)
-                if not value or value == ZERO_GID:
-                    continue
-                gids.append({"index": int(g.name), "gid": value,
-                             "type": _read(port / "gid_attrs" / "types" / g.name),
-                             "ndev": _read(port / "gid_attrs" / "ndevs" / g.name), "ipv4": ipv4_of_gid(value)})
-            ports.append({"port": int(port.name) if port.name.isdigit() else port.name,
-                          "state": _read(port / "state"), "phys_state": _read(port / "phys_state"),
-                          "link_layer": _read(port / "link_layer"), "rate": _read(port / "rate"), "gids": gids})
-        out.append({"name": dev.name, "fw_ver": _read(dev / "fw_ver"), "board_id": _read(dev / "board_id"),
-                    "ports": ports})
-    return out
-
+from .runner.envcapture import ipv4_of_gid, nvml_versions, read_hcas  # noqa: F401 - ipv4_of_gid: part of the probe API
 
 def roce_v2_ipv4(port: dict[str, Any]) -> list[dict[str, Any]]:
     return [g for g in port.get("gids") or [] if (g.get("type") or "").lower() == "roce v2" and g.get("ipv4")]
@@ -85,14 +37,12 @@ def memlock() -> str:
 def probe_node(host: str | None = None, sysfs_ib: Path | None = None) -> dict[str, Any]:
     import psutil
 
-    from .runner.envcapture import nvml_versions
-
     gpus = detect_gpus()
     return {
         "host": host or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
         "t_wall": time.time(),
         "gpus": gpus, "gpu_count": len(gpus), **{"driver": None, "cuda_driver": None}, **nvml_versions(),
-        "hcas": read_hcas(sysfs_ib or SYSFS_IB),
+        "hcas": read_hcas(sysfs_ib),
         "memlock": memlock(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         # inventory GB as sbench requests it from SLURM: 1 GB = 1000 MB (MiB)

@@ -193,10 +193,8 @@ class ClusterFit:
     def check(self, specs: list[JobSpec], inv: Inventory) -> list[str]:
         from .sbatch.clusterview import misfits
 
-        if self.nodes is None:
-            return list(self.notes)
         out = list(self.notes)
-        for spec in specs:
+        for spec in specs if self.nodes is not None else ():
             part = inv.partition(spec.partition)
             out += [f"point {spec.point_id}: {m}" for m in misfits(sorted(part.hosts), self.nodes, spec.resources,
                                                                   part.slurm_partition)]

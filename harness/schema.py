@@ -17,7 +17,6 @@ from .errors import InputError
 from .yamlio import LineDict
 
 # -- limits: the one home of every input bound -------------------------------------------------------------
-BIGINT_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1  # what an INTEGER column holds; the default ceiling of an integer key
 MAX_STRING = 4096  # characters in any one string value
 MAX_LIST = 1024  # items in any one list value (setup lines, HCAs, grid values, ...)
@@ -33,7 +32,9 @@ SLURM_TIME = re.compile(r"\d{1,4}-\d{1,2}(?::\d{2}){0,2}|\d{1,7}(?::\d{2}){0,2}|
 SLURM_TIME_TEXT = "a SLURM time like '90', '01:00:00', '1-12:00:00' or 'UNLIMITED'"
 # Names SLURM accepts for partitions, accounts, QOS and reservations; a constraint adds its operators.
 SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+SLURM_NAME_TEXT = "a SLURM name (letters, digits, '_', '.', '+', '-')"
 SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_.&|,\[\]*()!:+-]{1,512}")
+SLURM_CONSTRAINT_TEXT = "a SLURM constraint expression (features joined by & | , [ ] *)"
 # A host address: an IPv4/IPv6 literal or a DNS name.
 ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})")
 # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: interface names or prefixes, '^' to exclude, '=' for exact.
@@ -57,7 +58,6 @@ SBATCH_EXTRA_OPTIONS = frozenset({
     "no-container-entrypoint", "container-writable", "container-readonly", "container-env",
     "container-image-save", "time-min", "gres-flags", "tres-per-task", "x11", "delay-boot", "qos-level",
 })
-_OPTION_VALUE = re.compile(r"[^\x00-\x1f\x7f]{1,4096}")
 
 
 def sbatch_extra(ck: "Checker", node: Mapping[str, Any], key: str, name: str) -> dict[str, Any]:
@@ -82,12 +82,12 @@ def sbatch_extra(ck: "Checker", node: Mapping[str, Any], key: str, name: str) ->
             continue
         elif isinstance(v, (str, int)) and not isinstance(v, bool):
             text = str(v)
-            if not _OPTION_VALUE.fullmatch(text):
-                ck.fail(f"{dotted}.{opt}", f"must be a one-line value without control characters, got {_show(v)}",
+            if not text or text_problem(text):
+                ck.fail(f"{dotted}.{opt}", f"must be a one-line value without control characters, got {show(v)}",
                         value, opt)
             out[opt] = text
         else:
-            ck.fail(f"{dotted}.{opt}", f"must be a string, a number or true, got {_show(v)}", value, opt)
+            ck.fail(f"{dotted}.{opt}", f"must be a string, a number or true, got {show(v)}", value, opt)
     return out
 
 
@@ -115,12 +115,24 @@ def control_char(text: str, multiline: bool = False) -> str | None:
     return None if m is None else repr(m.group(0))
 
 
+def text_problem(text: str, max_len: int = MAX_STRING, multiline: bool = False) -> str | None:
+    """What is wrong with a string value (too long, or a control character), as the end of a message
+    that starts with its key; None when nothing is."""
+    if len(text) > max_len:
+        return f"is {len(text)} characters long; at most {max_len} are allowed"
+    bad = control_char(text, multiline)
+    if bad is not None:
+        return f"contains the control character {bad}; remove it (got {show(text)})"
+    return None
+
+
 def is_name(text: Any) -> bool:
     """True for a full-match identifier (see :data:`NAME`); a trailing newline is no match."""
     return isinstance(text, str) and NAME.fullmatch(text) is not None
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """*value* for an error message: short, and safe for huge integers and containers."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
         return f"an integer of {len(str(abs(value))) if abs(value) < 10**4000 else 'over 4000'} digits"
     if isinstance(value, (list, dict)) and len(value) > 20:
@@ -153,7 +165,7 @@ class Checker:
         if value is None:
             return LineDict()
         if not isinstance(value, Mapping):
-            self.fail(key, f"must be a mapping (key: value), got {_show(value)}", parent, leaf)
+            self.fail(key, f"must be a mapping (key: value), got {show(value)}", parent, leaf)
         return value
 
     def known_keys(self, node: Mapping[str, Any], key: str, allowed: Iterable[str]) -> None:
@@ -183,32 +195,30 @@ class Checker:
             return default
         dotted = f"{key}.{name}" if key else name
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            self.fail(dotted, f"must be a string, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be a string, got {show(value)}", node, name)
         if isinstance(value, float) and not math.isfinite(value):
-            self.fail(dotted, f"must be a string, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be a string, got {show(value)}", node, name)
         value = str(value)
         self.text(value, dotted, node, name, multiline=multiline, max_len=max_len)
         if nonempty and not value.strip():
             self.fail(dotted, "must not be empty", node, name)
         if pattern is not None and pattern.fullmatch(value) is None:
-            self.fail(dotted, f"must be {what or 'a name'}, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be {what or 'a name'}, got {show(value)}", node, name)
         return value
 
     def text(self, value: str, dotted: str, node: Any = None, leaf: str | None = None, *,
              multiline: bool = False, max_len: int = MAX_STRING) -> str:
         """Check a string already in hand: length and control characters."""
-        if len(value) > max_len:
-            self.fail(dotted, f"is {len(value)} characters long; at most {max_len} are allowed", node, leaf)
-        bad = control_char(value, multiline)
-        if bad is not None:
-            self.fail(dotted, f"contains the control character {bad}; remove it (got {_show(value)})", node, leaf)
+        problem = text_problem(value, max_len, multiline)
+        if problem:
+            self.fail(dotted, problem, node, leaf)
         return value
 
     def name(self, value: Any, dotted: str, node: Any = None, leaf: str | None = None, what: str = "name") -> str:
         """A key used as an identifier (partition, host, campaign): a full match of :data:`NAME`."""
         if not is_name(value):
             self.fail(dotted, f"is not a valid {what}: use letters, digits, '.', '_' or '-' (start with a letter "
-                              f"or digit, at most 100), got {_show(value)}", node, leaf)
+                              f"or digit, at most 100), got {show(value)}", node, leaf)
         return value
 
     def integer(self, node: Mapping[str, Any], key: str, name: str, default: Any = None, minimum: int | None = None,
@@ -222,11 +232,11 @@ class Checker:
         if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) <= maximum:
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(dotted, f"must be an integer{bound}, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be an integer{bound}, got {show(value)}", node, name)
         if minimum is not None and value < minimum:
-            self.fail(dotted, f"must be an integer{bound}, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be an integer{bound}, got {show(value)}", node, name)
         if value > maximum:
-            self.fail(dotted, f"must be an integer <= {maximum}, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be an integer <= {maximum}, got {show(value)}", node, name)
         return value
 
     def number(self, node: Mapping[str, Any], key: str, name: str, default: Any = None, minimum: float | None = None,
@@ -238,13 +248,13 @@ class Checker:
         dotted = f"{key}.{name}" if key else name
         bound = f" >= {minimum}" if minimum is not None else ""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(dotted, f"must be a number{bound}, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be a number{bound}, got {show(value)}", node, name)
         if isinstance(value, float) and not math.isfinite(value):
-            self.fail(dotted, f"must be a finite number{bound}, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be a finite number{bound}, got {show(value)}", node, name)
         if minimum is not None and value < minimum:
-            self.fail(dotted, f"must be a number{bound}, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be a number{bound}, got {show(value)}", node, name)
         if value > maximum:
-            self.fail(dotted, f"must be a number <= {maximum:g}, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be a number <= {maximum:g}, got {show(value)}", node, name)
         return value
 
     def boolean(self, node: Mapping[str, Any], key: str, name: str, default: Any = None) -> Any:
@@ -253,7 +263,7 @@ class Checker:
             return default
         if not isinstance(value, bool):
             dotted = f"{key}.{name}" if key else name
-            self.fail(dotted, f"must be true or false, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be true or false, got {show(value)}", node, name)
         return value
 
     def string_list(self, node: Mapping[str, Any], key: str, name: str, default: Any = None) -> Any:
@@ -264,7 +274,7 @@ class Checker:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
-            self.fail(dotted, f"must be a list of strings, got {_show(value)}", node, name)
+            self.fail(dotted, f"must be a list of strings, got {show(value)}", node, name)
         if len(value) > MAX_LIST:
             self.fail(dotted, f"has {len(value)} items; at most {MAX_LIST} are allowed", node, name)
         out = [str(v) for v in value]
@@ -285,6 +295,6 @@ class Checker:
             if isinstance(v, bool):
                 v = "1" if v else "0"
             if not isinstance(v, (str, int, float)) or (isinstance(v, float) and not math.isfinite(v)):
-                self.fail(f"{dotted}.{k}", f"must be a string, got {_show(v)}", value, k)
+                self.fail(f"{dotted}.{k}", f"must be a string, got {show(v)}", value, k)
             out[str(k)] = self.text(str(v), f"{dotted}.{k}", value, k)
         return out

@@ -26,7 +26,9 @@ def sweep_doc(campaign: str, experiment: str, model: Path, data: Path, entity: d
             "entity": {"model_name": "tiny", "model_max_length": 96, "dataset_id": SMALL_DATASET,
                        "gradient_accumulation_steps": 1, **entity},
             "grid": grid, "model_map": {"tiny": str(model)}, "data_dir": str(data),
-            "runner": {"sample_interval_s": 0.2}}
+            # Sampled at 20 Hz: with OMP_NUM_THREADS at cores per rank, 6 steps of the tiny model can take
+            # less than 0.2 s, and the recomputation needs samples inside that window.
+            "runner": {"sample_interval_s": 0.05}}
 
 
 @pytest.fixture(scope="module")

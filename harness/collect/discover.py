@@ -22,8 +22,9 @@ MANIFEST = "manifest.jsonl"
 # spec.json's "schema" is SPEC_SCHEMA; files rendered before it existed are recognised by their shape.
 
 
-def spec_problem(doc: Any, job_dir: Path) -> str | None:
-    """Why *doc* (a parsed spec.json in *job_dir*) is not a spec this sbench wrote for that dir; None if it is."""
+def spec_problem(doc: Any, pid: str, rep: int, att: int) -> str | None:
+    """Why *doc* (a parsed spec.json) is not a spec this sbench wrote for the job dir of point *pid*, repeat
+    *rep*, attempt *att* (from the dir's name); None if it is."""
     if not isinstance(doc, dict):
         return "not a JSON object"
     schema = doc.get("schema")
@@ -32,10 +33,6 @@ def spec_problem(doc: Any, job_dir: Path) -> str | None:
     point, js = doc.get("point"), doc.get("jobspec")
     if not isinstance(point, dict) or not isinstance(js, dict):
         return "has no 'point' and 'jobspec' objects"
-    parsed = parse_job_dir_name(job_dir.name)
-    if parsed is None:
-        return "its directory name is not <point_id>.r<repeat>.a<attempt>"
-    pid, rep, att = parsed
     if point.get("point_id") != pid or js.get("point_id") != pid:
         return f"names point {str(point.get('point_id'))[:40]!r}, but the directory is of point {pid}"
     if js.get("repeat") != rep or js.get("attempt") != att:
@@ -143,7 +140,7 @@ def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[
                 continue
             pid, rep, att = parsed
             doc, problem = read_json(spec)
-            problem = problem or spec_problem(doc, jd)
+            problem = problem or spec_problem(doc, pid, rep, att)
             if problem is not None:
                 warnings.append(f"{spec}: not a job directory of this sbench ({problem}); ignored")
                 continue

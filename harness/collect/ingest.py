@@ -191,10 +191,6 @@ def _provenance(doc: Any) -> dict[str, Any]:
     return out
 
 
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 256 else None
-
-
 def _local_alive(job_id: str | None) -> bool | None:
     """Whether the local executor's job (submitit's local job id is its process id) still runs."""
     try:
@@ -276,14 +272,12 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
             doc, p = read_json(paths.rank_result(r))
             if p:
                 problems.append(p)
-            if isinstance(doc, dict) and doc.get("rank") is not None:
-                if _count(doc["rank"], 0) is not None:
-                    ranks[_count(doc["rank"], 0)] = doc
+            if isinstance(doc, dict) and (rk := _count(doc.get("rank"), 0)) is not None:
+                ranks[rk] = doc
     for res in results.values():
         for doc in res.get("ranks") or []:
-            if isinstance(doc, dict) and doc.get("rank") is not None:
-                if _count(doc["rank"], 0) is not None:
-                    ranks.setdefault(_count(doc["rank"], 0), doc)
+            if isinstance(doc, dict) and (rk := _count(doc.get("rank"), 0)) is not None:
+                ranks.setdefault(rk, doc)
     rank0 = ranks.get(0)
     if rank0 is None:
         for res in results.values():
@@ -360,8 +354,8 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
             trials_doc = [t for t in res["trials"] if isinstance(t, dict)]
     # The signal that ended a run no scheduler accounts for (local executor): the node runner's, else
     # launch.sh's as the local executor recorded it.
-    killed_by = next((_int_or_none(r.get("terminated_by") or r.get("signal")) for r in results.values()
-                      if r.get("terminated_by") or r.get("signal")), None) or _int_or_none(submitted.get("exit_signal"))
+    killed_by = next((_count(r.get("terminated_by") or r.get("signal"), 1, 255) for r in results.values()
+                      if r.get("terminated_by") or r.get("signal")), None) or _count(submitted.get("exit_signal"), 1, 255)
     outcome: str | None = None
     state = sched.state
     if not over:
@@ -569,11 +563,7 @@ def analyze_isolated(att: Attempt, sched: Sched, cancel_requested: bool,
     """:func:`analyze`, with any failure confined to this run: it is recorded as failed, with the reason,
     and every other run of the collect goes on."""
     try:
-        data = analyze(att, sched, cancel_requested, known_point)
-        for rows in (data.hosts, data.stages, data.ranks, data.errors, data.trials, data.environment):
-            for row in rows:  # the run's own rows must stage, or the run is recorded without them
-                row["run_id"] = att.run_id
-        return data
+        return analyze(att, sched, cancel_requested, known_point)
     except Exception as exc:  # noqa: BLE001 - one unreadable job dir must not stop the others
         why = f"collect could not read this job directory: {type(exc).__name__}: {_first_line(exc)}"
         run = {"run_id": att.run_id, "campaign": att.campaign, "point_id": att.point_id, "repeat": att.repeat,

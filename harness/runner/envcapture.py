@@ -42,7 +42,8 @@ REDACTED = "<redacted>"
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "submitit", "duckdb", "nvidia-ml-py",
             "flash-attn", "flash_attn", "deepspeed", "bitsandbytes", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
             "nvidia-cudnn-cu12", "nvidia-cudnn-cu13", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu13")
-SYSFS_IB = Path("/sys/class/infiniband")
+SYSFS_IB = Path(os.environ.get("SBENCH_SYSFS_IB", "/sys/class/infiniband"))
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 _SECRET_VALUES = re.compile(
     r"hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}"
     r"|xox[abposr]-[A-Za-z0-9-]{10,}|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}|-----BEGIN [A-Z ]*PRIVATE KEY"
@@ -187,23 +188,58 @@ def nvml_versions() -> dict[str, str | None]:
             pass
 
 
-def hca_firmware(root: Path = SYSFS_IB) -> list[dict[str, str | None]]:
-    """Each RDMA device's firmware and board id, from sysfs."""
-    out = []
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip() or None
+    except OSError:  # an unused GID's type reads as EINVAL
+        return None
+
+
+def ipv4_of_gid(gid: str) -> str | None:
+    """The IPv4 address of an IPv4-mapped GID (``::ffff:a.b.c.d``), else None."""
+    import ipaddress
+
+    try:
+        addr = ipaddress.IPv6Address(gid)
+    except ValueError:
+        return None
+    return str(addr.ipv4_mapped) if addr.ipv4_mapped else None
+
+
+def read_hcas(root: Path | None = None, ports: bool = True) -> list[dict[str, Any]]:
+    """Every RDMA device under sysfs with its firmware, board id and type; with *ports*, each port's
+    state, link layer, rate and the populated entries of its GID table (type, netdev, IPv4)."""
+    root = SYSFS_IB if root is None else root
     try:
         devs = sorted(p for p in root.iterdir() if p.is_dir())
     except OSError:
-        return out
-    for d in devs:
-        def read(name: str) -> str | None:
-            try:
-                return (d / name).read_text(encoding="utf-8").strip() or None
-            except OSError:
-                return None
-
-        out.append({"name": d.name, "fw_ver": read("fw_ver"), "board_id": read("board_id"),
-                    "hca_type": read("hca_type")})
+        return []
+    out = []
+    for dev in devs:
+        doc: dict[str, Any] = {"name": dev.name, "fw_ver": _read(dev / "fw_ver"), "board_id": _read(dev / "board_id"),
+                               "hca_type": _read(dev / "hca_type")}
+        if ports:
+            doc["ports"] = []
+            for port in sorted((dev / "ports").glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+                gids = []
+                for g in sorted((port / "gids").glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+                    value = _read(g)
+                    if not value or value == ZERO_GID:
+                        continue
+                    gids.append({"index": int(g.name), "gid": value,
+                                 "type": _read(port / "gid_attrs" / "types" / g.name),
+                                 "ndev": _read(port / "gid_attrs" / "ndevs" / g.name), "ipv4": ipv4_of_gid(value)})
+                doc["ports"].append({"port": int(port.name) if port.name.isdigit() else port.name,
+                                     "state": _read(port / "state"), "phys_state": _read(port / "phys_state"),
+                                     "link_layer": _read(port / "link_layer"), "rate": _read(port / "rate"),
+                                     "gids": gids})
+        out.append(doc)
     return out
+
+
+def hca_firmware(root: Path | None = None) -> list[dict[str, Any]]:
+    """Each RDMA device's firmware, board id and type (no port scan: the node runner's start stays quick)."""
+    return read_hcas(root, ports=False)
 
 
 def provenance(packages: dict[str, str | None]) -> dict[str, Any]:

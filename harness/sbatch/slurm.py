@@ -121,7 +121,7 @@ class SlurmBackend:
         total = len(ids)
         while True:
             states = self.live_states([{"job_id": i} for i in ids])
-            done = sum(1 for i in ids if jobstate.is_done(states.get(i)) and i in states)
+            done = sum(1 for i in ids if jobstate.is_done(states.get(i)))
             if progress:
                 progress(done, total)
             if done >= total:

@@ -140,10 +140,16 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
         if (p.point_id, p.repeat) not in known:
             events.append({"type": "point", "campaign": sweep.campaign, **p.to_dict()})
     manifest.append(campaign_dir, events)
-    prepared = prepare_points(sweep, inv, [d.point for d in todo], campaign_dir,
-                              {(d.point.point_id, d.point.repeat): d.attempt for d in todo}, fit=fit)
+    # The preview rendered every valid point as attempt 1: new points reuse it; only later attempts (retry,
+    # force) are rendered again, under their own job dirs.
+    first = {(spec.point_id, spec.repeat): (spec, files) for spec, files in preview}
+    later = [d for d in todo if d.attempt != 1]
+    again = {(spec.point_id, spec.repeat): (spec, files) for spec, files in prepare_points(
+        sweep, inv, [d.point for d in later], campaign_dir,
+        {(d.point.point_id, d.point.repeat): d.attempt for d in later}, fit=fit)} if later else {}
     specs: list[JobSpec] = []
-    for spec, files in prepared:
+    for d in todo:
+        spec, files = (first if d.attempt == 1 else again)[(d.point.point_id, d.point.repeat)]
         write_files(spec.job_dir, files)
         specs.append(spec)
     if specs:
@@ -171,7 +177,7 @@ def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db:
     before anything is submitted. Refuses (SubmitError) when one fails, or when RoCE points would run
     over Socket. Each fabric run lands in the ``fabric`` table."""
     from ..collect.store import open_store
-    from ..errors import SubmitError
+    from ..errors import SbenchError, SubmitError
     from ..fabric import run_fabric
 
     fabric = fabric or run_fabric
@@ -186,7 +192,7 @@ def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db:
         try:
             with open_store(db) as st:
                 st.record_fabric(res.rows)
-        except Exception:  # noqa: BLE001 - a busy DB must not hide the verdict; the job dir keeps the files
+        except SbenchError:  # a busy or foreign DB must not hide the verdict; the job dir keeps the files
             pass
         out.append({"partition": part, "nodes": n, "fabric_id": res.fabric_id, "ok": res.ok,
                     "transports": res.transports})
