@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .cli import echo_json, json_option, main
+from .cli import echo_json, inventory_option, json_option, main
 
 
 def _quiet_transformers() -> None:
@@ -50,6 +50,31 @@ def model_tiny(out_dir: Path, arch: str, seed: int, if_missing: bool) -> None:
     experts = f", {d['experts']} experts" if d["experts"] else ""
     click.echo(f"{d['arch']}: {d['params']:,} params, vocab {d['vocab']}, {d['layers']} layers, "
                f"hidden {d['hidden_size']}{experts}")
+
+
+@model.command("fetch")
+@click.argument("model_id")
+@click.option("--cache", "cache", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Shared model cache to download into (default: the inventory's defaults.models_dir, else the "
+              "HF cache).")
+@inventory_option
+def model_fetch(model_id: str, cache: Path | None, inventory: Path | None) -> None:
+    """Download an HF model (config, tokenizer, weights) into the shared model cache the jobs read.
+
+    Example: sbench model fetch HuggingFaceTB/SmolLM2-135M --cache /shared/models
+    """
+    from .prepare import fetch_model, model_cache
+
+    if cache is None:
+        from .inventory import load_inventory
+        from .plan import shared_dir
+
+        inv = load_inventory(inventory)
+        models_dir = shared_dir(inv.models_dir, inv)
+        cache_s = model_cache(str(models_dir) if models_dir else None)
+    else:
+        cache_s = str(cache)
+    click.echo(str(fetch_model(model_id, cache_s)))
 
 
 # -- dataset -----------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,14 @@ def executor_option(f: Any) -> Any:
 @click.option("--hold", is_flag=True, help="Submit held (sbatch --hold); release with scontrol release.")
 @click.option("--preflight", is_flag=True, help="First run sbench fabric for each partition and node count of the "
               "multi-node points; refuse to submit when it fails or RoCE points would run over Socket.")
+@click.option("--prepare-on", "prepare_on", type=click.Choice(["here", "slurm"]), default="here", show_default=True,
+              help="Where the points' datasets, models and training data are prepared before they run: here (this "
+              "machine, before submitting) or slurm (one CPU job the arrays depend on).")
+@click.option("--no-prepare", is_flag=True, help="Submit without preparing (each job prepares what it lacks).")
 @json_option
 def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | None, db: Path | None,
            model_map: Path | None, wait: bool, force: bool, retry_failed: bool, max_parallel: int | None,
-           hold: bool, preflight: bool, as_json: bool) -> None:
+           hold: bool, preflight: bool, prepare_on: str, no_prepare: bool, as_json: bool) -> None:
     """Submit a sweep: one job array per resource shape on SLURM, or a local queue.
 
     Example: sbench submit sweeps/demo-cpu.yaml --executor local --wait
@@ -56,11 +61,62 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
     try:
         report = submit_sweep(sweep, inventory, executor, workdir, db, wait=wait, force=force,
                               retry_failed=retry_failed, max_parallel=max_parallel, hold=hold, model_map=model_map,
-                              preflight=preflight,
+                              preflight=preflight, prepare="no" if no_prepare else prepare_on,
+                              echo=_stderr_echo(as_json),
                               progress=lambda done, total: progress("wait", done, total))
     finally:
         progress.close()
     _print_submit(report.to_dict(), as_json)
+
+
+def _stderr_echo(quiet: bool) -> Any:
+    return (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
+
+
+@main.command()
+@sweep_argument
+@inventory_option
+@model_map_option
+@workdir_option
+@click.option("--on", "on", type=click.Choice(["here", "slurm"]), default="here", show_default=True,
+              help="here: on this machine; slurm: as one CPU job of the sweep's partition (sbench submit then "
+              "makes the arrays wait for it).")
+@json_option
+def prepare(sweep: Path, inventory: Path | None, model_map: Path | None, workdir: Path | None, on: str,
+            as_json: bool) -> None:
+    """Make a sweep's datasets, models, training data and token counts ready, once, for every job.
+
+    Example: sbench prepare sweeps/demo-cpu.yaml
+    """
+    from .prepare import prepare_sweep, submit_prepare_job
+
+    if on == "here":
+        items = prepare_sweep(sweep, inventory, model_map, echo=_stderr_echo(as_json))
+        if as_json:
+            echo_json({"items": [i.to_dict() for i in items]})
+            return
+        counts: dict[str, int] = {}
+        for i in items:
+            counts[i.status] = counts.get(i.status, 0) + 1
+        total = sum(i.seconds for i in items)
+        click.echo(f"prepared {len(items)} item(s) in {total:.1f} s: "
+                   + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+        return
+    from .inventory import load_inventory
+    from .paths import DEFAULT_WORKDIR
+    from .plan import load_sweep
+    from .sbatch.submit import record_prepare_job
+
+    inv = load_inventory(inventory)
+    sw = load_sweep(sweep, model_map)
+    campaign_dir = (workdir or Path(os.environ.get("SBENCH_WORKDIR", DEFAULT_WORKDIR))).resolve() / sw.campaign
+    job_id = submit_prepare_job(sw, inv, sweep, inventory, model_map, campaign_dir)
+    record_prepare_job(campaign_dir, job_id)
+    if as_json:
+        echo_json({"job_id": job_id, "campaign_dir": str(campaign_dir)})
+        return
+    click.echo(f"prepare job {job_id} submitted; sbench submit {sweep} makes the job arrays wait for it (afterok). "
+               f"Log: {campaign_dir / '.slurm' / f'prepare-{job_id}.out'}")
 
 
 def _print_submit(d: dict[str, Any], as_json: bool) -> None:
@@ -77,6 +133,9 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
         click.echo(f"note: {d['db_note']}", err=True)
     for w in d.get("warnings") or []:
         click.echo(f"warning: {w}", err=True)
+    if d.get("prepare"):
+        ready = sum(1 for i in d["prepare"] if i["status"] == "ready")
+        click.echo(f"prepared: {len(d['prepare'])} item(s), {ready} already ready", err=True)
     for f in d.get("preflight") or []:
         click.echo(f"preflight: fabric {f['fabric_id']} on {f['partition']} x{f['nodes']} ok "
                    f"({', '.join(f'{h}={t or chr(45)}' for h, t in f['transports'].items())})", err=True)
@@ -126,12 +185,28 @@ def status(workdir: Path | None, db: Path | None, campaign: str | None, as_json:
     rows = [{"campaign": r.get("campaign"), "point_id": r.get("point_id"), "rep": r.get("repeat"),
              "attempt": r.get("last_attempt"), "job_id": r.get("job_id"), "phase": r.get("phase"),
              "state": r.get("live_state") or r.get("state"), "outcome": r.get("outcome"),
-             "reason": _short(r.get("reason") or "; ".join(r.get("point_reasons") or []))} for r in rep.rows]
+             "startup_s": _num(r.get("startup_s")), "outside_train": _pct(r.get("outside_train_fraction")),
+             "reason": _short(_overhead_reason(r) or r.get("reason") or "; ".join(r.get("point_reasons") or []))}
+            for r in rep.rows]
     if rows:
         click.echo(table(rows, list(rows[0])))
     click.echo("\n" + ", ".join(f"{v} {k}" for k, v in sorted(rep.counts.items())) if rep.counts else "nothing yet")
     if rep.note:
         click.echo(f"note: {rep.note}", err=True)
+
+
+def _num(v: Any) -> str:
+    return "" if v is None else f"{v:.1f}"
+
+
+def _pct(v: Any) -> str:
+    return "" if v is None else f"{100 * v:.0f}%"
+
+
+def _overhead_reason(r: dict[str, Any]) -> str | None:
+    if r.get("prepared_in_job") and r.get("outcome") == "ok":
+        return "data prepared in the job (run sbench prepare first)"
+    return None
 
 
 def _short(text: str, n: int = 70) -> str:

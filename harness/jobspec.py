@@ -16,7 +16,7 @@ from . import __version__
 from .catalog import Experiment, get_experiment
 from .inventory import Host, Inventory, Partition
 from .paths import JobPaths
-from .plan import PlannedPoint, RunnerSettings, Sweep
+from .plan import PlannedPoint, RunnerSettings, Sweep, data_dir_for, shared_dir
 
 PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral range (32768+)
 DEFAULT_TIME = "01:00:00"
@@ -318,6 +318,8 @@ def _host_env(inv: Inventory, part: Partition, host: Host, e: dict[str, Any], jo
     else:
         env["NCCL_IB_DISABLE"] = "1"
     env["HF_DATASETS_CACHE"] = str(JobPaths(job_dir).hf_cache(host.name) / "datasets")
+    if inv.models_dir:  # the shared model cache `sbench model fetch` and `sbench prepare` use
+        env["HF_HUB_CACHE"] = str(shared_dir(inv.models_dir, inv))
     if host.address:
         env["SBENCH_HOST_ADDRESS"] = host.address
     env.update(host.env)  # the inventory's own per-host values win
@@ -346,7 +348,8 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         if e.get("torch_dtype") not in (None, "float32") or e.get("bf16"):
             adjustments.append("cpu partition: the runner loads float32 weights and turns bf16/fp16 and "
                                "flash-attention off when no CUDA device is present")
-    dataset_path = str(sweep.data_dir / dataset_filename(e.get("dataset_id") or "news-tokens-16384plus-entries-4096"))
+    data_dir = data_dir_for(sweep, inv)
+    dataset_path = str(data_dir / dataset_filename(e.get("dataset_id") or "news-tokens-16384plus-entries-4096"))
     target = exp.target_modules(e["model_name"], sweep.model_map)
     argv = train_argv(exp, e, point.model_source or e["model_name"], dataset_path, job_dir, per_device_bs, target)
     if sweep.runner.workload == "idle":
@@ -362,7 +365,7 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         experiment=exp.id, method=exp.method, entity=e, job_dir=job_dir, partition=part.name,
         cpu_partition=part.is_cpu, model_source=point.model_source or e["model_name"],
         dataset_id=e.get("dataset_id") or "news-tokens-16384plus-entries-4096", dataset_path=dataset_path,
-        data_dir=str(sweep.data_dir),
+        data_dir=str(data_dir),
         resources=_resources(sweep, part, e, per_node if gpus > 0 else 0, job_dir, point, exclude),
         launcher=launcher, num_machines=nodes, num_processes=devices, processes_per_node=per_node, port=port,
         accelerate_config=acc, train_argv=argv, python=python or part.python or inv.python or sys.executable,

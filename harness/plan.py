@@ -93,7 +93,27 @@ class Sweep:
     data_dir: Path
     runner: RunnerSettings
     description: str = ""
+    data_dir_set: bool = False  # the sweep names its data_dir (else the inventory's defaults.data_dir may)
     lines: dict[str, int] = field(default_factory=dict)
+
+
+def shared_dir(value: str | None, inv: Any) -> Path | None:
+    """An inventory path (defaults.data_dir / models_dir): absolute, or relative to the inventory file."""
+    if not value:
+        return None
+    p = Path(value).expanduser()
+    if not p.is_absolute():
+        src = Path(inv.source)
+        p = (src.parent / p).resolve() if src.is_file() else p.resolve()
+    return p
+
+
+def data_dir_for(sweep: Sweep, inv: Any) -> Path:
+    """Where the jobs read datasets and prepared data: the sweep's data_dir, else the inventory's
+    defaults.data_dir, else $SBENCH_DATA_DIR / the built-in default."""
+    if sweep.data_dir_set:
+        return sweep.data_dir
+    return shared_dir(inv.data_dir, inv) or sweep.data_dir
 
 
 @dataclass
@@ -233,7 +253,7 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     return Sweep(
         campaign=campaign, experiment=experiment, source=source, base_dir=base_dir,
         partition=partition, entity=entity, grid=grid, repeats=repeats, slurm=slurm,
-        model_map=mm, data_dir=data_dir, runner=runner,
+        model_map=mm, data_dir=data_dir, runner=runner, data_dir_set=bool(data_dir_raw),
         description=ck.string(doc, "", "description", default="", nonempty=False, multiline=True) or "",
         lines=dict(doc.lines) if isinstance(doc, LineDict) else {},
     )

@@ -60,6 +60,7 @@ class ReportData:
     traces: list[dict[str, Any]] = field(default_factory=list)  # bucketed samples of that run
     run_offset: float | None = None  # t_wall - x of the traces (to place window bounds)
     fabric: list[dict[str, Any]] = field(default_factory=list)  # rows of the latest sbench fabric runs
+    overhead: list[dict[str, Any]] = field(default_factory=list)  # run_overhead rows, most outside-train first
 
 
 @dataclass
@@ -140,6 +141,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
                       stage_runs=stage_runs, gpu_samples=int(gpu_samples))
     _load_run(store, data, campaign, run_id)
     data.fabric = store.fabric_rows()
+    data.overhead = store.overhead_rows(campaign)
     return data
 
 
@@ -620,6 +622,34 @@ def fabric_charts(rows: Sequence[Mapping[str, Any]]) -> str:
     return '<div class="row">' + "".join(panels) + "</div>"
 
 
+OVERHEAD_ROWS = 20
+
+
+def overhead_table(rows: Sequence[Mapping[str, Any]], word: str = "GPU") -> str:
+    """Per run and host: start-up (first event to first train stage) and time outside training."""
+    if not rows:
+        return no_data("no stage events collected")
+    starts = sorted(r["startup_s"] for r in rows if r.get("startup_s") is not None)
+    in_job = sum(1 for r in rows if r.get("prepared_in_job"))
+    head = (f"<p>{len(rows)} run × host row(s); start-up median {fmt(starts[len(starts) // 2]) if starts else '–'} s, "
+            f"worst {fmt(starts[-1]) if starts else '–'} s"
+            + (f"; <b>{in_job} prepared their data in the job</b> (run sbench prepare before submitting)" if in_job
+               else "") + ".</p>")
+    cols = ["model", f"{word}s", "batch", "rep", "host", "start-up s", "outside train s", "outside train",
+            "prepared in job"]
+    body = "".join(
+        "<tr>" + "".join(f"<td>{esc(v)}</td>" for v in (
+            r.get("model_name"), r.get("number_gpus"), r.get("batch_size"), r.get("repeat"), r.get("host"),
+            fmt(r.get("startup_s")), fmt(r.get("outside_train_s")),
+            "" if r.get("outside_train_fraction") is None else f"{100 * r['outside_train_fraction']:.0f}%",
+            "yes" if r.get("prepared_in_job") else "")) + "</tr>"
+        for r in rows[:OVERHEAD_ROWS])
+    more = f"<p class=\"note\">{len(rows) - OVERHEAD_ROWS} more in the run_overhead view.</p>" \
+        if len(rows) > OVERHEAD_ROWS else ""
+    return (head + "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr></thead><tbody>"
+            + body + "</tbody></table>" + more)
+
+
 def render_report(data: ReportData) -> str:
     """The page for *data*: a pure function of it."""
     ms = data.measurements
@@ -653,7 +683,10 @@ def render_report(data: ReportData) -> str:
                  memory),
         _section("stages", "3. Stage time breakdown per run",
                  "Wall seconds per stage; OOM runs in red, failed runs in orange."
-                 + (f" {esc(stage_note)}" if stage_note else ""), f'<div class="wide">{stages}</div>'),
+                 + (f" {esc(stage_note)}" if stage_note else "")
+                 + " Below: per run and host, the seconds from the node runner's start to the first train stage "
+                 "(start-up) and the time outside the train stage (run_overhead view), the slowest first.",
+                 f'<div class="wide">{stages}</div><div class="wide">{overhead_table(data.overhead, word)}</div>'),
         _section("utilisation", "4. Utilisation over time", _run_line(data, word), utilisation_charts(data)),
         _section("fabric", "5. Fabric: collective bandwidth across nodes",
                  "sbench fabric runs: bus bandwidth of all-reduce (algbw × 2(n−1)/n) and all-gather (algbw × (n−1)/n) "

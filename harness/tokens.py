@@ -10,6 +10,7 @@ reports is what it trained on.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import math
@@ -25,7 +26,8 @@ from typing import Any
 from .errors import InputError, SbenchError
 
 COUNT_VERSION = 1  # bump when the counting rule changes: old cache entries then miss
-_BATCH = 32
+_BATCH = 512  # texts per tokenizer call at most
+_BATCH_CHARS = 4 << 20  # ... or about this many characters
 # A fixed text whose ids enter the tokenizer fingerprint: it catches behaviour (special
 # tokens, normalisation) that settings outside tokenizer.json can change.
 _PROBE = "Probe: The council approved the $12 million budget on Monday.\n### Response:\n  ÄÖ 中文 123"
@@ -105,29 +107,83 @@ class _Encoder:
     length on the tokenizer's ``truncation_side``, no padding. Fast tokenizers go through a
     private copy of their Rust backend: batch encoding without per-token Python objects, and
     no interference with the caller's tokenizer state.
+
+    Truncation keeps the first ``max_length`` tokens, yet a tokenizer reads the whole text
+    before it truncates: a 100 kB entry cut at 4096 tokens costs ten times the tokens it
+    keeps. So a long text is encoded from a prefix ending at a whitespace, long enough
+    that at least ``_MARGIN`` more tokens follow the ones kept. Tokens that far from the
+    cut cannot depend on it for tokenizers that split words first (byte-level BPE,
+    SentencePiece with Metaspace, WordPiece). This is checked, not assumed: the first
+    shortened texts of every encoder are also encoded whole, and any difference turns
+    the shortcut off for good (``prefix_disabled`` says why).
     """
+
+    _MARGIN = 64  # tokens that must follow the kept ones in a prefix
+    _CHECKS = 4  # shortened texts compared with their whole encoding
 
     def __init__(self, tokenizer: Any, max_length: int) -> None:
         self.tokenizer, self.max_length = tokenizer, max_length
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self.backend = None
+        self.prefix_disabled: str | None = None
+        self.checks_left = self._CHECKS
+        self.chars_per_token = 8.0  # upper estimate, raised when a prefix comes up short
         if backend is not None:
             from tokenizers import Tokenizer
 
             self.backend = Tokenizer.from_str(backend.to_str())
             self.backend.no_padding()
+            side = getattr(tokenizer, "truncation_side", "right") or "right"
             try:
-                self.backend.enable_truncation(max_length, stride=0, strategy="longest_first",
-                                               direction=getattr(tokenizer, "truncation_side", "right") or "right")
+                self.backend.enable_truncation(max_length, stride=0, strategy="longest_first", direction=side)
             except Exception as exc:
                 raise InputError(f"cannot truncate to {max_length} tokens with this tokenizer: {exc}") from exc
+            if side != "right":
+                self.prefix_disabled = f"truncation_side is {side}"
+            self.specials = len(self.backend.encode("", add_special_tokens=True).ids)
+
+    # -- the prefix shortcut ---------------------------------------------------------------------------
+    def _cut(self, text: str) -> int:
+        """Where to cut ``text`` (its length when it is not worth cutting)."""
+        want = int((self.max_length + 2 * self._MARGIN) * self.chars_per_token) + 256
+        if self.prefix_disabled or len(text) <= want * 2:
+            return len(text)
+        ws = max(text.rfind(" ", want - 256, want), text.rfind("\n", want - 256, want))
+        return ws if ws > 0 else len(text)
+
+    def _overflow(self, e: Any) -> int:
+        return sum(max(0, len(o) - self.specials) for o in e.overflowing)
+
+    def _run(self, texts: list[str], call: Any) -> list[Any]:
+        """Encode ``texts`` with ``call`` (a batch method of the backend), shortening long ones."""
+        cuts = [self._cut(t) for t in texts]
+        out = call([t[:c] for t, c in zip(texts, cuts)])
+        over = [self._overflow(e) if c < len(t) else 0 for t, c, e in zip(texts, cuts, out)]
+        ratios = [c / (len(e) + o) for t, c, e, o in zip(texts, cuts, out, over) if c < len(t) and o >= self._MARGIN]
+        redo = [i for i, (t, c, o) in enumerate(zip(texts, cuts, over)) if c < len(t) and o < self._MARGIN]
+        if redo:  # a prefix too short for this tokenizer's chars per token: raise the estimate, encode whole
+            self.chars_per_token *= 2
+            for i, e in zip(redo, call([texts[i] for i in redo])):
+                out[i], cuts[i] = e, len(texts[i])
+        elif ratios:  # tighten the estimate to what this tokenizer shows, with room to spare
+            self.chars_per_token = min(self.chars_per_token, 1.25 * max(ratios))
+        if self.checks_left > 0:
+            short = [i for i, (t, c) in enumerate(zip(texts, cuts)) if c < len(t)][:self.checks_left]
+            if short:
+                self.checks_left -= len(short)
+                whole = call([texts[i] for i in short])
+                if any(w.ids != out[i].ids for i, w in zip(short, whole)):
+                    self.prefix_disabled = "a shortened text encoded differently from the whole text"
+                    return call(texts)
+        return out
 
     def lengths(self, texts: list[str]) -> list[int]:
         if self.backend is not None:
             try:
-                return [len(e) for e in self.backend.encode_batch_fast(texts, add_special_tokens=True)]
+                enc = self._run(texts, lambda b: self.backend.encode_batch_fast(b, add_special_tokens=True))
             except Exception as exc:  # e.g. max length shorter than the special tokens it must keep
                 raise InputError(f"tokenizing at max length {self.max_length} failed: {exc}") from exc
+            return [len(e) for e in enc]
         enc = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self.max_length,
                              padding=False, return_attention_mask=False)
         return [len(ids) for ids in enc["input_ids"]]
@@ -137,9 +193,10 @@ class _Encoder:
             raise InputError(f"{tokenizer_name(None, self.tokenizer)} is a slow (Python) tokenizer; the completion "
                              "mask needs a fast tokenizer's offset mapping (tokenizer.json)")
         try:
-            return [(e.ids, e.offsets) for e in self.backend.encode_batch(texts, add_special_tokens=True)]
+            enc = self._run(texts, lambda b: self.backend.encode_batch(b, add_special_tokens=True))
         except Exception as exc:
             raise InputError(f"tokenizing at max length {self.max_length} failed: {exc}") from exc
+        return [(e.ids, e.offsets) for e in enc]
 
 
 # -- datasets -----------------------------------------------------------------------------------------------
@@ -174,13 +231,16 @@ def _iter_texts(path: Path, text_field: str) -> Iterator[str]:
             yield value
 
 
-def _batches(texts: Iterator[str], size: int = _BATCH) -> Iterator[list[str]]:
+def _batches(texts: Iterator[str], size: int = _BATCH, chars: int = _BATCH_CHARS) -> Iterator[list[str]]:
+    """Batches of at most ``size`` texts or about ``chars`` characters: big enough to keep every core busy."""
     batch: list[str] = []
+    n = 0
     for t in texts:
         batch.append(t)
-        if len(batch) == size:
+        n += len(t)
+        if len(batch) == size or n >= chars:
             yield batch
-            batch = []
+            batch, n = [], 0
     if batch:
         yield batch
 
@@ -310,30 +370,43 @@ def completion_mask(text: str, offsets: list[tuple[int, int]], start: int) -> li
     return mask
 
 
-def encode_for_training(tokenizer: Any, dataset_path: str | os.PathLike[str], *, text_field: str = "output",
-                        max_seq_length: int, response_template: str,
-                        cache_dir: str | os.PathLike[str] | None = None) -> Any:
-    """A ``datasets.Dataset`` with ``input_ids`` and ``completion_mask`` (1 = response token).
+def _completion_start(offsets: list[tuple[int, int]], start: int) -> int | None:
+    """The index from which ``completion_mask`` is all ones, found by bisection; None when offsets
+    do not rise monotonically (then the linear ``completion_mask`` decides)."""
+    n = len(offsets)
+    while n and offsets[n - 1] == (0, 0):  # trailing special tokens (EOS) follow whatever precedes them
+        n -= 1
+    k = bisect.bisect_left(offsets, start, 0, n, key=lambda o: o[0])
+    # Bisection is only right on rising starts; check the neighbourhood it relies on.
+    if (k > 0 and offsets[k - 1][0] >= start) or (k < n and offsets[k][0] < start):
+        return None
+    return k if k < n else len(offsets)  # no completion token: trailing specials stay prompt too
 
-    Rows are truncated exactly like ``dataset_token_counts`` counts them. The response starts
-    right after the first occurrence of the (decoded) ``response_template`` in each text.
-    With ``cache_dir`` the row lengths are also stored as ``dataset_token_counts``'s cache
-    entry, so counting after encoding is a hit instead of a second pass over the dataset.
+
+ENCODED_COLUMNS = ("input_ids", "completion_mask")
+
+
+def encoded_schema() -> Any:
+    """The Arrow schema of the training data: token ids (int32) and the completion mask (int8)."""
+    import pyarrow as pa
+
+    return pa.schema([("input_ids", pa.list_(pa.int32())), ("completion_mask", pa.list_(pa.int8()))])
+
+
+def encoded_batches(tok: Any, dataset_path: str | os.PathLike[str], *, text_field: str, max_length: int,
+                    template: str, lengths: list[int]) -> Iterator[Any]:
+    """Arrow record batches of ``input_ids`` and ``completion_mask``; appends each row's length to ``lengths``.
+
+    ``tok`` is a tokenizer object, ``max_length`` the effective max length and ``template`` the
+    decoded response template.
     """
     import pyarrow as pa
-    from datasets import Dataset
-    from datasets.table import InMemoryTable
 
-    tok = load_tokenizer(tokenizer)
-    template = decode_template(response_template)
-    if not template:
-        raise InputError("response_template is empty; the reference uses '\\n### Response:'")
     path = Path(dataset_path)
-    eff = effective_max_length(tok, max_seq_length)
-    encoder = _Encoder(tok, eff)
-    lengths: list[int] = []
-    ids_type, mask_type = pa.list_(pa.int32()), pa.list_(pa.int8())
-    batches, row = [], 0
+    encoder = _Encoder(tok, max_length)
+    schema = encoded_schema()
+    ids_type, mask_type = schema.field("input_ids").type, schema.field("completion_mask").type
+    row = 0
     for texts in _batches(_iter_texts(path, text_field)):
         ids_col, mask_col = [], []
         for text, (ids, offsets) in zip(texts, encoder.encode(texts)):
@@ -343,16 +416,54 @@ def encode_for_training(tokenizer: Any, dataset_path: str | os.PathLike[str], *,
                                  "--response_template (escapes like \\n are decoded) and --text-field")
             ids_col.append(ids)
             lengths.append(len(ids))
-            mask_col.append(completion_mask(text, offsets, pos + len(template)))
+            k = _completion_start(offsets, pos + len(template)) if offsets else None
+            mask_col.append([0] * k + [1] * (len(ids) - k) if k is not None
+                            else completion_mask(text, offsets, pos + len(template)))
             row += 1
         # Arrow arrays per batch: ~5 bytes a token instead of Python ints for the whole dataset.
-        batches.append(pa.record_batch([pa.array(ids_col, ids_type), pa.array(mask_col, mask_type)],
-                                       names=["input_ids", "completion_mask"]))
-    if cache_dir is not None:
-        from .datagen import file_sha256
+        yield pa.record_batch([pa.array(ids_col, ids_type), pa.array(mask_col, mask_type)], schema=schema)
 
-        key = _cache_key(tokenizer_fingerprint(tok), file_sha256(path), eff, text_field)
-        _store_counts(_cache_file(cache_dir, key), key, lengths, eff, text_field, path,  # type: ignore[arg-type]
-                      tokenizer_name(tokenizer, tok))
-    schema = pa.schema([("input_ids", ids_type), ("completion_mask", mask_type)])
-    return Dataset(InMemoryTable(pa.Table.from_batches(batches, schema=schema)))
+
+def checked_template(response_template: str) -> str:
+    template = decode_template(response_template)
+    if not template:
+        raise InputError("response_template is empty; the reference uses '\\n### Response:'")
+    return template
+
+
+def store_counts(tok: Any, tokenizer: Any, path: Path, cache_dir: str | os.PathLike[str], lengths: list[int],
+                 max_length: int, text_field: str, dataset_sha: str | None = None) -> None:
+    """Record ``lengths`` as ``dataset_token_counts``'s cache entry for this tokenizer, dataset and length."""
+    from .datagen import file_sha256
+
+    key = _cache_key(tokenizer_fingerprint(tok), dataset_sha or file_sha256(path), max_length, text_field)
+    _store_counts(_cache_file(cache_dir, key), key, lengths, max_length, text_field, path,  # type: ignore[arg-type]
+                  tokenizer_name(tokenizer, tok))
+
+
+def encode_for_training(tokenizer: Any, dataset_path: str | os.PathLike[str], *, text_field: str = "output",
+                        max_seq_length: int, response_template: str,
+                        cache_dir: str | os.PathLike[str] | None = None) -> Any:
+    """A ``datasets.Dataset`` with ``input_ids`` and ``completion_mask`` (1 = response token), in memory.
+
+    Rows are truncated exactly like ``dataset_token_counts`` counts them. The response starts
+    right after the first occurrence of the (decoded) ``response_template`` in each text.
+    With ``cache_dir`` the row lengths are also stored as ``dataset_token_counts``'s cache
+    entry, so counting after encoding is a hit instead of a second pass over the dataset.
+    (Jobs use :mod:`harness.prepared`, which writes the same batches to a shared,
+    memory-mapped file instead.)
+    """
+    import pyarrow as pa
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+
+    tok = load_tokenizer(tokenizer)
+    template = checked_template(response_template)
+    path = Path(dataset_path)
+    eff = effective_max_length(tok, max_seq_length)
+    lengths: list[int] = []
+    batches = list(encoded_batches(tok, path, text_field=text_field, max_length=eff, template=template,
+                                   lengths=lengths))
+    if cache_dir is not None:
+        store_counts(tok, tokenizer, path, cache_dir, lengths, eff, text_field)
+    return Dataset(InMemoryTable(pa.Table.from_batches(batches, schema=encoded_schema())))

@@ -72,7 +72,8 @@ import numpy as np
 from ..catalog import BENCHMARK_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
 from ..errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
 
-SCHEMA_VERSION = 3  # 2: samples became a view over sample_files + sample_rows; 3: environment provenance
+SCHEMA_VERSION = 4  # 2: samples became a view over sample_files + sample_rows; 3: environment provenance;
+# 4: the run_overhead view
 DEFAULT_WAIT_S = 5.0
 READ_ONLY_CONFIG = {"enable_external_access": False, "autoinstall_known_extensions": False,
                     "autoload_known_extensions": False, "allow_community_extensions": False,
@@ -240,6 +241,31 @@ VIEWS: dict[str, str] = {
                count(*) FILTER (WHERE status = 'error') AS errors,
                count(*) FILTER (WHERE status = 'incomplete') AS incomplete
         FROM stages GROUP BY run_id, stage, trial""",
+    # Per run and host, from the stage events: the seconds from the host's first event (the node runner
+    # starting) to the first train stage, the host's span, the train stages' span (per trial, summed), and
+    # what is left outside training. prepared_in_job: the job had to generate or tokenize its data.
+    "run_overhead": """
+        WITH s AS (SELECT run_id, host, stage, trial, start_wall, end_wall, info FROM stages
+                   WHERE start_wall IS NOT NULL),
+        h AS (SELECT run_id, host, min(start_wall) AS job_start_wall,
+                     max(coalesce(end_wall, start_wall)) AS job_end_wall,
+                     bool_or(json_extract_string(info, '$.prepared.status') IN ('built', 'rebuilt')
+                             OR json_extract_string(info, '$.status_before') IN ('missing', 'stale'))
+                         AS prepared_in_job
+              FROM s GROUP BY run_id, host),
+        t AS (SELECT run_id, host, trial, min(start_wall) AS t0, max(end_wall) AS t1 FROM s
+              WHERE stage = 'train' GROUP BY run_id, host, trial),
+        tt AS (SELECT run_id, host, min(t0) AS first_train_wall, sum(t1 - t0) AS train_s FROM t
+               GROUP BY run_id, host)
+        SELECT h.run_id, h.host, h.job_start_wall, tt.first_train_wall,
+               tt.first_train_wall - h.job_start_wall AS startup_s,
+               h.job_end_wall - h.job_start_wall AS allocation_s, tt.train_s,
+               (h.job_end_wall - h.job_start_wall) - coalesce(tt.train_s, 0) AS outside_train_s,
+               CASE WHEN h.job_end_wall > h.job_start_wall
+                    THEN ((h.job_end_wall - h.job_start_wall) - coalesce(tt.train_s, 0))
+                         / (h.job_end_wall - h.job_start_wall) END AS outside_train_fraction,
+               coalesce(h.prepared_in_job, false) AS prepared_in_job
+        FROM h LEFT JOIN tt USING (run_id, host)""",
     "point_status": """
         SELECT cp.campaign, cp.point_id, cp.repeat, p.valid,
                count(r.run_id) AS attempts,
@@ -838,6 +864,15 @@ class Store:
                    ORDER BY max(measured_at) DESC LIMIT ?)
                ORDER BY fabric_id, op, bytes""", [last])
 
+    def overhead_rows(self, campaign: str | None = None) -> list[dict[str, Any]]:
+        """``run_overhead`` rows with the run's labels, most time outside training first."""
+        sql = """SELECT o.*, r.campaign, r.point_id, r.repeat, r.attempt, r.outcome, p.model_name, p.number_gpus,
+                        p.batch_size
+                 FROM run_overhead o JOIN runs r USING (run_id) LEFT JOIN points p USING (point_id)"""
+        params = [campaign] if campaign else []
+        return self.fetch_dicts(sql + (" WHERE r.campaign = ?" if campaign else "")
+                                + " ORDER BY o.outside_train_s DESC NULLS LAST, o.run_id, o.host", params)
+
     def job_dirs(self, campaign: str | None = None) -> set[str]:
         """The job dir of every attempt recorded (of one campaign, or all)."""
         sql = "SELECT job_dir FROM runs WHERE job_dir IS NOT NULL" + (" AND campaign = ?" if campaign else "")
@@ -853,9 +888,14 @@ class Store:
             SELECT ps.campaign, ps.point_id, ps.repeat, ps.valid, p.reasons AS point_reasons, p.model_name,
                    ps.attempts, ps.ok, ps.invalid, ps.failed, ps.pending,
                    l.attempt AS last_attempt, l.job_id, l.state, l.outcome, l.reason, l.submitted_at,
-                   l.started_at, l.ended_at, l.job_dir
+                   l.started_at, l.ended_at, l.job_dir, o.startup_s, o.outside_train_s, o.outside_train_fraction,
+                   o.prepared_in_job
             FROM point_status ps LEFT JOIN points p USING (point_id)
                  LEFT JOIN latest l ON l.campaign = ps.campaign AND l.point_id = ps.point_id AND l.repeat = ps.repeat
+                 LEFT JOIN (SELECT run_id, max(startup_s) AS startup_s, max(outside_train_s) AS outside_train_s,
+                                   max(outside_train_fraction) AS outside_train_fraction,
+                                   bool_or(prepared_in_job) AS prepared_in_job
+                            FROM run_overhead GROUP BY run_id) o ON o.run_id = l.run_id
         """
         params: list[Any] = []
         if campaign:

@@ -3,8 +3,8 @@
 One per node (``launch.sh`` execs it). In order it
 
 1. ``setup``: writes ``environment.<host>.json`` and starts the node's one sampler;
-2. ``dataset``: makes sure the dataset file exists (``harness.datagen.ensure_dataset``; the
-   ``news-tokens-*`` ids are checked with the model's tokenizer);
+2. ``dataset``: makes sure the dataset file exists (``harness.datagen.ensure_dataset``), with a
+   note when the job had to generate it (``sbench prepare`` does that before submission);
 3. runs CMD (the training command) as a child in its own process group, with a parent-death
    signal (SIGTERM) so it cannot outlive a runner killed with SIGKILL, stdout and stderr
    appended to ``train.<host>.log``; for the stability experiment (``trials > 1`` in
@@ -197,10 +197,13 @@ class NodeRunner:
         dataset_id, path = self.spec["dataset_id"], self.spec["dataset_path"]
         with self.log.stage("dataset") as info:
             status = dataset_status(dataset_id, path)
-            tokenizer = self.spec.get("model_source") if "-tokens-" in dataset_id else None
-            ensure_dataset(dataset_id, path, tokenizer=tokenizer)
-            info.update(dataset_id=dataset_id, path=str(path), status_before=status,
-                        checked_with_tokenizer=tokenizer)
+            # Tokenizer-free: the file is the same for every model, so one prepare serves them all (the
+            # length guarantee of news-tokens ids is by word count; see harness.datagen).
+            ensure_dataset(dataset_id, path)
+            info.update(dataset_id=dataset_id, path=str(path), status_before=status)
+            if status not in ("complete", "external"):
+                info["note"] = (f"dataset file was {status} and was generated in the job; run 'sbench prepare "
+                                "SWEEP' before submitting")
 
     def _stale_rank_files(self) -> None:
         for r in self.expected_ranks:

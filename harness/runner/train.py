@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import JobPaths
+from ..prepared import PREP_DIR, TOKEN_CACHE_DIR
 from .classify import error_record
 from .envcapture import relevant_env
 from .faults import Fault, faults_from_env
@@ -62,7 +63,6 @@ from .stages import StageLog, Terminated
 AUTO_STOP = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
 RUNNER_DEFAULTS = {"sample_interval_s": 1.0, "warmup_seconds": 60.0, "stable_seconds": 120.0, "min_steps": 10,
                    "stop_grace_s": 30.0, "token_cache": True}
-TOKEN_CACHE_DIR = ".token-counts"  # under the data dir
 STOP_REASONS = (None, "stop_after_seconds", "auto_stop")  # index = the code rank 0 broadcasts
 
 
@@ -576,6 +576,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
     from trl import SFTConfig, SFTTrainer
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
+    from ..prepared import ensure_prepared
     from ..tokens import dataset_token_counts, encode_for_training
     doc["settings"] = {k: (str(v) if k == "dtype" else v) for k, v in settings.items()}
     doc["device"] = _device_info(ctx.local_rank)
@@ -589,8 +590,25 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-        data = encode_for_training(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
-                                   max_seq_length=args.max_seq_length, response_template=args.response_template)
+        shared = bool(ctx.runner.get("token_cache", True))
+        if shared:
+            # Rank 0 first: it builds the shared entry if it is missing, the others then map it.
+            with state.main_process_first():
+                prep = ensure_prepared(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
+                                       max_seq_length=args.max_seq_length, response_template=args.response_template,
+                                       root=ctx.data_dir / PREP_DIR, token_cache=ctx.data_dir / TOKEN_CACHE_DIR)
+            data = prep.dataset
+            info["prepared"] = prep.summary()
+            doc["prepared"] = prep.summary()
+            if prep.status != "hit":
+                note = (f"training data {prep.status} in the job ({prep.reason}; {prep.build_s or 0:.1f} s): it was "
+                        "not prepared before the job started; run 'sbench prepare SWEEP' before submitting")
+                ctx.note(note)
+                info["note"] = note
+        else:
+            data = encode_for_training(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
+                                       max_seq_length=args.max_seq_length, response_template=args.response_template)
+            info["prepared"] = None
         lengths, no_completion = _lengths_and_empty(data)
         if no_completion:
             ctx.note(f"{no_completion} of {len(data)} entries have no response token within max_seq_length "

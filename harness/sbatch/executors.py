@@ -28,6 +28,7 @@ class SubmitOptions:
     max_parallel: int | None = None
     hold: bool = False
     wait: bool = False
+    dependency: str | None = None  # a SLURM job id every submitted job waits for (afterok)
 
 
 class Backend(Protocol):

@@ -30,17 +30,20 @@ from .manifest import now_iso, write_submitted
 class ScriptExecutor(submitit.SlurmExecutor):
     """submitit's SLURM executor submitting a script we rendered instead of its pickling wrapper."""
 
-    def __init__(self, folder: Path, script: str, hold: bool = False) -> None:
+    def __init__(self, folder: Path, script: str, hold: bool = False, after: str | None = None) -> None:
         super().__init__(folder=folder)
         submitit.core.utils.JobPaths.get_first_id_independent_folder(self.folder).mkdir(parents=True, exist_ok=True)
         self._script = script
         self._hold = hold
+        self._after = after
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         return self._script
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-        return ["sbatch", *(["--hold"] if self._hold else []), str(submission_file_path)]
+        return ["sbatch", *(["--hold"] if self._hold else []),
+                *([f"--dependency=afterok:{self._after}", "--kill-on-invalid-dep=yes"] if self._after else []),
+                str(submission_file_path)]
 
     def submit_script(self) -> SlurmJob:
         try:
@@ -101,7 +104,7 @@ class SlurmBackend:
                 script = Path(group[0].job_dir, "job.sbatch").read_text()
             else:
                 script = array_script(group[0].campaign, group, opts.max_parallel, logs)
-            job = ScriptExecutor(folder, script, hold=opts.hold).submit_script()
+            job = ScriptExecutor(folder, script, hold=opts.hold, after=opts.dependency).submit_script()
             self.sbatch_calls += 1
             stamp = now_iso()
             if len(group) == 1:

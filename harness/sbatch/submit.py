@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import SweepError
+from ..errors import InputError, SweepError
 from ..inventory import Inventory, load_inventory
 from ..jobspec import JobSpec
 from ..paths import DEFAULT_DB, DEFAULT_WORKDIR
@@ -39,6 +40,8 @@ class SubmitReport:
     db_note: str | None = None
     warnings: list[str] = field(default_factory=list)
     preflight: list[dict[str, Any]] = field(default_factory=list)
+    prepare: list[dict[str, Any]] = field(default_factory=list)
+    prepare_job: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         by_key = {(s.spec.point_id, s.spec.repeat): s for s in self.submitted}
@@ -50,7 +53,8 @@ class SubmitReport:
                          "job_id": sub.job_id if sub else None, "job_dir": sub.spec.job_dir if sub else None})
         return {"campaign": self.campaign, "executor": self.executor, "campaign_dir": str(self.campaign_dir),
                 "sbatch_calls": self.sbatch_calls, "submitted": len(self.submitted), "points": rows,
-                "db_note": self.db_note, "warnings": self.warnings, "preflight": self.preflight}
+                "db_note": self.db_note, "warnings": self.warnings, "preflight": self.preflight,
+                "prepare": self.prepare, "prepare_job": self.prepare_job}
 
 
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
@@ -103,7 +107,8 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
                  workdir: Path | None = None, db: Path | None = None, *, wait: bool = False, force: bool = False,
                  retry_failed: bool = False, max_parallel: int | None = None, hold: bool = False,
                  model_map: Path | None = None, only_failed: bool = False, preflight: bool = False,
-                 progress: Callable[[int, int], None] | None = None) -> SubmitReport:
+                 progress: Callable[[int, int], None] | None = None, prepare: str = "here",
+                 echo: Callable[[str], None] = lambda s: None) -> SubmitReport:
     # Everything that can be wrong with the input is found before the DB, the manifest or a job dir is
     # touched: load and plan, then build and render every valid point in memory.
     inv: Inventory = load_inventory(inventory_path)
@@ -128,6 +133,8 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note, warnings=fit_notes,
                           preflight=checked)
     todo = [d for d in decisions if d.action == "submit"]
+    dependency = _prepare_before(prepare, name, sweep, inv, [d.point for d in todo], Path(sweep_path), inventory_path,
+                                 model_map, campaign_dir, report, echo)
     events: list[dict[str, Any]] = []
     if not exists:
         events.append({"type": "campaign", "campaign": sweep.campaign, "experiment": sweep.experiment.id,
@@ -153,7 +160,8 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
         write_files(spec.job_dir, files)
         specs.append(spec)
     if specs:
-        opts = SubmitOptions(max_parallel=max_parallel or sweep.slurm.max_parallel, hold=hold, wait=wait)
+        opts = SubmitOptions(max_parallel=max_parallel or sweep.slurm.max_parallel, hold=hold, wait=wait,
+                             dependency=dependency)
         report.submitted = backend.submit(campaign_dir, specs, opts)
         report.sbatch_calls = getattr(backend, "sbatch_calls", 0)
         reasons = {(d.point.point_id, d.point.repeat): d.reason for d in todo}
@@ -169,6 +177,61 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
             backend.wait(report.submitted, progress)
     report.db_note = record_events(db, events) or report.db_note
     return report
+
+
+PREPARE_MODES = ("here", "slurm", "no")
+
+
+def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points: list[PlannedPoint],
+                    sweep_path: Path, inventory_path: Path | None, model_map: Path | None, campaign_dir: Path,
+                    report: SubmitReport, echo: Callable[[str], None]) -> str | None:
+    """Prepare what the points to submit read (``harness.prepare``); returns an ``afterok`` job id or None.
+
+    ``here`` prepares in this process, unless a preparation job of this campaign (``sbench prepare
+    --on slurm``) is still queued or running: then the arrays depend on it. ``slurm`` submits one.
+    """
+    from ..prepare import run_prepare, submit_prepare_job, work_for
+
+    if mode not in PREPARE_MODES:
+        raise InputError(f"prepare must be one of {', '.join(PREPARE_MODES)}, got {mode!r}")
+    if mode == "no" or not points:
+        return None
+    if mode == "slurm" and executor != "slurm":
+        raise InputError("--prepare-on slurm needs the slurm executor; with the local executor prepare runs here")
+    pending = live_prepare_job(campaign_dir) if executor == "slurm" else None
+    if mode == "here" and pending is None:
+        report.prepare = [i.to_dict() for i in run_prepare(work_for(sweep, inv, points), echo)]
+        return None
+    if pending is None:
+        pending = submit_prepare_job(sweep, inv, sweep_path, inventory_path, model_map, campaign_dir)
+        record_prepare_job(campaign_dir, pending)
+        echo(f"prepare: SLURM job {pending}; the arrays start after it succeeds (afterok)")
+    else:
+        echo(f"prepare: SLURM job {pending} of this campaign is still queued or running; the arrays depend on it")
+    report.prepare_job = pending
+    return pending
+
+
+PREPARE_JOB_FILE = "prepare-job.json"
+
+
+def record_prepare_job(campaign_dir: Path, job_id: str) -> None:
+    campaign_dir.mkdir(parents=True, exist_ok=True)
+    (campaign_dir / PREPARE_JOB_FILE).write_text(json.dumps({"job_id": job_id, "submitted_at": manifest.now_iso()})
+                                                 + "\n")
+
+
+def live_prepare_job(campaign_dir: Path) -> str | None:
+    """The campaign's recorded preparation job when SLURM still has it queued or running."""
+    from .. import jobstate
+    from .slurm import query_states
+
+    try:
+        job_id = str(json.loads((campaign_dir / PREPARE_JOB_FILE).read_text())["job_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    state = query_states([job_id]).get(job_id)
+    return job_id if state is not None and not jobstate.is_done(state) else None
 
 
 def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db: Path,

@@ -1,0 +1,232 @@
+"""Training data prepared once, shared read-only, memory-mapped by every job.
+
+Tokenizing the reference datasets is most of a cold job's start-up: the 420 MB
+``news-tokens-16384plus-entries-4096`` costs minutes per rank. ``ensure_prepared`` does it
+once and stores the result under ``<data_dir>/.prepared/encoded/<key>/``:
+
+- ``data.arrow``: an Arrow IPC stream of ``input_ids`` (int32) and ``completion_mask``
+  (int8), exactly the rows the trainer consumes; jobs open it as a memory-mapped
+  ``datasets.Dataset``, so it costs page-cache reads instead of tokenizer time;
+- ``meta.json``: the key's ingredients, rows, tokens, size and sha256 of ``data.arrow``.
+
+The key is content: the tokenizer fingerprint, the dataset file's sha256, the effective max
+length, the text field and the collator settings (completion-only loss after the decoded
+response template). Change any of them and the key changes, so nothing stale is reused;
+the same inputs in another campaign hit the same entry.
+
+Every open checks the entry against its ``meta.json`` (size and sha256 of the data). A
+truncated or corrupted entry is moved aside and rebuilt, never trained on. Builders hold
+``<key>.lock`` and publish with one ``rename`` of a finished directory, so concurrent
+prepares and jobs racing a prepare see either no entry or a whole one. Entries are made
+read-only once published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+from .errors import SbenchError
+
+PREP_DIR = ".prepared"  # under the data dir
+TOKEN_CACHE_DIR = ".token-counts"  # under the data dir: dataset_token_counts' cache
+PREP_VERSION = 1  # bump when the stored rows change meaning: old entries then miss
+COLLATOR = "completion_only"  # the reference's response-template collator: loss on the response only
+DATA_FILE, META_FILE = "data.arrow", "meta.json"
+
+
+@dataclass
+class Prepared:
+    """An entry of the prepared-data cache, opened (``dataset``) or only checked."""
+
+    key: str
+    path: Path
+    status: str  # hit | built | rebuilt
+    rows: int
+    tokens: int
+    elapsed_s: float
+    reason: str | None = None  # why it had to be (re)built
+    build_s: float | None = None
+    dataset: Any = None
+    waited_s: float = 0.0  # time spent waiting for another builder's lock
+    doc: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        return {"key": self.key, "path": str(self.path), "status": self.status, "rows": self.rows,
+                "tokens": self.tokens, "elapsed_s": self.elapsed_s, "reason": self.reason, "build_s": self.build_s,
+                "waited_s": round(self.waited_s, 3)}
+
+
+def prep_key(fingerprint: str, dataset_sha: str, max_length: int, text_field: str, template: str) -> tuple[str, dict]:
+    """The entry key and the document it hashes (stored in ``meta.json``)."""
+    from .tokens import COUNT_VERSION
+
+    doc = {"v": PREP_VERSION, "count_v": COUNT_VERSION, "tokenizer": fingerprint, "dataset_sha256": dataset_sha,
+           "max_length": max_length, "text_field": text_field, "collator": COLLATOR, "response_template": template,
+           "packing": False}
+    return sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest(), doc
+
+
+def entry_dir(root: str | os.PathLike[str], key: str) -> Path:
+    return Path(root) / "encoded" / key
+
+
+def check_entry(path: Path, key: str, *, verify: bool = True) -> str | None:
+    """None when ``path`` holds the complete entry ``key``; else why not."""
+    if not path.is_dir():
+        return "not prepared"
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        return f"{META_FILE} unreadable ({exc.__class__.__name__})"
+    if not isinstance(meta, dict) or meta.get("key") != key:
+        return f"{META_FILE} belongs to another key"
+    data = path / DATA_FILE
+    try:
+        size = data.stat().st_size
+    except OSError:
+        return f"{DATA_FILE} missing"
+    if size != meta.get("size_bytes"):
+        return f"{DATA_FILE} has {size} bytes, {META_FILE} says {meta.get('size_bytes')} (truncated?)"
+    if verify:
+        from .datagen import file_sha256
+
+        if file_sha256(data) != meta.get("sha256"):
+            return f"{DATA_FILE} does not match its sha256 (corrupted)"
+    return None
+
+
+def open_entry(path: Path) -> Any:
+    """The entry as a memory-mapped ``datasets.Dataset``; its schema and row count checked against meta."""
+    from datasets import Dataset
+    from datasets.table import MemoryMappedTable
+
+    from .tokens import encoded_schema
+
+    meta = json.loads((path / META_FILE).read_text())
+    table = MemoryMappedTable.from_file(str(path / DATA_FILE))
+    if table.schema.remove_metadata() != encoded_schema() or table.num_rows != meta.get("rows"):
+        raise SbenchError(f"{path}: prepared data has schema {table.schema} and {table.num_rows} rows; "
+                          f"expected {encoded_schema()} and {meta.get('rows')}")
+    return Dataset(table)
+
+
+def _set_read_only(path: Path) -> None:
+    for f in path.iterdir():
+        f.chmod(0o444)
+    path.chmod(0o555)
+
+
+def _discard(path: Path, why: str) -> None:
+    """Move a bad entry out of the way (one rename), then delete it."""
+    if not path.exists():
+        return
+    aside = path.with_name(f".bad-{path.name}-{socket.gethostname()}-{os.getpid()}-{int(time.time())}")
+    with contextlib.suppress(OSError):
+        path.chmod(0o755)
+    try:
+        os.replace(path, aside)
+    except OSError as exc:
+        raise SbenchError(f"cannot move the bad prepared entry {path} aside ({why}): {exc.strerror}") from exc
+    for p in [aside, *aside.iterdir()]:
+        with contextlib.suppress(OSError):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _build(path: Path, key: str, key_doc: dict[str, Any], tok: Any, tokenizer: Any, dataset_path: Path, *,
+           text_field: str, max_length: int, template: str, token_cache: Path | None, dataset_sha: str) -> dict:
+    import pyarrow as pa
+
+    from .datagen import _fsync, file_sha256
+    from .tokens import encoded_batches, encoded_schema, store_counts, tokenizer_name
+
+    t0 = time.monotonic()
+    tmp = path.with_name(f".tmp-{path.name}-{socket.gethostname()}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    lengths: list[int] = []
+    try:
+        data = tmp / DATA_FILE
+        with pa.OSFile(str(data), "wb") as sink, pa.ipc.new_stream(sink, encoded_schema()) as writer:
+            for batch in encoded_batches(tok, dataset_path, text_field=text_field, max_length=max_length,
+                                         template=template, lengths=lengths):
+                writer.write_batch(batch)
+        _fsync(data)
+        meta = {"key": key, **key_doc, "rows": len(lengths), "tokens": sum(lengths),
+                "size_bytes": data.stat().st_size, "sha256": file_sha256(data), "dataset": str(dataset_path),
+                "tokenizer_source": tokenizer_name(tokenizer, tok), "built_on": socket.gethostname(),
+                "build_s": round(time.monotonic() - t0, 3), "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        _set_read_only(tmp)
+        os.rename(tmp, path)  # atomic: the entry appears whole or not at all
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.chmod(0o755)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if token_cache is not None:  # the token-count stage then hits instead of tokenizing again
+        with contextlib.suppress(SbenchError):
+            store_counts(tok, tokenizer, dataset_path, token_cache, lengths, max_length, text_field, dataset_sha)
+    return meta
+
+
+def ensure_prepared(tokenizer: Any, dataset_path: str | os.PathLike[str], *, text_field: str, max_seq_length: int,
+                    response_template: str, root: str | os.PathLike[str], token_cache: str | os.PathLike[str] | None,
+                    open_dataset: bool = True, verify: bool = True) -> Prepared:
+    """The prepared training data of this tokenizer, dataset and length: checked, built when missing or bad.
+
+    ``tokenizer`` is a tokenizer object, an HF id or a directory. ``open_dataset`` returns it
+    memory-mapped in ``Prepared.dataset``. Raises ``InputError`` for bad input (no template
+    in an entry, a missing dataset) and ``SbenchError`` when the cache cannot be written.
+    """
+    from .datagen import _locked, file_sha256
+    from .tokens import checked_template, effective_max_length, load_tokenizer, tokenizer_fingerprint
+
+    t0 = time.monotonic()
+    tok = load_tokenizer(tokenizer)
+    template = checked_template(response_template)
+    data_path = Path(dataset_path)
+    if not data_path.is_file():
+        from .errors import InputError
+
+        raise InputError(f"dataset file {data_path} does not exist; generate it with: sbench dataset generate ID "
+                         f"-o {data_path}")
+    eff = effective_max_length(tok, max_seq_length)
+    dataset_sha = file_sha256(data_path)
+    key, key_doc = prep_key(tokenizer_fingerprint(tok), dataset_sha, eff, text_field, template)
+    path = entry_dir(root, key)
+    reason = check_entry(path, key, verify=verify)
+    status, build_s, waited = "hit", None, 0.0
+    if reason is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SbenchError(f"cannot create the prepared-data directory {path.parent}: {exc.strerror}") from exc
+        tw = time.monotonic()
+        with _locked(path):
+            waited = time.monotonic() - tw
+            again = check_entry(path, key, verify=verify)  # another builder may have finished it meanwhile
+            if again is not None:
+                status = "built" if again == "not prepared" else "rebuilt"
+                reason = again
+                _discard(path, again)
+                meta = _build(path, key, key_doc, tok, tokenizer, data_path, text_field=text_field, max_length=eff,
+                              template=template, token_cache=Path(token_cache) if token_cache else None,
+                              dataset_sha=dataset_sha)
+                build_s = meta["build_s"]
+            else:
+                reason = None
+    meta = json.loads((path / META_FILE).read_text())
+    ds = open_entry(path) if open_dataset else None
+    return Prepared(key=key, path=path, status=status, rows=meta["rows"], tokens=meta["tokens"],
+                    elapsed_s=round(time.monotonic() - t0, 3), reason=reason, build_s=build_s, dataset=ds,
+                    waited_s=waited, doc=meta)
