@@ -667,15 +667,23 @@ def ensure_dataset(dataset_id: str, path: str | os.PathLike[str], *, tokenizer: 
     others wait for the lock and then find the file complete. A file without a sidecar was
     not made by sbench (e.g. a copy of the reference data) and is returned untouched.
     """
+    return make_dataset(dataset_id, path, tokenizer=tokenizer, seed=seed)[0]
+
+
+def make_dataset(dataset_id: str, path: str | os.PathLike[str], *, tokenizer: Any = None,
+                 seed: int = 0) -> tuple[Path, bool]:
+    """``ensure_dataset``, also saying whether this call generated the file (False: it was there, or
+    another process made it while this one waited for the lock)."""
     p = _checked_path(parse_dataset_id(dataset_id), path)
     if dataset_status(dataset_id, p, seed=seed) in ("complete", "external"):
-        return p
+        return p, False
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SbenchError(f"cannot create dataset directory {p.parent}: {exc.strerror}") from exc
     with _locked(p):
         # Another process may have finished it while we waited for the lock.
-        if dataset_status(dataset_id, p, seed=seed) not in ("complete", "external"):
-            _generate_locked(parse_dataset_id(dataset_id), p, tokenizer=tokenizer, entries=None, seed=seed)
-    return p
+        if dataset_status(dataset_id, p, seed=seed) in ("complete", "external"):
+            return p, False
+        _generate_locked(parse_dataset_id(dataset_id), p, tokenizer=tokenizer, entries=None, seed=seed)
+    return p, True

@@ -35,6 +35,7 @@ MODEL_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "model.saf
                  "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "spiece.model")
 PREPARE_TIME = "02:00:00"  # --on slurm: the preparation job's time limit unless the sweep sets one
+PREPARE_CPUS = 16  # --on slurm: cores the preparation job asks for (the tokenizer uses them all)
 
 
 @dataclass(frozen=True)
@@ -188,18 +189,17 @@ def fetch_model(model_id: str, cache: str | None) -> Path:
 # -- running --------------------------------------------------------------------------------------------------
 def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> list[Item]:
     """Make everything in ``work`` ready; returns one item per dataset, model and training input."""
-    from .datagen import dataset_status, ensure_dataset
+    from .datagen import make_dataset
     from .prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared
     from .tokens import dataset_token_counts, load_tokenizer
 
     items: list[Item] = []
     for path, dataset_id in work.datasets.items():
         t0 = time.monotonic()
-        before = dataset_status(dataset_id, path)
-        ensure_dataset(dataset_id, path)
+        _, made = make_dataset(dataset_id, path)
         dt = time.monotonic() - t0
         size = Path(path).stat().st_size
-        status = "ready" if before in ("complete", "external") else "generated"
+        status = "generated" if made else "ready"
         detail = f"{size / 1e6:.1f} MB" + (f" at {size / 1e6 / dt:.1f} MB/s" if status == "generated" and dt else "")
         items.append(Item("dataset", dataset_id, status, dt, detail, {"path": path, "size_bytes": size}))
         echo(f"dataset  {status:<9} {dataset_id}  {path}  ({detail}, {dt:.1f} s)")
@@ -260,7 +260,7 @@ def prepare_script(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path 
 
     part = inv.partition(sweep.partition)
     res: dict[str, Any] = {"job_name": f"sbench.{sweep.campaign}.prepare", "partition": part.slurm_partition,
-                           "nodes": 1, "ntasks": 1, "cpus_per_task": max(2, part.cpus_per_node),
+                           "nodes": 1, "ntasks": 1, "cpus_per_task": max(2, min(PREPARE_CPUS, part.cpus_per_node)),
                            "time": sweep.slurm.time or part.time_limit or DEFAULT_TIME or PREPARE_TIME}
     for key in ("account", "qos", "constraint"):
         value = getattr(sweep.slurm, key) or getattr(part, key)

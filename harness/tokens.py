@@ -128,6 +128,7 @@ class _Encoder:
         self.prefix_disabled: str | None = None
         self.checks_left = self._CHECKS
         self.chars_per_token = 8.0  # upper estimate, raised when a prefix comes up short
+        self.shortened = 0  # texts encoded from a prefix (observability for tests and benchmarks)
         if backend is not None:
             from tokenizers import Tokenizer
 
@@ -167,6 +168,7 @@ class _Encoder:
                 out[i], cuts[i] = e, len(texts[i])
         elif ratios:  # tighten the estimate to what this tokenizer shows, with room to spare
             self.chars_per_token = min(self.chars_per_token, 1.25 * max(ratios))
+        self.shortened += sum(1 for t, c in zip(texts, cuts) if c < len(t))
         if self.checks_left > 0:
             short = [i for i, (t, c) in enumerate(zip(texts, cuts)) if c < len(t)][:self.checks_left]
             if short:

@@ -231,3 +231,34 @@ def test_requeued_job_is_one_attempt_that_continued(sb, env, monkeypatch) -> Non
     assert [r["restart"] for r in restarts] == [0, 1]
     (m,) = sql(env, "SELECT * FROM measurements WHERE run_id = ?", [run["run_id"]])
     assert m["is_valid"]
+
+
+def test_prepare_on_slurm_runs_first_and_the_array_waits_for_it(sb, env) -> None:
+    from harness.prepared import PREP_DIR
+
+    data = env["root"] / "prep-on-slurm-data"  # fresh: nothing generated or tokenized yet
+    path = sweep(env, "prep-slurm", {"number_gpus": 1}, {"max_steps": [2, 3]})
+    doc = path.read_text().replace(str(env["data"]), str(data))
+    path.write_text(doc)
+    rep = submit(sb, env, path, "--prepare-on", "slurm", "--wait")
+    prep_job = rep["prepare_job"]
+    assert prep_job and rep["submitted"] == 2 and rep["prepare"] == []
+    collect(sb, env)
+    acct = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,JobName,State,Start,End", "-j",
+                           ",".join([prep_job] + sorted({p["job_id"].split("_")[0] for p in rep["points"]}))],
+                          capture_output=True, text=True, check=True).stdout
+    jobs = {line.split("|")[0]: line.split("|") for line in acct.splitlines() if line.strip()}
+    _, name, state, _, prep_end = jobs[prep_job]
+    assert name.endswith(".prepare") and state == "COMPLETED", jobs
+    tasks = [j for jid, j in jobs.items() if jid != prep_job]
+    assert len(tasks) == 2 and all(t[2] == "COMPLETED" and t[3] >= prep_end for t in tasks), jobs
+    # The preparation job made the dataset and the training data; the tasks only mapped them.
+    log = Path(rep["campaign_dir"]) / ".slurm" / f"prepare-{prep_job}.out"
+    assert "data     built" in log.read_text() and (data / PREP_DIR / "encoded").is_dir()
+    rows = sql(env, """SELECT r.outcome, o.prepared_in_job, s.info FROM runs r JOIN run_overhead o USING (run_id)
+                       JOIN stages s USING (run_id) WHERE r.campaign = 'prep-slurm' AND s.stage = 'dataset'
+                       AND s.rank = 0""")
+    assert len(rows) == 2
+    for r in rows:
+        assert r["outcome"] == "ok" and r["prepared_in_job"] is False
+        assert json.loads(r["info"])["prepared"]["status"] == "hit"

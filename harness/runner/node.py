@@ -192,18 +192,19 @@ class NodeRunner:
                         sample_interval_s=self.sampler.interval_s, note=note)
 
     def dataset(self) -> None:
-        from ..datagen import dataset_status, ensure_dataset
+        from ..datagen import dataset_status, make_dataset
 
         dataset_id, path = self.spec["dataset_id"], self.spec["dataset_path"]
         with self.log.stage("dataset") as info:
             status = dataset_status(dataset_id, path)
             # Tokenizer-free: the file is the same for every model, so one prepare serves them all (the
             # length guarantee of news-tokens ids is by word count; see harness.datagen).
-            ensure_dataset(dataset_id, path)
-            info.update(dataset_id=dataset_id, path=str(path), status_before=status)
+            _, made = make_dataset(dataset_id, path)
+            info.update(dataset_id=dataset_id, path=str(path), status_before=status, generated=made)
             if status not in ("complete", "external"):
-                info["note"] = (f"dataset file was {status} and was generated in the job; run 'sbench prepare "
-                                "SWEEP' before submitting")
+                info["note"] = (f"dataset file was {status} when the job started"
+                                + (" and was generated in the job" if made else ", and another job generated it")
+                                + "; run 'sbench prepare SWEEP' before submitting")
 
     def _stale_rank_files(self) -> None:
         for r in self.expected_ranks:

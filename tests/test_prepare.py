@@ -1,0 +1,278 @@
+"""Campaign preparation: sbench prepare, the shared prepared-data cache, and jobs that find it (or not).
+
+Every check reads real artifacts: the Arrow file a job memory-maps is compared with a fresh
+encoding of the dataset, corruption is made by editing the bytes on disk, and concurrency by
+running two real ``sbench prepare`` processes at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.prepared import DATA_FILE, META_FILE, PREP_DIR, ensure_prepared
+from harness.tokens import _Encoder, encode_for_training, load_tokenizer
+
+from .conftest import ROOT, SMALL_DATASET, sql_rows, write_sweep
+
+TEMPLATE = "\\n### Response:"
+
+
+def entries(root: Path) -> list[Path]:
+    enc = root / PREP_DIR / "encoded"
+    return sorted(p for p in enc.iterdir() if p.is_dir()) if enc.exists() else []
+
+
+def prep(tok, data: Path, root: Path, **kw):
+    args = {"text_field": "output", "max_seq_length": 128, "response_template": TEMPLATE, "root": root / PREP_DIR,
+            "token_cache": root / ".token-counts"}
+    args.update(kw)
+    return ensure_prepared(tok, data, **args)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory, small_data_dir) -> Path:
+    """A private copy of the 64-entry dataset (each test module owns its caches)."""
+    d = tmp_path_factory.mktemp("prep-data")
+    shutil.copy(small_data_dir / f"{SMALL_DATASET}.jsonl", d / f"{SMALL_DATASET}.jsonl")
+    return d / f"{SMALL_DATASET}.jsonl"
+
+
+def sweep_doc(name: str, model: Path, data_dir: Path, **entity) -> dict:
+    return {"campaign": name, "experiment": "finetune_full_benchmark-v1.0.0",
+            "entity": {"model_name": "tiny", "model_max_length": 128, "dataset_id": SMALL_DATASET, "number_gpus": 1,
+                       "batch_size": 2, "gradient_accumulation_steps": 1, "max_steps": 2, **entity},
+            "model_map": {"tiny": str(model)}, "data_dir": str(data_dir), "runner": {"sample_interval_s": 0.2}}
+
+
+def sbench(*args, env=None, check=True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "harness", *[str(a) for a in args]], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=ROOT)
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+# -- the cache entry --------------------------------------------------------------------------------------------
+def test_entry_is_the_training_data_memory_mapped_and_read_only(tiny_model, small, tmp_path) -> None:
+    p = prep(str(tiny_model), small, tmp_path)
+    assert p.status == "built" and p.reason == "not prepared"
+    ref = encode_for_training(str(tiny_model), small, max_seq_length=128, response_template=TEMPLATE)
+    assert p.dataset.data.table.equals(ref.data.table)
+    assert type(p.dataset.data).__name__ == "MemoryMappedTable"
+    assert p.rows == 64 and p.tokens == sum(len(x) for x in ref["input_ids"])
+    assert not os.stat(p.path).st_mode & 0o222 and not os.stat(p.path / DATA_FILE).st_mode & 0o222
+    # The token-count cache was written by the build: counting is a hit, and agrees.
+    from harness.tokens import dataset_token_counts
+
+    counts = dataset_token_counts(str(tiny_model), small, max_seq_length=128, cache_dir=tmp_path / ".token-counts")
+    assert counts.cache == "hit" and counts.counts == [len(x) for x in ref["input_ids"]]
+    again = prep(str(tiny_model), small, tmp_path)
+    assert again.status == "hit" and again.key == p.key and again.build_s is None
+
+
+def test_key_changes_with_every_input_and_nothing_stale_is_reused(tiny_model, small, tmp_path) -> None:
+    from harness.tinymodel import make_tiny_model
+
+    other_tok = make_tiny_model(tmp_path / "other", seed=1)
+    renamed = tmp_path / "renamed.jsonl"  # the same texts under another field
+    renamed.write_text("".join(json.dumps({"text": json.loads(line)["output"]}) + "\n"
+                               for line in small.read_text().splitlines()))
+    edited = tmp_path / "edited.jsonl"  # one entry changed
+    rows = small.read_text().splitlines()
+    rows[3] = json.dumps({"output": json.loads(rows[3])["output"].replace("the", "a")})
+    edited.write_text("\n".join(rows) + "\n")
+    base = prep(str(tiny_model), small, tmp_path)
+    variants = {
+        "tokenizer": prep(str(other_tok), small, tmp_path),
+        "max length": prep(str(tiny_model), small, tmp_path, max_seq_length=96),
+        "dataset": prep(str(tiny_model), edited, tmp_path),
+        "text field": prep(str(tiny_model), renamed, tmp_path, text_field="text"),
+        "template": prep(str(tiny_model), small, tmp_path, response_template="\\n\\n### Response:"),
+    }
+    keys = {base.key} | {v.key for v in variants.values()}
+    assert len(keys) == 6, "every changed input must give its own entry"
+    for what, v in variants.items():
+        assert v.status == "built", what
+        tok = str(other_tok) if what == "tokenizer" else str(tiny_model)
+        src = {"dataset": edited, "text field": renamed}.get(what, small)
+        ref = encode_for_training(tok, src, text_field="text" if what == "text field" else "output",
+                                  max_seq_length=96 if what == "max length" else 128,
+                                  response_template="\\n\\n### Response:" if what == "template" else TEMPLATE)
+        assert v.dataset.data.table.equals(ref.data.table), what
+    assert len(entries(tmp_path)) == 6
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "meta", "drop-data"])
+def test_a_damaged_entry_is_detected_and_rebuilt_never_used(tiny_model, small, tmp_path, damage) -> None:
+    p = prep(str(tiny_model), small, tmp_path)
+    data, meta = p.path / DATA_FILE, p.path / META_FILE
+    p.path.chmod(0o755)
+    for f in (data, meta):
+        f.chmod(0o644)
+    raw = data.read_bytes()
+    if damage == "truncate":
+        data.write_bytes(raw[: len(raw) // 2])
+    elif damage == "flip":  # same size, one byte different: only the checksum can tell
+        mid = len(raw) // 2
+        data.write_bytes(raw[:mid] + bytes([raw[mid] ^ 0x5A]) + raw[mid + 1:])
+    elif damage == "meta":
+        meta.write_text("{not json")
+    else:
+        data.unlink()
+    again = prep(str(tiny_model), small, tmp_path)
+    assert again.status == "rebuilt" and again.key == p.key, again.summary()
+    expected = {"truncate": "truncated", "flip": "corrupted", "meta": "unreadable", "drop-data": "missing"}[damage]
+    assert expected in again.reason
+    ref = encode_for_training(str(tiny_model), small, max_seq_length=128, response_template=TEMPLATE)
+    assert again.dataset.data.table.equals(ref.data.table)
+    assert (again.path / DATA_FILE).read_bytes() == raw
+    leftovers = [p.name for p in (tmp_path / PREP_DIR / "encoded").iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+# -- the prefix shortcut ----------------------------------------------------------------------------------------
+def test_long_entries_encode_from_a_prefix_with_identical_results(tiny_model, tmp_path) -> None:
+    from harness.datagen import generate_dataset
+
+    path = tmp_path / "news-tokens-16384plus-entries-4096.jsonl"
+    generate_dataset("news-tokens-16384plus-entries-4096", path, entries=12)
+    texts = [json.loads(line)["output"] for line in path.read_text().splitlines()]
+    tok = load_tokenizer(str(tiny_model))
+    for max_len in (64, 700, 2048):
+        fast, whole = _Encoder(tok, max_len), _Encoder(tok, max_len)
+        whole.prefix_disabled = "test: whole texts"
+        assert fast.lengths(texts) == whole.lengths(texts) == [max_len] * len(texts)
+        assert fast.encode(texts) == whole.encode(texts)
+        assert fast.shortened > 0 and fast.prefix_disabled is None and whole.shortened == 0
+
+
+def test_a_prefix_that_encodes_differently_turns_the_shortcut_off(tiny_model) -> None:
+    class Enc:
+        def __init__(self, ids, overflow):
+            self.ids, self.offsets, self.overflowing = ids, [(0, 0)] * len(ids), [[0] * overflow] if overflow else []
+
+        def __len__(self):
+            return len(self.ids)
+
+    def call(batch):  # a tokenizer whose ids depend on where the text ends
+        return [Enc([len(t) % 7] * 10, 500) for t in batch]
+
+    enc = _Encoder(load_tokenizer(str(tiny_model)), 10)
+    texts = ["word " * 20_000]
+    out = enc._run(texts, call)
+    assert enc.prefix_disabled and out[0].ids == call(texts)[0].ids
+    assert enc._cut(texts[0]) == len(texts[0])  # and it stays off
+
+
+# -- sbench prepare ----------------------------------------------------------------------------------------------
+def test_prepare_is_idempotent(tiny_model, tmp_path) -> None:
+    data = tmp_path / "data"
+    doc = sweep_doc("prep-idem", tiny_model, data)
+    del doc["entity"]["model_max_length"]
+    sw = write_sweep(tmp_path / "s.yaml", {**doc, "grid": {"model_max_length": [64, 128]}})
+    first = json.loads(sbench("prepare", sw, "--json").stdout)["items"]
+    kinds = sorted((i["kind"], i["status"]) for i in first)
+    assert kinds == [("dataset", "generated"), ("model", "ready"), ("training_data", "built"),
+                     ("training_data", "built")], kinds
+    made = {p.name: p.stat().st_mtime_ns for p in entries(data)}
+    assert len(made) == 2
+    second = json.loads(sbench("prepare", sw, "--json").stdout)["items"]
+    assert {i["status"] for i in second} == {"ready"}
+    assert {p.name: p.stat().st_mtime_ns for p in entries(data)} == made
+    assert all(i["token_counts_cache"] == "hit" for i in second if i["kind"] == "training_data")
+
+
+def test_two_concurrent_prepares_build_once_and_both_succeed(tiny_model, tmp_path) -> None:
+    data = tmp_path / "data"
+    sw = write_sweep(tmp_path / "s.yaml", sweep_doc("prep-race", tiny_model, data))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-m", "harness", "prepare", str(sw), "--json"], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    items = [i for out, _ in outs for i in json.loads(out)["items"]]
+    built = [i for i in items if i["kind"] == "training_data" and i["status"] == "built"]
+    generated = [i for i in items if i["kind"] == "dataset" and i["status"] == "generated"]
+    assert len(built) == 1 and len(generated) == 1, items
+    (entry,) = entries(data)
+    keys = {i["key"] for i in items if i["kind"] == "training_data"}
+    assert keys == {entry.name}
+    assert prep(str(tiny_model), data / f"{SMALL_DATASET}.jsonl", data).status == "hit"
+    assert not [p for p in (data / PREP_DIR / "encoded").iterdir() if p.name.startswith(".")]
+
+
+def test_model_problems_are_input_errors_that_name_the_fix(tiny_model, tmp_path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model, broken)
+    for w in broken.glob("*.safetensors"):
+        w.unlink()
+    sw = write_sweep(tmp_path / "s.yaml", sweep_doc("prep-model", broken, tmp_path / "data"))
+    res = sbench("prepare", sw, check=False)
+    assert res.returncode == 2 and "lacks weights" in res.stderr and "Traceback" not in res.stderr
+    hub = write_sweep(tmp_path / "h.yaml", {**sweep_doc("prep-hub", tiny_model, tmp_path / "data"),
+                                            "model_map": {"tiny": "sbench-test/not-cached-anywhere"}})
+    res = sbench("prepare", hub, check=False, env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert res.returncode == 2, res.stderr
+    assert "not in the shared model cache" in res.stderr and "sbench model fetch sbench-test/not-cached" in res.stderr
+    res = sbench("model", "fetch", "sbench-test/not-cached-anywhere", "--cache", tmp_path / "hub", check=False,
+                 env={"HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 2 and "HF_HUB_OFFLINE=1" in res.stderr and "Traceback" not in res.stderr
+    # An id that is in the cache is found there: a hub-layout snapshot of the tiny model.
+    snap = tmp_path / "hub" / "models--sbench-test--tiny" / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_model, snap)
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text("0" * 40)
+    cached = write_sweep(tmp_path / "c.yaml", {**sweep_doc("prep-cached", tiny_model, tmp_path / "data"),
+                                               "model_map": {"tiny": "sbench-test/tiny"}})
+    out = json.loads(sbench("prepare", cached, "--json", env={"HF_HUB_CACHE": str(tmp_path / "hub")}).stdout)
+    model = next(i for i in out["items"] if i["kind"] == "model")
+    assert model["status"] == "ready" and str(snap) in model["detail"]
+
+
+# -- jobs ----------------------------------------------------------------------------------------------------------
+@pytest.mark.train
+def test_a_job_without_preparation_builds_it_notes_it_and_the_next_one_maps_it(tiny_model, tmp_path) -> None:
+    data, runs, db = tmp_path / "data", tmp_path / "runs", tmp_path / "r.duckdb"
+    sw = write_sweep(tmp_path / "s.yaml", sweep_doc("prep-job", tiny_model, data))
+    common = ["--executor", "local", "--workdir", runs, "--db", db]
+    sbench("submit", sw, "--no-prepare", "--wait", *common)
+    sbench("collect", "--workdir", runs, "--db", db)
+    (first,) = sql_rows(db, "SELECT * FROM runs WHERE campaign = 'prep-job'")
+    assert first["outcome"] == "ok", first["reason"]
+    stages = sql_rows(db, "SELECT rank, info FROM stages WHERE run_id = ? AND stage = 'dataset' ORDER BY rank NULLS "
+                          "FIRST", [first["run_id"]])
+    runner, rank0 = (json.loads(s["info"]) for s in stages)
+    assert runner["status_before"] == "missing" and "sbench prepare" in runner["note"]
+    assert rank0["prepared"]["status"] == "built" and "sbench prepare" in rank0["note"]
+    (ov,) = sql_rows(db, "SELECT * FROM run_overhead WHERE run_id = ?", [first["run_id"]])
+    assert ov["prepared_in_job"] is True and ov["startup_s"] > 0 and 0 < ov["outside_train_fraction"] < 1
+    status = sbench("status", "--campaign", "prep-job", "--workdir", runs, "--db", db).stdout
+    assert "data prepared in the job" in status and "startup_s" in status
+    # Damage the entry the job built: the next job (no prepare) detects it, rebuilds it and trains on good data.
+    (entry,) = entries(data)
+    entry.chmod(0o755)
+    (entry / DATA_FILE).chmod(0o644)
+    with open(entry / DATA_FILE, "r+b") as f:
+        f.seek(200)
+        f.write(b"\xff\xff\xff\xff")
+    sbench("submit", sw, "--no-prepare", "--force", "--wait", *common)
+    # And with preparation (the default), a third job only maps it.
+    sbench("submit", sw, "--force", "--wait", *common)
+    sbench("collect", "--workdir", runs, "--db", db)
+    rows = sql_rows(db, """SELECT r.attempt, r.outcome, s.info, o.prepared_in_job FROM runs r
+                           JOIN stages s USING (run_id) JOIN run_overhead o USING (run_id)
+                           WHERE r.campaign = 'prep-job' AND s.stage = 'dataset' AND s.rank = 0 ORDER BY r.attempt""")
+    got = [(r["attempt"], r["outcome"], json.loads(r["info"])["prepared"]["status"], r["prepared_in_job"])
+           for r in rows]
+    assert got == [(1, "ok", "built", True), (2, "ok", "rebuilt", True), (3, "ok", "hit", False)], got
+    assert "corrupted" in json.loads(rows[1]["info"])["prepared"]["reason"]
+    ref = encode_for_training(str(tiny_model), data / f"{SMALL_DATASET}.jsonl", max_seq_length=128,
+                              response_template=TEMPLATE)
+    assert prep(str(tiny_model), data / f"{SMALL_DATASET}.jsonl", data).dataset.data.table.equals(ref.data.table)
