@@ -320,6 +320,8 @@ def _host_env(inv: Inventory, part: Partition, host: Host, e: dict[str, Any], jo
     env["HF_DATASETS_CACHE"] = str(JobPaths(job_dir).hf_cache(host.name) / "datasets")
     if inv.models_dir:  # the shared model cache `sbench model fetch` and `sbench prepare` use
         env["HF_HUB_CACHE"] = str(shared_dir(inv.models_dir, inv))
+        # Compute nodes load from it and never wait on the hub (prepare checked the weights are there).
+        env["HF_HUB_OFFLINE"] = "1"
     if host.address:
         env["SBENCH_HOST_ADDRESS"] = host.address
     env.update(host.env)  # the inventory's own per-host values win

@@ -179,6 +179,31 @@ def _build(path: Path, key: str, key_doc: dict[str, Any], tok: Any, tokenizer: A
     return meta
 
 
+_WHY = ("tokenizer", "max_length", "text_field", "response_template")
+
+
+def _why_missing(root: Path, key_doc: dict[str, Any]) -> str:
+    """"not prepared", with a hint when an entry of the same dataset differs in one ingredient only.
+
+    The usual cause is a tokenizer fingerprint that differs between where ``sbench prepare`` ran and
+    the node (another tokenizers/transformers version in the nodes' environment).
+    """
+    for meta_file in (root / "encoded").glob(f"*/{META_FILE}"):
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(meta, dict) or meta.get("dataset_sha256") != key_doc["dataset_sha256"]:
+            continue
+        diff = [k for k in _WHY if meta.get(k) != key_doc.get(k)]
+        if diff == ["tokenizer"]:
+            return ("not prepared for this tokenizer fingerprint; an entry for the same dataset and settings was "
+                    f"prepared with another one ({meta_file.parent.name[:12]}): is the tokenizers/transformers version "
+                    "here the one sbench prepare ran with? (sbench prepare --on slurm prepares with the nodes' "
+                    "environment)")
+    return "not prepared"
+
+
 def ensure_prepared(tokenizer: Any, dataset_path: str | os.PathLike[str], *, text_field: str, max_seq_length: int,
                     response_template: str, root: str | os.PathLike[str], token_cache: str | os.PathLike[str] | None,
                     open_dataset: bool = True, verify: bool = True) -> Prepared:
@@ -217,7 +242,7 @@ def ensure_prepared(tokenizer: Any, dataset_path: str | os.PathLike[str], *, tex
             again = check_entry(path, key, verify=verify)  # another builder may have finished it meanwhile
             if again is not None:
                 status = "built" if again == "not prepared" else "rebuilt"
-                reason = again
+                reason = again if again != "not prepared" else _why_missing(Path(root), key_doc)
                 _discard(path, again)
                 meta = _build(path, key, key_doc, tok, tokenizer, data_path, text_field=text_field, max_length=eff,
                               template=template, token_cache=Path(token_cache) if token_cache else None,

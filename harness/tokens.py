@@ -307,12 +307,14 @@ def _store_counts(file: Path, key: str, counts: list[int], max_length: int, text
 
 
 def dataset_token_counts(tokenizer: Any, dataset_path: str | os.PathLike[str], *, text_field: str = "output",
-                         max_seq_length: int, cache_dir: str | os.PathLike[str] | None = None) -> TokenCounts:
+                         max_seq_length: int, cache_dir: str | os.PathLike[str] | None = None,
+                         dataset_sha: str | None = None) -> TokenCounts:
     """Exact per-entry counts ``min(len(tokens(text)), model_max_length, max_seq_length)``.
 
     ``tokenizer`` is an object, an HF id or a directory. With ``cache_dir`` the counts are
     stored under a key over the tokenizer fingerprint, the dataset's sha256, the effective
-    max length and the text field, so any change to one of them recounts.
+    max length and the text field, so any change to one of them recounts. ``dataset_sha`` is the
+    file's sha256 when the caller has just computed it.
     """
     from .datagen import file_sha256
 
@@ -322,7 +324,7 @@ def dataset_token_counts(tokenizer: Any, dataset_path: str | os.PathLike[str], *
     eff = effective_max_length(tok, max_seq_length)
     if not path.is_file():
         raise InputError(f"dataset file {path} does not exist; generate it with: sbench dataset generate ID -o {path}")
-    key = _cache_key(tokenizer_fingerprint(tok), file_sha256(path), eff, text_field)
+    key = _cache_key(tokenizer_fingerprint(tok), dataset_sha or file_sha256(path), eff, text_field)
     cache_file = _cache_file(cache_dir, key)
     if cache_file is not None and (cached := _read_cache(cache_file, key)) is not None:
         return TokenCounts(counts=cached, total=sum(cached), entries=len(cached), cache="hit", key=key,

@@ -96,6 +96,9 @@ def test_key_changes_with_every_input_and_nothing_stale_is_reused(tiny_model, sm
         "text field": prep(str(tiny_model), renamed, tmp_path, text_field="text"),
         "template": prep(str(tiny_model), small, tmp_path, response_template="\\n\\n### Response:"),
     }
+    # Only the tokenizer differs from an existing entry: the reason says so (another library version?).
+    assert "tokenizer fingerprint" in variants["tokenizer"].reason
+    assert variants["max length"].reason == "not prepared"
     keys = {base.key} | {v.key for v in variants.values()}
     assert len(keys) == 6, "every changed input must give its own entry"
     for what, v in variants.items():
@@ -276,3 +279,26 @@ def test_a_job_without_preparation_builds_it_notes_it_and_the_next_one_maps_it(t
     ref = encode_for_training(str(tiny_model), data / f"{SMALL_DATASET}.jsonl", max_seq_length=128,
                               response_template=TEMPLATE)
     assert prep(str(tiny_model), data / f"{SMALL_DATASET}.jsonl", data).dataset.data.table.equals(ref.data.table)
+
+
+def test_inventory_shared_dirs_reach_the_jobs(tiny_model, tmp_path, cli) -> None:
+    """defaults.data_dir / models_dir (relative to the inventory) become the jobs' data dir and HF_HUB_CACHE."""
+    inv = write_sweep(tmp_path / "inv.yaml", {
+        "cluster": "c", "defaults": {"data_dir": "shared/data", "models_dir": "shared/models"},
+        "partitions": {"cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 4, "memory_gb": 8,
+                               "hosts": {"n1": {}}}}})
+    doc = sweep_doc("prep-inv", tiny_model, tmp_path)
+    del doc["data_dir"]
+    sw = write_sweep(tmp_path / "s.yaml", doc)
+    res = cli("render", sw, "-i", inv, "-o", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    (spec_file,) = (tmp_path / "out").glob("*/spec.json")
+    js = json.loads(spec_file.read_text())["jobspec"]
+    assert js["data_dir"] == str(tmp_path / "shared" / "data")
+    assert js["dataset_path"] == str(tmp_path / "shared" / "data" / f"{SMALL_DATASET}.jsonl")
+    env_sh = (spec_file.parent / "env" / "n1.sh").read_text()
+    assert f"HF_HUB_CACHE={tmp_path / 'shared' / 'models'}" in env_sh.replace("'", "").replace('"', "")
+    assert "HF_HUB_OFFLINE" in env_sh
+    out = json.loads(sbench("prepare", sw, "-i", inv, "--json").stdout)["items"]
+    assert (tmp_path / "shared" / "data" / f"{SMALL_DATASET}.jsonl").is_file()
+    assert {i["kind"] for i in out} == {"dataset", "model", "training_data"}

@@ -597,7 +597,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
                 prep = ensure_prepared(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
                                        max_seq_length=args.max_seq_length, response_template=args.response_template,
                                        root=ctx.data_dir / PREP_DIR, token_cache=ctx.data_dir / TOKEN_CACHE_DIR)
-            data = prep.dataset
+            data, dataset_sha = prep.dataset, prep.doc.get("dataset_sha256")
             info["prepared"] = prep.summary()
             doc["prepared"] = prep.summary()
             if prep.status != "hit":
@@ -608,7 +608,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         else:
             data = encode_for_training(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
                                        max_seq_length=args.max_seq_length, response_template=args.response_template)
-            info["prepared"] = None
+            info["prepared"], dataset_sha = None, None
         lengths, no_completion = _lengths_and_empty(data)
         if no_completion:
             ctx.note(f"{no_completion} of {len(data)} entries have no response token within max_seq_length "
@@ -622,7 +622,8 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         # Rank 0 counts (or reads the cache) first, so the others hit the cache it wrote.
         with state.main_process_first():
             counts = dataset_token_counts(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
-                                          max_seq_length=args.max_seq_length, cache_dir=cache_dir)
+                                          max_seq_length=args.max_seq_length, cache_dir=cache_dir,
+                                          dataset_sha=dataset_sha)
         summary = counts.summary()
         summary["cache_dir"] = str(cache_dir) if cache_dir else None
         summary["elapsed_s"] = counts.elapsed_s
