@@ -20,6 +20,7 @@ from .plan import PlannedPoint, RunnerSettings, Sweep, data_dir_for, shared_dir
 
 PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral range (32768+)
 DEFAULT_TIME = "01:00:00"
+RES_OPTIONS = "timeout:1 attempts:2"  # glibc resolver options of the job's processes (see _host_env)
 TEXT_FIELD = "output"
 RESPONSE_TEMPLATE = "\\n### Response:"  # escaped, as on the reference command line
 
@@ -318,6 +319,10 @@ def _host_env(inv: Inventory, part: Partition, host: Host, e: dict[str, Any], jo
     else:
         env["NCCL_IB_DISABLE"] = "1"
     env["HF_DATASETS_CACHE"] = str(JobPaths(job_dir).hf_cache(host.name) / "datasets")
+    # torch's TCPStore reverse-resolves every peer (an IPv4-mapped IPv6 address that /etc/hosts never
+    # matches) only to log it; on nodes whose DNS server does not answer, glibc's default (5 s x 2)
+    # holds each rendezvous for 10 s. Fail such lookups in 2 s at most; the inventory env can override.
+    env["RES_OPTIONS"] = RES_OPTIONS
     if inv.models_dir:  # the shared model cache `sbench model fetch` and `sbench prepare` use
         env["HF_HUB_CACHE"] = str(shared_dir(inv.models_dir, inv))
         # Compute nodes load from it and never wait on the hub (prepare checked the weights are there).

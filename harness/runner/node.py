@@ -229,6 +229,8 @@ class NodeRunner:
             log.write(f"==> sbench {time.strftime('%Y-%m-%dT%H:%M:%S%z')} host {self.host}: {' '.join(cmd)}\n"
                       .encode())
             # Behind the parent-death wrapper: a node runner killed with SIGKILL takes its training with it.
+            # The ranks time their "launch" stage from here (launcher, imports, rendezvous).
+            env = {**env, "SBENCH_LAUNCHED_WALL": repr(time.time())}
             self.proc = subprocess.Popen(pdeath.wrap(cmd), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         if self.sampler is not None:

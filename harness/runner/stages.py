@@ -61,20 +61,26 @@ class StageLog:
         self.current: str | None = None
         self.last_failed: str | None = None  # the stage an exception last escaped from
 
-    def _event(self, event: str, stage: str, trial: int | None, **extra: Any) -> dict[str, Any]:
+    def _event(self, event: str, stage: str, trial: int | None, at: float | None = None,
+               **extra: Any) -> dict[str, Any]:
+        now_wall, now_mono = time.time(), time.monotonic()
+        if at is not None:  # an event that happened earlier (wall clock): place it on both clocks
+            now_mono -= now_wall - at
+            now_wall = at
         obj: dict[str, Any] = {
             "event": event, "stage": stage, "host": self.host, "rank": self.rank,
             "trial": self.trial if trial is None else trial,
-            "t_wall": time.time(), "t_mono": time.monotonic(), "restart": self.restart, "pid": os.getpid(),
+            "t_wall": now_wall, "t_mono": now_mono, "restart": self.restart, "pid": os.getpid(),
         }
         obj.update(extra)
         if self.enabled:
             append_line(self.path, obj)
         return obj
 
-    def start(self, stage: str, trial: int | None = None) -> dict[str, Any]:
+    def start(self, stage: str, trial: int | None = None, at: float | None = None) -> dict[str, Any]:
+        """*at*: the wall time the stage began, when that was before this call (e.g. the process start)."""
         self.current = stage
-        return self._event("start", stage, trial)
+        return self._event("start", stage, trial, at)
 
     def end(self, stage: str, status: str = "ok", error: str | None = None, info: dict[str, Any] | None = None,
             trial: int | None = None) -> dict[str, Any]:

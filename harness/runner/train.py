@@ -168,6 +168,7 @@ class Context:
     faults: list[Fault]
     doc: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    launch: dict[str, float] = field(default_factory=dict)  # the open launch stage's clock readings
 
     @classmethod
     def from_env(cls, args: argparse.Namespace) -> Context:
@@ -567,6 +568,43 @@ def _lengths_and_empty(data: Any) -> tuple[list[int], int]:
     return lengths, empty
 
 
+def launch_start(ctx: Context) -> None:
+    """Open the rank's ``launch`` stage at the moment the node runner started the training command
+    (``SBENCH_LAUNCHED_WALL``), else at this process's start: launcher, imports and rendezvous are
+    start-up time like any other, and the stages should say where it went."""
+    try:
+        import psutil
+
+        born = psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - psutil missing or refused: the stage starts now
+        born = time.time()
+    try:
+        launched = float(os.environ["SBENCH_LAUNCHED_WALL"])
+    except (KeyError, ValueError):
+        launched = born
+    ctx.launch = {"launched_wall": launched, "process_start_wall": born}
+    ctx.log.start("launch", at=min(launched, born))
+
+
+def launch_end(ctx: Context, imported_wall: float) -> None:
+    if not ctx.launch:
+        return
+    now = time.time()
+    born, launched = ctx.launch["process_start_wall"], ctx.launch["launched_wall"]
+    ctx.log.end("launch", info={"launcher_s": round(max(0.0, born - launched), 3),
+                                "imports_s": round(imported_wall - born, 3),
+                                "rendezvous_s": round(now - imported_wall, 3)})
+    ctx.launch = {}
+
+
+def launch_failed(ctx: Context, status: str, error: str) -> None:
+    """End a launch stage an exception escaped from (imports, settings, the process group)."""
+    if ctx.launch:
+        ctx.launch = {}
+        ctx.log.last_failed = "launch"
+        ctx.log.end("launch", status, error)
+
+
 def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
     doc = ctx.doc
     settings = resolve_settings(args, ctx)  # before the heavy imports: a config that cannot run fails fast
@@ -583,7 +621,9 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
     gc_kwargs = dict(args.gradient_checkpointing_kwargs or {})
 
     # Created first: everything below can then use the process group (gloo on CPU).
+    t_imported = time.time()
     state = PartialState(cpu=not settings["cuda"])
+    launch_end(ctx, t_imported)
 
     with ctx.log.stage("dataset") as info:
         ctx.fault_at_stage("dataset")
@@ -727,13 +767,16 @@ def main(argv: list[str] | None = None) -> int:
                pid=os.getpid(), status="running", env=relevant_env(), device=None, notes=ctx.notes,
                argv=sys.argv[1:] if argv is None else list(argv), started_wall=time.time())
     code = 0
+    launch_start(ctx)
     try:
         run(args, ctx)
         doc["status"] = "ok"
     except Terminated as exc:
+        launch_failed(ctx, "killed", str(exc))
         doc["status"], doc["error"] = "killed", str(exc)
         code = 128 + exc.signum
     except BaseException as exc:  # noqa: BLE001 - every failure is classified and recorded
+        launch_failed(ctx, "error", f"{type(exc).__name__}: {exc}"[:2000])
         rec = error_record(exc, rank=ctx.rank, host=ctx.host, stage=ctx.log.last_failed, trial=ctx.trial,
                            t_wall=time.time())
         doc["status"], doc["error"] = "error", {k: rec[k] for k in ("kind", "error_type", "message", "stage")}
