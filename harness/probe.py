@@ -34,6 +34,25 @@ def memlock() -> str:
     return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
 
 
+SLOW_DNS_S = 1.0  # a reverse lookup slower than this holds up every rendezvous
+
+
+def reverse_dns_seconds(address: str = "::ffff:127.0.0.1") -> float:
+    """Seconds one reverse lookup of an IPv4-mapped address takes here, with the node's own resolver
+    settings (torch's TCPStore does one per peer; /etc/hosts never matches the mapped form, so it is
+    DNS that answers, or times out)."""
+    env = os.environ.pop("RES_OPTIONS", None)  # the node's configuration, not the job's override
+    t0 = time.monotonic()
+    try:
+        socket.getnameinfo((address, 0, 0, 0), 0)
+    except OSError:
+        pass
+    finally:
+        if env is not None:
+            os.environ["RES_OPTIONS"] = env
+    return round(time.monotonic() - t0, 3)
+
+
 def probe_node(host: str | None = None, sysfs_ib: Path | None = None) -> dict[str, Any]:
     import psutil
 
@@ -47,6 +66,7 @@ def probe_node(host: str | None = None, sysfs_ib: Path | None = None) -> dict[st
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         # inventory GB as sbench requests it from SLURM: 1 GB = 1000 MB (MiB)
         "memory_gb": round(psutil.virtual_memory().total / 2**20 / 1000, 1),
+        "reverse_dns_s": reverse_dns_seconds(),
     }
 
 
@@ -84,6 +104,12 @@ def compare(part: Partition, host: Host, probe: dict[str, Any]) -> list[str]:
     if isinstance(mem, (int, float)) and part.memory_gb > mem:
         out.append(f"{host.name}: {key}.memory_gb is {part.memory_gb:g}, the node has {mem:g} GB; "
                    f"set memory_gb: {int(mem)}")
+    dns = probe.get("reverse_dns_s")
+    if isinstance(dns, (int, float)) and dns > SLOW_DNS_S:
+        out.append(f"{host.name}: a reverse DNS lookup takes {dns:.0f} s (no DNS server answering?); torch's "
+                   "rendezvous makes one per peer, so every multi-process start would wait that long. sbench jobs "
+                   "cap it with RES_OPTIONS='timeout:1 attempts:2'; make the DNS server reachable from the nodes "
+                   "to save even that")
     hkey = f"{key}.hosts.{host.name}.roce"
     if host.roce is None:
         usable = [f"{d['name']}:{p['port']}" for d in probe.get("hcas") or [] for p in d["ports"]

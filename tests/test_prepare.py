@@ -254,6 +254,12 @@ def test_a_job_without_preparation_builds_it_notes_it_and_the_next_one_maps_it(t
     runner, rank0 = (json.loads(s["info"]) for s in stages)
     assert runner["status_before"] == "missing" and "sbench prepare" in runner["note"]
     assert rank0["prepared"]["status"] == "built" and "sbench prepare" in rank0["note"]
+    # Start-up is attributed: the rank's launch stage (launcher, imports, rendezvous) precedes its data stages.
+    (launch,) = sql_rows(db, "SELECT * FROM stages WHERE run_id = ? AND stage = 'launch'", [first["run_id"]])
+    li = json.loads(launch["info"])
+    assert launch["status"] == "ok" and li["imports_s"] > 0 and li["launcher_s"] >= 0 and li["rendezvous_s"] >= 0
+    assert launch["end_wall"] <= sql_rows(db, "SELECT min(start_wall) AS t FROM stages WHERE run_id = ? AND rank = 0 "
+                                              "AND stage = 'dataset'", [first["run_id"]])[0]["t"]
     (ov,) = sql_rows(db, "SELECT * FROM run_overhead WHERE run_id = ?", [first["run_id"]])
     assert ov["prepared_in_job"] is True and ov["startup_s"] > 0 and 0 < ov["outside_train_fraction"] < 1
     status = sbench("status", "--campaign", "prep-job", "--workdir", runs, "--db", db).stdout

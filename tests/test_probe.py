@@ -97,6 +97,8 @@ def test_a_correct_inventory_has_no_differences(tmp_path: Path) -> None:
                                                                             "set gpus_per_node: 4"]),
     ({"hcas": ["mlx5_0:1"], "gid_index": 3}, {"cores": 32}, ["set cpus_per_node: 32"]),
     ({"hcas": ["mlx5_0:1"], "gid_index": 3}, {"memory_gb": 500.2}, ["set memory_gb: 500"]),
+    ({"hcas": ["mlx5_0:1"], "gid_index": 3}, {"reverse_dns_s": 10.01}, ["reverse DNS lookup takes 10 s",
+                                                                        "RES_OPTIONS"]),
 ])
 def test_each_difference_names_its_fix(tmp_path: Path, roce, over, words) -> None:
     ib = make_sysfs(tmp_path)
