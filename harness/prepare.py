@@ -96,7 +96,7 @@ def work_for(sweep: Any, inv: Any, points: list[Any]) -> Work:
             names.append(p.entity["model_name"])
         ti = TrainInput(args.model_name_or_path, spec.dataset_id, args.training_data_path, args.max_seq_length,
                         args.dataset_text_field, args.response_template)
-        if ti not in seen:
+        if ti not in seen and sweep.runner.token_cache:  # token_cache: false -> jobs tokenize in memory
             seen.add(ti)
             w.inputs.append(ti)
     return w

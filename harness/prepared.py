@@ -142,6 +142,14 @@ def _discard(path: Path, why: str) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def _remove_dead_builds(path: Path) -> None:
+    """Temporary directories of builders of this key that died (only called under the key's lock)."""
+    for tmp in path.parent.glob(f".tmp-{path.name}-*"):
+        with contextlib.suppress(OSError):
+            tmp.chmod(0o755)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _build(path: Path, key: str, key_doc: dict[str, Any], tok: Any, tokenizer: Any, dataset_path: Path, *,
            text_field: str, max_length: int, template: str, token_cache: Path | None, dataset_sha: str) -> dict:
     import pyarrow as pa
@@ -241,6 +249,7 @@ def ensure_prepared(tokenizer: Any, dataset_path: str | os.PathLike[str], *, tex
             waited = time.monotonic() - tw
             again = check_entry(path, key, verify=verify)  # another builder may have finished it meanwhile
             if again is not None:
+                _remove_dead_builds(path)
                 status = "built" if again == "not prepared" else "rebuilt"
                 reason = again if again != "not prepared" else _why_missing(Path(root), key_doc)
                 _discard(path, again)

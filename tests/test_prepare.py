@@ -129,6 +129,9 @@ def test_a_damaged_entry_is_detected_and_rebuilt_never_used(tiny_model, small, t
         meta.write_text("{not json")
     else:
         data.unlink()
+    dead = p.path.parent / f".tmp-{p.key}-otherhost-4242"  # what a builder killed mid-write leaves
+    dead.mkdir()
+    (dead / DATA_FILE).write_bytes(b"half")
     again = prep(str(tiny_model), small, tmp_path)
     assert again.status == "rebuilt" and again.key == p.key, again.summary()
     expected = {"truncate": "truncated", "flip": "corrupted", "meta": "unreadable", "drop-data": "missing"}[damage]

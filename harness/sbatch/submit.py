@@ -201,6 +201,12 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
     pending = live_prepare_job(campaign_dir) if executor == "slurm" else None
     if mode == "here" and pending is None:
         report.prepare = [i.to_dict() for i in run_prepare(work_for(sweep, inv, points), echo)]
+        hidden = [i["name"] for i in report.prepare if i["status"] == "not_visible" and i["kind"] == "training_data"]
+        if hidden:
+            report.warnings.append(
+                f"{len(hidden)} training input(s) could not be prepared here (the model is not visible on this "
+                "machine), so their jobs will tokenize at start-up; submit with --prepare-on slurm to prepare on a "
+                "compute node first")
         return None
     if pending is None:
         pending = submit_prepare_job(sweep, inv, sweep_path, inventory_path, model_map, campaign_dir)
