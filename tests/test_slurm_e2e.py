@@ -262,3 +262,23 @@ def test_prepare_on_slurm_runs_first_and_the_array_waits_for_it(sb, env) -> None
     for r in rows:
         assert r["outcome"] == "ok" and r["prepared_in_job"] is False
         assert json.loads(r["info"])["prepared"]["status"] == "hit"
+
+
+def test_a_failed_prepare_job_cancels_its_arrays_and_status_says_why(sb, env) -> None:
+    import shutil
+
+    broken = env["root"] / "model-without-weights"
+    shutil.copytree(env["model"], broken)
+    for w in broken.glob("*.safetensors"):
+        w.unlink()
+    path = sweep(env, "prep-fail", {"number_gpus": 1, "max_steps": 2})
+    path.write_text(path.read_text().replace(str(env["model"]), str(broken)))
+    rep = submit(sb, env, path, "--prepare-on", "slurm", "--wait")
+    prep_job = rep["prepare_job"]
+    log = Path(rep["campaign_dir"]) / ".slurm" / f"prepare-{prep_job}.out"
+    assert "lacks weights" in log.read_text()
+    status = sb(env, "status", "--campaign", "prep-fail", db_only=False)
+    assert f"prepare job {prep_job} ended FAILED" in status.output and "sbench retry prep-fail" in status.output
+    collect(sb, env)
+    (run,) = sql(env, "SELECT * FROM runs WHERE campaign = 'prep-fail'")
+    assert run["state"] == "CANCELLED" and run["outcome"] == "failed", run

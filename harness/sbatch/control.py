@@ -99,7 +99,38 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
         r["phase"] = phase
         counts[phase] = counts.get(phase, 0) + 1
     rows.sort(key=lambda r: (str(r.get("campaign")), str(r.get("point_id")), r.get("repeat") or 0))
+    failed = failed_prepare_jobs(wd, campaign)
+    if failed:
+        note = "; ".join(([note] if note else []) + failed)
     return StatusReport(rows, counts, note)
+
+
+def failed_prepare_jobs(workdir: Path, campaign: str | None) -> list[str]:
+    """A line for each campaign whose ``--prepare-on slurm`` job did not complete (its arrays were cancelled)."""
+    import json
+    import shutil
+
+    from .submit import PREPARE_JOB_FILE
+
+    files = [workdir / campaign / PREPARE_JOB_FILE] if campaign else sorted(workdir.glob(f"*/{PREPARE_JOB_FILE}"))
+    records = []
+    for f in files:
+        try:
+            records.append((f.parent, str(json.loads(f.read_text())["job_id"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if not records or shutil.which("squeue") is None:
+        return []
+    from .slurm import query_states
+
+    states = query_states([job for _, job in records])
+    out = []
+    for cdir, job in records:
+        st = states.get(job)
+        if st and jobstate.is_done(st) and jobstate.normalise(st) != "COMPLETED":
+            out.append(f"campaign {cdir.name}: prepare job {job} ended {jobstate.normalise(st)}, so its arrays were "
+                       f"cancelled; see {cdir / '.slurm' / f'prepare-{job}.out'}, fix it, then sbench retry {cdir.name}")
+    return out
 
 
 def _executor_of(row: dict[str, Any]) -> str | None:
