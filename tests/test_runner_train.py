@@ -109,10 +109,14 @@ def check_common(paths: JobPaths, host: str, ranks: list[int]) -> dict[str, Any]
     assert node == ["setup", "dataset", "teardown"]
     for r in ranks:
         seq = [e["stage"] for e in events if e["rank"] == r and e["event"] == "start"]
-        assert seq == ["dataset", "tokens", "model_load", "train"], seq
+        assert seq == ["launch", "dataset", "tokens", "model_load", "train"], seq
         assert all(e["status"] == "ok" for e in events if e["rank"] == r and e["event"] == "end")
     t = {(e["stage"], e["rank"], e["event"]): e["t_wall"] for e in events}
     assert t[("dataset", None, "end")] <= t[("dataset", ranks[0], "start")]
+    # launch opens when the runner started the command (after its dataset stage) and ends before the data stages
+    for r in ranks:
+        assert t[("dataset", None, "end")] <= t[("launch", r, "start")] <= t[("launch", r, "end")] \
+            <= t[("dataset", r, "start")]
     assert max(t[("train", r, "end")] for r in ranks) <= t[("teardown", None, "start")]
     # samples: rows inside the run, the process tree seen working
     rows = samples(paths, host)
@@ -326,7 +330,10 @@ def test_vision_dataset_fails_with_a_clear_reason(tmp_path, tiny_model, small_da
     proc, paths = _direct(tmp_path, tiny_model, small_data, "--training_data_path", str(tmp_path / "v.parquet"))
     assert proc.returncode == 1
     err = load(paths.error(0))
-    assert err["kind"] == "failed" and "vision" in err["message"] and err["stage"] is None
+    # refused before any data stage: the failure is the launch stage's, and that stage is closed with it
+    assert err["kind"] == "failed" and "vision" in err["message"] and err["stage"] == "launch"
+    (end,) = [e for e in read_stages(paths.stages(err["host"])) if e["stage"] == "launch" and e["event"] == "end"]
+    assert end["status"] == "error" and "vision" in end["error"]
 
 
 def test_unknown_flag_is_an_error(tmp_path, tiny_model, small_data):

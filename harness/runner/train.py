@@ -60,6 +60,8 @@ from .envcapture import relevant_env
 from .faults import Fault, faults_from_env
 from .stages import StageLog, Terminated
 
+MODULE_START_WALL = time.time()  # this process's start as the launch stage sees it (the heavy imports come later)
+
 AUTO_STOP = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
 RUNNER_DEFAULTS = {"sample_interval_s": 1.0, "warmup_seconds": 60.0, "stable_seconds": 120.0, "min_steps": 10,
                    "stop_grace_s": 30.0, "token_cache": True}
@@ -570,20 +572,14 @@ def _lengths_and_empty(data: Any) -> tuple[list[int], int]:
 
 def launch_start(ctx: Context) -> None:
     """Open the rank's ``launch`` stage at the moment the node runner started the training command
-    (``SBENCH_LAUNCHED_WALL``), else at this process's start: launcher, imports and rendezvous are
-    start-up time like any other, and the stages should say where it went."""
-    try:
-        import psutil
-
-        born = psutil.Process().create_time()
-    except Exception:  # noqa: BLE001 - psutil missing or refused: the stage starts now
-        born = time.time()
+    (``SBENCH_LAUNCHED_WALL``), else when this module started loading: launcher, imports and the
+    rendezvous are start-up time like any other, and the stages should say where it went."""
     try:
         launched = float(os.environ["SBENCH_LAUNCHED_WALL"])
     except (KeyError, ValueError):
-        launched = born
-    ctx.launch = {"launched_wall": launched, "process_start_wall": born}
-    ctx.log.start("launch", at=min(launched, born))
+        launched = MODULE_START_WALL
+    ctx.launch = {"launched_wall": min(launched, MODULE_START_WALL), "process_start_wall": MODULE_START_WALL}
+    ctx.log.start("launch", at=ctx.launch["launched_wall"])
 
 
 def launch_end(ctx: Context, imported_wall: float) -> None:
