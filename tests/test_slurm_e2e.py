@@ -273,7 +273,9 @@ def test_a_failed_prepare_job_cancels_its_arrays_and_status_says_why(sb, env) ->
         w.unlink()
     path = sweep(env, "prep-fail", {"number_gpus": 1, "max_steps": 2})
     path.write_text(path.read_text().replace(str(env["model"]), str(broken)))
-    rep = submit(sb, env, path, "--prepare-on", "slurm", "--wait")
+    # --force: the same point may already be measured by another test of this module
+    rep = submit(sb, env, path, "--prepare-on", "slurm", "--wait", "--force")
+    assert rep["submitted"] == 1
     prep_job = rep["prepare_job"]
     log = Path(rep["campaign_dir"]) / ".slurm" / f"prepare-{prep_job}.out"
     assert "lacks weights" in log.read_text()
