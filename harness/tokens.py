@@ -28,9 +28,15 @@ from .errors import InputError, SbenchError
 COUNT_VERSION = 1  # bump when the counting rule changes: old cache entries then miss
 _BATCH = 512  # texts per tokenizer call at most
 _BATCH_CHARS = 4 << 20  # ... or about this many characters
-# A fixed text whose ids enter the tokenizer fingerprint: it catches behaviour (special
-# tokens, normalisation) that settings outside tokenizer.json can change.
-_PROBE = "Probe: The council approved the $12 million budget on Monday.\n### Response:\n  ÄÖ 中文 123"
+# Fixed texts whose ids enter the tokenizer fingerprint: they catch behaviour (special tokens,
+# normalisation, whitespace and unicode handling) that settings outside the vocabulary change.
+_PROBES = (
+    "Probe: The council approved the $12 million budget on Monday.\n### Response:\n  ÄÖ 中文 123",
+    "  leading, trailing   and  repeated spaces  ", "Tabs\tand\nnewlines\r\nand\n\n\nblank lines",
+    "CamelCase snake_case kebab-case 3.14159 1,000,000 2026-11-23 ALL CAPS", "Ünïcödé façade naïve — “quotes” …",
+    "日本語 한국어 العربية עברית Ελληνικά русский", "def f(x):\n    return x ** 2  # code\n",
+    "<s> literal </s> <unk> <pad> <|endoftext|> [CLS]", "emoji 🙂🚀 and\u200bzero width",
+)
 
 
 # -- tokenizers ---------------------------------------------------------------------------------------------
@@ -81,23 +87,37 @@ def effective_max_length(tokenizer: Any, max_seq_length: int) -> int:
     return max_seq_length
 
 
+def _digest(value: Any) -> str:
+    return sha256(json.dumps(value, default=str).encode()).hexdigest()
+
+
 def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """sha256 over what decides token ids: the serialized tokenizer, special tokens and a probe's ids."""
-    parts: dict[str, Any] = {"class": type(tokenizer).__name__}
+    """sha256 over what decides token ids, and nothing a library version changes on its own.
+
+    The vocabulary, the merges (as "a b" strings: tokenizers 0.20 began writing them as pairs),
+    the added and special tokens, the truncation side, and the ids of probe texts (with special
+    tokens) that exercise normalisation, pre-tokenisation and the post-processor. Not the
+    tokenizer's class name or its serialized JSON as a whole: transformers 5 renamed the classes
+    and tokenizers adds fields (``ignore_merges``, ``byte_fallback``) across versions, and a login
+    node and the compute nodes with different versions must still agree on a prepared dataset.
+    """
+    parts: dict[str, Any] = {}
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         state = json.loads(backend.to_str())
-        # Truncation/padding are per-call state HF leaves behind; they do not change what we count.
-        state.pop("truncation", None)
-        state.pop("padding", None)
-        parts["backend"] = state
+        model = state.get("model") or {}
+        vocab = model.get("vocab")
+        parts["model"] = model.get("type")
+        parts["vocab"] = _digest(sorted(vocab.items()) if isinstance(vocab, dict) else vocab)
+        parts["merges"] = _digest([m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []])
+        parts["added"] = sorted((t.get("id"), t.get("content"), bool(t.get("special")))
+                                for t in state.get("added_tokens") or [])
     else:
-        parts["vocab"] = sorted(tokenizer.get_vocab().items())
-    parts["special_tokens"] = {k: str(v) for k, v in sorted(getattr(tokenizer, "special_tokens_map", {}).items())}
-    for attr in ("add_bos_token", "add_eos_token", "truncation_side", "do_lower_case"):
-        parts[attr] = getattr(tokenizer, attr, None)
-    parts["probe"] = list(tokenizer(_PROBE)["input_ids"])
-    return sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+        parts["vocab"] = _digest(sorted(tokenizer.get_vocab().items()))
+    parts["special"] = sorted(str(t) for t in getattr(tokenizer, "all_special_tokens", None) or [])
+    parts["truncation_side"] = getattr(tokenizer, "truncation_side", None)
+    parts["probes"] = [list(tokenizer(p)["input_ids"]) for p in _PROBES]
+    return _digest(parts)
 
 
 class _Encoder:

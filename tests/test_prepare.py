@@ -311,3 +311,36 @@ def test_inventory_shared_dirs_reach_the_jobs(tiny_model, tmp_path, cli) -> None
     out = json.loads(sbench("prepare", sw, "-i", inv, "--json").stdout)["items"]
     assert (tmp_path / "shared" / "data" / f"{SMALL_DATASET}.jsonl").is_file()
     assert {i["kind"] for i in out} == {"dataset", "model", "training_data"}
+
+
+def test_fingerprint_ignores_serialization_but_not_behaviour(tiny_model, tmp_path) -> None:
+    """A login node and compute nodes with other tokenizers/transformers versions must agree on the key."""
+    from harness.tokens import tokenizer_fingerprint
+
+    base = tokenizer_fingerprint(load_tokenizer(str(tiny_model)))
+    doc = json.loads((tiny_model / "tokenizer.json").read_text())
+
+    def variant(name: str, edit) -> str:
+        d = tmp_path / name
+        shutil.copytree(tiny_model, d)
+        new = json.loads(json.dumps(doc))
+        edit(new)
+        (d / "tokenizer.json").write_text(json.dumps(new))
+        return tokenizer_fingerprint(load_tokenizer(str(d)))
+
+    def older_format(t):  # what an older tokenizers wrote: merges as "a b" strings, no newer model fields
+        t["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in t["model"]["merges"]]
+        for k in ("ignore_merges", "byte_fallback"):
+            t["model"].pop(k, None)
+
+    def lowercase(t):
+        t["normalizer"] = {"type": "Lowercase"}
+
+    def one_merge_less(t):
+        t["model"]["merges"] = t["model"]["merges"][:-1]
+        last = max(t["model"]["vocab"], key=t["model"]["vocab"].get)
+        del t["model"]["vocab"][last]
+
+    assert variant("older", older_format) == base
+    assert variant("lower", lowercase) != base
+    assert variant("merges", one_merge_less) != base
