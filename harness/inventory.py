@@ -44,7 +44,9 @@ DEFAULT_KEYS = ("env", "nccl", "setup", "python", "data_dir", "models_dir")
 PARTITION_KEYS = (
     "slurm_partition", "account", "qos", "constraint", "time_limit", "gpu_model",
     "gpus_per_node", "cpus_per_node", "memory_gb", "setup", "env", "python", "exclusive", "hosts", "slurm_extra",
+    "peak_tflops",
 )
+MAX_PEAK_TFLOPS = 1e6
 HOST_KEYS = ("address", "roce", "nccl_topo_file", "env")
 ROCE_KEYS = ("hcas", "gid_index", "socket_ifname")
 
@@ -88,6 +90,7 @@ class Partition:
     python: str | None = None
     exclusive: bool = False
     slurm_extra: dict[str, Any] = field(default_factory=dict)
+    peak_tflops: float | dict[str, float] | None = None  # per device; a number, or per dtype (harness.flops)
 
     @property
     def is_cpu(self) -> bool:
@@ -214,7 +217,21 @@ def _partition(ck: Checker, name: str, node: Any, parent: Mapping[str, Any]) -> 
         python=ck.string(node, key, "python"),
         exclusive=ck.boolean(node, key, "exclusive", default=False),
         slurm_extra=sbatch_extra(ck, node, key, "slurm_extra"),
+        peak_tflops=_peak(ck, node, key),
     )
+
+
+def _peak(ck: Any, node: Any, key: str) -> float | dict[str, float] | None:
+    """``peak_tflops``: dense TFLOP/s of one device (one CPU worker process on a CPU partition), or per dtype."""
+    from .flops import DTYPES
+
+    value = node.get("peak_tflops")
+    if value is None or not isinstance(value, dict):
+        return ck.number(node, key, "peak_tflops", minimum=1e-9, maximum=MAX_PEAK_TFLOPS)
+    sub = ck.mapping(value, f"{key}.peak_tflops", node, "peak_tflops")
+    ck.known_keys(sub, f"{key}.peak_tflops", DTYPES)
+    return {d: float(ck.number(sub, f"{key}.peak_tflops", d, minimum=1e-9, maximum=MAX_PEAK_TFLOPS))
+            for d in DTYPES if sub.get(d) is not None}
 
 
 def parse_inventory(doc: Any, source: str) -> Inventory:

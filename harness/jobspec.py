@@ -14,6 +14,7 @@ from typing import Any
 
 from . import __version__
 from .catalog import Experiment, get_experiment
+from .flops import compute_dtype, peak_tflops
 from .inventory import Host, Inventory, Partition
 from .paths import JobPaths
 from .plan import PlannedPoint, RunnerSettings, Sweep, data_dir_for, shared_dir
@@ -70,6 +71,9 @@ class JobSpec:
     notes: list[str] = field(default_factory=list)
     sbench_version: str = __version__
     workload: str = "train"  # train | idle (runner.workload) | fabric (sbench fabric); see ``module``
+    compute_dtype: str | None = None  # the dtype the peak is read for (harness.flops)
+    peak_tflops: float | None = None  # one device's peak dense TFLOP/s: MFU's denominator
+    peak_source: str = "unknown"  # inventory | gpu_peaks.yaml | unknown
 
     @property
     def module(self) -> str:
@@ -361,6 +365,8 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
     argv = train_argv(exp, e, point.model_source or e["model_name"], dataset_path, job_dir, per_device_bs, target)
     if sweep.runner.workload == "idle":
         argv = ["--job-dir", job_dir, "--seconds", f"{sweep.runner.idle_seconds:g}"]
+    cdtype = compute_dtype(e, part.is_cpu)
+    peak, peak_src = peak_tflops(str(e.get("gpu_model") or part.gpu_model), cdtype, part.peak_tflops)
     env = dict(inv.env)
     env.update(part.env)
     env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(part, per_node)))
@@ -377,6 +383,7 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         launcher=launcher, num_machines=nodes, num_processes=devices, processes_per_node=per_node, port=port,
         accelerate_config=acc, train_argv=argv, python=python or part.python or inv.python or sys.executable,
         setup=list(inv.setup) + list(part.setup), env=env, host_env=host_env,
+        compute_dtype=cdtype, peak_tflops=peak, peak_source=peak_src,
         host_addresses={h.name: h.address for h in part.hosts.values() if h.address},
         trials=exp.trials, runner=sweep.runner.to_dict(), adjustments=adjustments, notes=list(point.notes),
         workload=sweep.runner.workload,

@@ -35,6 +35,7 @@ import duckdb
 
 from ..catalog import EXPERIMENTS
 from ..errors import CollectError
+from ..flops import run_flops
 from ..paths import JobPaths
 from . import aggregate
 from .discover import (
@@ -145,6 +146,7 @@ class RunData:
     window: tuple[float | None, float | None] = (None, None)
     over: bool = False
     workload: str = "train"
+    peak: float | None = None  # one device's peak TFLOP/s from spec.json (MFU's denominator)
 
 
 def _environment_path(paths: JobPaths, host: str) -> Path:
@@ -552,7 +554,8 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
     }
     data = RunData(run=run, hosts=host_rows, stages=stage_rows, ranks=rank_rows, errors=err_rows, trials=trial_rows,
                    environment=env_rows, rank0=rank0, entity=entity, experiment=experiment, world_size=world,
-                   window=window, over=over, workload=str(js.get("workload") or "train"))
+                   window=window, over=over, workload=str(js.get("workload") or "train"),
+                   peak=aggregate._f(js.get("peak_tflops")))
     if paths is not None:
         data.sample_files = [(h, paths.samples(h)) for h in sample_hosts]
     return data
@@ -613,6 +616,7 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     had_gpu = any(s["kind"] == "gpu" and s["rows_all"] for s in mine)
     stop_after = aggregate._f(d.entity.get("stop_after_seconds"))
     row.update(aggregate.benchmark_properties(devices, procs, had_gpu, d.rank0, d.world_size, stop_after))
+    row.update(run_flops(d.rank0, d.peak))
     notes = []
     if not d.sample_files and (aggregate._f(d.entity.get("number_gpus")) or 0) > 0:
         # No sampler output at all is not "no GPU": leave the GPU properties unknown rather than 0.0.

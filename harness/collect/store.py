@@ -72,8 +72,8 @@ import numpy as np
 from ..catalog import BENCHMARK_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
 from ..errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
 
-SCHEMA_VERSION = 4  # 2: samples became a view over sample_files + sample_rows; 3: environment provenance;
-# 4: the run_overhead view
+SCHEMA_VERSION = 5  # 2: samples became a view over sample_files + sample_rows; 3: environment provenance;
+# 4: the run_overhead view; 5: FLOPs and MFU columns in measurements
 DEFAULT_WAIT_S = 5.0
 READ_ONLY_CONFIG = {"enable_external_access": False, "autoinstall_known_extensions": False,
                     "autoload_known_extensions": False, "allow_community_extensions": False,
@@ -171,7 +171,10 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         *[(p, "DOUBLE") for p in PROPERTY_COLUMNS],
         ("trials_run", "INTEGER"), ("window_start_wall", "DOUBLE"), ("window_end_wall", "DOUBLE"),
         ("window_s", "DOUBLE"), ("gpu_devices", "INTEGER"), ("gpu_samples", "BIGINT"), ("proc_samples", "BIGINT"),
-        ("world_size", "INTEGER"), ("transport", "VARCHAR"), ("notes", "VARCHAR[]"), *ENTITY_COLUMNS,
+        ("world_size", "INTEGER"), ("transport", "VARCHAR"), ("notes", "VARCHAR[]"),
+        # harness.flops: model FLOPs per token, achieved TFLOP/s per device, and MFU against peak_tflops
+        ("peak_tflops", "DOUBLE"), ("model_flops_per_token", "DOUBLE"), ("model_tflops_per_gpu", "DOUBLE"),
+        ("hardware_tflops_per_gpu", "DOUBLE"), ("mfu", "DOUBLE"), *ENTITY_COLUMNS,
     ],
     "environment": [
         *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("python", "VARCHAR"), ("torch", "VARCHAR"),
