@@ -97,3 +97,48 @@ def query(sql: str, db: Path | None, fmt: str) -> None:
             return
         click.echo(table([{c: _cell(v) for c, v in zip(cols, r)} for r in rows], cols))
         click.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+
+
+@main.command()
+@click.argument("base")
+@click.argument("cand")
+@db_option
+@click.option("--metric", "metrics", multiple=True, help="Metric to compare (repeatable; default "
+              "dataset_tokens_per_second).")
+@click.option("--threshold", type=float, default=0.10, show_default=True,
+              help="Smallest change that counts, as a fraction (0.05 = 5 %).")
+@json_option
+def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], threshold: float, as_json: bool) -> None:
+    """Compare two campaigns (or run filters) point by point; exit 1 on a regression.
+
+    BASE and CAND are campaign names or filters such as git_commit=3f2a1c,torch=2.13.0.
+
+    Example: sbench compare nightly-1122 nightly-1123 --threshold 0.05 --metric train_runtime
+    """
+    from .collect.store import open_store
+    from .compare import DEFAULT_METRICS, compare as run_compare, parse_side
+
+    sides = [parse_side(base), parse_side(cand)]
+    with open_store(db or DEFAULT_DB, read_only=True) as st:
+        b, c = (st.compare_side(camp, filters) for camp, filters in sides)
+    for name, side in (("BASE", b), ("CAND", c)):
+        if not side:
+            raise InputError(f"{name} {base if name == 'BASE' else cand!r}: no valid measurements match")
+    rows = run_compare(b, c, list(metrics or DEFAULT_METRICS), threshold)
+    if not rows:
+        raise InputError(f"BASE and CAND share no measured point ({len(b)} and {len(c)} point(s)); compare pairs "
+                         "runs by point_id")
+    regressions = [r for r in rows if r.verdict.startswith("regression")]
+    if as_json:
+        echo_json({"threshold": threshold, "rows": [r.to_dict() for r in rows], "regressions": len(regressions)})
+    else:
+        click.echo(table([{"point_id": r.point_id, "model": r.labels.get("model_name"),
+                           "gpus": r.labels.get("number_gpus"), "batch": r.labels.get("batch_size"),
+                           "metric": r.metric, "n": f"{r.n_base}/{r.n_cand}", "base": f"{r.base:.4g}",
+                           "cand": f"{r.cand:.4g}", "ratio": f"{r.ratio:.3f}", "95% interval":
+                           f"{r.low:.3f}-{r.high:.3f}", "verdict": r.verdict} for r in rows],
+                         ["point_id", "model", "gpus", "batch", "metric", "n", "base", "cand", "ratio",
+                          "95% interval", "verdict"]))
+        click.echo(f"\n{len(rows)} comparison(s): {len(regressions)} regression(s) beyond {threshold:.0%}")
+    if regressions:
+        click.get_current_context().exit(1)

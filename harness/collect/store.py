@@ -876,6 +876,33 @@ class Store:
         return self.fetch_dicts(sql + (" WHERE r.campaign = ?" if campaign else "")
                                 + " ORDER BY o.outside_train_s DESC NULLS LAST, o.run_id, o.host", params)
 
+    def compare_side(self, campaign: str | None, filters: Mapping[str, str]) -> dict[str, list[dict[str, Any]]]:
+        """Valid measurements of ok runs selected by *campaign* and *filters*, by point_id (``sbench compare``).
+
+        A filter names a column of ``measurements`` (the entity fields, ``experiment``...) or of
+        ``environment`` (``git_commit``, ``torch``, ...: any host of the run matches)."""
+        env_cols = {c for c, t in SCHEMA["environment"] if t == "VARCHAR" and c != "run_id"}
+        m_cols = {c for c, _ in SCHEMA["measurements"]}
+        where, params = ["m.is_valid", "r.outcome = 'ok'"], []
+        if campaign is not None:
+            where.append("r.campaign = ?")
+            params.append(campaign)
+        for key, value in filters.items():
+            if key in env_cols:
+                where.append(f"EXISTS (SELECT 1 FROM environment e WHERE e.run_id = m.run_id AND e.{q(key)} = ?)")
+            elif key in m_cols:
+                where.append(f"CAST(m.{q(key)} AS VARCHAR) = ?")
+            else:
+                raise InputError(f"compare: unknown filter {key!r}; use campaign, a point field (model_name, "
+                                 f"number_gpus, ...) or an environment column ({', '.join(sorted(env_cols))})")
+            params.append(value)
+        rows = self.fetch_dicts(f"SELECT m.* FROM measurements m JOIN runs r USING (run_id) WHERE {' AND '.join(where)} "
+                                "ORDER BY m.point_id, m.ended_at, m.run_id", params)
+        out: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            out.setdefault(r["point_id"], []).append(r)
+        return out
+
     def job_dirs(self, campaign: str | None = None) -> set[str]:
         """The job dir of every attempt recorded (of one campaign, or all)."""
         sql = "SELECT job_dir FROM runs WHERE job_dir IS NOT NULL" + (" AND campaign = ?" if campaign else "")

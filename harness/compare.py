@@ -1,0 +1,130 @@
+"""``sbench compare BASE CAND``: the same points measured twice, per point and metric, noise taken into account.
+
+A side is a campaign name, or filters over runs such as ``git_commit=3f2a1c`` or
+``torch=2.13.0,campaign=nightly`` (columns of ``runs`` and of ``environment``: the package versions
+and the commit recorded on the nodes). Runs are paired by ``point_id``; each side's valid
+measurements of a point are its repeats.
+
+Per point and metric: the ratio of the medians (candidate / base) and a 95 % interval for it by
+bootstrap (both sides resampled with replacement, ``BOOTSTRAP`` times, fixed seed, so the same
+data always gives the same answer). The verdict:
+
+- ``regression``: worse by more than ``threshold`` (ratio below 1 - threshold for a
+  higher-is-better metric, above 1 + threshold for a lower-is-better one) **and** the interval
+  does not reach 1: the change is both large and not explained by the repeats' spread;
+- ``improvement``: the same, the other way;
+- ``noise``: anything else. With one run a side there is no spread to judge by: the threshold alone
+  decides, and the verdict says ``(1 run)``. (With repeats on one side only, the interval carries that
+  side's spread.)
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import InputError
+
+# metric -> True when higher is better
+METRICS: dict[str, bool] = {
+    "dataset_tokens_per_second": True, "train_tokens_per_second": True, "train_samples_per_second": True,
+    "train_tokens_per_gpu_per_second": True, "dataset_tokens_per_second_per_gpu": True, "mfu": True,
+    "model_tflops_per_gpu": True, "train_runtime": False, "gpu_memory_utilization_peak": False,
+    "cpu_memory_utilization": False,
+}
+DEFAULT_METRICS = ("dataset_tokens_per_second",)
+BOOTSTRAP = 2000
+SEED = 20261123
+
+
+@dataclass
+class Row:
+    point_id: str
+    metric: str
+    n_base: int
+    n_cand: int
+    base: float
+    cand: float
+    ratio: float
+    low: float
+    high: float
+    verdict: str
+    labels: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_side(text: str) -> tuple[str | None, dict[str, str]]:
+    """``(campaign, filters)`` of one side; a bare word is a campaign name."""
+    from .schema import is_name
+
+    text = text.strip()
+    if "=" not in text:
+        if not is_name(text):
+            raise InputError(f"{text!r} is neither a campaign name nor filters like git_commit=abc,torch=2.13.0")
+        return text, {}
+    filters: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise InputError(f"{part!r} in {text!r} is not KEY=VALUE")
+        filters[key] = value
+    return filters.pop("campaign", None), filters
+
+
+def ratio_interval(base: list[float], cand: list[float], rng: random.Random) -> tuple[float, float]:
+    """95 % bootstrap percentile interval of median(cand) / median(base)."""
+    if len(base) < 2 and len(cand) < 2:
+        r = statistics.median(cand) / statistics.median(base)
+        return r, r
+    ratios = []
+    for _ in range(BOOTSTRAP):
+        b = statistics.median(rng.choices(base, k=len(base)))
+        c = statistics.median(rng.choices(cand, k=len(cand)))
+        if b:
+            ratios.append(c / b)
+    ratios.sort()
+    return ratios[int(0.025 * (len(ratios) - 1))], ratios[int(0.975 * (len(ratios) - 1))]
+
+
+def verdict(ratio: float, low: float, high: float, higher_better: bool, threshold: float, single: bool) -> str:
+    worse = ratio < 1 - threshold if higher_better else ratio > 1 + threshold
+    better = ratio > 1 + threshold if higher_better else ratio < 1 - threshold
+    clear = not (low <= 1.0 <= high) or single
+    tag = " (1 run)" if single else ""
+    if worse and clear:
+        return "regression" + tag
+    if better and clear:
+        return "improvement" + tag
+    return "noise" + tag
+
+
+def compare(base: dict[str, list[dict[str, Any]]], cand: dict[str, list[dict[str, Any]]], metrics: list[str],
+            threshold: float) -> list[Row]:
+    """Rows per point in both sides and metric; *base*/*cand* map point_id -> measurement rows."""
+    for m in metrics:
+        if m not in METRICS:
+            raise InputError(f"--metric {m}: not comparable; choose from {', '.join(METRICS)}")
+    if not 0 < threshold < 1:
+        raise InputError(f"--threshold must be between 0 and 1 (a fraction, 0.05 = 5 %), got {threshold}")
+    rng = random.Random(SEED)
+    out: list[Row] = []
+    for pid in sorted(set(base) & set(cand)):
+        for m in metrics:
+            b = [float(r[m]) for r in base[pid] if r.get(m) is not None]
+            c = [float(r[m]) for r in cand[pid] if r.get(m) is not None]
+            if not b or not c or statistics.median(b) == 0:
+                continue
+            mb, mc = statistics.median(b), statistics.median(c)
+            low, high = ratio_interval(b, c, rng)
+            single = len(b) < 2 and len(c) < 2
+            first = base[pid][0]
+            labels = {k: first.get(k) for k in ("model_name", "number_gpus", "number_nodes", "batch_size",
+                                                  "model_max_length", "experiment")}
+            out.append(Row(pid, m, len(b), len(c), mb, mc, mc / mb, low, high,
+                           verdict(mc / mb, low, high, METRICS[m], threshold, single), labels))
+    return out
