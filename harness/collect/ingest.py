@@ -149,10 +149,6 @@ class RunData:
     peak: float | None = None  # one device's peak TFLOP/s from spec.json (MFU's denominator)
 
 
-def _environment_path(paths: JobPaths, host: str) -> Path:
-    return paths.environment(host)
-
-
 def _slurm_tail(paths: JobPaths) -> str | None:
     """The last line of the batch script's output: why a job that never started its runner failed."""
     for out in reversed(paths.slurm_outputs()):
@@ -255,8 +251,8 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
                 results[h] = doc
             elif doc is not None:
                 problems.append(f"{paths.result(h).name}: not a JSON object")
-        for h in names_like(names, lambda x: _environment_path(paths, x)):
-            doc, p = read_json(_environment_path(paths, h))
+        for h in names_like(names, paths.environment):
+            doc, p = read_json(paths.environment(h))
             if p:
                 problems.append(p)
             if isinstance(doc, dict):
