@@ -255,13 +255,12 @@ def prepare_sweep(sweep_path: Path, inventory_path: Path | None = None, model_ma
 def prepare_script(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
                    out_dir: Path) -> str:
     """The sbatch script of the preparation job: one task on one node of the sweep's partition."""
-    from .jobspec import DEFAULT_TIME
     from .render import sbatch_directives
 
     part = inv.partition(sweep.partition)
     res: dict[str, Any] = {"job_name": f"sbench.{sweep.campaign}.prepare", "partition": part.slurm_partition,
                            "nodes": 1, "ntasks": 1, "cpus_per_task": max(2, min(PREPARE_CPUS, part.cpus_per_node)),
-                           "time": sweep.slurm.time or part.time_limit or DEFAULT_TIME or PREPARE_TIME}
+                           "time": sweep.slurm.time or part.time_limit or PREPARE_TIME}
     for key in ("account", "qos", "constraint"):
         value = getattr(sweep.slurm, key) or getattr(part, key)
         if value:
