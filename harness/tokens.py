@@ -95,8 +95,10 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     """sha256 over what decides token ids, and nothing a library version changes on its own.
 
     The vocabulary, the merges (as "a b" strings: tokenizers 0.20 began writing them as pairs),
-    the added and special tokens, the truncation side, and the ids of probe texts (with special
-    tokens) that exercise normalisation, pre-tokenisation and the post-processor. Not the
+    the added tokens, the truncation side, and the ids of probe texts (with special tokens) that
+    exercise normalisation, pre-tokenisation and the post-processor. Not which token serves as
+    padding: the trainer sets ``pad_token = eos_token`` where a model has none, after preparation
+    and without changing a single id of an unpadded encoding. Not the
     tokenizer's class name or its serialized JSON as a whole: transformers 5 renamed the classes
     and tokenizers adds fields (``ignore_merges``, ``byte_fallback``) across versions, and a login
     node and the compute nodes with different versions must still agree on a prepared dataset.
@@ -114,7 +116,6 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
                                 for t in state.get("added_tokens") or [])
     else:
         parts["vocab"] = _digest(sorted(tokenizer.get_vocab().items()))
-    parts["special"] = sorted(str(t) for t in getattr(tokenizer, "all_special_tokens", None) or [])
     parts["truncation_side"] = getattr(tokenizer, "truncation_side", None)
     parts["probes"] = [list(tokenizer(p)["input_ids"]) for p in _PROBES]
     return _digest(parts)

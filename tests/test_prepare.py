@@ -341,6 +341,10 @@ def test_fingerprint_ignores_serialization_but_not_behaviour(tiny_model, tmp_pat
         last = max(t["model"]["vocab"], key=t["model"]["vocab"].get)
         del t["model"]["vocab"][last]
 
+    # the trainer's pad_token = eos_token (models without a pad token) changes no id: same key as prepare's
+    padded = load_tokenizer(str(tiny_model))
+    padded.pad_token = padded.eos_token
+    assert tokenizer_fingerprint(padded) == base
     assert variant("older", older_format) == base
     assert variant("lower", lowercase) != base
     assert variant("merges", one_merge_less) != base
