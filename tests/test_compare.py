@@ -69,14 +69,18 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
         assert proc.returncode in ok, proc.stdout + proc.stderr
         return proc
 
+    # The slowdown travels in the inventory's env (rendered into env/<host>.sh), so it reaches exactly the
+    # jobs of that campaign whichever local queue worker runs them. Same partition: the same points.
     for name, fault in (("base", None), ("same", None), ("slow", "sleep@step=4:1;sleep@step=8:1;sleep@step=12:1")):
+        inv = write_sweep(tmp_path / f"{name}-inv.yaml", {"cluster": "c", "partitions": {"cpu": {
+            "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
+            "env": {"SBENCH_FAULT": fault} if fault else {}, "hosts": {"h1": {"address": "127.0.0.1"}}}}})
         sw = write_sweep(tmp_path / f"{name}.yaml", {
             "campaign": name, "experiment": "finetune_full_benchmark-v1.0.0", "repeats": 2,
             "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "number_gpus": 1,
                        "batch_size": 2, "gradient_accumulation_steps": 1, "max_steps": 16},
             "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)})
-        sbench("submit", sw, "--executor", "local", "--wait", "--force", *common,
-               env={"SBENCH_FAULT": fault} if fault else None)
+        sbench("submit", sw, "-i", inv, "--executor", "local", "--wait", "--force", *common)
     sbench("collect", *common)
     flagged = sbench("compare", "base", "slow", "--db", db, "--json", ok=(1,))
     (row,) = json.loads(flagged.stdout)["rows"]
