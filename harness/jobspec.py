@@ -131,6 +131,21 @@ def memory_request(part: Partition, per_node: int, override_gb: float | None) ->
     return f"{max(1, math.floor(share))}M"
 
 
+def scheduling(sweep: Sweep, part: Partition) -> dict[str, Any]:
+    """account, qos and constraint: the sweep's, else the partition's."""
+    out = {}
+    for key in ("account", "qos", "constraint"):
+        value = getattr(sweep.slurm, key) or getattr(part, key)
+        if value:
+            out[key] = value
+    return out
+
+
+def slurm_extra(sweep: Sweep, part: Partition) -> dict[str, Any]:
+    """The partition's and then the sweep's extra sbatch options, as resource keys."""
+    return {key.replace("-", "_"): value for key, value in {**part.slurm_extra, **sweep.slurm.extra}.items()}
+
+
 def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], per_node: int, job_dir: str,
                point: PlannedPoint, exclude: list[str] | None = None) -> dict[str, Any]:
     nodes = e.get("number_nodes", 1)
@@ -145,10 +160,7 @@ def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], per_node: int, 
     res["cpus_per_task"] = cpus_per_task(part, per_node)
     res["mem"] = memory_request(part, per_node, sweep.slurm.mem_gb)
     res["time"] = sweep.slurm.time or part.time_limit or DEFAULT_TIME
-    for key in ("account", "qos", "constraint"):
-        value = getattr(sweep.slurm, key) or getattr(part, key)
-        if value:
-            res[key] = value
+    res.update(scheduling(sweep, part))
     # A multi-node RoCE point owns its nodes (no other job's traffic on the HCAs) unless the sweep says not.
     roce_multi = bool(e.get("enable_roce")) and nodes > 1
     exclusive = sweep.slurm.exclusive if sweep.slurm.exclusive is not None else (part.exclusive or roce_multi)
@@ -164,8 +176,7 @@ def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], per_node: int, 
     # `sbench retry` resubmits with a fresh job dir. With requeue on, a requeued job continues in the
     # same job dir (stage events carry SLURM_RESTART_COUNT).
     res["requeue" if sweep.slurm.requeue else "no_requeue"] = True
-    for key, value in {**part.slurm_extra, **sweep.slurm.extra}.items():
-        res[key.replace("-", "_")] = value
+    res.update(slurm_extra(sweep, part))
     res["output"] = f"{job_dir}/slurm-%j.out"
     return res
 

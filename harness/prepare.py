@@ -227,7 +227,8 @@ def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> lis
                                response_template=ti.response_template, root=work.data_dir / PREP_DIR,
                                token_cache=work.data_dir / TOKEN_CACHE_DIR, open_dataset=False)
         counts = dataset_token_counts(tok, ti.dataset_path, text_field=ti.text_field,
-                                      max_seq_length=ti.max_seq_length, cache_dir=work.data_dir / TOKEN_CACHE_DIR)
+                                      max_seq_length=ti.max_seq_length, cache_dir=work.data_dir / TOKEN_CACHE_DIR,
+                                      dataset_sha=prep.doc["dataset_sha256"])
         dt = time.monotonic() - t0
         status = {"hit": "ready"}.get(prep.status, prep.status)
         detail = (f"{prep.rows} rows, {prep.tokens:,} tokens (counts: cache {counts.cache})"
@@ -255,18 +256,14 @@ def prepare_sweep(sweep_path: Path, inventory_path: Path | None = None, model_ma
 def prepare_script(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
                    out_dir: Path) -> str:
     """The sbatch script of the preparation job: one task on one node of the sweep's partition."""
+    from .jobspec import scheduling, slurm_extra
     from .render import sbatch_directives
 
     part = inv.partition(sweep.partition)
     res: dict[str, Any] = {"job_name": f"sbench.{sweep.campaign}.prepare", "partition": part.slurm_partition,
                            "nodes": 1, "ntasks": 1, "cpus_per_task": max(2, min(PREPARE_CPUS, part.cpus_per_node)),
-                           "time": sweep.slurm.time or part.time_limit or PREPARE_TIME}
-    for key in ("account", "qos", "constraint"):
-        value = getattr(sweep.slurm, key) or getattr(part, key)
-        if value:
-            res[key] = value
-    for key, value in {**part.slurm_extra, **sweep.slurm.extra}.items():
-        res[key.replace("-", "_")] = value
+                           "time": sweep.slurm.time or part.time_limit or PREPARE_TIME,
+                           **scheduling(sweep, part), **slurm_extra(sweep, part)}
     res["output"] = f"{out_dir}/prepare-%j.out"
     python = part.python or inv.python or sys.executable
     argv = [python, "-m", "harness", "prepare", str(sweep_path.resolve())]

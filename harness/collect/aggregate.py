@@ -134,6 +134,18 @@ def proc_stats(rows: Iterable[Mapping[str, Any]], start: float | None, end: floa
                       mem_pct=_mean(_f(r.get("mem_pct")) for r in rs)) for h, rs in sorted(groups.items())]
 
 
+def run_stats(stats: Iterable[Mapping[str, Any]], run_id: str) -> tuple[list[DeviceStats], list[ProcStats], bool]:
+    """One run's per-device and per-host rows of the samples' window statistics, and whether any GPU row
+    was sampled at all (inside the window or not)."""
+    mine = [s for s in stats if s["run_id"] == run_id]
+    devices = [DeviceStats(s["host"], int(s["device"]), int(s["samples"]), s["gpu_util"], s["mem_util"],
+                           s["mem_util_peak"], s["power_w"], s["power_pct"])
+               for s in mine if s["kind"] == "gpu" and s["samples"]]
+    procs = [ProcStats(s["host"], int(s["samples"]), s["cpu_pct"], s["mem_pct"])
+             for s in mine if s["kind"] == "proc" and s["samples"]]
+    return devices, procs, any(s["kind"] == "gpu" and s["rows_all"] for s in mine)
+
+
 def _mma(prefix: str, vals: Sequence[float | None]) -> dict[str, float | None]:
     xs = [v for v in vals if v is not None]
     if not xs:

@@ -603,13 +603,7 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
         row["trials_run"] = len(outcomes)
         return row
     start, end = d.window
-    mine = [s for s in stats if s["run_id"] == run["run_id"]]
-    devices = [aggregate.DeviceStats(s["host"], int(s["device"]), int(s["samples"]), s["gpu_util"], s["mem_util"],
-                                     s["mem_util_peak"], s["power_w"], s["power_pct"])
-               for s in mine if s["kind"] == "gpu" and s["samples"]]
-    procs = [aggregate.ProcStats(s["host"], int(s["samples"]), s["cpu_pct"], s["mem_pct"])
-             for s in mine if s["kind"] == "proc" and s["samples"]]
-    had_gpu = any(s["kind"] == "gpu" and s["rows_all"] for s in mine)
+    devices, procs, had_gpu = aggregate.run_stats(stats, run["run_id"])
     stop_after = aggregate._f(d.entity.get("stop_after_seconds"))
     row.update(aggregate.benchmark_properties(devices, procs, had_gpu, d.rank0, d.world_size, stop_after))
     row.update(run_flops(d.rank0, d.peak))
