@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .cli import (
+from .base import (
     Progress,
     campaign_name,
     db_option,
@@ -20,8 +20,8 @@ from .cli import (
     table,
     workdir_option,
 )
-from .errors import InputError
-from .paths import DEFAULT_DB, DEFAULT_WORKDIR
+from ..errors import InputError
+from ..paths import DEFAULT_DB, DEFAULT_WORKDIR
 
 COLLECT_PHASES = {"discover": "finding runs", "parse": "reading job dirs", "samples": "loading samples"}
 
@@ -36,7 +36,7 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json
 
     Example: sbench collect --campaign lora-scan
     """
-    from .collect import collect as run_collect
+    from ..collect import collect as run_collect
 
     wd = workdir or DEFAULT_WORKDIR
     if not wd.is_dir():
@@ -79,7 +79,7 @@ def query(sql: str, db: Path | None, fmt: str) -> None:
 
     Example: sbench query "select model_name, batch_size, dataset_tokens_per_second from measurements"
     """
-    from .collect.store import open_store
+    from ..collect.store import open_store
 
     with open_store(db or DEFAULT_DB, read_only=True) as store:
         cols, rows = store.query(sql)
@@ -115,8 +115,8 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
 
     Example: sbench compare nightly-1122 nightly-1123 --threshold 0.05 --metric train_runtime
     """
-    from .collect.store import open_store
-    from .compare import DEFAULT_METRICS, compare as run_compare, parse_side
+    from ..collect.store import open_store
+    from ..compare import DEFAULT_METRICS, compare as run_compare, parse_side
 
     sides = [parse_side(base), parse_side(cand)]
     with open_store(db or DEFAULT_DB, read_only=True) as st:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from .cli import campaign_name, db_option, main
-from .paths import DEFAULT_DB
+from .base import campaign_name, db_option, main
+from ..paths import DEFAULT_DB
 
 
 @main.command()
@@ -23,7 +23,7 @@ def report(db: Path | None, campaign: str | None, run_id: str | None, out: Path)
 
     Example: sbench report --campaign lora-scan -o report.html
     """
-    from .report import build_report
+    from ..report import build_report
 
     rep = build_report(db or DEFAULT_DB, campaign=campaign, run_id=run_id)
     if str(out) == "-":

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .cli import echo_json, inventory_option, json_option, main
+from .base import echo_json, inventory_option, json_option, main
 
 
 def _quiet_transformers() -> None:
@@ -38,7 +38,7 @@ def model_tiny(out_dir: Path, arch: str, seed: int, if_missing: bool) -> None:
 
     Example: sbench model tiny -o models/tiny-moe --arch mixtral
     """
-    from .tinymodel import describe_model, make_tiny_model
+    from ..tinymodel import describe_model, make_tiny_model
 
     _quiet_transformers()
     if if_missing and (out_dir / "config.json").is_file():
@@ -63,11 +63,11 @@ def model_fetch(model_id: str, cache: Path | None, inventory: Path | None) -> No
 
     Example: sbench model fetch HuggingFaceTB/SmolLM2-135M --cache /shared/models
     """
-    from .prepare import fetch_model, model_cache
+    from ..prepare import fetch_model, model_cache
 
     if cache is None:
-        from .inventory import load_inventory
-        from .plan import shared_dir
+        from ..inventory import load_inventory
+        from ..plan import shared_dir
 
         inv = load_inventory(inventory)
         models_dir = shared_dir(inv.models_dir, inv)
@@ -106,7 +106,7 @@ def dataset_generate(dataset_id: str, out_path: Path, tokenizer: str | None, ent
 
     Example: sbench dataset generate news-tokens-16384plus-entries-4096 -o data/news16k.jsonl --tokenizer models/tiny
     """
-    from .datagen import generate_dataset
+    from ..datagen import generate_dataset
 
     if tokenizer:
         _quiet_transformers()
@@ -139,7 +139,7 @@ def dataset_count(path: Path, tokenizer: str, max_seq_length: int, text_field: s
 
     Example: sbench dataset count data/news-chars-512-entries-4096.jsonl --tokenizer models/tiny --max-seq-length 1024
     """
-    from .tokens import dataset_token_counts
+    from ..tokens import dataset_token_counts
 
     _quiet_transformers()
     tc = dataset_token_counts(tokenizer, path, text_field=text_field, max_seq_length=max_seq_length,

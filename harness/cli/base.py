@@ -1,0 +1,135 @@
+"""What every command module shares: the ``main`` group, its error handling, common options and output
+helpers. It imports no command module, so the command modules can import it without a cycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..errors import SbenchError
+
+
+class SbenchGroup(click.Group):
+    """Turns domain errors into one clean line and the documented exit code (2 input, 1 runtime)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SbenchError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug, not the user's mistake: one line, unless asked
+            if os.environ.get("SBENCH_DEBUG"):
+                raise
+            click.echo(f"Error: internal error: {type(exc).__name__}: {exc} (this is a bug in sbench; "
+                       "SBENCH_DEBUG=1 shows the traceback)", err=True)
+            ctx.exit(1)
+
+
+def campaign_name(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    """Click callback: a campaign name is an identifier (never a path such as ../x)."""
+    from ..schema import is_name
+
+    if value is not None and not is_name(value):
+        shown = repr(value) if len(value) <= 80 else repr(value[:77] + "...")
+        raise click.BadParameter(f"{shown} is not a campaign name (letters, digits, '.', '_', '-'; at most 100)")
+    return value
+
+
+def inventory_option(f: Any) -> Any:
+    return click.option("-i", "--inventory", "inventory", type=click.Path(dir_okay=False, path_type=Path),
+                        default=None, envvar="SBENCH_INVENTORY", show_envvar=True,
+                        help="Inventory YAML (default: the built-in local inventory).")(f)
+
+
+def json_option(f: Any) -> Any:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
+
+
+def model_map_option(f: Any) -> Any:
+    return click.option("--model-map", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+                        envvar="SBENCH_MODEL_MAP", help="YAML of model name -> HF id or local path.")(f)
+
+
+def db_option(f: Any) -> Any:
+    return click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        envvar="SBENCH_DB", help="DuckDB file (default: results/results.duckdb).")(f)
+
+
+def workdir_option(f: Any) -> Any:
+    return click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        envvar="SBENCH_WORKDIR", help="Where job directories live (default: results/runs).")(f)
+
+
+def sweep_argument(f: Any) -> Any:
+    return click.argument("sweep", type=click.Path(exists=True, dir_okay=False, path_type=Path))(f)
+
+
+def echo_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str))
+
+
+class Progress:
+    """Progress of a long command, by phase: a bar per phase on a terminal, one plain line per phase
+    (and per change of count) otherwise, nothing when quiet. Call it as ``progress(phase, done, total)``."""
+
+    def __init__(self, prefix: str, labels: dict[str, str] | None = None, quiet: bool = False) -> None:
+        self.prefix, self.labels, self.quiet = prefix, labels or {}, quiet
+        self.tty = sys.stderr.isatty()
+        self.phase: str | None = None
+        self.bar: Any = None
+        self.done = 0
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if self.quiet:
+            return
+        label = f"{self.prefix}: {self.labels.get(phase, phase)}"
+        if phase != self.phase:
+            self.close()
+            self.phase, self.done = phase, 0
+            if self.tty:
+                self.bar = click.progressbar(length=max(total, 1), label=label, file=sys.stderr, show_pos=True)
+                self.bar.__enter__()
+            else:
+                click.echo(label + (f" ({total})" if total > 1 else ""), err=True)
+        if self.bar is not None:
+            if done > self.done:
+                self.bar.update(done - self.done)
+        elif done != self.done and total > 1 and not self.tty:
+            click.echo(f"{label}: {done}/{total}", err=True)
+        self.done = max(self.done, done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A plain aligned text table."""
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+@click.group(cls=SbenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sbench")
+def main() -> None:
+    """sbench: benchmark LLM fine-tuning on SLURM or bare metal, then analyse it with SQL.
+
+    Example: sbench plan sweeps/demo-cpu.yaml
+    """
+
+
+# -- inventory ---------------------------------------------------------------------------------------------
