@@ -99,6 +99,18 @@ BENCHMARK_PROPERTIES = (
     "is_valid",
 )
 STABILITY_PROPERTIES = ("f_gpu_oom", "f_other_error", "f_no_error", "is_valid")
+# What sbench measures beyond the reference's properties (collect's columns, after those above):
+#   train_tokens_per_second_exact   every rank's counted train tokens / rank 0's train_runtime (the
+#                                   reference's figure is world size x rank 0's rate);
+#   cpu_compute_utilization_rank0   rank 0's own process CPU time / its measured window, in percent
+#                                   (cpu_compute_utilization is the node's whole process tree);
+#   peak_tflops .. mfu              harness.flops: the peak used, model FLOPs per token, achieved model
+#                                   and hardware TFLOP/s per device, MFU.
+DERIVED_PROPERTIES = ("train_tokens_per_second_exact", "cpu_compute_utilization_rank0", "peak_tflops",
+                      "model_flops_per_token", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu")
+# Every numeric measurement a sweep's references may name (harness.references).
+METRICS = tuple(dict.fromkeys([p for p in BENCHMARK_PROPERTIES + STABILITY_PROPERTIES if p != "is_valid"]
+                              + list(DERIVED_PROPERTIES)))
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from .schema import (
 from .yamlio import LineDict, load_yaml
 
 SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
-              "model_map", "data_dir", "runner")
+              "model_map", "data_dir", "runner", "references")
 SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue", "extra")
 RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds")
 WORKLOADS = ("train", "idle")
@@ -94,6 +94,7 @@ class Sweep:
     runner: RunnerSettings
     description: str = ""
     data_dir_set: bool = False  # the sweep names its data_dir (else the inventory's defaults.data_dir may)
+    references: list[Any] = field(default_factory=list)  # harness.references.Reference, in file order
     lines: dict[str, int] = field(default_factory=dict)
 
 
@@ -250,7 +251,11 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     partition = ck.string(doc, "", "partition")
     if partition is not None:
         ck.name(partition, "partition", doc, "partition", what="partition name")
+    from .references import parse_references
+
+    references = parse_references(doc.get("references"), experiment, ck, doc)
     return Sweep(
+        references=references,
         campaign=campaign, experiment=experiment, source=source, base_dir=base_dir,
         partition=partition, entity=entity, grid=grid, repeats=repeats, slurm=slurm,
         model_map=mm, data_dir=data_dir, runner=runner, data_dir_set=bool(data_dir_raw),

@@ -80,112 +80,53 @@ def method_of(experiment: str | None) -> str:
     return exp.method if exp is not None else str(experiment or "?")
 
 
-# The SQL below reads the store's documented tables and views; it could move into Store as a
-# report API (see collect/store.py), which has none yet.
-def _scope(column: str, campaign: str | None) -> tuple[str, list[Any]]:
-    return (f" WHERE {column} = ?", [campaign]) if campaign else ("", [])
-
-
 def load_report_data(store: Store, campaign: str | None = None, run_id: str | None = None,
                      now: _dt.datetime | None = None) -> ReportData:
     """Everything the page shows, from an open (read-only) store."""
-    total = store.fetch_dicts("SELECT count(*) AS n FROM runs")[0]["n"]
-    known = [r["campaign"] for r in store.fetch_dicts(
-        "SELECT campaign FROM campaigns UNION SELECT campaign FROM runs WHERE campaign IS NOT NULL ORDER BY 1")]
-    if total == 0 and not known:
+    known = store.campaign_names()
+    if store.run_total() == 0 and not known:
         raise ReportError(f"{store.path} has no runs: nothing to report. Run `sbench collect` first "
                           f"(or pass --db with another results database).")
     if campaign is not None and campaign not in known:
         raise InputError(f"--campaign {campaign!r}: not in {store.path}; campaigns there: {', '.join(known)}")
-    where, params = _scope("campaign", campaign)
-    campaigns = store.fetch_dicts(f"SELECT * FROM campaigns{where} ORDER BY campaign", params)
-    outcomes = {r["o"]: r["n"] for r in store.fetch_dicts(
-        f"SELECT coalesce(outcome, 'pending') AS o, count(*) AS n FROM runs{where} GROUP BY 1", params)}
-    mwhere, _ = _scope("m.campaign", campaign)
-    measurements = store.fetch_dicts(
-        f"""SELECT m.*, r.reason AS run_reason FROM measurements m JOIN runs r USING (run_id){mwhere}
-            ORDER BY m.model_name, m.experiment, m.number_gpus, m.batch_size, m.ended_at, m.run_id""", params)
+    measurements = store.report_measurements(campaign)
     for m in measurements:
         m["method"] = method_of(m["experiment"])
-    rwhere, _ = _scope("r.campaign", campaign)
-    runs = store.fetch_dicts(
-        f"""SELECT r.run_id, r.campaign, r.point_id, r.repeat, r.attempt, r.experiment, r.outcome, r.reason, r.elapsed_s,
-                   p.model_name, p.batch_size, p.number_gpus
-            FROM runs r LEFT JOIN points p USING (point_id){rwhere}
-            ORDER BY p.model_name, r.experiment, p.number_gpus, p.batch_size, r.repeat, r.attempt, r.run_id""",
-        params)
-    # Per run and stage: the slowest host/rank, summed over trials. A stage that started and never
-    # ended (the run died in it) counts until that host's last sample and is marked unfinished.
-    stage_rows = store.fetch_dicts(
-        f"""WITH last AS (SELECT run_id, host, max(t_wall) AS t FROM samples GROUP BY ALL),
-                 per_trial AS (
-                     SELECT s.run_id, s.stage, s.trial,
-                            max(coalesce(s.duration_s, CASE WHEN s.end_wall IS NULL THEN l.t - s.start_wall END))
-                                AS seconds,
-                            bool_or(s.duration_s IS NULL) AS unfinished
-                     FROM stages s JOIN runs r USING (run_id) LEFT JOIN last l USING (run_id, host){rwhere}
-                     GROUP BY ALL)
-            SELECT run_id, stage, sum(seconds) AS seconds, bool_or(unfinished) AS unfinished
-            FROM per_trial GROUP BY ALL HAVING sum(seconds) IS NOT NULL""", params)
     per_run: dict[str, dict[str, float]] = {}
-    for s in stage_rows:
+    for s in store.stage_seconds(campaign):
         name = f"{s['stage']} (unfinished)" if s["unfinished"] else s["stage"]
         per_run.setdefault(s["run_id"], {})[name] = max(float(s["seconds"]), 0.0)
     stage_runs = [dict(r, method=method_of(r["experiment"]), stages=per_run[r["run_id"]])
-                  for r in runs if r["run_id"] in per_run]
-    gpu_samples = store.fetch_dicts(
-        "SELECT count(*) AS n FROM samples s JOIN runs r USING (run_id) WHERE s.kind = 'gpu'"
-        + (" AND r.campaign = ?" if campaign else ""), params)[0]["n"]
+                  for r in store.report_runs(campaign) if r["run_id"] in per_run]
     data = ReportData(db=str(store.path), generated_at=now or _dt.datetime.now(_dt.timezone.utc),
-                      campaign=campaign, campaigns=campaigns, outcomes=outcomes, measurements=measurements,
-                      stage_runs=stage_runs, gpu_samples=int(gpu_samples))
+                      campaign=campaign, campaigns=store.campaign_rows(campaign),
+                      outcomes=store.outcome_counts(campaign), measurements=measurements,
+                      stage_runs=stage_runs, gpu_samples=store.gpu_sample_count(campaign))
     _load_run(store, data, campaign, run_id)
     data.fabric = store.fabric_rows()
     data.overhead = store.overhead_rows(campaign)
     return data
 
 
-_RUN_COLUMNS = ("r.run_id, r.campaign, r.experiment, r.outcome, r.reason, r.elapsed_s, r.train_start_wall, "
-                "r.train_end_wall, r.warmup_end_wall, r.sample_rows, p.model_name, p.batch_size, p.number_gpus, "
-                "m.window_start_wall, m.window_end_wall")
-_RUN_FROM = "runs r LEFT JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id)"
-_RUN_LENGTH = ("coalesce(r.elapsed_s, epoch(r.ended_at) - epoch(r.started_at), "
-               "r.train_end_wall - r.train_start_wall)")
-
-
 def _load_run(store: Store, data: ReportData, campaign: str | None, run_id: str | None) -> None:
     """Pick the run of the utilisation panels and load its samples, averaged into time buckets."""
     if run_id is not None:
-        rows = store.fetch_dicts(f"SELECT {_RUN_COLUMNS} FROM {_RUN_FROM} WHERE r.run_id = ?", [run_id])
-        if not rows:
-            some = [r["run_id"] for r in store.fetch_dicts("SELECT run_id FROM runs ORDER BY run_id LIMIT 3")]
+        row = store.report_run(run_id)
+        if row is None:
+            some = store.some_run_ids(3)
             raise InputError(f"--run {run_id!r}: no such run in {store.path}; run ids look like "
                              f"{', '.join(some)} (list them: sbench query \"SELECT run_id FROM runs\")")
         choice = "chosen with --run"
     else:
-        extra, params = (" AND r.campaign = ?", [campaign]) if campaign else ("", [])
-        rows = store.fetch_dicts(f"SELECT {_RUN_COLUMNS} FROM {_RUN_FROM} WHERE r.outcome = 'ok'{extra} "
-                                 f"ORDER BY {_RUN_LENGTH} DESC NULLS LAST, r.run_id LIMIT 1", params)
+        row = store.report_run(campaign=campaign, pick="longest_ok")
         choice = "the longest ok run; pick another with --run RUN_ID"
-        if not rows:  # no ok run: the one with the most samples, if any has samples
-            rows = store.fetch_dicts(f"SELECT {_RUN_COLUMNS} FROM {_RUN_FROM} WHERE r.sample_rows > 0{extra} "
-                                     f"ORDER BY r.sample_rows DESC, r.run_id LIMIT 1", params)
+        if row is None:  # no ok run: the one with the most samples, if any has samples
+            row = store.report_run(campaign=campaign, pick="most_samples")
             choice = "no ok run: the run with the most samples; pick another with --run RUN_ID"
-    if not rows:
+    if row is None:
         return
-    data.run, data.run_choice = rows[0], choice
-    data.traces = store.fetch_dicts(
-        """WITH s AS (
-               SELECT host, kind, device, t_wall, gpu_util, cpu_pct, rss_mb,
-                      100.0 * mem_used_mb / nullif(mem_total_mb, 0) AS gpu_mem_pct,
-                      coalesce(t_rel, t_wall - min(t_wall) OVER ()) AS x
-               FROM samples WHERE run_id = ?),
-           span AS (SELECT min(x) AS lo, greatest(max(x) - min(x), 1e-9) AS width FROM s)
-           SELECT host, kind, device, avg(x) AS x, avg(t_wall - x) AS offset, avg(gpu_util) AS gpu_util,
-                  avg(gpu_mem_pct) AS gpu_mem_pct, avg(cpu_pct) AS cpu_pct, max(rss_mb) AS rss_mb
-           FROM s, span
-           GROUP BY host, kind, device, least(floor((x - lo) / width * ?), ? - 1)
-           ORDER BY host, kind, device, x""", [data.run["run_id"], MAX_TRACE_POINTS, MAX_TRACE_POINTS])
+    data.run, data.run_choice = row, choice
+    data.traces = store.run_traces(row["run_id"], MAX_TRACE_POINTS)
     offsets = [t["offset"] for t in data.traces if t["offset"] is not None]
     data.run_offset = sum(offsets) / len(offsets) if offsets else None
 

@@ -215,3 +215,15 @@ def test_sacct_cli_path_uses_fake_binary(tmp_path, monkeypatch):
 def test_open_read_only_does_not_create(tmp_path):
     with pytest.raises(InputError):
         open_store(tmp_path / "x.duckdb", read_only=True)
+
+
+def test_a_row_with_an_unknown_key_fails_loudly(tmp_path) -> None:
+    from harness.collect.store import stage
+
+    good = {"run_id": "c/p/r0/a1", "host": "n1", "rank": 0, "stage": "train"}
+    assert stage("stages", [good]).rows == 1
+    with pytest.raises(ValueError, match="stages: row with unknown column\\(s\\) 'duraton_s'"):
+        stage("stages", [good, {**good, "duraton_s": 1.0}])
+    with open_store(tmp_path / "r.duckdb") as store, store.transaction():
+        with pytest.raises(ValueError, match="runs: row with unknown column"):
+            store.replace_runs([{"run_id": "x", "campaing": "c"}])

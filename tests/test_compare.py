@@ -89,3 +89,29 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
     # a tiny model's sub-second training windows can reach tens of percent: no regression at 50 %.
     same = sbench("compare", "base", "same", "--db", db, "--threshold", "0.5")
     assert "0 regression(s)" in same.stdout
+
+    # References gate a campaign: the slow one's training time against the base's slowest run plus 1.5 s
+    # (the injected sleeps add 3 s), its dataset rate against nothing it could miss.
+    import duckdb
+    import yaml
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        base_rt = max(r[0] for r in con.execute("SELECT train_runtime FROM measurements WHERE campaign = 'base'")
+                      .fetchall())
+    refs = {"train_runtime": {"value": base_rt, "upper": 1.5 / base_rt},
+            "dataset_tokens_per_second": [{"value": 1.0, "lower": 0.5, "model_name": "tiny"},
+                                          {"value": 1e12, "lower": 0.01}]}
+    for name in ("base", "slow"):
+        doc = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
+        doc["references"] = refs
+        sw = write_sweep(tmp_path / f"{name}.yaml", doc)
+        out = sbench("submit", sw, "-i", tmp_path / f"{name}-inv.yaml", "--executor", "local", *common)
+        assert f"campaign {name}: 0 attempt(s) submitted" in out.stdout
+    sbench("collect", *common)
+    ok = json.loads(sbench("check", "base", "--db", db, "--json").stdout)
+    assert ok["ok"] and ok["counts"] == {"pass": 4, "fail": 0, "missing": 0}
+    # the more specific entry (model_name: tiny) applied, not the unreachable 1e12
+    assert {c["reference"] for c in ok["checks"] if c["metric"] == "dataset_tokens_per_second"} == {1.0}
+    bad = sbench("check", "slow", "--db", db, ok=(1,))
+    assert "2 pass, 2 fail, 0 missing" in bad.stdout
+    assert all(line.startswith("fail") for line in bad.stdout.splitlines() if "train_runtime" in line)

@@ -142,3 +142,48 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
         click.echo(f"\n{len(rows)} comparison(s): {len(regressions)} regression(s) beyond {threshold:.0%}")
     if regressions:
         click.get_current_context().exit(1)
+
+
+@main.command()
+@click.argument("campaign", callback=campaign_name)
+@db_option
+@click.option("--allow-missing", is_flag=True, help="Do not fail on points that have no value to check "
+                                                    "(failed, pending or never run).")
+@json_option
+def check(campaign: str, db: Path | None, allow_missing: bool, as_json: bool) -> None:
+    """Check a campaign's runs against the sweep's references; exit 1 on a failure.
+
+    Collect computes the checks; run it first. Points whose run failed or has not ended are
+    'missing' and fail the check too, unless --allow-missing.
+
+    Example: sbench check nightly-1123 --db results.duckdb
+    """
+    from ..collect.store import open_store
+
+    with open_store(db or DEFAULT_DB, read_only=True) as st:
+        if campaign not in st.campaign_names():
+            raise InputError(f"campaign {campaign!r} is not in {st.path}; run `sbench collect` first")
+        if campaign not in st.references_of():
+            raise InputError(f"campaign {campaign!r} declares no references: add a references: block to its sweep, "
+                             "run `sbench submit` with it again (nothing is resubmitted) and `sbench collect`")
+        rows = st.check_results(campaign)
+    counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("pass", "fail", "missing")}
+    failed = counts["fail"] > 0 or (counts["missing"] > 0 and not allow_missing)
+    if as_json:
+        echo_json({"campaign": campaign, "counts": counts, "ok": not failed, "checks": rows})
+    else:
+        click.echo(table([{"status": r["status"], "metric": r["metric"], "model": r["model_name"],
+                           "gpus": r["number_gpus"], "batch": r["batch_size"], "point_id": r["point_id"],
+                           "repeat": r["repeat"], "value": "" if r["value"] is None else f"{r['value']:.4g}",
+                           "reference": f"{r['reference']:.4g}",
+                           "bounds": f"{_bound(r['lower_bound'])}..{_bound(r['upper_bound'])}",
+                           "reason": r["reason"] or ""} for r in rows],
+                         ["status", "metric", "model", "gpus", "batch", "point_id", "repeat", "value", "reference",
+                          "bounds", "reason"]))
+        click.echo(f"\n{campaign}: {counts['pass']} pass, {counts['fail']} fail, {counts['missing']} missing")
+    if failed:
+        click.get_current_context().exit(1)
+
+
+def _bound(v: float | None) -> str:
+    return "" if v is None else f"{v:.4g}"

@@ -200,6 +200,15 @@ def throughput_properties(rank0: Mapping[str, Any] | None, world_size: int,
     return out
 
 
+def exact_properties(rank0: Mapping[str, Any] | None) -> dict[str, float | None]:
+    """sbench's exact figures beside the reference's (see catalog.DERIVED_PROPERTIES): the all-rank train
+    token total over rank 0's runtime, and rank 0's own CPU utilisation."""
+    m: Mapping[str, Any] = (rank0 or {}).get("metrics") or {}
+    tokens, runtime = _f(m.get("run_train_tokens")), _f(m.get("train_runtime"))
+    return {"train_tokens_per_second_exact": tokens / runtime if tokens is not None and runtime else None,
+            "cpu_compute_utilization_rank0": _f(m.get("cpu_util_pct"))}
+
+
 def stability_properties(trial_outcomes: Sequence[str | None], expected: int | None = None) -> dict[str, float | None]:
     """Fractions of trials that ran out of GPU memory (``invalid``), failed otherwise, or completed."""
     n = max(len(trial_outcomes), int(expected or 0))

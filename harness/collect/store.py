@@ -69,11 +69,12 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from ..catalog import BENCHMARK_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
+from ..catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
 from ..errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
 
-SCHEMA_VERSION = 5  # 2: samples became a view over sample_files + sample_rows; 3: environment provenance;
-# 4: the run_overhead view; 5: FLOPs and MFU columns in measurements
+SCHEMA_VERSION = 6  # 2: samples became a view over sample_files + sample_rows; 3: environment provenance;
+# 4: the run_overhead view; 5: FLOPs and MFU columns in measurements; 6: references and checks, exact
+# train tokens and rank-0 CPU columns, ranks.cpu_util_pct
 DEFAULT_WAIT_S = 5.0
 READ_ONLY_CONFIG = {"enable_external_access": False, "autoinstall_known_extensions": False,
                     "autoload_known_extensions": False, "allow_community_extensions": False,
@@ -107,6 +108,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("campaign", "VARCHAR"), ("experiment", "VARCHAR"), ("sweep", "VARCHAR"), ("inventory", "VARCHAR"),
         ("partition", "VARCHAR"), ("executor", "VARCHAR"), ("created_at", "TIMESTAMP"),
         ("sbench_version", "VARCHAR"), ("source", "VARCHAR"),
+        ("references_spec", "JSON"),  # the sweep's references (harness.references), newest word
     ],
     "points": [("point_id", "VARCHAR"), ("experiment", "VARCHAR"), ("valid", "BOOLEAN"),
                ("reasons", "VARCHAR[]"), ("notes", "VARCHAR[]"), *ENTITY_COLUMNS, ("entity", "JSON")],
@@ -154,7 +156,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("train_end_wall", "DOUBLE"), ("warmup_end_wall", "DOUBLE"), ("stopped_by", "VARCHAR"),
         ("train_runtime", "DOUBLE"), ("train_samples_per_second", "DOUBLE"), ("train_steps_per_second", "DOUBLE"),
         ("train_tokens_per_second", "DOUBLE"), ("dataset_tokens", "BIGINT"), ("dataset_tokens_per_second", "DOUBLE"),
-        ("notes", "VARCHAR[]"), ("metrics", "JSON"),
+        ("cpu_util_pct", "DOUBLE"), ("notes", "VARCHAR[]"), ("metrics", "JSON"),
     ],
     "errors": [
         *_RUN_KEY, ("rank", "VARCHAR"), ("host", "VARCHAR"), ("kind", "VARCHAR"), ("error_type", "VARCHAR"),
@@ -172,9 +174,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("trials_run", "INTEGER"), ("window_start_wall", "DOUBLE"), ("window_end_wall", "DOUBLE"),
         ("window_s", "DOUBLE"), ("gpu_devices", "INTEGER"), ("gpu_samples", "BIGINT"), ("proc_samples", "BIGINT"),
         ("world_size", "INTEGER"), ("transport", "VARCHAR"), ("notes", "VARCHAR[]"),
-        # harness.flops: model FLOPs per token, achieved TFLOP/s per device, and MFU against peak_tflops
-        ("peak_tflops", "DOUBLE"), ("model_flops_per_token", "DOUBLE"), ("model_tflops_per_gpu", "DOUBLE"),
-        ("hardware_tflops_per_gpu", "DOUBLE"), ("mfu", "DOUBLE"), *ENTITY_COLUMNS,
+        *[(p, "DOUBLE") for p in DERIVED_PROPERTIES], *ENTITY_COLUMNS,
     ],
     "environment": [
         *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("python", "VARCHAR"), ("torch", "VARCHAR"),
@@ -185,6 +185,13 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("env", "JSON"), ("packages", "JSON"), ("driver_version", "VARCHAR"), ("cuda_driver", "VARCHAR"),
         ("cuda_runtime", "VARCHAR"), ("nccl", "VARCHAR"), ("cudnn", "VARCHAR"), ("flash_attn", "VARCHAR"),
         ("hca_firmware", "JSON"),
+    ],
+    # Collect's check of each point-repeat (latest attempt) against the campaign's references.
+    "checks": [
+        ("campaign", "VARCHAR"), ("point_id", "VARCHAR"), ("repeat", "INTEGER"), ("run_id", "VARCHAR"),
+        ("metric", "VARCHAR"), ("value", "DOUBLE"), ("reference", "DOUBLE"), ("lower_bound", "DOUBLE"),
+        ("upper_bound", "DOUBLE"), ("deviation", "DOUBLE"), ("unit", "VARCHAR"), ("selector", "JSON"),
+        ("status", "VARCHAR"), ("reason", "VARCHAR"), ("checked_at", "TIMESTAMP"),
     ],
     # sbench probe: one row per probed host.
     "probes": [
@@ -205,6 +212,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
 PRIMARY_KEYS = {"metadata": ("key",), "probes": ("probe_id", "host"), "campaigns": ("campaign",), "points": ("point_id",),
                 "campaign_points": ("campaign", "point_id", "repeat"), "runs": ("run_id",),
                 "measurements": ("run_id",), "sample_files": ("file_id",)}
+_COLUMN_NAMES = {t: frozenset(c for c, _ in cols) for t, cols in SCHEMA.items()}
 # Tables whose rows belong to one run and are replaced as a whole when the run changes
 # (``sample_rows`` go with their ``sample_files`` row).
 RUN_CHILD_TABLES = ("run_hosts", "stages", "sample_files", "ranks", "errors", "trials", "measurements",
@@ -386,9 +394,25 @@ class Staged:
     columns: dict[str, np.ndarray]
 
 
+def check_keys(table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a row with a key that is no column of *table*: a misspelled key would otherwise be a NULL
+    nobody notices. A programming error, so it is loud (ValueError), not a warning."""
+    known = _COLUMN_NAMES[table]
+    shapes: set[tuple[str, ...]] = set()
+    for r in rows:
+        shape = tuple(r)
+        if shape in shapes:
+            continue
+        shapes.add(shape)
+        unknown = [k for k in shape if k not in known]
+        if unknown:
+            raise ValueError(f"{table}: row with unknown column(s) {', '.join(map(repr, unknown))}")
+
+
 def stage(table: str, rows: Sequence[Mapping[str, Any]]) -> Staged:
     """Convert *rows* for :meth:`Store.insert` into *table*; pure Python, no database (so it can be done
-    while the connection is busy elsewhere)."""
+    while the connection is busy elsewhere). A key that is no column of *table* raises ValueError."""
+    check_keys(table, rows)
     return Staged(table, len(rows), frame(SCHEMA[table], rows) if rows else {})
 
 # The samples CSV format (docs/job-directory.md): column order and types.
@@ -689,6 +713,7 @@ class Store:
         the stored value alone."""
         if not rows:
             return
+        check_keys(table, rows)
         key = PRIMARY_KEYS[table]
         types = dict(SCHEMA[table])
         cols = list(dict.fromkeys([*key, *columns]))
@@ -733,6 +758,7 @@ class Store:
         links: list[dict[str, Any]] = []
         attempts: list[dict[str, Any]] = []
         cancels: list[tuple[str, list[str], Any]] = []
+        references: dict[str, list[Any]] = {}  # campaign -> the newest references line's
         problems: list[str] = []
 
         def bad(i: int, msg: str) -> None:
@@ -752,7 +778,13 @@ class Store:
                                       "sweep": ev.get("sweep"), "inventory": ev.get("inventory"),
                                       "partition": ev.get("partition"), "executor": ev.get("executor"),
                                       "created_at": utc(ev.get("created_at")),
-                                      "sbench_version": ev.get("sbench_version"), "source": "manifest"})
+                                      "sbench_version": ev.get("sbench_version"), "source": "manifest",
+                                      "references_spec": to_json(ev.get("references") or [])})
+                    references[str(ev["campaign"])] = ev.get("references") or []
+                elif kind == "references":
+                    if not isinstance(ev.get("references"), list):
+                        raise TypeError("references must be a list")
+                    references[str(ev["campaign"])] = ev["references"]
                 elif kind == "point":
                     points.append(point_row(str(ev["point_id"]), ev.get("experiment"), ev.get("entity"),
                                             ev.get("valid"), ev.get("reasons"), ev.get("notes")))
@@ -769,11 +801,14 @@ class Store:
                         raise TypeError("job_ids and job_dirs must be lists")
                     cancels.append((str(ev["campaign"]), [str(j) for j in ids + dirs], utc(ev.get("at"))))
                 else:
-                    bad(i, f"unknown type {kind!r} (expected campaign, point, attempt or cancel)")
+                    bad(i, f"unknown type {kind!r} (expected campaign, point, attempt, cancel or references)")
             except (KeyError, TypeError, ValueError) as exc:
                 bad(i, f"{kind} line is malformed: {exc!r}")
         with self.transaction():
             self._upsert("campaigns", campaigns, [c for c, _ in SCHEMA["campaigns"]])
+            for camp, refs in references.items():
+                self.con.execute("UPDATE campaigns SET references_spec = ?::JSON WHERE campaign = ? AND "
+                                 "references_spec IS DISTINCT FROM ?::JSON", [to_json(refs), camp, to_json(refs)])
             self._upsert("points", points, [c for c, _ in SCHEMA["points"]])
             self._upsert("campaign_points", links, [])
             self._upsert("runs", attempts, MANIFEST_RUN_COLUMNS, keep_when_null=True)
@@ -859,6 +894,159 @@ class Store:
         with self.transaction():
             self.insert("fabric", [{**r, "measured_at": utc(r.get("measured_at"))} for r in rows])
 
+    # -- references and checks ---------------------------------------------------------------------------
+    def references_of(self) -> dict[str, list[dict[str, Any]]]:
+        """Campaign -> its recorded references (only campaigns that declare some)."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for camp, spec in self.con.execute("SELECT campaign, references_spec FROM campaigns "
+                                           "WHERE references_spec IS NOT NULL").fetchall():
+            try:
+                refs = json.loads(spec)
+            except ValueError:
+                continue
+            if isinstance(refs, list) and refs:
+                out[camp] = [r for r in refs if isinstance(r, dict)]
+        return out
+
+    def check_inputs(self, campaign: str, metrics: Sequence[str]) -> list[dict[str, Any]]:
+        """The campaign's valid point-repeats at their latest attempt: entity, run, outcome and the
+        measured *metrics* (see harness.references.check_rows)."""
+        cols = [m for m in metrics if m in _COLUMN_NAMES["measurements"]]
+        picked = "".join(f", m.{q(c)}" for c in cols)
+        rows = self.fetch_dicts(
+            f"""WITH latest AS (
+                    SELECT * FROM runs WHERE campaign = ?
+                    QUALIFY row_number() OVER (PARTITION BY point_id, repeat ORDER BY attempt DESC) = 1)
+                SELECT cp.point_id, cp.repeat, p.entity, r.run_id, r.outcome{picked}
+                FROM campaign_points cp JOIN points p USING (point_id)
+                     LEFT JOIN latest r ON r.point_id = cp.point_id AND r.repeat = cp.repeat
+                     LEFT JOIN measurements m ON m.run_id = r.run_id
+                WHERE cp.campaign = ? AND p.valid IS DISTINCT FROM false
+                ORDER BY cp.point_id, cp.repeat""", [campaign, campaign])
+        for r in rows:
+            try:
+                r["entity"] = json.loads(r["entity"]) if r["entity"] else {}
+            except ValueError:
+                r["entity"] = {}
+            r["values"] = {c: r.pop(c) for c in cols}
+        return rows
+
+    def replace_checks(self, campaign: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        self.con.execute("DELETE FROM checks WHERE campaign = ?", [campaign])
+        self.insert("checks", [{**r, "selector": to_json(r.get("selector"))} for r in rows])
+
+    def drop_checks_except(self, campaigns: Sequence[str]) -> None:
+        """Forget the checks of campaigns that no longer declare references."""
+        self.con.execute("DELETE FROM checks WHERE NOT list_contains(?::VARCHAR[], campaign)", [list(campaigns)])
+
+    def check_results(self, campaign: str) -> list[dict[str, Any]]:
+        """The campaign's checks, failures first."""
+        return self.fetch_dicts(
+            """SELECT c.*, p.model_name, p.number_gpus, p.batch_size FROM checks c LEFT JOIN points p USING (point_id)
+               WHERE c.campaign = ?
+               ORDER BY CASE c.status WHEN 'fail' THEN 0 WHEN 'missing' THEN 1 ELSE 2 END, c.metric,
+                        p.model_name, p.number_gpus, p.batch_size, c.point_id, c.repeat""", [campaign])
+
+    # -- the report's queries ------------------------------------------------------------------------------
+    @staticmethod
+    def _scope(column: str, campaign: str | None, word: str = "WHERE") -> tuple[str, list[Any]]:
+        return (f" {word} {column} = ?", [campaign]) if campaign else ("", [])
+
+    def run_total(self) -> int:
+        return int(self.con.execute("SELECT count(*) FROM runs").fetchall()[0][0])
+
+    def campaign_names(self) -> list[str]:
+        """Every campaign with a recorded campaign row or a run."""
+        return [r[0] for r in self.con.execute(
+            "SELECT campaign FROM campaigns UNION SELECT campaign FROM runs WHERE campaign IS NOT NULL "
+            "ORDER BY 1").fetchall()]
+
+    def campaign_rows(self, campaign: str | None = None) -> list[dict[str, Any]]:
+        where, params = self._scope("campaign", campaign)
+        return self.fetch_dicts(f"SELECT * FROM campaigns{where} ORDER BY campaign", params)
+
+    def outcome_counts(self, campaign: str | None = None) -> dict[str, int]:
+        where, params = self._scope("campaign", campaign)
+        return {r["o"]: int(r["n"]) for r in self.fetch_dicts(
+            f"SELECT coalesce(outcome, 'pending') AS o, count(*) AS n FROM runs{where} GROUP BY 1", params)}
+
+    def report_measurements(self, campaign: str | None = None) -> list[dict[str, Any]]:
+        """Every measurements row, with its run's reason, in the report's order."""
+        where, params = self._scope("m.campaign", campaign)
+        return self.fetch_dicts(
+            f"""SELECT m.*, r.reason AS run_reason FROM measurements m JOIN runs r USING (run_id){where}
+                ORDER BY m.model_name, m.experiment, m.number_gpus, m.batch_size, m.ended_at, m.run_id""", params)
+
+    def report_runs(self, campaign: str | None = None) -> list[dict[str, Any]]:
+        where, params = self._scope("r.campaign", campaign)
+        return self.fetch_dicts(
+            f"""SELECT r.run_id, r.campaign, r.point_id, r.repeat, r.attempt, r.experiment, r.outcome, r.reason,
+                       r.elapsed_s, p.model_name, p.batch_size, p.number_gpus
+                FROM runs r LEFT JOIN points p USING (point_id){where}
+                ORDER BY p.model_name, r.experiment, p.number_gpus, p.batch_size, r.repeat, r.attempt, r.run_id""",
+            params)
+
+    def stage_seconds(self, campaign: str | None = None) -> list[dict[str, Any]]:
+        """Per run and stage: the slowest host/rank, summed over trials. A stage that started and never
+        ended (the run died in it) counts until that host's last sample and is marked unfinished."""
+        where, params = self._scope("r.campaign", campaign)
+        return self.fetch_dicts(
+            f"""WITH last AS (SELECT run_id, host, max(t_wall) AS t FROM samples GROUP BY ALL),
+                     per_trial AS (
+                         SELECT s.run_id, s.stage, s.trial,
+                                max(coalesce(s.duration_s, CASE WHEN s.end_wall IS NULL THEN l.t - s.start_wall END))
+                                    AS seconds,
+                                bool_or(s.duration_s IS NULL) AS unfinished
+                         FROM stages s JOIN runs r USING (run_id) LEFT JOIN last l USING (run_id, host){where}
+                         GROUP BY ALL)
+                SELECT run_id, stage, sum(seconds) AS seconds, bool_or(unfinished) AS unfinished
+                FROM per_trial GROUP BY ALL HAVING sum(seconds) IS NOT NULL""", params)
+
+    def gpu_sample_count(self, campaign: str | None = None) -> int:
+        where, params = self._scope("r.campaign", campaign, "AND")
+        return int(self.con.execute("SELECT count(*) FROM samples s JOIN runs r USING (run_id) "
+                                    f"WHERE s.kind = 'gpu'{where}", params).fetchall()[0][0])
+
+    _REPORT_RUN = ("SELECT r.run_id, r.campaign, r.experiment, r.outcome, r.reason, r.elapsed_s, r.train_start_wall, "
+                   "r.train_end_wall, r.warmup_end_wall, r.sample_rows, p.model_name, p.batch_size, p.number_gpus, "
+                   "m.window_start_wall, m.window_end_wall "
+                   "FROM runs r LEFT JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id)")
+
+    def report_run(self, run_id: str | None = None, *, campaign: str | None = None,
+                   pick: str = "longest_ok") -> dict[str, Any] | None:
+        """One run for the utilisation panels: *run_id*; else the longest ok run (``longest_ok``) or the
+        run with the most samples (``most_samples``), in *campaign* if given."""
+        if run_id is not None:
+            rows = self.fetch_dicts(f"{self._REPORT_RUN} WHERE r.run_id = ?", [run_id])
+        else:
+            extra, params = self._scope("r.campaign", campaign, "AND")
+            if pick == "longest_ok":
+                length = ("coalesce(r.elapsed_s, epoch(r.ended_at) - epoch(r.started_at), "
+                          "r.train_end_wall - r.train_start_wall)")
+                sql = f"{self._REPORT_RUN} WHERE r.outcome = 'ok'{extra} ORDER BY {length} DESC NULLS LAST, r.run_id"
+            else:
+                sql = f"{self._REPORT_RUN} WHERE r.sample_rows > 0{extra} ORDER BY r.sample_rows DESC, r.run_id"
+            rows = self.fetch_dicts(sql + " LIMIT 1", params)
+        return rows[0] if rows else None
+
+    def some_run_ids(self, n: int) -> list[str]:
+        return [r[0] for r in self.con.execute("SELECT run_id FROM runs ORDER BY run_id LIMIT ?", [n]).fetchall()]
+
+    def run_traces(self, run_id: str, buckets: int) -> list[dict[str, Any]]:
+        """A run's samples averaged into at most *buckets* time buckets per host, kind and device."""
+        return self.fetch_dicts(
+            """WITH s AS (
+                   SELECT host, kind, device, t_wall, gpu_util, cpu_pct, rss_mb,
+                          100.0 * mem_used_mb / nullif(mem_total_mb, 0) AS gpu_mem_pct,
+                          coalesce(t_rel, t_wall - min(t_wall) OVER ()) AS x
+                   FROM samples WHERE run_id = ?),
+               span AS (SELECT min(x) AS lo, greatest(max(x) - min(x), 1e-9) AS width FROM s)
+               SELECT host, kind, device, avg(x) AS x, avg(t_wall - x) AS offset, avg(gpu_util) AS gpu_util,
+                      avg(gpu_mem_pct) AS gpu_mem_pct, avg(cpu_pct) AS cpu_pct, max(rss_mb) AS rss_mb
+               FROM s, span
+               GROUP BY host, kind, device, least(floor((x - lo) / width * ?), ? - 1)
+               ORDER BY host, kind, device, x""", [run_id, buckets, buckets])
+
     def fabric_rows(self, last: int = 20) -> list[dict[str, Any]]:
         """The rows of the *last* fabric runs that measured something, oldest run first."""
         return self.fetch_dicts(
@@ -934,6 +1122,14 @@ class Store:
         return self.fetch_dicts(sql + " ORDER BY ps.campaign, ps.point_id, ps.repeat", params)
 
     # -- collect internals ---------------------------------------------------------------------------------
+    def run_counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Runs per outcome ('pending' for none yet) and per accounting source ('none')."""
+        outcomes = self.con.execute("SELECT coalesce(outcome, 'pending'), count(*) FROM runs GROUP BY ALL "
+                                    "ORDER BY 1").fetchall()
+        sources = self.con.execute("SELECT coalesce(accounting_source, 'none'), count(*) FROM runs GROUP BY ALL "
+                                   "ORDER BY 1").fetchall()
+        return {k: int(v) for k, v in outcomes}, {k: int(v) for k, v in sources}
+
     def run_index(self) -> dict[str, dict[str, Any]]:
         """What collect needs to decide whether a run changed."""
         rows = self.fetch_dicts("SELECT run_id, campaign, point_id, repeat, attempt, job_dir, executor, job_id, "

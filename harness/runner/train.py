@@ -253,9 +253,11 @@ class Meter:
         self.train_tokens += padded
         self.micro_batches += 1
 
-    def snapshot(self) -> dict[str, int]:
+    def snapshot(self) -> dict[str, float]:
+        # cpu_s: this rank's process CPU time (every thread), so its CPU utilisation over the measured
+        # window is exact and its own (the sampler sees the node's whole process tree).
         return {"samples": self.samples, "dataset_tokens": self.dataset_tokens, "train_tokens": self.train_tokens,
-                "micro_batches": self.micro_batches}
+                "micro_batches": self.micro_batches, "cpu_s": time.process_time()}
 
 
 class CountingCollator:
@@ -388,6 +390,8 @@ def measurements(timeline: dict[str, Any], policy: StopPolicy, max_steps: int) -
         "rank_dataset_tokens": d["dataset_tokens"],
         "rank_dataset_tokens_per_second": rate(d["dataset_tokens"]),
         "rank_micro_batches": d["micro_batches"],
+        "cpu_seconds": d["cpu_s"],
+        "cpu_util_pct": 100.0 * d["cpu_s"] / runtime if runtime > 0 else None,
     }
     tot, t0c = timeline["end_counts"], timeline["start_counts"]
     out["totals"] = {"runtime": timeline["t_end"] - timeline["t0"], "steps": end_step - timeline["start_step"],

@@ -92,6 +92,15 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
     return out
 
 
+def _recorded_references(campaign_dir: Path) -> list[dict[str, Any]]:
+    """The references the manifest holds now: the campaign line's, or the last references line's."""
+    refs: list[dict[str, Any]] = []
+    for ev in manifest.read(campaign_dir):
+        if ev.get("type") in ("campaign", "references") and isinstance(ev.get("references"), list):
+            refs = ev["references"]
+    return refs
+
+
 def _check_campaign(campaign_dir: Path, sweep: Sweep) -> bool:
     """True when the campaign already exists; refuse reusing a name for another experiment."""
     for ev in manifest.read(campaign_dir):
@@ -141,7 +150,11 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
                        "sweep": str(Path(sweep_path).resolve()), "inventory": inv.source, "cluster": inv.cluster,
                        "partition": points[0].partition if points else None, "executor": name,
                        "description": sweep.description, "created_at": manifest.now_iso(),
-                       "sbench_version": __version__})
+                       "sbench_version": __version__, "references": [r.to_dict() for r in sweep.references]})
+    elif _recorded_references(campaign_dir) != [r.to_dict() for r in sweep.references]:
+        # The sweep's expectations changed (tightened, added): the checks follow the newest word.
+        events.append({"type": "references", "campaign": sweep.campaign, "at": manifest.now_iso(),
+                       "references": [r.to_dict() for r in sweep.references]})
     known = {(e.get("point_id"), e.get("repeat")) for e in manifest.read(campaign_dir) if e.get("type") == "point"}
     for p in points:
         if (p.point_id, p.repeat) not in known:

@@ -1,0 +1,166 @@
+"""Reading one job directory into a typed :class:`JobFiles`: the spec, the per-host and per-rank files,
+what was wrong with any of them. Nothing here decides an outcome (see ``outcome.py``) or builds a row
+(see ``rows.py``); nothing here raises on bad content: a file that cannot be used is a problem line."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..catalog import EXPERIMENTS
+from ..paths import JobPaths
+from .discover import Attempt, names_like, scan
+from .parse import StageLog, nccl_transport, parse_stages, read_json
+
+
+@dataclass
+class JobFiles:
+    """Everything one attempt's job directory holds, as read."""
+
+    attempt: Attempt
+    paths: JobPaths | None
+    jobspec: dict[str, Any] = field(default_factory=dict)  # spec.json's "jobspec"
+    entity: dict[str, Any] = field(default_factory=dict)
+    experiment: str | None = None
+    submitted: dict[str, Any] = field(default_factory=dict)  # submitted.json (the local executor's record)
+    num_machines: int = 1
+    expected_trials: int = 1
+    stage_logs: dict[str, StageLog] = field(default_factory=dict)  # host -> stages.<host>.jsonl
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> result.<host>.json
+    envs: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> environment.<host>.json
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> rank.<r>.json
+    rank0: dict[str, Any] | None = None
+    errors: list[dict[str, Any]] = field(default_factory=list)  # error.<r>.json, with "_rank" (file's name)
+    trials: list[dict[str, Any]] = field(default_factory=list)  # the stability experiment's trial records
+    sample_hosts: list[str] = field(default_factory=list)
+    log_hosts: list[str] = field(default_factory=list)
+    transports: dict[str, str | None] = field(default_factory=dict)  # host -> NCCL transport from its log
+    nccl_lines: dict[str, str | None] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # runner files that could not be used
+    warnings: list[str] = field(default_factory=list)  # spec/submitted files that could not be used
+    killed_by: int | None = None  # the signal that ended a run no scheduler accounts for
+    slurm_tail: str | None = None  # last line of the batch output, read when no runner file exists
+
+    @property
+    def hosts_all(self) -> set[str]:
+        """Every host that left any file."""
+        return set(self.stage_logs) | set(self.results) | set(self.sample_hosts) | set(self.envs) | \
+            set(self.log_hosts)
+
+    @property
+    def is_stability(self) -> bool:
+        exp = EXPERIMENTS.get(str(self.experiment)) if self.experiment else None
+        return exp is not None and exp.trials > 1
+
+
+def first_line(text: Any, limit: int = 300) -> str:
+    s = str(text or "").strip().splitlines()
+    line = s[0] if s else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def count(value: Any, minimum: int = 1, maximum: int = 2**31 - 1) -> int | None:
+    """A count or index from a runner file (an integer in [minimum, maximum]); None for anything else."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        return None
+    return value
+
+
+def _slurm_tail(paths: JobPaths) -> str | None:
+    """The last line of the batch script's output: why a job that never started its runner failed."""
+    for out in reversed(paths.slurm_outputs()):
+        try:
+            with out.open("rb") as fh:
+                fh.seek(0, 2)
+                fh.seek(max(0, fh.tell() - 4096))
+                lines = [x for x in fh.read().decode("utf-8", errors="replace").splitlines() if x.strip()]
+        except OSError:
+            continue
+        if lines:
+            return f"{out.name}: {first_line(lines[-1])}"
+    return None
+
+
+def _object(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    doc, p = read_json(path)
+    if p:
+        problems.append(p)
+    if isinstance(doc, dict):
+        return doc
+    if doc is not None:
+        problems.append(f"{path.name}: not a JSON object")
+    return None
+
+
+def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobFiles:
+    """Read *att*'s job directory (none: only what the manifest says)."""
+    jd = att.job_dir
+    paths = JobPaths(jd) if jd is not None else None
+    f = JobFiles(attempt=att, paths=paths)
+    man, kp = att.manifest or {}, known_point or {}
+    spec: dict[str, Any] = {}
+    if paths is not None:
+        spec = _object(paths.spec, f.warnings) or {}
+        f.submitted = _object(paths.submitted, f.warnings) or {}
+    f.jobspec = spec.get("jobspec") if isinstance(spec.get("jobspec"), dict) else {}
+    point = spec.get("point") if isinstance(spec.get("point"), dict) else {}
+    f.entity = dict(point.get("entity") or f.jobspec.get("entity") or kp.get("entity") or {})
+    f.experiment = point.get("experiment") or f.jobspec.get("experiment") or man.get("experiment") or \
+        kp.get("experiment")
+    f.num_machines = count(f.jobspec.get("num_machines")) or count(f.entity.get("number_nodes")) or 1
+    exp = EXPERIMENTS.get(str(f.experiment)) if f.experiment else None
+    f.expected_trials = count(f.jobspec.get("trials")) or (exp.trials if exp else 1)
+    if paths is None:
+        return f
+    names = att.files if att.files is not None else (scan(jd)[1] or [])
+    for h in names_like(names, paths.stages):
+        f.stage_logs[h] = parse_stages(paths.stages(h), h)
+        f.problems += f.stage_logs[h].problems
+    for h in names_like(names, paths.result):
+        if (doc := _object(paths.result(h), f.problems)) is not None:
+            f.results[h] = doc
+    for h in names_like(names, paths.environment):
+        doc, p = read_json(paths.environment(h))
+        if p:
+            f.problems.append(p)
+        if isinstance(doc, dict):
+            f.envs[h] = doc
+    f.sample_hosts = names_like(names, paths.samples)
+    f.log_hosts = names_like(names, paths.train_log)
+    for r in names_like(names, paths.rank_result):
+        doc, p = read_json(paths.rank_result(r))
+        if p:
+            f.problems.append(p)
+        if isinstance(doc, dict) and (rk := count(doc.get("rank"), 0)) is not None:
+            f.ranks[rk] = doc
+    for res in f.results.values():
+        for doc in res.get("ranks") or []:
+            if isinstance(doc, dict) and (rk := count(doc.get("rank"), 0)) is not None:
+                f.ranks.setdefault(rk, doc)
+    f.rank0 = f.ranks.get(0)
+    if f.rank0 is None:
+        for res in f.results.values():
+            if isinstance(res.get("training"), dict):
+                f.rank0 = res["training"]
+    for r in names_like(names, paths.error):
+        doc, p = read_json(paths.error(r))
+        if p:
+            f.problems.append(p)
+        if isinstance(doc, dict):
+            f.errors.append({**doc, "_rank": r})
+    for res in f.results.values():
+        if isinstance(res.get("trials"), list) and res["trials"]:
+            f.trials = [t for t in res["trials"] if isinstance(t, dict)]
+    # The node runner's signal, else launch.sh's as the local executor recorded it.
+    f.killed_by = next((count(r.get("terminated_by") or r.get("signal"), 1, 255) for r in f.results.values()
+                        if r.get("terminated_by") or r.get("signal")), None) or \
+        count(f.submitted.get("exit_signal"), 1, 255)
+    for h in f.log_hosts:
+        f.transports[h], f.nccl_lines[h] = nccl_transport(paths.train_log(h))
+    if not f.hosts_all:
+        f.slurm_tail = _slurm_tail(paths)
+    return f

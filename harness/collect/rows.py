@@ -1,0 +1,277 @@
+"""The database rows of one run, built from its files (:mod:`.jobdir`) and its verdict (:mod:`.outcome`):
+the ``runs`` row, its child rows (hosts, stages, ranks, errors, trials, environment) and, once the
+sample statistics are known, its ``measurements`` row."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..catalog import EXPERIMENTS
+from ..flops import run_flops
+from . import aggregate
+from .discover import Attempt
+from .jobdir import JobFiles, count, first_line
+from .outcome import Sched, Verdict
+from .store import entity_values, to_json, utc
+
+_f = aggregate._f
+_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "submitit", "duckdb")
+_RANK_RATES = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_tokens_per_second",
+               "dataset_tokens_per_second", "cpu_util_pct")
+
+
+@dataclass
+class RunData:
+    """Everything parsed from one job dir, ready to write."""
+
+    run: dict[str, Any]
+    hosts: list[dict[str, Any]] = field(default_factory=list)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    trials: list[dict[str, Any]] = field(default_factory=list)
+    environment: list[dict[str, Any]] = field(default_factory=list)
+    sample_files: list[tuple[str, Path]] = field(default_factory=list)
+    rank0: dict[str, Any] | None = None
+    entity: dict[str, Any] = field(default_factory=dict)
+    experiment: str | None = None
+    world_size: int = 1
+    window: tuple[float | None, float | None] = (None, None)
+    over: bool = False
+    workload: str = "train"
+    peak: float | None = None  # one device's peak TFLOP/s from spec.json (MFU's denominator)
+    gpu_partition: bool | None = None  # from spec.json's cpu_partition; None when unknown
+
+    def warn(self, text: str) -> None:
+        """A problem found after the verdict: a warning of an ok run, part of the reason otherwise."""
+        if self.run["outcome"] in (None, "ok"):
+            self.run["warnings"] = list(dict.fromkeys([*(self.run["warnings"] or []), text]))
+        else:
+            parts = [p for p in (self.run["reason"] or "").split("; ") if p]
+            self.run["reason"] = "; ".join(dict.fromkeys([*parts, text]))
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _provenance(doc: Any) -> dict[str, Any]:
+    """environment.<host>.json's provenance block as the environment table's columns."""
+    doc = doc if isinstance(doc, dict) else {}
+    out = {k: _text(doc.get(src)) for k, src in (("driver_version", "driver"), ("cuda_driver", "cuda_driver"),
+                                                  ("cuda_runtime", "cuda_runtime"), ("nccl", "nccl"),
+                                                  ("cudnn", "cudnn"), ("flash_attn", "flash_attn"))}
+    out["hca_firmware"] = to_json(doc.get("hcas")) if isinstance(doc.get("hcas"), list) and doc["hcas"] else None
+    return out
+
+
+def host_rows(f: JobFiles, v: Verdict, run_id: str) -> list[dict[str, Any]]:
+    seen = f.hosts_all
+    rows = []
+    for h in sorted(seen | set(v.hosts_expected)):
+        res, env = f.results.get(h, {}), f.envs.get(h, {})
+        rows.append({
+            "run_id": run_id, "host": h, "machine_rank": res.get("machine_rank", env.get("machine_rank")),
+            "expected": h in v.hosts_expected if v.hosts_expected else None, "seen": h in seen,
+            "has_stages": h in f.stage_logs, "has_samples": h in f.sample_hosts, "has_result": h in f.results,
+            "has_environment": h in f.envs, "has_log": h in f.log_hosts, "outcome": res.get("outcome"),
+            "exit_code": res.get("exit_code"), "signal": _text(res.get("signal")), "reason": res.get("reason"),
+            "started_wall": res.get("started_wall"), "ended_wall": res.get("ended_wall"),
+            "transport": f.transports.get(h), "nccl_net": f.nccl_lines.get(h)})
+    return rows
+
+
+def stage_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
+    return [{"run_id": run_id, "host": h, "rank": r.rank, "stage": r.stage, "trial": r.trial, "restart": r.restart,
+             "pid": r.pid, "start_wall": r.start_wall, "end_wall": r.end_wall, "started_at": utc(r.start_wall),
+             "ended_at": utc(r.end_wall), "duration_s": r.duration_s, "status": r.status, "error": r.error,
+             "info": to_json(r.info)}
+            for h, log in sorted(f.stage_logs.items()) for r in log.rows]
+
+
+def rank_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
+    rows = []
+    for rk, doc in sorted(f.ranks.items()):
+        m = doc.get("metrics") if isinstance(doc.get("metrics"), dict) else {}
+        dev = doc.get("device")
+        rows.append({
+            "run_id": run_id, "rank": rk, "host": doc.get("host"), "local_rank": doc.get("local_rank"),
+            "world_size": doc.get("world_size"),
+            "device": dev if dev is None or isinstance(dev, str) else json.dumps(dev, sort_keys=True),
+            "global_step": doc.get("global_step"), "train_start_wall": doc.get("train_start_wall"),
+            "train_end_wall": doc.get("train_end_wall"), "warmup_end_wall": doc.get("warmup_end_wall"),
+            "stopped_by": doc.get("stopped_by"), **{k: _f(m.get(k)) for k in _RANK_RATES},
+            "dataset_tokens": count(m.get("dataset_tokens"), 0, 2**63 - 1),
+            "notes": [str(n) for n in doc.get("notes") or []] if isinstance(doc.get("notes"), list) else None,
+            "metrics": to_json(m or None)})
+    return rows
+
+
+def error_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
+    return [{"run_id": run_id, "rank": str(e.get("rank", e["_rank"])), "host": e.get("host"), "kind": e.get("kind"),
+             "error_type": e.get("error_type"), "message": e.get("message"), "traceback": e.get("traceback"),
+             "stage": e.get("stage"), "trial": e.get("trial") if isinstance(e.get("trial"), int) else None,
+             "t_wall": _f(e.get("t_wall"))} for e in f.errors]
+
+
+def trial_rows(f: JobFiles, run_id: str, stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_trial = {r["trial"]: r for r in stages if r["stage"] == "trial" and r["trial"] is not None}
+    host = next((h for h, r in f.results.items() if r.get("trials")), None)
+    rows = []
+    for t in f.trials:
+        tn = t.get("trial") if isinstance(t.get("trial"), int) else None
+        st = by_trial.get(tn) if tn is not None else None
+        rows.append({"run_id": run_id, "trial": tn, "host": host, "exit_code": t.get("exit_code"),
+                     "outcome": t.get("outcome"), "reason": t.get("reason"),
+                     "start_wall": st["start_wall"] if st else None, "end_wall": st["end_wall"] if st else None,
+                     "duration_s": st["duration_s"] if st else None})
+    return rows
+
+
+def environment_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
+    rows = []
+    for h, doc in sorted(f.envs.items()):
+        pk = doc.get("packages") if isinstance(doc.get("packages"), dict) else doc
+        gpus = doc.get("gpus") if isinstance(doc.get("gpus"), list) else []
+        rows.append({
+            "run_id": run_id, "host": h, "machine_rank": doc.get("machine_rank"), "python": _text(doc.get("python")),
+            **{k: _text(pk.get(k)) for k in _PACKAGES},
+            "nvidia_ml_py": _text(pk.get("nvidia-ml-py") or pk.get("nvidia_ml_py")),
+            "sbench_version": doc.get("sbench_version"), "git_commit": doc.get("git_commit"),
+            "gpu_count": len(gpus), "gpu_names": [str(g.get("name")) for g in gpus if isinstance(g, dict)],
+            "gpus": to_json(gpus), "cpu_count": doc.get("cpu_count"),
+            "memory_total_mb": _f(doc.get("memory_total_mb")), "env": to_json(doc.get("env")),
+            "packages": to_json(doc.get("packages")), **_provenance(doc.get("provenance"))})
+    return rows
+
+
+def run_row(f: JobFiles, v: Verdict, stages: list[dict[str, Any]]) -> dict[str, Any]:
+    att, man, job, rank0 = f.attempt, f.attempt.manifest or {}, v.sched.job, f.rank0 or {}
+    results = f.results.values()
+    starts = [_f(r.get("started_wall")) for r in results] + [r["start_wall"] for r in stages]
+    started = min((s for s in starts if s is not None), default=None)
+    ended = max((e for e in (_f(r.get("ended_wall")) for r in results) if e is not None), default=None)
+    if v.outcome is not None and ended is None:
+        ended = max((r["end_wall"] for r in stages if r["end_wall"] is not None), default=None)
+    train_start = _f(rank0.get("train_start_wall"))
+    if train_start is None:
+        train_start = min((r["start_wall"] for r in stages if r["stage"] == "train" and r["start_wall"] is not None),
+                          default=None)
+    job_id = man.get("job_id") or f.submitted.get("job_id")
+    elapsed = job.elapsed_s if job and job.elapsed_s is not None else (
+        ended - started if ended is not None and started is not None else None)
+    return {
+        "run_id": att.run_id, "campaign": att.campaign, "point_id": att.point_id, "repeat": att.repeat,
+        "attempt": att.attempt, "experiment": f.experiment, "job_dir": _text(att.job_dir),
+        "executor": man.get("executor") or f.submitted.get("executor"), "job_id": _text(job_id),
+        "array_job_id": _text(man.get("array_job_id")), "array_task_id": man.get("array_task_id"),
+        "submit_reason": man.get("reason"),
+        "submitted_at": utc(man.get("submitted_at") or f.submitted.get("submitted_at")
+                            or f.submitted.get("submit_time")),
+        "state": v.state, "exit_code": job.exit_code if job else (
+            max((r.get("exit_code") for r in results if isinstance(r.get("exit_code"), int)), default=None)),
+        "exit_signal": job.exit_signal if job else f.killed_by, "elapsed_s": elapsed,
+        "node_list": job.node_list if job else None, "hosts_expected": v.hosts_expected or None,
+        "hosts_seen": sorted(f.hosts_all), "num_machines": f.num_machines,
+        "max_rss_mb": job.max_rss_mb if job else None, "outcome": v.outcome,
+        "reason": "; ".join(dict.fromkeys(v.reasons)) if v.reasons else None,
+        "warnings": list(dict.fromkeys(v.warnings)) or None, "accounting_source": v.sched.source,
+        "started_at": job.start if job and job.start else utc(started),
+        "ended_at": (job.end if job and job.end else utc(ended)) if v.outcome is not None else None,
+        "restarts": max([log.last_restart for log in f.stage_logs.values()] + [0]),
+        "train_start_wall": train_start, "train_end_wall": _f(rank0.get("train_end_wall")),
+        "warmup_end_wall": _f(rank0.get("warmup_end_wall")), "global_step": rank0.get("global_step"),
+        "stopped_by": rank0.get("stopped_by"), "fingerprint": att.fingerprint,
+    }
+
+
+def build(f: JobFiles, v: Verdict) -> RunData:
+    """The run's rows from its files and verdict."""
+    from .parse import summarize_transports
+
+    rid = f.attempt.run_id
+    stages = stage_rows(f, rid)
+    run = run_row(f, v, stages)
+    run["transport"], run["transport_by_host"] = summarize_transports(
+        {h: f.transports.get(h) for h in sorted(f.hosts_all)})
+    world = (count((f.rank0 or {}).get("world_size")) or count(f.jobspec.get("num_processes"))
+             or max(1, count(f.entity.get("number_gpus"), 0) or 0))
+    d = RunData(run=run, hosts=host_rows(f, v, rid), stages=stages, ranks=rank_rows(f, rid),
+                errors=error_rows(f, rid), trials=trial_rows(f, rid, stages), environment=environment_rows(f, rid),
+                rank0=f.rank0, entity=f.entity, experiment=f.experiment, world_size=world,
+                window=aggregate.measured_window(f.rank0, f.entity.get("auto_stop_method")), over=v.over,
+                workload=str(f.jobspec.get("workload") or "train"), peak=_f(f.jobspec.get("peak_tflops")),
+                gpu_partition=None if not isinstance(f.jobspec.get("cpu_partition"), bool)
+                else not f.jobspec["cpu_partition"])
+    if f.paths is not None:
+        d.sample_files = [(h, f.paths.samples(h)) for h in f.sample_hosts]
+    return d
+
+
+def unreadable(att: Attempt, sched: Sched, exc: BaseException) -> RunData:
+    """The run of a job dir whose reading crashed: failed, with the reason; the collect goes on."""
+    why = f"collect could not read this job directory: {type(exc).__name__}: {first_line(exc)}"
+    man = att.manifest or {}
+    run = {"run_id": att.run_id, "campaign": att.campaign, "point_id": att.point_id, "repeat": att.repeat,
+           "attempt": att.attempt, "job_dir": _text(att.job_dir), "state": sched.state or "FAILED",
+           "outcome": "failed", "reason": why, "warnings": None, "accounting_source": sched.source,
+           "fingerprint": att.fingerprint, "max_rss_mb": None, "train_start_wall": None, "hosts_seen": [],
+           "num_machines": None, "submit_reason": man.get("reason"), "submitted_at": utc(man.get("submitted_at")),
+           **{k: man.get(k) for k in ("executor", "job_id", "array_job_id", "array_task_id", "experiment")}}
+    return RunData(run=run, over=True)
+
+
+def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The measurements row of an ok or invalid run (None otherwise)."""
+    run = d.run
+    if run["outcome"] not in ("ok", "invalid"):
+        return None  # failed runs record no properties (seeds: "Failed measurements do not record any")
+    if d.workload != "train":
+        return None  # a dry run of the harness (runner.workload: idle) measured no training
+    exp = EXPERIMENTS.get(str(d.experiment)) if d.experiment else None
+    row: dict[str, Any] = {k: run[k] for k in ("run_id", "campaign", "point_id", "repeat", "attempt", "experiment",
+                                               "ended_at")}
+    row.update(entity_values(d.entity))
+    row["transport"] = run["transport"]
+    row["world_size"] = d.world_size
+    if run["outcome"] == "invalid":
+        # An invalid run (GPU OOM / illegal memory access) is a measurement of the point: is_valid=false
+        # with every property NULL (nothing it measured before running out of memory is comparable).
+        row["is_valid"] = False
+        return row
+    row["is_valid"] = True
+    if exp is not None and exp.trials > 1:
+        outcomes = [t.get("outcome") for t in d.trials]
+        row.update(aggregate.stability_properties(outcomes, exp.trials))
+        row["trials_run"] = len(outcomes)
+        return row
+    start, end = d.window
+    devices, procs, had_gpu = aggregate.run_stats(stats, run["run_id"])
+    stop_after = _f(d.entity.get("stop_after_seconds"))
+    row.update(aggregate.benchmark_properties(devices, procs, had_gpu, d.rank0, d.world_size, stop_after))
+    row.update(run_flops(d.rank0, d.peak))
+    row.update(aggregate.exact_properties(d.rank0))
+    notes = []
+    if not d.sample_files and (d.gpu_partition or (d.gpu_partition is None and
+                                                   (_f(d.entity.get("number_gpus")) or 0) > 0)):
+        # No sampler output at all is not "no GPU": leave the GPU properties unknown rather than 0.0.
+        row.update({p: None for p in aggregate.GPU_PROPERTIES})
+        notes.append("no samples file: GPU and CPU utilisation unknown")
+    elif d.gpu_partition and not had_gpu:
+        # A GPU partition whose sampler recorded no GPU at all: the sampler failed (NVML missing, no
+        # permission), which is not 0 % utilisation.
+        row.update({p: None for p in aggregate.GPU_PROPERTIES})
+        d.warn("GPU partition but no GPU sample: the sampler could not read the GPUs (GPU metrics left NULL;"
+               " see samples.<host>.csv and train.<host>.log)")
+    if start is None or end is None:
+        notes.append("no training window from rank 0: averaged over every sample")
+    if had_gpu and not devices:
+        notes.append("no GPU sample inside the measured window")
+    row.update({"window_start_wall": start, "window_end_wall": end,
+                "window_s": end - start if start is not None and end is not None else None,
+                "gpu_devices": len(devices), "gpu_samples": sum(x.samples for x in devices),
+                "proc_samples": sum(x.samples for x in procs), "notes": notes or None})
+    return row

@@ -1,0 +1,189 @@
+"""Expected values of a campaign's measurements, and the checks of runs against them.
+
+A sweep declares ``references:``, one entry (or a list of entries) per metric::
+
+    references:
+      train_tokens_per_second:            # a measurements column (see catalog.METRICS)
+        value: 5200
+        lower: 0.10                       # at most 10 % below value; omit for no lower bound
+      gpu_memory_utilization_peak:
+        - {value: 62, upper: 0.05, model_name: llama3-8b, number_gpus: 8}
+        - {value: 40, upper: 0.25}        # every other point
+
+``lower`` and ``upper`` are fractions of ``value`` (ReFrame's reference tuples, without the sign):
+the bounds are ``value * (1 - lower)`` and ``value * (1 + upper)``. The other keys of an entry are
+entity fields that select points; the entry with the most matching selectors applies, the first in
+the file on a tie, and a point no entry selects is not checked for that metric.
+
+Collect checks each point and repeat of the campaign, at its latest attempt, into the ``checks``
+table: ``pass``, ``fail``, or ``missing`` (the run failed, is not over, or did not measure the
+metric). ``sbench check CAMPAIGN`` prints them and exits 1 on any fail (or missing, unless
+``--allow-missing``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .catalog import METRICS, Experiment
+from .errors import InputError
+from .schema import MAX_LIST, Checker
+
+ENTRY_KEYS = ("value", "lower", "upper", "unit")
+
+
+@dataclass(frozen=True)
+class Reference:
+    metric: str
+    value: float
+    lower: float | None = None  # fraction below value allowed; None: unbounded
+    upper: float | None = None  # fraction above value allowed; None: unbounded
+    unit: str | None = None
+    where: dict[str, Any] = field(default_factory=dict)  # entity field -> value the point must have
+    order: int = 0  # position in the sweep (ties go to the first)
+
+    @property
+    def low(self) -> float | None:
+        return None if self.lower is None else self.value * (1.0 - self.lower)
+
+    @property
+    def high(self) -> float | None:
+        return None if self.upper is None else self.value * (1.0 + self.upper)
+
+    def selects(self, entity: Mapping[str, Any]) -> bool:
+        return all(_same(entity.get(k), v) for k, v in self.where.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "value": self.value, "lower": self.lower, "upper": self.upper,
+                "unit": self.unit, "where": dict(self.where), "order": self.order}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Reference:
+        return cls(metric=str(d["metric"]), value=float(d["value"]),
+                   lower=None if d.get("lower") is None else float(d["lower"]),
+                   upper=None if d.get("upper") is None else float(d["upper"]), unit=d.get("unit"),
+                   where=dict(d.get("where") or {}), order=int(d.get("order") or 0))
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b)
+    return str(a) == str(b)
+
+
+def parse_references(node: Any, experiment: Experiment, ck: Checker, parent: Any) -> list[Reference]:
+    """The sweep's ``references:`` block (None: no references), checked key by key."""
+    if node is None:
+        return []
+    node = ck.mapping(node, "references", parent, "references")
+    out: list[Reference] = []
+    fields = list(experiment.field_names)
+    for metric, entries in node.items():
+        metric = str(metric)
+        dotted = f"references.{metric}"
+        if metric not in METRICS:
+            import difflib
+
+            close = difflib.get_close_matches(metric, METRICS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            ck.fail(dotted, f"is not a measured metric; {hint}metrics: {', '.join(METRICS)}", node, metric)
+        items = entries if isinstance(entries, list) else [entries]
+        if not items or len(items) > MAX_LIST:
+            ck.fail(dotted, f"must be one entry or a list of 1 to {MAX_LIST} entries", node, metric)
+        for i, entry in enumerate(items):
+            where = f"{dotted}[{i}]" if isinstance(entries, list) else dotted
+            entry = ck.mapping(entry, where, node, metric)
+            if not entry:
+                ck.fail(where, "must be a mapping with value: and lower: and/or upper:", node, metric)
+            ck.known_keys(entry, where, [*ENTRY_KEYS, *fields])
+            ck.require(entry, where, "value", "the expected value of the metric")
+            value = float(ck.number(entry, where, "value"))
+            lower = ck.number(entry, where, "lower", minimum=0.0)
+            upper = ck.number(entry, where, "upper", minimum=0.0)
+            if lower is None and upper is None:
+                ck.fail(where, "needs lower: and/or upper: (fractions of value, e.g. lower: 0.1 for at most "
+                               "10 % below)", entry)
+            if lower is not None and lower > 1 and value >= 0:
+                ck.fail(f"{where}.lower", f"is a fraction of value (0.1 = 10 %); {lower:g} would allow a "
+                                          "negative measurement", entry, "lower")
+            unit = ck.string(entry, where, "unit", default=None)
+            sel: dict[str, Any] = {}
+            for k in entry:
+                if k in ENTRY_KEYS:
+                    continue
+                spec = experiment.field(str(k))
+                assert spec is not None
+                try:
+                    sel[str(k)] = spec.coerce(entry[k], f"{ck.source}: {where}")
+                except InputError as exc:
+                    ck.fail(f"{where}.{k}", f"is no valid value for this selector: {exc}", entry, k)
+            out.append(Reference(metric, value, None if lower is None else float(lower),
+                                 None if upper is None else float(upper), unit, sel, len(out)))
+    return out
+
+
+def pick(refs: Iterable[Reference], metric: str, entity: Mapping[str, Any]) -> Reference | None:
+    """The entry for *metric* that applies to a point: most selectors matched, then the first."""
+    best: Reference | None = None
+    for r in refs:
+        if r.metric == metric and r.selects(entity) and (best is None or len(r.where) > len(best.where)):
+            best = r
+    return best
+
+
+def check_rows(campaign: str, refs: Sequence[Reference], points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One ``checks`` row per point-repeat and metric a reference applies to.
+
+    *points*: the campaign's point-repeats at their latest attempt, each with ``point_id``, ``repeat``,
+    ``entity`` (dict), ``run_id``/``outcome`` (None when never run) and ``values`` (metric -> value or
+    None; empty without a measurements row)."""
+    rows: list[dict[str, Any]] = []
+    metrics = list(dict.fromkeys(r.metric for r in refs))
+    for p in points:
+        for metric in metrics:
+            ref = pick(refs, metric, p["entity"])
+            if ref is None:
+                continue
+            value = (p.get("values") or {}).get(metric)
+            low, high = ref.low, ref.high
+            if value is None or (isinstance(value, float) and not math.isfinite(value)):
+                status = "missing"
+                if p.get("run_id") is None:
+                    reason = "not run yet"
+                elif p.get("outcome") is None:
+                    reason = "the run is not over"
+                elif p.get("outcome") != "ok":
+                    reason = f"the run is {p.get('outcome')}"
+                else:
+                    reason = f"the run measured no {metric}"
+            elif low is not None and value < low:
+                status, reason = "fail", f"{value:.6g} < {low:.6g} ({ref.value:.6g} - {ref.lower:.0%})"
+            elif high is not None and value > high:
+                status, reason = "fail", f"{value:.6g} > {high:.6g} ({ref.value:.6g} + {ref.upper:.0%})"
+            else:
+                status, reason = "pass", None
+            rows.append({"campaign": campaign, "point_id": p["point_id"], "repeat": p["repeat"],
+                         "run_id": p.get("run_id"), "metric": metric, "value": value, "reference": ref.value,
+                         "lower_bound": low, "upper_bound": high, "unit": ref.unit,
+                         "selector": dict(ref.where) or None, "status": status, "reason": reason,
+                         "deviation": None if value is None or not ref.value else value / ref.value - 1.0})
+    return rows
+
+
+def refresh_checks(store: Any, now: Any = None) -> int:
+    """Recompute the ``checks`` of every campaign that declares references (inside the caller's
+    transaction); returns the number of rows written."""
+    recorded = store.references_of()
+    n = 0
+    for campaign, docs in recorded.items():
+        refs = [Reference.from_dict(d) for d in docs]
+        rows = check_rows(campaign, refs, store.check_inputs(campaign, [r.metric for r in refs]))
+        for r in rows:
+            r["checked_at"] = now
+        store.replace_checks(campaign, rows)
+        n += len(rows)
+    store.drop_checks_except(list(recorded))
+    return n
