@@ -61,6 +61,8 @@ class ReportData:
     run_offset: float | None = None  # t_wall - x of the traces (to place window bounds)
     fabric: list[dict[str, Any]] = field(default_factory=list)  # rows of the latest sbench fabric runs
     overhead: list[dict[str, Any]] = field(default_factory=list)  # run_overhead rows, most outside-train first
+    checks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # campaign -> its checks rows
+    compare: dict[str, Any] | None = None  # base, cand, threshold, rows (harness.compare.Row dicts)
 
 
 @dataclass
@@ -105,7 +107,21 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     _load_run(store, data, campaign, run_id)
     data.fabric = store.fabric_rows()
     data.overhead = store.overhead_rows(campaign)
+    data.checks = {c: store.check_results(c) for c in sorted(store.references_of()) if campaign in (None, c)}
     return data
+
+
+def load_compare(store: Store, base: str, cand: str, threshold: float,
+                 metrics: Sequence[str] = ()) -> dict[str, Any]:
+    """The compare section's data: ``sbench compare BASE CAND`` over the same store."""
+    from .compare import DEFAULT_METRICS, compare, parse_side
+
+    sides = [store.compare_side(*parse_side(x)) for x in (base, cand)]
+    for name, text, side in (("BASE", base, sides[0]), ("CAND", cand, sides[1])):
+        if not side:
+            raise InputError(f"--compare: {name} {text!r} has no valid measurements in {store.path}")
+    rows = compare(sides[0], sides[1], list(metrics or DEFAULT_METRICS), threshold)
+    return {"base": base, "cand": cand, "threshold": threshold, "rows": [r.to_dict() for r in rows]}
 
 
 def _load_run(store: Store, data: ReportData, campaign: str | None, run_id: str | None) -> None:
@@ -132,10 +148,14 @@ def _load_run(store: Store, data: ReportData, campaign: str | None, run_id: str 
 
 
 def build_report(db: str | Path, campaign: str | None = None, run_id: str | None = None,
-                 now: _dt.datetime | None = None) -> Report:
-    """Open *db* read-only, load and render; see the module docstring."""
+                 now: _dt.datetime | None = None, compare_to: tuple[str, str] | None = None,
+                 threshold: float = 0.10) -> Report:
+    """Open *db* read-only, load and render; see the module docstring. *compare_to* (BASE, CAND) adds
+    the compare section."""
     with open_store(db, read_only=True) as store:
         data = load_report_data(store, campaign, run_id, now)
+        if compare_to is not None:
+            data.compare = load_compare(store, compare_to[0], compare_to[1], threshold)
     return Report(render_report(data), data)
 
 
@@ -591,6 +611,96 @@ def overhead_table(rows: Sequence[Mapping[str, Any]], word: str = "GPU") -> str:
             + body + "</tbody></table>" + more)
 
 
+VERDICT_COLORS = {"regression": OOM_COLOR, "improvement": "#59a14f", "noise": "#7f7f7f"}
+
+
+def ratio_chart(rows: Sequence[Mapping[str, Any]], threshold: float, width: int = 1100) -> str:
+    """One line per point and metric: the candidate/base ratio of medians, its 95 % interval as a
+    whisker, the ±threshold band shaded and 1.0 marked."""
+    if not rows:
+        return no_data("BASE and CAND share no measured point")
+    lo = min([r["low"] for r in rows] + [1 - threshold]) * 0.97
+    hi = max([r["high"] for r in rows] + [1 + threshold]) * 1.03
+    ticks, lo, hi = nice_ticks(lo, hi)
+    left, right, top, row_h = 330, 30, 26, 22
+    height = top + row_h * len(rows) + 34
+    plot_w = width - left - right
+
+    def sx(v: float) -> float:
+        return left + (v - lo) / (hi - lo) * plot_w if hi > lo else left
+
+    out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">',
+           f'<rect x="{sx(1 - threshold):.1f}" y="{top - 6}" width="{sx(1 + threshold) - sx(1 - threshold):.1f}" '
+           f'height="{row_h * len(rows) + 6}" fill="#eeeeee"/>']
+    for t in ticks:
+        out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top - 6}" y2="{height - 30}" stroke="#ddd"/>'
+                   f'<text x="{sx(t):.1f}" y="{height - 14}" text-anchor="middle" class="tick">{fmt(t)}</text>')
+    out.append(f'<line x1="{sx(1):.1f}" x2="{sx(1):.1f}" y1="{top - 6}" y2="{height - 30}" stroke="#333"/>')
+    for i, r in enumerate(rows):
+        y = top + row_h * i + row_h / 2
+        lab = r.get("labels") or {}
+        name = f"{lab.get('model_name', '?')} ×{lab.get('number_gpus', '?')} b{lab.get('batch_size', '?')} {r['metric']}"
+        color = VERDICT_COLORS.get(str(r["verdict"]).split(" ")[0], "#7f7f7f")
+        tip = (f"{r['point_id']} {r['metric']}: ratio {r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}], "
+               f"n {r['n_base']}/{r['n_cand']}, {r['verdict']}")
+        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end" class="tick">{esc(name)}</text>'
+                   f'<line x1="{sx(r["low"]):.1f}" x2="{sx(r["high"]):.1f}" y1="{y:.1f}" y2="{y:.1f}" '
+                   f'stroke="{color}" stroke-width="2"/>'
+                   f'<circle cx="{sx(r["ratio"]):.1f}" cy="{y:.1f}" r="4.5" fill="{color}"><title>{esc(tip)}</title>'
+                   "</circle>")
+    out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 1}" text-anchor="middle" class="tick">'
+               "candidate / base (ratio of medians, 95 % bootstrap interval)</text></svg>")
+    return "".join(out)
+
+
+def compare_section(cmp: Mapping[str, Any] | None) -> str:
+    if not cmp:
+        return ""
+    rows = cmp["rows"]
+    n_reg = sum(1 for r in rows if str(r["verdict"]).startswith("regression"))
+    note = (f"BASE {cmp['base']} vs CAND {cmp['cand']}, paired by point; threshold {cmp['threshold']:.0%} "
+            "(shaded). A regression is worse by more than the threshold with an interval that does not reach 1.0. "
+            f"{len(rows)} comparison(s), {n_reg} regression(s).")
+    return _section("compare", "Compare", note, f'<div class="wide">{ratio_chart(rows, cmp["threshold"])}</div>')
+
+
+def checks_section(checks: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    if not checks:
+        return ""
+    parts = []
+    for camp, rows in checks.items():
+        n = {s: sum(1 for r in rows if r["status"] == s) for s in ("pass", "fail", "missing")}
+        parts.append(f"<h3>{esc(camp)}: {n['pass']} pass, {n['fail']} fail, {n['missing']} missing</h3>")
+        cols = ["status", "metric", "model", "gpus", "batch", "rep", "value", "reference", "bounds", "reason"]
+        body = "".join(
+            f'<tr class="{"oom" if r["status"] == "fail" else ""}">' + "".join(f"<td>{esc(v)}</td>" for v in (
+                r["status"], r["metric"], r.get("model_name"), r.get("number_gpus"), r.get("batch_size"),
+                r["repeat"], fmt(r["value"]), fmt(r["reference"]),
+                f"{fmt(r['lower_bound']) or '−∞'} … {fmt(r['upper_bound']) or '∞'}", r["reason"] or "")) + "</tr>"
+            for r in rows)
+        parts.append("<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr></thead><tbody>"
+                     + body + "</tbody></table>")
+    return _section("checks", "Checks against references",
+                    "Each point's latest attempt against the sweep's references (sbench check exits 1 on a fail).",
+                    '<div class="wide">' + "".join(parts) + "</div>")
+
+
+def efficiency_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
+    if not any(m.get("model_tflops_per_gpu") is not None for m in ms):
+        return ""
+    has_mfu = any(m.get("mfu") is not None for m in ms)
+    body = ('<div class="row"><div class="panel"><h3>achieved model TFLOP/s per device</h3>'
+            + metric_chart(ms, "model_tflops_per_gpu", "model TFLOP/s per device", word=word)
+            + '</div><div class="panel"><h3>MFU (model FLOPs / peak)</h3>'
+            + (metric_chart(ms, "mfu", "MFU", word=word) if has_mfu else
+               no_data("no peak TFLOP/s known for this hardware: set peak_tflops on the partition"))
+            + "</div></div>")
+    return _section("efficiency", "Efficiency: achieved TFLOP/s and MFU",
+                    "Model FLOPs per token from the model config (6·N plus attention; harness/flops.py) × train tokens "
+                    "per second per device. MFU divides by the device's peak dense TFLOP/s for the compute dtype "
+                    "(harness/data/gpu_peaks.yaml or the inventory's peak_tflops).", body)
+
+
 def render_report(data: ReportData) -> str:
     """The page for *data*: a pure function of it."""
     ms = data.measurements
@@ -633,6 +743,7 @@ def render_report(data: ReportData) -> str:
                  "sbench fabric runs: bus bandwidth of all-reduce (algbw × 2(n−1)/n) and all-gather (algbw × (n−1)/n) "
                  "by message size, one line per run, labelled partition × nodes and the transport NCCL chose "
                  "(gloo on CPU partitions).", fabric_charts(data.fabric)),
+        efficiency_section(ms, word), checks_section(data.checks), compare_section(data.compare),
         _section("latest", "Latest measurement per point",
                  "The newest measurement of each point (OOM rows in red) and how many measurements the point has.",
                  f'<div class="wide">{latest_table(ms)}</div>'),

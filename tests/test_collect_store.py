@@ -123,7 +123,7 @@ def test_malformed_manifest_events(tmp_path):
         with pytest.raises(Exception, match="event 1: attempt line is malformed"):
             st.record_manifest([{"type": "attempt", "campaign": "x"}])
         problems = st.record_manifest([{"type": "bogus"}, {"type": "campaign", "campaign": "ok"}], strict=False)
-        assert problems == ["manifest event 1: unknown type 'bogus' (expected campaign, point, attempt or cancel)"]
+        assert problems == ["manifest event 1: unknown type 'bogus' (expected campaign, point, attempt, cancel or references)"]
         assert st.con.execute("SELECT campaign FROM campaigns").fetchall() == [("ok",)]
 
 

@@ -112,3 +112,39 @@ def test_slurm_time(text: str, minutes: float) -> None:
     from harness.sbatch.local import slurm_time_minutes
 
     assert slurm_time_minutes(text) == minutes
+
+
+def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
+    """Submit's view of a campaign: no collect when every attempt has settled; only the attempts the
+    database lacks, or that the executor no longer reports queued or running, otherwise."""
+    import os
+
+    from harness.collect import collect
+    from harness.collect.synth import append_manifest, make_run, write_json
+    from harness.sbatch.state import runs_to_refresh
+
+    wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
+    assert runs_to_refresh(db, wd, "c") is None  # no database yet: everything
+    done = make_run(wd, "c", 0, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local", job_id="999991")
+    append_manifest(wd, "c", done["events"])
+    queued = make_run(wd, "c", 1, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local",
+                      job_id=str(os.getpid()))  # a live process id: collect sees it running
+    for f in queued["paths"].root.iterdir():
+        if f.name.startswith(("result.", "rank.", "stages.")):
+            f.unlink()
+    append_manifest(wd, "c", queued["events"])
+    collect(db, wd)
+    from harness.collect.store import run_id_of
+
+    rid = {r["point_id"]: run_id_of("c", r["point_id"], 0, 1) for r in (done, queued)}
+    # the executor says the queued one is still waiting (no pid yet): nothing to read
+    write_json(queued["paths"].submitted, {"executor": "local", "job_id": str(os.getpid())})
+    assert runs_to_refresh(db, wd, "c") == []
+    # it ended since: that run alone
+    write_json(queued["paths"].submitted, {"executor": "local", "job_id": str(os.getpid()), "exit_code": 1,
+                                           "ended_at": "2025-11-22T00:10:00+0000"})
+    assert runs_to_refresh(db, wd, "c") == [rid[queued["point_id"]]]
+    # an attempt the database has never seen
+    extra = make_run(wd, "c", 2, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local", job_id="999993")
+    append_manifest(wd, "c", extra["events"])
+    assert sorted(runs_to_refresh(db, wd, "c")) == sorted([rid[queued["point_id"]], run_id_of("c", extra["point_id"], 0, 1)])

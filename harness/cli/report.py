@@ -18,14 +18,20 @@ from ..paths import DEFAULT_DB
               help="Run for the utilisation-over-time panels (default: the longest ok run).")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"),
               show_default=True, help="HTML file to write ('-' for stdout).")
-def report(db: Path | None, campaign: str | None, run_id: str | None, out: Path) -> None:
+@click.option("--compare", "compare_to", nargs=2, default=None, metavar="BASE CAND",
+              help="Add a compare section: BASE and CAND as for sbench compare.")
+@click.option("--threshold", type=float, default=0.10, show_default=True,
+              help="The compare section's regression threshold (fraction).")
+def report(db: Path | None, campaign: str | None, run_id: str | None, out: Path,
+           compare_to: tuple[str, str] | None, threshold: float) -> None:
     """Write one self-contained HTML page of plots and tables from the results database.
 
     Example: sbench report --campaign lora-scan -o report.html
     """
     from ..report import build_report
 
-    rep = build_report(db or DEFAULT_DB, campaign=campaign, run_id=run_id)
+    rep = build_report(db or DEFAULT_DB, campaign=campaign, run_id=run_id, compare_to=compare_to or None,
+                       threshold=threshold)
     if str(out) == "-":
         click.echo(rep.html)
         return

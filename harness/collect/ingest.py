@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,8 +159,10 @@ def scheduler_states(todo: list[tuple[Attempt, dict[str, Any]]], runner: Runner 
 
 # -- the collect -------------------------------------------------------------------------------------------
 def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *, progress: Progress | None = None,
-            sacct_runner: Runner | None = None, wait_s: float | None = None) -> CollectReport:
-    """Collect every run under *workdir* into *db*; see the module docstring."""
+            sacct_runner: Runner | None = None, wait_s: float | None = None,
+            run_ids: Collection[str] | None = None) -> CollectReport:
+    """Collect every run under *workdir* into *db*; see the module docstring. With *run_ids*, only those
+    runs are looked at (manifests are still recorded): submit's refresh of what changed."""
     t0 = time.monotonic()
     wd = Path(workdir)
     report = CollectReport(db=str(db), workdir=str(wd))
@@ -168,6 +170,9 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     clock = _Clock(report)
     prog("discover", 0, 1)
     manifests, attempts, warns = discover(wd, campaign)
+    if run_ids is not None:
+        keep = set(run_ids)
+        attempts = {rid: a for rid, a in attempts.items() if rid in keep}
     report.warnings += warns
     if not wd.is_dir():
         report.warnings.append(f"{wd}: no such directory; nothing to collect (pass --workdir)")

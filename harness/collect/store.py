@@ -911,7 +911,7 @@ class Store:
     def check_inputs(self, campaign: str, metrics: Sequence[str]) -> list[dict[str, Any]]:
         """The campaign's valid point-repeats at their latest attempt: entity, run, outcome and the
         measured *metrics* (see harness.references.check_rows)."""
-        cols = [m for m in metrics if m in _COLUMN_NAMES["measurements"]]
+        cols = [m for m in dict.fromkeys(metrics) if m in _COLUMN_NAMES["measurements"]]
         picked = "".join(f", m.{q(c)}" for c in cols)
         rows = self.fetch_dicts(
             f"""WITH latest AS (

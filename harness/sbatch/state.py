@@ -2,7 +2,10 @@
 
 The results database is the index (collect classifies every attempt from its
 files and SLURM accounting); submit brings it up to date for the campaign
-first, so decisions never rest on a stale view.
+first, so decisions never rest on a stale view. It does so without a full
+collect: the scheduler is asked about the attempts the database has not seen
+end, and only those that ended since (and attempts the database does not know
+yet) are read.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str
     from ..collect.store import open_store
 
     try:
-        collect(db, workdir, campaign)
+        stale = runs_to_refresh(db, workdir, campaign)
+        if stale is None or stale:
+            collect(db, workdir, campaign, run_ids=stale)
     except StoreBusyError as exc:
         raise SubmitError(f"{exc}; nothing was submitted - run submit again once it is free") from None
     history = PointHistory()
@@ -57,6 +62,43 @@ def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str
         for pid, st_ in st.point_status(point_ids=point_ids).items():
             history.measured_counts[pid] = st_.ok + st_.invalid
     return history, None
+
+
+def runs_to_refresh(db: Path, workdir: Path, campaign: str) -> list[str] | None:
+    """The runs of *campaign* whose state may have moved since the last collect: attempts in the
+    manifest the database lacks, and attempts it has not seen end that the scheduler no longer
+    reports queued or running. None: no usable database yet (collect everything)."""
+    from .. import jobstate
+    from ..collect.sacct import FINAL_STATES
+    from ..collect.store import open_store, run_id_of
+    from ..errors import SbenchError
+    from .control import live_states, manifest_attempts
+
+    if not Path(db).is_file():
+        return None
+    try:
+        with open_store(db, read_only=True) as st:
+            known = {r["run_id"]: r for r in st.attempt_rows(campaign)}
+    except SbenchError:
+        return None
+    out: list[str] = []
+    unsettled: list[dict[str, Any]] = []
+    for a in manifest_attempts(workdir, campaign):
+        try:
+            rid = run_id_of(campaign, str(a["point_id"]), int(a.get("repeat") or 0), int(a["attempt"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        row = known.get(rid)
+        if row is None or row.get("job_id") is None and a.get("job_id"):
+            out.append(rid)
+        elif row.get("outcome") is None or row.get("state") not in FINAL_STATES:
+            unsettled.append({**a, "run_id": rid})
+    live = live_states(unsettled) if unsettled else {}
+    for a in unsettled:
+        word = live.get(a["job_dir"])
+        if word is None or jobstate.lookup(word).phase not in ("pending", "running"):
+            out.append(a["run_id"])
+    return out
 
 
 def record_events(db: Path, events: list[dict[str, Any]]) -> str | None:
