@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CatalogError, InputError
+from .defaults import AUTO_STOP  # noqa: F401 - re-exported
 from .schema import INT_MAX, MAX_NUMBER, show, text_problem
 from .yamlio import load_yaml, loads_yaml
 
@@ -80,7 +81,6 @@ OPTIMIZERS = (
 )
 SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 STATE_DICT = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
-AUTO_STOP = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
 # Bounds of entity values: beyond them a value is a typo, never a benchmark.
 MAX_GPUS = 1 << 16
 MAX_NODES = 1 << 12

@@ -10,6 +10,20 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 # Login-node defaults (the CLI's --db / --workdir, or $SBENCH_DB / $SBENCH_WORKDIR, override them).
 DEFAULT_DB = Path("results/results.duckdb")
 DEFAULT_WORKDIR = Path("results/runs")
+
+
+def resolve_workdir(workdir: str | Path | None = None) -> Path:
+    """The work dir: *workdir*, else $SBENCH_WORKDIR, else results/runs; absolute."""
+    import os
+
+    return Path(workdir or os.environ.get("SBENCH_WORKDIR") or DEFAULT_WORKDIR).resolve()
+
+
+def resolve_db(db: str | Path | None = None) -> Path:
+    """The results database: *db*, else $SBENCH_DB, else results/results.duckdb; absolute."""
+    import os
+
+    return Path(db or os.environ.get("SBENCH_DB") or DEFAULT_DB).resolve()
 SPEC_SCHEMA = "sbench.spec/1"  # the "schema" of every spec.json render writes
 
 

@@ -33,6 +33,7 @@ from .schema import (
     Checker,
     sbatch_extra,
 )
+from .defaults import RUNNER_DEFAULTS
 from .yamlio import LineDict, load_yaml
 
 SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
@@ -52,14 +53,14 @@ MAX_PARALLEL = 100_000
 class RunnerSettings:
     """How the in-job runner measures; recorded with every attempt (not part of the point's identity)."""
 
-    sample_interval_s: float = 1.0
-    warmup_seconds: float = 60.0
-    stable_seconds: float = 120.0
-    min_steps: int = 10
-    stop_grace_s: float = 30.0
-    token_cache: bool = True
-    workload: str = "train"  # train | idle (a dry run of the harness: harness.runner.idle)
-    idle_seconds: float = 1.0
+    sample_interval_s: float = RUNNER_DEFAULTS["sample_interval_s"]
+    warmup_seconds: float = RUNNER_DEFAULTS["warmup_seconds"]
+    stable_seconds: float = RUNNER_DEFAULTS["stable_seconds"]
+    min_steps: int = RUNNER_DEFAULTS["min_steps"]
+    stop_grace_s: float = RUNNER_DEFAULTS["stop_grace_s"]
+    token_cache: bool = RUNNER_DEFAULTS["token_cache"]
+    workload: str = RUNNER_DEFAULTS["workload"]  # train | idle (a dry run of the harness: harness.runner.idle)
+    idle_seconds: float = RUNNER_DEFAULTS["idle_seconds"]
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -217,20 +218,24 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     ck.known_keys(runner_node, "runner", RUNNER_KEYS)
     auto = ck.mapping(runner_node.get("auto_stop"), "runner.auto_stop", runner_node, "auto_stop")
     ck.known_keys(auto, "runner.auto_stop", AUTO_STOP_KEYS)
-    interval = ck.number(runner_node, "runner", "sample_interval_s", default=1.0, minimum=0.01, maximum=3600)
+    d = RUNNER_DEFAULTS
+    interval = ck.number(runner_node, "runner", "sample_interval_s", default=d["sample_interval_s"], minimum=0.01,
+                         maximum=3600)
     day = 86400.0
     runner = RunnerSettings(
         sample_interval_s=float(interval),
-        warmup_seconds=float(ck.number(auto, "runner.auto_stop", "warmup_seconds", default=60.0, minimum=0,
-                                       maximum=day)),
-        stable_seconds=float(ck.number(auto, "runner.auto_stop", "stable_seconds", default=120.0, minimum=0,
-                                       maximum=day)),
-        min_steps=ck.integer(auto, "runner.auto_stop", "min_steps", default=10, minimum=1, maximum=10**9),
-        stop_grace_s=float(ck.number(runner_node, "runner", "stop_grace_s", default=30.0, minimum=0,
+        warmup_seconds=float(ck.number(auto, "runner.auto_stop", "warmup_seconds", default=d["warmup_seconds"],
+                                       minimum=0, maximum=day)),
+        stable_seconds=float(ck.number(auto, "runner.auto_stop", "stable_seconds", default=d["stable_seconds"],
+                                       minimum=0, maximum=day)),
+        min_steps=ck.integer(auto, "runner.auto_stop", "min_steps", default=d["min_steps"], minimum=1,
+                             maximum=10**9),
+        stop_grace_s=float(ck.number(runner_node, "runner", "stop_grace_s", default=d["stop_grace_s"], minimum=0,
                                      maximum=day)),
-        token_cache=ck.boolean(runner_node, "runner", "token_cache", default=True),
-        workload=ck.string(runner_node, "runner", "workload", default="train"),
-        idle_seconds=float(ck.number(runner_node, "runner", "idle_seconds", default=1.0, minimum=0, maximum=day)),
+        token_cache=ck.boolean(runner_node, "runner", "token_cache", default=d["token_cache"]),
+        workload=ck.string(runner_node, "runner", "workload", default=d["workload"]),
+        idle_seconds=float(ck.number(runner_node, "runner", "idle_seconds", default=d["idle_seconds"], minimum=0,
+                                     maximum=day)),
     )
     if runner.workload not in WORKLOADS:
         ck.fail("runner.workload", f"must be one of: {', '.join(WORKLOADS)}; got {runner.workload!r}", runner_node,

@@ -10,7 +10,7 @@ import yaml
 
 from .base import db_option, echo_json, inventory_option, json_option, main, table, workdir_option
 from ..errors import RunnerError
-from ..paths import DEFAULT_DB, DEFAULT_WORKDIR
+from ..paths import resolve_db, resolve_workdir
 
 
 @main.command()
@@ -36,7 +36,7 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
 
     inv = load_inventory(inventory)
     part = inv.partition(partition)
-    probes = run_probe(inv, part.name, where == "slurm", workdir or DEFAULT_WORKDIR, host)
+    probes = run_probe(inv, part.name, where == "slurm", resolve_workdir(workdir), host)
     probe_id = time.strftime("%Y%m%dT%H%M%S") + f"-{part.name}"
     rows, diffs = [], []
     for name, pr in sorted(probes.items()):
@@ -48,7 +48,7 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
                      "cuda_driver": pr.get("cuda_driver"), "cores": pr.get("cores"), "memory_gb": pr.get("memory_gb"),
                      "memlock": pr.get("memlock"), "hcas": to_json(pr.get("hcas")), "differences": found,
                      "doc": to_json(pr)})
-    with open_store(db or DEFAULT_DB) as st:
+    with open_store(resolve_db(db)) as st:
         st.record_probes(rows)
     if write_to is not None:
         frag = fragment(part.name, probes, {h: part.hosts[h].address for h in probes if h in part.hosts})
@@ -63,7 +63,7 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
                              f"{p.get('link_layer') or '?'})" for d in probes[r["host"]].get("hcas") or []
                              for p in d["ports"]) or "none"} for r in rows]
     click.echo(table(out, list(out[0])))
-    click.echo(f"\nprobe {probe_id}: {len(rows)} host(s) recorded in {db or DEFAULT_DB}")
+    click.echo(f"\nprobe {probe_id}: {len(rows)} host(s) recorded in {resolve_db(db)}")
     for d in diffs:
         click.echo(f"differs: {d}")
     if not diffs:
@@ -111,9 +111,9 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
     from ..sbatch.executors import resolve_executor
 
     inv = load_inventory(inventory)
-    res = run_fabric(inv, partition, nodes, workdir or DEFAULT_WORKDIR, executor=resolve_executor(executor),
+    res = run_fabric(inv, partition, nodes, resolve_workdir(workdir), executor=resolve_executor(executor),
                      roce=roce, sizes=sizes, iters=iters)
-    with open_store(db or DEFAULT_DB) as st:
+    with open_store(resolve_db(db)) as st:
         st.record_fabric(res.rows)
     if as_json:
         echo_json(res.to_dict())
@@ -125,7 +125,7 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
             click.echo(table(rows, list(rows[0])))
         transports = ", ".join(f"{h}={t or '-'}" for h, t in res.transports.items()) or "-"
         click.echo(f"\nfabric {res.fabric_id}: {res.backend or '?'} over {nodes} node(s), world {res.world_size}; "
-                   f"NCCL transport per host: {transports}; recorded in {db or DEFAULT_DB}")
+                   f"NCCL transport per host: {transports}; recorded in {resolve_db(db)}")
     if not res.ok:
         raise RunnerError(f"fabric failed: {res.reason}")
 

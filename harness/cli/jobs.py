@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -103,13 +102,13 @@ def prepare(sweep: Path, inventory: Path | None, model_map: Path | None, workdir
                    + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
         return
     from ..inventory import load_inventory
-    from ..paths import DEFAULT_WORKDIR
+    from ..paths import resolve_workdir
     from ..plan import load_sweep
     from ..sbatch.submit import record_prepare_job
 
     inv = load_inventory(inventory)
     sw = load_sweep(sweep, model_map)
-    campaign_dir = (workdir or Path(os.environ.get("SBENCH_WORKDIR", DEFAULT_WORKDIR))).resolve() / sw.campaign
+    campaign_dir = resolve_workdir(workdir) / sw.campaign
     job_id = submit_prepare_job(sw, inv, sweep, inventory, model_map, campaign_dir)
     record_prepare_job(campaign_dir, job_id)
     if as_json:

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .base import campaign_name, db_option, main
-from ..paths import DEFAULT_DB
+from ..paths import resolve_db
 
 
 @main.command()
@@ -30,7 +30,7 @@ def report(db: Path | None, campaign: str | None, run_id: str | None, out: Path,
     """
     from ..report import build_report
 
-    rep = build_report(db or DEFAULT_DB, campaign=campaign, run_id=run_id, compare_to=compare_to or None,
+    rep = build_report(resolve_db(db), campaign=campaign, run_id=run_id, compare_to=compare_to or None,
                        threshold=threshold)
     if str(out) == "-":
         click.echo(rep.html)

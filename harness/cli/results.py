@@ -21,7 +21,7 @@ from .base import (
     workdir_option,
 )
 from ..errors import InputError
-from ..paths import DEFAULT_DB, DEFAULT_WORKDIR
+from ..paths import resolve_db, resolve_workdir
 
 COLLECT_PHASES = {"discover": "finding runs", "parse": "reading job dirs", "samples": "loading samples"}
 
@@ -38,7 +38,7 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json
     """
     from ..collect import collect as run_collect
 
-    wd = workdir or DEFAULT_WORKDIR
+    wd = resolve_workdir(workdir)
     if not wd.is_dir():
         raise InputError(f"--workdir {wd}: no such directory; nothing to collect (submit a sweep first, or pass "
                          "--workdir / $SBENCH_WORKDIR where its job directories are)")
@@ -46,7 +46,7 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json
         raise InputError(f"--campaign {campaign}: no campaign directory {wd / campaign}")
     prog = Progress("collect", COLLECT_PHASES, quiet=as_json)
     try:
-        report = run_collect(db or DEFAULT_DB, wd, campaign, progress=prog)
+        report = run_collect(resolve_db(db), wd, campaign, progress=prog)
     finally:
         prog.close()
     if as_json:
@@ -81,7 +81,7 @@ def query(sql: str, db: Path | None, fmt: str) -> None:
     """
     from ..collect.store import open_store
 
-    with open_store(db or DEFAULT_DB, read_only=True) as store:
+    with open_store(resolve_db(db), read_only=True) as store:
         cols, rows = store.query(sql)
     if fmt == "json":
         click.echo(json.dumps([dict(zip(cols, r)) for r in rows], indent=2, default=str))
@@ -119,7 +119,7 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
     from ..compare import DEFAULT_METRICS, compare as run_compare, parse_side
 
     sides = [parse_side(base), parse_side(cand)]
-    with open_store(db or DEFAULT_DB, read_only=True) as st:
+    with open_store(resolve_db(db), read_only=True) as st:
         b, c = (st.compare_side(camp, filters) for camp, filters in sides)
     for name, side in (("BASE", b), ("CAND", c)):
         if not side:
@@ -160,7 +160,7 @@ def check(campaign: str, db: Path | None, allow_missing: bool, as_json: bool) ->
     """
     from ..collect.store import open_store
 
-    with open_store(db or DEFAULT_DB, read_only=True) as st:
+    with open_store(resolve_db(db), read_only=True) as st:
         if campaign not in st.campaign_names():
             raise InputError(f"campaign {campaign!r} is not in {st.path}; run `sbench collect` first")
         if campaign not in st.references_of():

@@ -38,7 +38,6 @@ GPU_PROPERTIES = (
     "gpu_power_percent_min", "gpu_power_percent_avg", "gpu_power_percent_max",
     "gpu_power_watts_min", "gpu_power_watts_avg", "gpu_power_watts_max", "gpu_memory_utilization_peak",
 )
-AUTO_STOP = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
 
 
 @dataclass(frozen=True)

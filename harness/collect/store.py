@@ -323,6 +323,8 @@ def _to_float(v: Any) -> float | None:
 def _to_str(v: Any) -> str:
     """Text DuckDB accepts: no NUL, valid UTF-8 (lone surrogates from a JSON file become U+FFFD)."""
     text = v if isinstance(v, str) else str(v)
+    if text.isascii() and "\0" not in text:
+        return text  # the common case, checked at C speed
     if "\0" in text:
         text = text.replace("\0", "\\0")
     try:
@@ -359,7 +361,8 @@ def _to_ts(v: Any) -> _dt.datetime | None:
 
 # Python values -> the column's type; anything that does not fit (a runner file with a string where a
 # number belongs) becomes NULL rather than aborting the whole collect.
-_COERCE = {"VARCHAR": _to_str, "JSON": lambda v: _json_text(v) if isinstance(v, str) else to_json(v),
+_COERCE = {"VARCHAR": _to_str,
+           "JSON": lambda v: v if isinstance(v, JsonText) else _json_text(v) if isinstance(v, str) else to_json(v),
            "BIGINT": _to_int, "INTEGER": lambda v: _to_int(v, "INTEGER"),
            "DOUBLE": _to_float, "BOOLEAN": _to_bool, "VARCHAR[]": _to_list, "TIMESTAMP": _to_ts}
 
@@ -477,14 +480,20 @@ def entity_values(entity: Mapping[str, Any] | None) -> dict[str, Any]:
     return {name: coerce_entity_value(sql, entity.get(name)) for name, sql in ENTITY_COLUMNS}
 
 
+class JsonText(str):
+    """Text :func:`to_json` made: already what a JSON column accepts (not parsed again when stored)."""
+
+    __slots__ = ()
+
+
 def to_json(value: Any) -> str | None:
     """JSON text DuckDB's JSON type accepts: non-finite floats become null, keys strings, text valid."""
     if value is None:
         return None
     try:
-        return _to_str(json.dumps(value, sort_keys=True, default=str, allow_nan=False))
+        return JsonText(_to_str(json.dumps(value, sort_keys=True, default=str, allow_nan=False)))
     except ValueError:
-        return _to_str(json.dumps(_finite(value), sort_keys=True, default=str, allow_nan=False))
+        return JsonText(_to_str(json.dumps(_finite(value), sort_keys=True, default=str, allow_nan=False)))
     except (TypeError, RecursionError):
         return None
 

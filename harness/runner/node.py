@@ -35,6 +35,7 @@ from typing import Any
 
 import psutil
 
+from ..defaults import RUNNER_DEFAULTS
 from ..paths import JobPaths
 from . import classify, pdeath
 from .envcapture import capture
@@ -116,7 +117,7 @@ class NodeRunner:
         if not isinstance(doc, dict) or "jobspec" not in doc:
             raise SystemExit(f"sbench runner: {self.paths.spec} is missing or not a rendered spec.json")
         self.spec: dict[str, Any] = doc["jobspec"]
-        self.settings: dict[str, Any] = {"sample_interval_s": 1.0, "stop_grace_s": 30.0, **(self.spec.get("runner") or {})}
+        self.settings: dict[str, Any] = {**RUNNER_DEFAULTS, **(self.spec.get("runner") or {})}
         self.trials = int(self.spec.get("trials") or 1)
         self.machine_rank = int(os.environ.get("SBENCH_MACHINE_RANK") or os.environ.get("SLURM_NODEID") or 0)
         ppn = int(self.spec.get("processes_per_node") or 1)

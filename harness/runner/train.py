@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..defaults import AUTO_STOP, RUNNER_DEFAULTS
 from ..paths import JobPaths
 from ..prepared import PREP_DIR, TOKEN_CACHE_DIR
 from .classify import error_record
@@ -62,9 +63,6 @@ from .stages import StageLog, Terminated
 
 MODULE_START_WALL = time.time()  # this process's start as the launch stage sees it (the heavy imports come later)
 
-AUTO_STOP = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
-RUNNER_DEFAULTS = {"sample_interval_s": 1.0, "warmup_seconds": 60.0, "stable_seconds": 120.0, "min_steps": 10,
-                   "stop_grace_s": 30.0, "token_cache": True}
 STOP_REASONS = (None, "stop_after_seconds", "auto_stop")  # index = the code rank 0 broadcasts
 
 
@@ -281,9 +279,9 @@ class CountingCollator:
 class StopPolicy:
     stop_after_seconds: float = -1.0
     auto_stop: bool = False
-    warmup_seconds: float = 60.0
-    stable_seconds: float = 120.0
-    min_steps: int = 10
+    warmup_seconds: float = RUNNER_DEFAULTS["warmup_seconds"]
+    stable_seconds: float = RUNNER_DEFAULTS["stable_seconds"]
+    min_steps: int = RUNNER_DEFAULTS["min_steps"]
 
     @property
     def active(self) -> bool:
@@ -631,7 +629,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-        shared = bool(ctx.runner.get("token_cache", True))
+        shared = bool(ctx.runner.get("token_cache", RUNNER_DEFAULTS["token_cache"]))
         if shared:
             # Rank 0 first: it builds the shared entry if it is missing, the others then map it.
             with state.main_process_first():
@@ -659,7 +657,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
 
     with ctx.log.stage("tokens") as info:
         ctx.fault_at_stage("tokens")
-        cache_dir = ctx.data_dir / TOKEN_CACHE_DIR if ctx.runner.get("token_cache", True) else None
+        cache_dir = ctx.data_dir / TOKEN_CACHE_DIR if ctx.runner.get("token_cache", RUNNER_DEFAULTS["token_cache"]) else None
         # Rank 0 counts (or reads the cache) first, so the others hit the cache it wrote.
         with state.main_process_first():
             counts = dataset_token_counts(tokenizer, args.training_data_path, text_field=args.dataset_text_field,

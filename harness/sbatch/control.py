@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import jobstate
 from ..errors import InputError
-from ..paths import DEFAULT_DB, DEFAULT_WORKDIR
+from ..paths import resolve_db, resolve_workdir
 from . import manifest
 from .executors import get_backend
 
 
 def _defaults(workdir: Path | None, db: Path | None) -> tuple[Path, Path]:
-    wd = (workdir or Path(os.environ.get("SBENCH_WORKDIR", DEFAULT_WORKDIR))).resolve()
-    dbp = (db or Path(os.environ.get("SBENCH_DB", DEFAULT_DB))).resolve()
-    return wd, dbp
+    return resolve_workdir(workdir), resolve_db(db)
 
 
 def manifest_attempts(workdir: Path, campaign: str | None) -> list[dict[str, Any]]:

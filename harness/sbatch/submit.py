@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +12,7 @@ from .. import __version__
 from ..errors import InputError, SweepError
 from ..inventory import Inventory, load_inventory
 from ..jobspec import JobSpec
-from ..paths import DEFAULT_DB, DEFAULT_WORKDIR
+from ..paths import resolve_db, resolve_workdir
 from ..plan import PlannedPoint, Sweep, load_sweep, plan_sweep
 from ..render import ClusterFit, cluster_fit, prepare_points, write_files
 from . import manifest
@@ -124,8 +123,7 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     sweep = load_sweep(sweep_path, model_map)
     points = plan_sweep(sweep, inv)
     name = resolve_executor(executor)
-    workdir = (workdir or Path(os.environ.get("SBENCH_WORKDIR", DEFAULT_WORKDIR))).resolve()
-    db = (db or Path(os.environ.get("SBENCH_DB", DEFAULT_DB))).resolve()
+    workdir, db = resolve_workdir(workdir), resolve_db(db)
     campaign_dir = workdir / sweep.campaign
     fit = cluster_fit(inv, [p for p in points if p.valid]) if name == "slurm" else ClusterFit()
     preview = prepare_points(sweep, inv, points, campaign_dir, fit=fit)
@@ -289,7 +287,7 @@ def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db:
 
 
 def campaign_record(workdir: Path | None, campaign: str) -> dict[str, Any]:
-    workdir = (workdir or Path(os.environ.get("SBENCH_WORKDIR", DEFAULT_WORKDIR))).resolve()
+    workdir = resolve_workdir(workdir)
     for ev in manifest.read(workdir / campaign):
         if ev.get("type") == "campaign":
             return ev
