@@ -254,6 +254,25 @@ def test_cpu_only_run_reports_zero_gpu_values(wd, tmp_path):
     assert m["cpu_compute_utilization"] == pytest.approx(mean(inw))
 
 
+@pytest.mark.parametrize("cpu_partition, expect_null", [(False, True), (True, False)])
+def test_a_gpu_partition_without_gpu_samples_gets_null_gpu_values_and_a_warning(wd, tmp_path, cpu_partition,
+                                                                               expect_null):
+    rows = list(synth.gen_samples(synth.T0, 20, 0))  # the sampler wrote process rows only
+    run = write_attempt(wd, 4, gpus_per_host=1, samples={"node1": rows})
+    spec_path = run["paths"].spec
+    spec = json.loads(spec_path.read_text())
+    spec["jobspec"]["cpu_partition"] = cpu_partition
+    spec_path.write_text(json.dumps(spec))
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    m = one(db, "SELECT m.*, r.warnings FROM measurements m JOIN runs r USING (run_id)")
+    for p in aggregate.GPU_PROPERTIES:
+        assert (m[p] is None) if expect_null else (m[p] == 0.0), p
+    warned = any("no GPU sample" in w for w in m["warnings"] or [])
+    assert warned == expect_null
+    assert m["cpu_compute_utilization"] is not None  # the process rows still count
+
+
 def test_stability_fractions(wd, tmp_path):
     exp = "finetune_full_stability-v1.0.0"
     trials = [{"trial": i, "exit_code": c, "outcome": o, "reason": None}

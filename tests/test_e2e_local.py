@@ -221,3 +221,20 @@ def test_full_and_prompt_tuning_with_two_processes(env, cli_module) -> None:
         for rank in (0, 1):
             doc = json.loads(JobPaths(run["job_dir"]).rank_result(rank).read_text())
             assert doc["model"]["peft_method"] == method and doc["world_size"] == 2
+    # Exact figures beside the reference's, recomputed from every rank's own file: the all-rank train token
+    # total over rank 0's runtime, and each rank's CPU time over its window.
+    for camp in ("e2e-full2", "e2e-pt2"):
+        (m,) = sql(env["db"], "SELECT m.*, r.job_dir FROM measurements m JOIN runs r USING (run_id) "
+                              "WHERE r.campaign = ?", [camp])
+        docs = [json.loads(JobPaths(m["job_dir"]).rank_result(r).read_text()) for r in (0, 1)]
+        total = sum(d["metrics"]["train_tokens"] for d in docs)
+        runtime = docs[0]["metrics"]["train_runtime"]
+        assert m["train_tokens_per_second_exact"] == pytest.approx(total / runtime, rel=1e-9)
+        assert m["train_tokens_per_second"] == pytest.approx(2 * docs[0]["metrics"]["train_tokens"] / runtime,
+                                                             rel=1e-9)
+        ranks = {r["rank"]: r for r in sql(env["db"], "SELECT rank, cpu_util_pct FROM ranks WHERE run_id = ?",
+                                          [m["run_id"]])}
+        for r, d in enumerate(docs):
+            cpu = d["metrics"]["cpu_seconds"] / d["metrics"]["train_runtime"] * 100
+            assert 0 < cpu and ranks[r]["cpu_util_pct"] == pytest.approx(cpu, rel=1e-9)
+        assert m["cpu_compute_utilization_rank0"] == pytest.approx(ranks[0]["cpu_util_pct"], rel=1e-12)
