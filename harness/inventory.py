@@ -44,7 +44,7 @@ DEFAULT_KEYS = ("env", "nccl", "setup", "python", "data_dir", "models_dir")
 PARTITION_KEYS = (
     "slurm_partition", "account", "qos", "constraint", "time_limit", "gpu_model",
     "gpus_per_node", "cpus_per_node", "memory_gb", "setup", "env", "python", "exclusive", "hosts", "slurm_extra",
-    "peak_tflops",
+    "peak_tflops", "gpu_memory_gb",
 )
 MAX_PEAK_TFLOPS = 1e6
 HOST_KEYS = ("address", "roce", "nccl_topo_file", "env")
@@ -91,6 +91,7 @@ class Partition:
     exclusive: bool = False
     slurm_extra: dict[str, Any] = field(default_factory=dict)
     peak_tflops: float | dict[str, float] | None = None  # per device; a number, or per dtype (harness.flops)
+    gpu_memory_gb: float | None = None  # one device's memory (harness.memory; default: gpu_memory.yaml)
 
     @property
     def is_cpu(self) -> bool:
@@ -218,6 +219,7 @@ def _partition(ck: Checker, name: str, node: Any, parent: Mapping[str, Any]) -> 
         exclusive=ck.boolean(node, key, "exclusive", default=False),
         slurm_extra=sbatch_extra(ck, node, key, "slurm_extra"),
         peak_tflops=_peak(ck, node, key),
+        gpu_memory_gb=ck.number(node, key, "gpu_memory_gb", minimum=0.001, maximum=MAX_MEMORY_GB),
     )
 
 

@@ -129,13 +129,22 @@ class PlannedPoint:
     notes: list[str]
     partition: str
     model_source: str | None
+    memory: dict[str, Any] | None = None  # harness.memory's prediction (plan --memory)
+
+    @property
+    def predicted_oom(self) -> bool:
+        return bool(self.memory and self.memory.get("predicted_oom"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "point_id": self.point_id, "repeat": self.repeat, "experiment": self.experiment,
             "entity": self.entity, "valid": self.valid, "reasons": self.reasons, "notes": self.notes,
             "partition": self.partition, "model_source": self.model_source,
         }
+        if self.memory is not None:
+            out["memory"] = self.memory
+            out["predicted_oom"] = self.predicted_oom
+        return out
 
 
 def point_id(experiment: str, entity: Mapping[str, Any], workload: str = "train") -> str:
@@ -410,8 +419,9 @@ def _combos(sweep: Sweep) -> list[tuple[dict[str, Any], dict[str, int]]]:
     return out
 
 
-def plan_sweep(sweep: Sweep, inventory: Inventory) -> list[PlannedPoint]:
-    """Every point x repeat of the sweep, with validity and reasons."""
+def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> list[PlannedPoint]:
+    """Every point x repeat of the sweep, with validity and reasons; with *memory*, each valid point's
+    predicted per-device memory (harness.memory)."""
     try:
         partition = inventory.partition(sweep.partition)
     except InputError as exc:
@@ -456,10 +466,19 @@ def plan_sweep(sweep: Sweep, inventory: Inventory) -> list[PlannedPoint]:
                     p.notes.append(f"also produced by grid combination {grid_pos}; measured once")
             continue
         seen.add(pid)
+        mem = None
+        if memory and not (reasons or preasons):
+            from .memory import predict
+
+            if src and src not in cfg_cache:
+                cfg_cache[src] = model_config(src)
+            mem = predict(entity, exp.method, cfg_cache.get(src) if src else None, partition,
+                          target_modules=tuple(exp.target_modules(entity["model_name"], sweep.model_map))
+                          if exp.method in ("lora", "gptq-lora") else ()).to_dict()
         for r in range(sweep.repeats):
             points.append(PlannedPoint(
                 point_id=pid, repeat=r, experiment=exp.id, entity=entity, valid=not (reasons or preasons),
                 reasons=reasons + preasons, notes=notes + vnotes + pnotes, partition=partition.name,
-                model_source=src,
+                model_source=src, memory=mem,
             ))
     return points

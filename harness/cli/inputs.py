@@ -112,26 +112,33 @@ def _short_domain(domain: list[Any] | None) -> str:
 
 
 # -- plan / render -----------------------------------------------------------------------------------------
-def _plan(sweep_path: Path, inventory_path: Path | None, model_map: Path | None):  # type: ignore[no-untyped-def]
+def _plan(sweep_path: Path, inventory_path: Path | None, model_map: Path | None,  # type: ignore[no-untyped-def]
+          memory: bool = False):
     from ..inventory import load_inventory
     from ..plan import load_sweep, plan_sweep
 
     inv = load_inventory(inventory_path)
     sweep = load_sweep(sweep_path, model_map)
-    return inv, sweep, plan_sweep(sweep, inv)
+    return inv, sweep, plan_sweep(sweep, inv, memory=memory)
+
+
+def _gb(v: Any) -> str:
+    return "" if v is None else f"{v / 1e9:.3g}"
 
 
 @main.command()
 @sweep_argument
 @inventory_option
 @model_map_option
+@click.option("--memory", is_flag=True, help="Predict each valid point's memory per device and flag the ones "
+                                           "that will not fit (predicted_oom).")
 @json_option
-def plan(sweep: Path, inventory: Path | None, model_map: Path | None, as_json: bool) -> None:
+def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bool, as_json: bool) -> None:
     """Expand a sweep into points and say which are valid and why not.
 
-    Example: sbench plan sweeps/demo-cpu.yaml --json
+    Example: sbench plan sweeps/demo-cpu.yaml --memory --json
     """
-    inv, sw, points = _plan(sweep, inventory, model_map)
+    inv, sw, points = _plan(sweep, inventory, model_map, memory)
     if as_json:
         echo_json([p.to_dict() for p in points])
         return
@@ -141,10 +148,25 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, as_json: b
         row: dict[str, Any] = {"point_id": p.point_id, "rep": p.repeat, "valid": "yes" if p.valid else "NO"}
         for k in varying:
             row[k] = p.entity.get(k)
-        row["reasons"] = "; ".join(p.reasons)
+        mem_cols: list[str] = []
+        if memory:
+            m = p.memory or {}
+            row.update({"params GB": _gb(m.get("param_bytes")), "grads GB": _gb(m.get("grad_bytes")),
+                        "optim GB": _gb(m.get("optimizer_bytes")), "acts GB": _gb(m.get("activation_bytes")),
+                        "total GB": _gb(m.get("total_bytes")), "device GB": _gb(m.get("device_bytes")),
+                        "fits": "" if not m or m.get("predicted_oom") is None else
+                        ("NO (predicted OOM)" if m["predicted_oom"] else "yes")})
+            mem_cols = ["params GB", "grads GB", "optim GB", "acts GB", "total GB", "device GB", "fits"]
+            if m.get("status") == "unknown" and p.valid:
+                row["reasons"] = f"memory not predicted: {m.get('reason')}"
+        row.setdefault("reasons", "; ".join(p.reasons))
         rows.append(row)
     click.echo(f"campaign {sw.campaign}: {sw.experiment.id} on partition {points[0].partition if points else '-'}")
-    click.echo(table(rows, ["point_id", "rep", "valid", *varying, "reasons"]))
+    click.echo(table(rows, ["point_id", "rep", "valid", *varying, *(mem_cols if memory and points else []),
+                            "reasons"]))
+    if memory:
+        oom = sum(1 for p in points if p.predicted_oom)
+        click.echo(f"\n{oom} valid run(s) predicted not to fit (sbench submit --skip-predicted-oom skips them)")
     n_valid = sum(p.valid for p in points)
     click.echo(f"\n{len(points)} run(s): {n_valid} valid, {len(points) - n_valid} invalid")
     notes = sorted({n for p in points for n in p.notes})

@@ -46,10 +46,13 @@ def executor_option(f: Any) -> Any:
               help="Where the points' datasets, models and training data are prepared before they run: here (this "
               "machine, before submitting) or slurm (one CPU job the arrays depend on).")
 @click.option("--no-prepare", is_flag=True, help="Submit without preparing (each job prepares what it lacks).")
+@click.option("--skip-predicted-oom", is_flag=True, help="Do not submit points that sbench plan --memory predicts "
+              "will not fit in one device's memory.")
 @json_option
 def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | None, db: Path | None,
            model_map: Path | None, wait: bool, force: bool, retry_failed: bool, max_parallel: int | None,
-           hold: bool, preflight: bool, prepare_on: str, no_prepare: bool, as_json: bool) -> None:
+           hold: bool, preflight: bool, prepare_on: str, no_prepare: bool, skip_predicted_oom: bool,
+           as_json: bool) -> None:
     """Submit a sweep: one job array per resource shape on SLURM, or a local queue.
 
     Example: sbench submit sweeps/demo-cpu.yaml --executor local --wait
@@ -61,6 +64,7 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
         report = submit_sweep(sweep, inventory, executor, workdir, db, wait=wait, force=force,
                               retry_failed=retry_failed, max_parallel=max_parallel, hold=hold, model_map=model_map,
                               preflight=preflight, prepare="no" if no_prepare else prepare_on,
+                              skip_predicted_oom=skip_predicted_oom,
                               echo=_stderr_echo(as_json),
                               progress=lambda done, total: progress("wait", done, total))
     finally:

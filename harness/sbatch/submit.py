@@ -116,12 +116,12 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
                  retry_failed: bool = False, max_parallel: int | None = None, hold: bool = False,
                  model_map: Path | None = None, only_failed: bool = False, preflight: bool = False,
                  progress: Callable[[int, int], None] | None = None, prepare: str = "here",
-                 echo: Callable[[str], None] = lambda s: None) -> SubmitReport:
+                 skip_predicted_oom: bool = False, echo: Callable[[str], None] = lambda s: None) -> SubmitReport:
     # Everything that can be wrong with the input is found before the DB, the manifest or a job dir is
     # touched: load and plan, then build and render every valid point in memory.
     inv: Inventory = load_inventory(inventory_path)
     sweep = load_sweep(sweep_path, model_map)
-    points = plan_sweep(sweep, inv)
+    points = plan_sweep(sweep, inv, memory=skip_predicted_oom)
     name = resolve_executor(executor)
     workdir, db = resolve_workdir(workdir), resolve_db(db)
     campaign_dir = workdir / sweep.campaign
@@ -137,6 +137,11 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     if only_failed:
         decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
                      for d in decisions]
+    if skip_predicted_oom:
+        # An allocation is not spent on a point that will not fit (harness.memory says why, per point).
+        decisions = [Decision(d.point, "skip", "predicted OOM: {:.3g} GB > {:.3g} GB per device".format(
+                         d.point.memory["total_bytes"] / 1e9, d.point.memory["device_bytes"] / 1e9))
+                     if d.action == "submit" and d.point.predicted_oom else d for d in decisions]
     report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note, warnings=fit_notes,
                           preflight=checked)
     todo = [d for d in decisions if d.action == "submit"]

@@ -1,0 +1,266 @@
+"""Predicted memory of one device for a point, before anything is submitted (``sbench plan --memory``).
+
+From the model's config.json, per device (one GPU, or one worker process on a CPU partition):
+
+- **parameters**, counted per tensor group by the architecture's formula (Llama, Mistral, Qwen2/3,
+  Granite, Mixtral: embeddings, attention projections with their biases, the gated MLP or the
+  experts and their router, the norms, and the LM head unless it is tied), at the dtype the trainer
+  really uses (a CPU partition trains in float32, whatever torch_dtype says);
+- **trainable parameters**: every one for full fine-tuning; LoRA's ``r x (in + out)`` per targeted
+  linear layer (the catalog's target modules for the model); prompt tuning's
+  ``num_virtual_tokens x hidden``. PEFT keeps adapter weights in float32 (4 bytes);
+- **gradients**: one per trainable parameter, in its dtype;
+- **optimizer state**, per optimizer: AdamW and its fused/apex/anyprecision forms two tensors like
+  the parameter; AdEMAMix three; 8-bit Adam 2 bytes (plus one fp32 scale per 2,048 values per
+  state); Lion 1 tensor; Adagrad and RMSprop one; SGD (HF's ``sgd``: no momentum) none; Adafactor a
+  row and a column factor per matrix. HF's Trainer keeps no separate fp32 master copy: under
+  ``bf16`` autocast the parameters stay in the loaded dtype;
+- **sharding**: FSDP ``FULL_SHARD`` divides parameters, gradients and optimizer state by the number
+  of devices, ``SHARD_GRAD_OP`` gradients and state only, the ``HYBRID_*`` forms by the devices of
+  one node; DDP (and ``NO_SHARD``) replicate everything;
+- **activations**, an estimate (Korthikanti et al., "Reducing Activation Recomputation in Large
+  Transformer Models", 2022, eq. 2, without tensor or sequence parallelism): per layer
+  ``s·b·h·(34 + 5·a·s/h)`` bytes at 2-byte activations, where the ``5·a·s/h`` term (attention
+  scores) is dropped for SDPA/flash attention, which do not store them; scaled by the activation
+  dtype's size / 2. With gradient checkpointing only each layer's input (``2·s·b·h`` bytes at 2-byte)
+  is kept, plus one layer's full activations while it is recomputed. Plus the fp32 logits and their
+  gradient, ``2 · 4·s·b·V``. ``s`` is model_max_length, ``b`` the per-device batch.
+
+A point is ``predicted_oom`` when that total plus a fixed reserve (CUDA context and allocator slack,
+:data:`RESERVE_GB`) exceeds the device's memory: the partition's ``gpu_memory_gb``, else
+``harness/data/gpu_memory.yaml`` for its gpu_model; on a CPU partition the node's memory_gb shared
+by its worker processes. The parameter, gradient and optimizer figures are exact for the supported
+architectures (tests compare them with counts of the instantiated model and a real optimizer step);
+the activation figure is an estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+RESERVE_GB = 1.0
+GB = 1e9
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "double": 8}
+# model_type -> (q/k/v bias, o bias) defaults; attention_bias in the config overrides both
+_SUPPORTED = {"llama": (False, False), "mistral": (False, False), "granite": (False, False),
+              "qwen2": (True, False), "qwen3": (False, False), "mixtral": (False, False)}
+# optimizer -> (bytes per trainable value: {"like": tensors like the parameter} or fixed bytes)
+_OPT_LIKE = {"adamw_hf": 2, "adamw_torch": 2, "adamw_torch_fused": 2, "adamw_torch_xla": 2,
+             "adamw_torch_npu_fused": 2, "adamw_apex_fused": 2, "adamw_anyprecision": 2, "ademamix": 3,
+             "adagrad": 1, "rmsprop": 1, "sgd": 0, "lion_32bit": 1, "paged_lion_32bit": 1}
+_OPT_FIXED = {"adamw_bnb_8bit": 2, "adamw_8bit": 2, "paged_adamw_8bit": 2, "ademamix_8bit": 3, "lion_8bit": 1,
+              "paged_lion_8bit": 1, "paged_adamw_32bit": 8, "paged_ademamix_32bit": 12, "paged_ademamix_8bit": 3,
+              "adamw_torch_4bit": 1, "rmsprop_bnb": 1}
+_BNB_BLOCK = 2048  # bitsandbytes' blockwise quantisation: one fp32 absmax per block per state
+
+
+@dataclass(frozen=True)
+class Shape:
+    model_type: str
+    vocab: int
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+    experts: int = 0
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+
+    def linears(self) -> list[tuple[str, int, int, int]]:
+        """(module name, in features, out features, how many in the model) of every linear layer but
+        the LM head."""
+        d, hd, L = self.hidden, self.head_dim, self.layers
+        out = [("q_proj", d, self.heads * hd, L), ("k_proj", d, self.kv_heads * hd, L),
+               ("v_proj", d, self.kv_heads * hd, L), ("o_proj", self.heads * hd, d, L)]
+        if self.experts:
+            out += [("gate", d, self.experts, L), ("w1", d, self.intermediate, L * self.experts),
+                    ("w3", d, self.intermediate, L * self.experts), ("w2", self.intermediate, d, L * self.experts)]
+        else:
+            out += [("gate_proj", d, self.intermediate, L), ("up_proj", d, self.intermediate, L),
+                    ("down_proj", self.intermediate, d, L)]
+        return out
+
+
+class Unsupported(ValueError):
+    """No parameter formula for this config: the memory is not predicted (with this reason)."""
+
+
+def shape_of(cfg: dict[str, Any]) -> Shape:
+    mt = str(cfg.get("model_type") or "")
+    if mt not in _SUPPORTED:
+        raise Unsupported(f"model_type {mt or '?'!r} has no parameter formula (supported: {', '.join(_SUPPORTED)})")
+    try:
+        d, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        qkv_bias, o_bias = _SUPPORTED[mt]
+        if "attention_bias" in cfg and mt != "qwen2":
+            qkv_bias = o_bias = bool(cfg["attention_bias"])
+        return Shape(model_type=mt, vocab=int(cfg["vocab_size"]), hidden=d, layers=int(cfg["num_hidden_layers"]),
+                     intermediate=int(cfg["intermediate_size"]), heads=heads,
+                     kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                     head_dim=int(cfg.get("head_dim") or d // heads),
+                     tied=bool(cfg.get("tie_word_embeddings", False)),
+                     experts=int(cfg.get("num_local_experts") or 0) if mt == "mixtral" else 0,
+                     qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=bool(cfg.get("mlp_bias", False)),
+                     qk_norm=mt == "qwen3")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Unsupported(f"config.json lacks or mangles {exc}") from None
+
+
+def parameter_groups(s: Shape) -> dict[str, int]:
+    """Parameters per tensor group (exact for the supported architectures)."""
+    d, L = s.hidden, s.layers
+    attn = sum(i * o * n for name, i, o, n in s.linears() if name in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    if s.qkv_bias:
+        attn += L * (s.heads + 2 * s.kv_heads) * s.head_dim
+    if s.o_bias:
+        attn += L * d
+    mlp = sum(i * o * n for name, i, o, n in s.linears() if name not in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    if s.mlp_bias and not s.experts:
+        mlp += L * (2 * s.intermediate + d)
+    norms = L * 2 * d + d + (L * 2 * s.head_dim if s.qk_norm else 0)
+    return {"embedding": s.vocab * d, "attention": attn, "mlp": mlp, "norms": norms,
+            "lm_head": 0 if s.tied else s.vocab * d}
+
+
+def trainable_parameters(s: Shape, method: str, *, r: int = 4, target_modules: tuple[str, ...] = (),
+                         num_virtual_tokens: int = 20) -> int:
+    if method in ("lora", "gptq-lora"):
+        wanted = set(target_modules)
+        return sum(r * (i + o) * n for name, i, o, n in s.linears() if name in wanted)
+    if method == "pt":
+        return num_virtual_tokens * s.hidden
+    return sum(parameter_groups(s).values())
+
+
+def optimizer_bytes(optim: str, trainable: int, value_bytes: int, s: Shape | None = None,
+                    method: str = "full") -> int | None:
+    """Optimizer state bytes for *trainable* values of *value_bytes* each; None when unknown."""
+    if optim in _OPT_LIKE:
+        return _OPT_LIKE[optim] * trainable * value_bytes
+    if optim in _OPT_FIXED:
+        n = _OPT_FIXED[optim] * trainable
+        if "8bit" in optim or optim == "rmsprop_bnb":
+            states = 1 if ("lion" in optim or optim == "rmsprop_bnb") else (3 if "ademamix" in optim else 2)
+            n += states * 4 * -(-trainable // _BNB_BLOCK)
+        return n
+    if optim == "adafactor" and s is not None and method == "full":
+        # factored second moment: a row and a column vector per matrix, full for vectors (fp32)
+        mats = sum((i + o) * n for _, i, o, n in s.linears()) + (s.vocab + s.hidden) * (1 if s.tied else 2)
+        vectors = trainable - sum(i * o * n for _, i, o, n in s.linears()) - s.vocab * s.hidden * (1 if s.tied else 2)
+        return 4 * (mats + max(0, vectors))
+    return None
+
+
+@dataclass
+class MemoryPrediction:
+    status: str  # ok | unknown
+    reason: str | None = None
+    parameters: int | None = None  # count, whole model
+    trainable: int | None = None
+    param_bytes: int | None = None  # per device, after sharding
+    grad_bytes: int | None = None
+    optimizer_bytes: int | None = None
+    activation_bytes: int | None = None
+    total_bytes: int | None = None
+    device_bytes: int | None = None
+    device_source: str | None = None
+    predicted_oom: bool | None = None
+    groups: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def total_gb(self) -> float | None:
+        return None if self.total_bytes is None else self.total_bytes / GB
+
+
+@lru_cache(maxsize=1)
+def gpu_memory_table() -> dict[str, float]:
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).parent / "data" / "gpu_memory.yaml").read_text()) or {}
+    return {str(k): float(v) for k, v in doc.items()}
+
+
+def device_memory(partition: Any, processes_per_node: int) -> tuple[float | None, str]:
+    """(bytes of one device, where that figure comes from)."""
+    if getattr(partition, "gpu_memory_gb", None):
+        return float(partition.gpu_memory_gb) * GB, "inventory gpu_memory_gb"
+    if partition.is_cpu:
+        return partition.memory_gb * GB * 0.95 / max(1, processes_per_node), "node memory_gb / processes"
+    gb = gpu_memory_table().get(partition.gpu_model)
+    return (gb * GB, "gpu_memory.yaml") if gb else (None, f"unknown: no memory known for {partition.gpu_model}; "
+                                                          "set gpu_memory_gb on the partition")
+
+
+def _shards(entity: dict[str, Any], devices: int, per_node: int) -> tuple[int, int]:
+    """(divisor of parameters, divisor of gradients and optimizer state)."""
+    if devices <= 1 or str(entity.get("distributed_backend") or "").upper() != "FSDP":
+        return 1, 1
+    strategy = str(entity.get("fsdp_sharding_strategy") or "FULL_SHARD")
+    group = per_node if strategy.startswith("HYBRID") else devices
+    if strategy in ("FULL_SHARD", "HYBRID_SHARD"):
+        return group, group
+    if strategy in ("SHARD_GRAD_OP", "HYBRID_SHARD_ZERO2"):
+        return 1, group
+    return 1, 1
+
+
+def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, partition: Any, *,
+            target_modules: tuple[str, ...] = (), num_virtual_tokens: int = 20,
+            attention: str = "sdpa") -> MemoryPrediction:
+    """The per-device memory of one point (see the module docstring)."""
+    if cfg is None:
+        return MemoryPrediction("unknown", "the model's config.json is not readable here (run sbench prepare or "
+                                           "sbench model fetch first)")
+    try:
+        s = shape_of(cfg)
+    except Unsupported as exc:
+        return MemoryPrediction("unknown", str(exc))
+    devices = max(1, int(entity.get("number_gpus") or 1))
+    nodes = max(1, int(entity.get("number_nodes") or 1))
+    per_node = max(1, devices // nodes)
+    cpu = partition.is_cpu
+    dtype = "float32" if cpu else str(entity.get("torch_dtype") or "bfloat16")
+    vb = DTYPE_BYTES.get(dtype, 2)
+    groups = parameter_groups(s)
+    total_params = sum(groups.values())
+    trainable = trainable_parameters(s, method, r=int(entity.get("r") or 4), target_modules=target_modules,
+                                     num_virtual_tokens=num_virtual_tokens)
+    adapter = method in ("lora", "gptq-lora", "pt")
+    tb = 4 if adapter else vb  # PEFT keeps adapters in float32
+    p_div, g_div = _shards(entity, devices, per_node)
+    param_bytes = (total_params * vb + (trainable * tb if adapter else 0)) // p_div
+    grad_bytes = trainable * tb // g_div
+    opt = optimizer_bytes(str(entity.get("optim") or "adamw_torch"), trainable, tb, s, method)
+    notes = []
+    if opt is None:
+        notes.append(f"optimizer {entity.get('optim')}: state size unknown, counted as 0")
+    opt_bytes = (opt or 0) // g_div
+    b = max(1, int(entity.get("batch_size") or 1) // devices)
+    seq = int(entity.get("model_max_length") or 1024)
+    act_b = 2 if (not cpu and (entity.get("bf16") or dtype in ("bfloat16", "float16"))) else vb
+    scores = 0 if attention in ("sdpa", "flash_attention_2") else 5 * s.heads * seq / s.hidden
+    layer = seq * b * s.hidden * (34 + scores) * act_b / 2
+    if entity.get("gradient_checkpointing"):
+        acts = s.layers * 2 * seq * b * s.hidden * act_b / 2 + layer
+    else:
+        acts = s.layers * layer
+    acts += 2 * 4 * seq * b * s.vocab
+    total = param_bytes + grad_bytes + opt_bytes + int(acts)
+    dev, src = device_memory(partition, per_node if not cpu else per_node)
+    pred = MemoryPrediction("ok", None, total_params, trainable, param_bytes, grad_bytes, opt_bytes, int(acts), total,
+                            None if dev is None else int(dev), src, None, groups, notes)
+    if dev is not None:
+        pred.predicted_oom = total + RESERVE_GB * GB * (0 if cpu else 1) > dev
+    return pred

@@ -1,0 +1,215 @@
+"""The memory prediction (harness.memory) against independent counts: the instantiated model's tensors,
+PEFT's adapters, and the gradients and optimizer state of a real training step."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness.memory import DTYPE_BYTES, optimizer_bytes, parameter_groups, predict, shape_of, trainable_parameters
+
+from .conftest import ROOT, write_sweep
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+CONFIGS = {
+    "llama": dict(model_type="llama", vocab_size=320, hidden_size=64, intermediate_size=176, num_hidden_layers=3,
+                  num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False),
+    "llama-bias-tied": dict(model_type="llama", vocab_size=300, hidden_size=48, intermediate_size=96,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, attention_bias=True,
+                            mlp_bias=True, tie_word_embeddings=True),
+    "mistral": dict(model_type="mistral", vocab_size=512, hidden_size=96, intermediate_size=256, num_hidden_layers=2,
+                    num_attention_heads=6, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False),
+    "qwen2": dict(model_type="qwen2", vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
+    "qwen3": dict(model_type="qwen3", vocab_size=400, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=24, tie_word_embeddings=True),
+    "mixtral": dict(model_type="mixtral", vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                    tie_word_embeddings=False),
+    "granite": dict(model_type="granite", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False),
+}
+
+
+def model_of(cfg: dict, meta: bool = True):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    conf = AutoConfig.for_model(**cfg)
+    if meta:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(conf)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(conf, torch_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_parameter_count_equals_the_instantiated_model(name: str) -> None:
+    cfg = CONFIGS[name]
+    model = model_of(cfg)
+    counted = sum(p.numel() for p in model.parameters())  # tied weights are one Parameter
+    groups = parameter_groups(shape_of(cfg))
+    assert sum(groups.values()) == counted
+    emb = model.get_input_embeddings().weight.numel()
+    assert groups["embedding"] == emb
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    assert groups["norms"] == norms
+
+
+def test_an_unknown_architecture_is_unknown_not_a_crash() -> None:
+    part = SimpleNamespace(is_cpu=False, gpu_model="NVIDIA-H100-80GB-HBM3", gpu_memory_gb=None, memory_gb=1000)
+    pred = predict({"number_gpus": 1}, "full", {"model_type": "gpt_neox", "hidden_size": 8}, part)
+    assert pred.status == "unknown" and "gpt_neox" in pred.reason and pred.predicted_oom is None
+    assert predict({"number_gpus": 1}, "full", None, part).status == "unknown"
+
+
+@pytest.mark.parametrize("name, targets", [("llama", ("q_proj", "v_proj")),
+                                           ("mistral", ("q_proj", "k_proj", "v_proj", "o_proj", "down_proj")),
+                                           ("qwen2", ("gate_proj", "up_proj"))])
+def test_lora_and_prompt_tuning_trainable_counts_equal_peft(name: str, targets: tuple[str, ...]) -> None:
+    from peft import LoraConfig, PromptTuningConfig, get_peft_model
+
+    cfg = CONFIGS[name]
+    lora = get_peft_model(model_of(cfg, meta=False), LoraConfig(r=8, lora_alpha=16, target_modules=list(targets),
+                                                                task_type="CAUSAL_LM", bias="none"))
+    n = sum(p.numel() for p in lora.parameters() if p.requires_grad)
+    assert trainable_parameters(shape_of(cfg), "lora", r=8, target_modules=targets) == n
+    pt = get_peft_model(model_of(cfg, meta=False), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=13))
+    n = sum(p.numel() for p in pt.parameters() if p.requires_grad)
+    assert trainable_parameters(shape_of(cfg), "pt", num_virtual_tokens=13) == n
+
+
+def _step(model, optimizer) -> tuple[int, int]:
+    """One real training step; (gradient bytes, optimizer state bytes) summed tensor by tensor."""
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+    state = sum(v.numel() * v.element_size() for st in optimizer.state.values() for v in st.values()
+                if torch.is_tensor(v) and v.dim() > 0)  # per-tensor step counters are scalars
+    return grads, state
+
+
+@pytest.mark.parametrize("optim, make", [
+    ("adamw_torch", lambda ps: torch.optim.AdamW(ps, lr=1e-4)),
+    ("sgd", lambda ps: torch.optim.SGD(ps, lr=1e-4)),
+    ("adagrad", lambda ps: torch.optim.Adagrad(ps, lr=1e-4)),
+    ("rmsprop", lambda ps: torch.optim.RMSprop(ps, lr=1e-4)),
+])
+def test_gradients_and_optimizer_state_equal_a_real_step(optim: str, make) -> None:
+    cfg = CONFIGS["llama"]
+    model = model_of(cfg, meta=False)
+    grads, state = _step(model, make([p for p in model.parameters() if p.requires_grad]))
+    s = shape_of(cfg)
+    trainable = trainable_parameters(s, "full")
+    assert trainable * DTYPE_BYTES["float32"] == grads
+    assert optimizer_bytes(optim, trainable, 4, s) == state
+
+
+def test_lora_step_gradients_and_adam_state() -> None:
+    from peft import LoraConfig, get_peft_model
+
+    cfg = CONFIGS["mistral"]
+    targets = ("q_proj", "v_proj")
+    model = get_peft_model(model_of(cfg, meta=False), LoraConfig(r=4, target_modules=list(targets),
+                                                                 task_type="CAUSAL_LM"))
+    grads, state = _step(model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4))
+    trainable = trainable_parameters(shape_of(cfg), "lora", r=4, target_modules=targets)
+    assert grads == trainable * 4 and state == 2 * trainable * 4
+
+
+def test_sharding_and_the_device_comparison() -> None:
+    cfg = dict(CONFIGS["llama"], hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+               num_attention_heads=32, num_key_value_heads=4, vocab_size=32000)  # a TinyLlama-1.1B shape
+    gpu = SimpleNamespace(is_cpu=False, gpu_model="NVIDIA-A100-SXM4-80GB", gpu_memory_gb=None, memory_gb=1000)
+    base = {"number_gpus": 1, "number_nodes": 1, "batch_size": 4, "model_max_length": 1024, "torch_dtype": "bfloat16",
+            "optim": "adamw_torch", "gradient_checkpointing": True}
+    one = predict(base, "full", cfg, gpu)
+    n = one.parameters
+    assert one.param_bytes == n * 2 and one.grad_bytes == n * 2 and one.optimizer_bytes == 2 * n * 2
+    assert one.device_bytes == 80e9 and one.device_source == "gpu_memory.yaml" and one.predicted_oom is False
+    fsdp = predict({**base, "number_gpus": 4, "distributed_backend": "FSDP", "batch_size": 16}, "full", cfg, gpu)
+    assert fsdp.param_bytes == n * 2 // 4 and fsdp.optimizer_bytes == 2 * n * 2 // 4
+    zero2 = predict({**base, "number_gpus": 4, "distributed_backend": "FSDP", "fsdp_sharding_strategy": "SHARD_GRAD_OP",
+                     "batch_size": 16}, "full", cfg, gpu)
+    assert zero2.param_bytes == n * 2 and zero2.grad_bytes == n * 2 // 4
+    ddp = predict({**base, "number_gpus": 4, "distributed_backend": "DDP", "batch_size": 16}, "full", cfg, gpu)
+    assert ddp.param_bytes == n * 2
+    small = SimpleNamespace(**{**gpu.__dict__, "gpu_memory_gb": 8})
+    tight = predict(base, "full", cfg, small)
+    assert tight.predicted_oom is True and tight.device_source == "inventory gpu_memory_gb"
+    # gradient checkpointing keeps far less activation memory than storing every layer's
+    assert predict({**base, "gradient_checkpointing": False}, "full", cfg, gpu).activation_bytes > \
+        3 * one.activation_bytes
+
+
+def test_plan_memory_json_flags_the_point_that_cannot_fit(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(dict(CONFIGS["mistral"], hidden_size=4096, intermediate_size=14336,
+                                                       num_hidden_layers=32, num_attention_heads=32,
+                                                       num_key_value_heads=8, head_dim=128, vocab_size=32000)))
+    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {
+        "l4": {"gpu_model": "NVIDIA-L4", "gpus_per_node": 8, "cpus_per_node": 64, "memory_gb": 512,
+               "hosts": {"g1": {"address": "10.0.0.1"}}},
+        "big": {"gpu_model": "NVIDIA-L4", "gpu_memory_gb": 2000, "gpus_per_node": 8, "cpus_per_node": 64,
+                "memory_gb": 512, "hosts": {"g2": {"address": "10.0.0.2"}}}}})
+    out = {}
+    for part in ("l4", "big"):
+        sw = write_sweep(tmp_path / f"{part}.yaml", {
+            "campaign": part, "experiment": "finetune_full_benchmark-v1.0.0", "partition": part,
+            "entity": {"model_name": "m7b", "model_max_length": 2048, "number_gpus": 1, "batch_size": 1},
+            "model_map": {"m7b": str(model)}})
+        proc = subprocess.run([sys.executable, "-m", "harness", "plan", str(sw), "-i", str(inv), "--memory", "--json"],
+                              capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        (out[part],) = json.loads(proc.stdout)
+    assert out["l4"]["valid"] and out["l4"]["predicted_oom"] is True
+    assert out["l4"]["memory"]["total_bytes"] > 24e9 and out["l4"]["memory"]["device_bytes"] == 24e9
+    assert out["big"]["predicted_oom"] is False
+    # ~7.2B parameters in bf16: the parameter bytes alone are about 14.5 GB
+    assert 7.0e9 < out["l4"]["memory"]["parameters"] < 7.4e9
+
+
+def test_submit_skips_the_points_predicted_not_to_fit(tmp_path: Path, tiny_model: Path, small_data_dir: Path) -> None:
+    from .conftest import SMALL_DATASET
+
+    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"cpu": {
+        "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 0.5,
+        "hosts": {"h1": {"address": "127.0.0.1"}}}}})
+    sw = write_sweep(tmp_path / "s.yaml", {
+        "campaign": "oom-skip", "experiment": "finetune_full_benchmark-v1.0.0",
+        "entity": {"model_name": "tiny", "model_max_length": 512, "dataset_id": SMALL_DATASET, "number_gpus": 1,
+                   "gradient_accumulation_steps": 1, "max_steps": 1},
+        "grid": {"batch_size": [2, 512]}, "runner": {"workload": "idle"},
+        "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)})
+    proc = subprocess.run([sys.executable, "-m", "harness", "submit", str(sw), "-i", str(inv), "--executor", "local",
+                           "--wait", "--skip-predicted-oom", "--no-prepare", "--json", "--workdir", str(tmp_path / "runs"),
+                           "--db", str(tmp_path / "r.duckdb")], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from harness.inventory import load_inventory
+    from harness.plan import load_sweep, plan_sweep
+
+    batch_of = {p.point_id: p.entity["batch_size"] for p in plan_sweep(load_sweep(sw), load_inventory(inv))}
+    by_batch = {batch_of[d["point_id"]]: d for d in json.loads(proc.stdout)["points"]}
+    assert by_batch[2]["action"] == "submit" and by_batch[2]["attempt"] == 1
+    assert by_batch[512]["action"] == "skip" and by_batch[512]["reason"].startswith("predicted OOM: ")
+    assert by_batch[512]["attempt"] is None
+
+
+def test_a_bad_gpu_memory_gb_names_the_key(tmp_path: Path) -> None:
+    from harness.errors import InputError
+    from harness.inventory import load_inventory
+
+    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"g": {
+        "gpu_model": "NVIDIA-L4", "gpu_memory_gb": "lots", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
+        "hosts": {"h": {"address": "10.0.0.1"}}}}})
+    with pytest.raises(InputError, match=r"partitions\.g\.gpu_memory_gb must be a number"):
+        load_inventory(inv)
