@@ -22,4 +22,5 @@ RUNNER_DEFAULTS: dict[str, Any] = {
     "token_cache": True,  # use the shared prepared data and token counts
     "workload": "train",  # train | idle (a dry run of the harness)
     "idle_seconds": 1.0,  # the idle workload's stand-in duration
+    "memory_every_steps": 50,  # memory snapshots at steps 0 and 1, then every this many steps
 }

@@ -74,6 +74,7 @@ class JobSpec:
     compute_dtype: str | None = None  # the dtype the peak is read for (harness.flops)
     peak_tflops: float | None = None  # one device's peak dense TFLOP/s: MFU's denominator
     peak_source: str = "unknown"  # inventory | gpu_peaks.yaml | unknown
+    memory_prediction: dict[str, Any] | None = None  # harness.memory's per-device prediction, for collect
 
     @property
     def module(self) -> str:
@@ -378,6 +379,12 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         argv = ["--job-dir", job_dir, "--seconds", f"{sweep.runner.idle_seconds:g}"]
     cdtype = compute_dtype(e, part.is_cpu)
     peak, peak_src = peak_tflops(str(e.get("gpu_model") or part.gpu_model), cdtype, part.peak_tflops)
+    mem = point.memory
+    if mem is None and sweep.runner.workload == "train":
+        from .memory import config_for, predict
+
+        mem = predict(e, exp.method, config_for(point.model_source or e["model_name"]), part,
+                      target_modules=tuple(target or ()) if exp.method in ("lora", "gptq-lora") else ()).to_dict()
     env = dict(inv.env)
     env.update(part.env)
     env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(part, per_node)))
@@ -394,7 +401,7 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         launcher=launcher, num_machines=nodes, num_processes=devices, processes_per_node=per_node, port=port,
         accelerate_config=acc, train_argv=argv, python=python or part.python or inv.python or sys.executable,
         setup=list(inv.setup) + list(part.setup), env=env, host_env=host_env,
-        compute_dtype=cdtype, peak_tflops=peak, peak_source=peak_src,
+        compute_dtype=cdtype, peak_tflops=peak, peak_source=peak_src, memory_prediction=mem,
         host_addresses={h.name: h.address for h in part.hosts.values() if h.address},
         trials=exp.trials, runner=sweep.runner.to_dict(), adjustments=adjustments, notes=list(point.notes),
         workload=sweep.runner.workload,

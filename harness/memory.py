@@ -184,6 +184,14 @@ class MemoryPrediction:
         return None if self.total_bytes is None else self.total_bytes / GB
 
 
+@lru_cache(maxsize=256)
+def config_for(source: str) -> dict[str, Any] | None:
+    """The model's config.json when readable here (a local directory or the HF cache), once per source."""
+    from .catalog import model_config
+
+    return model_config(source)
+
+
 @lru_cache(maxsize=1)
 def gpu_memory_table() -> dict[str, float]:
     import yaml

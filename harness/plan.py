@@ -39,7 +39,8 @@ from .yamlio import LineDict, load_yaml
 SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
               "model_map", "data_dir", "runner", "references")
 SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue", "extra")
-RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds")
+RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds",
+               "memory_every_steps")
 WORKLOADS = ("train", "idle")
 AUTO_STOP_KEYS = ("warmup_seconds", "stable_seconds", "min_steps")
 CAMPAIGN_NAME = NAME  # fullmatch only: '$' would accept a trailing newline
@@ -61,6 +62,7 @@ class RunnerSettings:
     token_cache: bool = RUNNER_DEFAULTS["token_cache"]
     workload: str = RUNNER_DEFAULTS["workload"]  # train | idle (a dry run of the harness: harness.runner.idle)
     idle_seconds: float = RUNNER_DEFAULTS["idle_seconds"]
+    memory_every_steps: int = RUNNER_DEFAULTS["memory_every_steps"]
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -245,6 +247,8 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         workload=ck.string(runner_node, "runner", "workload", default=d["workload"]),
         idle_seconds=float(ck.number(runner_node, "runner", "idle_seconds", default=d["idle_seconds"], minimum=0,
                                      maximum=day)),
+        memory_every_steps=ck.integer(runner_node, "runner", "memory_every_steps", default=d["memory_every_steps"],
+                                      minimum=1, maximum=10**9),
     )
     if runner.workload not in WORKLOADS:
         ck.fail("runner.workload", f"must be one of: {', '.join(WORKLOADS)}; got {runner.workload!r}", runner_node,

@@ -307,7 +307,7 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, log2_x: 
 
 def bar_chart(rows: Sequence[tuple[str, Sequence[tuple[str, float]], str]], colors: Mapping[str, str], *,
               x_label: str, width: int = 1300, bar_h: int = 15, label_w: int = 380,
-              empty: str = "nothing to plot") -> str:
+              empty: str = "nothing to plot", unit: str = "s") -> str:
     """Horizontal stacked bars: rows of (label, [(segment, value)], label css class); a legend on top."""
     rows = [r for r in rows if r[1]]
     if not rows:
@@ -342,7 +342,7 @@ def bar_chart(rows: Sequence[tuple[str, Sequence[tuple[str, float]], str]], colo
             w = max(sx(acc + v) - sx(acc), 0.0)
             o.append(f'<rect class="seg" data-seg="{esc(n)}" x="{sx(acc):.2f}" y="{y}" width="{w:.2f}" '
                      f'height="{bar_h}" fill="{colors.get(n, "#999")}"><title>{esc(label)}: {esc(n)} '
-                     f"{v:.3g} s</title></rect>")
+                     f"{v:.3g} {esc(unit)}</title></rect>")
             acc += v
         o.append(f'<text class="tick" x="{sx(acc) + 4:.1f}" y="{y + bar_h - 3}">{fmt(round(acc, 1))}</text>')
     o.append(f'<path class="axis" d="M{label_w},{mt - 4}V{base}H{label_w + pw}"/>'
@@ -685,6 +685,45 @@ def checks_section(checks: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
                     '<div class="wide">' + "".join(parts) + "</div>")
 
 
+MEMORY_COLORS = {"parameters": "#4e79a7", "gradients": "#f28e2b", "optimizer state": "#59a14f",
+                 "activations (predicted)": "#bab0ac"}
+
+
+def memory_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
+    """Per point (newest run): rank 0's measured parameter, gradient and optimizer bytes, and the
+    prediction beside it (with its activation estimate)."""
+    latest: dict[str, Mapping[str, Any]] = {}
+    for m in ms:
+        if m.get("params_bytes") is not None or m.get("predicted_total_bytes") is not None:
+            latest[m["point_id"]] = m
+    if not latest:
+        return ""
+    top = max(max(m.get("predicted_total_bytes") or 0, (m.get("params_bytes") or 0) + (m.get("grads_bytes") or 0)
+                  + (m.get("optimizer_bytes") or 0)) for m in latest.values())
+    scale, unit = (1e9, "GB") if top >= 1e9 else (1e6, "MB")
+    rows = []
+    for m in list(latest.values())[:MAX_STAGE_BARS // 2]:
+        label = (f"{m.get('model_name') or '?'} · {m.get('method')} · {m.get('number_gpus')} {word} · "
+                 f"bs {m.get('batch_size')} · {str(m['point_id'])[:8]}")
+        if m.get("params_bytes") is not None:
+            rows.append((f"{label} measured", [(n, (m.get(k) or 0) / scale) for n, k in (
+                ("parameters", "params_bytes"), ("gradients", "grads_bytes"),
+                ("optimizer state", "optimizer_bytes"))], "ok"))
+        if m.get("predicted_total_bytes") is not None:
+            css = "invalid" if m.get("predicted_oom") else "ok"
+            rows.append((f"{label} predicted", [(n, (m.get(k) or 0) / scale) for n, k in (
+                ("parameters", "predicted_params_bytes"), ("gradients", "predicted_grads_bytes"),
+                ("optimizer state", "predicted_optimizer_bytes"),
+                ("activations (predicted)", "predicted_activation_bytes"))], css))
+    chart = bar_chart(rows, MEMORY_COLORS, x_label=f"{unit} per device (rank 0)", unit=unit,
+                      empty="no memory snapshots")
+    return _section("memory-breakdown", "Memory breakdown per point",
+                    "Measured: rank 0's parameter, gradient and optimizer-state bytes after its last recorded optimizer "
+                    "step, summed tensor by tensor (the local shard under FSDP; the memory table has every phase). "
+                    "Predicted: harness/memory.py from the model's config.json, with its activation estimate; a red "
+                    "label is a point predicted not to fit.", f'<div class="wide">{chart}</div>')
+
+
 def efficiency_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
     if not any(m.get("model_tflops_per_gpu") is not None for m in ms):
         return ""
@@ -743,7 +782,8 @@ def render_report(data: ReportData) -> str:
                  "sbench fabric runs: bus bandwidth of all-reduce (algbw × 2(n−1)/n) and all-gather (algbw × (n−1)/n) "
                  "by message size, one line per run, labelled partition × nodes and the transport NCCL chose "
                  "(gloo on CPU partitions).", fabric_charts(data.fabric)),
-        efficiency_section(ms, word), checks_section(data.checks), compare_section(data.compare),
+        memory_section(ms, word), efficiency_section(ms, word), checks_section(data.checks),
+        compare_section(data.compare),
         _section("latest", "Latest measurement per point",
                  "The newest measurement of each point (OOM rows in red) and how many measurements the point has.",
                  f'<div class="wide">{latest_table(ms)}</div>'),

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from harness.paths import JobPaths
 
-from .conftest import SMALL_DATASET, sql_rows, table_contents, write_sweep
+from .conftest import ROOT, SMALL_DATASET, sql_rows, table_contents, write_sweep
 
 pytestmark = pytest.mark.train
 
@@ -238,3 +241,56 @@ def test_full_and_prompt_tuning_with_two_processes(env, cli_module) -> None:
             cpu = d["metrics"]["cpu_seconds"] / d["metrics"]["train_runtime"] * 100
             assert 0 < cpu and ranks[r]["cpu_util_pct"] == pytest.approx(cpu, rel=1e-9)
         assert m["cpu_compute_utilization_rank0"] == pytest.approx(ranks[0]["cpu_util_pct"], rel=1e-12)
+
+
+def _flag(argv: list[str], name: str, default: str | None = None) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else default
+
+
+def test_memory_rows_match_an_independent_recount_and_the_prediction(lora_campaign, env) -> None:
+    """Rank 0's parameter, gradient and optimizer bytes after its last optimizer step, recounted from the
+    checkpoint's tensor shapes and the run's own arguments; the prediction within 2 % of them."""
+    from safetensors import safe_open
+
+    with safe_open(str(env["model"] / "model.safetensors"), "pt") as fh:
+        shapes = {k: fh.get_slice(k).get_shape() for k in fh.keys()}
+    total = sum(math.prod(s) for s in shapes.values())
+    hidden = json.loads((env["model"] / "config.json").read_text())["hidden_size"]
+    rows = sql(env["db"], "SELECT m.*, r.job_dir FROM measurements m JOIN runs r USING (run_id) "
+                          "WHERE r.outcome = 'ok' AND m.params_bytes IS NOT NULL")
+    seen = set()
+    for m in rows:
+        spec = json.loads(JobPaths(m["job_dir"]).spec.read_text())
+        argv = spec["jobspec"]["train_argv"]
+        method = _flag(argv, "--peft_method", "none")
+        if method == "lora":
+            targets = set(argv[argv.index("--target_modules") + 1:argv.index("--r")])
+            r = int(_flag(argv, "--r"))
+            trainable = sum(r * (s[0] + s[1]) for k, s in shapes.items()
+                            if k.endswith(".weight") and k.split(".")[-2] in targets)
+            adapter = trainable
+        elif method == "pt":
+            trainable = adapter = int(_flag(argv, "--num_virtual_tokens", "20")) * hidden
+        else:
+            trainable, adapter = total, 0
+        shards = m["world_size"] if m["distributed_backend"] == "FSDP" and m["world_size"] > 1 else 1
+        expect = {"params_bytes": (total + adapter) * 4 // shards, "grads_bytes": trainable * 4 // shards,
+                  "optimizer_bytes": 2 * trainable * 4 // shards}  # AdamW: two fp32 states per value
+        for k, v in expect.items():
+            assert m[k] == pytest.approx(v, rel=0.02), (m["run_id"], k)
+            assert m[f"predicted_{k}"] == pytest.approx(m[k], rel=0.02), (m["run_id"], k)
+        (mem,) = sql(env["db"], "SELECT count(DISTINCT phase) AS phases, min(step) AS first FROM memory "
+                                "WHERE run_id = ? AND rank = 0", [m["run_id"]])
+        assert mem == {"phases": 4, "first": 0}
+        seen.add((method, m["distributed_backend"] if m["world_size"] > 1 else "single"))
+    assert {("lora", "DDP"), ("lora", "FSDP"), ("lora", "single")} <= seen
+    page = run_cli_report(env)
+    assert 'id="memory-breakdown"' in page and "measured" in page and "predicted" in page
+
+
+def run_cli_report(env) -> str:
+    out = env["root"] / "memory-report.html"
+    proc = subprocess.run([sys.executable, "-m", "harness", "report", "--db", str(env["db"]), "-o", str(out)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return out.read_text()

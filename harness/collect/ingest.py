@@ -331,7 +331,7 @@ def _collect(db: str | Path, wait_s: float | None, report: CollectReport, manife
                 staged = [stage(table, [r for d in datas for r in getattr(d, attr)])
                           for table, attr in (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"),
                                               ("errors", "errors"), ("trials", "trials"),
-                                              ("environment", "environment"))]
+                                              ("environment", "environment"), ("memory", "memory"))]
                 clock.lap("parse")
                 prog("samples", 0, 1)
                 n, rejects = loader.result() if loader is not None else (0, [])

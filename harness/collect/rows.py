@@ -34,6 +34,7 @@ class RunData:
     errors: list[dict[str, Any]] = field(default_factory=list)
     trials: list[dict[str, Any]] = field(default_factory=list)
     environment: list[dict[str, Any]] = field(default_factory=list)
+    memory: list[dict[str, Any]] = field(default_factory=list)
     sample_files: list[tuple[str, Path]] = field(default_factory=list)
     rank0: dict[str, Any] | None = None
     entity: dict[str, Any] = field(default_factory=dict)
@@ -44,6 +45,7 @@ class RunData:
     workload: str = "train"
     peak: float | None = None  # one device's peak TFLOP/s from spec.json (MFU's denominator)
     gpu_partition: bool | None = None  # from spec.json's cpu_partition; None when unknown
+    memory_prediction: dict[str, Any] | None = None  # spec.json's (harness.memory)
 
     def warn(self, text: str) -> None:
         """A problem found after the verdict: a warning of an ok run, part of the reason otherwise."""
@@ -131,6 +133,36 @@ def trial_rows(f: JobFiles, run_id: str, stages: list[dict[str, Any]]) -> list[d
     return rows
 
 
+_MEM_KEYS = ("params_bytes", "trainable_bytes", "grads_bytes", "optimizer_bytes", "cuda_allocated_bytes",
+             "cuda_peak_bytes", "cuda_reserved_bytes", "rss_bytes")
+
+
+def memory_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
+    rows = []
+    for rk, doc in sorted(f.ranks.items()):
+        snaps = doc.get("memory") if isinstance(doc.get("memory"), list) else []
+        for s in snaps:
+            if isinstance(s, dict):
+                rows.append({"run_id": run_id, "rank": rk, "host": doc.get("host"), "step": s.get("step"),
+                             "phase": s.get("phase"), "t_wall": _f(s.get("t_wall")),
+                             **{k: count(s.get(k), 0, 2**63 - 1) for k in _MEM_KEYS}})
+    return rows
+
+
+def memory_properties(d: RunData) -> dict[str, Any]:
+    """Measured memory of the run beside its prediction (see store's measurements columns)."""
+    rank0 = [r for r in d.memory if r["rank"] == 0]
+    last = next((r for r in reversed(rank0) if r["phase"] == "after_optimizer"), None)
+    peaks = [r["cuda_peak_bytes"] for r in d.memory if r["cuda_peak_bytes"] is not None]
+    p = d.memory_prediction if isinstance(d.memory_prediction, dict) else {}
+    return {"memory_peak_bytes": max(peaks) if peaks else None,
+            **{k: (last or {}).get(k) for k in ("params_bytes", "grads_bytes", "optimizer_bytes")},
+            "predicted_params_bytes": p.get("param_bytes"), "predicted_grads_bytes": p.get("grad_bytes"),
+            "predicted_optimizer_bytes": p.get("optimizer_bytes"),
+            "predicted_activation_bytes": p.get("activation_bytes"), "predicted_total_bytes": p.get("total_bytes"),
+            "device_bytes": p.get("device_bytes"), "predicted_oom": p.get("predicted_oom")}
+
+
 def environment_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
     rows = []
     for h, doc in sorted(f.envs.items()):
@@ -201,6 +233,8 @@ def build(f: JobFiles, v: Verdict) -> RunData:
              or max(1, count(f.entity.get("number_gpus"), 0) or 0))
     d = RunData(run=run, hosts=host_rows(f, v, rid), stages=stages, ranks=rank_rows(f, rid),
                 errors=error_rows(f, rid), trials=trial_rows(f, rid, stages), environment=environment_rows(f, rid),
+                memory=memory_rows(f, rid),
+                memory_prediction=f.jobspec.get("memory_prediction"),
                 rank0=f.rank0, entity=f.entity, experiment=f.experiment, world_size=world,
                 window=aggregate.measured_window(f.rank0, f.entity.get("auto_stop_method")), over=v.over,
                 workload=str(f.jobspec.get("workload") or "train"), peak=_f(f.jobspec.get("peak_tflops")),
@@ -254,6 +288,7 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     row.update(aggregate.benchmark_properties(devices, procs, had_gpu, d.rank0, d.world_size, stop_after))
     row.update(run_flops(d.rank0, d.peak))
     row.update(aggregate.exact_properties(d.rank0))
+    row.update(memory_properties(d))
     notes = []
     if not d.sample_files and (d.gpu_partition or (d.gpu_partition is None and
                                                    (_f(d.entity.get("number_gpus")) or 0) > 0)):

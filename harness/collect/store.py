@@ -174,7 +174,14 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("trials_run", "INTEGER"), ("window_start_wall", "DOUBLE"), ("window_end_wall", "DOUBLE"),
         ("window_s", "DOUBLE"), ("gpu_devices", "INTEGER"), ("gpu_samples", "BIGINT"), ("proc_samples", "BIGINT"),
         ("world_size", "INTEGER"), ("transport", "VARCHAR"), ("notes", "VARCHAR[]"),
-        *[(p, "DOUBLE") for p in DERIVED_PROPERTIES], *ENTITY_COLUMNS,
+        *[(p, "DOUBLE") for p in DERIVED_PROPERTIES],
+        # memory: measured (rank 0's tensors after its last recorded optimizer step; the device peak over
+        # ranks, CUDA only) beside harness.memory's prediction from spec.json
+        ("memory_peak_bytes", "BIGINT"), ("params_bytes", "BIGINT"), ("grads_bytes", "BIGINT"),
+        ("optimizer_bytes", "BIGINT"), ("predicted_params_bytes", "BIGINT"), ("predicted_grads_bytes", "BIGINT"),
+        ("predicted_optimizer_bytes", "BIGINT"), ("predicted_activation_bytes", "BIGINT"),
+        ("predicted_total_bytes", "BIGINT"), ("device_bytes", "BIGINT"), ("predicted_oom", "BOOLEAN"),
+        *ENTITY_COLUMNS,
     ],
     "environment": [
         *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("python", "VARCHAR"), ("torch", "VARCHAR"),
@@ -185,6 +192,13 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("env", "JSON"), ("packages", "JSON"), ("driver_version", "VARCHAR"), ("cuda_driver", "VARCHAR"),
         ("cuda_runtime", "VARCHAR"), ("nccl", "VARCHAR"), ("cudnn", "VARCHAR"), ("flash_attn", "VARCHAR"),
         ("hca_firmware", "JSON"),
+    ],
+    # harness.runner.memsnap: each rank's memory at fixed phases of recorded steps.
+    "memory": [
+        *_RUN_KEY, ("rank", "INTEGER"), ("host", "VARCHAR"), ("step", "BIGINT"), ("phase", "VARCHAR"),
+        ("t_wall", "DOUBLE"), ("params_bytes", "BIGINT"), ("trainable_bytes", "BIGINT"), ("grads_bytes", "BIGINT"),
+        ("optimizer_bytes", "BIGINT"), ("cuda_allocated_bytes", "BIGINT"), ("cuda_peak_bytes", "BIGINT"),
+        ("cuda_reserved_bytes", "BIGINT"), ("rss_bytes", "BIGINT"),
     ],
     # Collect's check of each point-repeat (latest attempt) against the campaign's references.
     "checks": [
@@ -216,7 +230,7 @@ _COLUMN_NAMES = {t: frozenset(c for c, _ in cols) for t, cols in SCHEMA.items()}
 # Tables whose rows belong to one run and are replaced as a whole when the run changes
 # (``sample_rows`` go with their ``sample_files`` row).
 RUN_CHILD_TABLES = ("run_hosts", "stages", "sample_files", "ranks", "errors", "trials", "measurements",
-                    "environment")
+                    "environment", "memory")
 # Types created before the tables.
 TYPES = {"sample_kind": "ENUM ('gpu', 'proc')"}
 # Columns of ``runs`` that a manifest ``attempt`` line owns; collect owns the rest.

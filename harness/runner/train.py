@@ -59,6 +59,7 @@ from ..prepared import PREP_DIR, TOKEN_CACHE_DIR
 from .classify import error_record
 from .envcapture import relevant_env
 from .faults import Fault, faults_from_env
+from .memsnap import MemoryRecorder
 from .stages import StageLog, Terminated
 
 MODULE_START_WALL = time.time()  # this process's start as the launch stage sees it (the heavy imports come later)
@@ -303,17 +304,35 @@ class StopPolicy:
         return False, warm, None
 
 
-def _make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict[str, Any]) -> Any:
+def _make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict[str, Any],
+                   memory: MemoryRecorder | None = None) -> Any:
     import torch
     from transformers import TrainerCallback
 
     class BenchCallback(TrainerCallback):
-        """Times steps, takes the stop decision (rank 0, broadcast) and fires injected faults."""
+        """Times steps, takes the stop decision (rank 0, broadcast), fires injected faults and takes the
+        memory snapshots (harness.runner.memsnap)."""
 
         def on_train_begin(self, args, state, control, **kw):
             timeline["train_start_wall"], timeline["t0"] = time.time(), time.perf_counter()
             timeline["start_step"] = state.global_step
             timeline["start_counts"] = meter.snapshot()
+            if memory is not None:
+                memory.device, memory.optimizer = args.device, kw.get("optimizer")
+                memory.hook(kw.get("model"), lambda: state.global_step)
+
+        def on_step_begin(self, args, state, control, **kw):
+            if memory is not None:
+                memory.take(kw.get("model"), state.global_step, "before_forward")
+
+        def on_pre_optimizer_step(self, args, state, control, **kw):
+            if memory is not None:
+                memory.optimizer = kw.get("optimizer") or memory.optimizer
+                memory.take(kw.get("model"), state.global_step, "after_backward")
+
+        def on_optimizer_step(self, args, state, control, **kw):
+            if memory is not None:
+                memory.take(kw.get("model"), state.global_step, "after_optimizer")
 
         def on_step_end(self, args, state, control, **kw):
             now_wall, now = time.time(), time.perf_counter()
@@ -701,6 +720,8 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
                             stable_seconds=float(ctx.runner["stable_seconds"]),
                             min_steps=int(ctx.runner["min_steps"]))
         timeline: dict[str, Any] = {}
+        memory = MemoryRecorder(int(ctx.runner.get("memory_every_steps") or RUNNER_DEFAULTS["memory_every_steps"]),
+                                None)
 
         class BenchTrainer(SFTTrainer):
             def create_accelerator_and_postprocess(self) -> None:
@@ -715,7 +736,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
 
         trainer = BenchTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
                                data_collator=collator, peft_config=_peft_config(args, args.model_name_or_path),
-                               callbacks=[_make_callback(ctx, meter, policy, timeline)])
+                               callbacks=[_make_callback(ctx, meter, policy, timeline, memory)])
         acc = trainer.accelerator
         dist = {"distributed_type": str(acc.distributed_type).split(".")[-1], "num_processes": acc.num_processes,
                 "backend": _backend_name(),
@@ -738,6 +759,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         if m.get("metrics"):
             run_totals(m["metrics"], ctx.world_size, trainer.args.device)
         m["hf_metrics"] = dict(out.metrics)
+        m["memory"] = memory.snaps
         doc["distributed"].update(_wrapping(trainer))
         m["training_loss"] = out.training_loss
         m["meter"] = {"mismatches": meter.mismatches, "unconsumed_batches": len(meter.pending)}
