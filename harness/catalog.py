@@ -79,6 +79,20 @@ OPTIMIZERS = (
     "galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise", "lomo", "adalomo",
     "grokadamw", "schedule_free_adamw", "schedule_free_sgd",
 )
+# What an optimizer needs beyond torch: (python package, needs CUDA). The sbench trainer passes optim to
+# transformers' Trainer, which imports these packages when it builds the optimizer.
+_BNB = ("bitsandbytes", True)
+OPTIMIZER_NEEDS: dict[str, tuple[str, bool]] = {
+    **{o: _BNB for o in OPTIMIZERS if "bnb" in o or "8bit" in o or o.startswith("paged_")
+       or o in ("ademamix", "lion_32bit")},
+    "adamw_torch_xla": ("torch_xla", False), "adamw_torch_npu_fused": ("torch_npu", False),
+    "adamw_anyprecision": ("torchdistx", False), "adamw_torch_4bit": ("torchao", False),
+    **{o: ("galore_torch", False) for o in OPTIMIZERS if o.startswith("galore_")},
+    "lomo": ("lomo_optim", False), "adalomo": ("lomo_optim", False), "grokadamw": ("grokadamw", False),
+    "schedule_free_adamw": ("schedulefree", False), "schedule_free_sgd": ("schedulefree", False),
+}
+# Reference optimizer names transformers 5 no longer has (its Trainer rejects them).
+OPTIMIZERS_GONE = {"adamw_hf": "adamw_torch", "adamw_apex_fused": "adamw_torch_fused"}
 SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 STATE_DICT = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
 # Bounds of entity values: beyond them a value is a typo, never a benchmark.

@@ -358,6 +358,34 @@ def validity_reasons(exp: Experiment, e: Mapping[str, Any], model_cfg: Mapping[s
     return reasons, notes
 
 
+def _optimizer_reasons(e: Mapping[str, Any], part: Partition, notes: list[str]) -> list[str]:
+    """An optimizer the trainer cannot build on this partition is an invalid point, not a failed run."""
+    import importlib.util
+
+    from .catalog import OPTIMIZER_NEEDS, OPTIMIZERS_GONE
+
+    optim = str(e.get("optim") or "adamw_torch")
+    if optim in OPTIMIZERS_GONE:
+        return [f"placement: optim {optim} is not an optimizer of transformers 5 (the sbench trainer's); use "
+                f"{OPTIMIZERS_GONE[optim]}"]
+    need = OPTIMIZER_NEEDS.get(optim)
+    if need is None:
+        return []
+    package, cuda = need
+    if cuda and part.is_cpu:
+        return [f"placement: optim {optim} runs on CUDA kernels of {package}; partition {part.name!r} is a CPU "
+                "partition"]
+    if optim in ("adamw_torch_xla", "adamw_torch_npu_fused"):
+        return [f"placement: optim {optim} needs {'TPU/XLA' if 'xla' in optim else 'Ascend NPU'} devices; "
+                f"partition {part.name!r} has {part.gpu_model}"]
+    if importlib.util.find_spec(package) is None:
+        if part.python is None:
+            return [f"placement: optim {optim} needs the {package} package, which this environment (the one the "
+                    f"jobs run in) lacks; pip install {package}, or choose adamw_torch"]
+        notes.append(f"optim {optim} needs {package} in the nodes' python ({part.python}); not checked here")
+    return []
+
+
 def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) -> tuple[list[str], list[str]]:
     """Can the partition host this point? Returns (reasons, notes)."""
     reasons: list[str] = []
@@ -389,6 +417,7 @@ def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) ->
     elif part.is_cpu and cpus < per_node:
         reasons.append(f"placement: {per_node} worker processes per node get {cpus} cores; partition "
                        f"{part.name!r} needs at least one core per worker")
+    reasons += _optimizer_reasons(e, part, notes)
     if e.get("enable_roce") and nodes > 1:
         missing = [h.name for h in part.hosts.values() if h.roce is None]
         if missing:

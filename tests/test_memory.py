@@ -213,3 +213,37 @@ def test_a_bad_gpu_memory_gb_names_the_key(tmp_path: Path) -> None:
         "hosts": {"h": {"address": "10.0.0.1"}}}}})
     with pytest.raises(InputError, match=r"partitions\.g\.gpu_memory_gb must be a number"):
         load_inventory(inv)
+
+
+@pytest.mark.parametrize("optim, part, expect", [
+    ("adamw_hf", "gpu", "not an optimizer of transformers 5 (the sbench trainer's); use adamw_torch"),
+    ("adamw_bnb_8bit", "cpu", "runs on CUDA kernels of bitsandbytes; partition 'cpu' is a CPU partition"),
+    ("paged_adamw_8bit", "gpu", "needs the bitsandbytes package, which this environment"),
+    ("adamw_bnb_8bit", "gpu-own-python", None),
+    ("sgd", "cpu", None),
+])
+def test_plan_tells_which_optimizers_can_run_where(tmp_path: Path, optim: str, part: str, expect: str | None) -> None:
+    import importlib.util
+
+    from harness.inventory import load_inventory
+    from harness.plan import load_sweep, plan_sweep
+
+    if importlib.util.find_spec("bitsandbytes") is not None and "package" in (expect or ""):
+        pytest.skip("bitsandbytes is installed here")
+    hosts = {"h": {"address": "10.0.0.1"}}
+    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {
+        "cpu": {"gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 4, "memory_gb": 8, "hosts": hosts},
+        "gpu": {"gpu_model": "NVIDIA-L4", "gpus_per_node": 1, "cpus_per_node": 4, "memory_gb": 8, "hosts": hosts},
+        "gpu-own-python": {"gpu_model": "NVIDIA-L4", "gpus_per_node": 1, "cpus_per_node": 4, "memory_gb": 8,
+                           "python": "/opt/env/bin/python", "hosts": hosts}}})
+    sw = write_sweep(tmp_path / "s.yaml", {"campaign": "o", "experiment": "finetune_full_benchmark-v1.0.0",
+                                           "partition": part, "entity": {"model_name": "m", "optim": optim, "model_max_length": 512,
+                                                                         "number_gpus": 1, "batch_size": 1},
+                                           "model_map": {"m": "ibm-granite/granite-3b-code-base-2k"}})
+    (pt,) = plan_sweep(load_sweep(sw), load_inventory(inv))
+    if expect is None:
+        assert pt.valid, pt.reasons
+    else:
+        assert not pt.valid and any(expect in r for r in pt.reasons), pt.reasons
+    if part == "gpu-own-python" and importlib.util.find_spec("bitsandbytes") is None:
+        assert any("needs bitsandbytes in the nodes' python (/opt/env/bin/python)" in n for n in pt.notes)

@@ -285,14 +285,18 @@ def test_dataset_tokens_over_a_full_epoch_match_an_independent_recount(tmp_path,
 # -- failures ---------------------------------------------------------------------------------
 
 def test_optimizer_that_cannot_run_here_is_failed(tmp_path, inventory, host, tiny_model, small_data):
-    (paths,) = render(tmp_path, inventory, tiny_model, small_data, experiment="finetune_full_benchmark-v1.0.0",
-                      entity={"number_gpus": 1, "batch_size": 2, "max_steps": 2, "optim": "adamw_bnb_8bit"})
+    # The nodes run their own python (partition python:), so plan can only note that schedulefree may be
+    # missing there; the trainer then fails to build the optimizer, and the run says why.
+    part = next(iter(inventory.partitions.values()))
+    nodes_python = dataclasses.replace(inventory, partitions={part.name: dataclasses.replace(part, python=sys.executable)})
+    (paths,) = render(tmp_path, nodes_python, tiny_model, small_data, experiment="finetune_full_benchmark-v1.0.0",
+                      entity={"number_gpus": 1, "batch_size": 2, "max_steps": 2, "optim": "schedule_free_adamw"})
     proc = launch(paths, host)
     assert proc.returncode == 1
     res = load(paths.result(host))
     err = load(paths.error(0))
     assert res["outcome"] == "failed" and err["kind"] == "failed"
-    assert err["error_type"] == "ImportError" and "bitsandbytes" in err["message"]
+    assert err["error_type"] == "ImportError" and "schedulefree" in err["message"]
     assert err["rank"] == 0 and err["host"] == host and err["stage"] == "train" and "Traceback" in err["traceback"]
     assert "ImportError" in res["reason"]
     end = [e for e in read_stages(paths.stages(host)) if e["rank"] == 0 and e["event"] == "end"][-1]
