@@ -141,6 +141,9 @@ class FieldSpec:
     minimum: float | None = None
     maximum: float | None = None  # default: INT_MAX for int, MAX_NUMBER for float
     max_len: int = 256  # characters of a str value (or of each item of a list)
+    # A field added after the first release: left out of the point id while it has its default, so the
+    # points measured before it existed keep their ids (and stay comparable across campaigns).
+    id_omit_default: bool = False
 
     def coerce(self, value: Any, where: str) -> Any:
         """Check *value* against the field; return it in canonical form or raise ``InputError``."""
@@ -267,6 +270,8 @@ def _benchmark_optional(dtype_domain: tuple[str, ...], dtype_default: str) -> li
         _f("fsdp_sharding_strategy", "str", "FSDP sharding strategy", "FULL_SHARD", domain=SHARDING),
         _f("fsdp_state_dict_type", "str", "FSDP state dict type", "FULL_STATE_DICT", domain=STATE_DICT),
         _f("fsdp_use_orig_params", "bool", "FSDP use_orig_params", True),
+        _f("fsdp_offload_params", "bool", "FSDP CPU offload: parameters, gradients and optimizer state live in "
+           "host memory between uses (needs FSDP over GPUs)", False, id_omit_default=True),
         _f("accelerate_config_mixed_precision", "str", "accelerate mixed_precision", "no",
            domain=("no", "fp16", "bf16", "fp8")),
         _f("accelerate_config_fsdp_transformer_layer_cls_to_wrap", "str",

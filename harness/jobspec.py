@@ -187,7 +187,7 @@ def _fsdp_block(e: dict[str, Any], cpu: bool, adjustments: list[str]) -> dict[st
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "fsdp_backward_prefetch": "BACKWARD_PRE",
         "fsdp_forward_prefetch": False,
-        "fsdp_offload_params": False,
+        "fsdp_offload_params": bool(e.get("fsdp_offload_params", False)),
         "fsdp_sharding_strategy": e.get("fsdp_sharding_strategy", "FULL_SHARD"),
         "fsdp_state_dict_type": e.get("fsdp_state_dict_type", "FULL_STATE_DICT"),
         "fsdp_cpu_ram_efficient_loading": True,

@@ -17,7 +17,9 @@ From the model's config.json, per device (one GPU, or one worker process on a CP
   ``bf16`` autocast the parameters stay in the loaded dtype;
 - **sharding**: FSDP ``FULL_SHARD`` divides parameters, gradients and optimizer state by the number
   of devices, ``SHARD_GRAD_OP`` gradients and state only, the ``HYBRID_*`` forms by the devices of
-  one node; DDP (and ``NO_SHARD``) replicate everything;
+  one node; DDP (and ``NO_SHARD``) replicate everything. With ``fsdp_offload_params`` they live in
+  host memory, and the device holds the largest wrapped unit (a decoder layer, or the embedding or
+  LM head) while it computes;
 - **activations**, an estimate (Korthikanti et al., "Reducing Activation Recomputation in Large
   Transformer Models", 2022, eq. 2, without tensor or sequence parallelism): per layer
   ``s·b·h·(34 + 5·a·s/h)`` bytes at 2-byte activations, where the ``5·a·s/h`` term (attention
@@ -255,6 +257,14 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
     if opt is None:
         notes.append(f"optimizer {entity.get('optim')}: state size unknown, counted as 0")
     opt_bytes = (opt or 0) // g_div
+    if entity.get("fsdp_offload_params") and not cpu and p_div > 1:
+        # CPU offload: the shards, their gradients and the optimizer state live in host memory; the device
+        # holds one wrapped layer's full parameters (and their gradients) while it computes.
+        layer = (total_params - groups["embedding"] - groups["lm_head"]) // max(1, s.layers)
+        biggest = max(layer, groups["embedding"], groups["lm_head"])
+        param_bytes, grad_bytes, opt_bytes = biggest * vb, biggest * tb if not adapter else 0, 0
+        notes.append("fsdp_offload_params: parameters, gradients and optimizer state counted in host memory; "
+                     "the device holds the largest wrapped unit while it computes")
     b = max(1, int(entity.get("batch_size") or 1) // devices)
     seq = int(entity.get("model_max_length") or 1024)
     act_b = 2 if (not cpu and (entity.get("bf16") or dtype in ("bfloat16", "float16"))) else vb

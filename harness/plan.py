@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .catalog import (
-    Experiment, ModelMap, get_experiment, is_local_source, load_model_map, model_config, num_local_experts,
+    EXPERIMENTS, Experiment, ModelMap, get_experiment, is_local_source, load_model_map, model_config,
+    num_local_experts,
 )
 from .errors import CatalogError, InputError, SweepError
 from .inventory import Inventory, Partition
@@ -152,7 +153,13 @@ class PlannedPoint:
 def point_id(experiment: str, entity: Mapping[str, Any], workload: str = "train") -> str:
     """Stable id: a hash of the experiment and every resolved entity value (key order irrelevant). A dry
     run (``runner.workload: idle``) has ids of its own, so it never stands for a trained point."""
-    doc: dict[str, Any] = {"experiment": experiment, "entity": dict(entity)}
+    exp = EXPERIMENTS.get(experiment)
+    ent = dict(entity)
+    if exp is not None:
+        for f in exp.fields:
+            if f.id_omit_default and f.name in ent and ent[f.name] == f.default:
+                del ent[f.name]
+    doc: dict[str, Any] = {"experiment": experiment, "entity": ent}
     if workload != "train":
         doc["workload"] = workload
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"))
@@ -418,6 +425,12 @@ def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) ->
         reasons.append(f"placement: {per_node} worker processes per node get {cpus} cores; partition "
                        f"{part.name!r} needs at least one core per worker")
     reasons += _optimizer_reasons(e, part, notes)
+    if e.get("fsdp_offload_params"):
+        if part.is_cpu:
+            reasons.append(f"placement: fsdp_offload_params moves GPU memory to the host; partition {part.name!r} is "
+                           "a CPU partition")
+        elif e.get("distributed_backend") != "FSDP" or max(1, gpus) < 2:
+            reasons.append("placement: fsdp_offload_params needs distributed_backend FSDP over 2 or more GPUs")
     if e.get("enable_roce") and nodes > 1:
         missing = [h.name for h in part.hosts.values() if h.roce is None]
         if missing:

@@ -247,3 +247,47 @@ def test_plan_tells_which_optimizers_can_run_where(tmp_path: Path, optim: str, p
         assert not pt.valid and any(expect in r for r in pt.reasons), pt.reasons
     if part == "gpu-own-python" and importlib.util.find_spec("bitsandbytes") is None:
         assert any("needs bitsandbytes in the nodes' python (/opt/env/bin/python)" in n for n in pt.notes)
+
+
+def test_fsdp_offload_params_is_a_real_setting_that_keeps_old_point_ids(tmp_path: Path) -> None:
+    import hashlib
+
+    from harness.inventory import load_inventory
+    from harness.plan import load_sweep, plan_sweep, point_id
+    from harness.render import render_points
+
+    exp = "finetune_full_benchmark-v1.0.0"
+    ent = {"model_name": "m", "number_gpus": 2, "batch_size": 2}
+    before = hashlib.sha256(json.dumps({"experiment": exp, "entity": ent}, sort_keys=True,
+                                       separators=(",", ":")).encode()).hexdigest()[:16]
+    assert point_id(exp, {**ent, "fsdp_offload_params": False}) == before  # ids measured before the field stay
+    assert point_id(exp, {**ent, "fsdp_offload_params": True}) != before
+    hosts = {"h": {"address": "10.0.0.1"}}
+    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {
+        "gpu": {"gpu_model": "NVIDIA-A100-SXM4-80GB", "gpus_per_node": 4, "cpus_per_node": 32, "memory_gb": 256,
+                "hosts": hosts},
+        "cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 8, "memory_gb": 16, "hosts": hosts}}})
+    got = {}
+    for part in ("gpu", "cpu"):
+        sw = write_sweep(tmp_path / f"{part}.yaml", {
+            "campaign": part, "experiment": exp, "partition": part,
+            "entity": {"model_name": "m", "model_max_length": 512, "batch_size": 4, "distributed_backend": "FSDP",
+                       "fsdp_offload_params": True},
+            "grid": {"number_gpus": [1, 2]}, "model_map": {"m": "ibm-granite/granite-3b-code-base-2k"}})
+        got[part] = {p.entity["number_gpus"]: p for p in plan_sweep(load_sweep(sw), load_inventory(inv))}
+    assert got["gpu"][2].valid
+    assert "needs distributed_backend FSDP over 2 or more GPUs" in got["gpu"][1].reasons[0]
+    assert "is a CPU partition" in got["cpu"][2].reasons[0]
+    (spec,) = render_points(load_sweep(tmp_path / "gpu.yaml"), load_inventory(inv), [got["gpu"][2]], tmp_path / "r")
+    assert spec.accelerate_config["fsdp_config"]["fsdp_offload_params"] is True
+
+
+def test_offload_moves_the_shards_off_the_device() -> None:
+    cfg = dict(CONFIGS["llama"], hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+               num_attention_heads=32, num_key_value_heads=4, vocab_size=32000)
+    gpu = SimpleNamespace(is_cpu=False, gpu_model="NVIDIA-A100-SXM4-80GB", gpu_memory_gb=None, memory_gb=1000)
+    base = {"number_gpus": 4, "number_nodes": 1, "batch_size": 16, "model_max_length": 1024,
+            "torch_dtype": "bfloat16", "distributed_backend": "FSDP", "optim": "adamw_torch"}
+    on, off = predict(base, "full", cfg, gpu), predict({**base, "fsdp_offload_params": True}, "full", cfg, gpu)
+    assert off.optimizer_bytes == 0 and off.param_bytes < on.param_bytes / 4
+    assert off.activation_bytes == on.activation_bytes and any("offload" in n for n in off.notes)
