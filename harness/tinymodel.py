@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import InputError, SbenchError
 
-ARCHS = ("llama", "mixtral")
+ARCHS = ("llama", "mixtral", "qwen2")
 SPECIAL_TOKENS = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
 _CORPUS_CHARS = 400_000  # enough text for every merge of a 512-entry vocabulary; trains in well under a second
 
@@ -49,7 +49,8 @@ def train_tokenizer(*, vocab_size: int = 512, model_max_length: int = 4096, seed
 def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", vocab_size: int = 512,
                     hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
                     max_position_embeddings: int = 4096, seed: int = 0) -> Path:
-    """Write a tiny random Llama (or Mixtral: 4 experts, 2 per token) and its tokenizer to ``out_dir``.
+    """Write a tiny random Llama (or Mixtral: 4 experts, 2 per token; or Qwen2: biased q/k/v projections)
+    and its tokenizer to ``out_dir``.
 
     Weights are seeded, so the same arguments give the same checkpoint.
     """
@@ -62,7 +63,14 @@ def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", voc
     if hidden_size % num_heads:
         raise InputError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     out = Path(out_dir)
     try:
@@ -81,6 +89,9 @@ def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", voc
     if arch == "mixtral":
         config = MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **common)
         cls: Any = MixtralForCausalLM
+    elif arch == "qwen2":
+        config = Qwen2Config(**common)
+        cls = Qwen2ForCausalLM
     else:
         config = LlamaConfig(**common)
         cls = LlamaForCausalLM

@@ -252,45 +252,74 @@ def _flag(argv: list[str], name: str, default: str | None = None) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else default
 
 
+def _recount(model_dir: Path, argv: list[str], world: int, fsdp: bool) -> dict[str, int]:
+    """Rank 0's parameter, gradient and AdamW state bytes, from the checkpoint's tensor shapes and the run's
+    own arguments (fp32 on CPU; PEFT adapters in fp32; FSDP shards every tensor evenly across ranks)."""
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as fh:
+        shapes = {k: fh.get_slice(k).get_shape() for k in fh.keys()}
+    total = sum(math.prod(s) for s in shapes.values())
+    hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
+    method = _flag(argv, "--peft_method", "none")
+    if method == "lora":
+        targets = set(argv[argv.index("--target_modules") + 1:argv.index("--r")])
+        r = int(_flag(argv, "--r"))
+        trainable = adapter = sum(r * (s[0] + s[1]) for k, s in shapes.items()
+                                  if k.endswith(".weight") and k.split(".")[-2] in targets)
+    elif method == "pt":
+        trainable = adapter = int(_flag(argv, "--num_virtual_tokens", "20")) * hidden
+    else:
+        trainable, adapter = total, 0
+    shards = world if fsdp and world > 1 else 1
+    return {"params_bytes": (total + adapter) * 4 // shards, "grads_bytes": trainable * 4 // shards,
+            "optimizer_bytes": 2 * trainable * 4 // shards}
+
+
+def _check_memory(db: Path, model_dir: Path, campaigns: tuple[str, ...]) -> set[tuple[str, str]]:
+    rows = sql(db, "SELECT m.*, r.job_dir FROM measurements m JOIN runs r USING (run_id) WHERE r.outcome = 'ok' "
+                   f"AND m.params_bytes IS NOT NULL AND m.campaign IN ({', '.join('?' * len(campaigns))})",
+               list(campaigns))
+    seen = set()
+    for m in rows:
+        argv = json.loads(JobPaths(m["job_dir"]).spec.read_text())["jobspec"]["train_argv"]
+        fsdp = m["distributed_backend"] == "FSDP"
+        for k, v in _recount(model_dir, argv, m["world_size"], fsdp).items():
+            assert m[k] == pytest.approx(v, rel=0.02), (m["run_id"], k)
+            assert m[f"predicted_{k}"] == pytest.approx(m[k], rel=0.02), (m["run_id"], k)
+        (mem,) = sql(db, "SELECT count(DISTINCT phase) AS phases, min(step) AS first FROM memory "
+                         "WHERE run_id = ? AND rank = 0", [m["run_id"]])
+        assert mem == {"phases": 4, "first": 0}
+        seen.add((_flag(argv, "--peft_method", "none"), m["distributed_backend"] if m["world_size"] > 1 else "single"))
+    return seen
+
+
 def test_memory_rows_match_an_independent_recount_and_the_prediction(lora_campaign, env) -> None:
     """Rank 0's parameter, gradient and optimizer bytes after its last optimizer step, recounted from the
     checkpoint's tensor shapes and the run's own arguments; the prediction within 2 % of them."""
-    from safetensors import safe_open
-
-    with safe_open(str(env["model"] / "model.safetensors"), "pt") as fh:
-        shapes = {k: fh.get_slice(k).get_shape() for k in fh.keys()}
-    total = sum(math.prod(s) for s in shapes.values())
-    hidden = json.loads((env["model"] / "config.json").read_text())["hidden_size"]
-    rows = sql(env["db"], "SELECT m.*, r.job_dir FROM measurements m JOIN runs r USING (run_id) "
-                          "WHERE r.outcome = 'ok' AND m.params_bytes IS NOT NULL")
-    seen = set()
-    for m in rows:
-        spec = json.loads(JobPaths(m["job_dir"]).spec.read_text())
-        argv = spec["jobspec"]["train_argv"]
-        method = _flag(argv, "--peft_method", "none")
-        if method == "lora":
-            targets = set(argv[argv.index("--target_modules") + 1:argv.index("--r")])
-            r = int(_flag(argv, "--r"))
-            trainable = sum(r * (s[0] + s[1]) for k, s in shapes.items()
-                            if k.endswith(".weight") and k.split(".")[-2] in targets)
-            adapter = trainable
-        elif method == "pt":
-            trainable = adapter = int(_flag(argv, "--num_virtual_tokens", "20")) * hidden
-        else:
-            trainable, adapter = total, 0
-        shards = m["world_size"] if m["distributed_backend"] == "FSDP" and m["world_size"] > 1 else 1
-        expect = {"params_bytes": (total + adapter) * 4 // shards, "grads_bytes": trainable * 4 // shards,
-                  "optimizer_bytes": 2 * trainable * 4 // shards}  # AdamW: two fp32 states per value
-        for k, v in expect.items():
-            assert m[k] == pytest.approx(v, rel=0.02), (m["run_id"], k)
-            assert m[f"predicted_{k}"] == pytest.approx(m[k], rel=0.02), (m["run_id"], k)
-        (mem,) = sql(env["db"], "SELECT count(DISTINCT phase) AS phases, min(step) AS first FROM memory "
-                                "WHERE run_id = ? AND rank = 0", [m["run_id"]])
-        assert mem == {"phases": 4, "first": 0}
-        seen.add((method, m["distributed_backend"] if m["world_size"] > 1 else "single"))
+    seen = _check_memory(env["db"], env["model"], ("e2e-lora", "e2e-full2", "e2e-pt2"))
     assert {("lora", "DDP"), ("lora", "FSDP"), ("lora", "single")} <= seen
     page = run_cli_report(env)
     assert 'id="memory-breakdown"' in page and "measured" in page and "predicted" in page
+
+
+def test_memory_of_another_architecture(env, cli_module, tmp_path_factory) -> None:
+    """A generated Qwen2-like model (biased q/k/v projections, grouped-query attention, 3 layers): full
+    fine-tuning under FSDP and LoRA under DDP, 2 processes each; measured against the recount and the
+    prediction."""
+    from harness.tinymodel import make_tiny_model
+
+    model = make_tiny_model(tmp_path_factory.mktemp("qwen") / "tinyqwen", arch="qwen2", hidden_size=96,
+                            num_layers=3, num_heads=6)
+    for name, exp, backend in (("e2e-qwen-full", "finetune_full_benchmark-v1.0.0", "FSDP"),
+                               ("e2e-qwen-lora", "finetune_lora_benchmark-v1.0.0", "DDP")):
+        sweep = write_sweep(env["root"] / f"{name}.yaml", sweep_doc(
+            name, exp, model, env["data"], {"batch_size": 4, "max_steps": 2, "number_gpus": 2,
+                                            "distributed_backend": backend}, {}))
+        run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
+    run_cli(cli_module, env, "collect")
+    seen = _check_memory(env["db"], model, ("e2e-qwen-full", "e2e-qwen-lora"))
+    assert seen == {("none", "FSDP"), ("lora", "DDP")}
 
 
 def run_cli_report(env) -> str:

@@ -29,8 +29,9 @@ def model() -> None:
 @model.command("tiny")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory to write config, weights and tokenizer into.")
-@click.option("--arch", type=click.Choice(["llama", "mixtral"]), default="llama", show_default=True,
-              help="llama, or mixtral (4 experts, 2 per token) for Mixture-of-Experts rules.")
+@click.option("--arch", type=click.Choice(["llama", "mixtral", "qwen2"]), default="llama", show_default=True,
+              help="llama; mixtral (4 experts, 2 per token) for Mixture-of-Experts rules; qwen2 (biased "
+                   "q/k/v projections), another architecture for the memory checks.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the tokenizer corpus.")
 @click.option("--if-missing", is_flag=True, help="Keep an existing model in DIR (one with config.json) as it is.")
 def model_tiny(out_dir: Path, arch: str, seed: int, if_missing: bool) -> None:
