@@ -128,3 +128,17 @@ def compare(base: dict[str, list[dict[str, Any]]], cand: dict[str, list[dict[str
             out.append(Row(pid, m, len(b), len(c), mb, mc, mc / mb, low, high,
                            verdict(mc / mb, low, high, METRICS[m], threshold, single), labels))
     return out
+
+
+def compare_in(store: Any, base: str, cand: str, metrics: list[str], threshold: float) -> list[Row]:
+    """:func:`compare` of two sides (campaign names or run filters) read from an open results store."""
+    sides = [parse_side(base), parse_side(cand)]
+    b, c = (store.compare_side(camp, filters) for camp, filters in sides)
+    for name, text, side in (("BASE", base, b), ("CAND", cand, c)):
+        if not side:
+            raise InputError(f"{name} {text!r}: no valid measurements match")
+    rows = compare(b, c, metrics or list(DEFAULT_METRICS), threshold)
+    if not rows:
+        raise InputError(f"BASE and CAND share no measured point ({len(b)} and {len(c)} point(s)); compare pairs "
+                         "runs by point_id")
+    return rows

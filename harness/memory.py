@@ -276,7 +276,7 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
         acts = s.layers * layer
     acts += 2 * 4 * seq * b * s.vocab
     total = param_bytes + grad_bytes + opt_bytes + int(acts)
-    dev, src = device_memory(partition, per_node if not cpu else per_node)
+    dev, src = device_memory(partition, per_node)
     pred = MemoryPrediction("ok", None, total_params, trainable, param_bytes, grad_bytes, opt_bytes, int(acts), total,
                             None if dev is None else int(dev), src, None, groups, notes)
     if dev is not None:

@@ -79,17 +79,12 @@ def parse_references(node: Any, experiment: Experiment, ck: Checker, parent: Any
     if node is None:
         return []
     node = ck.mapping(node, "references", parent, "references")
+    ck.known_keys(node, "references", METRICS)  # a metric name: the numeric measurements columns
     out: list[Reference] = []
     fields = list(experiment.field_names)
     for metric, entries in node.items():
         metric = str(metric)
         dotted = f"references.{metric}"
-        if metric not in METRICS:
-            import difflib
-
-            close = difflib.get_close_matches(metric, METRICS, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            ck.fail(dotted, f"is not a measured metric; {hint}metrics: {', '.join(METRICS)}", node, metric)
         items = entries if isinstance(entries, list) else [entries]
         if not items or len(items) > MAX_LIST:
             ck.fail(dotted, f"must be one entry or a list of 1 to {MAX_LIST} entries", node, metric)

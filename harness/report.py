@@ -114,13 +114,9 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
 def load_compare(store: Store, base: str, cand: str, threshold: float,
                  metrics: Sequence[str] = ()) -> dict[str, Any]:
     """The compare section's data: ``sbench compare BASE CAND`` over the same store."""
-    from .compare import DEFAULT_METRICS, compare, parse_side
+    from .compare import compare_in
 
-    sides = [store.compare_side(*parse_side(x)) for x in (base, cand)]
-    for name, text, side in (("BASE", base, sides[0]), ("CAND", cand, sides[1])):
-        if not side:
-            raise InputError(f"--compare: {name} {text!r} has no valid measurements in {store.path}")
-    rows = compare(sides[0], sides[1], list(metrics or DEFAULT_METRICS), threshold)
+    rows = compare_in(store, base, cand, list(metrics), threshold)
     return {"base": base, "cand": cand, "threshold": threshold, "rows": [r.to_dict() for r in rows]}
 
 

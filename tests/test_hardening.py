@@ -108,6 +108,11 @@ CORPUS = [
     ("sweep", ("entity", "num_train_epochs"), math.nan, "num_train_epochs"),
     ("sweep", ("entity", "stop_after_seconds"), math.inf, "stop_after_seconds"),
     ("sweep", ("runner", "sample_interval_s"), math.nan, "runner.sample_interval_s"),
+    ("sweep", ("runner", "memory_every_steps"), 0, "runner.memory_every_steps"),
+    ("sweep", ("references", "mfu"), {"value": math.inf, "lower": 0.1}, "references.mfu.value"),
+    ("sweep", ("references", "mfu"), {"value": 0.4, "upper": -1}, "references.mfu.upper"),
+    ("sweep", ("references", "mfu"), {"value": 0.4, "lower": 0.1, "model_name": "x\n$(id)"}, "references.mfu"),
+    ("sweep", ("entity", "fsdp_offload_params"), "maybe", "fsdp_offload_params"),
     ("sweep", ("slurm", "mem_gb"), math.inf, "slurm.mem_gb"),
     ("sweep", ("slurm", "time"), "1:00:00\n#SBATCH --wrap=id", "slurm.time"),
     ("sweep", ("slurm", "account"), "acct $(id)", "slurm.account"),
@@ -118,6 +123,7 @@ CORPUS = [
     ("sweep", ("description",), "d\x1b[31m", "description"),
     ("sweep", ("data_dir",), "/tmp/x\n", "data_dir"),
     ("inventory", ("partitions", "cpu", "memory_gb"), math.nan, "partitions.cpu.memory_gb"),
+    ("inventory", ("partitions", "cpu", "gpu_memory_gb"), math.inf, "partitions.cpu.gpu_memory_gb"),
     ("inventory", ("partitions", "cpu", "gpus_per_node"), "8", "partitions.cpu.gpus_per_node"),
     ("inventory", ("partitions", "cpu", "cpus_per_node"), 2**63, "partitions.cpu.cpus_per_node"),
     ("inventory", ("partitions", "cpu", "slurm_partition"), HOSTILE, "partitions.cpu.slurm_partition"),
@@ -299,6 +305,8 @@ def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
 
 INV_PATHS = _paths(BASE_INVENTORY) + [("partitions", "cpu", "hosts", "h3"), ("partitions", "p2"), ("zzz",)]
 SWEEP_PATHS = _paths(BASE_SWEEP) + [("grid", "r"), ("entity", "fsdp_sharding_strategy"), ("runner", "auto_stop"),
+                                    ("runner", "memory_every_steps"), ("references", "mfu"),
+                                    ("references", "mfu", "lower"),
                                     ("entity", "fast_kernels"), ("grid", "enable_roce"), ("slurm", "exclusive")]
 FUZZ = hypothesis.settings(max_examples=300, deadline=None, derandomize=True, database=None,
                            suppress_health_check=list(hypothesis.HealthCheck))

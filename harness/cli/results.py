@@ -116,18 +116,10 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
     Example: sbench compare nightly-1122 nightly-1123 --threshold 0.05 --metric train_runtime
     """
     from ..collect.store import open_store
-    from ..compare import DEFAULT_METRICS, compare as run_compare, parse_side
+    from ..compare import compare_in
 
-    sides = [parse_side(base), parse_side(cand)]
     with open_store(resolve_db(db), read_only=True) as st:
-        b, c = (st.compare_side(camp, filters) for camp, filters in sides)
-    for name, side in (("BASE", b), ("CAND", c)):
-        if not side:
-            raise InputError(f"{name} {base if name == 'BASE' else cand!r}: no valid measurements match")
-    rows = run_compare(b, c, list(metrics or DEFAULT_METRICS), threshold)
-    if not rows:
-        raise InputError(f"BASE and CAND share no measured point ({len(b)} and {len(c)} point(s)); compare pairs "
-                         "runs by point_id")
+        rows = compare_in(st, base, cand, list(metrics), threshold)
     regressions = [r for r in rows if r.verdict.startswith("regression")]
     if as_json:
         echo_json({"threshold": threshold, "rows": [r.to_dict() for r in rows], "regressions": len(regressions)})

@@ -22,24 +22,26 @@ except ImportError:  # pragma: no cover - orjson is a dependency; plain json sti
 MAX_FILE_BYTES = 256 << 20  # a runner's JSON or JSON-lines file larger than this is not read
 
 
-def _too_large(path: Path) -> str | None:
-    try:
-        size = path.stat().st_size
-    except OSError:
-        return None
+def _size_problem(path: Path, size: int) -> str | None:
     if size > MAX_FILE_BYTES:
         return f"{path.name}: {size} bytes, larger than the {MAX_FILE_BYTES >> 20} MiB a runner file can be; not read"
     return None
+
+
+def _too_large(path: Path) -> str | None:
+    try:
+        return _size_problem(path, path.stat().st_size)
+    except OSError:
+        return None
 
 
 def read_json(path: Path) -> tuple[Any, str | None]:
     """(document, None), (None, problem) for unreadable/corrupt content, (None, None) when missing."""
     try:
         with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > MAX_FILE_BYTES:
-                return None, (f"{path.name}: {size} bytes, larger than the {MAX_FILE_BYTES >> 20} MiB a runner file "
-                              "can be; not read")
+            big = _size_problem(path, os.fstat(fh.fileno()).st_size)
+            if big:
+                return None, big
             data = fh.read()
     except FileNotFoundError:
         return None, None

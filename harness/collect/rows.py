@@ -15,6 +15,7 @@ from . import aggregate
 from .discover import Attempt
 from .jobdir import JobFiles, count, first_line
 from .outcome import Sched, Verdict
+from .parse import summarize_transports
 from .store import entity_values, to_json, utc
 
 _f = aggregate._f
@@ -222,8 +223,6 @@ def run_row(f: JobFiles, v: Verdict, stages: list[dict[str, Any]]) -> dict[str, 
 
 def build(f: JobFiles, v: Verdict) -> RunData:
     """The run's rows from its files and verdict."""
-    from .parse import summarize_transports
-
     rid = f.attempt.run_id
     stages = stage_rows(f, rid)
     run = run_row(f, v, stages)
