@@ -254,8 +254,8 @@ def _benchmark_optional(dtype_domain: tuple[str, ...], dtype_default: str) -> li
         _f("stop_after_seconds", "float", "Ask the optimiser to stop after this many seconds (checked after each "
            "step); -1 = off", -1.0, minimum=-1, maximum=1e9),
         _f("auto_stop_method", "str", f"None or {AUTO_STOP}", None, domain=(None, AUTO_STOP), nullable=True),
-        _f("distributed_backend", "str", "FSDP (default for multi-GPU) or DDP; None for single-device runs",
-           None, domain=(None, "FSDP", "DDP"), nullable=True),
+        _f("distributed_backend", "str", "FSDP (default for multi-GPU), DDP or DEEPSPEED (ZeRO, also on one "
+           "device); None for single-device runs", None, domain=(None, "FSDP", "DDP", "DEEPSPEED"), nullable=True),
         _f("number_nodes", "int", "Machines to spread number_gpus over, one process per GPU", 1,
            maximum=MAX_NODES),
         _f("fms_hf_tuning_version", "str", "Reference tuning-stack version label (recorded with the point)",
@@ -272,6 +272,14 @@ def _benchmark_optional(dtype_domain: tuple[str, ...], dtype_default: str) -> li
         _f("fsdp_use_orig_params", "bool", "FSDP use_orig_params", True),
         _f("fsdp_offload_params", "bool", "FSDP CPU offload: parameters, gradients and optimizer state live in "
            "host memory between uses (needs FSDP over GPUs)", False, id_omit_default=True),
+        _f("deepspeed_zero_stage", "int", "DeepSpeed ZeRO stage: 1 shards optimizer state, 2 also gradients, "
+           "3 also parameters (distributed_backend DEEPSPEED)", 2, domain=(1, 2, 3), id_omit_default=True),
+        _f("deepspeed_offload_optimizer", "bool", "DeepSpeed ZeRO-Offload: optimizer state, fp32 master weights "
+           "and the optimizer step on the host CPU (DEEPSPEED)", False, id_omit_default=True),
+        _f("deepspeed_offload_params", "bool", "DeepSpeed ZeRO-Infinity parameter offload to host memory "
+           "(DEEPSPEED with deepspeed_zero_stage 3)", False, id_omit_default=True),
+        _f("use_qlora", "bool", "QLoRA: the frozen base weights of the targeted linear layers load in 4-bit NF4 "
+           "(bitsandbytes, CUDA only; LoRA experiments)", False, id_omit_default=True),
         _f("accelerate_config_mixed_precision", "str", "accelerate mixed_precision", "no",
            domain=("no", "fp16", "bf16", "fp8")),
         _f("accelerate_config_fsdp_transformer_layer_cls_to_wrap", "str",

@@ -24,3 +24,8 @@ RUNNER_DEFAULTS: dict[str, Any] = {
     "idle_seconds": 1.0,  # the idle workload's stand-in duration
     "memory_every_steps": 50,  # memory snapshots at steps 0 and 1, then every this many steps
 }
+
+# DeepSpeed ZeRO settings sbench renders into deepspeed.json and the memory prediction assumes:
+# communication bucket sizes (elements), and the size under which ZeRO-3 keeps a parameter whole.
+DEEPSPEED_BUCKET = 50_000_000
+ZERO3_PERSISTENCE = 100_000

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import __version__
 from .catalog import Experiment, get_experiment
+from .defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
 from .flops import compute_dtype, peak_tflops
 from .inventory import Host, Inventory, Partition
 from .paths import JobPaths
@@ -59,6 +60,7 @@ class JobSpec:
     processes_per_node: int
     port: int
     accelerate_config: dict[str, Any] | None
+    deepspeed_config: dict[str, Any] | None
     train_argv: list[str]
     python: str
     setup: list[str]
@@ -212,16 +214,63 @@ def _fsdp_block(e: dict[str, Any], cpu: bool, adjustments: list[str]) -> dict[st
     return cfg
 
 
+def deepspeed_config(e: dict[str, Any], part: Partition, per_device_bs: int, devices: int,
+                     adjustments: list[str]) -> dict[str, Any]:
+    """The DeepSpeed config of a DEEPSPEED point, with concrete values only (no ``"auto"``), so that
+    deepspeed's own ``DeepSpeedConfig`` accepts it as it stands. Every value the HF Trainer also sets
+    (micro batch, accumulation, clipping, bf16/fp16) equals what the sbench trainer passes it, which the
+    Trainer checks at start-up."""
+    stage = int(e.get("deepspeed_zero_stage") or 2)
+    ga = int(e.get("gradient_accumulation_steps") or 1)
+    bf16 = bool(e.get("bf16")) and not part.is_cpu  # the trainer turns bf16 off without CUDA
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": not part.is_cpu, "contiguous_gradients": True,
+                            "reduce_bucket_size": DEEPSPEED_BUCKET, "allgather_bucket_size": DEEPSPEED_BUCKET}
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size=DEEPSPEED_BUCKET, stage3_param_persistence_threshold=ZERO3_PERSISTENCE,
+                    stage3_gather_16bit_weights_on_model_save=False)
+    if e.get("deepspeed_offload_optimizer"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": not part.is_cpu}
+    if e.get("deepspeed_offload_params") and stage == 3:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": not part.is_cpu}
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": per_device_bs,
+        "gradient_accumulation_steps": ga,
+        "train_batch_size": per_device_bs * ga * devices,
+        "gradient_clipping": 1.0,  # the trainer's max_grad_norm
+        "bf16": {"enabled": bf16},
+        "fp16": {"enabled": False},
+        "zero_optimization": zero,
+        "steps_per_print": 1_000_000_000,
+        "wall_clock_breakdown": False,
+    }
+    if e.get("deepspeed_offload_optimizer"):
+        # The point's optim stays the optimizer (DeepSpeed would otherwise insist on its own CPU Adam).
+        cfg["zero_force_ds_cpu_optimizer"] = False
+        adjustments.append(f"deepspeed: offloaded optimizer state is stepped by {e.get('optim') or 'adamw_torch'} "
+                           "on the host (zero_force_ds_cpu_optimizer: false)")
+    if part.is_cpu:
+        adjustments.append("cpu partition: DeepSpeed's CPU accelerator over gloo; no overlap_comm or pinned memory")
+    return cfg
+
+
 def accelerate_config(e: dict[str, Any], part: Partition, num_machines: int, num_processes: int, port: int,
-                      main_ip: str | None, adjustments: list[str]) -> dict[str, Any]:
-    """The accelerate config of the reference templates, field for field (FSDP or DDP)."""
+                      main_ip: str | None, adjustments: list[str], job_dir: str = ".") -> dict[str, Any]:
+    """The accelerate config of the reference templates, field for field (FSDP or DDP); DEEPSPEED points
+    name the job dir's deepspeed.json."""
     backend = e.get("distributed_backend") or "FSDP"
     mixed = e.get("accelerate_config_mixed_precision", "no")
     if part.is_cpu and mixed != "no":
         adjustments.append(f"cpu partition: accelerate mixed_precision {mixed} -> no")
         mixed = "no"
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE"}
-    if backend == "FSDP":
+    if backend == "DEEPSPEED":
+        cfg["distributed_type"] = "DEEPSPEED"
+        cfg["downcast_bf16"] = "no"
+        # "standard": torch.distributed.run on every node (the node runner starts one launcher per node),
+        # not deepspeed's pdsh/ssh launcher.
+        cfg["deepspeed_config"] = {"deepspeed_config_file": str(JobPaths(job_dir).deepspeed),
+                                   "deepspeed_multinode_launcher": "standard", "zero3_init_flag": False}
+    elif backend == "FSDP":
         cfg["distributed_type"] = "FSDP"
         cfg["downcast_bf16"] = "no"
         cfg["fsdp_config"] = _fsdp_block(e, part.is_cpu, adjustments)
@@ -245,6 +294,9 @@ def accelerate_config(e: dict[str, Any], part: Partition, num_machines: int, num
         "tpu_use_sudo": False,
         "use_cpu": part.is_cpu,
     })
+    if backend == "DEEPSPEED":
+        # deepspeed.json carries bf16/fp16; accelerate refuses a mixed_precision beside a config file.
+        del cfg["mixed_precision"]
     if num_machines > 1 and main_ip:
         cfg["main_process_ip"] = main_ip
     cfg["main_process_port"] = port
@@ -308,6 +360,7 @@ def train_argv(exp: Experiment, e: dict[str, Any], model_source: str, dataset_pa
         "--fast_moe", str(e.get("fast_moe", 0)),
         "--distributed_backend", str(hc.get("distributed_backend", e.get("distributed_backend")) or "None"),
         "--fsdp_use_orig_params", _bool(e.get("fsdp_use_orig_params", True)),
+        *(["--use_qlora", "True"] if e.get("use_qlora") else []),
         "--stop_after_seconds", f"{float(e.get('stop_after_seconds', -1.0)):g}",
         "--auto_stop_method", str(e.get("auto_stop_method") or "None"),
         "--job_dir", job_dir,
@@ -361,12 +414,16 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
     per_node = devices // nodes
     per_device_bs = e["batch_size"] // devices
     adjustments: list[str] = []
-    launcher = "accelerate" if devices > 1 else "python"
+    deepspeed = e.get("distributed_backend") == "DEEPSPEED"
+    launcher = "accelerate" if devices > 1 or deepspeed else "python"
     port = default_port(point.point_id, point.repeat, attempt)
     first_host = next(iter(part.hosts.values()))
-    acc = None
+    acc = ds = None
     if launcher == "accelerate":
-        acc = accelerate_config(e, part, nodes, devices, port, first_host.address or first_host.name, adjustments)
+        acc = accelerate_config(e, part, nodes, devices, port, first_host.address or first_host.name, adjustments,
+                                job_dir)
+    if deepspeed:
+        ds = deepspeed_config(e, part, per_device_bs, devices, adjustments)
     if part.is_cpu:
         if e.get("torch_dtype") not in (None, "float32") or e.get("bf16"):
             adjustments.append("cpu partition: the runner loads float32 weights and turns bf16/fp16 and "
@@ -399,7 +456,7 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         data_dir=str(data_dir),
         resources=_resources(sweep, part, e, per_node if gpus > 0 else 0, job_dir, point, exclude),
         launcher=launcher, num_machines=nodes, num_processes=devices, processes_per_node=per_node, port=port,
-        accelerate_config=acc, train_argv=argv, python=python or part.python or inv.python or sys.executable,
+        accelerate_config=acc, deepspeed_config=ds, train_argv=argv, python=python or part.python or inv.python or sys.executable,
         setup=list(inv.setup) + list(part.setup), env=env, host_env=host_env,
         compute_dtype=cdtype, peak_tflops=peak, peak_source=peak_src, memory_prediction=mem,
         host_addresses={h.name: h.address for h in part.hosts.values() if h.address},

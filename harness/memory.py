@@ -20,6 +20,14 @@ From the model's config.json, per device (one GPU, or one worker process on a CP
   one node; DDP (and ``NO_SHARD``) replicate everything. With ``fsdp_offload_params`` they live in
   host memory, and the device holds the largest wrapped unit (a decoder layer, or the embedding or
   LM head) while it computes;
+- **DeepSpeed ZeRO** (``distributed_backend: DEEPSPEED``): stage 1 partitions the optimizer state
+  over the ranks, stage 2 also the gradients, stage 3 also the parameters, tensor by tensor (each
+  padded to a multiple of the ranks; a tensor under ZeRO-3's persistence threshold also stays
+  whole on every rank). ZeRO always steps an fp32 master copy of its partition of the trainable
+  parameters, counted as optimizer state (the ZeRO paper's accounting). Offloaded state and
+  parameters are counted in ``host``, not in the device total;
+- **QLoRA** (``use_qlora``): the linear layers' weights in NF4 with double-quantised scales
+  (:data:`QLORA_BYTES_PER_WEIGHT`), the adapters in bf16;
 - **activations**, an estimate (Korthikanti et al., "Reducing Activation Recomputation in Large
   Transformer Models", 2022, eq. 2, without tensor or sequence parallelism): per layer
   ``s·b·h·(34 + 5·a·s/h)`` bytes at 2-byte activations, where the ``5·a·s/h`` term (attention
@@ -43,7 +51,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from .defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
+
 RESERVE_GB = 1.0
+# bitsandbytes NF4 with double quantisation: 4 bits per weight, one 8-bit scale per 64-weight block and
+# one fp32 scale per 256 such blocks
+QLORA_BYTES_PER_WEIGHT = 0.5 + 1 / 64 + 4 / (64 * 256)
 GB = 1e9
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "double": 8}
 # model_type -> (q/k/v bias, o bias) defaults; attention_bias in the config overrides both
@@ -132,6 +145,77 @@ def parameter_groups(s: Shape) -> dict[str, int]:
             "lm_head": 0 if s.tied else s.vocab * d}
 
 
+def tensor_sizes(s: Shape) -> list[tuple[int, int]]:
+    """(elements, how many) of every parameter tensor of the model: what ZeRO-3 partitions one by one."""
+    d, L, hd = s.hidden, s.layers, s.head_dim
+    out = [(s.vocab * d, 1 if s.tied else 2), (d, 2 * L + 1)]
+    out += [(i * o, n) for _, i, o, n in s.linears()]
+    if s.qkv_bias:
+        out += [(s.heads * hd, L), (s.kv_heads * hd, 2 * L)]
+    if s.o_bias:
+        out.append((d, L))
+    if s.mlp_bias and not s.experts:
+        out += [(s.intermediate, 2 * L), (d, L)]
+    if s.qk_norm:
+        out.append((hd, 2 * L))
+    return out
+
+
+def adapter_sizes(s: Shape, method: str, *, r: int = 4, target_modules: tuple[str, ...] = (),
+                  num_virtual_tokens: int = 20) -> list[tuple[int, int]]:
+    """(elements, how many) of the trainable adapter tensors: LoRA's A (r x in) and B (out x r) per
+    targeted layer, prompt tuning's embedding."""
+    if method in ("lora", "gptq-lora"):
+        wanted = set(target_modules)
+        return [x for name, i, o, n in s.linears() if name in wanted for x in ((r * i, n), (o * r, n))]
+    if method == "pt":
+        return [(num_virtual_tokens * s.hidden, 1)]
+    return []
+
+
+def _zero(entity: dict[str, Any], s: Shape, method: str, sizes: list[tuple[int, int]],
+          adapters: list[tuple[int, int]], trainable: int, vb: int, tb: int, devices: int,
+          opt: int | None, notes: list[str]) -> tuple[int, int, int, dict[str, int]]:
+    """(param, grad, optimizer bytes on the device, bytes offloaded to the host) per rank under
+    DeepSpeed ZeRO: stage 1 partitions the optimizer state, 2 also the gradients, 3 also the
+    parameters (tensor by tensor, each padded to a multiple of the ranks; one of fewer than
+    :data:`ZERO3_PERSISTENCE` elements also stays whole). ZeRO always steps an fp32 master copy of
+    the trainable parameters' partition, counted with the optimizer state."""
+    stage = int(entity.get("deepspeed_zero_stage") or 2)
+    n = max(1, devices)
+    part = -(-trainable // n)
+    master = 4 * part
+    state = (opt or 0) // n  # *opt* is the state of fp32 values: the optimizer steps the fp32 partitions
+    if stage == 3:
+        def shard(elems: int, count: int, size: int) -> int:
+            return count * size * (-(-elems // n) + (elems if elems < ZERO3_PERSISTENCE else 0))
+        params = sum(shard(e, c, vb) for e, c in sizes) + sum(shard(e, c, tb) for e, c in adapters)
+    else:
+        params = sum(e * c for e, c in sizes) * vb + sum(e * c for e, c in adapters) * tb
+    grads = tb * (trainable if stage == 1 else part)
+    host: dict[str, int] = {}
+    optimizer = master + state
+    if entity.get("deepspeed_offload_optimizer"):
+        host["optimizer_bytes"] = optimizer
+        host["grad_bytes"] = 4 * part  # the fp32 gradient partition the host optimizer steps
+        optimizer = 0
+        if stage < 3:
+            grads = 0  # stage 1/2 reduce straight into the host's fp32 partition (through the buckets)
+        notes.append("deepspeed_offload_optimizer: optimizer state, fp32 master weights and their fp32 gradient "
+                     "partition counted in host memory")
+    if entity.get("deepspeed_offload_params") and stage == 3:
+        layer = (sum(e * c for e, c in sizes) - s.vocab * s.hidden * (1 if s.tied else 2)) // max(1, s.layers)
+        host["param_bytes"] = params
+        params = max(layer, s.vocab * s.hidden) * vb
+        notes.append("deepspeed_offload_params: parameter partitions counted in host memory; the device holds the "
+                     "largest gathered unit while it computes")
+    notes.append(f"DeepSpeed ZeRO-{stage} over {n} rank(s); communication buckets (reduce_bucket_size, "
+                 f"allgather_bucket_size: {DEEPSPEED_BUCKET:.0e} elements each) not counted")
+    if adapters and stage == 3:
+        notes.append("ZeRO-3 partitions the frozen base weights too")
+    return params, grads, optimizer, host
+
+
 def trainable_parameters(s: Shape, method: str, *, r: int = 4, target_modules: tuple[str, ...] = (),
                          num_virtual_tokens: int = 20) -> int:
     if method in ("lora", "gptq-lora"):
@@ -177,6 +261,7 @@ class MemoryPrediction:
     predicted_oom: bool | None = None
     groups: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    host: dict[str, int] = field(default_factory=dict)  # per rank, offloaded to host memory (not in total)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -250,14 +335,33 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
     adapter = method in ("lora", "gptq-lora", "pt")
     tb = 4 if adapter else vb  # PEFT keeps adapters in float32
     p_div, g_div = _shards(entity, devices, per_node)
-    param_bytes = (total_params * vb + (trainable * tb if adapter else 0)) // p_div
+    base_bytes = total_params * vb
+    notes = []
+    if entity.get("use_qlora") and method == "lora" and not cpu:
+        # QLoRA: every linear layer but the LM head in NF4 (half a byte per weight, plus the double-quantised
+        # block scales); the adapters in bf16, as trl casts them for a quantised model.
+        quantised = sum(i * o * n for _, i, o, n in s.linears())
+        base_bytes = int(quantised * QLORA_BYTES_PER_WEIGHT) + (total_params - quantised) * vb
+        tb = 2
+        notes.append(f"use_qlora: {quantised:,} linear weights at {QLORA_BYTES_PER_WEIGHT:.4f} bytes (NF4 + double-"
+                     "quantised scales), adapters in bf16; an estimate no CPU run can check")
+    param_bytes = (base_bytes + (trainable * tb if adapter else 0)) // p_div
     grad_bytes = trainable * tb // g_div
     opt = optimizer_bytes(str(entity.get("optim") or "adamw_torch"), trainable, tb, s, method)
-    notes = []
     if opt is None:
         notes.append(f"optimizer {entity.get('optim')}: state size unknown, counted as 0")
     opt_bytes = (opt or 0) // g_div
-    if entity.get("fsdp_offload_params") and not cpu and p_div > 1:
+    host: dict[str, int] = {}
+    if str(entity.get("distributed_backend") or "").upper() == "DEEPSPEED":
+        cast = not cpu and bool(entity.get("bf16"))  # the DeepSpeed engine casts the whole module to bf16
+        ds_vb = 2 if cast else vb
+        param_bytes, grad_bytes, opt_bytes, host = _zero(
+            entity, s, method, tensor_sizes(s),
+            adapter_sizes(s, method, r=int(entity.get("r") or 4), target_modules=target_modules,
+                          num_virtual_tokens=num_virtual_tokens),
+            trainable, ds_vb, ds_vb if cast or not adapter else 4, devices,
+            optimizer_bytes(str(entity.get("optim") or "adamw_torch"), trainable, 4, s, method), notes)
+    elif entity.get("fsdp_offload_params") and not cpu and p_div > 1:
         # CPU offload: the shards, their gradients and the optimizer state live in host memory; the device
         # holds one wrapped layer's full parameters (and their gradients) while it computes.
         layer = (total_params - groups["embedding"] - groups["lm_head"]) // max(1, s.layers)
@@ -278,7 +382,7 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
     total = param_bytes + grad_bytes + opt_bytes + int(acts)
     dev, src = device_memory(partition, per_node)
     pred = MemoryPrediction("ok", None, total_params, trainable, param_bytes, grad_bytes, opt_bytes, int(acts), total,
-                            None if dev is None else int(dev), src, None, groups, notes)
+                            None if dev is None else int(dev), src, None, groups, notes, host)
     if dev is not None:
         pred.predicted_oom = total + RESERVE_GB * GB * (0 if cpu else 1) > dev
     return pred

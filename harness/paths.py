@@ -79,6 +79,10 @@ class JobPaths:
         return self.root / "accelerate.yaml"
 
     @property
+    def deepspeed(self) -> Path:
+        return self.root / "deepspeed.json"
+
+    @property
     def env_dir(self) -> Path:
         return self.root / "env"
 

@@ -322,7 +322,9 @@ def resolve_entity(sweep: Sweep, raw: Mapping[str, Any], partition: Partition,
             f"sweep's model_map: (name: HF id or local path) or use one of: {', '.join(exp.models)}")
     # Single-device runs use no distributed backend (the trainer runs directly).
     if "distributed_backend" in entity:
-        if entity["number_gpus"] <= 1:
+        if entity["number_gpus"] <= 1 and entity["distributed_backend"] == "DEEPSPEED":
+            pass  # ZeRO-Offload on one device is a memory technique of its own: keep it
+        elif entity["number_gpus"] <= 1:
             if entity["distributed_backend"] is not None:
                 notes.append(f"distributed_backend {entity['distributed_backend']} ignored: single-device run")
             entity["distributed_backend"] = None
@@ -367,8 +369,6 @@ def validity_reasons(exp: Experiment, e: Mapping[str, Any], model_cfg: Mapping[s
 
 def _optimizer_reasons(e: Mapping[str, Any], part: Partition, notes: list[str]) -> list[str]:
     """An optimizer the trainer cannot build on this partition is an invalid point, not a failed run."""
-    import importlib.util
-
     from .catalog import OPTIMIZER_NEEDS, OPTIMIZERS_GONE
 
     optim = str(e.get("optim") or "adamw_torch")
@@ -385,12 +385,60 @@ def _optimizer_reasons(e: Mapping[str, Any], part: Partition, notes: list[str]) 
     if optim in ("adamw_torch_xla", "adamw_torch_npu_fused"):
         return [f"placement: optim {optim} needs {'TPU/XLA' if 'xla' in optim else 'Ascend NPU'} devices; "
                 f"partition {part.name!r} has {part.gpu_model}"]
-    if importlib.util.find_spec(package) is None:
-        if part.python is None:
-            return [f"placement: optim {optim} needs the {package} package, which this environment (the one the "
-                    f"jobs run in) lacks; pip install {package}, or choose adamw_torch"]
-        notes.append(f"optim {optim} needs {package} in the nodes' python ({part.python}); not checked here")
+    return _package_reason(package, f"optim {optim}", part, notes, f"pip install {package}, or choose adamw_torch")
+
+
+def _package_reason(package: str, what: str, part: Partition, notes: list[str], install: str) -> list[str]:
+    """*what* needs *package* where the jobs run: checked here when the jobs use this environment, a
+    note when the partition names its own python."""
+    import importlib.util
+
+    if importlib.util.find_spec(package) is not None:
+        return []
+    if part.python is None:
+        return [f"placement: {what} needs the {package} package, which this environment (the one the jobs run "
+                f"in) lacks; {install}"]
+    notes.append(f"{what} needs {package} in the nodes' python ({part.python}); not checked here")
     return []
+
+
+def _deepspeed_reasons(e: Mapping[str, Any], part: Partition, notes: list[str]) -> list[str]:
+    """DeepSpeed ZeRO: runs on GPUs and, through deepspeed's CPU accelerator over gloo, on CPU partitions."""
+    ds = e.get("distributed_backend") == "DEEPSPEED"
+    stage = int(e.get("deepspeed_zero_stage") or 2)
+    if not ds:
+        set_ = [k for k in ("deepspeed_offload_optimizer", "deepspeed_offload_params") if e.get(k)]
+        if stage != 2:
+            set_.insert(0, "deepspeed_zero_stage")
+        return [f"placement: {', '.join(set_)} only apply to distributed_backend DEEPSPEED (this point uses "
+                f"{e.get('distributed_backend') or 'no distributed backend'})"] if set_ else []
+    reasons = []
+    if e.get("deepspeed_offload_params") and stage != 3:
+        reasons.append(f"placement: deepspeed_offload_params needs deepspeed_zero_stage 3 (got {stage}): only "
+                       "ZeRO-3 partitions the parameters it could offload")
+    mixed = str(e.get("accelerate_config_mixed_precision") or "no")
+    if not part.is_cpu and mixed == "fp8":
+        reasons.append("placement: accelerate_config_mixed_precision fp8 is not rendered for DEEPSPEED; use bf16")
+    if not part.is_cpu and mixed == "fp16" and e.get("bf16"):
+        reasons.append("placement: accelerate_config_mixed_precision fp16 contradicts bf16: true in the DeepSpeed "
+                       "config; use bf16 for both")
+    return reasons + _package_reason("deepspeed", "distributed_backend DEEPSPEED", part, notes,
+                                     "pip install --no-build-isolation deepspeed (its build imports torch)")
+
+
+def _qlora_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition, notes: list[str]) -> list[str]:
+    if not e.get("use_qlora"):
+        return []
+    if exp.method != "lora":
+        return [f"placement: use_qlora quantises the frozen base of a LoRA run; {exp.id} is {exp.method}"]
+    if part.is_cpu:
+        return [f"placement: use_qlora loads 4-bit NF4 weights with bitsandbytes' CUDA kernels; partition "
+                f"{part.name!r} is a CPU partition"]
+    reasons = []
+    if e.get("distributed_backend") == "DEEPSPEED" and int(e.get("deepspeed_zero_stage") or 2) == 3:
+        reasons.append("placement: use_qlora with deepspeed_zero_stage 3 is not supported (ZeRO-3 cannot "
+                       "partition 4-bit weights here); use stage 1 or 2, or FSDP")
+    return reasons + _package_reason("bitsandbytes", "use_qlora", part, notes, "pip install bitsandbytes")
 
 
 def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) -> tuple[list[str], list[str]]:
@@ -431,6 +479,8 @@ def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) ->
                            "a CPU partition")
         elif e.get("distributed_backend") != "FSDP" or max(1, gpus) < 2:
             reasons.append("placement: fsdp_offload_params needs distributed_backend FSDP over 2 or more GPUs")
+    reasons += _deepspeed_reasons(e, part, notes)
+    reasons += _qlora_reasons(exp, e, part, notes)
     if e.get("enable_roce") and nodes > 1:
         missing = [h.name for h in part.hosts.values() if h.roce is None]
         if missing:

@@ -161,6 +161,8 @@ def render_files(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Swee
     acc = render_accelerate(spec)
     if acc is not None:
         files[paths.accelerate] = (acc, 0o644)
+    if spec.deepspeed_config is not None:
+        files[paths.deepspeed] = (json.dumps(spec.deepspeed_config, indent=2) + "\n", 0o644)
     for host in spec.host_env:
         files[paths.env(host)] = (render_env(spec, host), 0o644)
     return files

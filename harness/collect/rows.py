@@ -156,11 +156,15 @@ def memory_properties(d: RunData) -> dict[str, Any]:
     last = next((r for r in reversed(rank0) if r["phase"] == "after_optimizer"), None)
     peaks = [r["cuda_peak_bytes"] for r in d.memory if r["cuda_peak_bytes"] is not None]
     p = d.memory_prediction if isinstance(d.memory_prediction, dict) else {}
+    # Gradients at their largest in that step (after backward): DeepSpeed frees its partitions in the step.
+    grads = [r["grads_bytes"] for r in rank0 if last and r["step"] == last["step"] and r["grads_bytes"] is not None]
     return {"memory_peak_bytes": max(peaks) if peaks else None,
-            **{k: (last or {}).get(k) for k in ("params_bytes", "grads_bytes", "optimizer_bytes")},
+            **{k: (last or {}).get(k) for k in ("params_bytes", "optimizer_bytes")},
+            "grads_bytes": max(grads) if grads else (last or {}).get("grads_bytes"),
             "predicted_params_bytes": p.get("param_bytes"), "predicted_grads_bytes": p.get("grad_bytes"),
             "predicted_optimizer_bytes": p.get("optimizer_bytes"),
             "predicted_activation_bytes": p.get("activation_bytes"), "predicted_total_bytes": p.get("total_bytes"),
+            "predicted_host_bytes": sum(v for v in (p.get("host") or {}).values() if isinstance(v, int)) or None,
             "device_bytes": p.get("device_bytes"), "predicted_oom": p.get("predicted_oom")}
 
 

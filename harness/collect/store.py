@@ -72,9 +72,9 @@ import numpy as np
 from ..catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
 from ..errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
 
-SCHEMA_VERSION = 6  # 2: samples became a view over sample_files + sample_rows; 3: environment provenance;
+SCHEMA_VERSION = 7  # 2: samples became a view over sample_files + sample_rows; 3: environment provenance;
 # 4: the run_overhead view; 5: FLOPs and MFU columns in measurements; 6: references and checks, exact
-# train tokens and rank-0 CPU columns, ranks.cpu_util_pct
+# train tokens and rank-0 CPU columns, ranks.cpu_util_pct; 7: DeepSpeed ZeRO and QLoRA entity columns
 DEFAULT_WAIT_S = 5.0
 READ_ONLY_CONFIG = {"enable_external_access": False, "autoinstall_known_extensions": False,
                     "autoload_known_extensions": False, "allow_community_extensions": False,
@@ -180,7 +180,8 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("memory_peak_bytes", "BIGINT"), ("params_bytes", "BIGINT"), ("grads_bytes", "BIGINT"),
         ("optimizer_bytes", "BIGINT"), ("predicted_params_bytes", "BIGINT"), ("predicted_grads_bytes", "BIGINT"),
         ("predicted_optimizer_bytes", "BIGINT"), ("predicted_activation_bytes", "BIGINT"),
-        ("predicted_total_bytes", "BIGINT"), ("device_bytes", "BIGINT"), ("predicted_oom", "BOOLEAN"),
+        ("predicted_total_bytes", "BIGINT"), ("predicted_host_bytes", "BIGINT"), ("device_bytes", "BIGINT"),
+        ("predicted_oom", "BOOLEAN"),
         *ENTITY_COLUMNS,
     ],
     "environment": [

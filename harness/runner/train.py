@@ -132,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--fast_moe", type=int, default=0)
     a("--distributed_backend", type=_none_str, default=None)
     a("--fsdp_use_orig_params", type=_bool, default=True)
+    a("--use_qlora", type=_bool, default=False)
     a("--stop_after_seconds", type=float, default=-1.0)
     a("--auto_stop_method", type=_none_str, default=None)
     a("--seed", type=int, default=42)
@@ -320,18 +321,19 @@ def _make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dic
             if memory is not None:
                 memory.device, memory.optimizer = args.device, kw.get("optimizer")
                 memory.hook(kw.get("model"), lambda: state.global_step)
+                memory.attach_deepspeed(kw.get("model"), lambda: state.global_step)
 
         def on_step_begin(self, args, state, control, **kw):
             if memory is not None:
                 memory.take(kw.get("model"), state.global_step, "before_forward")
 
         def on_pre_optimizer_step(self, args, state, control, **kw):
-            if memory is not None:
+            if memory is not None and not memory.deepspeed:
                 memory.optimizer = kw.get("optimizer") or memory.optimizer
                 memory.take(kw.get("model"), state.global_step, "after_backward")
 
         def on_optimizer_step(self, args, state, control, **kw):
-            if memory is not None:
+            if memory is not None and not memory.deepspeed:
                 memory.take(kw.get("model"), state.global_step, "after_optimizer")
 
         def on_step_end(self, args, state, control, **kw):
@@ -450,6 +452,16 @@ def resolve_settings(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
     if args.fast_kernels and any(args.fast_kernels):
         raise TrainerSetupError("--fast_kernels needs fms-acceleration's kernels, which the sbench trainer does "
                                 "not include")
+    if args.use_qlora:
+        if not cuda:
+            raise TrainerSetupError("--use_qlora loads 4-bit NF4 weights with bitsandbytes' CUDA kernels; this "
+                                    "machine has no CUDA device")
+        if args.peft_method != "lora":
+            raise TrainerSetupError(f"--use_qlora needs --peft_method lora (got {args.peft_method})")
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError:
+            raise TrainerSetupError("--use_qlora needs the bitsandbytes package in the jobs' python") from None
     if str(args.training_data_path).endswith(".parquet"):
         raise TrainerSetupError(f"{args.training_data_path}: vision (image + text) datasets need a vision-language "
                                 "model and processor; the sbench trainer trains text-only datasets (JSONL)")
@@ -477,6 +489,18 @@ def resolve_settings(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         raise TrainerSetupError(f"--torch_dtype {args.torch_dtype!r} is not a torch dtype")
     s["dtype"] = dtype
     return s
+
+
+def qlora_kwargs(args: argparse.Namespace, dtype: Any) -> dict[str, Any]:
+    """``from_pretrained`` arguments of a QLoRA run: every linear layer but the LM head in 4-bit NF4 with
+    double quantisation, computing (and stored, so FSDP can shard it) in the run's dtype."""
+    if not args.use_qlora:
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    return {"quantization_config": BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)}
 
 
 def enable_cpu_fsdp(trainer: Any) -> bool:
@@ -697,7 +721,8 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         if ctx.world_size > 1:
             os.environ.setdefault("FSDP_USE_ORIG_PARAMS", str(args.fsdp_use_orig_params).lower())
         model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=settings["dtype"],
-                                                     attn_implementation=settings["attn_implementation"])
+                                                     attn_implementation=settings["attn_implementation"],
+                                                     **qlora_kwargs(args, settings["dtype"]))
         meter = Meter()
         collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id), meter)
         config = SFTConfig(
@@ -738,10 +763,12 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
                                data_collator=collator, peft_config=_peft_config(args, args.model_name_or_path),
                                callbacks=[_make_callback(ctx, meter, policy, timeline, memory)])
         acc = trainer.accelerator
+        memory.engine_of = lambda: getattr(getattr(acc, "deepspeed_engine_wrapped", None), "engine", None)
         dist = {"distributed_type": str(acc.distributed_type).split(".")[-1], "num_processes": acc.num_processes,
                 "backend": _backend_name(),
                 "fsdp_version": getattr(getattr(acc.state, "fsdp_plugin", None), "fsdp_version", None),
-                "requested": args.distributed_backend}
+                "requested": args.distributed_backend,
+                "zero_stage": getattr(getattr(acc.state, "deepspeed_plugin", None), "zero_stage", None)}
         doc["distributed"] = dist
         params = sum(p.numel() for p in trainer.model.parameters())
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
