@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch first: a looser requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	# DeepSpeed (distributed_backend DEEPSPEED) builds from source and imports torch while it does.
+	$(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.16'
 	touch $(STAMP)
 
 setup: $(STAMP)

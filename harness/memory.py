@@ -204,7 +204,7 @@ def _zero(entity: dict[str, Any], s: Shape, method: str, sizes: list[tuple[int, 
         notes.append("deepspeed_offload_optimizer: optimizer state, fp32 master weights and their fp32 gradient "
                      "partition counted in host memory")
     if entity.get("deepspeed_offload_params") and stage == 3:
-        layer = (sum(e * c for e, c in sizes) - s.vocab * s.hidden * (1 if s.tied else 2)) // max(1, s.layers)
+        layer = (sum(e * c for e, c in sizes) - s.vocab * s.hidden * (1 if s.tied else 2) - s.hidden) // max(1, s.layers)
         host["param_bytes"] = params
         params = max(layer, s.vocab * s.hidden) * vb
         notes.append("deepspeed_offload_params: parameter partitions counted in host memory; the device holds the "

@@ -328,3 +328,73 @@ def run_cli_report(env) -> str:
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     return out.read_text()
+
+
+def _zero_recount(model_dir: Path, argv: list[str], world: int, stage: int, offload: bool) -> dict[str, int]:
+    """Rank 0's bytes under DeepSpeed ZeRO, from the checkpoint's tensor shapes and the run's arguments (fp32
+    on CPU): ZeRO-3 keeps each tensor's padded partition, plus the whole tensor under the persistence
+    threshold; ZeRO steps an fp32 master copy of its partition of the trainable values (counted with AdamW's
+    two states); gradients are that partition (ZeRO-3 with offload: on the device and in fp32 on the host)."""
+    from safetensors import safe_open
+
+    from harness.defaults import ZERO3_PERSISTENCE
+
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as fh:
+        shapes = {k: fh.get_slice(k).get_shape() for k in fh.keys()}
+    base = [math.prod(s) for s in shapes.values()]
+    if _flag(argv, "--peft_method", "none") == "lora":
+        targets = set(argv[argv.index("--target_modules") + 1:argv.index("--r")])
+        r = int(_flag(argv, "--r"))
+        adapters = [n for k, s in shapes.items() if k.endswith(".weight") and k.split(".")[-2] in targets
+                    for n in (r * s[1], s[0] * r)]
+        trainable = sum(adapters)
+    else:
+        adapters, trainable = [], sum(base)
+    tensors = base + adapters
+    if stage == 3:
+        params = sum(4 * (-(-n // world) + (n if n < ZERO3_PERSISTENCE else 0)) for n in tensors)
+    else:
+        params = 4 * sum(tensors)
+    part = -(-trainable // world)
+    return {"params_bytes": params, "grads_bytes": 4 * part * (2 if stage == 3 and offload else 1),
+            "optimizer_bytes": 12 * part}
+
+
+def test_deepspeed_zero_trains_on_cpu_and_its_memory_matches_a_recount(env, cli_module) -> None:
+    """DeepSpeed ZeRO through accelerate on 2 CPU processes (deepspeed's CPU accelerator, gloo): full fine-tuning
+    under ZeRO-2 with the optimizer offloaded and under ZeRO-3, LoRA under ZeRO-3 with the optimizer offloaded.
+    Each trains; its memory rows equal an independent recount; the prediction (device + host) equals them."""
+    pytest.importorskip("deepspeed")
+    cases = (("e2e-ds-z2off", "finetune_full_benchmark-v1.0.0", 2, True),
+             ("e2e-ds-z3", "finetune_full_benchmark-v1.0.0", 3, False),
+             ("e2e-ds-z3lora", "finetune_lora_benchmark-v1.0.0", 3, True))
+    for name, exp, stage, offload in cases:
+        sweep = write_sweep(env["root"] / f"{name}.yaml", sweep_doc(
+            name, exp, env["model"], env["data"],
+            {"batch_size": 4, "max_steps": 3, "number_gpus": 2, "distributed_backend": "DEEPSPEED",
+             "deepspeed_zero_stage": stage, "deepspeed_offload_optimizer": offload}, {}))
+        run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
+    run_cli(cli_module, env, "collect")
+    for name, _exp, stage, offload in cases:
+        (m,) = sql(env["db"], "SELECT m.*, r.job_dir, r.outcome FROM measurements m JOIN runs r USING (run_id) "
+                              "WHERE r.campaign = ?", [name])
+        assert m["outcome"] == "ok" and m["deepspeed_zero_stage"] == stage, (name, m["outcome"])
+        paths = JobPaths(m["job_dir"])
+        rank0 = json.loads(paths.rank_result(0).read_text())
+        assert rank0["distributed"]["distributed_type"] == "DEEPSPEED" and rank0["distributed"]["zero_stage"] == stage
+        spec = json.loads(paths.spec.read_text())["jobspec"]
+        assert json.loads(paths.deepspeed.read_text())["zero_optimization"]["stage"] == stage
+        counted = _zero_recount(env["model"], spec["train_argv"], 2, stage, offload)
+        host = spec["memory_prediction"]["host"]
+        for k, v in counted.items():
+            assert m[k] == pytest.approx(v, rel=0.02), (name, k)
+            predicted = (m[f"predicted_{k}"] or 0) + host.get(k.replace("params", "param").replace("grads", "grad"), 0)
+            assert predicted == pytest.approx(m[k], rel=0.02), (name, k)
+        assert m["predicted_host_bytes"] == (sum(host.values()) or None)
+        phases = sql(env["db"], "SELECT phase, max(grads_bytes) AS g FROM memory WHERE run_id = ? AND rank = 0 "
+                                "AND step = 1 GROUP BY phase", [m["run_id"]])
+        assert {p["phase"] for p in phases} == {"before_forward", "after_forward", "after_backward",
+                                                "after_optimizer"}
+        # the snapshots bracket the engine's own step: the gradient partition exists after backward
+        assert {p["phase"]: p["g"] for p in phases}["after_backward"] == pytest.approx(counted["grads_bytes"],
+                                                                                      rel=0.02)

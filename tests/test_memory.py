@@ -291,3 +291,164 @@ def test_offload_moves_the_shards_off_the_device() -> None:
     on, off = predict(base, "full", cfg, gpu), predict({**base, "fsdp_offload_params": True}, "full", cfg, gpu)
     assert off.optimizer_bytes == 0 and off.param_bytes < on.param_bytes / 4
     assert off.activation_bytes == on.activation_bytes and any("offload" in n for n in off.notes)
+
+
+# -- DeepSpeed ZeRO and QLoRA -------------------------------------------------------------------------------
+
+def _ds_inventory(tmp_path: Path, python: str | None = None) -> Path:
+    hosts = {"h": {"address": "10.0.0.1"}}
+    gpu = {"gpu_model": "NVIDIA-A100-SXM4-80GB", "gpus_per_node": 4, "cpus_per_node": 32, "memory_gb": 256,
+           "hosts": hosts}
+    if python:
+        gpu["python"] = python
+    return write_sweep(tmp_path / f"inv-{'own' if python else 'here'}.yaml", {"cluster": "c", "partitions": {
+        "gpu": gpu,
+        "cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 8, "memory_gb": 16, "hosts": hosts}}})
+
+
+def _plan(tmp_path: Path, inv: Path, part: str, exp: str, entity: dict, grid: dict, name: str = "ds"):
+    from harness.inventory import load_inventory
+    from harness.plan import load_sweep, plan_sweep
+
+    sw = write_sweep(tmp_path / f"{name}-{part}.yaml", {
+        "campaign": name, "experiment": exp, "partition": part,
+        "entity": {"model_name": "m", "model_max_length": 256, "batch_size": 4, "number_gpus": 2, **entity},
+        "grid": grid, "model_map": {"m": "ibm-granite/granite-3b-code-base-2k"}})
+    return load_sweep(sw), load_inventory(inv), plan_sweep(load_sweep(sw), load_inventory(inv))
+
+
+_DS_CHECK = r"""
+import json, os, sys
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
+import deepspeed
+from deepspeed.runtime.config import DeepSpeedConfig
+from accelerate.commands.config.config_args import load_config_from_file
+from accelerate.utils import DeepSpeedPlugin
+deepspeed.init_distributed(dist_backend="gloo")
+class Mpu:  # the data-parallel world the job will have (this check runs as one process)
+    def get_data_parallel_world_size(self):
+        return int(sys.argv[2])
+acc = load_config_from_file(sys.argv[1])
+path = acc.deepspeed_config["deepspeed_config_file"]
+ds = DeepSpeedConfig(json.load(open(path)), mpu=Mpu())
+plugin = DeepSpeedPlugin(hf_ds_config=path)
+print(json.dumps({"distributed_type": str(acc.distributed_type), "stage": ds.zero_optimization_stage,
+                  "plugin_stage": plugin.zero_stage, "train_batch": ds.train_batch_size,
+                  "offload_optimizer": str(ds.zero_config.offload_optimizer.device) if ds.zero_config.offload_optimizer else None,
+                  "offload_param": str(ds.zero_config.offload_param.device) if ds.zero_config.offload_param else None}))
+"""
+
+
+@pytest.mark.parametrize("part", ["cpu", "gpu"])
+def test_deepspeed_configs_are_accepted_by_deepspeed_and_accelerate(tmp_path: Path, part: str) -> None:
+    """Every ZeRO stage x offload choice renders a deepspeed.json that deepspeed's own DeepSpeedConfig and
+    accelerate's loader (config file + DeepSpeedPlugin) accept, with the values the point asked for."""
+    pytest.importorskip("deepspeed")
+    from harness.render import render_points
+
+    sweep, inv, points = _plan(tmp_path, _ds_inventory(tmp_path, sys.executable), part,
+                               "finetune_full_benchmark-v1.0.0",
+                               {"distributed_backend": "DEEPSPEED", "gradient_accumulation_steps": 2},
+                               {"deepspeed_zero_stage": [1, 2, 3], "deepspeed_offload_optimizer": [False, True],
+                                "deepspeed_offload_params": [False, True]})
+    valid = [p for p in points if p.valid]
+    invalid = [p for p in points if not p.valid]
+    assert len(valid) == 8 and len(invalid) == 4  # offload_params only with stage 3
+    assert all("needs deepspeed_zero_stage 3" in p.reasons[0] for p in invalid)
+    specs = render_points(sweep, inv, valid, tmp_path / "jobs")
+    for i, (p, spec) in enumerate(zip(valid, specs)):
+        assert spec.launcher == "accelerate" and "mixed_precision" not in spec.accelerate_config
+        proc = subprocess.run([sys.executable, "-c", _DS_CHECK, str(spec.paths.accelerate), "2", str(29400 + i)],
+                              capture_output=True, text=True, cwd=ROOT, env={**__import__("os").environ,
+                                                                             "DS_ACCELERATOR": "cpu"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        e = p.entity
+        assert got["distributed_type"].endswith("DEEPSPEED")
+        assert got["stage"] == got["plugin_stage"] == e["deepspeed_zero_stage"]
+        assert got["train_batch"] == 4 * 2  # batch_size x accumulation
+        assert (got["offload_optimizer"] or "").endswith("cpu") == e["deepspeed_offload_optimizer"]
+        assert (got["offload_param"] or "").endswith("cpu") == e["deepspeed_offload_params"]
+        ds = json.loads(spec.paths.deepspeed.read_text())
+        assert ds["bf16"]["enabled"] is False  # bf16 false in the point (and always off on CPU)
+
+
+def test_deepspeed_and_qlora_rules(tmp_path: Path) -> None:
+    lora = "finetune_lora_benchmark-v1.0.0"
+    inv = _ds_inventory(tmp_path)
+    _, _, (fsdp,) = _plan(tmp_path, inv, "gpu", lora, {"distributed_backend": "FSDP", "deepspeed_zero_stage": 3},
+                          {}, "fsdp")
+    assert not fsdp.valid and "only apply to distributed_backend DEEPSPEED" in fsdp.reasons[0]
+    # ZeRO-Offload on one device stays a DeepSpeed point (launched through accelerate)
+    _, _, (one,) = _plan(tmp_path, inv, "cpu", lora, {"distributed_backend": "DEEPSPEED", "number_gpus": 1,
+                                                      "deepspeed_offload_optimizer": True}, {}, "one")
+    assert one.valid and one.entity["distributed_backend"] == "DEEPSPEED"
+    _, _, (q_cpu,) = _plan(tmp_path, inv, "cpu", lora, {"use_qlora": True, "distributed_backend": "DDP"}, {}, "qc")
+    assert not q_cpu.valid and "CUDA kernels" in q_cpu.reasons[0] and "CPU partition" in q_cpu.reasons[0]
+    _, _, (q_full,) = _plan(tmp_path, inv, "gpu", "finetune_full_benchmark-v1.0.0", {"use_qlora": True}, {}, "qf")
+    assert not q_full.valid and "use_qlora quantises the frozen base of a LoRA run" in q_full.reasons[0]
+    _, _, (q_z3,) = _plan(tmp_path, _ds_inventory(tmp_path, "/opt/venv/bin/python"), "gpu", lora,
+                          {"use_qlora": True, "distributed_backend": "DEEPSPEED", "deepspeed_zero_stage": 3}, {}, "qz")
+    assert not q_z3.valid and "ZeRO-3" in q_z3.reasons[0]
+    # On a GPU partition with its own python the package is the nodes' business: valid, with a note
+    _, _, (q_gpu,) = _plan(tmp_path, _ds_inventory(tmp_path, "/opt/venv/bin/python"), "gpu", lora,
+                           {"use_qlora": True, "distributed_backend": "DDP"}, {}, "qg")
+    assert q_gpu.valid and any("bitsandbytes" in n for n in q_gpu.notes)
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:  # and checked here when the jobs use this python
+        _, _, (q_here,) = _plan(tmp_path, inv, "gpu", lora, {"use_qlora": True, "distributed_backend": "DDP"}, {}, "qh")
+        assert not q_here.valid and "pip install bitsandbytes" in q_here.reasons[0]
+
+
+def _zero3_count(model, world: int, value_bytes: int) -> int:
+    """ZeRO-3's parameters per rank, counted on the instantiated model: each tensor's padded partition,
+    plus the whole tensor when it is under the persistence threshold."""
+    from harness.defaults import ZERO3_PERSISTENCE
+
+    return sum(value_bytes * (-(-p.numel() // world) + (p.numel() if p.numel() < ZERO3_PERSISTENCE else 0))
+               for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "mixtral"])
+def test_zero_prediction_equals_a_count_of_the_model(name: str) -> None:
+    cfg = dict(CONFIGS[name], hidden_size=512, intermediate_size=1024, num_attention_heads=8)
+    cfg.pop("head_dim", None)
+    model = model_of(cfg)
+    total = sum(p.numel() for p in model.parameters())
+    cpu = SimpleNamespace(is_cpu=True, gpu_model="cpu", gpu_memory_gb=None, memory_gb=64)
+    base = {"number_gpus": 4, "number_nodes": 1, "batch_size": 4, "model_max_length": 128,
+            "distributed_backend": "DEEPSPEED", "optim": "adamw_torch"}
+    part = -(-total // 4)
+    for stage in (1, 2, 3):
+        p = predict({**base, "deepspeed_zero_stage": stage}, "full", cfg, cpu)
+        params = 4 * total if stage < 3 else _zero3_count(model, 4, 4)
+        assert p.param_bytes == params, stage
+        assert p.grad_bytes == 4 * (total if stage == 1 else part), stage
+        assert p.optimizer_bytes == 12 * part, stage  # fp32 master + AdamW's two states, partitioned
+    off = predict({**base, "deepspeed_zero_stage": 3, "deepspeed_offload_optimizer": True,
+                   "deepspeed_offload_params": True}, "full", cfg, cpu)
+    assert off.optimizer_bytes == 0 and off.host["optimizer_bytes"] == 12 * part
+    assert off.host["param_bytes"] == _zero3_count(model, 4, 4)
+    layer = sum(p.numel() for p in model.model.layers[0].parameters())  # the largest gathered unit
+    assert off.param_bytes == 4 * max(layer, model.get_input_embeddings().weight.numel())
+
+
+def test_qlora_prediction_quantises_the_linear_layers() -> None:
+    from harness.memory import QLORA_BYTES_PER_WEIGHT
+
+    cfg = CONFIGS["llama"]
+    model = model_of(cfg)
+    linear = sum(m.weight.numel() for n, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head"))
+    total = sum(p.numel() for p in model.parameters())
+    gpu = SimpleNamespace(is_cpu=False, gpu_model="NVIDIA-A100-SXM4-80GB", gpu_memory_gb=None, memory_gb=1000)
+    base = {"number_gpus": 1, "number_nodes": 1, "batch_size": 4, "model_max_length": 128, "torch_dtype": "bfloat16",
+            "optim": "adamw_torch", "r": 4}
+    targets = ("q_proj", "v_proj")
+    plain = predict(base, "lora", cfg, gpu, target_modules=targets)
+    q = predict({**base, "use_qlora": True}, "lora", cfg, gpu, target_modules=targets)
+    adapters = plain.trainable
+    assert q.param_bytes == int(linear * QLORA_BYTES_PER_WEIGHT) + (total - linear) * 2 + adapters * 2
+    assert plain.param_bytes == total * 2 + adapters * 4
+    assert q.grad_bytes == adapters * 2 and q.optimizer_bytes == 2 * adapters * 2
