@@ -284,3 +284,27 @@ def test_a_failed_prepare_job_cancels_its_arrays_and_status_says_why(sb, env) ->
     collect(sb, env)
     (run,) = sql(env, "SELECT * FROM runs WHERE campaign = 'prep-fail'")
     assert run["state"] == "CANCELLED" and run["outcome"] == "failed", run
+
+
+def test_deepspeed_zero3_across_two_nodes(sb, env) -> None:
+    """DeepSpeed ZeRO-3 with the optimizer offloaded, one process on each of two nodes (network namespaces):
+    accelerate's "standard" multi-node launcher on every node, deepspeed's CPU accelerator over gloo."""
+    pytest.importorskip("deepspeed")
+    path = sweep(env, "zero3", {"number_gpus": 2, "number_nodes": 2, "max_steps": 3,
+                                "distributed_backend": "DEEPSPEED", "deepspeed_zero_stage": 3,
+                                "deepspeed_offload_optimizer": True})
+    rep = submit(sb, env, path, "--wait")
+    assert rep["submitted"] == 1
+    collect(sb, env)
+    (r,) = sql(env, "SELECT r.*, m.world_size, m.params_bytes, m.optimizer_bytes, m.predicted_host_bytes "
+                    "FROM runs r JOIN measurements m USING (run_id) WHERE r.campaign = 'zero3'")
+    assert r["outcome"] == "ok", (r["outcome"], r["reason"])
+    assert r["node_list"] == "node[1-2]" and r["world_size"] == 2
+    for rank in (0, 1):
+        doc = json.loads(JobPaths(r["job_dir"]).rank_result(rank).read_text())
+        assert doc["distributed"]["distributed_type"] == "DEEPSPEED" and doc["distributed"]["zero_stage"] == 3
+    ranks = sql(env, "SELECT rank, host, max(optimizer_bytes) AS opt FROM memory WHERE run_id = ? "
+                     "GROUP BY ALL ORDER BY rank", [r["run_id"]])
+    # each node's rank holds its own half of the fp32 master and AdamW state
+    assert [x["host"] for x in ranks] == ["node1", "node2"]
+    assert ranks[0]["opt"] == pytest.approx(ranks[1]["opt"], rel=0.01) and r["predicted_host_bytes"] > 0
