@@ -713,11 +713,25 @@ def memory_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
                 ("activations (predicted)", "predicted_activation_bytes"))], css))
     chart = bar_chart(rows, MEMORY_COLORS, x_label=f"{unit} per device (rank 0)", unit=unit,
                       empty="no memory snapshots")
+    measured = [m for m in latest.values() if m.get("activation_bytes")]
+    if measured:
+        def row(m: Mapping[str, Any]) -> str:
+            err = m.get("activation_error")
+            return (f"<tr><td>{esc(str(m['point_id'])[:8])}</td><td>{m['activation_bytes'] / scale:.3g} {unit}</td>"
+                    f"<td>{(m.get('predicted_activation_bytes') or 0) / scale:.3g} {unit}</td>"
+                    f"<td>{'' if err is None else f'{err:+.1%}'}</td></tr>")
+
+        acts = ('<table class="small"><tr><th>point</th><th>activations measured</th><th>predicted</th>'
+                '<th>estimate error</th></tr>' + "".join(row(m) for m in measured) + "</table>")
+    else:
+        acts = ("<p>Activation estimate error: not measurable in these runs (no CUDA allocator figures; "
+                "on CUDA it is the forward pass's growth of allocated memory, compared with the estimate).</p>")
     return _section("memory-breakdown", "Memory breakdown per point",
                     "Measured: rank 0's parameter, gradient and optimizer-state bytes after its last recorded optimizer "
-                    "step, summed tensor by tensor (the local shard under FSDP; the memory table has every phase). "
-                    "Predicted: harness/memory.py from the model's config.json, with its activation estimate; a red "
-                    "label is a point predicted not to fit.", f'<div class="wide">{chart}</div>')
+                    "step, summed tensor by tensor (the local shard under FSDP, ZeRO's partitions under DeepSpeed; "
+                    "the memory table has every phase). Predicted: harness/memory.py from the model's config.json, "
+                    "with its activation estimate; a red label is a point predicted not to fit.",
+                    f'<div class="wide">{chart}{acts}</div>')
 
 
 def efficiency_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:

@@ -452,3 +452,24 @@ def test_qlora_prediction_quantises_the_linear_layers() -> None:
     assert q.param_bytes == int(linear * QLORA_BYTES_PER_WEIGHT) + (total - linear) * 2 + adapters * 2
     assert plain.param_bytes == total * 2 + adapters * 4
     assert q.grad_bytes == adapters * 2 and q.optimizer_bytes == 2 * adapters * 2
+
+
+def test_activation_error_comes_from_the_cuda_allocator_and_is_null_without_it() -> None:
+    """On CUDA the activations are what a recorded forward pass adds to the allocator (largest step), and the
+    estimate's error sits beside them; CPU snapshots have no allocator figures, so both stay NULL."""
+    from harness.collect.rows import RunData, memory_properties
+
+    def snap(step, phase, alloc):
+        return {"rank": 0, "step": step, "phase": phase, "cuda_allocated_bytes": alloc, "cuda_peak_bytes": alloc,
+                "params_bytes": 10, "grads_bytes": 5 if phase == "after_backward" else 0, "optimizer_bytes": 20}
+
+    phases = ("before_forward", "after_forward", "after_backward", "after_optimizer")
+    cuda = [snap(s, ph, a) for s, allocs in ((0, (100, 700, 300, 300)), (1, (300, 1100, 300, 300)))
+            for ph, a in zip(phases, allocs)]
+    d = RunData(run={}, memory=cuda, memory_prediction={"activation_bytes": 1000})
+    got = memory_properties(d)
+    assert got["activation_bytes"] == 800 and got["activation_error"] == pytest.approx(1000 / 800 - 1)
+    assert got["grads_bytes"] == 5 and got["memory_peak_bytes"] == 1100
+    cpu = [{**r, "cuda_allocated_bytes": None, "cuda_peak_bytes": None} for r in cuda]
+    got = memory_properties(RunData(run={}, memory=cpu, memory_prediction={"activation_bytes": 1000}))
+    assert got["activation_bytes"] is None and got["activation_error"] is None

@@ -150,6 +150,17 @@ def memory_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
     return rows
 
 
+def activation_bytes(snaps: list[dict[str, Any]]) -> int | None:
+    """Activation memory measured on CUDA: what the forward pass of a recorded step added to the
+    allocator (after_forward - before_forward, the tensors saved for backward plus the logits), the
+    largest over the steps. None without CUDA figures: the CPU has no allocator to ask."""
+    before = {r["step"]: r["cuda_allocated_bytes"] for r in snaps if r["phase"] == "before_forward"}
+    grown = [r["cuda_allocated_bytes"] - before[r["step"]] for r in snaps
+             if r["phase"] == "after_forward" and isinstance(r.get("cuda_allocated_bytes"), int)
+             and isinstance(before.get(r["step"]), int)]
+    return max(grown) if grown and max(grown) > 0 else None
+
+
 def memory_properties(d: RunData) -> dict[str, Any]:
     """Measured memory of the run beside its prediction (see store's measurements columns)."""
     rank0 = [r for r in d.memory if r["rank"] == 0]
@@ -158,7 +169,11 @@ def memory_properties(d: RunData) -> dict[str, Any]:
     p = d.memory_prediction if isinstance(d.memory_prediction, dict) else {}
     # Gradients at their largest in that step (after backward): DeepSpeed frees its partitions in the step.
     grads = [r["grads_bytes"] for r in rank0 if last and r["step"] == last["step"] and r["grads_bytes"] is not None]
+    acts = activation_bytes(rank0)
+    pa = p.get("activation_bytes")
     return {"memory_peak_bytes": max(peaks) if peaks else None,
+            "activation_bytes": acts,
+            "activation_error": (pa / acts - 1) if acts and isinstance(pa, (int, float)) else None,
             **{k: (last or {}).get(k) for k in ("params_bytes", "optimizer_bytes")},
             "grads_bytes": max(grads) if grads else (last or {}).get("grads_bytes"),
             "predicted_params_bytes": p.get("param_bytes"), "predicted_grads_bytes": p.get("grad_bytes"),

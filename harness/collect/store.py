@@ -177,7 +177,8 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         *[(p, "DOUBLE") for p in DERIVED_PROPERTIES],
         # memory: measured (rank 0's tensors after its last recorded optimizer step; the device peak over
         # ranks, CUDA only) beside harness.memory's prediction from spec.json
-        ("memory_peak_bytes", "BIGINT"), ("params_bytes", "BIGINT"), ("grads_bytes", "BIGINT"),
+        ("memory_peak_bytes", "BIGINT"), ("activation_bytes", "BIGINT"), ("activation_error", "DOUBLE"),
+        ("params_bytes", "BIGINT"), ("grads_bytes", "BIGINT"),
         ("optimizer_bytes", "BIGINT"), ("predicted_params_bytes", "BIGINT"), ("predicted_grads_bytes", "BIGINT"),
         ("predicted_optimizer_bytes", "BIGINT"), ("predicted_activation_bytes", "BIGINT"),
         ("predicted_total_bytes", "BIGINT"), ("predicted_host_bytes", "BIGINT"), ("device_bytes", "BIGINT"),
