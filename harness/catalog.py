@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -92,6 +93,20 @@ OPTIMIZER_NEEDS: dict[str, tuple[str, bool]] = {
     "schedule_free_adamw": ("schedulefree", False), "schedule_free_sgd": ("schedulefree", False),
 }
 # Reference optimizer names transformers 5 no longer has (its Trainer rejects them).
+_OPTIM_ARG = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[A-Za-z0-9_.+\-]+")
+
+
+def optim_args(text: str) -> dict[str, str]:
+    """transformers' ``optim_args`` ("momentum=0.9,nesterov=true") as a dict; ValueError names a bad pair."""
+    out = {}
+    for pair in str(text).replace(" ", "").split(","):
+        if not _OPTIM_ARG.fullmatch(pair):
+            raise ValueError(f"{pair!r} is not key=value (give pairs like momentum=0.9 separated by commas)")
+        key, value = pair.split("=", 1)
+        out[key] = value
+    return out
+
+
 OPTIMIZERS_GONE = {"adamw_hf": "adamw_torch", "adamw_apex_fused": "adamw_torch_fused"}
 SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 STATE_DICT = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
@@ -144,6 +159,7 @@ class FieldSpec:
     # A field added after the first release: left out of the point id while it has its default, so the
     # points measured before it existed keep their ids (and stay comparable across campaigns).
     id_omit_default: bool = False
+    parse: Callable[[Any], Any] | None = None  # a further check of the value: ValueError says what is wrong
 
     def coerce(self, value: Any, where: str) -> Any:
         """Check *value* against the field; return it in canonical form or raise ``InputError``."""
@@ -194,6 +210,11 @@ class FieldSpec:
         if self.domain is not None and value not in self.domain:
             shown = ", ".join(str(d) for d in self.domain)
             raise InputError(f"{where}: {self.name} must be one of: {shown}; got {value!r}")
+        if self.parse is not None:
+            try:
+                self.parse(value)
+            except ValueError as exc:
+                raise InputError(f"{where}: {self.name}: {exc}") from None
         return value
 
     @property
@@ -265,6 +286,9 @@ def _benchmark_optional(dtype_domain: tuple[str, ...], dtype_default: str) -> li
            minimum=0, maximum=MAX_GPUS),
         _f("fast_kernels", "list", "[fast_loss, fast_rms_layernorm, fast_rope_embeddings]", None, nullable=True),
         _f("optim", "str", "Optimizer", "adamw_torch", domain=OPTIMIZERS),
+        _f("optim_args", "str", "The optimizer's extra arguments as transformers takes them, key=value pairs "
+           "separated by commas, e.g. momentum=0.9 for sgd", None, nullable=True, max_len=200,
+           id_omit_default=True, parse=optim_args),
         _f("bf16", "bool", "bf16 mixed precision", False),
         _f("gradient_checkpointing_use_reentrant", "bool", "Reentrant activation checkpointing", False),
         _f("fsdp_sharding_strategy", "str", "FSDP sharding strategy", "FULL_SHARD", domain=SHARDING),

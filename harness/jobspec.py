@@ -353,6 +353,7 @@ def train_argv(exp: Experiment, e: dict[str, Any], model_source: str, dataset_pa
         argv += ["--fast_kernels", *[str(x).lower() for x in e["fast_kernels"]]]
     argv += [
         "--optim", str(hc.get("optim", e.get("optim", "adamw_torch"))),
+        *(["--optim_args", str(e["optim_args"])] if e.get("optim_args") else []),
         "--bf16", _bool(hc.get("bf16", e.get("bf16", False))),
         "--gradient_checkpointing_kwargs",
         '{"use_reentrant": %s}' % str(hc.get("gradient_checkpointing_use_reentrant",

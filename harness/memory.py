@@ -12,7 +12,8 @@ From the model's config.json, per device (one GPU, or one worker process on a CP
 - **gradients**: one per trainable parameter, in its dtype;
 - **optimizer state**, per optimizer: AdamW and its fused/apex/anyprecision forms two tensors like
   the parameter; AdEMAMix three; 8-bit Adam 2 bytes (plus one fp32 scale per 2,048 values per
-  state); Lion 1 tensor; Adagrad and RMSprop one; SGD (HF's ``sgd``: no momentum) none; Adafactor a
+  state); Lion 1 tensor; Adagrad and RMSprop one; SGD none, or one momentum buffer with
+  ``optim_args: momentum=...``; Adafactor a
   row and a column factor per matrix. HF's Trainer keeps no separate fp32 master copy: under
   ``bf16`` autocast the parameters stay in the loaded dtype;
 - **sharding**: FSDP ``FULL_SHARD`` divides parameters, gradients and optimizer state by the number
@@ -227,8 +228,17 @@ def trainable_parameters(s: Shape, method: str, *, r: int = 4, target_modules: t
 
 
 def optimizer_bytes(optim: str, trainable: int, value_bytes: int, s: Shape | None = None,
-                    method: str = "full") -> int | None:
-    """Optimizer state bytes for *trainable* values of *value_bytes* each; None when unknown."""
+                    method: str = "full", args: str | None = None) -> int | None:
+    """Optimizer state bytes for *trainable* values of *value_bytes* each; None when unknown. *args*:
+    the point's optim_args (SGD with a non-zero momentum keeps one momentum buffer)."""
+    if optim == "sgd" and args:
+        from .catalog import optim_args
+
+        try:
+            momentum = float(optim_args(args).get("momentum", 0))
+        except ValueError:
+            momentum = 0.0
+        return trainable * value_bytes if momentum else 0
     if optim in _OPT_LIKE:
         return _OPT_LIKE[optim] * trainable * value_bytes
     if optim in _OPT_FIXED:
@@ -347,7 +357,8 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
                      "quantised scales), adapters in bf16; an estimate no CPU run can check")
     param_bytes = (base_bytes + (trainable * tb if adapter else 0)) // p_div
     grad_bytes = trainable * tb // g_div
-    opt = optimizer_bytes(str(entity.get("optim") or "adamw_torch"), trainable, tb, s, method)
+    opt = optimizer_bytes(str(entity.get("optim") or "adamw_torch"), trainable, tb, s, method,
+                          entity.get("optim_args"))
     if opt is None:
         notes.append(f"optimizer {entity.get('optim')}: state size unknown, counted as 0")
     opt_bytes = (opt or 0) // g_div
@@ -360,7 +371,8 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
             adapter_sizes(s, method, r=int(entity.get("r") or 4), target_modules=target_modules,
                           num_virtual_tokens=num_virtual_tokens),
             trainable, ds_vb, ds_vb if cast or not adapter else 4, devices,
-            optimizer_bytes(str(entity.get("optim") or "adamw_torch"), trainable, 4, s, method), notes)
+            optimizer_bytes(str(entity.get("optim") or "adamw_torch"), trainable, 4, s, method,
+                            entity.get("optim_args")), notes)
     elif entity.get("fsdp_offload_params") and not cpu and p_div > 1:
         # CPU offload: the shards, their gradients and the optimizer state live in host memory; the device
         # holds one wrapped layer's full parameters (and their gradients) while it computes.

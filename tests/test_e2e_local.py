@@ -399,3 +399,22 @@ def test_deepspeed_zero_trains_on_cpu_and_its_memory_matches_a_recount(env, cli_
         # the snapshots bracket the engine's own step: the gradient partition exists after backward
         assert {p["phase"]: p["g"] for p in phases}["after_backward"] == pytest.approx(counted["grads_bytes"],
                                                                                       rel=0.02)
+
+
+def test_sgd_with_momentum_from_optim_args_really_changes_the_run(env, cli_module) -> None:
+    """optim_args reaches the trainer's optimizer: LoRA with sgd and momentum=0.9 keeps one momentum buffer per
+    adapter value (measured), as predicted; the same point without optim_args keeps none."""
+    name = "e2e-sgd"
+    sweep = write_sweep(env["root"] / f"{name}.yaml", sweep_doc(
+        name, "finetune_lora_benchmark-v1.0.0", env["model"], env["data"],
+        {"batch_size": 2, "max_steps": 2, "number_gpus": 1, "optim": "sgd"},
+        {"optim_args": [None, "momentum=0.9"]}))
+    run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
+    run_cli(cli_module, env, "collect")
+    rows = {m["optim_args"]: m for m in sql(env["db"], "SELECT m.*, r.job_dir FROM measurements m JOIN runs r "
+                                                       "USING (run_id) WHERE r.campaign = ?", [name])}
+    with_momentum, plain = rows["momentum=0.9"], rows[None]
+    argv = json.loads(JobPaths(with_momentum["job_dir"]).spec.read_text())["jobspec"]["train_argv"]
+    trainable = _recount(env["model"], argv, 1, False)["grads_bytes"]  # fp32 adapters: 4 bytes each
+    assert with_momentum["optimizer_bytes"] == trainable == with_momentum["predicted_optimizer_bytes"]
+    assert plain["optimizer_bytes"] == 0 == plain["predicted_optimizer_bytes"]

@@ -117,6 +117,8 @@ CORPUS = [
     ("sweep", ("entity", "deepspeed_zero_stage"), "3; id", "deepspeed_zero_stage"),
     ("sweep", ("entity", "deepspeed_offload_optimizer"), "yes", "deepspeed_offload_optimizer"),
     ("sweep", ("entity", "use_qlora"), [True], "use_qlora"),
+    ("sweep", ("entity", "optim_args"), "momentum=0.9;$(id)", "optim_args"),
+    ("sweep", ("entity", "optim_args"), "momentum", "optim_args"),
     ("sweep", ("entity", "distributed_backend"), "ZERO3", "distributed_backend"),
     ("sweep", ("slurm", "mem_gb"), math.inf, "slurm.mem_gb"),
     ("sweep", ("slurm", "time"), "1:00:00\n#SBATCH --wrap=id", "slurm.time"),

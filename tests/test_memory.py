@@ -473,3 +473,30 @@ def test_activation_error_comes_from_the_cuda_allocator_and_is_null_without_it()
     cpu = [{**r, "cuda_allocated_bytes": None, "cuda_peak_bytes": None} for r in cuda]
     got = memory_properties(RunData(run={}, memory=cpu, memory_prediction={"activation_bytes": 1000}))
     assert got["activation_bytes"] is None and got["activation_error"] is None
+
+
+@pytest.mark.parametrize("args,buffers", [(None, 0), ("momentum=0.9", 1), ("momentum=0.9,nesterov=true", 1),
+                                          ("momentum=0,dampening=0.1", 0)])
+def test_sgd_state_follows_its_momentum_in_transformers_own_optimizer(tmp_path: Path, args, buffers) -> None:
+    """optim sgd with the point's optim_args, built by transformers' Trainer and stepped once: its state is one
+    momentum buffer per trainable tensor exactly when the momentum is not zero, as predicted."""
+    from transformers import Trainer, TrainingArguments
+
+    cfg = CONFIGS["llama"]
+    model = model_of(cfg, meta=False)
+    targs = TrainingArguments(output_dir=str(tmp_path), optim="sgd", optim_args=args, use_cpu=True, report_to=[],
+                              learning_rate=1e-3)
+    opt = Trainer(model=model, args=targs).create_optimizer()
+    _grads, state = _step(model, opt)
+    n = sum(p.numel() for p in model.parameters())
+    assert state == buffers * n * 4
+    assert optimizer_bytes("sgd", n, 4, shape_of(cfg), "full", args) == state
+
+
+def test_optim_args_is_checked_as_input() -> None:
+    from harness.catalog import optim_args
+
+    assert optim_args("momentum=0.9, nesterov=true") == {"momentum": "0.9", "nesterov": "true"}
+    for bad in ("momentum", "momentum=0.9;id", "=1", "a=b=c"):
+        with pytest.raises(ValueError):
+            optim_args(bad)

@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--fused_lora", nargs=2, default=None, metavar=("BASE", "FLAG"))
     a("--auto_gptq", nargs="+", default=None)
     a("--optim", default="adamw_torch")
+    a("--optim_args", default=None)
     a("--fast_moe", type=int, default=0)
     a("--distributed_backend", type=_none_str, default=None)
     a("--fsdp_use_orig_params", type=_bool, default=True)
@@ -731,7 +732,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
             max_steps=args.max_steps, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
             warmup_steps=args.warmup_ratio, lr_scheduler_type=args.lr_scheduler_type,
             logging_strategy="steps", logging_steps=args.logging_steps, save_strategy="no", eval_strategy="no",
-            report_to="none", optim=args.optim, bf16=settings["bf16"], fp16=settings["fp16"],
+            report_to="none", optim=args.optim, optim_args=args.optim_args, bf16=settings["bf16"], fp16=settings["fp16"],
             use_cpu=not settings["cuda"], activation_checkpointing=args.gradient_checkpointing,
             activation_checkpointing_kwargs=gc_kwargs or None, max_length=args.max_seq_length, packing=False,
             dataset_text_field=args.dataset_text_field, dataset_kwargs={"skip_prepare_dataset": True},
