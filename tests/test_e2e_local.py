@@ -306,21 +306,23 @@ def test_memory_rows_match_an_independent_recount_and_the_prediction(lora_campai
 
 def test_memory_of_another_architecture(env, cli_module, tmp_path_factory) -> None:
     """A generated Qwen2-like model (biased q/k/v projections, grouped-query attention, 3 layers): full
-    fine-tuning under FSDP and LoRA under DDP, 2 processes each; measured against the recount and the
-    prediction."""
+    fine-tuning under FSDP and DDP, LoRA under DDP, prompt tuning under FSDP, 2 processes each (with the tiny
+    Llama's campaigns every method x backend pair); measured against the recount and the prediction."""
     from harness.tinymodel import make_tiny_model
 
     model = make_tiny_model(tmp_path_factory.mktemp("qwen") / "tinyqwen", arch="qwen2", hidden_size=96,
                             num_layers=3, num_heads=6)
     for name, exp, backend in (("e2e-qwen-full", "finetune_full_benchmark-v1.0.0", "FSDP"),
-                               ("e2e-qwen-lora", "finetune_lora_benchmark-v1.0.0", "DDP")):
+                               ("e2e-qwen-lora", "finetune_lora_benchmark-v1.0.0", "DDP"),
+                               ("e2e-qwen-fullddp", "finetune_full_benchmark-v1.0.0", "DDP"),
+                               ("e2e-qwen-pt", "finetune_pt_benchmark-v1.0.0", "FSDP")):
         sweep = write_sweep(env["root"] / f"{name}.yaml", sweep_doc(
             name, exp, model, env["data"], {"batch_size": 4, "max_steps": 2, "number_gpus": 2,
                                             "distributed_backend": backend}, {}))
         run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
     run_cli(cli_module, env, "collect")
-    seen = _check_memory(env["db"], model, ("e2e-qwen-full", "e2e-qwen-lora"))
-    assert seen == {("none", "FSDP"), ("lora", "DDP")}
+    seen = _check_memory(env["db"], model, ("e2e-qwen-full", "e2e-qwen-lora", "e2e-qwen-fullddp", "e2e-qwen-pt"))
+    assert seen == {("none", "FSDP"), ("lora", "DDP"), ("none", "DDP"), ("pt", "FSDP")}
 
 
 def run_cli_report(env) -> str:
