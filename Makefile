@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test test-fast browser cluster cluster-stop bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	# The CPU build of torch first: a looser requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
