@@ -648,6 +648,8 @@ def test_rendered_only_job_dir_is_not_a_run(wd, tmp_path):
     synth.write_spec(paths, CAMPAIGN, pid, 0, 1, FULL, ent)
     paths.sbatch.write_text("#!/bin/bash\n")
     paths.launch.write_text("#!/bin/bash\n")
+    paths.accelerate.write_text("distributed_type: DEEPSPEED\n")  # a DeepSpeed point renders both
+    paths.deepspeed.write_text("{}\n")
     db = tmp_path / "r.duckdb"
     rep = collect(db, wd, sacct_runner=FakeSlurm())
     assert rep.runs == 0 and rows_of(db, "SELECT count(*) FROM runs") == [(0,)]

@@ -158,7 +158,7 @@ def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[
 
 
 def rendered_names(paths: JobPaths) -> set[str]:
-    return {paths.spec.name, paths.sbatch.name, paths.launch.name, paths.accelerate.name}
+    return {paths.spec.name, paths.sbatch.name, paths.launch.name, paths.accelerate.name, paths.deepspeed.name}
 
 
 def same_dir(a: Path, b: Path) -> bool:
