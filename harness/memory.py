@@ -178,8 +178,8 @@ def _zero(entity: dict[str, Any], s: Shape, method: str, sizes: list[tuple[int, 
           adapters: list[tuple[int, int]], trainable: int, vb: int, tb: int, devices: int,
           opt: int | None, notes: list[str]) -> tuple[int, int, int, dict[str, int]]:
     """(param, grad, optimizer bytes on the device, bytes offloaded to the host) per rank under
-    DeepSpeed ZeRO: stage 1 partitions the optimizer state, 2 also the gradients, 3 also the
-    parameters (tensor by tensor, each padded to a multiple of the ranks; one of fewer than
+    DeepSpeed ZeRO: stage 1 partitions the optimizer state (and keeps only its partition of the
+    reduced gradients), 2 also the gradients, 3 also the parameters (tensor by tensor, each padded to a multiple of the ranks; one of fewer than
     :data:`ZERO3_PERSISTENCE` elements also stays whole). ZeRO always steps an fp32 master copy of
     the trainable parameters' partition, counted with the optimizer state."""
     stage = int(entity.get("deepspeed_zero_stage") or 2)
@@ -188,12 +188,14 @@ def _zero(entity: dict[str, Any], s: Shape, method: str, sizes: list[tuple[int, 
     master = 4 * part
     state = (opt or 0) // n  # *opt* is the state of fp32 values: the optimizer steps the fp32 partitions
     if stage == 3:
-        def shard(elems: int, count: int, size: int) -> int:
-            return count * size * (-(-elems // n) + (elems if elems < ZERO3_PERSISTENCE else 0))
+        def shard(elems: int, count: int, size: int) -> int:  # one rank's partition is the tensor itself
+            return count * size * (-(-elems // n) + (elems if elems < ZERO3_PERSISTENCE and n > 1 else 0))
         params = sum(shard(e, c, vb) for e, c in sizes) + sum(shard(e, c, tb) for e, c in adapters)
     else:
         params = sum(e * c for e, c in sizes) * vb + sum(e * c for e, c in adapters) * tb
-    grads = tb * (trainable if stage == 1 else part)
+    # After backward every stage keeps its partition of the reduced gradients (ZeRO-1 holds the full
+    # gradient only while backward runs, until the reduction at the accumulation boundary).
+    grads = tb * part
     host: dict[str, int] = {}
     optimizer = master + state
     if entity.get("deepspeed_offload_optimizer"):

@@ -355,7 +355,7 @@ def _zero_recount(model_dir: Path, argv: list[str], world: int, stage: int, offl
         adapters, trainable = [], sum(base)
     tensors = base + adapters
     if stage == 3:
-        params = sum(4 * (-(-n // world) + (n if n < ZERO3_PERSISTENCE else 0)) for n in tensors)
+        params = sum(4 * (-(-n // world) + (n if n < ZERO3_PERSISTENCE and world > 1 else 0)) for n in tensors)
     else:
         params = 4 * sum(tensors)
     part = -(-trainable // world)
@@ -364,21 +364,24 @@ def _zero_recount(model_dir: Path, argv: list[str], world: int, stage: int, offl
 
 
 def test_deepspeed_zero_trains_on_cpu_and_its_memory_matches_a_recount(env, cli_module) -> None:
-    """DeepSpeed ZeRO through accelerate on 2 CPU processes (deepspeed's CPU accelerator, gloo): full fine-tuning
-    under ZeRO-2 with the optimizer offloaded and under ZeRO-3, LoRA under ZeRO-3 with the optimizer offloaded.
-    Each trains; its memory rows equal an independent recount; the prediction (device + host) equals them."""
+    """DeepSpeed ZeRO through accelerate on CPU processes (deepspeed's CPU accelerator, gloo): full fine-tuning
+    under ZeRO-2 with the optimizer offloaded and under ZeRO-3 (2 processes, and one), LoRA under ZeRO-3 with
+    the optimizer offloaded and under ZeRO-1. Each trains; its memory rows equal an independent recount; the
+    prediction (device + host) equals them."""
     pytest.importorskip("deepspeed")
-    cases = (("e2e-ds-z2off", "finetune_full_benchmark-v1.0.0", 2, True),
-             ("e2e-ds-z3", "finetune_full_benchmark-v1.0.0", 3, False),
-             ("e2e-ds-z3lora", "finetune_lora_benchmark-v1.0.0", 3, True))
-    for name, exp, stage, offload in cases:
+    cases = (("e2e-ds-z2off", "finetune_full_benchmark-v1.0.0", 2, True, 2),
+             ("e2e-ds-z3", "finetune_full_benchmark-v1.0.0", 3, False, 2),
+             ("e2e-ds-z3lora", "finetune_lora_benchmark-v1.0.0", 3, True, 2),
+             ("e2e-ds-z1lora", "finetune_lora_benchmark-v1.0.0", 1, False, 2),
+             ("e2e-ds-z3one", "finetune_full_benchmark-v1.0.0", 3, False, 1))
+    for name, exp, stage, offload, gpus in cases:
         sweep = write_sweep(env["root"] / f"{name}.yaml", sweep_doc(
             name, exp, env["model"], env["data"],
-            {"batch_size": 4, "max_steps": 3, "number_gpus": 2, "distributed_backend": "DEEPSPEED",
+            {"batch_size": 4, "max_steps": 3, "number_gpus": gpus, "distributed_backend": "DEEPSPEED",
              "deepspeed_zero_stage": stage, "deepspeed_offload_optimizer": offload}, {}))
         run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
     run_cli(cli_module, env, "collect")
-    for name, _exp, stage, offload in cases:
+    for name, _exp, stage, offload, gpus in cases:
         (m,) = sql(env["db"], "SELECT m.*, r.job_dir, r.outcome FROM measurements m JOIN runs r USING (run_id) "
                               "WHERE r.campaign = ?", [name])
         assert m["outcome"] == "ok" and m["deepspeed_zero_stage"] == stage, (name, m["outcome"])
@@ -387,7 +390,7 @@ def test_deepspeed_zero_trains_on_cpu_and_its_memory_matches_a_recount(env, cli_
         assert rank0["distributed"]["distributed_type"] == "DEEPSPEED" and rank0["distributed"]["zero_stage"] == stage
         spec = json.loads(paths.spec.read_text())["jobspec"]
         assert json.loads(paths.deepspeed.read_text())["zero_optimization"]["stage"] == stage
-        counted = _zero_recount(env["model"], spec["train_argv"], 2, stage, offload)
+        counted = _zero_recount(env["model"], spec["train_argv"], gpus, stage, offload)
         host = spec["memory_prediction"]["host"]
         for k, v in counted.items():
             assert m[k] == pytest.approx(v, rel=0.02), (name, k)
