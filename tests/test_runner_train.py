@@ -330,6 +330,26 @@ def test_gptq_on_cpu_fails_with_a_clear_reason(tmp_path, tiny_model, small_data)
     assert "needs a CUDA GPU" in err["message"]
 
 
+def test_qlora_on_cpu_fails_with_a_clear_reason_and_builds_nf4_where_it_runs(tmp_path, tiny_model, small_data):
+    """Plan marks use_qlora invalid on CPU partitions; a hand-made command still fails clearly, not deep in
+    bitsandbytes. Where CUDA is, the weights load through transformers' BitsAndBytesConfig as NF4."""
+    import argparse
+
+    import torch
+
+    from harness.runner.train import qlora_kwargs
+
+    proc, paths = _direct(tmp_path, tiny_model, small_data, "--peft_method", "lora", "--target_modules", "q_proj",
+                          "--use_qlora", "true")
+    assert proc.returncode == 1
+    err = load(paths.error(0))
+    assert err["error_type"].endswith("TrainerSetupError") and "no CUDA device" in err["message"]
+    q = qlora_kwargs(argparse.Namespace(use_qlora=True), torch.bfloat16)["quantization_config"]
+    assert (q.load_in_4bit, q.bnb_4bit_quant_type, q.bnb_4bit_use_double_quant) == (True, "nf4", True)
+    assert q.bnb_4bit_compute_dtype == q.bnb_4bit_quant_storage == torch.bfloat16
+    assert qlora_kwargs(argparse.Namespace(use_qlora=False), torch.bfloat16) == {}
+
+
 def test_vision_dataset_fails_with_a_clear_reason(tmp_path, tiny_model, small_data):
     proc, paths = _direct(tmp_path, tiny_model, small_data, "--training_data_path", str(tmp_path / "v.parquet"))
     assert proc.returncode == 1
