@@ -92,7 +92,6 @@ OPTIMIZER_NEEDS: dict[str, tuple[str, bool]] = {
     "lomo": ("lomo_optim", False), "adalomo": ("lomo_optim", False), "grokadamw": ("grokadamw", False),
     "schedule_free_adamw": ("schedulefree", False), "schedule_free_sgd": ("schedulefree", False),
 }
-# Reference optimizer names transformers 5 no longer has (its Trainer rejects them).
 _OPTIM_ARG = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[A-Za-z0-9_.+\-]+")
 
 
@@ -107,6 +106,7 @@ def optim_args(text: str) -> dict[str, str]:
     return out
 
 
+# Reference optimizer names transformers 5 no longer has (its Trainer rejects them).
 OPTIMIZERS_GONE = {"adamw_hf": "adamw_torch", "adamw_apex_fused": "adamw_torch_fused"}
 SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 STATE_DICT = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")

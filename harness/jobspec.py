@@ -285,7 +285,8 @@ def accelerate_config(e: dict[str, Any], part: Partition, num_machines: int, num
     cfg.update({
         "machine_rank": 0,
         "main_training_function": "main",
-        "mixed_precision": mixed,
+        # DEEPSPEED: deepspeed.json carries bf16/fp16; accelerate refuses a mixed_precision beside a config file.
+        **({} if backend == "DEEPSPEED" else {"mixed_precision": mixed}),
         "num_machines": num_machines,
         "rdzv_backend": "static",
         "same_network": True,
@@ -294,9 +295,6 @@ def accelerate_config(e: dict[str, Any], part: Partition, num_machines: int, num
         "tpu_use_sudo": False,
         "use_cpu": part.is_cpu,
     })
-    if backend == "DEEPSPEED":
-        # deepspeed.json carries bf16/fp16; accelerate refuses a mixed_precision beside a config file.
-        del cfg["mixed_precision"]
     if num_machines > 1 and main_ip:
         cfg["main_process_ip"] = main_ip
     cfg["main_process_port"] = port
@@ -457,7 +455,8 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         data_dir=str(data_dir),
         resources=_resources(sweep, part, e, per_node if gpus > 0 else 0, job_dir, point, exclude),
         launcher=launcher, num_machines=nodes, num_processes=devices, processes_per_node=per_node, port=port,
-        accelerate_config=acc, deepspeed_config=ds, train_argv=argv, python=python or part.python or inv.python or sys.executable,
+        accelerate_config=acc, deepspeed_config=ds, train_argv=argv,
+        python=python or part.python or inv.python or sys.executable,
         setup=list(inv.setup) + list(part.setup), env=env, host_env=host_env,
         compute_dtype=cdtype, peak_tflops=peak, peak_source=peak_src, memory_prediction=mem,
         host_addresses={h.name: h.address for h in part.hosts.values() if h.address},

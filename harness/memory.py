@@ -162,6 +162,14 @@ def tensor_sizes(s: Shape) -> list[tuple[int, int]]:
     return out
 
 
+def largest_unit(s: Shape) -> int:
+    """Parameters of the largest unit an offloading engine brings to the device at once: one decoder
+    layer, or the embedding (or an untied LM head)."""
+    g = parameter_groups(s)
+    layer = (g["attention"] + g["mlp"] + g["norms"] - s.hidden) // max(1, s.layers)  # the final norm is no layer's
+    return max(layer, g["embedding"], g["lm_head"])
+
+
 def adapter_sizes(s: Shape, method: str, *, r: int = 4, target_modules: tuple[str, ...] = (),
                   num_virtual_tokens: int = 20) -> list[tuple[int, int]]:
     """(elements, how many) of the trainable adapter tensors: LoRA's A (r x in) and B (out x r) per
@@ -207,9 +215,8 @@ def _zero(entity: dict[str, Any], s: Shape, method: str, sizes: list[tuple[int, 
         notes.append("deepspeed_offload_optimizer: optimizer state, fp32 master weights and their fp32 gradient "
                      "partition counted in host memory")
     if entity.get("deepspeed_offload_params") and stage == 3:
-        layer = (sum(e * c for e, c in sizes) - s.vocab * s.hidden * (1 if s.tied else 2) - s.hidden) // max(1, s.layers)
         host["param_bytes"] = params
-        params = max(layer, s.vocab * s.hidden) * vb
+        params = largest_unit(s) * vb
         notes.append("deepspeed_offload_params: parameter partitions counted in host memory; the device holds the "
                      "largest gathered unit while it computes")
     notes.append(f"DeepSpeed ZeRO-{stage} over {n} rank(s); communication buckets (reduce_bucket_size, "
@@ -378,8 +385,7 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
     elif entity.get("fsdp_offload_params") and not cpu and p_div > 1:
         # CPU offload: the shards, their gradients and the optimizer state live in host memory; the device
         # holds one wrapped layer's full parameters (and their gradients) while it computes.
-        layer = (total_params - groups["embedding"] - groups["lm_head"]) // max(1, s.layers)
-        biggest = max(layer, groups["embedding"], groups["lm_head"])
+        biggest = largest_unit(s)
         param_bytes, grad_bytes, opt_bytes = biggest * vb, biggest * tb if not adapter else 0, 0
         notes.append("fsdp_offload_params: parameters, gradients and optimizer state counted in host memory; "
                      "the device holds the largest wrapped unit while it computes")

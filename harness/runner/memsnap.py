@@ -102,19 +102,18 @@ def snapshot(model: Any, optimizer: Any, device: Any, step: int, phase: str) -> 
 
     params = list(model.parameters())
     zero = zero_optimizer(optimizer)
-    snap: dict[str, Any] = {
-        "step": step, "phase": phase, "t_wall": time.time(),
-        "params_bytes": sum(tensor_bytes(p) for p in params),
-        "trainable_bytes": sum(tensor_bytes(p) for p in params if p.requires_grad),
-        "grads_bytes": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
-        "optimizer_bytes": None,
-    }
+    snap: dict[str, Any] = {"step": step, "phase": phase, "t_wall": time.time()}
     master = 0
     if zero is not None:
         parts = _zero_parts(zero, params)
         snap.update(params_bytes=parts["params"], grads_bytes=parts["grads"],
                     trainable_bytes=sum(tensor_bytes(getattr(p, "ds_tensor", p)) for p in params if p.requires_grad))
         master = parts["master"]
+    else:
+        snap.update(params_bytes=sum(tensor_bytes(p) for p in params),
+                    trainable_bytes=sum(tensor_bytes(p) for p in params if p.requires_grad),
+                    grads_bytes=sum(tensor_bytes(p.grad) for p in params if p.grad is not None))
+    snap["optimizer_bytes"] = None
     opt = optimizer_of(optimizer) if optimizer is not None else None
     if opt is not None:
         snap["optimizer_bytes"] = master + sum(
