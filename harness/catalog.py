@@ -106,6 +106,17 @@ def optim_args(text: str) -> dict[str, str]:
     return out
 
 
+TRAINERS = ("sbench", "fms-hf-tuning")
+_RELEASE = re.compile(r"[0-9]{1,4}(\.[0-9]{1,4}){1,3}")
+
+
+def fms_version(text: str) -> str:
+    """An fms-hf-tuning release as pip names it (3.2.2, 3.0.0.1): digits and dots, nothing else."""
+    if not _RELEASE.fullmatch(str(text)):
+        raise ValueError(f"{text!r} is not a release number like 3.2.2 (the reference's: {', '.join(FMS_VERSIONS)})")
+    return str(text)
+
+
 # Reference optimizer names transformers 5 no longer has (its Trainer rejects them).
 OPTIMIZERS_GONE = {"adamw_hf": "adamw_torch", "adamw_apex_fused": "adamw_torch_fused"}
 SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
@@ -279,8 +290,11 @@ def _benchmark_optional(dtype_domain: tuple[str, ...], dtype_default: str) -> li
            "device); None for single-device runs", None, domain=(None, "FSDP", "DDP", "DEEPSPEED"), nullable=True),
         _f("number_nodes", "int", "Machines to spread number_gpus over, one process per GPU", 1,
            maximum=MAX_NODES),
-        _f("fms_hf_tuning_version", "str", "Reference tuning-stack version label (recorded with the point)",
-           "2.1.2", domain=FMS_VERSIONS),
+        _f("trainer", "str", "Which trainer runs the point: sbench (trl/transformers 5 in sbench's environment) or "
+           "fms-hf-tuning (the reference's tuning.sft_trainer, in an environment of its own per release)", "sbench",
+           domain=TRAINERS, id_omit_default=True),
+        _f("fms_hf_tuning_version", "str", "fms-hf-tuning release the fms-hf-tuning trainer runs (its environment is "
+           "built once per release); recorded only, with the sbench trainer", "2.1.2", max_len=20, parse=fms_version),
         _f("enable_roce", "bool", "RDMA over Converged Ethernet for multi-node runs", False),
         _f("fast_moe", "int", "Expert-parallel degree; number_gpus must be divisible by it (0 = off)", 0,
            minimum=0, maximum=MAX_GPUS),

@@ -40,7 +40,7 @@ MAX_MEMORY_GB = 1 << 20
 MAX_GID_INDEX = 255
 
 TOP_KEYS = ("cluster", "defaults", "partitions")
-DEFAULT_KEYS = ("env", "nccl", "setup", "python", "data_dir", "models_dir")
+DEFAULT_KEYS = ("env", "nccl", "setup", "python", "data_dir", "models_dir", "envs_dir")
 PARTITION_KEYS = (
     "slurm_partition", "account", "qos", "constraint", "time_limit", "gpu_model",
     "gpus_per_node", "cpus_per_node", "memory_gb", "setup", "env", "python", "exclusive", "hosts", "slurm_extra",
@@ -109,6 +109,7 @@ class Inventory:
     python: str | None = None
     data_dir: str | None = None
     models_dir: str | None = None
+    envs_dir: str | None = None  # where trainer environments (fms-hf-tuning releases) are built, shared
     warnings: tuple[str, ...] = ()
 
     def partition(self, name: str | None) -> Partition:
@@ -278,6 +279,7 @@ def parse_inventory(doc: Any, source: str) -> Inventory:
         python=ck.string(defaults, "defaults", "python"),
         data_dir=ck.string(defaults, "defaults", "data_dir"),
         models_dir=ck.string(defaults, "defaults", "models_dir"),
+        envs_dir=ck.string(defaults, "defaults", "envs_dir"),
         warnings=tuple(warnings),
     )
 

@@ -441,6 +441,65 @@ def _qlora_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition, notes
     return reasons + _package_reason("bitsandbytes", "use_qlora", part, notes, "pip install bitsandbytes")
 
 
+_FEATURE_TEXT = {"gptq-lora": "GPTQ-LoRA (--auto_gptq triton_v2, --fused_lora, --fast_kernels)",
+                 "fast_kernels": "fast_kernels (fused loss, RMS norm and RoPE kernels)",
+                 "fast_moe": "fast_moe (ScatterMoE expert parallelism)"}
+
+
+def trainer_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition, inv: Any,
+                    notes: list[str]) -> list[str]:
+    """Which trainer runs the point, and whether it can: fms-acceleration features exist only in the
+    fms-hf-tuning trainer, on CUDA, with the plugin in that release's environment (harness.trainerenv)."""
+    from .catalog import VISION_DATASETS
+    from .trainerenv import FAST_MOE_SINCE, FEATURE_PLUGINS, envs_root, features_of, lookup, release
+
+    trainer = str(e.get("trainer") or "sbench")
+    version = str(e.get("fms_hf_tuning_version"))
+    reasons: list[str] = []
+    if e.get("dataset_id") in VISION_DATASETS:
+        reasons.append(f"dataset: {e['dataset_id']} is a vision dataset; it needs a vision-language model and its "
+                       "processor, and neither sbench trainer feeds images (the sbench trainer trains text; the "
+                       "fms-hf-tuning trainer is given the reference's text command line); use a text dataset")
+    feats = features_of(exp.method, dict(e))
+    for f in feats:
+        if trainer != "fms-hf-tuning":
+            reasons.append(f"trainer: {_FEATURE_TEXT[f]} needs fms-acceleration's plugins, which only the "
+                           "fms-hf-tuning trainer loads; set trainer: fms-hf-tuning")
+        elif part.is_cpu and f != "gptq-lora":  # gptq-lora: the experiment's own CUDA rule says so already
+            reasons.append(f"placement: {_FEATURE_TEXT[f]} runs triton/CUDA kernels; partition {part.name!r} is a "
+                           "CPU partition")
+    if trainer != "fms-hf-tuning":
+        if version != "2.1.2":
+            notes.append(f"fms_hf_tuning_version {version} is recorded only: the sbench trainer runs this point")
+        return reasons
+    if "fast_moe" in feats and release(version) < FAST_MOE_SINCE:
+        reasons.append(f"trainer: fast_moe needs fms-hf-tuning 2.4.0 or later; this point asks for {version}")
+    if e.get("use_qlora"):
+        reasons.append("trainer: use_qlora is the sbench trainer's (bitsandbytes NF4); with fms-hf-tuning use "
+                       "the GPTQ-LoRA experiment")
+    root = envs_root(inv)
+    env = lookup(version, root)
+    extras = ("fms-accel",) if feats else ()
+    failed = env.failed_reason(extras)
+    if failed:
+        reasons.append(f"trainer: fms-hf-tuning=={version}{'[fms-accel]' if extras else ''} could not be installed "
+                       f"in {env.path}: {failed}; fix it, then run sbench env build fms-hf-tuning=={version}"
+                       f"{' --extras fms-accel' if extras else ''}")
+    elif not env.built:
+        notes.append(f"trainer environment fms-hf-tuning=={version} is not built yet in {root}: sbench prepare "
+                     f"builds it (or sbench env build fms-hf-tuning=={version}"
+                     f"{' --extras fms-accel' if extras else ''})")
+    else:
+        missing = sorted({p for f in feats for p in FEATURE_PLUGINS[f]} - set(env.plugins()))
+        if missing:
+            notes.append(f"the fms-hf-tuning=={version} environment lacks {', '.join(missing)}: sbench prepare adds "
+                         f"them (or sbench env build fms-hf-tuning=={version} --extras fms-accel)")
+    if exp.method == "pt":
+        notes.append("fms-hf-tuning runs the reference's prompt-tuning command line as written, --peft_method none "
+                     "(so it tunes every weight); the sbench trainer runs --peft_method pt")
+    return reasons
+
+
 def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) -> tuple[list[str], list[str]]:
     """Can the partition host this point? Returns (reasons, notes)."""
     reasons: list[str] = []
@@ -540,6 +599,7 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
             cfg = cfg_cache[src]
         reasons, vnotes = validity_reasons(exp, entity, cfg, src)
         preasons, pnotes = placement_reasons(exp, entity, partition)
+        preasons += trainer_reasons(exp, entity, partition, inventory, pnotes)
         if src is None:
             preasons.append(f"model: no weights mapped for {entity['model_name']}; add it to model_map:")
         elif is_local_source(src) and not Path(src).expanduser().exists():

@@ -102,9 +102,28 @@ def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", voc
     try:
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
+        _portable(out)
     except OSError as exc:
         raise SbenchError(f"cannot write the tiny model to {out}: {exc}") from exc
     return out
+
+
+def _portable(out: Path) -> None:
+    """Make the directory load under transformers 4.x as well (the fms-hf-tuning trainer's environment):
+    name the tokenizer class both majors know, and keep the rope base where 4.x reads it. A checkpoint
+    from the hub is written that way already; this one must not be the odd one out."""
+    import json
+
+    tc = out / "tokenizer_config.json"
+    doc = json.loads(tc.read_text())
+    doc["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tc.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    cc = out / "config.json"
+    cfg = json.loads(cc.read_text())
+    rope = cfg.get("rope_parameters") or {}
+    if "rope_theta" not in cfg and "rope_theta" in rope:
+        cfg["rope_theta"] = rope["rope_theta"]
+        cc.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def describe_model(model_dir: str | os.PathLike[str]) -> dict[str, Any]:

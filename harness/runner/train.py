@@ -809,7 +809,9 @@ def _on_signal(signum: int, frame: Any) -> None:
     raise Terminated(signum)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, runner: Any = None) -> int:
+    """Run one rank; *runner* (default :func:`run`) trains, everything around it (signals, the launch
+    stage, error classification, ``rank.<r>.json``) is shared by both trainers."""
     args = parse_args(argv)
     ctx = Context.from_env(args)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -821,7 +823,7 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     launch_start(ctx)
     try:
-        run(args, ctx)
+        (runner or run)(args, ctx)
         doc["status"] = "ok"
     except Terminated as exc:
         launch_failed(ctx, "killed", str(exc))

@@ -1,0 +1,289 @@
+"""The fms-hf-tuning trainer: ``python -m harness.runner.fms <reference flags> <sbench flags>``.
+
+Runs in the release's own environment (harness.trainerenv), with sbench's package on PYTHONPATH.
+As the reference does, it is a thin entry point around fms-hf-tuning's ``tuning.sft_trainer``:
+``main()`` parses the reference command line with fms-hf-tuning's own parser and calls ``train()``;
+this module only adds sbench's callback to ``train()``'s ``additional_callbacks`` and leaves
+everything else to the release. So the numbers are that release's, and every sbench measurement
+works as with the sbench trainer (:mod:`harness.runner.train`, whose per-rank frame it shares):
+
+- stages ``launch``, ``tokens`` (sbench's note-3 token counts), ``model_load`` (fms-hf-tuning
+  loads the model first), ``dataset`` (its ``process_dataargs``), ``trainer_init`` and ``train``;
+- the stop policy (``--stop_after_seconds``, auto-stop), injected faults and memory snapshots run in
+  the same callback;
+- dataset tokens are note 3's count of each entry the steps consumed: the batches' rows are matched
+  to the entries of the training set by their token ids, and counted with sbench's counts;
+- an exception inside ``train()`` is recorded before fms-hf-tuning turns it into an exit code, so
+  OOM and other errors are classified as with the sbench trainer.
+
+sbench's own flags (``--job_dir``, ``--stop_after_seconds``, ``--auto_stop_method``,
+``--distributed_backend``, ``--fsdp_use_orig_params``) are taken out before fms-hf-tuning parses.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from ..defaults import AUTO_STOP, RUNNER_DEFAULTS
+from . import train as base
+from .memsnap import MemoryRecorder
+
+SBENCH_ONLY = {"--job_dir", "--stop_after_seconds", "--auto_stop_method", "--distributed_backend",
+               "--fsdp_use_orig_params"}
+TRAINER_PACKAGES = ("fms-hf-tuning", "torch", "transformers", "trl", "peft", "accelerate", "datasets",
+                    "fms-acceleration", "fms-acceleration-peft", "fms-acceleration-foak", "fms-acceleration-moe")
+
+
+def fms_argv(argv: list[str]) -> list[str]:
+    """*argv* without sbench's own flags (each takes one value)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in SBENCH_ONLY:
+            skip = True
+            continue
+        out.append(a)
+    return out
+
+
+def _versions() -> dict[str, str | None]:
+    import importlib.metadata as md
+
+    out: dict[str, str | None] = {}
+    for p in TRAINER_PACKAGES:
+        try:
+            out[p] = md.version(p)
+        except md.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+class EntryCounts:
+    """Note 3's token count of each entry, looked up by the entry's token ids as fms-hf-tuning encoded
+    them (its rows keep the file's order, so row i is entry i)."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+        self.by_ids: dict[int, int] | None = None
+        self.problem: str | None = None
+
+    def bind(self, dataset: Any) -> None:
+        try:
+            ids = dataset["input_ids"]
+        except Exception as exc:  # noqa: BLE001 - any dataset without the column
+            self.problem = f"the training set has no input_ids column ({type(exc).__name__})"
+            return
+        if len(ids) != len(self.lengths):
+            self.problem = (f"fms-hf-tuning's training set has {len(ids)} rows, the dataset {len(self.lengths)} "
+                            "entries")
+            return
+        self.by_ids = {hash(tuple(row)): n for row, n in zip(ids, self.lengths)}
+
+    def of(self, example: dict[str, Any]) -> int:
+        ids = example["input_ids"]
+        if self.by_ids is not None:
+            n = self.by_ids.get(hash(tuple(ids)))
+            if n is not None:
+                return n
+            self.problem = "a batch row matched no entry of the training set"
+        return len(ids)  # fms-hf-tuning's own length (its text + EOS), named in the notes
+
+
+def _callback(ctx: base.Context, meter: base.Meter, counts: EntryCounts, stages: dict[str, Any],
+              policy: base.StopPolicy, timeline: dict[str, Any], memory: MemoryRecorder) -> Any:
+    inner = base._make_callback(ctx, meter, policy, timeline, memory)
+
+    class FmsCallback(type(inner)):  # type: ignore[misc]
+        def on_train_begin(self, args, state, control, **kw):
+            loader = kw.get("train_dataloader")
+            if loader is not None:
+                real = getattr(loader, "base_dataloader", loader)
+                counts.bind(real.dataset)
+                collate = real.collate_fn
+
+                def counting(examples: list[dict[str, Any]]) -> Any:
+                    batch = collate(examples)
+                    meter.pending.append((len(examples), sum(counts.of(e) for e in examples),
+                                          int(batch["input_ids"].numel())))
+                    return batch
+
+                real.collate_fn = counting
+            stages["model"] = kw.get("model")
+            if stages.pop("open", None) == "trainer_init":
+                ctx.log.end("trainer_init")
+            ctx.log.start("train")
+            stages["open"] = "train"
+            ctx.fault_at_stage("train")
+            return super().on_train_begin(args, state, control, **kw)
+
+    return FmsCallback()
+
+
+def run(args: Any, ctx: base.Context) -> dict[str, Any]:
+    doc = ctx.doc
+    import torch
+
+    cuda = torch.cuda.is_available()
+    doc["settings"] = {"cuda": cuda, "torch_dtype": args.torch_dtype, "bf16": args.bf16, "fp16": args.fp16,
+                       "attn_implementation": "flash_attention_2" if args.use_flash_attn else "sdpa"}
+    doc["device"] = base._device_info(ctx.local_rank)
+    import tuning.sft_trainer as st
+    from accelerate import PartialState
+    from transformers import AutoTokenizer
+    from trl import SFTTrainer
+
+    from ..flops import model_counts
+    from ..tokens import dataset_token_counts
+
+    doc["trainer"] = {"name": "fms-hf-tuning", "packages": _versions()}
+    t_imported = time.time()
+    state = PartialState(cpu=not cuda)
+    base.launch_end(ctx, t_imported)
+
+    with ctx.log.stage("tokens") as info:
+        ctx.fault_at_stage("tokens")
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+        cache_dir = ctx.data_dir / base.TOKEN_CACHE_DIR if ctx.runner.get(
+            "token_cache", RUNNER_DEFAULTS["token_cache"]) else None
+        with state.main_process_first():
+            tc = dataset_token_counts(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
+                                      max_seq_length=args.max_seq_length, cache_dir=cache_dir)
+        summary = tc.summary()
+        summary.update(cache_dir=str(cache_dir) if cache_dir else None, elapsed_s=tc.elapsed_s)
+        doc["dataset_token_counts"] = summary
+        info.update(summary)
+
+    meter = base.Meter()
+    counts = EntryCounts(list(tc.counts))
+    policy = base.StopPolicy(stop_after_seconds=args.stop_after_seconds, auto_stop=args.auto_stop_method == AUTO_STOP,
+                             warmup_seconds=float(ctx.runner["warmup_seconds"]),
+                             stable_seconds=float(ctx.runner["stable_seconds"]), min_steps=int(ctx.runner["min_steps"]))
+    timeline: dict[str, Any] = {}
+    memory = MemoryRecorder(int(ctx.runner.get("memory_every_steps") or RUNNER_DEFAULTS["memory_every_steps"]), None)
+    stages: dict[str, Any] = {}
+    result: dict[str, Any] = {}
+
+    # The two places sbench must sit inside the Trainer, as the sbench trainer's subclass does: FSDP on
+    # CPU partitions, and counting the batch each training step consumes.
+    create = SFTTrainer.create_accelerator_and_postprocess
+    step = SFTTrainer.training_step
+
+    def create_accelerator_and_postprocess(self: Any) -> None:
+        create(self)
+        if base.enable_cpu_fsdp(self):
+            ctx.note("FSDP on CPU: accelerate's state only enables FSDP for accelerator devices; switched the "
+                     "MULTI_CPU state to FSDP (gloo) as accelerate.yaml asks")
+
+    def training_step(self: Any, model: Any, inputs: Any, *a: Any, **kw: Any) -> Any:
+        meter.consumed(inputs)
+        return step(self, model, inputs, *a, **kw)
+
+    SFTTrainer.create_accelerator_and_postprocess = create_accelerator_and_postprocess
+    SFTTrainer.training_step = training_step
+
+    process = st.process_dataargs
+
+    def process_dataargs(*a: Any, **kw: Any) -> Any:
+        if stages.pop("open", None) == "model_load":
+            ctx.log.end("model_load")
+        ctx.log.start("dataset")
+        stages["open"] = "dataset"
+        ctx.fault_at_stage("dataset")
+        out = process(*a, **kw)
+        ctx.log.end("dataset", info={"rows": len(out[0]) if out and out[0] is not None else None})
+        ctx.log.start("trainer_init")
+        stages["open"] = "trainer_init"
+        return out
+
+    st.process_dataargs = process_dataargs
+    train = st.train
+    callback = _callback(ctx, meter, counts, stages, policy, timeline, memory)
+
+    def train_with_sbench(*a: Any, **kw: Any) -> Any:
+        kw["additional_callbacks"] = [*(kw.get("additional_callbacks") or []), callback]
+        try:
+            out = train(*a, **kw)
+        except BaseException as exc:
+            result["error"] = exc  # fms-hf-tuning's main() turns it into sys.exit(code)
+            raise
+        result["trainer"] = out[0] if isinstance(out, tuple) else out
+        return out
+
+    st.train = train_with_sbench
+    if ctx.world_size > 1:
+        os.environ.setdefault("FSDP_USE_ORIG_PARAMS", str(args.fsdp_use_orig_params).lower())
+    ctx.log.start("model_load")
+    stages["open"] = "model_load"
+    ctx.fault_at_stage("model_load")
+    argv0 = sys.argv
+    sys.argv = ["tuning.sft_trainer", *fms_argv(doc["argv"])]
+    try:
+        st.main()
+    except BaseException as exc:
+        err = result.get("error") or exc
+        if isinstance(exc, SystemExit) and exc.code in (0, None) and "error" not in result:
+            err = None
+        if err is not None:
+            opened = stages.pop("open", None)
+            if opened:
+                ctx.log.last_failed = opened
+                ctx.log.end(opened, "killed" if isinstance(err, base.Terminated) else "error",
+                            f"{type(err).__name__}: {err}"[:2000])
+            if isinstance(err, SystemExit):
+                raise RuntimeError(f"fms-hf-tuning exited with code {err.code} before training (see "
+                                   "train.<host>.log)") from None
+            raise err from None
+    finally:
+        sys.argv = argv0
+    trainer = result.get("trainer")
+    if trainer is None:
+        raise RuntimeError("fms-hf-tuning's train() returned no trainer")
+    m = base.measurements(timeline, policy, trainer.state.max_steps if args.max_steps > 0 else -1)
+    if m.get("metrics"):
+        base.run_totals(m["metrics"], ctx.world_size, trainer.args.device)
+    m["memory"] = memory.snaps
+    m["training_loss"] = None
+    hist = trainer.state.log_history
+    final = next((h for h in reversed(hist) if "train_runtime" in h), {})
+    m["hf_metrics"] = dict(final)
+    m["training_loss"] = final.get("train_loss")
+    m["meter"] = {"mismatches": meter.mismatches, "unconsumed_batches": len(meter.pending)}
+    if counts.problem:
+        ctx.note(f"dataset tokens: {counts.problem}; those rows count fms-hf-tuning's own token length")
+    doc.update(m)
+    model = stages.get("model") or trainer.model
+    params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    base_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    doc["model"] = {"source": args.model_name_or_path, "class": type(base_model).__name__, "parameters": params,
+                    "trainable_parameters": trainable, "peft_method": args.peft_method}
+    doc["flops"] = {**model_counts(model, base_model.config), "gradient_checkpointing": bool(args.gradient_checkpointing)}
+    acc = trainer.accelerator
+    doc["distributed"] = {"distributed_type": str(acc.distributed_type).split(".")[-1],
+                          "num_processes": acc.num_processes, "backend": base._backend_name(),
+                          "fsdp_version": getattr(getattr(acc.state, "fsdp_plugin", None), "fsdp_version", None),
+                          "requested": args.distributed_backend, "zero_stage": None, **base._wrapping(trainer)}
+    doc["auto_stop"] = ({"method": args.auto_stop_method, "warmup_seconds": policy.warmup_seconds,
+                         "stable_seconds": policy.stable_seconds, "min_steps": policy.min_steps}
+                        if policy.auto_stop else None)
+    doc["stop_after_seconds"] = args.stop_after_seconds
+    if policy.auto_stop and m.get("window") != "after_warmup":
+        ctx.note("auto-stop: training ended before warm-up did; metrics include warm-up")
+    if stages.pop("open", None) == "train":
+        ctx.log.end("train", info={"global_step": m["global_step"], "stopped_by": m["stopped_by"],
+                                   "train_runtime": (m.get("metrics") or {}).get("train_runtime")})
+    if ctx.rank == 0 and ctx.paths is not None:
+        base._write_json(ctx.paths.log_history, hist)
+    return doc
+
+
+if __name__ == "__main__":
+    code = base.main(runner=run)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
