@@ -447,7 +447,12 @@ _add(Experiment(
 ))
 
 
+# The reference spells its GPTQ experiment "gtpq"; the spelling users type reaches it too.
+EXPERIMENT_ALIASES = {"finetune_gptq-lora_benchmark-v1.0.0": "finetune_gtpq-lora_benchmark-v1.0.0"}
+
+
 def get_experiment(exp_id: str) -> Experiment:
+    exp_id = EXPERIMENT_ALIASES.get(exp_id, exp_id)
     if exp_id in EXPERIMENTS:
         return EXPERIMENTS[exp_id]
     raise CatalogError(f"unknown experiment {exp_id!r}; known experiments: {', '.join(EXPERIMENTS)}")

@@ -77,10 +77,16 @@ class JobSpec:
     peak_tflops: float | None = None  # one device's peak dense TFLOP/s: MFU's denominator
     peak_source: str = "unknown"  # inventory | gpu_peaks.yaml | unknown
     memory_prediction: dict[str, Any] | None = None  # harness.memory's per-device prediction, for collect
+    trainer: str = "sbench"  # sbench | fms-hf-tuning (the entity's trainer)
+    trainer_python: str | None = None  # the training processes' interpreter when it is not ``python``
+    trainer_path: str | None = None  # PYTHONPATH holding only sbench's package, for that interpreter
+    trainer_env: dict[str, Any] | None = None  # the trainer environment as render saw it (harness.trainerenv)
 
     @property
     def module(self) -> str:
         """The Python module each process runs."""
+        if self.workload == "train" and self.trainer == "fms-hf-tuning":
+            return "harness.runner.fms"
         return {"fabric": "harness.fabric", "idle": "harness.runner.idle"}.get(self.workload, "harness.runner.train")
 
     @property
@@ -367,6 +373,59 @@ def train_argv(exp: Experiment, e: dict[str, Any], model_source: str, dataset_pa
     return argv
 
 
+def _drop_flag(argv: list[str], flag: str) -> list[str]:
+    """*argv* without *flag* and the values after it."""
+    if flag not in argv:
+        return argv
+    i = argv.index(flag)
+    j = i + 1
+    while j < len(argv) and not argv[j].startswith("--"):
+        j += 1
+    return argv[:i] + argv[j:]
+
+
+def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    argv = list(argv)
+    argv[argv.index(flag) + 1] = value
+    return argv
+
+
+def fms_setup(exp: Experiment, e: dict[str, Any], part: Partition, inv: Inventory, argv: list[str], job_dir: str,
+              adjustments: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """The fms-hf-tuning trainer's command line (the seed's, as written, with what this partition and
+    environment change recorded as adjustments) and its environment as render sees it."""
+    from .trainerenv import envs_root, lookup
+
+    version = str(e.get("fms_hf_tuning_version"))
+    env = lookup(version, envs_root(inv))
+    man = env.manifest or {}
+    if exp.method == "pt":
+        # The seed's prompt-tuning command line passes --peft_method none: run it as written.
+        argv = _set_flag(_drop_flag(_drop_flag(argv, "--num_virtual_tokens"), "--prompt_tuning_init"),
+                         "--peft_method", "none")
+    if not int(e.get("fast_moe") or 0):
+        argv = _drop_flag(argv, "--fast_moe")
+        adjustments.append("fms-hf-tuning: --fast_moe omitted (0): the release turns ScatterMoE on for any value "
+                           "once fms-acceleration is installed")
+    if part.is_cpu:
+        argv = _set_flag(_set_flag(_set_flag(argv, "--use_flash_attn", "False"), "--torch_dtype", "float32"),
+                         "--bf16", "False") + ["--use_cpu", "True"]
+        adjustments[:] = [a for a in adjustments if not a.startswith("cpu partition: the runner loads float32")]
+        adjustments.append("cpu partition: fms-hf-tuning gets --use_flash_attn False --torch_dtype float32 --bf16 "
+                           "False (flash-attention and bf16 need CUDA) and --use_cpu True (without it transformers "
+                           "4.x leaves the processes undistributed: each would train on the whole dataset)")
+    elif argv[argv.index("--use_flash_attn") + 1] == "True" and "flash-attn" not in (man.get("packages") or {}):
+        # sbench builds the release as pinned, without the flash-attn extra (a CUDA source build).
+        argv = _set_flag(argv, "--use_flash_attn", "False")
+        adjustments.append(f"fms-hf-tuning=={version}: its environment has no flash-attn, so --use_flash_attn False "
+                           f"(sdpa attention); for the reference's attention: {env.python} -m pip install flash-attn, "
+                           f"then sbench env build fms-hf-tuning=={version} --refresh")
+    info = {"name": "fms-hf-tuning", "version": version, "path": str(env.path), "python": str(env.python),
+            "built": env.built, "packages": man.get("trainer_packages"), "plugins": man.get("plugins"),
+            "torch_cuda": (man.get("torch") or {}).get("cuda")}
+    return argv, info
+
+
 def _host_env(inv: Inventory, part: Partition, host: Host, e: dict[str, Any], job_dir: str,
               multi_node: bool) -> dict[str, str]:
     env: dict[str, str] = {}
@@ -433,6 +492,11 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
     argv = train_argv(exp, e, point.model_source or e["model_name"], dataset_path, job_dir, per_device_bs, target)
     if sweep.runner.workload == "idle":
         argv = ["--job-dir", job_dir, "--seconds", f"{sweep.runner.idle_seconds:g}"]
+    trainer = str(e.get("trainer") or "sbench")
+    tpython = tpath = tinfo = None
+    if trainer == "fms-hf-tuning" and sweep.runner.workload == "train":
+        argv, tinfo = fms_setup(exp, e, part, inv, argv, job_dir, adjustments)
+        tpython, tpath = tinfo["python"], str(JobPaths(job_dir).root / "pythonpath")
     cdtype = compute_dtype(e, part.is_cpu)
     peak, peak_src = peak_tflops(str(e.get("gpu_model") or part.gpu_model), cdtype, part.peak_tflops)
     mem = point.memory
@@ -461,7 +525,8 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         compute_dtype=cdtype, peak_tflops=peak, peak_source=peak_src, memory_prediction=mem,
         host_addresses={h.name: h.address for h in part.hosts.values() if h.address},
         trials=exp.trials, runner=sweep.runner.to_dict(), adjustments=adjustments, notes=list(point.notes),
-        workload=sweep.runner.workload,
+        workload=sweep.runner.workload, trainer=trainer, trainer_python=tpython, trainer_path=tpath,
+        trainer_env=tinfo,
     )
 
 

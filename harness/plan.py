@@ -589,8 +589,8 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
         entity, notes = resolve_entity(sweep, raw, partition, pos)
         variant = "GPTQ-Quantized" if exp.method == "gptq-lora" else "Vanilla"
         src = sweep.model_map.source(entity["model_name"], variant)
-        if src is None and variant != "Vanilla":
-            notes.append(f"no GPTQ-Quantized weights mapped for {entity['model_name']}; using its Vanilla weights")
+        unquantized = src is None and variant != "Vanilla"
+        if unquantized:
             src = sweep.model_map.source(entity["model_name"])
         cfg = None
         if entity.get("fast_moe") and src:
@@ -600,6 +600,17 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
         reasons, vnotes = validity_reasons(exp, entity, cfg, src)
         preasons, pnotes = placement_reasons(exp, entity, partition)
         preasons += trainer_reasons(exp, entity, partition, inventory, pnotes)
+        if unquantized:
+            # fms-acceleration's GPTQ loader reads the checkpoint's quantization config: plain weights fail.
+            preasons.append(f"model: GPTQ-LoRA needs GPTQ-quantized weights and none are mapped for "
+                            f"{entity['model_name']}; add model_map.{entity['model_name']}.GPTQ-Quantized")
+        elif exp.method == "gptq-lora" and src and is_local_source(src) and Path(src).expanduser().exists():
+            if src not in cfg_cache:
+                cfg_cache[src] = model_config(src)
+            quant = ((cfg_cache[src] or {}).get("quantization_config") or {}).get("quant_method")
+            if quant != "gptq":
+                preasons.append(f"model: GPTQ-LoRA needs GPTQ-quantized weights; {src} has "
+                                f"{'quantization ' + repr(quant) if quant else 'no quantization_config'} in config.json")
         if src is None:
             preasons.append(f"model: no weights mapped for {entity['model_name']}; add it to model_map:")
         elif is_local_source(src) and not Path(src).expanduser().exists():

@@ -58,6 +58,8 @@ class Work:
     data_dir: Path = Path(".")
     models_dir: str | None = None
     points: int = 0
+    envs: dict[str, set[str]] = field(default_factory=dict)  # fms-hf-tuning release -> extras
+    envs_root: Path | None = None
 
 
 @dataclass
@@ -90,6 +92,13 @@ def work_for(sweep: Any, inv: Any, points: list[Any]) -> Work:
         spec = build_jobspec(sweep, inv, p, 1, "/nonexistent/sbench-prepare")
         args = parse_args(spec.train_argv)
         w.points += 1
+        if spec.trainer_env is not None:
+            from .trainerenv import envs_root, features_of
+
+            w.envs_root = envs_root(inv)
+            extras = w.envs.setdefault(spec.trainer_env["version"], set())
+            if features_of(spec.method, spec.entity):
+                extras.add("fms-accel")
         w.datasets.setdefault(spec.dataset_path, spec.dataset_id)
         names = w.models.setdefault(spec.model_source, [])
         if p.entity["model_name"] not in names:
@@ -194,6 +203,17 @@ def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> lis
     from .tokens import dataset_token_counts, load_tokenizer
 
     items: list[Item] = []
+    for version, extras in sorted(work.envs.items()):
+        from .trainerenv import build
+
+        assert work.envs_root is not None
+        t0 = time.monotonic()
+        env, status = build(version, work.envs_root, extras=tuple(sorted(extras)), log=echo)
+        pk = (env.manifest or {}).get("trainer_packages") or {}
+        detail = ", ".join(f"{k} {v}" for k, v in pk.items() if v)
+        items.append(Item("trainer_env", f"fms-hf-tuning=={version}", status, time.monotonic() - t0, detail,
+                          {"path": str(env.path), "extras": sorted(extras)}))
+        echo(f"env      {status:<9} fms-hf-tuning=={version}  {env.path}  ({detail})")
     for path, dataset_id in work.datasets.items():
         t0 = time.monotonic()
         _, made = make_dataset(dataset_id, path)

@@ -150,6 +150,15 @@ def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
 Rendered = dict  # Path -> (text, mode): every file of one job directory, not yet on disk
 
 
+class Link(str):
+    """A rendered symbolic link: the text is its target."""
+
+
+def harness_dir() -> str:
+    """sbench's own package directory (what a trainer environment's PYTHONPATH links to)."""
+    return str(Path(__file__).resolve().parent)
+
+
 def render_files(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Sweep) -> Rendered:
     """Every file of *spec*'s job directory as text; pure (nothing touches the disk)."""
     paths = JobPaths(spec.job_dir)
@@ -165,6 +174,10 @@ def render_files(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Swee
         files[paths.deepspeed] = (json.dumps(spec.deepspeed_config, indent=2) + "\n", 0o644)
     for host in spec.host_env:
         files[paths.env(host)] = (render_env(spec, host), 0o644)
+    if spec.trainer_path:
+        # Only sbench's package, not the environment it is installed in: the trainer's own torch,
+        # transformers and trl must win.
+        files[Path(spec.trainer_path) / "harness"] = (Link(harness_dir()), 0o777)
     return files
 
 
@@ -173,6 +186,13 @@ def write_files(job_dir: str | Path, files: Rendered) -> JobPaths:
     try:
         paths.env_dir.mkdir(parents=True, exist_ok=True)
         for path, (text, mode) in files.items():
+            if isinstance(text, Link):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+                tmp.unlink(missing_ok=True)
+                os.symlink(text, tmp)
+                os.replace(tmp, path)
+                continue
             _atomic_write(path, text, mode)
     except OSError as exc:
         raise RenderError(f"cannot write job directory {paths.root}: {exc}") from None

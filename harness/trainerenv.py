@@ -203,10 +203,11 @@ def _check(python: Path, plugins: list[str], log: Callable[[str], None]) -> dict
     return doc
 
 
-def build(version: str, root: Path, *, extras: tuple[str, ...] = (), force: bool = False,
+def build(version: str, root: Path, *, extras: tuple[str, ...] = (), force: bool = False, refresh: bool = False,
           log: Callable[[str], None] = lambda s: None) -> tuple[TrainerEnv, str]:
     """Make ``fms-hf-tuning==version`` (with *extras*) ready under *root*; returns the environment and
-    what was done: ``ready`` (nothing to do), ``built`` or ``extended`` (plugins added)."""
+    what was done: ``ready`` (nothing to do), ``built``, ``extended`` (plugins added) or ``refreshed``
+    (*refresh*: the package list read again after a hand-made change, e.g. flash-attn installed)."""
     for x in extras:
         if x not in EXTRAS:
             raise InputError(f"env build: unknown extra {x!r}; known: {', '.join(EXTRAS)}")
@@ -215,7 +216,12 @@ def build(version: str, root: Path, *, extras: tuple[str, ...] = (), force: bool
         env = lookup(version, root)
         want_plugins = list(PLUGINS) if "fms-accel" in extras else []
         if env.built and not force and all(p in env.plugins() for p in want_plugins):
-            return env, "ready"
+            if not refresh:
+                return env, "ready"
+            doc = _check(env.python, [p for p in PLUGINS if p in env.plugins()], log)
+            manifest = dict(env.manifest or {}, packages=doc["packages"], torch=doc["torch"], refreshed_at=time.time())
+            (env.path / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            return lookup(version, root), "refreshed"
         t0 = time.monotonic()
         failed = root / f"{name}.failed.json"
         target = env.path

@@ -37,7 +37,7 @@ def seed_rules_oracle(e: dict, num_local_experts: int | None) -> set[int]:
 def big_inventory(tmp_path: Path) -> Path:
     hosts = {f"n{i:02d}": {"address": f"10.0.0.{i}"} for i in range(64)}
     p = tmp_path / "big.yaml"
-    p.write_text(yaml.safe_dump({"cluster": "big", "partitions": {"p": {
+    p.write_text(yaml.safe_dump({"cluster": "big", "defaults": {"envs_dir": str(tmp_path / "envs")}, "partitions": {"p": {
         "gpu_model": "X", "gpus_per_node": 16, "cpus_per_node": 1000, "memory_gb": 2000, "hosts": hosts}}}))
     return p
 
@@ -59,7 +59,9 @@ def test_plan_json_agrees_with_reference_rules_on_random_points(seed: int, cli, 
     sweep = tmp_path / "s.yaml"
     sweep.write_text(yaml.safe_dump({
         "campaign": "oracle", "experiment": "finetune_full_benchmark-v1.0.0",
-        "entity": {"model_name": "moe-test", "model_max_length": 256},
+        # fast_moe runs in the fms-hf-tuning trainer (2.4.0 and later) only: the oracle's rules are the rest.
+        "entity": {"model_name": "moe-test", "model_max_length": 256, "trainer": "fms-hf-tuning",
+                   "fms_hf_tuning_version": "3.2.2"},
         "grid": grid, "model_map": {"moe-test": str(moe)}}))
     res = cli("plan", sweep, "-i", big_inventory(tmp_path), "--json")
     assert res.exit_code == 0, res.output
@@ -85,7 +87,7 @@ def test_rule7_not_checkable_without_local_config(cli, tmp_path: Path) -> None:
     sweep.write_text(yaml.safe_dump({
         "campaign": "r7", "experiment": "finetune_full_benchmark-v1.0.0",
         "entity": {"model_name": "mixtral-8x7b-instruct-v0.1", "model_max_length": 256, "number_gpus": 8,
-                   "batch_size": 8, "fast_moe": 2}}))
+                   "batch_size": 8, "fast_moe": 2, "trainer": "fms-hf-tuning", "fms_hf_tuning_version": "3.2.2"}}))
     res = cli("plan", sweep, "-i", big_inventory(tmp_path), "--json")
     p = json.loads(res.stdout)[0]
     assert p["valid"] is True

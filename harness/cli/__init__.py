@@ -3,7 +3,7 @@
 ``base`` holds the group and shared options; each other module registers its commands on it.
 """
 
-from . import cluster, data, inputs, jobs, report, results  # noqa: F401 - registers the commands
+from . import cluster, data, envs, inputs, jobs, report, results  # noqa: F401 - registers the commands
 from .base import main
 
 __all__ = ["main"]

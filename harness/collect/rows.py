@@ -185,8 +185,12 @@ def memory_properties(d: RunData) -> dict[str, Any]:
 
 def environment_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
     rows = []
+    tr = (f.rank0 or {}).get("trainer")
+    tr = tr if isinstance(tr, dict) and isinstance(tr.get("packages"), dict) else {}
     for h, doc in sorted(f.envs.items()):
         pk = doc.get("packages") if isinstance(doc.get("packages"), dict) else doc
+        # The training processes' own packages when a trainer environment ran them (fms-hf-tuning).
+        pk = {**pk, **{k: v for k, v in (tr.get("packages") or {}).items() if v}}
         gpus = doc.get("gpus") if isinstance(doc.get("gpus"), list) else []
         rows.append({
             "run_id": run_id, "host": h, "machine_rank": doc.get("machine_rank"), "python": _text(doc.get("python")),
@@ -196,7 +200,8 @@ def environment_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
             "gpu_count": len(gpus), "gpu_names": [str(g.get("name")) for g in gpus if isinstance(g, dict)],
             "gpus": to_json(gpus), "cpu_count": doc.get("cpu_count"),
             "memory_total_mb": _f(doc.get("memory_total_mb")), "env": to_json(doc.get("env")),
-            "packages": to_json(doc.get("packages")), **_provenance(doc.get("provenance"))})
+            "packages": to_json(doc.get("packages")), **_provenance(doc.get("provenance")),
+            "trainer": _text(tr.get("name")) or "sbench", "trainer_packages": to_json(tr.get("packages"))})
     return rows
 
 

@@ -77,7 +77,7 @@ except ImportError:  # a declared dependency; the stdlib path below is the fallb
 from ..catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
 from ..errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
 
-SCHEMA_VERSION = 7  # 2: samples became a view over sample_files + sample_rows; 3: environment provenance;
+SCHEMA_VERSION = 8  # 8: trainer (entity column) and the trainer environment's packages; 2: samples became a view over sample_files + sample_rows; 3: environment provenance;
 # 4: the run_overhead view; 5: FLOPs and MFU columns in measurements; 6: references and checks, exact
 # train tokens and rank-0 CPU columns, ranks.cpu_util_pct; 7: DeepSpeed ZeRO and QLoRA entity columns
 DEFAULT_WAIT_S = 5.0
@@ -199,6 +199,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("env", "JSON"), ("packages", "JSON"), ("driver_version", "VARCHAR"), ("cuda_driver", "VARCHAR"),
         ("cuda_runtime", "VARCHAR"), ("nccl", "VARCHAR"), ("cudnn", "VARCHAR"), ("flash_attn", "VARCHAR"),
         ("hca_firmware", "JSON"),
+        ("trainer", "VARCHAR"), ("trainer_packages", "JSON"),  # the training processes' packages (fms-hf-tuning)
     ],
     # harness.runner.memsnap: each rank's memory at fixed phases of recorded steps.
     "memory": [

@@ -95,11 +95,17 @@ class EntryCounts:
 
 
 def _callback(ctx: base.Context, meter: base.Meter, counts: EntryCounts, stages: dict[str, Any],
-              policy: base.StopPolicy, timeline: dict[str, Any], memory: MemoryRecorder) -> Any:
+              policy: base.StopPolicy, timeline: dict[str, Any], memory: MemoryRecorder, requested: str | None) -> Any:
     inner = base._make_callback(ctx, meter, policy, timeline, memory)
 
     class FmsCallback(type(inner)):  # type: ignore[misc]
         def on_train_begin(self, args, state, control, **kw):
+            if args.world_size != ctx.world_size:
+                # Every rank would train on the whole dataset and the run would report world-size times the
+                # work: refuse instead of measuring it.
+                raise base.TrainerSetupError(
+                    f"the Trainer runs {args.world_size} process(es) but the launcher started {ctx.world_size} "
+                    f"({args.parallel_mode}): the ranks are not distributed; on a CPU partition pass --use_cpu True")
             loader = kw.get("train_dataloader")
             if loader is not None:
                 real = getattr(loader, "base_dataloader", loader)
@@ -114,6 +120,14 @@ def _callback(ctx: base.Context, meter: base.Meter, counts: EntryCounts, stages:
 
                 real.collate_fn = counting
             stages["model"] = kw.get("model")
+            from accelerate.state import AcceleratorState
+
+            dtype = str(AcceleratorState().distributed_type).split(".")[-1]
+            print(f"sbench[rank {ctx.rank}]: training under {dtype}, model {type(kw.get('model')).__name__}",
+                  file=sys.stderr, flush=True)
+            if ctx.world_size > 1 and requested in ("FSDP", "DEEPSPEED") and dtype != requested:
+                raise base.TrainerSetupError(f"distributed_backend {requested} was asked for, but the Trainer runs "
+                                             f"{dtype}: refusing to measure another backend under its name")
             if stages.pop("open", None) == "trainer_init":
                 ctx.log.end("trainer_init")
             ctx.log.start("train")
@@ -202,7 +216,7 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
 
     st.process_dataargs = process_dataargs
     train = st.train
-    callback = _callback(ctx, meter, counts, stages, policy, timeline, memory)
+    callback = _callback(ctx, meter, counts, stages, policy, timeline, memory, args.distributed_backend)
 
     def train_with_sbench(*a: Any, **kw: Any) -> Any:
         kw["additional_callbacks"] = [*(kw.get("additional_callbacks") or []), callback]

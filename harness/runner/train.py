@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--stop_after_seconds", type=float, default=-1.0)
     a("--auto_stop_method", type=_none_str, default=None)
     a("--seed", type=int, default=42)
+    # Given to the fms-hf-tuning trainer on CPU partitions; this trainer decides from torch.cuda itself.
+    a("--use_cpu", type=_bool, default=None)
     return p
 
 
@@ -513,6 +515,7 @@ def enable_cpu_fsdp(trainer: Any) -> bool:
     gloo, so set the state to FSDP with the plugin accelerate built from the launcher's
     environment, and tell the Trainer (which read the state while it was MULTI_CPU).
     """
+    from accelerate.state import PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     state = trainer.accelerator.state
@@ -524,6 +527,9 @@ def enable_cpu_fsdp(trainer: Any) -> bool:
         raise TrainerSetupError("FSDP v1 needs an accelerator; on CPU accelerate.yaml must set fsdp_version: 2")
     state.distributed_type = DistributedType.FSDP
     state.fsdp_plugin = plugin
+    # As accelerate does when it sets FSDP up itself: every later AcceleratorState() copies the partial
+    # state over its own, which would turn this one back into MULTI_CPU (DDP wrapping, no_sync, ...).
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     trainer.is_fsdp_enabled = True
     return True
 

@@ -210,6 +210,8 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
 
     if mode not in PREPARE_MODES:
         raise InputError(f"prepare must be one of {', '.join(PREPARE_MODES)}, got {mode!r}")
+    if mode == "no" and points:
+        _check_trainer_envs(sweep, inv, points)
     if mode == "no" or not points:
         return None
     if mode == "slurm" and executor != "slurm":
@@ -232,6 +234,20 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
         echo(f"prepare: SLURM job {pending} of this campaign is still queued or running; the arrays depend on it")
     report.prepare_job = pending
     return pending
+
+
+def _check_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint]) -> None:
+    """Without preparation, a trainer environment nobody built would fail every job that needs it."""
+    from ..trainerenv import envs_root, lookup
+
+    root = envs_root(inv)
+    missing = sorted({str(p.entity.get("fms_hf_tuning_version")) for p in points
+                      if p.entity.get("trainer") == "fms-hf-tuning"
+                      and not lookup(str(p.entity.get("fms_hf_tuning_version")), root).built})
+    if missing:
+        raise InputError(f"{sweep.source}: trainer fms-hf-tuning: no environment for release(s) {', '.join(missing)} "
+                         f"in {root}; build it first (sbench env build fms-hf-tuning=={missing[0]}), or submit "
+                         "without --prepare no")
 
 
 PREPARE_JOB_FILE = "prepare-job.json"
