@@ -30,9 +30,7 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
 
 
-@pytest.fixture
-def cli():
-    """Invoke ``sbench`` in-process; returns the click Result."""
+def _cli():
     from harness.cli import main
 
     runner = CliRunner()
@@ -41,6 +39,18 @@ def cli():
         return runner.invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
 
     return run
+
+
+@pytest.fixture
+def cli():
+    """Invoke ``sbench`` in-process; returns the click Result."""
+    return _cli()
+
+
+@pytest.fixture(scope="module")
+def cli_module():
+    """The same, for module-scoped fixtures."""
+    return _cli()
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections import deque
 from typing import Any
 
 from ..defaults import AUTO_STOP, RUNNER_DEFAULTS
@@ -65,12 +66,16 @@ def _versions() -> dict[str, str | None]:
 
 class EntryCounts:
     """Note 3's token count of each entry, looked up by the entry's token ids as fms-hf-tuning encoded
-    them (its rows keep the file's order, so row i is entry i)."""
+    them (its rows keep the file's order, so row i is entry i); also which entries the steps consumed."""
+
+    KEEP = 1_000_000  # entry indices kept per rank (``rank.<r>.json``: ``entries_consumed``)
 
     def __init__(self, lengths: list[int]) -> None:
         self.lengths = lengths
-        self.by_ids: dict[int, int] | None = None
+        self.index: dict[int, int] | None = None
         self.problem: str | None = None
+        self.pending: deque[list[int]] = deque()
+        self.consumed: list[int] = []
 
     def bind(self, dataset: Any) -> None:
         try:
@@ -82,16 +87,31 @@ class EntryCounts:
             self.problem = (f"fms-hf-tuning's training set has {len(ids)} rows, the dataset {len(self.lengths)} "
                             "entries")
             return
-        self.by_ids = {hash(tuple(row)): n for row, n in zip(ids, self.lengths)}
+        self.index = {}
+        for i, row in enumerate(ids):
+            self.index.setdefault(hash(tuple(row)), i)
 
-    def of(self, example: dict[str, Any]) -> int:
-        ids = example["input_ids"]
-        if self.by_ids is not None:
-            n = self.by_ids.get(hash(tuple(ids)))
-            if n is not None:
-                return n
-            self.problem = "a batch row matched no entry of the training set"
-        return len(ids)  # fms-hf-tuning's own length (its text + EOS), named in the notes
+    def batch(self, examples: list[dict[str, Any]]) -> int:
+        """The batch's note-3 tokens; remembers its entries until a step consumes it."""
+        total, idx = 0, []
+        for e in examples:
+            i = self.index.get(hash(tuple(e["input_ids"]))) if self.index is not None else None
+            if i is None:
+                if self.index is not None:
+                    self.problem = "a batch row matched no entry of the training set"
+                total += len(e["input_ids"])  # fms-hf-tuning's own length (its text + EOS), named in the notes
+                idx.append(-1)
+            else:
+                total += self.lengths[i]
+                idx.append(i)
+        self.pending.append(idx)
+        return total
+
+    def step(self) -> None:
+        if self.pending and len(self.consumed) < self.KEEP:
+            self.consumed.extend(self.pending.popleft())
+        elif self.pending:
+            self.pending.popleft()
 
 
 def _callback(ctx: base.Context, meter: base.Meter, counts: EntryCounts, stages: dict[str, Any],
@@ -114,8 +134,7 @@ def _callback(ctx: base.Context, meter: base.Meter, counts: EntryCounts, stages:
 
                 def counting(examples: list[dict[str, Any]]) -> Any:
                     batch = collate(examples)
-                    meter.pending.append((len(examples), sum(counts.of(e) for e in examples),
-                                          int(batch["input_ids"].numel())))
+                    meter.pending.append((len(examples), counts.batch(examples), int(batch["input_ids"].numel())))
                     return batch
 
                 real.collate_fn = counting
@@ -195,6 +214,7 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
 
     def training_step(self: Any, model: Any, inputs: Any, *a: Any, **kw: Any) -> Any:
         meter.consumed(inputs)
+        counts.step()
         return step(self, model, inputs, *a, **kw)
 
     SFTTrainer.create_accelerator_and_postprocess = create_accelerator_and_postprocess
@@ -267,6 +287,9 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
     m["hf_metrics"] = dict(final)
     m["training_loss"] = final.get("train_loss")
     m["meter"] = {"mismatches": meter.mismatches, "unconsumed_batches": len(meter.pending)}
+    # Which entries this rank's steps consumed (file positions): fms-hf-tuning seeds every rank apart
+    # (set_seed(device_specific=True)), so ranks may draw the same entry in one epoch; this shows it.
+    m["entries_consumed"] = counts.consumed
     if counts.problem:
         ctx.note(f"dataset tokens: {counts.problem}; those rows count fms-hf-tuning's own token length")
     doc.update(m)
