@@ -120,6 +120,10 @@ CORPUS = [
     ("sweep", ("entity", "optim_args"), "momentum=0.9;$(id)", "optim_args"),
     ("sweep", ("entity", "optim_args"), "momentum", "optim_args"),
     ("sweep", ("entity", "distributed_backend"), "ZERO3", "distributed_backend"),
+    ("sweep", ("entity", "trainer"), "fms", "trainer"),
+    ("sweep", ("grid", "trainer"), ["sbench", "fms-hf-tuning\n$(id)"], "trainer"),
+    ("sweep", ("entity", "fms_hf_tuning_version"), "3.2.2 && id", "fms_hf_tuning_version"),
+    ("sweep", ("entity", "fms_hf_tuning_version"), "../../x", "fms_hf_tuning_version"),
     ("sweep", ("slurm", "mem_gb"), math.inf, "slurm.mem_gb"),
     ("sweep", ("slurm", "time"), "1:00:00\n#SBATCH --wrap=id", "slurm.time"),
     ("sweep", ("slurm", "account"), "acct $(id)", "slurm.account"),
@@ -145,6 +149,7 @@ CORPUS = [
      "roce.socket_ifname"),
     ("inventory", ("partitions", "cpu", "setup"), [f"module load x\n{CANARY_CMD}"], "partitions.cpu.setup[0]"),
     ("inventory", ("defaults", "python"), "/usr/bin/python3\x00", "defaults.python"),
+    ("inventory", ("defaults", "envs_dir"), "/shared/envs\n$(id)", "defaults.envs_dir"),
     ("inventory", ("cluster",), "lab\n", "cluster"),
 ]
 

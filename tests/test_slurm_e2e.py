@@ -308,3 +308,31 @@ def test_deepspeed_zero3_across_two_nodes(sb, env) -> None:
     # each node's rank holds its own half of the fp32 master and AdamW state
     assert [x["host"] for x in ranks] == ["node1", "node2"]
     assert ranks[0]["opt"] == pytest.approx(ranks[1]["opt"], rel=0.01) and r["predicted_host_bytes"] > 0
+
+
+def test_fms_hf_tuning_lora_across_two_nodes(sb, env) -> None:
+    """The fms-hf-tuning trainer (its own 3.2.2 environment, built by `make test`) on both test-cluster nodes:
+    one process each, FSDP v2 over gloo, measurements in the same tables with trainer = fms-hf-tuning."""
+    from harness.trainerenv import build, envs_root
+
+    build("3.2.2", envs_root(None), extras=("fms-accel",))
+    path = sweep(env, "fms2n", {"number_gpus": 2, "number_nodes": 2, "max_steps": 3, "trainer": "fms-hf-tuning",
+                                "fms_hf_tuning_version": "3.2.2", "distributed_backend": "FSDP"})
+    rep = submit(sb, env, path, "--wait")
+    assert rep["submitted"] == 1
+    collect(sb, env)
+    (r,) = sql(env, "SELECT r.*, m.world_size, m.trainer, m.is_valid, m.train_runtime, m.dataset_tokens_per_second "
+                    "FROM runs r JOIN measurements m USING (run_id) WHERE r.campaign = 'fms2n'")
+    assert r["outcome"] == "ok", (r["outcome"], r["reason"])
+    assert r["node_list"] == "node[1-2]" and r["world_size"] == 2 and r["trainer"] == "fms-hf-tuning"
+    assert r["is_valid"] and r["train_runtime"] > 0 and r["dataset_tokens_per_second"] > 0
+    hosts = []
+    for rank in (0, 1):
+        doc = json.loads(JobPaths(r["job_dir"]).rank_result(rank).read_text())
+        hosts.append(doc["host"])
+        assert doc["trainer"]["packages"]["transformers"].startswith("4.55")
+        assert doc["distributed"]["distributed_type"] == "FSDP" and doc["distributed"]["sharded_parameters"] > 0
+        assert doc["global_step"] == 3
+    assert hosts == ["node1", "node2"]
+    (e,) = sql(env, "SELECT DISTINCT trainer, transformers FROM environment WHERE run_id = ?", [r["run_id"]])
+    assert e["trainer"] == "fms-hf-tuning" and e["transformers"].startswith("4.55")

@@ -265,6 +265,11 @@ def build(f: JobFiles, v: Verdict) -> RunData:
                 else not f.jobspec["cpu_partition"])
     if f.paths is not None:
         d.sample_files = [(h, f.paths.samples(h)) for h in f.sample_hosts]
+    drawn = [i for r in f.ranks.values() if isinstance(r.get("entries_consumed"), list) for i in r["entries_consumed"]]
+    if len(f.ranks) > 1 and len(set(drawn)) < len(drawn):
+        d.warn(f"the ranks' steps drew {len(drawn) - len(set(drawn))} of {len(drawn)} samples from entries another "
+               "step had drawn already: the trainer seeded its ranks apart, so they did not partition the data "
+               "(entries_consumed in rank.<r>.json)")
     return d
 
 
