@@ -131,6 +131,11 @@ class TrainerEnv:
         return str(f.get("reason") or "unknown reason")
 
 
+def env_has(env: TrainerEnv, package: str) -> bool:
+    """Whether a built environment holds *package* (its distribution name, any case)."""
+    return package.lower() in {k.lower() for k in ((env.manifest or {}).get("packages") or {})}
+
+
 def lookup(version: str, root: Path) -> TrainerEnv:
     path = root / env_name(version)
     manifest = failure = None
