@@ -65,7 +65,10 @@ def env_build(spec: str, extras: str | None, root: Path | None, force: bool, ref
 @inventory_option
 @json_option
 def env_list(root: Path | None, inventory: Path | None, as_json: bool) -> None:
-    """The trainer environments that are built (or failed to build), and what they hold."""
+    """The trainer environments that are built (or failed to build), and what they hold.
+
+    Example: sbench env list -i cluster.yaml
+    """
     from ..trainerenv import list_envs
 
     r = _root(inventory, root)
