@@ -309,3 +309,19 @@ def test_oom_inside_fms_hf_tuning_is_an_invalid_measurement(tmp_path, tiny_model
     assert run["outcome"] == "invalid" and "OutOfMemoryError" in run["reason"], run["reason"]
     err = json.loads(JobPaths(run["job_dir"]).error(0).read_text())
     assert err["kind"] == "invalid" and err["stage"] == "train"
+
+
+def test_submit_without_preparation_refuses_a_missing_environment(cli, tmp_path, tiny_model, small_data_dir) -> None:
+    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "defaults": {"envs_dir": str(tmp_path / "none")},
+                                              "partitions": {"cpu": {"gpu_model": "cpu", "gpus_per_node": 1,
+                                                                     "cpus_per_node": 2, "memory_gb": 8,
+                                                                     "hosts": {"h1": {"address": "127.0.0.1"}}}}})
+    path = write_sweep(tmp_path / "s.yaml", {
+        "campaign": "noenv", "experiment": "finetune_lora_benchmark-v1.0.0",
+        "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "batch_size": 1,
+                   "number_gpus": 1, "trainer": "fms-hf-tuning", "fms_hf_tuning_version": VERSION},
+        "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)})
+    res = cli("submit", path, "-i", inv, "--executor", "local", "--no-prepare", "--workdir", tmp_path / "runs",
+              "--db", tmp_path / "r.duckdb")
+    assert res.exit_code == 2 and "sbench env build fms-hf-tuning==3.2.2" in res.output
+    assert not (tmp_path / "runs" / "noenv").exists() and not (tmp_path / "r.duckdb").exists()

@@ -196,6 +196,15 @@ def render(sweep: Path, inventory: Path | None, model_map: Path | None, out_dir:
         click.echo(f"warning: {note}", err=True)
     for s in specs:
         click.echo(s.job_dir)
+    shown: set[str] = set()
+    for s in specs:
+        te = s.trainer_env
+        if te and te["version"] not in shown:
+            shown.add(te["version"])
+            pk = ", ".join(f"{k} {v}" for k, v in (te.get("packages") or {}).items() if v)
+            click.echo(f"trainer fms-hf-tuning {te['version']}: {te['python']} -m harness.runner.fms "
+                       + (f"({pk})" if te["built"] else "(environment not built yet: sbench env build "
+                          f"fms-hf-tuning=={te['version']}, or sbench prepare)"), err=True)
     invalid = [p for p in points if not p.valid]
     for p in invalid:
         click.echo(f"skipped invalid point {p.point_id} r{p.repeat}: {'; '.join(p.reasons)}", err=True)

@@ -127,6 +127,8 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     campaign_dir = workdir / sweep.campaign
     fit = cluster_fit(inv, [p for p in points if p.valid]) if name == "slurm" else ClusterFit()
     preview = prepare_points(sweep, inv, points, campaign_dir, fit=fit)
+    if prepare == "no":
+        _check_trainer_envs(sweep, inv, [p for p in points if p.valid])
     backend = get_backend(name)
     backend.check([spec for spec, _ in preview])
     fit_notes = fit.check([spec for spec, _ in preview], inv)
@@ -210,8 +212,6 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
 
     if mode not in PREPARE_MODES:
         raise InputError(f"prepare must be one of {', '.join(PREPARE_MODES)}, got {mode!r}")
-    if mode == "no" and points:
-        _check_trainer_envs(sweep, inv, points)
     if mode == "no" or not points:
         return None
     if mode == "slurm" and executor != "slurm":
@@ -238,16 +238,21 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
 
 def _check_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint]) -> None:
     """Without preparation, a trainer environment nobody built would fail every job that needs it."""
-    from ..trainerenv import envs_root, lookup
+    from ..trainerenv import FEATURE_PLUGINS, envs_root, features_of, lookup
 
     root = envs_root(inv)
-    missing = sorted({str(p.entity.get("fms_hf_tuning_version")) for p in points
-                      if p.entity.get("trainer") == "fms-hf-tuning"
-                      and not lookup(str(p.entity.get("fms_hf_tuning_version")), root).built})
-    if missing:
-        raise InputError(f"{sweep.source}: trainer fms-hf-tuning: no environment for release(s) {', '.join(missing)} "
-                         f"in {root}; build it first (sbench env build fms-hf-tuning=={missing[0]}), or submit "
-                         "without --prepare no")
+    for p in points:
+        if p.entity.get("trainer") != "fms-hf-tuning":
+            continue
+        version = str(p.entity.get("fms_hf_tuning_version"))
+        env = lookup(version, root)
+        feats = features_of(sweep.experiment.method, p.entity)
+        lacks = sorted({q for f in feats for q in FEATURE_PLUGINS[f]} - set(env.plugins())) if env.built else []
+        if not env.built or lacks:
+            what = f"no environment for it in {root}" if not env.built else f"its environment lacks {', '.join(lacks)}"
+            raise InputError(f"{sweep.source}: trainer fms-hf-tuning {version}: {what}; build it first (sbench env "
+                             f"build fms-hf-tuning=={version}{' --extras fms-accel' if feats else ''}), or submit "
+                             "without --prepare no")
 
 
 PREPARE_JOB_FILE = "prepare-job.json"
