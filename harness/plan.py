@@ -488,7 +488,8 @@ def trainer_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition, inv:
     if failed:
         reasons.append(f"trainer: fms-hf-tuning=={version}{'[fms-accel]' if extras else ''} could not be installed "
                        f"in {env.path}: {failed}; fix it, then run sbench env build fms-hf-tuning=={version}"
-                       f"{' --extras fms-accel' if extras else ''}")
+                       f"{' --extras fms-accel' if extras else ''} (--requirements FILE installs pins the release "
+                       "lacks)")
     elif not env.built:
         notes.append(f"trainer environment fms-hf-tuning=={version} is not built yet in {root}: sbench prepare "
                      f"builds it (or sbench env build fms-hf-tuning=={version}"

@@ -4,8 +4,9 @@ fms-hf-tuning pins its own torch, transformers, trl and peft (3.2.2: torch 2.8, 
 trl 0.19, peft 0.19), so it cannot share sbench's environment. ``sbench env build fms-hf-tuning==X``
 (and ``sbench prepare``) builds ``<envs_dir>/fms-hf-tuning-X``:
 
-- a venv of the interpreter sbench runs on, with ``fms-hf-tuning==X`` installed by pip and nothing
-  else chosen by sbench: what that release pins is what the environment holds;
+- a venv of the interpreter sbench runs on, with ``fms-hf-tuning==X`` installed by pip: what that
+  release pins is what the environment holds, with one constraint for a conflict pip cannot see
+  (``CONSTRAINTS``: pyarrow must still import beside the numpy the release pins);
 - with ``--extras fms-accel``, the ``fms-accel`` extra and the acceleration plugins the experiments use
   (``fms-acceleration-peft`` for GPTQ-LoRA, ``-foak`` for fused kernels and ``fast_kernels``, ``-moe``
   for ``fast_moe``), added to the same environment;
@@ -29,6 +30,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,9 +51,9 @@ PLUGINS = {"fms-acceleration-peft": "fms_acceleration_peft", "fms-acceleration-f
 FEATURE_PLUGINS = {"gptq-lora": ("fms-acceleration-peft", "fms-acceleration-foak"),
                    "fast_kernels": ("fms-acceleration-foak",), "fast_moe": ("fms-acceleration-moe",)}
 FAST_MOE_SINCE = (2, 4, 0)  # the reference: --fast_moe is only supported from fms-hf-tuning 2.4.0
-# Runtime conflicts pip cannot see, found by the import check: the plugins pin numpy<2, and pyarrow
-# declares no numpy requirement although pyarrow >= 22 refuses numpy 1.x at import.
-ACCEL_CONSTRAINTS = ("pyarrow<22",)
+# Runtime conflicts pip cannot see, found by the import check: older releases and the plugins pin
+# numpy<2, and pyarrow declares no numpy requirement although pyarrow >= 22 refuses numpy 1.x at import.
+CONSTRAINTS = ("pyarrow<22",)
 
 
 class EnvBuildError(SbenchError):
@@ -91,6 +93,31 @@ def parse_spec(text: str) -> str:
         return fms_version(version.strip())
     except ValueError as exc:
         raise InputError(f"env build: {exc}") from None
+
+
+_PIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}(\[[A-Za-z0-9,._-]+\])?(\s*(==|<=|>=|<|>|!=|~=)\s*[A-Za-z0-9.*+!_-]{1,60}"
+                  r"(\s*,\s*(==|<=|>=|<|>|!=|~=)\s*[A-Za-z0-9.*+!_-]{1,60})*)?")
+
+
+def read_pins(path: Path) -> tuple[str, ...]:
+    """A requirements file's lines (``name`` or ``name==1.2.3``; comments and blank lines skipped);
+    anything pip would take as an option or a URL is an input error naming the line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read the requirements file: {exc}") from None
+    if len(lines) > 5000:
+        raise InputError(f"{path}: more than 5000 lines; a requirements file lists packages")
+    out = []
+    for n, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not _PIN.fullmatch(line):
+            raise InputError(f"{path}:{n}: {line[:80]!r} is not a requirement like name==1.2.3 (options and URLs "
+                             "are not accepted)")
+        out.append(line)
+    return tuple(out)
 
 
 @dataclass
@@ -170,8 +197,8 @@ def _lock(root: Path, name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _run(argv: list[str], log: Callable[[str], None]) -> None:
-    log("$ " + " ".join(argv))
+def _run(argv: list[str], log: Callable[[str], None], shown: str | None = None) -> None:
+    log("$ " + (shown or " ".join(argv)))
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stderr + "\n" + proc.stdout).splitlines()
@@ -199,7 +226,8 @@ open(sys.argv[1], "w").write(json.dumps(out))
 def _check(python: Path, plugins: list[str], log: Callable[[str], None]) -> dict[str, Any]:
     """Import the trainer (and the plugins) inside the environment; what is installed, and torch's build."""
     out = python.parent.parent / ".sbench-check.json"
-    _run([str(python), "-c", _CHECK, str(out), *(PLUGINS[p] for p in plugins)], log)
+    mods = ["tuning.sft_trainer", *(PLUGINS[p] for p in plugins)]
+    _run([str(python), "-c", _CHECK, str(out), *mods[1:]], log, f"{python} -c 'import {', '.join(mods)}'")
     doc = json.loads(out.read_text())
     out.unlink()
     if doc["import_errors"]:
@@ -208,11 +236,75 @@ def _check(python: Path, plugins: list[str], log: Callable[[str], None]) -> dict
     return doc
 
 
+SMOKE_STEPS = 2
+
+
+def _smoke(python: Path, work: Path, log: Callable[[str], None]) -> float:
+    """Train the tiny model for a few steps on the CPU with sbench's entry point in the environment, as a
+    job will: a release whose pins resolve and import but cannot train (an old release beside a newer
+    trl, say) fails its build here, with the error, instead of failing every job. Returns seconds."""
+    from .datagen import generate_dataset
+    from .jobspec import RESPONSE_TEMPLATE
+    from .render import harness_dir
+    from .tinymodel import make_tiny_model
+
+    t0 = time.monotonic()
+    tmp = work / ".sbench-smoke"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model = make_tiny_model(tmp / "model")
+        data = tmp / "data" / "news-chars-512-entries-4096.jsonl"
+        generate_dataset("news-chars-512-entries-4096", data, entries=8)
+        (tmp / "path").mkdir()
+        os.symlink(harness_dir(), tmp / "path" / "harness")
+        job = tmp / "job"
+        argv = [str(python), "-m", "harness.runner.fms", "--model_name_or_path", str(model),
+                "--training_data_path", str(data), "--output_dir", str(tmp / "out"), "--job_dir", str(job),
+                "--torch_dtype", "float32", "--use_flash_attn", "False", "--use_cpu", "True",
+                "--response_template", RESPONSE_TEMPLATE, "--dataset_text_field", "output",
+                "--max_steps", str(SMOKE_STEPS), "--per_device_train_batch_size", "2", "--max_seq_length", "64",
+                "--save_strategy", "no", "--logging_steps", "1", "--packing", "False", "--peft_method", "lora",
+                "--target_modules", "q_proj", "v_proj"]
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SBENCH_FAULT")}
+        env.update(PYTHONPATH=str(tmp / "path"), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", SBENCH_HOST="smoke")
+        log(f"$ {python} -m harness.runner.fms (the tiny model, {SMOKE_STEPS} LoRA steps on the CPU)")
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+        doc: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads((job / "rank.0.json").read_text())
+        if proc.returncode != 0 or doc.get("status") != "ok" or doc.get("global_step") != SMOKE_STEPS:
+            err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
+            why = (f"{err.get('error_type')}: {err.get('message')}" if err else
+                   "; ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:]))
+            raise EnvBuildError(f"installed, but cannot train (a {SMOKE_STEPS}-step run of the tiny model on the "
+                                f"CPU failed in stage {err.get('stage') or '?'}): {why}"[:2000])
+    except subprocess.TimeoutExpired:
+        raise EnvBuildError("installed, but a 2-step run of the tiny model did not end within 15 minutes") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return time.monotonic() - t0
+
+
+def known_requirements(version: str) -> tuple[str, ...]:
+    """What sbench installs with a release whose own pins no longer work (harness/data/fms_requirements.yaml)."""
+    from importlib import resources
+
+    import yaml
+
+    doc = yaml.safe_load(resources.files("harness.data").joinpath("fms_requirements.yaml").read_text()) or {}
+    return tuple(str(x) for x in doc.get(version) or ())
+
+
 def build(version: str, root: Path, *, extras: tuple[str, ...] = (), force: bool = False, refresh: bool = False,
-          log: Callable[[str], None] = lambda s: None) -> tuple[TrainerEnv, str]:
+          pins: tuple[str, ...] | None = None, log: Callable[[str], None] = lambda s: None) -> tuple[TrainerEnv, str]:
     """Make ``fms-hf-tuning==version`` (with *extras*) ready under *root*; returns the environment and
     what was done: ``ready`` (nothing to do), ``built``, ``extended`` (plugins added) or ``refreshed``
-    (*refresh*: the package list read again after a hand-made change, e.g. flash-attn installed)."""
+    (*refresh*: the package list read again after a hand-made change, e.g. flash-attn installed).
+    *pins*: requirements installed with the release (``trl==0.11.4``, ``rich``), e.g. the exact package
+    list a reference run used, for a release whose own pins no longer resolve to a working set; by default
+    :func:`known_requirements`."""
+    pins = known_requirements(version) if pins is None else tuple(pins)
     for x in extras:
         if x not in EXTRAS:
             raise InputError(f"env build: unknown extra {x!r}; known: {', '.join(EXTRAS)}")
@@ -220,6 +312,8 @@ def build(version: str, root: Path, *, extras: tuple[str, ...] = (), force: bool
     with _lock(root, name):
         env = lookup(version, root)
         want_plugins = list(PLUGINS) if "fms-accel" in extras else []
+        # New requirements change what the environment is: build it again rather than patch it.
+        force = force or bool(pins and list(pins) != list((env.manifest or {}).get("requirements") or []))
         if env.built and not force and all(p in env.plugins() for p in want_plugins):
             if not refresh:
                 return env, "ready"
@@ -238,15 +332,13 @@ def build(version: str, root: Path, *, extras: tuple[str, ...] = (), force: bool
                 _run([sys.executable, "-m", "venv", str(work)], log)
             py = work / "bin" / "python"
             req = f"{PACKAGE}[fms-accel]=={version}" if want_plugins else f"{PACKAGE}=={version}"
-            cons: list[str] = []
-            if want_plugins:
-                cf = work / "sbench-constraints.txt"
-                cf.write_text("\n".join(ACCEL_CONSTRAINTS) + "\n")
-                cons = ["-c", str(cf)]
+            cf = work / "sbench-constraints.txt"
+            cf.write_text("\n".join(CONSTRAINTS) + "\n")
             # The CPU-only torch of sbench's own environment is not used: the release's pin decides.
             _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", req,
-                  *want_plugins, *cons], log)
+                  *want_plugins, *pins, "-c", str(cf)], log)
             doc = _check(py, want_plugins, log)
+            smoke_s = _smoke(py, work, log)
         except (EnvBuildError, OSError) as exc:
             if fresh:
                 shutil.rmtree(work, ignore_errors=True)
@@ -263,8 +355,8 @@ def build(version: str, root: Path, *, extras: tuple[str, ...] = (), force: bool
                                          ("fms-hf-tuning", "torch", "transformers", "trl", "peft", "accelerate",
                                           "datasets", "fms-acceleration")},
                     "packages": doc["packages"], "built_at": time.time(),
-                    "build_seconds": round(time.monotonic() - t0, 1), "constraints": list(ACCEL_CONSTRAINTS)
-                    if want_plugins else []}
+                    "build_seconds": round(time.monotonic() - t0, 1), "smoke_seconds": round(smoke_s, 1),
+                    "constraints": list(CONSTRAINTS), "requirements": list(pins)}
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         if fresh:
             if target.exists():

@@ -32,22 +32,27 @@ def _root(inventory: Path | None, root: Path | None) -> Path:
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where environments live (default: the inventory's defaults.envs_dir, else $SBENCH_ENVS_DIR, "
               "else ~/.cache/sbench/envs). The compute nodes must see it.")
+@click.option("--requirements", "requirements", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Packages to install with the release (name or name==version per line), e.g. the "
+              "exact package list of a reference run, for a release whose own pins no longer resolve to a working "
+              "set.")
 @click.option("--force", is_flag=True, help="Build again from nothing.")
 @click.option("--refresh", is_flag=True, help="Read a built environment's packages again (after installing "
               "flash-attn into it by hand, say).")
 @inventory_option
 @json_option
-def env_build(spec: str, extras: str | None, root: Path | None, force: bool, refresh: bool, inventory: Path | None,
-              as_json: bool) -> None:
+def env_build(spec: str, extras: str | None, root: Path | None, requirements: Path | None, force: bool, refresh: bool,
+              inventory: Path | None, as_json: bool) -> None:
     """Build (once) the environment of one fms-hf-tuning release, exactly as that release pins it.
 
     Example: sbench env build fms-hf-tuning==3.2.2 --extras fms-accel
     """
-    from ..trainerenv import build, parse_spec
+    from ..trainerenv import build, parse_spec, read_pins
 
     version = parse_spec(spec)
+    pins = read_pins(requirements) if requirements else None
     ex = tuple(x.strip() for x in extras.split(",") if x.strip()) if extras else ()
-    env, status = build(version, _root(inventory, root), extras=ex, force=force, refresh=refresh,
+    env, status = build(version, _root(inventory, root), extras=ex, force=force, refresh=refresh, pins=pins,
                         log=lambda s: click.echo(s, err=True) if not as_json else None)
     man = env.manifest or {}
     if as_json:

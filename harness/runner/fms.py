@@ -147,8 +147,9 @@ def _callback(ctx: base.Context, meter: base.Meter, counts: EntryCounts, stages:
             if ctx.world_size > 1 and requested in ("FSDP", "DEEPSPEED") and dtype != requested:
                 raise base.TrainerSetupError(f"distributed_backend {requested} was asked for, but the Trainer runs "
                                              f"{dtype}: refusing to measure another backend under its name")
-            if stages.pop("open", None) == "trainer_init":
-                ctx.log.end("trainer_init")
+            opened = stages.pop("open", None)  # trainer_init (model_load with releases before process_dataargs)
+            if opened:
+                ctx.log.end(opened)
             ctx.log.start("train")
             stages["open"] = "train"
             ctx.fault_at_stage("train")
@@ -220,7 +221,7 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
     SFTTrainer.create_accelerator_and_postprocess = create_accelerator_and_postprocess
     SFTTrainer.training_step = training_step
 
-    process = st.process_dataargs
+    process = getattr(st, "process_dataargs", None)
 
     def process_dataargs(*a: Any, **kw: Any) -> Any:
         if stages.pop("open", None) == "model_load":
@@ -234,7 +235,8 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
         stages["open"] = "trainer_init"
         return out
 
-    st.process_dataargs = process_dataargs
+    if hasattr(st, "process_dataargs"):  # 2.x before process_dataargs: model_load runs up to the first step
+        st.process_dataargs = process_dataargs
     train = st.train
     callback = _callback(ctx, meter, counts, stages, policy, timeline, memory, args.distributed_backend)
 
