@@ -451,7 +451,8 @@ def trainer_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition, inv:
     """Which trainer runs the point, and whether it can: fms-acceleration features exist only in the
     fms-hf-tuning trainer, on CUDA, with the plugin in that release's environment (harness.trainerenv)."""
     from .catalog import VISION_DATASETS
-    from .trainerenv import FAST_MOE_SINCE, FEATURE_PLUGINS, env_has, envs_root, features_of, lookup, release
+    from .trainerenv import (CPU_FSDP_ACCELERATE, FAST_MOE_SINCE, FEATURE_PLUGINS, env_has, env_version, envs_root,
+                             features_of, lookup, release_of)
 
     trainer = str(e.get("trainer") or "sbench")
     version = str(e.get("fms_hf_tuning_version"))
@@ -472,7 +473,7 @@ def trainer_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition, inv:
         if version != str(next((f.default for f in exp.fields if f.name == "fms_hf_tuning_version"), version)):
             notes.append(f"fms_hf_tuning_version {version} is recorded only: the sbench trainer runs this point")
         return reasons
-    if "fast_moe" in feats and release(version) < FAST_MOE_SINCE:
+    if "fast_moe" in feats and release_of(version) < FAST_MOE_SINCE:
         reasons.append(f"trainer: fast_moe needs fms-hf-tuning 2.4.0 or later; this point asks for {version}")
     root = envs_root(inv)
     env = lookup(version, root)
@@ -480,6 +481,10 @@ def trainer_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition, inv:
         reasons.append(f"trainer: distributed_backend DEEPSPEED needs deepspeed in the fms-hf-tuning=={version} "
                        "environment, which the release does not install; use FSDP or DDP (or install deepspeed into "
                        f"{env.path} and run sbench env build fms-hf-tuning=={version} --refresh)")
+    if (part.is_cpu and e.get("distributed_backend") == "FSDP" and max(1, e["number_gpus"]) > 1 and env.built
+            and release_of(env_version(env, "accelerate")) < CPU_FSDP_ACCELERATE):
+        reasons.append(f"trainer: FSDP on a CPU partition needs FSDP v2 (accelerate 1.6 or later); the "
+                       f"fms-hf-tuning=={version} environment has accelerate {env_version(env, 'accelerate')}; use DDP")
     if e.get("use_qlora"):
         reasons.append("trainer: use_qlora is the sbench trainer's (bitsandbytes NF4); with fms-hf-tuning use "
                        "the GPTQ-LoRA experiment")

@@ -51,6 +51,7 @@ PLUGINS = {"fms-acceleration-peft": "fms_acceleration_peft", "fms-acceleration-f
 FEATURE_PLUGINS = {"gptq-lora": ("fms-acceleration-peft", "fms-acceleration-foak"),
                    "fast_kernels": ("fms-acceleration-foak",), "fast_moe": ("fms-acceleration-moe",)}
 FAST_MOE_SINCE = (2, 4, 0)  # the reference: --fast_moe is only supported from fms-hf-tuning 2.4.0
+CPU_FSDP_ACCELERATE = (1, 6)  # FSDP v2 (fully_shard), the only FSDP that runs on CPU, arrived in accelerate 1.6
 # Runtime conflicts pip cannot see, found by the import check: older releases and the plugins pin
 # numpy<2, and pyarrow declares no numpy requirement although pyarrow >= 22 refuses numpy 1.x at import.
 CONSTRAINTS = ("pyarrow<22",)
@@ -58,10 +59,6 @@ CONSTRAINTS = ("pyarrow<22",)
 
 class EnvBuildError(SbenchError):
     """pip or the import check failed; the message holds the reason (exit 1)."""
-
-
-def release(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in version.split("."))
 
 
 def envs_root(inv: Any = None) -> Path:
@@ -158,9 +155,21 @@ class TrainerEnv:
         return str(f.get("reason") or "unknown reason")
 
 
+def release_of(text: str | None) -> tuple[int, ...]:
+    """The leading numeric release of a version string (``2.8.0+cu128`` -> (2, 8, 0)); () when none."""
+    m = re.match(r"\d+(\.\d+)*", str(text or ""))
+    return tuple(int(x) for x in m.group(0).split(".")) if m else ()
+
+
+def env_version(env: TrainerEnv, package: str) -> str | None:
+    """A built environment's version of *package*, or None."""
+    pk = {k.lower(): v for k, v in ((env.manifest or {}).get("packages") or {}).items()}
+    return pk.get(package.lower())
+
+
 def env_has(env: TrainerEnv, package: str) -> bool:
     """Whether a built environment holds *package* (its distribution name, any case)."""
-    return package.lower() in {k.lower() for k in ((env.manifest or {}).get("packages") or {})}
+    return env_version(env, package) is not None
 
 
 def lookup(version: str, root: Path) -> TrainerEnv:
@@ -182,8 +191,7 @@ def list_envs(root: Path) -> list[TrainerEnv]:
         name = p.name.removesuffix(".failed.json")
         if name.startswith(PACKAGE + "-") and not name.startswith("."):
             versions.add(name[len(PACKAGE) + 1:])
-    return [lookup(v, root) for v in sorted(versions, key=lambda v: (release(v) if v.replace(".", "").isdigit()
-                                                                       else (0,)))]
+    return [lookup(v, root) for v in sorted(versions, key=release_of)]
 
 
 @contextlib.contextmanager

@@ -325,3 +325,32 @@ def test_submit_without_preparation_refuses_a_missing_environment(cli, tmp_path,
               "--db", tmp_path / "r.duckdb")
     assert res.exit_code == 2 and "sbench env build fms-hf-tuning==3.2.2" in res.output
     assert not (tmp_path / "runs" / "noenv").exists() and not (tmp_path / "r.duckdb").exists()
+
+
+def test_environment_dependent_rules_read_the_built_environment(cli, tmp_path) -> None:
+    """FSDP on CPU needs FSDP v2 (accelerate 1.6+), DEEPSPEED needs deepspeed: plan reads sbench-env.json."""
+    envs = tmp_path / "envs"
+    _fake_env(envs, version="2.1.2", packages={"fms-hf-tuning": "2.1.2", "accelerate": "1.0.1"})
+    _fake_env(envs, version=VERSION, packages={"fms-hf-tuning": VERSION, "accelerate": "1.15.0"})
+    inv = _inventory(tmp_path, envs)
+    doc = {"experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
+           "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 2, "batch_size": 2,
+                      "trainer": "fms-hf-tuning"},
+           "grid": {"fms_hf_tuning_version": ["2.1.2", VERSION], "distributed_backend": ["FSDP", "DDP", "DEEPSPEED"]}}
+    got = {(p["entity"]["fms_hf_tuning_version"], p["entity"]["distributed_backend"]): p
+           for p in _plan(cli, tmp_path, inv, "envrules", doc)}
+    assert not got[("2.1.2", "FSDP")]["valid"]
+    assert any("accelerate 1.0.1" in r for r in got[("2.1.2", "FSDP")]["reasons"])
+    assert got[("2.1.2", "DDP")]["valid"] and got[(VERSION, "FSDP")]["valid"] and got[(VERSION, "DDP")]["valid"]
+    for v in ("2.1.2", VERSION):
+        assert any("needs deepspeed" in r for r in got[(v, "DEEPSPEED")]["reasons"])
+
+
+@pytest.mark.parametrize("line", ["--index-url http://evil/simple", "git+https://x/y.git", "trl==0.11 ; id",
+                                  "-e .", "trl @ file:///tmp/x"])
+def test_env_build_requirements_are_packages_only(cli, tmp_path, line) -> None:
+    req = tmp_path / "req.txt"
+    req.write_text(f"rich\n{line}\n")
+    res = cli("env", "build", f"fms-hf-tuning=={VERSION}", "--root", tmp_path / "envs", "--requirements", req)
+    assert res.exit_code == 2 and f"{req}:2" in res.output
+    assert not (tmp_path / "envs").exists()

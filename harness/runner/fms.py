@@ -28,7 +28,7 @@ import time
 from collections import deque
 from typing import Any
 
-from ..defaults import AUTO_STOP, RUNNER_DEFAULTS
+from ..defaults import RUNNER_DEFAULTS
 from . import train as base
 from .memsnap import MemoryRecorder
 
@@ -194,9 +194,7 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
 
     meter = base.Meter()
     counts = EntryCounts(list(tc.counts))
-    policy = base.StopPolicy(stop_after_seconds=args.stop_after_seconds, auto_stop=args.auto_stop_method == AUTO_STOP,
-                             warmup_seconds=float(ctx.runner["warmup_seconds"]),
-                             stable_seconds=float(ctx.runner["stable_seconds"]), min_steps=int(ctx.runner["min_steps"]))
+    policy = base.StopPolicy.of(args, ctx.runner)
     timeline: dict[str, Any] = {}
     memory = MemoryRecorder(int(ctx.runner.get("memory_every_steps") or RUNNER_DEFAULTS["memory_every_steps"]), None)
     stages: dict[str, Any] = {}
@@ -307,12 +305,7 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
                           "num_processes": acc.num_processes, "backend": base._backend_name(),
                           "fsdp_version": getattr(getattr(acc.state, "fsdp_plugin", None), "fsdp_version", None),
                           "requested": args.distributed_backend, "zero_stage": None, **base._wrapping(trainer)}
-    doc["auto_stop"] = ({"method": args.auto_stop_method, "warmup_seconds": policy.warmup_seconds,
-                         "stable_seconds": policy.stable_seconds, "min_steps": policy.min_steps}
-                        if policy.auto_stop else None)
-    doc["stop_after_seconds"] = args.stop_after_seconds
-    if policy.auto_stop and m.get("window") != "after_warmup":
-        ctx.note("auto-stop: training ended before warm-up did; metrics include warm-up")
+    policy.record(doc, args, ctx)
     if stages.pop("open", None) == "train":
         ctx.log.end("train", info={"global_step": m["global_step"], "stopped_by": m["stopped_by"],
                                    "train_runtime": (m.get("metrics") or {}).get("train_runtime")})

@@ -288,6 +288,22 @@ class StopPolicy:
     stable_seconds: float = RUNNER_DEFAULTS["stable_seconds"]
     min_steps: int = RUNNER_DEFAULTS["min_steps"]
 
+    @classmethod
+    def of(cls, args: argparse.Namespace, runner: dict[str, Any]) -> StopPolicy:
+        """The command line's stop flags with the spec's auto-stop settings."""
+        return cls(stop_after_seconds=args.stop_after_seconds, auto_stop=args.auto_stop_method == AUTO_STOP,
+                   warmup_seconds=float(runner["warmup_seconds"]), stable_seconds=float(runner["stable_seconds"]),
+                   min_steps=int(runner["min_steps"]))
+
+    def record(self, doc: dict[str, Any], args: argparse.Namespace, ctx: Context) -> None:
+        """Say in the rank's document how the run was to stop, once ``doc`` holds its measurements."""
+        doc["auto_stop"] = ({"method": args.auto_stop_method, "warmup_seconds": self.warmup_seconds,
+                             "stable_seconds": self.stable_seconds, "min_steps": self.min_steps}
+                            if self.auto_stop else None)
+        doc["stop_after_seconds"] = args.stop_after_seconds
+        if self.auto_stop and doc.get("window") != "after_warmup":
+            ctx.note("auto-stop: training ended before warm-up did; metrics include warm-up")
+
     @property
     def active(self) -> bool:
         return self.auto_stop or self.stop_after_seconds > 0
@@ -747,10 +763,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
             # The collator needs completion_mask (it builds the labels), so the Trainer must not drop it.
             remove_unused_columns=False,
         )
-        policy = StopPolicy(stop_after_seconds=args.stop_after_seconds, auto_stop=args.auto_stop_method == AUTO_STOP,
-                            warmup_seconds=float(ctx.runner["warmup_seconds"]),
-                            stable_seconds=float(ctx.runner["stable_seconds"]),
-                            min_steps=int(ctx.runner["min_steps"]))
+        policy = StopPolicy.of(args, ctx.runner)
         timeline: dict[str, Any] = {}
         memory = MemoryRecorder(int(ctx.runner.get("memory_every_steps") or RUNNER_DEFAULTS["memory_every_steps"]),
                                 None)
@@ -798,12 +811,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         m["training_loss"] = out.training_loss
         m["meter"] = {"mismatches": meter.mismatches, "unconsumed_batches": len(meter.pending)}
         doc.update(m)
-        doc["auto_stop"] = ({"method": args.auto_stop_method, "warmup_seconds": policy.warmup_seconds,
-                             "stable_seconds": policy.stable_seconds, "min_steps": policy.min_steps}
-                            if policy.auto_stop else None)
-        doc["stop_after_seconds"] = args.stop_after_seconds
-        if policy.auto_stop and m.get("window") != "after_warmup":
-            ctx.note("auto-stop: training ended before warm-up did; metrics include warm-up")
+        policy.record(doc, args, ctx)
         info.update(global_step=m["global_step"], stopped_by=m["stopped_by"],
                     train_runtime=(m.get("metrics") or {}).get("train_runtime"))
         if ctx.rank == 0 and ctx.paths is not None:

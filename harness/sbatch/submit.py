@@ -122,6 +122,9 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     inv: Inventory = load_inventory(inventory_path)
     sweep = load_sweep(sweep_path, model_map)
     points = plan_sweep(sweep, inv, memory=skip_predicted_oom)
+    if prepare != "no" and build_trainer_envs(sweep, inv, points, echo):
+        # Some rules read the environment (its accelerate, its plugins): decide them on what was built.
+        points = plan_sweep(sweep, inv, memory=skip_predicted_oom)
     name = resolve_executor(executor)
     workdir, db = resolve_workdir(workdir), resolve_db(db)
     campaign_dir = workdir / sweep.campaign
@@ -234,6 +237,34 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
         echo(f"prepare: SLURM job {pending} of this campaign is still queued or running; the arrays depend on it")
     report.prepare_job = pending
     return pending
+
+
+def build_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint], echo: Callable[[str], None]) -> bool:
+    """Build the trainer environments the valid points need and lack, here (the login node reaches the
+    package index; compute nodes often do not). Returns whether anything was built."""
+    from ..trainerenv import FEATURE_PLUGINS, EnvBuildError, build, envs_root, features_of, lookup
+
+    root = envs_root(inv)
+    need: dict[str, set[str]] = {}
+    for p in points:
+        if p.valid and p.entity.get("trainer") == "fms-hf-tuning":
+            feats = features_of(sweep.experiment.method, p.entity)
+            extras = need.setdefault(str(p.entity.get("fms_hf_tuning_version")), set())
+            if feats:
+                extras.add("fms-accel")
+    built = False
+    for version, extras in sorted(need.items()):
+        env = lookup(version, root)
+        lacks = extras and not set(FEATURE_PLUGINS["gptq-lora"] + FEATURE_PLUGINS["fast_moe"]) <= set(env.plugins())
+        if not env.built or lacks:
+            echo(f"env      building fms-hf-tuning=={version} in {root} (once; a few minutes)")
+            try:
+                build(version, root, extras=tuple(sorted(extras)), log=echo)
+            except EnvBuildError as exc:
+                # Recorded beside the environments: the plan that follows marks its points invalid with it.
+                echo(f"env      failed: {exc}")
+            built = True
+    return built
 
 
 def _check_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint]) -> None:
