@@ -481,10 +481,11 @@ def trainer_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition, inv:
         reasons.append(f"trainer: distributed_backend DEEPSPEED needs deepspeed in the fms-hf-tuning=={version} "
                        "environment, which the release does not install; use FSDP or DDP (or install deepspeed into "
                        f"{env.path} and run sbench env build fms-hf-tuning=={version} --refresh)")
-    if (part.is_cpu and e.get("distributed_backend") == "FSDP" and max(1, e["number_gpus"]) > 1 and env.built
-            and release_of(env_version(env, "accelerate")) < CPU_FSDP_ACCELERATE):
+    accelerate = env_version(env, "accelerate")
+    if (part.is_cpu and e.get("distributed_backend") == "FSDP" and max(1, e["number_gpus"]) > 1 and accelerate
+            and release_of(accelerate) < CPU_FSDP_ACCELERATE):
         reasons.append(f"trainer: FSDP on a CPU partition needs FSDP v2 (accelerate 1.6 or later); the "
-                       f"fms-hf-tuning=={version} environment has accelerate {env_version(env, 'accelerate')}; use DDP")
+                       f"fms-hf-tuning=={version} environment has accelerate {accelerate}; use DDP")
     if e.get("use_qlora"):
         reasons.append("trainer: use_qlora is the sbench trainer's (bitsandbytes NF4); with fms-hf-tuning use "
                        "the GPTQ-LoRA experiment")
