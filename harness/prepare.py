@@ -59,7 +59,7 @@ class Work:
     models_dir: str | None = None
     points: int = 0
     envs: dict[str, set[str]] = field(default_factory=dict)  # fms-hf-tuning release -> extras
-    envs_root: Path | None = None
+    envs_root: Path = Path(".")
 
 
 @dataclass
@@ -84,7 +84,11 @@ def work_for(sweep: Any, inv: Any, points: list[Any]) -> Work:
     from .plan import data_dir_for, shared_dir
 
     models_dir = shared_dir(inv.models_dir, inv)
-    w = Work(data_dir=data_dir_for(sweep, inv), models_dir=str(models_dir) if models_dir else None)
+    from .trainerenv import envs_root, needed
+
+    w = Work(data_dir=data_dir_for(sweep, inv), models_dir=str(models_dir) if models_dir else None,
+             envs=needed(sweep.experiment.method, points) if sweep.runner.workload == "train" else {},
+             envs_root=envs_root(inv))
     seen: set[TrainInput] = set()
     for p in points:
         if not p.valid or sweep.runner.workload != "train":
@@ -92,13 +96,6 @@ def work_for(sweep: Any, inv: Any, points: list[Any]) -> Work:
         spec = build_jobspec(sweep, inv, p, 1, "/nonexistent/sbench-prepare")
         args = parse_args(spec.train_argv)
         w.points += 1
-        if spec.trainer_env is not None:
-            from .trainerenv import envs_root, features_of
-
-            w.envs_root = envs_root(inv)
-            extras = w.envs.setdefault(spec.trainer_env["version"], set())
-            if features_of(spec.method, spec.entity):
-                extras.add("fms-accel")
         w.datasets.setdefault(spec.dataset_path, spec.dataset_id)
         names = w.models.setdefault(spec.model_source, [])
         if p.entity["model_name"] not in names:
@@ -206,7 +203,6 @@ def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> lis
     for version, extras in sorted(work.envs.items()):
         from .trainerenv import build
 
-        assert work.envs_root is not None
         t0 = time.monotonic()
         env, status = build(version, work.envs_root, extras=tuple(sorted(extras)), log=echo)
         pk = (env.manifest or {}).get("trainer_packages") or {}

@@ -35,7 +35,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,9 +141,11 @@ class TrainerEnv:
     def plugins(self) -> dict[str, str]:
         return dict((self.manifest or {}).get("plugins") or {})
 
-    def missing_plugins(self, feature: str) -> list[str]:
-        have = self.plugins()
-        return [p for p in FEATURE_PLUGINS[feature] if p not in have]
+    def lacking(self, extras: Collection[str]) -> list[str]:
+        """What a build with *extras* would add: everything when nothing is built, else missing plugins."""
+        if not self.built:
+            return [env_name(self.version)]
+        return sorted(set(PLUGINS) - set(self.plugins())) if "fms-accel" in extras else []
 
     def failed_reason(self, extras: tuple[str, ...] = ()) -> str | None:
         """The recorded failure, when it concerns a build this point needs."""
@@ -372,6 +374,17 @@ def build(version: str, root: Path, *, extras: tuple[str, ...] = (), force: bool
             os.replace(work, target)
         failed.unlink(missing_ok=True)
         return lookup(version, root), "built" if fresh else "extended"
+
+
+def needed(method: str, points: Iterable[Any]) -> dict[str, set[str]]:
+    """Release -> extras the valid fms-hf-tuning points of an experiment need."""
+    need: dict[str, set[str]] = {}
+    for p in points:
+        if p.valid and p.entity.get("trainer") == PACKAGE:
+            extras = need.setdefault(str(p.entity.get("fms_hf_tuning_version")), set())
+            if features_of(method, p.entity):
+                extras.add("fms-accel")
+    return need
 
 
 def features_of(method: str, entity: dict[str, Any]) -> list[str]:

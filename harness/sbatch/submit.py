@@ -131,7 +131,7 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     fit = cluster_fit(inv, [p for p in points if p.valid]) if name == "slurm" else ClusterFit()
     preview = prepare_points(sweep, inv, points, campaign_dir, fit=fit)
     if prepare == "no":
-        _check_trainer_envs(sweep, inv, [p for p in points if p.valid])
+        _check_trainer_envs(sweep, inv, points)
     backend = get_backend(name)
     backend.check([spec for spec, _ in preview])
     fit_notes = fit.check([spec for spec, _ in preview], inv)
@@ -242,21 +242,12 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
 def build_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint], echo: Callable[[str], None]) -> bool:
     """Build the trainer environments the valid points need and lack, here (the login node reaches the
     package index; compute nodes often do not). Returns whether anything was built."""
-    from ..trainerenv import FEATURE_PLUGINS, EnvBuildError, build, envs_root, features_of, lookup
+    from ..trainerenv import EnvBuildError, build, envs_root, lookup, needed
 
     root = envs_root(inv)
-    need: dict[str, set[str]] = {}
-    for p in points:
-        if p.valid and p.entity.get("trainer") == "fms-hf-tuning":
-            feats = features_of(sweep.experiment.method, p.entity)
-            extras = need.setdefault(str(p.entity.get("fms_hf_tuning_version")), set())
-            if feats:
-                extras.add("fms-accel")
     built = False
-    for version, extras in sorted(need.items()):
-        env = lookup(version, root)
-        lacks = extras and not set(FEATURE_PLUGINS["gptq-lora"] + FEATURE_PLUGINS["fast_moe"]) <= set(env.plugins())
-        if not env.built or lacks:
+    for version, extras in sorted(needed(sweep.experiment.method, points).items()):
+        if lookup(version, root).lacking(extras):
             echo(f"env      building fms-hf-tuning=={version} in {root} (once; a few minutes)")
             try:
                 build(version, root, extras=tuple(sorted(extras)), log=echo)
@@ -269,21 +260,15 @@ def build_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint], e
 
 def _check_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint]) -> None:
     """Without preparation, a trainer environment nobody built would fail every job that needs it."""
-    from ..trainerenv import FEATURE_PLUGINS, envs_root, features_of, lookup
+    from ..trainerenv import envs_root, lookup, needed
 
     root = envs_root(inv)
-    for p in points:
-        if p.entity.get("trainer") != "fms-hf-tuning":
-            continue
-        version = str(p.entity.get("fms_hf_tuning_version"))
-        env = lookup(version, root)
-        feats = features_of(sweep.experiment.method, p.entity)
-        lacks = sorted({q for f in feats for q in FEATURE_PLUGINS[f]} - set(env.plugins())) if env.built else []
-        if not env.built or lacks:
-            what = f"no environment for it in {root}" if not env.built else f"its environment lacks {', '.join(lacks)}"
-            raise InputError(f"{sweep.source}: trainer fms-hf-tuning {version}: {what}; build it first (sbench env "
-                             f"build fms-hf-tuning=={version}{' --extras fms-accel' if feats else ''}), or submit "
-                             "without --prepare no")
+    for version, extras in sorted(needed(sweep.experiment.method, points).items()):
+        lacks = lookup(version, root).lacking(extras)
+        if lacks:
+            raise InputError(f"{sweep.source}: trainer fms-hf-tuning {version}: {', '.join(lacks)} is missing in "
+                             f"{root}; build it first (sbench env build fms-hf-tuning=={version}"
+                             f"{' --extras fms-accel' if extras else ''}), or submit without --no-prepare")
 
 
 PREPARE_JOB_FILE = "prepare-job.json"
