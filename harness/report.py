@@ -348,12 +348,17 @@ def bar_chart(rows: Sequence[tuple[str, Sequence[tuple[str, float]], str]], colo
 
 
 # -- the page ------------------------------------------------------------------------------------------------
-def _series_key(m: Mapping[str, Any]) -> tuple[str, str, int]:
-    return (str(m.get("model_name") or "?"), str(m.get("method") or "?"), int(m.get("number_gpus") or 0))
+SeriesKey = tuple[str, str, int, str]  # model, method, number_gpus, trainer
 
 
-def _series_name(key: tuple[str, str, int], word: str = "GPU") -> str:
-    return f"{key[0]} · {key[1]} · {key[2]} {word}"
+def _series_key(m: Mapping[str, Any]) -> SeriesKey:
+    return (str(m.get("model_name") or "?"), str(m.get("method") or "?"), int(m.get("number_gpus") or 0),
+            str(m.get("trainer") or "sbench"))
+
+
+def _series_name(key: SeriesKey, word: str = "GPU") -> str:
+    # The sbench trainer is the default: only the other trainer is named.
+    return f"{key[0]} · {key[1]} · {key[2]} {word}" + (f" · {key[3]}" if key[3] != "sbench" else "")
 
 
 def _is_pow2(v: Any) -> bool:
@@ -365,8 +370,8 @@ def metric_chart(measurements: Sequence[Mapping[str, Any]], metric: str, y_label
                  height: int = 300) -> str:
     """One marker per valid measurement of *metric* vs batch size, lines through the means; OOM crosses.
     *word* names what ``number_gpus`` counts (GPUs, or worker processes on a CPU-only run)."""
-    colors: dict[tuple[str, str, int], str] = {}
-    groups: dict[tuple[str, str, int], list[tuple[float, float | None, str]]] = {}
+    colors: dict[SeriesKey, str] = {}
+    groups: dict[SeriesKey, list[tuple[float, float | None, str]]] = {}
     ooms: list[tuple[float, float | None, str]] = []
     for m in measurements:
         if m.get("batch_size") is None:
