@@ -354,3 +354,25 @@ def test_env_build_requirements_are_packages_only(cli, tmp_path, line) -> None:
     res = cli("env", "build", f"fms-hf-tuning=={VERSION}", "--root", tmp_path / "envs", "--requirements", req)
     assert res.exit_code == 2 and f"{req}:2" in res.output
     assert not (tmp_path / "envs").exists()
+
+
+@pytest.mark.train
+def test_stop_after_seconds_stops_fms_hf_tuning_at_a_step_end(tmp_path, tiny_model, small_data_dir, fms_env,
+                                                              cli) -> None:
+    path = write_sweep(tmp_path / "stop.yaml", {
+        "campaign": "fms-stop", "experiment": "finetune_full_benchmark-v1.0.0",
+        "entity": {"model_name": "tiny", "model_max_length": 512, "dataset_id": SMALL_DATASET, "batch_size": 1,
+                   "number_gpus": 1, "max_steps": 100000, "stop_after_seconds": 2, "gradient_accumulation_steps": 1,
+                   "trainer": "fms-hf-tuning", "fms_hf_tuning_version": VERSION},
+        "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)})
+    flags = ["--workdir", tmp_path / "runs", "--db", tmp_path / "r.duckdb"]
+    assert cli("submit", path, "--executor", "local", "--wait", *flags).exit_code == 0
+    assert cli("collect", *flags).exit_code == 0
+    (m,) = sql_rows(tmp_path / "r.duckdb", "SELECT m.*, r.job_dir, r.outcome FROM measurements m JOIN runs r "
+                                           "USING (run_id)")
+    r0 = json.loads(JobPaths(m["job_dir"]).rank_result(0).read_text())
+    assert m["outcome"] == "ok" and r0["stopped_by"] == "stop_after_seconds"
+    steps = r0["step_end_wall"]
+    # stopped at the first step that ended 2 s or more after training started, not one step later
+    assert steps[-1] - r0["train_start_wall"] >= 2 > steps[-2] - r0["train_start_wall"]
+    assert 1 < r0["global_step"] < 64 and m["train_runtime"] >= 2
