@@ -375,4 +375,4 @@ def test_stop_after_seconds_stops_fms_hf_tuning_at_a_step_end(tmp_path, tiny_mod
     steps = r0["step_end_wall"]
     # stopped at the first step that ended 2 s or more after training started, not one step later
     assert steps[-1] - r0["train_start_wall"] >= 2 > steps[-2] - r0["train_start_wall"]
-    assert 1 < r0["global_step"] < 64 and m["train_runtime"] >= 2
+    assert r0["global_step"] == len(steps) > 1 and m["train_runtime"] >= 2
