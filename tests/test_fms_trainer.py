@@ -309,6 +309,9 @@ def test_oom_inside_fms_hf_tuning_is_an_invalid_measurement(tmp_path, tiny_model
     assert run["outcome"] == "invalid" and "OutOfMemoryError" in run["reason"], run["reason"]
     err = json.loads(JobPaths(run["job_dir"]).error(0).read_text())
     assert err["kind"] == "invalid" and err["stage"] == "train"
+    # fms-hf-tuning's own termination log lands in the job dir, not in the directory sbench ran from
+    assert "OOM error during training" in (Path(run["job_dir"]) / "termination.0.log").read_text()
+    assert not Path("error.log").exists()
 
 
 def test_submit_without_preparation_refuses_a_missing_environment(cli, tmp_path, tiny_model, small_data_dir) -> None:

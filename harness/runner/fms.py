@@ -271,6 +271,10 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
         return out
 
     st.train = train_with_sbench
+    # fms-hf-tuning appends its own account of a failure to $TERMINATION_LOG_FILE, else ./error.log
+    # (wherever the job was started): keep it in the job directory, per rank.
+    os.environ["TERMINATION_LOG_FILE"] = str(ctx.paths.root / f"termination.{ctx.rank}.log") if ctx.paths \
+        else os.devnull
     if ctx.world_size > 1:
         os.environ.setdefault("FSDP_USE_ORIG_PARAMS", str(args.fsdp_use_orig_params).lower())
     ctx.log.start("model_load")
