@@ -61,15 +61,26 @@ class Attempt:
 
 
 _SENTINEL = "SBENCHHOSTSENTINEL"
+_PATTERNS: dict[Any, tuple[str, str]] = {}
+
+
+def named(names: list[str], make: Callable[[str], Path]) -> list[tuple[str, str]]:
+    """(part, file name) for the *names* that match JobPaths's naming *make* (e.g. ``paths.stages``), by
+    part: the host (or rank) the file is of. Works on one directory listing, so a job dir is listed once
+    instead of once per file kind."""
+    key = getattr(make, "__func__", make)
+    pattern = _PATTERNS.get(key)
+    if pattern is None:
+        pre, suf = make(_SENTINEL).name.split(_SENTINEL)
+        pattern = _PATTERNS[key] = (pre, suf)
+    pre, suf = pattern
+    a, b, n = len(pre), len(suf), len(pre) + len(suf)
+    return sorted((x[a:len(x) - b], x) for x in names if len(x) > n and x.startswith(pre) and x.endswith(suf))
 
 
 def names_like(names: list[str], make: Callable[[str], Path]) -> list[str]:
-    """The host (or rank) parts of *names* that match JobPaths's naming *make*, e.g. ``paths.stages``.
-
-    Works on one directory listing, so a job dir is listed once instead of once per file kind."""
-    pre, suf = make(_SENTINEL).name.split(_SENTINEL)
-    n = len(pre) + len(suf)
-    return sorted(x[len(pre):len(x) - len(suf)] for x in names if len(x) > n and x.startswith(pre) and x.endswith(suf))
+    """The host (or rank) parts of *names* that match JobPaths's naming *make*, e.g. ``paths.stages``."""
+    return [part for part, _ in named(names, make)]
 
 
 # -- discovery -------------------------------------------------------------------------------------------

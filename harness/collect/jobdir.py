@@ -4,6 +4,7 @@ what was wrong with any of them. Nothing here decides an outcome (see ``outcome.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 from ..catalog import EXPERIMENTS
 from ..paths import JobPaths
-from .discover import Attempt, names_like, scan
+from .discover import Attempt, named, names_like, scan
 from .parse import StageLog, nccl_transport, parse_stages, read_json
 
 
@@ -85,14 +86,14 @@ def _slurm_tail(paths: JobPaths) -> str | None:
     return None
 
 
-def _object(path: Path, problems: list[str]) -> dict[str, Any] | None:
+def _object(path: str | os.PathLike[str], problems: list[str]) -> dict[str, Any] | None:
     doc, p = read_json(path)
     if p:
         problems.append(p)
     if isinstance(doc, dict):
         return doc
     if doc is not None:
-        problems.append(f"{path.name}: not a JSON object")
+        problems.append(f"{os.path.basename(path)}: not a JSON object")
     return None
 
 
@@ -117,22 +118,25 @@ def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobF
     if paths is None:
         return f
     names = att.files if att.files is not None else (scan(jd)[1] or [])
-    for h in names_like(names, paths.stages):
-        f.stage_logs[h] = parse_stages(paths.stages(h), h)
+    root = str(jd)
+    join = os.path.join  # plain strings: a Path per file costs more than reading a small file
+    for h, name in named(names, paths.stages):
+        f.stage_logs[h] = parse_stages(join(root, name), h)
         f.problems += f.stage_logs[h].problems
-    for h in names_like(names, paths.result):
-        if (doc := _object(paths.result(h), f.problems)) is not None:
+    for h, name in named(names, paths.result):
+        if (doc := _object(join(root, name), f.problems)) is not None:
             f.results[h] = doc
-    for h in names_like(names, paths.environment):
-        doc, p = read_json(paths.environment(h))
+    for h, name in named(names, paths.environment):
+        doc, p = read_json(join(root, name))
         if p:
             f.problems.append(p)
         if isinstance(doc, dict):
             f.envs[h] = doc
     f.sample_hosts = names_like(names, paths.samples)
-    f.log_hosts = names_like(names, paths.train_log)
-    for r in names_like(names, paths.rank_result):
-        doc, p = read_json(paths.rank_result(r))
+    logs = named(names, paths.train_log)
+    f.log_hosts = [h for h, _ in logs]
+    for _r, name in named(names, paths.rank_result):
+        doc, p = read_json(join(root, name))
         if p:
             f.problems.append(p)
         if isinstance(doc, dict) and (rk := count(doc.get("rank"), 0)) is not None:
@@ -146,8 +150,8 @@ def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobF
         for res in f.results.values():
             if isinstance(res.get("training"), dict):
                 f.rank0 = res["training"]
-    for r in names_like(names, paths.error):
-        doc, p = read_json(paths.error(r))
+    for r, name in named(names, paths.error):
+        doc, p = read_json(join(root, name))
         if p:
             f.problems.append(p)
         if isinstance(doc, dict):
@@ -159,8 +163,8 @@ def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobF
     f.killed_by = next((count(r.get("terminated_by") or r.get("signal"), 1, 255) for r in f.results.values()
                         if r.get("terminated_by") or r.get("signal")), None) or \
         count(f.submitted.get("exit_signal"), 1, 255)
-    for h in f.log_hosts:
-        f.transports[h], f.nccl_lines[h] = nccl_transport(paths.train_log(h))
+    for h, name in logs:
+        f.transports[h], f.nccl_lines[h] = nccl_transport(join(root, name))
     if not f.hosts_all:
         f.slurm_tail = _slurm_tail(paths)
     return f

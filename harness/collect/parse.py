@@ -22,15 +22,19 @@ except ImportError:  # pragma: no cover - orjson is a dependency; plain json sti
 MAX_FILE_BYTES = 256 << 20  # a runner's JSON or JSON-lines file larger than this is not read
 
 
-def _size_problem(path: Path, size: int) -> str | None:
+def _name(path: str | os.PathLike[str]) -> str:
+    return os.path.basename(path)
+
+
+def _size_problem(path: str | os.PathLike[str], size: int) -> str | None:
     if size > MAX_FILE_BYTES:
-        return f"{path.name}: {size} bytes, larger than the {MAX_FILE_BYTES >> 20} MiB a runner file can be; not read"
+        return f"{_name(path)}: {size} bytes, larger than the {MAX_FILE_BYTES >> 20} MiB a runner file can be; not read"
     return None
 
 
-def _too_large(path: Path) -> str | None:
+def _too_large(path: str | os.PathLike[str]) -> str | None:
     try:
-        return _size_problem(path, path.stat().st_size)
+        return _size_problem(path, os.stat(path).st_size)
     except OSError:
         return None
 
@@ -42,7 +46,7 @@ def _read_rest(fd: int) -> bytes:
     return b"".join(parts)
 
 
-def read_json(path: Path) -> tuple[Any, str | None]:
+def read_json(path: str | os.PathLike[str]) -> tuple[Any, str | None]:
     """(document, None), (None, problem) for unreadable/corrupt content, (None, None) when missing."""
     try:
         fd = os.open(path, os.O_RDONLY)  # no buffered file object: half the cost for a small file
@@ -59,25 +63,26 @@ def read_json(path: Path) -> tuple[Any, str | None]:
     except FileNotFoundError:
         return None, None
     except OSError as exc:
-        return None, f"{path.name}: unreadable ({exc.strerror})"
+        return None, f"{_name(path)}: unreadable ({exc.strerror})"
     try:
         return _fast_loads(data), None  # the common case; NaN, huge integers or bad bytes go the slow way
     except (ValueError, RecursionError, TypeError):
         pass
     text = data.decode("utf-8", errors="replace")
     if not text.strip():
-        return None, f"{path.name}: empty file"
+        return None, f"{_name(path)}: empty file"
     try:
         return json.loads(text), None  # Python's parser: accepts NaN/Infinity (stored as NULL later)
     except RecursionError:
-        return None, f"{path.name}: nested too deeply to be a runner file"
+        return None, f"{_name(path)}: nested too deeply to be a runner file"
     except json.JSONDecodeError as exc:
         if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
-            return None, f"{path.name} line {exc.lineno}: truncated JSON"
-        return None, f"{path.name} line {exc.lineno}: invalid JSON ({exc.msg})"
+            return None, f"{_name(path)} line {exc.lineno}: truncated JSON"
+        return None, f"{_name(path)} line {exc.lineno}: invalid JSON ({exc.msg})"
 
 
-def read_jsonl(path: Path, required: Iterable[str] = ()) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
+def read_jsonl(path: str | os.PathLike[str],
+               required: Iterable[str] = ()) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
     """Objects of a JSON-lines file with their line numbers, and a problem per bad line.
 
     A last line without its newline that does not parse is "truncated JSON" (the writer died or is
@@ -86,12 +91,14 @@ def read_jsonl(path: Path, required: Iterable[str] = ()) -> tuple[list[tuple[int
     big = _too_large(path)
     if big:
         return [], [big]
+    name = _name(path)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except FileNotFoundError:
         return [], []
     except OSError as exc:
-        return [], [f"{path.name}: unreadable ({exc.strerror})"]
+        return [], [f"{name}: unreadable ({exc.strerror})"]
     out: list[tuple[int, dict[str, Any]]] = []
     problems: list[str] = []
     lines = data.split(b"\n")
@@ -107,29 +114,30 @@ def read_jsonl(path: Path, required: Iterable[str] = ()) -> tuple[list[tuple[int
                 objs = json.loads(b"[" + b",".join(raw for _, raw in numbered) + b"]")
             except (ValueError, RecursionError):
                 objs = None
+        keys = frozenset(need)
         if objs is not None and len(objs) == len(numbered) and all(
-                isinstance(o, dict) and all(k in o for k in need) for o in objs):
+                o.__class__ is dict and keys <= o.keys() for o in objs):
             return [(i, o) for (i, _), o in zip(numbered, objs)], []
     for i, raw in numbered:
         is_last_partial = i == len(lines) and not complete_last
         try:
             obj = json.loads(raw.decode("utf-8", errors="replace"))
         except (json.JSONDecodeError, RecursionError):
-            problems.append(f"{path.name} line {i}: {'truncated' if is_last_partial else 'invalid'} JSON")
+            problems.append(f"{name} line {i}: {'truncated' if is_last_partial else 'invalid'} JSON")
             continue
         if not isinstance(obj, dict):
-            problems.append(f"{path.name} line {i}: not a JSON object")
+            problems.append(f"{name} line {i}: not a JSON object")
             continue
         missing = [k for k in need if k not in obj]
         if missing:
-            problems.append(f"{path.name} line {i}: missing {', '.join(missing)}")
+            problems.append(f"{name} line {i}: missing {', '.join(missing)}")
             continue
         out.append((i, obj))
     return out, problems
 
 
 # -- stages -----------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class StageRow:
     host: str
     rank: int | None
@@ -176,48 +184,80 @@ class StageLog:
     last_restart: int = 0
 
 
-def parse_stages(path: Path, host: str) -> StageLog:
+def parse_stages(path: str | os.PathLike[str], host: str) -> StageLog:
     """Pair ``start``/``end`` events by (rank, stage, trial, restart, pid), in file order."""
     log = StageLog(host)
     events, problems = read_jsonl(path, STAGE_KEYS)
     log.problems.extend(problems)
-    open_: dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]] = {}
+    open_: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    rows = log.rows
+    last_restart = 0
     for lineno, ev in events:
-        restart = _int(ev.get("restart")) or 0
-        log.last_restart = max(log.last_restart, restart)
-        key = (_int(ev.get("rank")), str(ev["stage"]), _int(ev.get("trial")), restart, _int(ev.get("pid")))
-        if ev["event"] == "start":
-            open_.setdefault(key, []).append((lineno, ev))
-        elif ev["event"] == "end":
+        # The runner writes ints (or null) here; anything else goes through _int. Inlined: this loop runs
+        # for every event of every run a collect reads.
+        get = ev.get
+        restart, rank, trial, pid = get("restart"), get("rank"), get("trial"), get("pid")
+        if restart.__class__ is not int:
+            restart = _int(restart) or 0
+        if rank is not None and rank.__class__ is not int:
+            rank = _int(rank)
+        if trial is not None and trial.__class__ is not int:
+            trial = _int(trial)
+        if pid is not None and pid.__class__ is not int:
+            pid = _int(pid)
+        if restart > last_restart:
+            last_restart = restart
+        stage = ev["stage"]
+        key = (rank, stage if stage.__class__ is str else str(stage), trial, restart, pid)
+        event = ev["event"]
+        if event == "start":
+            if key in open_:
+                open_[key].append(ev)
+            else:
+                open_[key] = [ev]
+        elif event == "end":
             starts = open_.get(key)
-            start = starts.pop(0)[1] if starts else None
+            start = starts.pop(0) if starts else None
             if start is None:
-                log.problems.append(f"{path.name} line {lineno}: end of {key[1]} without a start")
-            log.rows.append(_stage_row(host, key, start, ev))
+                log.problems.append(f"{_name(path)} line {lineno}: end of {key[1]} without a start")
+            rows.append(_stage_row(host, key, start, ev))
         else:
-            log.problems.append(f"{path.name} line {lineno}: unknown event {ev['event']!r}")
+            log.problems.append(f"{_name(path)} line {lineno}: unknown event {event!r}")
+    log.last_restart = last_restart
     for key, starts in open_.items():
-        for _lineno, ev in starts:
-            log.rows.append(_stage_row(host, key, ev, None))
-    log.rows.sort(key=lambda r: (r.restart, r.start_wall if r.start_wall is not None else float("inf"),
-                                 r.rank if r.rank is not None else -1, r.stage, r.trial or 0))
+        for ev in starts:
+            rows.append(_stage_row(host, key, ev, None))
+    rows.sort(key=lambda r: (r.restart, r.start_wall if r.start_wall is not None else float("inf"),
+                             r.rank if r.rank is not None else -1, r.stage, r.trial or 0))
     return log
 
 
 def _stage_row(host: str, key: tuple[Any, ...], start: Mapping[str, Any] | None,
                end: Mapping[str, Any] | None) -> StageRow:
     rank, stage, trial, restart, pid = key
-    sw = _num(start.get("t_wall")) if start else None
-    ew = _num(end.get("t_wall")) if end else None
+    sw = ew = sm = em = None
+    if start is not None:
+        sw, sm = start.get("t_wall"), start.get("t_mono")
+        if sw.__class__ is not float:
+            sw = _num(sw)
+    if end is None:
+        return StageRow(host, rank, stage, trial, restart, pid, sw, None, None, "incomplete", None, None)
+    ew = end.get("t_wall")
+    if ew.__class__ is not float:
+        ew = _num(ew)
     dur = None
-    if start and end:
-        sm, em = _num(start.get("t_mono")), _num(end.get("t_mono"))
+    if start is not None:
+        em = end.get("t_mono")
+        if sm.__class__ is not float:
+            sm = _num(sm)
+        if em.__class__ is not float:
+            em = _num(em)
         dur = em - sm if sm is not None and em is not None else (ew - sw if sw is not None and ew is not None else None)
-    status = "incomplete" if end is None else str(end.get("status") or "ok")
-    err = end.get("error") if end else None
-    return StageRow(host=host, rank=rank, stage=stage, trial=trial, restart=restart, pid=pid, start_wall=sw,
-                    end_wall=ew, duration_s=dur, status=status, error=None if err is None else str(err),
-                    info=end.get("info") if end else None)
+    status = end.get("status")
+    err = end.get("error")
+    return StageRow(host, rank, stage, trial, restart, pid, sw, ew, dur,
+                    status if status.__class__ is str and status else str(status or "ok"),
+                    None if err is None else str(err), end.get("info"))
 
 
 # -- NCCL transport -----------------------------------------------------------------------------------------
@@ -226,7 +266,7 @@ _NCCL = re.compile(
     rb"Using network (\w+)|Channel [^\n]* via (NET/\w+)[^\n]*)")
 
 
-def nccl_transport(path: Path) -> tuple[str | None, str | None]:
+def nccl_transport(path: str | os.PathLike[str]) -> tuple[str | None, str | None]:
     """The inter-node transport NCCL chose in a training log: ``'roce'``, ``'ib'``, ``'socket'`` or
     None (no NCCL network line: a single-node run, NCCL_DEBUG off, or no log), with the line that
     says so.
@@ -235,7 +275,8 @@ def nccl_transport(path: Path) -> tuple[str | None, str | None]:
     from InfiniBand (``/IB``); ``NET/Socket : Using`` and channels ``via NET/Socket`` mean TCP.
     """
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError:
         return None, None
     ib_line = ib_kind = None
