@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from .discover import Attempt
 from .jobdir import JobFiles, count, first_line
 from .outcome import Sched, Verdict
 from .parse import summarize_transports
-from .store import entity_values, to_json, utc
+from .store import EPOCH as _EPOCH, entity_values, to_json, utc
 
 _f = aggregate._f
 _PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "submitit", "duckdb")
@@ -87,11 +88,16 @@ def host_rows(f: JobFiles, v: Verdict, run_id: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _when(t: float | None) -> datetime | None:
+    """:func:`utc` of an epoch time, the usual case (a float within years 1970-5138) without its checks."""
+    return _EPOCH + timedelta(seconds=t) if t.__class__ is float and 0.0 <= t < 1e11 else utc(t)
+
+
 def stage_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
     return [{"run_id": run_id, "host": h, "rank": r.rank, "stage": r.stage, "trial": r.trial, "restart": r.restart,
-             "pid": r.pid, "start_wall": r.start_wall, "end_wall": r.end_wall, "started_at": utc(r.start_wall),
-             "ended_at": utc(r.end_wall), "duration_s": r.duration_s, "status": r.status, "error": r.error,
-             "info": to_json(r.info)}
+             "pid": r.pid, "start_wall": r.start_wall, "end_wall": r.end_wall, "started_at": _when(r.start_wall),
+             "ended_at": _when(r.end_wall), "duration_s": r.duration_s, "status": r.status, "error": r.error,
+             "info": None if r.info is None else to_json(r.info)}
             for h, log in sorted(f.stage_logs.items()) for r in log.rows]
 
 

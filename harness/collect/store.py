@@ -57,6 +57,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import operator
 import os
 import re
 import time
@@ -404,6 +405,12 @@ def _column(values: Sequence[Any], sql_type: str) -> np.ndarray:
     same = _AS_IS.get(sql_type)
     if same is not None:
         arr[:] = [v if v.__class__ is same else None if v is None else conv(v) for v in values]
+    elif sql_type == "VARCHAR":  # the common case inlined: plain ASCII text without NUL is stored as is
+        arr[:] = [v if v.__class__ is str and v.isascii() and "\0" not in v else None if v is None else conv(v)
+                  for v in values]
+    elif sql_type in _INT_RANGE:  # an int in the column's range is stored as is
+        lo, hi = -_INT_RANGE[sql_type], _INT_RANGE[sql_type]
+        arr[:] = [v if v.__class__ is int and lo <= v < hi else None if v is None else conv(v) for v in values]
     else:
         arr[:] = [None if v is None else conv(v) for v in values]
     return arr
@@ -411,16 +418,47 @@ def _column(values: Sequence[Any], sql_type: str) -> np.ndarray:
 
 def frame(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
     """Rows as a dict of typed object arrays, which DuckDB scans directly (no pandas, no row loop)."""
-    return {c: _column([r.get(c) for r in rows], t) for c, t in columns}
+    names = [c for c, _ in columns]
+    values: Sequence[Sequence[Any]] = [[] for _ in names]
+    if rows:
+        try:  # rows that have every column (the usual case): transposed at C speed
+            values = list(zip(*map(operator.itemgetter(*names), rows))) if len(names) > 1 else \
+                [[r[names[0]] for r in rows]]
+        except KeyError:
+            values = [[r.get(c) for r in rows] for c in names]
+    return {c: _column(v, t) for (c, t), v in zip(columns, values)}
 
 
 @dataclass
 class Staged:
-    """Rows of one table as typed columns (:func:`frame`), ready for :meth:`Store.insert`."""
+    """Rows of one table as typed columns (an Arrow table, else :func:`frame`'s arrays), ready for
+    :meth:`Store.insert`."""
 
     table: str
     rows: int
-    columns: dict[str, np.ndarray]
+    columns: Any
+
+
+# Arrow types of the column types (an Arrow table is scanned by DuckDB in parallel, without the GIL).
+_ARROW_TYPES = {"VARCHAR": "string", "JSON": "string", "BIGINT": "int64", "INTEGER": "int32", "DOUBLE": "float64",
+                "BOOLEAN": "bool_", "TIMESTAMP": "timestamp", "VARCHAR[]": "list_"}
+
+
+def arrow(columns: Sequence[tuple[str, str]], arrays: Mapping[str, np.ndarray]) -> Any:
+    """:func:`frame`'s arrays as an Arrow table; the arrays themselves when a column has no plain Arrow
+    type or a value does not convert (DuckDB converts those while scanning)."""
+    if any(t not in _ARROW_TYPES for _, t in columns):
+        return arrays
+    import pyarrow as pa  # here, not at import: most commands never write
+
+    def typ(t: str) -> Any:
+        return pa.timestamp("us") if t == "TIMESTAMP" else pa.list_(pa.string()) if t == "VARCHAR[]" else \
+            getattr(pa, _ARROW_TYPES[t])()
+
+    try:
+        return pa.table({c: pa.array(arrays[c], type=typ(t), from_pandas=False) for c, t in columns})
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return arrays
 
 
 def check_keys(table: str, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -442,7 +480,7 @@ def stage(table: str, rows: Sequence[Mapping[str, Any]]) -> Staged:
     """Convert *rows* for :meth:`Store.insert` into *table*; pure Python, no database (so it can be done
     while the connection is busy elsewhere). A key that is no column of *table* raises ValueError."""
     check_keys(table, rows)
-    return Staged(table, len(rows), frame(SCHEMA[table], rows) if rows else {})
+    return Staged(table, len(rows), arrow(SCHEMA[table], frame(SCHEMA[table], rows)) if rows else {})
 
 # The samples CSV format (docs/job-directory.md): column order and types.
 SAMPLE_CSV_COLUMNS = (("t_wall", "DOUBLE"), ("t_mono", "DOUBLE"), ("kind", "VARCHAR"), ("device", "INTEGER"),
@@ -461,7 +499,7 @@ def q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-_EPOCH = _dt.datetime(1970, 1, 1)
+EPOCH = _EPOCH = _dt.datetime(1970, 1, 1)  # naive UTC, as stored
 
 
 def utc(value: Any) -> _dt.datetime | None:
