@@ -1279,7 +1279,8 @@ class Store:
         self.con.register("_sbench_win", tbl)
         try:
             # Aggregate on the small integer key (one file = one run and host) split by in/out of the
-            # window (cheaper than filtered aggregates), fold the split, then name the files.
+            # window (cheaper than filtered aggregates), GPU and process rows apart (each kind updates only
+            # its own aggregates), fold the split, then name the files.
             return self.fetch_dicts("""
                 WITH w AS (SELECT f.file_id, coalesce(x.w_start, '-infinity'::DOUBLE) AS lo,
                                   coalesce(x.w_end, 'infinity'::DOUBLE) AS hi
@@ -1292,10 +1293,16 @@ class Store:
                            max(100.0 * mem_used_mb / nullif(mem_total_mb, 0)) AS mem_util_peak,
                            avg(power_w) AS power_w,
                            avg(100.0 * power_w / nullif(power_limit_w, 0)) AS power_pct,
-                           avg(cpu_pct) AS cpu_pct,
-                           avg(mem_pct) AS mem_pct,
-                           max(rss_mb) AS rss_mb_max
+                           NULL::DOUBLE AS cpu_pct, NULL::DOUBLE AS mem_pct, NULL::DOUBLE AS rss_mb_max
                     FROM sample_rows s JOIN w USING (file_id)
+                    WHERE kind = 'gpu'
+                    GROUP BY ALL
+                    UNION ALL
+                    SELECT file_id, kind, device, coalesce(s.t_wall BETWEEN w.lo AND w.hi, false) AS inw,
+                           count(*) AS n, NULL, NULL, NULL, NULL, NULL,
+                           avg(cpu_pct), avg(mem_pct), max(rss_mb)
+                    FROM sample_rows s JOIN w USING (file_id)
+                    WHERE kind <> 'gpu'
                     GROUP BY ALL),
                      a AS (
                     SELECT file_id, kind, device, CAST(sum(n) AS BIGINT) AS rows_all,
