@@ -444,6 +444,56 @@ def test_requeued_job_stays_one_run(wd, tmp_path):
     assert rows_of(db, "SELECT count(*), any_value(state), any_value(outcome) FROM runs") == [(1, "RUNNING", None)]
 
 
+def test_state_change_alone_rereads_the_run_with_one_copy_of_its_samples(wd, tmp_path):
+    # Same files, new scheduler state: the run is re-read (its samples deleted and loaded again, after the
+    # loads of the runs whose files changed), never doubled.
+    run = write_attempt(wd, 17)
+    other = write_attempt(wd, 18, results=False)
+    fake = FakeSlurm({run["job_id"]: ("RUNNING", "0:0", "node1"), other["job_id"]: ("RUNNING", "0:0", "node1")})
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=fake)
+    n_rows = sum(len(r) for r in run["rows"].values())
+    rid = run["run_id"]
+    assert rows_of(db, "SELECT count(*) FROM samples WHERE run_id = ?", [rid]) == [(n_rows,)]
+    fake.jobs[run["job_id"]] = ("COMPLETED", "0:0", "node1")
+    with other["paths"].samples("node1").open("a") as fh:  # the other run's files change meanwhile
+        fh.write(synth.sample_line(synth.gen_samples(synth.T0 + 20, 1, 2, seed=7)[0]) + "\n")
+    rep = collect(db, wd, sacct_runner=fake)
+    assert (rep.new, rep.updated) == (0, 2)
+    assert one(db, "SELECT state, outcome, sample_rows FROM runs WHERE run_id = ?", [rid]) == {
+        "state": "COMPLETED", "outcome": "ok", "sample_rows": n_rows}
+    assert rows_of(db, "SELECT count(*) FROM samples WHERE run_id = ?", [rid]) == [(n_rows,)]
+    assert rows_of(db, "SELECT count(*), count(DISTINCT file_id) FROM sample_files") == [(2, 2)]
+    # every sample row belongs to a recorded file
+    assert rows_of(db, "SELECT count(*) FROM sample_rows WHERE file_id NOT IN (SELECT file_id FROM sample_files)") \
+        == [(0,)]
+
+
+def test_an_interrupted_collect_stops_its_database_worker_and_changes_nothing(wd, tmp_path, monkeypatch):
+    # Ctrl-C while the samples load: the load is interrupted, the transaction rolled back, no thread left.
+    import threading
+
+    from harness.collect import ingest
+    write_attempt(wd, 19)
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, sacct_runner=FakeSlurm())
+    before = dump(db)
+    for i in range(60, 64):
+        write_attempt(wd, i, ticks=400)
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ingest, "stage", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        collect(db, wd, sacct_runner=FakeSlurm())
+    assert not [t for t in threading.enumerate() if t.name.startswith("sbench-collect-db")]
+    assert dump(db) == before
+    monkeypatch.undo()
+    rep = collect(db, wd, sacct_runner=FakeSlurm())
+    assert rep.new == 4 and rows_of(db, "SELECT count(*) FROM runs") == [(5,)]
+
+
 def test_hand_rendered_job_dir_without_manifest_is_collected(wd, tmp_path):
     run = write_attempt(wd, 16, manifest=False, executor="local")
     synth.write_json(run["paths"].submitted, {"executor": "local", "job_id": "not-a-pid",

@@ -227,3 +227,19 @@ def test_a_row_with_an_unknown_key_fails_loudly(tmp_path) -> None:
     with open_store(tmp_path / "r.duckdb") as store, store.transaction():
         with pytest.raises(ValueError, match="runs: row with unknown column"):
             store.replace_runs([{"run_id": "x", "campaing": "c"}])
+
+
+def test_epoch_columns_are_converted_at_once_exactly_as_one_by_one():
+    # The vector conversion of epoch seconds must give the very datetimes utc() gives value by value,
+    # half-microsecond ties included (rounded half to even), NULLs kept; anything else takes the slow way.
+    import random
+
+    from harness.collect.store import _column, _epochs, utc
+    rnd = random.Random(5)
+    values = [rnd.uniform(0, 4e9) for _ in range(20000)] + [k + 0.5e-6 for k in range(200)] + \
+        [k + 1.5e-6 for k in range(200)] + [1763769601.9999996, 0.0, None, 1e-7]
+    got = _column(values, "TIMESTAMP")
+    assert got.dtype.kind == "M"
+    assert [None if v != v else v.astype(object) for v in got] == [utc(v) for v in values]
+    assert _epochs([1.0, 2]) is None and _epochs([1e12]) is None and _epochs([-1.0]) is None
+    assert list(_column([1e12, None], "TIMESTAMP")) == [None, None]  # out of range: NULL, as utc() says

@@ -11,9 +11,9 @@ Runs come from ``<workdir>/*/manifest.jsonl`` (re-recorded only when the file ch
 ``<workdir>/<campaign>/*/spec.json`` (job dirs rendered and submitted by hand; a dir that was only
 rendered, with nothing submitted or run, is skipped). SLURM runs are looked up with one batched
 ``sacct`` call (``squeue`` when sacct cannot answer); local runs by their process id; the files decide
-the rest. Samples are bulk-loaded by DuckDB's CSV reader in one scan over all new files, in a helper
-thread that runs while the job dirs are parsed (same connection, same transaction; the parse does not
-use the database).
+the rest. The database work runs on a worker thread of its own (``loading``: the same connection and
+transaction, one statement at a time): samples are bulk-loaded by DuckDB's CSV reader, in one scan over
+all the files that changed, while this thread scans the job dirs, asks the scheduler and parses them.
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,14 +34,14 @@ import duckdb
 from ..errors import CollectError
 from ..paths import JobPaths
 from . import rows
-from .discover import Attempt, Manifest, discover, rendered_names, sample_files_of, scan, spec_exec, spec_rows
+from .discover import Attempt, Manifest, discover, rendered_names, scan, spec_exec, spec_rows
 from .jobdir import read_job
+from .loading import SampleLoads, Worker
 from .outcome import Sched, decide
-from .parse import csv_tail
 from ..references import refresh_checks
 from .rows import RunData
 from .sacct import FINAL_STATES, JobAccounting, Runner, query_sacct, query_squeue
-from .store import open_store, stage, utc
+from .store import Store, open_store, stage, utc
 
 Progress = Callable[[str, int, int], None]
 PAUSE_ENV = "SBENCH_COLLECT_PAUSE_AT"  # tests: pause at a phase (inside the transaction) to be killed there
@@ -63,9 +61,10 @@ class CollectReport:
     sacct: str | None = None
     warnings: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
-    # Seconds per phase, in order (they add up to elapsed_s): discover, decide, delete, parse (the sample
-    # load runs meanwhile), samples (what is left of the load after parsing), measure, write, commit;
-    # plus samples_load, the load's own duration (it overlaps parse, so it is not part of the sum).
+    # Seconds per phase, in order (they add up to elapsed_s): discover (the manifests are recorded
+    # meanwhile), decide, parse (the samples load meanwhile), samples (what is left of the load after
+    # parsing), measure, write, commit; plus samples_load, the load's own duration (it overlaps the
+    # phases before it, so it is not part of the sum).
     timings: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,22 +176,29 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     report.warnings += warns
     if not wd.is_dir():
         report.warnings.append(f"{wd}: no such directory; nothing to collect (pass --workdir)")
-    for a in attempts.values():
-        a.fingerprint, a.files = scan(a.job_dir)
     # A job dir that was only rendered (a preview: no manifest line, never submitted, nothing ran) is no run.
-    previews = [rid for rid, a in attempts.items() if a.manifest is None and a.job_dir is not None
-                and set(a.files or ()) <= rendered_names(JobPaths(a.job_dir))]
-    for rid in previews:
-        del attempts[rid]
-    prog("discover", 1, 1)
-    clock.lap("discover")
+    for rid, a in list(attempts.items()):
+        if a.manifest is None:
+            a.fingerprint, a.files = scan(a.job_dir)
+            if a.job_dir is not None and set(a.files or ()) <= rendered_names(JobPaths(a.job_dir)):
+                del attempts[rid]
     tmpdir = Path(tempfile.mkdtemp(prefix="sbench-collect-"))
     # The parse makes ~100 small objects per job dir and frees none of them until the end: the cyclic
     # collector would rescan them all again and again (a quarter of the parse's time) and find nothing.
     gc_was_on = gc.isenabled()
     gc.disable()
     try:
-        _collect(db, wait_s, report, manifests, attempts, sacct_runner, prog, clock, tmpdir)
+        with open_store(db, wait_s=wait_s) as store:
+            with store.transaction():
+                worker = Worker(store)
+                try:
+                    _collect(store, worker, report, manifests, attempts, sacct_runner, prog, clock, tmpdir)
+                except BaseException:
+                    worker.abort()
+                    raise
+                worker.close()
+            clock.lap("commit")
+            report.outcomes, report.accounting = store.run_counts()
     except duckdb.Error as exc:
         raise CollectError(f"{db}: collect failed and changed nothing (rolled back): {exc}") from None
     finally:
@@ -203,209 +209,151 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     return report
 
 
-@dataclass
-class SampleFile:
-    """One samples CSV to load: where the reader reads it (``use``: the file, or a link/trimmed copy in
-    the temp dir) and what it belongs to."""
-
-    file_id: int
-    run_id: str
-    host: str
-    path: Path
-    use: str
-    truncated_line: int | None = None  # 1-based number of a last line cut mid-write (not loaded)
-
-
-def _sample_inputs(changed: list[tuple[Attempt, Sched, dict[str, Any]]], first_id: int,
-                   tmpdir: Path) -> list[SampleFile]:
-    """The sample CSVs of the changed runs, numbered from *first_id*. A file whose last line was cut
-    mid-write (no final newline) is loaded from a copy without that line, so a half-written number
-    never gets in. Needs only the directory listings, so the load can start before the runs are parsed."""
-    files: list[SampleFile] = []
-    for a, _s, _info in changed:
-        for host, path in sample_files_of(a):
-            i = len(files)
-            use = str(path)
-            if any(c in use for c in "*?[{"):
-                # DuckDB's reader expands glob characters in file names: read such a file via a plain link.
-                link = tmpdir / f"{i}.link.csv"
-                link.symlink_to(path)
-                use = str(link)
-            sf = SampleFile(first_id + i, a.run_id, host, path, use)
-            tail = csv_tail(path)
-            if tail is not None:
-                cut, sf.truncated_line = tail
-                copy = tmpdir / f"{i}.csv"
-                with path.open("rb") as src, copy.open("wb") as dst:
-                    dst.write(src.read(cut))
-                sf.use = str(copy)
-            files.append(sf)
-    return files
+def _record(store: Store, manifests: list[Manifest], attempts: dict[str, Attempt],
+            index: dict[str, dict[str, Any]]) -> tuple[bool, list[str], dict[str, dict[str, Any]]]:
+    """The manifests (those changed since the last collect) and the job dirs submitted by hand: whether any
+    manifest changed, the problems found, and the runs as recorded now. On the worker thread."""
+    changed, problems = False, []
+    for man in manifests:
+        # The manifest is append-only: one unchanged since the last collect is recorded already.
+        key = f"manifest:{os.path.abspath(man.path)}"
+        if store.get_metadata(key) != man.fingerprint:
+            changed = True
+            problems += store.record_manifest(man.events, strict=False, source=str(man.path))
+            store.set_metadata(key, man.fingerprint)
+    for a in attempts.values():
+        if a.manifest is None and a.run_id not in index:
+            camp, prow, link, run = spec_rows(a)
+            store.ensure_spec_rows(camp, prow, link, run)
+    return changed, problems, store.run_index()
 
 
-class _Background(threading.Thread):
-    """Runs one call in a helper thread; :meth:`result` joins it and returns (or raises) its outcome."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        super().__init__(name="sbench-collect-samples", daemon=True)
-        self.fn, self.args = fn, args
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self.seconds = 0.0
-
-    def run(self) -> None:
-        t = time.perf_counter()
-        try:
-            self.value = self.fn(*self.args)
-        except BaseException as exc:  # handed to the caller by result()
-            self.error = exc
-        self.seconds = time.perf_counter() - t
-
-    def result(self) -> Any:
-        self.join()
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-def _collect(db: str | Path, wait_s: float | None, report: CollectReport, manifests: list[Manifest],
+def _collect(store: Store, worker: Worker, report: CollectReport, manifests: list[Manifest],
              attempts: dict[str, Attempt], sacct_runner: Runner | None, prog: Progress, clock: _Clock,
              tmpdir: Path) -> None:
-    with open_store(db, wait_s=wait_s) as store:
-        with store.transaction():
-            manifests_changed = False
-            for man in manifests:
-                # The manifest is append-only: one unchanged since the last collect is recorded already.
-                key = f"manifest:{os.path.abspath(man.path)}"
-                if store.get_metadata(key) != man.fingerprint:
-                    manifests_changed = True
-                    report.warnings += store.record_manifest(man.events, strict=False, source=str(man.path))
-                    store.set_metadata(key, man.fingerprint)
-            known_points = {str(ev.get("point_id")): ev for man in manifests for ev in man.events
-                            if ev.get("type") == "point"}
-            index = store.run_index()
-            for a in attempts.values():
-                if a.manifest is None and a.run_id not in index:
-                    camp, prow, link, run = spec_rows(a)
-                    store.ensure_spec_rows(camp, prow, link, run)
-            index = store.run_index()
-            # Which runs may have changed: new, files changed, or a state that can still change.
-            todo: list[tuple[Attempt, dict[str, Any]]] = []
-            for a in attempts.values():
-                info = dict(index.get(a.run_id) or {})
-                if not info.get("executor") or not info.get("job_id"):
-                    sub = spec_exec(a)
-                    info.setdefault("executor", None)
-                    info["executor"] = info.get("executor") or sub.get("executor")
-                    info["job_id"] = info.get("job_id") or sub.get("job_id")
-                if info.get("fingerprint") != a.fingerprint or info.get("state") not in FINAL_STATES:
-                    todo.append((a, info))
-            report.runs = len(attempts)
-            scheds = scheduler_states(todo, sacct_runner, report)
-            changed: list[tuple[Attempt, Sched, dict[str, Any]]] = []
-            for a, info in todo:
-                s = scheds[a.run_id]
-                new_state = s.state if s.state is not None else ("GONE" if s.gone else None)
-                state_moved = new_state is not None and new_state != info.get("state")
-                if info.get("fingerprint") != a.fingerprint or state_moved:
-                    changed.append((a, s, info))
-            report.unchanged = len(attempts) - len(changed)
-            clock.lap("decide")
-            _pause("parse")
-            ids = [a.run_id for a, _s, _info in changed]
-            store.delete_runs(ids)
-            files = _sample_inputs(changed, store.next_sample_file_id(), tmpdir)
-            clock.lap("delete")
-            _pause("samples")
-            # The sample load (DuckDB, both cores, GIL released) runs in a helper thread while this one
-            # parses the job dirs (Python); nothing else touches the connection until it is joined.
-            loader = _Background(store.load_samples, [f.use for f in files], files[0].file_id) if files else None
-            if loader is not None:
-                loader.start()
-            try:
-                datas: list[RunData] = []
-                for i, (a, s, info) in enumerate(changed):
-                    d = analyze_isolated(a, s, info.get("cancel_requested_at") is not None,
-                                         known_points.get(a.point_id))
-                    # The cancel request comes from the manifest, not from the files: keep it.
-                    if d.run.get("cancel_requested_at") is None:
-                        d.run["cancel_requested_at"] = info.get("cancel_requested_at")
-                    datas.append(d)
-                    if i % 25 == 0:
-                        prog("parse", i, len(changed))
-                prog("parse", len(changed), len(changed))
-                # Typed columns of the run's child rows, while the load still has the connection.
-                staged = [stage(table, [r for d in datas for r in getattr(d, attr)])
-                          for table, attr in (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"),
-                                              ("errors", "errors"), ("trials", "trials"),
-                                              ("environment", "environment"), ("memory", "memory"))]
-                clock.lap("parse")
-                prog("samples", 0, 1)
-                n, rejects = loader.result() if loader is not None else (0, [])
-            except BaseException:
-                if loader is not None and loader.is_alive():
-                    store.con.interrupt()
-                    loader.join()
-                raise
-            if loader is not None:
-                report.timings["samples_load"] = round(loader.seconds, 3)
-            clock.lap("samples")
-            prog("samples", 1, 1)
-            for d in datas:
-                if d.run["run_id"] in index and index[d.run["run_id"]].get("fingerprint") is not None:
-                    report.updated += 1
-                else:
-                    report.new += 1
-            by_run = {d.run["run_id"]: d for d in datas}
-            report.sample_rows = n
-            for f in files:
-                d = by_run[f.run_id]
-                if f.truncated_line is not None and d.over:
-                    d.warn(f"{f.path.name} line {f.truncated_line}: truncated last line (ignored)")
-            by_use = {f.use: f for f in files}
-            for fpath, line, msg in rejects:
-                hit = by_use.get(fpath)
-                if hit:
-                    by_run[hit.run_id].warn(f"{hit.path.name} line {line}: {msg} (row skipped)")
-            store.insert("sample_files", [{"file_id": f.file_id, "run_id": f.run_id, "host": f.host,
-                                           "path": str(f.path), "t0": by_run[f.run_id].run["train_start_wall"]}
-                                          for f in files])
-            _pause("measure")
-            stats = store.sample_stats([{"run_id": d.run["run_id"], "start": d.window[0], "end": d.window[1]}
-                                        for d in datas if d.sample_files])
-            per_run_rows: Counter[str] = Counter()
-            per_run_rss: dict[str, float] = {}
-            for s in stats:
-                per_run_rows[s["run_id"]] += int(s["rows_all"])
-                if s["rss_mb_max"] is not None:
-                    per_run_rss[s["run_id"]] = max(per_run_rss.get(s["run_id"], 0.0), s["rss_mb_max"])
-            stats_by_run: dict[str, list[dict[str, Any]]] = {}
-            for s in stats:
-                stats_by_run.setdefault(s["run_id"], []).append(s)
-            measurements = []
-            for d in datas:
-                rid = d.run["run_id"]
-                d.run["sample_rows"] = per_run_rows.get(rid, 0)
-                if d.run["max_rss_mb"] is None:
-                    d.run["max_rss_mb"] = per_run_rss.get(rid)
-                m = rows.measurement_row(d, stats_by_run.get(rid, []))
-                if m is not None:
-                    measurements.append(m)
-            clock.lap("measure")
-            now = utc(time.time())
-            for d in datas:
-                d.run["collected_at"] = now
-            _pause("write")
-            store.replace_runs([d.run for d in datas])
-            for part in staged:
-                store.insert(part.table, part)
-            store.insert("measurements", measurements)
-            if datas or manifests_changed:
-                refresh_checks(store, now)
-            clock.lap("write")
-            _pause("commit")
-        clock.lap("commit")
-        report.outcomes, report.accounting = store.run_counts()
+    # The database's work is queued on the worker in order; this thread scans, asks the scheduler and
+    # parses meanwhile, and waits for an answer only where it needs one.
+    before = store.run_index()
+    loads = SampleLoads(store, store.next_sample_file_id(), tmpdir)
+    recorded = worker.submit(_record, store, manifests, attempts, before)
+    for a in attempts.values():
+        if a.manifest is not None:
+            a.fingerprint, a.files = scan(a.job_dir)
+    # Runs whose files changed are re-read whatever the scheduler says: their samples load at once.
+    refiled = [a for a in attempts.values() if (before.get(a.run_id) or {}).get("fingerprint") != a.fingerprint]
+    worker.submit(store.delete_runs, [a.run_id for a in refiled])
+    loaded = [worker.submit(loads.load, loads.prepare(refiled))]
+    prog("discover", 1, 1)
+    clock.lap("discover")
+    _pause("parse")
+    manifests_changed, problems, index = recorded.result()
+    report.warnings += problems
+    known_points = {str(ev.get("point_id")): ev for man in manifests for ev in man.events
+                    if ev.get("type") == "point"}
+    # Which runs may have changed: new, files changed, or a state that can still change.
+    todo: list[tuple[Attempt, dict[str, Any]]] = []
+    for a in attempts.values():
+        info = dict(index.get(a.run_id) or {})
+        if not info.get("executor") or not info.get("job_id"):
+            sub = spec_exec(a)
+            info["executor"] = info.get("executor") or sub.get("executor")
+            info["job_id"] = info.get("job_id") or sub.get("job_id")
+        if info.get("fingerprint") != a.fingerprint or info.get("state") not in FINAL_STATES:
+            todo.append((a, info))
+    report.runs = len(attempts)
+    scheds = scheduler_states(todo, sacct_runner, report)
+    changed: list[tuple[Attempt, Sched, dict[str, Any]]] = []
+    for a, info in todo:
+        s = scheds[a.run_id]
+        new_state = s.state if s.state is not None else ("GONE" if s.gone else None)
+        state_moved = new_state is not None and new_state != info.get("state")
+        if info.get("fingerprint") != a.fingerprint or state_moved:
+            changed.append((a, s, info))
+    report.unchanged = len(attempts) - len(changed)
+    # A run whose state moved but whose files did not is re-read too: its rows are replaced as a whole.
+    refiled_ids = {a.run_id for a in refiled}
+    moved = [a for a, _s, _i in changed if a.run_id not in refiled_ids]
+    if moved:
+        worker.submit(store.delete_runs, [a.run_id for a in moved])
+        loaded.append(worker.submit(loads.load, loads.prepare(moved)))
+    clock.lap("decide")
+    _pause("samples")
+    datas: list[RunData] = []
+    for i, (a, s, info) in enumerate(changed):
+        d = analyze_isolated(a, s, info.get("cancel_requested_at") is not None, known_points.get(a.point_id))
+        # The cancel request comes from the manifest, not from the files: keep it.
+        if d.run.get("cancel_requested_at") is None:
+            d.run["cancel_requested_at"] = info.get("cancel_requested_at")
+        datas.append(d)
+        if i % 25 == 0:
+            prog("parse", i, len(changed))
+    prog("parse", len(changed), len(changed))
+    # Typed columns of the run's child rows, while the worker still loads samples.
+    staged = [stage(table, [r for d in datas for r in getattr(d, attr)])
+              for table, attr in (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"),
+                                  ("errors", "errors"), ("trials", "trials"), ("environment", "environment"),
+                                  ("memory", "memory"))]
+    clock.lap("parse")
+    prog("samples", 0, 1)
+    for f in loaded:
+        f.result()
+    report.timings["samples_load"] = round(loads.seconds, 3)
+    clock.lap("samples")
+    prog("samples", 1, 1)
+    _write(store, report, datas, staged, loads, index, manifests_changed, clock)
+
+
+def _write(store: Store, report: CollectReport, datas: list[RunData], staged: list[Any], loads: SampleLoads,
+           index: dict[str, dict[str, Any]], manifests_changed: bool, clock: _Clock) -> None:
+    """The rows of the re-read runs, their sample statistics and measurements (the worker is idle now)."""
+    for d in datas:
+        if d.run["run_id"] in index and index[d.run["run_id"]].get("fingerprint") is not None:
+            report.updated += 1
+        else:
+            report.new += 1
+    by_run = {d.run["run_id"]: d for d in datas}
+    report.sample_rows = loads.rows
+    for f in loads.files:
+        d = by_run[f.run_id]
+        if f.truncated_line is not None and d.over:
+            d.warn(f"{f.path.name} line {f.truncated_line}: truncated last line (ignored)")
+    by_use = {f.use: f for f in loads.files}
+    for fpath, line, msg in loads.rejects:
+        hit = by_use.get(fpath)
+        if hit:
+            by_run[hit.run_id].warn(f"{hit.path.name} line {line}: {msg} (row skipped)")
+    store.insert("sample_files", [{"file_id": f.file_id, "run_id": f.run_id, "host": f.host,
+                                   "path": str(f.path), "t0": by_run[f.run_id].run["train_start_wall"]}
+                                  for f in loads.files])
+    _pause("measure")
+    stats = store.sample_stats([{"run_id": d.run["run_id"], "start": d.window[0], "end": d.window[1]}
+                                for d in datas if d.sample_files])
+    stats_by_run: dict[str, list[dict[str, Any]]] = {}
+    for s in stats:
+        stats_by_run.setdefault(s["run_id"], []).append(s)
+    measurements = []
+    for d in datas:
+        rid = d.run["run_id"]
+        mine = stats_by_run.get(rid, [])
+        d.run["sample_rows"] = sum(int(s["rows_all"]) for s in mine)
+        if d.run["max_rss_mb"] is None:
+            d.run["max_rss_mb"] = max((s["rss_mb_max"] for s in mine if s["rss_mb_max"] is not None), default=None)
+        m = rows.measurement_row(d, mine)
+        if m is not None:
+            measurements.append(m)
+    clock.lap("measure")
+    now = utc(time.time())
+    for d in datas:
+        d.run["collected_at"] = now
+    _pause("write")
+    store.replace_runs([d.run for d in datas])
+    for part in staged:
+        store.insert(part.table, part)
+    store.insert("measurements", measurements)
+    if datas or manifests_changed:
+        refresh_checks(store, now)
+    clock.lap("write")
+    _pause("commit")
 
 
 __all__ = ["CollectReport", "analyze", "collect", "discover"]
