@@ -295,24 +295,48 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
                                   ("memory", "memory"))]
     clock.lap("parse")
     prog("samples", 0, 1)
+    # Queued behind the loads: the files' rows and their statistics, then the child rows, which the worker
+    # writes while this thread builds the measurements from those statistics.
+    by_run = {d.run["run_id"]: d for d in datas}
+    files = [{"file_id": f.file_id, "run_id": f.run_id, "host": f.host, "path": str(f.path),
+              "t0": by_run[f.run_id].run["train_start_wall"]} for f in loads.files]
+    windows = [{"run_id": d.run["run_id"], "start": d.window[0], "end": d.window[1]} for d in datas if d.sample_files]
+    stats = worker.submit(_file_stats, store, files, windows)
+    children = worker.submit(lambda: [store.insert(part.table, part) for part in staged])
     for f in loaded:
         f.result()
     report.timings["samples_load"] = round(loads.seconds, 3)
     clock.lap("samples")
     prog("samples", 1, 1)
-    _write(store, report, datas, staged, loads, index, manifests_changed, clock)
-
-
-def _write(store: Store, report: CollectReport, datas: list[RunData], staged: list[Any], loads: SampleLoads,
-           index: dict[str, dict[str, Any]], manifests_changed: bool, clock: _Clock) -> None:
-    """The rows of the re-read runs, their sample statistics and measurements (the worker is idle now)."""
+    _warn_samples(loads, by_run)
+    _pause("measure")
+    measurements = _measure(datas, stats.result())
+    clock.lap("measure")
+    now = utc(time.time())
     for d in datas:
+        d.run["collected_at"] = now
         if d.run["run_id"] in index and index[d.run["run_id"]].get("fingerprint") is not None:
             report.updated += 1
         else:
             report.new += 1
-    by_run = {d.run["run_id"]: d for d in datas}
     report.sample_rows = loads.rows
+    _pause("write")
+    children.result()
+    store.replace_runs([d.run for d in datas])
+    store.insert("measurements", measurements)
+    if datas or manifests_changed:
+        refresh_checks(store, now)
+    clock.lap("write")
+    _pause("commit")
+
+
+def _file_stats(store: Store, files: list[dict[str, Any]], windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    store.insert("sample_files", files)
+    return store.sample_stats(windows)
+
+
+def _warn_samples(loads: SampleLoads, by_run: Mapping[str, RunData]) -> None:
+    """A cut last line or a rejected line of a samples file is a warning of its run."""
     for f in loads.files:
         d = by_run[f.run_id]
         if f.truncated_line is not None and d.over:
@@ -322,38 +346,23 @@ def _write(store: Store, report: CollectReport, datas: list[RunData], staged: li
         hit = by_use.get(fpath)
         if hit:
             by_run[hit.run_id].warn(f"{hit.path.name} line {line}: {msg} (row skipped)")
-    store.insert("sample_files", [{"file_id": f.file_id, "run_id": f.run_id, "host": f.host,
-                                   "path": str(f.path), "t0": by_run[f.run_id].run["train_start_wall"]}
-                                  for f in loads.files])
-    _pause("measure")
-    stats = store.sample_stats([{"run_id": d.run["run_id"], "start": d.window[0], "end": d.window[1]}
-                                for d in datas if d.sample_files])
+
+
+def _measure(datas: list[RunData], stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each run's sample counts, its peak RSS when the scheduler gave none, and its measurements row."""
     stats_by_run: dict[str, list[dict[str, Any]]] = {}
     for s in stats:
         stats_by_run.setdefault(s["run_id"], []).append(s)
     measurements = []
     for d in datas:
-        rid = d.run["run_id"]
-        mine = stats_by_run.get(rid, [])
+        mine = stats_by_run.get(d.run["run_id"], [])
         d.run["sample_rows"] = sum(int(s["rows_all"]) for s in mine)
         if d.run["max_rss_mb"] is None:
             d.run["max_rss_mb"] = max((s["rss_mb_max"] for s in mine if s["rss_mb_max"] is not None), default=None)
         m = rows.measurement_row(d, mine)
         if m is not None:
             measurements.append(m)
-    clock.lap("measure")
-    now = utc(time.time())
-    for d in datas:
-        d.run["collected_at"] = now
-    _pause("write")
-    store.replace_runs([d.run for d in datas])
-    for part in staged:
-        store.insert(part.table, part)
-    store.insert("measurements", measurements)
-    if datas or manifests_changed:
-        refresh_checks(store, now)
-    clock.lap("write")
-    _pause("commit")
+    return measurements
 
 
 __all__ = ["CollectReport", "analyze", "collect", "discover"]
