@@ -1271,6 +1271,7 @@ class Store:
         # Row order is meaningless here (every row carries its file and time): let each thread append
         # what it parsed without re-establishing the files' order.
         self.con.execute("SET preserve_insertion_order = false")
+        self.con.execute("SET enable_progress_bar = false")  # a long load would draw DuckDB's own bar on stdout
         try:
             n = self.con.execute(
                 f"""INSERT INTO sample_rows (file_id, {", ".join(names)})
