@@ -494,6 +494,34 @@ def test_an_interrupted_collect_stops_its_database_worker_and_changes_nothing(wd
     assert rep.new == 4 and rows_of(db, "SELECT count(*) FROM runs") == [(5,)]
 
 
+def test_samples_load_while_the_scheduler_is_asked(wd, tmp_path, monkeypatch):
+    # On a big cluster sacct can take seconds: the samples of runs whose files changed are already loading
+    # on the database worker by then, instead of waiting for its answer.
+    from harness.collect import loading
+    runs = [write_attempt(wd, i) for i in (70, 71)]
+    events: list[tuple[str, float]] = []
+    real_load = loading.SampleLoads.load
+
+    def load(self, files):
+        events.append(("load", time.monotonic()))
+        return real_load(self, files)
+
+    class SlowSlurm(FakeSlurm):
+        def __call__(self, argv):
+            if argv[0] == "sacct":
+                events.append(("sacct", time.monotonic()))
+                time.sleep(1.0)
+                events.append(("sacct done", time.monotonic()))
+            return super().__call__(argv)
+
+    monkeypatch.setattr(loading.SampleLoads, "load", load)
+    rep = collect(tmp_path / "r.duckdb", wd, sacct_runner=SlowSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1")
+                                                                      for r in runs}))
+    assert rep.outcomes == {"ok": 2} and rep.accounting == {"sacct": 2}
+    when = dict(events)
+    assert when["load"] < when["sacct done"], events
+
+
 def test_hand_rendered_job_dir_without_manifest_is_collected(wd, tmp_path):
     run = write_attempt(wd, 16, manifest=False, executor="local")
     synth.write_json(run["paths"].submitted, {"executor": "local", "job_id": "not-a-pid",
