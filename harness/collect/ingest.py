@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,12 +177,6 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     report.warnings += warns
     if not wd.is_dir():
         report.warnings.append(f"{wd}: no such directory; nothing to collect (pass --workdir)")
-    # A job dir that was only rendered (a preview: no manifest line, never submitted, nothing ran) is no run.
-    for rid, a in list(attempts.items()):
-        if a.manifest is None:
-            a.fingerprint, a.files = scan(a.job_dir)
-            if a.job_dir is not None and set(a.files or ()) <= rendered_names(JobPaths(a.job_dir)):
-                del attempts[rid]
     tmpdir = Path(tempfile.mkdtemp(prefix="sbench-collect-"))
     # The parse makes ~100 small objects per job dir and frees none of them until the end: the cyclic
     # collector would rescan them all again and again (a quarter of the parse's time) and find nothing.
@@ -233,16 +228,28 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
              tmpdir: Path) -> None:
     # The database's work is queued on the worker in order; this thread scans, asks the scheduler and
     # parses meanwhile, and waits for an answer only where it needs one.
+    # A job dir that was only rendered (a preview: no manifest line, never submitted, nothing ran) is no run.
+    for rid, a in list(attempts.items()):
+        if a.manifest is None:
+            a.fingerprint, a.files = scan(a.job_dir)
+            if a.job_dir is not None and set(a.files or ()) <= rendered_names(JobPaths(a.job_dir)):
+                del attempts[rid]
     before = store.run_index()
     loads = SampleLoads(store, store.next_sample_file_id(), tmpdir)
+    loaded: list[Future[None]] = []
+
+    def reread(batch: list[Attempt]) -> None:
+        """Queue the replacement of *batch*'s rows: the old ones deleted, the samples loaded again."""
+        worker.submit(store.delete_runs, [a.run_id for a in batch])
+        loaded.append(worker.submit(loads.load, loads.prepare(batch)))
+
     recorded = worker.submit(_record, store, manifests, attempts, before)
     for a in attempts.values():
         if a.manifest is not None:
             a.fingerprint, a.files = scan(a.job_dir)
     # Runs whose files changed are re-read whatever the scheduler says: their samples load at once.
     refiled = [a for a in attempts.values() if (before.get(a.run_id) or {}).get("fingerprint") != a.fingerprint]
-    worker.submit(store.delete_runs, [a.run_id for a in refiled])
-    loaded = [worker.submit(loads.load, loads.prepare(refiled))]
+    reread(refiled)
     prog("discover", 1, 1)
     clock.lap("discover")
     _pause("parse")
@@ -274,8 +281,7 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
     refiled_ids = {a.run_id for a in refiled}
     moved = [a for a, _s, _i in changed if a.run_id not in refiled_ids]
     if moved:
-        worker.submit(store.delete_runs, [a.run_id for a in moved])
-        loaded.append(worker.submit(loads.load, loads.prepare(moved)))
+        reread(moved)
     clock.lap("decide")
     _pause("samples")
     datas: list[RunData] = []

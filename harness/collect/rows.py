@@ -47,7 +47,6 @@ class RunData:
     peak: float | None = None  # one device's peak TFLOP/s from spec.json (MFU's denominator)
     gpu_partition: bool | None = None  # from spec.json's cpu_partition; None when unknown
     memory_prediction: dict[str, Any] | None = None  # spec.json's (harness.memory)
-    entity_columns: dict[str, Any] = field(default_factory=dict)  # the entity as typed columns
 
     def warn(self, text: str) -> None:
         """A problem found after the verdict: a warning of an ok run, part of the reason otherwise."""
@@ -93,7 +92,7 @@ def stage_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
     return [{"run_id": run_id, "host": h, "rank": r.rank, "stage": r.stage, "trial": r.trial, "restart": r.restart,
              "pid": r.pid, "start_wall": r.start_wall, "end_wall": r.end_wall, "started_at": r.start_wall,
              "ended_at": r.end_wall, "duration_s": r.duration_s, "status": r.status, "error": r.error,
-             "info": None if r.info is None else to_json(r.info)}
+             "info": to_json(r.info)}
             for h, log in sorted(f.stage_logs.items()) for r in log.rows]
 
 
@@ -260,8 +259,7 @@ def build(f: JobFiles, v: Verdict) -> RunData:
                 errors=error_rows(f, rid), trials=trial_rows(f, rid, stages), environment=environment_rows(f, rid),
                 memory=memory_rows(f, rid),
                 memory_prediction=f.jobspec.get("memory_prediction"),
-                rank0=f.rank0, entity=f.entity, entity_columns=entity_values(f.entity), experiment=f.experiment,
-                world_size=world,
+                rank0=f.rank0, entity=f.entity, experiment=f.experiment, world_size=world,
                 window=aggregate.measured_window(f.rank0, f.entity.get("auto_stop_method")), over=v.over,
                 workload=str(f.jobspec.get("workload") or "train"), peak=_f(f.jobspec.get("peak_tflops")),
                 gpu_partition=None if not isinstance(f.jobspec.get("cpu_partition"), bool)
@@ -299,7 +297,7 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     exp = EXPERIMENTS.get(str(d.experiment)) if d.experiment else None
     row: dict[str, Any] = {k: run[k] for k in ("run_id", "campaign", "point_id", "repeat", "attempt", "experiment",
                                                "ended_at")}
-    row.update(d.entity_columns or entity_values(d.entity))
+    row.update(entity_values(d.entity))
     row["transport"] = run["transport"]
     row["world_size"] = d.world_size
     if run["outcome"] == "invalid":
