@@ -243,3 +243,40 @@ def test_epoch_columns_are_converted_at_once_exactly_as_one_by_one():
     assert [None if v != v else v.astype(object) for v in got] == [utc(v) for v in values]
     assert _epochs([1.0, 2]) is None and _epochs([1e12]) is None and _epochs([-1.0]) is None
     assert list(_column([1e12, None], "TIMESTAMP")) == [None, None]  # out of range: NULL, as utc() says
+
+
+def test_staged_columns_hold_what_one_by_one_conversion_makes(tmp_path) -> None:
+    # stage() hands Arrow columns of one plain type straight to Arrow; every other column goes value by value
+    # through _column. Either way a stored value must be what _column makes of it, and the DB must take it.
+    import math
+
+    from harness.collect.store import SCHEMA, JsonText, _column, stage, to_json
+    nasty = [None, True, False, 0, -1, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**63, 2**80, 1.0, 2.5, float("nan"),
+             float("inf"), "", "plain", "naïve", "nul\0in", "lone \ud800 surrogate", "3", "1e999", "true",
+             [1, "a"], {"k": 1}, JsonText('{"a":1}'), '{"b": 2}', "not json {"]
+    by_kind = {"VARCHAR": ["a", "b", None, "ümlaut"], "INTEGER": [1, None, -5, 7], "BIGINT": [2**40, None, 3, 4],
+               "DOUBLE": [1.5, None, 2.0, -0.0], "BOOLEAN": [True, None, False, True],
+               "JSON": [to_json({"x": 1}), None, to_json([1]), to_json("s")],
+               "TIMESTAMP": [1763769600.25, None, 0.0, 1.5e9]}
+
+    def same(a, b):
+        return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+    store = open_store(tmp_path / "s.duckdb")
+    for table in ("stages", "run_hosts"):
+        cols = SCHEMA[table]
+        # each column in turn: all plain (the fast way), then with one nasty value in it (the careful way)
+        cases = [{}] + [{c: v} for c, _ in cols for v in nasty]
+        for case in cases:
+            rows = [{c: (case[c] if c in case and i == 1 else by_kind[t][i]) for c, t in cols} for i in range(4)]
+            staged = stage(table, rows)
+            got = staged.columns.to_pydict() if hasattr(staged.columns, "to_pydict") else \
+                {c: list(a) for c, a in staged.columns.items()}
+            for c, t in cols:
+                want = list(_column([r[c] for r in rows], t))
+                if t == "TIMESTAMP":
+                    want = [None if w != w else w.astype(object) if hasattr(w, "astype") else w for w in want]
+                assert all(same(g, w) for g, w in zip(got[c], want)), (table, c, case, got[c], want)
+            assert store.insert(table, staged) == 4
+            store.con.execute(f"DELETE FROM {table}")
+    store.close()

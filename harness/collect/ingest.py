@@ -45,6 +45,7 @@ from .sacct import FINAL_STATES, JobAccounting, Runner, query_sacct, query_squeu
 from .store import Store, open_store, stage, utc
 
 Progress = Callable[[str, int, int], None]
+FIRST_LOAD_RUNS = 64  # changed runs whose samples start loading before the other job dirs are scanned
 PAUSE_ENV = "SBENCH_COLLECT_PAUSE_AT"  # tests: pause at a phase (inside the transaction) to be killed there
 
 
@@ -182,6 +183,10 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     # collector would rescan them all again and again (a quarter of the parse's time) and find nothing.
     gc_was_on = gc.isenabled()
     gc.disable()
+    # Two threads share the interpreter: while this one runs Python, the worker waits for it after every
+    # database call, up to a switch interval each time (5 ms by default, more than most small inserts take).
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
     try:
         with open_store(db, wait_s=wait_s) as store:
             with store.transaction():
@@ -199,6 +204,7 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     finally:
         if gc_was_on:
             gc.enable()
+        sys.setswitchinterval(switch)
         shutil.rmtree(tmpdir, ignore_errors=True)
     report.elapsed_s = round(time.monotonic() - t0, 3)
     return report
@@ -239,17 +245,31 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
     loaded: list[Future[None]] = []
 
     def reread(batch: list[Attempt]) -> None:
-        """Queue the replacement of *batch*'s rows: the old ones deleted, the samples loaded again."""
-        worker.submit(store.delete_runs, [a.run_id for a in batch])
+        """Queue the replacement of *batch*'s rows: the old ones deleted, the samples loaded again. (A run
+        collect has not seen has no rows: they are only ever written together with its ``runs`` row.)"""
+        old = [a.run_id for a in batch if a.run_id in before]
+        if old:
+            worker.submit(store.delete_runs, old)
         loaded.append(worker.submit(loads.load, loads.prepare(batch)))
 
-    recorded = worker.submit(_record, store, manifests, attempts, before)
+    # Runs whose files changed are re-read whatever the scheduler says: their samples load at once. The
+    # first few are queued as soon as they are scanned, so the load is under way (ahead of recording the
+    # manifests) while the rest are.
+    refiled: list[Attempt] = []
+    queued = 0
+    recorded = None
     for a in attempts.values():
         if a.manifest is not None:
             a.fingerprint, a.files = scan(a.job_dir)
-    # Runs whose files changed are re-read whatever the scheduler says: their samples load at once.
-    refiled = [a for a in attempts.values() if (before.get(a.run_id) or {}).get("fingerprint") != a.fingerprint]
-    reread(refiled)
+        if (before.get(a.run_id) or {}).get("fingerprint") != a.fingerprint:
+            refiled.append(a)
+            if not queued and len(refiled) == FIRST_LOAD_RUNS:
+                reread(refiled)
+                queued = len(refiled)
+                recorded = worker.submit(_record, store, manifests, attempts, before)
+    if recorded is None:
+        recorded = worker.submit(_record, store, manifests, attempts, before)
+    reread(refiled[queued:])
     prog("discover", 1, 1)
     clock.lap("discover")
     _pause("parse")

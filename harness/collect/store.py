@@ -403,9 +403,9 @@ def _epochs(values: Sequence[Any]) -> np.ndarray | None:
     """Epoch seconds (every value a float or None) as datetime64[us] (None: NaT), rounded as :func:`utc`
     rounds them (to the nearest microsecond, half to even) but in one vector operation; None when a value
     is anything else or outside 1970-5138."""
-    if not all(v.__class__ is float or v is None for v in values):
+    if not set(map(type, values)) <= {float, type(None)}:
         return None
-    x = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    x = np.array([np.nan if v is None else v for v in values] if None in values else values, dtype=np.float64)
     missing = np.isnan(x)
     x[missing] = 0.0
     if not bool(np.all((x >= 0.0) & (x < 1e11))):
@@ -471,16 +471,17 @@ def arrow(columns: Sequence[tuple[str, str]], arrays: Mapping[str, np.ndarray]) 
         return arrays
     import pyarrow as pa  # here, not at import: most commands never write
 
-    def typ(t: str) -> Any:
-        return pa.timestamp("us") if t == "TIMESTAMP" else pa.list_(pa.string()) if t == "VARCHAR[]" else \
-            getattr(pa, _ARROW_TYPES[t])()
-
     try:
         # from_pandas only where it means NaT -> NULL (a datetime64 column); a NaN stays a NaN elsewhere
-        return pa.table({c: pa.array(arrays[c], type=typ(t), from_pandas=arrays[c].dtype.kind == "M")
+        return pa.table({c: pa.array(arrays[c], type=_arrow_type(pa, t), from_pandas=arrays[c].dtype.kind == "M")
                          for c, t in columns})
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         return arrays
+
+
+def _arrow_type(pa: Any, t: str) -> Any:
+    return pa.timestamp("us") if t == "TIMESTAMP" else pa.list_(pa.string()) if t == "VARCHAR[]" else \
+        getattr(pa, _ARROW_TYPES[t])()
 
 
 def check_keys(table: str, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -501,8 +502,68 @@ def check_keys(table: str, rows: Sequence[Mapping[str, Any]]) -> None:
 def stage(table: str, rows: Sequence[Mapping[str, Any]]) -> Staged:
     """Convert *rows* for :meth:`Store.insert` into *table*; pure Python, no database (so it can be done
     while the connection is busy elsewhere). A key that is no column of *table* raises ValueError."""
-    check_keys(table, rows)
-    return Staged(table, len(rows), arrow(SCHEMA[table], frame(SCHEMA[table], rows)) if rows else {})
+    if not rows:
+        return Staged(table, 0, {})
+    columns = SCHEMA[table]
+    names = [c for c, _ in columns]
+    try:
+        # Every row has every column (itemgetter found them all) and no other key (the key counts add up):
+        # checked and transposed at C speed.
+        values = list(zip(*map(operator.itemgetter(*names), rows))) if len(names) > 1 else \
+            [[r[names[0]] for r in rows]]
+        exact = sum(map(len, rows)) == len(rows) * len(names)
+    except KeyError:
+        exact = False
+    if not exact:
+        check_keys(table, rows)
+        values = [[r.get(c) for r in rows] for c in names]
+    fast = _arrow_table(columns, values)
+    if fast is not None:
+        return Staged(table, len(rows), fast)
+    return Staged(table, len(rows), arrow(columns, {c: _column(v, t) for (c, t), v in zip(columns, values)}))
+
+
+def _arrow_table(columns: Sequence[tuple[str, str]], values: Sequence[Sequence[Any]]) -> Any:
+    """Columns whose values already are what :func:`_column` would make of them (one Python type, or None,
+    that fits the column) as an Arrow table, converted by Arrow at C speed; a column that needs
+    :func:`_column`'s conversions goes through it. None when Arrow refuses a value (the caller then keeps
+    numpy arrays, which DuckDB converts while scanning)."""
+    if any(t not in _ARROW_TYPES for _, t in columns):
+        return None
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out = {}
+    for (c, t), v in zip(columns, values):
+        kinds = set(map(type, v))
+        kinds.discard(type(None))
+        try:
+            arr = None
+            if t == "VARCHAR" and kinds <= {str}:
+                # Valid UTF-8 (Arrow refuses a lone surrogate) with no NUL is stored as it is.
+                arr = pa.array(v, pa.string())
+                if pc.any(pc.match_substring(arr, "\0")).as_py():
+                    arr = None
+            elif t == "JSON" and kinds <= {JsonText}:
+                arr = pa.array(v, pa.string())
+            elif t in _INT_RANGE and kinds <= {int}:  # Arrow refuses an int out of the column's range
+                arr = pa.array(v, pa.int32() if t == "INTEGER" else pa.int64())
+            elif t == "DOUBLE" and kinds <= {float}:
+                arr = pa.array(v, pa.float64())
+            elif t == "BOOLEAN" and kinds <= {bool}:
+                arr = pa.array(v, pa.bool_())
+            elif t == "TIMESTAMP" and v and (epochs := _epochs(v)) is not None:
+                arr = pa.array(epochs, pa.timestamp("us"), from_pandas=True)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            arr = None
+        if arr is None:
+            col = _column(v, t)
+            try:
+                arr = pa.array(col, _arrow_type(pa, t), from_pandas=col.dtype.kind == "M")
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                return None
+        out[c] = arr
+    return pa.table(out)
 
 # The samples CSV format (docs/job-directory.md): column order and types.
 SAMPLE_CSV_COLUMNS = (("t_wall", "DOUBLE"), ("t_mono", "DOUBLE"), ("kind", "VARCHAR"), ("device", "INTEGER"),
