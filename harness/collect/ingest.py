@@ -319,6 +319,8 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
               for table, attr in (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"),
                                   ("errors", "errors"), ("trials", "trials"), ("environment", "environment"),
                                   ("memory", "memory"))]
+    for d in datas:  # staged: free the row dicts now, while the samples load, not after the commit's wait
+        d.hosts, d.stages, d.ranks, d.errors, d.environment = [], [], [], [], []
     clock.lap("parse")
     prog("samples", 0, 1)
     # Queued behind the loads: the files' rows and their statistics, then the child rows, which the worker
