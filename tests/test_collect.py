@@ -469,6 +469,34 @@ def test_state_change_alone_rereads_the_run_with_one_copy_of_its_samples(wd, tmp
         == [(0,)]
 
 
+def test_many_changed_runs_load_in_two_steps_each_row_in_its_own_file_once(wd, tmp_path, monkeypatch):
+    # The first changed runs' samples are queued before the other job dirs are scanned, the rest after:
+    # every file must get its own rows, once, also when old runs (deleted first) and new ones are mixed.
+    from harness.collect import ingest
+    monkeypatch.setattr(ingest, "FIRST_LOAD_RUNS", 2)
+    runs = {i: write_attempt(wd, i, hosts=("node1", "node2"), ticks=10 + i) for i in range(30, 33)}
+    db = tmp_path / "r.duckdb"
+    fake = FakeSlurm()
+    collect(db, wd, sacct_runner=fake)
+    for i in (30, 31):  # two old runs change, three new ones come
+        with runs[i]["paths"].samples("node2").open("a") as fh:
+            extra = synth.gen_samples(synth.T0 + 100, 1, 2, seed=i)
+            fh.write("".join(synth.sample_line(r) + "\n" for r in extra))
+            runs[i]["rows"]["node2"] = runs[i]["rows"]["node2"] + extra
+    runs.update({i: write_attempt(wd, i, hosts=("node1", "node2"), ticks=10 + i) for i in range(33, 36)})
+    rep = collect(db, wd, sacct_runner=fake)
+    assert (rep.new, rep.updated, rep.unchanged) == (3, 2, 1)
+    for run in runs.values():
+        for host, rows in run["rows"].items():
+            got = rows_of(db, "SELECT count(*), max(t_wall), round(sum(gpu_util), 3) FROM samples "
+                              "WHERE run_id = ? AND host = ?", [run["run_id"], host])
+            want = (len(rows), max(r["t_wall"] for r in rows),
+                    round(sum(r["gpu_util"] for r in rows if r.get("gpu_util") is not None), 3))
+            assert got == [want], (run["run_id"], host)
+    assert rows_of(db, "SELECT count(*), count(DISTINCT file_id), count(DISTINCT path) FROM sample_files") == \
+        [(12, 12, 12)]
+
+
 def test_an_interrupted_collect_stops_its_database_worker_and_changes_nothing(wd, tmp_path, monkeypatch):
     # Ctrl-C while the samples load: the load is interrupted, the transaction rolled back, no thread left.
     import threading
