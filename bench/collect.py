@@ -92,7 +92,7 @@ def main() -> int:
     ap.add_argument("--ticks", type=int, default=600)
     ap.add_argument("--dir", type=Path, default=None, help="Where to build the work dir (default: a temp dir).")
     ap.add_argument("--keep", action="store_true", help="Keep (and reuse) the generated work dir.")
-    ap.add_argument("--repeat", type=int, default=2, help="Timed rounds of bare and collect (best kept).")
+    ap.add_argument("--repeat", type=int, default=3, help="Timed rounds of bare and collect, alternated (best kept).")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     base = a.dir or Path(tempfile.mkdtemp(prefix="sbench-bench-"))
