@@ -19,6 +19,7 @@ all the files that changed, while this thread scans the job dirs, asks the sched
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import shutil
 import sys
@@ -266,6 +267,8 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
             if not queued and len(refiled) == FIRST_LOAD_RUNS:
                 reread(refiled)
                 queued = len(refiled)
+                # The writes need Arrow: imported now, while the samples load, not by the next step.
+                importlib.import_module("pyarrow")
                 recorded = worker.submit(_record, store, manifests, attempts, before)
     if recorded is None:
         recorded = worker.submit(_record, store, manifests, attempts, before)

@@ -504,8 +504,15 @@ def stage(table: str, rows: Sequence[Mapping[str, Any]]) -> Staged:
     while the connection is busy elsewhere). A key that is no column of *table* raises ValueError."""
     if not rows:
         return Staged(table, 0, {})
-    columns = SCHEMA[table]
+    return Staged(table, len(rows), typed(SCHEMA[table], rows, table))
+
+
+def typed(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[str, Any]], table: str | None = None) -> Any:
+    """*rows* (holding these *columns*; missing keys are NULL) as typed columns DuckDB can scan: an Arrow
+    table, else :func:`frame`'s arrays. With *table*, a key that is no column of it raises ValueError."""
     names = [c for c, _ in columns]
+    if not rows:
+        return frame(columns, rows)
     try:
         # Every row has every column (itemgetter found them all) and no other key (the key counts add up):
         # checked and transposed at C speed.
@@ -515,12 +522,13 @@ def stage(table: str, rows: Sequence[Mapping[str, Any]]) -> Staged:
     except KeyError:
         exact = False
     if not exact:
-        check_keys(table, rows)
+        if table is not None:
+            check_keys(table, rows)
         values = [[r.get(c) for r in rows] for c in names]
     fast = _arrow_table(columns, values)
     if fast is not None:
-        return Staged(table, len(rows), fast)
-    return Staged(table, len(rows), arrow(columns, {c: _column(v, t) for (c, t), v in zip(columns, values)}))
+        return fast
+    return arrow(columns, {c: _column(v, t) for (c, t), v in zip(columns, values)})
 
 
 def _arrow_table(columns: Sequence[tuple[str, str]], values: Sequence[Sequence[Any]]) -> Any:
@@ -893,7 +901,7 @@ class Store:
         latest: dict[tuple[Any, ...], Mapping[str, Any]] = {}
         for r in rows:
             latest[tuple(r.get(k) for k in key)] = r
-        self.con.register("_sbench_up", frame([(c, types[c]) for c in cols], list(latest.values())))
+        self.con.register("_sbench_up", typed([(c, types[c]) for c in cols], list(latest.values())))
         try:
             self.con.execute("CREATE OR REPLACE TEMP TABLE _sbench_up_t AS SELECT "
                              + ", ".join(f"CAST({q(c)} AS {types[c]}) AS {q(c)}" for c in cols) + " FROM _sbench_up")
