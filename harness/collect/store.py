@@ -1372,13 +1372,15 @@ class Store:
         try:
             # Aggregate on the small integer key (one file = one run and host) split by in/out of the
             # window (cheaper than filtered aggregates), GPU and process rows apart (each kind updates only
-            # its own aggregates), fold the split, then name the files.
+            # its own aggregates; the GPU rows' kind is known, so not hashed), fold the split, then name the
+            # files.
             return self.fetch_dicts("""
                 WITH w AS (SELECT f.file_id, coalesce(x.w_start, '-infinity'::DOUBLE) AS lo,
                                   coalesce(x.w_end, 'infinity'::DOUBLE) AS hi
                            FROM sample_files f JOIN _sbench_win x USING (run_id)),
                      g AS (
-                    SELECT file_id, kind, device, coalesce(s.t_wall BETWEEN w.lo AND w.hi, false) AS inw,
+                    SELECT file_id, 'gpu'::sample_kind AS kind, device,
+                           coalesce(s.t_wall BETWEEN w.lo AND w.hi, false) AS inw,
                            count(*) AS n,
                            avg(gpu_util) AS gpu_util,
                            avg(100.0 * mem_used_mb / nullif(mem_total_mb, 0)) AS mem_util,
@@ -1388,7 +1390,7 @@ class Store:
                            NULL::DOUBLE AS cpu_pct, NULL::DOUBLE AS mem_pct, NULL::DOUBLE AS rss_mb_max
                     FROM sample_rows s JOIN w USING (file_id)
                     WHERE kind = 'gpu'
-                    GROUP BY ALL
+                    GROUP BY file_id, device, inw
                     UNION ALL
                     SELECT file_id, kind, device, coalesce(s.t_wall BETWEEN w.lo AND w.hi, false) AS inw,
                            count(*) AS n, NULL, NULL, NULL, NULL, NULL,
