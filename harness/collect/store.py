@@ -436,16 +436,22 @@ def _column(values: Sequence[Any], sql_type: str) -> np.ndarray:
     return arr
 
 
+def _transpose(names: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> tuple[list[Sequence[Any]], bool]:
+    """The values of each of *names* in *rows* (a missing key is None), and whether every row has exactly
+    these keys (then the transposition ran at C speed: itemgetter found them all and the counts add up)."""
+    if not rows:
+        return [[] for _ in names], True
+    try:
+        values = list(zip(*map(operator.itemgetter(*names), rows))) if len(names) > 1 else \
+            [[r[names[0]] for r in rows]]
+        return values, sum(map(len, rows)) == len(rows) * len(names)
+    except KeyError:
+        return [[r.get(c) for r in rows] for c in names], False
+
+
 def frame(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
     """Rows as a dict of typed object arrays, which DuckDB scans directly (no pandas, no row loop)."""
-    names = [c for c, _ in columns]
-    values: Sequence[Sequence[Any]] = [[] for _ in names]
-    if rows:
-        try:  # rows that have every column (the usual case): transposed at C speed
-            values = list(zip(*map(operator.itemgetter(*names), rows))) if len(names) > 1 else \
-                [[r[names[0]] for r in rows]]
-        except KeyError:
-            values = [[r.get(c) for r in rows] for c in names]
+    values, _ = _transpose([c for c, _ in columns], rows)
     return {c: _column(v, t) for (c, t), v in zip(columns, values)}
 
 
@@ -462,26 +468,6 @@ class Staged:
 # Arrow types of the column types (an Arrow table is scanned by DuckDB in parallel, without the GIL).
 _ARROW_TYPES = {"VARCHAR": "string", "JSON": "string", "BIGINT": "int64", "INTEGER": "int32", "DOUBLE": "float64",
                 "BOOLEAN": "bool_", "TIMESTAMP": "timestamp", "VARCHAR[]": "list_"}
-
-
-def arrow(columns: Sequence[tuple[str, str]], arrays: Mapping[str, np.ndarray]) -> Any:
-    """:func:`frame`'s arrays as an Arrow table; the arrays themselves when a column has no plain Arrow
-    type or a value does not convert (DuckDB converts those while scanning)."""
-    if any(t not in _ARROW_TYPES for _, t in columns):
-        return arrays
-    import pyarrow as pa  # here, not at import: most commands never write
-
-    try:
-        # from_pandas only where it means NaT -> NULL (a datetime64 column); a NaN stays a NaN elsewhere
-        return pa.table({c: pa.array(arrays[c], type=_arrow_type(pa, t), from_pandas=arrays[c].dtype.kind == "M")
-                         for c, t in columns})
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        return arrays
-
-
-def _arrow_type(pa: Any, t: str) -> Any:
-    return pa.timestamp("us") if t == "TIMESTAMP" else pa.list_(pa.string()) if t == "VARCHAR[]" else \
-        getattr(pa, _ARROW_TYPES[t])()
 
 
 def check_keys(table: str, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -510,35 +496,21 @@ def stage(table: str, rows: Sequence[Mapping[str, Any]]) -> Staged:
 def typed(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[str, Any]], table: str | None = None) -> Any:
     """*rows* (holding these *columns*; missing keys are NULL) as typed columns DuckDB can scan: an Arrow
     table, else :func:`frame`'s arrays. With *table*, a key that is no column of it raises ValueError."""
-    names = [c for c, _ in columns]
-    if not rows:
-        return frame(columns, rows)
-    try:
-        # Every row has every column (itemgetter found them all) and no other key (the key counts add up):
-        # checked and transposed at C speed.
-        values = list(zip(*map(operator.itemgetter(*names), rows))) if len(names) > 1 else \
-            [[r[names[0]] for r in rows]]
-        exact = sum(map(len, rows)) == len(rows) * len(names)
-    except KeyError:
-        exact = False
-    if not exact:
-        if table is not None:
-            check_keys(table, rows)
-        values = [[r.get(c) for r in rows] for c in names]
-    fast = _arrow_table(columns, values)
-    if fast is not None:
-        return fast
-    return arrow(columns, {c: _column(v, t) for (c, t), v in zip(columns, values)})
+    values, exact = _transpose([c for c, _ in columns], rows)
+    if not exact and table is not None:
+        check_keys(table, rows)
+    fast = _arrow_table(columns, values) if rows else None
+    return fast if fast is not None else {c: _column(v, t) for (c, t), v in zip(columns, values)}
 
 
 def _arrow_table(columns: Sequence[tuple[str, str]], values: Sequence[Sequence[Any]]) -> Any:
     """Columns whose values already are what :func:`_column` would make of them (one Python type, or None,
     that fits the column) as an Arrow table, converted by Arrow at C speed; a column that needs
-    :func:`_column`'s conversions goes through it. None when Arrow refuses a value (the caller then keeps
-    numpy arrays, which DuckDB converts while scanning)."""
+    :func:`_column`'s conversions goes through it. None when a column has no plain Arrow type or Arrow
+    refuses a value (the caller then keeps numpy arrays, which DuckDB converts while scanning)."""
     if any(t not in _ARROW_TYPES for _, t in columns):
         return None
-    import pyarrow as pa
+    import pyarrow as pa  # here, not at import: most commands never write
     import pyarrow.compute as pc
 
     out = {}
@@ -566,8 +538,11 @@ def _arrow_table(columns: Sequence[tuple[str, str]], values: Sequence[Sequence[A
             arr = None
         if arr is None:
             col = _column(v, t)
+            typ = pa.timestamp("us") if t == "TIMESTAMP" else pa.list_(pa.string()) if t == "VARCHAR[]" else \
+                getattr(pa, _ARROW_TYPES[t])()
             try:
-                arr = pa.array(col, _arrow_type(pa, t), from_pandas=col.dtype.kind == "M")
+                # from_pandas only where it means NaT -> NULL (a datetime64 column); a NaN stays a NaN elsewhere
+                arr = pa.array(col, typ, from_pandas=col.dtype.kind == "M")
             except (pa.ArrowException, TypeError, ValueError, OverflowError):
                 return None
         out[c] = arr
