@@ -550,6 +550,78 @@ def test_samples_load_while_the_scheduler_is_asked(wd, tmp_path, monkeypatch):
     assert when["load"] < when["sacct done"], events
 
 
+def test_job_dirs_are_read_while_the_scheduler_is_asked(wd, tmp_path, monkeypatch):
+    # The job dirs whose files changed are read whatever sacct says: this thread reads them while a
+    # helper waits for sacct's answer, instead of after it.
+    from harness.collect import ingest
+    runs = [write_attempt(wd, i) for i in (72, 73)]
+    events: list[tuple[str, float]] = []
+    real_read = ingest.read_job
+
+    def read_job(att, *a):
+        events.append((f"read {att.run_id}", time.monotonic()))
+        return real_read(att, *a)
+
+    class SlowSlurm(FakeSlurm):
+        def __call__(self, argv):
+            if argv[0] == "sacct":
+                time.sleep(1.0)
+                events.append(("sacct done", time.monotonic()))
+            return super().__call__(argv)
+
+    monkeypatch.setattr(ingest, "read_job", read_job)
+    rep = collect(tmp_path / "r.duckdb", wd, sacct_runner=SlowSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1")
+                                                                      for r in runs}))
+    assert rep.outcomes == {"ok": 2}
+    when = dict(events)
+    assert {f"read {r['run_id']}" for r in runs} <= set(when), events
+    assert all(t < when["sacct done"] for k, t in events if k.startswith("read")), events
+
+
+def test_a_run_that_ends_while_the_scheduler_is_asked_is_read_again(wd, tmp_path, monkeypatch):
+    # Its files were read while it still ran; sacct then says it completed. Those files would make it a
+    # failed run without results: they are read again, and its fingerprint stays the one scanned before
+    # the read, so the next collect reads all of it (samples included) once more.
+    import threading
+
+    from harness.collect import ingest
+    run = write_attempt(wd, 74, results=False)
+    paths = run["paths"]
+    was_read = threading.Event()
+    real_read = ingest.read_job
+
+    def read_job(att, *a):
+        out = real_read(att, *a)
+        was_read.set()
+        return out
+
+    class EndingSlurm(FakeSlurm):
+        def __call__(self, argv):
+            if argv[0] == "sacct":
+                assert was_read.wait(30)
+                # the job ends after its files were read, before sacct answers
+                synth.write_json(paths.result("node1"), synth.result_doc("node1", 0, synth.T0, synth.T0 + 16))
+                for rk in (0, 1):
+                    synth.write_json(paths.rank_result(rk),
+                                     synth.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))
+            return super().__call__(argv)
+
+    monkeypatch.setattr(ingest, "read_job", read_job)
+    db = tmp_path / "r.duckdb"
+    fake = EndingSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})
+    rep = collect(db, wd, sacct_runner=fake)
+    assert rep.outcomes == {"ok": 1}
+    assert one(db, "SELECT state, outcome, reason FROM runs") == {"state": "COMPLETED", "outcome": "ok", "reason": None}
+    assert rows_of(db, "SELECT count(*) FROM measurements") == [(1,)]
+    n = rows_of(db, "SELECT count(*) FROM samples")[0][0]
+    again = collect(db, wd, sacct_runner=FakeSlurm(fake.jobs))
+    assert (again.new, again.updated) == (0, 1)
+    assert one(db, "SELECT outcome FROM runs") == {"outcome": "ok"}
+    assert rows_of(db, "SELECT count(*) FROM samples")[0][0] == n
+    third = collect(db, wd, sacct_runner=FakeSlurm(fake.jobs))
+    assert (third.new, third.updated) == (0, 0)
+
+
 def test_hand_rendered_job_dir_without_manifest_is_collected(wd, tmp_path):
     run = write_attempt(wd, 16, manifest=False, executor="local")
     synth.write_json(run["paths"].submitted, {"executor": "local", "job_id": "not-a-pid",

@@ -280,3 +280,35 @@ def test_staged_columns_hold_what_one_by_one_conversion_makes(tmp_path) -> None:
             assert store.insert(table, staged) == 4
             store.con.execute(f"DELETE FROM {table}")
     store.close()
+
+
+def test_a_collect_does_not_import_pandas_yet_arrow_still_gives_pandas_output(tmp_path):
+    # pyarrow's first conversion of a Python list imports pandas just to ask whether the list is a pandas
+    # object (a fifth of a second holding the interpreter lock, mid-collect): the store settles that probe
+    # with pandas out of sight. pandas output still works afterwards.
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from harness.collect import collect, synth
+        wd = Path({str(tmp_path / "runs")!r})
+        r = synth.make_run(wd, "pd", 0, hosts=("node1",), gpus_per_host=1, ticks=5, executor="local",
+                           job_id="999990")
+        synth.append_manifest(wd, "pd", r["events"])
+        assert "pandas" not in sys.modules, "imported before the collect"
+        rep = collect({str(tmp_path / "r.duckdb")!r}, wd)
+        assert rep.outcomes == {{"ok": 1}}, rep.outcomes
+        print("pandas" in sys.modules)
+        import pyarrow as pa
+        print(type(pa.table({{"a": [1, 2]}}).to_pandas()).__name__)
+        import pandas as pd
+        print(pa.array(pd.Series([1.5, None])).null_count)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "DataFrame", "1"]

@@ -10,8 +10,8 @@ the database stays as it was.
 Runs come from ``<workdir>/*/manifest.jsonl`` (re-recorded only when the file changed) and from
 ``<workdir>/<campaign>/*/spec.json`` (job dirs rendered and submitted by hand; a dir that was only
 rendered, with nothing submitted or run, is skipped). SLURM runs are looked up with one batched
-``sacct`` call (``squeue`` when sacct cannot answer); local runs by their process id; the files decide
-the rest. The database work runs on a worker thread of its own (``loading``: the same connection and
+``sacct`` call (``squeue`` when sacct cannot answer), on a thread of its own while the job dirs whose
+files changed are read; local runs by their process id; the files decide the rest. The database work runs on a worker thread of its own (``loading``: the same connection and
 transaction, one statement at a time): samples are bulk-loaded by DuckDB's CSV reader, in one scan over
 all the files that changed, while this thread scans the job dirs, asks the scheduler and parses them.
 """
@@ -19,7 +19,6 @@ all the files that changed, while this thread scans the job dirs, asks the sched
 from __future__ import annotations
 
 import gc
-import importlib
 import os
 import shutil
 import sys
@@ -27,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +36,13 @@ from ..errors import CollectError
 from ..paths import JobPaths
 from . import rows
 from .discover import Attempt, Manifest, discover, rendered_names, scan, spec_exec, spec_rows
-from .jobdir import read_job
-from .loading import SampleLoads, Worker
+from .jobdir import JobFiles, read_job
+from .loading import SampleLoads, Worker, in_thread
 from .outcome import Sched, decide
 from ..references import refresh_checks
 from .rows import RunData
 from .sacct import FINAL_STATES, JobAccounting, Runner, query_sacct, query_squeue
-from .store import Store, open_store, stage, utc
+from .store import Store, arrow, open_store, stage, utc
 
 Progress = Callable[[str, int, int], None]
 FIRST_LOAD_RUNS = 64  # changed runs whose samples start loading before the other job dirs are scanned
@@ -64,10 +63,11 @@ class CollectReport:
     sacct: str | None = None
     warnings: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
-    # Seconds per phase, in order (they add up to elapsed_s): discover (the manifests are recorded
-    # meanwhile), decide, parse (the samples load meanwhile), samples (what is left of the load after
-    # parsing), measure, write, commit; plus samples_load, the load's own duration (it overlaps the
-    # phases before it, so it is not part of the sum).
+    # Seconds per phase (they add up to elapsed_s): discover (the manifests are recorded meanwhile),
+    # parse (reading the changed job dirs while the scheduler is asked, then deciding outcomes and
+    # building rows; the samples load meanwhile), decide (waiting for the scheduler's answer), samples
+    # (what is left of the load after parsing), measure, write, commit; plus samples_load, the load's own
+    # duration (it overlaps the phases before it, so it is not part of the sum).
     timings: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,20 +110,39 @@ def _local_alive(job_id: str | None) -> bool | None:
 
 
 def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
-            known_point: Mapping[str, Any] | None = None) -> RunData:
-    """Read one job directory, decide its outcome, build its rows; never raises on bad content."""
-    files = read_job(att, known_point)
-    return rows.build(files, decide(files, sched, cancel_requested))
+            known_point: Mapping[str, Any] | None = None, early: JobFiles | None = None) -> RunData:
+    """Read one job directory, decide its outcome, build its rows; never raises on bad content.
+
+    *early*: its files as read before the scheduler answered. They stand unless the scheduler's word ends
+    a run they show unfinished or failed: it may have ended in between, so a dir changed since it was
+    scanned is read again (its fingerprint stays the scan's: the next collect reads it all again)."""
+    files = early if early is not None else read_job(att, known_point)
+    verdict = decide(files, sched, cancel_requested)
+    if early is not None and verdict.over and verdict.outcome != "ok":
+        fp, names = scan(att.job_dir)
+        if fp != att.fingerprint:
+            files = read_job(replace(att, files=names), known_point)
+            verdict = decide(files, sched, cancel_requested)
+    return rows.build(files, verdict)
 
 
 def analyze_isolated(att: Attempt, sched: Sched, cancel_requested: bool,
-                     known_point: Mapping[str, Any] | None = None) -> RunData:
+                     known_point: Mapping[str, Any] | None = None, early: JobFiles | None = None) -> RunData:
     """:func:`analyze`, with any failure confined to this run: it is recorded as failed, with the reason,
     and every other run of the collect goes on."""
     try:
-        return analyze(att, sched, cancel_requested, known_point)
+        return analyze(att, sched, cancel_requested, known_point, early)
     except Exception as exc:  # noqa: BLE001 - one unreadable job dir must not stop the others
         return rows.unreadable(att, sched, exc)
+
+
+def read_early(att: Attempt, known_point: Mapping[str, Any] | None) -> JobFiles | None:
+    """*att*'s files, read while the scheduler is being asked (None if reading fails: :func:`analyze`
+    reads again, and confines the failure to the run)."""
+    try:
+        return read_job(att, known_point)
+    except Exception:  # noqa: BLE001 - reported by the second read
+        return None
 
 
 # -- scheduler --------------------------------------------------------------------------------------------
@@ -230,6 +249,27 @@ def _record(store: Store, manifests: list[Manifest], attempts: dict[str, Attempt
     return changed, problems, store.run_index()
 
 
+def _ask_scheduler(recorded: Future[tuple[bool, list[str], dict[str, dict[str, Any]]]], attempts: dict[str, Attempt],
+                   runner: Runner | None, report: CollectReport) -> tuple[bool, dict[str, dict[str, Any]],
+                                                                      list[tuple[Attempt, dict[str, Any]]],
+                                                                      dict[str, Sched]]:
+    """Once the manifests are recorded: whether one changed, the runs as recorded, those that may have
+    changed (new, files changed, or a state that can still change) with what is known of their job, and
+    the scheduler's word on each."""
+    manifests_changed, problems, index = recorded.result()
+    report.warnings += problems
+    todo: list[tuple[Attempt, dict[str, Any]]] = []
+    for a in attempts.values():
+        info = dict(index.get(a.run_id) or {})
+        if not info.get("executor") or not info.get("job_id"):
+            sub = spec_exec(a)
+            info["executor"] = info.get("executor") or sub.get("executor")
+            info["job_id"] = info.get("job_id") or sub.get("job_id")
+        if info.get("fingerprint") != a.fingerprint or info.get("state") not in FINAL_STATES:
+            todo.append((a, info))
+    return manifests_changed, index, todo, scheduler_states(todo, runner, report)
+
+
 def _collect(store: Store, worker: Worker, report: CollectReport, manifests: list[Manifest],
              attempts: dict[str, Attempt], sacct_runner: Runner | None, prog: Progress, clock: _Clock,
              tmpdir: Path) -> None:
@@ -268,7 +308,7 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
                 reread(refiled)
                 queued = len(refiled)
                 # The writes need Arrow: imported now, while the samples load, not by the next step.
-                importlib.import_module("pyarrow")
+                arrow()
                 recorded = worker.submit(_record, store, manifests, attempts, before)
     if recorded is None:
         recorded = worker.submit(_record, store, manifests, attempts, before)
@@ -276,22 +316,18 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
     prog("discover", 1, 1)
     clock.lap("discover")
     _pause("parse")
-    manifests_changed, problems, index = recorded.result()
-    report.warnings += problems
     known_points = {str(ev.get("point_id")): ev for man in manifests for ev in man.events
                     if ev.get("type") == "point"}
-    # Which runs may have changed: new, files changed, or a state that can still change.
-    todo: list[tuple[Attempt, dict[str, Any]]] = []
-    for a in attempts.values():
-        info = dict(index.get(a.run_id) or {})
-        if not info.get("executor") or not info.get("job_id"):
-            sub = spec_exec(a)
-            info["executor"] = info.get("executor") or sub.get("executor")
-            info["job_id"] = info.get("job_id") or sub.get("job_id")
-        if info.get("fingerprint") != a.fingerprint or info.get("state") not in FINAL_STATES:
-            todo.append((a, info))
-    report.runs = len(attempts)
-    scheds = scheduler_states(todo, sacct_runner, report)
+    # The scheduler is asked on a thread of its own, once the manifests are recorded; meanwhile this one
+    # reads the job dirs whose files changed (they are re-read whatever it says).
+    asked = in_thread(_ask_scheduler, recorded, attempts, sacct_runner, report)
+    early: dict[str, JobFiles | None] = {}
+    for i, a in enumerate(refiled):
+        early[a.run_id] = read_early(a, known_points.get(a.point_id))
+        if i % 25 == 0:
+            prog("parse", i, len(refiled))
+    clock.lap("parse")
+    manifests_changed, index, todo, scheds = asked.result()
     changed: list[tuple[Attempt, Sched, dict[str, Any]]] = []
     for a, info in todo:
         s = scheds[a.run_id]
@@ -299,24 +335,23 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
         state_moved = new_state is not None and new_state != info.get("state")
         if info.get("fingerprint") != a.fingerprint or state_moved:
             changed.append((a, s, info))
+    report.runs = len(attempts)
     report.unchanged = len(attempts) - len(changed)
     # A run whose state moved but whose files did not is re-read too: its rows are replaced as a whole.
-    refiled_ids = {a.run_id for a in refiled}
-    moved = [a for a, _s, _i in changed if a.run_id not in refiled_ids]
+    moved = [a for a, _s, _i in changed if a.run_id not in early]
     if moved:
         reread(moved)
     clock.lap("decide")
     _pause("samples")
     datas: list[RunData] = []
-    for i, (a, s, info) in enumerate(changed):
-        d = analyze_isolated(a, s, info.get("cancel_requested_at") is not None, known_points.get(a.point_id))
+    for a, s, info in changed:
+        d = analyze_isolated(a, s, info.get("cancel_requested_at") is not None, known_points.get(a.point_id),
+                             early.pop(a.run_id, None))
         # The cancel request comes from the manifest, not from the files: keep it.
         if d.run.get("cancel_requested_at") is None:
             d.run["cancel_requested_at"] = info.get("cancel_requested_at")
         datas.append(d)
-        if i % 25 == 0:
-            prog("parse", i, len(changed))
-    prog("parse", len(changed), len(changed))
+    prog("parse", len(refiled), len(refiled))
     # Typed columns of the run's child rows, while the worker still loads samples.
     staged = [stage(table, [r for d in datas for r in getattr(d, attr)])
               for table, attr in (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"),

@@ -69,6 +69,19 @@ class Worker:
         self._pool.shutdown(wait=True)
 
 
+def in_thread(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """*fn(*args)* on a daemon thread of its own (an interrupted collect does not wait for it to end)."""
+    fut: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the result
+            fut.set_exception(exc)
+    threading.Thread(target=run, name="sbench-collect-ask", daemon=True).start()
+    return fut
+
+
 class SampleLoads:
     """The sample CSVs of the runs being re-read, numbered from the first unused file id in the order
     they are loaded. Its :meth:`load` runs on the worker thread."""
@@ -117,4 +130,4 @@ class SampleLoads:
         return files
 
 
-__all__ = ["SampleFile", "SampleLoads", "Worker"]
+__all__ = ["SampleFile", "SampleLoads", "Worker", "in_thread"]

@@ -60,11 +60,13 @@ import math
 import operator
 import os
 import re
+import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import duckdb
@@ -503,6 +505,41 @@ def typed(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[str, Any]],
     return fast if fast is not None else {c: _column(v, t) for (c, t), v in zip(columns, values)}
 
 
+_probed = False
+
+
+class _PandasOutOfSight:
+    """An import finder that says pandas is not installed (see :func:`arrow`)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def arrow() -> ModuleType:
+    """pyarrow (imported here, not at import: most commands never write), with its pandas probe settled.
+
+    pyarrow's first conversion of a Python sequence imports pandas only to ask whether the sequence is a
+    pandas object: 0.18 s of CPU holding the interpreter lock, in the middle of a collect, for a library
+    sbench never hands it. So, unless pandas is imported already, that probe runs here once with pandas
+    out of sight and the answer is no. pyarrow still imports pandas for real when asked for pandas
+    output (``to_pandas``)."""
+    global _probed
+    import pyarrow as pa
+
+    if not _probed:
+        _probed = True
+        if "pandas" not in sys.modules:
+            hide = _PandasOutOfSight()
+            sys.meta_path.insert(0, hide)
+            try:
+                pa.array([], pa.int8())
+            finally:
+                sys.meta_path.remove(hide)
+    return pa
+
+
 def _arrow_table(columns: Sequence[tuple[str, str]], values: Sequence[Sequence[Any]]) -> Any:
     """Columns whose values already are what :func:`_column` would make of them (one Python type, or None,
     that fits the column) as an Arrow table, converted by Arrow at C speed; a column that needs
@@ -510,7 +547,7 @@ def _arrow_table(columns: Sequence[tuple[str, str]], values: Sequence[Sequence[A
     refuses a value (the caller then keeps numpy arrays, which DuckDB converts while scanning)."""
     if any(t not in _ARROW_TYPES for _, t in columns):
         return None
-    import pyarrow as pa  # here, not at import: most commands never write
+    pa = arrow()
     import pyarrow.compute as pc
 
     out = {}
