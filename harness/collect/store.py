@@ -548,7 +548,6 @@ def _arrow_table(columns: Sequence[tuple[str, str]], values: Sequence[Sequence[A
     if any(t not in _ARROW_TYPES for _, t in columns):
         return None
     pa = arrow()
-    import pyarrow.compute as pc
 
     out = {}
     for (c, t), v in zip(columns, values):
@@ -558,9 +557,7 @@ def _arrow_table(columns: Sequence[tuple[str, str]], values: Sequence[Sequence[A
             arr = None
             if t == "VARCHAR" and kinds <= {str}:
                 # Valid UTF-8 (Arrow refuses a lone surrogate) with no NUL is stored as it is.
-                arr = pa.array(v, pa.string())
-                if pc.any(pc.match_substring(arr, "\0")).as_py():
-                    arr = None
+                arr = None if "\0" in "".join(filter(None, v)) else pa.array(v, pa.string())
             elif t == "JSON" and kinds <= {JsonText}:
                 arr = pa.array(v, pa.string())
             elif t in _INT_RANGE and kinds <= {int}:  # Arrow refuses an int out of the column's range
