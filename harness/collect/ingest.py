@@ -18,6 +18,7 @@ all the files that changed, while this thread scans the job dirs, asks the sched
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shutil
@@ -191,7 +192,14 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     prog = progress or (lambda phase, done, total: None)
     clock = _Clock(report)
     prog("discover", 0, 1)
-    manifests, attempts, warns = discover(wd, campaign)
+    # The database opens (and its schema is checked) on a thread of its own while the work dir is scanned.
+    opening = in_thread(lambda: open_store(db, wait_s=wait_s))
+    try:
+        manifests, attempts, warns = discover(wd, campaign)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            opening.result().close()
+        raise
     if run_ids is not None:
         keep = set(run_ids)
         attempts = {rid: a for rid, a in attempts.items() if rid in keep}
@@ -208,7 +216,7 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     switch = sys.getswitchinterval()
     sys.setswitchinterval(0.0005)
     try:
-        with open_store(db, wait_s=wait_s) as store:
+        with opening.result() as store:
             with store.transaction():
                 worker = Worker(store)
                 try:
