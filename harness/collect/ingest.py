@@ -326,14 +326,17 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
     _pause("parse")
     known_points = {str(ev.get("point_id")): ev for man in manifests for ev in man.events
                     if ev.get("type") == "point"}
-    # The scheduler is asked on a thread of its own, once the manifests are recorded; meanwhile this one
-    # reads the job dirs whose files changed (they are re-read whatever it says).
+    # The scheduler is asked on a thread of its own, once the manifests are recorded; until it answers,
+    # this one reads the job dirs whose files changed (they are re-read whatever it says). The rest are
+    # read one by one with their verdict: each run's files are freed as soon as its rows are built.
     asked = in_thread(_ask_scheduler, recorded, attempts, sacct_runner, report)
     early: dict[str, JobFiles | None] = {}
-    for i, a in enumerate(refiled):
+    for a in refiled:
+        if asked.done():
+            break
         early[a.run_id] = read_early(a, known_points.get(a.point_id))
-        if i % 25 == 0:
-            prog("parse", i, len(refiled))
+        if len(early) % 25 == 0:
+            prog("parse", len(early), len(refiled))
     clock.lap("parse")
     manifests_changed, index, todo, scheds = asked.result()
     changed: list[tuple[Attempt, Sched, dict[str, Any]]] = []
@@ -346,19 +349,23 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
     report.runs = len(attempts)
     report.unchanged = len(attempts) - len(changed)
     # A run whose state moved but whose files did not is re-read too: its rows are replaced as a whole.
-    moved = [a for a, _s, _i in changed if a.run_id not in early]
+    refiled_ids = {a.run_id for a in refiled}
+    moved = [a for a, _s, _i in changed if a.run_id not in refiled_ids]
     if moved:
         reread(moved)
     clock.lap("decide")
     _pause("samples")
     datas: list[RunData] = []
-    for a, s, info in changed:
+    read_before = len(early)
+    for i, (a, s, info) in enumerate(changed):
         d = analyze_isolated(a, s, info.get("cancel_requested_at") is not None, known_points.get(a.point_id),
                              early.pop(a.run_id, None))
         # The cancel request comes from the manifest, not from the files: keep it.
         if d.run.get("cancel_requested_at") is None:
             d.run["cancel_requested_at"] = info.get("cancel_requested_at")
         datas.append(d)
+        if i % 25 == 0 and i > read_before:
+            prog("parse", min(i, len(refiled)), len(refiled))
     prog("parse", len(refiled), len(refiled))
     # Typed columns of the run's child rows, while the worker still loads samples.
     staged = [stage(table, [r for d in datas for r in getattr(d, attr)])
