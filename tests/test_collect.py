@@ -364,6 +364,52 @@ def test_corrupt_and_truncated_csv_lines(wd, tmp_path):
     assert any(w.startswith("samples.node1.csv line 6: MISSING COLUMNS") for w in r["warnings"])
 
 
+def test_only_files_whose_rows_differ_from_the_samplers_count_are_read_again(wd, tmp_path, monkeypatch):
+    # A finished host's result file records how many rows its sampler wrote. Its samples load without
+    # DuckDB recording rejected lines (cheaper); only a file whose loaded rows differ from that count is
+    # read again to say which lines were skipped and why. A host that left no result file (still running)
+    # is loaded with rejects recorded at once.
+    from harness.collect.store import Store
+    n = 20 * 3  # 20 ticks x (2 GPU rows + 1 process row)
+    clean = write_attempt(wd, 81, results={"node1": {"samples": n}})
+    bad = write_attempt(wd, 82, results={"node1": {"samples": n}})
+    running = write_attempt(wd, 83, results=False)
+    for run, cut in ((bad, 2), (running, 1)):
+        p = run["paths"].samples("node1")
+        lines = p.read_text().splitlines()
+        lines[5] = ",".join(lines[5].split(",")[:4] + ["oops"] + lines[5].split(",")[5:])  # file line 6
+        if cut == 2:
+            lines[10] = lines[10] + ",1"  # file line 11: one column too many
+        p.write_text("\n".join(lines) + "\n")
+    reread: list[list[str]] = []
+    real = Store.sample_rejects
+
+    def spy(self, paths):
+        reread.append([str(x) for x in paths])
+        return real(self, paths)
+
+    monkeypatch.setattr(Store, "sample_rejects", spy)
+    db = tmp_path / "r.duckdb"
+    fake = FakeSlurm({clean["job_id"]: ("COMPLETED", "0:0", "node1"), bad["job_id"]: ("COMPLETED", "0:0", "node1"),
+                      running["job_id"]: ("RUNNING", "0:0", "node1")})
+    rep = collect(db, wd, sacct_runner=fake)
+    assert reread == [[str(bad["paths"].samples("node1"))]]
+    assert rep.sample_rows == 3 * n - 3
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        cur = con.execute("SELECT run_id, outcome, warnings, sample_rows FROM runs")
+        got = {r[0]: dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()}
+    finally:
+        con.close()
+    assert got[clean["run_id"]]["warnings"] is None and got[clean["run_id"]]["sample_rows"] == n
+    assert got[bad["run_id"]]["sample_rows"] == n - 2 and got[bad["run_id"]]["outcome"] == "ok"
+    warns = got[bad["run_id"]]["warnings"]
+    assert any(w.startswith("samples.node1.csv line 6: CAST") and "oops" in w for w in warns), warns
+    assert any(w.startswith("samples.node1.csv line 11: TOO MANY COLUMNS") for w in warns), warns
+    assert got[running["run_id"]]["sample_rows"] == n - 1
+    assert any(w.startswith("samples.node1.csv line 6: CAST") for w in got[running["run_id"]]["warnings"])
+
+
 def test_nccl_transport_recorded_per_host(wd, tmp_path):
     fix = Path(__file__).parent / "fixtures" / "collect" / "nccl"
     run = write_attempt(wd, 9, hosts=("node1", "node2"), gpus_per_host=1,

@@ -389,9 +389,11 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
     report.timings["samples_load"] = round(loads.seconds, 3)
     clock.lap("samples")
     prog("samples", 1, 1)
-    _warn_samples(loads, by_run)
     _pause("measure")
-    measurements = _measure(datas, stats.result())
+    sample_stats = stats.result()
+    _recheck(worker, loads, by_run, sample_stats)
+    _warn_samples(loads, by_run)
+    measurements = _measure(datas, sample_stats)
     clock.lap("measure")
     now = utc(time.time())
     for d in datas:
@@ -414,6 +416,20 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
 def _file_stats(store: Store, files: list[dict[str, Any]], windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     store.insert("sample_files", files)
     return store.sample_stats(windows)
+
+
+def _recheck(worker: Worker, loads: SampleLoads, by_run: Mapping[str, RunData],
+             stats: list[dict[str, Any]]) -> None:
+    """The files loaded without recording rejected lines whose rows differ from what their sampler recorded
+    writing (or whose count is unknown) are read again, to learn which lines were skipped and why."""
+    loaded: dict[tuple[str, str], int] = {}
+    for s in stats:
+        key = (s["run_id"], s["host"])
+        loaded[key] = loaded.get(key, 0) + int(s["rows_all"])
+    again = [f for f in loads.files if f.counted and
+             by_run[f.run_id].samples_written.get(f.host) != loaded.get((f.run_id, f.host), 0)]
+    if again:
+        worker.submit(loads.recheck, again).result()
 
 
 def _warn_samples(loads: SampleLoads, by_run: Mapping[str, RunData]) -> None:

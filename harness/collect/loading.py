@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..paths import JobPaths
 from .discover import Attempt, sample_files_of
 from .parse import csv_tail
 from .store import Store
@@ -33,6 +34,9 @@ class SampleFile:
     path: Path
     use: str
     truncated_line: int | None = None  # 1-based number of a last line cut mid-write (not loaded)
+    # Its host's runner left a result file, which records the rows the sampler wrote: the rows loaded are
+    # checked against that count (see :meth:`SampleLoads.load`).
+    counted: bool = False
 
 
 class Worker:
@@ -94,38 +98,50 @@ class SampleLoads:
         self.seconds = 0.0
 
     def load(self, files: list[SampleFile]) -> None:
-        """Load *files* (from :meth:`prepare`) in one scan of DuckDB's CSV reader; on the worker thread."""
+        """Load *files* (from :meth:`prepare`) with DuckDB's CSV reader; on the worker thread. The files of
+        hosts that finished are read without recording rejected lines (a bad line is skipped all the
+        same): :meth:`recheck` later asks why for those whose rows differ from the count their runner
+        recorded. The others are read in a second scan that records them at once."""
         t = time.perf_counter()
-        if files:
-            n, rejects = self.store.load_samples([f.use for f in files], files[0].file_id)
-            self.rows += n
-            self.rejects += rejects
+        for part in ([f for f in files if f.counted], [f for f in files if not f.counted]):
+            if part:
+                n, rejects = self.store.load_samples([f.use for f in part], part[0].file_id,
+                                                     rejects=not part[0].counted)
+                self.rows += n
+                self.rejects += rejects
         self.seconds += time.perf_counter() - t
+
+    def recheck(self, files: list[SampleFile]) -> None:
+        """Why lines of *files* (loaded without recording rejects) were skipped; on the worker thread."""
+        self.rejects += self.store.sample_rejects([f.use for f in files])
 
     def prepare(self, attempts: Iterable[Attempt]) -> list[SampleFile]:
         """The sample files of *attempts*, numbered next. Needs no database. A file whose last line was cut
         mid-write (no final newline) is loaded from a copy without that line, so a half-written number
         never gets in."""
         files: list[SampleFile] = []
-        for a in attempts:
-            for host, path in sample_files_of(a):
-                fid = self.next_id
-                self.next_id += 1
-                use = str(path)
-                if any(c in use for c in "*?[{"):
-                    # DuckDB's reader expands glob characters in file names: read such a file via a link.
-                    link = self.tmpdir / f"{fid}.link.csv"
-                    link.symlink_to(path)
-                    use = str(link)
-                sf = SampleFile(fid, a.run_id, host, path, use)
-                tail = csv_tail(path)
-                if tail is not None:
-                    cut, sf.truncated_line = tail
-                    copy = self.tmpdir / f"{fid}.csv"
-                    with path.open("rb") as src, copy.open("wb") as dst:
-                        dst.write(src.read(cut))
-                    sf.use = str(copy)
-                files.append(sf)
+        # Each scan's files are numbered in one run of ids (see load): counted files first.
+        todo = [(a, host, path, JobPaths(path.parent).result(host).name in names) for a in attempts
+                for names in [set(a.files or ())] for host, path in sample_files_of(a)]
+        todo.sort(key=lambda x: not x[3])
+        for a, host, path, counted in todo:
+            fid = self.next_id
+            self.next_id += 1
+            use = str(path)
+            if any(c in use for c in "*?[{"):
+                # DuckDB's reader expands glob characters in file names: read such a file via a link.
+                link = self.tmpdir / f"{fid}.link.csv"
+                link.symlink_to(path)
+                use = str(link)
+            sf = SampleFile(fid, a.run_id, host, path, use, counted=counted)
+            tail = csv_tail(path)
+            if tail is not None:
+                cut, sf.truncated_line = tail
+                copy = self.tmpdir / f"{fid}.csv"
+                with path.open("rb") as src, copy.open("wb") as dst:
+                    dst.write(src.read(cut))
+                sf.use = str(copy)
+            files.append(sf)
         self.files += files
         return files
 

@@ -37,6 +37,7 @@ class RunData:
     environment: list[dict[str, Any]] = field(default_factory=list)
     memory: list[dict[str, Any]] = field(default_factory=list)
     sample_files: list[tuple[str, Path]] = field(default_factory=list)
+    samples_written: dict[str, int | None] = field(default_factory=dict)  # host -> rows its sampler recorded
     rank0: dict[str, Any] | None = None
     entity: dict[str, Any] = field(default_factory=dict)
     experiment: str | None = None
@@ -266,6 +267,7 @@ def build(f: JobFiles, v: Verdict) -> RunData:
                 else not f.jobspec["cpu_partition"])
     if f.paths is not None:
         d.sample_files = [(h, f.paths.samples(h)) for h in f.sample_hosts]
+        d.samples_written = {h: count(r.get("samples"), 0) for h, r in f.results.items()}
     drawn = [i for r in f.ranks.values() if isinstance(r.get("entries_consumed"), list) for i in r["entries_consumed"]]
     if len(f.ranks) > 1 and len(set(drawn)) < len(drawn):
         d.warn(f"the ranks' steps drew {len(drawn) - len(set(drawn))} of {len(drawn)} samples from entries another "

@@ -1336,15 +1336,17 @@ class Store:
         """The first unused ``sample_files.file_id``."""
         return int(self.con.execute("SELECT coalesce(max(file_id) + 1, 0) FROM sample_files").fetchall()[0][0])
 
-    def load_samples(self, paths: Sequence[str], first_file_id: int) -> tuple[int, list[tuple[str, int, str]]]:
+    def load_samples(self, paths: Sequence[str], first_file_id: int,
+                     rejects: bool = True) -> tuple[int, list[tuple[str, int, str]]]:
         """Bulk-load sample CSVs into ``sample_rows`` with DuckDB's reader, one scan over all *paths*; the
         rows of ``paths[i]`` get ``file_id = first_file_id + i`` (the caller records the matching
-        ``sample_files`` rows). Returns the row count and the rejected lines as (path, line, reason), one
-        reason per line. Touches nothing but the connection, so it may run in a helper thread while the
-        caller does other (non-database) work."""
+        ``sample_files`` rows). Returns the row count and, with *rejects*, the rejected lines as (path,
+        line, reason), one reason per line. Without *rejects* a bad line is skipped all the same, at less
+        cost (the caller compares each file's rows with the count its writer recorded, and asks
+        :meth:`sample_rejects` why where they differ). Touches nothing but the connection, so it may run
+        in a helper thread while the caller does other (non-database) work."""
         if not paths:
             return 0, []
-        columns = "{" + ", ".join(f"'{c}': '{t}'" for c, t in _SAMPLE_READ_TYPES.items()) + "}"
         names = [c for c, _ in SCHEMA["sample_rows"] if c != "file_id"]
         # Row order is meaningless here (every row carries its file and time): let each thread append
         # what it parsed without re-establishing the files' order.
@@ -1354,21 +1356,35 @@ class Store:
             n = self.con.execute(
                 f"""INSERT INTO sample_rows (file_id, {", ".join(names)})
                     SELECT CAST(file_index AS INTEGER) + {int(first_file_id)}, {", ".join(names)}
-                    FROM read_csv($files, columns = {columns}, header = true, auto_detect = false, delim = ',',
-                                  quote = '"', escape = '"', ignore_errors = true, store_rejects = true,
-                                  rejects_table = '_sbench_rej', rejects_scan = '_sbench_rej_scan')""",
-                {"files": [str(p) for p in paths]}).fetchall()[0][0]
-            found = self.con.execute(
-                """SELECT s.file_path, e.line, e.column_idx, e.error_type, e.error_message
-                   FROM _sbench_rej AS e JOIN _sbench_rej_scan AS s USING (scan_id, file_id)
-                   ORDER BY 1, 2, 3, 4, 5""").fetchall()
-            self.con.execute("DROP TABLE IF EXISTS _sbench_rej")
-            self.con.execute("DROP TABLE IF EXISTS _sbench_rej_scan")
+                    FROM {_sample_csv(rejects)}""", {"files": [str(p) for p in paths]}).fetchall()[0][0]
+            found = self._take_rejects() if rejects else []
         except duckdb.Error as exc:
             raise CollectError(f"loading samples failed: {exc}") from None
         finally:
             self.con.execute("SET preserve_insertion_order = true")
-        return int(n), _reject_reasons(found)
+        return int(n), found
+
+    def sample_rejects(self, paths: Sequence[str]) -> list[tuple[str, int, str]]:
+        """The lines of sample CSVs that :meth:`load_samples` skips, as (path, line, reason): the files are
+        read again, nothing is written."""
+        if not paths:
+            return []
+        try:
+            # Every column named, so that each value is converted (count(*) alone would convert none).
+            every = ", ".join(f"count({q(c)})" for c in _SAMPLE_READ_TYPES)
+            self.con.execute(f"SELECT {every} FROM {_sample_csv(True)}", {"files": [str(p) for p in paths]}).fetchall()
+            return self._take_rejects()
+        except duckdb.Error as exc:
+            raise CollectError(f"reading samples failed: {exc}") from None
+
+    def _take_rejects(self) -> list[tuple[str, int, str]]:
+        found = self.con.execute(
+            """SELECT s.file_path, e.line, e.column_idx, e.error_type, e.error_message
+               FROM _sbench_rej AS e JOIN _sbench_rej_scan AS s USING (scan_id, file_id)
+               ORDER BY 1, 2, 3, 4, 5""").fetchall()
+        self.con.execute("DROP TABLE IF EXISTS _sbench_rej")
+        self.con.execute("DROP TABLE IF EXISTS _sbench_rej_scan")
+        return _reject_reasons(found)
 
     def sample_stats(self, windows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Per (run, host, kind, device) statistics of the samples inside each run's measured window
@@ -1444,6 +1460,16 @@ class Store:
             return [d[0] for d in cur.description], cur.fetchall()
         except duckdb.Error as exc:
             raise InputError(f"SQL error: {exc}") from None
+
+
+def _sample_csv(rejects: bool) -> str:
+    """DuckDB's reader of the sample CSVs in ``$files`` (docs/job-directory.md), skipping a line that does
+    not fit; with *rejects*, recording why in ``_sbench_rej``/``_sbench_rej_scan``."""
+    columns = "{" + ", ".join(f"'{c}': '{t}'" for c, t in _SAMPLE_READ_TYPES.items()) + "}"
+    keep = ", store_rejects = true, rejects_table = '_sbench_rej', rejects_scan = '_sbench_rej_scan'" \
+        if rejects else ""
+    return (f"""read_csv($files, columns = {columns}, header = true, auto_detect = false, delim = ',',
+                         quote = '"', escape = '"', ignore_errors = true{keep})""")
 
 
 def _reject_reasons(found: Sequence[tuple[Any, ...]]) -> list[tuple[str, int, str]]:
