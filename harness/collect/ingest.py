@@ -9,11 +9,12 @@ the database stays as it was.
 
 Runs come from ``<workdir>/*/manifest.jsonl`` (re-recorded only when the file changed) and from
 ``<workdir>/<campaign>/*/spec.json`` (job dirs rendered and submitted by hand; a dir that was only
-rendered, with nothing submitted or run, is skipped). SLURM runs are looked up with one batched
-``sacct`` call (``squeue`` when sacct cannot answer), on a thread of its own while the job dirs whose
-files changed are read; local runs by their process id; the files decide the rest. The database work runs on a worker thread of its own (``loading``: the same connection and
-transaction, one statement at a time): samples are bulk-loaded by DuckDB's CSV reader, in one scan over
-all the files that changed, while this thread scans the job dirs, asks the scheduler and parses them.
+rendered, with nothing submitted or run, is skipped). The scheduler is asked on a thread of its own
+(``scheduler``: one batched ``sacct`` call for SLURM runs, the process id for local ones) while the job
+dirs whose files changed are read; the files decide the rest. The database work runs on a worker thread
+of its own (``loading``: the same connection and transaction, one statement at a time): samples are
+bulk-loaded by DuckDB's CSV reader, in one scan over all the files that changed, while this thread scans
+the job dirs and parses them.
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ import duckdb
 
 from ..errors import CollectError
 from ..paths import JobPaths
-from . import rows
-from .discover import Attempt, Manifest, discover, rendered_names, scan, spec_exec, spec_rows
+from . import rows, scheduler
+from .discover import Attempt, Manifest, discover, rendered_names, scan, spec_rows
 from .jobdir import JobFiles, read_job
 from .loading import SampleLoads, Worker, in_thread
 from .outcome import Sched, decide
 from ..references import refresh_checks
 from .rows import RunData
-from .sacct import FINAL_STATES, JobAccounting, Runner, query_sacct, query_squeue
+from .sacct import Runner
 from .store import Store, arrow, open_store, stage, utc
 
 Progress = Callable[[str, int, int], None]
@@ -93,23 +94,6 @@ def _pause(phase: str) -> None:
 
 
 
-def _local_alive(job_id: str | None) -> bool | None:
-    """Whether the local executor's job (submitit's local job id is its process id) still runs."""
-    try:
-        pid = int(str(job_id))
-    except (TypeError, ValueError):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return None
-    return True
-
-
 def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
             known_point: Mapping[str, Any] | None = None, early: JobFiles | None = None) -> RunData:
     """Read one job directory, decide its outcome, build its rows; never raises on bad content.
@@ -144,40 +128,6 @@ def read_early(att: Attempt, known_point: Mapping[str, Any] | None) -> JobFiles 
         return read_job(att, known_point)
     except Exception:  # noqa: BLE001 - reported by the second read
         return None
-
-
-# -- scheduler --------------------------------------------------------------------------------------------
-def scheduler_states(todo: list[tuple[Attempt, dict[str, Any]]], runner: Runner | None,
-                     report: CollectReport) -> dict[str, Sched]:
-    """One batched sacct call (squeue as a fallback) for the SLURM runs that may have changed."""
-    out: dict[str, Sched] = {}
-    slurm = {a.run_id: str(info["job_id"]) for a, info in todo
-             if info.get("executor") == "slurm" and info.get("job_id")}
-    acct: dict[str, JobAccounting] | None = None
-    queue = None
-    if slurm:
-        acct, why = query_sacct(slurm.values(), **({"runner": runner} if runner else {}))
-        report.sacct = why or "ok"
-        missing = [j for j in slurm.values() if acct is None or j not in acct]
-        if missing:
-            queue = query_squeue(**({"runner": runner} if runner else {}))
-    for a, info in todo:
-        if a.run_id in slurm:
-            jid = slurm[a.run_id]
-            if acct is not None and jid in acct:
-                out[a.run_id] = Sched("sacct", acct[jid].state, acct[jid])
-            elif queue is not None and jid in queue:
-                out[a.run_id] = Sched("executor", queue[jid][0])
-            elif queue is not None:
-                out[a.run_id] = Sched("files", None, gone=True)
-            else:
-                out[a.run_id] = Sched("files")
-        elif info.get("executor") == "local":
-            alive = _local_alive(info.get("job_id"))
-            out[a.run_id] = Sched("executor", "RUNNING" if alive else None, gone=alive is False)
-        else:
-            out[a.run_id] = Sched("files")
-    return out
 
 
 # -- the collect -------------------------------------------------------------------------------------------
@@ -257,27 +207,6 @@ def _record(store: Store, manifests: list[Manifest], attempts: dict[str, Attempt
     return changed, problems, store.run_index()
 
 
-def _ask_scheduler(recorded: Future[tuple[bool, list[str], dict[str, dict[str, Any]]]], attempts: dict[str, Attempt],
-                   runner: Runner | None, report: CollectReport) -> tuple[bool, dict[str, dict[str, Any]],
-                                                                      list[tuple[Attempt, dict[str, Any]]],
-                                                                      dict[str, Sched]]:
-    """Once the manifests are recorded: whether one changed, the runs as recorded, those that may have
-    changed (new, files changed, or a state that can still change) with what is known of their job, and
-    the scheduler's word on each."""
-    manifests_changed, problems, index = recorded.result()
-    report.warnings += problems
-    todo: list[tuple[Attempt, dict[str, Any]]] = []
-    for a in attempts.values():
-        info = dict(index.get(a.run_id) or {})
-        if not info.get("executor") or not info.get("job_id"):
-            sub = spec_exec(a)
-            info["executor"] = info.get("executor") or sub.get("executor")
-            info["job_id"] = info.get("job_id") or sub.get("job_id")
-        if info.get("fingerprint") != a.fingerprint or info.get("state") not in FINAL_STATES:
-            todo.append((a, info))
-    return manifests_changed, index, todo, scheduler_states(todo, runner, report)
-
-
 def _collect(store: Store, worker: Worker, report: CollectReport, manifests: list[Manifest],
              attempts: dict[str, Attempt], sacct_runner: Runner | None, prog: Progress, clock: _Clock,
              tmpdir: Path) -> None:
@@ -329,7 +258,7 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
     # The scheduler is asked on a thread of its own, once the manifests are recorded; until it answers,
     # this one reads the job dirs whose files changed (they are re-read whatever it says). The rest are
     # read one by one with their verdict: each run's files are freed as soon as its rows are built.
-    asked = in_thread(_ask_scheduler, recorded, attempts, sacct_runner, report)
+    asked = in_thread(scheduler.ask, recorded, attempts, sacct_runner)
     early: dict[str, JobFiles | None] = {}
     for a in refiled:
         if asked.done():
@@ -338,10 +267,12 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
         if len(early) % 25 == 0:
             prog("parse", len(early), len(refiled))
     clock.lap("parse")
-    manifests_changed, index, todo, scheds = asked.result()
+    answer = asked.result()
+    report.warnings += answer.problems
+    report.sacct = answer.sacct
     changed: list[tuple[Attempt, Sched, dict[str, Any]]] = []
-    for a, info in todo:
-        s = scheds[a.run_id]
+    for a, info in answer.todo:
+        s = answer.scheds[a.run_id]
         new_state = s.state if s.state is not None else ("GONE" if s.gone else None)
         state_moved = new_state is not None and new_state != info.get("state")
         if info.get("fingerprint") != a.fingerprint or state_moved:
@@ -391,14 +322,16 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
     prog("samples", 1, 1)
     _pause("measure")
     sample_stats = stats.result()
-    _recheck(worker, loads, by_run, sample_stats)
-    _warn_samples(loads, by_run)
+    again = loads.miscounted(by_run, sample_stats)
+    if again:
+        worker.submit(loads.recheck, again).result()
+    loads.warn(by_run)
     measurements = _measure(datas, sample_stats)
     clock.lap("measure")
     now = utc(time.time())
     for d in datas:
         d.run["collected_at"] = now
-        if d.run["run_id"] in index and index[d.run["run_id"]].get("fingerprint") is not None:
+        if (answer.index.get(d.run["run_id"]) or {}).get("fingerprint") is not None:
             report.updated += 1
         else:
             report.new += 1
@@ -407,7 +340,7 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
     children.result()
     store.replace_runs([d.run for d in datas])
     store.insert("measurements", measurements)
-    if datas or manifests_changed:
+    if datas or answer.manifests_changed:
         refresh_checks(store, now)
     clock.lap("write")
     _pause("commit")
@@ -416,33 +349,6 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
 def _file_stats(store: Store, files: list[dict[str, Any]], windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     store.insert("sample_files", files)
     return store.sample_stats(windows)
-
-
-def _recheck(worker: Worker, loads: SampleLoads, by_run: Mapping[str, RunData],
-             stats: list[dict[str, Any]]) -> None:
-    """The files loaded without recording rejected lines whose rows differ from what their sampler recorded
-    writing (or whose count is unknown) are read again, to learn which lines were skipped and why."""
-    loaded: dict[tuple[str, str], int] = {}
-    for s in stats:
-        key = (s["run_id"], s["host"])
-        loaded[key] = loaded.get(key, 0) + int(s["rows_all"])
-    again = [f for f in loads.files if f.counted and
-             by_run[f.run_id].samples_written.get(f.host) != loaded.get((f.run_id, f.host), 0)]
-    if again:
-        worker.submit(loads.recheck, again).result()
-
-
-def _warn_samples(loads: SampleLoads, by_run: Mapping[str, RunData]) -> None:
-    """A cut last line or a rejected line of a samples file is a warning of its run."""
-    for f in loads.files:
-        d = by_run[f.run_id]
-        if f.truncated_line is not None and d.over:
-            d.warn(f"{f.path.name} line {f.truncated_line}: truncated last line (ignored)")
-    by_use = {f.use: f for f in loads.files}
-    for fpath, line, msg in loads.rejects:
-        hit = by_use.get(fpath)
-        if hit:
-            by_run[hit.run_id].warn(f"{hit.path.name} line {line}: {msg} (row skipped)")
 
 
 def _measure(datas: list[RunData], stats: list[dict[str, Any]]) -> list[dict[str, Any]]:

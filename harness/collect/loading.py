@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,7 @@ from typing import Any
 from ..paths import JobPaths
 from .discover import Attempt, sample_files_of
 from .parse import csv_tail
+from .rows import RunData
 from .store import Store
 
 
@@ -111,9 +112,31 @@ class SampleLoads:
                 self.rejects += rejects
         self.seconds += time.perf_counter() - t
 
+    def miscounted(self, by_run: Mapping[str, RunData], stats: Iterable[Mapping[str, Any]]) -> list[SampleFile]:
+        """The files loaded without recording rejected lines whose rows (``rows_all`` of the sample
+        statistics) differ from what their sampler recorded writing, or whose count is unknown."""
+        loaded: dict[tuple[str, str], int] = {}
+        for s in stats:
+            key = (s["run_id"], s["host"])
+            loaded[key] = loaded.get(key, 0) + int(s["rows_all"])
+        return [f for f in self.files if f.counted and
+                by_run[f.run_id].samples_written.get(f.host) != loaded.get((f.run_id, f.host), 0)]
+
     def recheck(self, files: list[SampleFile]) -> None:
         """Why lines of *files* (loaded without recording rejects) were skipped; on the worker thread."""
         self.rejects += self.store.sample_rejects([f.use for f in files])
+
+    def warn(self, by_run: Mapping[str, RunData]) -> None:
+        """A cut last line or a rejected line of a samples file is a warning of its run."""
+        for f in self.files:
+            d = by_run[f.run_id]
+            if f.truncated_line is not None and d.over:
+                d.warn(f"{f.path.name} line {f.truncated_line}: truncated last line (ignored)")
+        by_use = {f.use: f for f in self.files}
+        for fpath, line, msg in self.rejects:
+            hit = by_use.get(fpath)
+            if hit:
+                by_run[hit.run_id].warn(f"{hit.path.name} line {line}: {msg} (row skipped)")
 
     def prepare(self, attempts: Iterable[Attempt]) -> list[SampleFile]:
         """The sample files of *attempts*, numbered next. Needs no database. A file whose last line was cut
