@@ -50,6 +50,21 @@ class FakeSlurm:
         return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
 
 
+class SlowSlurm(FakeSlurm):
+    """A sacct that takes a second to answer, noting when it starts and ends in *events*."""
+
+    def __init__(self, jobs: dict[str, tuple[str, str, str]], events: list[tuple[str, float]]) -> None:
+        super().__init__(jobs)
+        self.events = events
+
+    def __call__(self, argv):
+        if argv[0] == "sacct":
+            self.events.append(("sacct", time.monotonic()))
+            time.sleep(1.0)
+            self.events.append(("sacct done", time.monotonic()))
+        return super().__call__(argv)
+
+
 def write_attempt(workdir: Path, idx: int, *, hosts=("node1",), gpus_per_host=2, samples=None, ticks=20,
                   t_train0=None, t_train1=None, warmup_end=None, entity_over=None, results=True, stages=None,
                   errors=(), job_id=None, executor="slurm", experiment=FULL, rank0_metrics=None, trials=None,
@@ -580,17 +595,9 @@ def test_samples_load_while_the_scheduler_is_asked(wd, tmp_path, monkeypatch):
         events.append(("load", time.monotonic()))
         return real_load(self, files)
 
-    class SlowSlurm(FakeSlurm):
-        def __call__(self, argv):
-            if argv[0] == "sacct":
-                events.append(("sacct", time.monotonic()))
-                time.sleep(1.0)
-                events.append(("sacct done", time.monotonic()))
-            return super().__call__(argv)
-
     monkeypatch.setattr(loading.SampleLoads, "load", load)
     rep = collect(tmp_path / "r.duckdb", wd, sacct_runner=SlowSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1")
-                                                                      for r in runs}))
+                                                                      for r in runs}, events))
     assert rep.outcomes == {"ok": 2} and rep.accounting == {"sacct": 2}
     when = dict(events)
     assert when["load"] < when["sacct done"], events
@@ -608,16 +615,9 @@ def test_job_dirs_are_read_while_the_scheduler_is_asked(wd, tmp_path, monkeypatc
         events.append((f"read {att.run_id}", time.monotonic()))
         return real_read(att, *a)
 
-    class SlowSlurm(FakeSlurm):
-        def __call__(self, argv):
-            if argv[0] == "sacct":
-                time.sleep(1.0)
-                events.append(("sacct done", time.monotonic()))
-            return super().__call__(argv)
-
     monkeypatch.setattr(ingest, "read_job", read_job)
     rep = collect(tmp_path / "r.duckdb", wd, sacct_runner=SlowSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1")
-                                                                      for r in runs}))
+                                                                      for r in runs}, events))
     assert rep.outcomes == {"ok": 2}
     when = dict(events)
     assert {f"read {r['run_id']}" for r in runs} <= set(when), events

@@ -83,7 +83,7 @@ def in_thread(fn: Callable[..., Any], *args: Any) -> Future[Any]:
             fut.set_result(fn(*args))
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the result
             fut.set_exception(exc)
-    threading.Thread(target=run, name="sbench-collect-ask", daemon=True).start()
+    threading.Thread(target=run, name="sbench-collect-helper", daemon=True).start()
     return fut
 
 
@@ -143,10 +143,12 @@ class SampleLoads:
         mid-write (no final newline) is loaded from a copy without that line, so a half-written number
         never gets in."""
         files: list[SampleFile] = []
-        # Each scan's files are numbered in one run of ids (see load): counted files first.
-        todo = [(a, host, path, JobPaths(path.parent).result(host).name in names) for a in attempts
-                for names in [set(a.files or ())] for host, path in sample_files_of(a)]
-        todo.sort(key=lambda x: not x[3])
+        todo: list[tuple[Attempt, str, Path, bool]] = []
+        for a in attempts:
+            names = set(a.files or ())
+            todo += [(a, host, path, JobPaths(path.parent).result(host).name in names)
+                     for host, path in sample_files_of(a)]
+        todo.sort(key=lambda x: not x[3])  # counted files first: each of load's two scans gets one run of ids
         for a, host, path, counted in todo:
             fid = self.next_id
             self.next_id += 1
