@@ -126,8 +126,8 @@ def main() -> int:
           f"({'meets' if prep_s <= 15 else 'MISSES'} the 15 s goal)")
 
     # Rates on the generated file, side by side in this run.
-    from harness.datagen import generate_dataset
-    from harness.tokens import dataset_token_counts, load_tokenizer
+    from harness.data.datagen import generate_dataset
+    from harness.data.tokens import dataset_token_counts, load_tokenizer
 
     gen = generate_dataset(DATASET, work / "gen" / f"{DATASET}.jsonl")
     print(f"dataset generation: {gen.size_bytes / 1e6:.0f} MB in {gen.elapsed_s:.1f} s = "

@@ -44,8 +44,8 @@ DATASET = "news-chars-512-entries-4096"
 
 
 def prepare(work: Path, entries: int) -> tuple[Path, Path]:
-    from harness.datagen import generate_dataset
-    from harness.tinymodel import make_tiny_model
+    from harness.data.datagen import generate_dataset
+    from harness.data.tinymodel import make_tiny_model
 
     model = make_tiny_model(work / "model")
     gen = work / "gen" / f"{DATASET}.jsonl"
@@ -57,9 +57,9 @@ def prepare(work: Path, entries: int) -> tuple[Path, Path]:
 
 
 def render(work: Path, name: str, model: Path, data: Path, args: argparse.Namespace):
-    from harness.inventory import local_inventory
-    from harness.plan import parse_sweep, plan_sweep
-    from harness.render import render_points
+    from harness.build.render import render_points
+    from harness.spec.inventory import local_inventory
+    from harness.spec.plan import parse_sweep, plan_sweep
 
     doc = {"campaign": "overhead", "experiment": "finetune_lora_benchmark-v1.0.0",
            "entity": {"model_name": "tiny", "model_max_length": args.seq, "dataset_id": DATASET, "number_gpus": 1,

@@ -31,10 +31,10 @@ def main() -> None:
     args = ap.parse_args()
     if shutil.which("sbatch") is None:
         raise SystemExit("sbatch not found: start the test cluster (bash tests/cluster/cluster.sh start)")
-    from harness.inventory import load_inventory
-    from harness.plan import load_sweep, plan_sweep
-    from harness.render import render_points
+    from harness.build.render import render_points
     from harness.sbatch.submit import submit_sweep
+    from harness.spec.inventory import load_inventory
+    from harness.spec.plan import load_sweep, plan_sweep
 
     tmp = Path(tempfile.mkdtemp(prefix="sbench-bench-submit-"))
     per_shape = args.points // 4

@@ -54,9 +54,9 @@ def main() -> int:
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    from harness.datagen import generate_dataset
-    from harness.tinymodel import make_tiny_model
-    from harness.trainerenv import build, envs_root
+    from harness.data.datagen import generate_dataset
+    from harness.data.tinymodel import make_tiny_model
+    from harness.data.trainerenv import build, envs_root
 
     build(VERSION, envs_root(None))
     work = Path(tempfile.mkdtemp(prefix="sbench-trainers-"))

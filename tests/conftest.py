@@ -86,7 +86,7 @@ def slurm_cluster() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with a locally trained tokenizer (no download)."""
-    from harness.tinymodel import make_tiny_model
+    from harness.data.tinymodel import make_tiny_model
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     make_tiny_model(out)
@@ -103,7 +103,7 @@ def small_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Without the sidecar the runner treats the file as external data and uses it as it is,
     so runs start in seconds instead of encoding 4096 entries.
     """
-    from harness.datagen import generate_dataset
+    from harness.data.datagen import generate_dataset
 
     src = tmp_path_factory.mktemp("gen") / f"{SMALL_DATASET}.jsonl"
     generate_dataset(SMALL_DATASET, src, entries=64)

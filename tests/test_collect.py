@@ -20,10 +20,11 @@ from typing import Any
 import duckdb
 import pytest
 
-from harness.collect import aggregate, collect, synth
-from harness.collect.store import SCHEMA
-from harness.paths import JobPaths, job_dir_name
-from harness.plan import point_id as make_point_id
+from harness.collect import aggregate, collect
+from harness.contract.paths import JobPaths, job_dir_name
+from harness.db.store import SCHEMA
+from harness.spec.plan import point_id as make_point_id
+from tests import synth
 
 REPO = Path(__file__).resolve().parents[1]
 CAMPAIGN = "c1"
@@ -384,7 +385,7 @@ def test_only_files_whose_rows_differ_from_the_samplers_count_are_read_again(wd,
     # DuckDB recording rejected lines (cheaper); only a file whose loaded rows differ from that count is
     # read again to say which lines were skipped and why. A host that left no result file (still running)
     # is loaded with rejects recorded at once.
-    from harness.collect.store import Store
+    from harness.db.store import Store
     n = 20 * 3  # 20 ticks x (2 GPU rows + 1 process row)
     clean = write_attempt(wd, 81, results={"node1": {"samples": n}})
     bad = write_attempt(wd, 82, results={"node1": {"samples": n}})

@@ -17,7 +17,7 @@ from harness.collect.parse import (
     read_jsonl,
     summarize_transports,
 )
-from harness.collect.sacct import (
+from harness.slurm.sacct import (
     FINAL_STATES,
     parse_elapsed,
     parse_rss_mb,

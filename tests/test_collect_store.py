@@ -9,9 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.collect import SCHEMA_VERSION, open_store, synth
-from harness.collect.store import ENTITY_COLUMNS
-from harness.errors import InputError, SchemaMismatchError
+from harness.collect import SCHEMA_VERSION, open_store
+from harness.contract.errors import InputError, SchemaMismatchError
+from harness.db.store import ENTITY_COLUMNS
+from tests import synth
 
 EXP = "finetune_lora_benchmark-v1.0.0"
 
@@ -55,7 +56,7 @@ def test_schema_created_with_version_and_typed_entity_columns(tmp_path):
     assert types["fast_kernels"] == "VARCHAR[]" and types["r"] == "BIGINT"
     assert {"latest_measurements", "run_summary", "stage_durations", "point_status"} <= views
     # every entity-space field of every experiment is a column
-    from harness.catalog import EXPERIMENTS
+    from harness.spec.catalog import EXPERIMENTS
     names = {c for c, _ in ENTITY_COLUMNS}
     assert all(f.name in names for e in EXPERIMENTS.values() for f in e.fields)
 
@@ -218,7 +219,7 @@ def test_open_read_only_does_not_create(tmp_path):
 
 
 def test_a_row_with_an_unknown_key_fails_loudly(tmp_path) -> None:
-    from harness.collect.store import stage
+    from harness.db.store import stage
 
     good = {"run_id": "c/p/r0/a1", "host": "n1", "rank": 0, "stage": "train"}
     assert stage("stages", [good]).rows == 1
@@ -234,7 +235,7 @@ def test_epoch_columns_are_converted_at_once_exactly_as_one_by_one():
     # half-microsecond ties included (rounded half to even), NULLs kept; anything else takes the slow way.
     import random
 
-    from harness.collect.store import _column, _epochs, utc
+    from harness.db.store import _column, _epochs, utc
     rnd = random.Random(5)
     values = [rnd.uniform(0, 4e9) for _ in range(20000)] + [k + 0.5e-6 for k in range(200)] + \
         [k + 1.5e-6 for k in range(200)] + [1763769601.9999996, 0.0, None, 1e-7]
@@ -250,7 +251,7 @@ def test_staged_columns_hold_what_one_by_one_conversion_makes(tmp_path) -> None:
     # through _column. Either way a stored value must be what _column makes of it, and the DB must take it.
     import math
 
-    from harness.collect.store import SCHEMA, JsonText, _column, stage, to_json
+    from harness.db.store import SCHEMA, JsonText, _column, stage, to_json
     nasty = [None, True, False, 0, -1, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**63, 2**80, 1.0, 2.5, float("nan"),
              float("inf"), "", "plain", "naïve", "nul\0in", "lone \ud800 surrogate", "3", "1e999", "true",
              [1, "a"], {"k": 1}, JsonText('{"a":1}'), '{"b": 2}', "not json {"]
@@ -294,7 +295,8 @@ def test_a_collect_does_not_import_pandas_yet_arrow_still_gives_pandas_output(tm
     code = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from harness.collect import collect, synth
+        from harness.collect import collect
+        from tests import synth
         wd = Path({str(tmp_path / "runs")!r})
         r = synth.make_run(wd, "pd", 0, hosts=("node1",), gpus_per_host=1, ticks=5, executor="local",
                            job_id="999990")

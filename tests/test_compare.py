@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.compare import compare, parse_side
-from harness.errors import InputError
+from harness.contract.errors import InputError
+from harness.report.compare import compare, parse_side
 
 from .conftest import ROOT, SMALL_DATASET, write_sweep
 

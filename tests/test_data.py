@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.datagen import dataset_status, ensure_dataset, generate_dataset, meta_path, read_meta
-from harness.errors import InputError
-from harness.tokens import dataset_token_counts, decode_template, encode_for_training
+from harness.contract.errors import InputError
+from harness.data.datagen import dataset_status, ensure_dataset, generate_dataset, meta_path, read_meta
+from harness.data.tokens import dataset_token_counts, decode_template, encode_for_training
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -87,7 +87,7 @@ def test_tiny_model_loads_offline_and_trains_one_step(tiny_model: Path, tok) -> 
 def test_tiny_model_is_deterministic_per_seed(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from harness.tinymodel import make_tiny_model
+    from harness.data.tinymodel import make_tiny_model
 
     a = load_file(make_tiny_model(tmp_path / "a", seed=3) / "model.safetensors")
     b = load_file(make_tiny_model(tmp_path / "b", seed=3) / "model.safetensors")
@@ -240,7 +240,7 @@ def test_token_counts_ignore_a_sentinel_model_max_length(tok, mixed_dataset: Pat
 
 
 def test_token_count_cache_hits_and_invalidates(tmp_path: Path, tok, tiny_model: Path) -> None:
-    from harness.tinymodel import train_tokenizer
+    from harness.data.tinymodel import train_tokenizer
 
     data = tmp_path / "d.jsonl"
     generate_dataset("news-chars-1024-entries-4096", data, entries=30)
@@ -422,7 +422,7 @@ def test_library_rejects_unknown_id_listing_valid_ones(tmp_path: Path) -> None:
 _ENSURE = """
 import sys, time
 from pathlib import Path
-import harness.datagen as dg
+from harness.data import datagen as dg
 real = dg._generate_locked
 def counted(*a, **kw):  # report each real generation, so the test can tell that the lock made one
     print("generated", flush=True)
@@ -458,7 +458,7 @@ def test_concurrent_ensure_dataset_makes_one_valid_file(tmp_path: Path) -> None:
 
 _GENERATE = """
 import sys
-from harness.datagen import generate_dataset
+from harness.data.datagen import generate_dataset
 generate_dataset("news-tokens-16384plus-entries-4096", sys.argv[1])
 """
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.paths import JobPaths
+from harness.contract.paths import JobPaths
 
 from .conftest import ROOT, SMALL_DATASET, sql_rows, table_contents, write_sweep
 
@@ -319,7 +319,7 @@ def test_memory_of_another_architecture(env, cli_module, tmp_path_factory) -> No
     """A generated Qwen2-like model (biased q/k/v projections, grouped-query attention, 3 layers): full
     fine-tuning, LoRA and prompt tuning, each under DDP and FSDP with 2 processes; measured against the recount
     and the prediction."""
-    from harness.tinymodel import make_tiny_model
+    from harness.data.tinymodel import make_tiny_model
 
     model = make_tiny_model(tmp_path_factory.mktemp("qwen") / "tinyqwen", arch="qwen2", hidden_size=96,
                             num_layers=3, num_heads=6)
@@ -356,7 +356,7 @@ def _zero_recount(model_dir: Path, argv: list[str], world: int, stage: int, offl
     two states); gradients are that partition (ZeRO-3 with offload: on the device and in fp32 on the host)."""
     from safetensors import safe_open
 
-    from harness.defaults import ZERO3_PERSISTENCE
+    from harness.contract.defaults import ZERO3_PERSISTENCE
 
     with safe_open(str(model_dir / "model.safetensors"), "pt") as fh:
         shapes = {k: fh.get_slice(k).get_shape() for k in fh.keys()}

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.errors import SubmitError
-from harness.fabric import FabricResult
-from harness.inventory import load_inventory
-from harness.plan import parse_sweep, plan_sweep
+from harness.contract.errors import SubmitError
+from harness.sbatch.fabric import FabricResult
 from harness.sbatch.submit import run_preflight
+from harness.spec.inventory import load_inventory
+from harness.spec.plan import parse_sweep, plan_sweep
 
 from .conftest import TEST_INVENTORY, sql_rows
 
@@ -67,7 +67,7 @@ def test_fabric_across_two_test_cluster_nodes_lands_in_the_db_and_the_report(cli
     assert cli("collect", "--workdir", tmp_path / "runs", "--db", db).exit_code == 0
     assert sql_rows(db, "SELECT count(*) AS n FROM runs") == [{"n": 0}]
     page_db = db
-    from harness.collect.synth import append_manifest, make_run
+    from tests.synth import append_manifest, make_run
 
     wd = tmp_path / "runs2"
     run = make_run(wd, "r", 0, hosts=("node1",), gpus_per_host=1, ticks=5, executor="local", job_id="999989")

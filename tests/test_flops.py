@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.flops import compute_dtype, flops_per_token, model_counts, peak_tflops
+from harness.spec.flops import compute_dtype, flops_per_token, model_counts, peak_tflops
 
 from .conftest import ROOT, SMALL_DATASET, sql_rows, write_sweep
 

@@ -8,15 +8,11 @@ local executor; their measurements are recomputed here from the raw files and th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from harness.paths import JobPaths
+from harness.contract.paths import JobPaths
 
 from .conftest import SMALL_DATASET, sql_rows, write_sweep
 
@@ -173,7 +169,7 @@ def test_env_build_of_a_release_that_does_not_exist_fails_with_pips_reason(cli, 
 @pytest.fixture(scope="session")
 def fms_env():
     """The 3.2.2 environment `make test` builds (built here if it is missing)."""
-    from harness.trainerenv import build, envs_root
+    from harness.data.trainerenv import build, envs_root
 
     env, _ = build(VERSION, envs_root(None), extras=("fms-accel",))
     return env

@@ -23,15 +23,15 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from harness.build.jobspec import build_jobspec
+from harness.build.render import render_env, render_files, render_launch, render_sbatch
 from harness.cli import main
 from harness.collect import collect
-from harness.collect.synth import T0, append_manifest, make_run, write_json
-from harness.inventory import load_inventory
-from harness.jobspec import build_jobspec
-from harness.paths import JobPaths
-from harness.plan import load_sweep, plan_sweep
-from harness.render import render_env, render_files, render_launch, render_sbatch
+from harness.contract.paths import JobPaths
 from harness.sbatch.local import LocalBackend, identity, kill_launch, timeout_minutes
+from harness.spec.inventory import load_inventory
+from harness.spec.plan import load_sweep, plan_sweep
+from tests.synth import T0, append_manifest, make_run, write_json
 
 from .conftest import sql_rows
 
@@ -283,7 +283,7 @@ def test_every_template_with_hostile_values_parses_and_runs_no_canary(lab, tmp_p
 
 def test_a_line_break_in_an_sbatch_option_or_a_bad_env_name_is_refused_not_written(lab) -> None:
     spec, inv, sweep, point = _hostile_spec(lab)
-    from harness.errors import RenderError
+    from harness.contract.errors import RenderError
 
     with pytest.raises(RenderError, match="line break"):
         render_sbatch(dataclasses.replace(spec, resources={**spec.resources, "job_name": "a\nb"}))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import jobstate
-from harness.collect.sacct import FINAL_STATES, parse_sacct, scheduler_verdict
+from harness.contract import jobstate
 from harness.sbatch import control, slurm
+from harness.slurm.sacct import FINAL_STATES, parse_sacct, scheduler_verdict
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "states"
 SQUEUE = (FIX / "squeue.txt").read_text()

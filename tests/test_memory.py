@@ -11,7 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.memory import DTYPE_BYTES, optimizer_bytes, parameter_groups, predict, shape_of, trainable_parameters
+from harness.spec.memory import (
+    DTYPE_BYTES,
+    optimizer_bytes,
+    parameter_groups,
+    predict,
+    shape_of,
+    trainable_parameters,
+)
 
 from .conftest import ROOT, write_sweep
 
@@ -194,8 +201,8 @@ def test_submit_skips_the_points_predicted_not_to_fit(tmp_path: Path, tiny_model
                            "--wait", "--skip-predicted-oom", "--no-prepare", "--json", "--workdir", str(tmp_path / "runs"),
                            "--db", str(tmp_path / "r.duckdb")], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    from harness.inventory import load_inventory
-    from harness.plan import load_sweep, plan_sweep
+    from harness.spec.inventory import load_inventory
+    from harness.spec.plan import load_sweep, plan_sweep
 
     batch_of = {p.point_id: p.entity["batch_size"] for p in plan_sweep(load_sweep(sw), load_inventory(inv))}
     by_batch = {batch_of[d["point_id"]]: d for d in json.loads(proc.stdout)["points"]}
@@ -205,8 +212,8 @@ def test_submit_skips_the_points_predicted_not_to_fit(tmp_path: Path, tiny_model
 
 
 def test_a_bad_gpu_memory_gb_names_the_key(tmp_path: Path) -> None:
-    from harness.errors import InputError
-    from harness.inventory import load_inventory
+    from harness.contract.errors import InputError
+    from harness.spec.inventory import load_inventory
 
     inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"g": {
         "gpu_model": "NVIDIA-L4", "gpu_memory_gb": "lots", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
@@ -225,8 +232,8 @@ def test_a_bad_gpu_memory_gb_names_the_key(tmp_path: Path) -> None:
 def test_plan_tells_which_optimizers_can_run_where(tmp_path: Path, optim: str, part: str, expect: str | None) -> None:
     import importlib.util
 
-    from harness.inventory import load_inventory
-    from harness.plan import load_sweep, plan_sweep
+    from harness.spec.inventory import load_inventory
+    from harness.spec.plan import load_sweep, plan_sweep
 
     if importlib.util.find_spec("bitsandbytes") is not None and "package" in (expect or ""):
         pytest.skip("bitsandbytes is installed here")
@@ -252,9 +259,9 @@ def test_plan_tells_which_optimizers_can_run_where(tmp_path: Path, optim: str, p
 def test_fsdp_offload_params_is_a_real_setting_that_keeps_old_point_ids(tmp_path: Path) -> None:
     import hashlib
 
-    from harness.inventory import load_inventory
-    from harness.plan import load_sweep, plan_sweep, point_id
-    from harness.render import render_points
+    from harness.build.render import render_points
+    from harness.spec.inventory import load_inventory
+    from harness.spec.plan import load_sweep, plan_sweep, point_id
 
     exp = "finetune_full_benchmark-v1.0.0"
     ent = {"model_name": "m", "number_gpus": 2, "batch_size": 2}
@@ -307,8 +314,8 @@ def _ds_inventory(tmp_path: Path, python: str | None = None) -> Path:
 
 
 def _plan(tmp_path: Path, inv: Path, part: str, exp: str, entity: dict, grid: dict, name: str = "ds"):
-    from harness.inventory import load_inventory
-    from harness.plan import load_sweep, plan_sweep
+    from harness.spec.inventory import load_inventory
+    from harness.spec.plan import load_sweep, plan_sweep
 
     sw = write_sweep(tmp_path / f"{name}-{part}.yaml", {
         "campaign": name, "experiment": exp, "partition": part,
@@ -344,7 +351,7 @@ def test_deepspeed_configs_are_accepted_by_deepspeed_and_accelerate(tmp_path: Pa
     """Every ZeRO stage x offload choice renders a deepspeed.json that deepspeed's own DeepSpeedConfig and
     accelerate's loader (config file + DeepSpeedPlugin) accept, with the values the point asked for."""
     pytest.importorskip("deepspeed")
-    from harness.render import render_points
+    from harness.build.render import render_points
 
     sweep, inv, points = _plan(tmp_path, _ds_inventory(tmp_path, sys.executable), part,
                                "finetune_full_benchmark-v1.0.0",
@@ -404,7 +411,7 @@ def test_deepspeed_and_qlora_rules(tmp_path: Path) -> None:
 def _zero3_count(model, world: int, value_bytes: int) -> int:
     """ZeRO-3's parameters per rank, counted on the instantiated model: each tensor's padded partition,
     plus the whole tensor when it is under the persistence threshold (with one rank, the partition is it)."""
-    from harness.defaults import ZERO3_PERSISTENCE
+    from harness.contract.defaults import ZERO3_PERSISTENCE
 
     return sum(value_bytes * (-(-p.numel() // world) + (p.numel() if p.numel() < ZERO3_PERSISTENCE and world > 1
                                                          else 0))
@@ -436,7 +443,7 @@ def test_zero_prediction_equals_a_count_of_the_model(name: str) -> None:
 
 
 def test_qlora_prediction_quantises_the_linear_layers() -> None:
-    from harness.memory import QLORA_BYTES_PER_WEIGHT
+    from harness.spec.memory import QLORA_BYTES_PER_WEIGHT
 
     cfg = CONFIGS["llama"]
     model = model_of(cfg)
@@ -495,7 +502,7 @@ def test_sgd_state_follows_its_momentum_in_transformers_own_optimizer(tmp_path: 
 
 
 def test_optim_args_is_checked_as_input() -> None:
-    from harness.catalog import optim_args
+    from harness.spec.catalog import optim_args
 
     assert optim_args("momentum=0.9, nesterov=true") == {"momentum": "0.9", "nesterov": "true"}
     for bad in ("momentum", "momentum=0.9;id", "=1", "a=b=c"):

@@ -8,7 +8,7 @@ from harness.collect.discover import Attempt
 from harness.collect.jobdir import JobFiles
 from harness.collect.outcome import Sched, decide
 from harness.collect.parse import StageLog, StageRow
-from harness.collect.sacct import JobAccounting
+from harness.slurm.sacct import JobAccounting
 
 
 def files(hosts=("n1",), *, ok=True, rank0=True, machines=None, **kw) -> JobFiles:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.catalog import EXPERIMENTS, LORA_TARGET_MODULES, builtin_model_map
+from harness.spec.catalog import EXPERIMENTS, LORA_TARGET_MODULES, builtin_model_map
 
 
 def seed_rules_oracle(e: dict, num_local_experts: int | None) -> set[int]:

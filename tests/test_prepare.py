@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.prepared import DATA_FILE, META_FILE, PREP_DIR, ensure_prepared
-from harness.tokens import _Encoder, encode_for_training, load_tokenizer
+from harness.data.prepared import DATA_FILE, META_FILE, PREP_DIR, ensure_prepared
+from harness.data.tokens import _Encoder, encode_for_training, load_tokenizer
 
 from .conftest import ROOT, SMALL_DATASET, sql_rows, write_sweep
 
@@ -69,7 +69,7 @@ def test_entry_is_the_training_data_memory_mapped_and_read_only(tiny_model, smal
     assert p.rows == 64 and p.tokens == sum(len(x) for x in ref["input_ids"])
     assert not os.stat(p.path).st_mode & 0o222 and not os.stat(p.path / DATA_FILE).st_mode & 0o222
     # The token-count cache was written by the build: counting is a hit, and agrees.
-    from harness.tokens import dataset_token_counts
+    from harness.data.tokens import dataset_token_counts
 
     counts = dataset_token_counts(str(tiny_model), small, max_seq_length=128, cache_dir=tmp_path / ".token-counts")
     assert counts.cache == "hit" and counts.counts == [len(x) for x in ref["input_ids"]]
@@ -78,7 +78,7 @@ def test_entry_is_the_training_data_memory_mapped_and_read_only(tiny_model, smal
 
 
 def test_key_changes_with_every_input_and_nothing_stale_is_reused(tiny_model, small, tmp_path) -> None:
-    from harness.tinymodel import make_tiny_model
+    from harness.data.tinymodel import make_tiny_model
 
     other_tok = make_tiny_model(tmp_path / "other", seed=1)
     renamed = tmp_path / "renamed.jsonl"  # the same texts under another field
@@ -145,7 +145,7 @@ def test_a_damaged_entry_is_detected_and_rebuilt_never_used(tiny_model, small, t
 
 # -- the prefix shortcut ----------------------------------------------------------------------------------------
 def test_long_entries_encode_from_a_prefix_with_identical_results(tiny_model, tmp_path) -> None:
-    from harness.datagen import generate_dataset
+    from harness.data.datagen import generate_dataset
 
     path = tmp_path / "news-tokens-16384plus-entries-4096.jsonl"
     generate_dataset("news-tokens-16384plus-entries-4096", path, entries=12)
@@ -315,7 +315,7 @@ def test_inventory_shared_dirs_reach_the_jobs(tiny_model, tmp_path, cli) -> None
 
 def test_fingerprint_ignores_serialization_but_not_behaviour(tiny_model, tmp_path) -> None:
     """A login node and compute nodes with other tokenizers/transformers versions must agree on the key."""
-    from harness.tokens import tokenizer_fingerprint
+    from harness.data.tokens import tokenizer_fingerprint
 
     base = tokenizer_fingerprint(load_tokenizer(str(tiny_model)))
     doc = json.loads((tiny_model / "tokenizer.json").read_text())

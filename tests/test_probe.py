@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.inventory import load_inventory, parse_inventory
-from harness.probe import compare, fragment, ipv4_of_gid, read_hcas
-from harness.runner.envcapture import hca_firmware
+from harness.runner.envcapture import hca_firmware, ipv4_of_gid, read_hcas
+from harness.sbatch.probe import compare, fragment
+from harness.spec.inventory import load_inventory, parse_inventory
 
 from .conftest import TEST_INVENTORY, sql_rows
 
@@ -142,8 +142,8 @@ def test_probe_runs_on_every_test_cluster_node_and_lands_in_the_db(cli, slurm_cl
 
 def test_provenance_is_captured_and_collected(tmp_path: Path) -> None:
     from harness.collect import collect
-    from harness.collect.synth import append_manifest, make_run
     from harness.runner.envcapture import capture
+    from tests.synth import append_manifest, make_run
 
     env = capture("node1")
     prov = env["provenance"]

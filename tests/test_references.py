@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.catalog import get_experiment
-from harness.errors import SweepError
-from harness.plan import load_sweep
-from harness.references import Reference, check_rows, pick
+from harness.contract.errors import SweepError
+from harness.spec.catalog import get_experiment
+from harness.spec.plan import load_sweep
+from harness.spec.references import Reference, check_rows, pick
 
 from .conftest import write_sweep
 

@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from harness import __version__
-from harness.inventory import load_inventory
-from harness.plan import parse_sweep, plan_sweep
-from harness.render import render_points
+from harness.build.render import render_points
+from harness.spec.inventory import load_inventory
+from harness.spec.plan import parse_sweep, plan_sweep
 
 from .conftest import TEST_INVENTORY
 
@@ -138,8 +138,8 @@ def test_accelerate_config_loads_with_accelerates_own_loader(name: str, tmp_path
 
 def test_fsdp_template_fields_match_the_reference() -> None:
     """Field for field, the GPU FSDP and DDP configs carry the reference template's keys."""
-    from harness.inventory import Host, Partition
-    from harness.jobspec import accelerate_config
+    from harness.build.jobspec import accelerate_config
+    from harness.spec.inventory import Host, Partition
 
     part = Partition("p", "p", "NVIDIA-A100-SXM4-80GB", 8, 64, 720.0, {"h": Host("h")})
     e = {"distributed_backend": "FSDP", "fsdp_sharding_strategy": "FULL_SHARD",

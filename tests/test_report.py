@@ -20,9 +20,10 @@ from typing import Any
 import duckdb
 import pytest
 
-from harness.collect import collect, synth
-from harness.paths import JobPaths, job_dir_name
-from harness.plan import point_id as make_point_id
+from harness.collect import collect
+from harness.contract.paths import JobPaths, job_dir_name
+from harness.spec.plan import point_id as make_point_id
+from tests import synth
 
 LORA, FULL = "finetune_lora_benchmark-v1.0.0", "finetune_full_benchmark-v1.0.0"
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
@@ -407,7 +408,7 @@ def test_help_has_an_example_and_dash_writes_to_stdout(cli, gpu_db, weird_tmp_pa
 
 # -- the chart functions -----------------------------------------------------------------------------------
 def test_line_chart_scales_log2_and_pins_missing_values_to_the_top():
-    from harness.report import Series, line_chart
+    from harness.report.page import Series, line_chart
 
     svg = line_chart([Series("a", [(1, 0.0, "lo"), (16, 50.0, "hi")], "#123456"),
                       Series("oom", [(32, None, "boom")], "#d62728", marker="x", line=False, css="oom")],
@@ -426,7 +427,7 @@ def test_line_chart_scales_log2_and_pins_missing_values_to_the_top():
 
 
 def test_empty_charts_are_no_data_panels():
-    from harness.report import bar_chart, line_chart
+    from harness.report.page import bar_chart, line_chart
 
     assert line_chart([], x_label="x", y_label="y", empty="nothing here") == (
         '<div class="nodata">No data: nothing here</div>')

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.inventory import load_inventory
-from harness.plan import parse_sweep, plan_sweep
-from harness.render import ClusterFit, cluster_fit, render_points
-from harness.sbatch.clusterview import misfits, parse_sinfo
+from harness.build.render import ClusterFit, cluster_fit, render_points
+from harness.slurm.sinfo import misfits, parse_sinfo
+from harness.spec.inventory import load_inventory
+from harness.spec.plan import parse_sweep, plan_sweep
 
 from .conftest import TEST_INVENTORY
 

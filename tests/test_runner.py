@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.paths import JobPaths
+from harness.contract.paths import JobPaths
 from harness.runner import classify, envcapture
 from harness.runner.faults import FaultSpecError, parse_faults
 from harness.runner.node import NodeRunner, cmd_port, trial_port, with_port
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FAKE_TRAINER = textwrap.dedent('''
     import json, os, signal, subprocess, sys, time
     sys.path.insert(0, os.environ["SBENCH_REPO"])
-    from harness.paths import JobPaths
+    from harness.contract.paths import JobPaths
     from harness.runner.stages import StageLog
     mode, job = sys.argv[1], JobPaths(sys.argv[2])
     rank = int(os.environ.get("RANK", "0"))

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.inventory import local_inventory
-from harness.paths import JobPaths
-from harness.plan import parse_sweep, plan_sweep
-from harness.render import render_points
+from harness.build.render import render_points
+from harness.contract.paths import JobPaths
 from harness.runner.stages import open_stages, read_stages
+from harness.spec.inventory import local_inventory
+from harness.spec.plan import parse_sweep, plan_sweep
 
 pytestmark = pytest.mark.train
 
@@ -55,7 +55,7 @@ def small_data(tmp_path_factory) -> Path:
     Without the sidecar ``ensure_dataset`` treats the file as external and uses it as is, so
     runs start in seconds instead of encoding 4096 entries per rank.
     """
-    from harness.datagen import generate_dataset
+    from harness.data.datagen import generate_dataset
 
     src = tmp_path_factory.mktemp("gen") / f"{DATASET}.jsonl"
     generate_dataset(DATASET, src, entries=64)
@@ -250,7 +250,7 @@ def test_dataset_tokens_over_a_full_epoch_match_an_independent_recount(tmp_path,
     from transformers import AutoTokenizer
 
     gen = tmp_path / "gen.jsonl"
-    from harness.datagen import generate_dataset
+    from harness.data.datagen import generate_dataset
 
     generate_dataset(DATASET, gen, entries=22)
     rng = random.Random(7)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.paths import JobPaths
+from harness.contract.paths import JobPaths
 
 from .conftest import CLUSTER_SCRIPT, SMALL_DATASET, TEST_INVENTORY, sql_rows, write_sweep
 
@@ -234,7 +234,7 @@ def test_requeued_job_is_one_attempt_that_continued(sb, env, monkeypatch) -> Non
 
 
 def test_prepare_on_slurm_runs_first_and_the_array_waits_for_it(sb, env) -> None:
-    from harness.prepared import PREP_DIR
+    from harness.data.prepared import PREP_DIR
 
     data = env["root"] / "prep-on-slurm-data"  # fresh: nothing generated or tokenized yet
     path = sweep(env, "prep-slurm", {"number_gpus": 1}, {"max_steps": [2, 3]})
@@ -313,7 +313,7 @@ def test_deepspeed_zero3_across_two_nodes(sb, env) -> None:
 def test_fms_hf_tuning_lora_across_two_nodes(sb, env) -> None:
     """The fms-hf-tuning trainer (its own 3.2.2 environment, built by `make test`) on both test-cluster nodes:
     one process each, FSDP v2 over gloo, measurements in the same tables with trainer = fms-hf-tuning."""
-    from harness.trainerenv import build, envs_root
+    from harness.data.trainerenv import build, envs_root
 
     build("3.2.2", envs_root(None), extras=("fms-accel",))
     path = sweep(env, "fms2n", {"number_gpus": 2, "number_nodes": 2, "max_steps": 3, "trainer": "fms-hf-tuning",

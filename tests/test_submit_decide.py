@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.plan import PlannedPoint
 from harness.sbatch.state import AttemptState, PointHistory
 from harness.sbatch.submit import decide
+from harness.spec.plan import PlannedPoint
 
 
 def point(pid: str, repeat: int = 0, valid: bool = True) -> PlannedPoint:
@@ -58,10 +58,10 @@ def test_repeats_count_measurements() -> None:
 
 
 def test_array_script_runs_each_points_own_job_sbatch(tmp_path: Path) -> None:
-    from harness.inventory import load_inventory
-    from harness.plan import parse_sweep, plan_sweep
-    from harness.render import render_points
+    from harness.build.render import render_points
     from harness.sbatch.slurm import array_script, group_by_shape
+    from harness.spec.inventory import load_inventory
+    from harness.spec.plan import parse_sweep, plan_sweep
 
     from .conftest import TEST_INVENTORY
 
@@ -101,7 +101,7 @@ def test_local_inventory_reads_gpus_through_nvml(monkeypatch) -> None:
     fake.nvmlDeviceGetMemoryInfo = lambda h: Mem()
     fake.nvmlDeviceGetUUID = lambda h: f"GPU-{h:04d}"
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    from harness.inventory import local_inventory
+    from harness.spec.inventory import local_inventory
 
     part = local_inventory().partitions["local"]
     assert part.gpu_model == "NVIDIA-H100-80GB-HBM3" and part.gpus_per_node == 2 and not part.is_cpu
@@ -120,8 +120,8 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
     import os
 
     from harness.collect import collect
-    from harness.collect.synth import append_manifest, make_run, write_json
     from harness.sbatch.state import runs_to_refresh
+    from tests.synth import append_manifest, make_run, write_json
 
     wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
     assert runs_to_refresh(db, wd, "c") is None  # no database yet: everything
@@ -134,7 +134,7 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
             f.unlink()
     append_manifest(wd, "c", queued["events"])
     collect(db, wd)
-    from harness.collect.store import run_id_of
+    from harness.db.store import run_id_of
 
     rid = {r["point_id"]: run_id_of("c", r["point_id"], 0, 1) for r in (done, queued)}
     # the executor says the queued one is still waiting (no pid yet): nothing to read

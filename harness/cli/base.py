@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from .. import __version__
-from ..errors import SbenchError
+from harness import __version__
+from harness.contract.errors import SbenchError
 
 
 class SbenchGroup(click.Group):
@@ -36,7 +36,7 @@ class SbenchGroup(click.Group):
 
 def campaign_name(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
     """Click callback: a campaign name is an identifier (never a path such as ../x)."""
-    from ..schema import is_name
+    from harness.spec.schema import is_name
 
     if value is not None and not is_name(value):
         shown = repr(value) if len(value) <= 80 else repr(value[:77] + "...")

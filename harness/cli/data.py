@@ -39,7 +39,7 @@ def model_tiny(out_dir: Path, arch: str, seed: int, if_missing: bool) -> None:
 
     Example: sbench model tiny -o models/tiny-moe --arch mixtral
     """
-    from ..tinymodel import describe_model, make_tiny_model
+    from harness.data.tinymodel import describe_model, make_tiny_model
 
     _quiet_transformers()
     if if_missing and (out_dir / "config.json").is_file():
@@ -64,11 +64,11 @@ def model_fetch(model_id: str, cache: Path | None, inventory: Path | None) -> No
 
     Example: sbench model fetch HuggingFaceTB/SmolLM2-135M --cache /shared/models
     """
-    from ..prepare import fetch_model, model_cache
+    from harness.sbatch.prepare import fetch_model, model_cache
 
     if cache is None:
-        from ..inventory import load_inventory
-        from ..plan import shared_dir
+        from harness.spec.inventory import load_inventory
+        from harness.spec.plan import shared_dir
 
         inv = load_inventory(inventory)
         models_dir = shared_dir(inv.models_dir, inv)
@@ -107,7 +107,7 @@ def dataset_generate(dataset_id: str, out_path: Path, tokenizer: str | None, ent
 
     Example: sbench dataset generate news-tokens-16384plus-entries-4096 -o data/news16k.jsonl --tokenizer models/tiny
     """
-    from ..datagen import generate_dataset
+    from harness.data.datagen import generate_dataset
 
     if tokenizer:
         _quiet_transformers()
@@ -140,7 +140,7 @@ def dataset_count(path: Path, tokenizer: str, max_seq_length: int, text_field: s
 
     Example: sbench dataset count data/news-chars-512-entries-4096.jsonl --tokenizer models/tiny --max-seq-length 1024
     """
-    from ..tokens import dataset_token_counts
+    from harness.data.tokens import dataset_token_counts
 
     _quiet_transformers()
     tc = dataset_token_counts(tokenizer, path, text_field=text_field, max_seq_length=max_seq_length,

@@ -16,11 +16,11 @@ def env_group() -> None:
 
 
 def _root(inventory: Path | None, root: Path | None) -> Path:
-    from ..trainerenv import envs_root
+    from harness.data.trainerenv import envs_root
 
     if root is not None:
         return root.resolve()
-    from ..inventory import load_inventory
+    from harness.spec.inventory import load_inventory
 
     return envs_root(load_inventory(inventory))
 
@@ -47,7 +47,7 @@ def env_build(spec: str, extras: str | None, root: Path | None, requirements: Pa
 
     Example: sbench env build fms-hf-tuning==3.2.2 --extras fms-accel
     """
-    from ..trainerenv import build, parse_spec, read_pins
+    from harness.data.trainerenv import build, parse_spec, read_pins
 
     version = parse_spec(spec)
     pins = read_pins(requirements) if requirements else None
@@ -74,7 +74,7 @@ def env_list(root: Path | None, inventory: Path | None, as_json: bool) -> None:
 
     Example: sbench env list -i cluster.yaml
     """
-    from ..trainerenv import list_envs
+    from harness.data.trainerenv import list_envs
 
     r = _root(inventory, root)
     envs = list_envs(r)

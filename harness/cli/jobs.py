@@ -57,7 +57,7 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
 
     Example: sbench submit sweeps/demo-cpu.yaml --executor local --wait
     """
-    from ..sbatch.submit import submit_sweep
+    from harness.sbatch.submit import submit_sweep
 
     progress = Progress("submit", {"wait": "attempts finished"}, quiet=as_json)
     try:
@@ -91,7 +91,7 @@ def prepare(sweep: Path, inventory: Path | None, model_map: Path | None, workdir
 
     Example: sbench prepare sweeps/demo-cpu.yaml
     """
-    from ..prepare import prepare_sweep, submit_prepare_job
+    from harness.sbatch.prepare import prepare_sweep, submit_prepare_job
 
     if on == "here":
         items = prepare_sweep(sweep, inventory, model_map, echo=_stderr_echo(as_json))
@@ -105,10 +105,10 @@ def prepare(sweep: Path, inventory: Path | None, model_map: Path | None, workdir
         click.echo(f"prepared {len(items)} item(s) in {total:.1f} s: "
                    + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
         return
-    from ..inventory import load_inventory
-    from ..paths import resolve_workdir
-    from ..plan import load_sweep
-    from ..sbatch.submit import record_prepare_job
+    from harness.contract.paths import resolve_workdir
+    from harness.sbatch.submit import record_prepare_job
+    from harness.spec.inventory import load_inventory
+    from harness.spec.plan import load_sweep
 
     inv = load_inventory(inventory)
     sw = load_sweep(sweep, model_map)
@@ -158,7 +158,7 @@ def retry(campaign: str, workdir: Path | None, db: Path | None, executor: str, w
 
     Example: sbench retry lora-scan
     """
-    from ..sbatch.submit import retry_campaign
+    from harness.sbatch.submit import retry_campaign
 
     progress = Progress("retry", {"wait": "attempts finished"}, quiet=as_json)
     try:
@@ -179,7 +179,7 @@ def status(workdir: Path | None, db: Path | None, campaign: str | None, as_json:
 
     Example: sbench status --campaign demo-cpu
     """
-    from ..sbatch.control import status as status_report
+    from harness.sbatch.control import status as status_report
 
     rep = status_report(workdir, db, campaign)
     if as_json:
@@ -225,7 +225,7 @@ def cancel(workdir: Path | None, db: Path | None, campaign: str | None) -> None:
 
     Example: sbench cancel --campaign lora-scan
     """
-    from ..sbatch.control import cancel as cancel_attempts
+    from harness.sbatch.control import cancel as cancel_attempts
 
     done = cancel_attempts(workdir, db, campaign)
     click.echo(f"cancelled {len(done)} attempt(s)" + (": " + " ".join(done) if done else ""))

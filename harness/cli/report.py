@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
+from harness.contract.paths import resolve_db
+
 from .base import campaign_name, db_option, main
-from ..paths import resolve_db
 
 
 @main.command()
@@ -28,7 +29,7 @@ def report(db: Path | None, campaign: str | None, run_id: str | None, out: Path,
 
     Example: sbench report --campaign lora-scan -o report.html
     """
-    from ..report import build_report
+    from harness.report.page import build_report
 
     rep = build_report(resolve_db(db), campaign=campaign, run_id=run_id, compare_to=compare_to or None,
                        threshold=threshold)

@@ -10,18 +10,10 @@ from typing import Any
 
 import click
 
-from .base import (
-    Progress,
-    campaign_name,
-    db_option,
-    echo_json,
-    json_option,
-    main,
-    table,
-    workdir_option,
-)
-from ..errors import InputError
-from ..paths import resolve_db, resolve_workdir
+from harness.contract.errors import InputError
+from harness.contract.paths import resolve_db, resolve_workdir
+
+from .base import Progress, campaign_name, db_option, echo_json, json_option, main, table, workdir_option
 
 COLLECT_PHASES = {"discover": "finding runs", "parse": "reading job dirs", "samples": "loading samples"}
 
@@ -36,7 +28,7 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json
 
     Example: sbench collect --campaign lora-scan
     """
-    from ..collect import collect as run_collect
+    from harness.collect import collect as run_collect
 
     wd = resolve_workdir(workdir)
     if not wd.is_dir():
@@ -79,7 +71,7 @@ def query(sql: str, db: Path | None, fmt: str) -> None:
 
     Example: sbench query "select model_name, batch_size, dataset_tokens_per_second from measurements"
     """
-    from ..collect.store import open_store
+    from harness.db.store import open_store
 
     with open_store(resolve_db(db), read_only=True) as store:
         cols, rows = store.query(sql)
@@ -115,8 +107,8 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
 
     Example: sbench compare nightly-1122 nightly-1123 --threshold 0.05 --metric train_runtime
     """
-    from ..collect.store import open_store
-    from ..compare import compare_in
+    from harness.db.store import open_store
+    from harness.report.compare import compare_in
 
     with open_store(resolve_db(db), read_only=True) as st:
         rows = compare_in(st, base, cand, list(metrics), threshold)
@@ -150,7 +142,7 @@ def check(campaign: str, db: Path | None, allow_missing: bool, as_json: bool) ->
 
     Example: sbench check nightly-1123 --db results.duckdb
     """
-    from ..collect.store import open_store
+    from harness.db.store import open_store
 
     with open_store(resolve_db(db), read_only=True) as st:
         if campaign not in st.campaign_names():

@@ -8,7 +8,8 @@ samples and rank measurements into the seeds' measured properties, and
 
 from __future__ import annotations
 
+from harness.db.store import SCHEMA_VERSION, PointStatus, Store, open_store
+
 from .ingest import CollectReport, collect
-from .store import SCHEMA_VERSION, PointStatus, Store, open_store
 
 __all__ = ["SCHEMA_VERSION", "CollectReport", "PointStatus", "Store", "collect", "open_store"]

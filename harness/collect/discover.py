@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..paths import SPEC_SCHEMA, JobPaths, parse_job_dir_name
+from harness.contract.paths import SPEC_SCHEMA, JobPaths, parse_job_dir_name
+from harness.db.store import attempt_row, point_row, run_id_of, utc
+
 from .parse import read_json, read_jsonl
-from .store import attempt_row, point_row, run_id_of, utc
 
 MANIFEST = "manifest.jsonl"
 # spec.json's "schema" is SPEC_SCHEMA; files rendered before it existed are recognised by their shape.

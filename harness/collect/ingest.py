@@ -34,17 +34,18 @@ from typing import Any
 
 import duckdb
 
-from ..errors import CollectError
-from ..paths import JobPaths
+from harness.contract.errors import CollectError
+from harness.contract.paths import JobPaths
+from harness.db.store import Store, arrow, open_store, stage, utc
+from harness.slurm.sacct import Runner
+from harness.spec.references import refresh_checks
+
 from . import rows, scheduler
 from .discover import Attempt, Manifest, discover, rendered_names, scan, spec_rows
 from .jobdir import JobFiles, read_job
 from .loading import SampleLoads, Worker, in_thread
 from .outcome import Sched, decide
-from ..references import refresh_checks
 from .rows import RunData
-from .sacct import Runner
-from .store import Store, arrow, open_store, stage, utc
 
 Progress = Callable[[str, int, int], None]
 FIRST_LOAD_RUNS = 64  # changed runs whose samples start loading before the other job dirs are scanned

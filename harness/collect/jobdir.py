@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..catalog import EXPERIMENTS
-from ..paths import JobPaths
+from harness.contract.paths import JobPaths
+from harness.spec.catalog import EXPERIMENTS
+
 from .discover import Attempt, named, names_like, scan
 from .parse import StageLog, nccl_transport, parse_stages, read_json
 

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..paths import JobPaths
+from harness.contract.paths import JobPaths
+from harness.db.store import Store
+
 from .discover import Attempt, sample_files_of
 from .parse import csv_tail
 from .rows import RunData
-from .store import Store
 
 
 @dataclass

@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from harness.slurm.sacct import JobAccounting, scheduler_verdict
+
 from .jobdir import JobFiles, first_line
-from .sacct import JobAccounting, scheduler_verdict
 
 
 @dataclass

@@ -9,14 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..catalog import EXPERIMENTS
-from ..flops import run_flops
+from harness.db.store import entity_values, to_json, utc
+from harness.spec.catalog import EXPERIMENTS
+from harness.spec.flops import run_flops
+
 from . import aggregate
 from .discover import Attempt
 from .jobdir import JobFiles, count, first_line
 from .outcome import Sched, Verdict
 from .parse import summarize_transports
-from .store import entity_values, to_json, utc
 
 _f = aggregate._f
 _PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "submitit", "duckdb")

@@ -9,9 +9,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from harness.slurm.sacct import FINAL_STATES, JobAccounting, Runner, query_sacct, query_squeue
+
 from .discover import Attempt, spec_exec
 from .outcome import Sched
-from .sacct import FINAL_STATES, JobAccounting, Runner, query_sacct, query_squeue
 
 Recorded = tuple[bool, list[str], dict[str, dict[str, Any]]]  # manifests changed, problems, runs as recorded
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from .. import __version__
+from harness import __version__
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "SLURM_", "SLURMD_", "OMP_", "GLOO_", "TORCH_", "TORCHELASTIC_", "PYTORCH_",
                 "ACCELERATE_", "NVIDIA_", "UCX_", "FI_", "MKL_", "KMP_")

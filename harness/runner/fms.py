@@ -28,7 +28,8 @@ import time
 from collections import deque
 from typing import Any
 
-from ..defaults import RUNNER_DEFAULTS
+from harness.contract.defaults import RUNNER_DEFAULTS
+
 from . import train as base
 from .memsnap import MemoryRecorder
 
@@ -193,8 +194,8 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
     from transformers import AutoTokenizer
     from trl import SFTTrainer
 
-    from ..flops import model_counts
-    from ..tokens import dataset_token_counts
+    from harness.data.tokens import dataset_token_counts
+    from harness.spec.flops import model_counts
 
     doc["trainer"] = {"name": "fms-hf-tuning", "packages": _versions()}
     t_imported = time.time()

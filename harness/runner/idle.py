@@ -16,7 +16,8 @@ import os
 import sys
 import time
 
-from ..paths import JobPaths
+from harness.contract.paths import JobPaths
+
 from .stages import StageLog
 
 

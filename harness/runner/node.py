@@ -35,8 +35,9 @@ from typing import Any
 
 import psutil
 
-from ..defaults import RUNNER_DEFAULTS
-from ..paths import JobPaths
+from harness.contract.defaults import RUNNER_DEFAULTS
+from harness.contract.paths import JobPaths
+
 from . import classify, pdeath
 from .envcapture import capture
 from .sampler import Sampler, open_backend
@@ -193,7 +194,7 @@ class NodeRunner:
                         sample_interval_s=self.sampler.interval_s, note=note)
 
     def dataset(self) -> None:
-        from ..datagen import dataset_status, make_dataset
+        from harness.data.datagen import dataset_status, make_dataset
 
         dataset_id, path = self.spec["dataset_id"], self.spec["dataset_path"]
         with self.log.stage("dataset") as info:

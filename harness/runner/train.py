@@ -53,9 +53,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..defaults import AUTO_STOP, RUNNER_DEFAULTS
-from ..paths import JobPaths
-from ..prepared import PREP_DIR, TOKEN_CACHE_DIR
+from harness.contract.defaults import AUTO_STOP, RUNNER_DEFAULTS
+from harness.contract.paths import JobPaths
+from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR
+
 from .classify import error_record
 from .envcapture import relevant_env
 from .faults import Fault, faults_from_env
@@ -678,9 +679,9 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
     from trl import SFTConfig, SFTTrainer
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from ..flops import model_counts
-    from ..prepared import ensure_prepared
-    from ..tokens import dataset_token_counts, encode_for_training
+    from harness.data.prepared import ensure_prepared
+    from harness.data.tokens import dataset_token_counts, encode_for_training
+    from harness.spec.flops import model_counts
     doc["settings"] = {k: (str(v) if k == "dtype" else v) for k, v in settings.items()}
     doc["device"] = _device_info(ctx.local_rank)
     gc_kwargs = dict(args.gradient_checkpointing_kwargs or {})

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import jobstate
-from ..errors import InputError
-from ..paths import resolve_db, resolve_workdir
+from harness.contract import jobstate
+from harness.contract.errors import InputError
+from harness.contract.paths import resolve_db, resolve_workdir
+
 from . import manifest
 from .executors import get_backend
 
@@ -55,7 +56,7 @@ class StatusReport:
 
 
 def status(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None) -> StatusReport:
-    from ..collect.store import open_store
+    from harness.db.store import open_store
 
     wd, dbp = _defaults(workdir, db)
     rows: list[dict[str, Any]] = []

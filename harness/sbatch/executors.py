@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import InputError, SubmitError
-from ..jobspec import JobSpec
+from harness.build.jobspec import JobSpec
+from harness.contract.errors import InputError, SubmitError
 
 
 @dataclass

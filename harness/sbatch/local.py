@@ -22,11 +22,12 @@ from pathlib import Path
 import psutil
 import submitit
 
-from ..errors import InputError
-from ..jobspec import JobSpec
-from ..paths import JobPaths
-from ..runner import pdeath
-from ..schema import slurm_time_minutes
+from harness.build.jobspec import JobSpec
+from harness.contract.errors import InputError
+from harness.contract.paths import JobPaths
+from harness.runner import pdeath
+from harness.spec.schema import slurm_time_minutes
+
 from .executors import SubmitOptions, Submitted, register
 from .manifest import now_iso, write_submitted
 

@@ -19,10 +19,11 @@ from typing import Any
 import submitit
 from submitit.slurm.slurm import SlurmJob
 
-from .. import jobstate
-from ..errors import SubmitError
-from ..jobspec import JobSpec
-from ..render import sbatch_directives
+from harness.build.jobspec import JobSpec
+from harness.build.render import sbatch_directives
+from harness.contract import jobstate
+from harness.contract.errors import SubmitError
+
 from .executors import SubmitOptions, Submitted, register
 from .manifest import now_iso, write_submitted
 

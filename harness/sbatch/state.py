@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreBusyError, SubmitError
+from harness.contract.errors import StoreBusyError, SubmitError
 
 
 @dataclass
@@ -42,8 +42,8 @@ class PointHistory:
 def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str]) -> tuple[PointHistory, str | None]:
     """Collect the campaign (incremental: a no-op when nothing changed), then read its attempts and how often
     each point was measured in any campaign."""
-    from ..collect.ingest import collect
-    from ..collect.store import open_store
+    from harness.collect.ingest import collect
+    from harness.db.store import open_store
 
     try:
         stale = runs_to_refresh(db, workdir, campaign)
@@ -68,10 +68,11 @@ def runs_to_refresh(db: Path, workdir: Path, campaign: str) -> list[str] | None:
     """The runs of *campaign* whose state may have moved since the last collect: attempts in the
     manifest the database lacks, and attempts it has not seen end that the scheduler no longer
     reports queued or running. None: no usable database yet (collect everything)."""
-    from .. import jobstate
-    from ..collect.sacct import FINAL_STATES
-    from ..collect.store import open_store, run_id_of
-    from ..errors import SbenchError
+    from harness.contract import jobstate
+    from harness.contract.errors import SbenchError
+    from harness.db.store import open_store, run_id_of
+    from harness.slurm.sacct import FINAL_STATES
+
     from .control import live_states, manifest_attempts
 
     if not Path(db).is_file():
@@ -105,7 +106,7 @@ def record_events(db: Path, events: list[dict[str, Any]]) -> str | None:
     """Record manifest events in the DB; when it is busy, say so - the manifest already has them."""
     if not events:
         return None
-    from ..collect.store import open_store
+    from harness.db.store import open_store
 
     try:
         with open_store(db) as st:

@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..errors import InputError, SweepError
-from ..inventory import Inventory, load_inventory
-from ..jobspec import JobSpec
-from ..paths import resolve_db, resolve_workdir
-from ..plan import PlannedPoint, Sweep, load_sweep, plan_sweep
-from ..render import ClusterFit, cluster_fit, prepare_points, write_files
+from harness import __version__
+from harness.build.jobspec import JobSpec
+from harness.build.render import ClusterFit, cluster_fit, prepare_points, write_files
+from harness.contract.errors import InputError, SweepError
+from harness.contract.paths import resolve_db, resolve_workdir
+from harness.spec.inventory import Inventory, load_inventory
+from harness.spec.plan import PlannedPoint, Sweep, load_sweep, plan_sweep
+
 from . import manifest
 from .executors import SubmitOptions, Submitted, get_backend, resolve_executor
 from .state import PointHistory, campaign_history, record_events
@@ -211,7 +212,7 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
     ``here`` prepares in this process, unless a preparation job of this campaign (``sbench prepare
     --on slurm``) is still queued or running: then the arrays depend on it. ``slurm`` submits one.
     """
-    from ..prepare import run_prepare, submit_prepare_job, work_for
+    from .prepare import run_prepare, submit_prepare_job, work_for
 
     if mode not in PREPARE_MODES:
         raise InputError(f"prepare must be one of {', '.join(PREPARE_MODES)}, got {mode!r}")
@@ -242,7 +243,7 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
 def build_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint], echo: Callable[[str], None]) -> bool:
     """Build the trainer environments the valid points need and lack, here (the login node reaches the
     package index; compute nodes often do not). Returns whether anything was built."""
-    from ..trainerenv import EnvBuildError, build, envs_root, lookup, needed
+    from harness.data.trainerenv import EnvBuildError, build, envs_root, lookup, needed
 
     root = envs_root(inv)
     built = False
@@ -260,7 +261,7 @@ def build_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint], e
 
 def _check_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint]) -> None:
     """Without preparation, a trainer environment nobody built would fail every job that needs it."""
-    from ..trainerenv import envs_root, lookup, needed
+    from harness.data.trainerenv import envs_root, lookup, needed
 
     root = envs_root(inv)
     for version, extras in sorted(needed(sweep.experiment.method, points).items()):
@@ -282,7 +283,8 @@ def record_prepare_job(campaign_dir: Path, job_id: str) -> None:
 
 def live_prepare_job(campaign_dir: Path) -> str | None:
     """The campaign's recorded preparation job when SLURM still has it queued or running."""
-    from .. import jobstate
+    from harness.contract import jobstate
+
     from .slurm import query_states
 
     try:
@@ -298,9 +300,10 @@ def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db:
     """``--preflight``: one fabric job per partition and node count of the sweep's multi-node points,
     before anything is submitted. Refuses (SubmitError) when one fails, or when RoCE points would run
     over Socket. Each fabric run lands in the ``fabric`` table."""
-    from ..collect.store import open_store
-    from ..errors import SbenchError, SubmitError
-    from ..fabric import run_fabric
+    from harness.contract.errors import SbenchError, SubmitError
+    from harness.db.store import open_store
+
+    from .fabric import run_fabric
 
     fabric = fabric or run_fabric
     shapes: dict[tuple[str, int], bool] = {}
@@ -333,7 +336,7 @@ def campaign_record(workdir: Path | None, campaign: str) -> dict[str, Any]:
     for ev in manifest.read(workdir / campaign):
         if ev.get("type") == "campaign":
             return ev
-    from ..errors import InputError
+    from harness.contract.errors import InputError
 
     raise InputError(f"no campaign {campaign!r} under {workdir} (no {workdir / campaign / manifest.MANIFEST})")
 

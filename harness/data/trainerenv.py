@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, SbenchError
+from harness.contract.errors import InputError, SbenchError
 
 PACKAGE = "fms-hf-tuning"
 MANIFEST = "sbench-env.json"
@@ -63,7 +63,7 @@ class EnvBuildError(SbenchError):
 
 def envs_root(inv: Any = None) -> Path:
     """Where environments live (see the module doc)."""
-    from .plan import shared_dir
+    from harness.spec.plan import shared_dir
 
     configured = shared_dir(getattr(inv, "envs_dir", None), inv) if inv is not None else None
     if configured is not None:
@@ -81,7 +81,7 @@ def env_name(version: str) -> str:
 
 def parse_spec(text: str) -> str:
     """``fms-hf-tuning==3.2.2`` -> ``3.2.2``; anything else is an input error naming the form."""
-    from .catalog import fms_version
+    from harness.spec.catalog import fms_version
 
     name, sep, version = str(text).partition("==")
     if name.strip() != PACKAGE or not sep:
@@ -253,9 +253,10 @@ def _smoke(python: Path, work: Path, log: Callable[[str], None]) -> float:
     """Train the tiny model for a few steps on the CPU with sbench's entry point in the environment, as a
     job will: a release whose pins resolve and import but cannot train (an old release beside a newer
     trl, say) fails its build here, with the error, instead of failing every job. Returns seconds."""
+    from harness.build.jobspec import RESPONSE_TEMPLATE
+    from harness.contract.paths import package_dir
+
     from .datagen import generate_dataset
-    from .jobspec import RESPONSE_TEMPLATE
-    from .render import harness_dir
     from .tinymodel import make_tiny_model
 
     t0 = time.monotonic()
@@ -266,7 +267,7 @@ def _smoke(python: Path, work: Path, log: Callable[[str], None]) -> float:
         data = tmp / "data" / "news-chars-512-entries-4096.jsonl"
         generate_dataset("news-chars-512-entries-4096", data, entries=8)
         (tmp / "path").mkdir()
-        os.symlink(harness_dir(), tmp / "path" / "harness")
+        os.symlink(package_dir(), tmp / "path" / "harness")
         job = tmp / "job"
         argv = [str(python), "-m", "harness.runner.fms", "--model_name_or_path", str(model),
                 "--training_data_path", str(data), "--output_dir", str(tmp / "out"), "--job_dir", str(job),

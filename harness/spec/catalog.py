@@ -17,8 +17,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import CatalogError, InputError
-from .defaults import AUTO_STOP  # noqa: F401 - re-exported
+from harness.contract.defaults import AUTO_STOP  # noqa: F401 - re-exported
+from harness.contract.errors import CatalogError, InputError
+
 from .schema import INT_MAX, MAX_NUMBER, show, text_problem
 from .yamlio import load_yaml, loads_yaml
 
@@ -553,7 +554,7 @@ def _resolve_source(src: str, base_dir: Path | None) -> str:
 
 
 def builtin_model_map() -> ModelMap:
-    text = resources.files("harness").joinpath("data/models.yaml").read_text(encoding="utf-8")
+    text = resources.files("harness.spec").joinpath("models.yaml").read_text(encoding="utf-8")
     doc = loads_yaml(text, "<built-in model map>", CatalogError)
     mm = ModelMap().merged(doc, "<built-in model map>", None)
     for name in mm.entries:

@@ -34,7 +34,7 @@ from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
-from .errors import SbenchError
+from harness.contract.errors import SbenchError
 
 PREP_DIR = ".prepared"  # under the data dir
 TOKEN_CACHE_DIR = ".token-counts"  # under the data dir: dataset_token_counts' cache
@@ -229,7 +229,7 @@ def ensure_prepared(tokenizer: Any, dataset_path: str | os.PathLike[str], *, tex
     template = checked_template(response_template)
     data_path = Path(dataset_path)
     if not data_path.is_file():
-        from .errors import InputError
+        from harness.contract.errors import InputError
 
         raise InputError(f"dataset file {data_path} does not exist; generate it with: sbench dataset generate ID "
                          f"-o {data_path}")

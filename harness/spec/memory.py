@@ -39,7 +39,7 @@ From the model's config.json, per device (one GPU, or one worker process on a CP
 
 A point is ``predicted_oom`` when that total plus a fixed reserve (CUDA context and allocator slack,
 :data:`RESERVE_GB`) exceeds the device's memory: the partition's ``gpu_memory_gb``, else
-``harness/data/gpu_memory.yaml`` for its gpu_model; on a CPU partition the node's memory_gb shared
+``harness/spec/gpu_memory.yaml`` for its gpu_model; on a CPU partition the node's memory_gb shared
 by its worker processes. The parameter, gradient and optimizer figures are exact for the supported
 architectures (tests compare them with counts of the instantiated model and a real optimizer step);
 the activation figure is an estimate.
@@ -52,7 +52,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
+from harness.contract.defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
 
 RESERVE_GB = 1.0
 # bitsandbytes NF4 with double quantisation: 4 bits per weight, one 8-bit scale per 64-weight block and
@@ -302,7 +302,7 @@ def config_for(source: str) -> dict[str, Any] | None:
 def gpu_memory_table() -> dict[str, float]:
     import yaml
 
-    doc = yaml.safe_load((Path(__file__).parent / "data" / "gpu_memory.yaml").read_text()) or {}
+    doc = yaml.safe_load((Path(__file__).parent / "gpu_memory.yaml").read_text()) or {}
     return {str(k): float(v) for k, v in doc.items()}
 
 

@@ -77,8 +77,8 @@ try:
 except ImportError:  # a declared dependency; the stdlib path below is the fallback
     orjson = None  # type: ignore[assignment]
 
-from ..catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
-from ..errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
+from harness.contract.errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
+from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
 
 SCHEMA_VERSION = 8  # 8: trainer (entity column) and the trainer environment's packages; 2: samples became a view over sample_files + sample_rows; 3: environment provenance;
 # 4: the run_overhead view; 5: FLOPs and MFU columns in measurements; 6: references and checks, exact

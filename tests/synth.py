@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..paths import JobPaths, job_dir_name
-from ..plan import point_id as make_point_id
+from harness.contract.paths import JobPaths, job_dir_name
+from harness.spec.plan import point_id as make_point_id
 
 SAMPLE_HEADER = ("t_wall,t_mono,kind,device,gpu_util,mem_used_mb,mem_total_mb,power_w,power_limit_w,cpu_pct,"
                  "mem_pct,rss_mb,nprocs")
@@ -28,7 +28,7 @@ def write_json(path: Path, doc: Any) -> None:
 
 def entity_for(experiment: str = "finetune_lora_benchmark-v1.0.0", **over: Any) -> dict[str, Any]:
     """A fully resolved entity (catalog defaults plus *over*)."""
-    from ..catalog import get_experiment
+    from harness.spec.catalog import get_experiment
 
     exp = get_experiment(experiment)
     base = {"model_name": "smollm2-135m", "model_max_length": 1024, "number_gpus": 2, "batch_size": 8,

@@ -18,7 +18,7 @@ al. 2020 and of PaLM, Chowdhery et al. 2022, appendix B, with its attention term
 **Hardware FLOPs** add what gradient checkpointing recomputes: one more forward, ``2·N + 4·L·d_attn·T``.
 
 ``model_tflops_per_gpu`` = F x tokens / s per GPU (padded tokens: the compute performed) / 1e12;
-``mfu`` = that / the GPU's peak dense TFLOP/s for the compute dtype (``harness/data/gpu_peaks.yaml``,
+``mfu`` = that / the GPU's peak dense TFLOP/s for the compute dtype (``harness/spec/gpu_peaks.yaml``,
 or the inventory partition's ``peak_tflops``).
 """
 
@@ -35,7 +35,7 @@ DTYPES = ("bf16", "fp16", "tf32", "fp32")
 def peak_table() -> dict[str, dict[str, float]]:
     import yaml
 
-    text = resources.files("harness").joinpath("data/gpu_peaks.yaml").read_text(encoding="utf-8")
+    text = resources.files("harness.spec").joinpath("gpu_peaks.yaml").read_text(encoding="utf-8")
     return {str(k): {str(d): float(v) for d, v in vals.items()} for k, vals in yaml.safe_load(text).items()}
 
 

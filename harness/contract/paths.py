@@ -27,6 +27,11 @@ def resolve_db(db: str | Path | None = None) -> Path:
 SPEC_SCHEMA = "sbench.spec/1"  # the "schema" of every spec.json render writes
 
 
+def package_dir() -> Path:
+    """sbench's own package directory, ``harness/`` (what a trainer environment's PYTHONPATH links to)."""
+    return Path(__file__).resolve().parent.parent
+
+
 def safe_name(text: str) -> str:
     """A host or rank name usable as part of a file name."""
     return _SAFE.sub("_", str(text)) or "_"

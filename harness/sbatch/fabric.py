@@ -10,106 +10,19 @@ in the ``fabric`` table and the report plots them. ``sbench submit --preflight``
 each partition and node count of a sweep and refuses to submit when it fails, or when RoCE points
 would run over Socket.
 
-``python -m harness.fabric --job-dir D [--sizes ...]`` is the in-job workload (one process per device,
-started by accelerate like a training run).
+``python -m harness.runner.fabric`` is the in-job workload (one process per device, started by
+accelerate like a training run); this module submits it and reads its results.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SIZES = tuple(4**k * 1024 for k in range(0, 10))  # 1 KiB .. 256 MiB
-CPU_SIZES = tuple(4**k * 1024 for k in range(0, 8))  # 1 KiB .. 16 MiB: gloo on CPUs is slow
-
-
-def parse_size(text: str) -> int:
-    t = text.strip().upper().rstrip("B")
-    scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(t[-1:], 1)
-    return int(float(t[:-1] if t[-1:] in "KMG" else t) * scale)
-
-
-# -- in the job ----------------------------------------------------------------------------------------------
-def _bench(sizes: list[int], iters: int, warmup: int) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
-
-    cuda = torch.cuda.is_available()
-    backend = "nccl" if cuda else "gloo"
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if cuda:
-        torch.cuda.set_device(local)
-    dist.init_process_group(backend=backend)
-    n, rank = dist.get_world_size(), dist.get_rank()
-    dev = torch.device("cuda", local) if cuda else torch.device("cpu")
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    results = []
-    for size in sizes:
-        for op in ("all_reduce", "all_gather"):
-            numel = max(n, size // 4 // n * n)  # float32; divisible by the world for all-gather
-            if op == "all_reduce":
-                buf = torch.ones(numel, dtype=torch.float32, device=dev)
-                run = lambda: dist.all_reduce(buf)  # noqa: E731
-                factor = 2 * (n - 1) / n
-            else:
-                inp = torch.ones(numel // n, dtype=torch.float32, device=dev)
-                out = torch.empty(numel, dtype=torch.float32, device=dev)
-                run = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
-                factor = (n - 1) / n
-            for _ in range(warmup):
-                run()
-            sync()
-            dist.barrier()
-            t = time.perf_counter()
-            for _ in range(iters):
-                run()
-            sync()
-            elapsed = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64, device=dev)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-            secs = float(elapsed.item())
-            nbytes = numel * 4
-            algbw = nbytes / secs / 1e9 if secs > 0 else None
-            results.append({"op": op, "bytes": nbytes, "iters": iters, "time_us": secs * 1e6, "algbw_gbps": algbw,
-                            "busbw_gbps": algbw * factor if algbw is not None else None})
-    dist.barrier()
-    dist.destroy_process_group()
-    return {"backend": backend, "world_size": n, "rank": rank, "results": results}
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .paths import JobPaths
-    from .runner.stages import StageLog
-
-    ap = argparse.ArgumentParser(prog="python -m harness.fabric")
-    ap.add_argument("--job-dir", required=True)
-    ap.add_argument("--sizes", default=None, help="comma-separated byte sizes (K/M/G suffixes)")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
-    args = ap.parse_args(argv)
-    paths = JobPaths(args.job_dir)
-    rank = int(os.environ.get("RANK", "0"))
-    host = os.environ.get("SBENCH_HOST", "local")
-    log = StageLog(paths.stages(host), host, rank=rank)
-    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else list(DEFAULT_SIZES)
-    doc: dict[str, Any] = {"rank": rank, "host": host, "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
-    with log.stage("fabric") as info:
-        res = _bench(sizes, args.iters, args.warmup)
-        info.update(backend=res["backend"], sizes=len(sizes))
-    doc.update(status="ok", world_size=res["world_size"], fabric=res if rank == 0 else {"backend": res["backend"]})
-    tmp = paths.rank_result(rank).with_name(f".rank.{rank}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, paths.rank_result(rank))
-    return 0
+from harness.runner.fabric import CPU_SIZES, DEFAULT_SIZES
 
 
 # -- on the login node ---------------------------------------------------------------------------------------
@@ -137,7 +50,7 @@ class FabricResult:
 
 def fabric_sweep(inv: Any, partition: str, nodes: int, roce: bool, out: Path) -> tuple[Any, Any]:
     """A one-point sweep of *nodes* whole nodes (one process per device), planned against *inv*."""
-    from .plan import parse_sweep, plan_sweep
+    from harness.spec.plan import parse_sweep, plan_sweep
 
     part = inv.partition(partition)
     doc = {"campaign": f"fabric-{part.name}-{nodes}n", "experiment": "finetune_full_benchmark-v1.0.0",
@@ -148,7 +61,7 @@ def fabric_sweep(inv: Any, partition: str, nodes: int, roce: bool, out: Path) ->
     sweep = parse_sweep(doc, f"<fabric {part.name} x{nodes}>", out)
     (point,) = plan_sweep(sweep, inv)
     if not point.valid:
-        from .errors import InputError
+        from harness.contract.errors import InputError
 
         raise InputError(f"fabric on partition {part.name!r} with {nodes} node(s): {'; '.join(point.reasons)}")
     return sweep, point
@@ -157,11 +70,12 @@ def fabric_sweep(inv: Any, partition: str, nodes: int, roce: bool, out: Path) ->
 def run_fabric(inv: Any, partition: str | None, nodes: int, workdir: Path, *, executor: str = "slurm",
                roce: bool | None = None, sizes: list[int] | None = None, iters: int = 20) -> FabricResult:
     """Render, submit and wait for one fabric job; its results as :class:`FabricResult` rows."""
-    from .collect.parse import nccl_transport
-    from .jobspec import build_jobspec
-    from .paths import JobPaths
-    from .render import cluster_fit, write_job_dir
-    from .sbatch.executors import SubmitOptions, get_backend
+    from harness.build.jobspec import build_jobspec
+    from harness.build.render import cluster_fit, write_job_dir
+    from harness.collect.parse import nccl_transport
+    from harness.contract.paths import JobPaths
+
+    from .executors import SubmitOptions, get_backend
 
     part = inv.partition(partition)
     if roce is None:
@@ -211,7 +125,3 @@ def run_fabric(inv: Any, partition: str | None, nodes: int, workdir: Path, *, ex
                          "enable_roce": roce, "transport_by_host": transports, "ok": False, "reason": reason,
                          "job_dir": str(job_dir), "measured_at": at})
     return res
-
-
-if __name__ == "__main__":
-    sys.exit(main())

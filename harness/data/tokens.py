@@ -23,7 +23,7 @@ from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, SbenchError
+from harness.contract.errors import InputError, SbenchError
 
 COUNT_VERSION = 1  # bump when the counting rule changes: old cache entries then miss
 _BATCH = 512  # texts per tokenizer call at most

@@ -28,8 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.contract.errors import InputError
+
 from .catalog import METRICS, Experiment
-from .errors import InputError
 from .schema import MAX_LIST, Checker
 
 ENTRY_KEYS = ("value", "lower", "upper", "unit")

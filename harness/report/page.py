@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .catalog import EXPERIMENTS
-from .collect.store import Store, open_store
-from .errors import InputError, SbenchError
+from harness.contract.errors import InputError, SbenchError
+from harness.db.store import Store, open_store
+from harness.spec.catalog import EXPERIMENTS
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7",
            "#17becf", "#8c564b", "#bcbd22", "#7f7f7f")
@@ -752,7 +752,7 @@ def efficiency_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
     return _section("efficiency", "Efficiency: achieved TFLOP/s and MFU",
                     "Model FLOPs per token from the model config (6·N plus attention; harness/flops.py) × train tokens "
                     "per second per device. MFU divides by the device's peak dense TFLOP/s for the compute dtype "
-                    "(harness/data/gpu_peaks.yaml or the inventory's peak_tflops).", body)
+                    "(harness/spec/gpu_peaks.yaml or the inventory's peak_tflops).", body)
 
 
 def render_report(data: ReportData) -> str:

@@ -16,11 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.contract.defaults import RUNNER_DEFAULTS
+from harness.contract.errors import CatalogError, InputError, SweepError
+
 from .catalog import (
-    EXPERIMENTS, Experiment, ModelMap, get_experiment, is_local_source, load_model_map, model_config,
+    EXPERIMENTS,
+    Experiment,
+    ModelMap,
+    get_experiment,
+    is_local_source,
+    load_model_map,
+    model_config,
     num_local_experts,
 )
-from .errors import CatalogError, InputError, SweepError
 from .inventory import Inventory, Partition
 from .schema import (
     MAX_LIST,
@@ -34,7 +42,6 @@ from .schema import (
     Checker,
     sbatch_extra,
 )
-from .defaults import RUNNER_DEFAULTS
 from .yamlio import LineDict, load_yaml
 
 SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
@@ -450,9 +457,19 @@ def trainer_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition, inv:
                     notes: list[str]) -> list[str]:
     """Which trainer runs the point, and whether it can: fms-acceleration features exist only in the
     fms-hf-tuning trainer, on CUDA, with the plugin in that release's environment (harness.trainerenv)."""
+    from harness.data.trainerenv import (
+        CPU_FSDP_ACCELERATE,
+        FAST_MOE_SINCE,
+        FEATURE_PLUGINS,
+        env_has,
+        env_version,
+        envs_root,
+        features_of,
+        lookup,
+        release_of,
+    )
+
     from .catalog import VISION_DATASETS
-    from .trainerenv import (CPU_FSDP_ACCELERATE, FAST_MOE_SINCE, FEATURE_PLUGINS, env_has, env_version, envs_root,
-                             features_of, lookup, release_of)
 
     trainer = str(e.get("trainer") or "sbench")
     version = str(e.get("fms_hf_tuning_version"))
@@ -533,7 +550,7 @@ def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) ->
         unit = "worker processes" if part.is_cpu else "GPUs"
         reasons.append(f"placement: {per_node} {unit} per node requested; partition {part.name!r} has "
                        f"{part.gpus_per_node} per node")
-    from .jobspec import cpus_per_task  # noqa: PLC0415 - jobspec imports plan
+    from harness.build.jobspec import cpus_per_task  # noqa: PLC0415 - jobspec imports plan
 
     cpus = cpus_per_task(part, per_node)
     if cpus > part.cpus_per_node:

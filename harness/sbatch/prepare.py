@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, SbenchError
+from harness.contract.errors import InputError, SbenchError
 
 MODEL_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "model.safetensors.index.json",
                  "pytorch_model.bin.index.json")
@@ -78,13 +78,12 @@ class Item:
 
 def work_for(sweep: Any, inv: Any, points: list[Any]) -> Work:
     """The datasets, models and training inputs of the valid training points, read off their job specs."""
-    from .jobspec import build_jobspec
-    from .runner.train import parse_args
-
-    from .plan import data_dir_for, shared_dir
+    from harness.build.jobspec import build_jobspec
+    from harness.runner.train import parse_args
+    from harness.spec.plan import data_dir_for, shared_dir
 
     models_dir = shared_dir(inv.models_dir, inv)
-    from .trainerenv import envs_root, needed
+    from harness.data.trainerenv import envs_root, needed
 
     w = Work(data_dir=data_dir_for(sweep, inv), models_dir=str(models_dir) if models_dir else None,
              envs=needed(sweep.experiment.method, points) if sweep.runner.workload == "train" else {},
@@ -132,8 +131,8 @@ def resolve_model(source: str, names: list[str], models_dir: str | None) -> tupl
     Raises InputError, naming the fix, for a local directory that lacks files and for an HF id
     that is not in the shared model cache.
     """
-    from .catalog import is_local_source
-    from .plan import _mount_visible
+    from harness.spec.catalog import is_local_source
+    from harness.spec.plan import _mount_visible
 
     names_s = ", ".join(names)
     if is_local_source(source):
@@ -169,7 +168,7 @@ def resolve_model(source: str, names: list[str], models_dir: str | None) -> tupl
 
 def fetch_model(model_id: str, cache: str | None) -> Path:
     """Download config, tokenizer and weights of an HF id into ``cache`` (the shared model cache)."""
-    from .catalog import is_local_source
+    from harness.spec.catalog import is_local_source
 
     if is_local_source(model_id):
         raise InputError(f"{model_id} is a path, not an HF id; a local directory needs no fetching")
@@ -195,13 +194,13 @@ def fetch_model(model_id: str, cache: str | None) -> Path:
 # -- running --------------------------------------------------------------------------------------------------
 def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> list[Item]:
     """Make everything in ``work`` ready; returns one item per dataset, model and training input."""
-    from .datagen import make_dataset
-    from .prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared
-    from .tokens import dataset_token_counts, load_tokenizer
+    from harness.data.datagen import make_dataset
+    from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared
+    from harness.data.tokens import dataset_token_counts, load_tokenizer
 
     items: list[Item] = []
     for version, extras in sorted(work.envs.items()):
-        from .trainerenv import build
+        from harness.data.trainerenv import build
 
         t0 = time.monotonic()
         env, status = build(version, work.envs_root, extras=tuple(sorted(extras)), log=echo)
@@ -260,8 +259,8 @@ def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> lis
 def prepare_sweep(sweep_path: Path, inventory_path: Path | None = None, model_map: Path | None = None,
                   echo: Callable[[str], None] = lambda s: None) -> list[Item]:
     """Load, plan and prepare a sweep here (the login node, or inside the --on slurm job)."""
-    from .inventory import load_inventory
-    from .plan import load_sweep, plan_sweep
+    from harness.spec.inventory import load_inventory
+    from harness.spec.plan import load_sweep, plan_sweep
 
     inv = load_inventory(inventory_path)
     sweep = load_sweep(sweep_path, model_map)
@@ -272,8 +271,8 @@ def prepare_sweep(sweep_path: Path, inventory_path: Path | None = None, model_ma
 def prepare_script(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
                    out_dir: Path) -> str:
     """The sbatch script of the preparation job: one task on one node of the sweep's partition."""
-    from .jobspec import scheduling, slurm_extra
-    from .render import sbatch_directives
+    from harness.build.jobspec import scheduling, slurm_extra
+    from harness.build.render import sbatch_directives
 
     part = inv.partition(sweep.partition)
     res: dict[str, Any] = {"job_name": f"sbench.{sweep.campaign}.prepare", "partition": part.slurm_partition,
@@ -297,7 +296,7 @@ def prepare_script(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path 
 def submit_prepare_job(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
                        campaign_dir: Path) -> str:
     """Submit the preparation job; returns its SLURM job id."""
-    from .sbatch.slurm import ScriptExecutor
+    from .slurm import ScriptExecutor
 
     logs = campaign_dir / ".slurm"
     logs.mkdir(parents=True, exist_ok=True)

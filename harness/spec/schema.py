@@ -13,7 +13,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn
 
-from .errors import InputError
+from harness.contract.errors import InputError
+
 from .yamlio import LineDict
 
 # -- limits: the one home of every input bound -------------------------------------------------------------

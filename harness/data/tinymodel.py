@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, SbenchError
+from harness.contract.errors import InputError, SbenchError
 
 ARCHS = ("llama", "mixtral", "qwen2")
 SPECIAL_TOKENS = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}

@@ -19,12 +19,13 @@ from typing import Any
 import jinja2
 import yaml
 
-from . import __version__
-from .errors import InputError, RenderError
-from .inventory import ENV_NAME, Inventory
+from harness import __version__
+from harness.contract.errors import InputError, RenderError
+from harness.contract.paths import SPEC_SCHEMA, JobPaths, job_dir_name, package_dir
+from harness.spec.inventory import ENV_NAME, Inventory
+from harness.spec.plan import PlannedPoint, Sweep
+
 from .jobspec import PORT_BASE, PORT_SPAN, JobSpec, build_jobspec
-from .paths import SPEC_SCHEMA, JobPaths, job_dir_name
-from .plan import PlannedPoint, Sweep
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("harness", "templates"),
@@ -154,11 +155,6 @@ class Link(str):
     """A rendered symbolic link: the text is its target."""
 
 
-def harness_dir() -> str:
-    """sbench's own package directory (what a trainer environment's PYTHONPATH links to)."""
-    return str(Path(__file__).resolve().parent)
-
-
 def render_files(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Sweep) -> Rendered:
     """Every file of *spec*'s job directory as text; pure (nothing touches the disk)."""
     paths = JobPaths(spec.job_dir)
@@ -177,7 +173,7 @@ def render_files(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Swee
     if spec.trainer_path:
         # Only sbench's package, not the environment it is installed in: the trainer's own torch,
         # transformers and trl must win.
-        files[Path(spec.trainer_path) / "harness"] = (Link(harness_dir()), 0o777)
+        files[Path(spec.trainer_path) / "harness"] = (Link(str(package_dir())), 0o777)
     return files
 
 
@@ -213,7 +209,7 @@ class ClusterFit:
     nodes: dict[str, Any] | None = None
 
     def check(self, specs: list[JobSpec], inv: Inventory) -> list[str]:
-        from .sbatch.clusterview import misfits
+        from harness.slurm.sinfo import misfits
 
         out = list(self.notes)
         for spec in specs if self.nodes is not None else ():
@@ -225,7 +221,7 @@ class ClusterFit:
 
 def cluster_fit(inv: Inventory, points: list[PlannedPoint], lookup: Any = None) -> ClusterFit:
     """Ask the controller (``sinfo``) about the sweep's SLURM partition; an empty fit when none answers."""
-    from .sbatch.clusterview import partition_nodes
+    from harness.slurm.sinfo import partition_nodes
 
     names = {p.partition for p in points}
     if len(names) != 1:

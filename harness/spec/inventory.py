@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InventoryError
+from harness.contract.errors import InventoryError
+
 from .schema import (
     ADDRESS,
     IFNAME,

@@ -25,7 +25,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import InputError
+from harness.contract.errors import InputError
 
 # metric -> True when higher is better
 METRICS: dict[str, bool] = {
@@ -59,7 +59,7 @@ class Row:
 
 def parse_side(text: str) -> tuple[str | None, dict[str, str]]:
     """``(campaign, filters)`` of one side; a bare word is a campaign name."""
-    from .schema import is_name
+    from harness.spec.schema import is_name
 
     text = text.strip()
     if "=" not in text:

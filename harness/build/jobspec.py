@@ -12,13 +12,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import __version__
-from .catalog import Experiment, get_experiment
-from .defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
-from .flops import compute_dtype, peak_tflops
-from .inventory import Host, Inventory, Partition
-from .paths import JobPaths
-from .plan import PlannedPoint, RunnerSettings, Sweep, data_dir_for, shared_dir
+from harness import __version__
+from harness.contract.defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
+from harness.contract.paths import JobPaths
+from harness.spec.catalog import Experiment, get_experiment
+from harness.spec.flops import compute_dtype, peak_tflops
+from harness.spec.inventory import Host, Inventory, Partition
+from harness.spec.plan import PlannedPoint, RunnerSettings, Sweep, data_dir_for, shared_dir
 
 PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral range (32768+)
 DEFAULT_TIME = "01:00:00"
@@ -87,7 +87,7 @@ class JobSpec:
         """The Python module each process runs."""
         if self.workload == "train" and self.trainer == "fms-hf-tuning":
             return "harness.runner.fms"
-        return {"fabric": "harness.fabric", "idle": "harness.runner.idle"}.get(self.workload, "harness.runner.train")
+        return {"fabric": "harness.runner.fabric", "idle": "harness.runner.idle"}.get(self.workload, "harness.runner.train")
 
     @property
     def paths(self) -> JobPaths:
@@ -394,7 +394,7 @@ def fms_setup(exp: Experiment, e: dict[str, Any], part: Partition, inv: Inventor
               adjustments: list[str]) -> tuple[list[str], dict[str, Any]]:
     """The fms-hf-tuning trainer's command line (the seed's, as written, with what this partition and
     environment change recorded as adjustments) and its environment as render sees it."""
-    from .trainerenv import envs_root, lookup
+    from harness.data.trainerenv import envs_root, lookup
 
     version = str(e.get("fms_hf_tuning_version"))
     env = lookup(version, envs_root(inv))
@@ -501,7 +501,7 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
     peak, peak_src = peak_tflops(str(e.get("gpu_model") or part.gpu_model), cdtype, part.peak_tflops)
     mem = point.memory
     if mem is None and sweep.runner.workload == "train":
-        from .memory import config_for, predict
+        from harness.spec.memory import config_for, predict
 
         mem = predict(e, exp.method, config_for(point.model_source or e["model_name"]), part,
                       target_modules=tuple(target or ()) if exp.method in ("lora", "gptq-lora") else ()).to_dict()

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from .errors import InputError
+from harness.contract.errors import InputError
 
 MAX_DOC_BYTES = 1 << 20  # an inventory, sweep or model map larger than 1 MiB is a mistake
 MAX_ALIASES = 256  # alias uses (*name) in one document

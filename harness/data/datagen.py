@@ -36,7 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import InputError, SbenchError
+from harness.contract.errors import InputError, SbenchError
 
 GENERATOR_VERSION = 1
 
@@ -98,7 +98,7 @@ _VISION_RE = re.compile(r"vision-(\d+)x(\d+)-(\d+)plus-entries-(\d+)")
 
 def parse_dataset_id(dataset_id: str) -> DatasetSpec:
     """The spec of a catalog dataset id; ``InputError`` listing the valid ids for anything else."""
-    from .catalog import DATASET_IDS
+    from harness.spec.catalog import DATASET_IDS
 
     if dataset_id not in DATASET_IDS:
         raise InputError(f"unknown dataset id {dataset_id!r}; valid ids: {', '.join(DATASET_IDS)}")

@@ -1,73 +1,33 @@
 """``sbench probe``: what each node really has, compared with the inventory.
 
-On a node, :func:`probe_node` reads GPUs through NVML (model, count, memory, driver, CUDA), the RDMA
-devices from ``/sys/class/infiniband`` (ports, state, link layer, rate, and the GID table with each
-entry's type, so which indices are RoCE v2 with an IPv4-mapped address), the memlock limit, cores and
-memory. :func:`compare` turns the differences from the inventory into lines that each say the fix;
+On each node, :mod:`harness.runner.probe` reads what the node has (GPUs, RDMA devices and their GID
+tables, memlock, cores, memory). :func:`compare` turns the differences from the inventory into lines that each say the fix;
 :func:`fragment` writes an inventory fragment from what was found.
 
-``python -m harness.probe --out-dir DIR`` is what runs on each node (one task per inventory host with
+``python -m harness.runner.probe --out-dir DIR`` is what runs on each node (one task per inventory host with
 ``--on slurm``); it writes ``DIR/probe.<node>.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import resource
 import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .inventory import Host, Inventory, Partition, detect_gpus, gpu_label
-from .runner.envcapture import ipv4_of_gid, nvml_versions, read_hcas  # noqa: F401 - ipv4_of_gid: part of the probe API
+from harness.contract.paths import package_dir
+from harness.runner.probe import probe_node
+from harness.spec.inventory import Host, Inventory, Partition, gpu_label
+
 
 def roce_v2_ipv4(port: dict[str, Any]) -> list[dict[str, Any]]:
     return [g for g in port.get("gids") or [] if (g.get("type") or "").lower() == "roce v2" and g.get("ipv4")]
 
 
-def memlock() -> str:
-    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
-
-
 SLOW_DNS_S = 1.0  # a reverse lookup slower than this holds up every rendezvous
-
-
-def reverse_dns_seconds(address: str = "::ffff:127.0.0.1") -> float:
-    """Seconds one reverse lookup of an IPv4-mapped address takes here, with the node's own resolver
-    settings (torch's TCPStore does one per peer; /etc/hosts never matches the mapped form, so it is
-    DNS that answers, or times out)."""
-    env = os.environ.pop("RES_OPTIONS", None)  # the node's configuration, not the job's override
-    t0 = time.monotonic()
-    try:
-        socket.getnameinfo((address, 0, 0, 0), 0)
-    except OSError:
-        pass
-    finally:
-        if env is not None:
-            os.environ["RES_OPTIONS"] = env
-    return round(time.monotonic() - t0, 3)
-
-
-def probe_node(host: str | None = None, sysfs_ib: Path | None = None) -> dict[str, Any]:
-    import psutil
-
-    gpus = detect_gpus()
-    return {
-        "host": host or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
-        "t_wall": time.time(),
-        "gpus": gpus, "gpu_count": len(gpus), **{"driver": None, "cuda_driver": None}, **nvml_versions(),
-        "hcas": read_hcas(sysfs_ib),
-        "memlock": memlock(),
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        # inventory GB as sbench requests it from SLURM: 1 GB = 1000 MB (MiB)
-        "memory_gb": round(psutil.virtual_memory().total / 2**20 / 1000, 1),
-        "reverse_dns_s": reverse_dns_seconds(),
-    }
 
 
 def _hca_port(probe: dict[str, Any], hca: str) -> dict[str, Any] | None:
@@ -178,7 +138,7 @@ def run_probe(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Pa
     """Probe the partition's hosts: each through SLURM (one task per host), or this machine as *host*."""
     import subprocess
 
-    from .errors import InputError, RunnerError
+    from harness.contract.errors import InputError, RunnerError
 
     part = inv.partition(partition)
     if not on_slurm:
@@ -201,8 +161,8 @@ def run_probe(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Pa
     argv = ["srun", f"--partition={part.slurm_partition}", f"--nodes={len(hosts)}", f"--nodelist={','.join(hosts)}",
             "--ntasks-per-node=1", "--job-name=sbench.probe", "--time=00:10:00", "--mem=100M",
             *([f"--account={part.account}"] if part.account else []), *([f"--qos={part.qos}"] if part.qos else []),
-            py, "-m", "harness.probe", "--out-dir", str(out_dir)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+            py, "-m", "harness.runner.probe", "--out-dir", str(out_dir)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_dir().parent),
                                                         os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
     probes = {}
@@ -215,20 +175,3 @@ def run_probe(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Pa
     if not probes:
         raise RunnerError(f"probe job wrote nothing (srun exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
     return probes
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.probe", description="Probe this node (see sbench probe).")
-    ap.add_argument("--out-dir", required=True)
-    ap.add_argument("--host", default=None)
-    args = ap.parse_args(argv)
-    doc = probe_node(args.host)
-    out = Path(args.out_dir) / f"probe.{doc['host']}.json"
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
