@@ -56,7 +56,8 @@ def main() -> int:
     a = ap.parse_args()
     from harness.data.datagen import generate_dataset
     from harness.data.tinymodel import make_tiny_model
-    from harness.data.trainerenv import build, envs_root
+    from harness.data.trainerenv import build
+    from harness.spec.envs import envs_root
 
     build(VERSION, envs_root(None))
     work = Path(tempfile.mkdtemp(prefix="sbench-trainers-"))

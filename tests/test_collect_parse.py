@@ -8,15 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.parse import (
-    csv_tail,
-    expand_hostlist,
-    nccl_transport,
-    parse_stages,
-    read_json,
-    read_jsonl,
-    summarize_transports,
-)
+from harness.collect.parse import csv_tail, nccl_transport, parse_stages, read_json, read_jsonl, summarize_transports
+from harness.slurm.hostlist import expand_hostlist
 from harness.slurm.sacct import (
     FINAL_STATES,
     parse_elapsed,

@@ -169,7 +169,8 @@ def test_env_build_of_a_release_that_does_not_exist_fails_with_pips_reason(cli, 
 @pytest.fixture(scope="session")
 def fms_env():
     """The 3.2.2 environment `make test` builds (built here if it is missing)."""
-    from harness.data.trainerenv import build, envs_root
+    from harness.data.trainerenv import build
+    from harness.spec.envs import envs_root
 
     env, _ = build(VERSION, envs_root(None), extras=("fms-accel",))
     return env

@@ -313,7 +313,8 @@ def test_deepspeed_zero3_across_two_nodes(sb, env) -> None:
 def test_fms_hf_tuning_lora_across_two_nodes(sb, env) -> None:
     """The fms-hf-tuning trainer (its own 3.2.2 environment, built by `make test`) on both test-cluster nodes:
     one process each, FSDP v2 over gloo, measurements in the same tables with trainer = fms-hf-tuning."""
-    from harness.data.trainerenv import build, envs_root
+    from harness.data.trainerenv import build
+    from harness.spec.envs import envs_root
 
     build("3.2.2", envs_root(None), extras=("fms-accel",))
     path = sweep(env, "fms2n", {"number_gpus": 2, "number_nodes": 2, "max_steps": 3, "trainer": "fms-hf-tuning",

@@ -7,7 +7,6 @@ those files; no sbatch directive or launch flag is computed anywhere else.
 from __future__ import annotations
 
 import hashlib
-import math
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -16,9 +15,12 @@ from harness import __version__
 from harness.contract.defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
 from harness.contract.paths import JobPaths
 from harness.spec.catalog import Experiment, get_experiment
+from harness.spec.envs import envs_root, lookup
 from harness.spec.flops import compute_dtype, peak_tflops
-from harness.spec.inventory import Host, Inventory, Partition
-from harness.spec.plan import PlannedPoint, RunnerSettings, Sweep, data_dir_for, shared_dir
+from harness.spec.inventory import Host, Inventory, Partition, shared_dir
+from harness.spec.memory import config_for, predict
+from harness.spec.plan import PlannedPoint, RunnerSettings, Sweep, data_dir_for
+from harness.spec.resources import cpus_per_task, memory_request, threads_per_rank
 
 PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral range (32768+)
 DEFAULT_TIME = "01:00:00"
@@ -99,45 +101,6 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-MIN_CPUS = 2  # the reference's floor of CPU cores for one task
-MEM_RESERVE = 0.05  # of a partial node's memory share, left to the OS and other jobs' daemons
-MB_PER_GB = 1000  # inventory GB -> SLURM MB, rounding down: SLURM's RealMemory is often a little below spec
-
-
-def node_share(part: Partition, per_node: int) -> float:
-    """The fraction of a node one point uses: its devices (CPU workers) over the node's."""
-    if part.gpus_per_node <= 0:
-        return 1.0
-    return min(1.0, max(per_node, 1) / part.gpus_per_node)
-
-
-def whole_node(part: Partition, per_node: int) -> bool:
-    return node_share(part, per_node) >= 1.0
-
-
-def cpus_per_task(part: Partition, per_node: int) -> int:
-    """One task per node gets the node's cores, or its share of them for a partial node (at least 2):
-    the ranks and the node's sampler run inside that task, so it must not be a slice of 2 per GPU."""
-    return max(MIN_CPUS, int(part.cpus_per_node * node_share(part, per_node)))
-
-
-def threads_per_rank(part: Partition, per_node: int) -> int:
-    """OMP_NUM_THREADS when the inventory does not set it: the task's cores over its ranks."""
-    return max(1, cpus_per_task(part, per_node) // max(per_node, 1))
-
-
-def memory_request(part: Partition, per_node: int, override_gb: float | None) -> str:
-    """``--mem``: the sweep's ``slurm.mem_gb`` when given; ``0`` (all of the node's memory) for a whole
-    node; else the point's share of the node less a reserve, in MB. Never the spec-sheet figure in G:
-    SLURM counts 1G as 1024 MB, so ``memory_gb: 1000`` as ``1000G`` exceeds a RealMemory=1000000 node."""
-    if override_gb:
-        return f"{max(1, math.floor(override_gb * MB_PER_GB))}M"
-    if whole_node(part, per_node):
-        return "0"
-    share = part.memory_gb * MB_PER_GB * node_share(part, per_node) * (1 - MEM_RESERVE)
-    return f"{max(1, math.floor(share))}M"
 
 
 def scheduling(sweep: Sweep, part: Partition) -> dict[str, Any]:
@@ -394,8 +357,6 @@ def fms_setup(exp: Experiment, e: dict[str, Any], part: Partition, inv: Inventor
               adjustments: list[str]) -> tuple[list[str], dict[str, Any]]:
     """The fms-hf-tuning trainer's command line (the seed's, as written, with what this partition and
     environment change recorded as adjustments) and its environment as render sees it."""
-    from harness.data.trainerenv import envs_root, lookup
-
     version = str(e.get("fms_hf_tuning_version"))
     env = lookup(version, envs_root(inv))
     man = env.manifest or {}
@@ -501,8 +462,6 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
     peak, peak_src = peak_tflops(str(e.get("gpu_model") or part.gpu_model), cdtype, part.peak_tflops)
     mem = point.memory
     if mem is None and sweep.runner.workload == "train":
-        from harness.spec.memory import config_for, predict
-
         mem = predict(e, exp.method, config_for(point.model_source or e["model_name"]), part,
                       target_modules=tuple(target or ()) if exp.method in ("lora", "gptq-lora") else ()).to_dict()
     env = dict(inv.env)

@@ -22,6 +22,7 @@ import yaml
 from harness import __version__
 from harness.contract.errors import InputError, RenderError
 from harness.contract.paths import SPEC_SCHEMA, JobPaths, job_dir_name, package_dir
+from harness.slurm.sinfo import misfits, partition_nodes
 from harness.spec.inventory import ENV_NAME, Inventory
 from harness.spec.plan import PlannedPoint, Sweep
 
@@ -209,8 +210,6 @@ class ClusterFit:
     nodes: dict[str, Any] | None = None
 
     def check(self, specs: list[JobSpec], inv: Inventory) -> list[str]:
-        from harness.slurm.sinfo import misfits
-
         out = list(self.notes)
         for spec in specs if self.nodes is not None else ():
             part = inv.partition(spec.partition)
@@ -221,8 +220,6 @@ class ClusterFit:
 
 def cluster_fit(inv: Inventory, points: list[PlannedPoint], lookup: Any = None) -> ClusterFit:
     """Ask the controller (``sinfo``) about the sweep's SLURM partition; an empty fit when none answers."""
-    from harness.slurm.sinfo import partition_nodes
-
     names = {p.partition for p in points}
     if len(names) != 1:
         return ClusterFit()

@@ -13,6 +13,7 @@ import click
 
 from harness import __version__
 from harness.contract.errors import SbenchError
+from harness.spec.schema import is_name
 
 
 class SbenchGroup(click.Group):
@@ -36,8 +37,6 @@ class SbenchGroup(click.Group):
 
 def campaign_name(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
     """Click callback: a campaign name is an identifier (never a path such as ../x)."""
-    from harness.spec.schema import is_name
-
     if value is not None and not is_name(value):
         shown = repr(value) if len(value) <= 80 else repr(value[:77] + "...")
         raise click.BadParameter(f"{shown} is not a campaign name (letters, digits, '.', '_', '-'; at most 100)")

@@ -10,6 +10,9 @@ import yaml
 
 from harness.contract.errors import RunnerError
 from harness.contract.paths import resolve_db, resolve_workdir
+from harness.runner.fabric import parse_size
+from harness.sbatch.probe import compare, fragment, run_probe
+from harness.spec.inventory import load_inventory
 
 from .base import db_option, echo_json, inventory_option, json_option, main, table, workdir_option
 
@@ -32,8 +35,6 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
     Example: sbench probe -i cluster.yaml --partition a100 --on slurm --write probed.yaml
     """
     from harness.db.store import open_store, to_json, utc
-    from harness.sbatch.probe import compare, fragment, run_probe
-    from harness.spec.inventory import load_inventory
 
     inv = load_inventory(inventory)
     part = inv.partition(partition)
@@ -74,8 +75,6 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
 
 
 def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
-    from harness.runner.fabric import parse_size
-
     if not value:
         return None
     try:
@@ -107,9 +106,8 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
     Example: sbench fabric -i cluster.yaml --partition a100 --nodes 2
     """
     from harness.db.store import open_store
-    from harness.sbatch.executors import resolve_executor
+    from harness.sbatch.backends import resolve_executor
     from harness.sbatch.fabric import run_fabric
-    from harness.spec.inventory import load_inventory
 
     inv = load_inventory(inventory)
     res = run_fabric(inv, partition, nodes, resolve_workdir(workdir), executor=resolve_executor(executor),

@@ -6,6 +6,12 @@ from pathlib import Path
 
 import click
 
+from harness.data.datagen import generate_dataset
+from harness.data.models import fetch_model, model_cache
+from harness.data.tinymodel import describe_model, make_tiny_model
+from harness.data.tokens import dataset_token_counts
+from harness.spec.inventory import load_inventory, shared_dir
+
 from .base import echo_json, inventory_option, json_option, main
 
 
@@ -39,8 +45,6 @@ def model_tiny(out_dir: Path, arch: str, seed: int, if_missing: bool) -> None:
 
     Example: sbench model tiny -o models/tiny-moe --arch mixtral
     """
-    from harness.data.tinymodel import describe_model, make_tiny_model
-
     _quiet_transformers()
     if if_missing and (out_dir / "config.json").is_file():
         path = out_dir
@@ -64,12 +68,7 @@ def model_fetch(model_id: str, cache: Path | None, inventory: Path | None) -> No
 
     Example: sbench model fetch HuggingFaceTB/SmolLM2-135M --cache /shared/models
     """
-    from harness.sbatch.prepare import fetch_model, model_cache
-
     if cache is None:
-        from harness.spec.inventory import load_inventory
-        from harness.spec.plan import shared_dir
-
         inv = load_inventory(inventory)
         models_dir = shared_dir(inv.models_dir, inv)
         cache_s = model_cache(str(models_dir) if models_dir else None)
@@ -107,8 +106,6 @@ def dataset_generate(dataset_id: str, out_path: Path, tokenizer: str | None, ent
 
     Example: sbench dataset generate news-tokens-16384plus-entries-4096 -o data/news16k.jsonl --tokenizer models/tiny
     """
-    from harness.data.datagen import generate_dataset
-
     if tokenizer:
         _quiet_transformers()
     info = generate_dataset(dataset_id, out_path, tokenizer=tokenizer, entries=entries, seed=seed)
@@ -140,8 +137,6 @@ def dataset_count(path: Path, tokenizer: str, max_seq_length: int, text_field: s
 
     Example: sbench dataset count data/news-chars-512-entries-4096.jsonl --tokenizer models/tiny --max-seq-length 1024
     """
-    from harness.data.tokens import dataset_token_counts
-
     _quiet_transformers()
     tc = dataset_token_counts(tokenizer, path, text_field=text_field, max_seq_length=max_seq_length,
                               cache_dir=cache_dir)

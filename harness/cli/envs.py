@@ -7,6 +7,10 @@ from pathlib import Path
 
 import click
 
+from harness.data.trainerenv import build, parse_spec, read_pins
+from harness.spec.envs import envs_root, list_envs
+from harness.spec.inventory import load_inventory
+
 from .base import echo_json, inventory_option, json_option, main
 
 
@@ -16,11 +20,8 @@ def env_group() -> None:
 
 
 def _root(inventory: Path | None, root: Path | None) -> Path:
-    from harness.data.trainerenv import envs_root
-
     if root is not None:
         return root.resolve()
-    from harness.spec.inventory import load_inventory
 
     return envs_root(load_inventory(inventory))
 
@@ -47,8 +48,6 @@ def env_build(spec: str, extras: str | None, root: Path | None, requirements: Pa
 
     Example: sbench env build fms-hf-tuning==3.2.2 --extras fms-accel
     """
-    from harness.data.trainerenv import build, parse_spec, read_pins
-
     version = parse_spec(spec)
     pins = read_pins(requirements) if requirements else None
     ex = tuple(x.strip() for x in extras.split(",") if x.strip()) if extras else ()
@@ -74,8 +73,6 @@ def env_list(root: Path | None, inventory: Path | None, as_json: bool) -> None:
 
     Example: sbench env list -i cluster.yaml
     """
-    from harness.data.trainerenv import list_envs
-
     r = _root(inventory, root)
     envs = list_envs(r)
     rows = [{"version": e.version, "path": str(e.path), "built": e.built,

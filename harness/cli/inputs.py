@@ -7,6 +7,11 @@ from typing import Any
 
 import click
 
+from harness.build.render import ClusterFit, cluster_fit, render_points
+from harness.spec.catalog import EXPERIMENTS, get_experiment
+from harness.spec.inventory import describe, load_inventory
+from harness.spec.plan import load_sweep, plan_sweep
+
 from .base import echo_json, inventory_option, json_option, main, model_map_option, sweep_argument, table
 
 
@@ -26,8 +31,6 @@ def inventory_check(inventory: Path | None, as_json: bool) -> None:
 
     Example: sbench inventory check -i inventory/example-roce.yaml --json
     """
-    from harness.spec.inventory import describe, load_inventory
-
     inv = load_inventory(inventory)
     desc = describe(inv)
     if as_json:
@@ -68,8 +71,6 @@ def experiments_list(as_json: bool) -> None:
 
     Example: sbench experiments list
     """
-    from harness.spec.catalog import EXPERIMENTS
-
     rows = [{"id": e.id, "method": e.method, "summary": e.summary} for e in EXPERIMENTS.values()]
     if as_json:
         echo_json(rows)
@@ -85,8 +86,6 @@ def experiments_show(experiment_id: str, as_json: bool) -> None:
 
     Example: sbench experiments show finetune_full_benchmark-v1.0.0 --json
     """
-    from harness.spec.catalog import get_experiment
-
     exp = get_experiment(experiment_id)
     d = exp.to_dict()
     if as_json:
@@ -114,9 +113,6 @@ def _short_domain(domain: list[Any] | None) -> str:
 # -- plan / render -----------------------------------------------------------------------------------------
 def _plan(sweep_path: Path, inventory_path: Path | None, model_map: Path | None,  # type: ignore[no-untyped-def]
           memory: bool = False):
-    from harness.spec.inventory import load_inventory
-    from harness.spec.plan import load_sweep, plan_sweep
-
     inv = load_inventory(inventory_path)
     sweep = load_sweep(sweep_path, model_map)
     return inv, sweep, plan_sweep(sweep, inv, memory=memory)
@@ -187,8 +183,6 @@ def render(sweep: Path, inventory: Path | None, model_map: Path | None, out_dir:
 
     Example: sbench render sweeps/demo-cpu.yaml -o /tmp/preview
     """
-    from harness.build.render import ClusterFit, cluster_fit, render_points
-
     inv, sw, points = _plan(sweep, inventory, model_map)
     fit = cluster_fit(inv, [p for p in points if p.valid]) if inventory is not None else ClusterFit()
     specs = render_points(sw, inv, points, out_dir, fit=fit)

@@ -7,6 +7,10 @@ from typing import Any
 
 import click
 
+from harness.contract.paths import resolve_workdir
+from harness.spec.inventory import load_inventory
+from harness.spec.plan import load_sweep
+
 from .base import (
     Progress,
     campaign_name,
@@ -105,10 +109,7 @@ def prepare(sweep: Path, inventory: Path | None, model_map: Path | None, workdir
         click.echo(f"prepared {len(items)} item(s) in {total:.1f} s: "
                    + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
         return
-    from harness.contract.paths import resolve_workdir
-    from harness.sbatch.submit import record_prepare_job
-    from harness.spec.inventory import load_inventory
-    from harness.spec.plan import load_sweep
+    from harness.sbatch.prepare import record_prepare_job
 
     inv = load_inventory(inventory)
     sw = load_sweep(sweep, model_map)

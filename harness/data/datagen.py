@@ -19,8 +19,6 @@ lock, the others wait and then reuse the file.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -37,6 +35,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness.contract.errors import InputError, SbenchError
+from harness.spec.catalog import DATASET_IDS
+
+from .files import file_sha256, fsync, locked
+from .tokens import load_tokenizer, tokenizer_name
 
 GENERATOR_VERSION = 1
 
@@ -98,8 +100,6 @@ _VISION_RE = re.compile(r"vision-(\d+)x(\d+)-(\d+)plus-entries-(\d+)")
 
 def parse_dataset_id(dataset_id: str) -> DatasetSpec:
     """The spec of a catalog dataset id; ``InputError`` listing the valid ids for anything else."""
-    from harness.spec.catalog import DATASET_IDS
-
     if dataset_id not in DATASET_IDS:
         raise InputError(f"unknown dataset id {dataset_id!r}; valid ids: {', '.join(DATASET_IDS)}")
     if m := _CHARS_RE.fullmatch(dataset_id):
@@ -480,45 +480,6 @@ def _write_parquet(tmp: Path, spec: DatasetSpec, n: int, seed: int,
     return sha, size, n, {"guarantee": guarantee, "png_bytes": len(png)}
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """sha256 of a file's bytes, read in 4 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(4 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# -- locking and atomic replacement -------------------------------------------------------------------------
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``<path>.lock`` (works across processes and, on NFS, across nodes)."""
-    lock_path = path.with_name(path.name + ".lock")
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o664)
-    except OSError as exc:
-        raise SbenchError(f"cannot create lock file {lock_path}: {exc.strerror}; is the directory writable?") from exc
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as exc:
-            # Some cluster filesystems (Lustre without -o flock) refuse flock but take POSIX locks.
-            if exc.errno not in (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                raise
-            fcntl.lockf(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock; the lock file stays (deleting it would race)
-
-
 def _tmp_name(path: Path, what: str) -> Path:
     return path.with_name(f".{path.name}.{what}-{socket.gethostname()}-{os.getpid()}")
 
@@ -566,7 +527,7 @@ def generate_dataset(dataset_id: str, out_path: str | os.PathLike[str], *, token
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"cannot create directory {path.parent}: {exc.strerror}") from exc
-    with _locked(path):
+    with locked(path):
         return _generate_locked(spec, path, tokenizer=tokenizer, entries=entries, seed=seed)
 
 
@@ -587,8 +548,6 @@ def _generate_locked(spec: DatasetSpec, path: Path, *, tokenizer: Any, entries: 
     _remove_stale_temps(path)
     tok_name, lengths = None, None
     if tokenizer is not None:
-        from .tokens import load_tokenizer, tokenizer_name
-
         tok = load_tokenizer(tokenizer)
         tok_name, lengths = tokenizer_name(tokenizer, tok), _TokenLengths(tok)
     n = entries if entries is not None else spec.entries
@@ -600,7 +559,7 @@ def _generate_locked(spec: DatasetSpec, path: Path, *, tokenizer: Any, entries: 
             sha, size, n, vis = _write_parquet(tmp, spec, n, seed, stats)
             guarantee = vis.pop("guarantee")
             extra.update(vis)
-            _fsync(tmp)
+            fsync(tmp)
         else:
             with open(tmp, "wb") as f:
                 sha, size, n = _write_jsonl(f, _text_entries(spec, n, seed, lengths, stats))
@@ -681,7 +640,7 @@ def make_dataset(dataset_id: str, path: str | os.PathLike[str], *, tokenizer: An
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SbenchError(f"cannot create dataset directory {p.parent}: {exc.strerror}") from exc
-    with _locked(p):
+    with locked(p):
         # Another process may have finished it while we waited for the lock.
         if dataset_status(dataset_id, p, seed=seed) in ("complete", "external"):
             return p, False

@@ -34,7 +34,20 @@ from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
-from harness.contract.errors import SbenchError
+from harness.contract.errors import InputError, SbenchError
+
+from .files import file_sha256, fsync, locked
+from .tokens import (
+    COUNT_VERSION,
+    checked_template,
+    effective_max_length,
+    encoded_batches,
+    encoded_schema,
+    load_tokenizer,
+    store_counts,
+    tokenizer_fingerprint,
+    tokenizer_name,
+)
 
 PREP_DIR = ".prepared"  # under the data dir
 TOKEN_CACHE_DIR = ".token-counts"  # under the data dir: dataset_token_counts' cache
@@ -67,8 +80,6 @@ class Prepared:
 
 def prep_key(fingerprint: str, dataset_sha: str, max_length: int, text_field: str, template: str) -> tuple[str, dict]:
     """The entry key and the document it hashes (stored in ``meta.json``)."""
-    from .tokens import COUNT_VERSION
-
     doc = {"v": PREP_VERSION, "count_v": COUNT_VERSION, "tokenizer": fingerprint, "dataset_sha256": dataset_sha,
            "max_length": max_length, "text_field": text_field, "collator": COLLATOR, "response_template": template,
            "packing": False}
@@ -97,8 +108,6 @@ def check_entry(path: Path, key: str, *, verify: bool = True) -> str | None:
     if size != meta.get("size_bytes"):
         return f"{DATA_FILE} has {size} bytes, {META_FILE} says {meta.get('size_bytes')} (truncated?)"
     if verify:
-        from .datagen import file_sha256
-
         if file_sha256(data) != meta.get("sha256"):
             return f"{DATA_FILE} does not match its sha256 (corrupted)"
     return None
@@ -108,8 +117,6 @@ def open_entry(path: Path) -> Any:
     """The entry as a memory-mapped ``datasets.Dataset``; its schema and row count checked against meta."""
     from datasets import Dataset
     from datasets.table import MemoryMappedTable
-
-    from .tokens import encoded_schema
 
     meta = json.loads((path / META_FILE).read_text())
     table = MemoryMappedTable.from_file(str(path / DATA_FILE))
@@ -154,9 +161,6 @@ def _build(path: Path, key: str, key_doc: dict[str, Any], tok: Any, tokenizer: A
            text_field: str, max_length: int, template: str, token_cache: Path | None, dataset_sha: str) -> dict:
     import pyarrow as pa
 
-    from .datagen import _fsync, file_sha256
-    from .tokens import encoded_batches, encoded_schema, store_counts, tokenizer_name
-
     t0 = time.monotonic()
     tmp = path.with_name(f".tmp-{path.name}-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -168,7 +172,7 @@ def _build(path: Path, key: str, key_doc: dict[str, Any], tok: Any, tokenizer: A
             for batch in encoded_batches(tok, dataset_path, text_field=text_field, max_length=max_length,
                                          template=template, lengths=lengths):
                 writer.write_batch(batch)
-        _fsync(data)
+        fsync(data)
         meta = {"key": key, **key_doc, "rows": len(lengths), "tokens": sum(lengths),
                 "size_bytes": data.stat().st_size, "sha256": file_sha256(data), "dataset": str(dataset_path),
                 "tokenizer_source": tokenizer_name(tokenizer, tok), "built_on": socket.gethostname(),
@@ -221,16 +225,11 @@ def ensure_prepared(tokenizer: Any, dataset_path: str | os.PathLike[str], *, tex
     memory-mapped in ``Prepared.dataset``. Raises ``InputError`` for bad input (no template
     in an entry, a missing dataset) and ``SbenchError`` when the cache cannot be written.
     """
-    from .datagen import _locked, file_sha256
-    from .tokens import checked_template, effective_max_length, load_tokenizer, tokenizer_fingerprint
-
     t0 = time.monotonic()
     tok = load_tokenizer(tokenizer)
     template = checked_template(response_template)
     data_path = Path(dataset_path)
     if not data_path.is_file():
-        from harness.contract.errors import InputError
-
         raise InputError(f"dataset file {data_path} does not exist; generate it with: sbench dataset generate ID "
                          f"-o {data_path}")
     eff = effective_max_length(tok, max_seq_length)
@@ -245,7 +244,7 @@ def ensure_prepared(tokenizer: Any, dataset_path: str | os.PathLike[str], *, tex
         except OSError as exc:
             raise SbenchError(f"cannot create the prepared-data directory {path.parent}: {exc.strerror}") from exc
         tw = time.monotonic()
-        with _locked(path):
+        with locked(path):
             waited = time.monotonic() - tw
             again = check_entry(path, key, verify=verify)  # another builder may have finished it meanwhile
             if again is not None:

@@ -14,6 +14,8 @@ from typing import Any
 
 from harness.contract.errors import InputError, SbenchError
 
+from .datagen import news_corpus
+
 ARCHS = ("llama", "mixtral", "qwen2")
 SPECIAL_TOKENS = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
 _CORPUS_CHARS = 400_000  # enough text for every merge of a 512-entry vocabulary; trains in well under a second
@@ -26,8 +28,6 @@ def train_tokenizer(*, vocab_size: int = 512, model_max_length: int = 4096, seed
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from .datagen import news_corpus
 
     specials = list(SPECIAL_TOKENS.values())
     alphabet = pre_tokenizers.ByteLevel.alphabet()

@@ -25,6 +25,8 @@ from typing import Any
 
 from harness.contract.errors import InputError, SbenchError
 
+from .files import file_sha256
+
 COUNT_VERSION = 1  # bump when the counting rule changes: old cache entries then miss
 _BATCH = 512  # texts per tokenizer call at most
 _BATCH_CHARS = 4 << 20  # ... or about this many characters
@@ -337,8 +339,6 @@ def dataset_token_counts(tokenizer: Any, dataset_path: str | os.PathLike[str], *
     max length and the text field, so any change to one of them recounts. ``dataset_sha`` is the
     file's sha256 when the caller has just computed it.
     """
-    from .datagen import file_sha256
-
     t0 = time.monotonic()
     tok = load_tokenizer(tokenizer)
     path = Path(dataset_path)
@@ -459,8 +459,6 @@ def checked_template(response_template: str) -> str:
 def store_counts(tok: Any, tokenizer: Any, path: Path, cache_dir: str | os.PathLike[str], lengths: list[int],
                  max_length: int, text_field: str, dataset_sha: str | None = None) -> None:
     """Record ``lengths`` as ``dataset_token_counts``'s cache entry for this tokenizer, dataset and length."""
-    from .datagen import file_sha256
-
     key = _cache_key(tokenizer_fingerprint(tok), dataset_sha or file_sha256(path), max_length, text_field)
     _store_counts(_cache_file(cache_dir, key), key, lengths, max_length, text_field, path,  # type: ignore[arg-type]
                   tokenizer_name(tokenizer, tok))

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.contract.errors import InputError
+from harness.spec.schema import is_name
 
 # metric -> True when higher is better
 METRICS: dict[str, bool] = {
@@ -59,8 +60,6 @@ class Row:
 
 def parse_side(text: str) -> tuple[str | None, dict[str, str]]:
     """``(campaign, filters)`` of one side; a bare word is a campaign name."""
-    from harness.spec.schema import is_name
-
     text = text.strip()
     if "=" not in text:
         if not is_name(text):

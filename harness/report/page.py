@@ -30,6 +30,8 @@ from harness.contract.errors import InputError, SbenchError
 from harness.db.store import Store, open_store
 from harness.spec.catalog import EXPERIMENTS
 
+from .compare import compare_in
+
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7",
            "#17becf", "#8c564b", "#bcbd22", "#7f7f7f")
 OOM_COLOR = "#d62728"  # reserved: no series uses red
@@ -114,8 +116,6 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
 def load_compare(store: Store, base: str, cand: str, threshold: float,
                  metrics: Sequence[str] = ()) -> dict[str, Any]:
     """The compare section's data: ``sbench compare BASE CAND`` over the same store."""
-    from .compare import compare_in
-
     rows = compare_in(store, base, cand, list(metrics), threshold)
     return {"base": base, "cand": cand, "threshold": threshold, "rows": [r.to_dict() for r in rows]}
 

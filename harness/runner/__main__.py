@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from .node import main as node_main
+
 USAGE = "usage: python -m harness.runner node --job-dir DIR --host HOST -- COMMAND...\n"
 
 
@@ -15,7 +17,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] != "node":
         sys.stderr.write(f"unknown runner command {argv[0]!r}\n" + USAGE)
         return 3
-    from .node import main as node_main
 
     return node_main(argv[1:])
 

@@ -25,6 +25,8 @@ import psutil
 
 from harness import __version__
 
+from .sampler import NvmlBackend, open_backend
+
 ENV_PREFIXES = ("NCCL_", "CUDA_", "SLURM_", "SLURMD_", "OMP_", "GLOO_", "TORCH_", "TORCHELASTIC_", "PYTORCH_",
                 "ACCELERATE_", "NVIDIA_", "UCX_", "FI_", "MKL_", "KMP_")
 ENV_NAMES = frozenset({
@@ -136,8 +138,6 @@ def git_commit(start: str | Path | None = None) -> str | None:
 
 def gpus(max_devices: int | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """The GPUs NVML sees after ``CUDA_VISIBLE_DEVICES`` (backend chosen as for the sampler)."""
-    from .sampler import NvmlBackend, open_backend
-
     backend, note = open_backend(max_devices=max_devices)
     try:
         devs = backend.visible_devices() if isinstance(backend, NvmlBackend) else backend.devices()

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from harness.contract.paths import JobPaths

@@ -29,6 +29,8 @@ from collections import deque
 from typing import Any
 
 from harness.contract.defaults import RUNNER_DEFAULTS
+from harness.data.tokens import dataset_token_counts
+from harness.spec.flops import model_counts
 
 from . import train as base
 from .memsnap import MemoryRecorder
@@ -193,9 +195,6 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
     from accelerate import PartialState
     from transformers import AutoTokenizer
     from trl import SFTTrainer
-
-    from harness.data.tokens import dataset_token_counts
-    from harness.spec.flops import model_counts
 
     doc["trainer"] = {"name": "fms-hf-tuning", "packages": _versions()}
     t_imported = time.time()

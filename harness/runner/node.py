@@ -37,6 +37,7 @@ import psutil
 
 from harness.contract.defaults import RUNNER_DEFAULTS
 from harness.contract.paths import JobPaths
+from harness.data.datagen import dataset_status, make_dataset
 
 from . import classify, pdeath
 from .envcapture import capture
@@ -194,8 +195,6 @@ class NodeRunner:
                         sample_interval_s=self.sampler.interval_s, note=note)
 
     def dataset(self) -> None:
-        from harness.data.datagen import dataset_status, make_dataset
-
         dataset_id, path = self.spec["dataset_id"], self.spec["dataset_path"]
         with self.log.stage("dataset") as info:
             status = dataset_status(dataset_id, path)

@@ -55,7 +55,9 @@ from typing import Any
 
 from harness.contract.defaults import AUTO_STOP, RUNNER_DEFAULTS
 from harness.contract.paths import JobPaths
-from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR
+from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared
+from harness.data.tokens import dataset_token_counts, encode_for_training
+from harness.spec.flops import model_counts
 
 from .classify import error_record
 from .envcapture import relevant_env
@@ -679,9 +681,6 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
     from trl import SFTConfig, SFTTrainer
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from harness.data.prepared import ensure_prepared
-    from harness.data.tokens import dataset_token_counts, encode_for_training
-    from harness.spec.flops import model_counts
     doc["settings"] = {k: (str(v) if k == "dtype" else v) for k, v in settings.items()}
     doc["device"] = _device_info(ctx.local_rank)
     gc_kwargs = dict(args.gradient_checkpointing_kwargs or {})

@@ -9,43 +9,16 @@ from typing import Any
 from harness.contract import jobstate
 from harness.contract.errors import InputError
 from harness.contract.paths import resolve_db, resolve_workdir
+from harness.db.store import open_store
 
 from . import manifest
-from .executors import get_backend
+from .backends import get_backend, live_states
+from .prepare import failed_prepare_jobs
+from .state import record_events
 
 
 def _defaults(workdir: Path | None, db: Path | None) -> tuple[Path, Path]:
     return resolve_workdir(workdir), resolve_db(db)
-
-
-def manifest_attempts(workdir: Path, campaign: str | None) -> list[dict[str, Any]]:
-    """Every attempt line of every (or one) campaign manifest, newest state of each job dir."""
-    camps = [workdir / campaign] if campaign else sorted(p.parent for p in workdir.glob(f"*/{manifest.MANIFEST}"))
-    out: dict[str, dict[str, Any]] = {}
-    for cdir in camps:
-        for ev in manifest.read(cdir):
-            if ev.get("type") == "attempt" and ev.get("job_dir"):
-                out[ev["job_dir"]] = ev
-    return list(out.values())
-
-
-def live_states(attempts: list[dict[str, Any]]) -> dict[str, str]:
-    """Keyed by job_dir: the scheduler's current word on each attempt."""
-    out: dict[str, str] = {}
-    for executor in ("slurm", "local"):
-        group = [a for a in attempts if a.get("executor") == executor]
-        if not group:
-            continue
-        try:
-            backend = get_backend(executor)
-        except Exception:  # noqa: BLE001 - no sbatch here: the scheduler cannot be asked
-            continue
-        states = backend.live_states(group)
-        for a in group:
-            key = a.get("job_dir") if executor == "local" else str(a.get("job_id"))
-            if key in states:
-                out[a["job_dir"]] = states[key]
-    return out
 
 
 @dataclass
@@ -56,8 +29,6 @@ class StatusReport:
 
 
 def status(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None) -> StatusReport:
-    from harness.db.store import open_store
-
     wd, dbp = _defaults(workdir, db)
     rows: list[dict[str, Any]] = []
     note = None
@@ -68,7 +39,7 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
             recorded = st.job_dirs(campaign)
     else:
         note = f"no results database at {dbp} yet; showing the campaign manifests"
-    attempts = manifest_attempts(wd, campaign)
+    attempts = manifest.attempts(wd, campaign)
     by_dir = {a["job_dir"]: a for a in attempts}
     # Every attempt the DB has (earlier attempts too, not only each point's latest) is collected.
     known = recorded | {r.get("job_dir") for r in rows if r.get("job_dir")}
@@ -103,34 +74,6 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
     return StatusReport(rows, counts, note)
 
 
-def failed_prepare_jobs(workdir: Path, campaign: str | None) -> list[str]:
-    """A line for each campaign whose ``--prepare-on slurm`` job did not complete (its arrays were cancelled)."""
-    import json
-    import shutil
-
-    from .submit import PREPARE_JOB_FILE
-
-    files = [workdir / campaign / PREPARE_JOB_FILE] if campaign else sorted(workdir.glob(f"*/{PREPARE_JOB_FILE}"))
-    records = []
-    for f in files:
-        try:
-            records.append((f.parent, str(json.loads(f.read_text())["job_id"])))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    if not records or shutil.which("squeue") is None:
-        return []
-    from .slurm import query_states
-
-    states = query_states([job for _, job in records])
-    out = []
-    for cdir, job in records:
-        st = states.get(job)
-        if st and jobstate.is_done(st) and jobstate.normalise(st) != "COMPLETED":
-            out.append(f"campaign {cdir.name}: prepare job {job} ended {jobstate.normalise(st)}, so its arrays were "
-                       f"cancelled; see {cdir / '.slurm' / f'prepare-{job}.out'}, fix it, then sbench retry {cdir.name}")
-    return out
-
-
 def _executor_of(row: dict[str, Any]) -> str | None:
     jid = str(row.get("job_id") or "")
     return "slurm" if jid and jid.replace("_", "").isdigit() else None
@@ -147,7 +90,7 @@ def _phase(live: str | None, db_state: str | None) -> str:
 def cancel(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None) -> list[str]:
     """Cancel every attempt still queued or running (all campaigns, or one); returns what was cancelled."""
     wd, dbp = _defaults(workdir, db)
-    attempts = manifest_attempts(wd, campaign)
+    attempts = manifest.attempts(wd, campaign)
     if campaign and not attempts and not (wd / campaign).exists():
         raise InputError(f"no campaign {campaign!r} under {wd}")
     live = live_states(attempts)
@@ -166,7 +109,6 @@ def cancel(workdir: Path | None = None, db: Path | None = None, campaign: str | 
         events += manifest.append(wd / camp, [{
             "type": "cancel", "campaign": camp, "job_ids": [str(a["job_id"]) for a in group if a.get("job_id")],
             "job_dirs": [str(a["job_dir"]) for a in group], "at": manifest.now_iso()}])
-    from .state import record_events
 
     record_events(dbp, events)
     return done

@@ -22,7 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.build.jobspec import build_jobspec
+from harness.build.render import cluster_fit, write_job_dir
+from harness.collect.parse import nccl_transport
+from harness.contract.errors import InputError
+from harness.contract.paths import JobPaths
 from harness.runner.fabric import CPU_SIZES, DEFAULT_SIZES
+from harness.spec.plan import parse_sweep, plan_sweep
+
+from .backends import get_backend
+from .executors import SubmitOptions
 
 
 # -- on the login node ---------------------------------------------------------------------------------------
@@ -50,8 +59,6 @@ class FabricResult:
 
 def fabric_sweep(inv: Any, partition: str, nodes: int, roce: bool, out: Path) -> tuple[Any, Any]:
     """A one-point sweep of *nodes* whole nodes (one process per device), planned against *inv*."""
-    from harness.spec.plan import parse_sweep, plan_sweep
-
     part = inv.partition(partition)
     doc = {"campaign": f"fabric-{part.name}-{nodes}n", "experiment": "finetune_full_benchmark-v1.0.0",
            "partition": part.name,
@@ -61,8 +68,6 @@ def fabric_sweep(inv: Any, partition: str, nodes: int, roce: bool, out: Path) ->
     sweep = parse_sweep(doc, f"<fabric {part.name} x{nodes}>", out)
     (point,) = plan_sweep(sweep, inv)
     if not point.valid:
-        from harness.contract.errors import InputError
-
         raise InputError(f"fabric on partition {part.name!r} with {nodes} node(s): {'; '.join(point.reasons)}")
     return sweep, point
 
@@ -70,13 +75,6 @@ def fabric_sweep(inv: Any, partition: str, nodes: int, roce: bool, out: Path) ->
 def run_fabric(inv: Any, partition: str | None, nodes: int, workdir: Path, *, executor: str = "slurm",
                roce: bool | None = None, sizes: list[int] | None = None, iters: int = 20) -> FabricResult:
     """Render, submit and wait for one fabric job; its results as :class:`FabricResult` rows."""
-    from harness.build.jobspec import build_jobspec
-    from harness.build.render import cluster_fit, write_job_dir
-    from harness.collect.parse import nccl_transport
-    from harness.contract.paths import JobPaths
-
-    from .executors import SubmitOptions, get_backend
-
     part = inv.partition(partition)
     if roce is None:
         roce = nodes > 1 and all(h.roce is not None for h in part.hosts.values())

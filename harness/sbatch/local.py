@@ -28,7 +28,7 @@ from harness.contract.paths import JobPaths
 from harness.runner import pdeath
 from harness.spec.schema import slurm_time_minutes
 
-from .executors import SubmitOptions, Submitted, register
+from .executors import SubmitOptions, Submitted
 from .manifest import now_iso, write_submitted
 
 QUEUE_DIR = ".local"
@@ -198,7 +198,6 @@ def kill_launch(job_dir: str) -> bool:
         return False
 
 
-@register("local")
 class LocalBackend:
     name = "local"
 

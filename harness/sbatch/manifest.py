@@ -67,3 +67,14 @@ def write_submitted(job_dir: Path, info: dict[str, Any]) -> None:
     tmp = path.with_name(f".submitted.json.tmp{os.getpid()}")
     tmp.write_text(json.dumps(info, indent=2, default=str) + "\n")
     os.replace(tmp, path)
+
+
+def attempts(workdir: Path, campaign: str | None) -> list[dict[str, Any]]:
+    """Every attempt line of every (or one) campaign manifest, newest state of each job dir."""
+    camps = [workdir / campaign] if campaign else sorted(p.parent for p in workdir.glob(f"*/{MANIFEST}"))
+    out: dict[str, dict[str, Any]] = {}
+    for cdir in camps:
+        for ev in read(cdir):
+            if ev.get("type") == "attempt" and ev.get("job_dir"):
+                out[ev["job_dir"]] = ev
+    return list(out.values())

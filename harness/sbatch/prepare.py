@@ -20,8 +20,10 @@ slurm`` runs the same command as one CPU job of the sweep's partition instead
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -29,11 +31,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.contract.errors import InputError, SbenchError
+from harness.build.jobspec import build_jobspec, scheduling, slurm_extra
+from harness.build.render import sbatch_directives
+from harness.contract import jobstate
+from harness.data.datagen import make_dataset
+from harness.data.models import resolve_model
+from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared
+from harness.data.tokens import dataset_token_counts, load_tokenizer
+from harness.data.trainerenv import build
+from harness.runner.train import parse_args
+from harness.spec.envs import envs_root, needed
+from harness.spec.inventory import load_inventory, shared_dir
+from harness.spec.plan import data_dir_for, load_sweep, plan_sweep
 
-MODEL_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "model.safetensors.index.json",
-                 "pytorch_model.bin.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "spiece.model")
+from . import manifest
+from .slurm import ScriptExecutor, query_states
+
 PREPARE_TIME = "02:00:00"  # --on slurm: the preparation job's time limit unless the sweep sets one
 PREPARE_CPUS = 16  # --on slurm: cores the preparation job asks for (the tokenizer uses them all)
 
@@ -78,12 +91,7 @@ class Item:
 
 def work_for(sweep: Any, inv: Any, points: list[Any]) -> Work:
     """The datasets, models and training inputs of the valid training points, read off their job specs."""
-    from harness.build.jobspec import build_jobspec
-    from harness.runner.train import parse_args
-    from harness.spec.plan import data_dir_for, shared_dir
-
     models_dir = shared_dir(inv.models_dir, inv)
-    from harness.data.trainerenv import envs_root, needed
 
     w = Work(data_dir=data_dir_for(sweep, inv), models_dir=str(models_dir) if models_dir else None,
              envs=needed(sweep.experiment.method, points) if sweep.runner.workload == "train" else {},
@@ -107,101 +115,11 @@ def work_for(sweep: Any, inv: Any, points: list[Any]) -> Work:
     return w
 
 
-# -- models --------------------------------------------------------------------------------------------------
-def check_model_dir(path: Path) -> list[str]:
-    """What a model directory lacks for training: [] when config, tokenizer and weights are there."""
-    missing = []
-    if not (path / "config.json").is_file():
-        missing.append("config.json")
-    if not any((path / f).is_file() for f in TOKENIZER_FILES):
-        missing.append("a tokenizer (tokenizer.json or tokenizer.model + tokenizer_config.json)")
-    if not any(any(path.glob(g)) for g in MODEL_WEIGHTS):
-        missing.append("weights (*.safetensors or *.bin)")
-    return missing
-
-
-def model_cache(models_dir: str | None) -> str | None:
-    """The shared HF hub cache jobs read (HF_HUB_CACHE): the inventory's models_dir, else the environment's."""
-    return models_dir or os.environ.get("HF_HUB_CACHE") or None
-
-
-def resolve_model(source: str, names: list[str], models_dir: str | None) -> tuple[str, Path | None]:
-    """``(status, directory)``: ``ready`` with the local directory, or ``not_visible`` (a path not mounted here).
-
-    Raises InputError, naming the fix, for a local directory that lacks files and for an HF id
-    that is not in the shared model cache.
-    """
-    from harness.spec.catalog import is_local_source
-    from harness.spec.plan import _mount_visible
-
-    names_s = ", ".join(names)
-    if is_local_source(source):
-        path = Path(source).expanduser()
-        if not path.exists():
-            if not _mount_visible(str(path)):
-                return "not_visible", None
-            raise InputError(f"model {names_s}: {path} does not exist; fix model_map: or create it (for a test model: "
-                             f"sbench model tiny -o {path})")
-        missing = check_model_dir(path)
-        if missing:
-            raise InputError(f"model {names_s}: {path} lacks {', '.join(missing)}; copy the full checkpoint there "
-                             "or map the name to a complete directory in model_map:")
-        return "ready", path
-    cache = model_cache(models_dir)
-    try:
-        from huggingface_hub import snapshot_download
-
-        local = snapshot_download(source, cache_dir=cache, local_files_only=True)
-    except Exception:  # noqa: BLE001 - LocalEntryNotFoundError, bad ids, ...
-        where = cache or "the default HF cache"
-        raise InputError(
-            f"model {names_s}: {source} is not in the shared model cache ({where}); fetch it once where the hub "
-            f"is reachable: sbench model fetch {source}{' --cache ' + cache if cache else ''} (or copy the "
-            "checkpoint to a directory and map the name to it in model_map:)") from None
-    path = Path(local)
-    missing = check_model_dir(path)
-    if missing:
-        raise InputError(f"model {names_s}: the cached snapshot {path} of {source} lacks {', '.join(missing)}; "
-                         f"fetch it again: sbench model fetch {source}")
-    return "ready", path
-
-
-def fetch_model(model_id: str, cache: str | None) -> Path:
-    """Download config, tokenizer and weights of an HF id into ``cache`` (the shared model cache)."""
-    from harness.spec.catalog import is_local_source
-
-    if is_local_source(model_id):
-        raise InputError(f"{model_id} is a path, not an HF id; a local directory needs no fetching")
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise InputError(f"cannot fetch {model_id}: HF_HUB_OFFLINE=1 here; run the fetch where the hub is "
-                         "reachable (with the same --cache), or copy the checkpoint and map it in model_map:")
-    from huggingface_hub import snapshot_download
-
-    try:
-        local = snapshot_download(model_id, cache_dir=cache, allow_patterns=[
-            "*.json", "*.safetensors", "*.model", "*.txt", "*.py", "tokenizer*", "*.tiktoken"])
-    except Exception as exc:  # noqa: BLE001 - network errors, gated repos, unknown ids
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise SbenchError(f"cannot fetch {model_id} into {cache or 'the default HF cache'}: {first}. Without "
-                          "hub access, copy the checkpoint to a directory every node can read and map the model "
-                          "name to it in model_map:") from None
-    missing = check_model_dir(Path(local))
-    if missing:
-        raise SbenchError(f"fetched {model_id} into {local}, but it lacks {', '.join(missing)}")
-    return Path(local)
-
-
 # -- running --------------------------------------------------------------------------------------------------
 def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> list[Item]:
     """Make everything in ``work`` ready; returns one item per dataset, model and training input."""
-    from harness.data.datagen import make_dataset
-    from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared
-    from harness.data.tokens import dataset_token_counts, load_tokenizer
-
     items: list[Item] = []
     for version, extras in sorted(work.envs.items()):
-        from harness.data.trainerenv import build
-
         t0 = time.monotonic()
         env, status = build(version, work.envs_root, extras=tuple(sorted(extras)), log=echo)
         pk = (env.manifest or {}).get("trainer_packages") or {}
@@ -259,9 +177,6 @@ def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> lis
 def prepare_sweep(sweep_path: Path, inventory_path: Path | None = None, model_map: Path | None = None,
                   echo: Callable[[str], None] = lambda s: None) -> list[Item]:
     """Load, plan and prepare a sweep here (the login node, or inside the --on slurm job)."""
-    from harness.spec.inventory import load_inventory
-    from harness.spec.plan import load_sweep, plan_sweep
-
     inv = load_inventory(inventory_path)
     sweep = load_sweep(sweep_path, model_map)
     return run_prepare(work_for(sweep, inv, plan_sweep(sweep, inv)), echo)
@@ -271,9 +186,6 @@ def prepare_sweep(sweep_path: Path, inventory_path: Path | None = None, model_ma
 def prepare_script(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
                    out_dir: Path) -> str:
     """The sbatch script of the preparation job: one task on one node of the sweep's partition."""
-    from harness.build.jobspec import scheduling, slurm_extra
-    from harness.build.render import sbatch_directives
-
     part = inv.partition(sweep.partition)
     res: dict[str, Any] = {"job_name": f"sbench.{sweep.campaign}.prepare", "partition": part.slurm_partition,
                            "nodes": 1, "ntasks": 1, "cpus_per_task": max(2, min(PREPARE_CPUS, part.cpus_per_node)),
@@ -296,10 +208,48 @@ def prepare_script(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path 
 def submit_prepare_job(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
                        campaign_dir: Path) -> str:
     """Submit the preparation job; returns its SLURM job id."""
-    from .slurm import ScriptExecutor
-
     logs = campaign_dir / ".slurm"
     logs.mkdir(parents=True, exist_ok=True)
     script = prepare_script(sweep, inv, sweep_path, inventory_path, model_map, logs)
     job = ScriptExecutor(campaign_dir / ".submitit", script).submit_script()
     return str(job.job_id)
+
+
+PREPARE_JOB_FILE = "prepare-job.json"
+
+
+def record_prepare_job(campaign_dir: Path, job_id: str) -> None:
+    campaign_dir.mkdir(parents=True, exist_ok=True)
+    (campaign_dir / PREPARE_JOB_FILE).write_text(json.dumps({"job_id": job_id, "submitted_at": manifest.now_iso()})
+                                                 + "\n")
+
+
+def live_prepare_job(campaign_dir: Path) -> str | None:
+    """The campaign's recorded preparation job when SLURM still has it queued or running."""
+    try:
+        job_id = str(json.loads((campaign_dir / PREPARE_JOB_FILE).read_text())["job_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    state = query_states([job_id]).get(job_id)
+    return job_id if state is not None and not jobstate.is_done(state) else None
+
+
+def failed_prepare_jobs(workdir: Path, campaign: str | None) -> list[str]:
+    """A line for each campaign whose ``--prepare-on slurm`` job did not complete (its arrays were cancelled)."""
+    files = [workdir / campaign / PREPARE_JOB_FILE] if campaign else sorted(workdir.glob(f"*/{PREPARE_JOB_FILE}"))
+    records = []
+    for f in files:
+        try:
+            records.append((f.parent, str(json.loads(f.read_text())["job_id"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if not records or shutil.which("squeue") is None:
+        return []
+    states = query_states([job for _, job in records])
+    out = []
+    for cdir, job in records:
+        st = states.get(job)
+        if st and jobstate.is_done(st) and jobstate.normalise(st) != "COMPLETED":
+            out.append(f"campaign {cdir.name}: prepare job {job} ended {jobstate.normalise(st)}, so its arrays were "
+                       f"cancelled; see {cdir / '.slurm' / f'prepare-{job}.out'}, fix it, then sbench retry {cdir.name}")
+    return out

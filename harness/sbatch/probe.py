@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.contract.errors import InputError, RunnerError
 from harness.contract.paths import package_dir
 from harness.runner.probe import probe_node
 from harness.spec.inventory import Host, Inventory, Partition, gpu_label
@@ -137,8 +138,6 @@ def run_probe(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Pa
               host: str | None = None) -> dict[str, dict[str, Any]]:
     """Probe the partition's hosts: each through SLURM (one task per host), or this machine as *host*."""
     import subprocess
-
-    from harness.contract.errors import InputError, RunnerError
 
     part = inv.partition(partition)
     if not on_slurm:

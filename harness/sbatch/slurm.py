@@ -24,7 +24,7 @@ from harness.build.render import sbatch_directives
 from harness.contract import jobstate
 from harness.contract.errors import SubmitError
 
-from .executors import SubmitOptions, Submitted, register
+from .executors import SubmitOptions, Submitted
 from .manifest import now_iso, write_submitted
 
 
@@ -85,7 +85,6 @@ def group_by_shape(specs: list[JobSpec]) -> list[list[JobSpec]]:
     return list(groups.values())
 
 
-@register("slurm")
 class SlurmBackend:
     name = "slurm"
 

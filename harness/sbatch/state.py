@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.contract.errors import StoreBusyError, SubmitError
+from harness.collect.ingest import collect
+from harness.contract import jobstate
+from harness.contract.errors import SbenchError, StoreBusyError, SubmitError
+from harness.db.store import open_store, run_id_of
+from harness.slurm.sacct import FINAL_STATES
+
+from . import manifest
+from .backends import live_states
 
 
 @dataclass
@@ -42,9 +49,6 @@ class PointHistory:
 def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str]) -> tuple[PointHistory, str | None]:
     """Collect the campaign (incremental: a no-op when nothing changed), then read its attempts and how often
     each point was measured in any campaign."""
-    from harness.collect.ingest import collect
-    from harness.db.store import open_store
-
     try:
         stale = runs_to_refresh(db, workdir, campaign)
         if stale is None or stale:
@@ -68,13 +72,6 @@ def runs_to_refresh(db: Path, workdir: Path, campaign: str) -> list[str] | None:
     """The runs of *campaign* whose state may have moved since the last collect: attempts in the
     manifest the database lacks, and attempts it has not seen end that the scheduler no longer
     reports queued or running. None: no usable database yet (collect everything)."""
-    from harness.contract import jobstate
-    from harness.contract.errors import SbenchError
-    from harness.db.store import open_store, run_id_of
-    from harness.slurm.sacct import FINAL_STATES
-
-    from .control import live_states, manifest_attempts
-
     if not Path(db).is_file():
         return None
     try:
@@ -84,7 +81,7 @@ def runs_to_refresh(db: Path, workdir: Path, campaign: str) -> list[str] | None:
         return None
     out: list[str] = []
     unsettled: list[dict[str, Any]] = []
-    for a in manifest_attempts(workdir, campaign):
+    for a in manifest.attempts(workdir, campaign):
         try:
             rid = run_id_of(campaign, str(a["point_id"]), int(a.get("repeat") or 0), int(a["attempt"]))
         except (KeyError, TypeError, ValueError):
@@ -106,7 +103,6 @@ def record_events(db: Path, events: list[dict[str, Any]]) -> str | None:
     """Record manifest events in the DB; when it is busy, say so - the manifest already has them."""
     if not events:
         return None
-    from harness.db.store import open_store
 
     try:
         with open_store(db) as st:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,13 +10,19 @@ from typing import Any
 from harness import __version__
 from harness.build.jobspec import JobSpec
 from harness.build.render import ClusterFit, cluster_fit, prepare_points, write_files
-from harness.contract.errors import InputError, SweepError
+from harness.contract.errors import InputError, SbenchError, SubmitError, SweepError
 from harness.contract.paths import resolve_db, resolve_workdir
+from harness.data.trainerenv import EnvBuildError, build
+from harness.db.store import open_store
+from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, Sweep, load_sweep, plan_sweep
 
 from . import manifest
-from .executors import SubmitOptions, Submitted, get_backend, resolve_executor
+from .backends import get_backend, resolve_executor
+from .executors import SubmitOptions, Submitted
+from .fabric import run_fabric
+from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
 from .state import PointHistory, campaign_history, record_events
 
 
@@ -212,8 +217,6 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
     ``here`` prepares in this process, unless a preparation job of this campaign (``sbench prepare
     --on slurm``) is still queued or running: then the arrays depend on it. ``slurm`` submits one.
     """
-    from .prepare import run_prepare, submit_prepare_job, work_for
-
     if mode not in PREPARE_MODES:
         raise InputError(f"prepare must be one of {', '.join(PREPARE_MODES)}, got {mode!r}")
     if mode == "no" or not points:
@@ -243,8 +246,6 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
 def build_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint], echo: Callable[[str], None]) -> bool:
     """Build the trainer environments the valid points need and lack, here (the login node reaches the
     package index; compute nodes often do not). Returns whether anything was built."""
-    from harness.data.trainerenv import EnvBuildError, build, envs_root, lookup, needed
-
     root = envs_root(inv)
     built = False
     for version, extras in sorted(needed(sweep.experiment.method, points).items()):
@@ -261,8 +262,6 @@ def build_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint], e
 
 def _check_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint]) -> None:
     """Without preparation, a trainer environment nobody built would fail every job that needs it."""
-    from harness.data.trainerenv import envs_root, lookup, needed
-
     root = envs_root(inv)
     for version, extras in sorted(needed(sweep.experiment.method, points).items()):
         lacks = lookup(version, root).lacking(extras)
@@ -272,39 +271,11 @@ def _check_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint]) 
                              f"{' --extras fms-accel' if extras else ''}), or submit without --no-prepare")
 
 
-PREPARE_JOB_FILE = "prepare-job.json"
-
-
-def record_prepare_job(campaign_dir: Path, job_id: str) -> None:
-    campaign_dir.mkdir(parents=True, exist_ok=True)
-    (campaign_dir / PREPARE_JOB_FILE).write_text(json.dumps({"job_id": job_id, "submitted_at": manifest.now_iso()})
-                                                 + "\n")
-
-
-def live_prepare_job(campaign_dir: Path) -> str | None:
-    """The campaign's recorded preparation job when SLURM still has it queued or running."""
-    from harness.contract import jobstate
-
-    from .slurm import query_states
-
-    try:
-        job_id = str(json.loads((campaign_dir / PREPARE_JOB_FILE).read_text())["job_id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    state = query_states([job_id]).get(job_id)
-    return job_id if state is not None and not jobstate.is_done(state) else None
-
-
 def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db: Path,
                   fabric: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
     """``--preflight``: one fabric job per partition and node count of the sweep's multi-node points,
     before anything is submitted. Refuses (SubmitError) when one fails, or when RoCE points would run
     over Socket. Each fabric run lands in the ``fabric`` table."""
-    from harness.contract.errors import SbenchError, SubmitError
-    from harness.db.store import open_store
-
-    from .fabric import run_fabric
-
     fabric = fabric or run_fabric
     shapes: dict[tuple[str, int], bool] = {}
     for p in points:
@@ -336,7 +307,6 @@ def campaign_record(workdir: Path | None, campaign: str) -> dict[str, Any]:
     for ev in manifest.read(workdir / campaign):
         if ev.get("type") == "campaign":
             return ev
-    from harness.contract.errors import InputError
 
     raise InputError(f"no campaign {campaign!r} under {workdir} (no {workdir / campaign / manifest.MANIFEST})")
 

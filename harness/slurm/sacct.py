@@ -9,8 +9,9 @@ import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from harness.collect.parse import expand_hostlist
 from harness.contract import jobstate
+
+from .hostlist import expand_hostlist
 
 SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,MaxRSS,NodeList,Start,End"
 CHUNK = 200  # ids per sacct call (keeps the command line short)

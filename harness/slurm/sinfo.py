@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from harness.collect.parse import expand_hostlist
+from .hostlist import expand_hostlist
 
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess]
 SINFO_FORMAT = "%N|%c|%m|%G"

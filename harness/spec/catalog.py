@@ -608,3 +608,11 @@ def num_local_experts(config: Mapping[str, Any]) -> int | None:
     if isinstance(text_cfg, Mapping):
         return num_local_experts(text_cfg)
     return None
+
+
+def mount_visible(src: str) -> bool:
+    """Whether this machine sees the file system *src* lives on: its top-level directory exists (a
+    missing model under a visible /shared is a typo; a missing /models may be mounted on compute nodes)."""
+    p = Path(src).expanduser()
+    parts = p.parts
+    return len(parts) < 2 or Path(parts[0], parts[1]).exists()

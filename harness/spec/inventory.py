@@ -16,6 +16,7 @@ from typing import Any
 
 from harness.contract.errors import InventoryError
 
+from .flops import DTYPES
 from .schema import (
     ADDRESS,
     IFNAME,
@@ -227,8 +228,6 @@ def _partition(ck: Checker, name: str, node: Any, parent: Mapping[str, Any]) -> 
 
 def _peak(ck: Any, node: Any, key: str) -> float | dict[str, float] | None:
     """``peak_tflops``: dense TFLOP/s of one device (one CPU worker process on a CPU partition), or per dtype."""
-    from .flops import DTYPES
-
     value = node.get("peak_tflops")
     if value is None or not isinstance(value, dict):
         return ck.number(node, key, "peak_tflops", minimum=1e-9, maximum=MAX_PEAK_TFLOPS)
@@ -389,3 +388,14 @@ def describe(inv: Inventory) -> dict[str, Any]:
             },
         }
     return {"cluster": inv.cluster, "source": inv.source, "partitions": parts, "warnings": list(inv.warnings)}
+
+
+def shared_dir(value: str | None, inv: Any) -> Path | None:
+    """An inventory path (defaults.data_dir / models_dir): absolute, or relative to the inventory file."""
+    if not value:
+        return None
+    p = Path(value).expanduser()
+    if not p.is_absolute():
+        src = Path(inv.source)
+        p = (src.parent / p).resolve() if src.is_file() else p.resolve()
+    return p

@@ -54,6 +54,8 @@ from typing import Any
 
 from harness.contract.defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
 
+from .catalog import model_config, optim_args
+
 RESERVE_GB = 1.0
 # bitsandbytes NF4 with double quantisation: 4 bits per weight, one 8-bit scale per 64-weight block and
 # one fp32 scale per 256 such blocks
@@ -241,8 +243,6 @@ def optimizer_bytes(optim: str, trainable: int, value_bytes: int, s: Shape | Non
     """Optimizer state bytes for *trainable* values of *value_bytes* each; None when unknown. *args*:
     the point's optim_args (SGD with a non-zero momentum keeps one momentum buffer)."""
     if optim == "sgd" and args:
-        from .catalog import optim_args
-
         try:
             momentum = float(optim_args(args).get("momentum", 0))
         except ValueError:
@@ -293,8 +293,6 @@ class MemoryPrediction:
 @lru_cache(maxsize=256)
 def config_for(source: str) -> dict[str, Any] | None:
     """The model's config.json when readable here (a local directory or the HF cache), once per source."""
-    from .catalog import model_config
-
     return model_config(source)
 
 

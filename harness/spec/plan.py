@@ -21,15 +21,33 @@ from harness.contract.errors import CatalogError, InputError, SweepError
 
 from .catalog import (
     EXPERIMENTS,
+    OPTIMIZER_NEEDS,
+    OPTIMIZERS_GONE,
+    VISION_DATASETS,
     Experiment,
     ModelMap,
     get_experiment,
     is_local_source,
     load_model_map,
     model_config,
+    mount_visible,
     num_local_experts,
 )
-from .inventory import Inventory, Partition
+from .envs import (
+    CPU_FSDP_ACCELERATE,
+    FAST_MOE_SINCE,
+    FEATURE_PLUGINS,
+    env_has,
+    env_version,
+    envs_root,
+    features_of,
+    lookup,
+    release_of,
+)
+from .inventory import Inventory, Partition, shared_dir
+from .memory import predict
+from .references import parse_references
+from .resources import cpus_per_task
 from .schema import (
     MAX_LIST,
     NAME,
@@ -107,17 +125,6 @@ class Sweep:
     data_dir_set: bool = False  # the sweep names its data_dir (else the inventory's defaults.data_dir may)
     references: list[Any] = field(default_factory=list)  # harness.references.Reference, in file order
     lines: dict[str, int] = field(default_factory=dict)
-
-
-def shared_dir(value: str | None, inv: Any) -> Path | None:
-    """An inventory path (defaults.data_dir / models_dir): absolute, or relative to the inventory file."""
-    if not value:
-        return None
-    p = Path(value).expanduser()
-    if not p.is_absolute():
-        src = Path(inv.source)
-        p = (src.parent / p).resolve() if src.is_file() else p.resolve()
-    return p
 
 
 def data_dir_for(sweep: Sweep, inv: Any) -> Path:
@@ -283,7 +290,6 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     partition = ck.string(doc, "", "partition")
     if partition is not None:
         ck.name(partition, "partition", doc, "partition", what="partition name")
-    from .references import parse_references
 
     references = parse_references(doc.get("references"), experiment, ck, doc)
     return Sweep(
@@ -376,8 +382,6 @@ def validity_reasons(exp: Experiment, e: Mapping[str, Any], model_cfg: Mapping[s
 
 def _optimizer_reasons(e: Mapping[str, Any], part: Partition, notes: list[str]) -> list[str]:
     """An optimizer the trainer cannot build on this partition is an invalid point, not a failed run."""
-    from .catalog import OPTIMIZER_NEEDS, OPTIMIZERS_GONE
-
     optim = str(e.get("optim") or "adamw_torch")
     if optim in OPTIMIZERS_GONE:
         return [f"placement: optim {optim} is not an optimizer of transformers 5 (the sbench trainer's); use "
@@ -457,20 +461,6 @@ def trainer_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition, inv:
                     notes: list[str]) -> list[str]:
     """Which trainer runs the point, and whether it can: fms-acceleration features exist only in the
     fms-hf-tuning trainer, on CUDA, with the plugin in that release's environment (harness.trainerenv)."""
-    from harness.data.trainerenv import (
-        CPU_FSDP_ACCELERATE,
-        FAST_MOE_SINCE,
-        FEATURE_PLUGINS,
-        env_has,
-        env_version,
-        envs_root,
-        features_of,
-        lookup,
-        release_of,
-    )
-
-    from .catalog import VISION_DATASETS
-
     trainer = str(e.get("trainer") or "sbench")
     version = str(e.get("fms_hf_tuning_version"))
     reasons: list[str] = []
@@ -550,8 +540,6 @@ def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) ->
         unit = "worker processes" if part.is_cpu else "GPUs"
         reasons.append(f"placement: {per_node} {unit} per node requested; partition {part.name!r} has "
                        f"{part.gpus_per_node} per node")
-    from harness.build.jobspec import cpus_per_task  # noqa: PLC0415 - jobspec imports plan
-
     cpus = cpus_per_task(part, per_node)
     if cpus > part.cpus_per_node:
         reasons.append(f"placement: needs {cpus} CPUs per node (at least 2); partition "
@@ -579,14 +567,6 @@ def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) ->
         reasons.append("placement: fsdp_sharding_strategy NO_SHARD has no FSDP v2 equivalent (CPU partitions "
                        "use FSDP v2); use distributed_backend DDP")
     return reasons, notes
-
-
-def _mount_visible(src: str) -> bool:
-    """Whether this machine sees the file system *src* lives on: its top-level directory exists (a
-    missing model under a visible /shared is a typo; a missing /models may be mounted on compute nodes)."""
-    p = Path(src).expanduser()
-    parts = p.parts
-    return len(parts) < 2 or Path(parts[0], parts[1]).exists()
 
 
 def _combos(sweep: Sweep) -> list[tuple[dict[str, Any], dict[str, int]]]:
@@ -643,7 +623,7 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
             preasons.append(f"model: no weights mapped for {entity['model_name']}; add it to model_map:")
         elif is_local_source(src) and not Path(src).expanduser().exists():
             origin = sweep.model_map.origins.get(entity["model_name"], "built-in")
-            if origin != "built-in" and _mount_visible(src):
+            if origin != "built-in" and mount_visible(src):
                 # A path the user wrote: a typo here costs an allocation, so it is an input error.
                 raise SweepError(
                     f"{origin}: model_map.{entity['model_name']} points to {src}, which does not exist; fix the "
@@ -663,8 +643,6 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
         seen.add(pid)
         mem = None
         if memory and not (reasons or preasons):
-            from .memory import predict
-
             if src and src not in cfg_cache:
                 cfg_cache[src] = model_config(src)
             mem = predict(entity, exp.method, cfg_cache.get(src) if src else None, partition,

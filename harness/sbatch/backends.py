@@ -1,0 +1,50 @@
+"""The executor backends by name: ``local`` and ``slurm`` (``auto`` picks one), and what they say about
+attempts right now."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from harness.contract.errors import InputError, SubmitError
+
+from .executors import Backend
+from .local import LocalBackend
+from .slurm import SlurmBackend
+
+BACKENDS: dict[str, Callable[[], Backend]] = {"local": LocalBackend, "slurm": SlurmBackend}
+
+
+def resolve_executor(name: str) -> str:
+    """``auto`` means SLURM when ``sbatch`` is on PATH, else the local executor."""
+    if name == "auto":
+        return "slurm" if shutil.which("sbatch") else "local"
+    if name not in BACKENDS:
+        raise InputError(f"unknown executor {name!r}; use auto, {', '.join(BACKENDS)}")
+    if name == "slurm" and not shutil.which("sbatch"):
+        raise SubmitError("executor slurm: sbatch is not on PATH; run on a SLURM login node or use --executor local")
+    return name
+
+
+def get_backend(name: str) -> Backend:
+    return BACKENDS[resolve_executor(name)]()
+
+
+def live_states(attempts: list[dict[str, Any]]) -> dict[str, str]:
+    """Keyed by job_dir: the scheduler's current word on each attempt."""
+    out: dict[str, str] = {}
+    for executor in ("slurm", "local"):
+        group = [a for a in attempts if a.get("executor") == executor]
+        if not group:
+            continue
+        try:
+            backend = get_backend(executor)
+        except Exception:  # noqa: BLE001 - no sbatch here: the scheduler cannot be asked
+            continue
+        states = backend.live_states(group)
+        for a in group:
+            key = a.get("job_dir") if executor == "local" else str(a.get("job_id"))
+            if key in states:
+                out[a["job_dir"]] = states[key]
+    return out
