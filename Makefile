@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast browser trainer-envs cluster cluster-stop bench clean
+.PHONY: setup demo test test-fast lint browser trainer-envs cluster cluster-stop bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -24,10 +24,17 @@ demo: setup
 	$(BIN)/sbench collect
 	$(BIN)/sbench query "select model_name, number_gpus, batch_size, distributed_backend, round(train_runtime, 2) as runtime_s, round(dataset_tokens_per_second, 1) as dataset_tok_s, round(train_tokens_per_gpu_per_second, 1) as tok_s_per_gpu, round(cpu_compute_utilization, 1) as cpu_pct, is_valid from measurements where campaign = 'demo-cpu' order by number_gpus, batch_size"
 
-## test: system packages, the fms-hf-tuning environment, the real test SLURM cluster, then the whole test suite
-test: setup browser trainer-envs
+## test: the house's shape (layers, no cycles, lint, types), system packages, the fms-hf-tuning environment, the
+## real test SLURM cluster, then the whole test suite
+test: setup lint browser trainer-envs
 	bash tests/cluster/cluster.sh start
 	$(BIN)/pytest -q
+
+## lint: import-linter's contracts (pyproject.toml: layers, the runner's limits, no cycles), ruff and mypy
+lint: setup
+	$(BIN)/lint-imports
+	$(BIN)/ruff check harness tests bench
+	$(BIN)/mypy
 
 ## trainer-envs: the fms-hf-tuning release the tests run, in its own environment (built once; cached in
 ## ~/.cache/sbench/envs or $$SBENCH_ENVS_DIR, so later runs find it ready)
