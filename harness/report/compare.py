@@ -26,7 +26,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.contract.errors import InputError
+from harness.db.store import Store
 from harness.spec.schema import is_name
+
+from .queries import compare_side
 
 # metric -> True when higher is better
 METRICS: dict[str, bool] = {
@@ -129,10 +132,10 @@ def compare(base: dict[str, list[dict[str, Any]]], cand: dict[str, list[dict[str
     return out
 
 
-def compare_in(store: Any, base: str, cand: str, metrics: list[str], threshold: float) -> list[Row]:
+def compare_in(store: Store, base: str, cand: str, metrics: list[str], threshold: float) -> list[Row]:
     """:func:`compare` of two sides (campaign names or run filters) read from an open results store."""
     sides = [parse_side(base), parse_side(cand)]
-    b, c = (store.compare_side(camp, filters) for camp, filters in sides)
+    b, c = (compare_side(store, camp, filters) for camp, filters in sides)
     for name, text, side in (("BASE", base, b), ("CAND", cand, c)):
         if not side:
             raise InputError(f"{name} {text!r}: no valid measurements match")

@@ -30,6 +30,7 @@ from harness.contract.errors import InputError, SbenchError
 from harness.db.store import Store, open_store
 from harness.spec.catalog import EXPERIMENTS
 
+from . import queries
 from .compare import compare_in
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7",
@@ -88,27 +89,27 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
                      now: _dt.datetime | None = None) -> ReportData:
     """Everything the page shows, from an open (read-only) store."""
     known = store.campaign_names()
-    if store.run_total() == 0 and not known:
+    if queries.run_total(store) == 0 and not known:
         raise ReportError(f"{store.path} has no runs: nothing to report. Run `sbench collect` first "
                           f"(or pass --db with another results database).")
     if campaign is not None and campaign not in known:
         raise InputError(f"--campaign {campaign!r}: not in {store.path}; campaigns there: {', '.join(known)}")
-    measurements = store.report_measurements(campaign)
+    measurements = queries.measurement_rows(store, campaign)
     for m in measurements:
         m["method"] = method_of(m["experiment"])
     per_run: dict[str, dict[str, float]] = {}
-    for s in store.stage_seconds(campaign):
+    for s in queries.stage_seconds(store, campaign):
         name = f"{s['stage']} (unfinished)" if s["unfinished"] else s["stage"]
         per_run.setdefault(s["run_id"], {})[name] = max(float(s["seconds"]), 0.0)
     stage_runs = [dict(r, method=method_of(r["experiment"]), stages=per_run[r["run_id"]])
-                  for r in store.report_runs(campaign) if r["run_id"] in per_run]
+                  for r in queries.run_rows(store, campaign) if r["run_id"] in per_run]
     data = ReportData(db=str(store.path), generated_at=now or _dt.datetime.now(_dt.timezone.utc),
-                      campaign=campaign, campaigns=store.campaign_rows(campaign),
-                      outcomes=store.outcome_counts(campaign), measurements=measurements,
-                      stage_runs=stage_runs, gpu_samples=store.gpu_sample_count(campaign))
+                      campaign=campaign, campaigns=queries.campaign_rows(store, campaign),
+                      outcomes=queries.outcome_counts(store, campaign), measurements=measurements,
+                      stage_runs=stage_runs, gpu_samples=queries.gpu_sample_count(store, campaign))
     _load_run(store, data, campaign, run_id)
-    data.fabric = store.fabric_rows()
-    data.overhead = store.overhead_rows(campaign)
+    data.fabric = queries.fabric_rows(store)
+    data.overhead = queries.overhead_rows(store, campaign)
     data.checks = {c: store.check_results(c) for c in sorted(store.references_of()) if campaign in (None, c)}
     return data
 
@@ -123,22 +124,22 @@ def load_compare(store: Store, base: str, cand: str, threshold: float,
 def _load_run(store: Store, data: ReportData, campaign: str | None, run_id: str | None) -> None:
     """Pick the run of the utilisation panels and load its samples, averaged into time buckets."""
     if run_id is not None:
-        row = store.report_run(run_id)
+        row = queries.utilisation_run(store, run_id)
         if row is None:
-            some = store.some_run_ids(3)
+            some = queries.some_run_ids(store, 3)
             raise InputError(f"--run {run_id!r}: no such run in {store.path}; run ids look like "
                              f"{', '.join(some)} (list them: sbench query \"SELECT run_id FROM runs\")")
         choice = "chosen with --run"
     else:
-        row = store.report_run(campaign=campaign, pick="longest_ok")
+        row = queries.utilisation_run(store, campaign=campaign, pick="longest_ok")
         choice = "the longest ok run; pick another with --run RUN_ID"
         if row is None:  # no ok run: the one with the most samples, if any has samples
-            row = store.report_run(campaign=campaign, pick="most_samples")
+            row = queries.utilisation_run(store, campaign=campaign, pick="most_samples")
             choice = "no ok run: the run with the most samples; pick another with --run RUN_ID"
     if row is None:
         return
     data.run, data.run_choice = row, choice
-    data.traces = store.run_traces(row["run_id"], MAX_TRACE_POINTS)
+    data.traces = queries.run_traces(store, row["run_id"], MAX_TRACE_POINTS)
     offsets = [t["offset"] for t in data.traces if t["offset"] is not None]
     data.run_offset = sum(offsets) / len(offsets) if offsets else None
 

@@ -1,0 +1,168 @@
+"""The report's SQL: what the page and ``sbench compare`` read from the results database.
+
+Each function takes an open :class:`~harness.db.store.Store` (read-only is enough) and returns plain
+rows (dicts) or counts. With *campaign*, a query keeps that campaign's rows; without, every campaign's.
+The store owns the schema and the connection; the questions only the report asks live here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness.contract.errors import InputError
+from harness.db.store import SCHEMA, Store, q
+
+
+def _scope(column: str, campaign: str | None, word: str = "WHERE") -> tuple[str, list[Any]]:
+    """The SQL that keeps *campaign*'s rows (``WHERE column = ?`` or ``AND ...``), and its parameters."""
+    return (f" {word} {column} = ?", [campaign]) if campaign else ("", [])
+
+
+def run_total(store: Store) -> int:
+    return int(store.con.execute("SELECT count(*) FROM runs").fetchall()[0][0])
+
+
+def campaign_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+    where, params = _scope("campaign", campaign)
+    return store.fetch_dicts(f"SELECT * FROM campaigns{where} ORDER BY campaign", params)
+
+
+def outcome_counts(store: Store, campaign: str | None = None) -> dict[str, int]:
+    where, params = _scope("campaign", campaign)
+    return {r["o"]: int(r["n"]) for r in store.fetch_dicts(
+        f"SELECT coalesce(outcome, 'pending') AS o, count(*) AS n FROM runs{where} GROUP BY 1", params)}
+
+
+def measurement_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+    """Every measurements row, with its run's reason, in the report's order."""
+    where, params = _scope("m.campaign", campaign)
+    return store.fetch_dicts(
+        f"""SELECT m.*, r.reason AS run_reason FROM measurements m JOIN runs r USING (run_id){where}
+            ORDER BY m.model_name, m.experiment, m.number_gpus, m.batch_size, m.ended_at, m.run_id""", params)
+
+
+def run_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+    """Every run with its point's labels, in the stage chart's order."""
+    where, params = _scope("r.campaign", campaign)
+    return store.fetch_dicts(
+        f"""SELECT r.run_id, r.campaign, r.point_id, r.repeat, r.attempt, r.experiment, r.outcome, r.reason,
+                   r.elapsed_s, p.model_name, p.batch_size, p.number_gpus
+            FROM runs r LEFT JOIN points p USING (point_id){where}
+            ORDER BY p.model_name, r.experiment, p.number_gpus, p.batch_size, r.repeat, r.attempt, r.run_id""",
+        params)
+
+
+def stage_seconds(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+    """Per run and stage: the slowest host/rank, summed over trials. A stage that started and never
+    ended (the run died in it) counts until that host's last sample and is marked unfinished."""
+    where, params = _scope("r.campaign", campaign)
+    return store.fetch_dicts(
+        f"""WITH last AS (SELECT run_id, host, max(t_wall) AS t FROM samples GROUP BY ALL),
+                 per_trial AS (
+                     SELECT s.run_id, s.stage, s.trial,
+                            max(coalesce(s.duration_s, CASE WHEN s.end_wall IS NULL THEN l.t - s.start_wall END))
+                                AS seconds,
+                            bool_or(s.duration_s IS NULL) AS unfinished
+                     FROM stages s JOIN runs r USING (run_id) LEFT JOIN last l USING (run_id, host){where}
+                     GROUP BY ALL)
+            SELECT run_id, stage, sum(seconds) AS seconds, bool_or(unfinished) AS unfinished
+            FROM per_trial GROUP BY ALL HAVING sum(seconds) IS NOT NULL""", params)
+
+
+def gpu_sample_count(store: Store, campaign: str | None = None) -> int:
+    where, params = _scope("r.campaign", campaign, "AND")
+    return int(store.con.execute("SELECT count(*) FROM samples s JOIN runs r USING (run_id) "
+                                 f"WHERE s.kind = 'gpu'{where}", params).fetchall()[0][0])
+
+
+_UTILISATION_RUN = (
+    "SELECT r.run_id, r.campaign, r.experiment, r.outcome, r.reason, r.elapsed_s, r.train_start_wall, "
+    "r.train_end_wall, r.warmup_end_wall, r.sample_rows, p.model_name, p.batch_size, p.number_gpus, "
+    "m.window_start_wall, m.window_end_wall "
+    "FROM runs r LEFT JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id)")
+
+
+def utilisation_run(store: Store, run_id: str | None = None, *, campaign: str | None = None,
+                    pick: str = "longest_ok") -> dict[str, Any] | None:
+    """One run for the utilisation panels: *run_id*; else the longest ok run (``longest_ok``) or the
+    run with the most samples (``most_samples``), in *campaign* if given."""
+    if run_id is not None:
+        rows = store.fetch_dicts(f"{_UTILISATION_RUN} WHERE r.run_id = ?", [run_id])
+    else:
+        extra, params = _scope("r.campaign", campaign, "AND")
+        if pick == "longest_ok":
+            length = ("coalesce(r.elapsed_s, epoch(r.ended_at) - epoch(r.started_at), "
+                      "r.train_end_wall - r.train_start_wall)")
+            sql = f"{_UTILISATION_RUN} WHERE r.outcome = 'ok'{extra} ORDER BY {length} DESC NULLS LAST, r.run_id"
+        else:
+            sql = f"{_UTILISATION_RUN} WHERE r.sample_rows > 0{extra} ORDER BY r.sample_rows DESC, r.run_id"
+        rows = store.fetch_dicts(sql + " LIMIT 1", params)
+    return rows[0] if rows else None
+
+
+def some_run_ids(store: Store, n: int) -> list[str]:
+    return [r[0] for r in store.con.execute("SELECT run_id FROM runs ORDER BY run_id LIMIT ?", [n]).fetchall()]
+
+
+def run_traces(store: Store, run_id: str, buckets: int) -> list[dict[str, Any]]:
+    """A run's samples averaged into at most *buckets* time buckets per host, kind and device."""
+    return store.fetch_dicts(
+        """WITH s AS (
+               SELECT host, kind, device, t_wall, gpu_util, cpu_pct, rss_mb,
+                      100.0 * mem_used_mb / nullif(mem_total_mb, 0) AS gpu_mem_pct,
+                      coalesce(t_rel, t_wall - min(t_wall) OVER ()) AS x
+               FROM samples WHERE run_id = ?),
+           span AS (SELECT min(x) AS lo, greatest(max(x) - min(x), 1e-9) AS width FROM s)
+           SELECT host, kind, device, avg(x) AS x, avg(t_wall - x) AS offset, avg(gpu_util) AS gpu_util,
+                  avg(gpu_mem_pct) AS gpu_mem_pct, avg(cpu_pct) AS cpu_pct, max(rss_mb) AS rss_mb
+           FROM s, span
+           GROUP BY host, kind, device, least(floor((x - lo) / width * ?), ? - 1)
+           ORDER BY host, kind, device, x""", [run_id, buckets, buckets])
+
+
+def fabric_rows(store: Store, last: int = 20) -> list[dict[str, Any]]:
+    """The rows of the *last* fabric runs that measured something, oldest run first."""
+    return store.fetch_dicts(
+        """SELECT * FROM fabric WHERE fabric_id IN (
+               SELECT fabric_id FROM fabric WHERE bytes IS NOT NULL GROUP BY fabric_id
+               ORDER BY max(measured_at) DESC LIMIT ?)
+           ORDER BY fabric_id, op, bytes""", [last])
+
+
+def overhead_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+    """``run_overhead`` rows with the run's labels, most time outside training first."""
+    sql = """SELECT o.*, r.campaign, r.point_id, r.repeat, r.attempt, r.outcome, p.model_name, p.number_gpus,
+                    p.batch_size
+             FROM run_overhead o JOIN runs r USING (run_id) LEFT JOIN points p USING (point_id)"""
+    params = [campaign] if campaign else []
+    return store.fetch_dicts(sql + (" WHERE r.campaign = ?" if campaign else "")
+                             + " ORDER BY o.outside_train_s DESC NULLS LAST, o.run_id, o.host", params)
+
+
+def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str]) -> dict[str, list[dict[str, Any]]]:
+    """Valid measurements of ok runs selected by *campaign* and *filters*, by point_id (``sbench compare``).
+
+    A filter names a column of ``measurements`` (the entity fields, ``experiment``...) or of
+    ``environment`` (``git_commit``, ``torch``, ...: any host of the run matches)."""
+    env_cols = {c for c, t in SCHEMA["environment"] if t == "VARCHAR" and c != "run_id"}
+    m_cols = {c for c, _ in SCHEMA["measurements"]}
+    where, params = ["m.is_valid", "r.outcome = 'ok'"], []
+    if campaign is not None:
+        where.append("r.campaign = ?")
+        params.append(campaign)
+    for key, value in filters.items():
+        if key in env_cols:
+            where.append(f"EXISTS (SELECT 1 FROM environment e WHERE e.run_id = m.run_id AND e.{q(key)} = ?)")
+        elif key in m_cols:
+            where.append(f"CAST(m.{q(key)} AS VARCHAR) = ?")
+        else:
+            raise InputError(f"compare: unknown filter {key!r}; use campaign, a point field (model_name, "
+                             f"number_gpus, ...) or an environment column ({', '.join(sorted(env_cols))})")
+        params.append(value)
+    rows = store.fetch_dicts(f"SELECT m.* FROM measurements m JOIN runs r USING (run_id) WHERE {' AND '.join(where)} "
+                             "ORDER BY m.point_id, m.ended_at, m.run_id", params)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(r["point_id"], []).append(r)
+    return out
