@@ -408,7 +408,7 @@ def test_help_has_an_example_and_dash_writes_to_stdout(cli, gpu_db, weird_tmp_pa
 
 # -- the chart functions -----------------------------------------------------------------------------------
 def test_line_chart_scales_log2_and_pins_missing_values_to_the_top():
-    from harness.report.page import Series, line_chart
+    from harness.report.charts import Series, line_chart
 
     svg = line_chart([Series("a", [(1, 0.0, "lo"), (16, 50.0, "hi")], "#123456"),
                       Series("oom", [(32, None, "boom")], "#d62728", marker="x", line=False, css="oom")],
@@ -427,7 +427,7 @@ def test_line_chart_scales_log2_and_pins_missing_values_to_the_top():
 
 
 def test_empty_charts_are_no_data_panels():
-    from harness.report.page import bar_chart, line_chart
+    from harness.report.charts import bar_chart, line_chart
 
     assert line_chart([], x_label="x", y_label="y", empty="nothing here") == (
         '<div class="nodata">No data: nothing here</div>')

@@ -1,0 +1,206 @@
+"""SVG chart primitives for the report: a line/scatter chart and a horizontal stacked bar chart.
+
+Pure functions from series to SVG text, with the small helpers they share (escaping, short numbers,
+round ticks, the no-data panel). They know nothing of sbench: colours, labels and tooltips come from
+the caller (harness.report.sections).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Series:
+    """One legend entry. ``points`` are (x, y, tooltip); y None is drawn pinned to the top edge."""
+
+    name: str
+    points: list[tuple[float, float | None, str]]
+    color: str
+    marker: str = "o"  # "o" circle, "x" cross, "" none
+    line: bool = True  # through the mean y at each x, in x order
+    css: str = "pt"  # class of each marker
+    dash: str = ""
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def fmt(v: float | None) -> str:
+    """A short human number: 1.23M, 45.6k, 12, 0.5."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:.3g}M"
+    if a >= 1e4:
+        return f"{v / 1e3:.3g}k"
+    if a >= 100 or float(v).is_integer():
+        return str(int(round(v)))
+    return f"{v:.3g}"
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5) -> tuple[list[float], float, float]:
+    """About *n* round ticks covering [lo, hi], and the widened domain they span."""
+    if not hi > lo:
+        lo, hi = (lo - 1, hi + 1) if lo != 0 else (0.0, 1.0)
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw * 0.999)
+    first, last = math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step
+    count = int(round((last - first) / step))
+    return [first + i * step for i in range(count + 1)], first, last
+
+
+def no_data(message: str) -> str:
+    return f'<div class="nodata">No data: {esc(message)}</div>'
+
+
+def _legend(entries: Sequence[tuple[str, str, str, str]], x: float, y: float) -> str:
+    """Entries (name, colour, marker, dash) in a column starting at (x, y)."""
+    out = []
+    for i, (name, color, marker, dash) in enumerate(entries):
+        yy = y + i * 18
+        short = name if len(name) <= 34 else name[:33] + "…"
+        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+        sym = "" if marker == "x" else (f'<line x1="{x}" y1="{yy}" x2="{x + 22}" y2="{yy}" stroke="{color}" '
+                                        f'stroke-width="2"{dash_attr}/>')
+        sym += _marker(marker, x + 11, yy, color, "")
+        out.append(f'<g class="legend-item">{sym}<text x="{x + 28}" y="{yy + 4}"><title>{esc(name)}</title>'
+                   f"{esc(short)}</text></g>")
+    return "".join(out)
+
+
+def _marker(kind: str, cx: float, cy: float, color: str, css: str, tip: str = "") -> str:
+    title = f"<title>{esc(tip)}</title>" if tip else ""
+    cls = f' class="{css}"' if css else ""
+    if kind == "o":
+        return (f'<circle{cls} cx="{cx:.1f}" cy="{cy:.1f}" r="3.6" fill="{color}" stroke="#fff" '
+                f'stroke-width="1">{title}</circle>')
+    if kind == "x":
+        a, b, c, d_ = cx - 4.5, cx + 4.5, cy - 4.5, cy + 4.5
+        d = f"M{a:.1f},{c:.1f}L{b:.1f},{d_:.1f}M{a:.1f},{d_:.1f}L{b:.1f},{c:.1f}"
+        return f'<path{cls} d="{d}" stroke="{color}" stroke-width="2.4" fill="none">{title}</path>'
+    return ""
+
+
+def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, log2_x: bool = False,
+               y_range: tuple[float, float] | None = None, bands: Sequence[tuple[float, float, str, str]] = (),
+               width: int = 660, height: int = 300, empty: str = "nothing to plot") -> str:
+    """An SVG line/scatter chart with axes, ticks, optional shaded x bands (x0, x1, label, colour)
+    and a legend on the right. Markers carry their tooltip as <title>."""
+    pts = [(x, y) for s in series for x, y, _ in s.points]
+    if not pts:
+        return no_data(empty)
+    legend_w = 230
+    ml, mr, mt, mb = 62, legend_w, 14, 46
+    height = max(height, mt + 18 * len(series) + 24)
+    pw, ph = width - ml - mr, height - mt - mb
+    f = (lambda v: math.log2(v)) if log2_x else (lambda v: float(v))
+    fx = [f(x) for x, _ in pts]
+    if log2_x:
+        lo, hi = min(fx) - 0.35, max(fx) + 0.35
+        xticks = [float(2 ** k) for k in range(math.ceil(lo), math.floor(hi) + 1)]
+    else:
+        fx += [v for b in bands for v in b[:2]]
+        xticks, lo, hi = nice_ticks(min(fx), max(fx), 8)
+    ys = [y for _, y in pts if y is not None]
+    if y_range is not None:
+        yticks, ylo, yhi = nice_ticks(*y_range, 5)
+    else:
+        yticks, ylo, yhi = nice_ticks(0.0, max(ys) if ys and max(ys) > 0 else 1.0, 5)
+
+    def sx(v: float) -> float:
+        return ml + (f(v) - lo) / (hi - lo) * pw
+
+    def sy(v: float | None) -> float:
+        return mt + 7 if v is None else mt + ph - (v - ylo) / (yhi - ylo) * ph
+
+    o = [f'<svg class="chart" viewBox="0 0 {width} {height}" '
+         f'width="{width}" height="{height}" role="img" aria-label="{esc(y_label)} vs {esc(x_label)}">']
+    labels = []
+    for i, (x0, x1, label, color) in enumerate(bands):  # later bands on top, labels above all, one per line
+        a, b = max(sx(x0), ml), min(sx(x1), ml + pw)
+        if b > a:
+            o.append(f'<rect class="band" x="{a:.1f}" y="{mt}" width="{b - a:.1f}" height="{ph}" fill="{color}">'
+                     f"<title>{esc(label)}</title></rect>")
+            labels.append(f'<text class="band-label" x="{a + 4:.1f}" y="{mt + 12 + 13 * i}">{esc(label)}</text>')
+    o += labels
+    for t in yticks:
+        y = sy(t)
+        o.append(f'<line class="grid" x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}"/>'
+                 f'<text class="tick" x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{fmt(t)}</text>')
+    for t in xticks:
+        x = sx(t)
+        o.append(f'<line class="tickmark" x1="{x:.1f}" x2="{x:.1f}" y1="{mt + ph}" y2="{mt + ph + 5}"/>'
+                 f'<text class="tick" x="{x:.1f}" y="{mt + ph + 17}" text-anchor="middle">{fmt(t)}</text>')
+    o.append(f'<path class="axis" d="M{ml},{mt}V{mt + ph}H{ml + pw}"/>'
+             f'<text class="label" x="{ml + pw / 2:.1f}" y="{height - 8}" text-anchor="middle">{esc(x_label)}</text>'
+             f'<text class="label" transform="translate(14,{mt + ph / 2:.1f}) rotate(-90)" text-anchor="middle">'
+             f"{esc(y_label)}</text>")
+    for s in series:
+        if s.line and len(s.points) > 1:
+            by_x: dict[float, list[float]] = {}
+            for px, py, _ in s.points:
+                if py is not None:
+                    by_x.setdefault(px, []).append(py)
+            line = " ".join(f"{sx(x):.1f},{sy(sum(v) / len(v)):.1f}" for x, v in sorted(by_x.items()))
+            dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+            o.append(f'<polyline class="trace" data-n="{len(by_x)}" points="{line}" fill="none" '
+                     f'stroke="{s.color}" stroke-width="1.8"{dash}><title>{esc(s.name)}</title></polyline>')
+        o += [_marker(s.marker, sx(x), sy(y), s.color, s.css, tip) for x, y, tip in s.points]
+    o.append(_legend([(s.name, s.color, s.marker, s.dash) for s in series], ml + pw + 18, mt + 8))
+    o.append("</svg>")
+    return "".join(o)
+
+
+def bar_chart(rows: Sequence[tuple[str, Sequence[tuple[str, float]], str]], colors: Mapping[str, str], *,
+              x_label: str, width: int = 1300, bar_h: int = 15, label_w: int = 380,
+              empty: str = "nothing to plot", unit: str = "s") -> str:
+    """Horizontal stacked bars: rows of (label, [(segment, value)], label css class); a legend on top."""
+    rows = [r for r in rows if r[1]]
+    if not rows:
+        return no_data(empty)
+    names = list(dict.fromkeys(n for _, segs, _ in rows for n, _ in segs))
+    mt, mb, mr, gap = 30, 40, 60, 5
+    pw = width - label_w - mr
+    height = mt + len(rows) * (bar_h + gap) + mb
+    ticks, _, hi = nice_ticks(0.0, max(sum(v for _, v in segs) for _, segs, _ in rows) or 1.0, 8)
+
+    def sx(v: float) -> float:
+        return label_w + v / hi * pw
+
+    o = [f'<svg class="chart" viewBox="0 0 {width} {height}" '
+         f'width="{width}" height="{height}" role="img" aria-label="{esc(x_label)}">']
+    x = label_w
+    for n in names:  # legend
+        o.append(f'<rect x="{x}" y="6" width="12" height="12" fill="{colors.get(n, "#999")}"/>'
+                 f'<text x="{x + 16}" y="16">{esc(n)}</text>')
+        x += 28 + 7 * len(n)
+    base = mt + len(rows) * (bar_h + gap)
+    for t in ticks:
+        o.append(f'<line class="grid" x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{mt - 4}" y2="{base}"/>'
+                 f'<text class="tick" x="{sx(t):.1f}" y="{base + 15}" text-anchor="middle">{fmt(t)}</text>')
+    for i, (label, segs, css) in enumerate(rows):
+        y = mt + i * (bar_h + gap)
+        short = label if len(label) <= 62 else label[:61] + "…"
+        o.append(f'<text class="rowlabel {esc(css)}" x="{label_w - 8}" y="{y + bar_h - 3}" text-anchor="end">'
+                 f"<title>{esc(label)}</title>{esc(short)}</text>")
+        acc = 0.0
+        for n, v in segs:
+            w = max(sx(acc + v) - sx(acc), 0.0)
+            o.append(f'<rect class="seg" data-seg="{esc(n)}" x="{sx(acc):.2f}" y="{y}" width="{w:.2f}" '
+                     f'height="{bar_h}" fill="{colors.get(n, "#999")}"><title>{esc(label)}: {esc(n)} '
+                     f"{v:.3g} {esc(unit)}</title></rect>")
+            acc += v
+        o.append(f'<text class="tick" x="{sx(acc) + 4:.1f}" y="{y + bar_h - 3}">{fmt(round(acc, 1))}</text>')
+    o.append(f'<path class="axis" d="M{label_w},{mt - 4}V{base}H{label_w + pw}"/>'
+             f'<text class="label" x="{label_w + pw / 2:.1f}" y="{height - 6}" text-anchor="middle">'
+             f"{esc(x_label)}</text></svg>")
+    return "".join(o)
+
