@@ -20,17 +20,14 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.contract.errors import InputError, SbenchError
-from harness.db.store import Store, open_store
-from harness.spec.catalog import EXPERIMENTS
+from harness.db.store import open_store
 
-from . import queries
 from .charts import Series, bar_chart, esc, fmt, line_chart, nice_ticks, no_data
-from .compare import compare_in
+from .data import ReportData, load_compare, load_report_data, method_of
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7",
            "#17becf", "#8c564b", "#bcbd22", "#7f7f7f")
@@ -39,32 +36,6 @@ STAGE_ORDER = ("setup", "launch", "dataset", "tokens", "model_load", "train", "t
 STAGE_COLORS = {"setup": "#bab0ac", "dataset": "#76b7b2", "tokens": "#59a14f", "model_load": "#edc948",
                 "train": "#4e79a7", "teardown": "#9c755f"}
 MAX_STAGE_BARS = 80  # more bars than this are unreadable; the page says how many were left out
-MAX_TRACE_POINTS = 600  # per series: long runs are averaged into this many time buckets
-
-
-class ReportError(SbenchError):
-    """The database holds nothing to report (exit 1)."""
-
-
-# -- data ----------------------------------------------------------------------------------------------------
-@dataclass
-class ReportData:
-    db: str
-    generated_at: _dt.datetime
-    campaign: str | None
-    campaigns: list[dict[str, Any]]
-    outcomes: dict[str, int]
-    measurements: list[dict[str, Any]]  # every measurement in scope, with ``method`` and ``run_reason``
-    stage_runs: list[dict[str, Any]]  # per run: label fields, ``outcome`` and ``stages`` {stage: seconds}
-    gpu_samples: int  # GPU sample rows in scope (0: no GPU was sampled)
-    run: dict[str, Any] | None = None  # the run of the utilisation panels
-    run_choice: str = ""
-    traces: list[dict[str, Any]] = field(default_factory=list)  # bucketed samples of that run
-    run_offset: float | None = None  # t_wall - x of the traces (to place window bounds)
-    fabric: list[dict[str, Any]] = field(default_factory=list)  # rows of the latest sbench fabric runs
-    overhead: list[dict[str, Any]] = field(default_factory=list)  # run_overhead rows, most outside-train first
-    checks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # campaign -> its checks rows
-    compare: dict[str, Any] | None = None  # base, cand, threshold, rows (harness.compare.Row dicts)
 
 
 @dataclass
@@ -77,70 +48,6 @@ class Report:
         runs = sum(d.outcomes.values())
         return (f"{runs} run(s), {len(d.measurements)} measurement(s)"
                 + (f"; utilisation of {d.run['run_id']}" if d.run else "; no run for the utilisation panels"))
-
-
-def method_of(experiment: str | None) -> str:
-    exp = EXPERIMENTS.get(str(experiment)) if experiment else None
-    return exp.method if exp is not None else str(experiment or "?")
-
-
-def load_report_data(store: Store, campaign: str | None = None, run_id: str | None = None,
-                     now: _dt.datetime | None = None) -> ReportData:
-    """Everything the page shows, from an open (read-only) store."""
-    known = store.campaign_names()
-    if queries.run_total(store) == 0 and not known:
-        raise ReportError(f"{store.path} has no runs: nothing to report. Run `sbench collect` first "
-                          f"(or pass --db with another results database).")
-    if campaign is not None and campaign not in known:
-        raise InputError(f"--campaign {campaign!r}: not in {store.path}; campaigns there: {', '.join(known)}")
-    measurements = queries.measurement_rows(store, campaign)
-    for m in measurements:
-        m["method"] = method_of(m["experiment"])
-    per_run: dict[str, dict[str, float]] = {}
-    for s in queries.stage_seconds(store, campaign):
-        name = f"{s['stage']} (unfinished)" if s["unfinished"] else s["stage"]
-        per_run.setdefault(s["run_id"], {})[name] = max(float(s["seconds"]), 0.0)
-    stage_runs = [dict(r, method=method_of(r["experiment"]), stages=per_run[r["run_id"]])
-                  for r in queries.run_rows(store, campaign) if r["run_id"] in per_run]
-    data = ReportData(db=str(store.path), generated_at=now or _dt.datetime.now(_dt.timezone.utc),
-                      campaign=campaign, campaigns=queries.campaign_rows(store, campaign),
-                      outcomes=queries.outcome_counts(store, campaign), measurements=measurements,
-                      stage_runs=stage_runs, gpu_samples=queries.gpu_sample_count(store, campaign))
-    _load_run(store, data, campaign, run_id)
-    data.fabric = queries.fabric_rows(store)
-    data.overhead = queries.overhead_rows(store, campaign)
-    data.checks = {c: store.check_results(c) for c in sorted(store.references_of()) if campaign in (None, c)}
-    return data
-
-
-def load_compare(store: Store, base: str, cand: str, threshold: float,
-                 metrics: Sequence[str] = ()) -> dict[str, Any]:
-    """The compare section's data: ``sbench compare BASE CAND`` over the same store."""
-    rows = compare_in(store, base, cand, list(metrics), threshold)
-    return {"base": base, "cand": cand, "threshold": threshold, "rows": [r.to_dict() for r in rows]}
-
-
-def _load_run(store: Store, data: ReportData, campaign: str | None, run_id: str | None) -> None:
-    """Pick the run of the utilisation panels and load its samples, averaged into time buckets."""
-    if run_id is not None:
-        row = queries.utilisation_run(store, run_id)
-        if row is None:
-            some = queries.some_run_ids(store, 3)
-            raise InputError(f"--run {run_id!r}: no such run in {store.path}; run ids look like "
-                             f"{', '.join(some)} (list them: sbench query \"SELECT run_id FROM runs\")")
-        choice = "chosen with --run"
-    else:
-        row = queries.utilisation_run(store, campaign=campaign, pick="longest_ok")
-        choice = "the longest ok run; pick another with --run RUN_ID"
-        if row is None:  # no ok run: the one with the most samples, if any has samples
-            row = queries.utilisation_run(store, campaign=campaign, pick="most_samples")
-            choice = "no ok run: the run with the most samples; pick another with --run RUN_ID"
-    if row is None:
-        return
-    data.run, data.run_choice = row, choice
-    data.traces = queries.run_traces(store, row["run_id"], MAX_TRACE_POINTS)
-    offsets = [t["offset"] for t in data.traces if t["offset"] is not None]
-    data.run_offset = sum(offsets) / len(offsets) if offsets else None
 
 
 def build_report(db: str | Path, campaign: str | None = None, run_id: str | None = None,
