@@ -1,0 +1,392 @@
+"""The report's sections: from the loaded data (:mod:`harness.report.data`) to HTML.
+
+Each function turns rows into one section's chart, table or whole ``<section>``; the page
+(:mod:`harness.report.page`) puts them in order. The charts themselves are :mod:`harness.report.charts`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .charts import Series, bar_chart, esc, fmt, line_chart, nice_ticks, no_data
+from .data import ReportData, method_of
+
+PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7",
+           "#17becf", "#8c564b", "#bcbd22", "#7f7f7f")
+OOM_COLOR = "#d62728"  # reserved: no series uses red
+STAGE_ORDER = ("setup", "launch", "dataset", "tokens", "model_load", "train", "teardown")
+STAGE_COLORS = {"setup": "#bab0ac", "dataset": "#76b7b2", "tokens": "#59a14f", "model_load": "#edc948",
+                "train": "#4e79a7", "teardown": "#9c755f"}
+MAX_STAGE_BARS = 80  # more bars than this are unreadable; the page says how many were left out
+
+
+def section(sid: str, title: str, note: str, body: str) -> str:
+    """One ``<section>`` of the page: its anchor, heading, note (HTML) and body."""
+    return f'<section id="{sid}"><h2>{esc(title)}</h2><p class="note">{note}</p>{body}</section>'
+
+
+SeriesKey = tuple[str, str, int, str]  # model, method, number_gpus, trainer
+
+
+def _series_key(m: Mapping[str, Any]) -> SeriesKey:
+    return (str(m.get("model_name") or "?"), str(m.get("method") or "?"), int(m.get("number_gpus") or 0),
+            str(m.get("trainer") or "sbench"))
+
+
+def _series_name(key: SeriesKey, word: str = "GPU") -> str:
+    # The sbench trainer is the default: only the other trainer is named.
+    return f"{key[0]} · {key[1]} · {key[2]} {word}" + (f" · {key[3]}" if key[3] != "sbench" else "")
+
+
+def _is_pow2(v: Any) -> bool:
+    return isinstance(v, int) and v > 0 and v & (v - 1) == 0
+
+
+def metric_chart(measurements: Sequence[Mapping[str, Any]], metric: str, y_label: str, unit: str = "",
+                 y_range: tuple[float, float] | None = None, word: str = "GPU", width: int = 660,
+                 height: int = 300) -> str:
+    """One marker per valid measurement of *metric* vs batch size, lines through the means; OOM crosses.
+    *word* names what ``number_gpus`` counts (GPUs, or worker processes on a CPU-only run)."""
+    colors: dict[SeriesKey, str] = {}
+    groups: dict[SeriesKey, list[tuple[float, float | None, str]]] = {}
+    ooms: list[tuple[float, float | None, str]] = []
+    for m in measurements:
+        if m.get("batch_size") is None:
+            continue
+        key = _series_key(m)
+        name = _series_name(key, word)
+        if m.get("is_valid") is False:
+            ooms.append((m["batch_size"], None, f"OOM / invalid: {name}, batch {m['batch_size']}\n"
+                                              f"run {m['run_id']}\n{m.get('run_reason') or ''}".strip()))
+        elif m.get(metric) is not None:
+            groups.setdefault(key, []).append((m["batch_size"], float(m[metric]),
+                                               f"{name}, batch {m['batch_size']}: {fmt(m[metric])}{unit}\n"
+                                               f"run {m['run_id']}"))
+    for i, key in enumerate(sorted({*groups})):
+        colors[key] = PALETTE[i % len(PALETTE)]
+    series = [Series(_series_name(k, word), pts, colors[k], dash="" if i < len(PALETTE) else "5,3")
+              for i, (k, pts) in enumerate(sorted(groups.items()))]
+    if ooms:
+        series.append(Series("OOM (invalid run)", ooms, OOM_COLOR, marker="x", line=False, css="oom"))
+    xs = [x for s in series for x, _, _ in s.points]
+    log2 = bool(xs) and all(map(_is_pow2, xs))
+    return line_chart(series, x_label="batch size" + (" (log2 scale)" if log2 else ""), y_label=y_label,
+                      log2_x=log2, y_range=y_range, width=width, height=height,
+                      empty=f"no measurement with {metric} and a batch size in this selection")
+
+
+def _lighter(color: str, keep: float = 0.45) -> str:
+    rgb = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(255 - (255 - c) * keep):02x}" for c in rgb)
+
+
+def stage_chart(stage_runs: Sequence[Mapping[str, Any]], word: str = "GPU") -> tuple[str, str]:
+    seen = {s for r in stage_runs for s in r["stages"]}
+    bases = list(dict.fromkeys([*STAGE_ORDER, *sorted({s.removesuffix(" (unfinished)") for s in seen})]))
+    colors = dict(STAGE_COLORS)
+    colors.update({n: PALETTE[(i + 3) % len(PALETTE)] for i, n in enumerate(n for n in bases if n not in colors)})
+    names = [n for b in bases for n in (b, f"{b} (unfinished)")]
+    colors.update({f"{b} (unfinished)": _lighter(colors[b]) for b in bases})
+    rows = []
+    for r in stage_runs[:MAX_STAGE_BARS]:
+        tag = {"invalid": "OOM ", "failed": "FAILED ", None: "PENDING "}.get(r["outcome"], "")
+        label = (f"{tag}{r['model_name'] or '?'} · {r['method']} · {r['number_gpus']} {word} · bs {r['batch_size']}"
+                 f" · {str(r['point_id'])[:8]}.r{r['repeat']}a{r['attempt']}")
+        segs = [(n, r["stages"][n]) for n in names if n in r["stages"]]
+        rows.append((label, segs, r["outcome"] or "pending"))
+    note = (f"Showing the first {MAX_STAGE_BARS} of {len(stage_runs)} runs; narrow with --campaign."
+            if len(stage_runs) > MAX_STAGE_BARS else "")
+    return bar_chart(rows, colors, x_label="seconds (per stage: the slowest host/rank, summed over trials)",
+                     empty="no stage timings recorded for these runs"), note
+
+
+def run_bands(run: Mapping[str, Any], offset: float) -> list[tuple[float, float, str, str]]:
+    """The measured window (the measurement's, else training) and the warm-up, on the traces' x axis."""
+    bands = []
+    t0, t1, warm = run.get("train_start_wall"), run.get("train_end_wall"), run.get("warmup_end_wall")
+    w0 = run.get("window_start_wall") or t0
+    w1 = run.get("window_end_wall") or t1
+    if w0 is not None and w1 is not None and w1 > w0:
+        bands.append((w0 - offset, w1 - offset, "measured window", "#dcefd9"))
+    if t0 is not None and warm is not None and warm > t0:
+        bands.append((t0 - offset, warm - offset, "warm-up", "#f1dcb0"))
+    return bands
+
+
+def utilisation_charts(data: ReportData) -> str:
+    run = data.run
+    if run is None:
+        return no_data("no run with samples in this selection")
+    if not data.traces:
+        return no_data(f"run {run['run_id']} has no samples")
+    bands = run_bands(run, data.run_offset or 0.0)
+    out = []
+    for kind, metric, title, _unit, y_range in (
+            ("gpu", "gpu_util", "GPU utilisation (%)", "%", (0.0, 100.0)),
+            ("gpu", "gpu_mem_pct", "GPU memory used (% of device)", "%", (0.0, 100.0)),
+            ("proc", "cpu_pct", "process CPU (%; 100 = one core)", "%", None)):
+        keys = sorted({(t["host"], t["device"]) for t in data.traces if t["kind"] == kind})
+        series = []
+        for i, (host, dev) in enumerate(keys):
+            name = f"{host} gpu{dev}" if kind == "gpu" else f"{host} process tree"
+            pts = [(t["x"], t[metric], "") for t in data.traces
+                   if t["kind"] == kind and (t["host"], t["device"]) == (host, dev) and t[metric] is not None]
+            if pts:
+                series.append(Series(name, pts, PALETTE[i % len(PALETTE)], marker="",
+                                     dash="" if i < len(PALETTE) else "5,3"))
+        empty = ("no GPU samples for this run (no GPU was sampled)" if kind == "gpu"
+                 else "no process samples for this run")
+        out.append(f'<div class="panel"><h3>{esc(title)}</h3>'
+                   + line_chart(series, x_label="seconds since training start", y_label=title, y_range=y_range,
+                                bands=bands, width=1300, height=240, empty=empty) + "</div>")
+    return "".join(out)
+
+
+TABLE_COLUMNS = (  # (header, key, format)
+    ("model", "model_name", str), ("method", "method", str), ("GPUs", "number_gpus", str),
+    ("nodes", "number_nodes", str), ("batch", "batch_size", str), ("max len", "model_max_length", str),
+    ("valid", "is_valid", lambda v: "yes" if v else "OOM"), ("dataset tok/s", "dataset_tokens_per_second", fmt),
+    ("dataset tok/s per GPU", "dataset_tokens_per_second_per_gpu", fmt),
+    ("train tok/s", "train_tokens_per_second", fmt), ("GPU util avg %", "gpu_compute_utilization_avg", fmt),
+    ("GPU mem peak %", "gpu_memory_utilization_peak", fmt), ("CPU %", "cpu_compute_utilization", fmt),
+    ("CPU mem %", "cpu_memory_utilization", fmt), ("runtime s", "train_runtime", fmt),
+    ("# meas.", "n", str), ("latest run", "run_id", str),
+)
+
+
+def latest_table(measurements: Sequence[Mapping[str, Any]]) -> str:
+    """The latest measurement of each point (valid or not), with how many the point has."""
+    latest: dict[str, dict[str, Any]] = {}
+    counts: dict[str, int] = {}
+    epoch = _dt.datetime.min
+    for m in measurements:
+        pid = m["point_id"]
+        counts[pid] = counts.get(pid, 0) + 1
+        cur = latest.get(pid)
+        if cur is None or ((m["ended_at"] or epoch), m["run_id"]) > ((cur["ended_at"] or epoch), cur["run_id"]):
+            latest[pid] = dict(m)
+    if not latest:
+        return no_data("no measurements in this selection")
+    rows = sorted(latest.values(), key=lambda m: (_series_key(m), m.get("batch_size") or 0, m["run_id"]))
+    head = "".join(f"<th>{esc(h)}</th>" for h, _, _ in TABLE_COLUMNS)
+    body = []
+    for m in rows:
+        m["n"] = counts[m["point_id"]]
+        cells = "".join(f"<td>{esc('' if m.get(k) is None and k != 'is_valid' else fn(m.get(k)))}</td>"
+                        for _, k, fn in TABLE_COLUMNS)
+        body.append(f'<tr class="{"ok" if m.get("is_valid") else "oom"}">{cells}</tr>')
+    return f'<table class="latest"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def utilisation_note(data: ReportData, word: str) -> str:
+    run = data.run
+    if run is None:
+        return ""
+    shaded = [b[2] for b in run_bands(run, 0.0)]
+    return (f"Run <code>{esc(run['run_id'])}</code> ({esc(run.get('model_name') or '?')}, "
+            f"{esc(method_of(run.get('experiment')))}, {run.get('number_gpus')} {word}, batch "
+            f"{run.get('batch_size')}, outcome {esc(run.get('outcome') or 'pending')}): {esc(data.run_choice)}."
+            + (" Shaded in green: the measured window the properties are averaged over." if "measured window"
+               in shaded else "")
+            + (" In sand: the warm-up." if "warm-up" in shaded else ""))
+
+
+def fabric_charts(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Bus bandwidth vs message size, one panel per collective, one line per fabric run."""
+    if not rows:
+        return no_data("no fabric run yet: sbench fabric -i INVENTORY --partition P --nodes N")
+    runs = sorted({r["fabric_id"] for r in rows})
+    colors = {f: PALETTE[i % len(PALETTE)] for i, f in enumerate(runs)}
+    panels = []
+    for op in ("all_reduce", "all_gather"):
+        series = []
+        for f in runs:
+            pts = [(float(r["bytes"]), r["busbw_gbps"],
+                    f"{f}: {op} {int(r['bytes'])} B, {r['time_us']:.1f} us, busbw {r['busbw_gbps']:.3f} GB/s")
+                   for r in rows if r["fabric_id"] == f and r["op"] == op and r.get("bytes") and r.get("busbw_gbps")]
+            if pts:
+                first = next(r for r in rows if r["fabric_id"] == f)
+                tr = first.get("transport_by_host")
+                tr = json.loads(tr) if isinstance(tr, str) else (tr or {})
+                kinds = ",".join(sorted({t for t in tr.values() if t})) or first.get("backend") or "?"
+                series.append(Series(f"{first['partition']} x{first['nodes']} ({kinds}) {f[:15]}", pts, colors[f]))
+        panels.append(f'<div class="panel"><h3>{op.replace("_", "-")} bus bandwidth</h3>'
+                      + line_chart(series, x_label="message size (bytes, log2)", y_label="busbw (GB/s)", log2_x=True,
+                                   empty=f"no {op} rows") + "</div>")
+    return '<div class="row">' + "".join(panels) + "</div>"
+
+
+OVERHEAD_ROWS = 20
+
+
+def overhead_table(rows: Sequence[Mapping[str, Any]], word: str = "GPU") -> str:
+    """Per run and host: start-up (first event to first train stage) and time outside training."""
+    if not rows:
+        return no_data("no stage events collected")
+    starts = sorted(r["startup_s"] for r in rows if r.get("startup_s") is not None)
+    in_job = sum(1 for r in rows if r.get("prepared_in_job"))
+    head = (f"<p>{len(rows)} run × host row(s); start-up median {fmt(starts[len(starts) // 2]) if starts else '–'} s, "
+            f"worst {fmt(starts[-1]) if starts else '–'} s"
+            + (f"; <b>{in_job} prepared their data in the job</b> (run sbench prepare before submitting)" if in_job
+               else "") + ".</p>")
+    cols = ["model", f"{word}s", "batch", "rep", "host", "start-up s", "outside train s", "outside train",
+            "prepared in job"]
+    body = "".join(
+        "<tr>" + "".join(f"<td>{esc(v)}</td>" for v in (
+            r.get("model_name"), r.get("number_gpus"), r.get("batch_size"), r.get("repeat"), r.get("host"),
+            fmt(r.get("startup_s")), fmt(r.get("outside_train_s")),
+            "" if r.get("outside_train_fraction") is None else f"{100 * r['outside_train_fraction']:.0f}%",
+            "yes" if r.get("prepared_in_job") else "")) + "</tr>"
+        for r in rows[:OVERHEAD_ROWS])
+    more = f"<p class=\"note\">{len(rows) - OVERHEAD_ROWS} more in the run_overhead view.</p>" \
+        if len(rows) > OVERHEAD_ROWS else ""
+    return (head + "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr></thead><tbody>"
+            + body + "</tbody></table>" + more)
+
+
+VERDICT_COLORS = {"regression": OOM_COLOR, "improvement": "#59a14f", "noise": "#7f7f7f"}
+
+
+def ratio_chart(rows: Sequence[Mapping[str, Any]], threshold: float, width: int = 1100) -> str:
+    """One line per point and metric: the candidate/base ratio of medians, its 95 % interval as a
+    whisker, the ±threshold band shaded and 1.0 marked."""
+    if not rows:
+        return no_data("BASE and CAND share no measured point")
+    lo = min([r["low"] for r in rows] + [1 - threshold]) * 0.97
+    hi = max([r["high"] for r in rows] + [1 + threshold]) * 1.03
+    ticks, lo, hi = nice_ticks(lo, hi)
+    left, right, top, row_h = 330, 30, 26, 22
+    height = top + row_h * len(rows) + 34
+    plot_w = width - left - right
+
+    def sx(v: float) -> float:
+        return left + (v - lo) / (hi - lo) * plot_w if hi > lo else left
+
+    out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">',
+           f'<rect x="{sx(1 - threshold):.1f}" y="{top - 6}" width="{sx(1 + threshold) - sx(1 - threshold):.1f}" '
+           f'height="{row_h * len(rows) + 6}" fill="#eeeeee"/>']
+    for t in ticks:
+        out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top - 6}" y2="{height - 30}" stroke="#ddd"/>'
+                   f'<text x="{sx(t):.1f}" y="{height - 14}" text-anchor="middle" class="tick">{fmt(t)}</text>')
+    out.append(f'<line x1="{sx(1):.1f}" x2="{sx(1):.1f}" y1="{top - 6}" y2="{height - 30}" stroke="#333"/>')
+    for i, r in enumerate(rows):
+        y = top + row_h * i + row_h / 2
+        lab = r.get("labels") or {}
+        name = (f"{lab.get('model_name', '?')} ×{lab.get('number_gpus', '?')} b{lab.get('batch_size', '?')} "
+                f"{r['metric']}")
+        color = VERDICT_COLORS.get(str(r["verdict"]).split(" ")[0], "#7f7f7f")
+        tip = (f"{r['point_id']} {r['metric']}: ratio {r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}], "
+               f"n {r['n_base']}/{r['n_cand']}, {r['verdict']}")
+        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end" class="tick">{esc(name)}</text>'
+                   f'<line x1="{sx(r["low"]):.1f}" x2="{sx(r["high"]):.1f}" y1="{y:.1f}" y2="{y:.1f}" '
+                   f'stroke="{color}" stroke-width="2"/>'
+                   f'<circle cx="{sx(r["ratio"]):.1f}" cy="{y:.1f}" r="4.5" fill="{color}"><title>{esc(tip)}</title>'
+                   "</circle>")
+    out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 1}" text-anchor="middle" class="tick">'
+               "candidate / base (ratio of medians, 95 % bootstrap interval)</text></svg>")
+    return "".join(out)
+
+
+def compare_section(cmp: Mapping[str, Any] | None) -> str:
+    if not cmp:
+        return ""
+    rows = cmp["rows"]
+    n_reg = sum(1 for r in rows if str(r["verdict"]).startswith("regression"))
+    note = (f"BASE {cmp['base']} vs CAND {cmp['cand']}, paired by point; threshold {cmp['threshold']:.0%} "
+            "(shaded). A regression is worse by more than the threshold with an interval that does not reach 1.0. "
+            f"{len(rows)} comparison(s), {n_reg} regression(s).")
+    return section("compare", "Compare", note, f'<div class="wide">{ratio_chart(rows, cmp["threshold"])}</div>')
+
+
+def checks_section(checks: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    if not checks:
+        return ""
+    parts = []
+    for camp, rows in checks.items():
+        n = {s: sum(1 for r in rows if r["status"] == s) for s in ("pass", "fail", "missing")}
+        parts.append(f"<h3>{esc(camp)}: {n['pass']} pass, {n['fail']} fail, {n['missing']} missing</h3>")
+        cols = ["status", "metric", "model", "gpus", "batch", "rep", "value", "reference", "bounds", "reason"]
+        body = "".join(
+            f'<tr class="{"oom" if r["status"] == "fail" else ""}">' + "".join(f"<td>{esc(v)}</td>" for v in (
+                r["status"], r["metric"], r.get("model_name"), r.get("number_gpus"), r.get("batch_size"),
+                r["repeat"], fmt(r["value"]), fmt(r["reference"]),
+                f"{fmt(r['lower_bound']) or '−∞'} … {fmt(r['upper_bound']) or '∞'}", r["reason"] or "")) + "</tr>"
+            for r in rows)
+        parts.append("<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr></thead><tbody>"
+                     + body + "</tbody></table>")
+    return section("checks", "Checks against references",
+                   "Each point's latest attempt against the sweep's references (sbench check exits 1 on a fail).",
+                   '<div class="wide">' + "".join(parts) + "</div>")
+
+
+MEMORY_COLORS = {"parameters": "#4e79a7", "gradients": "#f28e2b", "optimizer state": "#59a14f",
+                 "activations (predicted)": "#bab0ac"}
+
+
+def memory_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
+    """Per point (newest run): rank 0's measured parameter, gradient and optimizer bytes, and the
+    prediction beside it (with its activation estimate)."""
+    latest: dict[str, Mapping[str, Any]] = {}
+    for m in ms:
+        if m.get("params_bytes") is not None or m.get("predicted_total_bytes") is not None:
+            latest[m["point_id"]] = m
+    if not latest:
+        return ""
+    top = max(max(m.get("predicted_total_bytes") or 0, (m.get("params_bytes") or 0) + (m.get("grads_bytes") or 0)
+                  + (m.get("optimizer_bytes") or 0)) for m in latest.values())
+    scale, unit = (1e9, "GB") if top >= 1e9 else (1e6, "MB")
+    rows = []
+    for m in list(latest.values())[:MAX_STAGE_BARS // 2]:
+        label = (f"{m.get('model_name') or '?'} · {m.get('method')} · {m.get('number_gpus')} {word} · "
+                 f"bs {m.get('batch_size')} · {str(m['point_id'])[:8]}")
+        if m.get("params_bytes") is not None:
+            rows.append((f"{label} measured", [(n, (m.get(k) or 0) / scale) for n, k in (
+                ("parameters", "params_bytes"), ("gradients", "grads_bytes"),
+                ("optimizer state", "optimizer_bytes"))], "ok"))
+        if m.get("predicted_total_bytes") is not None:
+            css = "invalid" if m.get("predicted_oom") else "ok"
+            rows.append((f"{label} predicted", [(n, (m.get(k) or 0) / scale) for n, k in (
+                ("parameters", "predicted_params_bytes"), ("gradients", "predicted_grads_bytes"),
+                ("optimizer state", "predicted_optimizer_bytes"),
+                ("activations (predicted)", "predicted_activation_bytes"))], css))
+    chart = bar_chart(rows, MEMORY_COLORS, x_label=f"{unit} per device (rank 0)", unit=unit,
+                      empty="no memory snapshots")
+    measured = [m for m in latest.values() if m.get("activation_bytes")]
+    if measured:
+        def row(m: Mapping[str, Any]) -> str:
+            err = m.get("activation_error")
+            return (f"<tr><td>{esc(str(m['point_id'])[:8])}</td><td>{m['activation_bytes'] / scale:.3g} {unit}</td>"
+                    f"<td>{(m.get('predicted_activation_bytes') or 0) / scale:.3g} {unit}</td>"
+                    f"<td>{'' if err is None else f'{err:+.1%}'}</td></tr>")
+
+        acts = ('<table class="small"><tr><th>point</th><th>activations measured</th><th>predicted</th>'
+                '<th>estimate error</th></tr>' + "".join(row(m) for m in measured) + "</table>")
+    else:
+        acts = ("<p>Activation estimate error: not measurable in these runs (no CUDA allocator figures; "
+                "on CUDA it is the forward pass's growth of allocated memory, compared with the estimate).</p>")
+    return section("memory-breakdown", "Memory breakdown per point",
+                   "Measured: rank 0's parameter, gradient and optimizer-state bytes after its last recorded "
+                   "optimizer step, summed tensor by tensor (the local shard under FSDP, ZeRO's partitions under "
+                   "DeepSpeed; the memory table has every phase). Predicted: harness/memory.py from the model's "
+                   "config.json, with its activation estimate; a red label is a point predicted not to fit.",
+                   f'<div class="wide">{chart}{acts}</div>')
+
+
+def efficiency_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
+    if not any(m.get("model_tflops_per_gpu") is not None for m in ms):
+        return ""
+    has_mfu = any(m.get("mfu") is not None for m in ms)
+    body = ('<div class="row"><div class="panel"><h3>achieved model TFLOP/s per device</h3>'
+            + metric_chart(ms, "model_tflops_per_gpu", "model TFLOP/s per device", word=word)
+            + '</div><div class="panel"><h3>MFU (model FLOPs / peak)</h3>'
+            + (metric_chart(ms, "mfu", "MFU", word=word) if has_mfu else
+               no_data("no peak TFLOP/s known for this hardware: set peak_tflops on the partition"))
+            + "</div></div>")
+    return section("efficiency", "Efficiency: achieved TFLOP/s and MFU",
+                   "Model FLOPs per token from the model config (6·N plus attention; harness/flops.py) × train tokens "
+                   "per second per device. MFU divides by the device's peak dense TFLOP/s for the compute dtype "
+                   "(harness/spec/gpu_peaks.yaml or the inventory's peak_tflops).", body)
+
