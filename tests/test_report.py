@@ -71,7 +71,8 @@ def _samples(t0: float, ticks: int, gpus: int, bs: int, rnd: random.Random, trai
         for d in range(gpus):
             rows.append({"t_wall": t, "t_mono": t - synth.T0 + 5000.0, "kind": "gpu", "device": d,
                          "gpu_util": round(rnd.uniform(70, 98) if training else rnd.uniform(0, 8), 1),
-                         "mem_used_mb": round((mem[0] + mem[1] * per_dev if training else 3000) * rnd.uniform(0.97, 1.0), 1),
+                         "mem_used_mb": round((mem[0] + mem[1] * per_dev if training else 3000)
+                                              * rnd.uniform(0.97, 1.0), 1),
                          "mem_total_mb": DEVICE_MB, "power_w": round(rnd.uniform(250, 390) if training else 70, 1),
                          "power_limit_w": 400.0})
         rows.append({"t_wall": t, "t_mono": t - synth.T0 + 5000.0, "kind": "proc", "device": -1,
@@ -100,8 +101,10 @@ def write_run(workdir: Path, campaign: str, experiment: str, model: str, gpus: i
     stop = tr0 + 6 if outcome == "invalid" else (tr0 + 8 if outcome == "failed" else tr1)
     ev = [synth.stage_event("start", "setup", host, t0), synth.stage_event("end", "setup", host, t0 + 0.6)]
     for r in range(gpus):
-        ev += [synth.stage_event("start", "dataset", host, t0 + 0.6, r), synth.stage_event("end", "dataset", host, t0 + 1.4, r),
-               synth.stage_event("start", "tokens", host, t0 + 1.4, r), synth.stage_event("end", "tokens", host, t0 + 2.2, r),
+        ev += [synth.stage_event("start", "dataset", host, t0 + 0.6, r),
+               synth.stage_event("end", "dataset", host, t0 + 1.4, r),
+               synth.stage_event("start", "tokens", host, t0 + 1.4, r),
+               synth.stage_event("end", "tokens", host, t0 + 2.2, r),
                synth.stage_event("start", "model_load", host, t0 + 2.2, r),
                synth.stage_event("end", "model_load", host, tr0 - 0.1, r),
                synth.stage_event("start", "train", host, tr0, r)]
@@ -110,11 +113,13 @@ def write_run(workdir: Path, campaign: str, experiment: str, model: str, gpus: i
         elif outcome == "invalid":
             ev.append(synth.stage_event("end", "train", host, stop, r, status="error", error="CUDA out of memory"))
     if outcome != "failed":
-        ev += [synth.stage_event("start", "teardown", host, stop + 0.2), synth.stage_event("end", "teardown", host, stop + 0.9)]
+        ev += [synth.stage_event("start", "teardown", host, stop + 0.2),
+               synth.stage_event("end", "teardown", host, stop + 0.9)]
     synth.write_stages(paths, host, ev)
     rows = _samples(t0, int(stop - t0) + 1, gpus if gpu_sampled else 0, bs, rnd, tr0, gpu_memory(model, experiment))
     synth.write_samples(paths, host, rows)
-    synth.write_json(paths.root / f"environment.{host}.json", synth.environment_doc(host, 0, gpus if gpu_sampled else 0))
+    synth.write_json(paths.root / f"environment.{host}.json",
+                     synth.environment_doc(host, 0, gpus if gpu_sampled else 0))
     tps = 900.0 * bs ** 0.7 * (1.6 if experiment == LORA else 1.0) * (0.5 if model.startswith("granite") else 1.0)
     if outcome == "ok":
         res = synth.result_doc(host, 0, t0, tr1 + 1, samples=len(rows))
@@ -270,7 +275,8 @@ def test_throughput_plots_one_marker_per_valid_measurement_and_a_line_per_series
     for name in ("smollm2-135m · lora · 1 GPU", "granite-3b-1.5 · full · 1 GPU", "OOM (invalid run)"):
         assert f"{name}</text>" in svg
     # the tallest marker is the highest throughput (SVG y grows downwards)
-    best = sql(gpu_db[0], "SELECT run_id FROM measurements ORDER BY dataset_tokens_per_second DESC NULLS LAST LIMIT 1")[0][0]
+    best = sql(gpu_db[0], "SELECT run_id FROM measurements "
+                          "ORDER BY dataset_tokens_per_second DESC NULLS LAST LIMIT 1")[0][0]
     pts = re.findall(r'<circle class="pt" cx="[\d.]+" cy="([\d.]+)"[^>]*><title>([^<]*)</title>', svg)
     assert min(pts, key=lambda p: float(p[0]))[1].endswith(best)
 

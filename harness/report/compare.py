@@ -33,10 +33,10 @@ from .queries import compare_side
 
 # metric -> True when higher is better
 METRICS: dict[str, bool] = {
-    "dataset_tokens_per_second": True, "train_tokens_per_second": True, "train_tokens_per_second_exact": True, "train_samples_per_second": True,
-    "train_tokens_per_gpu_per_second": True, "dataset_tokens_per_second_per_gpu": True, "mfu": True,
-    "model_tflops_per_gpu": True, "train_runtime": False, "gpu_memory_utilization_peak": False,
-    "cpu_memory_utilization": False,
+    "dataset_tokens_per_second": True, "train_tokens_per_second": True, "train_tokens_per_second_exact": True,
+    "train_samples_per_second": True, "train_tokens_per_gpu_per_second": True,
+    "dataset_tokens_per_second_per_gpu": True, "mfu": True, "model_tflops_per_gpu": True, "train_runtime": False,
+    "gpu_memory_utilization_peak": False, "cpu_memory_utilization": False,
 }
 DEFAULT_METRICS = ("dataset_tokens_per_second",)
 BOOTSTRAP = 2000
