@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.db.store import entity_values, to_json, utc
+from harness.db.values import entity_values, to_json, utc
 from harness.spec.catalog import EXPERIMENTS
 from harness.spec.flops import run_flops
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract.errors import InputError, SbenchError
+from harness.db.checks import check_results, references_of
 from harness.db.store import Store, open_store
 from harness.spec.catalog import EXPERIMENTS
 
@@ -109,7 +110,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     _load_run(store, data, campaign, run_id)
     data.fabric = store.fabric_rows()
     data.overhead = store.overhead_rows(campaign)
-    data.checks = {c: store.check_results(c) for c in sorted(store.references_of()) if campaign in (None, c)}
+    data.checks = {c: check_results(store, c) for c in sorted(references_of(store)) if campaign in (None, c)}
     return data
 
 
