@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract.paths import JobPaths, job_dir_name
+from harness.spec.catalog import get_experiment
 from harness.spec.plan import point_id as make_point_id
 
 SAMPLE_HEADER = ("t_wall,t_mono,kind,device,gpu_util,mem_used_mb,mem_total_mb,power_w,power_limit_w,cpu_pct,"
@@ -28,8 +29,6 @@ def write_json(path: Path, doc: Any) -> None:
 
 def entity_for(experiment: str = "finetune_lora_benchmark-v1.0.0", **over: Any) -> dict[str, Any]:
     """A fully resolved entity (catalog defaults plus *over*)."""
-    from harness.spec.catalog import get_experiment
-
     exp = get_experiment(experiment)
     base = {"model_name": "smollm2-135m", "model_max_length": 1024, "number_gpus": 2, "batch_size": 8,
             "gpu_model": "NVIDIA-A100-SXM4-80GB", "dataset_id": "news-chars-512-entries-4096",

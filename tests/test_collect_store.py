@@ -127,7 +127,8 @@ def test_malformed_manifest_events(tmp_path):
         with pytest.raises(Exception, match="event 1: attempt line is malformed"):
             record_manifest(st, [{"type": "attempt", "campaign": "x"}])
         problems = record_manifest(st, [{"type": "bogus"}, {"type": "campaign", "campaign": "ok"}], strict=False)
-        assert problems == ["manifest event 1: unknown type 'bogus' (expected campaign, point, attempt, cancel or references)"]
+        assert problems == ["manifest event 1: unknown type 'bogus' (expected campaign, point, attempt, cancel or "
+                            "references)"]
         assert st.con.execute("SELECT campaign FROM campaigns").fetchall() == [("ok",)]
 
 
@@ -257,8 +258,7 @@ def test_staged_columns_hold_what_one_by_one_conversion_makes(tmp_path) -> None:
     import math
 
     from harness.db.schema import SCHEMA
-    from harness.db.staging import stage
-    from harness.db.staging import _column
+    from harness.db.staging import _column, stage
     from harness.db.values import JsonText, to_json
     nasty = [None, True, False, 0, -1, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**63, 2**80, 1.0, 2.5, float("nan"),
              float("inf"), "", "plain", "naïve", "nul\0in", "lone \ud800 surrogate", "3", "1e999", "true",

@@ -251,7 +251,7 @@ def _read(report: CollectReport, manifests: list[Manifest], attempts: Mapping[st
     todo = scheduler.unsettled(attempts.values(), index)
     scheds, report.sacct = scheduler.states(todo, sacct_runner)
     clock.lap("scheduler")
-    changed: list[tuple[Attempt, Sched, Mapping[str, Any]]] = []
+    changed: list[tuple[Attempt, Sched, dict[str, Any]]] = []
     for a, info in todo:
         s = scheds[a.run_id]
         new_state = s.state if s.state is not None else ("GONE" if s.gone else None)

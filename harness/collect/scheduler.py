@@ -65,7 +65,8 @@ def states(todo: list[tuple[Attempt, dict[str, Any]]],
     return out, status
 
 
-def unsettled(attempts: Iterable[Attempt], index: Mapping[str, Mapping[str, Any]]) -> list[tuple[Attempt, dict[str, Any]]]:
+def unsettled(attempts: Iterable[Attempt],
+              index: Mapping[str, Mapping[str, Any]]) -> list[tuple[Attempt, dict[str, Any]]]:
     """The runs whose outcome may have changed since *index* (the runs as recorded): new, files changed, or a
     scheduler state that can still change; each with what is known of its job (executor, job id, state)."""
     todo: list[tuple[Attempt, dict[str, Any]]] = []

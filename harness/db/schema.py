@@ -181,7 +181,8 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
 }
 
 
-PRIMARY_KEYS = {"metadata": ("key",), "probes": ("probe_id", "host"), "campaigns": ("campaign",), "points": ("point_id",),
+PRIMARY_KEYS = {"metadata": ("key",), "probes": ("probe_id", "host"), "campaigns": ("campaign",),
+                "points": ("point_id",),
                 "campaign_points": ("campaign", "point_id", "repeat"), "runs": ("run_id",),
                 "measurements": ("run_id",), "sample_files": ("file_id",)}
 

@@ -40,7 +40,7 @@ def _transpose(names: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> tuple
     if not rows:
         return [[] for _ in names], True
     try:
-        values = list(zip(*map(operator.itemgetter(*names), rows))) if len(names) > 1 else \
+        values: list[Sequence[Any]] = list(zip(*map(operator.itemgetter(*names), rows))) if len(names) > 1 else \
             [[r[names[0]] for r in rows]]
         return values, sum(map(len, rows)) == len(rows) * len(names)
     except KeyError:

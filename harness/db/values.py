@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -85,7 +85,7 @@ def _to_ts(v: Any) -> _dt.datetime | None:
 
 # Python values -> the column's type; anything that does not fit (a runner file with a string where a
 # number belongs) becomes NULL rather than aborting the whole collect.
-COERCE = {"VARCHAR": to_str,
+COERCE: dict[str, Callable[[Any], Any]] = {"VARCHAR": to_str,
            "JSON": lambda v: v if isinstance(v, JsonText) else _json_text(v) if isinstance(v, str) else to_json(v),
            "BIGINT": to_int, "INTEGER": lambda v: to_int(v, "INTEGER"),
            "DOUBLE": to_float, "BOOLEAN": _to_bool, "VARCHAR[]": _to_list, "TIMESTAMP": _to_ts}
