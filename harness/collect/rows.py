@@ -196,7 +196,7 @@ def environment_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
         pk = {**pk, **{k: v for k, v in (tr.get("packages") or {}).items() if v}}
         gpus = as_list(doc.get("gpus"))
         rows.append({
-            "run_id": run_id, "host": h, "machine_rank": doc.get("machine_rank"), "python": _text(doc.get("python")),
+            "run_id": run_id, "host": h, "machine_rank": doc.get("machine_rank"), "python": _text(as_dict(doc.get("python")).get("version")),
             **{k: _text(pk.get(k)) for k in _PACKAGES},
             "nvidia_ml_py": _text(pk.get("nvidia-ml-py") or pk.get("nvidia_ml_py")),
             "sbench_version": doc.get("sbench_version"), "git_commit": doc.get("git_commit"),
