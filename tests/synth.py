@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract.paths import JobPaths, job_dir_name
+from harness.runner.node import TRAINING_KEYS
+from harness.spec.catalog import get_experiment
 from harness.spec.plan import point_id as make_point_id
 
 SAMPLE_HEADER = ("t_wall,t_mono,kind,device,gpu_util,mem_used_mb,mem_total_mb,power_w,power_limit_w,cpu_pct,"
@@ -28,8 +30,6 @@ def write_json(path: Path, doc: Any) -> None:
 
 def entity_for(experiment: str = "finetune_lora_benchmark-v1.0.0", **over: Any) -> dict[str, Any]:
     """A fully resolved entity (catalog defaults plus *over*)."""
-    from harness.spec.catalog import get_experiment
-
     exp = get_experiment(experiment)
     base = {"model_name": "smollm2-135m", "model_max_length": 1024, "number_gpus": 2, "batch_size": 8,
             "gpu_model": "NVIDIA-A100-SXM4-80GB", "dataset_id": "news-chars-512-entries-4096",
@@ -141,7 +141,8 @@ def result_doc(host: str, machine_rank: int, t_start: float, t_end: float, outco
 
 
 def environment_doc(host: str, machine_rank: int, gpus: int) -> dict[str, Any]:
-    return {"host": host, "machine_rank": machine_rank, "python": "3.11.7",
+    return {"host": host, "machine_rank": machine_rank,
+            "python": {"version": "3.11.7", "executable": "/usr/bin/python3", "implementation": "CPython"},
             "packages": {"torch": "2.5.1", "transformers": "5.0.0", "trl": "1.0.0", "peft": "0.17.0",
                          "accelerate": "1.10.0", "datasets": "3.0.0", "submitit": "1.5.2", "duckdb": "2.0.0",
                          "nvidia-ml-py": "12.560.30"},
@@ -207,7 +208,8 @@ def make_run(workdir: Path, campaign: str, index: int, hosts: Sequence[str] = ("
             write_json(paths.rank_result(r), rank_doc(r, host, world, t_train0, t_train1))
         res = result_doc(host, m, t_start, t_train1 + 1, samples=ticks * (gpus_per_host + 1))
         if m == 0:
-            res["training"] = rank_doc(0, host, world, t_train0, t_train1)
+            rank0 = rank_doc(0, host, world, t_train0, t_train1)
+            res["training"] = {k: rank0.get(k) for k in TRAINING_KEYS}
         write_json(paths.result(host), res)
         write_json(paths.root / f"environment.{host}.json", environment_doc(host, m, gpus_per_host))
         paths.train_log(host).write_text(log_text.format(host=host) if log_text is not None

@@ -22,7 +22,7 @@ import pytest
 
 from harness.collect import aggregate, collect
 from harness.contract.paths import JobPaths, job_dir_name
-from harness.db.store import SCHEMA
+from harness.db.schema import SCHEMA
 from harness.spec.plan import point_id as make_point_id
 from tests import synth
 
@@ -49,21 +49,6 @@ class FakeSlurm:
                 lines.append(f"{j}|{state}|{code}|00:10:00||{nodes}|2025-11-22T00:00:00|2025-11-22T00:10:00")
                 lines.append(f"{j}.0|{state}|{code}|00:10:00|2097152K|{nodes}|2025-11-22T00:00:00|2025-11-22T00:10:00")
         return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
-
-
-class SlowSlurm(FakeSlurm):
-    """A sacct that takes a second to answer, noting when it starts and ends in *events*."""
-
-    def __init__(self, jobs: dict[str, tuple[str, str, str]], events: list[tuple[str, float]]) -> None:
-        super().__init__(jobs)
-        self.events = events
-
-    def __call__(self, argv):
-        if argv[0] == "sacct":
-            self.events.append(("sacct", time.monotonic()))
-            time.sleep(1.0)
-            self.events.append(("sacct done", time.monotonic()))
-        return super().__call__(argv)
 
 
 def write_attempt(workdir: Path, idx: int, *, hosts=("node1",), gpus_per_host=2, samples=None, ticks=20,
@@ -385,7 +370,7 @@ def test_only_files_whose_rows_differ_from_the_samplers_count_are_read_again(wd,
     # DuckDB recording rejected lines (cheaper); only a file whose loaded rows differ from that count is
     # read again to say which lines were skipped and why. A host that left no result file (still running)
     # is loaded with rejects recorded at once.
-    from harness.db.store import Store
+    from harness.collect import loading
     n = 20 * 3  # 20 ticks x (2 GPU rows + 1 process row)
     clean = write_attempt(wd, 81, results={"node1": {"samples": n}})
     bad = write_attempt(wd, 82, results={"node1": {"samples": n}})
@@ -398,13 +383,13 @@ def test_only_files_whose_rows_differ_from_the_samplers_count_are_read_again(wd,
             lines[10] = lines[10] + ",1"  # file line 11: one column too many
         p.write_text("\n".join(lines) + "\n")
     reread: list[list[str]] = []
-    real = Store.sample_rejects
+    real = loading.sample_rejects
 
-    def spy(self, paths):
+    def spy(store, paths):
         reread.append([str(x) for x in paths])
-        return real(self, paths)
+        return real(store, paths)
 
-    monkeypatch.setattr(Store, "sample_rejects", spy)
+    monkeypatch.setattr(loading, "sample_rejects", spy)
     db = tmp_path / "r.duckdb"
     fake = FakeSlurm({clean["job_id"]: ("COMPLETED", "0:0", "node1"), bad["job_id"]: ("COMPLETED", "0:0", "node1"),
                       running["job_id"]: ("RUNNING", "0:0", "node1")})
@@ -531,11 +516,9 @@ def test_state_change_alone_rereads_the_run_with_one_copy_of_its_samples(wd, tmp
         == [(0,)]
 
 
-def test_many_changed_runs_load_in_two_steps_each_row_in_its_own_file_once(wd, tmp_path, monkeypatch):
-    # The first changed runs' samples are queued before the other job dirs are scanned, the rest after:
-    # every file must get its own rows, once, also when old runs (deleted first) and new ones are mixed.
-    from harness.collect import ingest
-    monkeypatch.setattr(ingest, "FIRST_LOAD_RUNS", 2)
+def test_changed_and_new_runs_each_load_their_rows_once_in_their_own_file(wd, tmp_path):
+    # Every file must get its own rows, once, also when old runs (their old samples deleted first) and new
+    # ones are mixed in one load.
     runs = {i: write_attempt(wd, i, hosts=("node1", "node2"), ticks=10 + i) for i in range(30, 33)}
     db = tmp_path / "r.duckdb"
     fake = FakeSlurm()
@@ -586,74 +569,72 @@ def test_an_interrupted_collect_stops_its_database_worker_and_changes_nothing(wd
 
 def test_samples_load_while_the_scheduler_is_asked(wd, tmp_path, monkeypatch):
     # On a big cluster sacct can take seconds: the samples of runs whose files changed are already loading
-    # on the database worker by then, instead of waiting for its answer.
-    from harness.collect import loading
-    runs = [write_attempt(wd, i) for i in (70, 71)]
-    events: list[tuple[str, float]] = []
-    real_load = loading.SampleLoads.load
-
-    def load(self, files):
-        events.append(("load", time.monotonic()))
-        return real_load(self, files)
-
-    monkeypatch.setattr(loading.SampleLoads, "load", load)
-    rep = collect(tmp_path / "r.duckdb", wd, sacct_runner=SlowSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1")
-                                                                      for r in runs}, events))
-    assert rep.outcomes == {"ok": 2} and rep.accounting == {"sacct": 2}
-    when = dict(events)
-    assert when["load"] < when["sacct done"], events
-
-
-def test_job_dirs_are_read_while_the_scheduler_is_asked(wd, tmp_path, monkeypatch):
-    # The job dirs whose files changed are read whatever sacct says: this thread reads them while a
-    # helper waits for sacct's answer, instead of after it.
-    from harness.collect import ingest
-    runs = [write_attempt(wd, i) for i in (72, 73)]
-    events: list[tuple[str, float]] = []
-    real_read = ingest.read_job
-
-    def read_job(att, *a):
-        events.append((f"read {att.run_id}", time.monotonic()))
-        return real_read(att, *a)
-
-    monkeypatch.setattr(ingest, "read_job", read_job)
-    rep = collect(tmp_path / "r.duckdb", wd, sacct_runner=SlowSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1")
-                                                                      for r in runs}, events))
-    assert rep.outcomes == {"ok": 2}
-    when = dict(events)
-    assert {f"read {r['run_id']}" for r in runs} <= set(when), events
-    assert all(t < when["sacct done"] for k, t in events if k.startswith("read")), events
-
-
-def test_a_run_that_ends_while_the_scheduler_is_asked_is_read_again(wd, tmp_path, monkeypatch):
-    # Its files were read while it still ran; sacct then says it completed. Those files would make it a
-    # failed run without results: they are read again, and its fingerprint stays the one scanned before
-    # the read, so the next collect reads all of it (samples included) once more.
+    # by then. This sacct answers only once a load has begun (it would wait in vain for a collect that
+    # loaded after asking it).
     import threading
 
+    from harness.collect import loading
+    runs = [write_attempt(wd, i) for i in (70, 71)]
+    loading_began = threading.Event()
+    real_load = loading.load_samples
+
+    def load(*a, **kw):
+        loading_began.set()
+        return real_load(*a, **kw)
+
+    class WaitingSlurm(FakeSlurm):
+        def __call__(self, argv):
+            if argv[0] == "sacct":
+                assert loading_began.wait(60), "sacct was asked before any sample was loading"
+            return super().__call__(argv)
+
+    monkeypatch.setattr(loading, "load_samples", load)
+    rep = collect(tmp_path / "r.duckdb", wd, sacct_runner=WaitingSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1")
+                                                                         for r in runs}))
+    assert rep.outcomes == {"ok": 2} and rep.accounting == {"sacct": 2}
+
+
+def test_job_dirs_are_read_after_the_scheduler_answered(wd, tmp_path, monkeypatch):
+    # A job dir is read once the scheduler has given its word, so a run it calls ended is read with the
+    # files it ended with (never with files from before its end).
     from harness.collect import ingest
-    run = write_attempt(wd, 74, results=False)
-    paths = run["paths"]
-    was_read = threading.Event()
+    runs = [write_attempt(wd, i) for i in (72, 73)]
+    events: list[str] = []
     real_read = ingest.read_job
 
     def read_job(att, *a):
-        out = real_read(att, *a)
-        was_read.set()
-        return out
+        events.append(f"read {att.run_id}")
+        return real_read(att, *a)
+
+    class LoggingSlurm(FakeSlurm):
+        def __call__(self, argv):
+            events.append(argv[0])
+            return super().__call__(argv)
+
+    monkeypatch.setattr(ingest, "read_job", read_job)
+    rep = collect(tmp_path / "r.duckdb", wd, sacct_runner=LoggingSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1")
+                                                                         for r in runs}))
+    assert rep.outcomes == {"ok": 2}
+    assert events[0] == "sacct" and sorted(events[1:]) == sorted(f"read {r['run_id']}" for r in runs), events
+
+
+def test_a_run_that_ends_while_the_scheduler_is_asked_is_read_again(wd, tmp_path):
+    # The job ends while sacct is being asked: its files were scanned before, as unfinished; it is read with
+    # the files it ended with, and its fingerprint stays the one scanned before, so the next collect reads all
+    # of it (samples included) once more.
+    run = write_attempt(wd, 74, results=False)
+    paths = run["paths"]
 
     class EndingSlurm(FakeSlurm):
         def __call__(self, argv):
             if argv[0] == "sacct":
-                assert was_read.wait(30)
-                # the job ends after its files were read, before sacct answers
+                # the job ends after its files were scanned, before sacct answers
                 synth.write_json(paths.result("node1"), synth.result_doc("node1", 0, synth.T0, synth.T0 + 16))
                 for rk in (0, 1):
                     synth.write_json(paths.rank_result(rk),
                                      synth.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))
             return super().__call__(argv)
 
-    monkeypatch.setattr(ingest, "read_job", read_job)
     db = tmp_path / "r.duckdb"
     fake = EndingSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})
     rep = collect(db, wd, sacct_runner=fake)

@@ -9,9 +9,12 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.collect import SCHEMA_VERSION, open_store
 from harness.contract.errors import InputError, SchemaMismatchError
-from harness.db.store import ENTITY_COLUMNS
+from harness.db.manifest import record_manifest
+from harness.db.runs import replace_runs
+from harness.db.schema import ENTITY_COLUMNS, SCHEMA_VERSION
+from harness.db.status import attempt_rows, next_attempt, point_status, status_rows
+from harness.db.store import open_store
 from tests import synth
 
 EXP = "finetune_lora_benchmark-v1.0.0"
@@ -89,32 +92,32 @@ def test_record_manifest_is_idempotent_and_feeds_point_status(tmp_path):
     db = tmp_path / "r.duckdb"
     evs = manifest()
     with open_store(db) as st:
-        assert st.record_manifest(evs) == []
+        assert record_manifest(st, evs) == []
     first = table_dump(db)
     with open_store(db) as st:
-        st.record_manifest(evs)
-        st.record_manifest(evs[:3])
+        record_manifest(st, evs)
+        record_manifest(st, evs[:3])
     assert table_dump(db) == first
     with open_store(db) as st:
-        runs = st.attempt_rows("scan")
+        runs = attempt_rows(st, "scan")
         assert [(r["job_id"], r["state"], r["outcome"]) for r in runs] == [("1234_0", "SUBMITTED", None),
                                                                            ("1234_1", "SUBMITTED", None)]
-        status = st.point_status("scan")
+        status = point_status(st, "scan")
         assert set(status) == {f"{i:016x}" for i in range(3)}
         assert status[f"{0:016x}"].pending == 1 and status[f"{0:016x}"].attempts == 1
         assert status[f"{2:016x}"].attempts == 0  # invalid point: no attempt
         # collect's later verdict survives a re-recorded manifest
         st.con.execute("UPDATE runs SET state = 'COMPLETED', outcome = 'failed' WHERE job_id = '1234_0'")
-        st.record_manifest(evs)
-        assert st.point_status(point_ids=[f"{0:016x}"])[f"{0:016x}"].failed == 1
-        assert st.next_attempt("scan", f"{0:016x}", 0) == 2
-        rows = st.status_rows("scan")
+        record_manifest(st, evs)
+        assert point_status(st, point_ids=[f"{0:016x}"])[f"{0:016x}"].failed == 1
+        assert next_attempt(st, "scan", f"{0:016x}", 0) == 2
+        rows = status_rows(st, "scan")
         assert [(r["point_id"][-1], r["valid"], r["state"]) for r in rows] == [
             ("0", True, "COMPLETED"), ("1", True, "SUBMITTED"), ("2", False, None)]
         assert st.con.execute("SELECT fast_kernels, batch_size FROM points WHERE point_id = ?",
                               [f"{0:016x}"]).fetchall() == [(["True", "False", "True"], 8)]
         # a cancel line marks the run
-        st.record_manifest([{"type": "cancel", "campaign": "scan", "job_ids": ["1234_1"],
+        record_manifest(st, [{"type": "cancel", "campaign": "scan", "job_ids": ["1234_1"],
                              "at": "2025-11-21T11:00:00Z"}])
         assert st.con.execute("SELECT count(*) FROM runs WHERE cancel_requested_at IS NOT NULL").fetchall() == [(1,)]
 
@@ -122,16 +125,17 @@ def test_record_manifest_is_idempotent_and_feeds_point_status(tmp_path):
 def test_malformed_manifest_events(tmp_path):
     with open_store(tmp_path / "r.duckdb") as st:
         with pytest.raises(Exception, match="event 1: attempt line is malformed"):
-            st.record_manifest([{"type": "attempt", "campaign": "x"}])
-        problems = st.record_manifest([{"type": "bogus"}, {"type": "campaign", "campaign": "ok"}], strict=False)
-        assert problems == ["manifest event 1: unknown type 'bogus' (expected campaign, point, attempt, cancel or references)"]
+            record_manifest(st, [{"type": "attempt", "campaign": "x"}])
+        problems = record_manifest(st, [{"type": "bogus"}, {"type": "campaign", "campaign": "ok"}], strict=False)
+        assert problems == ["manifest event 1: unknown type 'bogus' (expected campaign, point, attempt, cancel or "
+                            "references)"]
         assert st.con.execute("SELECT campaign FROM campaigns").fetchall() == [("ok",)]
 
 
 def test_query_cli_formats_and_errors(tmp_path):
     db = tmp_path / "r.duckdb"
     with open_store(db) as st:
-        st.record_manifest(manifest())
+        record_manifest(st, manifest())
     r = CliRunner()
     res = r.invoke(main, ["query", "select job_id, attempt from runs order by job_id", "--db", str(db)])
     assert res.exit_code == 0, res.output
@@ -219,7 +223,7 @@ def test_open_read_only_does_not_create(tmp_path):
 
 
 def test_a_row_with_an_unknown_key_fails_loudly(tmp_path) -> None:
-    from harness.db.store import stage
+    from harness.db.staging import stage
 
     good = {"run_id": "c/p/r0/a1", "host": "n1", "rank": 0, "stage": "train"}
     assert stage("stages", [good]).rows == 1
@@ -227,7 +231,7 @@ def test_a_row_with_an_unknown_key_fails_loudly(tmp_path) -> None:
         stage("stages", [good, {**good, "duraton_s": 1.0}])
     with open_store(tmp_path / "r.duckdb") as store, store.transaction():
         with pytest.raises(ValueError, match="runs: row with unknown column"):
-            store.replace_runs([{"run_id": "x", "campaing": "c"}])
+            replace_runs(store, [{"run_id": "x", "campaing": "c"}])
 
 
 def test_epoch_columns_are_converted_at_once_exactly_as_one_by_one():
@@ -235,7 +239,9 @@ def test_epoch_columns_are_converted_at_once_exactly_as_one_by_one():
     # half-microsecond ties included (rounded half to even), NULLs kept; anything else takes the slow way.
     import random
 
-    from harness.db.store import _column, _epochs, utc
+    from harness.db.staging import _column
+    from harness.db.values import epochs as _epochs
+    from harness.db.values import utc
     rnd = random.Random(5)
     values = [rnd.uniform(0, 4e9) for _ in range(20000)] + [k + 0.5e-6 for k in range(200)] + \
         [k + 1.5e-6 for k in range(200)] + [1763769601.9999996, 0.0, None, 1e-7]
@@ -247,11 +253,13 @@ def test_epoch_columns_are_converted_at_once_exactly_as_one_by_one():
 
 
 def test_staged_columns_hold_what_one_by_one_conversion_makes(tmp_path) -> None:
-    # stage() hands Arrow columns of one plain type straight to Arrow; every other column goes value by value
-    # through _column. Either way a stored value must be what _column makes of it, and the DB must take it.
+    # stage() converts each column with _column (plain values of the column's type kept as they are, the
+    # rest value by value): a stored value must be what _column makes of it, and the DB must take it.
     import math
 
-    from harness.db.store import SCHEMA, JsonText, _column, stage, to_json
+    from harness.db.schema import SCHEMA
+    from harness.db.staging import _column, stage
+    from harness.db.values import JsonText, to_json
     nasty = [None, True, False, 0, -1, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**63, 2**80, 1.0, 2.5, float("nan"),
              float("inf"), "", "plain", "naïve", "nul\0in", "lone \ud800 surrogate", "3", "1e999", "true",
              [1, "a"], {"k": 1}, JsonText('{"a":1}'), '{"b": 2}', "not json {"]
@@ -271,22 +279,24 @@ def test_staged_columns_hold_what_one_by_one_conversion_makes(tmp_path) -> None:
         for case in cases:
             rows = [{c: (case[c] if c in case and i == 1 else by_kind[t][i]) for c, t in cols} for i in range(4)]
             staged = stage(table, rows)
-            got = staged.columns.to_pydict() if hasattr(staged.columns, "to_pydict") else \
-                {c: list(a) for c, a in staged.columns.items()}
+            got = {c: list(a) for c, a in staged.columns.items()}
+
+            def plain(vals, t):  # a datetime64 array's NaT and values as None and datetime
+                if t != "TIMESTAMP":
+                    return vals
+                return [None if w is None or w != w else w.astype(object) if hasattr(w, "astype") else w for w in vals]
             for c, t in cols:
-                want = list(_column([r[c] for r in rows], t))
-                if t == "TIMESTAMP":
-                    want = [None if w != w else w.astype(object) if hasattr(w, "astype") else w for w in want]
-                assert all(same(g, w) for g, w in zip(got[c], want)), (table, c, case, got[c], want)
+                want = plain(list(_column([r[c] for r in rows], t)), t)
+                assert all(same(g, w) for g, w in zip(plain(got[c], t), want)), (table, c, case, got[c], want)
             assert store.insert(table, staged) == 4
             store.con.execute(f"DELETE FROM {table}")
     store.close()
 
 
 def test_a_collect_does_not_import_pandas_yet_arrow_still_gives_pandas_output(tmp_path):
-    # pyarrow's first conversion of a Python list imports pandas just to ask whether the list is a pandas
-    # object (a fifth of a second holding the interpreter lock, mid-collect): the store settles that probe
-    # with pandas out of sight. pandas output still works afterwards.
+    # Importing pandas costs a fifth of a second holding the interpreter lock, mid-collect: collect stages its
+    # rows as numpy columns, which DuckDB scans without pandas (or pyarrow, whose first conversion of a list
+    # imports pandas). pandas output still works afterwards.
     import subprocess
     import sys
     import textwrap

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -439,3 +440,76 @@ def test_sgd_with_momentum_from_optim_args_really_changes_the_run(env, cli_modul
     trainable = _recount(env["model"], argv, 1, False)["grads_bytes"]  # fp32 adapters: 4 bytes each
     assert with_momentum["optimizer_bytes"] == trainable == with_momentum["predicted_optimizer_bytes"]
     assert plain["optimizer_bytes"] == 0 == plain["predicted_optimizer_bytes"]
+
+
+# -- the synthetic job dirs of tests/synth.py keep the real runner's format ----------------------------------
+_PER_PART = re.compile(r"^(stages|samples|result|environment|train|rank|error)\.[^.]+\.(jsonl|csv|json|log)$")
+
+
+def _kind(name: str) -> str:
+    """A job-dir file's name with its host or rank part left out: ``stages.node1.jsonl`` -> ``stages.*.jsonl``."""
+    return _PER_PART.sub(r"\1.*.\2", name)
+
+
+def _same_shape(synthetic: object, real: object, where: str) -> list[str]:
+    """Where *synthetic* holds a key *real* lacks, or a value of another JSON type (null matches anything)."""
+    if synthetic is None or real is None:
+        return []
+    number = (int, float)
+    if isinstance(synthetic, bool) or isinstance(real, bool):
+        return [] if isinstance(synthetic, bool) and isinstance(real, bool) else [f"{where}: {synthetic!r} vs {real!r}"]
+    if isinstance(synthetic, number) and isinstance(real, number):
+        return []
+    if type(synthetic) is not type(real):
+        return [f"{where}: a {type(synthetic).__name__} where the runner writes a {type(real).__name__}"]
+    if isinstance(synthetic, dict):
+        if where.rsplit(".", 1)[-1] in ("env", "packages"):  # maps of names, not records: any key may come
+            return []
+        out = [f"{where}.{k}: not written by the runner" for k in synthetic if k not in real]
+        return out + [p for k in synthetic if k in real for p in _same_shape(synthetic[k], real[k], f"{where}.{k}")]
+    if isinstance(synthetic, list) and synthetic and real:
+        return _same_shape(synthetic[0], real[0], f"{where}[0]")
+    return []
+
+
+def test_synthetic_job_dirs_keep_the_real_runners_format(lora_campaign, env, tmp_path) -> None:
+    # The collect tests and bench/collect.py build job dirs with tests/synth.py instead of training. Held
+    # against a real run's job dir (two processes, one host), every file they write must be one the runner
+    # writes, with the same keys and JSON types, the same stage events and the same samples header, so the
+    # two formats cannot drift apart.
+    from . import synth
+
+    real = next(Path(r["job_dir"]) for r in sql(env["db"], "SELECT job_dir FROM runs r JOIN points p USING "
+                                                          "(point_id) WHERE r.campaign = 'e2e-lora' AND "
+                                                          "p.number_gpus = 2 AND p.distributed_backend = 'DDP'"))
+    made = synth.make_run(tmp_path / "runs", "synthetic", 0, hosts=("node1",), gpus_per_host=2, ticks=5)
+    fake = Path(made["job_dir"])
+    real_files = {_kind(p.name): p for p in sorted(real.iterdir()) if p.is_file()}
+    fake_files = {_kind(p.name): p for p in sorted(fake.iterdir()) if p.is_file()}
+    assert set(fake_files) <= set(real_files), sorted(set(fake_files) - set(real_files))
+    problems: list[str] = []
+    for kind, path in fake_files.items():
+        if kind.endswith(".json"):
+            problems += _same_shape(json.loads(path.read_text()), json.loads(real_files[kind].read_text()), kind)
+    assert not problems, problems
+    assert fake_files["samples.*.csv"].read_text().splitlines()[0] == \
+        real_files["samples.*.csv"].read_text().splitlines()[0]
+    real_events = [json.loads(x) for x in real_files["stages.*.jsonl"].read_text().splitlines()]
+    fake_events = [json.loads(x) for x in fake_files["stages.*.jsonl"].read_text().splitlines()]
+    by_kind = {(e["event"], e["stage"]): e for e in real_events}
+    missing = sorted({(e["event"], e["stage"]) for e in fake_events} - set(by_kind))
+    assert not missing, missing
+    problems = [p for e in fake_events for p in _same_shape(e, by_kind[(e["event"], e["stage"])],
+                                                            f"stages {e['event']} {e['stage']}")]
+    assert not problems, problems
+    real_manifest = {e["type"]: e for e in map(json.loads, (real.parent / "manifest.jsonl").read_text().splitlines())}
+    for event in made["events"]:
+        assert not _same_shape(event, real_manifest[event["type"]], f"manifest {event['type']}")
+
+
+def test_environment_records_the_python_version(lora_campaign, env) -> None:
+    # environment.<host>.json holds python as {"version", "executable", "implementation"}: the column keeps
+    # the version (a synthetic job dir once held a bare string there, and hid that the object was stored).
+    rows = sql(env["db"], "SELECT DISTINCT python FROM environment e JOIN runs r USING (run_id) "
+                          "WHERE r.campaign = 'e2e-lora'")
+    assert rows == [{"python": ".".join(map(str, sys.version_info[:3]))}]

@@ -386,7 +386,7 @@ def test_missing_and_empty_databases_are_clear_errors(cli, tmp_path):
     assert res.exit_code == 2
     assert res.output == (f"Error: {tmp_path / 'none.duckdb'}: no results database here; run `sbench collect` "
                           f"first (or pass --db)\n")
-    from harness.collect import open_store
+    from harness.db.store import open_store
 
     open_store(tmp_path / "empty.duckdb").close()  # schema, no rows
     res = cli("report", "--db", tmp_path / "empty.duckdb", "-o", tmp_path / "x.html")

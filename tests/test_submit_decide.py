@@ -134,9 +134,9 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
             f.unlink()
     append_manifest(wd, "c", queued["events"])
     collect(db, wd)
-    from harness.db.store import run_id_of
+    from harness.contract.paths import run_id
 
-    rid = {r["point_id"]: run_id_of("c", r["point_id"], 0, 1) for r in (done, queued)}
+    rid = {r["point_id"]: run_id("c", r["point_id"], 0, 1) for r in (done, queued)}
     # the executor says the queued one is still waiting (no pid yet): nothing to read
     write_json(queued["paths"].submitted, {"executor": "local", "job_id": str(os.getpid())})
     assert runs_to_refresh(db, wd, "c") == []
@@ -147,4 +147,4 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
     # an attempt the database has never seen
     extra = make_run(wd, "c", 2, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local", job_id="999993")
     append_manifest(wd, "c", extra["events"])
-    assert sorted(runs_to_refresh(db, wd, "c")) == sorted([rid[queued["point_id"]], run_id_of("c", extra["point_id"], 0, 1)])
+    assert sorted(runs_to_refresh(db, wd, "c")) == sorted([rid[queued["point_id"]], run_id("c", extra["point_id"], 0, 1)])

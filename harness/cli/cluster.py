@@ -34,7 +34,9 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
 
     Example: sbench probe -i cluster.yaml --partition a100 --on slurm --write probed.yaml
     """
-    from harness.db.store import open_store, to_json, utc
+    from harness.db.cluster import record_probes
+    from harness.db.store import open_store
+    from harness.db.values import to_json, utc
 
     inv = load_inventory(inventory)
     part = inv.partition(partition)
@@ -51,7 +53,7 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
                      "memlock": pr.get("memlock"), "hcas": to_json(pr.get("hcas")), "differences": found,
                      "doc": to_json(pr)})
     with open_store(resolve_db(db)) as st:
-        st.record_probes(rows)
+        record_probes(st, rows)
     if write_to is not None:
         frag = fragment(part.name, probes, {h: part.hosts[h].address for h in probes if h in part.hosts})
         write_to.write_text(f"# sbench probe {probe_id}: what the nodes of partition {part.name} have\n"
@@ -105,6 +107,7 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
 
     Example: sbench fabric -i cluster.yaml --partition a100 --nodes 2
     """
+    from harness.db.cluster import record_fabric
     from harness.db.store import open_store
     from harness.sbatch.backends import resolve_executor
     from harness.sbatch.fabric import run_fabric
@@ -113,7 +116,7 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
     res = run_fabric(inv, partition, nodes, resolve_workdir(workdir), executor=resolve_executor(executor),
                      roce=roce, sizes=sizes, iters=iters)
     with open_store(resolve_db(db)) as st:
-        st.record_fabric(res.rows)
+        record_fabric(st, res.rows)
     if as_json:
         echo_json(res.to_dict())
     else:

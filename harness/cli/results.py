@@ -142,15 +142,17 @@ def check(campaign: str, db: Path | None, allow_missing: bool, as_json: bool) ->
 
     Example: sbench check nightly-1123 --db results.duckdb
     """
+    from harness.db.checks import check_results, references_of
+    from harness.db.status import campaign_names
     from harness.db.store import open_store
 
     with open_store(resolve_db(db), read_only=True) as st:
-        if campaign not in st.campaign_names():
+        if campaign not in campaign_names(st):
             raise InputError(f"campaign {campaign!r} is not in {st.path}; run `sbench collect` first")
-        if campaign not in st.references_of():
+        if campaign not in references_of(st):
             raise InputError(f"campaign {campaign!r} declares no references: add a references: block to its sweep, "
                              "run `sbench submit` with it again (nothing is resubmitted) and `sbench collect`")
-        rows = st.check_results(campaign)
+        rows = check_results(st, campaign)
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("pass", "fail", "missing")}
     failed = counts["fail"] > 0 or (counts["missing"] > 0 and not allow_missing)
     if as_json:

@@ -1,15 +1,12 @@
 """Collect: job directories + SLURM accounting -> the results database (DuckDB).
 
-``store`` is the one module that owns SQL and the schema; ``parse`` reads the
-job-directory files, ``sacct`` the scheduler's accounting, ``aggregate`` turns
-samples and rank measurements into the seeds' measured properties, and
-``ingest`` ties them together into one transactional, incremental collect.
+``discover`` finds the runs, ``jobdir`` reads one job directory, ``outcome`` decides its outcome by pure
+rules, ``rows`` builds its rows and ``aggregate`` the seeds' measured properties, ``scheduler`` asks the
+scheduler, ``loading`` loads the samples on the one worker thread, and ``ingest`` runs the transaction.
 """
 
 from __future__ import annotations
 
-from harness.db.store import SCHEMA_VERSION, PointStatus, Store, open_store
-
 from .ingest import CollectReport, collect
 
-__all__ = ["SCHEMA_VERSION", "CollectReport", "PointStatus", "Store", "collect", "open_store"]
+__all__ = ["CollectReport", "collect"]

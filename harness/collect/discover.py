@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.contract.paths import SPEC_SCHEMA, JobPaths, parse_job_dir_name
-from harness.db.store import attempt_row, point_row, run_id_of, utc
+from harness.contract.paths import SPEC_SCHEMA, JobPaths, parse_job_dir_name, run_id
+from harness.db.manifest import attempt_row, point_row
+from harness.db.values import utc
 
 from .parse import read_json, read_jsonl
 
@@ -157,7 +158,7 @@ def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[
                 warnings.append(f"{spec}: not a job directory of this sbench ({problem}); ignored")
                 continue
             camp = doc["campaign"]
-            rid = run_id_of(str(camp), pid, rep, att)
+            rid = run_id(str(camp), pid, rep, att)
             if rid in attempts:
                 other = attempts[rid].job_dir
                 if other is None:

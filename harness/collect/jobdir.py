@@ -56,6 +56,16 @@ class JobFiles:
         return exp is not None and exp.trials > 1
 
 
+def as_dict(value: Any) -> dict[str, Any]:
+    """*value* when a runner file holds an object there, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: Any) -> list[Any]:
+    """*value* when a runner file holds a list there, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
 def first_line(text: Any, limit: int = 300) -> str:
     s = str(text or "").strip().splitlines()
     line = s[0] if s else ""
@@ -107,8 +117,8 @@ def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobF
     if paths is not None:
         spec = _object(paths.spec, f.warnings) or {}
         f.submitted = _object(paths.submitted, f.warnings) or {}
-    f.jobspec = spec.get("jobspec") if isinstance(spec.get("jobspec"), dict) else {}
-    point = spec.get("point") if isinstance(spec.get("point"), dict) else {}
+    f.jobspec = as_dict(spec.get("jobspec"))
+    point = as_dict(spec.get("point"))
     f.entity = dict(point.get("entity") or f.jobspec.get("entity") or kp.get("entity") or {})
     f.experiment = point.get("experiment") or f.jobspec.get("experiment") or man.get("experiment") or \
         kp.get("experiment")

@@ -1,23 +1,26 @@
-"""The database side of a collect, run on one worker thread while the main thread reads job dirs.
+"""The samples of a collect: the sampler's CSVs of the runs being re-read, loaded by DuckDB's CSV reader on
+one worker thread while the collect's own thread asks the scheduler and reads job directories.
 
-A collect is CPU-bound on both sides: DuckDB's CSV reader loads the samples on every core, Python
-parses the job directories. So the connection gets a worker thread of its own, and every database
-step is queued on it in order (record the manifests, delete what is re-read, load samples); the main
-thread scans, asks the scheduler and parses meanwhile, and waits only where it needs an answer. One
-connection, one transaction: the worker only ever runs one statement at a time, in queue order.
+The threading rule, the only one of a collect: the store's connection belongs to the collect's thread,
+except between :meth:`SampleLoader.start` and :meth:`SampleLoader.join`, when it belongs to the loader's
+worker. In between, the collect's thread makes no database call (it asks the scheduler, reads files and
+stages rows in memory). The worker does one kind of job, batch after batch in the order given: replace the
+samples of some runs (their old sample rows deleted, their CSV files loaded). :meth:`SampleLoader.abort`
+interrupts the statement that runs and waits for the worker, so that the caller can roll back.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.contract.paths import JobPaths
+from harness.db.samples import load_samples, sample_rejects
 from harness.db.store import Store
 
 from .discover import Attempt, sample_files_of
@@ -37,82 +40,91 @@ class SampleFile:
     use: str
     truncated_line: int | None = None  # 1-based number of a last line cut mid-write (not loaded)
     # Its host's runner left a result file, which records the rows the sampler wrote: the rows loaded are
-    # checked against that count (see :meth:`SampleLoads.load`).
+    # checked against that count (see :meth:`SampleLoader.miscounted`).
     counted: bool = False
 
 
-class Worker:
-    """The store's connection, driven by one thread: :meth:`submit` queues a call and returns its future.
-    :meth:`abort` stops it (the running statement interrupted, queued calls dropped) so the caller can
-    roll back."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sbench-collect-db")
-        self._aborted = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        def call() -> Any:
-            if self._aborted.is_set():
-                raise RuntimeError("collect aborted")
-            self._idle.clear()
-            try:
-                return fn(*args)
-            finally:
-                self._idle.set()
-        return self._pool.submit(call)
-
-    def abort(self) -> None:
-        self._aborted.set()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        while not self._idle.wait(0.01):  # a call between two statements starts the next: interrupt again
-            self.store.con.interrupt()
-        self._pool.shutdown(wait=True)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
+@dataclass
+class _Batch:
+    runs: list[str]  # whose old sample rows go first
+    files: list[SampleFile]
 
 
-def in_thread(fn: Callable[..., Any], *args: Any) -> Future[Any]:
-    """*fn(*args)* on a daemon thread of its own (an interrupted collect does not wait for it to end)."""
-    fut: Future[Any] = Future()
+class SampleLoader:
+    """The sample CSVs of the runs being re-read, numbered from the first unused file id in the order they
+    are queued, and the one worker thread that loads them (see the module's threading rule)."""
 
-    def run() -> None:
-        try:
-            fut.set_result(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the result
-            fut.set_exception(exc)
-    threading.Thread(target=run, name="sbench-collect-helper", daemon=True).start()
-    return fut
-
-
-class SampleLoads:
-    """The sample CSVs of the runs being re-read, numbered from the first unused file id in the order
-    they are loaded. Its :meth:`load` runs on the worker thread."""
-
-    def __init__(self, store: Store, first_id: int, tmpdir: Path) -> None:
+    def __init__(self, store: Store, first_id: int, tmpdir: Path, recorded: Iterable[str]) -> None:
         self.store, self.next_id, self.tmpdir = store, first_id, tmpdir
+        self.recorded = set(recorded)  # runs that have rows already: their old samples are deleted first
         self.files: list[SampleFile] = []
         self.rows = 0
         self.rejects: list[tuple[str, int, str]] = []
         self.seconds = 0.0
+        self._jobs: queue.Queue[_Batch | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
 
-    def load(self, files: list[SampleFile]) -> None:
-        """Load *files* (from :meth:`prepare`) with DuckDB's CSV reader; on the worker thread. The files of
-        hosts that finished are read without recording rejected lines (a bad line is skipped all the
-        same): :meth:`recheck` later asks why for those whose rows differ from the count their runner
-        recorded. The others are read in a second scan that records them at once."""
-        t = time.perf_counter()
-        for part in ([f for f in files if f.counted], [f for f in files if not f.counted]):
+    # -- the collect's thread --------------------------------------------------------------------------------
+    def start(self, attempts: Iterable[Attempt]) -> None:
+        """Hand the connection to the worker and queue the samples of *attempts*."""
+        self._thread = threading.Thread(target=self._work, name="sbench-collect-db", daemon=True)
+        self._thread.start()
+        self.add(attempts)
+
+    def add(self, attempts: Iterable[Attempt]) -> None:
+        """Queue the samples of more runs, loaded after those queued before."""
+        batch = list(attempts)
+        if batch:
+            self._jobs.put(_Batch([a.run_id for a in batch if a.run_id in self.recorded], self._prepare(batch)))
+
+    def join(self) -> None:
+        """Wait until every queued batch is loaded; the connection is this thread's again. A failure of the
+        worker is raised here."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+
+    def abort(self) -> None:
+        """Stop the worker: the running statement interrupted, the queued batches dropped."""
+        self._stop.set()
+        self._jobs.put(None)
+        while self._thread is not None and self._thread.is_alive():
+            self.store.con.interrupt()  # DuckDB's one call that may come from another thread
+            self._thread.join(0.01)
+        self._thread = None
+
+    # -- the worker ------------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while (batch := self._jobs.get()) is not None:
+            if self._stop.is_set() or self._error is not None:
+                continue
+            t = time.perf_counter()
+            try:
+                self._load(batch)
+            except BaseException as exc:  # noqa: BLE001 - raised on the collect's thread by join()
+                self._error = exc
+            self.seconds += time.perf_counter() - t
+
+    def _load(self, batch: _Batch) -> None:
+        """Replace the samples of *batch*'s runs. The files of hosts that finished are read without recording
+        rejected lines (a bad line is skipped all the same): :meth:`recheck` later asks why for those whose
+        rows differ from the count their runner recorded. The others are read in a second scan that records
+        them at once."""
+        if batch.runs:
+            self.store.delete_runs(batch.runs, ("sample_files",))
+        for part in ([f for f in batch.files if f.counted], [f for f in batch.files if not f.counted]):
             if part:
-                n, rejects = self.store.load_samples([f.use for f in part], part[0].file_id,
-                                                     rejects=not part[0].counted)
+                n, rejects = load_samples(self.store, [f.use for f in part], part[0].file_id,
+                                          rejects=not part[0].counted)
                 self.rows += n
                 self.rejects += rejects
-        self.seconds += time.perf_counter() - t
 
+    # -- after join(), on the collect's thread -----------------------------------------------------------------
     def miscounted(self, by_run: Mapping[str, RunData], stats: Iterable[Mapping[str, Any]]) -> list[SampleFile]:
         """The files loaded without recording rejected lines whose rows (``rows_all`` of the sample
         statistics) differ from what their sampler recorded writing, or whose count is unknown."""
@@ -124,8 +136,8 @@ class SampleLoads:
                 by_run[f.run_id].samples_written.get(f.host) != loaded.get((f.run_id, f.host), 0)]
 
     def recheck(self, files: list[SampleFile]) -> None:
-        """Why lines of *files* (loaded without recording rejects) were skipped; on the worker thread."""
-        self.rejects += self.store.sample_rejects([f.use for f in files])
+        """Why lines of *files* (loaded without recording rejects) were skipped."""
+        self.rejects += sample_rejects(self.store, [f.use for f in files])
 
     def warn(self, by_run: Mapping[str, RunData]) -> None:
         """A cut last line or a rejected line of a samples file is a warning of its run."""
@@ -139,17 +151,21 @@ class SampleLoads:
             if hit:
                 by_run[hit.run_id].warn(f"{hit.path.name} line {line}: {msg} (row skipped)")
 
-    def prepare(self, attempts: Iterable[Attempt]) -> list[SampleFile]:
-        """The sample files of *attempts*, numbered next. Needs no database. A file whose last line was cut
-        mid-write (no final newline) is loaded from a copy without that line, so a half-written number
-        never gets in."""
+    def file_rows(self, train_start: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The ``sample_files`` rows of every loaded file (``t0``: its run's training start)."""
+        return [{"file_id": f.file_id, "run_id": f.run_id, "host": f.host, "path": str(f.path),
+                 "t0": train_start.get(f.run_id)} for f in self.files]
+
+    def _prepare(self, attempts: list[Attempt]) -> list[SampleFile]:
+        """The sample files of *attempts*, numbered next. A file whose last line was cut mid-write (no final
+        newline) is loaded from a copy without that line, so a half-written number never gets in."""
         files: list[SampleFile] = []
         todo: list[tuple[Attempt, str, Path, bool]] = []
         for a in attempts:
             names = set(a.files or ())
             todo += [(a, host, path, JobPaths(path.parent).result(host).name in names)
                      for host, path in sample_files_of(a)]
-        todo.sort(key=lambda x: not x[3])  # counted files first: each of load's two scans gets one run of ids
+        todo.sort(key=lambda x: not x[3])  # counted files first: each of _load's two scans gets one run of ids
         for a, host, path, counted in todo:
             fid = self.next_id
             self.next_id += 1
@@ -172,4 +188,4 @@ class SampleLoads:
         return files
 
 
-__all__ = ["SampleFile", "SampleLoads", "Worker", "in_thread"]
+__all__ = ["SampleFile", "SampleLoader"]

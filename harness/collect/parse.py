@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 STAGE_KEYS = ("event", "stage", "t_wall")
 
 
-try:  # a C parser, several times faster on the many small runner files; json decides anything it refuses
-    from orjson import loads as _fast_loads
-except ImportError:  # pragma: no cover - orjson is a dependency; plain json still gives the same results
-    _fast_loads = json.loads
+# orjson: a C parser, several times faster on the many small runner files; json decides anything it refuses.
+_fast_loads = orjson.loads
 
 MAX_FILE_BYTES = 256 << 20  # a runner's JSON or JSON-lines file larger than this is not read
 

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.db.store import entity_values, to_json, utc
+from harness.db.values import entity_values, to_json, utc
 from harness.spec.catalog import EXPERIMENTS
 from harness.spec.flops import run_flops
 
 from . import aggregate
 from .discover import Attempt
-from .jobdir import JobFiles, count, first_line
+from .jobdir import JobFiles, as_dict, as_list, count, first_line
 from .outcome import Sched, Verdict
 from .parse import summarize_transports
 
@@ -101,7 +101,7 @@ def stage_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
 def rank_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
     rows = []
     for rk, doc in sorted(f.ranks.items()):
-        m = doc.get("metrics") if isinstance(doc.get("metrics"), dict) else {}
+        m = as_dict(doc.get("metrics"))
         dev = doc.get("device")
         rows.append({
             "run_id": run_id, "rank": rk, "host": doc.get("host"), "local_rank": doc.get("local_rank"),
@@ -111,7 +111,7 @@ def rank_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
             "train_end_wall": doc.get("train_end_wall"), "warmup_end_wall": doc.get("warmup_end_wall"),
             "stopped_by": doc.get("stopped_by"), **{k: _f(m.get(k)) for k in _RANK_RATES},
             "dataset_tokens": count(m.get("dataset_tokens"), 0, 2**63 - 1),
-            "notes": [str(n) for n in doc.get("notes") or []] if isinstance(doc.get("notes"), list) else None,
+            "notes": [str(n) for n in as_list(doc.get("notes"))] if isinstance(doc.get("notes"), list) else None,
             "metrics": to_json(m or None)})
     return rows
 
@@ -144,7 +144,7 @@ _MEM_KEYS = ("params_bytes", "trainable_bytes", "grads_bytes", "optimizer_bytes"
 def memory_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
     rows = []
     for rk, doc in sorted(f.ranks.items()):
-        snaps = doc.get("memory") if isinstance(doc.get("memory"), list) else []
+        snaps = as_list(doc.get("memory"))
         for s in snaps:
             if isinstance(s, dict):
                 rows.append({"run_id": run_id, "rank": rk, "host": doc.get("host"), "step": s.get("step"),
@@ -191,12 +191,12 @@ def environment_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
     tr = (f.rank0 or {}).get("trainer")
     tr = tr if isinstance(tr, dict) and isinstance(tr.get("packages"), dict) else {}
     for h, doc in sorted(f.envs.items()):
-        pk = doc.get("packages") if isinstance(doc.get("packages"), dict) else doc
+        pk = as_dict(doc.get("packages")) if isinstance(doc.get("packages"), dict) else doc
         # The training processes' own packages when a trainer environment ran them (fms-hf-tuning).
         pk = {**pk, **{k: v for k, v in (tr.get("packages") or {}).items() if v}}
-        gpus = doc.get("gpus") if isinstance(doc.get("gpus"), list) else []
+        gpus = as_list(doc.get("gpus"))
         rows.append({
-            "run_id": run_id, "host": h, "machine_rank": doc.get("machine_rank"), "python": _text(doc.get("python")),
+            "run_id": run_id, "host": h, "machine_rank": doc.get("machine_rank"), "python": _text(as_dict(doc.get("python")).get("version")),
             **{k: _text(pk.get(k)) for k in _PACKAGES},
             "nvidia_ml_py": _text(pk.get("nvidia-ml-py") or pk.get("nvidia_ml_py")),
             "sbench_version": doc.get("sbench_version"), "git_commit": doc.get("git_commit"),
@@ -232,7 +232,7 @@ def run_row(f: JobFiles, v: Verdict, stages: list[dict[str, Any]]) -> dict[str, 
         "submitted_at": utc(man.get("submitted_at") or f.submitted.get("submitted_at")
                             or f.submitted.get("submit_time")),
         "state": v.state, "exit_code": job.exit_code if job else (
-            max((r.get("exit_code") for r in results if isinstance(r.get("exit_code"), int)), default=None)),
+            max((code for r in results if isinstance(code := r.get("exit_code"), int)), default=None)),
         "exit_signal": job.exit_signal if job else f.killed_by, "elapsed_s": elapsed,
         "node_list": job.node_list if job else None, "hosts_expected": v.hosts_expected or None,
         "hosts_seen": sorted(f.hosts_all), "num_machines": f.num_machines,
@@ -281,7 +281,8 @@ def unreadable(att: Attempt, sched: Sched, exc: BaseException) -> RunData:
     """The run of a job dir whose reading crashed: failed, with the reason; the collect goes on."""
     why = f"collect could not read this job directory: {type(exc).__name__}: {first_line(exc)}"
     man = att.manifest or {}
-    run = {"run_id": att.run_id, "campaign": att.campaign, "point_id": att.point_id, "repeat": att.repeat,
+    run: dict[str, Any] = {
+           "run_id": att.run_id, "campaign": att.campaign, "point_id": att.point_id, "repeat": att.repeat,
            "attempt": att.attempt, "job_dir": _text(att.job_dir), "state": sched.state or "FAILED",
            "outcome": "failed", "reason": why, "warnings": None, "accounting_source": sched.source,
            "fingerprint": att.fingerprint, "max_rss_mb": None, "train_start_wall": None, "hosts_seen": [],

@@ -1,32 +1,16 @@
 """What the scheduler (or the executor) says about the runs a collect may have to re-read: one batched
-``sacct`` call for the SLURM runs (``squeue`` when sacct cannot answer), the process id for local runs.
-A collect asks it on a thread of its own (:func:`ask`) while it reads the job dirs whose files changed."""
+``sacct`` call for the SLURM runs (``squeue`` when sacct cannot answer), the process id for local runs."""
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from harness.slurm.sacct import FINAL_STATES, JobAccounting, Runner, query_sacct, query_squeue
 
 from .discover import Attempt, spec_exec
 from .outcome import Sched
-
-Recorded = tuple[bool, list[str], dict[str, dict[str, Any]]]  # manifests changed, problems, runs as recorded
-
-
-@dataclass
-class Answer:
-    """The scheduler's word on the runs that may have changed, with what the manifests recorded."""
-
-    manifests_changed: bool
-    problems: list[str]  # manifest lines that could not be recorded
-    index: dict[str, dict[str, Any]]  # run_id -> the runs row as recorded
-    todo: list[tuple[Attempt, dict[str, Any]]]  # runs that may have changed, with what is known of their job
-    scheds: dict[str, Sched]  # run_id -> the scheduler's word
-    sacct: str | None  # "ok", why sacct could not answer, or None when not asked
 
 
 def local_alive(job_id: str | None) -> bool | None:
@@ -81,12 +65,12 @@ def states(todo: list[tuple[Attempt, dict[str, Any]]],
     return out, status
 
 
-def ask(recorded: Future[Recorded], attempts: dict[str, Attempt], runner: Runner | None) -> Answer:
-    """Once the manifests are recorded (*recorded*, from the database worker): which runs may have changed
-    (new, files changed, or a state that can still change), and the scheduler's word on each."""
-    manifests_changed, problems, index = recorded.result()
+def unsettled(attempts: Iterable[Attempt],
+              index: Mapping[str, Mapping[str, Any]]) -> list[tuple[Attempt, dict[str, Any]]]:
+    """The runs whose outcome may have changed since *index* (the runs as recorded): new, files changed, or a
+    scheduler state that can still change; each with what is known of its job (executor, job id, state)."""
     todo: list[tuple[Attempt, dict[str, Any]]] = []
-    for a in attempts.values():
+    for a in attempts:
         info = dict(index.get(a.run_id) or {})
         if not info.get("executor") or not info.get("job_id"):
             sub = spec_exec(a)
@@ -94,8 +78,7 @@ def ask(recorded: Future[Recorded], attempts: dict[str, Attempt], runner: Runner
             info["job_id"] = info.get("job_id") or sub.get("job_id")
         if info.get("fingerprint") != a.fingerprint or info.get("state") not in FINAL_STATES:
             todo.append((a, info))
-    scheds, status = states(todo, runner)
-    return Answer(manifests_changed, problems, index, todo, scheds, status)
+    return todo
 
 
-__all__ = ["Answer", "ask", "local_alive", "states"]
+__all__ = ["local_alive", "states", "unsettled"]

@@ -41,6 +41,11 @@ def job_dir_name(point_id: str, repeat: int, attempt: int) -> str:
     return f"{point_id}.r{repeat}.a{attempt}"
 
 
+def run_id(campaign: str, point_id: str, repeat: int, attempt: int) -> str:
+    """A run's id everywhere (the DB's ``runs.run_id``): its campaign and its job dir's name."""
+    return f"{campaign}/{job_dir_name(point_id, repeat, attempt)}"
+
+
 def parse_job_dir_name(name: str) -> tuple[str, int, int] | None:
     m = re.match(r"^([0-9a-f]{16})\.r(\d+)\.a(\d+)$", name)
     if not m:

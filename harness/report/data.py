@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.contract.errors import InputError, SbenchError
+from harness.db.checks import check_results, references_of
+from harness.db.status import campaign_names
 from harness.db.store import Store
 from harness.spec.catalog import EXPERIMENTS
 
@@ -56,7 +58,7 @@ def method_of(experiment: str | None) -> str:
 def load_report_data(store: Store, campaign: str | None = None, run_id: str | None = None,
                      now: _dt.datetime | None = None) -> ReportData:
     """Everything the page shows, from an open (read-only) store."""
-    known = store.campaign_names()
+    known = campaign_names(store)
     if queries.run_total(store) == 0 and not known:
         raise ReportError(f"{store.path} has no runs: nothing to report. Run `sbench collect` first "
                           f"(or pass --db with another results database).")
@@ -78,7 +80,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     _load_run(store, data, campaign, run_id)
     data.fabric = queries.fabric_rows(store)
     data.overhead = queries.overhead_rows(store, campaign)
-    data.checks = {c: store.check_results(c) for c in sorted(store.references_of()) if campaign in (None, c)}
+    data.checks = {c: check_results(store, c) for c in sorted(references_of(store)) if campaign in (None, c)}
     return data
 
 

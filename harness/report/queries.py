@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.contract.errors import InputError
-from harness.db.store import SCHEMA, Store, q
+from harness.db.schema import SCHEMA, q
+from harness.db.store import Store
 
 
 def _scope(column: str, campaign: str | None, word: str = "WHERE") -> tuple[str, list[Any]]:

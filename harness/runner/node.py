@@ -110,6 +110,12 @@ def trial_port(base: int, trial: int) -> int:
     return 20000 + (base - 20000 + 7 * trial) % 12000 if 20000 <= base < 32000 else base + 7 * trial
 
 
+# What result.<host>.json's "training" block keeps of rank 0's rank.0.json.
+TRAINING_KEYS = ("global_step", "train_start_wall", "train_end_wall", "warmup_end_wall", "stopped_by", "window",
+                 "metrics", "totals", "hf_metrics", "dataset_token_counts", "world_size", "distributed", "notes",
+                 "status")
+
+
 class NodeRunner:
     def __init__(self, job_dir: str | Path, host: str, cmd: list[str]) -> None:
         self.paths = JobPaths(job_dir)
@@ -348,10 +354,7 @@ class NodeRunner:
                 res["outcome"], res["reason"] = run.get("outcome", "failed"), run.get("reason", "training did not run")
             res["terminated_by"] = self.terminated_by
             if 0 in docs:
-                keys = ("global_step", "train_start_wall", "train_end_wall", "warmup_end_wall", "stopped_by",
-                        "window", "metrics", "totals", "hf_metrics", "dataset_token_counts", "world_size",
-                        "distributed", "notes", "status")
-                res["training"] = {k: docs[0].get(k) for k in keys}
+                res["training"] = {k: docs[0].get(k) for k in TRAINING_KEYS}
                 res["log_history"] = _read_json(self.paths.log_history)
             res["ended_wall"] = time.time()
             _write_json(self.paths.result(self.host), res)

@@ -9,6 +9,7 @@ from typing import Any
 from harness.contract import jobstate
 from harness.contract.errors import InputError
 from harness.contract.paths import resolve_db, resolve_workdir
+from harness.db.status import job_dirs, status_rows
 from harness.db.store import open_store
 
 from . import manifest
@@ -35,8 +36,8 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
     recorded: set[str] = set()
     if dbp.exists():
         with open_store(dbp, read_only=True) as st:
-            rows = st.status_rows(campaign)
-            recorded = st.job_dirs(campaign)
+            rows = status_rows(st, campaign)
+            recorded = job_dirs(st, campaign)
     else:
         note = f"no results database at {dbp} yet; showing the campaign manifests"
     attempts = manifest.attempts(wd, campaign)

@@ -17,7 +17,10 @@ from typing import Any
 from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import SbenchError, StoreBusyError, SubmitError
-from harness.db.store import open_store, run_id_of
+from harness.contract.paths import run_id
+from harness.db.manifest import record_manifest
+from harness.db.status import attempt_rows, point_status
+from harness.db.store import open_store
 from harness.slurm.sacct import FINAL_STATES
 
 from . import manifest
@@ -57,13 +60,13 @@ def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str
         raise SubmitError(f"{exc}; nothing was submitted - run submit again once it is free") from None
     history = PointHistory()
     with open_store(db, read_only=True) as st:
-        for row in st.attempt_rows(campaign):
+        for row in attempt_rows(st, campaign):
             key = (row["campaign"], row["point_id"], int(row["repeat"]))
             history.by_run.setdefault(key, []).append(AttemptState(
                 attempt=int(row["attempt"]), job_id=row.get("job_id"), state=row.get("state"),
                 outcome=row.get("outcome"), reason=row.get("reason"),
                 cancelled=row.get("cancel_requested_at") is not None and row.get("outcome") == "failed"))
-        for pid, st_ in st.point_status(point_ids=point_ids).items():
+        for pid, st_ in point_status(st, point_ids=point_ids).items():
             history.measured_counts[pid] = st_.ok + st_.invalid
     return history, None
 
@@ -76,14 +79,14 @@ def runs_to_refresh(db: Path, workdir: Path, campaign: str) -> list[str] | None:
         return None
     try:
         with open_store(db, read_only=True) as st:
-            known = {r["run_id"]: r for r in st.attempt_rows(campaign)}
+            known = {r["run_id"]: r for r in attempt_rows(st, campaign)}
     except SbenchError:
         return None
     out: list[str] = []
     unsettled: list[dict[str, Any]] = []
     for a in manifest.attempts(workdir, campaign):
         try:
-            rid = run_id_of(campaign, str(a["point_id"]), int(a.get("repeat") or 0), int(a["attempt"]))
+            rid = run_id(campaign, str(a["point_id"]), int(a.get("repeat") or 0), int(a["attempt"]))
         except (KeyError, TypeError, ValueError):
             continue
         row = known.get(rid)
@@ -106,7 +109,7 @@ def record_events(db: Path, events: list[dict[str, Any]]) -> str | None:
 
     try:
         with open_store(db) as st:
-            st.record_manifest(events)
+            record_manifest(st, events)
     except StoreBusyError as exc:
         return f"{exc}; the submission is in the campaign manifest and the next 'sbench collect' records it"
     return None

@@ -13,6 +13,7 @@ from harness.build.render import ClusterFit, cluster_fit, prepare_points, write_
 from harness.contract.errors import InputError, SbenchError, SubmitError, SweepError
 from harness.contract.paths import resolve_db, resolve_workdir
 from harness.data.trainerenv import EnvBuildError, build
+from harness.db.cluster import record_fabric
 from harness.db.store import open_store
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
@@ -287,7 +288,7 @@ def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db:
         res = fabric(inv, part, n, workdir, executor="slurm", roce=True if roce else None)
         try:
             with open_store(db) as st:
-                st.record_fabric(res.rows)
+                record_fabric(st, res.rows)
         except SbenchError:  # a busy or foreign DB must not hide the verdict; the job dir keeps the files
             pass
         out.append({"partition": part, "nodes": n, "fabric_id": res.fabric_id, "ok": res.ok,

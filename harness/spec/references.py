@@ -169,17 +169,3 @@ def check_rows(campaign: str, refs: Sequence[Reference], points: Sequence[Mappin
     return rows
 
 
-def refresh_checks(store: Any, now: Any = None) -> int:
-    """Recompute the ``checks`` of every campaign that declares references (inside the caller's
-    transaction); returns the number of rows written."""
-    recorded = store.references_of()
-    n = 0
-    for campaign, docs in recorded.items():
-        refs = [Reference.from_dict(d) for d in docs]
-        rows = check_rows(campaign, refs, store.check_inputs(campaign, [r.metric for r in refs]))
-        for r in rows:
-            r["checked_at"] = now
-        store.replace_checks(campaign, rows)
-        n += len(rows)
-    store.drop_checks_except(list(recorded))
-    return n

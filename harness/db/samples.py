@@ -1,0 +1,172 @@
+"""The sampler's CSVs in the database: loaded in bulk by DuckDB's CSV reader, the lines it skipped and why,
+and per-window statistics for the measurements. (The CSV format has its home in ``harness.contract``.)"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import duckdb
+
+from harness.contract.errors import CollectError
+
+from .schema import SCHEMA, q
+from .staging import frame
+from .store import Store
+
+# The samples CSV format (docs/job-directory.md): column order and types.
+SAMPLE_CSV_COLUMNS = (("t_wall", "DOUBLE"), ("t_mono", "DOUBLE"), ("kind", "VARCHAR"), ("device", "INTEGER"),
+                      ("gpu_util", "DOUBLE"), ("mem_used_mb", "DOUBLE"), ("mem_total_mb", "DOUBLE"),
+                      ("power_w", "DOUBLE"), ("power_limit_w", "DOUBLE"), ("cpu_pct", "DOUBLE"),
+                      ("mem_pct", "DOUBLE"), ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"))
+
+
+# What collect's reader asks for: the same, with ``kind`` read straight into the ENUM (a kind other than
+# gpu/proc is a rejected line with its reason, like any value that does not convert).
+_SAMPLE_READ_TYPES = {**dict(SAMPLE_CSV_COLUMNS), "kind": "sample_kind"}
+
+
+# Reader errors about one value; any other kind is about the whole line (see _reject_reasons).
+_CSV_VALUE_ERRORS = ("CAST",)
+
+
+def _sample_csv(rejects: bool) -> str:
+    """DuckDB's reader of the sample CSVs in ``$files`` (docs/job-directory.md), skipping a line that does
+    not fit; with *rejects*, recording why in ``_sbench_rej``/``_sbench_rej_scan``."""
+    columns = "{" + ", ".join(f"'{c}': '{t}'" for c, t in _SAMPLE_READ_TYPES.items()) + "}"
+    keep = ", store_rejects = true, rejects_table = '_sbench_rej', rejects_scan = '_sbench_rej_scan'" \
+        if rejects else ""
+    return (f"""read_csv($files, columns = {columns}, header = true, auto_detect = false, delim = ',',
+                         quote = '"', escape = '"', ignore_errors = true{keep})""")
+
+
+def _reject_reasons(found: Sequence[tuple[Any, ...]]) -> list[tuple[str, int, str]]:
+    """DuckDB's rejects, (path, line, column_idx, error_type, message) sorted, as one reason per bad value
+    or, for a line whose shape is wrong (too few/many columns, bad quoting, ...), one reason for the line
+    (the reader also lists each column it then could not fill, or the values it misread; those are
+    consequences, not causes)."""
+    by_line: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+    for path, line, col, etype, msg in found:
+        by_line.setdefault((str(path), int(line)), []).append((col, etype, msg))
+    out: list[tuple[str, int, str]] = []
+    for (path, line), errs in by_line.items():
+        shape = [e for e in errs if e[1] not in _CSV_VALUE_ERRORS]
+        for _col, etype, msg in (shape[:1] or errs):
+            out.append((path, line, f"{etype}: {msg}"))
+    return list(dict.fromkeys(out))
+
+
+def next_sample_file_id(store: Store) -> int:
+    """The first unused ``sample_files.file_id``."""
+    return int(store.con.execute("SELECT coalesce(max(file_id) + 1, 0) FROM sample_files").fetchall()[0][0])
+
+
+def load_samples(store: Store, paths: Sequence[str], first_file_id: int,
+                 rejects: bool = True) -> tuple[int, list[tuple[str, int, str]]]:
+    """Bulk-load sample CSVs into ``sample_rows`` with DuckDB's reader, one scan over all *paths*; the
+    rows of ``paths[i]`` get ``file_id = first_file_id + i`` (the caller records the matching
+    ``sample_files`` rows). Returns the row count and, with *rejects*, the rejected lines as (path,
+    line, reason), one reason per line. Without *rejects* a bad line is skipped all the same, at less
+    cost (the caller compares each file's rows with the count its writer recorded, and asks
+    :meth:`sample_rejects` why where they differ). Touches nothing but the connection, so it may run
+    in a helper thread while the caller does other (non-database) work."""
+    if not paths:
+        return 0, []
+    names = [c for c, _ in SCHEMA["sample_rows"] if c != "file_id"]
+    # Row order is meaningless here (every row carries its file and time): let each thread append
+    # what it parsed without re-establishing the files' order.
+    store.con.execute("SET preserve_insertion_order = false")
+    store.con.execute("SET enable_progress_bar = false")  # a long load would draw DuckDB's own bar on stdout
+    try:
+        n = store.con.execute(
+            f"""INSERT INTO sample_rows (file_id, {", ".join(names)})
+                SELECT CAST(file_index AS INTEGER) + {int(first_file_id)}, {", ".join(names)}
+                FROM {_sample_csv(rejects)}""", {"files": [str(p) for p in paths]}).fetchall()[0][0]
+        found = _take_rejects(store) if rejects else []
+    except duckdb.Error as exc:
+        raise CollectError(f"loading samples failed: {exc}") from None
+    finally:
+        store.con.execute("SET preserve_insertion_order = true")
+    return int(n), found
+
+
+def sample_rejects(store: Store, paths: Sequence[str]) -> list[tuple[str, int, str]]:
+    """The lines of sample CSVs that :meth:`load_samples` skips, as (path, line, reason): the files are
+    read again, nothing is written."""
+    if not paths:
+        return []
+    try:
+        # Every column named, so that each value is converted (count(*) alone would convert none).
+        every = ", ".join(f"count({q(c)})" for c in _SAMPLE_READ_TYPES)
+        store.con.execute(f"SELECT {every} FROM {_sample_csv(True)}", {"files": [str(p) for p in paths]}).fetchall()
+        return _take_rejects(store)
+    except duckdb.Error as exc:
+        raise CollectError(f"reading samples failed: {exc}") from None
+
+
+def _take_rejects(store: Store) -> list[tuple[str, int, str]]:
+    found = store.con.execute(
+        """SELECT s.file_path, e.line, e.column_idx, e.error_type, e.error_message
+           FROM _sbench_rej AS e JOIN _sbench_rej_scan AS s USING (scan_id, file_id)
+           ORDER BY 1, 2, 3, 4, 5""").fetchall()
+    store.con.execute("DROP TABLE IF EXISTS _sbench_rej")
+    store.con.execute("DROP TABLE IF EXISTS _sbench_rej_scan")
+    return _reject_reasons(found)
+
+
+def sample_stats(store: Store, windows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per (run, host, kind, device) statistics of the samples inside each run's measured window
+    (``run_id``, ``start``, ``end``; NULL bounds = unbounded), plus rows counted outside it."""
+    if not windows:
+        return []
+    tbl = frame([("run_id", "VARCHAR"), ("w_start", "DOUBLE"), ("w_end", "DOUBLE")],
+                [{"run_id": w["run_id"], "w_start": w.get("start"), "w_end": w.get("end")} for w in windows])
+    store.con.register("_sbench_win", tbl)
+    try:
+        # Aggregate on the small integer key (one file = one run and host) split by in/out of the
+        # window (cheaper than filtered aggregates), GPU and process rows apart (each kind updates only
+        # its own aggregates; the GPU rows' kind is known, so not hashed), fold the split, then name the
+        # files.
+        return store.fetch_dicts("""
+            WITH w AS (SELECT f.file_id, coalesce(x.w_start, '-infinity'::DOUBLE) AS lo,
+                              coalesce(x.w_end, 'infinity'::DOUBLE) AS hi
+                       FROM sample_files f JOIN _sbench_win x USING (run_id)),
+                 g AS (
+                SELECT file_id, 'gpu'::sample_kind AS kind, device,
+                       coalesce(s.t_wall BETWEEN w.lo AND w.hi, false) AS inw,
+                       count(*) AS n,
+                       avg(gpu_util) AS gpu_util,
+                       avg(100.0 * mem_used_mb / nullif(mem_total_mb, 0)) AS mem_util,
+                       max(100.0 * mem_used_mb / nullif(mem_total_mb, 0)) AS mem_util_peak,
+                       avg(power_w) AS power_w,
+                       avg(100.0 * power_w / nullif(power_limit_w, 0)) AS power_pct,
+                       NULL::DOUBLE AS cpu_pct, NULL::DOUBLE AS mem_pct, NULL::DOUBLE AS rss_mb_max
+                FROM sample_rows s JOIN w USING (file_id)
+                WHERE kind = 'gpu'
+                GROUP BY file_id, device, inw
+                UNION ALL
+                SELECT file_id, kind, device, coalesce(s.t_wall BETWEEN w.lo AND w.hi, false) AS inw,
+                       count(*) AS n, NULL, NULL, NULL, NULL, NULL,
+                       avg(cpu_pct), avg(mem_pct), max(rss_mb)
+                FROM sample_rows s JOIN w USING (file_id)
+                WHERE kind <> 'gpu'
+                GROUP BY ALL),
+                 a AS (
+                SELECT file_id, kind, device, CAST(sum(n) AS BIGINT) AS rows_all,
+                       CAST(coalesce(sum(n) FILTER (WHERE inw), 0) AS BIGINT) AS samples,
+                       max(gpu_util) FILTER (WHERE inw) AS gpu_util,
+                       max(mem_util) FILTER (WHERE inw) AS mem_util,
+                       max(mem_util_peak) FILTER (WHERE inw) AS mem_util_peak,
+                       max(power_w) FILTER (WHERE inw) AS power_w,
+                       max(power_pct) FILTER (WHERE inw) AS power_pct,
+                       max(cpu_pct) FILTER (WHERE inw) AS cpu_pct,
+                       max(mem_pct) FILTER (WHERE inw) AS mem_pct,
+                       max(rss_mb_max) AS rss_mb_max
+                FROM g GROUP BY file_id, kind, device)
+            SELECT f.run_id, f.host, CAST(a.kind AS VARCHAR) AS kind, a.device, a.rows_all, a.samples,
+                   a.gpu_util, a.mem_util, a.mem_util_peak, a.power_w, a.power_pct, a.cpu_pct, a.mem_pct,
+                   a.rss_mb_max
+            FROM a JOIN sample_files f USING (file_id)
+            ORDER BY f.run_id, f.host, a.kind, a.device""")
+    finally:
+        store.con.unregister("_sbench_win")

@@ -1,0 +1,279 @@
+"""The results database's schema: every table with its typed columns, the primary keys, the views, and the
+schema version a database must carry (``metadata.schema_version``).
+
+Tables: ``metadata``, ``campaigns``, ``points`` (entity fields as typed columns), ``campaign_points``,
+``runs`` (one per attempt), ``run_hosts``, ``stages``, ``sample_files``, ``sample_rows``, ``ranks``,
+``errors``, ``trials``, ``measurements``, ``environment``, ``memory``, ``checks``, ``probes``, ``fabric``;
+views ``samples``, ``latest_measurements``, ``run_summary``, ``stage_durations``, ``run_overhead``,
+``point_status``.
+
+Samples are stored compactly: ``sample_files`` has one row per loaded ``samples.<host>.csv``
+(``file_id``, ``run_id``, ``host``, its ``path`` and ``t0``, the run's training start); ``sample_rows``
+has the file's rows keyed by that small integer, ``kind`` as the ENUM ``sample_kind`` ('gpu', 'proc') and
+no per-row run id, host or derived column. The view ``samples`` joins them back into the documented
+columns (``run_id``, ``host``, ``kind``, ``device``, ``t_wall``, ``t_rel`` = ``t_wall - t0``, ``t_mono``,
+the metrics, ``nprocs``): query ``samples``; the two tables are storage.
+"""
+
+from __future__ import annotations
+
+from harness.contract.errors import CollectError
+from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
+
+# 2: samples became a view over sample_files + sample_rows; 3: environment provenance; 4: the run_overhead view;
+# 5: FLOPs and MFU columns in measurements; 6: references and checks, exact train tokens and rank-0 CPU columns,
+# ranks.cpu_util_pct; 7: DeepSpeed ZeRO and QLoRA entity columns; 8: trainer (entity column) and the trainer
+# environment's packages
+SCHEMA_VERSION = 8
+
+
+KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
+
+
+def _entity_columns() -> list[tuple[str, str]]:
+    """Every entity-space field of every experiment, typed from the catalog's FieldSpecs."""
+    cols: dict[str, str] = {}
+    for exp in EXPERIMENTS.values():
+        for f in exp.fields:
+            sql = KIND_SQL[f.kind]
+            if cols.setdefault(f.name, sql) != sql:  # pragma: no cover - a catalog bug
+                raise CollectError(f"catalog: field {f.name} has two types ({cols[f.name]} and {sql})")
+    return list(cols.items())
+
+
+ENTITY_COLUMNS: list[tuple[str, str]] = _entity_columns()
+
+
+ENTITY_FIELDS: dict[str, str] = dict(ENTITY_COLUMNS)
+
+
+# The seeds' measured properties (is_valid is its own BOOLEAN column).
+PROPERTY_COLUMNS: list[str] = [p for p in BENCHMARK_PROPERTIES if p != "is_valid"] + [
+    p for p in STABILITY_PROPERTIES if p != "is_valid"]
+
+
+_RUN_KEY = [("run_id", "VARCHAR")]
+
+
+SCHEMA: dict[str, list[tuple[str, str]]] = {
+    "metadata": [("key", "VARCHAR"), ("value", "VARCHAR")],
+    "campaigns": [
+        ("campaign", "VARCHAR"), ("experiment", "VARCHAR"), ("sweep", "VARCHAR"), ("inventory", "VARCHAR"),
+        ("partition", "VARCHAR"), ("executor", "VARCHAR"), ("created_at", "TIMESTAMP"),
+        ("sbench_version", "VARCHAR"), ("source", "VARCHAR"),
+        ("references_spec", "JSON"),  # the sweep's references (harness.references), newest word
+    ],
+    "points": [("point_id", "VARCHAR"), ("experiment", "VARCHAR"), ("valid", "BOOLEAN"),
+               ("reasons", "VARCHAR[]"), ("notes", "VARCHAR[]"), *ENTITY_COLUMNS, ("entity", "JSON")],
+    "campaign_points": [("campaign", "VARCHAR"), ("point_id", "VARCHAR"), ("repeat", "INTEGER")],
+    "runs": [
+        *_RUN_KEY, ("campaign", "VARCHAR"), ("point_id", "VARCHAR"), ("repeat", "INTEGER"),
+        ("attempt", "INTEGER"), ("experiment", "VARCHAR"), ("job_dir", "VARCHAR"), ("executor", "VARCHAR"),
+        ("job_id", "VARCHAR"), ("array_job_id", "VARCHAR"), ("array_task_id", "INTEGER"),
+        ("submit_reason", "VARCHAR"), ("submitted_at", "TIMESTAMP"), ("cancel_requested_at", "TIMESTAMP"),
+        ("state", "VARCHAR"), ("exit_code", "INTEGER"), ("exit_signal", "INTEGER"), ("elapsed_s", "DOUBLE"),
+        ("node_list", "VARCHAR"), ("hosts_expected", "VARCHAR[]"), ("hosts_seen", "VARCHAR[]"),
+        ("num_machines", "INTEGER"), ("max_rss_mb", "DOUBLE"),
+        ("outcome", "VARCHAR"), ("reason", "VARCHAR"), ("warnings", "VARCHAR[]"),
+        ("accounting_source", "VARCHAR"), ("started_at", "TIMESTAMP"), ("ended_at", "TIMESTAMP"),
+        ("restarts", "INTEGER"), ("transport", "VARCHAR"), ("transport_by_host", "VARCHAR"),
+        ("train_start_wall", "DOUBLE"), ("train_end_wall", "DOUBLE"), ("warmup_end_wall", "DOUBLE"),
+        ("global_step", "BIGINT"), ("stopped_by", "VARCHAR"), ("sample_rows", "BIGINT"),
+        ("fingerprint", "VARCHAR"), ("collected_at", "TIMESTAMP"),
+    ],
+    "run_hosts": [
+        *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("expected", "BOOLEAN"),
+        ("seen", "BOOLEAN"), ("has_stages", "BOOLEAN"), ("has_samples", "BOOLEAN"), ("has_result", "BOOLEAN"),
+        ("has_environment", "BOOLEAN"), ("has_log", "BOOLEAN"), ("outcome", "VARCHAR"), ("exit_code", "INTEGER"),
+        ("signal", "VARCHAR"), ("reason", "VARCHAR"), ("started_wall", "DOUBLE"), ("ended_wall", "DOUBLE"),
+        ("transport", "VARCHAR"), ("nccl_net", "VARCHAR"),
+    ],
+    "stages": [
+        *_RUN_KEY, ("host", "VARCHAR"), ("rank", "INTEGER"), ("stage", "VARCHAR"), ("trial", "INTEGER"),
+        ("restart", "INTEGER"), ("pid", "BIGINT"), ("start_wall", "DOUBLE"), ("end_wall", "DOUBLE"),
+        ("started_at", "TIMESTAMP"), ("ended_at", "TIMESTAMP"), ("duration_s", "DOUBLE"), ("status", "VARCHAR"),
+        ("error", "VARCHAR"), ("info", "JSON"),
+    ],
+    # One row per loaded samples.<host>.csv; t0 is the run's train_start_wall (t_rel = t_wall - t0).
+    "sample_files": [("file_id", "INTEGER"), *_RUN_KEY, ("host", "VARCHAR"), ("path", "VARCHAR"), ("t0", "DOUBLE")],
+    # The CSV rows, keyed by file_id; queried through the ``samples`` view.
+    "sample_rows": [
+        ("file_id", "INTEGER"), ("kind", "sample_kind"), ("device", "INTEGER"), ("t_wall", "DOUBLE"),
+        ("t_mono", "DOUBLE"), ("gpu_util", "DOUBLE"), ("mem_used_mb", "DOUBLE"), ("mem_total_mb", "DOUBLE"),
+        ("power_w", "DOUBLE"), ("power_limit_w", "DOUBLE"), ("cpu_pct", "DOUBLE"), ("mem_pct", "DOUBLE"),
+        ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"),
+    ],
+    "ranks": [
+        *_RUN_KEY, ("rank", "INTEGER"), ("host", "VARCHAR"), ("local_rank", "INTEGER"), ("world_size", "INTEGER"),
+        ("device", "VARCHAR"), ("global_step", "BIGINT"), ("train_start_wall", "DOUBLE"),
+        ("train_end_wall", "DOUBLE"), ("warmup_end_wall", "DOUBLE"), ("stopped_by", "VARCHAR"),
+        ("train_runtime", "DOUBLE"), ("train_samples_per_second", "DOUBLE"), ("train_steps_per_second", "DOUBLE"),
+        ("train_tokens_per_second", "DOUBLE"), ("dataset_tokens", "BIGINT"), ("dataset_tokens_per_second", "DOUBLE"),
+        ("cpu_util_pct", "DOUBLE"), ("notes", "VARCHAR[]"), ("metrics", "JSON"),
+    ],
+    "errors": [
+        *_RUN_KEY, ("rank", "VARCHAR"), ("host", "VARCHAR"), ("kind", "VARCHAR"), ("error_type", "VARCHAR"),
+        ("message", "VARCHAR"), ("traceback", "VARCHAR"), ("stage", "VARCHAR"), ("trial", "INTEGER"),
+        ("t_wall", "DOUBLE"),
+    ],
+    "trials": [
+        *_RUN_KEY, ("trial", "INTEGER"), ("host", "VARCHAR"), ("exit_code", "INTEGER"), ("outcome", "VARCHAR"),
+        ("reason", "VARCHAR"), ("start_wall", "DOUBLE"), ("end_wall", "DOUBLE"), ("duration_s", "DOUBLE"),
+    ],
+    "measurements": [
+        *_RUN_KEY, ("campaign", "VARCHAR"), ("point_id", "VARCHAR"), ("repeat", "INTEGER"), ("attempt", "INTEGER"),
+        ("experiment", "VARCHAR"), ("ended_at", "TIMESTAMP"), ("is_valid", "BOOLEAN"),
+        *[(p, "DOUBLE") for p in PROPERTY_COLUMNS],
+        ("trials_run", "INTEGER"), ("window_start_wall", "DOUBLE"), ("window_end_wall", "DOUBLE"),
+        ("window_s", "DOUBLE"), ("gpu_devices", "INTEGER"), ("gpu_samples", "BIGINT"), ("proc_samples", "BIGINT"),
+        ("world_size", "INTEGER"), ("transport", "VARCHAR"), ("notes", "VARCHAR[]"),
+        *[(p, "DOUBLE") for p in DERIVED_PROPERTIES],
+        # memory: measured (rank 0's tensors after its last recorded optimizer step; the device peak over
+        # ranks, CUDA only) beside harness.memory's prediction from spec.json
+        ("memory_peak_bytes", "BIGINT"), ("activation_bytes", "BIGINT"), ("activation_error", "DOUBLE"),
+        ("params_bytes", "BIGINT"), ("grads_bytes", "BIGINT"),
+        ("optimizer_bytes", "BIGINT"), ("predicted_params_bytes", "BIGINT"), ("predicted_grads_bytes", "BIGINT"),
+        ("predicted_optimizer_bytes", "BIGINT"), ("predicted_activation_bytes", "BIGINT"),
+        ("predicted_total_bytes", "BIGINT"), ("predicted_host_bytes", "BIGINT"), ("device_bytes", "BIGINT"),
+        ("predicted_oom", "BOOLEAN"),
+        *ENTITY_COLUMNS,
+    ],
+    "environment": [
+        *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("python", "VARCHAR"), ("torch", "VARCHAR"),
+        ("transformers", "VARCHAR"), ("trl", "VARCHAR"), ("peft", "VARCHAR"), ("accelerate", "VARCHAR"),
+        ("datasets", "VARCHAR"), ("submitit", "VARCHAR"), ("duckdb", "VARCHAR"), ("nvidia_ml_py", "VARCHAR"),
+        ("sbench_version", "VARCHAR"), ("git_commit", "VARCHAR"), ("gpu_count", "INTEGER"),
+        ("gpu_names", "VARCHAR[]"), ("gpus", "JSON"), ("cpu_count", "INTEGER"), ("memory_total_mb", "DOUBLE"),
+        ("env", "JSON"), ("packages", "JSON"), ("driver_version", "VARCHAR"), ("cuda_driver", "VARCHAR"),
+        ("cuda_runtime", "VARCHAR"), ("nccl", "VARCHAR"), ("cudnn", "VARCHAR"), ("flash_attn", "VARCHAR"),
+        ("hca_firmware", "JSON"),
+        ("trainer", "VARCHAR"), ("trainer_packages", "JSON"),  # the training processes' packages (fms-hf-tuning)
+    ],
+    # harness.runner.memsnap: each rank's memory at fixed phases of recorded steps.
+    "memory": [
+        *_RUN_KEY, ("rank", "INTEGER"), ("host", "VARCHAR"), ("step", "BIGINT"), ("phase", "VARCHAR"),
+        ("t_wall", "DOUBLE"), ("params_bytes", "BIGINT"), ("trainable_bytes", "BIGINT"), ("grads_bytes", "BIGINT"),
+        ("optimizer_bytes", "BIGINT"), ("cuda_allocated_bytes", "BIGINT"), ("cuda_peak_bytes", "BIGINT"),
+        ("cuda_reserved_bytes", "BIGINT"), ("rss_bytes", "BIGINT"),
+    ],
+    # Collect's check of each point-repeat (latest attempt) against the campaign's references.
+    "checks": [
+        ("campaign", "VARCHAR"), ("point_id", "VARCHAR"), ("repeat", "INTEGER"), ("run_id", "VARCHAR"),
+        ("metric", "VARCHAR"), ("value", "DOUBLE"), ("reference", "DOUBLE"), ("lower_bound", "DOUBLE"),
+        ("upper_bound", "DOUBLE"), ("deviation", "DOUBLE"), ("unit", "VARCHAR"), ("selector", "JSON"),
+        ("status", "VARCHAR"), ("reason", "VARCHAR"), ("checked_at", "TIMESTAMP"),
+    ],
+    # sbench probe: one row per probed host.
+    "probes": [
+        ("probe_id", "VARCHAR"), ("host", "VARCHAR"), ("cluster", "VARCHAR"), ("partition", "VARCHAR"),
+        ("probed_at", "TIMESTAMP"), ("gpu_count", "INTEGER"), ("gpu_names", "VARCHAR[]"),
+        ("driver_version", "VARCHAR"), ("cuda_driver", "VARCHAR"), ("cores", "INTEGER"), ("memory_gb", "DOUBLE"),
+        ("memlock", "VARCHAR"), ("hcas", "JSON"), ("differences", "VARCHAR[]"), ("doc", "JSON"),
+    ],
+    # sbench fabric: one row per (fabric run, collective, message size).
+    "fabric": [
+        ("fabric_id", "VARCHAR"), ("cluster", "VARCHAR"), ("partition", "VARCHAR"), ("nodes", "INTEGER"),
+        ("world_size", "INTEGER"), ("backend", "VARCHAR"), ("enable_roce", "BOOLEAN"), ("op", "VARCHAR"),
+        ("bytes", "BIGINT"), ("iters", "INTEGER"), ("time_us", "DOUBLE"), ("algbw_gbps", "DOUBLE"),
+        ("busbw_gbps", "DOUBLE"), ("transport_by_host", "JSON"), ("ok", "BOOLEAN"), ("reason", "VARCHAR"),
+        ("job_dir", "VARCHAR"), ("measured_at", "TIMESTAMP"),
+    ],
+}
+
+
+PRIMARY_KEYS = {"metadata": ("key",), "probes": ("probe_id", "host"), "campaigns": ("campaign",),
+                "points": ("point_id",),
+                "campaign_points": ("campaign", "point_id", "repeat"), "runs": ("run_id",),
+                "measurements": ("run_id",), "sample_files": ("file_id",)}
+
+
+COLUMN_NAMES = {t: frozenset(c for c, _ in cols) for t, cols in SCHEMA.items()}
+
+
+# Tables whose rows belong to one run and are replaced as a whole when the run changes
+# (``sample_rows`` go with their ``sample_files`` row).
+RUN_CHILD_TABLES = ("run_hosts", "stages", "sample_files", "ranks", "errors", "trials", "measurements",
+                    "environment", "memory")
+
+
+# Types created before the tables.
+TYPES = {"sample_kind": "ENUM ('gpu', 'proc')"}
+
+
+# Columns of ``runs`` that a manifest ``attempt`` line owns; collect owns the rest.
+MANIFEST_RUN_COLUMNS = ("campaign", "point_id", "repeat", "attempt", "experiment", "job_dir", "executor", "job_id",
+                        "array_job_id", "array_task_id", "submit_reason", "submitted_at")
+
+
+_HEADLINE = ["train_runtime", "train_tokens_per_second", "dataset_tokens_per_second",
+             "gpu_compute_utilization_avg", "gpu_memory_utilization_peak", "f_gpu_oom", "f_no_error"]
+
+
+VIEWS: dict[str, str] = {
+    # The samples as documented (docs/job-directory.md), one row per CSV row.
+    "samples": """
+        SELECT f.run_id, f.host, s.kind, s.device, s.t_wall, s.t_wall - f.t0 AS t_rel, s.t_mono, s.gpu_util,
+               s.mem_used_mb, s.mem_total_mb, s.power_w, s.power_limit_w, s.cpu_pct, s.mem_pct, s.rss_mb, s.nprocs
+        FROM sample_rows s JOIN sample_files f USING (file_id)""",
+    # The latest valid measurement of each point (across campaigns): what --force/skip decisions and
+    # most analyses want.
+    "latest_measurements": """
+        SELECT * EXCLUDE (_rn) FROM (
+            SELECT m.*, row_number() OVER (PARTITION BY m.point_id
+                                           ORDER BY m.ended_at DESC NULLS LAST, m.run_id DESC) AS _rn
+            FROM measurements m WHERE m.is_valid)
+        WHERE _rn = 1""",
+    "run_summary": f"""
+        SELECT r.run_id, r.campaign, r.point_id, r.repeat, r.attempt, r.experiment, p.model_name,
+               p.number_gpus, p.number_nodes, p.batch_size, p.model_max_length, p.distributed_backend,
+               p.enable_roce, r.executor, r.job_id, r.state, r.outcome, r.reason, r.elapsed_s, r.node_list,
+               r.transport, r.accounting_source, r.submitted_at, r.started_at, r.ended_at, m.is_valid,
+               {", ".join("m." + c for c in _HEADLINE)}
+        FROM runs r LEFT JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id)""",
+    "stage_durations": """
+        SELECT run_id, stage, trial, count(*) AS n, count(DISTINCT host) AS hosts,
+               min(duration_s) AS min_s, avg(duration_s) AS avg_s, max(duration_s) AS max_s,
+               count(*) FILTER (WHERE status = 'error') AS errors,
+               count(*) FILTER (WHERE status = 'incomplete') AS incomplete
+        FROM stages GROUP BY run_id, stage, trial""",
+    # Per run and host, from the stage events: the seconds from the host's first event (the node runner
+    # starting) to the first train stage, the host's span, the train stages' span (per trial, summed), and
+    # what is left outside training. prepared_in_job: the job had to generate or tokenize its data.
+    "run_overhead": """
+        WITH s AS (SELECT run_id, host, stage, trial, start_wall, end_wall, info FROM stages
+                   WHERE start_wall IS NOT NULL),
+        h AS (SELECT run_id, host, min(start_wall) AS job_start_wall,
+                     max(coalesce(end_wall, start_wall)) AS job_end_wall,
+                     bool_or(json_extract_string(info, '$.prepared.status') IN ('built', 'rebuilt')
+                             OR json_extract_string(info, '$.status_before') IN ('missing', 'stale'))
+                         AS prepared_in_job
+              FROM s GROUP BY run_id, host),
+        t AS (SELECT run_id, host, trial, min(start_wall) AS t0, max(end_wall) AS t1 FROM s
+              WHERE stage = 'train' GROUP BY run_id, host, trial),
+        tt AS (SELECT run_id, host, min(t0) AS first_train_wall, sum(t1 - t0) AS train_s FROM t
+               GROUP BY run_id, host)
+        SELECT h.run_id, h.host, h.job_start_wall, tt.first_train_wall,
+               tt.first_train_wall - h.job_start_wall AS startup_s,
+               h.job_end_wall - h.job_start_wall AS allocation_s, tt.train_s,
+               (h.job_end_wall - h.job_start_wall) - coalesce(tt.train_s, 0) AS outside_train_s,
+               CASE WHEN h.job_end_wall > h.job_start_wall
+                    THEN ((h.job_end_wall - h.job_start_wall) - coalesce(tt.train_s, 0))
+                         / (h.job_end_wall - h.job_start_wall) END AS outside_train_fraction,
+               coalesce(h.prepared_in_job, false) AS prepared_in_job
+        FROM h LEFT JOIN tt USING (run_id, host)""",
+    "point_status": """
+        SELECT cp.campaign, cp.point_id, cp.repeat, p.valid,
+               count(r.run_id) AS attempts,
+               count(*) FILTER (WHERE r.outcome = 'ok') AS ok,
+               count(*) FILTER (WHERE r.outcome = 'invalid') AS invalid,
+               count(*) FILTER (WHERE r.outcome = 'failed') AS failed,
+               count(*) FILTER (WHERE r.run_id IS NOT NULL AND r.outcome IS NULL) AS pending
+        FROM campaign_points cp LEFT JOIN points p USING (point_id)
+             LEFT JOIN runs r ON r.campaign = cp.campaign AND r.point_id = cp.point_id AND r.repeat = cp.repeat
+        GROUP BY ALL""",
+}
+
+
+def q(name: str) -> str:
+    """A quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'

@@ -1,0 +1,120 @@
+"""What ``submit``, ``status`` and ``cancel`` read: each point's attempts and outcomes.
+
+``point_status(store, campaign=None, point_ids=None)``: per point, the attempts that are ``ok`` /
+``invalid`` / ``failed`` / ``pending`` (outcome NULL: submitted, queued, running), ``attempts``,
+``last_attempt`` and ``last_outcome``. With ``campaign``, only that campaign's attempts; with
+``point_ids``, those points' attempts in every campaign (a point is the same point across campaigns);
+with both, the intersection. ``status_rows`` lists every (campaign, point, repeat), attempts or not
+(invalid points have none), with its latest attempt; ``attempt_rows`` every attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .store import Store
+
+
+# -- status (submit/status API) ------------------------------------------------------------------------
+def point_status(store: Store, campaign: str | None = None,
+                 point_ids: Iterable[str] | None = None) -> dict[str, PointStatus]:
+    where, params = [], []
+    if campaign is not None:
+        where.append("campaign = ?")
+        params.append(campaign)
+    ids = list(point_ids) if point_ids is not None else None
+    if ids is not None:
+        if not ids:
+            return {}
+        where.append(f"point_id IN ({', '.join('?' for _ in ids)})")
+        params.extend(ids)
+    sql = ("SELECT point_id, attempt, outcome, submitted_at, run_id FROM runs"
+           + (" WHERE " + " AND ".join(where) if where else "")
+           + " ORDER BY point_id, submitted_at NULLS FIRST, attempt, run_id")
+    out: dict[str, PointStatus] = {pid: PointStatus(pid) for pid in ids or []}
+    for pid, attempt, outcome, _sub, _rid in store.con.execute(sql, params).fetchall():
+        st = out.setdefault(pid, PointStatus(pid))
+        st.attempts += 1
+        if outcome in ("ok", "invalid", "failed"):
+            setattr(st, outcome, getattr(st, outcome) + 1)
+        else:
+            st.pending += 1
+        st.last_attempt = max(st.last_attempt, int(attempt or 0))
+        st.last_outcome = outcome
+    if campaign is not None and ids is None:
+        for (pid,) in store.con.execute("SELECT DISTINCT point_id FROM campaign_points WHERE campaign = ?",
+                                       [campaign]).fetchall():
+            out.setdefault(pid, PointStatus(pid))
+    return out
+
+
+def next_attempt(store: Store, campaign: str, point_id: str, repeat: int) -> int:
+    rows = store.con.execute("SELECT max(attempt) FROM runs WHERE campaign = ? AND point_id = ? AND repeat = ?",
+                            [campaign, point_id, repeat]).fetchall()
+    return int(rows[0][0] or 0) + 1
+
+
+def attempt_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+    cols = ("run_id, campaign, point_id, repeat, attempt, experiment, executor, job_id, state, outcome, reason, "
+            "accounting_source, submitted_at, started_at, ended_at, elapsed_s, node_list, transport, job_dir, "
+            "cancel_requested_at")
+    sql = f"SELECT {cols} FROM runs" + (" WHERE campaign = ?" if campaign else "")
+    return store.fetch_dicts(sql + " ORDER BY campaign, point_id, repeat, attempt", [campaign] if campaign else [])
+
+
+def job_dirs(store: Store, campaign: str | None = None) -> set[str]:
+    """The job dir of every attempt recorded (of one campaign, or all)."""
+    sql = "SELECT job_dir FROM runs WHERE job_dir IS NOT NULL" + (" AND campaign = ?" if campaign else "")
+    return {r[0] for r in store.con.execute(sql, [campaign] if campaign else []).fetchall()}
+
+
+def status_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+    sql = """
+        WITH latest AS (
+            SELECT * EXCLUDE (_rn) FROM (
+                SELECT r.*, row_number() OVER (PARTITION BY campaign, point_id, repeat
+                                               ORDER BY attempt DESC) AS _rn FROM runs r)
+            WHERE _rn = 1)
+        SELECT ps.campaign, ps.point_id, ps.repeat, ps.valid, p.reasons AS point_reasons, p.model_name,
+               ps.attempts, ps.ok, ps.invalid, ps.failed, ps.pending,
+               l.attempt AS last_attempt, l.job_id, l.state, l.outcome, l.reason, l.submitted_at,
+               l.started_at, l.ended_at, l.job_dir, o.startup_s, o.outside_train_s, o.outside_train_fraction,
+               o.prepared_in_job
+        FROM point_status ps LEFT JOIN points p USING (point_id)
+             LEFT JOIN latest l ON l.campaign = ps.campaign AND l.point_id = ps.point_id AND l.repeat = ps.repeat
+             LEFT JOIN (SELECT run_id, max(startup_s) AS startup_s, max(outside_train_s) AS outside_train_s,
+                               max(outside_train_fraction) AS outside_train_fraction,
+                               bool_or(prepared_in_job) AS prepared_in_job
+                        FROM run_overhead GROUP BY run_id) o ON o.run_id = l.run_id
+    """
+    params: list[Any] = []
+    if campaign:
+        sql += " WHERE ps.campaign = ?"
+        params.append(campaign)
+    return store.fetch_dicts(sql + " ORDER BY ps.campaign, ps.point_id, ps.repeat", params)
+
+
+@dataclass
+class PointStatus:
+    """Attempt counts of one point, for submit's skip / --force / --retry-failed decisions."""
+
+    point_id: str
+    ok: int = 0
+    invalid: int = 0
+    failed: int = 0
+    pending: int = 0
+    attempts: int = 0
+    last_attempt: int = 0
+    last_outcome: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def campaign_names(store: Store) -> list[str]:
+    """Every campaign with a recorded campaign row or a run."""
+    return [r[0] for r in store.con.execute(
+        "SELECT campaign FROM campaigns UNION SELECT campaign FROM runs WHERE campaign IS NOT NULL "
+        "ORDER BY 1").fetchall()]
