@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.contract import envvars
 from harness.contract.errors import InventoryError
 
 from .flops import DTYPES
@@ -345,8 +346,8 @@ def inventory_path(path: str | Path | None) -> Path | None:
     """The inventory file, absolute (recorded in manifests, so `retry` works from any directory)."""
     if path:
         return Path(path).expanduser().absolute()
-    env = os.environ.get("SBENCH_INVENTORY")
-    return Path(env).expanduser().absolute() if env else None
+    named = envvars.INVENTORY.get()
+    return Path(named).expanduser().absolute() if named else None
 
 
 def load_inventory(path: str | Path | None = None) -> Inventory:
