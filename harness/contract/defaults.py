@@ -52,8 +52,6 @@ class RunnerSettings:
         return cls(**values)
 
 
-RUNNER_DEFAULTS: dict[str, Any] = RunnerSettings().to_dict()  # for callers not yet on RunnerSettings
-
 # DeepSpeed ZeRO settings sbench renders into deepspeed.json and the memory prediction assumes:
 # communication bucket sizes (elements), and the size under which ZeRO-3 keeps a parameter whole.
 DEEPSPEED_BUCKET = 50_000_000

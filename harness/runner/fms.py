@@ -16,8 +16,7 @@ works as with the sbench trainer (:mod:`harness.runner.train`, whose per-rank fr
 - an exception inside ``train()`` is recorded before fms-hf-tuning turns it into an exit code, so
   OOM and other errors are classified as with the sbench trainer.
 
-sbench's own flags (``--job_dir``, ``--stop_after_seconds``, ``--auto_stop_method``,
-``--distributed_backend``, ``--fsdp_use_orig_params``) are taken out before fms-hf-tuning parses.
+sbench's own flags (:data:`harness.build.trainargs.OWN_FLAGS`) are taken out before fms-hf-tuning parses.
 """
 
 from __future__ import annotations
@@ -28,15 +27,14 @@ import time
 from collections import deque
 from typing import Any
 
-from harness.contract.defaults import RUNNER_DEFAULTS
+from harness.build.trainargs import OWN_FLAGS
+from harness.contract.formats import Stage
 from harness.data.tokens import dataset_token_counts
 from harness.spec.flops import model_counts
 
 from . import train as base
 from .memsnap import MemoryRecorder
 
-SBENCH_ONLY = {"--job_dir", "--stop_after_seconds", "--auto_stop_method", "--distributed_backend",
-               "--fsdp_use_orig_params"}
 TRAINER_PACKAGES = ("fms-hf-tuning", "torch", "transformers", "trl", "peft", "accelerate", "datasets",
                     "fms-acceleration", "fms-acceleration-peft", "fms-acceleration-foak", "fms-acceleration-moe")
 
@@ -48,7 +46,7 @@ def fms_argv(argv: list[str]) -> list[str]:
         if skip:
             skip = False
             continue
-        if a in SBENCH_ONLY:
+        if a in OWN_FLAGS:
             skip = True
             continue
         out.append(a)
@@ -175,9 +173,9 @@ def _callback(ctx: base.Context, meter: base.Meter, counts: EntryCounts, stages:
             opened = stages.pop("open", None)  # trainer_init (model_load with releases before process_dataargs)
             if opened:
                 ctx.log.end(opened)
-            ctx.log.start("train")
-            stages["open"] = "train"
-            ctx.fault_at_stage("train")
+            ctx.log.start(Stage.TRAIN)
+            stages["open"] = Stage.TRAIN
+            ctx.fault_at_stage(Stage.TRAIN)
             return super().on_train_begin(args, state, control, **kw)
 
     return FmsCallback()
@@ -201,11 +199,10 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
     state = PartialState(cpu=not cuda)
     base.launch_end(ctx, t_imported)
 
-    with ctx.log.stage("tokens") as info:
-        ctx.fault_at_stage("tokens")
+    with ctx.log.stage(Stage.TOKENS) as info:
+        ctx.fault_at_stage(Stage.TOKENS)
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-        cache_dir = ctx.data_dir / base.TOKEN_CACHE_DIR if ctx.runner.get(
-            "token_cache", RUNNER_DEFAULTS["token_cache"]) else None
+        cache_dir = ctx.data_dir / base.TOKEN_CACHE_DIR if ctx.runner.token_cache else None
         with state.main_process_first():
             tc = dataset_token_counts(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
                                       max_seq_length=args.max_seq_length, cache_dir=cache_dir)
@@ -218,7 +215,7 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
     counts = EntryCounts(list(tc.counts))
     policy = base.StopPolicy.of(args, ctx.runner)
     timeline: dict[str, Any] = {}
-    memory = MemoryRecorder(int(ctx.runner.get("memory_every_steps") or RUNNER_DEFAULTS["memory_every_steps"]), None)
+    memory = MemoryRecorder(ctx.runner.memory_every_steps, None)
     stages: dict[str, Any] = {}
     result: dict[str, Any] = {}
 
@@ -244,15 +241,15 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
     process = getattr(st, "process_dataargs", None)
 
     def process_dataargs(*a: Any, **kw: Any) -> Any:
-        if stages.pop("open", None) == "model_load":
-            ctx.log.end("model_load")
-        ctx.log.start("dataset")
-        stages["open"] = "dataset"
-        ctx.fault_at_stage("dataset")
+        if stages.pop("open", None) == Stage.MODEL_LOAD:
+            ctx.log.end(Stage.MODEL_LOAD)
+        ctx.log.start(Stage.DATASET)
+        stages["open"] = Stage.DATASET
+        ctx.fault_at_stage(Stage.DATASET)
         out = process(*a, **kw)
-        ctx.log.end("dataset", info={"rows": len(out[0]) if out and out[0] is not None else None})
-        ctx.log.start("trainer_init")
-        stages["open"] = "trainer_init"
+        ctx.log.end(Stage.DATASET, info={"rows": len(out[0]) if out and out[0] is not None else None})
+        ctx.log.start(Stage.TRAINER_INIT)
+        stages["open"] = Stage.TRAINER_INIT
         return out
 
     if hasattr(st, "process_dataargs"):  # 2.x before process_dataargs: model_load runs up to the first step
@@ -277,9 +274,9 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
         else os.devnull
     if ctx.world_size > 1:
         os.environ.setdefault("FSDP_USE_ORIG_PARAMS", str(args.fsdp_use_orig_params).lower())
-    ctx.log.start("model_load")
-    stages["open"] = "model_load"
-    ctx.fault_at_stage("model_load")
+    ctx.log.start(Stage.MODEL_LOAD)
+    stages["open"] = Stage.MODEL_LOAD
+    ctx.fault_at_stage(Stage.MODEL_LOAD)
     argv0 = sys.argv
     sys.argv = ["tuning.sft_trainer", *fms_argv(doc["argv"])]
     try:
@@ -332,8 +329,8 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
                           "fsdp_version": getattr(getattr(acc.state, "fsdp_plugin", None), "fsdp_version", None),
                           "requested": args.distributed_backend, "zero_stage": None, **base._wrapping(trainer)}
     policy.record(doc, args, ctx)
-    if stages.pop("open", None) == "train":
-        ctx.log.end("train", info={"global_step": m["global_step"], "stopped_by": m["stopped_by"],
+    if stages.pop("open", None) == Stage.TRAIN:
+        ctx.log.end(Stage.TRAIN, info={"global_step": m["global_step"], "stopped_by": m["stopped_by"],
                                    "train_runtime": (m.get("metrics") or {}).get("train_runtime")})
     if ctx.rank == 0 and ctx.paths is not None:
         base._write_json(ctx.paths.log_history, hist)

@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -53,7 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.contract.defaults import AUTO_STOP, RUNNER_DEFAULTS
+from harness.contract import envvars
+from harness.contract.defaults import AUTO_STOP, RunnerSettings
+from harness.contract.formats import RESPONSE_TEMPLATE_ARG, TEXT_FIELD, Stage
 from harness.contract.paths import JobPaths
 from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared
 from harness.data.tokens import dataset_token_counts, encode_for_training
@@ -99,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--job_dir", default=None, help="job directory for stage events and results (default: none written)")
     a("--torch_dtype", default="bfloat16")
     a("--use_flash_attn", type=_bool, default=True)
-    a("--response_template", default="\\n### Response:")
-    a("--dataset_text_field", default="output")
+    a("--response_template", default=RESPONSE_TEMPLATE_ARG)
+    a("--dataset_text_field", default=TEXT_FIELD)
     a("--log_level", default="passive")
     a("--num_train_epochs", type=float, default=1.0)
     a("--max_steps", type=int, default=-1)
@@ -170,7 +171,7 @@ class Context:
     host: str
     trial: int | None
     paths: JobPaths | None
-    runner: dict[str, Any]
+    runner: RunnerSettings
     data_dir: Path
     log: StageLog
     faults: list[Fault]
@@ -182,14 +183,14 @@ class Context:
     def from_env(cls, args: argparse.Namespace) -> Context:
         env = os.environ
         rank = int(env.get("RANK", "0"))
-        trial_s = env.get("SBENCH_TRIAL")
-        host = env.get("SBENCH_HOST") or socket.gethostname().split(".")[0]
+        trial_s = envvars.TRIAL.get()
+        host = envvars.host()
         paths = JobPaths(args.job_dir) if args.job_dir else None
-        runner = dict(RUNNER_DEFAULTS)
+        runner = RunnerSettings()
         data_dir = Path(args.training_data_path).resolve().parent
         if paths is not None and paths.spec.is_file():
             js = json.loads(paths.spec.read_text()).get("jobspec", {})
-            runner.update(js.get("runner") or {})
+            runner = RunnerSettings.from_dict(js.get("runner"))
             if js.get("data_dir"):
                 data_dir = Path(js["data_dir"])
         if paths is not None:
@@ -197,7 +198,7 @@ class Context:
         # SBENCH_STAGE_LOG=0 turns stage events off (bench/overhead.py measures what they cost).
         log = StageLog(paths.stages(host) if paths else "/dev/null", host, rank=rank,
                        trial=int(trial_s) if trial_s else None,
-                       enabled=paths is not None and env.get("SBENCH_STAGE_LOG", "1") != "0")
+                       enabled=paths is not None and envvars.STAGE_LOG.get() != "0")
         return cls(rank=rank, local_rank=int(env.get("LOCAL_RANK", "0")), world_size=int(env.get("WORLD_SIZE", "1")),
                    host=host, trial=int(trial_s) if trial_s else None, paths=paths, runner=runner,
                    data_dir=data_dir, log=log, faults=faults_from_env())
@@ -287,16 +288,16 @@ class CountingCollator:
 class StopPolicy:
     stop_after_seconds: float = -1.0
     auto_stop: bool = False
-    warmup_seconds: float = RUNNER_DEFAULTS["warmup_seconds"]
-    stable_seconds: float = RUNNER_DEFAULTS["stable_seconds"]
-    min_steps: int = RUNNER_DEFAULTS["min_steps"]
+    warmup_seconds: float = RunnerSettings.warmup_seconds
+    stable_seconds: float = RunnerSettings.stable_seconds
+    min_steps: int = RunnerSettings.min_steps
 
     @classmethod
-    def of(cls, args: argparse.Namespace, runner: dict[str, Any]) -> StopPolicy:
+    def of(cls, args: argparse.Namespace, runner: RunnerSettings) -> StopPolicy:
         """The command line's stop flags with the spec's auto-stop settings."""
         return cls(stop_after_seconds=args.stop_after_seconds, auto_stop=args.auto_stop_method == AUTO_STOP,
-                   warmup_seconds=float(runner["warmup_seconds"]), stable_seconds=float(runner["stable_seconds"]),
-                   min_steps=int(runner["min_steps"]))
+                   warmup_seconds=runner.warmup_seconds, stable_seconds=runner.stable_seconds,
+                   min_steps=runner.min_steps)
 
     def record(self, doc: dict[str, Any], args: argparse.Namespace, ctx: Context) -> None:
         """Say in the rank's document how the run was to stop, once ``doc`` holds its measurements."""
@@ -646,11 +647,11 @@ def launch_start(ctx: Context) -> None:
     (``SBENCH_LAUNCHED_WALL``), else when this module started loading: launcher, imports and the
     rendezvous are start-up time like any other, and the stages should say where it went."""
     try:
-        launched = float(os.environ["SBENCH_LAUNCHED_WALL"])
-    except (KeyError, ValueError):
+        launched = float(envvars.LAUNCHED_WALL.get())
+    except ValueError:
         launched = MODULE_START_WALL
     ctx.launch = {"launched_wall": min(launched, MODULE_START_WALL), "process_start_wall": MODULE_START_WALL}
-    ctx.log.start("launch", at=ctx.launch["launched_wall"])
+    ctx.log.start(Stage.LAUNCH, at=ctx.launch["launched_wall"])
 
 
 def launch_end(ctx: Context, imported_wall: float) -> None:
@@ -658,9 +659,9 @@ def launch_end(ctx: Context, imported_wall: float) -> None:
         return
     now = time.time()
     born, launched = ctx.launch["process_start_wall"], ctx.launch["launched_wall"]
-    ctx.log.end("launch", info={"launcher_s": round(max(0.0, born - launched), 3),
-                                "imports_s": round(imported_wall - born, 3),
-                                "rendezvous_s": round(now - imported_wall, 3)})
+    ctx.log.end(Stage.LAUNCH, info={"launcher_s": round(max(0.0, born - launched), 3),
+                                    "imports_s": round(imported_wall - born, 3),
+                                    "rendezvous_s": round(now - imported_wall, 3)})
     ctx.launch = {}
 
 
@@ -668,8 +669,8 @@ def launch_failed(ctx: Context, status: str, error: str) -> None:
     """End a launch stage an exception escaped from (imports, settings, the process group)."""
     if ctx.launch:
         ctx.launch = {}
-        ctx.log.last_failed = "launch"
-        ctx.log.end("launch", status, error)
+        ctx.log.last_failed = Stage.LAUNCH
+        ctx.log.end(Stage.LAUNCH, status, error)
 
 
 def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
@@ -690,13 +691,12 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
     state = PartialState(cpu=not settings["cuda"])
     launch_end(ctx, t_imported)
 
-    with ctx.log.stage("dataset") as info:
-        ctx.fault_at_stage("dataset")
+    with ctx.log.stage(Stage.DATASET) as info:
+        ctx.fault_at_stage(Stage.DATASET)
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-        shared = bool(ctx.runner.get("token_cache", RUNNER_DEFAULTS["token_cache"]))
-        if shared:
+        if ctx.runner.token_cache:
             # Rank 0 first: it builds the shared entry if it is missing, the others then map it.
             with state.main_process_first():
                 prep = ensure_prepared(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
@@ -721,9 +721,9 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         info.update(entries=len(data), tokens=sum(lengths), path=str(args.training_data_path),
                     entries_without_completion=no_completion)
 
-    with ctx.log.stage("tokens") as info:
-        ctx.fault_at_stage("tokens")
-        cache_dir = ctx.data_dir / TOKEN_CACHE_DIR if ctx.runner.get("token_cache", RUNNER_DEFAULTS["token_cache"]) else None
+    with ctx.log.stage(Stage.TOKENS) as info:
+        ctx.fault_at_stage(Stage.TOKENS)
+        cache_dir = ctx.data_dir / TOKEN_CACHE_DIR if ctx.runner.token_cache else None
         # Rank 0 counts (or reads the cache) first, so the others hit the cache it wrote.
         with state.main_process_first():
             counts = dataset_token_counts(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
@@ -739,8 +739,8 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         doc["dataset_token_counts"] = summary
         info.update(summary)
 
-    with ctx.log.stage("model_load") as info:
-        ctx.fault_at_stage("model_load")
+    with ctx.log.stage(Stage.MODEL_LOAD) as info:
+        ctx.fault_at_stage(Stage.MODEL_LOAD)
         if ctx.world_size > 1:
             os.environ.setdefault("FSDP_USE_ORIG_PARAMS", str(args.fsdp_use_orig_params).lower())
         model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=settings["dtype"],
@@ -765,8 +765,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         )
         policy = StopPolicy.of(args, ctx.runner)
         timeline: dict[str, Any] = {}
-        memory = MemoryRecorder(int(ctx.runner.get("memory_every_steps") or RUNNER_DEFAULTS["memory_every_steps"]),
-                                None)
+        memory = MemoryRecorder(ctx.runner.memory_every_steps, None)
 
         class BenchTrainer(SFTTrainer):
             def create_accelerator_and_postprocess(self) -> None:
@@ -799,8 +798,8 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
                         "gradient_checkpointing": bool(args.gradient_checkpointing)}
         info.update(dist, parameters=params, trainable_parameters=trainable)
 
-    with ctx.log.stage("train") as info:
-        ctx.fault_at_stage("train")
+    with ctx.log.stage(Stage.TRAIN) as info:
+        ctx.fault_at_stage(Stage.TRAIN)
         out = trainer.train()
         m = measurements(timeline, policy, trainer.state.max_steps if args.max_steps > 0 else -1)
         if m.get("metrics"):
