@@ -248,7 +248,8 @@ def _iter_texts(path: Path, text_field: str) -> Iterator[str]:
             try:
                 obj = json.loads(line)
             except ValueError as exc:
-                raise InputError(f"{path}:{lineno}: not a JSON object ({exc}); datasets are JSONL, one object a line")
+                raise InputError(f"{path}:{lineno}: not a JSON object ({exc}); datasets are JSONL, one object "
+                                 "a line") from None
             value = obj.get(text_field) if isinstance(obj, dict) else None
             if not isinstance(value, str):
                 keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__

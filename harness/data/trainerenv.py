@@ -69,7 +69,8 @@ def parse_spec(text: str) -> str:
         raise InputError(f"env build: {exc}") from None
 
 
-_PIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}(\[[A-Za-z0-9,._-]+\])?(\s*(==|<=|>=|<|>|!=|~=)\s*[A-Za-z0-9.*+!_-]{1,60}"
+_PIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}(\[[A-Za-z0-9,._-]+\])?"
+                  r"(\s*(==|<=|>=|<|>|!=|~=)\s*[A-Za-z0-9.*+!_-]{1,60}"
                   r"(\s*,\s*(==|<=|>=|<|>|!=|~=)\s*[A-Za-z0-9.*+!_-]{1,60})*)?")
 
 

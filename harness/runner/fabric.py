@@ -10,6 +10,7 @@ all-gather: algbw x (n-1)/n, with bytes the gathered total, as nccl-tests report
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -56,12 +57,12 @@ def _bench(sizes: list[int], iters: int, warmup: int) -> dict[str, Any]:
             numel = max(n, size // 4 // n * n)  # float32; divisible by the world for all-gather
             if op == "all_reduce":
                 buf = torch.ones(numel, dtype=torch.float32, device=dev)
-                run = lambda: dist.all_reduce(buf)  # noqa: E731
+                run = functools.partial(dist.all_reduce, buf)
                 factor = 2 * (n - 1) / n
             else:
                 inp = torch.ones(numel // n, dtype=torch.float32, device=dev)
                 out = torch.empty(numel, dtype=torch.float32, device=dev)
-                run = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
+                run = functools.partial(dist.all_gather_into_tensor, out, inp)
                 factor = (n - 1) / n
             for _ in range(warmup):
                 run()

@@ -251,5 +251,6 @@ def failed_prepare_jobs(workdir: Path, campaign: str | None) -> list[str]:
         st = states.get(job)
         if st and jobstate.is_done(st) and jobstate.normalise(st) != "COMPLETED":
             out.append(f"campaign {cdir.name}: prepare job {job} ended {jobstate.normalise(st)}, so its arrays were "
-                       f"cancelled; see {cdir / '.slurm' / f'prepare-{job}.out'}, fix it, then sbench retry {cdir.name}")
+                       f"cancelled; see {cdir / '.slurm' / f'prepare-{job}.out'}, fix it, then sbench retry "
+                       f"{cdir.name}")
     return out

@@ -398,7 +398,8 @@ def _add(exp: Experiment) -> None:
 _add(Experiment(
     id="finetune_full_benchmark-v1.0.0", method="full",
     summary="Full fine-tuning; throughput, GPU/CPU utilisation and memory",
-    fields=tuple(_core_required(BENCHMARK_MODELS) + _benchmark_optional(("bfloat16", "float32", "float16"), "bfloat16")),
+    fields=tuple(_core_required(BENCHMARK_MODELS)
+                 + _benchmark_optional(("bfloat16", "float32", "float16"), "bfloat16")),
     models=BENCHMARK_MODELS, hardcoded={**_COMMON_HARDCODED, "peft_method": "none"},
 ))
 _add(Experiment(
@@ -411,7 +412,8 @@ _add(Experiment(
 _add(Experiment(
     id="finetune_pt_benchmark-v1.0.0", method="pt",
     summary="Prompt tuning; throughput, utilisation and memory",
-    fields=tuple(_core_required(BENCHMARK_MODELS) + _benchmark_optional(("bfloat16", "float32", "float16"), "bfloat16")),
+    fields=tuple(_core_required(BENCHMARK_MODELS)
+                 + _benchmark_optional(("bfloat16", "float32", "float16"), "bfloat16")),
     models=BENCHMARK_MODELS,
     hardcoded={**_COMMON_HARDCODED, "peft_method": "pt", "num_virtual_tokens": 20,
                "prompt_tuning_init": "RANDOM"},

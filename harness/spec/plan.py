@@ -598,8 +598,8 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
                 cfg_cache[src] = model_config(src)
             quant = ((cfg_cache[src] or {}).get("quantization_config") or {}).get("quant_method")
             if quant != "gptq":
-                preasons.append(f"model: GPTQ-LoRA needs GPTQ-quantized weights; {src} has "
-                                f"{'quantization ' + repr(quant) if quant else 'no quantization_config'} in config.json")
+                found = f"quantization {quant!r}" if quant else "no quantization_config"
+                preasons.append(f"model: GPTQ-LoRA needs GPTQ-quantized weights; {src} has {found} in config.json")
         if src is None:
             preasons.append(f"model: no weights mapped for {entity['model_name']}; add it to model_map:")
         elif is_local_source(src) and not Path(src).expanduser().exists():
