@@ -12,14 +12,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.contract.formats import SAMPLE_CSV_NAMES, Stage
 from harness.contract.paths import JobPaths, job_dir_name
 from harness.runner.node import TRAINING_KEYS
 from harness.spec.catalog import get_experiment
 from harness.spec.plan import point_id as make_point_id
 
-SAMPLE_HEADER = ("t_wall,t_mono,kind,device,gpu_util,mem_used_mb,mem_total_mb,power_w,power_limit_w,cpu_pct,"
-                 "mem_pct,rss_mb,nprocs")
-SAMPLE_FIELDS = SAMPLE_HEADER.split(",")
+SAMPLE_HEADER = ",".join(SAMPLE_CSV_NAMES)
+SAMPLE_FIELDS = list(SAMPLE_CSV_NAMES)
 T0 = 1763769600.0  # 2025-11-22T00:00:00Z
 
 
@@ -79,17 +79,17 @@ def normal_stages(host: str, t_start: float, t_train0: float, t_train1: float, r
     """A complete, successful stage sequence for one host."""
     ev: list[dict[str, Any]] = []
     if node_runner:
-        ev += [stage_event("start", "setup", host, t_start), stage_event("end", "setup", host, t_start + 1)]
+        ev += [stage_event("start", Stage.SETUP, host, t_start), stage_event("end", Stage.SETUP, host, t_start + 1)]
     for r in ranks:
-        ev += [stage_event("start", "dataset", host, t_start + 1, r),
-               stage_event("end", "dataset", host, t_start + 2, r),
-               stage_event("start", "model_load", host, t_start + 2, r),
-               stage_event("end", "model_load", host, t_train0 - 0.5, r),
-               stage_event("start", "train", host, t_train0, r),
-               stage_event("end", "train", host, t_train1, r, info={"global_step": 20})]
+        ev += [stage_event("start", Stage.DATASET, host, t_start + 1, r),
+               stage_event("end", Stage.DATASET, host, t_start + 2, r),
+               stage_event("start", Stage.MODEL_LOAD, host, t_start + 2, r),
+               stage_event("end", Stage.MODEL_LOAD, host, t_train0 - 0.5, r),
+               stage_event("start", Stage.TRAIN, host, t_train0, r),
+               stage_event("end", Stage.TRAIN, host, t_train1, r, info={"global_step": 20})]
     if node_runner:
-        ev += [stage_event("start", "teardown", host, t_train1 + 0.5),
-               stage_event("end", "teardown", host, t_train1 + 1)]
+        ev += [stage_event("start", Stage.TEARDOWN, host, t_train1 + 0.5),
+               stage_event("end", Stage.TEARDOWN, host, t_train1 + 1)]
     return ev
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from harness.contract.formats import SAMPLE_CSV_NAMES
 from harness.runner import sampler as smp
 from harness.runner.sampler import (
-    COLUMNS,
     FakeNvml,
     NvmlBackend,
     ProcessTree,
@@ -168,7 +168,7 @@ def test_sampler_rows_are_flushed_each_tick(busy, tmp_path):
         n = s.stop()
     rows = rows_of(path)
     assert n == len(rows) == s.rows
-    assert list(rows[0].keys()) == list(COLUMNS)
+    assert list(rows[0].keys()) == list(SAMPLE_CSV_NAMES)
     assert all(r["kind"] == "proc" and r["device"] == "-1" for r in rows)
     assert all(float(r["cpu_pct"]) > 0 for r in rows)
     t = [float(r["t_wall"]) for r in rows]

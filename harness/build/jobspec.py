@@ -12,25 +12,22 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness import __version__
+from harness.contract import envvars
 from harness.contract.defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
-from harness.contract.paths import JobPaths
+from harness.contract.paths import JobPaths, dataset_filename
 from harness.spec.catalog import Experiment, get_experiment
 from harness.spec.envs import envs_root, lookup
 from harness.spec.flops import compute_dtype, peak_tflops
 from harness.spec.inventory import Host, Inventory, Partition, shared_dir
 from harness.spec.memory import config_for, predict
-from harness.spec.plan import PlannedPoint, RunnerSettings, Sweep, data_dir_for
+from harness.spec.plan import PlannedPoint, Sweep, data_dir_for
 from harness.spec.resources import cpus_per_task, memory_request, threads_per_rank
+
+from .trainargs import for_fms_hf_tuning, train_argv
 
 PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral range (32768+)
 DEFAULT_TIME = "01:00:00"
 RES_OPTIONS = "timeout:1 attempts:2"  # glibc resolver options of the job's processes (see _host_env)
-TEXT_FIELD = "output"
-RESPONSE_TEMPLATE = "\\n### Response:"  # escaped, as on the reference command line
-
-
-def dataset_filename(dataset_id: str) -> str:
-    return f"{dataset_id}.parquet" if dataset_id.startswith("vision-") else f"{dataset_id}.jsonl"
 
 
 def default_port(point_id: str, repeat: int, attempt: int) -> int:
@@ -89,7 +86,8 @@ class JobSpec:
         """The Python module each process runs."""
         if self.workload == "train" and self.trainer == "fms-hf-tuning":
             return "harness.runner.fms"
-        return {"fabric": "harness.runner.fabric", "idle": "harness.runner.idle"}.get(self.workload, "harness.runner.train")
+        return {"fabric": "harness.runner.fabric", "idle": "harness.runner.idle"}.get(self.workload,
+                                                                                       "harness.runner.train")
 
     @property
     def paths(self) -> JobPaths:
@@ -271,116 +269,16 @@ def accelerate_config(e: dict[str, Any], part: Partition, num_machines: int, num
     return cfg
 
 
-def _bool(v: Any) -> str:
-    return "True" if v else "False"
-
-
-def train_argv(exp: Experiment, e: dict[str, Any], model_source: str, dataset_path: str, job_dir: str,
-               per_device_bs: int, target_modules: tuple[str, ...]) -> list[str]:
-    """The reference command line, argument for argument, plus sbench's own measurement flags."""
-    hc = exp.hardcoded
-    dtype = hc.get("torch_dtype", e.get("torch_dtype", "bfloat16"))
-    max_steps = hc.get("max_steps", e.get("max_steps", -1))
-    argv = [
-        "--model_name_or_path", model_source,
-        "--torch_dtype", str(dtype),
-        "--use_flash_attn", _bool(hc["use_flash_attn"]),
-        "--training_data_path", dataset_path,
-        "--response_template", RESPONSE_TEMPLATE,
-        "--dataset_text_field", e.get("dataset_text_field") or TEXT_FIELD,
-        "--log_level", "debug",
-        "--num_train_epochs", f"{float(e.get('num_train_epochs', 1.0)):g}",
-        "--max_steps", str(max_steps),
-        "--per_device_train_batch_size", str(per_device_bs),
-        "--max_seq_length", str(e["model_max_length"]),
-        "--eval_strategy", "no",
-        "--output_dir", f"{job_dir}/output",
-        "--gradient_accumulation_steps", str(e.get("gradient_accumulation_steps", 4)),
-        "--save_strategy", "no",
-        "--learning_rate", "1e-05",
-        "--weight_decay", "0.0",
-        "--warmup_ratio", "0.03",
-        "--lr_scheduler_type", "cosine",
-        "--logging_steps", "1",
-        "--include_tokens_per_second", "True",
-        "--gradient_checkpointing", _bool(hc.get("gradient_checkpointing", e.get("gradient_checkpointing", True))),
-        "--packing", "False",
-        "--peft_method", hc["peft_method"],
-    ]
-    if hc["peft_method"] == "lora":
-        argv += ["--target_modules", *target_modules,
-                 "--r", str(e.get("r", 4)), "--lora_alpha", str(e.get("lora_alpha", 16))]
-    if hc["peft_method"] == "pt":
-        argv += ["--num_virtual_tokens", str(hc["num_virtual_tokens"]),
-                 "--prompt_tuning_init", hc["prompt_tuning_init"]]
-    if exp.method == "gptq-lora":
-        argv += ["--fp16", "true", "--fast_kernels", "true", "true", "true",
-                 "--fused_lora", "auto_gptq", "true", "--auto_gptq", "triton_v2"]
-    elif e.get("fast_kernels"):
-        argv += ["--fast_kernels", *[str(x).lower() for x in e["fast_kernels"]]]
-    argv += [
-        "--optim", str(hc.get("optim", e.get("optim", "adamw_torch"))),
-        *(["--optim_args", str(e["optim_args"])] if e.get("optim_args") else []),
-        "--bf16", _bool(hc.get("bf16", e.get("bf16", False))),
-        "--gradient_checkpointing_kwargs",
-        '{"use_reentrant": %s}' % str(hc.get("gradient_checkpointing_use_reentrant",
-                                             e.get("gradient_checkpointing_use_reentrant", False))).lower(),
-        "--fast_moe", str(e.get("fast_moe", 0)),
-        "--distributed_backend", str(hc.get("distributed_backend", e.get("distributed_backend")) or "None"),
-        "--fsdp_use_orig_params", _bool(e.get("fsdp_use_orig_params", True)),
-        *(["--use_qlora", "True"] if e.get("use_qlora") else []),
-        "--stop_after_seconds", f"{float(e.get('stop_after_seconds', -1.0)):g}",
-        "--auto_stop_method", str(e.get("auto_stop_method") or "None"),
-        "--job_dir", job_dir,
-    ]
-    return argv
-
-
-def _drop_flag(argv: list[str], flag: str) -> list[str]:
-    """*argv* without *flag* and the values after it."""
-    if flag not in argv:
-        return argv
-    i = argv.index(flag)
-    j = i + 1
-    while j < len(argv) and not argv[j].startswith("--"):
-        j += 1
-    return argv[:i] + argv[j:]
-
-
-def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
-    argv = list(argv)
-    argv[argv.index(flag) + 1] = value
-    return argv
-
-
-def fms_setup(exp: Experiment, e: dict[str, Any], part: Partition, inv: Inventory, argv: list[str], job_dir: str,
+def fms_setup(exp: Experiment, e: dict[str, Any], part: Partition, inv: Inventory, argv: list[str],
               adjustments: list[str]) -> tuple[list[str], dict[str, Any]]:
-    """The fms-hf-tuning trainer's command line (the seed's, as written, with what this partition and
-    environment change recorded as adjustments) and its environment as render sees it."""
+    """The fms-hf-tuning trainer's command line (see :func:`harness.build.trainargs.for_fms_hf_tuning`) and its
+    environment as render sees it."""
     version = str(e.get("fms_hf_tuning_version"))
     env = lookup(version, envs_root(inv))
     man = env.manifest or {}
-    if exp.method == "pt":
-        # The seed's prompt-tuning command line passes --peft_method none: run it as written.
-        argv = _set_flag(_drop_flag(_drop_flag(argv, "--num_virtual_tokens"), "--prompt_tuning_init"),
-                         "--peft_method", "none")
-    if not int(e.get("fast_moe") or 0):
-        argv = _drop_flag(argv, "--fast_moe")
-        adjustments.append("fms-hf-tuning: --fast_moe omitted (0): the release turns ScatterMoE on for any value "
-                           "once fms-acceleration is installed")
-    if part.is_cpu:
-        argv = _set_flag(_set_flag(_set_flag(argv, "--use_flash_attn", "False"), "--torch_dtype", "float32"),
-                         "--bf16", "False") + ["--use_cpu", "True"]
-        adjustments[:] = [a for a in adjustments if not a.startswith("cpu partition: the runner loads float32")]
-        adjustments.append("cpu partition: fms-hf-tuning gets --use_flash_attn False --torch_dtype float32 --bf16 "
-                           "False (flash-attention and bf16 need CUDA) and --use_cpu True (without it transformers "
-                           "4.x leaves the processes undistributed: each would train on the whole dataset)")
-    elif argv[argv.index("--use_flash_attn") + 1] == "True" and "flash-attn" not in (man.get("packages") or {}):
-        # sbench builds the release as pinned, without the flash-attn extra (a CUDA source build).
-        argv = _set_flag(argv, "--use_flash_attn", "False")
-        adjustments.append(f"fms-hf-tuning=={version}: its environment has no flash-attn, so --use_flash_attn False "
-                           f"(sdpa attention); for the reference's attention: {env.python} -m pip install flash-attn, "
-                           f"then sbench env build fms-hf-tuning=={version} --refresh")
+    argv = for_fms_hf_tuning(argv, method=exp.method, fast_moe=int(e.get("fast_moe") or 0), cpu=part.is_cpu,
+                             flash_attn="flash-attn" in (man.get("packages") or {}), version=version,
+                             python=str(env.python), adjustments=adjustments)
     info = {"name": "fms-hf-tuning", "version": version, "path": str(env.path), "python": str(env.python),
             "built": env.built, "packages": man.get("trainer_packages"), "plugins": man.get("plugins"),
             "torch_cuda": (man.get("torch") or {}).get("cuda")}
@@ -416,7 +314,7 @@ def _host_env(inv: Inventory, part: Partition, host: Host, e: dict[str, Any], jo
         # Compute nodes load from it and never wait on the hub (prepare checked the weights are there).
         env["HF_HUB_OFFLINE"] = "1"
     if host.address:
-        env["SBENCH_HOST_ADDRESS"] = host.address
+        env[envvars.HOST_ADDRESS.name] = host.address
     env.update(host.env)  # the inventory's own per-host values win
     return env
 
@@ -456,7 +354,7 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
     trainer = str(e.get("trainer") or "sbench")
     tpython = tpath = tinfo = None
     if trainer == "fms-hf-tuning" and sweep.runner.workload == "train":
-        argv, tinfo = fms_setup(exp, e, part, inv, argv, job_dir, adjustments)
+        argv, tinfo = fms_setup(exp, e, part, inv, argv, adjustments)
         tpython, tpath = tinfo["python"], str(JobPaths(job_dir).root / "pythonpath")
     cdtype = compute_dtype(e, part.is_cpu)
     peak, peak_src = peak_tflops(str(e.get("gpu_model") or part.gpu_model), cdtype, part.peak_tflops)
@@ -487,7 +385,3 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         workload=sweep.runner.workload, trainer=trainer, trainer_python=tpython, trainer_path=tpath,
         trainer_env=tinfo,
     )
-
-
-def runner_settings(spec: dict[str, Any]) -> RunnerSettings:
-    return RunnerSettings(**spec.get("runner", {}))

@@ -20,6 +20,7 @@ import jinja2
 import yaml
 
 from harness import __version__
+from harness.contract import envvars
 from harness.contract.errors import InputError, RenderError
 from harness.contract.paths import SPEC_SCHEMA, JobPaths, job_dir_name, package_dir
 from harness.slurm.sinfo import misfits, partition_nodes
@@ -104,11 +105,11 @@ def render_launch(spec: JobSpec) -> str:
 
 def host_environment(spec: JobSpec, host: str) -> dict[str, str]:
     env = {
-        "SBENCH_CAMPAIGN": spec.campaign,
-        "SBENCH_POINT_ID": spec.point_id,
-        "SBENCH_REPEAT": str(spec.repeat),
-        "SBENCH_ATTEMPT": str(spec.attempt),
-        "SBENCH_PARTITION": spec.partition,
+        envvars.CAMPAIGN.name: spec.campaign,
+        envvars.POINT_ID.name: spec.point_id,
+        envvars.REPEAT.name: str(spec.repeat),
+        envvars.ATTEMPT.name: str(spec.attempt),
+        envvars.PARTITION.name: spec.partition,
     }
     env.update(spec.env)
     env.update(spec.host_env[host])

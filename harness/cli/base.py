@@ -4,7 +4,6 @@ helpers. It imports no command module, so the command modules can import it with
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import click
 
 from harness import __version__
+from harness.contract import envvars
 from harness.contract.errors import SbenchError
 from harness.spec.schema import is_name
 
@@ -28,7 +28,7 @@ class SbenchGroup(click.Group):
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
             raise
         except Exception as exc:  # noqa: BLE001 - a bug, not the user's mistake: one line, unless asked
-            if os.environ.get("SBENCH_DEBUG"):
+            if envvars.DEBUG.get():
                 raise
             click.echo(f"Error: internal error: {type(exc).__name__}: {exc} (this is a bug in sbench; "
                        "SBENCH_DEBUG=1 shows the traceback)", err=True)
@@ -45,7 +45,7 @@ def campaign_name(ctx: click.Context | None, param: click.Parameter | None, valu
 
 def inventory_option(f: Any) -> Any:
     return click.option("-i", "--inventory", "inventory", type=click.Path(dir_okay=False, path_type=Path),
-                        default=None, envvar="SBENCH_INVENTORY", show_envvar=True,
+                        default=None, envvar=envvars.INVENTORY.name, show_envvar=True,
                         help="Inventory YAML (default: the built-in local inventory).")(f)
 
 
@@ -55,17 +55,18 @@ def json_option(f: Any) -> Any:
 
 def model_map_option(f: Any) -> Any:
     return click.option("--model-map", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-                        envvar="SBENCH_MODEL_MAP", help="YAML of model name -> HF id or local path.")(f)
+                        envvar=envvars.MODEL_MAP.name, help="YAML of model name -> HF id or local path.")(f)
 
 
 def db_option(f: Any) -> Any:
     return click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                        envvar="SBENCH_DB", help="DuckDB file (default: results/results.duckdb).")(f)
+                        envvar=envvars.DB.name, help=f"DuckDB file (default: {envvars.DB.default}).")(f)
 
 
 def workdir_option(f: Any) -> Any:
     return click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        envvar="SBENCH_WORKDIR", help="Where job directories live (default: results/runs).")(f)
+                        envvar=envvars.WORKDIR.name,
+                        help=f"Where job directories live (default: {envvars.WORKDIR.default}).")(f)
 
 
 def sweep_argument(f: Any) -> Any:

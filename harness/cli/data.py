@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from harness.contract.formats import TEXT_FIELD
 from harness.data.datagen import generate_dataset
 from harness.data.models import fetch_model, model_cache
 from harness.data.tinymodel import describe_model, make_tiny_model
@@ -127,7 +128,7 @@ def dataset_generate(dataset_id: str, out_path: Path, tokenizer: str | None, ent
 @_tokenizer_option(required=True)
 @click.option("--max-seq-length", type=click.IntRange(min=1), required=True,
               help="Entries count at most min(this, tokenizer.model_max_length) tokens.")
-@click.option("--text-field", default="output", show_default=True, help="JSON field / column holding the text.")
+@click.option("--text-field", default=TEXT_FIELD, show_default=True, help="JSON field / column holding the text.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Cache the counts here (keyed by tokenizer, dataset content and max length).")
 @json_option

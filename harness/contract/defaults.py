@@ -1,29 +1,56 @@
 """Defaults that more than one part of sbench needs, in one place.
 
-The planner fills a sweep's ``runner:`` block from :data:`RUNNER_DEFAULTS`, the in-job trainer
-falls back to them when a spec.json lacks a key, and collect, the catalog and the trainer share
-the auto-stop method's name. (Paths and their environment variables live in ``paths.py``.)
+:class:`RunnerSettings` is the sweep's ``runner:`` block: the planner fills it from the sweep (its
+field defaults are the defaults), render writes it into spec.json, and the in-job runner reads it back
+with :meth:`RunnerSettings.from_dict`. Collect, the catalog and the trainer share the auto-stop
+method's name. (Paths live in ``paths.py``, environment variables in ``env.py``.)
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 # The reference's auto-stop method: warm-up ends at the first step end after warmup_seconds; the run
 # stops once stable_seconds have passed after it and min_steps steps were done.
 AUTO_STOP = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
 
-RUNNER_DEFAULTS: dict[str, Any] = {
-    "sample_interval_s": 1.0,  # sampler period
-    "warmup_seconds": 60.0,  # auto-stop warm-up
-    "stable_seconds": 120.0,  # auto-stop measured window after warm-up
-    "min_steps": 10,  # auto-stop: at least this many steps after warm-up
-    "stop_grace_s": 30.0,  # SIGTERM -> SIGKILL grace for the training processes
-    "token_cache": True,  # use the shared prepared data and token counts
-    "workload": "train",  # train | idle (a dry run of the harness)
-    "idle_seconds": 1.0,  # the idle workload's stand-in duration
-    "memory_every_steps": 50,  # memory snapshots at steps 0 and 1, then every this many steps
-}
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """How the in-job runner measures; recorded with every attempt (not part of the point's identity)."""
+
+    sample_interval_s: float = 1.0  # sampler period
+    warmup_seconds: float = 60.0  # auto-stop warm-up
+    stable_seconds: float = 120.0  # auto-stop measured window after warm-up
+    min_steps: int = 10  # auto-stop: at least this many steps after warm-up
+    stop_grace_s: float = 30.0  # SIGTERM -> SIGKILL grace for the training processes
+    token_cache: bool = True  # use the shared prepared data and token counts
+    workload: str = "train"  # train | idle (a dry run of the harness: harness.runner.idle)
+    idle_seconds: float = 1.0  # the idle workload's stand-in duration
+    memory_every_steps: int = 50  # memory snapshots at steps 0 and 1, then every this many steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any] | None) -> RunnerSettings:
+        """The settings of a spec.json's ``runner`` block. Tolerant, as a job must run whichever sbench
+        rendered it: a key missing, null or of the wrong type takes its default, and unknown keys are ignored."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = (doc or {}).get(f.name)
+            default: Any = f.default
+            if raw is None or isinstance(raw, bool) != isinstance(default, bool):
+                continue
+            try:
+                values[f.name] = type(default)(raw)
+            except (TypeError, ValueError):
+                continue
+        return cls(**values)
+
 
 # DeepSpeed ZeRO settings sbench renders into deepspeed.json and the memory prediction assumes:
 # communication bucket sizes (elements), and the size under which ZeRO-3 keeps a parameter whole.

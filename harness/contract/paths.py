@@ -1,29 +1,30 @@
-"""One class owns the layout of a job directory; the runner and collect both use it."""
+"""Where sbench's files are: one class owns the layout of a job directory (the runner and collect both
+use it); beside it the login node's default DB and work dir, and a dataset's file name in the data dir."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from . import envvars
+
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 # Login-node defaults (the CLI's --db / --workdir, or $SBENCH_DB / $SBENCH_WORKDIR, override them).
-DEFAULT_DB = Path("results/results.duckdb")
-DEFAULT_WORKDIR = Path("results/runs")
+DEFAULT_DB = Path(envvars.DB.default)
+DEFAULT_WORKDIR = Path(envvars.WORKDIR.default)
 
 
 def resolve_workdir(workdir: str | Path | None = None) -> Path:
     """The work dir: *workdir*, else $SBENCH_WORKDIR, else results/runs; absolute."""
-    import os
-
-    return Path(workdir or os.environ.get("SBENCH_WORKDIR") or DEFAULT_WORKDIR).resolve()
+    return Path(workdir or envvars.WORKDIR.get()).resolve()
 
 
 def resolve_db(db: str | Path | None = None) -> Path:
     """The results database: *db*, else $SBENCH_DB, else results/results.duckdb; absolute."""
-    import os
+    return Path(db or envvars.DB.get()).resolve()
 
-    return Path(db or os.environ.get("SBENCH_DB") or DEFAULT_DB).resolve()
+
 SPEC_SCHEMA = "sbench.spec/1"  # the "schema" of every spec.json render writes
 
 
@@ -35,6 +36,20 @@ def package_dir() -> Path:
 def safe_name(text: str) -> str:
     """A host or rank name usable as part of a file name."""
     return _SAFE.sub("_", str(text)) or "_"
+
+
+VISION_PREFIX = "vision-"  # every vision dataset id begins so (harness.data.datagen's grammar of ids)
+
+
+def dataset_filename(dataset_id: str) -> str:
+    """The file of a dataset id in the data dir: ``<id>.parquet`` for vision ids (images and text), else
+    ``<id>.jsonl``."""
+    return f"{dataset_id}.{dataset_format(dataset_id)}"
+
+
+def dataset_format(dataset_id: str) -> str:
+    """``parquet`` for vision ids (``vision-...``), else ``jsonl``."""
+    return "parquet" if dataset_id.startswith(VISION_PREFIX) else "jsonl"
 
 
 def job_dir_name(point_id: str, repeat: int, attempt: int) -> str:

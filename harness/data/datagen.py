@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness.contract.errors import InputError, SbenchError
+from harness.contract.formats import RESPONSE_TEMPLATE, TEXT_FIELD
+from harness.contract.paths import dataset_filename, dataset_format
 from harness.spec.catalog import DATASET_IDS
 
 from .files import file_sha256, fsync, locked
@@ -46,10 +48,8 @@ GENERATOR_VERSION = 1
 # (prompt)" of the reference dataset descriptions. tests/test_data.py holds us to that number.
 PROMPT_HEAD = ("Below is the start of a news story. Write the next part of the story in the same style "
                "and length.\n\n### Input:\n")
-PROMPT_MID = "\n\n### Response:\n"
+PROMPT_MID = "\n" + RESPONSE_TEMPLATE + "\n"
 SCAFFOLD_CHARS = len(PROMPT_HEAD) + len(PROMPT_MID)
-RESPONSE_TEMPLATE = "\n### Response:"  # as the trainer sees it once the command-line escape is decoded
-TEXT_FIELD = "output"
 IMAGE_TOKEN = "<image>"
 
 # Input of the long (tokens) entries: a short lead, so the response template stays inside
@@ -85,12 +85,12 @@ class DatasetSpec:
 
     @property
     def fmt(self) -> str:
-        return "parquet" if self.kind == "vision" else "jsonl"
+        return dataset_format(self.dataset_id)
 
     @property
     def filename(self) -> str:
         """The file name the job spec expects under the sweep's data_dir."""
-        return f"{self.dataset_id}.{self.fmt}"
+        return dataset_filename(self.dataset_id)
 
 
 _CHARS_RE = re.compile(r"news-chars-(\d+)-entries-(\d+)")
@@ -112,11 +112,6 @@ def parse_dataset_id(dataset_id: str) -> DatasetSpec:
         return DatasetSpec(dataset_id, "vision", entries=int(m[4]), min_tokens=int(m[3]),
                            width=int(m[1]), height=int(m[2]))
     raise InputError(f"dataset id {dataset_id!r} is in the catalog but sbench cannot generate it")  # pragma: no cover
-
-
-def dataset_filename(dataset_id: str) -> str:
-    """``<id>.jsonl`` for text ids, ``<id>.parquet`` for vision ids."""
-    return parse_dataset_id(dataset_id).filename
 
 
 # -- news prose ---------------------------------------------------------------------------------------------

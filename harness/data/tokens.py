@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract.errors import InputError, SbenchError
+from harness.contract.formats import TEXT_FIELD
 
 from .files import file_sha256
 
@@ -247,7 +248,8 @@ def _iter_texts(path: Path, text_field: str) -> Iterator[str]:
             try:
                 obj = json.loads(line)
             except ValueError as exc:
-                raise InputError(f"{path}:{lineno}: not a JSON object ({exc}); datasets are JSONL, one object a line")
+                raise InputError(f"{path}:{lineno}: not a JSON object ({exc}); datasets are JSONL, one object "
+                                 "a line") from None
             value = obj.get(text_field) if isinstance(obj, dict) else None
             if not isinstance(value, str):
                 keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
@@ -329,7 +331,7 @@ def _store_counts(file: Path, key: str, counts: list[int], max_length: int, text
                         "tokenizer": tokenizer, "counts": counts})
 
 
-def dataset_token_counts(tokenizer: Any, dataset_path: str | os.PathLike[str], *, text_field: str = "output",
+def dataset_token_counts(tokenizer: Any, dataset_path: str | os.PathLike[str], *, text_field: str = TEXT_FIELD,
                          max_seq_length: int, cache_dir: str | os.PathLike[str] | None = None,
                          dataset_sha: str | None = None) -> TokenCounts:
     """Exact per-entry counts ``min(len(tokens(text)), model_max_length, max_seq_length)``.
@@ -464,7 +466,7 @@ def store_counts(tok: Any, tokenizer: Any, path: Path, cache_dir: str | os.PathL
                   tokenizer_name(tokenizer, tok))
 
 
-def encode_for_training(tokenizer: Any, dataset_path: str | os.PathLike[str], *, text_field: str = "output",
+def encode_for_training(tokenizer: Any, dataset_path: str | os.PathLike[str], *, text_field: str = TEXT_FIELD,
                         max_seq_length: int, response_template: str,
                         cache_dir: str | os.PathLike[str] | None = None) -> Any:
     """A ``datasets.Dataset`` with ``input_ids`` and ``completion_mask`` (1 = response token), in memory.

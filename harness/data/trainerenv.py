@@ -39,9 +39,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.build.jobspec import RESPONSE_TEMPLATE
+from harness.build.trainargs import smoke_argv
+from harness.contract import envvars
 from harness.contract.errors import InputError, SbenchError
-from harness.contract.paths import package_dir
+from harness.contract.paths import JobPaths, dataset_filename, package_dir
 from harness.spec.catalog import fms_version
 from harness.spec.envs import EXTRAS, MANIFEST, PACKAGE, PLUGINS, TrainerEnv, env_name, lookup
 
@@ -68,7 +69,8 @@ def parse_spec(text: str) -> str:
         raise InputError(f"env build: {exc}") from None
 
 
-_PIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}(\[[A-Za-z0-9,._-]+\])?(\s*(==|<=|>=|<|>|!=|~=)\s*[A-Za-z0-9.*+!_-]{1,60}"
+_PIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}(\[[A-Za-z0-9,._-]+\])?"
+                  r"(\s*(==|<=|>=|<|>|!=|~=)\s*[A-Za-z0-9.*+!_-]{1,60}"
                   r"(\s*,\s*(==|<=|>=|<|>|!=|~=)\s*[A-Za-z0-9.*+!_-]{1,60})*)?")
 
 
@@ -144,6 +146,7 @@ def _check(python: Path, plugins: list[str], log: Callable[[str], None]) -> dict
 
 
 SMOKE_STEPS = 2
+SMOKE_DATASET = "news-chars-512-entries-4096"
 
 
 def _smoke(python: Path, work: Path, log: Callable[[str], None]) -> float:
@@ -155,26 +158,21 @@ def _smoke(python: Path, work: Path, log: Callable[[str], None]) -> float:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model = make_tiny_model(tmp / "model")
-        data = tmp / "data" / "news-chars-512-entries-4096.jsonl"
-        generate_dataset("news-chars-512-entries-4096", data, entries=8)
+        data = tmp / "data" / dataset_filename(SMOKE_DATASET)
+        generate_dataset(SMOKE_DATASET, data, entries=8)
         (tmp / "path").mkdir()
         os.symlink(package_dir(), tmp / "path" / "harness")
         job = tmp / "job"
-        argv = [str(python), "-m", "harness.runner.fms", "--model_name_or_path", str(model),
-                "--training_data_path", str(data), "--output_dir", str(tmp / "out"), "--job_dir", str(job),
-                "--torch_dtype", "float32", "--use_flash_attn", "False", "--use_cpu", "True",
-                "--response_template", RESPONSE_TEMPLATE, "--dataset_text_field", "output",
-                "--max_steps", str(SMOKE_STEPS), "--per_device_train_batch_size", "2", "--max_seq_length", "64",
-                "--save_strategy", "no", "--logging_steps", "1", "--packing", "False", "--peft_method", "lora",
-                "--target_modules", "q_proj", "v_proj"]
+        argv = [str(python), "-m", "harness.runner.fms", *smoke_argv(str(model), str(data), str(job), SMOKE_STEPS)]
         env = {k: v for k, v in os.environ.items()
-               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SBENCH_FAULT")}
-        env.update(PYTHONPATH=str(tmp / "path"), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", SBENCH_HOST="smoke")
+               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", envvars.FAULT.name)}
+        env.update({"PYTHONPATH": str(tmp / "path"), "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1",
+                    envvars.HOST.name: "smoke"})
         log(f"$ {python} -m harness.runner.fms (the tiny model, {SMOKE_STEPS} LoRA steps on the CPU)")
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
         doc: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError):
-            doc = json.loads((job / "rank.0.json").read_text())
+            doc = json.loads(JobPaths(job).rank_result(0).read_text())
         if proc.returncode != 0 or doc.get("status") != "ok" or doc.get("global_step") != SMOKE_STEPS:
             err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
             why = (f"{err.get('error_type')}: {err.get('message')}" if err else

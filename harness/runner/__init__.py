@@ -3,8 +3,11 @@
 - :mod:`harness.runner.node`: ``python -m harness.runner node --job-dir D --host H -- CMD...``
   (stages, environment capture, the sampler, the training command, ``result.<host>.json``).
 - :mod:`harness.runner.train`: ``python -m harness.runner.train <reference flags>`` (trl's
-  SFTTrainer; ``rank.<rank>.json``, ``error.<rank>.json``, ``log_history.json``).
+  SFTTrainer; ``rank.<rank>.json``, ``error.<rank>.json``, ``log_history.json``), and
+  :mod:`harness.runner.fms`, the fms-hf-tuning trainer. Both share the command line
+  (:mod:`~harness.runner.cmdline`), the rank's frame (:mod:`~harness.runner.rank`), the measurements
+  (:mod:`~harness.runner.measure`) and the record of what ran (:mod:`~harness.runner.devices`).
 
 Every file they write is described in ``docs/job-directory.md`` and named by
-:class:`harness.paths.JobPaths`.
+:class:`harness.contract.paths.JobPaths`.
 """

@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from harness import __version__
+from harness.contract import envvars
 
 from .sampler import NvmlBackend, open_backend
 
@@ -34,17 +35,14 @@ ENV_NAMES = frozenset({
     "ROLE_RANK", "NODE_RANK", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH",
     "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
     "HF_HUB_ENABLE_HF_TRANSFER", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_CACHE",
-    "SBENCH_CAMPAIGN", "SBENCH_POINT_ID", "SBENCH_REPEAT", "SBENCH_ATTEMPT", "SBENCH_PARTITION", "SBENCH_HOST",
-    "SBENCH_HOST_ADDRESS", "SBENCH_MACHINE_RANK", "SBENCH_MAIN_IP", "SBENCH_MAIN_PORT", "SBENCH_TRIAL",
-    "SBENCH_SAMPLER_BACKEND", "SBENCH_FAKE_GPUS", "SBENCH_FAULT", "SBENCH_STAGE_LOG", "SBENCH_DATA_DIR",
-})
+}) | envvars.RECORDED
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASS", "PWD", "AUTH", "CRED", "COOKIE", "SESSION", "PRIVATE",
                 "SIGNATURE")
 REDACTED = "<redacted>"
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "submitit", "duckdb", "nvidia-ml-py",
             "flash-attn", "flash_attn", "deepspeed", "bitsandbytes", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
             "nvidia-cudnn-cu12", "nvidia-cudnn-cu13", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu13")
-SYSFS_IB = Path(os.environ.get("SBENCH_SYSFS_IB", "/sys/class/infiniband"))
+SYSFS_IB = Path(envvars.SYSFS_IB.get())
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 _SECRET_VALUES = re.compile(
     r"hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}"

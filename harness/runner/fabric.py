@@ -10,14 +10,18 @@ all-gather: algbw x (n-1)/n, with bytes the gathered total, as nccl-tests report
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import time
 from typing import Any
 
+from harness.contract import envvars
+from harness.contract.formats import Stage
 from harness.contract.paths import JobPaths
-from harness.runner.stages import StageLog
+
+from .stages import StageLog
 
 DEFAULT_SIZES = tuple(4**k * 1024 for k in range(0, 10))  # 1 KiB .. 256 MiB
 CPU_SIZES = tuple(4**k * 1024 for k in range(0, 8))  # 1 KiB .. 16 MiB: gloo on CPUs is slow
@@ -53,12 +57,12 @@ def _bench(sizes: list[int], iters: int, warmup: int) -> dict[str, Any]:
             numel = max(n, size // 4 // n * n)  # float32; divisible by the world for all-gather
             if op == "all_reduce":
                 buf = torch.ones(numel, dtype=torch.float32, device=dev)
-                run = lambda: dist.all_reduce(buf)  # noqa: E731
+                run = functools.partial(dist.all_reduce, buf)
                 factor = 2 * (n - 1) / n
             else:
                 inp = torch.ones(numel // n, dtype=torch.float32, device=dev)
                 out = torch.empty(numel, dtype=torch.float32, device=dev)
-                run = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
+                run = functools.partial(dist.all_gather_into_tensor, out, inp)
                 factor = (n - 1) / n
             for _ in range(warmup):
                 run()
@@ -89,11 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     paths = JobPaths(args.job_dir)
     rank = int(os.environ.get("RANK", "0"))
-    host = os.environ.get("SBENCH_HOST", "local")
+    host = envvars.host()
     log = StageLog(paths.stages(host), host, rank=rank)
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else list(DEFAULT_SIZES)
     doc: dict[str, Any] = {"rank": rank, "host": host, "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
-    with log.stage("fabric") as info:
+    with log.stage(Stage.FABRIC) as info:
         res = _bench(sizes, args.iters, args.warmup)
         info.update(backend=res["backend"], sizes=len(sizes))
     doc.update(status="ok", world_size=res["world_size"], fabric=res if rank == 0 else {"backend": res["backend"]})

@@ -21,8 +21,10 @@ import signal
 import time
 from dataclasses import dataclass
 
+from harness.contract import envvars
+
 KINDS = ("oom", "illegal", "error", "sigkill", "sleep", "exit")
-ENV = "SBENCH_FAULT"
+ENV = envvars.FAULT.name
 
 
 class FaultSpecError(ValueError):
@@ -48,7 +50,7 @@ class Fault:
         return stage is not None and self.stage == stage
 
     def fire(self, where: str) -> None:
-        msg = f"SBENCH_FAULT {self.kind} injected {where}"
+        msg = f"{ENV} {self.kind} injected {where}"
         if self.kind == "oom":
             import torch
 
@@ -104,4 +106,4 @@ def parse_faults(text: str | None) -> list[Fault]:
 
 
 def faults_from_env() -> list[Fault]:
-    return parse_faults(os.environ.get(ENV))
+    return parse_faults(envvars.FAULT.get())

@@ -5,7 +5,8 @@ As the reference does, it is a thin entry point around fms-hf-tuning's ``tuning.
 ``main()`` parses the reference command line with fms-hf-tuning's own parser and calls ``train()``;
 this module only adds sbench's callback to ``train()``'s ``additional_callbacks`` and leaves
 everything else to the release. So the numbers are that release's, and every sbench measurement
-works as with the sbench trainer (:mod:`harness.runner.train`, whose per-rank frame it shares):
+works as with the sbench trainer (:mod:`harness.runner.train`; the per-rank frame of :mod:`harness.runner.rank`
+and the measurements of :mod:`harness.runner.measure` are the same code):
 
 - stages ``launch``, ``tokens`` (sbench's note-3 token counts), ``model_load`` (fms-hf-tuning
   loads the model first), ``dataset`` (its ``process_dataargs``), ``trainer_init`` and ``train``;
@@ -16,8 +17,7 @@ works as with the sbench trainer (:mod:`harness.runner.train`, whose per-rank fr
 - an exception inside ``train()`` is recorded before fms-hf-tuning turns it into an exit code, so
   OOM and other errors are classified as with the sbench trainer.
 
-sbench's own flags (``--job_dir``, ``--stop_after_seconds``, ``--auto_stop_method``,
-``--distributed_backend``, ``--fsdp_use_orig_params``) are taken out before fms-hf-tuning parses.
+sbench's own flags (:data:`harness.build.trainargs.OWN_FLAGS`) are taken out before fms-hf-tuning parses.
 """
 
 from __future__ import annotations
@@ -28,15 +28,20 @@ import time
 from collections import deque
 from typing import Any
 
-from harness.contract.defaults import RUNNER_DEFAULTS
+from harness.build.trainargs import OWN_FLAGS
+from harness.contract.formats import Stage
+from harness.data.prepared import TOKEN_CACHE_DIR
 from harness.data.tokens import dataset_token_counts
 from harness.spec.flops import model_counts
 
+from . import rank
 from . import train as base
+from .devices import backend_name, device_info, wrapping
+from .measure import Meter, StopPolicy, make_callback, measurements, run_totals
 from .memsnap import MemoryRecorder
+from .rank import Context, launch_end, write_json
+from .stages import Terminated
 
-SBENCH_ONLY = {"--job_dir", "--stop_after_seconds", "--auto_stop_method", "--distributed_backend",
-               "--fsdp_use_orig_params"}
 TRAINER_PACKAGES = ("fms-hf-tuning", "torch", "transformers", "trl", "peft", "accelerate", "datasets",
                     "fms-acceleration", "fms-acceleration-peft", "fms-acceleration-foak", "fms-acceleration-moe")
 
@@ -48,7 +53,7 @@ def fms_argv(argv: list[str]) -> list[str]:
         if skip:
             skip = False
             continue
-        if a in SBENCH_ONLY:
+        if a in OWN_FLAGS:
             skip = True
             continue
         out.append(a)
@@ -139,9 +144,9 @@ class EntryCounts:
             self.pending.popleft()
 
 
-def _callback(ctx: base.Context, meter: base.Meter, counts: EntryCounts, stages: dict[str, Any],
-              policy: base.StopPolicy, timeline: dict[str, Any], memory: MemoryRecorder, requested: str | None) -> Any:
-    inner = base._make_callback(ctx, meter, policy, timeline, memory)
+def _callback(ctx: Context, meter: Meter, counts: EntryCounts, stages: dict[str, Any], policy: StopPolicy,
+              timeline: dict[str, Any], memory: MemoryRecorder, requested: str | None) -> Any:
+    inner = make_callback(ctx, meter, policy, timeline, memory)
 
     class FmsCallback(type(inner)):  # type: ignore[misc]
         def on_train_begin(self, args, state, control, **kw):
@@ -175,22 +180,22 @@ def _callback(ctx: base.Context, meter: base.Meter, counts: EntryCounts, stages:
             opened = stages.pop("open", None)  # trainer_init (model_load with releases before process_dataargs)
             if opened:
                 ctx.log.end(opened)
-            ctx.log.start("train")
-            stages["open"] = "train"
-            ctx.fault_at_stage("train")
+            ctx.log.start(Stage.TRAIN)
+            stages["open"] = Stage.TRAIN
+            ctx.fault_at_stage(Stage.TRAIN)
             return super().on_train_begin(args, state, control, **kw)
 
     return FmsCallback()
 
 
-def run(args: Any, ctx: base.Context) -> dict[str, Any]:
+def run(args: Any, ctx: Context) -> dict[str, Any]:
     doc = ctx.doc
     import torch
 
     cuda = torch.cuda.is_available()
     doc["settings"] = {"cuda": cuda, "torch_dtype": args.torch_dtype, "bf16": args.bf16, "fp16": args.fp16,
                        "attn_implementation": "flash_attention_2" if args.use_flash_attn else "sdpa"}
-    doc["device"] = base._device_info(ctx.local_rank)
+    doc["device"] = device_info(ctx.local_rank)
     import tuning.sft_trainer as st
     from accelerate import PartialState
     from transformers import AutoTokenizer
@@ -199,13 +204,12 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
     doc["trainer"] = {"name": "fms-hf-tuning", "packages": _versions()}
     t_imported = time.time()
     state = PartialState(cpu=not cuda)
-    base.launch_end(ctx, t_imported)
+    launch_end(ctx, t_imported)
 
-    with ctx.log.stage("tokens") as info:
-        ctx.fault_at_stage("tokens")
+    with ctx.log.stage(Stage.TOKENS) as info:
+        ctx.fault_at_stage(Stage.TOKENS)
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-        cache_dir = ctx.data_dir / base.TOKEN_CACHE_DIR if ctx.runner.get(
-            "token_cache", RUNNER_DEFAULTS["token_cache"]) else None
+        cache_dir = ctx.data_dir / TOKEN_CACHE_DIR if ctx.runner.token_cache else None
         with state.main_process_first():
             tc = dataset_token_counts(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
                                       max_seq_length=args.max_seq_length, cache_dir=cache_dir)
@@ -214,11 +218,11 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
         doc["dataset_token_counts"] = summary
         info.update(summary)
 
-    meter = base.Meter()
+    meter = Meter()
     counts = EntryCounts(list(tc.counts))
-    policy = base.StopPolicy.of(args, ctx.runner)
+    policy = StopPolicy.of(args, ctx.runner)
     timeline: dict[str, Any] = {}
-    memory = MemoryRecorder(int(ctx.runner.get("memory_every_steps") or RUNNER_DEFAULTS["memory_every_steps"]), None)
+    memory = MemoryRecorder(ctx.runner.memory_every_steps, None)
     stages: dict[str, Any] = {}
     result: dict[str, Any] = {}
 
@@ -244,15 +248,15 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
     process = getattr(st, "process_dataargs", None)
 
     def process_dataargs(*a: Any, **kw: Any) -> Any:
-        if stages.pop("open", None) == "model_load":
-            ctx.log.end("model_load")
-        ctx.log.start("dataset")
-        stages["open"] = "dataset"
-        ctx.fault_at_stage("dataset")
+        if stages.pop("open", None) == Stage.MODEL_LOAD:
+            ctx.log.end(Stage.MODEL_LOAD)
+        ctx.log.start(Stage.DATASET)
+        stages["open"] = Stage.DATASET
+        ctx.fault_at_stage(Stage.DATASET)
         out = process(*a, **kw)
-        ctx.log.end("dataset", info={"rows": len(out[0]) if out and out[0] is not None else None})
-        ctx.log.start("trainer_init")
-        stages["open"] = "trainer_init"
+        ctx.log.end(Stage.DATASET, info={"rows": len(out[0]) if out and out[0] is not None else None})
+        ctx.log.start(Stage.TRAINER_INIT)
+        stages["open"] = Stage.TRAINER_INIT
         return out
 
     if hasattr(st, "process_dataargs"):  # 2.x before process_dataargs: model_load runs up to the first step
@@ -277,9 +281,9 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
         else os.devnull
     if ctx.world_size > 1:
         os.environ.setdefault("FSDP_USE_ORIG_PARAMS", str(args.fsdp_use_orig_params).lower())
-    ctx.log.start("model_load")
-    stages["open"] = "model_load"
-    ctx.fault_at_stage("model_load")
+    ctx.log.start(Stage.MODEL_LOAD)
+    stages["open"] = Stage.MODEL_LOAD
+    ctx.fault_at_stage(Stage.MODEL_LOAD)
     argv0 = sys.argv
     sys.argv = ["tuning.sft_trainer", *fms_argv(doc["argv"])]
     try:
@@ -292,7 +296,7 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
             opened = stages.pop("open", None)
             if opened:
                 ctx.log.last_failed = opened
-                ctx.log.end(opened, "killed" if isinstance(err, base.Terminated) else "error",
+                ctx.log.end(opened, "killed" if isinstance(err, Terminated) else "error",
                             f"{type(err).__name__}: {err}"[:2000])
             if isinstance(err, SystemExit):
                 raise RuntimeError(f"fms-hf-tuning exited with code {err.code} before training (see "
@@ -303,9 +307,9 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
     trainer = result.get("trainer")
     if trainer is None:
         raise RuntimeError("fms-hf-tuning's train() returned no trainer")
-    m = base.measurements(timeline, policy, trainer.state.max_steps if args.max_steps > 0 else -1)
+    m = measurements(timeline, policy, trainer.state.max_steps if args.max_steps > 0 else -1)
     if m.get("metrics"):
-        base.run_totals(m["metrics"], ctx.world_size, trainer.args.device)
+        run_totals(m["metrics"], ctx.world_size, trainer.args.device)
     m["memory"] = memory.snaps
     m["training_loss"] = None
     hist = trainer.state.log_history
@@ -325,23 +329,21 @@ def run(args: Any, ctx: base.Context) -> dict[str, Any]:
     base_model = model.get_base_model() if hasattr(model, "get_base_model") else model
     doc["model"] = {"source": args.model_name_or_path, "class": type(base_model).__name__, "parameters": params,
                     "trainable_parameters": trainable, "peft_method": args.peft_method}
-    doc["flops"] = {**model_counts(model, base_model.config), "gradient_checkpointing": bool(args.gradient_checkpointing)}
+    doc["flops"] = {**model_counts(model, base_model.config),
+                    "gradient_checkpointing": bool(args.gradient_checkpointing)}
     acc = trainer.accelerator
     doc["distributed"] = {"distributed_type": str(acc.distributed_type).split(".")[-1],
-                          "num_processes": acc.num_processes, "backend": base._backend_name(),
+                          "num_processes": acc.num_processes, "backend": backend_name(),
                           "fsdp_version": getattr(getattr(acc.state, "fsdp_plugin", None), "fsdp_version", None),
-                          "requested": args.distributed_backend, "zero_stage": None, **base._wrapping(trainer)}
+                          "requested": args.distributed_backend, "zero_stage": None, **wrapping(trainer)}
     policy.record(doc, args, ctx)
-    if stages.pop("open", None) == "train":
-        ctx.log.end("train", info={"global_step": m["global_step"], "stopped_by": m["stopped_by"],
+    if stages.pop("open", None) == Stage.TRAIN:
+        ctx.log.end(Stage.TRAIN, info={"global_step": m["global_step"], "stopped_by": m["stopped_by"],
                                    "train_runtime": (m.get("metrics") or {}).get("train_runtime")})
     if ctx.rank == 0 and ctx.paths is not None:
-        base._write_json(ctx.paths.log_history, hist)
+        write_json(ctx.paths.log_history, hist)
     return doc
 
 
 if __name__ == "__main__":
-    code = base.main(runner=run)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    rank.exit_now(rank.main(run))

@@ -16,6 +16,8 @@ import os
 import sys
 import time
 
+from harness.contract import envvars
+from harness.contract.formats import Stage
 from harness.contract.paths import JobPaths
 
 from .stages import StageLog
@@ -28,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     paths = JobPaths(args.job_dir)
     rank = int(os.environ.get("RANK", "0"))
-    host = os.environ.get("SBENCH_HOST", "local")
+    host = envvars.host()
     log = StageLog(paths.stages(host), host, rank=rank)
-    with log.stage("train") as info:
+    with log.stage(Stage.TRAIN) as info:
         t0 = time.time()
         time.sleep(max(0.0, args.seconds))
         t1 = time.time()

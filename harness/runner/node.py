@@ -35,7 +35,9 @@ from typing import Any
 
 import psutil
 
-from harness.contract.defaults import RUNNER_DEFAULTS
+from harness.contract import envvars
+from harness.contract.defaults import RunnerSettings
+from harness.contract.formats import Stage
 from harness.contract.paths import JobPaths
 from harness.data.datagen import dataset_status, make_dataset
 
@@ -125,9 +127,9 @@ class NodeRunner:
         if not isinstance(doc, dict) or "jobspec" not in doc:
             raise SystemExit(f"sbench runner: {self.paths.spec} is missing or not a rendered spec.json")
         self.spec: dict[str, Any] = doc["jobspec"]
-        self.settings: dict[str, Any] = {**RUNNER_DEFAULTS, **(self.spec.get("runner") or {})}
+        self.settings = RunnerSettings.from_dict(self.spec.get("runner"))
         self.trials = int(self.spec.get("trials") or 1)
-        self.machine_rank = int(os.environ.get("SBENCH_MACHINE_RANK") or os.environ.get("SLURM_NODEID") or 0)
+        self.machine_rank = int(envvars.MACHINE_RANK.get() or os.environ.get("SLURM_NODEID") or 0)
         ppn = int(self.spec.get("processes_per_node") or 1)
         self.expected_ranks = list(range(self.machine_rank * ppn, (self.machine_rank + 1) * ppn))
         self.log = StageLog(self.paths.stages(host), host, rank=None)
@@ -139,7 +141,7 @@ class NodeRunner:
         self.result: dict[str, Any] = {
             "host": host, "machine_rank": self.machine_rank, "exit_code": None, "signal": None, "outcome": None,
             "reason": None, "started_wall": time.time(), "ended_wall": None, "samples": 0,
-            "sample_interval_s": float(self.settings["sample_interval_s"]), "trials": [], "ranks": [],
+            "sample_interval_s": self.settings.sample_interval_s, "trials": [], "ranks": [],
             "expected_ranks": self.expected_ranks, "command": cmd, "pid": os.getpid(),
         }
 
@@ -172,10 +174,10 @@ class NodeRunner:
         self.terminated_by = self.terminated_by or signum
         if self.proc is not None and self.proc.poll() is None:
             if first:
-                print(f"sbench runner: signal {signum}: stopping training (grace {self.settings['stop_grace_s']} s)",
+                print(f"sbench runner: signal {signum}: stopping training (grace {self.settings.stop_grace_s} s)",
                       file=sys.stderr, flush=True)
                 self._signal_tree(signal.SIGTERM)
-                self.kill_deadline = time.monotonic() + float(self.settings["stop_grace_s"])
+                self.kill_deadline = time.monotonic() + self.settings.stop_grace_s
                 # On disk at once: SLURM's SIGKILL may follow before the training processes are gone.
                 self.result.update(outcome="failed", signal=None, ended_wall=time.time(),
                                    reason=f"node runner received signal {signum}; stopping training")
@@ -184,25 +186,24 @@ class NodeRunner:
             else:
                 self._signal_tree(signal.SIGKILL)  # a second signal: no more grace
             return
-        if self.phase == "teardown":
+        if self.phase == Stage.TEARDOWN:
             return  # finishing anyway: result.<host>.json records the signal
         raise Terminated(signum)  # not training: abort the current stage
 
     # -- stages ----------------------------------------------------------------------------------
     def setup(self) -> None:
-        with self.log.stage("setup") as info:
+        with self.log.stage(Stage.SETUP) as info:
             env = capture(self.host, self.machine_rank)
             _write_json(self.paths.environment(self.host), env)
             per_node = None if self.spec.get("cpu_partition") else len(self.expected_ranks)
             backend, note = open_backend(max_devices=per_node)
-            self.sampler = Sampler(self.paths.samples(self.host), float(self.settings["sample_interval_s"]),
-                                   backend).start()
+            self.sampler = Sampler(self.paths.samples(self.host), self.settings.sample_interval_s, backend).start()
             info.update(sampler_backend=backend.name, gpus_sampled=len(backend.devices()),
                         sample_interval_s=self.sampler.interval_s, note=note)
 
     def dataset(self) -> None:
         dataset_id, path = self.spec["dataset_id"], self.spec["dataset_path"]
-        with self.log.stage("dataset") as info:
+        with self.log.stage(Stage.DATASET) as info:
             status = dataset_status(dataset_id, path)
             # Tokenizer-free: the file is the same for every model, so one prepare serves them all (the
             # length guarantee of news-tokens ids is by word count; see harness.datagen).
@@ -237,7 +238,7 @@ class NodeRunner:
                       .encode())
             # Behind the parent-death wrapper: a node runner killed with SIGKILL takes its training with it.
             # The ranks time their "launch" stage from here (launcher, imports, rendezvous).
-            env = {**env, "SBENCH_LAUNCHED_WALL": repr(time.time())}
+            env = {**env, envvars.LAUNCHED_WALL.name: repr(time.time())}
             self.proc = subprocess.Popen(pdeath.wrap(cmd), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         if self.sampler is not None:
@@ -304,14 +305,14 @@ class NodeRunner:
         env = dict(os.environ)
         if self.trials <= 1:
             return self.run_child(self.cmd, env)
-        base = cmd_port(self.cmd) or int(os.environ.get("SBENCH_MAIN_PORT") or 29500)
+        base = cmd_port(self.cmd) or int(envvars.MAIN_PORT.get())
         last: dict[str, Any] = {}
         for i in range(self.trials):
             if self.terminated_by is not None:
                 break
             port = trial_port(base, i)
-            tenv = {**env, "SBENCH_TRIAL": str(i), "SBENCH_MAIN_PORT": str(port)}
-            with self.log.stage("trial", trial=i) as info:
+            tenv = {**env, envvars.TRIAL.name: str(i), envvars.MAIN_PORT.name: str(port)}
+            with self.log.stage(Stage.TRIAL, trial=i) as info:
                 last = self.run_child(with_port(self.cmd, port), tenv)
                 rec = {"trial": i, "exit_code": last["exit_code"], "signal": last["signal"],
                        "rank_exit_codes": last["rank_exit_codes"], "open_stages": last["open_stages"],
@@ -324,8 +325,8 @@ class NodeRunner:
 
     def finish(self, run: dict[str, Any] | None, failure: str | None = None) -> dict[str, Any]:
         res = self.result
-        self.phase = "teardown"
-        with self.log.stage("teardown") as info:
+        self.phase = Stage.TEARDOWN
+        with self.log.stage(Stage.TEARDOWN) as info:
             res["samples"] = self.sampler.stop() if self.sampler else 0
             if self.sampler is not None:
                 res["sampler"] = {"backend": self.sampler.backend.name, "ticks": self.sampler.ticks,

@@ -34,8 +34,8 @@ from typing import Any
 
 import psutil
 
-COLUMNS = ("t_wall", "t_mono", "kind", "device", "gpu_util", "mem_used_mb", "mem_total_mb", "power_w",
-           "power_limit_w", "cpu_pct", "mem_pct", "rss_mb", "nprocs")
+from harness.contract import envvars
+from harness.contract.formats import SAMPLE_CSV_NAMES
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ def _nvml(max_devices: int | None = None) -> GpuBackend:
 
 
 def _fake(max_devices: int | None = None) -> GpuBackend:
-    backend = NvmlBackend(FakeNvml(int(os.environ.get("SBENCH_FAKE_GPUS", "2"))), max_devices=max_devices)
+    backend = NvmlBackend(FakeNvml(int(envvars.FAKE_GPUS.get())), max_devices=max_devices)
     backend.name = "fake"
     return backend
 
@@ -258,7 +258,7 @@ BACKENDS: dict[str, Callable[..., GpuBackend]] = {"nvml": _nvml, "fake": _fake, 
 
 def open_backend(name: str | None = None, *, max_devices: int | None = None) -> tuple[GpuBackend, str | None]:
     """``(backend, note)``: *name*, else ``$SBENCH_SAMPLER_BACKEND``, else ``nvml`` falling back to none."""
-    name = name or os.environ.get("SBENCH_SAMPLER_BACKEND") or "nvml"
+    name = name or envvars.SAMPLER_BACKEND.get()
     if name not in BACKENDS:
         raise ValueError(f"unknown sampler backend {name!r}; known: {', '.join(BACKENDS)}")
     try:
@@ -338,6 +338,11 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _row(**values: Any) -> list[str]:
+    """One CSV line in the columns' order (harness.contract.formats); a column not given is empty."""
+    return [_fmt(values.get(name)) for name in SAMPLE_CSV_NAMES]
+
+
 class Sampler:
     """Appends rows to ``samples.<host>.csv`` every ``interval_s`` from a background thread."""
 
@@ -358,7 +363,7 @@ class Sampler:
         self._fh = open(self.path, "a", newline="", encoding="utf-8")  # noqa: SIM115 - closed in stop()
         self._csv = csv.writer(self._fh, lineterminator="\n")
         if new:
-            self._csv.writerow(COLUMNS)
+            self._csv.writerow(SAMPLE_CSV_NAMES)
             self._fh.flush()
 
     def set_root(self, pid: int | None) -> None:
@@ -370,13 +375,14 @@ class Sampler:
 
     def _rows(self, wall: float, mono: float) -> Iterable[list[str]]:
         for dev, r in zip(self.backend.devices(), self.backend.read()):
-            yield [_fmt(wall), _fmt(mono), "gpu", str(dev.index), _fmt(r["gpu_util"]), _fmt(r["mem_used_mb"]),
-                   _fmt(r["mem_total_mb"]), _fmt(r["power_w"]), _fmt(r["power_limit_w"]), "", "", "", ""]
+            yield _row(t_wall=wall, t_mono=mono, kind="gpu", device=dev.index, gpu_util=r["gpu_util"],
+                       mem_used_mb=r["mem_used_mb"], mem_total_mb=r["mem_total_mb"], power_w=r["power_w"],
+                       power_limit_w=r["power_limit_w"])
         if self.tree is not None:
             p = self.tree.read()
             if p is not None:
-                yield [_fmt(wall), _fmt(mono), "proc", "-1", "", "", "", "", "", _fmt(p["cpu_pct"]),
-                       _fmt(p["mem_pct"]), _fmt(p["rss_mb"]), str(p["nprocs"])]
+                yield _row(t_wall=wall, t_mono=mono, kind="proc", device=-1, cpu_pct=p["cpu_pct"],
+                           mem_pct=p["mem_pct"], rss_mb=p["rss_mb"], nprocs=p["nprocs"])
 
     def tick(self) -> int:
         """Take one sample now; returns the number of rows written."""

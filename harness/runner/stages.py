@@ -2,7 +2,8 @@
 
 A ``start`` without an ``end`` means the process died inside that stage (SIGKILL, host OOM,
 node failure); that is the only trace such a crash can leave, so every event is written and
-flushed to the kernel before the stage's work begins.
+flushed to the kernel before the stage's work begins. The stage names are
+:class:`harness.contract.formats.Stage`'s.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-STAGES = ("setup", "dataset", "tokens", "model_load", "train", "teardown", "trial")
 
 
 class Terminated(BaseException):
@@ -89,7 +88,8 @@ class StageLog:
         return self._event("end", stage, trial, status=status, error=error, info=info or {})
 
     @contextmanager
-    def stage(self, stage: str, info: dict[str, Any] | None = None, trial: int | None = None) -> Iterator[dict[str, Any]]:
+    def stage(self, stage: str, info: dict[str, Any] | None = None,
+              trial: int | None = None) -> Iterator[dict[str, Any]]:
         """``with log.stage("train", info) as info:`` — fill *info* inside; the end event carries it.
 
         An exception ends the stage with ``error`` (``killed`` for :class:`Terminated`) and propagates.

@@ -23,6 +23,7 @@ import psutil
 import submitit
 
 from harness.build.jobspec import JobSpec
+from harness.contract import envvars
 from harness.contract.errors import InputError
 from harness.contract.paths import JobPaths
 from harness.runner import pdeath
@@ -84,8 +85,8 @@ class LocalLaunch:
     def __call__(self) -> int:
         paths = JobPaths(self.job_dir)
         env = dict(os.environ)
-        env["SBENCH_HOST"] = self.host
-        env["SBENCH_MAIN_PORT"] = str(free_port())
+        env[envvars.HOST.name] = self.host
+        env[envvars.MAIN_PORT.name] = str(free_port())
         job_id = os.environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getppid())
         if not env.get("CUDA_VISIBLE_DEVICES"):
             env.pop("CUDA_VISIBLE_DEVICES", None)  # submitit sets "" when no GPUs were asked for

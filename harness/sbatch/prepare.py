@@ -39,7 +39,7 @@ from harness.data.models import resolve_model
 from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared
 from harness.data.tokens import dataset_token_counts, load_tokenizer
 from harness.data.trainerenv import build
-from harness.runner.train import parse_args
+from harness.runner.cmdline import parse_args
 from harness.spec.envs import envs_root, needed
 from harness.spec.inventory import load_inventory, shared_dir
 from harness.spec.plan import data_dir_for, load_sweep, plan_sweep
@@ -251,5 +251,6 @@ def failed_prepare_jobs(workdir: Path, campaign: str | None) -> list[str]:
         st = states.get(job)
         if st and jobstate.is_done(st) and jobstate.normalise(st) != "COMPLETED":
             out.append(f"campaign {cdir.name}: prepare job {job} ended {jobstate.normalise(st)}, so its arrays were "
-                       f"cancelled; see {cdir / '.slurm' / f'prepare-{job}.out'}, fix it, then sbench retry {cdir.name}")
+                       f"cancelled; see {cdir / '.slurm' / f'prepare-{job}.out'}, fix it, then sbench retry "
+                       f"{cdir.name}")
     return out

@@ -17,8 +17,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from harness.contract import envvars
 from harness.contract.defaults import AUTO_STOP  # noqa: F401 - re-exported
 from harness.contract.errors import CatalogError, InputError
+from harness.contract.formats import RESPONSE_TEMPLATE, TEXT_FIELD
 
 from .schema import INT_MAX, MAX_NUMBER, show, text_problem
 from .yamlio import load_yaml, loads_yaml
@@ -382,7 +384,7 @@ class Experiment:
 _COMMON_HARDCODED = {
     "use_flash_attn": True, "packing": False, "save_strategy": "no", "learning_rate": 1e-5, "weight_decay": 0.0,
     "warmup_ratio": 0.03, "lr_scheduler_type": "cosine", "logging_steps": 1, "include_tokens_per_second": True,
-    "response_template": "\n### Response:", "dataset_text_field": "output", "cpus_per_device": 2,
+    "response_template": RESPONSE_TEMPLATE, "dataset_text_field": TEXT_FIELD, "cpus_per_device": 2,
     "min_cpus": 2,
 }
 
@@ -396,7 +398,8 @@ def _add(exp: Experiment) -> None:
 _add(Experiment(
     id="finetune_full_benchmark-v1.0.0", method="full",
     summary="Full fine-tuning; throughput, GPU/CPU utilisation and memory",
-    fields=tuple(_core_required(BENCHMARK_MODELS) + _benchmark_optional(("bfloat16", "float32", "float16"), "bfloat16")),
+    fields=tuple(_core_required(BENCHMARK_MODELS)
+                 + _benchmark_optional(("bfloat16", "float32", "float16"), "bfloat16")),
     models=BENCHMARK_MODELS, hardcoded={**_COMMON_HARDCODED, "peft_method": "none"},
 ))
 _add(Experiment(
@@ -409,7 +412,8 @@ _add(Experiment(
 _add(Experiment(
     id="finetune_pt_benchmark-v1.0.0", method="pt",
     summary="Prompt tuning; throughput, utilisation and memory",
-    fields=tuple(_core_required(BENCHMARK_MODELS) + _benchmark_optional(("bfloat16", "float32", "float16"), "bfloat16")),
+    fields=tuple(_core_required(BENCHMARK_MODELS)
+                 + _benchmark_optional(("bfloat16", "float32", "float16"), "bfloat16")),
     models=BENCHMARK_MODELS,
     hardcoded={**_COMMON_HARDCODED, "peft_method": "pt", "num_virtual_tokens": 20,
                "prompt_tuning_init": "RANDOM"},
@@ -565,7 +569,7 @@ def builtin_model_map() -> ModelMap:
 def load_model_map(path: str | Path | None = None) -> ModelMap:
     """Built-in map, then ``$SBENCH_MODEL_MAP`` or *path* on top."""
     mm = builtin_model_map()
-    p = path or os.environ.get("SBENCH_MODEL_MAP")
+    p = path or envvars.MODEL_MAP.get()
     if p:
         p = Path(p)
         mm = mm.merged(load_yaml(p, InputError, "model map"), str(p), p.parent.resolve())

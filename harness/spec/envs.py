@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.contract import envvars
 from harness.spec.inventory import shared_dir
 
 PACKAGE = "fms-hf-tuning"
@@ -51,9 +52,9 @@ def envs_root(inv: Any = None) -> Path:
     configured = shared_dir(getattr(inv, "envs_dir", None), inv) if inv is not None else None
     if configured is not None:
         return configured
-    env = os.environ.get("SBENCH_ENVS_DIR")
-    if env:
-        return Path(env).expanduser().resolve()
+    named = envvars.ENVS_DIR.get()
+    if named:
+        return Path(named).expanduser().resolve()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "sbench" / "envs"
 

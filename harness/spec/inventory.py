@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.contract import envvars
 from harness.contract.errors import InventoryError
 
 from .flops import DTYPES
@@ -140,7 +141,8 @@ def _env(ck: Checker, node: Mapping[str, Any], key: str, name: str) -> dict[str,
     env = ck.string_map(node, key, name)
     for k in env:
         if not ENV_NAME.fullmatch(k):
-            ck.fail(f"{key}.{name}.{k}", "is not a valid environment variable name (letters, digits, _)", node.get(name), k)
+            ck.fail(f"{key}.{name}.{k}", "is not a valid environment variable name (letters, digits, _)",
+                    node.get(name), k)
     return env
 
 
@@ -195,10 +197,13 @@ def _partition(ck: Checker, name: str, node: Any, parent: Mapping[str, Any]) -> 
     if mem <= 0:
         ck.fail(f"{key}.memory_gb", f"must be a number > 0, got {mem}", node, "memory_gb")
     if gpu_model.lower() == CPU_MODEL and gpus < 1:
-        ck.fail(f"{key}.gpus_per_node", "must be >= 1 on a CPU partition (it is the number of worker processes per host)", node, "gpus_per_node")
+        ck.fail(f"{key}.gpus_per_node",
+                "must be >= 1 on a CPU partition (it is the number of worker processes per host)", node,
+                "gpus_per_node")
     hosts_node = node.get("hosts")
     if not hosts_node:
-        ck.fail(f"{key}.hosts", "is empty: a partition needs at least one host (hosts: {name: {address: ...}})", node, "hosts")
+        ck.fail(f"{key}.hosts", "is empty: a partition needs at least one host (hosts: {name: {address: ...}})",
+                node, "hosts")
     hosts_node = ck.mapping(hosts_node, f"{key}.hosts", node, "hosts")
     hosts = {str(h): _host(ck, str(h), v, f"{key}.hosts.{h}", hosts_node) for h, v in hosts_node.items()}
     setup = ck.string_list(node, key, "setup", default=[])
@@ -345,8 +350,8 @@ def inventory_path(path: str | Path | None) -> Path | None:
     """The inventory file, absolute (recorded in manifests, so `retry` works from any directory)."""
     if path:
         return Path(path).expanduser().absolute()
-    env = os.environ.get("SBENCH_INVENTORY")
-    return Path(env).expanduser().absolute() if env else None
+    named = envvars.INVENTORY.get()
+    return Path(named).expanduser().absolute() if named else None
 
 
 def load_inventory(path: str | Path | None = None) -> Inventory:

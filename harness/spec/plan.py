@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.contract.defaults import RUNNER_DEFAULTS
+from harness.contract import envvars
+from harness.contract.defaults import RunnerSettings
 from harness.contract.errors import CatalogError, InputError, SweepError
 
 from .catalog import (
@@ -70,28 +70,9 @@ RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", 
 WORKLOADS = ("train", "idle")
 AUTO_STOP_KEYS = ("warmup_seconds", "stable_seconds", "min_steps")
 CAMPAIGN_NAME = NAME  # fullmatch only: '$' would accept a trailing newline
-DEFAULT_DATA_DIR = "results/datasets"
 MAX_REPEATS = 1000
 MAX_RUNS = 100_000  # points x repeats of one sweep; a larger grid is a typo, or several campaigns
 MAX_PARALLEL = 100_000
-
-
-@dataclass(frozen=True)
-class RunnerSettings:
-    """How the in-job runner measures; recorded with every attempt (not part of the point's identity)."""
-
-    sample_interval_s: float = RUNNER_DEFAULTS["sample_interval_s"]
-    warmup_seconds: float = RUNNER_DEFAULTS["warmup_seconds"]
-    stable_seconds: float = RUNNER_DEFAULTS["stable_seconds"]
-    min_steps: int = RUNNER_DEFAULTS["min_steps"]
-    stop_grace_s: float = RUNNER_DEFAULTS["stop_grace_s"]
-    token_cache: bool = RUNNER_DEFAULTS["token_cache"]
-    workload: str = RUNNER_DEFAULTS["workload"]  # train | idle (a dry run of the harness: harness.runner.idle)
-    idle_seconds: float = RUNNER_DEFAULTS["idle_seconds"]
-    memory_every_steps: int = RUNNER_DEFAULTS["memory_every_steps"]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -250,25 +231,25 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     ck.known_keys(runner_node, "runner", RUNNER_KEYS)
     auto = ck.mapping(runner_node.get("auto_stop"), "runner.auto_stop", runner_node, "auto_stop")
     ck.known_keys(auto, "runner.auto_stop", AUTO_STOP_KEYS)
-    d = RUNNER_DEFAULTS
-    interval = ck.number(runner_node, "runner", "sample_interval_s", default=d["sample_interval_s"], minimum=0.01,
+    d = RunnerSettings()  # the defaults
+    interval = ck.number(runner_node, "runner", "sample_interval_s", default=d.sample_interval_s, minimum=0.01,
                          maximum=3600)
     day = 86400.0
     runner = RunnerSettings(
         sample_interval_s=float(interval),
-        warmup_seconds=float(ck.number(auto, "runner.auto_stop", "warmup_seconds", default=d["warmup_seconds"],
+        warmup_seconds=float(ck.number(auto, "runner.auto_stop", "warmup_seconds", default=d.warmup_seconds,
                                        minimum=0, maximum=day)),
-        stable_seconds=float(ck.number(auto, "runner.auto_stop", "stable_seconds", default=d["stable_seconds"],
+        stable_seconds=float(ck.number(auto, "runner.auto_stop", "stable_seconds", default=d.stable_seconds,
                                        minimum=0, maximum=day)),
-        min_steps=ck.integer(auto, "runner.auto_stop", "min_steps", default=d["min_steps"], minimum=1,
+        min_steps=ck.integer(auto, "runner.auto_stop", "min_steps", default=d.min_steps, minimum=1,
                              maximum=10**9),
-        stop_grace_s=float(ck.number(runner_node, "runner", "stop_grace_s", default=d["stop_grace_s"], minimum=0,
+        stop_grace_s=float(ck.number(runner_node, "runner", "stop_grace_s", default=d.stop_grace_s, minimum=0,
                                      maximum=day)),
-        token_cache=ck.boolean(runner_node, "runner", "token_cache", default=d["token_cache"]),
-        workload=ck.string(runner_node, "runner", "workload", default=d["workload"]),
-        idle_seconds=float(ck.number(runner_node, "runner", "idle_seconds", default=d["idle_seconds"], minimum=0,
+        token_cache=ck.boolean(runner_node, "runner", "token_cache", default=d.token_cache),
+        workload=ck.string(runner_node, "runner", "workload", default=d.workload),
+        idle_seconds=float(ck.number(runner_node, "runner", "idle_seconds", default=d.idle_seconds, minimum=0,
                                      maximum=day)),
-        memory_every_steps=ck.integer(runner_node, "runner", "memory_every_steps", default=d["memory_every_steps"],
+        memory_every_steps=ck.integer(runner_node, "runner", "memory_every_steps", default=d.memory_every_steps,
                                       minimum=1, maximum=10**9),
     )
     if runner.workload not in WORKLOADS:
@@ -286,7 +267,7 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         if not data_dir.is_absolute():
             data_dir = (base_dir / data_dir).resolve()
     else:
-        data_dir = Path(os.environ.get("SBENCH_DATA_DIR", DEFAULT_DATA_DIR)).resolve()
+        data_dir = Path(envvars.DATA_DIR.get()).resolve()
     partition = ck.string(doc, "", "partition")
     if partition is not None:
         ck.name(partition, "partition", doc, "partition", what="partition name")
@@ -617,8 +598,8 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
                 cfg_cache[src] = model_config(src)
             quant = ((cfg_cache[src] or {}).get("quantization_config") or {}).get("quant_method")
             if quant != "gptq":
-                preasons.append(f"model: GPTQ-LoRA needs GPTQ-quantized weights; {src} has "
-                                f"{'quantization ' + repr(quant) if quant else 'no quantization_config'} in config.json")
+                found = f"quantization {quant!r}" if quant else "no quantization_config"
+                preasons.append(f"model: GPTQ-LoRA needs GPTQ-quantized weights; {src} has {found} in config.json")
         if src is None:
             preasons.append(f"model: no weights mapped for {entity['model_name']}; add it to model_map:")
         elif is_local_source(src) and not Path(src).expanduser().exists():

@@ -1,0 +1,268 @@
+"""What a training run measured, counted the same way by both trainers.
+
+- :class:`Meter` and :class:`CountingCollator`: the entries, exact dataset tokens and train tokens (padding
+  included) of every micro-batch a training step consumed;
+- :class:`StopPolicy`: ``--stop_after_seconds`` and auto-stop (warm-up, then a stable window of at least
+  ``min_steps`` steps);
+- :func:`make_callback`: the Trainer callback that times the steps, takes the stop decision (rank 0 decides
+  and broadcasts it every step, so all ranks stop together), fires injected faults and takes the memory
+  snapshots;
+- :func:`measurements` and :func:`run_totals`: the rank's numbers over the measured window, and the run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from harness.contract.defaults import AUTO_STOP, RunnerSettings
+
+from .memsnap import MemoryRecorder
+from .rank import Context
+
+STOP_REASONS = (None, "stop_after_seconds", "auto_stop")  # index = the code rank 0 broadcasts
+
+
+class Meter:
+    """Counts what the training steps consumed, micro-batch by micro-batch.
+
+    The collator wrapper measures each batch it builds (entries, exact non-padding tokens,
+    tokens incl. padding) and queues the numbers; each training step takes the next one off
+    the queue. Batches the data loader prefetched but training never used are not counted.
+    """
+
+    def __init__(self) -> None:
+        self.pending: deque[tuple[int, int, int]] = deque()
+        self.samples = 0
+        self.dataset_tokens = 0
+        self.train_tokens = 0
+        self.micro_batches = 0
+        self.mismatches = 0
+
+    def collated(self, examples: list[dict[str, Any]], batch: dict[str, Any]) -> None:
+        real = sum(len(e["input_ids"]) for e in examples)
+        self.pending.append((len(examples), real, int(batch["input_ids"].numel())))
+
+    def consumed(self, inputs: dict[str, Any]) -> None:
+        padded_now = int(inputs["input_ids"].numel())
+        if self.pending:
+            n, real, padded = self.pending.popleft()
+            if padded != padded_now:
+                self.mismatches += 1
+        else:  # not built by our collator: count from the batch itself
+            self.mismatches += 1
+            n, real, padded = int(inputs["input_ids"].shape[0]), int(inputs["attention_mask"].sum()), padded_now
+        self.samples += n
+        self.dataset_tokens += real
+        self.train_tokens += padded
+        self.micro_batches += 1
+
+    def snapshot(self) -> dict[str, float]:
+        # cpu_s: this rank's process CPU time (every thread), so its CPU utilisation over the measured
+        # window is exact and its own (the sampler sees the node's whole process tree).
+        return {"samples": self.samples, "dataset_tokens": self.dataset_tokens, "train_tokens": self.train_tokens,
+                "micro_batches": self.micro_batches, "cpu_s": time.process_time()}
+
+
+class CountingCollator:
+    """Wraps a collator; reports every batch it builds to a :class:`Meter`."""
+
+    def __init__(self, inner: Any, meter: Meter) -> None:
+        self.inner, self.meter = inner, meter
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        if examples and "completion_mask" in examples[0]:
+            # Completion-only loss, as the reference's response-template collator: prompt tokens are -100.
+            examples = [{"input_ids": e["input_ids"],
+                         "labels": [t if m else -100 for t, m in zip(e["input_ids"], e["completion_mask"])]}
+                        for e in examples]
+        batch = self.inner(examples)
+        self.meter.collated(examples, batch)
+        return batch
+
+
+@dataclass
+class StopPolicy:
+    stop_after_seconds: float = -1.0
+    auto_stop: bool = False
+    warmup_seconds: float = RunnerSettings.warmup_seconds
+    stable_seconds: float = RunnerSettings.stable_seconds
+    min_steps: int = RunnerSettings.min_steps
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, runner: RunnerSettings) -> StopPolicy:
+        """The command line's stop flags with the spec's auto-stop settings."""
+        return cls(stop_after_seconds=args.stop_after_seconds, auto_stop=args.auto_stop_method == AUTO_STOP,
+                   warmup_seconds=runner.warmup_seconds, stable_seconds=runner.stable_seconds,
+                   min_steps=runner.min_steps)
+
+    def record(self, doc: dict[str, Any], args: argparse.Namespace, ctx: Context) -> None:
+        """Say in the rank's document how the run was to stop, once ``doc`` holds its measurements."""
+        doc["auto_stop"] = ({"method": args.auto_stop_method, "warmup_seconds": self.warmup_seconds,
+                             "stable_seconds": self.stable_seconds, "min_steps": self.min_steps}
+                            if self.auto_stop else None)
+        doc["stop_after_seconds"] = args.stop_after_seconds
+        if self.auto_stop and doc.get("window") != "after_warmup":
+            ctx.note("auto-stop: training ended before warm-up did; metrics include warm-up")
+
+    @property
+    def active(self) -> bool:
+        return self.auto_stop or self.stop_after_seconds > 0
+
+    def decide(self, *, elapsed: float, step: int, warm: bool, warm_elapsed: float | None,
+               warm_step: int | None) -> tuple[bool, bool, str | None]:
+        """``(stop, warm, reason)`` after a step that ended ``elapsed`` seconds into training."""
+        if self.stop_after_seconds > 0 and elapsed >= self.stop_after_seconds:
+            return True, warm, "stop_after_seconds"
+        if self.auto_stop:
+            if not warm:
+                if elapsed >= self.warmup_seconds:
+                    return False, True, None
+                return False, False, None
+            assert warm_elapsed is not None and warm_step is not None
+            if elapsed - warm_elapsed >= self.stable_seconds and step - warm_step >= self.min_steps:
+                return True, True, "auto_stop"
+        return False, warm, None
+
+
+def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict[str, Any],
+                   memory: MemoryRecorder | None = None) -> Any:
+    import torch
+    from transformers import TrainerCallback
+
+    class BenchCallback(TrainerCallback):
+        """Times steps, takes the stop decision (rank 0, broadcast), fires injected faults and takes the
+        memory snapshots (harness.runner.memsnap)."""
+
+        def on_train_begin(self, args, state, control, **kw):
+            timeline["train_start_wall"], timeline["t0"] = time.time(), time.perf_counter()
+            timeline["start_step"] = state.global_step
+            timeline["start_counts"] = meter.snapshot()
+            if memory is not None:
+                memory.device, memory.optimizer = args.device, kw.get("optimizer")
+                memory.hook(kw.get("model"), lambda: state.global_step)
+                memory.attach_deepspeed(kw.get("model"), lambda: state.global_step)
+
+        def on_step_begin(self, args, state, control, **kw):
+            if memory is not None:
+                memory.take(kw.get("model"), state.global_step, "before_forward")
+
+        def on_pre_optimizer_step(self, args, state, control, **kw):
+            if memory is not None and not memory.deepspeed:
+                memory.optimizer = kw.get("optimizer") or memory.optimizer
+                memory.take(kw.get("model"), state.global_step, "after_backward")
+
+        def on_optimizer_step(self, args, state, control, **kw):
+            if memory is not None and not memory.deepspeed:
+                memory.take(kw.get("model"), state.global_step, "after_optimizer")
+
+        def on_step_end(self, args, state, control, **kw):
+            now_wall, now = time.time(), time.perf_counter()
+            timeline["end_wall"], timeline["t_end"], timeline["end_step"] = now_wall, now, state.global_step
+            timeline.setdefault("step_end_wall", []).append(now_wall)  # step-time distribution, stragglers
+            timeline["end_counts"] = meter.snapshot()
+            ctx.fault_at_step(state.global_step)
+            if not policy.active:
+                return control
+            warm = timeline.get("warm_t") is not None
+            stop, warm_now, reason = policy.decide(
+                elapsed=now - timeline["t0"], step=state.global_step, warm=warm,
+                warm_elapsed=None if not warm else timeline["warm_t"] - timeline["t0"],
+                warm_step=timeline.get("warm_step"))
+            if ctx.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+                code = STOP_REASONS.index(reason) if stop else 0
+                flags = torch.tensor([code, int(warm_now)], dtype=torch.int32, device=args.device)
+                torch.distributed.broadcast(flags, src=0)  # rank 0 decides for everyone
+                code, warm_now = int(flags[0].item()), bool(flags[1].item())
+                stop, reason = code > 0, STOP_REASONS[code]
+            if warm_now and not warm:
+                timeline["warm_t"], timeline["warmup_end_wall"] = now, now_wall
+                timeline["warm_step"], timeline["warm_counts"] = state.global_step, meter.snapshot()
+            if stop:
+                timeline["stopped_by"] = reason
+                control.should_training_stop = True
+            return control
+
+    return BenchCallback()
+
+
+def measurements(timeline: dict[str, Any], policy: StopPolicy, max_steps: int) -> dict[str, Any]:
+    """The rank's measured window: after warm-up under auto-stop, otherwise the whole run."""
+    out: dict[str, Any] = {
+        "train_start_wall": timeline.get("train_start_wall"),
+        "train_end_wall": timeline.get("end_wall"),
+        "warmup_end_wall": timeline.get("warmup_end_wall"),
+    }
+    end_step = timeline.get("end_step", 0)
+    stopped = timeline.get("stopped_by")
+    if stopped is None:
+        stopped = "max_steps" if max_steps > 0 and end_step >= max_steps else "epochs"
+    out["stopped_by"] = stopped
+    out["global_step"] = end_step
+    out["step_end_wall"] = timeline.get("step_end_wall", [])
+    if "t_end" not in timeline:
+        out["metrics"] = None
+        return out
+    if policy.auto_stop and timeline.get("warm_t") is not None:
+        t_start, step0, c0 = timeline["warm_t"], timeline["warm_step"], timeline["warm_counts"]
+        out["window"] = "after_warmup"
+    else:
+        t_start, step0, c0 = timeline["t0"], timeline["start_step"], timeline["start_counts"]
+        out["window"] = "whole_run" if not policy.auto_stop else "whole_run_warmup_not_reached"
+    c1 = timeline["end_counts"]
+    runtime = timeline["t_end"] - t_start
+    d = {k: c1[k] - c0[k] for k in c1}
+    steps = end_step - step0
+
+    def rate(x: float) -> float | None:
+        return x / runtime if runtime > 0 else None
+
+    # Rank-local numbers; run_totals() turns samples and dataset tokens into run totals (all ranks).
+    out["metrics"] = {
+        "train_runtime": runtime,
+        "train_steps": steps,
+        "train_steps_per_second": rate(steps),
+        "train_tokens": d["train_tokens"],
+        "train_tokens_per_second": rate(d["train_tokens"]),
+        "rank_train_samples": d["samples"],
+        "rank_train_samples_per_second": rate(d["samples"]),
+        "rank_dataset_tokens": d["dataset_tokens"],
+        "rank_dataset_tokens_per_second": rate(d["dataset_tokens"]),
+        "rank_micro_batches": d["micro_batches"],
+        "cpu_seconds": d["cpu_s"],
+        "cpu_util_pct": 100.0 * d["cpu_s"] / runtime if runtime > 0 else None,
+    }
+    tot, t0c = timeline["end_counts"], timeline["start_counts"]
+    out["totals"] = {"runtime": timeline["t_end"] - timeline["t0"], "steps": end_step - timeline["start_step"],
+                     **{f"rank_{k}": tot[k] - t0c[k] for k in tot}}
+    return out
+
+
+def run_totals(metrics: dict[str, Any], world_size: int, device: Any) -> None:
+    """Add the run's samples and dataset tokens (all ranks, one all-reduce) to rank-local *metrics*.
+
+    As in the reference (HF's ``train_samples_per_second`` counts every device's samples; note 3
+    counts the run's dataset tokens), ``train_samples*`` and ``dataset_tokens*`` are run totals;
+    ``train_tokens*`` stay this rank's (collect scales them by world size, the seeds' FSDP estimate).
+    """
+    import torch
+
+    counts = [metrics["rank_train_samples"], metrics["rank_dataset_tokens"], metrics["train_tokens"]]
+    if world_size > 1 and torch.distributed.is_initialized():
+        t = torch.tensor(counts, dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(t)
+        counts = [int(x) for x in t.tolist()]
+    samples, dtok, ttok = counts
+    rt = metrics["train_runtime"]
+    metrics.update({
+        "world_size": world_size,
+        "train_samples": samples,
+        "train_samples_per_second": samples / rt if rt > 0 else None,
+        "dataset_tokens": dtok,
+        "dataset_tokens_per_second": dtok / rt if rt > 0 else None,
+        "dataset_tokens_per_second_per_gpu": dtok / rt / world_size if rt > 0 else None,
+        "run_train_tokens": ttok,
+    })

@@ -1,0 +1,184 @@
+"""One training process's frame, shared by both trainers (:mod:`harness.runner.train`, :mod:`harness.runner.fms`).
+
+- :class:`Context`: who the process is (rank, host, trial), its job dir, the spec's runner settings, its
+  stage log and the faults injected into it;
+- the ``launch`` stage: from the moment the node runner started the training command to the end of the
+  rendezvous (launcher, imports and process group, each timed);
+- :func:`main`: runs a trainer's ``run(args, ctx)`` inside signal handling and error classification, and
+  writes ``rank.<rank>.json`` (and ``error.<rank>.json`` when it failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.contract import envvars
+from harness.contract.defaults import RunnerSettings
+from harness.contract.formats import Stage
+from harness.contract.paths import JobPaths
+
+from .classify import error_record
+from .cmdline import parse_args
+from .envcapture import relevant_env
+from .faults import Fault, faults_from_env
+from .stages import StageLog, Terminated
+
+MODULE_START_WALL = time.time()  # this process's start as the launch stage sees it (the heavy imports come later)
+
+Runner = Callable[[argparse.Namespace, "Context"], dict[str, Any]]
+
+
+@dataclass
+class Context:
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+    trial: int | None
+    paths: JobPaths | None
+    runner: RunnerSettings
+    data_dir: Path
+    log: StageLog
+    faults: list[Fault]
+    doc: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    launch: dict[str, float] = field(default_factory=dict)  # the open launch stage's clock readings
+
+    @classmethod
+    def from_env(cls, args: argparse.Namespace) -> Context:
+        env = os.environ
+        rank = int(env.get("RANK", "0"))
+        trial_s = envvars.TRIAL.get()
+        host = envvars.host()
+        paths = JobPaths(args.job_dir) if args.job_dir else None
+        runner = RunnerSettings()
+        data_dir = Path(args.training_data_path).resolve().parent
+        if paths is not None and paths.spec.is_file():
+            js = json.loads(paths.spec.read_text()).get("jobspec", {})
+            runner = RunnerSettings.from_dict(js.get("runner"))
+            if js.get("data_dir"):
+                data_dir = Path(js["data_dir"])
+        if paths is not None:
+            paths.root.mkdir(parents=True, exist_ok=True)
+        # SBENCH_STAGE_LOG=0 turns stage events off (bench/overhead.py measures what they cost).
+        log = StageLog(paths.stages(host) if paths else "/dev/null", host, rank=rank,
+                       trial=int(trial_s) if trial_s else None,
+                       enabled=paths is not None and envvars.STAGE_LOG.get() != "0")
+        return cls(rank=rank, local_rank=int(env.get("LOCAL_RANK", "0")), world_size=int(env.get("WORLD_SIZE", "1")),
+                   host=host, trial=int(trial_s) if trial_s else None, paths=paths, runner=runner,
+                   data_dir=data_dir, log=log, faults=faults_from_env())
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        print(f"sbench[rank {self.rank}]: {text}", file=sys.stderr, flush=True)
+
+    def fault_at_stage(self, stage: str) -> None:
+        for f in self.faults:
+            if f.applies(rank=self.rank, trial=self.trial, stage=stage):
+                f.fire(f"at the start of stage {stage}")
+
+    def fault_at_step(self, step: int) -> None:
+        for f in self.faults:
+            if f.applies(rank=self.rank, trial=self.trial, step=step):
+                f.fire(f"at the end of step {step}")
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """Write *doc* whole or not at all (a temporary file renamed into place): readers never see half of it."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# -- the launch stage ---------------------------------------------------------------------------------------
+
+def launch_start(ctx: Context) -> None:
+    """Open the rank's ``launch`` stage at the moment the node runner started the training command
+    (``SBENCH_LAUNCHED_WALL``), else when this module started loading: launcher, imports and the
+    rendezvous are start-up time like any other, and the stages should say where it went."""
+    try:
+        launched = float(envvars.LAUNCHED_WALL.get())
+    except ValueError:
+        launched = MODULE_START_WALL
+    ctx.launch = {"launched_wall": min(launched, MODULE_START_WALL), "process_start_wall": MODULE_START_WALL}
+    ctx.log.start(Stage.LAUNCH, at=ctx.launch["launched_wall"])
+
+
+def launch_end(ctx: Context, imported_wall: float) -> None:
+    if not ctx.launch:
+        return
+    now = time.time()
+    born, launched = ctx.launch["process_start_wall"], ctx.launch["launched_wall"]
+    ctx.log.end(Stage.LAUNCH, info={"launcher_s": round(max(0.0, born - launched), 3),
+                                    "imports_s": round(imported_wall - born, 3),
+                                    "rendezvous_s": round(now - imported_wall, 3)})
+    ctx.launch = {}
+
+
+def launch_failed(ctx: Context, status: str, error: str) -> None:
+    """End a launch stage an exception escaped from (imports, settings, the process group)."""
+    if ctx.launch:
+        ctx.launch = {}
+        ctx.log.last_failed = Stage.LAUNCH
+        ctx.log.end(Stage.LAUNCH, status, error)
+
+
+# -- the frame ----------------------------------------------------------------------------------------------
+
+def _on_signal(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+def main(run: Runner, argv: list[str] | None = None) -> int:
+    """Run one rank: *run* trains; everything around it (signals, the launch stage, error classification,
+    ``rank.<r>.json``) is shared by both trainers."""
+    args = parse_args(argv)
+    ctx = Context.from_env(args)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_signal)
+    doc = ctx.doc
+    doc.update(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size, host=ctx.host, trial=ctx.trial,
+               pid=os.getpid(), status="running", env=relevant_env(), device=None, notes=ctx.notes,
+               argv=sys.argv[1:] if argv is None else list(argv), started_wall=time.time())
+    code = 0
+    launch_start(ctx)
+    try:
+        run(args, ctx)
+        doc["status"] = "ok"
+    except Terminated as exc:
+        launch_failed(ctx, "killed", str(exc))
+        doc["status"], doc["error"] = "killed", str(exc)
+        code = 128 + exc.signum
+    except BaseException as exc:  # noqa: BLE001 - every failure is classified and recorded
+        launch_failed(ctx, "error", f"{type(exc).__name__}: {exc}"[:2000])
+        rec = error_record(exc, rank=ctx.rank, host=ctx.host, stage=ctx.log.last_failed, trial=ctx.trial,
+                           t_wall=time.time())
+        doc["status"], doc["error"] = "error", {k: rec[k] for k in ("kind", "error_type", "message", "stage")}
+        if ctx.paths is not None:
+            write_json(ctx.paths.error(ctx.rank), rec)
+        traceback.print_exc()
+        print(f"sbench[rank {ctx.rank}]: {rec['kind']}: {rec['error_type']}: {rec['message']}", file=sys.stderr,
+              flush=True)
+        code = 1
+    doc["ended_wall"] = time.time()
+    if ctx.paths is not None:
+        write_json(ctx.paths.rank_result(ctx.rank), doc)
+    return code
+
+
+def exit_now(code: int) -> None:
+    """End the process with *code* at once, once its output is flushed: interpreter teardown (process-group and
+    thread joins) can hang after a peer died."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
