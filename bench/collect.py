@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import duckdb  # noqa: E402
 
 from harness.collect import collect
-from harness.db.samples import SAMPLE_CSV_COLUMNS  # noqa: E402
+from harness.contract.formats import SAMPLE_CSV_COLUMNS  # noqa: E402
 from tests import synth  # noqa: E402
 
 CAMPAIGN = "bench"

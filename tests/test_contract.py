@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "harness"
 NAME = re.compile(r"\bSBENCH_[A-Z][A-Z0-9_]*")
 DIRECT_READ = re.compile(r"""(environ\.get\(|environ\[|getenv\()\s*["']SBENCH_""")
 # These read their own variables until they take them from harness.contract.envvars too.
-NOT_YET_SWITCHED = ("db/", "collect/")
+NOT_YET_SWITCHED: tuple[str, ...] = ()
 
 
 def _package_files() -> list[Path]:

@@ -38,6 +38,7 @@ from typing import Any
 
 import duckdb
 
+from harness.contract import envvars
 from harness.contract.errors import CollectError
 from harness.contract.paths import JobPaths
 from harness.db.checks import refresh_checks
@@ -58,7 +59,6 @@ from .outcome import Sched, decide
 from .rows import RunData
 
 Progress = Callable[[str, int, int], None]
-PAUSE_ENV = "SBENCH_COLLECT_PAUSE_AT"  # tests: pause at a phase (inside the transaction) to be killed there
 CHILD_ROWS = (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"), ("errors", "errors"),
               ("trials", "trials"), ("environment", "environment"), ("memory", "memory"))
 
@@ -98,10 +98,11 @@ class _Clock:
 
 
 def _pause(phase: str) -> None:
-    if os.environ.get(PAUSE_ENV) == phase:
+    """Tests: stop here, inside the transaction, long enough to be killed (envvars.COLLECT_PAUSE_AT)."""
+    if envvars.COLLECT_PAUSE_AT.get() == phase:
         sys.stderr.write(f"sbench-collect: paused at {phase}\n")
         sys.stderr.flush()
-        time.sleep(float(os.environ.get("SBENCH_COLLECT_PAUSE_S", "60")))
+        time.sleep(float(envvars.COLLECT_PAUSE_S.get()))
 
 
 def analyze(att: Attempt, sched: Sched, cancel_requested: bool,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.contract.formats import Stage
 from harness.db.values import entity_values, to_json, utc
 from harness.spec.catalog import EXPERIMENTS
 from harness.spec.flops import run_flops
@@ -124,7 +125,7 @@ def error_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
 
 
 def trial_rows(f: JobFiles, run_id: str, stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_trial = {r["trial"]: r for r in stages if r["stage"] == "trial" and r["trial"] is not None}
+    by_trial = {r["trial"]: r for r in stages if r["stage"] == Stage.TRIAL and r["trial"] is not None}
     host = next((h for h, r in f.results.items() if r.get("trials")), None)
     rows = []
     for t in f.trials:
@@ -218,7 +219,7 @@ def run_row(f: JobFiles, v: Verdict, stages: list[dict[str, Any]]) -> dict[str, 
         ended = max((r["end_wall"] for r in stages if r["end_wall"] is not None), default=None)
     train_start = _f(rank0.get("train_start_wall"))
     if train_start is None:
-        train_start = min((r["start_wall"] for r in stages if r["stage"] == "train" and r["start_wall"] is not None),
+        train_start = min((r["start_wall"] for r in stages if r["stage"] == Stage.TRAIN and r["start_wall"] is not None),
                           default=None)
     job_id = man.get("job_id") or f.submitted.get("job_id")
     elapsed = job.elapsed_s if job and job.elapsed_s is not None else (

@@ -9,19 +9,13 @@ from typing import Any
 import duckdb
 
 from harness.contract.errors import CollectError
+from harness.contract.formats import SAMPLE_CSV_COLUMNS
 
 from .schema import SCHEMA, q
 from .staging import frame
 from .store import Store
 
-# The samples CSV format (docs/job-directory.md): column order and types.
-SAMPLE_CSV_COLUMNS = (("t_wall", "DOUBLE"), ("t_mono", "DOUBLE"), ("kind", "VARCHAR"), ("device", "INTEGER"),
-                      ("gpu_util", "DOUBLE"), ("mem_used_mb", "DOUBLE"), ("mem_total_mb", "DOUBLE"),
-                      ("power_w", "DOUBLE"), ("power_limit_w", "DOUBLE"), ("cpu_pct", "DOUBLE"),
-                      ("mem_pct", "DOUBLE"), ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"))
-
-
-# What collect's reader asks for: the same, with ``kind`` read straight into the ENUM (a kind other than
+# What collect's reader asks for: the samples CSV's columns (harness.contract.formats), with ``kind`` read straight into the ENUM (a kind other than
 # gpu/proc is a rejected line with its reason, like any value that does not convert).
 _SAMPLE_READ_TYPES = {**dict(SAMPLE_CSV_COLUMNS), "kind": "sample_kind"}
 

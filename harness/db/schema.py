@@ -18,6 +18,7 @@ the metrics, ``nprocs``): query ``samples``; the two tables are storage.
 from __future__ import annotations
 
 from harness.contract.errors import CollectError
+from harness.contract.formats import Stage
 from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
 
 # 2: samples became a view over sample_files + sample_rows; 3: environment provenance; 4: the run_overhead view;
@@ -239,7 +240,7 @@ VIEWS: dict[str, str] = {
     # Per run and host, from the stage events: the seconds from the host's first event (the node runner
     # starting) to the first train stage, the host's span, the train stages' span (per trial, summed), and
     # what is left outside training. prepared_in_job: the job had to generate or tokenize its data.
-    "run_overhead": """
+    "run_overhead": f"""
         WITH s AS (SELECT run_id, host, stage, trial, start_wall, end_wall, info FROM stages
                    WHERE start_wall IS NOT NULL),
         h AS (SELECT run_id, host, min(start_wall) AS job_start_wall,
@@ -249,7 +250,7 @@ VIEWS: dict[str, str] = {
                          AS prepared_in_job
               FROM s GROUP BY run_id, host),
         t AS (SELECT run_id, host, trial, min(start_wall) AS t0, max(end_wall) AS t1 FROM s
-              WHERE stage = 'train' GROUP BY run_id, host, trial),
+              WHERE stage = '{Stage.TRAIN}' GROUP BY run_id, host, trial),
         tt AS (SELECT run_id, host, min(t0) AS first_train_wall, sum(t1 - t0) AS train_s FROM t
                GROUP BY run_id, host)
         SELECT h.run_id, h.host, h.job_start_wall, tt.first_train_wall,

@@ -14,7 +14,6 @@ in a transaction. What is written and read lives in the modules beside this one,
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -24,13 +23,13 @@ from typing import Any
 
 import duckdb
 
+from harness.contract import envvars
 from harness.contract.errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
 
 from .schema import KIND_SQL, PRIMARY_KEYS, RUN_CHILD_TABLES, SCHEMA, SCHEMA_VERSION, TYPES, VIEWS, q
 from .staging import Staged, check_keys, frame, stage, typed
 from .values import COERCE
 
-DEFAULT_WAIT_S = 5.0
 READ_ONLY_CONFIG = {"enable_external_access": False, "autoinstall_known_extensions": False,
                     "autoload_known_extensions": False, "allow_community_extensions": False,
                     "lock_configuration": True}
@@ -38,9 +37,9 @@ READ_ONLY_CONFIG = {"enable_external_access": False, "autoinstall_known_extensio
 
 def _default_wait() -> float:
     try:
-        return float(os.environ.get("SBENCH_DB_WAIT", DEFAULT_WAIT_S))
+        return float(envvars.DB_WAIT.get())
     except ValueError:
-        return DEFAULT_WAIT_S
+        return float(envvars.DB_WAIT.default)
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -91,7 +90,7 @@ class Store:
                     raise StoreBusyError(
                         f"{p} is in use by another process{holder}; waited {wait:g} s. DuckDB allows one "
                         f"writer at a time: wait for that sbench collect/submit to finish and retry "
-                        f"(SBENCH_DB_WAIT=<seconds> waits longer).") from None
+                        f"({envvars.DB_WAIT.name}=<seconds> waits longer).") from None
                 time.sleep(0.2)
         store = cls(con, p, read_only)
         try:

@@ -11,15 +11,17 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.contract.formats import Stage
+
 from .charts import Series, bar_chart, esc, fmt, line_chart, nice_ticks, no_data
 from .data import ReportData, method_of
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7",
            "#17becf", "#8c564b", "#bcbd22", "#7f7f7f")
 OOM_COLOR = "#d62728"  # reserved: no series uses red
-STAGE_ORDER = ("setup", "launch", "dataset", "tokens", "model_load", "train", "teardown")
-STAGE_COLORS = {"setup": "#bab0ac", "dataset": "#76b7b2", "tokens": "#59a14f", "model_load": "#edc948",
-                "train": "#4e79a7", "teardown": "#9c755f"}
+STAGE_ORDER = (Stage.SETUP, Stage.LAUNCH, Stage.DATASET, Stage.TOKENS, Stage.MODEL_LOAD, Stage.TRAIN, Stage.TEARDOWN)
+STAGE_COLORS = {Stage.SETUP: "#bab0ac", Stage.DATASET: "#76b7b2", Stage.TOKENS: "#59a14f", Stage.MODEL_LOAD: "#edc948",
+                Stage.TRAIN: "#4e79a7", Stage.TEARDOWN: "#9c755f"}
 MAX_STAGE_BARS = 80  # more bars than this are unreadable; the page says how many were left out
 
 
