@@ -59,7 +59,8 @@ def prepare(work: Path, entries: int) -> tuple[Path, Path]:
 def render(work: Path, name: str, model: Path, data: Path, args: argparse.Namespace):
     from harness.build.render import render_points
     from harness.spec.inventory import local_inventory
-    from harness.spec.plan import parse_sweep, plan_sweep
+    from harness.spec.plan import plan_sweep
+    from harness.spec.sweep import parse_sweep
 
     doc = {"campaign": "overhead", "experiment": "finetune_lora_benchmark-v1.0.0",
            "entity": {"model_name": "tiny", "model_max_length": args.seq, "dataset_id": DATASET, "number_gpus": 1,

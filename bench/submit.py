@@ -34,7 +34,8 @@ def main() -> None:
     from harness.build.render import render_points
     from harness.sbatch.submit import submit_sweep
     from harness.spec.inventory import load_inventory
-    from harness.spec.plan import load_sweep, plan_sweep
+    from harness.spec.plan import plan_sweep
+    from harness.spec.sweep import load_sweep
 
     tmp = Path(tempfile.mkdtemp(prefix="sbench-bench-submit-"))
     per_shape = args.points // 4

@@ -14,7 +14,8 @@ from harness.contract.errors import SubmitError
 from harness.sbatch.fabric import FabricResult
 from harness.sbatch.submit import run_preflight
 from harness.spec.inventory import load_inventory
-from harness.spec.plan import parse_sweep, plan_sweep
+from harness.spec.plan import plan_sweep
+from harness.spec.sweep import parse_sweep
 
 from .conftest import TEST_INVENTORY, sql_rows
 

@@ -30,7 +30,8 @@ from harness.collect import collect
 from harness.contract.paths import JobPaths
 from harness.sbatch.local import LocalBackend, identity, kill_launch, timeout_minutes
 from harness.spec.inventory import load_inventory
-from harness.spec.plan import load_sweep, plan_sweep
+from harness.spec.plan import plan_sweep
+from harness.spec.sweep import load_sweep
 from tests.synth import T0, append_manifest, make_run, write_json
 
 from .conftest import sql_rows

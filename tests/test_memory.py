@@ -202,7 +202,8 @@ def test_submit_skips_the_points_predicted_not_to_fit(tmp_path: Path, tiny_model
                            "--db", str(tmp_path / "r.duckdb")], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     from harness.spec.inventory import load_inventory
-    from harness.spec.plan import load_sweep, plan_sweep
+    from harness.spec.plan import plan_sweep
+    from harness.spec.sweep import load_sweep
 
     batch_of = {p.point_id: p.entity["batch_size"] for p in plan_sweep(load_sweep(sw), load_inventory(inv))}
     by_batch = {batch_of[d["point_id"]]: d for d in json.loads(proc.stdout)["points"]}
@@ -233,7 +234,8 @@ def test_plan_tells_which_optimizers_can_run_where(tmp_path: Path, optim: str, p
     import importlib.util
 
     from harness.spec.inventory import load_inventory
-    from harness.spec.plan import load_sweep, plan_sweep
+    from harness.spec.plan import plan_sweep
+    from harness.spec.sweep import load_sweep
 
     if importlib.util.find_spec("bitsandbytes") is not None and "package" in (expect or ""):
         pytest.skip("bitsandbytes is installed here")
@@ -261,7 +263,8 @@ def test_fsdp_offload_params_is_a_real_setting_that_keeps_old_point_ids(tmp_path
 
     from harness.build.render import render_points
     from harness.spec.inventory import load_inventory
-    from harness.spec.plan import load_sweep, plan_sweep, point_id
+    from harness.spec.plan import plan_sweep, point_id
+    from harness.spec.sweep import load_sweep
 
     exp = "finetune_full_benchmark-v1.0.0"
     ent = {"model_name": "m", "number_gpus": 2, "batch_size": 2}
@@ -315,7 +318,8 @@ def _ds_inventory(tmp_path: Path, python: str | None = None) -> Path:
 
 def _plan(tmp_path: Path, inv: Path, part: str, exp: str, entity: dict, grid: dict, name: str = "ds"):
     from harness.spec.inventory import load_inventory
-    from harness.spec.plan import load_sweep, plan_sweep
+    from harness.spec.plan import plan_sweep
+    from harness.spec.sweep import load_sweep
 
     sw = write_sweep(tmp_path / f"{name}-{part}.yaml", {
         "campaign": name, "experiment": exp, "partition": part,

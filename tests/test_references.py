@@ -8,8 +8,8 @@ import pytest
 
 from harness.contract.errors import SweepError
 from harness.spec.catalog import get_experiment
-from harness.spec.plan import load_sweep
 from harness.spec.references import Reference, check_rows, pick
+from harness.spec.sweep import load_sweep
 
 from .conftest import write_sweep
 

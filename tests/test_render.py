@@ -21,7 +21,8 @@ import yaml
 from harness import __version__
 from harness.build.render import render_points
 from harness.spec.inventory import load_inventory
-from harness.spec.plan import parse_sweep, plan_sweep
+from harness.spec.plan import plan_sweep
+from harness.spec.sweep import parse_sweep
 
 from .conftest import TEST_INVENTORY
 

@@ -14,7 +14,8 @@ import yaml
 from harness.build.render import ClusterFit, cluster_fit, render_points
 from harness.slurm.sinfo import misfits, parse_sinfo
 from harness.spec.inventory import load_inventory
-from harness.spec.plan import parse_sweep, plan_sweep
+from harness.spec.plan import plan_sweep
+from harness.spec.sweep import parse_sweep
 
 from .conftest import TEST_INVENTORY
 

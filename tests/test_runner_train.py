@@ -26,7 +26,8 @@ from harness.build.render import render_points
 from harness.contract.paths import JobPaths
 from harness.runner.stages import open_stages, read_stages
 from harness.spec.inventory import local_inventory
-from harness.spec.plan import parse_sweep, plan_sweep
+from harness.spec.plan import plan_sweep
+from harness.spec.sweep import parse_sweep
 
 pytestmark = pytest.mark.train
 

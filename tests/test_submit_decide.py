@@ -61,7 +61,8 @@ def test_array_script_runs_each_points_own_job_sbatch(tmp_path: Path) -> None:
     from harness.build.render import render_points
     from harness.sbatch.slurm import array_script, group_by_shape
     from harness.spec.inventory import load_inventory
-    from harness.spec.plan import parse_sweep, plan_sweep
+    from harness.spec.plan import plan_sweep
+    from harness.spec.sweep import parse_sweep
 
     from .conftest import TEST_INVENTORY
 

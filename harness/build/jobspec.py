@@ -20,8 +20,9 @@ from harness.spec.envs import envs_root, lookup
 from harness.spec.flops import compute_dtype, peak_tflops
 from harness.spec.inventory import Host, Inventory, Partition, shared_dir
 from harness.spec.memory import config_for, predict
-from harness.spec.plan import PlannedPoint, Sweep, data_dir_for
+from harness.spec.plan import PlannedPoint
 from harness.spec.resources import cpus_per_task, memory_request, threads_per_rank
+from harness.spec.sweep import Sweep, data_dir_for
 
 from .trainargs import for_fms_hf_tuning, train_argv
 

@@ -25,7 +25,8 @@ from harness.contract.errors import InputError, RenderError
 from harness.contract.paths import SPEC_SCHEMA, JobPaths, job_dir_name, package_dir
 from harness.slurm.sinfo import misfits, partition_nodes
 from harness.spec.inventory import ENV_NAME, Inventory
-from harness.spec.plan import PlannedPoint, Sweep
+from harness.spec.plan import PlannedPoint
+from harness.spec.sweep import Sweep
 
 from .jobspec import PORT_BASE, PORT_SPAN, JobSpec, build_jobspec
 

@@ -10,7 +10,8 @@ import click
 from harness.build.render import ClusterFit, cluster_fit, render_points
 from harness.spec.catalog import EXPERIMENTS, get_experiment
 from harness.spec.inventory import describe, load_inventory
-from harness.spec.plan import load_sweep, plan_sweep
+from harness.spec.plan import plan_sweep
+from harness.spec.sweep import load_sweep
 
 from .base import echo_json, inventory_option, json_option, main, model_map_option, sweep_argument, table
 

@@ -9,7 +9,7 @@ import click
 
 from harness.contract.paths import resolve_workdir
 from harness.spec.inventory import load_inventory
-from harness.spec.plan import load_sweep
+from harness.spec.sweep import load_sweep
 
 from .base import (
     Progress,

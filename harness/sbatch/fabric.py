@@ -28,7 +28,8 @@ from harness.collect.parse import nccl_transport
 from harness.contract.errors import InputError
 from harness.contract.paths import JobPaths
 from harness.runner.fabric import CPU_SIZES, DEFAULT_SIZES
-from harness.spec.plan import parse_sweep, plan_sweep
+from harness.spec.plan import plan_sweep
+from harness.spec.sweep import parse_sweep
 
 from .backends import get_backend
 from .executors import SubmitOptions

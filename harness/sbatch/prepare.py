@@ -42,7 +42,8 @@ from harness.data.trainerenv import build
 from harness.runner.cmdline import parse_args
 from harness.spec.envs import envs_root, needed
 from harness.spec.inventory import load_inventory, shared_dir
-from harness.spec.plan import data_dir_for, load_sweep, plan_sweep
+from harness.spec.plan import plan_sweep
+from harness.spec.sweep import data_dir_for, load_sweep
 
 from . import manifest
 from .slurm import ScriptExecutor, query_states

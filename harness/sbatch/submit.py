@@ -17,7 +17,8 @@ from harness.db.cluster import record_fabric
 from harness.db.store import open_store
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
-from harness.spec.plan import PlannedPoint, Sweep, load_sweep, plan_sweep
+from harness.spec.plan import PlannedPoint, plan_sweep
+from harness.spec.sweep import Sweep, load_sweep
 
 from . import manifest
 from .backends import get_backend, resolve_executor

@@ -1,0 +1,228 @@
+"""A sweep file: its keys, their checks, and the :class:`Sweep` it becomes (``load_sweep``).
+
+Every message names the file, the line where known, the key and the fix; nothing is planned or written
+before the whole file is checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.contract import envvars
+from harness.contract.defaults import RunnerSettings
+from harness.contract.errors import CatalogError, InputError, SweepError
+
+from .catalog import (
+    Experiment,
+    ModelMap,
+    get_experiment,
+    load_model_map,
+)
+from .inventory import shared_dir
+from .references import parse_references
+from .schema import (
+    MAX_LIST,
+    NAME,
+    SLURM_CONSTRAINT,
+    SLURM_CONSTRAINT_TEXT,
+    SLURM_NAME,
+    SLURM_NAME_TEXT,
+    SLURM_TIME,
+    SLURM_TIME_TEXT,
+    Checker,
+    sbatch_extra,
+)
+from .yamlio import LineDict, load_yaml
+
+SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
+              "model_map", "data_dir", "runner", "references")
+
+
+SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue", "extra")
+
+
+RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds",
+               "memory_every_steps")
+
+
+WORKLOADS = ("train", "idle")
+
+
+AUTO_STOP_KEYS = ("warmup_seconds", "stable_seconds", "min_steps")
+
+
+CAMPAIGN_NAME = NAME  # fullmatch only: '$' would accept a trailing newline
+
+
+MAX_REPEATS = 1000
+
+
+MAX_RUNS = 100_000  # points x repeats of one sweep; a larger grid is a typo, or several campaigns
+
+
+MAX_PARALLEL = 100_000
+
+
+@dataclass(frozen=True)
+class SlurmOverrides:
+    time: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool | None = None
+    mem_gb: float | None = None
+    max_parallel: int | None = None
+    requeue: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Sweep:
+    campaign: str
+    experiment: Experiment
+    source: str
+    base_dir: Path
+    partition: str | None
+    entity: dict[str, Any]
+    grid: dict[str, list[Any]]
+    repeats: int
+    slurm: SlurmOverrides
+    model_map: ModelMap
+    data_dir: Path
+    runner: RunnerSettings
+    description: str = ""
+    data_dir_set: bool = False  # the sweep names its data_dir (else the inventory's defaults.data_dir may)
+    references: list[Any] = field(default_factory=list)  # harness.references.Reference, in file order
+    lines: dict[str, int] = field(default_factory=dict)
+
+
+def data_dir_for(sweep: Sweep, inv: Any) -> Path:
+    """Where the jobs read datasets and prepared data: the sweep's data_dir, else the inventory's
+    defaults.data_dir, else $SBENCH_DATA_DIR / the built-in default."""
+    if sweep.data_dir_set:
+        return sweep.data_dir
+    return shared_dir(inv.data_dir, inv) or sweep.data_dir
+
+
+def load_sweep(path: str | Path, model_map_path: str | Path | None = None) -> Sweep:
+    p = Path(path)
+    doc = load_yaml(p, SweepError, "sweep")
+    return parse_sweep(doc, str(p), p.parent.resolve(), model_map_path)
+
+
+def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Path | None = None) -> Sweep:
+    ck = Checker(source, SweepError)
+    if doc is None:
+        ck.fail("(document)", "is empty; expected campaign:, experiment: and entity:")
+    doc = ck.mapping(doc, "(document)")
+    ck.known_keys(doc, "", SWEEP_KEYS)
+    campaign = ck.require(doc, "", "campaign", "a unique name for this sweep's results")
+    campaign = ck.string(doc, "", "campaign")
+    if not CAMPAIGN_NAME.fullmatch(campaign):
+        ck.fail("campaign", f"must use letters, digits, '.', '_' or '-' (max 100), got {campaign!r}", doc, "campaign")
+    ck.require(doc, "", "experiment", "e.g. finetune_lora_benchmark-v1.0.0; see 'sbench experiments list'")
+    exp_id = ck.string(doc, "", "experiment")
+    try:
+        experiment = get_experiment(exp_id)
+    except CatalogError as exc:
+        ck.fail("experiment", str(exc).replace("unknown experiment", "names an unknown experiment"), doc, "experiment")
+    entity = dict(ck.mapping(doc.get("entity"), "entity", doc, "entity"))
+    grid_node = ck.mapping(doc.get("grid"), "grid", doc, "grid")
+    grid: dict[str, list[Any]] = {}
+    combos = 1
+    for k, v in grid_node.items():
+        values = v if isinstance(v, list) else [v]
+        if not values:
+            ck.fail(f"grid.{k}", "is an empty list; give at least one value", grid_node, k)
+        if len(values) > MAX_LIST:
+            ck.fail(f"grid.{k}", f"has {len(values)} values; at most {MAX_LIST} are allowed", grid_node, k)
+        grid[str(k)] = values
+        combos *= len(values)
+    known = experiment.field_names
+    for section, node in (("entity", entity), ("grid", grid)):
+        for k in node:
+            if k not in known:
+                import difflib
+                close = difflib.get_close_matches(k, known, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                ck.fail(f"{section}.{k}", f"is not a field of {experiment.id}; {hint}valid fields: {', '.join(known)}",
+                        doc.get(section), k)
+    both = sorted(set(entity) & set(grid))
+    if both:
+        ck.fail(f"grid.{both[0]}", "is set in both entity: and grid:; keep it in one place", grid_node, both[0])
+    repeats = ck.integer(doc, "", "repeats", default=1, minimum=1, maximum=MAX_REPEATS)
+    if combos * repeats > MAX_RUNS:
+        ck.fail("grid", f"expands to {combos} grid combinations x {repeats} repeat(s) = {combos * repeats} runs; at "
+                        f"most {MAX_RUNS} are allowed in one sweep - split it into several campaigns",
+                doc, "grid" if "grid" in doc else "repeats")
+    slurm_node = ck.mapping(doc.get("slurm"), "slurm", doc, "slurm")
+    ck.known_keys(slurm_node, "slurm", SLURM_KEYS)
+    slurm_name = {"pattern": SLURM_NAME, "what": SLURM_NAME_TEXT}
+    slurm = SlurmOverrides(
+        time=ck.string(slurm_node, "slurm", "time", pattern=SLURM_TIME, what=SLURM_TIME_TEXT),
+        account=ck.string(slurm_node, "slurm", "account", **slurm_name),
+        qos=ck.string(slurm_node, "slurm", "qos", **slurm_name),
+        constraint=ck.string(slurm_node, "slurm", "constraint", pattern=SLURM_CONSTRAINT,
+                             what=SLURM_CONSTRAINT_TEXT),
+        exclusive=ck.boolean(slurm_node, "slurm", "exclusive"),
+        mem_gb=ck.number(slurm_node, "slurm", "mem_gb", minimum=0, maximum=1 << 20),
+        max_parallel=ck.integer(slurm_node, "slurm", "max_parallel", minimum=1, maximum=MAX_PARALLEL),
+        requeue=ck.boolean(slurm_node, "slurm", "requeue", default=False),
+        extra=sbatch_extra(ck, slurm_node, "slurm", "extra"),
+    )
+    runner_node = ck.mapping(doc.get("runner"), "runner", doc, "runner")
+    ck.known_keys(runner_node, "runner", RUNNER_KEYS)
+    auto = ck.mapping(runner_node.get("auto_stop"), "runner.auto_stop", runner_node, "auto_stop")
+    ck.known_keys(auto, "runner.auto_stop", AUTO_STOP_KEYS)
+    d = RunnerSettings()  # the defaults
+    interval = ck.number(runner_node, "runner", "sample_interval_s", default=d.sample_interval_s, minimum=0.01,
+                         maximum=3600)
+    day = 86400.0
+    runner = RunnerSettings(
+        sample_interval_s=float(interval),
+        warmup_seconds=float(ck.number(auto, "runner.auto_stop", "warmup_seconds", default=d.warmup_seconds,
+                                       minimum=0, maximum=day)),
+        stable_seconds=float(ck.number(auto, "runner.auto_stop", "stable_seconds", default=d.stable_seconds,
+                                       minimum=0, maximum=day)),
+        min_steps=ck.integer(auto, "runner.auto_stop", "min_steps", default=d.min_steps, minimum=1,
+                             maximum=10**9),
+        stop_grace_s=float(ck.number(runner_node, "runner", "stop_grace_s", default=d.stop_grace_s, minimum=0,
+                                     maximum=day)),
+        token_cache=ck.boolean(runner_node, "runner", "token_cache", default=d.token_cache),
+        workload=ck.string(runner_node, "runner", "workload", default=d.workload),
+        idle_seconds=float(ck.number(runner_node, "runner", "idle_seconds", default=d.idle_seconds, minimum=0,
+                                     maximum=day)),
+        memory_every_steps=ck.integer(runner_node, "runner", "memory_every_steps", default=d.memory_every_steps,
+                                      minimum=1, maximum=10**9),
+    )
+    if runner.workload not in WORKLOADS:
+        ck.fail("runner.workload", f"must be one of: {', '.join(WORKLOADS)}; got {runner.workload!r}", runner_node,
+                "workload")
+    try:
+        mm = load_model_map(model_map_path)
+        if doc.get("model_map") is not None:
+            mm = mm.merged(ck.mapping(doc["model_map"], "model_map", doc, "model_map"), source, base_dir)
+    except InputError as exc:
+        raise SweepError(str(exc)) from None
+    data_dir_raw = ck.string(doc, "", "data_dir", max_len=1024)
+    if data_dir_raw:
+        data_dir = Path(data_dir_raw).expanduser()
+        if not data_dir.is_absolute():
+            data_dir = (base_dir / data_dir).resolve()
+    else:
+        data_dir = Path(envvars.DATA_DIR.get()).resolve()
+    partition = ck.string(doc, "", "partition")
+    if partition is not None:
+        ck.name(partition, "partition", doc, "partition", what="partition name")
+
+    references = parse_references(doc.get("references"), experiment, ck, doc)
+    return Sweep(
+        references=references,
+        campaign=campaign, experiment=experiment, source=source, base_dir=base_dir,
+        partition=partition, entity=entity, grid=grid, repeats=repeats, slurm=slurm,
+        model_map=mm, data_dir=data_dir, runner=runner, data_dir_set=bool(data_dir_raw),
+        description=ck.string(doc, "", "description", default="", nonempty=False, multiline=True) or "",
+        lines=dict(doc.lines) if isinstance(doc, LineDict) else {},
+    )
