@@ -288,7 +288,7 @@ def test_encode_for_training_agrees_with_counts_and_masks_the_prompt(tok, tiny_m
     assert ds.column_names == ["input_ids", "completion_mask"] and len(ds) == tc.entries
     assert [len(x) for x in ds["input_ids"]] == tc.counts
     rows = lines(mixed_dataset)
-    for i, (row, ids, mask) in enumerate(zip(rows, ds["input_ids"], ds["completion_mask"])):
+    for row, ids, mask in zip(rows, ds["input_ids"], ds["completion_mask"]):
         text = row["output"]
         enc = tok(text, return_offsets_mapping=True, truncation=True, max_length=msl)
         assert ids == enc["input_ids"]

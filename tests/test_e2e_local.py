@@ -121,7 +121,7 @@ def test_measurements_agree_with_an_independent_recomputation(lora_campaign, env
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(env["model"]))
-        entries = [json.loads(l)["output"] for l in (env["data"] / f"{SMALL_DATASET}.jsonl").open()]
+        entries = [json.loads(line)["output"] for line in (env["data"] / f"{SMALL_DATASET}.jsonl").open()]
         counts = [min(len(tok(e)["input_ids"]), 96) for e in entries]
         assert rank0["dataset_token_counts"]["total"] == sum(counts)
         processed = rank0["metrics"]["dataset_tokens"]
@@ -175,7 +175,8 @@ def test_failed_point_is_retried_as_a_new_attempt_and_ok_points_stay(env, cli_mo
     rep = json.loads(run_cli(cli_module, env, "retry", "e2e-mixed", "--executor", "local", "--wait", "--json").stdout)
     assert rep["submitted"] == 1
     (row,) = [p for p in rep["points"] if p["action"] == "submit"]
-    assert row["point_id"] == runs["schedule_free_adamw"]["point_id"] and row["attempt"] == 2 and row["reason"] == "retry"
+    assert row["point_id"] == runs["schedule_free_adamw"]["point_id"]
+    assert row["attempt"] == 2 and row["reason"] == "retry"
     run_cli(cli_module, env, "collect")
     attempts = sql(env["db"], "SELECT p.optim, r.attempt, r.outcome FROM runs r JOIN points p USING (point_id) "
                               "WHERE r.campaign = 'e2e-mixed' ORDER BY p.optim, r.attempt")
@@ -220,10 +221,12 @@ def test_full_and_prompt_tuning_with_two_processes(env, cli_module) -> None:
             {"batch_size": 4, "max_steps": 3, "number_gpus": 2, "distributed_backend": backend}, {}))
         run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
     run_cli(cli_module, env, "collect")
-    rows = sql(env["db"], "SELECT r.campaign, r.outcome, r.reason, m.world_size, m.train_runtime, p.distributed_backend "
+    rows = sql(env["db"], "SELECT r.campaign, r.outcome, r.reason, m.world_size, m.train_runtime, "
+                          "p.distributed_backend "
                           "FROM runs r JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id) "
                           "WHERE r.campaign IN ('e2e-full2', 'e2e-pt2') ORDER BY 1")
-    assert [(r["campaign"], r["outcome"], r["world_size"]) for r in rows] == [("e2e-full2", "ok", 2), ("e2e-pt2", "ok", 2)]
+    assert [(r["campaign"], r["outcome"], r["world_size"]) for r in rows] == \
+        [("e2e-full2", "ok", 2), ("e2e-pt2", "ok", 2)]
     assert all(r["train_runtime"] > 0 for r in rows)
     for camp, method in (("e2e-full2", "none"), ("e2e-pt2", "pt")):
         (run,) = sql(env["db"], "SELECT job_dir FROM runs WHERE campaign = ?", [camp])

@@ -198,7 +198,8 @@ def test_submit_skips_the_points_predicted_not_to_fit(tmp_path: Path, tiny_model
         "grid": {"batch_size": [2, 512]}, "runner": {"workload": "idle"},
         "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)})
     proc = subprocess.run([sys.executable, "-m", "harness", "submit", str(sw), "-i", str(inv), "--executor", "local",
-                           "--wait", "--skip-predicted-oom", "--no-prepare", "--json", "--workdir", str(tmp_path / "runs"),
+                           "--wait", "--skip-predicted-oom", "--no-prepare", "--json",
+                           "--workdir", str(tmp_path / "runs"),
                            "--db", str(tmp_path / "r.duckdb")], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     from harness.spec.inventory import load_inventory
@@ -246,8 +247,9 @@ def test_plan_tells_which_optimizers_can_run_where(tmp_path: Path, optim: str, p
         "gpu-own-python": {"gpu_model": "NVIDIA-L4", "gpus_per_node": 1, "cpus_per_node": 4, "memory_gb": 8,
                            "python": "/opt/env/bin/python", "hosts": hosts}}})
     sw = write_sweep(tmp_path / "s.yaml", {"campaign": "o", "experiment": "finetune_full_benchmark-v1.0.0",
-                                           "partition": part, "entity": {"model_name": "m", "optim": optim, "model_max_length": 512,
-                                                                         "number_gpus": 1, "batch_size": 1},
+                                           "partition": part,
+                                           "entity": {"model_name": "m", "optim": optim, "model_max_length": 512,
+                                                      "number_gpus": 1, "batch_size": 1},
                                            "model_map": {"m": "ibm-granite/granite-3b-code-base-2k"}})
     (pt,) = plan_sweep(load_sweep(sw), load_inventory(inv))
     if expect is None:
@@ -345,7 +347,8 @@ ds = DeepSpeedConfig(json.load(open(path)), mpu=Mpu())
 plugin = DeepSpeedPlugin(hf_ds_config=path)
 print(json.dumps({"distributed_type": str(acc.distributed_type), "stage": ds.zero_optimization_stage,
                   "plugin_stage": plugin.zero_stage, "train_batch": ds.train_batch_size,
-                  "offload_optimizer": str(ds.zero_config.offload_optimizer.device) if ds.zero_config.offload_optimizer else None,
+                  "offload_optimizer": str(ds.zero_config.offload_optimizer.device)
+                                       if ds.zero_config.offload_optimizer else None,
                   "offload_param": str(ds.zero_config.offload_param.device) if ds.zero_config.offload_param else None}))
 """
 

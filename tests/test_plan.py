@@ -37,8 +37,9 @@ def seed_rules_oracle(e: dict, num_local_experts: int | None) -> set[int]:
 def big_inventory(tmp_path: Path) -> Path:
     hosts = {f"n{i:02d}": {"address": f"10.0.0.{i}"} for i in range(64)}
     p = tmp_path / "big.yaml"
-    p.write_text(yaml.safe_dump({"cluster": "big", "defaults": {"envs_dir": str(tmp_path / "envs")}, "partitions": {"p": {
-        "gpu_model": "X", "gpus_per_node": 16, "cpus_per_node": 1000, "memory_gb": 2000, "hosts": hosts}}}))
+    p.write_text(yaml.safe_dump({"cluster": "big", "defaults": {"envs_dir": str(tmp_path / "envs")},
+                                 "partitions": {"p": {"gpu_model": "X", "gpus_per_node": 16, "cpus_per_node": 1000,
+                                                      "memory_gb": 2000, "hosts": hosts}}}))
     return p
 
 

@@ -85,7 +85,8 @@ def normalise(text: str, out: Path) -> str:
 
 def rendered_files(job_dir: Path) -> dict[str, str]:
     files = {}
-    for rel in ["job.sbatch", "launch.sh", "accelerate.yaml"] + [f"env/{p.name}" for p in (job_dir / "env").glob("*.sh")]:
+    envs = [f"env/{p.name}" for p in (job_dir / "env").glob("*.sh")]
+    for rel in ["job.sbatch", "launch.sh", "accelerate.yaml", *envs]:
         p = job_dir / rel
         if p.exists():
             files[rel] = p.read_text()
@@ -166,8 +167,8 @@ def test_fsdp_template_fields_match_the_reference() -> None:
 
 def test_sbatch_directives_follow_partition_and_point(tmp_path: Path) -> None:
     job_dir = render_case("fsdp_2node_roce", tmp_path)
-    lines = [l for l in (job_dir / "job.sbatch").read_text().splitlines() if l.startswith("#SBATCH")]
-    d = dict(l[len("#SBATCH --"):].split("=", 1) for l in lines if "=" in l)
+    lines = [x for x in (job_dir / "job.sbatch").read_text().splitlines() if x.startswith("#SBATCH")]
+    d = dict(x[len("#SBATCH --"):].split("=", 1) for x in lines if "=" in x)
     assert d["nodes"] == "2" and d["ntasks-per-node"] == "1" and d["gpus-per-node"] == "8"
     # A whole node: all of its cores for the one task, all of its memory (--mem=0, never "720G", which
     # SLURM reads as 720*1024 MB), and only the inventory's hosts; multi-node RoCE owns its nodes.
@@ -177,8 +178,8 @@ def test_sbatch_directives_follow_partition_and_point(tmp_path: Path) -> None:
     env = _source_env(job_dir / "env" / "node1.sh")
     assert env["OMP_NUM_THREADS"] == "1"  # the inventory's own value wins over cores per rank
     single = render_case("single_device", tmp_path / "s")
-    d1 = dict(l[len("#SBATCH --"):].split("=", 1) for l in (single / "job.sbatch").read_text().splitlines()
-              if l.startswith("#SBATCH") and "=" in l)
+    d1 = dict(x[len("#SBATCH --"):].split("=", 1) for x in (single / "job.sbatch").read_text().splitlines()
+              if x.startswith("#SBATCH") and "=" in x)
     # 1 of 8 GPUs: an eighth of the cores, and an eighth of 720 GB in MB less a 5% reserve
     assert d1["cpus-per-task"] == "12" and d1["gpus-per-node"] == "1" and d1["mem"] == f"{int(720e3 / 8 * 0.95)}M"
     assert "nodelist" not in d1 and "#SBATCH --exclusive" not in (single / "job.sbatch").read_text()

@@ -36,7 +36,8 @@ FAKE_TRAINER = textwrap.dedent('''
     trial = os.environ.get("SBENCH_TRIAL")
     log = StageLog(job.stages(host), host, rank=rank, trial=int(trial) if trial else None)
     def done(status, **kw):
-        doc = {"rank": rank, "status": status, "global_step": 3, "trial": trial, "env_port": os.environ.get("SBENCH_MAIN_PORT"), **kw}
+        doc = {"rank": rank, "status": status, "global_step": 3, "trial": trial,
+               "env_port": os.environ.get("SBENCH_MAIN_PORT"), **kw}
         job.rank_result(rank).write_text(json.dumps(doc))
     def on_term(sig, frame):
         log.end("train", "killed", "terminated by signal %d" % sig)
@@ -334,9 +335,9 @@ def test_torn_last_line_is_skipped_and_open_stage_found(tmp_path):
 
 def test_concurrent_appends_never_interleave(tmp_path):
     p = tmp_path / "s.jsonl"
-    code = ("import sys; sys.path.insert(0, %r)\nfrom harness.runner.stages import StageLog\n"
-            "l = StageLog(%r, 'h', rank=int(sys.argv[1]))\n"
-            "for i in range(300): l.start('train'); l.end('train', info={'pad': 'x' * 3000})\n") % (str(ROOT), str(p))
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\nfrom harness.runner.stages import StageLog\n"
+            f"l = StageLog({str(p)!r}, 'h', rank=int(sys.argv[1]))\n"
+            "for i in range(300): l.start('train'); l.end('train', info={'pad': 'x' * 3000})\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r)]) for r in range(3)]
     assert all(pr.wait(60) == 0 for pr in procs)
     lines = p.read_text().splitlines()
@@ -350,7 +351,8 @@ def test_exception_classification():
 
     assert classify.classify_exception(torch.OutOfMemoryError("CUDA out of memory")) == "invalid"
     assert classify.classify_exception(torch.cuda.OutOfMemoryError("x")) == "invalid"
-    assert classify.classify_exception(RuntimeError("CUDA error: an illegal memory access was encountered")) == "invalid"
+    illegal = RuntimeError("CUDA error: an illegal memory access was encountered")
+    assert classify.classify_exception(illegal) == "invalid"
     assert classify.classify_exception(RuntimeError("NCCL Error 3: internal error")) == "failed"
     assert classify.classify_exception(ValueError("an illegal memory access was encountered")) == "failed"
     try:

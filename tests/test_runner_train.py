@@ -289,7 +289,8 @@ def test_optimizer_that_cannot_run_here_is_failed(tmp_path, inventory, host, tin
     # The nodes run their own python (partition python:), so plan can only note that schedulefree may be
     # missing there; the trainer then fails to build the optimizer, and the run says why.
     part = next(iter(inventory.partitions.values()))
-    nodes_python = dataclasses.replace(inventory, partitions={part.name: dataclasses.replace(part, python=sys.executable)})
+    nodes_python = dataclasses.replace(inventory,
+                                       partitions={part.name: dataclasses.replace(part, python=sys.executable)})
     (paths,) = render(tmp_path, nodes_python, tiny_model, small_data, experiment="finetune_full_benchmark-v1.0.0",
                       entity={"number_gpus": 1, "batch_size": 2, "max_steps": 2, "optim": "schedule_free_adamw"})
     proc = launch(paths, host)
@@ -304,7 +305,8 @@ def test_optimizer_that_cannot_run_here_is_failed(tmp_path, inventory, host, tin
     assert end["stage"] == "train" and end["status"] == "error"
 
 
-def _direct(tmp_path: Path, tiny_model: Path, small_data: Path, *extra: str) -> tuple[subprocess.CompletedProcess, JobPaths]:
+def _direct(tmp_path: Path, tiny_model: Path, small_data: Path,
+            *extra: str) -> tuple[subprocess.CompletedProcess, JobPaths]:
     jd = tmp_path / "direct"
     argv = [sys.executable, "-m", "harness.runner.train", "--model_name_or_path", str(tiny_model),
             "--training_data_path", str(small_data / f"{DATASET}.jsonl"), "--output_dir", str(jd / "output"),

@@ -77,7 +77,7 @@ def test_array_script_runs_each_points_own_job_sbatch(tmp_path: Path) -> None:
     text = array_script("arr", groups[0], 2, tmp_path / "logs")
     lines = text.splitlines()
     assert "#SBATCH --array=0-2%2" in lines
-    own = [l for l in Path(groups[0][0].job_dir, "job.sbatch").read_text().splitlines() if l.startswith("#SBATCH")]
+    own = [x for x in Path(groups[0][0].job_dir, "job.sbatch").read_text().splitlines() if x.startswith("#SBATCH")]
     for d in own:  # every directive of the point's own script, except its name and output file
         if not d.startswith(("#SBATCH --job-name", "#SBATCH --output")):
             assert d in lines, d
@@ -148,4 +148,5 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
     # an attempt the database has never seen
     extra = make_run(wd, "c", 2, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local", job_id="999993")
     append_manifest(wd, "c", extra["events"])
-    assert sorted(runs_to_refresh(db, wd, "c")) == sorted([rid[queued["point_id"]], run_id("c", extra["point_id"], 0, 1)])
+    assert sorted(runs_to_refresh(db, wd, "c")) == \
+        sorted([rid[queued["point_id"]], run_id("c", extra["point_id"], 0, 1)])

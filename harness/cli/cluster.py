@@ -93,7 +93,8 @@ def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> lis
 @click.option("--partition", default=None, help="Partition (default: the inventory's only one).")
 @click.option("--nodes", type=click.IntRange(min=1, max=4096), default=2, show_default=True,
               help="Whole nodes to span (one process per device).")
-@click.option("--roce/--no-roce", default=None, help="Use the hosts' RoCE settings (default: when every host has them).")
+@click.option("--roce/--no-roce", default=None,
+              help="Use the hosts' RoCE settings (default: when every host has them).")
 @click.option("--sizes", callback=_sizes, default=None, help="Message sizes, e.g. 1K,1M,64M (default: 1K..256M; "
                                                              "1K..16M on CPU partitions).")
 @click.option("--iters", type=click.IntRange(min=1, max=10000), default=20, show_default=True)

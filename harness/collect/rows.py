@@ -197,7 +197,8 @@ def environment_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
         pk = {**pk, **{k: v for k, v in (tr.get("packages") or {}).items() if v}}
         gpus = as_list(doc.get("gpus"))
         rows.append({
-            "run_id": run_id, "host": h, "machine_rank": doc.get("machine_rank"), "python": _text(as_dict(doc.get("python")).get("version")),
+            "run_id": run_id, "host": h, "machine_rank": doc.get("machine_rank"),
+            "python": _text(as_dict(doc.get("python")).get("version")),
             **{k: _text(pk.get(k)) for k in _PACKAGES},
             "nvidia_ml_py": _text(pk.get("nvidia-ml-py") or pk.get("nvidia_ml_py")),
             "sbench_version": doc.get("sbench_version"), "git_commit": doc.get("git_commit"),
@@ -219,7 +220,8 @@ def run_row(f: JobFiles, v: Verdict, stages: list[dict[str, Any]]) -> dict[str, 
         ended = max((r["end_wall"] for r in stages if r["end_wall"] is not None), default=None)
     train_start = _f(rank0.get("train_start_wall"))
     if train_start is None:
-        train_start = min((r["start_wall"] for r in stages if r["stage"] == Stage.TRAIN and r["start_wall"] is not None),
+        train_start = min((r["start_wall"] for r in stages
+                           if r["stage"] == Stage.TRAIN and r["start_wall"] is not None),
                           default=None)
     job_id = man.get("job_id") or f.submitted.get("job_id")
     elapsed = job.elapsed_s if job and job.elapsed_s is not None else (

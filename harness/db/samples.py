@@ -15,8 +15,9 @@ from .schema import SCHEMA, q
 from .staging import frame
 from .store import Store
 
-# What collect's reader asks for: the samples CSV's columns (harness.contract.formats), with ``kind`` read straight into the ENUM (a kind other than
-# gpu/proc is a rejected line with its reason, like any value that does not convert).
+# What collect's reader asks for: the samples CSV's columns (harness.contract.formats), with ``kind`` read
+# straight into the ENUM (a kind other than gpu/proc is a rejected line with its reason, like any value that
+# does not convert).
 _SAMPLE_READ_TYPES = {**dict(SAMPLE_CSV_COLUMNS), "kind": "sample_kind"}
 
 

@@ -62,7 +62,8 @@ def probe_node(host: str | None = None, sysfs_ib: Path | None = None) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.runner.probe", description="Probe this node (see sbench probe).")
+    ap = argparse.ArgumentParser(prog="python -m harness.runner.probe",
+                                 description="Probe this node (see sbench probe).")
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--host", default=None)
     args = ap.parse_args(argv)

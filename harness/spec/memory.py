@@ -189,9 +189,10 @@ def _zero(entity: dict[str, Any], s: Shape, method: str, sizes: list[tuple[int, 
           opt: int | None, notes: list[str]) -> tuple[int, int, int, dict[str, int]]:
     """(param, grad, optimizer bytes on the device, bytes offloaded to the host) per rank under
     DeepSpeed ZeRO: stage 1 partitions the optimizer state (and keeps only its partition of the
-    reduced gradients), 2 also the gradients, 3 also the parameters (tensor by tensor, each padded to a multiple of the ranks; one of fewer than
-    :data:`ZERO3_PERSISTENCE` elements also stays whole). ZeRO always steps an fp32 master copy of
-    the trainable parameters' partition, counted with the optimizer state."""
+    reduced gradients), 2 also the gradients, 3 also the parameters (tensor by tensor, each padded to a
+    multiple of the ranks; one of fewer than :data:`ZERO3_PERSISTENCE` elements also stays whole). ZeRO
+    always steps an fp32 master copy of the trainable parameters' partition, counted with the optimizer
+    state."""
     stage = int(entity.get("deepspeed_zero_stage") or 2)
     n = max(1, devices)
     part = -(-trainable // n)

@@ -61,7 +61,7 @@ SBATCH_EXTRA_OPTIONS = frozenset({
 })
 
 
-def sbatch_extra(ck: "Checker", node: Mapping[str, Any], key: str, name: str) -> dict[str, Any]:
+def sbatch_extra(ck: Checker, node: Mapping[str, Any], key: str, name: str) -> dict[str, Any]:
     """A mapping of known sbatch long options (see :data:`SBATCH_EXTRA_OPTIONS`) to values: a string or
     number (rendered ``--opt=value``, quoted when needed) or ``true`` (a bare ``--opt``)."""
     value = node.get(name)
