@@ -59,7 +59,8 @@ def test_repeats_count_measurements() -> None:
 
 def test_array_script_runs_each_points_own_job_sbatch(tmp_path: Path) -> None:
     from harness.build.render import render_points
-    from harness.sbatch.slurm import array_script, group_by_shape
+    from harness.build.sbatch import array_sbatch
+    from harness.sbatch.slurm import group_by_shape
     from harness.spec.inventory import load_inventory
     from harness.spec.plan import parse_sweep, plan_sweep
 
@@ -73,10 +74,11 @@ def test_array_script_runs_each_points_own_job_sbatch(tmp_path: Path) -> None:
     specs = render_points(sweep, inv, plan_sweep(sweep, inv), tmp_path / "out")
     groups = group_by_shape(specs)
     assert sorted(len(g) for g in groups) == [3, 3]
-    text = array_script("arr", groups[0], 2, tmp_path / "logs")
+    text = array_sbatch("arr", groups[0], 2, tmp_path / "logs")
     lines = text.splitlines()
     assert "#SBATCH --array=0-2%2" in lines
-    own = [l for l in Path(groups[0][0].job_dir, "job.sbatch").read_text().splitlines() if l.startswith("#SBATCH")]
+    own = [line for line in Path(groups[0][0].job_dir, "job.sbatch").read_text().splitlines()
+           if line.startswith("#SBATCH")]
     for d in own:  # every directive of the point's own script, except its name and output file
         if not d.startswith(("#SBATCH --job-name", "#SBATCH --output")):
             assert d in lines, d

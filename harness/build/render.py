@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from harness.spec.inventory import ENV_NAME, Inventory
 from harness.spec.plan import PlannedPoint, Sweep
 
 from .jobspec import PORT_BASE, PORT_SPAN, JobSpec, build_jobspec
+from .sbatch import comment_text, job_sbatch
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("harness", "templates"),
@@ -37,8 +37,7 @@ _ENV = jinja2.Environment(
 _ENV.filters["q"] = lambda v: shlex.quote(str(v))
 # Env files always single-quote, so a value such as NCCL_IB_HCA's '=mlx5_0' reads unambiguously.
 _ENV.filters["sq"] = lambda v: "'" + str(v).replace("'", "'\"'\"'") + "'"
-# Inside a comment only a line break could end it: anything but printable ASCII becomes '?'.
-_ENV.filters["c"] = lambda v: re.sub(r"[^\x20-\x7e]", "?", str(v))
+_ENV.filters["c"] = comment_text
 
 
 def _envname(v: Any) -> str:
@@ -48,40 +47,6 @@ def _envname(v: Any) -> str:
 
 
 _ENV.filters["envname"] = _envname
-
-DIRECTIVE_ORDER = ("job_name", "partition", "nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "mem",
-                   "time", "account", "qos", "constraint", "exclusive", "nodelist", "exclude", "requeue", "no_requeue",
-                   "output")
-
-
-def _directive_value(key: str, value: Any) -> str:
-    text = str(value)
-    if any(c in text for c in "\n\r\0"):
-        raise RenderError(f"sbatch option --{key.replace('_', '-')} would contain a line break: {text!r}")
-    if any(c.isspace() for c in text) or '"' in text or "'" in text:
-        # sbatch reads #SBATCH values with its own quote handling; double quotes keep spaces together.
-        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return text
-
-
-def sbatch_directives(resources: dict[str, Any], extra: dict[str, Any] | None = None) -> list[str]:
-    """``--key=value`` strings in a fixed order; ``True`` becomes a bare flag."""
-    merged = dict(resources)
-    merged.update(extra or {})
-    keys = [k for k in DIRECTIVE_ORDER if k in merged] + sorted(k for k in merged if k not in DIRECTIVE_ORDER)
-    out = []
-    for k in keys:
-        v = merged[k]
-        if v is None or v is False:
-            continue
-        flag = "--" + k.replace("_", "-")
-        out.append(flag if v is True else f"{flag}={_directive_value(k, v)}")
-    return out
-
-
-def render_sbatch(spec: JobSpec) -> str:
-    return _ENV.get_template("job.sbatch.j2").render(spec=spec, directives=sbatch_directives(spec.resources))
-
 
 def _arg_pairs(argv: list[str]) -> list[tuple[str, str | None]]:
     pairs: list[tuple[str, str | None]] = []
@@ -161,7 +126,7 @@ def render_files(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Swee
     paths = JobPaths(spec.job_dir)
     files = {
         paths.spec: (render_spec_json(spec, inv, point, sweep), 0o644),
-        paths.sbatch: (render_sbatch(spec), 0o755),
+        paths.sbatch: (job_sbatch(spec), 0o755),
         paths.launch: (render_launch(spec), 0o755),
     }
     acc = render_accelerate(spec)
@@ -251,7 +216,7 @@ def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out
             spec = build_jobspec(sweep, inv, p, attempt, job_dir, python=python,
                                  exclude=fit.exclude if fit is not None else None)
             files = render_files(spec, inv, p, sweep)
-        except (RenderError, ValueError, TypeError, jinja2.TemplateError) as exc:
+        except (RenderError, KeyError, ValueError, TypeError, jinja2.TemplateError) as exc:
             raise InputError(f"{sweep.source}: point {p.point_id} (repeat {p.repeat}) cannot be rendered: {exc}; "
                              "nothing was written") from None
         done.append((spec, files))

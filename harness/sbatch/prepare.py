@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import sys
 import time
@@ -31,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.build.jobspec import build_jobspec, scheduling, slurm_extra
-from harness.build.render import sbatch_directives
+from harness.build.jobspec import build_jobspec
+from harness.build.sbatch import prepare_sbatch
 from harness.contract import jobstate
 from harness.data.datagen import make_dataset
 from harness.data.models import resolve_model
@@ -46,9 +45,6 @@ from harness.spec.plan import data_dir_for, load_sweep, plan_sweep
 
 from . import manifest
 from .slurm import ScriptExecutor, query_states
-
-PREPARE_TIME = "02:00:00"  # --on slurm: the preparation job's time limit unless the sweep sets one
-PREPARE_CPUS = 16  # --on slurm: cores the preparation job asks for (the tokenizer uses them all)
 
 
 @dataclass(frozen=True)
@@ -185,24 +181,16 @@ def prepare_sweep(sweep_path: Path, inventory_path: Path | None = None, model_ma
 # -- --on slurm ----------------------------------------------------------------------------------------------
 def prepare_script(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
                    out_dir: Path) -> str:
-    """The sbatch script of the preparation job: one task on one node of the sweep's partition."""
+    """The sbatch script of the preparation job: this command, run from here, on one node of the sweep's
+    partition with the partition's Python (else the inventory's, else this one)."""
     part = inv.partition(sweep.partition)
-    res: dict[str, Any] = {"job_name": f"sbench.{sweep.campaign}.prepare", "partition": part.slurm_partition,
-                           "nodes": 1, "ntasks": 1, "cpus_per_task": max(2, min(PREPARE_CPUS, part.cpus_per_node)),
-                           "time": sweep.slurm.time or part.time_limit or PREPARE_TIME,
-                           **scheduling(sweep, part), **slurm_extra(sweep, part)}
-    res["output"] = f"{out_dir}/prepare-%j.out"
     python = part.python or inv.python or sys.executable
     argv = [python, "-m", "harness", "prepare", str(sweep_path.resolve())]
     if inventory_path is not None:
         argv += ["-i", str(Path(inventory_path).resolve())]
     if model_map is not None:
         argv += ["--model-map", str(Path(model_map).resolve())]
-    lines = ["#!/bin/bash", *[f"#SBATCH {d}" for d in sbatch_directives(res)],
-             "# sbench: prepare the campaign's datasets, models and training data on a compute node", "set -e",
-             *list(inv.setup) + list(part.setup), f"cd {shlex.quote(os.getcwd())}",
-             "exec " + " ".join(shlex.quote(a) for a in argv), ""]
-    return "\n".join(lines)
+    return prepare_sbatch(sweep, inv, argv, os.getcwd(), out_dir)
 
 
 def submit_prepare_job(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path | None, model_map: Path | None,

@@ -2,14 +2,13 @@
 
 Each array task runs one point's own ``job.sbatch`` (the file ``render``
 wrote), so what was rendered is exactly what runs; the array script only adds
-``--array`` and picks the job directory for ``$SLURM_ARRAY_TASK_ID``.
+``--array`` and picks the job directory for ``$SLURM_ARRAY_TASK_ID``
+(``harness.build.sbatch.array_sbatch``).
 submitit does the submission, parses the job id and watches the jobs' states.
 """
 
 from __future__ import annotations
 
-import hashlib
-import shlex
 import subprocess
 import time
 from collections.abc import Callable
@@ -20,7 +19,7 @@ import submitit
 from submitit.slurm.slurm import SlurmJob
 
 from harness.build.jobspec import JobSpec
-from harness.build.render import sbatch_directives
+from harness.build.sbatch import array_sbatch
 from harness.contract import jobstate
 from harness.contract.errors import SubmitError
 
@@ -55,29 +54,6 @@ class ScriptExecutor(submitit.SlurmExecutor):
             raise SubmitError(f"sbatch failed: {exc}") from None
 
 
-def array_script(campaign: str, specs: list[JobSpec], max_parallel: int | None, out_dir: Path) -> str:
-    """The array wrapper for specs that share one resource shape."""
-    shape_res = {k: v for k, v in specs[0].resources.items() if k not in ("job_name", "output")}
-    n = len(specs)
-    array = f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else "")
-    digest = hashlib.sha256(repr(specs[0].shape()).encode()).hexdigest()[:8]
-    lines = ["#!/bin/bash"]
-    extra = {"job_name": f"sbench.{campaign}.{digest}", "array": array, "output": f"{out_dir}/%A_%a.out"}
-    lines += [f"#SBATCH {d}" for d in sbatch_directives(shape_res, extra)]
-    lines += [
-        f"# sbench: {n} point(s) of campaign {campaign} share this resource shape; array task i runs",
-        "# the job.sbatch of job directory i below, exactly as rendered.",
-        "set -euo pipefail",
-        "JOB_DIRS=(",
-        *[f"  {shlex.quote(s.job_dir)}" for s in specs],
-        ")",
-        'JOB_DIR="${JOB_DIRS[$SLURM_ARRAY_TASK_ID]}"',
-        'exec bash "$JOB_DIR/job.sbatch"',
-        "",
-    ]
-    return "\n".join(lines)
-
-
 def group_by_shape(specs: list[JobSpec]) -> list[list[JobSpec]]:
     groups: dict[tuple, list[JobSpec]] = {}
     for s in specs:
@@ -103,7 +79,7 @@ class SlurmBackend:
             if len(group) == 1:
                 script = Path(group[0].job_dir, "job.sbatch").read_text()
             else:
-                script = array_script(group[0].campaign, group, opts.max_parallel, logs)
+                script = array_sbatch(group[0].campaign, group, opts.max_parallel, logs)
             job = ScriptExecutor(folder, script, hold=opts.hold, after=opts.dependency).submit_script()
             self.sbatch_calls += 1
             stamp = now_iso()
