@@ -123,10 +123,11 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
 
     from harness.collect import collect
     from harness.sbatch.state import runs_to_refresh
+    from harness.slurm.client import Slurm
     from tests.synth import append_manifest, make_run, write_json
 
     wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
-    assert runs_to_refresh(db, wd, "c") is None  # no database yet: everything
+    assert runs_to_refresh(db, wd, "c", Slurm()) is None  # no database yet: everything
     done = make_run(wd, "c", 0, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local", job_id="999991")
     append_manifest(wd, "c", done["events"])
     queued = make_run(wd, "c", 1, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local",
@@ -141,12 +142,13 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
     rid = {r["point_id"]: run_id_of("c", r["point_id"], 0, 1) for r in (done, queued)}
     # the executor says the queued one is still waiting (no pid yet): nothing to read
     write_json(queued["paths"].submitted, {"executor": "local", "job_id": str(os.getpid())})
-    assert runs_to_refresh(db, wd, "c") == []
+    assert runs_to_refresh(db, wd, "c", Slurm()) == []
     # it ended since: that run alone
     write_json(queued["paths"].submitted, {"executor": "local", "job_id": str(os.getpid()), "exit_code": 1,
                                            "ended_at": "2025-11-22T00:10:00+0000"})
-    assert runs_to_refresh(db, wd, "c") == [rid[queued["point_id"]]]
+    assert runs_to_refresh(db, wd, "c", Slurm()) == [rid[queued["point_id"]]]
     # an attempt the database has never seen
     extra = make_run(wd, "c", 2, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local", job_id="999993")
     append_manifest(wd, "c", extra["events"])
-    assert sorted(runs_to_refresh(db, wd, "c")) == sorted([rid[queued["point_id"]], run_id_of("c", extra["point_id"], 0, 1)])
+    assert sorted(runs_to_refresh(db, wd, "c", Slurm())) == sorted([rid[queued["point_id"]],
+                                                                     run_id_of("c", extra["point_id"], 0, 1)])

@@ -11,7 +11,6 @@ import json
 import os
 import shlex
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import yaml
 from harness import __version__
 from harness.contract.errors import InputError, RenderError
 from harness.contract.paths import SPEC_SCHEMA, JobPaths, job_dir_name, package_dir
-from harness.slurm.sinfo import misfits, partition_nodes
 from harness.spec.inventory import ENV_NAME, Inventory
 from harness.spec.plan import PlannedPoint, Sweep
 
@@ -166,43 +164,13 @@ def write_job_dir(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Swe
     return write_files(spec.job_dir, render_files(spec, inv, point, sweep))
 
 
-@dataclass
-class ClusterFit:
-    """The SLURM partition as its controller describes it, for one sweep's partition."""
-
-    exclude: list[str] | None = None  # partition nodes that are not inventory hosts
-    notes: list[str] = field(default_factory=list)  # what does not fit, or why nothing was checked
-    nodes: dict[str, Any] | None = None
-
-    def check(self, specs: list[JobSpec], inv: Inventory) -> list[str]:
-        out = list(self.notes)
-        for spec in specs if self.nodes is not None else ():
-            part = inv.partition(spec.partition)
-            out += [f"point {spec.point_id}: {m}" for m in misfits(sorted(part.hosts), self.nodes, spec.resources,
-                                                                  part.slurm_partition)]
-        return list(dict.fromkeys(out))
-
-
-def cluster_fit(inv: Inventory, points: list[PlannedPoint], lookup: Any = None) -> ClusterFit:
-    """Ask the controller (``sinfo``) about the sweep's SLURM partition; an empty fit when none answers."""
-    names = {p.partition for p in points}
-    if len(names) != 1:
-        return ClusterFit()
-    part = inv.partition(names.pop())
-    nodes, why = (lookup or partition_nodes)(part.slurm_partition)
-    if nodes is None:
-        return ClusterFit(notes=[f"requests not checked against SLURM ({why}); allocations of fewer nodes than the "
-                                 f"partition has hosts are not restricted to inventory hosts"])
-    others = sorted(set(nodes) - set(part.hosts))
-    return ClusterFit(exclude=others or None, nodes=nodes)
-
-
 def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out_dir: str | Path,
                    attempts: dict[tuple[str, int], int] | None = None,
-                   python: str | None = None, fit: ClusterFit | None = None) -> list[tuple[JobSpec, Rendered]]:
+                   python: str | None = None, exclude: list[str] | None = None) -> list[tuple[JobSpec, Rendered]]:
     """Build and render (in memory) every valid point's job directory under *out_dir*: everything that
     can fail on a value fails here, before anything is written. *attempts* gives the attempt number per
-    (point_id, repeat) (default 1); points not in it are skipped when it is given."""
+    (point_id, repeat) (default 1); points not in it are skipped when it is given. *exclude*: nodes of the
+    SLURM partition that are not inventory hosts (``harness.sbatch.fit``)."""
     out = Path(out_dir).expanduser().resolve()
     done = []
     for p in points:
@@ -213,8 +181,7 @@ def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out
             continue
         job_dir = str(out / job_dir_name(p.point_id, p.repeat, attempt))
         try:
-            spec = build_jobspec(sweep, inv, p, attempt, job_dir, python=python,
-                                 exclude=fit.exclude if fit is not None else None)
+            spec = build_jobspec(sweep, inv, p, attempt, job_dir, python=python, exclude=exclude)
             files = render_files(spec, inv, p, sweep)
         except (RenderError, KeyError, ValueError, TypeError, jinja2.TemplateError) as exc:
             raise InputError(f"{sweep.source}: point {p.point_id} (repeat {p.repeat}) cannot be rendered: {exc}; "
@@ -224,12 +191,12 @@ def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out
 
 
 def render_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out_dir: str | Path,
-                  attempt: int = 1, python: str | None = None, fit: ClusterFit | None = None) -> list[JobSpec]:
+                  attempt: int = 1, python: str | None = None, exclude: list[str] | None = None) -> list[JobSpec]:
     """Render one job directory per valid point under *out_dir*; invalid points are skipped here and
     reported by the caller (they are part of the plan). Every directory is rendered in memory first,
     so a point that cannot be rendered leaves *out_dir* untouched."""
     attempts = {(p.point_id, p.repeat): attempt for p in points}
-    prepared = prepare_points(sweep, inv, points, out_dir, attempts, python=python, fit=fit)
+    prepared = prepare_points(sweep, inv, points, out_dir, attempts, python=python, exclude=exclude)
     for spec, files in prepared:
         write_files(spec.job_dir, files)
     return [spec for spec, _ in prepared]

@@ -37,7 +37,7 @@ import duckdb
 from harness.contract.errors import CollectError
 from harness.contract.paths import JobPaths
 from harness.db.store import Store, arrow, open_store, stage, utc
-from harness.slurm.sacct import Runner
+from harness.slurm.client import Slurm
 from harness.spec.references import refresh_checks
 
 from . import rows, scheduler
@@ -133,7 +133,7 @@ def read_early(att: Attempt, known_point: Mapping[str, Any] | None) -> JobFiles 
 
 # -- the collect -------------------------------------------------------------------------------------------
 def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *, progress: Progress | None = None,
-            sacct_runner: Runner | None = None, wait_s: float | None = None,
+            slurm: Slurm | None = None, wait_s: float | None = None,
             run_ids: Collection[str] | None = None) -> CollectReport:
     """Collect every run under *workdir* into *db*; see the module docstring. With *run_ids*, only those
     runs are looked at (manifests are still recorded): submit's refresh of what changed."""
@@ -171,7 +171,7 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
             with store.transaction():
                 worker = Worker(store)
                 try:
-                    _collect(store, worker, report, manifests, attempts, sacct_runner, prog, clock, tmpdir)
+                    _collect(store, worker, report, manifests, attempts, slurm, prog, clock, tmpdir)
                 except BaseException:
                     worker.abort()
                     raise
@@ -209,7 +209,7 @@ def _record(store: Store, manifests: list[Manifest], attempts: dict[str, Attempt
 
 
 def _collect(store: Store, worker: Worker, report: CollectReport, manifests: list[Manifest],
-             attempts: dict[str, Attempt], sacct_runner: Runner | None, prog: Progress, clock: _Clock,
+             attempts: dict[str, Attempt], slurm: Slurm | None, prog: Progress, clock: _Clock,
              tmpdir: Path) -> None:
     # The database's work is queued on the worker in order; this thread scans, asks the scheduler and
     # parses meanwhile, and waits for an answer only where it needs one.
@@ -259,7 +259,7 @@ def _collect(store: Store, worker: Worker, report: CollectReport, manifests: lis
     # The scheduler is asked on a thread of its own, once the manifests are recorded; until it answers,
     # this one reads the job dirs whose files changed (they are re-read whatever it says). The rest are
     # read one by one with their verdict: each run's files are freed as soon as its rows are built.
-    asked = in_thread(scheduler.ask, recorded, attempts, sacct_runner)
+    asked = in_thread(scheduler.ask, recorded, attempts, slurm)
     early: dict[str, JobFiles | None] = {}
     for a in refiled:
         if asked.done():

@@ -1,6 +1,7 @@
-"""What the scheduler (or the executor) says about the runs a collect may have to re-read: one batched
-``sacct`` call for the SLURM runs (``squeue`` when sacct cannot answer), the process id for local runs.
-A collect asks it on a thread of its own (:func:`ask`) while it reads the job dirs whose files changed."""
+"""What the scheduler (or the executor) says about the runs a collect may have to re-read: SLURM's
+accounting for the SLURM runs (the queue for those sacct does not know, or when it cannot answer),
+asked through the command's client (``harness.slurm.client``), and the process id for local runs. A
+collect asks it on a thread of its own (:func:`ask`) while it reads the job dirs whose files changed."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from harness.slurm.sacct import FINAL_STATES, JobAccounting, Runner, query_sacct, query_squeue
+from harness.contract.jobstate import FINAL_STATES
+from harness.slurm.client import Slurm
+from harness.slurm.sacct import JobAccounting, Queued
 
 from .discover import Attempt, spec_exec
 from .outcome import Sched
@@ -46,29 +49,28 @@ def local_alive(job_id: str | None) -> bool | None:
     return True
 
 
-def states(todo: list[tuple[Attempt, dict[str, Any]]],
-           runner: Runner | None) -> tuple[dict[str, Sched], str | None]:
-    """One batched sacct call (squeue as a fallback) for the SLURM runs of *todo*; the process of each
+def states(todo: list[tuple[Attempt, dict[str, Any]]], slurm: Slurm) -> tuple[dict[str, Sched], str | None]:
+    """SLURM's accounting (the queue as a fallback) for the SLURM runs of *todo*; the process of each
     local one. Also sacct's status ("ok" or why it could not answer; None when not asked)."""
     out: dict[str, Sched] = {}
-    slurm = {a.run_id: str(info["job_id"]) for a, info in todo
-             if info.get("executor") == "slurm" and info.get("job_id")}
+    jobs = {a.run_id: str(info["job_id"]) for a, info in todo
+            if info.get("executor") == "slurm" and info.get("job_id")}
     acct: dict[str, JobAccounting] | None = None
-    queue = None
+    queue: dict[str, Queued] | None = None
     status = None
-    if slurm:
-        acct, why = query_sacct(slurm.values(), **({"runner": runner} if runner else {}))
+    if jobs:
+        acct, why = slurm.accounting(jobs.values())
         status = why or "ok"
-        missing = [j for j in slurm.values() if acct is None or j not in acct]
+        missing = [j for j in jobs.values() if acct is None or j not in acct]
         if missing:
-            queue = query_squeue(**({"runner": runner} if runner else {}))
+            queue = slurm.queue()
     for a, info in todo:
-        if a.run_id in slurm:
-            jid = slurm[a.run_id]
+        if a.run_id in jobs:
+            jid = jobs[a.run_id]
             if acct is not None and jid in acct:
                 out[a.run_id] = Sched("sacct", acct[jid].state, acct[jid])
             elif queue is not None and jid in queue:
-                out[a.run_id] = Sched("executor", queue[jid][0])
+                out[a.run_id] = Sched("executor", queue[jid].state)
             elif queue is not None:
                 out[a.run_id] = Sched("files", None, gone=True)
             else:
@@ -81,9 +83,10 @@ def states(todo: list[tuple[Attempt, dict[str, Any]]],
     return out, status
 
 
-def ask(recorded: Future[Recorded], attempts: dict[str, Attempt], runner: Runner | None) -> Answer:
+def ask(recorded: Future[Recorded], attempts: dict[str, Attempt], slurm: Slurm | None) -> Answer:
     """Once the manifests are recorded (*recorded*, from the database worker): which runs may have changed
-    (new, files changed, or a state that can still change), and the scheduler's word on each."""
+    (new, files changed, or a state that can still change), and the scheduler's word on each, asked
+    through *slurm* (the command's client; a client of its own when collect runs as a command by itself)."""
     manifests_changed, problems, index = recorded.result()
     todo: list[tuple[Attempt, dict[str, Any]]] = []
     for a in attempts.values():
@@ -94,7 +97,7 @@ def ask(recorded: Future[Recorded], attempts: dict[str, Attempt], runner: Runner
             info["job_id"] = info.get("job_id") or sub.get("job_id")
         if info.get("fingerprint") != a.fingerprint or info.get("state") not in FINAL_STATES:
             todo.append((a, info))
-    scheds, status = states(todo, runner)
+    scheds, status = states(todo, slurm or Slurm())
     return Answer(manifests_changed, problems, index, todo, scheds, status)
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -39,12 +38,12 @@ from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared
 from harness.data.tokens import dataset_token_counts, load_tokenizer
 from harness.data.trainerenv import build
 from harness.runner.train import parse_args
+from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, needed
 from harness.spec.inventory import load_inventory, shared_dir
 from harness.spec.plan import data_dir_for, load_sweep, plan_sweep
 
 from . import manifest
-from .slurm import ScriptExecutor, query_states
 
 
 @dataclass(frozen=True)
@@ -194,13 +193,12 @@ def prepare_script(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path 
 
 
 def submit_prepare_job(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
-                       campaign_dir: Path) -> str:
+                       campaign_dir: Path, slurm: Slurm | None = None) -> str:
     """Submit the preparation job; returns its SLURM job id."""
     logs = campaign_dir / ".slurm"
     logs.mkdir(parents=True, exist_ok=True)
     script = prepare_script(sweep, inv, sweep_path, inventory_path, model_map, logs)
-    job = ScriptExecutor(campaign_dir / ".submitit", script).submit_script()
-    return str(job.job_id)
+    return (slurm or Slurm()).sbatch(script, campaign_dir / ".submitit")
 
 
 PREPARE_JOB_FILE = "prepare-job.json"
@@ -212,17 +210,17 @@ def record_prepare_job(campaign_dir: Path, job_id: str) -> None:
                                                  + "\n")
 
 
-def live_prepare_job(campaign_dir: Path) -> str | None:
+def live_prepare_job(campaign_dir: Path, slurm: Slurm) -> str | None:
     """The campaign's recorded preparation job when SLURM still has it queued or running."""
     try:
         job_id = str(json.loads((campaign_dir / PREPARE_JOB_FILE).read_text())["job_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    state = query_states([job_id]).get(job_id)
+    state = slurm.states([job_id]).get(job_id)
     return job_id if state is not None and not jobstate.is_done(state) else None
 
 
-def failed_prepare_jobs(workdir: Path, campaign: str | None) -> list[str]:
+def failed_prepare_jobs(workdir: Path, campaign: str | None, slurm: Slurm) -> list[str]:
     """A line for each campaign whose ``--prepare-on slurm`` job did not complete (its arrays were cancelled)."""
     files = [workdir / campaign / PREPARE_JOB_FILE] if campaign else sorted(workdir.glob(f"*/{PREPARE_JOB_FILE}"))
     records = []
@@ -231,13 +229,14 @@ def failed_prepare_jobs(workdir: Path, campaign: str | None) -> list[str]:
             records.append((f.parent, str(json.loads(f.read_text())["job_id"])))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    if not records or shutil.which("squeue") is None:
+    if not records:
         return []
-    states = query_states([job for _, job in records])
+    states = slurm.states([job for _, job in records])
     out = []
     for cdir, job in records:
         st = states.get(job)
         if st and jobstate.is_done(st) and jobstate.normalise(st) != "COMPLETED":
+            log = cdir / ".slurm" / f"prepare-{job}.out"
             out.append(f"campaign {cdir.name}: prepare job {job} ended {jobstate.normalise(st)}, so its arrays were "
-                       f"cancelled; see {cdir / '.slurm' / f'prepare-{job}.out'}, fix it, then sbench retry {cdir.name}")
+                       f"cancelled; see {log}, fix it, then sbench retry {cdir.name}")
     return out
