@@ -33,6 +33,7 @@ import duckdb  # noqa: E402
 
 from harness.collect import collect
 from harness.contract.formats import SAMPLE_CSV_COLUMNS  # noqa: E402
+from harness.slurm.client import Slurm  # noqa: E402
 from tests import synth  # noqa: E402
 
 CAMPAIGN = "bench"
@@ -122,14 +123,14 @@ def main() -> int:
             if p.exists():
                 p.unlink()
         t, c = time.perf_counter(), time.process_time()
-        rep = collect(db, workdir, sacct_runner=fake_sacct)
+        rep = collect(db, workdir, slurm=Slurm(fake_sacct))
         r2 = (time.perf_counter() - t, time.process_time() - c, rep)
         best_collect = r2 if best_collect is None or r2[0] < best_collect[0] else best_collect
     assert best_bare is not None and best_collect is not None
     bare_s, bare_cpu, n_bare = best_bare
     collect_s, collect_cpu, rep = best_collect
     t = time.perf_counter()
-    rep2 = collect(db, workdir, sacct_runner=fake_sacct)
+    rep2 = collect(db, workdir, slurm=Slurm(fake_sacct))
     noop_s = time.perf_counter() - t
     # The same no-op as a user runs it: a fresh `sbench collect` process (imports included). Every run is
     # finished, so no sacct call is made.

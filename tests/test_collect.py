@@ -23,6 +23,7 @@ import pytest
 from harness.collect import aggregate, collect
 from harness.contract.paths import JobPaths, job_dir_name
 from harness.db.schema import SCHEMA
+from harness.slurm.client import Slurm
 from harness.spec.plan import point_id as make_point_id
 from tests import synth
 
@@ -171,7 +172,7 @@ def expected_gpu(rows_by_host, start, end):
 def test_measurements_match_an_independent_recomputation(wd, tmp_path):
     run = write_attempt(wd, 1, hosts=("node1", "node2"), gpus_per_host=3, ticks=40)
     db = tmp_path / "r.duckdb"
-    rep = collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")}))
+    rep = collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
     assert rep.outcomes == {"ok": 1} and rep.sample_rows == 2 * 40 * 4
     m = one(db, "SELECT * FROM measurements")
     exp, ndev = expected_gpu(run["rows"], run["t_train0"], run["t_train1"])
@@ -232,7 +233,7 @@ def test_auto_stop_excludes_warmup_and_stop_after_seconds_omits_tokens(wd, tmp_p
                         entity_over={"auto_stop_method": "WARMUP_60S_STABLE_120S_OR_10_STEPS",
                                      "stop_after_seconds": 30.0})
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
     m = one(db, "SELECT * FROM measurements")
     exp, _ = expected_gpu(run["rows"], warm, run["t_train1"])
     assert m["window_start_wall"] == warm
@@ -247,7 +248,7 @@ def test_cpu_only_run_reports_zero_gpu_values(wd, tmp_path):
     assert all(r["kind"] == "proc" for r in rows)
     run = write_attempt(wd, 3, gpus_per_host=1, samples={"node1": rows}, entity_over={"number_gpus": 0})
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
     m = one(db, "SELECT * FROM measurements")
     for p in aggregate.GPU_PROPERTIES:
         assert m[p] == 0.0, p
@@ -265,7 +266,7 @@ def test_a_gpu_partition_without_gpu_samples_gets_null_gpu_values_and_a_warning(
     spec["jobspec"]["cpu_partition"] = cpu_partition
     spec_path.write_text(json.dumps(spec))
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
     m = one(db, "SELECT m.*, r.warnings FROM measurements m JOIN runs r USING (run_id)")
     for p in aggregate.GPU_PROPERTIES:
         assert (m[p] is None) if expect_null else (m[p] == 0.0), p
@@ -282,7 +283,7 @@ def test_stability_fractions(wd, tmp_path):
                         errors=[{"rank": 0, "host": "node1", "kind": "invalid", "error_type": "torch.OutOfMemoryError",
                                  "message": "CUDA out of memory", "stage": "train", "trial": 2, "t_wall": synth.T0}])
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
     m = one(db, "SELECT * FROM measurements")
     assert (m["f_gpu_oom"], m["f_other_error"], m["f_no_error"]) == (0.4, 0.2, 0.4)
     assert m["is_valid"] is True and m["trials_run"] == 5 and m["train_runtime"] is None
@@ -297,7 +298,7 @@ def test_invalid_run_gets_measurement_with_null_properties(wd, tmp_path):
                                  "message": "CUDA out of memory. Tried to allocate 2.00 GiB\nmore", "traceback": "tb",
                                  "stage": "train", "trial": None, "t_wall": synth.T0 + 7}])
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("FAILED", "1:0", "node1")}))
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("FAILED", "1:0", "node1")})))
     r = one(db, "SELECT outcome, reason FROM runs")
     assert r["outcome"] == "invalid"
     assert r["reason"].startswith("GPU out of memory: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
@@ -315,7 +316,7 @@ def test_scheduler_failures_are_failed_runs_without_measurement(wd, tmp_path, st
                         stages={"node1": json.dumps(synth.stage_event("start", "train", "node1", synth.T0 + 5, 0))
                                 + "\n"})
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: (state, "0:9", "node1")}))
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: (state, "0:9", "node1")})))
     r = one(db, "SELECT state, outcome, reason FROM runs")
     assert r["outcome"] == "failed" and r["state"] == state.split()[0]
     assert r["reason"].split("; ")[0] == reason
@@ -335,7 +336,7 @@ def test_missing_node_and_truncated_stages_give_precise_reasons(wd, tmp_path):
     os.remove(run["paths"].samples("node2"))
     os.remove(run["paths"].root / "environment.node2.json")
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("FAILED", "1:0", "node[1-2]")}))
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("FAILED", "1:0", "node[1-2]")})))
     r = one(db, "SELECT outcome, reason, hosts_expected, hosts_seen FROM runs")
     assert r["outcome"] == "failed"
     parts = r["reason"].split("; ")
@@ -357,7 +358,7 @@ def test_corrupt_and_truncated_csv_lines(wd, tmp_path):
     p.write_text("\n".join(lines) + "\n" + "1763769700.0,5100.0,gpu,0,55")  # truncated last line, no newline
     total_lines = len(lines) + 1
     db = tmp_path / "r.duckdb"
-    rep = collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    rep = collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
     assert rep.sample_rows == len(rows)  # neither the garbage nor the truncated row got in
     r = one(db, "SELECT outcome, warnings FROM runs")
     assert r["outcome"] == "ok"
@@ -393,7 +394,7 @@ def test_only_files_whose_rows_differ_from_the_samplers_count_are_read_again(wd,
     db = tmp_path / "r.duckdb"
     fake = FakeSlurm({clean["job_id"]: ("COMPLETED", "0:0", "node1"), bad["job_id"]: ("COMPLETED", "0:0", "node1"),
                       running["job_id"]: ("RUNNING", "0:0", "node1")})
-    rep = collect(db, wd, sacct_runner=fake)
+    rep = collect(db, wd, slurm=Slurm(fake))
     assert reread == [[str(bad["paths"].samples("node1"))]]
     assert rep.sample_rows == 3 * n - 3
     con = duckdb.connect(str(db), read_only=True)
@@ -417,7 +418,7 @@ def test_nccl_transport_recorded_per_host(wd, tmp_path):
                         logs={"node1": (fix / "roce.node1.log").read_text(),
                               "node2": (fix / "socket.node2.log").read_text()})
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")}))
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
     assert rows_of(db, "SELECT host, transport FROM run_hosts ORDER BY host") == [("node1", "roce"),
                                                                                   ("node2", "socket")]
     assert one(db, "SELECT transport, transport_by_host FROM runs") == {
@@ -441,12 +442,12 @@ def build_mixed(wd):
 def test_recollect_changes_no_row(wd, tmp_path):
     runs, fake = build_mixed(wd)
     db = tmp_path / "r.duckdb"
-    rep = collect(db, wd, sacct_runner=fake)
+    rep = collect(db, wd, slurm=Slurm(fake))
     assert rep.outcomes == {"failed": 1, "invalid": 1, "ok": 1, "pending": 1}
     before = dump(db)
     assert sum(len(v) for v in before.values()) > 100
     calls = len(fake.calls)
-    rep2 = collect(db, wd, sacct_runner=fake)
+    rep2 = collect(db, wd, slurm=Slurm(fake))
     assert dump(db) == before
     assert (rep2.new, rep2.updated, rep2.unchanged, rep2.sample_rows) == (0, 0, 4, 0)
     # only the still-running job was asked about again
@@ -457,7 +458,7 @@ def test_running_attempt_is_updated_when_it_finishes(wd, tmp_path):
     run = write_attempt(wd, 14, results=False)
     fake = FakeSlurm({run["job_id"]: ("RUNNING", "0:0", "node1")})
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=fake)
+    collect(db, wd, slurm=Slurm(fake))
     r = one(db, "SELECT state, outcome, ended_at FROM runs")
     assert r == {"state": "RUNNING", "outcome": None, "ended_at": None}
     assert rows_of(db, "SELECT count(*) FROM measurements") == [(0,)]
@@ -471,7 +472,7 @@ def test_running_attempt_is_updated_when_it_finishes(wd, tmp_path):
     for rk in (0, 1):
         synth.write_json(paths.rank_result(rk), synth.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))
     fake.jobs[run["job_id"]] = ("COMPLETED", "0:0", "node1")
-    rep = collect(db, wd, sacct_runner=fake)
+    rep = collect(db, wd, slurm=Slurm(fake))
     assert (rep.new, rep.updated) == (0, 1)
     r = one(db, "SELECT state, outcome FROM runs")
     assert r == {"state": "COMPLETED", "outcome": "ok"}
@@ -484,10 +485,10 @@ def test_requeued_job_stays_one_run(wd, tmp_path):
     run = write_attempt(wd, 15, results=False)
     fake = FakeSlurm({run["job_id"]: ("PREEMPTED", "0:0", "node1")})
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=fake)
+    collect(db, wd, slurm=Slurm(fake))
     assert one(db, "SELECT outcome, reason FROM runs")["reason"].startswith("preempted")
     fake.jobs[run["job_id"]] = ("RUNNING", "0:0", "node2")  # requeued under the same job id
-    collect(db, wd, sacct_runner=fake)
+    collect(db, wd, slurm=Slurm(fake))
     assert rows_of(db, "SELECT count(*), any_value(state), any_value(outcome) FROM runs") == [(1, "RUNNING", None)]
 
 
@@ -498,14 +499,14 @@ def test_state_change_alone_rereads_the_run_with_one_copy_of_its_samples(wd, tmp
     other = write_attempt(wd, 18, results=False)
     fake = FakeSlurm({run["job_id"]: ("RUNNING", "0:0", "node1"), other["job_id"]: ("RUNNING", "0:0", "node1")})
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=fake)
+    collect(db, wd, slurm=Slurm(fake))
     n_rows = sum(len(r) for r in run["rows"].values())
     rid = run["run_id"]
     assert rows_of(db, "SELECT count(*) FROM samples WHERE run_id = ?", [rid]) == [(n_rows,)]
     fake.jobs[run["job_id"]] = ("COMPLETED", "0:0", "node1")
     with other["paths"].samples("node1").open("a") as fh:  # the other run's files change meanwhile
         fh.write(synth.sample_line(synth.gen_samples(synth.T0 + 20, 1, 2, seed=7)[0]) + "\n")
-    rep = collect(db, wd, sacct_runner=fake)
+    rep = collect(db, wd, slurm=Slurm(fake))
     assert (rep.new, rep.updated) == (0, 2)
     assert one(db, "SELECT state, outcome, sample_rows FROM runs WHERE run_id = ?", [rid]) == {
         "state": "COMPLETED", "outcome": "ok", "sample_rows": n_rows}
@@ -522,14 +523,14 @@ def test_changed_and_new_runs_each_load_their_rows_once_in_their_own_file(wd, tm
     runs = {i: write_attempt(wd, i, hosts=("node1", "node2"), ticks=10 + i) for i in range(30, 33)}
     db = tmp_path / "r.duckdb"
     fake = FakeSlurm()
-    collect(db, wd, sacct_runner=fake)
+    collect(db, wd, slurm=Slurm(fake))
     for i in (30, 31):  # two old runs change, three new ones come
         with runs[i]["paths"].samples("node2").open("a") as fh:
             extra = synth.gen_samples(synth.T0 + 100, 1, 2, seed=i)
             fh.write("".join(synth.sample_line(r) + "\n" for r in extra))
             runs[i]["rows"]["node2"] = runs[i]["rows"]["node2"] + extra
     runs.update({i: write_attempt(wd, i, hosts=("node1", "node2"), ticks=10 + i) for i in range(33, 36)})
-    rep = collect(db, wd, sacct_runner=fake)
+    rep = collect(db, wd, slurm=Slurm(fake))
     assert (rep.new, rep.updated, rep.unchanged) == (3, 2, 1)
     for run in runs.values():
         for host, rows in run["rows"].items():
@@ -549,7 +550,7 @@ def test_an_interrupted_collect_stops_its_database_worker_and_changes_nothing(wd
     from harness.collect import ingest
     write_attempt(wd, 19)
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm())
+    collect(db, wd, slurm=Slurm(FakeSlurm()))
     before = dump(db)
     for i in range(60, 64):
         write_attempt(wd, i, ticks=400)
@@ -559,11 +560,11 @@ def test_an_interrupted_collect_stops_its_database_worker_and_changes_nothing(wd
 
     monkeypatch.setattr(ingest, "stage", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        collect(db, wd, sacct_runner=FakeSlurm())
+        collect(db, wd, slurm=Slurm(FakeSlurm()))
     assert not [t for t in threading.enumerate() if t.name.startswith("sbench-collect-db")]
     assert dump(db) == before
     monkeypatch.undo()
-    rep = collect(db, wd, sacct_runner=FakeSlurm())
+    rep = collect(db, wd, slurm=Slurm(FakeSlurm()))
     assert rep.new == 4 and rows_of(db, "SELECT count(*) FROM runs") == [(5,)]
 
 
@@ -589,8 +590,8 @@ def test_samples_load_while_the_scheduler_is_asked(wd, tmp_path, monkeypatch):
             return super().__call__(argv)
 
     monkeypatch.setattr(loading, "load_samples", load)
-    rep = collect(tmp_path / "r.duckdb", wd, sacct_runner=WaitingSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1")
-                                                                         for r in runs}))
+    jobs = {r["job_id"]: ("COMPLETED", "0:0", "node1") for r in runs}
+    rep = collect(tmp_path / "r.duckdb", wd, slurm=Slurm(WaitingSlurm(jobs)))
     assert rep.outcomes == {"ok": 2} and rep.accounting == {"sacct": 2}
 
 
@@ -612,8 +613,8 @@ def test_job_dirs_are_read_after_the_scheduler_answered(wd, tmp_path, monkeypatc
             return super().__call__(argv)
 
     monkeypatch.setattr(ingest, "read_job", read_job)
-    rep = collect(tmp_path / "r.duckdb", wd, sacct_runner=LoggingSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1")
-                                                                         for r in runs}))
+    jobs = {r["job_id"]: ("COMPLETED", "0:0", "node1") for r in runs}
+    rep = collect(tmp_path / "r.duckdb", wd, slurm=Slurm(LoggingSlurm(jobs)))
     assert rep.outcomes == {"ok": 2}
     assert events[0] == "sacct" and sorted(events[1:]) == sorted(f"read {r['run_id']}" for r in runs), events
 
@@ -637,16 +638,16 @@ def test_a_run_that_ends_while_the_scheduler_is_asked_is_read_again(wd, tmp_path
 
     db = tmp_path / "r.duckdb"
     fake = EndingSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})
-    rep = collect(db, wd, sacct_runner=fake)
+    rep = collect(db, wd, slurm=Slurm(fake))
     assert rep.outcomes == {"ok": 1}
     assert one(db, "SELECT state, outcome, reason FROM runs") == {"state": "COMPLETED", "outcome": "ok", "reason": None}
     assert rows_of(db, "SELECT count(*) FROM measurements") == [(1,)]
     n = rows_of(db, "SELECT count(*) FROM samples")[0][0]
-    again = collect(db, wd, sacct_runner=FakeSlurm(fake.jobs))
+    again = collect(db, wd, slurm=Slurm(FakeSlurm(fake.jobs)))
     assert (again.new, again.updated) == (0, 1)
     assert one(db, "SELECT outcome FROM runs") == {"outcome": "ok"}
     assert rows_of(db, "SELECT count(*) FROM samples")[0][0] == n
-    third = collect(db, wd, sacct_runner=FakeSlurm(fake.jobs))
+    third = collect(db, wd, slurm=Slurm(FakeSlurm(fake.jobs)))
     assert (third.new, third.updated) == (0, 0)
 
 
@@ -655,7 +656,7 @@ def test_hand_rendered_job_dir_without_manifest_is_collected(wd, tmp_path):
     synth.write_json(run["paths"].submitted, {"executor": "local", "job_id": "not-a-pid",
                                               "submitted_at": "2025-11-22T00:00:00+00:00"})
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm())
+    collect(db, wd, slurm=Slurm(FakeSlurm()))
     r = one(db, "SELECT campaign, point_id, outcome, executor, accounting_source FROM runs")
     assert r == {"campaign": CAMPAIGN, "point_id": run["point_id"], "outcome": "ok", "executor": "local",
                  "accounting_source": "executor"}
@@ -670,7 +671,7 @@ def test_no_sacct_falls_back_to_files(wd, tmp_path):
         raise FileNotFoundError(argv[0])
 
     db = tmp_path / "r.duckdb"
-    rep = collect(db, wd, sacct_runner=no_sacct)
+    rep = collect(db, wd, slurm=Slurm(no_sacct))
     assert rep.sacct == "no sacct command"
     assert one(db, "SELECT state, outcome, accounting_source FROM runs") == {
         "state": "COMPLETED", "outcome": "ok", "accounting_source": "files"}
@@ -685,8 +686,9 @@ def _collect_proc(db: Path, wd: Path, pause: str | None = None, extra_env: dict[
     env.update(extra_env or {})
     code = ("import sys, subprocess\n"
             "from harness.collect import collect\n"
+            "from harness.slurm.client import Slurm\n"
             "fake = lambda argv: subprocess.CompletedProcess(argv, 0, '', '')\n"
-            "collect(sys.argv[1], sys.argv[2], sacct_runner=fake)\n")
+            "collect(sys.argv[1], sys.argv[2], slurm=Slurm(fake))\n")
     return subprocess.Popen([sys.executable, "-c", code, str(db), str(wd)], env=env, cwd=REPO,
                             stderr=subprocess.PIPE, text=True)
 
@@ -700,7 +702,7 @@ def _wait_paused(proc) -> None:
 def test_kill_9_mid_collect_leaves_db_as_before(wd, tmp_path, phase):
     write_attempt(wd, 20)
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm())
+    collect(db, wd, slurm=Slurm(FakeSlurm()))
     before = dump(db)
     for i in range(21, 24):
         write_attempt(wd, i)
@@ -709,7 +711,7 @@ def test_kill_9_mid_collect_leaves_db_as_before(wd, tmp_path, phase):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert dump(db) == before  # nothing of the killed collect is visible
-    rep = collect(db, wd, sacct_runner=FakeSlurm())
+    rep = collect(db, wd, slurm=Slurm(FakeSlurm()))
     assert rep.new == 3
     after = dump(db)
     assert len(after["runs"]) == 4 and len(after["measurements"]) == 4
@@ -739,14 +741,14 @@ def test_local_executor_run_is_running_while_its_process_lives_then_done(wd, tmp
     # submitit's local job id is the process id: this test process stands in for the live job
     run = write_attempt(wd, 40, results=False, executor="local", job_id=str(os.getpid()))
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm())
+    collect(db, wd, slurm=Slurm(FakeSlurm()))
     assert one(db, "SELECT state, outcome, accounting_source FROM runs") == {
         "state": "RUNNING", "outcome": None, "accounting_source": "executor"}
     paths = run["paths"]
     synth.write_json(paths.result("node1"), synth.result_doc("node1", 0, synth.T0, synth.T0 + 16))
     for rk in (0, 1):
         synth.write_json(paths.rank_result(rk), synth.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))
-    collect(db, wd, sacct_runner=FakeSlurm())
+    collect(db, wd, slurm=Slurm(FakeSlurm()))
     assert one(db, "SELECT state, outcome FROM runs") == {"state": "COMPLETED", "outcome": "ok"}
 
 
@@ -758,7 +760,7 @@ def test_job_that_never_started_its_runner_reports_the_batch_output(wd, tmp_path
     paths.slurm_out(run["job_id"]).write_text("+ source env/node1.sh\nlaunch.sh: line 12: /shared/venv/bin/python: "
                                               "No such file or directory\n")
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("FAILED", "127:0", "node1")}))
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("FAILED", "127:0", "node1")})))
     r = one(db, "SELECT outcome, reason FROM runs")
     assert r["outcome"] == "failed"
     assert r["reason"] == ("node node1: no stages file (expected hosts node1); "
@@ -772,7 +774,7 @@ def test_weird_paths_are_collected(weird_tmp_path):
     synth.append_manifest(wd, CAMPAIGN, [synth.manifest_events(CAMPAIGN, FULL)])
     run = write_attempt(wd, 50)
     db = weird_tmp_path / "r 'x'.duckdb"
-    rep = collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    rep = collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
     assert rep.outcomes == {"ok": 1}
     assert rep.sample_rows == sum(len(r) for r in run["rows"].values())
 
@@ -792,8 +794,8 @@ def test_views_latest_measurement_run_summary_and_stage_durations(wd, tmp_path):
                                           "job_id": "7777", "submitted_at": "2025-11-22T01:00:00+00:00",
                                           "reason": "force"}])
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm({first["job_id"]: ("COMPLETED", "0:0", "node1"),
-                                            "7777": ("COMPLETED", "0:0", "node1")}))
+    collect(db, wd, slurm=Slurm(FakeSlurm({first["job_id"]: ("COMPLETED", "0:0", "node1"),
+                                            "7777": ("COMPLETED", "0:0", "node1")})))
     assert rows_of(db, "SELECT count(*) FROM measurements") == [(2,)]
     latest = one(db, "SELECT run_id, train_tokens_per_gpu_per_second FROM latest_measurements")
     assert latest == {"run_id": f"{CAMPAIGN}/{pid}.r0.a2", "train_tokens_per_gpu_per_second": 3000.0}
@@ -831,14 +833,14 @@ def test_glob_characters_in_the_work_dir_path(tmp_path):
     synth.append_manifest(wd, CAMPAIGN, [synth.manifest_events(CAMPAIGN, FULL)])
     run = write_attempt(wd, 51)
     db = tmp_path / "r.duckdb"
-    rep = collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    rep = collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
     assert rep.sample_rows == sum(len(r) for r in run["rows"].values()) and rep.outcomes == {"ok": 1}
 
 
 def test_gpu_run_without_samples_file_has_unknown_not_zero_gpu_values(wd, tmp_path):
     run = write_attempt(wd, 52, samples={"node1": None})
     db = tmp_path / "r.duckdb"
-    collect(db, wd, sacct_runner=FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")}))
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
     m = one(db, "SELECT gpu_compute_utilization_avg, gpu_memory_utilization_peak, train_runtime, notes "
                 "FROM measurements")
     assert m["gpu_compute_utilization_avg"] is None and m["gpu_memory_utilization_peak"] is None
@@ -857,8 +859,8 @@ def test_rendered_only_job_dir_is_not_a_run(wd, tmp_path):
     paths.accelerate.write_text("distributed_type: DEEPSPEED\n")  # a DeepSpeed point renders both
     paths.deepspeed.write_text("{}\n")
     db = tmp_path / "r.duckdb"
-    rep = collect(db, wd, sacct_runner=FakeSlurm())
+    rep = collect(db, wd, slurm=Slurm(FakeSlurm()))
     assert rep.runs == 0 and rows_of(db, "SELECT count(*) FROM runs") == [(0,)]
     synth.write_json(paths.submitted, {"executor": "slurm", "job_id": "4444", "submitted_at": "2025-11-22T00:00:00Z"})
-    rep = collect(db, wd, sacct_runner=FakeSlurm({"4444": ("PENDING", "0:0", "None assigned")}))
+    rep = collect(db, wd, slurm=Slurm(FakeSlurm({"4444": ("PENDING", "0:0", "None assigned")})))
     assert rows_of(db, "SELECT job_id, state, outcome FROM runs") == [("4444", "PENDING", None)]

@@ -9,17 +9,10 @@ from pathlib import Path
 import pytest
 
 from harness.collect.parse import csv_tail, nccl_transport, parse_stages, read_json, read_jsonl, summarize_transports
+from harness.contract.jobstate import FINAL_STATES
+from harness.slurm.client import Slurm
 from harness.slurm.hostlist import expand_hostlist
-from harness.slurm.sacct import (
-    FINAL_STATES,
-    parse_elapsed,
-    parse_rss_mb,
-    parse_sacct,
-    parse_squeue,
-    query_sacct,
-    sacct_argv,
-    scheduler_verdict,
-)
+from harness.slurm.sacct import parse_elapsed, parse_rss_mb, parse_sacct, parse_squeue, sacct_argv, scheduler_verdict
 
 FIX = Path(__file__).parent / "fixtures" / "collect"
 
@@ -71,7 +64,7 @@ def test_sacct_is_batched_and_failure_falls_back():
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     ids = [f"77_{i}" for i in range(450)]
-    jobs, why = query_sacct(ids, runner=runner, chunk=200)
+    jobs, why = Slurm(runner, chunk=200).accounting(ids)
     assert jobs == {} and why is None
     assert len(calls) == 3  # 450 ids in batches of 200, not 450 calls
     assert calls[0][:2] == ["sacct", "-j"] and calls[0][2].count(",") == 199
@@ -80,12 +73,12 @@ def test_sacct_is_batched_and_failure_falls_back():
     def missing(argv):
         raise FileNotFoundError(argv[0])
 
-    assert query_sacct(["1"], runner=missing) == (None, "no sacct command")
+    assert Slurm(missing).accounting(["1"]) == (None, "no sacct command")
 
     def disabled(argv):
         return subprocess.CompletedProcess(argv, 1, "", "sacct: error: Slurm accounting storage is disabled\n")
 
-    jobs, why = query_sacct(["1"], runner=disabled)
+    jobs, why = Slurm(disabled).accounting(["1"])
     assert jobs is None and "accounting storage is disabled" in why
     assert sacct_argv(["1", "2_3"])[2] == "1,2_3"
 
@@ -93,8 +86,9 @@ def test_sacct_is_batched_and_failure_falls_back():
 def test_small_sacct_fields():
     assert parse_elapsed("05:07") == 307 and parse_elapsed("2-00:00:01") == 172801
     assert parse_rss_mb("2048K") == 2.0 and parse_rss_mb("1G") == 1024.0 and parse_rss_mb("") is None
-    assert parse_squeue("55_[1-2]|PENDING|\n56|RUNNING|node[3-4]\n") == {
-        "55_1": ("PENDING", None), "55_2": ("PENDING", None), "56": ("RUNNING", "node[3-4]")}
+    assert parse_squeue("55_[1-2]|PENDING|Resources|\n56|RUNNING|None|node[3-4]\n") == {
+        "55_1": ("PENDING", None, "Resources"), "55_2": ("PENDING", None, "Resources"),
+        "56": ("RUNNING", "node[3-4]", "None")}
 
 
 def test_expand_hostlist():

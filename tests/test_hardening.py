@@ -24,7 +24,8 @@ import yaml
 from click.testing import CliRunner
 
 from harness.build.jobspec import build_jobspec
-from harness.build.render import render_env, render_files, render_launch, render_sbatch
+from harness.build.render import render_env, render_files, render_launch
+from harness.build.sbatch import job_sbatch
 from harness.cli import main
 from harness.collect import collect
 from harness.contract.paths import JobPaths
@@ -287,7 +288,7 @@ def test_a_line_break_in_an_sbatch_option_or_a_bad_env_name_is_refused_not_writt
     from harness.contract.errors import RenderError
 
     with pytest.raises(RenderError, match="line break"):
-        render_sbatch(dataclasses.replace(spec, resources={**spec.resources, "job_name": "a\nb"}))
+        job_sbatch(dataclasses.replace(spec, resources={**spec.resources, "job_name": "a\nb"}))
     with pytest.raises(RenderError, match="not a valid name"):
         render_env(dataclasses.replace(spec, env={"A;id": "1"}), "h1")
     assert render_launch(spec)  # the hostile values themselves render (quoted)

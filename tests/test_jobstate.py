@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from harness.contract import jobstate
-from harness.sbatch import control, slurm
-from harness.slurm.sacct import FINAL_STATES, parse_sacct, scheduler_verdict
+from harness.contract.jobstate import FINAL_STATES
+from harness.sbatch import control
+from harness.slurm.client import Slurm
+from harness.slurm.sacct import parse_sacct, scheduler_verdict
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "states"
 SQUEUE = (FIX / "squeue.txt").read_text()
@@ -32,22 +34,19 @@ FAILED_BY_SCHEDULER = {"6003": "cancelled", "6004": "timeout", "6005": "node fai
 
 
 @pytest.fixture
-def recorded(monkeypatch):
+def recorded():
     """squeue answers for the live 500x jobs, sacct for the ended 600x ones, as on a real cluster."""
 
-    def fake_run(argv, capture_output=True, text=True):  # noqa: ARG001 - subprocess.run's signature
-        if argv[0] == "squeue":
-            wanted = set(argv[argv.index("-j") + 1].split(","))
-            out = "".join(line + "\n" for line in SQUEUE.splitlines() if line.split("|")[0].split("_")[0] in wanted)
-            return subprocess.CompletedProcess(argv, 0, out, "")
-        if argv[0] == "sacct":
+    def fake_run(argv):
+        if argv[0] == "squeue":  # the whole queue
+            return subprocess.CompletedProcess(argv, 0, SQUEUE, "")
+        if argv[0] == "sacct":  # JobID and State of each asked job (the other fields empty)
             wanted = set(argv[argv.index("-j") + 1].split(","))
             out = "".join(line + "\n" for line in SACCT.splitlines() if line.split("|")[0] in wanted)
             return subprocess.CompletedProcess(argv, 0, out, "")
         raise AssertionError(argv)
 
-    monkeypatch.setattr(slurm.subprocess, "run", fake_run)
-    return slurm.query_states(list(EXPECTED))
+    return Slurm(fake_run).states(list(EXPECTED))
 
 
 def test_every_recorded_job_is_seen(recorded) -> None:

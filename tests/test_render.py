@@ -1,6 +1,7 @@
 """Render: golden files for representative cases, and the real consumers accept them.
 
-Goldens live in tests/golden/<case>/. Regenerate explicitly with
+Goldens live in tests/golden/<case>/ (and, for the scripts that are not part of a job dir, in
+tests/golden/array_wrapper/ and tests/golden/prepare_job/). Regenerate explicitly with
 ``pytest tests/test_render.py --update-golden``; a mismatch prints a diff.
 """
 
@@ -20,6 +21,9 @@ import yaml
 
 from harness import __version__
 from harness.build.render import render_points
+from harness.build.sbatch import array_sbatch
+from harness.sbatch.prepare import prepare_script
+from harness.sbatch.slurm import group_by_shape
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import parse_sweep
@@ -96,7 +100,44 @@ def rendered_files(job_dir: Path) -> dict[str, str]:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden(name: str, tmp_path: Path, update_golden: bool) -> None:
     job_dir = render_case(name, tmp_path)
-    files = {rel: normalise(t, tmp_path) for rel, t in rendered_files(job_dir).items()}
+    check_golden(name, {rel: normalise(t, tmp_path) for rel, t in rendered_files(job_dir).items()}, update_golden)
+
+
+def test_golden_array_wrapper(tmp_path: Path, update_golden: bool) -> None:
+    """The array wrapper of points that share one resource shape, throttled to two at a time."""
+    doc = {"campaign": "golden-array", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "gpu",
+           "entity": {"model_name": "llama3-8b", "model_max_length": 1024, "number_gpus": 8},
+           "grid": {"batch_size": [8, 16, 32]},
+           "model_map": {"llama3-8b": "/models/llama3-8b"}, "data_dir": "/data/sbench"}
+    sweep = parse_sweep(doc, "array.yaml", tmp_path)
+    inv = load_inventory(TEST_INVENTORY)
+    (group,) = group_by_shape(render_points(sweep, inv, plan_sweep(sweep, inv), tmp_path))
+    assert len(group) == 3
+    text = array_sbatch(sweep.campaign, group, 2, tmp_path / ".slurm")
+    check_golden("array_wrapper", {"array.sbatch": normalise(text, tmp_path)}, update_golden)
+
+
+def test_golden_prepare_job(tmp_path: Path, update_golden: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The preparation job of ``sbench prepare --on slurm``, run from the sweep's directory."""
+    sweep_path = tmp_path / "prepare.yaml"
+    sweep_path.write_text(yaml.safe_dump({
+        "campaign": "golden-prepare", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
+        "entity": {"model_name": "llama3-8b", "model_max_length": 512, "batch_size": 4, "number_gpus": 2},
+        "slurm": {"account": "proj", "extra": {"comment": "prepare it"}},
+        "model_map": {"llama3-8b": "/models/llama3-8b"}, "data_dir": "/data/sbench"}))
+    doc = yaml.safe_load(TEST_INVENTORY.read_text())
+    doc["defaults"]["setup"] = ["module load cuda/12.4"]
+    doc["partitions"]["cpu"]["setup"] = ["source /shared/venvs/sbench/bin/activate"]
+    inv_path = tmp_path / "inv.yaml"
+    inv_path.write_text(yaml.safe_dump(doc))
+    monkeypatch.chdir(tmp_path)
+    sweep = parse_sweep(yaml.safe_load(sweep_path.read_text()), str(sweep_path), tmp_path)
+    text = prepare_script(sweep, load_inventory(inv_path), sweep_path, inv_path, None, tmp_path / ".slurm")
+    check_golden("prepare_job", {"prepare.sbatch": normalise(text, tmp_path)}, update_golden)
+
+
+def check_golden(name: str, files: dict[str, str], update_golden: bool) -> None:
+    """*files* (relative path -> text) against tests/golden/<name>/, or written there with --update-golden."""
     gdir = GOLDEN / name
     if update_golden:
         if gdir.exists():

@@ -22,6 +22,7 @@ import pytest
 
 from harness.collect import collect
 from harness.contract.paths import JobPaths, job_dir_name
+from harness.slurm.client import Slurm
 from harness.spec.plan import point_id as make_point_id
 from tests import synth
 
@@ -173,7 +174,7 @@ def build_campaign(workdir: Path, campaign: str = "scan", *, models=("smollm2-13
 
 
 def collect_into(db: Path, workdir: Path, runs: list[dict[str, Any]]) -> None:
-    rep = collect(db, workdir, sacct_runner=FakeSacct({r["job_id"]: r["sacct"] for r in runs}))
+    rep = collect(db, workdir, slurm=Slurm(FakeSacct({r["job_id"]: r["sacct"] for r in runs})))
     expected: dict[str, int] = {}
     for r in runs:
         expected[r["outcome"]] = expected.get(r["outcome"], 0) + 1

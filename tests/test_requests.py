@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.build.render import ClusterFit, cluster_fit, render_points
+from harness.build.render import render_points
+from harness.sbatch.fit import ClusterFit, cluster_fit
+from harness.slurm.client import Slurm
 from harness.slurm.sinfo import misfits, parse_sinfo
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep
@@ -50,7 +52,7 @@ def render(tmp_path: Path, inv_path: Path, entity: dict, grid: dict, partition: 
     sweep = parse_sweep(doc, "req.yaml", tmp_path)
     inv = load_inventory(inv_path)
     points = [p for p in plan_sweep(sweep, inv) if p.valid]
-    specs = render_points(sweep, inv, points, tmp_path / "out", fit=fit)
+    specs = render_points(sweep, inv, points, tmp_path / "out", exclude=fit.exclude if fit else None)
     return [Path(s.job_dir) for s in specs]
 
 
@@ -117,16 +119,20 @@ def test_other_nodes_of_the_slurm_partition_are_excluded(tmp_path: Path) -> None
     inv_path.write_text(yaml.safe_dump(doc))
     inv = load_inventory(inv_path)
 
-    def lookup(_name):
-        return parse_sinfo("node[1-4]|96|1000000|gpu:8\n"), ""
+    asked = []
+
+    def sinfo(argv):
+        asked.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "node[1-4]|96|1000000|gpu:8\n", "")
 
     sweep = parse_sweep({"campaign": "x", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "gpu",
                          "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 48},
                          "grid": {"number_gpus": [8, 24], "number_nodes": [1, 3]}}, "x.yaml", tmp_path)
     points = [p for p in plan_sweep(sweep, inv) if p.valid]
-    fit = cluster_fit(inv, points, lookup)
+    fit = cluster_fit(inv, points, Slurm(sinfo))
     assert fit.exclude == ["node4"]
-    dirs = [Path(s.job_dir) for s in render_points(sweep, inv, points, tmp_path / "out", fit=fit)]
+    assert [a[:2] for a in asked] == [["sinfo", "-h"]] and "gpu" in asked[0]  # the point's SLURM partition
+    dirs = [Path(s.job_dir) for s in render_points(sweep, inv, points, tmp_path / "out", exclude=fit.exclude)]
     by_nodes = {directives(d)["nodes"]: directives(d) for d in dirs}
     assert by_nodes["1"]["exclude"] == "node4" and "nodelist" not in by_nodes["1"]
     assert by_nodes["3"]["nodelist"] == "node1,node2,node3" and "exclude" not in by_nodes["3"]

@@ -59,7 +59,8 @@ def test_repeats_count_measurements() -> None:
 
 def test_array_script_runs_each_points_own_job_sbatch(tmp_path: Path) -> None:
     from harness.build.render import render_points
-    from harness.sbatch.slurm import array_script, group_by_shape
+    from harness.build.sbatch import array_sbatch
+    from harness.sbatch.slurm import group_by_shape
     from harness.spec.inventory import load_inventory
     from harness.spec.plan import plan_sweep
     from harness.spec.sweep import parse_sweep
@@ -74,7 +75,7 @@ def test_array_script_runs_each_points_own_job_sbatch(tmp_path: Path) -> None:
     specs = render_points(sweep, inv, plan_sweep(sweep, inv), tmp_path / "out")
     groups = group_by_shape(specs)
     assert sorted(len(g) for g in groups) == [3, 3]
-    text = array_script("arr", groups[0], 2, tmp_path / "logs")
+    text = array_sbatch("arr", groups[0], 2, tmp_path / "logs")
     lines = text.splitlines()
     assert "#SBATCH --array=0-2%2" in lines
     own = [x for x in Path(groups[0][0].job_dir, "job.sbatch").read_text().splitlines() if x.startswith("#SBATCH")]
@@ -122,10 +123,11 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
 
     from harness.collect import collect
     from harness.sbatch.state import runs_to_refresh
+    from harness.slurm.client import Slurm
     from tests.synth import append_manifest, make_run, write_json
 
     wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
-    assert runs_to_refresh(db, wd, "c") is None  # no database yet: everything
+    assert runs_to_refresh(db, wd, "c", Slurm()) is None  # no database yet: everything
     done = make_run(wd, "c", 0, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local", job_id="999991")
     append_manifest(wd, "c", done["events"])
     queued = make_run(wd, "c", 1, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local",
@@ -140,13 +142,13 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
     rid = {r["point_id"]: run_id("c", r["point_id"], 0, 1) for r in (done, queued)}
     # the executor says the queued one is still waiting (no pid yet): nothing to read
     write_json(queued["paths"].submitted, {"executor": "local", "job_id": str(os.getpid())})
-    assert runs_to_refresh(db, wd, "c") == []
+    assert runs_to_refresh(db, wd, "c", Slurm()) == []
     # it ended since: that run alone
     write_json(queued["paths"].submitted, {"executor": "local", "job_id": str(os.getpid()), "exit_code": 1,
                                            "ended_at": "2025-11-22T00:10:00+0000"})
-    assert runs_to_refresh(db, wd, "c") == [rid[queued["point_id"]]]
+    assert runs_to_refresh(db, wd, "c", Slurm()) == [rid[queued["point_id"]]]
     # an attempt the database has never seen
     extra = make_run(wd, "c", 2, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local", job_id="999993")
     append_manifest(wd, "c", extra["events"])
-    assert sorted(runs_to_refresh(db, wd, "c")) == \
+    assert sorted(runs_to_refresh(db, wd, "c", Slurm())) == \
         sorted([rid[queued["point_id"]], run_id("c", extra["point_id"], 0, 1)])

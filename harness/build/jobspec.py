@@ -138,7 +138,7 @@ def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], per_node: int, 
     if exclusive:
         res["exclusive"] = True
     # Only inventory hosts: when the point needs every host, name them; otherwise the submit-time view of
-    # the SLURM partition (if a controller answers) excludes its other nodes (render.cluster_fit).
+    # the SLURM partition (if a controller answers) excludes its other nodes (harness.sbatch.fit).
     if nodes == len(part.hosts):
         res["nodelist"] = ",".join(sorted(part.hosts))
     elif exclude:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +21,12 @@ from harness import __version__
 from harness.contract import envvars
 from harness.contract.errors import InputError, RenderError
 from harness.contract.paths import SPEC_SCHEMA, JobPaths, job_dir_name, package_dir
-from harness.slurm.sinfo import misfits, partition_nodes
 from harness.spec.inventory import ENV_NAME, Inventory
 from harness.spec.plan import PlannedPoint
 from harness.spec.sweep import Sweep
 
 from .jobspec import PORT_BASE, PORT_SPAN, JobSpec, build_jobspec
+from .sbatch import comment_text, job_sbatch
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("harness", "templates"),
@@ -39,8 +37,7 @@ _ENV = jinja2.Environment(
 _ENV.filters["q"] = lambda v: shlex.quote(str(v))
 # Env files always single-quote, so a value such as NCCL_IB_HCA's '=mlx5_0' reads unambiguously.
 _ENV.filters["sq"] = lambda v: "'" + str(v).replace("'", "'\"'\"'") + "'"
-# Inside a comment only a line break could end it: anything but printable ASCII becomes '?'.
-_ENV.filters["c"] = lambda v: re.sub(r"[^\x20-\x7e]", "?", str(v))
+_ENV.filters["c"] = comment_text
 
 
 def _envname(v: Any) -> str:
@@ -50,40 +47,6 @@ def _envname(v: Any) -> str:
 
 
 _ENV.filters["envname"] = _envname
-
-DIRECTIVE_ORDER = ("job_name", "partition", "nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "mem",
-                   "time", "account", "qos", "constraint", "exclusive", "nodelist", "exclude", "requeue", "no_requeue",
-                   "output")
-
-
-def _directive_value(key: str, value: Any) -> str:
-    text = str(value)
-    if any(c in text for c in "\n\r\0"):
-        raise RenderError(f"sbatch option --{key.replace('_', '-')} would contain a line break: {text!r}")
-    if any(c.isspace() for c in text) or '"' in text or "'" in text:
-        # sbatch reads #SBATCH values with its own quote handling; double quotes keep spaces together.
-        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return text
-
-
-def sbatch_directives(resources: dict[str, Any], extra: dict[str, Any] | None = None) -> list[str]:
-    """``--key=value`` strings in a fixed order; ``True`` becomes a bare flag."""
-    merged = dict(resources)
-    merged.update(extra or {})
-    keys = [k for k in DIRECTIVE_ORDER if k in merged] + sorted(k for k in merged if k not in DIRECTIVE_ORDER)
-    out = []
-    for k in keys:
-        v = merged[k]
-        if v is None or v is False:
-            continue
-        flag = "--" + k.replace("_", "-")
-        out.append(flag if v is True else f"{flag}={_directive_value(k, v)}")
-    return out
-
-
-def render_sbatch(spec: JobSpec) -> str:
-    return _ENV.get_template("job.sbatch.j2").render(spec=spec, directives=sbatch_directives(spec.resources))
-
 
 def _arg_pairs(argv: list[str]) -> list[tuple[str, str | None]]:
     pairs: list[tuple[str, str | None]] = []
@@ -163,7 +126,7 @@ def render_files(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Swee
     paths = JobPaths(spec.job_dir)
     files = {
         paths.spec: (render_spec_json(spec, inv, point, sweep), 0o644),
-        paths.sbatch: (render_sbatch(spec), 0o755),
+        paths.sbatch: (job_sbatch(spec), 0o755),
         paths.launch: (render_launch(spec), 0o755),
     }
     acc = render_accelerate(spec)
@@ -203,43 +166,13 @@ def write_job_dir(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Swe
     return write_files(spec.job_dir, render_files(spec, inv, point, sweep))
 
 
-@dataclass
-class ClusterFit:
-    """The SLURM partition as its controller describes it, for one sweep's partition."""
-
-    exclude: list[str] | None = None  # partition nodes that are not inventory hosts
-    notes: list[str] = field(default_factory=list)  # what does not fit, or why nothing was checked
-    nodes: dict[str, Any] | None = None
-
-    def check(self, specs: list[JobSpec], inv: Inventory) -> list[str]:
-        out = list(self.notes)
-        for spec in specs if self.nodes is not None else ():
-            part = inv.partition(spec.partition)
-            out += [f"point {spec.point_id}: {m}" for m in misfits(sorted(part.hosts), self.nodes, spec.resources,
-                                                                  part.slurm_partition)]
-        return list(dict.fromkeys(out))
-
-
-def cluster_fit(inv: Inventory, points: list[PlannedPoint], lookup: Any = None) -> ClusterFit:
-    """Ask the controller (``sinfo``) about the sweep's SLURM partition; an empty fit when none answers."""
-    names = {p.partition for p in points}
-    if len(names) != 1:
-        return ClusterFit()
-    part = inv.partition(names.pop())
-    nodes, why = (lookup or partition_nodes)(part.slurm_partition)
-    if nodes is None:
-        return ClusterFit(notes=[f"requests not checked against SLURM ({why}); allocations of fewer nodes than the "
-                                 f"partition has hosts are not restricted to inventory hosts"])
-    others = sorted(set(nodes) - set(part.hosts))
-    return ClusterFit(exclude=others or None, nodes=nodes)
-
-
 def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out_dir: str | Path,
                    attempts: dict[tuple[str, int], int] | None = None,
-                   python: str | None = None, fit: ClusterFit | None = None) -> list[tuple[JobSpec, Rendered]]:
+                   python: str | None = None, exclude: list[str] | None = None) -> list[tuple[JobSpec, Rendered]]:
     """Build and render (in memory) every valid point's job directory under *out_dir*: everything that
     can fail on a value fails here, before anything is written. *attempts* gives the attempt number per
-    (point_id, repeat) (default 1); points not in it are skipped when it is given."""
+    (point_id, repeat) (default 1); points not in it are skipped when it is given. *exclude*: nodes of the
+    SLURM partition that are not inventory hosts (``harness.sbatch.fit``)."""
     out = Path(out_dir).expanduser().resolve()
     done = []
     for p in points:
@@ -250,10 +183,9 @@ def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out
             continue
         job_dir = str(out / job_dir_name(p.point_id, p.repeat, attempt))
         try:
-            spec = build_jobspec(sweep, inv, p, attempt, job_dir, python=python,
-                                 exclude=fit.exclude if fit is not None else None)
+            spec = build_jobspec(sweep, inv, p, attempt, job_dir, python=python, exclude=exclude)
             files = render_files(spec, inv, p, sweep)
-        except (RenderError, ValueError, TypeError, jinja2.TemplateError) as exc:
+        except (RenderError, KeyError, ValueError, TypeError, jinja2.TemplateError) as exc:
             raise InputError(f"{sweep.source}: point {p.point_id} (repeat {p.repeat}) cannot be rendered: {exc}; "
                              "nothing was written") from None
         done.append((spec, files))
@@ -261,12 +193,12 @@ def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out
 
 
 def render_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out_dir: str | Path,
-                  attempt: int = 1, python: str | None = None, fit: ClusterFit | None = None) -> list[JobSpec]:
+                  attempt: int = 1, python: str | None = None, exclude: list[str] | None = None) -> list[JobSpec]:
     """Render one job directory per valid point under *out_dir*; invalid points are skipped here and
     reported by the caller (they are part of the plan). Every directory is rendered in memory first,
     so a point that cannot be rendered leaves *out_dir* untouched."""
     attempts = {(p.point_id, p.repeat): attempt for p in points}
-    prepared = prepare_points(sweep, inv, points, out_dir, attempts, python=python, fit=fit)
+    prepared = prepare_points(sweep, inv, points, out_dir, attempts, python=python, exclude=exclude)
     for spec, files in prepared:
         write_files(spec.job_dir, files)
     return [spec for spec, _ in prepared]

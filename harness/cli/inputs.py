@@ -7,7 +7,9 @@ from typing import Any
 
 import click
 
-from harness.build.render import ClusterFit, cluster_fit, render_points
+from harness.build.render import render_points
+from harness.sbatch.fit import ClusterFit, cluster_fit
+from harness.slurm.client import Slurm
 from harness.spec.catalog import EXPERIMENTS, get_experiment
 from harness.spec.inventory import describe, load_inventory
 from harness.spec.plan import plan_sweep
@@ -185,8 +187,8 @@ def render(sweep: Path, inventory: Path | None, model_map: Path | None, out_dir:
     Example: sbench render sweeps/demo-cpu.yaml -o /tmp/preview
     """
     inv, sw, points = _plan(sweep, inventory, model_map)
-    fit = cluster_fit(inv, [p for p in points if p.valid]) if inventory is not None else ClusterFit()
-    specs = render_points(sw, inv, points, out_dir, fit=fit)
+    fit = cluster_fit(inv, [p for p in points if p.valid], Slurm()) if inventory is not None else ClusterFit()
+    specs = render_points(sw, inv, points, out_dir, exclude=fit.exclude)
     for note in fit.check(specs, inv):
         click.echo(f"warning: {note}", err=True)
     for s in specs:

@@ -49,7 +49,7 @@ from harness.db.schema import RUN_CHILD_TABLES
 from harness.db.staging import Staged, stage
 from harness.db.store import Store, open_store
 from harness.db.values import utc
-from harness.slurm.sacct import Runner
+from harness.slurm.client import Slurm
 
 from . import rows, scheduler
 from .discover import Attempt, Manifest, discover, rendered_names, scan, spec_rows
@@ -134,7 +134,7 @@ def analyze_isolated(att: Attempt, sched: Sched, cancel_requested: bool,
 
 
 def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *, progress: Progress | None = None,
-            sacct_runner: Runner | None = None, wait_s: float | None = None,
+            slurm: Slurm | None = None, wait_s: float | None = None,
             run_ids: Collection[str] | None = None) -> CollectReport:
     """Collect every run under *workdir* into *db*; see the module docstring. With *run_ids*, only those
     runs are looked at (manifests are still recorded): submit's refresh of what changed."""
@@ -160,7 +160,7 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     try:
         with open_store(db, wait_s=wait_s) as store:
             with store.transaction():
-                _collect(store, report, manifests, attempts, sacct_runner, prog, clock, tmpdir)
+                _collect(store, report, manifests, attempts, slurm or Slurm(), prog, clock, tmpdir)
             clock.lap("commit")
             report.outcomes, report.accounting = run_counts(store)
     except duckdb.Error as exc:
@@ -190,7 +190,7 @@ def _record(store: Store, manifests: list[Manifest], attempts: Mapping[str, Atte
 
 
 def _collect(store: Store, report: CollectReport, manifests: list[Manifest], attempts: dict[str, Attempt],
-             sacct_runner: Runner | None, prog: Progress, clock: _Clock, tmpdir: Path) -> None:
+             slurm: Slurm, prog: Progress, clock: _Clock, tmpdir: Path) -> None:
     before = run_index(store)
     manifests_changed, problems = _record(store, manifests, attempts, before)
     report.warnings += problems
@@ -203,7 +203,7 @@ def _collect(store: Store, report: CollectReport, manifests: list[Manifest], att
     loader = SampleLoader(store, next_sample_file_id(store), tmpdir, before)
     loader.start(refiled)
     try:
-        datas, staged = _read(report, manifests, attempts, index, refiled, loader, sacct_runner, prog, clock)
+        datas, staged = _read(report, manifests, attempts, index, refiled, loader, slurm, prog, clock)
         _pause("samples")
         prog("samples", 0, 1)
         loader.join()
@@ -246,11 +246,11 @@ def _collect(store: Store, report: CollectReport, manifests: list[Manifest], att
 
 def _read(report: CollectReport, manifests: list[Manifest], attempts: Mapping[str, Attempt],
           index: Mapping[str, Mapping[str, Any]], refiled: list[Attempt], loader: SampleLoader,
-          sacct_runner: Runner | None, prog: Progress, clock: _Clock) -> tuple[list[RunData], list[Staged]]:
+          slurm: Slurm, prog: Progress, clock: _Clock) -> tuple[list[RunData], list[Staged]]:
     """While the samples load: the scheduler's word, then the changed job dirs read and their rows staged.
     No database call here (the loader owns the connection)."""
     todo = scheduler.unsettled(attempts.values(), index)
-    scheds, report.sacct = scheduler.states(todo, sacct_runner)
+    scheds, report.sacct = scheduler.states(todo, slurm)
     clock.lap("scheduler")
     changed: list[tuple[Attempt, Sched, dict[str, Any]]] = []
     for a, info in todo:

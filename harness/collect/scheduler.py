@@ -1,5 +1,6 @@
-"""What the scheduler (or the executor) says about the runs a collect may have to re-read: one batched
-``sacct`` call for the SLURM runs (``squeue`` when sacct cannot answer), the process id for local runs."""
+"""What the scheduler (or the executor) says about the runs a collect may have to re-read: SLURM's
+accounting for the SLURM runs (the queue for those sacct does not know, or when it cannot answer),
+asked through the command's client (``harness.slurm.client``), and the process id for local runs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from harness.slurm.sacct import FINAL_STATES, JobAccounting, Runner, query_sacct, query_squeue
+from harness.contract.jobstate import FINAL_STATES
+from harness.slurm.client import Slurm
+from harness.slurm.sacct import JobAccounting, Queued
 
 from .discover import Attempt, spec_exec
 from .outcome import Sched
@@ -30,29 +33,28 @@ def local_alive(job_id: str | None) -> bool | None:
     return True
 
 
-def states(todo: list[tuple[Attempt, dict[str, Any]]],
-           runner: Runner | None) -> tuple[dict[str, Sched], str | None]:
-    """One batched sacct call (squeue as a fallback) for the SLURM runs of *todo*; the process of each
+def states(todo: list[tuple[Attempt, dict[str, Any]]], slurm: Slurm) -> tuple[dict[str, Sched], str | None]:
+    """SLURM's accounting (the queue as a fallback) for the SLURM runs of *todo*; the process of each
     local one. Also sacct's status ("ok" or why it could not answer; None when not asked)."""
     out: dict[str, Sched] = {}
-    slurm = {a.run_id: str(info["job_id"]) for a, info in todo
-             if info.get("executor") == "slurm" and info.get("job_id")}
+    jobs = {a.run_id: str(info["job_id"]) for a, info in todo
+            if info.get("executor") == "slurm" and info.get("job_id")}
     acct: dict[str, JobAccounting] | None = None
-    queue = None
+    queue: dict[str, Queued] | None = None
     status = None
-    if slurm:
-        acct, why = query_sacct(slurm.values(), **({"runner": runner} if runner else {}))
+    if jobs:
+        acct, why = slurm.accounting(jobs.values())
         status = why or "ok"
-        missing = [j for j in slurm.values() if acct is None or j not in acct]
+        missing = [j for j in jobs.values() if acct is None or j not in acct]
         if missing:
-            queue = query_squeue(**({"runner": runner} if runner else {}))
+            queue = slurm.queue()
     for a, info in todo:
-        if a.run_id in slurm:
-            jid = slurm[a.run_id]
+        if a.run_id in jobs:
+            jid = jobs[a.run_id]
             if acct is not None and jid in acct:
                 out[a.run_id] = Sched("sacct", acct[jid].state, acct[jid])
             elif queue is not None and jid in queue:
-                out[a.run_id] = Sched("executor", queue[jid][0])
+                out[a.run_id] = Sched("executor", queue[jid].state)
             elif queue is not None:
                 out[a.run_id] = Sched("files", None, gone=True)
             else:

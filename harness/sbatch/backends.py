@@ -8,12 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.contract.errors import InputError, SubmitError
+from harness.slurm.client import Slurm
 
 from .executors import Backend
 from .local import LocalBackend
 from .slurm import SlurmBackend
 
-BACKENDS: dict[str, Callable[[], Backend]] = {"local": LocalBackend, "slurm": SlurmBackend}
+# Each makes its backend for one command, with that command's scheduler client.
+BACKENDS: dict[str, Callable[[Slurm], Backend]] = {"local": lambda slurm: LocalBackend(), "slurm": SlurmBackend}
 
 
 def resolve_executor(name: str) -> str:
@@ -27,11 +29,11 @@ def resolve_executor(name: str) -> str:
     return name
 
 
-def get_backend(name: str) -> Backend:
-    return BACKENDS[resolve_executor(name)]()
+def get_backend(name: str, slurm: Slurm) -> Backend:
+    return BACKENDS[resolve_executor(name)](slurm)
 
 
-def live_states(attempts: list[dict[str, Any]]) -> dict[str, str]:
+def live_states(attempts: list[dict[str, Any]], slurm: Slurm) -> dict[str, str]:
     """Keyed by job_dir: the scheduler's current word on each attempt."""
     out: dict[str, str] = {}
     for executor in ("slurm", "local"):
@@ -39,7 +41,7 @@ def live_states(attempts: list[dict[str, Any]]) -> dict[str, str]:
         if not group:
             continue
         try:
-            backend = get_backend(executor)
+            backend = get_backend(executor, slurm)
         except Exception:  # noqa: BLE001 - no sbatch here: the scheduler cannot be asked
             continue
         states = backend.live_states(group)

@@ -11,6 +11,7 @@ from harness.contract.errors import InputError
 from harness.contract.paths import resolve_db, resolve_workdir
 from harness.db.status import job_dirs, status_rows
 from harness.db.store import open_store
+from harness.slurm.client import Slurm
 
 from . import manifest
 from .backends import get_backend, live_states
@@ -29,8 +30,10 @@ class StatusReport:
     note: str | None = None
 
 
-def status(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None) -> StatusReport:
+def status(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None,
+           slurm: Slurm | None = None) -> StatusReport:
     wd, dbp = _defaults(workdir, db)
+    slurm = slurm or Slurm()
     rows: list[dict[str, Any]] = []
     note = None
     recorded: set[str] = set()
@@ -53,7 +56,7 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
     pending = [by_dir.get(r["job_dir"], {"job_dir": r["job_dir"], "job_id": r.get("job_id"),
                                          "executor": _executor_of(r)})
                for r in rows if r.get("job_dir") and r.get("outcome") is None]
-    live = live_states([p for p in pending if p.get("executor")])
+    live = live_states([p for p in pending if p.get("executor")], slurm)
     if campaign and not rows:
         raise InputError(f"no campaign {campaign!r} in {dbp} or under {wd}")
     counts: dict[str, int] = {}
@@ -69,7 +72,7 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
         r["phase"] = phase
         counts[phase] = counts.get(phase, 0) + 1
     rows.sort(key=lambda r: (str(r.get("campaign")), str(r.get("point_id")), r.get("repeat") or 0))
-    failed = failed_prepare_jobs(wd, campaign)
+    failed = failed_prepare_jobs(wd, campaign, slurm)
     if failed:
         note = "; ".join(([note] if note else []) + failed)
     return StatusReport(rows, counts, note)
@@ -88,20 +91,22 @@ def _phase(live: str | None, db_state: str | None) -> str:
     return (db_state or "submitted").lower()
 
 
-def cancel(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None) -> list[str]:
+def cancel(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None,
+           slurm: Slurm | None = None) -> list[str]:
     """Cancel every attempt still queued or running (all campaigns, or one); returns what was cancelled."""
     wd, dbp = _defaults(workdir, db)
+    slurm = slurm or Slurm()
     attempts = manifest.attempts(wd, campaign)
     if campaign and not attempts and not (wd / campaign).exists():
         raise InputError(f"no campaign {campaign!r} under {wd}")
-    live = live_states(attempts)
+    live = live_states(attempts, slurm)
     active = [a for a in attempts if _phase(live.get(a["job_dir"]), None) in ("pending", "running")
               or (a.get("executor") == "local" and live.get(a["job_dir"]) in ("PENDING", "RUNNING"))]
     done: list[str] = []
     for executor in ("slurm", "local"):
         group = [a for a in active if a.get("executor") == executor]
         if group:
-            done += get_backend(executor).cancel(group)
+            done += get_backend(executor, slurm).cancel(group)
     by_campaign: dict[str, list[dict[str, Any]]] = {}
     for a in active:
         by_campaign.setdefault(a["campaign"], []).append(a)

@@ -23,16 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from harness.build.jobspec import build_jobspec
-from harness.build.render import cluster_fit, write_job_dir
+from harness.build.render import write_job_dir
 from harness.collect.parse import nccl_transport
 from harness.contract.errors import InputError
 from harness.contract.paths import JobPaths
 from harness.runner.fabric import CPU_SIZES, DEFAULT_SIZES
+from harness.slurm.client import Slurm
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import parse_sweep
 
 from .backends import get_backend
 from .executors import SubmitOptions
+from .fit import cluster_fit
 
 
 # -- on the login node ---------------------------------------------------------------------------------------
@@ -74,15 +76,17 @@ def fabric_sweep(inv: Any, partition: str, nodes: int, roce: bool, out: Path) ->
 
 
 def run_fabric(inv: Any, partition: str | None, nodes: int, workdir: Path, *, executor: str = "slurm",
-               roce: bool | None = None, sizes: list[int] | None = None, iters: int = 20) -> FabricResult:
+               roce: bool | None = None, sizes: list[int] | None = None, iters: int = 20,
+               slurm: Slurm | None = None) -> FabricResult:
     """Render, submit and wait for one fabric job; its results as :class:`FabricResult` rows."""
+    slurm = slurm or Slurm()
     part = inv.partition(partition)
     if roce is None:
         roce = nodes > 1 and all(h.roce is not None for h in part.hosts.values())
     fabric_id = time.strftime("%Y%m%dT%H%M%S") + f"-{part.name}-{nodes}n"
     out = (workdir / ".fabric" / fabric_id).resolve()
     sweep, point = fabric_sweep(inv, part.name, nodes, roce, out)
-    fit = cluster_fit(inv, [point]) if executor == "slurm" else None
+    fit = cluster_fit(inv, [point], slurm) if executor == "slurm" else None
     job_dir = out / f"{point.point_id}.r0.a1"
     spec = build_jobspec(sweep, inv, point, 1, str(job_dir), exclude=fit.exclude if fit else None)
     sizes = sizes or list(CPU_SIZES if part.is_cpu else DEFAULT_SIZES)
@@ -90,7 +94,7 @@ def run_fabric(inv: Any, partition: str | None, nodes: int, workdir: Path, *, ex
     spec.train_argv = ["--job-dir", str(job_dir), "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters)]
     spec.resources["job_name"] = f"sbench.fabric.{part.name}.{nodes}n"
     write_job_dir(spec, inv, point, sweep)
-    backend = get_backend(executor)
+    backend = get_backend(executor, slurm)
     backend.check([spec])
     submitted = backend.submit(out, [spec], SubmitOptions(wait=True))
     backend.wait(submitted)

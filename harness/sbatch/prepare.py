@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -31,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.build.jobspec import build_jobspec, scheduling, slurm_extra
-from harness.build.render import sbatch_directives
+from harness.build.jobspec import build_jobspec
+from harness.build.sbatch import prepare_sbatch
 from harness.contract import jobstate
 from harness.data.datagen import make_dataset
 from harness.data.models import resolve_model
@@ -40,16 +38,13 @@ from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared
 from harness.data.tokens import dataset_token_counts, load_tokenizer
 from harness.data.trainerenv import build
 from harness.runner.cmdline import parse_args
+from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, needed
 from harness.spec.inventory import load_inventory, shared_dir
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import data_dir_for, load_sweep
 
 from . import manifest
-from .slurm import ScriptExecutor, query_states
-
-PREPARE_TIME = "02:00:00"  # --on slurm: the preparation job's time limit unless the sweep sets one
-PREPARE_CPUS = 16  # --on slurm: cores the preparation job asks for (the tokenizer uses them all)
 
 
 @dataclass(frozen=True)
@@ -186,34 +181,25 @@ def prepare_sweep(sweep_path: Path, inventory_path: Path | None = None, model_ma
 # -- --on slurm ----------------------------------------------------------------------------------------------
 def prepare_script(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
                    out_dir: Path) -> str:
-    """The sbatch script of the preparation job: one task on one node of the sweep's partition."""
+    """The sbatch script of the preparation job: this command, run from here, on one node of the sweep's
+    partition with the partition's Python (else the inventory's, else this one)."""
     part = inv.partition(sweep.partition)
-    res: dict[str, Any] = {"job_name": f"sbench.{sweep.campaign}.prepare", "partition": part.slurm_partition,
-                           "nodes": 1, "ntasks": 1, "cpus_per_task": max(2, min(PREPARE_CPUS, part.cpus_per_node)),
-                           "time": sweep.slurm.time or part.time_limit or PREPARE_TIME,
-                           **scheduling(sweep, part), **slurm_extra(sweep, part)}
-    res["output"] = f"{out_dir}/prepare-%j.out"
     python = part.python or inv.python or sys.executable
     argv = [python, "-m", "harness", "prepare", str(sweep_path.resolve())]
     if inventory_path is not None:
         argv += ["-i", str(Path(inventory_path).resolve())]
     if model_map is not None:
         argv += ["--model-map", str(Path(model_map).resolve())]
-    lines = ["#!/bin/bash", *[f"#SBATCH {d}" for d in sbatch_directives(res)],
-             "# sbench: prepare the campaign's datasets, models and training data on a compute node", "set -e",
-             *list(inv.setup) + list(part.setup), f"cd {shlex.quote(os.getcwd())}",
-             "exec " + " ".join(shlex.quote(a) for a in argv), ""]
-    return "\n".join(lines)
+    return prepare_sbatch(sweep, inv, argv, os.getcwd(), out_dir)
 
 
 def submit_prepare_job(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
-                       campaign_dir: Path) -> str:
+                       campaign_dir: Path, slurm: Slurm | None = None) -> str:
     """Submit the preparation job; returns its SLURM job id."""
     logs = campaign_dir / ".slurm"
     logs.mkdir(parents=True, exist_ok=True)
     script = prepare_script(sweep, inv, sweep_path, inventory_path, model_map, logs)
-    job = ScriptExecutor(campaign_dir / ".submitit", script).submit_script()
-    return str(job.job_id)
+    return (slurm or Slurm()).sbatch(script, campaign_dir / ".submitit")
 
 
 PREPARE_JOB_FILE = "prepare-job.json"
@@ -225,17 +211,17 @@ def record_prepare_job(campaign_dir: Path, job_id: str) -> None:
                                                  + "\n")
 
 
-def live_prepare_job(campaign_dir: Path) -> str | None:
+def live_prepare_job(campaign_dir: Path, slurm: Slurm) -> str | None:
     """The campaign's recorded preparation job when SLURM still has it queued or running."""
     try:
         job_id = str(json.loads((campaign_dir / PREPARE_JOB_FILE).read_text())["job_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    state = query_states([job_id]).get(job_id)
+    state = slurm.states([job_id]).get(job_id)
     return job_id if state is not None and not jobstate.is_done(state) else None
 
 
-def failed_prepare_jobs(workdir: Path, campaign: str | None) -> list[str]:
+def failed_prepare_jobs(workdir: Path, campaign: str | None, slurm: Slurm) -> list[str]:
     """A line for each campaign whose ``--prepare-on slurm`` job did not complete (its arrays were cancelled)."""
     files = [workdir / campaign / PREPARE_JOB_FILE] if campaign else sorted(workdir.glob(f"*/{PREPARE_JOB_FILE}"))
     records = []
@@ -244,14 +230,14 @@ def failed_prepare_jobs(workdir: Path, campaign: str | None) -> list[str]:
             records.append((f.parent, str(json.loads(f.read_text())["job_id"])))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    if not records or shutil.which("squeue") is None:
+    if not records:
         return []
-    states = query_states([job for _, job in records])
+    states = slurm.states([job for _, job in records])
     out = []
     for cdir, job in records:
         st = states.get(job)
         if st and jobstate.is_done(st) and jobstate.normalise(st) != "COMPLETED":
+            log = cdir / ".slurm" / f"prepare-{job}.out"
             out.append(f"campaign {cdir.name}: prepare job {job} ended {jobstate.normalise(st)}, so its arrays were "
-                       f"cancelled; see {cdir / '.slurm' / f'prepare-{job}.out'}, fix it, then sbench retry "
-                       f"{cdir.name}")
+                       f"cancelled; see {log}, fix it, then sbench retry {cdir.name}")
     return out

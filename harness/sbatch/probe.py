@@ -1,8 +1,9 @@
 """``sbench probe``: what each node really has, compared with the inventory.
 
 On each node, :mod:`harness.runner.probe` reads what the node has (GPUs, RDMA devices and their GID
-tables, memlock, cores, memory). :func:`compare` turns the differences from the inventory into lines that each say the fix;
-:func:`fragment` writes an inventory fragment from what was found.
+tables, memlock, cores, memory). :func:`compare` turns the differences from the inventory into lines that
+each say the fix; :func:`fragment` writes an inventory fragment from what was found. With ``--on slurm``
+the scheduler client runs it with ``srun``, one task per inventory host.
 
 ``python -m harness.runner.probe --out-dir DIR`` is what runs on each node (one task per inventory host with
 ``--on slurm``); it writes ``DIR/probe.<node>.json``.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -21,6 +23,7 @@ from typing import Any
 from harness.contract.errors import InputError, RunnerError
 from harness.contract.paths import package_dir
 from harness.runner.probe import probe_node
+from harness.slurm.client import Slurm
 from harness.spec.inventory import Host, Inventory, Partition, gpu_label
 
 
@@ -135,10 +138,8 @@ def fragment(part_name: str, probes: dict[str, dict[str, Any]], addresses: dict[
 
 
 def run_probe(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Path,
-              host: str | None = None) -> dict[str, dict[str, Any]]:
+              host: str | None = None, slurm: Slurm | None = None) -> dict[str, dict[str, Any]]:
     """Probe the partition's hosts: each through SLURM (one task per host), or this machine as *host*."""
-    import subprocess
-
     part = inv.partition(partition)
     if not on_slurm:
         me = host or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -149,21 +150,19 @@ def run_probe(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Pa
                 raise InputError(f"this machine ({me}) is not a host of partition {part.name!r} "
                                  f"({', '.join(part.hosts)}); pass --host NAME or use --on slurm")
         return {me: probe_node(me)}
-    import shutil
-
     if shutil.which("srun") is None:
         raise RunnerError("--on slurm: srun is not on PATH; run on a SLURM login node")
     out_dir = (workdir / ".probe" / time.strftime("%Y%m%dT%H%M%S")).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     hosts = sorted(part.hosts)
     py = part.python or inv.python or sys.executable
-    argv = ["srun", f"--partition={part.slurm_partition}", f"--nodes={len(hosts)}", f"--nodelist={','.join(hosts)}",
+    argv = [f"--partition={part.slurm_partition}", f"--nodes={len(hosts)}", f"--nodelist={','.join(hosts)}",
             "--ntasks-per-node=1", "--job-name=sbench.probe", "--time=00:10:00", "--mem=100M",
             *([f"--account={part.account}"] if part.account else []), *([f"--qos={part.qos}"] if part.qos else []),
             py, "-m", "harness.runner.probe", "--out-dir", str(out_dir)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_dir().parent),
                                                         os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+    proc = (slurm or Slurm()).srun(argv, env=env, timeout=1800)
     probes = {}
     for h in hosts:
         f = out_dir / f"probe.{h}.json"

@@ -1,81 +1,25 @@
-"""SLURM submission: one job array per resource shape, submitted through submitit.
+"""SLURM submission: one job array per resource shape, submitted through the scheduler client.
 
-Each array task runs one point's own ``job.sbatch`` (the file ``render``
-wrote), so what was rendered is exactly what runs; the array script only adds
-``--array`` and picks the job directory for ``$SLURM_ARRAY_TASK_ID``.
-submitit does the submission, parses the job id and watches the jobs' states.
+Each array task runs one point's own ``job.sbatch`` (the file ``render`` wrote), so what was rendered
+is exactly what runs; the array wrapper (``harness.build.sbatch.array_sbatch``) only adds ``--array``
+and picks the job directory for ``$SLURM_ARRAY_TASK_ID``. The client (``harness.slurm.client``)
+submits through submitit and answers what the jobs' states are.
 """
 
 from __future__ import annotations
 
-import hashlib
-import shlex
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import submitit
-from submitit.slurm.slurm import SlurmJob
-
 from harness.build.jobspec import JobSpec
-from harness.build.render import sbatch_directives
+from harness.build.sbatch import array_sbatch
 from harness.contract import jobstate
-from harness.contract.errors import SubmitError
+from harness.slurm.client import Slurm
 
 from .executors import SubmitOptions, Submitted
 from .manifest import now_iso, write_submitted
-
-
-class ScriptExecutor(submitit.SlurmExecutor):
-    """submitit's SLURM executor submitting a script we rendered instead of its pickling wrapper."""
-
-    def __init__(self, folder: Path, script: str, hold: bool = False, after: str | None = None) -> None:
-        super().__init__(folder=folder)
-        submitit.core.utils.JobPaths.get_first_id_independent_folder(self.folder).mkdir(parents=True, exist_ok=True)
-        self._script = script
-        self._hold = hold
-        self._after = after
-
-    def _make_submission_file_text(self, command: str, uid: str) -> str:
-        return self._script
-
-    def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-        return ["sbatch", *(["--hold"] if self._hold else []),
-                *([f"--dependency=afterok:{self._after}", "--kill-on-invalid-dep=yes"] if self._after else []),
-                str(submission_file_path)]
-
-    def submit_script(self) -> SlurmJob:
-        try:
-            return self._submit_command("")
-        except subprocess.CalledProcessError as exc:  # raised by submitit's CommandFunction
-            raise SubmitError(f"sbatch refused the submission: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - submitit wraps sbatch failures in several types
-            raise SubmitError(f"sbatch failed: {exc}") from None
-
-
-def array_script(campaign: str, specs: list[JobSpec], max_parallel: int | None, out_dir: Path) -> str:
-    """The array wrapper for specs that share one resource shape."""
-    shape_res = {k: v for k, v in specs[0].resources.items() if k not in ("job_name", "output")}
-    n = len(specs)
-    array = f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else "")
-    digest = hashlib.sha256(repr(specs[0].shape()).encode()).hexdigest()[:8]
-    lines = ["#!/bin/bash"]
-    extra = {"job_name": f"sbench.{campaign}.{digest}", "array": array, "output": f"{out_dir}/%A_%a.out"}
-    lines += [f"#SBATCH {d}" for d in sbatch_directives(shape_res, extra)]
-    lines += [
-        f"# sbench: {n} point(s) of campaign {campaign} share this resource shape; array task i runs",
-        "# the job.sbatch of job directory i below, exactly as rendered.",
-        "set -euo pipefail",
-        "JOB_DIRS=(",
-        *[f"  {shlex.quote(s.job_dir)}" for s in specs],
-        ")",
-        'JOB_DIR="${JOB_DIRS[$SLURM_ARRAY_TASK_ID]}"',
-        'exec bash "$JOB_DIR/job.sbatch"',
-        "",
-    ]
-    return "\n".join(lines)
 
 
 def group_by_shape(specs: list[JobSpec]) -> list[list[JobSpec]]:
@@ -88,7 +32,8 @@ def group_by_shape(specs: list[JobSpec]) -> list[list[JobSpec]]:
 class SlurmBackend:
     name = "slurm"
 
-    def __init__(self) -> None:
+    def __init__(self, slurm: Slurm) -> None:
+        self.slurm = slurm
         self.sbatch_calls = 0
 
     def check(self, specs: list[JobSpec]) -> None:
@@ -103,14 +48,14 @@ class SlurmBackend:
             if len(group) == 1:
                 script = Path(group[0].job_dir, "job.sbatch").read_text()
             else:
-                script = array_script(group[0].campaign, group, opts.max_parallel, logs)
-            job = ScriptExecutor(folder, script, hold=opts.hold, after=opts.dependency).submit_script()
+                script = array_sbatch(group[0].campaign, group, opts.max_parallel, logs)
+            job_id = self.slurm.sbatch(script, folder, hold=opts.hold, after=opts.dependency)
             self.sbatch_calls += 1
             stamp = now_iso()
             if len(group) == 1:
-                subs = [Submitted(spec=group[0], job_id=str(job.job_id))]
+                subs = [Submitted(spec=group[0], job_id=job_id)]
             else:
-                subs = [Submitted(spec=s, job_id=f"{job.job_id}_{i}", array_job_id=str(job.job_id), array_task_id=i)
+                subs = [Submitted(spec=s, job_id=f"{job_id}_{i}", array_job_id=job_id, array_task_id=i)
                         for i, s in enumerate(group)]
             for sub in subs:
                 write_submitted(Path(sub.spec.job_dir), {
@@ -123,7 +68,8 @@ class SlurmBackend:
         ids = [s.job_id for s in submitted if s.job_id]
         total = len(ids)
         while True:
-            states = self.live_states([{"job_id": i} for i in ids])
+            self.slurm.forget()  # each poll asks afresh: the states move while it waits
+            states = self.slurm.states(ids)
             done = sum(1 for i in ids if jobstate.is_done(states.get(i)))
             if progress:
                 progress(done, total)
@@ -133,36 +79,10 @@ class SlurmBackend:
 
     def cancel(self, attempts: list[dict[str, Any]]) -> list[str]:
         ids = sorted({str(a["job_id"]) for a in attempts if a.get("job_id")})
-        if not ids:
-            return []
-        proc = subprocess.run(["scancel", *ids], capture_output=True, text=True)
-        if proc.returncode != 0 and proc.stderr.strip():
-            raise SubmitError(f"scancel failed: {proc.stderr.strip()}")
+        if ids:
+            self.slurm.cancel(ids)
         return ids
 
     def live_states(self, attempts: list[dict[str, Any]]) -> dict[str, str]:
         """Job id -> SLURM state, from squeue for live jobs and sacct for finished ones."""
-        ids = [str(a["job_id"]) for a in attempts if a.get("job_id")]
-        return query_states(ids)
-
-
-def query_states(ids: list[str]) -> dict[str, str]:
-    if not ids:
-        return {}
-    states: dict[str, str] = {}
-    sq = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(sorted({i.split("_")[0] for i in ids}))],
-                        capture_output=True, text=True)
-    if sq.returncode == 0:
-        for line in sq.stdout.splitlines():
-            jid, state, reason = (line.split("|") + ["", ""])[:3]
-            states[jid.strip()] = state.strip() + (f" ({reason.strip()})" if state.strip() == "PENDING" else "")
-    missing = [i for i in ids if i not in states]
-    if missing:
-        sa = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j",
-                             ",".join(sorted({i.split("_")[0] for i in missing}))], capture_output=True, text=True)
-        if sa.returncode == 0:
-            for line in sa.stdout.splitlines():
-                parts = line.split("|")
-                if len(parts) >= 2:
-                    states.setdefault(parts[0].strip(), parts[1].split()[0] if parts[1].strip() else "")
-    return {i: states[i] for i in ids if i in states}
+        return self.slurm.states(str(a["job_id"]) for a in attempts if a.get("job_id"))

@@ -21,7 +21,7 @@ from harness.contract.paths import run_id
 from harness.db.manifest import record_manifest
 from harness.db.status import attempt_rows, point_status
 from harness.db.store import open_store
-from harness.slurm.sacct import FINAL_STATES
+from harness.slurm.client import Slurm
 
 from . import manifest
 from .backends import live_states
@@ -49,13 +49,15 @@ class PointHistory:
         return self.measured_counts.get(point_id, 0)
 
 
-def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str]) -> tuple[PointHistory, str | None]:
+def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str],
+                     slurm: Slurm) -> tuple[PointHistory, str | None]:
     """Collect the campaign (incremental: a no-op when nothing changed), then read its attempts and how often
-    each point was measured in any campaign."""
+    each point was measured in any campaign. *slurm* is the command's client: what it was told about the
+    attempts is not asked again by the collect."""
     try:
-        stale = runs_to_refresh(db, workdir, campaign)
+        stale = runs_to_refresh(db, workdir, campaign, slurm)
         if stale is None or stale:
-            collect(db, workdir, campaign, run_ids=stale)
+            collect(db, workdir, campaign, run_ids=stale, slurm=slurm)
     except StoreBusyError as exc:
         raise SubmitError(f"{exc}; nothing was submitted - run submit again once it is free") from None
     history = PointHistory()
@@ -71,7 +73,7 @@ def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str
     return history, None
 
 
-def runs_to_refresh(db: Path, workdir: Path, campaign: str) -> list[str] | None:
+def runs_to_refresh(db: Path, workdir: Path, campaign: str, slurm: Slurm) -> list[str] | None:
     """The runs of *campaign* whose state may have moved since the last collect: attempts in the
     manifest the database lacks, and attempts it has not seen end that the scheduler no longer
     reports queued or running. None: no usable database yet (collect everything)."""
@@ -92,9 +94,9 @@ def runs_to_refresh(db: Path, workdir: Path, campaign: str) -> list[str] | None:
         row = known.get(rid)
         if row is None or row.get("job_id") is None and a.get("job_id"):
             out.append(rid)
-        elif row.get("outcome") is None or row.get("state") not in FINAL_STATES:
+        elif row.get("outcome") is None or row.get("state") not in jobstate.FINAL_STATES:
             unsettled.append({**a, "run_id": rid})
-    live = live_states(unsettled) if unsettled else {}
+    live = live_states(unsettled, slurm) if unsettled else {}
     for a in unsettled:
         word = live.get(a["job_dir"])
         if word is None or jobstate.lookup(word).phase not in ("pending", "running"):

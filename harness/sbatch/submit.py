@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,12 +10,13 @@ from typing import Any
 
 from harness import __version__
 from harness.build.jobspec import JobSpec
-from harness.build.render import ClusterFit, cluster_fit, prepare_points, write_files
+from harness.build.render import prepare_points, write_files
 from harness.contract.errors import InputError, SbenchError, SubmitError, SweepError
 from harness.contract.paths import resolve_db, resolve_workdir
 from harness.data.trainerenv import EnvBuildError, build
 from harness.db.cluster import record_fabric
 from harness.db.store import open_store
+from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep
@@ -24,6 +26,7 @@ from . import manifest
 from .backends import get_backend, resolve_executor
 from .executors import SubmitOptions, Submitted
 from .fabric import run_fabric
+from .fit import ClusterFit, cluster_fit
 from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
 from .state import PointHistory, campaign_history, record_events
 
@@ -124,7 +127,10 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
                  retry_failed: bool = False, max_parallel: int | None = None, hold: bool = False,
                  model_map: Path | None = None, only_failed: bool = False, preflight: bool = False,
                  progress: Callable[[int, int], None] | None = None, prepare: str = "here",
-                 skip_predicted_oom: bool = False, echo: Callable[[str], None] = lambda s: None) -> SubmitReport:
+                 skip_predicted_oom: bool = False, echo: Callable[[str], None] = lambda s: None,
+                 slurm: Slurm | None = None) -> SubmitReport:
+    # One scheduler client for the whole command: each question to SLURM is asked once.
+    slurm = slurm or Slurm()
     # Everything that can be wrong with the input is found before the DB, the manifest or a job dir is
     # touched: load and plan, then build and render every valid point in memory.
     inv: Inventory = load_inventory(inventory_path)
@@ -136,16 +142,16 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     name = resolve_executor(executor)
     workdir, db = resolve_workdir(workdir), resolve_db(db)
     campaign_dir = workdir / sweep.campaign
-    fit = cluster_fit(inv, [p for p in points if p.valid]) if name == "slurm" else ClusterFit()
-    preview = prepare_points(sweep, inv, points, campaign_dir, fit=fit)
+    fit = cluster_fit(inv, [p for p in points if p.valid], slurm) if name == "slurm" else ClusterFit()
+    preview = prepare_points(sweep, inv, points, campaign_dir, exclude=fit.exclude)
     if prepare == "no":
         _check_trainer_envs(sweep, inv, points)
-    backend = get_backend(name)
+    backend = get_backend(name, slurm)
     backend.check([spec for spec, _ in preview])
     fit_notes = fit.check([spec for spec, _ in preview], inv)
-    checked = run_preflight(inv, points, workdir, db) if preflight else []
+    checked = run_preflight(inv, points, workdir, db, slurm=slurm) if preflight else []
     exists = _check_campaign(campaign_dir, sweep)
-    history, db_note = campaign_history(db, workdir, sweep.campaign, [p.point_id for p in points])
+    history, db_note = campaign_history(db, workdir, sweep.campaign, [p.point_id for p in points], slurm)
     decisions = decide(points, history, sweep.campaign, force, retry_failed or only_failed)
     if only_failed:
         decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
@@ -159,7 +165,7 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
                           preflight=checked)
     todo = [d for d in decisions if d.action == "submit"]
     dependency = _prepare_before(prepare, name, sweep, inv, [d.point for d in todo], Path(sweep_path), inventory_path,
-                                 model_map, campaign_dir, report, echo)
+                                 model_map, campaign_dir, report, echo, slurm)
     events: list[dict[str, Any]] = []
     if not exists:
         events.append({"type": "campaign", "campaign": sweep.campaign, "experiment": sweep.experiment.id,
@@ -182,7 +188,7 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     later = [d for d in todo if d.attempt != 1]
     again = {(spec.point_id, spec.repeat): (spec, files) for spec, files in prepare_points(
         sweep, inv, [d.point for d in later], campaign_dir,
-        {(d.point.point_id, d.point.repeat): d.attempt for d in later}, fit=fit)} if later else {}
+        {(d.point.point_id, d.point.repeat): d.attempt for d in later}, exclude=fit.exclude)} if later else {}
     specs: list[JobSpec] = []
     for d in todo:
         spec, files = (first if d.attempt == 1 else again)[(d.point.point_id, d.point.repeat)]
@@ -213,7 +219,7 @@ PREPARE_MODES = ("here", "slurm", "no")
 
 def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points: list[PlannedPoint],
                     sweep_path: Path, inventory_path: Path | None, model_map: Path | None, campaign_dir: Path,
-                    report: SubmitReport, echo: Callable[[str], None]) -> str | None:
+                    report: SubmitReport, echo: Callable[[str], None], slurm: Slurm) -> str | None:
     """Prepare what the points to submit read (``harness.prepare``); returns an ``afterok`` job id or None.
 
     ``here`` prepares in this process, unless a preparation job of this campaign (``sbench prepare
@@ -225,7 +231,7 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
         return None
     if mode == "slurm" and executor != "slurm":
         raise InputError("--prepare-on slurm needs the slurm executor; with the local executor prepare runs here")
-    pending = live_prepare_job(campaign_dir) if executor == "slurm" else None
+    pending = live_prepare_job(campaign_dir, slurm) if executor == "slurm" else None
     if mode == "here" and pending is None:
         report.prepare = [i.to_dict() for i in run_prepare(work_for(sweep, inv, points), echo)]
         hidden = [i["name"] for i in report.prepare if i["status"] == "not_visible" and i["kind"] == "training_data"]
@@ -236,7 +242,7 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
                 "compute node first")
         return None
     if pending is None:
-        pending = submit_prepare_job(sweep, inv, sweep_path, inventory_path, model_map, campaign_dir)
+        pending = submit_prepare_job(sweep, inv, sweep_path, inventory_path, model_map, campaign_dir, slurm)
         record_prepare_job(campaign_dir, pending)
         echo(f"prepare: SLURM job {pending}; the arrays start after it succeeds (afterok)")
     else:
@@ -274,11 +280,11 @@ def _check_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint]) 
 
 
 def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db: Path,
-                  fabric: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
+                  fabric: Callable[..., Any] | None = None, slurm: Slurm | None = None) -> list[dict[str, Any]]:
     """``--preflight``: one fabric job per partition and node count of the sweep's multi-node points,
     before anything is submitted. Refuses (SubmitError) when one fails, or when RoCE points would run
     over Socket. Each fabric run lands in the ``fabric`` table."""
-    fabric = fabric or run_fabric
+    fabric = fabric or functools.partial(run_fabric, slurm=slurm or Slurm())
     shapes: dict[tuple[str, int], bool] = {}
     for p in points:
         n = int(p.entity.get("number_nodes") or 1)
@@ -315,7 +321,7 @@ def campaign_record(workdir: Path | None, campaign: str) -> dict[str, Any]:
 
 def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None = None, *, executor: str = "auto",
                    wait: bool = False, max_parallel: int | None = None,
-                   progress: Callable[[int, int], None] | None = None) -> SubmitReport:
+                   progress: Callable[[int, int], None] | None = None, slurm: Slurm | None = None) -> SubmitReport:
     """Resubmit a campaign's failed points from the sweep and inventory it was submitted with."""
     rec = campaign_record(workdir, campaign)
     inv = rec.get("inventory")
@@ -323,4 +329,4 @@ def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None =
     if executor == "auto" and rec.get("executor"):
         executor = rec["executor"]
     return submit_sweep(Path(rec["sweep"]), inv_path, executor, workdir, db, wait=wait, only_failed=True,
-                        max_parallel=max_parallel, progress=progress)
+                        max_parallel=max_parallel, progress=progress, slurm=slurm)

@@ -1,24 +1,22 @@
-"""SLURM accounting: batched ``sacct`` (or ``squeue``) calls, their parsing, and the mapping of
-SLURM job states to run outcomes."""
+"""What ``sacct`` and ``squeue`` say, read: the words of each question and the parsers of the answers.
+
+:mod:`harness.slurm.client` asks them; the meaning of each state is :mod:`harness.contract.jobstate`'s.
+"""
 
 from __future__ import annotations
 
 import datetime as _dt
 import re
-import subprocess
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from harness.contract import jobstate
 
 from .hostlist import expand_hostlist
 
 SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,MaxRSS,NodeList,Start,End"
-CHUNK = 200  # ids per sacct call (keeps the command line short)
-
-# The state model lives in harness.jobstate (one table for submit --wait, status, cancel and collect).
-PENDING_STATES, FAILURE_STATES, ENDED_STATES, FINAL_STATES = (
-    jobstate.PENDING_STATES, jobstate.FAILURE_STATES, jobstate.ENDED_STATES, jobstate.FINAL_STATES)
+SQUEUE_FORMAT = "%i|%T|%r|%N"  # job id, state, why it waits, its nodes
 
 
 @dataclass
@@ -53,10 +51,6 @@ class JobAccounting:
     def max_rss_mb(self) -> float | None:
         vals = [s.max_rss_mb for s in self.steps if s.max_rss_mb is not None]
         return max(vals) if vals else None
-
-
-def normalise_state(raw: str) -> str:
-    return jobstate.normalise(raw)
 
 
 def parse_elapsed(text: str | None) -> float | None:
@@ -114,7 +108,7 @@ def expand_job_ids(job_id: str) -> list[str]:
     if not m:
         return [job_id]
     base, spec = m.group(1), m.group(2).split("%", 1)[0]
-    out = []
+    out: list[str] = []
     for part in spec.split(","):
         if "-" in part:
             a, b = part.split("-", 1)
@@ -143,13 +137,13 @@ def parse_sacct(text: str) -> dict[str, JobAccounting]:
         if "." in jid:
             parent, step = jid.split(".", 1)
             code, _sig = parse_exit(exitc)
-            steps.append((parent, StepAccounting(step, normalise_state(state_raw), code, parse_rss_mb(rss),
+            steps.append((parent, StepAccounting(step, jobstate.normalise(state_raw), code, parse_rss_mb(rss),
                                                  nodes or None)))
             continue
         code, sig = parse_exit(exitc)
         for one in expand_job_ids(jid):
             jobs[one] = JobAccounting(
-                job_id=one, state=normalise_state(state_raw), state_raw=state_raw, exit_code=code,
+                job_id=one, state=jobstate.normalise(state_raw), state_raw=state_raw, exit_code=code,
                 exit_signal=sig, elapsed_s=parse_elapsed(elapsed),
                 node_list=None if nodes in ("", "None assigned") else nodes,
                 start=parse_time(start), end=parse_time(end))
@@ -159,63 +153,42 @@ def parse_sacct(text: str) -> dict[str, JobAccounting]:
     return jobs
 
 
-Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
-
-
-def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=120, check=False)
-
-
 def sacct_argv(job_ids: Sequence[str]) -> list[str]:
+    """The accounting question for *job_ids*: every record (steps included, they hold MaxRSS)."""
     return ["sacct", "-j", ",".join(job_ids), "-P", "-n", f"--format={SACCT_FORMAT}"]
 
 
-def query_sacct(job_ids: Iterable[str], runner: Runner = _run,
-                chunk: int = CHUNK) -> tuple[dict[str, JobAccounting] | None, str | None]:
-    """Accounting for *job_ids* in as few sacct calls as possible.
-
-    Returns (jobs, None), or (None, why) when sacct cannot answer at all (no binary, accounting
-    storage disabled, controller down); the caller then falls back to squeue and the files.
-    """
-    ids = sorted({j for j in job_ids if j})
-    out: dict[str, JobAccounting] = {}
-    for i in range(0, len(ids), chunk):
-        part = ids[i:i + chunk]
-        try:
-            res = runner(sacct_argv(part))
-        except FileNotFoundError:
-            return None, "no sacct command"
-        except (OSError, subprocess.SubprocessError) as exc:
-            return None, f"sacct failed: {exc}"
-        if res.returncode != 0:
-            msg = (res.stderr or res.stdout or "").strip().splitlines()
-            return None, f"sacct failed: {msg[-1] if msg else f'exit {res.returncode}'}"
-        out.update(parse_sacct(res.stdout))
-    return out, None
+def squeue_argv() -> list[str]:
+    """The queue question: every job it holds, one line per array task."""
+    return ["squeue", "-h", "-r", "-o", SQUEUE_FORMAT]
 
 
-def parse_squeue(text: str) -> dict[str, tuple[str, str | None]]:
-    """``squeue -h -o '%i|%T|%N'`` -> {job id: (state, node list)}."""
-    out: dict[str, tuple[str, str | None]] = {}
+class Queued(NamedTuple):
+    """One job as the queue shows it."""
+
+    state: str  # normalised
+    nodes: str | None
+    reason: str | None  # why it waits (squeue's %r), as SLURM words it
+
+    @property
+    def word(self) -> str:
+        """What status shows: the state, and for a pending job why it waits."""
+        return self.state + (f" ({self.reason})" if self.state == "PENDING" and self.reason else "")
+
+
+def parse_squeue(text: str) -> dict[str, Queued]:
+    """``squeue -h -o '%i|%T|%r|%N'`` -> {job id: :class:`Queued`}; a pending array's grouped record is
+    one entry per task."""
+    out: dict[str, Queued] = {}
     for line in text.splitlines():
         f = line.strip().split("|")
         if len(f) < 2 or not f[0]:
             continue
-        nodes = f[2].strip() if len(f) > 2 and f[2].strip() else None
+        reason = f[2].strip() if len(f) > 2 and f[2].strip() else None
+        nodes = f[3].strip() if len(f) > 3 and f[3].strip() else None
         for one in expand_job_ids(f[0].strip()):
-            out[one] = (normalise_state(f[1]), nodes)
+            out[one] = Queued(jobstate.normalise(f[1]), nodes, reason)
     return out
-
-
-def query_squeue(runner: Runner = _run) -> dict[str, tuple[str, str | None]] | None:
-    """Every job the queue still holds, or None when squeue cannot answer."""
-    try:
-        res = runner(["squeue", "-h", "-o", "%i|%T|%N"])
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if res.returncode != 0:
-        return None
-    return parse_squeue(res.stdout)
 
 
 def scheduler_verdict(state: str | None) -> tuple[str, str | None]:

@@ -1,23 +1,19 @@
-"""What the SLURM controller says about a partition's nodes, when one answers.
+"""What ``sinfo`` says about a partition's nodes, read, and which requests do not fit them.
 
-``render`` and ``submit`` use it to keep allocations on inventory hosts (the partition's other nodes
-are excluded) and to say which rendered requests do not fit the nodes as SLURM configured them
-(cores, memory, GPUs). Without ``sinfo`` or a controller they say so and go on: the rendered
-requests are still the ones the inventory implies.
+:mod:`harness.slurm.client` asks; ``harness.sbatch.fit`` uses the answer to keep allocations on
+inventory hosts and to name the rendered requests that do not fit the nodes as SLURM configured them
+(cores, memory, GPUs).
 """
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .hostlist import expand_hostlist
 
-Runner = Callable[[Sequence[str]], subprocess.CompletedProcess]
-SINFO_FORMAT = "%N|%c|%m|%G"
+SINFO_FORMAT = "%N|%c|%m|%G"  # node name, CPUs, RealMemory (MB), Gres
 
 
 @dataclass(frozen=True)
@@ -26,10 +22,6 @@ class NodeInfo:
     cpus: int | None
     memory_mb: int | None
     gpus: int | None
-
-
-def _run(argv: Sequence[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=15)
 
 
 def _gpus(gres: str) -> int | None:
@@ -61,25 +53,12 @@ def parse_sinfo(text: str) -> dict[str, NodeInfo]:
     return nodes
 
 
-def partition_nodes(slurm_partition: str, runner: Runner | None = None) -> tuple[dict[str, NodeInfo] | None, str]:
-    """(nodes of the SLURM partition, None when nobody answers; and why not)."""
-    if runner is None:
-        if shutil.which("sinfo") is None:
-            return None, "sinfo is not on PATH"
-        runner = _run
-    try:
-        res = runner(["sinfo", "-h", "-N", "-p", slurm_partition, "-o", SINFO_FORMAT])
-    except (OSError, subprocess.SubprocessError) as exc:
-        return None, f"sinfo failed: {exc}"
-    if res.returncode != 0:
-        return None, f"sinfo failed: {(res.stderr or '').strip()[:200]}"
-    nodes = parse_sinfo(res.stdout)
-    if not nodes:
-        return None, f"SLURM partition {slurm_partition!r} has no nodes (or does not exist)"
-    return nodes, ""
+def sinfo_argv(slurm_partition: str) -> list[str]:
+    """The question about a partition: one line per node."""
+    return ["sinfo", "-h", "-N", "-p", slurm_partition, "-o", SINFO_FORMAT]
 
 
-def mem_mb(request: str) -> int | None:
+def mem_mb(request: str) -> float | None:
     """``--mem`` as rendered (``0``, ``1234M``, ``10G``) in MB; None for 0 (the whole node)."""
     m = re.fullmatch(r"(\d+)([KMGT]?)", request)
     if not m or m.group(1) == "0":

@@ -1,0 +1,142 @@
+"""Every sbatch script sbench submits, made by one pure function.
+
+:func:`make_sbatch` turns an :class:`Sbatch` (directives, comment lines, body lines) into the text of
+a script, in the manner of submitit's ``_make_sbatch_string``: the directives in one fixed order, each
+value written so that sbatch's own reader keeps it whole; every comment made safe (nothing in it can
+end its line); the body as given. The three scripts are specs for it:
+
+- :func:`job_sbatch`: ``job.sbatch`` of every job dir, what one point runs (by hand, or in an array);
+- :func:`array_sbatch`: the array wrapper for points that share one resource shape;
+- :func:`prepare_sbatch`: the preparation job of ``sbench prepare --on slurm``.
+
+Every value these put on a shell line goes through ``shlex.quote``. Nothing here reads the disk,
+the environment or the scheduler: what to run (paths, interpreter) comes in as arguments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.contract.errors import RenderError
+from harness.spec.inventory import Inventory
+from harness.spec.plan import Sweep
+
+from .jobspec import JobSpec, scheduling, slurm_extra
+
+DIRECTIVE_ORDER = ("job_name", "partition", "nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "mem",
+                   "time", "account", "qos", "constraint", "exclusive", "nodelist", "exclude", "requeue", "no_requeue",
+                   "output")
+PREPARE_TIME = "02:00:00"  # the preparation job's time limit unless the sweep or the partition sets one
+PREPARE_CPUS = 16  # cores the preparation job asks for (the tokenizer uses them all)
+
+
+@dataclass(frozen=True)
+class Sbatch:
+    """What an sbatch script says: its options, what it is, and what it runs."""
+
+    directives: dict[str, Any]  # sbatch long options, '_' for '-'; True is a bare flag, None and False leave it out
+    comments: Sequence[str]  # the lines after the directives, each written '# text' ('' is a bare '#')
+    body: Sequence[str]  # shell lines, every value in them already quoted by whoever made them
+
+
+def directive_value(key: str, value: Any) -> str:
+    text = str(value)
+    if any(c in text for c in "\n\r\0"):
+        raise RenderError(f"sbatch option --{key.replace('_', '-')} would contain a line break: {text!r}")
+    if any(c.isspace() for c in text) or '"' in text or "'" in text:
+        # sbatch reads #SBATCH values with its own quote handling; double quotes keep spaces together.
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def sbatch_directives(options: dict[str, Any]) -> list[str]:
+    """``--key=value`` strings in a fixed order (then the others, sorted); ``True`` becomes a bare flag."""
+    keys = [k for k in DIRECTIVE_ORDER if k in options] + sorted(k for k in options if k not in DIRECTIVE_ORDER)
+    out = []
+    for k in keys:
+        v = options[k]
+        if v is None or v is False:
+            continue
+        flag = "--" + k.replace("_", "-")
+        out.append(flag if v is True else f"{flag}={directive_value(k, v)}")
+    return out
+
+
+def comment_text(value: Any) -> str:
+    """*value* as comment text: only a line break could end a comment, so anything but printable ASCII is '?'."""
+    return re.sub(r"[^\x20-\x7e]", "?", str(value))
+
+
+def make_sbatch(script: Sbatch) -> str:
+    """The text of *script*: the shebang, its directives, its comments, its body."""
+    lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in sbatch_directives(script.directives)),
+             *(f"# {comment_text(c)}" if c else "#" for c in script.comments), *script.body]
+    return "\n".join(lines) + "\n"
+
+
+def _q(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+def job_sbatch(spec: JobSpec) -> str:
+    """``job.sbatch``: one task per node, each running the job dir's ``launch.sh``."""
+    return make_sbatch(Sbatch(
+        directives=spec.resources,
+        comments=[
+            "",
+            f"sbench {spec.sbench_version}: campaign {spec.campaign}, point {spec.point_id}, repeat {spec.repeat}, "
+            f"attempt {spec.attempt}",
+            f"{spec.experiment} on partition {spec.partition}: {spec.num_machines} node(s) x "
+            f"{spec.processes_per_node} process(es)",
+            "Submit by hand with `sbatch job.sbatch`, or let `sbench submit` run it inside a job array.",
+        ],
+        body=[
+            "set -euo pipefail",
+            f"JOB_DIR={_q(spec.job_dir)}",
+            'cd "$JOB_DIR"',
+            'exec >>"$JOB_DIR/slurm-${SLURM_JOB_ID:-local}.out" 2>&1',
+            'echo "sbench: job ${SLURM_JOB_ID:-?} (array ${SLURM_ARRAY_JOB_ID:-none}_${SLURM_ARRAY_TASK_ID:-none}) '
+            'restart ${SLURM_RESTART_COUNT:-0} on ${SLURM_JOB_NODELIST:-?} at $(date -Is)"',
+            "# One task per node; each task sources its own host's env and finds rank and rendezvous from SLURM.",
+            f"srun --nodes={_q(spec.num_machines)} --ntasks-per-node=1 "
+            f"--cpus-per-task={_q(spec.resources['cpus_per_task'])} --kill-on-bad-exit=1 "
+            'bash "$JOB_DIR/launch.sh"',
+        ]))
+
+
+def array_sbatch(campaign: str, specs: list[JobSpec], max_parallel: int | None, out_dir: str | Path) -> str:
+    """The array wrapper for *specs* (one resource shape): task i runs the ``job.sbatch`` of job dir i."""
+    shape = {k: v for k, v in specs[0].resources.items() if k not in ("job_name", "output")}
+    n = len(specs)
+    digest = hashlib.sha256(repr(specs[0].shape()).encode()).hexdigest()[:8]
+    return make_sbatch(Sbatch(
+        directives={**shape, "job_name": f"sbench.{campaign}.{digest}",
+                    "array": f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else ""),
+                    "output": f"{out_dir}/%A_%a.out"},
+        comments=[f"sbench: {n} point(s) of campaign {campaign} share this resource shape; array task i runs",
+                  "the job.sbatch of job directory i below, exactly as rendered."],
+        body=["set -euo pipefail", "JOB_DIRS=(", *[f"  {_q(s.job_dir)}" for s in specs], ")",
+              'JOB_DIR="${JOB_DIRS[$SLURM_ARRAY_TASK_ID]}"', 'exec bash "$JOB_DIR/job.sbatch"']))
+
+
+def prepare_sbatch(sweep: Sweep, inv: Inventory, argv: list[str], cwd: str, out_dir: str | Path) -> str:
+    """The preparation job: one task on one node of the sweep's partition runs *argv* in *cwd*, after the
+    inventory's and the partition's setup lines."""
+    part = inv.partition(sweep.partition)
+    options: dict[str, Any] = {
+        "job_name": f"sbench.{sweep.campaign}.prepare", "partition": part.slurm_partition, "nodes": 1, "ntasks": 1,
+        "cpus_per_task": max(2, min(PREPARE_CPUS, part.cpus_per_node)),
+        "time": sweep.slurm.time or part.time_limit or PREPARE_TIME,
+        **scheduling(sweep, part), **slurm_extra(sweep, part)}
+    options["output"] = f"{out_dir}/prepare-%j.out"
+    return make_sbatch(Sbatch(
+        directives=options,
+        comments=["sbench: prepare the campaign's datasets, models and training data on a compute node"],
+        # The setup lines are the inventory's own shell commands (module load, source ...), run as written.
+        body=["set -e", *inv.setup, *part.setup, f"cd {_q(cwd)}", "exec " + " ".join(_q(a) for a in argv)]))

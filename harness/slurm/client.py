@@ -1,0 +1,195 @@
+"""The one scheduler client: every question sbench asks SLURM, and every command it gives it.
+
+One :class:`Slurm` per sbench command, made where the command starts (``submit_sweep``, ``status``,
+``cancel``, ``collect``, ``run_probe``, ``run_fabric``, ``submit_prepare_job``) and handed down to
+everything that needs the scheduler. It remembers its answers, so within one command each question
+is asked at most once:
+
+- accounting (``sacct``) per job id: only ids not asked yet go to sacct, in batches;
+- the queue (``squeue``): once;
+- a partition's nodes (``sinfo``): once per partition.
+
+An answer tells the world as it was when it was asked. A loop that must see states move (``wait``)
+asks again with :meth:`Slurm.forget`; so does every command this client gives (``sbatch``,
+``scancel``), since it changes what the scheduler would answer about jobs. ``srun`` runs a step and is never
+remembered. Submission goes through submitit (``sbatch`` of a script sbench made).
+
+Tests hand it a fake command runner (``argv -> CompletedProcess``) in place of ``subprocess.run``.
+One thread at a time uses an instance.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.contract.errors import SubmitError
+
+from .sacct import JobAccounting, Queued, parse_sacct, parse_squeue, sacct_argv, squeue_argv
+from .sinfo import NodeInfo, parse_sinfo, sinfo_argv
+
+Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+CHUNK = 200  # job ids per sacct call (keeps the command line short)
+ASK_TIMEOUT_S = 120  # sacct and squeue on a busy controller
+SINFO_TIMEOUT_S = 15  # a partition's nodes: render and submit go on without them
+
+
+class Slurm:
+    """SLURM as one sbench command sees it; see the module docstring."""
+
+    def __init__(self, runner: Runner | None = None, *, chunk: int = CHUNK) -> None:
+        self._runner = runner
+        self._chunk = chunk
+        self._nodes: dict[str, tuple[dict[str, NodeInfo] | None, str]] = {}
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop what SLURM said about jobs (accounting, the queue): the next question about them goes to
+        SLURM again. A partition's nodes do not move with the jobs; they stay remembered."""
+        self._accounting: dict[str, JobAccounting] = {}
+        self._accounted: set[str] = set()  # ids sacct was asked about (it may not know them all)
+        self._sacct_down: str | None = None  # why sacct could not answer, once it could not
+        self._queue: dict[str, Queued] | None = None
+        self._queue_asked = False
+
+    def _call(self, argv: Sequence[str], timeout: float | None, env: dict[str, str] | None = None,
+              ) -> subprocess.CompletedProcess[str]:
+        if self._runner is not None:
+            return self._runner(list(argv))
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+    # -- questions (remembered) ----------------------------------------------------------------------------
+    def accounting(self, job_ids: Iterable[str]) -> tuple[dict[str, JobAccounting] | None, str | None]:
+        """sacct's records of *job_ids* (those it knows), asking only about ids not asked yet.
+
+        Returns (jobs, None), or (None, why) when sacct cannot answer at all (no binary, accounting
+        storage disabled, controller down); the caller then falls back to the queue and the files.
+        """
+        ids = sorted({str(j) for j in job_ids if j})
+        new = [j for j in ids if j not in self._accounted]
+        for i in range(0, len(new), self._chunk):
+            if self._sacct_down is not None:
+                break
+            part = new[i:i + self._chunk]
+            try:
+                res = self._call(sacct_argv(part), ASK_TIMEOUT_S)
+            except FileNotFoundError:
+                self._sacct_down = "no sacct command"
+                break
+            except (OSError, subprocess.SubprocessError) as exc:
+                self._sacct_down = f"sacct failed: {exc}"
+                break
+            if res.returncode != 0:
+                msg = (res.stderr or res.stdout or "").strip().splitlines()
+                self._sacct_down = f"sacct failed: {msg[-1] if msg else f'exit {res.returncode}'}"
+                break
+            self._accounting.update(parse_sacct(res.stdout))
+            self._accounted.update(part)
+        if self._sacct_down is not None:
+            return None, self._sacct_down
+        return {j: self._accounting[j] for j in ids if j in self._accounting}, None
+
+    def queue(self) -> dict[str, Queued] | None:
+        """Every job the queue holds (one entry per array task), or None when squeue cannot answer."""
+        if not self._queue_asked:
+            self._queue_asked = True
+            try:
+                res = self._call(squeue_argv(), ASK_TIMEOUT_S)
+            except (OSError, subprocess.SubprocessError):
+                res = None
+            self._queue = parse_squeue(res.stdout) if res is not None and res.returncode == 0 else None
+        return self._queue
+
+    def states(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """Job id -> SLURM's word on it now: the queue's for live jobs (a pending one with why it waits),
+        sacct's for the others. Ids neither knows are left out."""
+        ids = [str(j) for j in job_ids if j]
+        if not ids:
+            return {}
+        queue = self.queue() or {}
+        out = {j: queue[j].word for j in ids if j in queue}
+        gone = [j for j in ids if j not in out]
+        if gone:
+            acct, _why = self.accounting(gone)
+            out.update({j: acct[j].state for j in gone if acct is not None and j in acct})
+        return {j: out[j] for j in ids if j in out}
+
+    def partition_nodes(self, slurm_partition: str) -> tuple[dict[str, NodeInfo] | None, str]:
+        """(the nodes of the SLURM partition, or None when nobody answers; and why not)."""
+        if slurm_partition not in self._nodes:
+            self._nodes[slurm_partition] = self._ask_nodes(slurm_partition)
+        return self._nodes[slurm_partition]
+
+    def _ask_nodes(self, slurm_partition: str) -> tuple[dict[str, NodeInfo] | None, str]:
+        try:
+            res = self._call(sinfo_argv(slurm_partition), SINFO_TIMEOUT_S)
+        except FileNotFoundError:
+            return None, "sinfo is not on PATH"
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"sinfo failed: {exc}"
+        if res.returncode != 0:
+            return None, f"sinfo failed: {(res.stderr or '').strip()[:200]}"
+        nodes = parse_sinfo(res.stdout)
+        if not nodes:
+            return None, f"SLURM partition {slurm_partition!r} has no nodes (or does not exist)"
+        return nodes, ""
+
+    # -- commands (never remembered) -----------------------------------------------------------------------
+    def sbatch(self, script: str, folder: Path, *, hold: bool = False, after: str | None = None) -> str:
+        """Submit *script* (its text) through submitit, held or after a job (``afterok``); its job id."""
+        try:
+            job = _script_executor()(folder, script, hold=hold, after=after).submit_script()
+        finally:
+            self.forget()
+        return str(job.job_id)
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        """``scancel`` *job_ids*; a refusal it explains is a :class:`SubmitError`."""
+        try:
+            proc = self._call(["scancel", *job_ids], None)
+        except OSError as exc:
+            raise SubmitError(f"scancel failed: {exc}") from None
+        finally:
+            self.forget()
+        if proc.returncode != 0 and proc.stderr.strip():
+            raise SubmitError(f"scancel failed: {proc.stderr.strip()}")
+
+    def srun(self, argv: Sequence[str], *, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+        """Run ``srun argv`` (a step of its own allocation) to its end, with *env*."""
+        return self._call(["srun", *argv], timeout, env=env)
+
+
+@functools.cache
+def _script_executor() -> Any:
+    """submitit's SLURM executor submitting a script sbench made instead of its pickling wrapper."""
+    import submitit  # 0.1 s of imports that only a submission needs, kept off every command's start-up
+
+    class ScriptExecutor(submitit.SlurmExecutor):
+        def __init__(self, folder: Path, script: str, hold: bool = False, after: str | None = None) -> None:
+            super().__init__(folder=folder)
+            submitit.core.utils.JobPaths.get_first_id_independent_folder(self.folder).mkdir(parents=True,
+                                                                                           exist_ok=True)
+            self._script = script
+            self._hold = hold
+            self._after = after
+
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            return self._script
+
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            return ["sbatch", *(["--hold"] if self._hold else []),
+                    *([f"--dependency=afterok:{self._after}", "--kill-on-invalid-dep=yes"] if self._after else []),
+                    str(submission_file_path)]
+
+        def submit_script(self) -> Any:
+            try:
+                return self._submit_command("")
+            except subprocess.CalledProcessError as exc:  # raised by submitit's CommandFunction
+                raise SubmitError(f"sbatch refused the submission: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - submitit wraps sbatch failures in several types
+                raise SubmitError(f"sbatch failed: {exc}") from None
+
+    return ScriptExecutor

@@ -1,0 +1,215 @@
+"""The one scheduler client: within one command each question to SLURM is asked at most once.
+
+With a fake command runner: what the client remembers, and how a waiting loop asks again. On the
+test cluster: logging shims for every SLURM command first on PATH, and each of ``sbench submit``,
+``status``, ``cancel`` and ``collect`` run as a user runs it; no command asks a question twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.sbatch import slurm as slurm_backend
+from harness.sbatch.executors import Submitted
+from harness.slurm.client import Slurm
+
+from .conftest import ROOT, TEST_INVENTORY
+
+SACCT_LINE = "{}|{}|0:0|00:01:00||node1|2026-11-22T00:00:00|2026-11-22T00:01:00"
+
+
+class Recorder:
+    """A fake SLURM: the queue and sacct answer from dicts (changeable between questions); every argv is kept."""
+
+    def __init__(self, queue: dict[str, str] | None = None, acct: dict[str, str] | None = None) -> None:
+        self.queue = dict(queue or {})
+        self.acct = dict(acct or {})
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv):
+        self.calls.append(list(argv))
+        if argv[0] == "squeue":
+            out = "".join(f"{j}|{s}|{'Resources' if s == 'PENDING' else 'None'}|\n" for j, s in self.queue.items())
+        elif argv[0] == "sacct":
+            ids = argv[argv.index("-j") + 1].split(",")
+            out = "".join(SACCT_LINE.format(j, self.acct[j]) + "\n" for j in ids if j in self.acct)
+        elif argv[0] == "sinfo":
+            out = "node[1-2]|96|1000000|(null)\n"
+        else:
+            out = ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    def asked(self, cmd: str) -> list[list[str]]:
+        return [c for c in self.calls if c[0] == cmd]
+
+
+def test_each_question_is_asked_once() -> None:
+    fake = Recorder(queue={"10": "PENDING", "11_0": "RUNNING"}, acct={"12": "COMPLETED", "13": "CANCELLED by 0"})
+    slurm = Slurm(fake)
+    assert slurm.states(["10", "11_0", "12"]) == {"10": "PENDING (Resources)", "11_0": "RUNNING", "12": "COMPLETED"}
+    # the queue is asked once; sacct only about the id the queue does not hold
+    assert len(fake.asked("squeue")) == 1 and [c[2] for c in fake.asked("sacct")] == ["12"]
+    # a second view (collect after submit's refresh) asks sacct only about the ids not asked yet
+    acct, why = slurm.accounting(["12", "13", "14"])
+    assert why is None and sorted(acct) == ["12", "13"] and acct["13"].state == "CANCELLED"
+    assert [c[2] for c in fake.asked("sacct")] == ["12", "13,14"]
+    assert slurm.states(["10", "12", "13", "14"]) == {"10": "PENDING (Resources)", "12": "COMPLETED",
+                                                       "13": "CANCELLED"}
+    assert slurm.queue() is slurm.queue() and len(fake.asked("squeue")) == 1 and len(fake.asked("sacct")) == 2
+    # a partition's nodes: once per partition
+    assert slurm.partition_nodes("cpu") == slurm.partition_nodes("cpu")
+    slurm.partition_nodes("gpu")
+    assert [c[4] for c in fake.asked("sinfo")] == ["cpu", "gpu"]
+    # forget(): the next question about jobs goes to SLURM again; the partitions' nodes do not move with them
+    slurm.forget()
+    slurm.states(["12"])
+    slurm.partition_nodes("cpu")
+    assert len(fake.asked("squeue")) == 2 and [c[2] for c in fake.asked("sacct")] == ["12", "13,14", "12"]
+    assert len(fake.asked("sinfo")) == 2
+
+
+def test_sacct_that_cannot_answer_is_not_asked_again() -> None:
+    calls = []
+
+    def down(argv):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "", "sacct: error: Slurm accounting storage is disabled\n")
+
+    slurm = Slurm(down)
+    assert slurm.accounting(["1"]) == (None, "sacct failed: sacct: error: Slurm accounting storage is disabled")
+    assert slurm.accounting(["2"])[0] is None
+    assert slurm.states(["3"]) == {}  # the queue failed too: nobody knows job 3
+    assert [c[0] for c in calls] == ["sacct", "squeue"]
+
+
+def test_a_command_tells_the_client_to_forget() -> None:
+    fake = Recorder(queue={"20": "RUNNING"})
+    slurm = Slurm(fake)
+    assert slurm.states(["20"]) == {"20": "RUNNING"}
+    slurm.cancel(["20"])
+    fake.queue.clear()
+    fake.acct["20"] = "CANCELLED by 0"
+    assert slurm.states(["20"]) == {"20": "CANCELLED"}  # asked again: scancel changed the answer
+    assert [c[0] for c in fake.calls] == ["squeue", "scancel", "squeue", "sacct"]
+
+
+def test_wait_asks_afresh_at_every_poll(monkeypatch) -> None:
+    fake = Recorder(queue={"30": "PENDING", "31": "RUNNING"})
+    polls = []
+
+    def sleep(_s):  # between polls the jobs move on
+        polls.append(dict(fake.queue))
+        if "30" in fake.queue and fake.queue["30"] == "PENDING":
+            fake.queue["30"] = "RUNNING"
+        else:
+            fake.queue.clear()
+            fake.acct.update({"30": "COMPLETED", "31": "FAILED"})
+
+    monkeypatch.setattr(slurm_backend.time, "sleep", sleep)
+    backend = slurm_backend.SlurmBackend(Slurm(fake))
+    seen = []
+    waited = [Submitted(spec=None, job_id=j) for j in ("30", "31")]  # wait reads only the job ids
+    backend.wait(waited, lambda done, total: seen.append((done, total)))
+    assert seen == [(0, 2), (0, 2), (2, 2)] and len(polls) == 2
+    assert len(fake.asked("squeue")) == 3
+
+
+# -- on the test cluster: one sbench command, each question once ----------------------------------------------
+SHIMMED = ("sacct", "squeue", "sinfo", "sbatch", "scancel", "scontrol", "srun")
+
+
+def _shims(tmp_path: Path) -> tuple[Path, Path]:
+    """A bin dir of logging shims (each logs its argv, then execs the real command) and the log file."""
+    bindir, log = tmp_path / "shims", tmp_path / "slurm.log"
+    bindir.mkdir()
+    for name in SHIMMED:
+        real = shutil.which(name)
+        assert real, f"{name} is not on PATH"
+        shim = bindir / name
+        shim.write_text("#!/bin/bash\n"
+                        f"{{ printf '%s' {name}; printf '\\t%s' \"$@\"; printf '\\n'; }} >> \"$SBENCH_SLURM_LOG\"\n"
+                        f"exec {real} \"$@\"\n")
+        shim.chmod(0o755)
+    return bindir, log
+
+
+def _question(argv: list[str]) -> tuple[str, str]:
+    """What an SLURM command line asks: the command and what about (its job ids, partition or script).
+    The queue is one question, whichever jobs a command line lists."""
+    cmd, args = argv[0], argv[1:]
+    if cmd == "squeue":
+        return cmd, "the queue"
+    for flag in ("-j", "-p"):
+        if flag in args:
+            return cmd, ",".join(sorted(args[args.index(flag) + 1].split(",")))
+    return cmd, " ".join(args)
+
+
+def _sbench(bindir: Path, log: Path, *args) -> tuple[dict, list[list[str]]]:
+    """Run one sbench command as a user does; its JSON output and the SLURM command lines it ran."""
+    log.write_text("")
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "SBENCH_SLURM_LOG": str(log)}
+    proc = subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = [line.split("\t") for line in log.read_text().splitlines()]
+    questions = Counter(_question(c) for c in calls)
+    assert [q for q, n in questions.items() if n > 1] == [], calls
+    asked = [j for c in calls if c[0] == "sacct" for j in _question(c)[1].split(",")]
+    assert len(asked) == len(set(asked)), calls  # no job id goes to sacct twice
+    return json.loads(proc.stdout) if proc.stdout.strip().startswith(("{", "[")) else {}, calls
+
+
+def _sacct_state(job_id: str) -> str:
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id], capture_output=True,
+                         text=True).stdout.split()
+    return out[0] if out else ""
+
+
+@pytest.mark.slurm
+def test_one_command_asks_each_question_once(slurm_cluster, tmp_path: Path) -> None:
+    bindir, log = _shims(tmp_path)
+    (tmp_path / "model").mkdir()  # held jobs never load it
+    sweep = tmp_path / "once.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "campaign": "once", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
+        "entity": {"model_name": "tiny", "model_max_length": 64, "max_steps": 1},
+        "grid": {"number_gpus": [1, 2], "batch_size": [2, 4]},
+        "model_map": {"tiny": str(tmp_path / "model")}, "data_dir": str(tmp_path / "data")}))
+    common = ["--workdir", tmp_path / "runs", "--db", tmp_path / "r.duckdb"]
+    submit = ["submit", sweep, "-i", TEST_INVENTORY, "--executor", "slurm", "--hold", "--no-prepare", "--json",
+              *common]
+    rep, calls = _sbench(bindir, log, *submit)
+    ids = [p["job_id"] for p in rep["points"]]
+    try:
+        assert rep["submitted"] == 4 and rep["sbatch_calls"] == 2  # two resource shapes, two arrays
+        assert sorted(c[0] for c in calls) == ["sbatch", "sbatch", "sinfo"]
+        # One attempt ends (cancelled from outside sbench); the others stay held in the queue.
+        subprocess.run(["scancel", ids[0]], check=True)
+        end = time.monotonic() + 60
+        while _sacct_state(ids[0]) != "CANCELLED" and time.monotonic() < end:
+            time.sleep(1)
+        # Submit again: its refresh asks the queue, then sacct about the attempt the queue no longer holds,
+        # and the collect of that attempt asks nobody again.
+        rep, calls = _sbench(bindir, log, *submit)
+        assert rep["submitted"] == 0
+        assert Counter(c[0] for c in calls) == {"sinfo": 1, "squeue": 1, "sacct": 1}
+        assert _question(next(c for c in calls if c[0] == "sacct")) == ("sacct", ids[0])
+        _, calls = _sbench(bindir, log, "status", "--json", *common)
+        assert Counter(c[0] for c in calls)["squeue"] == 1
+        _, calls = _sbench(bindir, log, "cancel", "--campaign", "once", *common)
+        assert Counter(c[0] for c in calls) == {"squeue": 1, "sacct": 1, "scancel": 1}
+        _, calls = _sbench(bindir, log, "collect", "--json", *common)
+        assert Counter(c[0] for c in calls)["sacct"] == 1
+    finally:
+        subprocess.run(["scancel", *{i.split("_")[0] for i in ids if i}], check=False)
