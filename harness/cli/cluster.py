@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
@@ -42,7 +43,8 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
     part = inv.partition(partition)
     probes = run_probe(inv, part.name, where == "slurm", resolve_workdir(workdir), host)
     probe_id = time.strftime("%Y%m%dT%H%M%S") + f"-{part.name}"
-    rows, diffs = [], []
+    rows: list[dict[str, Any]] = []
+    diffs: list[str] = []
     for name, pr in sorted(probes.items()):
         found = compare(part, part.hosts[name], pr) if name in part.hosts else [f"{name}: not an inventory host"]
         diffs += found

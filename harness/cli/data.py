@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -87,7 +89,7 @@ def dataset() -> None:
     """
 
 
-def _tokenizer_option(required: bool):  # type: ignore[no-untyped-def]
+def _tokenizer_option(required: bool) -> Callable[[Any], Any]:
     return click.option("--tokenizer", "tokenizer", required=required, default=None, metavar="HF_ID_OR_PATH",
                         help="Tokenizer: a local directory or an HF id available offline.")
 

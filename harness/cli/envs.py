@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -75,7 +76,7 @@ def env_list(root: Path | None, inventory: Path | None, as_json: bool) -> None:
     """
     r = _root(inventory, root)
     envs = list_envs(r)
-    rows = [{"version": e.version, "path": str(e.path), "built": e.built,
+    rows: list[dict[str, Any]] = [{"version": e.version, "path": str(e.path), "built": e.built,
              "packages": (e.manifest or {}).get("trainer_packages"), "plugins": (e.manifest or {}).get("plugins"),
              "failed": (e.failure or {}).get("reason")} for e in envs]
     if as_json:

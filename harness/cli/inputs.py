@@ -11,9 +11,9 @@ from harness.build.render import render_points
 from harness.sbatch.fit import ClusterFit, cluster_fit
 from harness.slurm.client import Slurm
 from harness.spec.catalog import EXPERIMENTS, get_experiment
-from harness.spec.inventory import describe, load_inventory
-from harness.spec.plan import plan_sweep
-from harness.spec.sweep import load_sweep
+from harness.spec.inventory import Inventory, describe, load_inventory
+from harness.spec.plan import PlannedPoint, plan_sweep
+from harness.spec.sweep import Sweep, load_sweep
 
 from .base import echo_json, inventory_option, json_option, main, model_map_option, sweep_argument, table
 
@@ -114,8 +114,8 @@ def _short_domain(domain: list[Any] | None) -> str:
 
 
 # -- plan / render -----------------------------------------------------------------------------------------
-def _plan(sweep_path: Path, inventory_path: Path | None, model_map: Path | None,  # type: ignore[no-untyped-def]
-          memory: bool = False):
+def _plan(sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
+          memory: bool = False) -> tuple[Inventory, Sweep, list[PlannedPoint]]:
     inv = load_inventory(inventory_path)
     sweep = load_sweep(sweep_path, model_map)
     return inv, sweep, plan_sweep(sweep, inv, memory=memory)

@@ -584,15 +584,16 @@ def _text_guarantee(spec: DatasetSpec, checked: bool, tok_name: str | None, toks
                 "scaffold_chars": SCAFFOLD_CHARS, "verified": True,
                 "detail": f"input and response are exactly {spec.chars} characters each, scaffolding "
                           f"{SCAFFOLD_CHARS}: {2 * spec.chars + SCAFFOLD_CHARS} per entry"}
+    detail = (f"every response has >= {spec.min_tokens} whitespace-separated words; a tokenizer that "
+              "splits on whitespace before BPE/SentencePiece (GPT-2 byte-level, Llama, Granite, ...) "
+              "gives each word at least one token")
     words = {"method": "words", "min_tokens": spec.min_tokens, "min_response_words": spec.min_tokens,
-             "detail": f"every response has >= {spec.min_tokens} whitespace-separated words; a tokenizer that "
-                       "splits on whitespace before BPE/SentencePiece (GPT-2 byte-level, Llama, Granite, ...) "
-                       "gives each word at least one token"}
+             "detail": detail}
     if not checked:
         return {**words, "verified": False}
     return {**words, "method": "words+tokenizer", "verified": True, "tokenizer": tok_name,
             "min_tokens_seen": min(toks) if toks else None,
-            "detail": words["detail"] + f"; every entry was then tokenized with {tok_name} (no special tokens) "
+            "detail": detail + f"; every entry was then tokenized with {tok_name} (no special tokens) "
                       f"and extended until it had >= {spec.min_tokens} tokens"}
 
 

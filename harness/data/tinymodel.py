@@ -68,6 +68,7 @@ def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", voc
         LlamaForCausalLM,
         MixtralConfig,
         MixtralForCausalLM,
+        PreTrainedConfig,
         Qwen2Config,
         Qwen2ForCausalLM,
     )
@@ -87,7 +88,7 @@ def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", voc
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
     )
     if arch == "mixtral":
-        config = MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **common)
+        config: PreTrainedConfig = MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **common)
         cls: Any = MixtralForCausalLM
     elif arch == "qwen2":
         config = Qwen2Config(**common)

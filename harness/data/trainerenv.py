@@ -174,7 +174,8 @@ def _smoke(python: Path, work: Path, log: Callable[[str], None]) -> float:
         with contextlib.suppress(OSError, ValueError):
             doc = json.loads(JobPaths(job).rank_result(0).read_text())
         if proc.returncode != 0 or doc.get("status") != "ok" or doc.get("global_step") != SMOKE_STEPS:
-            err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
+            error = doc.get("error")
+            err: dict[str, Any] = error if isinstance(error, dict) else {}
             why = (f"{err.get('error_type')}: {err.get('message')}" if err else
                    "; ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:]))
             raise EnvBuildError(f"installed, but cannot train (a {SMOKE_STEPS}-step run of the tiny model on the "

@@ -242,24 +242,25 @@ def run(args: Any, ctx: Context) -> dict[str, Any]:
         counts.step()
         return step(self, model, inputs, *a, **kw)
 
-    SFTTrainer.create_accelerator_and_postprocess = create_accelerator_and_postprocess
-    SFTTrainer.training_step = training_step
-
-    process = getattr(st, "process_dataargs", None)
-
-    def process_dataargs(*a: Any, **kw: Any) -> Any:
-        if stages.pop("open", None) == Stage.MODEL_LOAD:
-            ctx.log.end(Stage.MODEL_LOAD)
-        ctx.log.start(Stage.DATASET)
-        stages["open"] = Stage.DATASET
-        ctx.fault_at_stage(Stage.DATASET)
-        out = process(*a, **kw)
-        ctx.log.end(Stage.DATASET, info={"rows": len(out[0]) if out and out[0] is not None else None})
-        ctx.log.start(Stage.TRAINER_INIT)
-        stages["open"] = Stage.TRAINER_INIT
-        return out
+    # Patching the class is the point (fms-hf-tuning builds its own SFTTrainer), which mypy refuses for methods.
+    SFTTrainer.create_accelerator_and_postprocess = create_accelerator_and_postprocess  # type: ignore[method-assign]
+    SFTTrainer.training_step = training_step  # type: ignore[method-assign]
 
     if hasattr(st, "process_dataargs"):  # 2.x before process_dataargs: model_load runs up to the first step
+        process = st.process_dataargs
+
+        def process_dataargs(*a: Any, **kw: Any) -> Any:
+            if stages.pop("open", None) == Stage.MODEL_LOAD:
+                ctx.log.end(Stage.MODEL_LOAD)
+            ctx.log.start(Stage.DATASET)
+            stages["open"] = Stage.DATASET
+            ctx.fault_at_stage(Stage.DATASET)
+            out = process(*a, **kw)
+            ctx.log.end(Stage.DATASET, info={"rows": len(out[0]) if out and out[0] is not None else None})
+            ctx.log.start(Stage.TRAINER_INIT)
+            stages["open"] = Stage.TRAINER_INIT
+            return out
+
         st.process_dataargs = process_dataargs
     train = st.train
     callback = _callback(ctx, meter, counts, stages, policy, timeline, memory, args.distributed_backend)
@@ -313,7 +314,7 @@ def run(args: Any, ctx: Context) -> dict[str, Any]:
     m["memory"] = memory.snaps
     m["training_loss"] = None
     hist = trainer.state.log_history
-    final = next((h for h in reversed(hist) if "train_runtime" in h), {})
+    final: dict[str, Any] = next((h for h in reversed(hist) if "train_runtime" in h), {})
     m["hf_metrics"] = dict(final)
     m["training_loss"] = final.get("train_loss")
     m["meter"] = {"mismatches": meter.mismatches, "unconsumed_batches": len(meter.pending)}

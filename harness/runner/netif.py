@@ -24,7 +24,9 @@ def addresses_of(name: str) -> set[str]:
     except ValueError:
         pass
     try:
-        return {str(ipaddress.ip_address(info[4][0].split("%")[0])) for info in socket.getaddrinfo(name, None)}
+        # An IPv4/IPv6 sockaddr starts with the host string; skip any other shape getaddrinfo may hand back.
+        return {str(ipaddress.ip_address(info[4][0].split("%")[0])) for info in socket.getaddrinfo(name, None)
+                if isinstance(info[4][0], str)}
     except (OSError, ValueError):
         return set()
 

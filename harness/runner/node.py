@@ -287,16 +287,18 @@ class NodeRunner:
         rank_exit = classify.elastic_failures(tail)
         events = [e for e in read_stages(self.paths.stages(self.host))
                   if e.get("rank") is not None and (e.get("t_wall") or 0) >= started]
-        out = {
+        exit_code = rc if rc >= 0 else None
+        sig = -rc if rc < 0 else None
+        out: dict[str, Any] = {
             "open_stages": [{k: e.get(k) for k in ("stage", "rank", "pid", "trial", "t_wall")}
                             for e in open_stages(events)],
-            "exit_code": rc if rc >= 0 else None,
-            "signal": -rc if rc < 0 else None,
+            "exit_code": exit_code,
+            "signal": sig,
             "rank_exit_codes": {str(k): v for k, v in sorted(rank_exit.items())},
             "rank_docs": rank_docs, "errors": errors,
         }
         out["outcome"], out["reason"] = classify.node_outcome(
-            exit_code=out["exit_code"], signal=out["signal"], errors=errors, expected_ranks=self.expected_ranks,
+            exit_code=exit_code, signal=sig, errors=errors, expected_ranks=self.expected_ranks,
             rank_docs=rank_docs, rank_exit=rank_exit, terminated_by=self.terminated_by, log_tail=tail)
         self.proc = None
         return out

@@ -121,7 +121,9 @@ class NvmlBackend(GpuBackend):
     def __init__(self, nvml: Any = None, *, max_devices: int | None = None,
                  visible: str | None = None, use_env: bool = True) -> None:
         if nvml is None:
-            import pynvml as nvml  # optional: only needed here
+            import pynvml  # optional: only needed here
+
+            nvml = pynvml
         self.nvml = nvml
         nvml.nvmlInit()  # raises when the library or driver is missing
         all_devs = []

@@ -112,7 +112,7 @@ class StageLog:
 
 def read_stages(path: str | Path) -> list[dict[str, Any]]:
     """All events of a stages file; a torn last line (a process killed mid-write) is skipped."""
-    out = []
+    out: list[dict[str, Any]] = []
     p = Path(path)
     if not p.exists():
         return out

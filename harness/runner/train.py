@@ -323,6 +323,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
                 "requested": args.distributed_backend,
                 "zero_stage": getattr(getattr(acc.state, "deepspeed_plugin", None), "zero_stage", None)}
         doc["distributed"] = dist
+        assert trainer.model is not None  # built with model=, the Trainer always holds one
         params = sum(p.numel() for p in trainer.model.parameters())
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         doc["model"] = {"source": args.model_name_or_path, "class": type(model).__name__, "parameters": params,

@@ -115,9 +115,10 @@ def run_flops(rank0: dict[str, Any] | None, peak: float | None) -> dict[str, flo
     f = flops_per_token(counts, tokens / samples, bool(counts.get("gradient_checkpointing")))
     if f is None:
         return out
+    model_tflops = f[0] * tps / 1e12
     out["model_flops_per_token"] = f[0]
-    out["model_tflops_per_gpu"] = f[0] * tps / 1e12
+    out["model_tflops_per_gpu"] = model_tflops
     out["hardware_tflops_per_gpu"] = f[1] * tps / 1e12
     if peak:
-        out["mfu"] = out["model_tflops_per_gpu"] / peak
+        out["mfu"] = model_tflops / peak
     return out

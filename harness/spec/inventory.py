@@ -207,17 +207,17 @@ def _partition(ck: Checker, name: str, node: Any, parent: Mapping[str, Any]) -> 
     hosts_node = ck.mapping(hosts_node, f"{key}.hosts", node, "hosts")
     hosts = {str(h): _host(ck, str(h), v, f"{key}.hosts.{h}", hosts_node) for h, v in hosts_node.items()}
     setup = ck.string_list(node, key, "setup", default=[])
-    slurm_name = {"pattern": SLURM_NAME, "what": SLURM_NAME_TEXT}
     return Partition(
         name=name,
-        slurm_partition=ck.string(node, key, "slurm_partition", default=name, **slurm_name),
+        slurm_partition=ck.string(node, key, "slurm_partition", default=name, pattern=SLURM_NAME,
+                                  what=SLURM_NAME_TEXT),
         gpu_model=gpu_model,
         gpus_per_node=gpus,
         cpus_per_node=cpus,
         memory_gb=float(mem),
         hosts=hosts,
-        account=ck.string(node, key, "account", **slurm_name),
-        qos=ck.string(node, key, "qos", **slurm_name),
+        account=ck.string(node, key, "account", pattern=SLURM_NAME, what=SLURM_NAME_TEXT),
+        qos=ck.string(node, key, "qos", pattern=SLURM_NAME, what=SLURM_NAME_TEXT),
         constraint=ck.string(node, key, "constraint", pattern=SLURM_CONSTRAINT,
                              what=SLURM_CONSTRAINT_TEXT),
         time_limit=ck.string(node, key, "time_limit", pattern=SLURM_TIME, what=SLURM_TIME_TEXT),

@@ -106,7 +106,7 @@ def slurm_time_minutes(text: str) -> float | None:
         h, m, s = ([int(p) for p in text.split(":")] + [0, 0])[:3]
     else:
         parts = [int(p) for p in text.split(":")]
-        h, m, s = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]  # type: ignore[assignment]
+        h, m, s = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
     return days * 1440 + h * 60 + m + s / 60
 
 

@@ -159,11 +159,10 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
                 doc, "grid" if "grid" in doc else "repeats")
     slurm_node = ck.mapping(doc.get("slurm"), "slurm", doc, "slurm")
     ck.known_keys(slurm_node, "slurm", SLURM_KEYS)
-    slurm_name = {"pattern": SLURM_NAME, "what": SLURM_NAME_TEXT}
     slurm = SlurmOverrides(
         time=ck.string(slurm_node, "slurm", "time", pattern=SLURM_TIME, what=SLURM_TIME_TEXT),
-        account=ck.string(slurm_node, "slurm", "account", **slurm_name),
-        qos=ck.string(slurm_node, "slurm", "qos", **slurm_name),
+        account=ck.string(slurm_node, "slurm", "account", pattern=SLURM_NAME, what=SLURM_NAME_TEXT),
+        qos=ck.string(slurm_node, "slurm", "qos", pattern=SLURM_NAME, what=SLURM_NAME_TEXT),
         constraint=ck.string(slurm_node, "slurm", "constraint", pattern=SLURM_CONSTRAINT,
                              what=SLURM_CONSTRAINT_TEXT),
         exclusive=ck.boolean(slurm_node, "slurm", "exclusive"),
