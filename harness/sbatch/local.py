@@ -140,7 +140,7 @@ def run_queue(queue_file: Path, progress: Callable[[int, int], None] | None = No
     max_parallel = max(1, int(q.get("max_parallel") or 1))
     pending = list(q["jobs"])
     total = len(pending)
-    running: list[tuple[dict, submitit.local.local.LocalJob]] = []
+    running: list[tuple[dict, submitit.Job]] = []
     failed = 0
     executor = submitit.LocalExecutor(folder=folder)
     stop = {"now": False}
@@ -248,7 +248,7 @@ class LocalBackend:
 
     def cancel(self, attempts: list[dict]) -> list[str]:
         """Stop the detached queues that feed these attempts, then the attempts' running launches."""
-        queues = {a.get("queue") for a in attempts if a.get("queue")}
+        queues = {str(a["queue"]) for a in attempts if a.get("queue")}
         for q in queues:
             pidfile = Path(q).with_suffix(".pid")
             try:

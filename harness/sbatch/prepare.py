@@ -135,23 +135,24 @@ def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> lis
     local: dict[str, Path | None] = {}
     for source, names in work.models.items():
         t0 = time.monotonic()
-        status, path = resolve_model(source, names, work.models_dir)
-        local[source] = path
-        detail = str(path) if path else "not visible from here: the jobs will load it on the compute nodes"
+        status, model_dir = resolve_model(source, names, work.models_dir)
+        local[source] = model_dir
+        detail = str(model_dir) if model_dir else \
+            "not visible from here: the jobs will load it on the compute nodes"
         items.append(Item("model", source, status, time.monotonic() - t0, detail, {"names": names}))
         echo(f"model    {status:<9} {source}  ({detail})")
     tokenizers: dict[str, Any] = {}
     for ti in work.inputs:
-        path = local.get(ti.model)
+        model_dir = local.get(ti.model)
         label = f"{Path(ti.dataset_path).name} @ {ti.max_seq_length} with {ti.model}"
-        if path is None:
+        if model_dir is None:
             items.append(Item("training_data", label, "not_visible", 0.0,
                               "the model is not visible here; each job prepares it (use --on slurm to prepare on "
                               "a compute node)"))
             echo(f"data     not_visible {label}")
             continue
         t0 = time.monotonic()
-        tok = tokenizers.get(ti.model) or tokenizers.setdefault(ti.model, load_tokenizer(str(path)))
+        tok = tokenizers.get(ti.model) or tokenizers.setdefault(ti.model, load_tokenizer(str(model_dir)))
         prep = ensure_prepared(tok, ti.dataset_path, text_field=ti.text_field, max_seq_length=ti.max_seq_length,
                                response_template=ti.response_template, root=work.data_dir / PREP_DIR,
                                token_cache=work.data_dir / TOKEN_CACHE_DIR, open_dataset=False)

@@ -102,6 +102,10 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
     return out
 
 
+def _predicted_oom(memory: dict[str, Any]) -> str:
+    return f"predicted OOM: {memory['total_bytes'] / 1e9:.3g} GB > {memory['device_bytes'] / 1e9:.3g} GB per device"
+
+
 def _recorded_references(campaign_dir: Path) -> list[dict[str, Any]]:
     """The references the manifest holds now: the campaign line's, or the last references line's."""
     refs: list[dict[str, Any]] = []
@@ -158,9 +162,8 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
                      for d in decisions]
     if skip_predicted_oom:
         # An allocation is not spent on a point that will not fit (harness.memory says why, per point).
-        decisions = [Decision(d.point, "skip", "predicted OOM: {:.3g} GB > {:.3g} GB per device".format(
-                         d.point.memory["total_bytes"] / 1e9, d.point.memory["device_bytes"] / 1e9))
-                     if d.action == "submit" and d.point.predicted_oom else d for d in decisions]
+        decisions = [Decision(d.point, "skip", _predicted_oom(d.point.memory))
+                     if d.action == "submit" and d.point.predicted_oom and d.point.memory else d for d in decisions]
     report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note, warnings=fit_notes,
                           preflight=checked)
     todo = [d for d in decisions if d.action == "submit"]
