@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.contract.errors import InputError
-from harness.data.datagen import dataset_status, ensure_dataset, generate_dataset, meta_path, read_meta
+from harness.data.datagen import dataset_status, ensure_dataset, generate_dataset, sidecar_path, read_meta
 from harness.data.tokens import dataset_token_counts, decode_template, encode_for_training
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -481,7 +481,7 @@ def test_a_killed_generator_leaves_nothing_that_looks_complete(tmp_path: Path) -
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert partial()  # it really died mid-write
-    assert not path.exists() and not meta_path(path).exists()
+    assert not path.exists() and not sidecar_path(path).exists()
     assert dataset_status("news-tokens-16384plus-entries-4096", path) == "missing"
     # The next generator (here a small one) cleans up the dead one's temp file.
     generate_dataset("news-tokens-16384plus-entries-4096", path, entries=1)

@@ -281,7 +281,7 @@ class DatasetInfo:
         return d
 
 
-def meta_path(path: str | os.PathLike[str]) -> Path:
+def sidecar_path(path: str | os.PathLike[str]) -> Path:
     """The sidecar of a dataset file: ``<path>.meta.json``."""
     p = Path(path)
     return p.with_name(p.name + ".meta.json")
@@ -290,7 +290,7 @@ def meta_path(path: str | os.PathLike[str]) -> Path:
 def read_meta(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The sidecar's content, or None when it is missing or unreadable."""
     try:
-        return json.loads(meta_path(path).read_text())
+        return json.loads(sidecar_path(path).read_text())
     except (OSError, ValueError):
         return None
 
@@ -501,7 +501,7 @@ def _publish(path: Path, tmp_data: Path, meta: dict[str, Any]) -> None:
     tmp_meta.write_text(json.dumps(meta, indent=2) + "\n")
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
-    os.replace(tmp_meta, meta_path(path))
+    os.replace(tmp_meta, sidecar_path(path))
     os.replace(tmp_data, path)
 
 
