@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.contract.errors import InputError
-from harness.data.datagen import dataset_status, ensure_dataset, generate_dataset, sidecar_path, read_meta
+from harness.data.datagen import dataset_status, ensure_dataset, generate_dataset, read_meta, sidecar_path
 from harness.data.tokens import dataset_token_counts, decode_template, encode_for_training
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
