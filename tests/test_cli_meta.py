@@ -48,3 +48,19 @@ def test_readme_sbench_lines_name_real_commands() -> None:
     for line in found:
         words = line.split()
         assert " ".join(words[:2]) in names or " ".join(words[:3]) in names, line
+
+
+def test_every_command_is_loaded_by_name_and_only_its_module_at_start() -> None:
+    # The group loads a command's module when the command runs: the table must name every command, and a
+    # command must start without the modules of the others (status needs no Jinja2, render no DuckDB).
+    import subprocess
+    import sys
+
+    from harness.cli.base import COMMANDS
+
+    assert set(main.commands) == set(COMMANDS)
+    code = ("import sys\nfrom harness.cli import main\nmain.get_command(None, 'render')\n"
+            "print(sorted(m for m in ('harness.cli.jobs', 'harness.cli.results', 'duckdb', 'submitit') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,8 +1,10 @@
 """What every command module shares: the ``main`` group, its error handling, common options and output
-helpers. It imports no command module, so the command modules can import it without a cycle."""
+helpers. It imports no command module, so the command modules can import it without a cycle: the group
+loads a command's module by name when the command runs (:data:`COMMANDS`)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -15,9 +17,60 @@ from harness.contract import envvars
 from harness.contract.errors import SbenchError
 from harness.spec.schema import is_name
 
+# The module of harness.cli that defines each top-level command. A command's module is loaded when the
+# command runs, so each command starts with only what it needs: ``sbench status`` does not load what
+# ``sbench render`` needs (the build layer, Jinja2), nor ``render`` what ``status`` needs (DuckDB, submitit).
+# --help, which shows every command, loads them all.
+COMMANDS = {"inventory": "inputs", "experiments": "inputs", "plan": "inputs", "render": "inputs",
+            "submit": "jobs", "prepare": "jobs", "retry": "jobs", "status": "jobs", "cancel": "jobs",
+            "collect": "results", "query": "results", "check": "results", "compare": "results",
+            "report": "report", "probe": "cluster", "fabric": "cluster",
+            "model": "data", "dataset": "data", "env": "envs"}
+
 
 class SbenchGroup(click.Group):
-    """Turns domain errors into one clean line and the documented exit code (2 input, 1 runtime)."""
+    """Loads a command's module when the command runs (:data:`COMMANDS`), and turns domain errors into one
+    clean line and the documented exit code (2 input, 1 runtime)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loading = False
+        self._commands: dict[str, click.Command] = {}
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]  # click declares a plain attribute; the property keeps it complete
+    def commands(self) -> dict[str, click.Command]:
+        """Every command, their modules loaded (what a look at the whole command line expects)."""
+        if not self._loading:
+            self._load(set(COMMANDS.values()))
+        return self._commands
+
+    @commands.setter
+    def commands(self, value: dict[str, click.Command]) -> None:
+        self._commands = dict(value)
+
+    def _load(self, modules: set[str]) -> None:
+        self._loading = True
+        try:
+            for name in sorted(modules):
+                importlib.import_module(f"harness.cli.{name}")
+        finally:
+            self._loading = False
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        """What a command module's decorators call while it loads."""
+        loading, self._loading = self._loading, True
+        try:
+            super().add_command(cmd, name)
+        finally:
+            self._loading = loading
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS and cmd_name not in self._commands:
+            self._load({COMMANDS[cmd_name]})
+        return self._commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -11,7 +11,12 @@ import yaml
 
 from harness.contract.errors import RunnerError
 from harness.contract.paths import resolve_db, resolve_workdir
+from harness.db.cluster import record_fabric, record_probes
+from harness.db.store import open_store
+from harness.db.values import to_json, utc
 from harness.runner.fabric import parse_size
+from harness.sbatch.backends import resolve_executor
+from harness.sbatch.fabric import run_fabric
 from harness.sbatch.probe import compare, fragment, run_probe
 from harness.spec.inventory import load_inventory
 
@@ -35,10 +40,6 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
 
     Example: sbench probe -i cluster.yaml --partition a100 --on slurm --write probed.yaml
     """
-    from harness.db.cluster import record_probes
-    from harness.db.store import open_store
-    from harness.db.values import to_json, utc
-
     inv = load_inventory(inventory)
     part = inv.partition(partition)
     probes = run_probe(inv, part.name, where == "slurm", resolve_workdir(workdir), host)
@@ -110,11 +111,6 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
 
     Example: sbench fabric -i cluster.yaml --partition a100 --nodes 2
     """
-    from harness.db.cluster import record_fabric
-    from harness.db.store import open_store
-    from harness.sbatch.backends import resolve_executor
-    from harness.sbatch.fabric import run_fabric
-
     inv = load_inventory(inventory)
     res = run_fabric(inv, partition, nodes, resolve_workdir(workdir), executor=resolve_executor(executor),
                      roce=roce, sizes=sizes, iters=iters)

@@ -8,6 +8,10 @@ from typing import Any
 import click
 
 from harness.contract.paths import resolve_workdir
+from harness.sbatch.control import cancel as cancel_attempts
+from harness.sbatch.control import status as status_report
+from harness.sbatch.prepare import prepare_sweep, record_prepare_job, submit_prepare_job
+from harness.sbatch.submit import retry_campaign, submit_sweep
 from harness.spec.inventory import load_inventory
 from harness.spec.sweep import load_sweep
 
@@ -61,8 +65,6 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
 
     Example: sbench submit sweeps/demo-cpu.yaml --executor local --wait
     """
-    from harness.sbatch.submit import submit_sweep
-
     progress = Progress("submit", {"wait": "attempts finished"}, quiet=as_json)
     try:
         report = submit_sweep(sweep, inventory, executor, workdir, db, wait=wait, force=force,
@@ -95,8 +97,6 @@ def prepare(sweep: Path, inventory: Path | None, model_map: Path | None, workdir
 
     Example: sbench prepare sweeps/demo-cpu.yaml
     """
-    from harness.sbatch.prepare import prepare_sweep, submit_prepare_job
-
     if on == "here":
         items = prepare_sweep(sweep, inventory, model_map, echo=_stderr_echo(as_json))
         if as_json:
@@ -109,7 +109,6 @@ def prepare(sweep: Path, inventory: Path | None, model_map: Path | None, workdir
         click.echo(f"prepared {len(items)} item(s) in {total:.1f} s: "
                    + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
         return
-    from harness.sbatch.prepare import record_prepare_job
 
     inv = load_inventory(inventory)
     sw = load_sweep(sweep, model_map)
@@ -159,8 +158,6 @@ def retry(campaign: str, workdir: Path | None, db: Path | None, executor: str, w
 
     Example: sbench retry lora-scan
     """
-    from harness.sbatch.submit import retry_campaign
-
     progress = Progress("retry", {"wait": "attempts finished"}, quiet=as_json)
     try:
         report = retry_campaign(campaign, workdir, db, executor=executor, wait=wait, max_parallel=max_parallel,
@@ -180,8 +177,6 @@ def status(workdir: Path | None, db: Path | None, campaign: str | None, as_json:
 
     Example: sbench status --campaign demo-cpu
     """
-    from harness.sbatch.control import status as status_report
-
     rep = status_report(workdir, db, campaign)
     if as_json:
         echo_json({"rows": rep.rows, "counts": rep.counts, "note": rep.note})
@@ -226,7 +221,5 @@ def cancel(workdir: Path | None, db: Path | None, campaign: str | None) -> None:
 
     Example: sbench cancel --campaign lora-scan
     """
-    from harness.sbatch.control import cancel as cancel_attempts
-
     done = cancel_attempts(workdir, db, campaign)
     click.echo(f"cancelled {len(done)} attempt(s)" + (": " + " ".join(done) if done else ""))

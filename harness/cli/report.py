@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from harness.contract.paths import resolve_db
+from harness.report.page import build_report
 
 from .base import campaign_name, db_option, main
 
@@ -29,8 +30,6 @@ def report(db: Path | None, campaign: str | None, run_id: str | None, out: Path,
 
     Example: sbench report --campaign lora-scan -o report.html
     """
-    from harness.report.page import build_report
-
     rep = build_report(resolve_db(db), campaign=campaign, run_id=run_id, compare_to=compare_to or None,
                        threshold=threshold)
     if str(out) == "-":

@@ -10,8 +10,13 @@ from typing import Any
 
 import click
 
+from harness.collect import collect as run_collect
 from harness.contract.errors import InputError
 from harness.contract.paths import resolve_db, resolve_workdir
+from harness.db.checks import check_results, references_of
+from harness.db.status import campaign_names
+from harness.db.store import open_store
+from harness.report.compare import compare_in
 
 from .base import Progress, campaign_name, db_option, echo_json, json_option, main, table, workdir_option
 
@@ -28,8 +33,6 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json
 
     Example: sbench collect --campaign lora-scan
     """
-    from harness.collect import collect as run_collect
-
     wd = resolve_workdir(workdir)
     if not wd.is_dir():
         raise InputError(f"--workdir {wd}: no such directory; nothing to collect (submit a sweep first, or pass "
@@ -71,8 +74,6 @@ def query(sql: str, db: Path | None, fmt: str) -> None:
 
     Example: sbench query "select model_name, batch_size, dataset_tokens_per_second from measurements"
     """
-    from harness.db.store import open_store
-
     with open_store(resolve_db(db), read_only=True) as store:
         cols, rows = store.query(sql)
     if fmt == "json":
@@ -107,9 +108,6 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
 
     Example: sbench compare nightly-1122 nightly-1123 --threshold 0.05 --metric train_runtime
     """
-    from harness.db.store import open_store
-    from harness.report.compare import compare_in
-
     with open_store(resolve_db(db), read_only=True) as st:
         rows = compare_in(st, base, cand, list(metrics), threshold)
     regressions = [r for r in rows if r.verdict.startswith("regression")]
@@ -142,10 +140,6 @@ def check(campaign: str, db: Path | None, allow_missing: bool, as_json: bool) ->
 
     Example: sbench check nightly-1123 --db results.duckdb
     """
-    from harness.db.checks import check_results, references_of
-    from harness.db.status import campaign_names
-    from harness.db.store import open_store
-
     with open_store(resolve_db(db), read_only=True) as st:
         if campaign not in campaign_names(st):
             raise InputError(f"campaign {campaign!r} is not in {st.path}; run `sbench collect` first")
