@@ -20,7 +20,7 @@ from .base import echo_json, inventory_option, json_option, main
 
 def _quiet_transformers() -> None:
     """No progress bars or advisory warnings from transformers in command output."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # heavy: only where a model is built or trained
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()

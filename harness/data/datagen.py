@@ -304,7 +304,7 @@ class _TokenLengths:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self.backend = None
         if backend is not None:
-            from tokenizers import Tokenizer
+            from tokenizers import Tokenizer  # heavy: only where text is tokenized
 
             # A private copy: the caller's tokenizer may carry truncation/padding state from earlier calls.
             self.backend = Tokenizer.from_str(backend.to_str())
@@ -410,7 +410,7 @@ def _png(width: int, height: int, seed: int) -> bytes:
     repeat the one above compress to almost nothing, which keeps a 4096-row dataset of
     repeated copies cheap to write.
     """
-    import numpy as np
+    import numpy as np  # heavy: only where arrays are built
 
     rng = np.random.default_rng(seed)
     x = np.arange(width)[None, :, None]
@@ -437,9 +437,9 @@ def _png(width: int, height: int, seed: int) -> bytes:
 
 def _write_parquet(tmp: Path, spec: DatasetSpec, n: int, seed: int,
                    stats: dict[str, list[int]]) -> tuple[str, int, int, dict[str, Any]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from datasets import Features, Image, List, Value
+    import pyarrow as pa  # heavy: only where Arrow or Parquet data is read or written
+    import pyarrow.parquet as pq  # heavy: only where Arrow or Parquet data is read or written
+    from datasets import Features, Image, List, Value  # heavy: only where a dataset is opened
 
     png = _png(spec.width, spec.height, seed)
     per_image = estimated_image_tokens(spec.width, spec.height)

@@ -55,7 +55,7 @@ def resolve_model(source: str, names: list[str], models_dir: str | None) -> tupl
         return "ready", path
     cache = model_cache(models_dir)
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # heavy: only to find or fetch a model
 
         local = snapshot_download(source, cache_dir=cache, local_files_only=True)
     except Exception:  # noqa: BLE001 - LocalEntryNotFoundError, bad ids, ...
@@ -79,7 +79,7 @@ def fetch_model(model_id: str, cache: str | None) -> Path:
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         raise InputError(f"cannot fetch {model_id}: HF_HUB_OFFLINE=1 here; run the fetch where the hub is "
                          "reachable (with the same --cache), or copy the checkpoint and map it in model_map:")
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # heavy: only to find or fetch a model
 
     try:
         local = snapshot_download(model_id, cache_dir=cache, allow_patterns=[

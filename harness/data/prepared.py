@@ -115,8 +115,8 @@ def check_entry(path: Path, key: str, *, verify: bool = True) -> str | None:
 
 def open_entry(path: Path) -> Any:
     """The entry as a memory-mapped ``datasets.Dataset``; its schema and row count checked against meta."""
-    from datasets import Dataset
-    from datasets.table import MemoryMappedTable
+    from datasets import Dataset  # heavy: only where a dataset is opened
+    from datasets.table import MemoryMappedTable  # heavy: only where a dataset is opened
 
     meta = json.loads((path / META_FILE).read_text())
     table = MemoryMappedTable.from_file(str(path / DATA_FILE))
@@ -159,7 +159,7 @@ def _remove_dead_builds(path: Path) -> None:
 
 def _build(path: Path, key: str, key_doc: dict[str, Any], tok: Any, tokenizer: Any, dataset_path: Path, *,
            text_field: str, max_length: int, template: str, token_cache: Path | None, dataset_sha: str) -> dict:
-    import pyarrow as pa
+    import pyarrow as pa  # heavy: only where Arrow or Parquet data is read or written
 
     t0 = time.monotonic()
     tmp = path.with_name(f".tmp-{path.name}-{socket.gethostname()}-{os.getpid()}")

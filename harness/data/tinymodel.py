@@ -8,6 +8,7 @@ ordinary ``AutoTokenizer.from_pretrained`` / ``AutoModelForCausalLM.from_pretrai
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,9 @@ def train_tokenizer(*, vocab_size: int = 512, model_max_length: int = 4096, seed
 
     Like Llama's tokenizer it adds ``<s>`` in front of every sequence and nothing at the end.
     """
+    # heavy: only where a tokenizer is trained
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # heavy: as above
 
     specials = list(SPECIAL_TOKENS.values())
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -62,8 +64,8 @@ def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", voc
             raise InputError(f"{name} must be a positive integer, got {value}")
     if hidden_size % num_heads:
         raise InputError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
-    import torch
-    from transformers import (
+    import torch  # heavy: only where a model is built or trained
+    from transformers import (  # heavy: as above
         LlamaConfig,
         LlamaForCausalLM,
         MixtralConfig,
@@ -113,8 +115,6 @@ def _portable(out: Path) -> None:
     """Make the directory load under transformers 4.x as well (the fms-hf-tuning trainer's environment):
     name the tokenizer class both majors know, and keep the rope base where 4.x reads it. A checkpoint
     from the hub is written that way already; this one must not be the odd one out."""
-    import json
-
     tc = out / "tokenizer_config.json"
     doc = json.loads(tc.read_text())
     doc["tokenizer_class"] = "PreTrainedTokenizerFast"
@@ -129,9 +129,7 @@ def _portable(out: Path) -> None:
 
 def describe_model(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Parameter count, vocabulary and layers of a model directory, read from its config and weights."""
-    import json
-
-    from safetensors import safe_open
+    from safetensors import safe_open  # heavy: only where weights are read
 
     d = Path(model_dir)
     config = json.loads((d / "config.json").read_text())

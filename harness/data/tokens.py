@@ -49,7 +49,7 @@ def load_tokenizer(tokenizer: Any) -> Any:
         if not callable(tokenizer):
             raise InputError(f"tokenizer must be an HF id, a directory or a tokenizer object, got {tokenizer!r}")
         return tokenizer
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy: only where a model is built or trained
 
     text = str(tokenizer)
     local = Path(text).expanduser()
@@ -154,7 +154,7 @@ class _Encoder:
         self.chars_per_token = 8.0  # upper estimate, raised when a prefix comes up short
         self.shortened = 0  # texts encoded from a prefix (observability for tests and benchmarks)
         if backend is not None:
-            from tokenizers import Tokenizer
+            from tokenizers import Tokenizer  # heavy: only where text is tokenized
 
             self.backend = Tokenizer.from_str(backend.to_str())
             self.backend.no_padding()
@@ -231,7 +231,7 @@ def _iter_texts(path: Path, text_field: str) -> Iterator[str]:
     if not path.is_file():
         raise InputError(f"dataset file {path} does not exist; generate it with: sbench dataset generate ID -o {path}")
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # heavy: only where Arrow or Parquet data is read or written
 
         pf = pq.ParquetFile(path)
         if text_field not in pf.schema_arrow.names:
@@ -415,7 +415,7 @@ ENCODED_COLUMNS = ("input_ids", "completion_mask")
 
 def encoded_schema() -> Any:
     """The Arrow schema of the training data: token ids (int32) and the completion mask (int8)."""
-    import pyarrow as pa
+    import pyarrow as pa  # heavy: only where Arrow or Parquet data is read or written
 
     return pa.schema([("input_ids", pa.list_(pa.int32())), ("completion_mask", pa.list_(pa.int8()))])
 
@@ -427,7 +427,7 @@ def encoded_batches(tok: Any, dataset_path: str | os.PathLike[str], *, text_fiel
     ``tok`` is a tokenizer object, ``max_length`` the effective max length and ``template`` the
     decoded response template.
     """
-    import pyarrow as pa
+    import pyarrow as pa  # heavy: only where Arrow or Parquet data is read or written
 
     path = Path(dataset_path)
     encoder = _Encoder(tok, max_length)
@@ -478,9 +478,9 @@ def encode_for_training(tokenizer: Any, dataset_path: str | os.PathLike[str], *,
     (Jobs use :mod:`harness.prepared`, which writes the same batches to a shared,
     memory-mapped file instead.)
     """
-    import pyarrow as pa
-    from datasets import Dataset
-    from datasets.table import InMemoryTable
+    import pyarrow as pa  # heavy: only where Arrow or Parquet data is read or written
+    from datasets import Dataset  # heavy: only where a dataset is opened
+    from datasets.table import InMemoryTable  # heavy: only where a dataset is opened
 
     tok = load_tokenizer(tokenizer)
     template = checked_template(response_template)

@@ -36,8 +36,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from harness.build.trainargs import smoke_argv
 from harness.contract import envvars
@@ -189,10 +192,6 @@ def _smoke(python: Path, work: Path, log: Callable[[str], None]) -> float:
 
 def known_requirements(version: str) -> tuple[str, ...]:
     """What sbench installs with a release whose own pins no longer work (harness/data/fms_requirements.yaml)."""
-    from importlib import resources
-
-    import yaml
-
     doc = yaml.safe_load(resources.files("harness.data").joinpath("fms_requirements.yaml").read_text()) or {}
     return tuple(str(x) for x in doc.get(version) or ())
 

@@ -9,6 +9,7 @@ for example a ``RuntimeError`` mentioning "NCCL Error".
 from __future__ import annotations
 
 import re
+import signal as _signal
 import traceback as _tb
 from typing import Any
 
@@ -20,7 +21,7 @@ _INVALID_TEXT = re.compile(r"(torch\.(cuda\.)?OutOfMemoryError|CUDA out of memor
 
 def _is_oom(exc: BaseException) -> bool:
     try:
-        import torch
+        import torch  # heavy: only where a model is built or trained
     except ImportError:  # pragma: no cover - torch is a dependency
         return type(exc).__name__ == "OutOfMemoryError"
     oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
@@ -77,8 +78,6 @@ def elastic_failures(log_text: str) -> dict[int, int]:
 
 
 def _signame(sig: int) -> str:
-    import signal as _signal
-
     try:
         return _signal.Signals(sig).name
     except ValueError:

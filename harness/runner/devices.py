@@ -10,7 +10,7 @@ from typing import Any
 
 def device_info(local_rank: int) -> Any:
     """``cpu``, or the CUDA device this rank trains on."""
-    import torch
+    import torch  # heavy: only where a model is built or trained
 
     if not torch.cuda.is_available():
         return "cpu"
@@ -25,7 +25,7 @@ def device_info(local_rank: int) -> Any:
 
 def backend_name() -> str | None:
     """The process group's backend (with its device map where torch has one); None without a process group."""
-    import torch
+    import torch  # heavy: only where a model is built or trained
 
     if not torch.distributed.is_initialized():
         return None
@@ -39,7 +39,7 @@ def wrapping(trainer: Any) -> dict[str, Any]:
     """How the model was actually wrapped: proof that DDP/FSDP ran, not just that it was asked for."""
     sharded: tuple[type, ...] = ()
     try:
-        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import DTensor  # heavy: only where a model is built or trained
 
         sharded = (DTensor,)
     except ImportError:  # pragma: no cover

@@ -11,6 +11,8 @@ cache and offline switches, and sbench's own. Anything else (``HF_AUTH``, ``AWS_
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import ipaddress
 import os
 import platform
 import re
@@ -152,8 +154,6 @@ def torch_cuda_runtime() -> str | None:
     """The CUDA runtime torch was built with, read from torch/version.py (no torch import: the node
     runner stays light)."""
     try:
-        import importlib.util
-
         spec = importlib.util.find_spec("torch")
         if spec is None or not spec.submodule_search_locations:
             return None
@@ -167,7 +167,7 @@ def torch_cuda_runtime() -> str | None:
 def nvml_versions() -> dict[str, str | None]:
     """The GPU driver and the CUDA version it supports, through NVML; empty without NVML."""
     try:
-        import pynvml
+        import pynvml  # optional: NVML is there only with an NVIDIA driver
 
         pynvml.nvmlInit()
     except Exception:  # noqa: BLE001 - no NVML library or no GPU
@@ -195,8 +195,6 @@ def _read(path: Path) -> str | None:
 
 def ipv4_of_gid(gid: str) -> str | None:
     """The IPv4 address of an IPv4-mapped GID (``::ffff:a.b.c.d``), else None."""
-    import ipaddress
-
     try:
         addr = ipaddress.IPv6Address(gid)
     except ValueError:

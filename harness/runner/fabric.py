@@ -35,8 +35,8 @@ def parse_size(text: str) -> int:
 
 # -- in the job ----------------------------------------------------------------------------------------------
 def _bench(sizes: list[int], iters: int, warmup: int) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
+    import torch  # heavy: only where a model is built or trained
+    import torch.distributed as dist  # heavy: only where a model is built or trained
 
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"

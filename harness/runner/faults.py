@@ -52,7 +52,7 @@ class Fault:
     def fire(self, where: str) -> None:
         msg = f"{ENV} {self.kind} injected {where}"
         if self.kind == "oom":
-            import torch
+            import torch  # heavy: only where a model is built or trained
 
             raise torch.OutOfMemoryError(f"CUDA out of memory. ({msg})")
         if self.kind == "illegal":

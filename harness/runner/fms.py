@@ -22,6 +22,7 @@ sbench's own flags (:data:`harness.build.trainargs.OWN_FLAGS`) are taken out bef
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
 import sys
 import time
@@ -61,8 +62,6 @@ def fms_argv(argv: list[str]) -> list[str]:
 
 
 def _versions() -> dict[str, str | None]:
-    import importlib.metadata as md
-
     out: dict[str, str | None] = {}
     for p in TRAINER_PACKAGES:
         try:
@@ -87,14 +86,14 @@ class EntryCounts:
 
     @staticmethod
     def key(ids: Any) -> int:
-        import numpy as np
+        import numpy as np  # heavy: only where arrays are built
 
         return hash(np.asarray(ids, dtype=np.int64).tobytes())
 
     def bind(self, dataset: Any) -> None:
         """Index the training set's rows by their token ids, straight from Arrow, a chunk at a time: a
         4096-entry, 16k-token set would be 67M Python ints per rank as lists."""
-        import numpy as np
+        import numpy as np  # heavy: only where arrays are built
 
         try:
             rows = len(dataset)
@@ -169,7 +168,7 @@ def _callback(ctx: Context, meter: Meter, counts: EntryCounts, stages: dict[str,
 
                 real.collate_fn = counting
             stages["model"] = kw.get("model")
-            from accelerate.state import AcceleratorState
+            from accelerate.state import AcceleratorState  # heavy: only where a model is trained
 
             dtype = str(AcceleratorState().distributed_type).split(".")[-1]
             print(f"sbench[rank {ctx.rank}]: training under {dtype}, model {type(kw.get('model')).__name__}",
@@ -190,16 +189,16 @@ def _callback(ctx: Context, meter: Meter, counts: EntryCounts, stages: dict[str,
 
 def run(args: Any, ctx: Context) -> dict[str, Any]:
     doc = ctx.doc
-    import torch
+    import torch  # heavy: only where a model is built or trained
 
     cuda = torch.cuda.is_available()
     doc["settings"] = {"cuda": cuda, "torch_dtype": args.torch_dtype, "bf16": args.bf16, "fp16": args.fp16,
                        "attn_implementation": "flash_attention_2" if args.use_flash_attn else "sdpa"}
     doc["device"] = device_info(ctx.local_rank)
-    import tuning.sft_trainer as st
-    from accelerate import PartialState
-    from transformers import AutoTokenizer
-    from trl import SFTTrainer
+    import tuning.sft_trainer as st  # only in the fms-hf-tuning environment
+    from accelerate import PartialState  # heavy: only where a model is trained
+    from transformers import AutoTokenizer  # heavy: only where a model is built or trained
+    from trl import SFTTrainer  # heavy: only where a model is trained
 
     doc["trainer"] = {"name": "fms-hf-tuning", "packages": _versions()}
     t_imported = time.time()

@@ -130,8 +130,8 @@ class StopPolicy:
 
 def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict[str, Any],
                    memory: MemoryRecorder | None = None) -> Any:
-    import torch
-    from transformers import TrainerCallback
+    import torch  # heavy: only where a model is built or trained
+    from transformers import TrainerCallback  # heavy: only where a model is built or trained
 
     class BenchCallback(TrainerCallback):
         """Times steps, takes the stop decision (rank 0, broadcast), fires injected faults and takes the
@@ -248,7 +248,7 @@ def run_totals(metrics: dict[str, Any], world_size: int, device: Any) -> None:
     counts the run's dataset tokens), ``train_samples*`` and ``dataset_tokens*`` are run totals;
     ``train_tokens*`` stay this rank's (collect scales them by world size, the seeds' FSDP estimate).
     """
-    import torch
+    import torch  # heavy: only where a model is built or trained
 
     counts = [metrics["rank_train_samples"], metrics["rank_dataset_tokens"], metrics["train_tokens"]]
     if world_size > 1 and torch.distributed.is_initialized():

@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import psutil
+
 PHASES = ("before_forward", "after_forward", "after_backward", "after_optimizer")
 
 
@@ -51,7 +53,7 @@ class _Unique:
         self.seen: set[int] = set()
 
     def add(self, t: Any) -> int:
-        import torch
+        import torch  # heavy: only where a model is built or trained
 
         if not torch.is_tensor(t) or t.numel() == 0:
             return 0
@@ -98,7 +100,7 @@ def _zero_parts(zero: Any, params: list[Any]) -> dict[str, int]:
 
 
 def snapshot(model: Any, optimizer: Any, device: Any, step: int, phase: str) -> dict[str, Any]:
-    import torch
+    import torch  # heavy: only where a model is built or trained
 
     params = list(model.parameters())
     zero = zero_optimizer(optimizer)
@@ -124,8 +126,6 @@ def snapshot(model: Any, optimizer: Any, device: Any, step: int, phase: str) -> 
                     cuda_peak_bytes=int(torch.cuda.max_memory_allocated(device)),
                     cuda_reserved_bytes=int(torch.cuda.memory_reserved(device)))
     try:
-        import psutil
-
         snap["rss_bytes"] = int(psutil.Process().memory_info().rss)
     except Exception:  # noqa: BLE001 - RSS is a bonus
         snap["rss_bytes"] = None

@@ -24,6 +24,7 @@ each trial's outcome (those outcomes are the measurement).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -59,8 +60,6 @@ def _write_json(path: Path, doc: Any) -> None:
 def _become_subreaper() -> bool:
     """PR_SET_CHILD_SUBREAPER: orphaned descendants are reparented to this process, not to init."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(36, 1, 0, 0, 0) == 0  # 36 = PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):

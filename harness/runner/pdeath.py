@@ -10,6 +10,7 @@ its sampler thread runs. Where ``prctl`` is unavailable (not Linux) CMD simply r
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -20,8 +21,6 @@ PR_SET_PDEATHSIG = 1
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
     """Ask the kernel to send *sig* to this process when its parent thread exits."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except (OSError, AttributeError):

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from harness.runner.envcapture import nvml_versions, read_hcas
 from harness.spec.inventory import detect_gpus
 
@@ -45,8 +47,6 @@ def reverse_dns_seconds(address: str = "::ffff:127.0.0.1") -> float:
 
 
 def probe_node(host: str | None = None, sysfs_ib: Path | None = None) -> dict[str, Any]:
-    import psutil
-
     gpus = detect_gpus()
     return {
         "host": host or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],

@@ -73,7 +73,7 @@ class TrainerSetupError(RuntimeError):
 
 def resolve_settings(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
     """What this machine will actually run: CPU turns off bf16/fp16/flash-attention and uses float32."""
-    import torch
+    import torch  # heavy: only where a model is built or trained
 
     cuda = torch.cuda.is_available()
     s: dict[str, Any] = {"cuda": cuda, "torch_dtype": args.torch_dtype, "bf16": args.bf16, "fp16": args.fp16,
@@ -134,7 +134,7 @@ def qlora_kwargs(args: argparse.Namespace, dtype: Any) -> dict[str, Any]:
     double quantisation, computing (and stored, so FSDP can shard it) in the run's dtype."""
     if not args.use_qlora:
         return {}
-    from transformers import BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig  # heavy: only where a model is built or trained
 
     return {"quantization_config": BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
@@ -150,8 +150,8 @@ def enable_cpu_fsdp(trainer: Any) -> bool:
     gloo, so set the state to FSDP with the plugin accelerate built from the launcher's
     environment, and tell the Trainer (which read the state while it was MULTI_CPU).
     """
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.state import PartialState  # heavy: only where a model is trained
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin  # heavy: only where a model is trained
 
     state = trainer.accelerator.state
     if (os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true"
@@ -171,12 +171,12 @@ def enable_cpu_fsdp(trainer: Any) -> bool:
 
 def _peft_config(args: argparse.Namespace, tokenizer_path: str) -> Any:
     if args.peft_method == "lora":
-        from peft import LoraConfig
+        from peft import LoraConfig  # heavy: only where a model is trained
 
         return LoraConfig(r=args.r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
                           target_modules=args.target_modules, task_type="CAUSAL_LM", bias="none")
     if args.peft_method == "pt":
-        from peft import PromptTuningConfig
+        from peft import PromptTuningConfig  # heavy: only where a model is trained
 
         kw: dict[str, Any] = {}
         if args.prompt_tuning_init == "TEXT":
@@ -189,7 +189,7 @@ def _peft_config(args: argparse.Namespace, tokenizer_path: str) -> Any:
 
 def _lengths_and_empty(data: Any) -> tuple[list[int], int]:
     """Per-entry token counts and how many entries have no completion token, straight from Arrow."""
-    import numpy as np
+    import numpy as np  # heavy: only where arrays are built
 
     lengths: list[int] = []
     empty = 0
@@ -211,10 +211,10 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
     doc = ctx.doc
     settings = resolve_settings(args, ctx)  # before the heavy imports: a config that cannot run fails fast
 
-    from accelerate import PartialState
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
-    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+    from accelerate import PartialState  # heavy: only where a model is trained
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: only where a model is built or trained
+    from trl import SFTConfig, SFTTrainer  # heavy: only where a model is trained
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # heavy: only where a model is trained
 
     doc["settings"] = {k: (str(v) if k == "dtype" else v) for k, v in settings.items()}
     doc["device"] = device_info(ctx.local_rank)

@@ -588,7 +588,7 @@ def model_config(source: str) -> dict[str, Any] | None:
                 return None
         return None
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # heavy: only to find or fetch a model
     except ImportError:  # pragma: no cover - transformers depends on it
         return None
     try:

@@ -28,13 +28,13 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+import yaml
+
 DTYPES = ("bf16", "fp16", "tf32", "fp32")
 
 
 @lru_cache(maxsize=1)
 def peak_table() -> dict[str, dict[str, float]]:
-    import yaml
-
     text = resources.files("harness.spec").joinpath("gpu_peaks.yaml").read_text(encoding="utf-8")
     return {str(k): {str(d): float(v) for d, v in vals.items()} for k, vals in yaml.safe_load(text).items()}
 

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from harness.contract import envvars
 from harness.contract.errors import InventoryError
 
@@ -292,7 +294,7 @@ def parse_inventory(doc: Any, source: str) -> Inventory:
 def detect_gpus() -> list[dict[str, Any]]:
     """GPUs through NVML; an empty list when NVML is missing or sees none."""
     try:
-        import pynvml
+        import pynvml  # optional: NVML is there only with an NVIDIA driver
     except ImportError:
         return []
     try:
@@ -324,8 +326,6 @@ def gpu_label(name: str) -> str:
 
 def local_inventory() -> Inventory:
     """This machine as a one-host inventory: NVML GPUs when present, else a CPU partition."""
-    import psutil
-
     host = socket.gethostname().split(".")[0] or "localhost"
     cpus = os.cpu_count() or 1
     mem_gb = round(psutil.virtual_memory().total / 2**30, 1)

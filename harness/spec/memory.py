@@ -52,6 +52,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from harness.contract.defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
 
 from .catalog import model_config, optim_args
@@ -299,8 +301,6 @@ def config_for(source: str) -> dict[str, Any] | None:
 
 @lru_cache(maxsize=1)
 def gpu_memory_table() -> dict[str, float]:
-    import yaml
-
     doc = yaml.safe_load((Path(__file__).parent / "gpu_memory.yaml").read_text()) or {}
     return {str(k): float(v) for k, v in doc.items()}
 

@@ -4,6 +4,7 @@ and adds notes (it runs, but the user should know)."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -85,8 +86,6 @@ def _optimizer_reasons(e: Mapping[str, Any], part: Partition, notes: list[str]) 
 def _package_reason(package: str, what: str, part: Partition, notes: list[str], install: str) -> list[str]:
     """*what* needs *package* where the jobs run: checked here when the jobs use this environment, a
     note when the partition names its own python."""
-    import importlib.util
-
     if importlib.util.find_spec(package) is not None:
         return []
     if part.python is None:

@@ -6,6 +6,7 @@ before the whole file is checked.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,6 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     for section, node in (("entity", entity), ("grid", grid)):
         for k in node:
             if k not in known:
-                import difflib
                 close = difflib.get_close_matches(k, known, n=1)
                 hint = f"did you mean {close[0]!r}? " if close else ""
                 ck.fail(f"{section}.{k}", f"is not a field of {experiment.id}; {hint}valid fields: {', '.join(known)}",
