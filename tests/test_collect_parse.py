@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from harness.collect.parse import csv_tail, nccl_transport, parse_stages, read_json, read_jsonl, summarize_transports
+from harness.contract import jobstate
 from harness.contract.jobstate import FINAL_STATES
 from harness.slurm.client import Slurm
 from harness.slurm.hostlist import expand_hostlist
-from harness.slurm.sacct import parse_elapsed, parse_rss_mb, parse_sacct, parse_squeue, sacct_argv, scheduler_verdict
+from harness.slurm.sacct import parse_elapsed, parse_rss_mb, parse_sacct, parse_squeue, sacct_argv
 
 FIX = Path(__file__).parent / "fixtures" / "collect"
 
@@ -42,7 +43,7 @@ def test_sacct_recorded_output_jobs_steps_and_arrays():
     ("REQUEUED", "pending", None), ("PENDING", "pending", None), ("RUNNING", "pending", None),
 ])
 def test_state_verdicts(state, verdict, reason):
-    assert scheduler_verdict(state) == (verdict, reason)
+    assert jobstate.verdict(state) == (verdict, reason)
 
 
 def test_preempted_is_asked_about_again_but_cancelled_is_final():

@@ -12,7 +12,7 @@ from harness.contract import jobstate
 from harness.contract.jobstate import FINAL_STATES
 from harness.sbatch import control
 from harness.slurm.client import Slurm
-from harness.slurm.sacct import parse_sacct, scheduler_verdict
+from harness.slurm.sacct import parse_sacct
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "states"
 SQUEUE = (FIX / "squeue.txt").read_text()
@@ -65,7 +65,7 @@ def test_submit_wait_status_cancel_and_collect_agree(recorded, job_id: str) -> N
     # cancel: only what is pending or running is cancelled
     assert (phase in ("pending", "running")) == (expected != "done")
     # collect: an outcome is decided once the attempt is done, not before
-    verdict, reason = scheduler_verdict(live)
+    verdict, reason = jobstate.verdict(live)
     assert (verdict != "pending") == (expected == "done")
     if job_id in FAILED_BY_SCHEDULER:
         assert (verdict, reason) == ("failed", FAILED_BY_SCHEDULER[job_id])
@@ -74,7 +74,7 @@ def test_submit_wait_status_cancel_and_collect_agree(recorded, job_id: str) -> N
 def test_collect_reads_the_same_states_from_full_sacct_records() -> None:
     jobs = parse_sacct(SACCT_FULL)
     for job_id, acct in jobs.items():
-        verdict, _ = scheduler_verdict(acct.state)
+        verdict, _ = jobstate.verdict(acct.state)
         assert (verdict != "pending") == (EXPECTED[job_id] == "done"), job_id
         assert jobstate.is_done(acct.state_raw) == jobstate.is_done(acct.state)
     assert jobs["6003"].state == "CANCELLED" and jobs["6013"].state == "COMPLETED"

@@ -103,10 +103,6 @@ def scan(job_dir: Path | None) -> tuple[str, list[str] | None]:
     return hashlib.sha1(repr(entries).encode()).hexdigest()[:20], [e[0] for e in entries]
 
 
-def fingerprint(job_dir: Path | None) -> str:
-    return scan(job_dir)[0]
-
-
 @dataclass
 class Manifest:
     path: Path

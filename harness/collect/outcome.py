@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from harness.slurm.sacct import JobAccounting, scheduler_verdict
+from harness.contract import jobstate
+from harness.slurm.sacct import JobAccounting
 
 from .jobdir import JobFiles, first_line
 
@@ -91,7 +92,7 @@ def _scheduler_failure(f: JobFiles, sched: Sched, cancel_requested: bool,
                        hosts_expected: list[str]) -> tuple[str | None, str | None]:
     """(why the scheduler, or a cancel, ended the run; the state that implies) or (None, None)."""
     if sched.state is not None:
-        verdict, why = scheduler_verdict(sched.state)
+        verdict, why = jobstate.verdict(sched.state)
         if verdict != "failed":
             return None, None
         if sched.job and sched.job.elapsed_s is not None and sched.state == "TIMEOUT":
@@ -115,7 +116,7 @@ def decide(f: JobFiles, sched: Sched, cancel_requested: bool) -> Verdict:
     sched_hosts = sched.job.hosts if sched.job else []
     hosts_expected = sched_hosts or (sorted(hosts_all) if len(hosts_all) == f.num_machines else [])
     if sched.state is not None:
-        over = scheduler_verdict(sched.state)[0] != "pending"
+        over = jobstate.verdict(sched.state)[0] != "pending"
     else:
         over = bool(f.results) or cancel_requested or sched.gone
     v = Verdict(outcome=None, state=sched.state, over=over, sched=sched, hosts_expected=hosts_expected,

@@ -189,8 +189,3 @@ def parse_squeue(text: str) -> dict[str, Queued]:
         for one in expand_job_ids(f[0].strip()):
             out[one] = Queued(jobstate.normalise(f[1]), nodes, reason)
     return out
-
-
-def scheduler_verdict(state: str | None) -> tuple[str, str | None]:
-    """('pending' | 'failed' | 'files', reason): what a SLURM state says about a run's outcome."""
-    return jobstate.verdict(state)
