@@ -420,11 +420,11 @@ def test_line_chart_scales_log2_and_pins_missing_values_to_the_top():
     svg = line_chart([Series("a", [(1, 0.0, "lo"), (16, 50.0, "hi")], "#123456"),
                       Series("oom", [(32, None, "boom")], "#d62728", marker="x", line=False, css="oom")],
                      x_label="batch", y_label="v", log2_x=True, y_range=(0.0, 100.0))
-    assert [t for t in re.findall(r'<text class="tick"[^>]*>([^<]+)</text>', svg)] == [
+    assert [t for t in re.findall(r'<text class="tick[^"]*"[^>]*>([^<]+)</text>', svg)] == [
         "0", "20", "40", "60", "80", "100", "1", "2", "4", "8", "16", "32"]
     cx = {tip: float(x) for x, tip in re.findall(r'cx="([\d.]+)"[^>]*><title>(\w+)</title>', svg)}
-    ticks = {t: float(x) for x, t in re.findall(r'<text class="tick" x="([\d.]+)" y="2\d\d[.\d]*" '
-                                                r'text-anchor="middle">(\d+)</text>', svg)}
+    ticks = {t: float(x) for x, t in re.findall(r'<text class="tick xtick" data-x="\d+" x="([\d.]+)" '
+                                                r'y="2\d\d[.\d]*" text-anchor="middle">(\d+)</text>', svg)}
     assert cx["lo"] == ticks["1"] and cx["hi"] == ticks["16"]
     assert ticks["2"] - ticks["1"] == pytest.approx(ticks["16"] - ticks["8"], abs=0.2)  # equal steps per doubling
     cy = dict((tip, float(y)) for y, tip in re.findall(r'cy="([\d.]+)"[^>]*><title>(\w+)</title>', svg))

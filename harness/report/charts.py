@@ -1,15 +1,16 @@
 """SVG chart primitives for the report: a line/scatter chart and a horizontal stacked bar chart.
 
 Pure functions from series to SVG text, with the small helpers they share (escaping, short numbers,
-round ticks, the no-data panel). They know nothing of sbench: colours, labels and tooltips come from
-the caller (harness.report.sections).
+byte sizes, counted words, round ticks, the no-data panel). An axis ticks at values that exist (the
+caller's, powers of two, or round numbers) and labels only as many as fit without overlapping. They know
+nothing of sbench: colours, labels and tooltips come from the caller (harness.report.sections).
 """
 
 from __future__ import annotations
 
 import html
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,13 +46,30 @@ def fmt(v: float | None) -> str:
     return f"{v:.3g}"
 
 
-def nice_ticks(lo: float, hi: float, n: int = 5) -> tuple[list[float], float, float]:
-    """About *n* round ticks covering [lo, hi], and the widened domain they span."""
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 worker``, ``2 workers`` (*words*: an irregular plural)."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
+def human_bytes(v: float) -> str:
+    """A byte count in binary units, short: 512, 1K, 64K, 1M, 1.5G (K = 1024)."""
+    for unit, size in (("T", 2.0 ** 40), ("G", 2.0 ** 30), ("M", 2.0 ** 20), ("K", 2.0 ** 10)):
+        if abs(v) >= size:
+            return f"{v / size:.3g}{unit}"
+    return fmt(v)
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> tuple[list[float], float, float]:
+    """About *n* round ticks covering [lo, hi], and the widened domain they span; with *integer*, whole
+    numbers only (a step of at least 1, never 2.5)."""
     if not hi > lo:
         lo, hi = (lo - 1, hi + 1) if lo != 0 else (0.0, 1.0)
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw * 0.999)
+    steps = [m * mag for m in (1, 2, 2.5, 5, 10)]
+    if integer:
+        steps = sorted({*[s for s in steps if float(s).is_integer()], 1.0})
+    step = next(s for s in steps if s >= raw * 0.999)
     first, last = math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step
     count = int(round((last - first) / step))
     return [first + i * step for i in range(count + 1)], first, last
@@ -89,11 +107,46 @@ def _marker(kind: str, cx: float, cy: float, color: str, css: str, tip: str = ""
     return ""
 
 
+TICK_CHAR_PX = 6.6  # a tick label's width per character at the charts' 11 px font (digits are ~6.1 px)
+TICK_GAP_PX = 6.0  # the least space between two tick labels
+
+
+def spaced_ticks(ticks: Sequence[float], pos: Callable[[float], float],
+                 label: Callable[[float], str]) -> list[float]:
+    """The ticks, left to right, whose labels do not overlap those kept before them (the first is kept)."""
+    kept: list[float] = []
+    right = -math.inf
+    for t in sorted(ticks):
+        half = TICK_CHAR_PX * len(label(t)) / 2
+        if pos(t) - half >= right + TICK_GAP_PX:
+            kept.append(t)
+            right = pos(t) + half
+    return kept
+
+
+def log2_ticks(lo: float, hi: float, pos: Callable[[float], float], label: Callable[[float], str]) -> list[float]:
+    """Powers of two in [2**lo, 2**hi], every 1st, 2nd, 5th or 10th power: the densest whose labels fit
+    side by side (each keeps 1K and 1M: 1K, 4K, 16K, ... or 32, 1K, 32K, ...)."""
+    exps = range(math.ceil(lo), math.floor(hi) + 1)
+    ticks: list[float] = []
+    for stride in (1, 2, 5, 10):
+        ticks = [float(2 ** e) for e in exps if e % stride == 0]
+        if len(spaced_ticks(ticks, pos, label)) == len(ticks):
+            return ticks
+    return spaced_ticks(ticks, pos, label)
+
+
 def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, log2_x: bool = False,
                y_range: tuple[float, float] | None = None, bands: Sequence[tuple[float, float, str, str]] = (),
-               width: int = 660, height: int = 300, empty: str = "nothing to plot") -> str:
+               width: int = 660, height: int = 300, empty: str = "nothing to plot",
+               x_ticks: Sequence[float] | None = None, x_fmt: Callable[[float], str] = fmt,
+               integer_x: bool = False) -> str:
     """An SVG line/scatter chart with axes, ticks, optional shaded x bands (x0, x1, label, colour)
-    and a legend on the right. Markers carry their tooltip as <title>."""
+    and a legend on the right. Markers carry their tooltip as <title>.
+
+    X ticks: *x_ticks* if given (e.g. the values measured), else powers of two (*log2_x*) or round numbers
+    (whole ones with *integer_x*); labelled with *x_fmt*, and thinned so that no two labels overlap. Each
+    x tick label carries its value as ``data-x``."""
     pts = [(x, y) for s in series for x, y, _ in s.points]
     if not pts:
         return no_data(empty)
@@ -105,10 +158,13 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, log2_x: 
     fx = [f(x) for x, _ in pts]
     if log2_x:
         lo, hi = min(fx) - 0.35, max(fx) + 0.35
-        xticks = [float(2 ** k) for k in range(math.ceil(lo), math.floor(hi) + 1)]
     else:
         fx += [v for b in bands for v in b[:2]]
-        xticks, lo, hi = nice_ticks(min(fx), max(fx), 8)
+        round_ticks, lo, hi = nice_ticks(min(fx), max(fx), 8, integer=integer_x)
+        if x_ticks is not None:  # the data and the given ticks, with a margin so that no marker sits on the axis
+            lo, hi = min([*fx, *map(f, x_ticks)]), max([*fx, *map(f, x_ticks)])
+            pad = (hi - lo) * 0.04 or 0.5
+            lo, hi = lo - pad, hi + pad
     ys = [y for _, y in pts if y is not None]
     if y_range is not None:
         yticks, ylo, yhi = nice_ticks(*y_range, 5)
@@ -120,6 +176,13 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, log2_x: 
 
     def sy(v: float | None) -> float:
         return mt + 7 if v is None else mt + ph - (v - ylo) / (yhi - ylo) * ph
+
+    if x_ticks is not None:
+        xticks = spaced_ticks([float(t) for t in x_ticks if (t > 0 or not log2_x) and lo <= f(t) <= hi], sx, x_fmt)
+    elif log2_x:
+        xticks = log2_ticks(lo, hi, sx, x_fmt)
+    else:
+        xticks = spaced_ticks(round_ticks, sx, x_fmt)
 
     o = [f'<svg class="chart" viewBox="0 0 {width} {height}" '
          f'width="{width}" height="{height}" role="img" aria-label="{esc(y_label)} vs {esc(x_label)}">']
@@ -138,7 +201,8 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, log2_x: 
     for t in xticks:
         x = sx(t)
         o.append(f'<line class="tickmark" x1="{x:.1f}" x2="{x:.1f}" y1="{mt + ph}" y2="{mt + ph + 5}"/>'
-                 f'<text class="tick" x="{x:.1f}" y="{mt + ph + 17}" text-anchor="middle">{fmt(t)}</text>')
+                 f'<text class="tick xtick" data-x="{int(t) if float(t).is_integer() else t}" x="{x:.1f}" '
+                 f'y="{mt + ph + 17}" text-anchor="middle">{esc(x_fmt(t))}</text>')
     o.append(f'<path class="axis" d="M{ml},{mt}V{mt + ph}H{ml + pw}"/>'
              f'<text class="label" x="{ml + pw / 2:.1f}" y="{height - 8}" text-anchor="middle">{esc(x_label)}</text>'
              f'<text class="label" transform="translate(14,{mt + ph / 2:.1f}) rotate(-90)" text-anchor="middle">'
