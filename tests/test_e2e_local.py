@@ -347,7 +347,8 @@ def test_memory_of_another_architecture(env, cli_module, tmp_path_factory) -> No
 
 def run_cli_report(env) -> str:
     out = env["root"] / "memory-report.html"
-    proc = subprocess.run([sys.executable, "-m", "harness", "report", "--db", str(env["db"]), "-o", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "harness", "report", "--db", str(env["db"]), "--all-campaigns",
+                           "-o", str(out)],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     return out.read_text()

@@ -150,12 +150,16 @@ def write_run(workdir: Path, campaign: str, experiment: str, model: str, gpus: i
 
 def build_campaign(workdir: Path, campaign: str = "scan", *, models=("smollm2-135m", "granite-3b-1.5"),
                    gpu_counts=(1,), batch_sizes=(2, 4, 8), ticks: int = 30, gpu_sampled: bool = True,
-                   extras: bool = True) -> list[dict[str, Any]]:
+                   extras: bool = True, created_at: str | None = None, references: list[dict[str, Any]] | None = None,
+                   seed: int = 0) -> list[dict[str, Any]]:
     """A batch-size scan: models x {lora, full} x GPUs x batch sizes. Runs whose modelled GPU memory
     exceeds the device run out of it (invalid; with the defaults: granite full at batch 8); with
-    *extras*, one point gets a second repeat and one run times out (failed: no measurement)."""
-    synth.append_manifest(workdir, campaign, [synth.manifest_events(campaign, LORA)])
-    runs, seed = [], 0
+    *extras*, one point gets a second repeat and one run times out (failed: no measurement). *created_at*
+    and *references* go into the campaign's manifest line; *seed* offsets the job ids (one per campaign)."""
+    event = synth.manifest_events(campaign, LORA)
+    event.update({k: v for k, v in (("created_at", created_at), ("references", references)) if v is not None})
+    synth.append_manifest(workdir, campaign, [event])
+    runs = []
     for model in models:
         for exp in (LORA, FULL):
             for g in gpu_counts:
@@ -239,7 +243,8 @@ def test_report_command_writes_the_page_and_says_what_it_holds(cli, gpu_db, tmp_
     assert res.exit_code == 0
     n_meas = sql(db, "SELECT count(*) FROM measurements")[0][0]
     longest = sql(db, "SELECT run_id FROM runs WHERE outcome = 'ok' ORDER BY elapsed_s DESC, run_id LIMIT 1")[0][0]
-    assert res.output == f"wrote {out}: {len(runs)} run(s), {n_meas} measurement(s); utilisation of {longest}\n"
+    assert res.output == (f"wrote {out}: campaign scan: {len(runs)} runs, {n_meas} measurements; "
+                          f"utilisation of {longest}\n")
     assert out.read_text().startswith("<!DOCTYPE html>")
 
 
@@ -350,7 +355,7 @@ def test_latest_table_has_one_row_per_measured_point(gpu_page, gpu_db):
     assert points == 12 and sec.count("<tr class=") == points  # 13 measurements: one point has 2
     assert sec.count('<tr class="oom">') == 1
     # the point measured twice says so
-    assert re.search(r"<td>2</td><td>scan/[0-9a-f]{16}\.r1\.a1</td></tr>", sec)
+    assert re.search(r'<td class="n">2</td><td>scan/[0-9a-f]{16}\.r1\.a1</td></tr>', sec)
 
 
 def test_cpu_only_database_says_no_gpu_was_sampled(cli, cpu_db, tmp_path):
@@ -513,3 +518,253 @@ def test_page_renders_in_a_real_browser(gpu_page, tmp_path):
     # a blank or error page has a handful of colours; plots, anti-aliased text and the table have many
     assert len(values) > 200, len(values)
     assert bytes.fromhex("d62728") in values or any(v[0] > 200 and v[1] < 80 and v[2] < 80 for v in values)
+
+
+# -- one campaign by default -----------------------------------------------------------------------------------
+OLDER, NEWER = "b-older", "a-newer"  # the newer sorts first by name: the page must go by creation time
+NEWER_SIZES = (2, 3, 4, 6)  # not powers of two: a linear batch-size axis, where ticks fell at 2.5 and 3.5
+
+
+@pytest.fixture(scope="module")
+def two_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two campaigns of the same model, method and worker counts: the older at batch 2, 4, 8, the newer at
+    2, 3, 4, 6 (two points in common), on 1 and 2 workers (CPU only); the newer declares references."""
+    base = tmp_path_factory.mktemp("report-two")
+    wd = base / "runs"
+    runs = build_campaign(wd, OLDER, models=("tiny",), gpu_counts=(1, 2), batch_sizes=(2, 4, 8), gpu_sampled=False,
+                          extras=False, created_at="2025-11-20T10:00:00+00:00")
+    refs = [{"metric": "dataset_tokens_per_second", "value": 4000.0, "lower": 0.25, "upper": None, "unit": None,
+             "where": {}, "order": 0}]
+    runs += build_campaign(wd, NEWER, models=("tiny",), gpu_counts=(1, 2), batch_sizes=NEWER_SIZES,
+                           gpu_sampled=False, extras=False, created_at="2025-11-22T10:00:00+00:00", references=refs,
+                           seed=100)
+    db = base / "results.duckdb"
+    collect_into(db, wd, runs)
+    return db
+
+
+def render(cli, db: Path, out: Path, *args: Any) -> tuple[str, str]:
+    res = cli("report", "--db", db, "-o", out, *args)
+    assert res.exit_code == 0, res.output
+    return out.read_text(), res.output
+
+
+def marker_runs(svg: str) -> list[str]:
+    """The run id in each valid-measurement marker's tooltip."""
+    return re.findall(r'<circle class="pt"[^>]*><title>[^<]*\nrun ([^<\n]+)</title>', svg)
+
+
+def x_ticks(svg: str) -> list[tuple[str, str]]:
+    """(data-x value, label) of each x tick of one chart."""
+    return re.findall(r'<text class="tick xtick" data-x="([^"]+)"[^>]*>([^<]*)</text>', svg)
+
+
+def test_report_shows_the_latest_campaign_by_default_and_names_the_others(cli, two_db, tmp_path):
+    page, said = render(cli, two_db, tmp_path / "r.html")
+    newer_runs = {r for (r,) in sql(two_db, "SELECT run_id FROM measurements WHERE campaign = ? AND is_valid",
+                                    [NEWER])}
+    assert len(newer_runs) == 16 and sql(two_db, "SELECT count(*) FROM measurements WHERE campaign = ?",
+                                         [OLDER])[0][0] == 12
+    (svg,) = svgs(section(page, "throughput"))
+    assert sorted(marker_runs(svg)) == sorted(newer_runs)  # one marker per newer measurement, none of the older
+    assert OLDER + "/" not in page  # no run of the older campaign anywhere: plots, stages, tables
+    # a line per method x worker count, each through the newer campaign's batch sizes only
+    assert sorted(map(int, re.findall(r'<polyline class="trace" data-n="(\d+)"', svg))) == [4, 4, 4, 4]
+    assert f"<title>sbench report — {NEWER}</title>" in page
+    assert "the latest campaign by creation time" in page
+    assert f"<b>{OLDER}</b> (created 2025-11-20 10:00, 12 runs): <code>sbench report --db {two_db} --campaign " \
+           f"{OLDER}</code>" in page
+    assert f"sbench report --db {two_db} --all-campaigns" in page
+    n_runs = sql(two_db, "SELECT count(*) FROM runs WHERE campaign = ?", [NEWER])[0][0]
+    assert said.startswith(f"wrote {tmp_path / 'r.html'}: campaign {NEWER} (the latest of 2; the others: "
+                           f"--campaign NAME or --all-campaigns): {n_runs} runs, 16 measurements; ")
+    # the checks are the shown campaign's
+    assert f"<h3>{NEWER}: " in section(page, "checks")
+
+
+def test_campaign_option_shows_that_campaign_and_all_campaigns_every_one_by_line(cli, two_db, tmp_path):
+    page, _ = render(cli, two_db, tmp_path / "old.html", "--campaign", OLDER)
+    (svg,) = svgs(section(page, "throughput"))
+    older_runs = [r for (r,) in sql(two_db, "SELECT run_id FROM measurements WHERE campaign = ?", [OLDER])]
+    assert sorted(marker_runs(svg)) == sorted(older_runs) and NEWER + "/" not in page
+    assert "chosen with --campaign" in page and f"--campaign {NEWER}</code>" in page
+    assert 'id="checks"' not in page  # the older campaign declares no references
+
+    page, said = render(cli, two_db, tmp_path / "all.html", "--all-campaigns")
+    (svg,) = svgs(section(page, "throughput"))
+    assert len(marker_runs(svg)) == sql(two_db, "SELECT count(*) FROM measurements")[0][0] == 28
+    # a line per campaign x method x worker count, each named with its campaign
+    assert sorted(map(int, re.findall(r'<polyline class="trace" data-n="(\d+)"', svg))) == [3] * 4 + [4] * 4
+    for camp in (OLDER, NEWER):
+        for n in ("1 worker", "2 workers"):
+            assert f"<title>{camp} · tiny · lora · {n}</title>" in svg
+    latest = section(page, "latest")  # the points both measured: a row per campaign
+    assert latest.count("<tr class=") == 28 and "<th>campaign</th>" in latest
+    assert said.startswith(f"wrote {tmp_path / 'all.html'}: 2 campaigns: ")
+    assert "<title>sbench report — every campaign</title>" in page
+
+    res = cli("report", "--db", two_db, "--campaign", OLDER, "--all-campaigns", "-o", tmp_path / "x.html")
+    assert res.exit_code == 2 and "--campaign and --all-campaigns: give one of them" in res.output
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_run_option_without_campaign_shows_the_runs_campaign(cli, two_db, tmp_path):
+    run = sql(two_db, "SELECT run_id FROM runs WHERE campaign = ? AND outcome = 'ok' ORDER BY run_id LIMIT 1",
+              [OLDER])[0][0]
+    page, said = render(cli, two_db, tmp_path / "r.html", "--run", run)
+    assert f"<title>sbench report — {OLDER}</title>" in page and "the campaign of --run" in page
+    assert f"Run <code>{run}</code>" in section(page, "utilisation") and NEWER + "/" not in page
+    assert f"campaign {OLDER} (the campaign of --run)" in said
+
+
+# -- axes, labels, tables ---------------------------------------------------------------------------------------
+def test_batch_size_axes_tick_at_the_batch_sizes_measured(cli, two_db, gpu_page, tmp_path):
+    page, _ = render(cli, two_db, tmp_path / "r.html")
+    for sid in ("throughput", "memory"):
+        for svg in svgs(section(page, sid)):
+            assert "batch size</text>" in svg  # linear: 3 and 6 are no powers of two
+            ticks = x_ticks(svg)
+            assert [v for v, _ in ticks] == [str(b) for b in NEWER_SIZES]  # never 2.5 or 3.5
+            assert all(label == v for v, label in ticks)
+    gpu_sizes = sorted({b for (b,) in sql(gpu_page_db(gpu_page), "SELECT batch_size FROM measurements")})
+    (svg,) = svgs(section(gpu_page[0], "throughput"))
+    assert "batch size (log2 scale)" in svg and [int(v) for v, _ in x_ticks(svg)] == gpu_sizes == [2, 4, 8]
+
+
+def gpu_page_db(gpu_page: tuple[str, Path]) -> Path:
+    m = re.search(r"Database <code>([^<]+)</code>", gpu_page[0])
+    assert m
+    return Path(m.group(1))
+
+
+def test_nice_ticks_can_be_whole_numbers_only():
+    from harness.report.charts import nice_ticks
+
+    assert 2.5 in nice_ticks(2, 6, 8)[0]  # the round ticks of a continuous axis
+    for lo, hi in ((2, 6), (1, 3), (0, 7), (1, 100), (3, 3)):
+        ticks, first, last = nice_ticks(lo, hi, 8, integer=True)
+        assert ticks and all(float(t).is_integer() for t in ticks) and first <= lo and last >= hi, (lo, hi, ticks)
+
+
+FABRIC_SIZES = [2 ** k for k in range(3, 29)]  # 8 B to 256 MiB: 26 sizes
+
+
+@pytest.fixture(scope="module")
+def fabric_db(gpu_db, tmp_path_factory) -> Path:
+    """The GPU campaign's database plus one fabric run over FABRIC_SIZES."""
+    from harness.db.cluster import record_fabric
+    from harness.db.store import open_store
+
+    db = tmp_path_factory.mktemp("report-fabric") / "f.duckdb"
+    shutil.copy(gpu_db[0], db)
+    rows = [{"fabric_id": "fab-1", "cluster": "c", "partition": "gpu", "nodes": 2, "world_size": 16, "backend": "nccl",
+             "enable_roce": True, "op": op, "bytes": b, "iters": 5, "time_us": 10.0 + b / 1e4,
+             "algbw_gbps": b / (10.0 + b / 1e4) / 1e3, "busbw_gbps": b / (10.0 + b / 1e4) / 1e3 * 1.5,
+             "transport_by_host": '{"n1": "IB", "n2": "IB"}', "ok": True, "reason": None, "job_dir": "/jd",
+             "measured_at": "2025-11-22T00:00:00+00:00"} for op in ("all_reduce", "all_gather") for b in FABRIC_SIZES]
+    with open_store(db) as store:
+        record_fabric(store, rows)
+    return db
+
+
+def test_fabric_sizes_read_as_human_sizes_and_their_labels_do_not_overlap(cli, fabric_db, tmp_path):
+    from harness.report.charts import TICK_CHAR_PX, TICK_GAP_PX
+
+    page, _ = render(cli, fabric_db, tmp_path / "r.html")
+    panels = svgs(section(page, "fabric"))
+    assert len(panels) == 2
+    for svg in panels:
+        ticks = x_ticks(svg)
+        assert 4 <= len(ticks) < len(FABRIC_SIZES)  # thinned
+        assert all(int(v) in FABRIC_SIZES for v, _ in ticks)
+        for v, label in ticks:  # binary units: 1K is 1024 bytes
+            n, unit = re.fullmatch(r"(\d+)([KMG]?)", label).groups()
+            assert int(n) * {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}[unit] == int(v)
+        assert {"1K", "1M"} <= {label for _, label in ticks}
+        xs = [float(x) for x in re.findall(r'<text class="tick xtick" data-x="[^"]+" x="([\d.]+)"', svg)]
+        labels = [label for _, label in ticks]
+        for i in range(1, len(xs)):  # the space the labels are given; the browser test measures the glyphs
+            assert xs[i] - xs[i - 1] >= TICK_CHAR_PX * (len(labels[i]) + len(labels[i - 1])) / 2 + TICK_GAP_PX
+        assert "message size (log2 scale; 1K = 1024 bytes)" in svg
+
+
+def test_every_table_has_the_shared_style(cli, two_db, gpu_page, tmp_path):
+    from harness.report.page import CSS
+    from harness.report.sections import TABLE_CLASS, memory_section
+
+    page, _ = render(cli, two_db, tmp_path / "r.html")
+    assert 'id="checks"' in page and "<table" in section(page, "checks")
+    for p, n in ((page, 3), (gpu_page[0], 2)):
+        tags = re.findall(r"<table\b[^>]*>", p)
+        assert len(tags) == n  # the overhead, checks (two_db only) and latest tables
+        assert all(re.fullmatch(rf'<table class="{TABLE_CLASS}( [\w-]+)*">', t) for t in tags), tags
+    assert f"table.{TABLE_CLASS} th,table.{TABLE_CLASS} td{{" in CSS
+    # a failed check reads in red like an OOM row
+    fails = sql(two_db, "SELECT count(*) FROM checks WHERE campaign = ? AND status = 'fail'", [NEWER])[0][0]
+    assert fails > 0 and section(page, "checks").count('<tr class="fail">') == fails
+    assert f"table.{TABLE_CLASS} tr.oom td,table.{TABLE_CLASS} tr.fail td{{" in CSS
+    # the activation table (CUDA runs only) too
+    m = {"point_id": "p" * 16, "params_bytes": 10 ** 9, "grads_bytes": 10 ** 9, "optimizer_bytes": 2 * 10 ** 9,
+         "activation_bytes": 5 * 10 ** 8, "predicted_activation_bytes": 4 * 10 ** 8, "activation_error": -0.2,
+         "model_name": "m", "method": "full", "number_gpus": 2, "batch_size": 4}
+    acts = memory_section([m], "GPU")
+    assert re.findall(r"<table\b[^>]*>", acts) == [f'<table class="{TABLE_CLASS}">'] and "-20.0%" in acts
+    assert "m · full · 2 GPUs · bs 4" in acts
+
+
+def test_labels_count_workers_and_gpus_grammatically(cpu_db, cli, tmp_path):
+    page, _ = render(cli, cpu_db[0], tmp_path / "r.html")
+    (svg,) = svgs(section(page, "throughput"))
+    assert "<title>tiny · lora · 1 worker</title>" in svg and "<title>tiny · lora · 2 workers</title>" in svg
+    text = re.sub(r"<[^>]+>", " ", page)
+    assert re.findall(r"\b(?:[02-9]|\d\d+) (?:worker|GPU|run|measurement)\b(?!s)", text) == []
+    assert re.findall(r"\b1 (?:workers|GPUs|runs|measurements)\b", text) == []
+    assert "(s)" not in text
+    assert "2 workers · bs 8" in section(page, "stages")
+
+
+MEASURE_JS = """
+const res = {ticks: 0, overlaps: [], tables: []};
+for (const svg of document.querySelectorAll('svg.chart')) {
+  const boxes = [...svg.querySelectorAll('text.xtick')].map(t => [t.textContent, t.getBoundingClientRect()])
+    .sort((p, q) => p[1].left - q[1].left);
+  res.ticks += boxes.length;
+  for (let i = 1; i < boxes.length; i++)
+    if (boxes[i][1].left < boxes[i - 1][1].right) res.overlaps.push([boxes[i - 1][0], boxes[i][0]]);
+}
+for (const t of document.querySelectorAll('table')) {
+  const th = getComputedStyle(t.querySelector('th')), td = getComputedStyle(t.querySelector('td'));
+  res.tables.push([getComputedStyle(t).borderCollapse, th.backgroundColor, td.borderTopStyle, td.borderTopColor]);
+}
+document.body.setAttribute('data-measured', JSON.stringify(res));
+"""
+
+
+def browser_measure(page: str, tmp_path: Path) -> dict[str, Any]:
+    """Lay the page out in headless Chromium, with a script added to measure it: the x tick labels' boxes
+    (pairs that overlap) and every table's computed style."""
+    import html as _html
+    import json
+
+    probe = tmp_path / "measure.html"
+    probe.write_text(page.replace("</body>", f"<script>{MEASURE_JS}</script></body>"))
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--window-size=1400,2600", "--dump-dom", probe.as_uri()],
+            capture_output=True, text=True, timeout=120)
+    m = re.search(r'data-measured="([^"]*)"', proc.stdout)
+    assert m, proc.stderr[-2000:]
+    return json.loads(_html.unescape(m.group(1)))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_in_a_real_browser_tick_labels_stand_apart_and_every_table_has_one_style(cli, fabric_db, two_db, tmp_path):
+    for db in (fabric_db, two_db):
+        page, _ = render(cli, db, tmp_path / "r.html")
+        got = browser_measure(page, tmp_path)
+        assert got["ticks"] == len(re.findall(r'<text class="tick xtick"', page)) > 0
+        assert got["overlaps"] == []
+        assert len(got["tables"]) == page.count("<table") >= 2
+        assert {tuple(t) for t in got["tables"]} == {("collapse", "rgb(243, 243, 243)", "solid", "rgb(221, 221, 221)")}

@@ -15,23 +15,27 @@ from .base import campaign_name, db_option, main
 @main.command()
 @db_option
 @click.option("--campaign", default=None, callback=campaign_name,
-              help="Only this campaign's runs (default: every campaign).")
+              help="The campaign to show (default: the latest by creation time; the page lists the others).")
+@click.option("--all-campaigns", is_flag=True,
+              help="Every campaign on one page, a line per campaign (not with --campaign).")
 @click.option("--run", "run_id", default=None, metavar="RUN_ID",
-              help="Run for the utilisation-over-time panels (default: the longest ok run).")
+              help="Run for the utilisation-over-time panels (default: the longest ok run); without --campaign, "
+                   "the page shows this run's campaign.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"),
               show_default=True, help="HTML file to write ('-' for stdout).")
 @click.option("--compare", "compare_to", nargs=2, default=None, metavar="BASE CAND",
               help="Add a compare section: BASE and CAND as for sbench compare.")
 @click.option("--threshold", type=float, default=0.10, show_default=True,
               help="The compare section's regression threshold (fraction).")
-def report(db: Path | None, campaign: str | None, run_id: str | None, out: Path,
+def report(db: Path | None, campaign: str | None, all_campaigns: bool, run_id: str | None, out: Path,
            compare_to: tuple[str, str] | None, threshold: float) -> None:
-    """Write one self-contained HTML page of plots and tables from the results database.
+    """Write one self-contained HTML page of plots and tables from the results database: one campaign's,
+    the latest unless --campaign names another (or --all-campaigns).
 
     Example: sbench report --campaign lora-scan -o report.html
     """
     rep = build_report(resolve_db(db), campaign=campaign, run_id=run_id, compare_to=compare_to or None,
-                       threshold=threshold)
+                       threshold=threshold, all_campaigns=all_campaigns)
     if str(out) == "-":
         click.echo(rep.html)
         return

@@ -1,20 +1,22 @@
 """What the report shows, read from the results database: :class:`ReportData` and its loaders.
 
-:func:`load_report_data` asks :mod:`harness.report.queries` for every row the page needs (in one
-campaign's scope or all), picks the run of the utilisation panels and averages its samples into
-time buckets; :func:`load_compare` adds the compare section's rows. Nothing here writes HTML.
+:func:`load_report_data` picks the campaign the page shows (the one asked for, the one of ``--run``, else
+the latest by creation time; or every campaign), asks :mod:`harness.report.queries` for every row the page
+needs in that scope, picks the run of the utilisation panels and averages its samples into time buckets;
+:func:`load_compare` adds the compare section's rows. Nothing here writes HTML.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from harness.contract.errors import InputError, SbenchError
+from harness.contract.paths import resolve_db
 from harness.db.checks import check_results, references_of
-from harness.db.status import campaign_names
 from harness.db.store import Store
 from harness.spec.catalog import EXPERIMENTS
 
@@ -34,8 +36,8 @@ class ReportData:
 
     db: str
     generated_at: _dt.datetime
-    campaign: str | None
-    campaigns: list[dict[str, Any]]
+    campaign: str | None  # the campaign shown; None: every campaign (--all-campaigns)
+    campaigns: list[dict[str, Any]]  # the campaigns rows in scope
     outcomes: dict[str, int]
     measurements: list[dict[str, Any]]  # every measurement in scope, with ``method`` and ``run_reason``
     stage_runs: list[dict[str, Any]]  # per run: label fields, ``outcome`` and ``stages`` {stage: seconds}
@@ -48,6 +50,18 @@ class ReportData:
     overhead: list[dict[str, Any]] = field(default_factory=list)  # run_overhead rows, most outside-train first
     checks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # campaign -> its checks rows
     compare: dict[str, Any] | None = None  # base, cand, threshold, rows (harness.report.compare.Row dicts)
+    scope: str = "chosen"  # how the campaign was picked: SCOPES
+    campaign_index: list[dict[str, Any]] = field(default_factory=list)  # every campaign, oldest first
+    db_option: str = ""  # " --db PATH" when the DB is not the default one (for the commands the page gives)
+
+    @property
+    def by_campaign(self) -> bool:
+        """Every campaign on one page, more than one there: lines and rows are per campaign too."""
+        return self.scope == "all" and len(self.campaign_index) > 1
+
+
+SCOPES = {"latest": "the latest campaign by creation time", "chosen": "chosen with --campaign",
+          "run": "the campaign of --run", "all": "every campaign (--all-campaigns)"}
 
 
 def method_of(experiment: str | None) -> str:
@@ -56,14 +70,23 @@ def method_of(experiment: str | None) -> str:
 
 
 def load_report_data(store: Store, campaign: str | None = None, run_id: str | None = None,
-                     now: _dt.datetime | None = None) -> ReportData:
-    """Everything the page shows, from an open (read-only) store."""
-    known = campaign_names(store)
+                     now: _dt.datetime | None = None, all_campaigns: bool = False) -> ReportData:
+    """Everything the page shows, from an open (read-only) store: *campaign*'s; without it, the campaign of
+    *run_id*, else the latest campaign (by creation time); with *all_campaigns*, every campaign's."""
+    index = queries.campaign_list(store)
+    known = [c["campaign"] for c in index]
     if queries.run_total(store) == 0 and not known:
         raise ReportError(f"{store.path} has no runs: nothing to report. Run `sbench collect` first "
                           f"(or pass --db with another results database).")
+    if campaign is not None and all_campaigns:
+        raise InputError("--campaign and --all-campaigns: give one of them (one campaign, or every campaign)")
     if campaign is not None and campaign not in known:
         raise InputError(f"--campaign {campaign!r}: not in {store.path}; campaigns there: {', '.join(known)}")
+    scope = "chosen" if campaign is not None else "all" if all_campaigns else "latest"
+    if scope == "latest" and run_id is not None and queries.run_campaign(store, run_id) is not None:
+        campaign, scope = queries.run_campaign(store, run_id), "run"
+    elif scope == "latest":
+        campaign = known[-1] if known else None
     measurements = queries.measurement_rows(store, campaign)
     for m in measurements:
         m["method"] = method_of(m["experiment"])
@@ -76,7 +99,9 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     data = ReportData(db=str(store.path), generated_at=now or _dt.datetime.now(_dt.timezone.utc),
                       campaign=campaign, campaigns=queries.campaign_rows(store, campaign),
                       outcomes=queries.outcome_counts(store, campaign), measurements=measurements,
-                      stage_runs=stage_runs, gpu_samples=queries.gpu_sample_count(store, campaign))
+                      stage_runs=stage_runs, gpu_samples=queries.gpu_sample_count(store, campaign),
+                      scope=scope, campaign_index=index,
+                      db_option="" if store.path.resolve() == resolve_db() else f" --db {shlex.quote(str(store.path))}")
     _load_run(store, data, campaign, run_id)
     data.fabric = queries.fabric_rows(store)
     data.overhead = queries.overhead_rows(store, campaign)

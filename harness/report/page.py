@@ -1,7 +1,10 @@
 """The HTML report: one self-contained page (inline CSS and SVG, no scripts, fonts or network).
 
 ``build_report(db, campaign=None, run_id=None)`` reads the results database read-only and returns a
-:class:`Report` whose ``html`` is the page. It shows, in this order:
+:class:`Report` whose ``html`` is the page. The page is one campaign's: *campaign*, else the campaign of
+*run_id*, else the latest campaign by creation time; its header names every other campaign with the
+command that renders it (``--campaign NAME``, or ``--all-campaigns`` for one page of all, with a line per
+campaign). It shows, in this order:
 
 1. throughput (``dataset_tokens_per_second``) vs batch size, one line per model x method x GPUs;
 2. GPU memory peak vs batch size, OOM (``is_valid = false``) runs as red crosses, with process
@@ -24,8 +27,8 @@ from pathlib import Path
 
 from harness.db.store import open_store
 
-from .charts import esc
-from .data import ReportData, load_compare, load_report_data
+from .charts import esc, plural
+from .data import SCOPES, ReportData, load_compare, load_report_data
 from .sections import (
     checks_section,
     compare_section,
@@ -50,17 +53,28 @@ class Report:
     def summary(self) -> str:
         d = self.data
         runs = sum(d.outcomes.values())
-        return (f"{runs} run(s), {len(d.measurements)} measurement(s)"
+        return (f"{_scope_words(d)}: {plural(runs, 'run')}, {plural(len(d.measurements), 'measurement')}"
                 + (f"; utilisation of {d.run['run_id']}" if d.run else "; no run for the utilisation panels"))
+
+
+def _scope_words(d: ReportData) -> str:
+    """``campaign X (the latest of 3; the others: --campaign NAME or --all-campaigns)``, ``2 campaigns``."""
+    if d.campaign is None:
+        return plural(len(d.campaign_index), "campaign")
+    others = len(d.campaign_index) - 1
+    if d.scope == "latest" and others:
+        return (f"campaign {d.campaign} (the latest of {len(d.campaign_index)}; the others: --campaign NAME "
+                "or --all-campaigns)")
+    return f"campaign {d.campaign}" + (" (the campaign of --run)" if d.scope == "run" else "")
 
 
 def build_report(db: str | Path, campaign: str | None = None, run_id: str | None = None,
                  now: _dt.datetime | None = None, compare_to: tuple[str, str] | None = None,
-                 threshold: float = 0.10) -> Report:
+                 threshold: float = 0.10, all_campaigns: bool = False) -> Report:
     """Open *db* read-only, load and render; see the module docstring. *compare_to* (BASE, CAND) adds
-    the compare section."""
+    the compare section; *all_campaigns* shows every campaign."""
     with open_store(db, read_only=True) as store:
-        data = load_report_data(store, campaign, run_id, now)
+        data = load_report_data(store, campaign, run_id, now, all_campaigns=all_campaigns)
         if compare_to is not None:
             data.compare = load_compare(store, compare_to[0], compare_to[1], threshold)
     return Report(render_report(data), data)
@@ -82,29 +96,52 @@ svg .band-label{fill:#555;font-size:10.5px;paint-order:stroke;stroke:#fff;stroke
 svg .rowlabel.invalid{fill:#d62728}svg .rowlabel.failed{fill:#e65100}
 .nodata{border:1px dashed #bbb;background:#fafafa;color:#666;padding:28px;text-align:center;font-size:14px;
 margin:6px 0;border-radius:4px}
-table.latest{border-collapse:collapse;font-size:11.5px;margin-top:6px}
-table.latest th,table.latest td{border:1px solid #ddd;padding:2px 5px;text-align:right;white-space:nowrap}
-table.latest th{background:#f3f3f3;position:sticky;top:0;white-space:normal;vertical-align:bottom;max-width:70px}
-table.latest td:first-child,table.latest td:nth-child(2),table.latest td:last-child{text-align:left}
-table.latest tr.oom td{color:#d62728;background:#fff5f5}
+table.tbl{border-collapse:collapse;font-size:11.5px;margin:6px 0}
+table.tbl th,table.tbl td{border:1px solid #ddd;padding:2px 5px;text-align:left;white-space:nowrap}
+table.tbl td.n{text-align:right;font-variant-numeric:tabular-nums}
+table.tbl th{background:#f3f3f3;position:sticky;top:0;white-space:normal;vertical-align:bottom}
+table.tbl tbody tr:nth-child(even) td{background:#fafafa}
+table.tbl tr.oom td,table.tbl tr.fail td{color:#d62728;background:#fff5f5}
+table.latest th{max-width:70px}
 .wide{overflow-x:auto}
+.campaigns{font-size:12.5px;color:#444;margin:4px 0 0}.campaigns code{background:#f3f3f3;padding:0 3px}
 """
+
+
+def _campaign_choices(data: ReportData) -> str:
+    """The campaigns this page does not show, each with the command that renders it."""
+    cmd = f"sbench report{data.db_option}"
+    if data.campaign is None:
+        return (f'<div class="campaigns">One campaign per page: <code>{esc(cmd)} --campaign NAME</code> '
+                "(without it, the latest campaign).</div>") if len(data.campaign_index) > 1 else ""
+    others = [c for c in reversed(data.campaign_index) if c["campaign"] != data.campaign]
+    if not others:
+        return ""
+    items = "".join(
+        f"<li><b>{esc(c['campaign'])}</b> (created "
+        f"{esc(c['created_at'].strftime('%Y-%m-%d %H:%M') if c.get('created_at') else 'at an unknown time')}, "
+        f"{esc(plural(int(c['runs']), 'run'))}): <code>{esc(cmd)} --campaign {esc(c['campaign'])}</code></li>"
+        for c in others)
+    return (f'<div class="campaigns">{esc(plural(len(others), "other campaign"))} in this database, newest first '
+            f"(every campaign on one page, a line per campaign: <code>{esc(cmd)} --all-campaigns</code>):"
+            f"<ul>{items}</ul></div>")
 
 
 def _header(data: ReportData) -> str:
     camps = ", ".join(f"<b>{esc(c['campaign'])}</b> ({esc(c.get('experiment') or '?')}"
                       f"{', ' + esc(c['executor']) if c.get('executor') else ''}"
                       f"{', partition ' + esc(c['partition']) if c.get('partition') else ''})"
-                      for c in data.campaigns) or "<i>none recorded</i>"
+                      for c in data.campaigns) or (f"<b>{esc(data.campaign)}</b>" if data.campaign
+                                                   else "<i>none recorded</i>")
     main_four = ("ok", "invalid", "failed", "pending")
     order = [*main_four, *sorted(set(data.outcomes) - set(main_four))]
     counts = "".join(f'<span class="c-{esc(o)}"><b>{data.outcomes.get(o, 0)}</b> {esc(o)}</span>' for o in order
                      if o in data.outcomes or o in ("ok", "invalid", "failed"))
-    return (f'<h1>sbench report</h1><div class="meta">Campaign{"s" if len(data.campaigns) != 1 else ""}: {camps}'
-            f'{" (selected with --campaign)" if data.campaign else ""}<br>'
-            f'<span class="counts">Runs: {counts}</span> · {len(data.measurements)} measurement(s)<br>'
+    return (f'<h1>sbench report</h1><div class="meta">Campaign{"s" if len(data.campaigns) > 1 else ""}: {camps}'
+            f" · {esc(SCOPES[data.scope])}<br>"
+            f'<span class="counts">Runs: {counts}</span> · {esc(plural(len(data.measurements), "measurement"))}<br>'
             f"Database <code>{esc(data.db)}</code> · generated "
-            f"{esc(data.generated_at.strftime('%Y-%m-%d %H:%M:%S %Z'))}</div>")
+            f"{esc(data.generated_at.strftime('%Y-%m-%d %H:%M:%S %Z'))}</div>{_campaign_choices(data)}")
 
 
 def render_report(data: ReportData) -> str:
@@ -115,23 +152,26 @@ def render_report(data: ReportData) -> str:
         '<div class="banner"><b>No GPUs were sampled.</b> The database has no GPU sample rows for these runs '
         "(a CPU-only run, or no NVML): every GPU metric is reported as 0.0 and the GPU plots show those zeros. "
         "Process memory and CPU are shown beside them.</div>")
-    stages, stage_note = stage_chart(data.stage_runs, word)
+    per = data.by_campaign  # every campaign on one page: a line (and a table row) per campaign too
+    stages, stage_note = stage_chart(data.stage_runs, word, by_campaign=per)
     memory = ('<div class="row"><div class="panel"><h3>GPU memory peak (% of device)</h3>'
-              + metric_chart(ms, "gpu_memory_utilization_peak", "GPU memory peak (%)", "%", (0.0, 100.0), word)
+              + metric_chart(ms, "gpu_memory_utilization_peak", "GPU memory peak (%)", "%", (0.0, 100.0), word,
+                             by_campaign=per)
               + '</div><div class="panel"><h3>process memory (% of host)</h3>'
-              + metric_chart(ms, "cpu_memory_utilization", "process memory (% of host)", "%", word=word)
+              + metric_chart(ms, "cpu_memory_utilization", "process memory (% of host)", "%", word=word,
+                             by_campaign=per)
               + "</div></div>")
-    title = "sbench report" + (f" — {esc(data.campaign)}" if data.campaign else "")
+    title = "sbench report — " + (esc(data.campaign) if data.campaign else "every campaign")
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{title}</title><style>{CSS}</style></head><body>", _header(data), no_gpu,
         section("throughput", "1. Throughput vs batch size",
                 "dataset_tokens_per_second of every valid measurement (one marker each); the line joins the mean "
-                f"at each batch size, one line per model × method × number of {word}s. Red × = out of GPU memory "
-                "(invalid run, no throughput), drawn at the top edge.",
+                f"at each batch size, one line per {'campaign × ' if per else ''}model × method × number of "
+                f"{word}s. Red × = out of GPU memory (invalid run, no throughput), drawn at the top edge.",
                 metric_chart(ms, "dataset_tokens_per_second", "dataset tokens / s", word=word, width=1300,
-                             height=360)),
+                             height=360, by_campaign=per)),
         section("memory", "2. Memory vs batch size",
                 "Left: gpu_memory_utilization_peak, the highest GPU memory sample of any device in the measured "
                 "window. Right: cpu_memory_utilization, the training process tree's share of host memory. "
@@ -149,9 +189,10 @@ def render_report(data: ReportData) -> str:
                 "sbench fabric runs: bus bandwidth of all-reduce (algbw × 2(n−1)/n) and all-gather (algbw × (n−1)/n) "
                 "by message size, one line per run, labelled partition × nodes and the transport NCCL chose "
                 "(gloo on CPU partitions).", fabric_charts(data.fabric)),
-        memory_section(ms, word), efficiency_section(ms, word), checks_section(data.checks),
+        memory_section(ms, word), efficiency_section(ms, word, by_campaign=per), checks_section(data.checks, word),
         compare_section(data.compare),
         section("latest", "Latest measurement per point",
-                "The newest measurement of each point (OOM rows in red) and how many measurements the point has.",
-                f'<div class="wide">{latest_table(ms)}</div>'),
+                f"The newest measurement of each {'campaign’s ' if per else ''}point (OOM rows in red) and how many "
+                "measurements the point has.",
+                f'<div class="wide">{latest_table(ms, word, by_campaign=per)}</div>'),
         "</body></html>"])

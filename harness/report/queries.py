@@ -29,6 +29,23 @@ def campaign_rows(store: Store, campaign: str | None = None) -> list[dict[str, A
     return store.fetch_dicts(f"SELECT * FROM campaigns{where} ORDER BY campaign", params)
 
 
+def campaign_list(store: Store) -> list[dict[str, Any]]:
+    """Every campaign (a campaigns row or a run), oldest first: its name, ``created_at`` (the campaign
+    row's, else its first attempt's submission) and how many ``runs`` it has; ties by name."""
+    return store.fetch_dicts(
+        """WITH names AS (SELECT campaign FROM campaigns UNION SELECT campaign FROM runs WHERE campaign IS NOT NULL),
+                r AS (SELECT campaign, count(*) AS runs, min(submitted_at) AS first_submitted FROM runs GROUP BY 1)
+           SELECT n.campaign, coalesce(c.created_at, r.first_submitted) AS created_at, coalesce(r.runs, 0) AS runs
+           FROM names n LEFT JOIN campaigns c USING (campaign) LEFT JOIN r USING (campaign)
+           ORDER BY created_at NULLS FIRST, n.campaign""")
+
+
+def run_campaign(store: Store, run_id: str) -> str | None:
+    """The campaign of run *run_id*, None if there is no such run."""
+    rows = store.con.execute("SELECT campaign FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    return str(rows[0][0]) if rows and rows[0][0] is not None else None
+
+
 def outcome_counts(store: Store, campaign: str | None = None) -> dict[str, int]:
     where, params = _scope("campaign", campaign)
     return {r["o"]: int(r["n"]) for r in store.fetch_dicts(

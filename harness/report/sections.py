@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from harness.contract.formats import Stage
 
-from .charts import Series, bar_chart, esc, fmt, line_chart, nice_ticks, no_data
+from .charts import Series, bar_chart, esc, fmt, human_bytes, line_chart, nice_ticks, no_data, plural
 from .data import ReportData, method_of
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7",
@@ -30,17 +31,39 @@ def section(sid: str, title: str, note: str, body: str) -> str:
     return f'<section id="{sid}"><h2>{esc(title)}</h2><p class="note">{note}</p>{body}</section>'
 
 
-SeriesKey = tuple[str, str, int, str]  # model, method, number_gpus, trainer
+TABLE_CLASS = "tbl"  # every table of the page has it: one style (the page's CSS)
+_NUMBER = re.compile(r"[−+-]?\d[\d.,]*\s*(?:[kKMGT%]|[KMG]?B|s)?")  # a cell read as a number: right-aligned
 
 
-def _series_key(m: Mapping[str, Any]) -> SeriesKey:
-    return (str(m.get("model_name") or "?"), str(m.get("method") or "?"), int(m.get("number_gpus") or 0),
-            str(m.get("trainer") or "sbench"))
+def table(head: Sequence[str], rows: Sequence[tuple[Sequence[Any], str]], css: str = "") -> str:
+    """One table in the page's shared style: *head*, and rows of (cells, the row's class: "", ``ok``, or
+    ``oom``/``fail`` for a row that reads in red). Cells are text (escaped here; None is empty). *css*
+    adds a class to the table (``latest``: the wide table of measurements). Numbers are right-aligned."""
+    def td(c: Any) -> str:
+        text = "" if c is None else str(c)
+        return f'<td class="n">{esc(text)}</td>' if _NUMBER.fullmatch(text) else f"<td>{esc(text)}</td>"
+
+    def tr(cells: Sequence[Any], row_class: str) -> str:
+        attr = f' class="{esc(row_class)}"' if row_class else ""
+        return f"<tr{attr}>" + "".join(td(c) for c in cells) + "</tr>"
+
+    classes = f"{TABLE_CLASS} {css}".strip()
+    return (f'<table class="{classes}"><thead><tr>' + "".join(f"<th>{esc(h)}</th>" for h in head)
+            + f"</tr></thead><tbody>{''.join(tr(c, rc) for c, rc in rows)}</tbody></table>")
+
+
+SeriesKey = tuple[str, str, str, int, str]  # campaign ("" on a one-campaign page), model, method, number_gpus, trainer
+
+
+def _series_key(m: Mapping[str, Any], by_campaign: bool = False) -> SeriesKey:
+    return (str(m.get("campaign") or "?") if by_campaign else "", str(m.get("model_name") or "?"),
+            str(m.get("method") or "?"), int(m.get("number_gpus") or 0), str(m.get("trainer") or "sbench"))
 
 
 def _series_name(key: SeriesKey, word: str = "GPU") -> str:
     # The sbench trainer is the default: only the other trainer is named.
-    return f"{key[0]} · {key[1]} · {key[2]} {word}" + (f" · {key[3]}" if key[3] != "sbench" else "")
+    return ((f"{key[0]} · " if key[0] else "") + f"{key[1]} · {key[2]} · {plural(key[3], word)}"
+            + (f" · {key[4]}" if key[4] != "sbench" else ""))
 
 
 def _is_pow2(v: Any) -> bool:
@@ -49,16 +72,17 @@ def _is_pow2(v: Any) -> bool:
 
 def metric_chart(measurements: Sequence[Mapping[str, Any]], metric: str, y_label: str, unit: str = "",
                  y_range: tuple[float, float] | None = None, word: str = "GPU", width: int = 660,
-                 height: int = 300) -> str:
+                 height: int = 300, by_campaign: bool = False) -> str:
     """One marker per valid measurement of *metric* vs batch size, lines through the means; OOM crosses.
-    *word* names what ``number_gpus`` counts (GPUs, or worker processes on a CPU-only run)."""
+    *word* names what ``number_gpus`` counts (GPUs, or worker processes on a CPU-only run); *by_campaign*
+    draws one line per campaign too (a page of every campaign). The x axis ticks at the batch sizes drawn."""
     colors: dict[SeriesKey, str] = {}
     groups: dict[SeriesKey, list[tuple[float, float | None, str]]] = {}
     ooms: list[tuple[float, float | None, str]] = []
     for m in measurements:
         if m.get("batch_size") is None:
             continue
-        key = _series_key(m)
+        key = _series_key(m, by_campaign)
         name = _series_name(key, word)
         if m.get("is_valid") is False:
             ooms.append((m["batch_size"], None, f"OOM / invalid: {name}, batch {m['batch_size']}\n"
@@ -76,8 +100,14 @@ def metric_chart(measurements: Sequence[Mapping[str, Any]], metric: str, y_label
     xs = [x for s in series for x, _, _ in s.points]
     log2 = bool(xs) and all(map(_is_pow2, xs))
     return line_chart(series, x_label="batch size" + (" (log2 scale)" if log2 else ""), y_label=y_label,
-                      log2_x=log2, y_range=y_range, width=width, height=height,
+                      log2_x=log2, y_range=y_range, width=width, height=height, x_ticks=sorted(set(xs)),
+                      integer_x=True,
                       empty=f"no measurement with {metric} and a batch size in this selection")
+
+
+def _count(n: Any, word: str) -> str:
+    """``2 workers``; ``? worker`` when the count is unknown."""
+    return plural(int(n), word) if isinstance(n, int) else f"{n if n is not None else '?'} {word}"
 
 
 def _lighter(color: str, keep: float = 0.45) -> str:
@@ -85,7 +115,8 @@ def _lighter(color: str, keep: float = 0.45) -> str:
     return "#" + "".join(f"{round(255 - (255 - c) * keep):02x}" for c in rgb)
 
 
-def stage_chart(stage_runs: Sequence[Mapping[str, Any]], word: str = "GPU") -> tuple[str, str]:
+def stage_chart(stage_runs: Sequence[Mapping[str, Any]], word: str = "GPU",
+                by_campaign: bool = False) -> tuple[str, str]:
     seen = {s for r in stage_runs for s in r["stages"]}
     bases = list(dict.fromkeys([*STAGE_ORDER, *sorted({s.removesuffix(" (unfinished)") for s in seen})]))
     colors = dict(STAGE_COLORS)
@@ -95,7 +126,8 @@ def stage_chart(stage_runs: Sequence[Mapping[str, Any]], word: str = "GPU") -> t
     rows = []
     for r in stage_runs[:MAX_STAGE_BARS]:
         tag = {"invalid": "OOM ", "failed": "FAILED ", None: "PENDING "}.get(r["outcome"], "")
-        label = (f"{tag}{r['model_name'] or '?'} · {r['method']} · {r['number_gpus']} {word} · bs {r['batch_size']}"
+        label = (f"{tag}{r['campaign'] + ' · ' if by_campaign else ''}{r['model_name'] or '?'} · {r['method']} · "
+                 f"{_count(r['number_gpus'], word)} · bs {r['batch_size']}"
                  f" · {str(r['point_id'])[:8]}.r{r['repeat']}a{r['attempt']}")
         segs = [(n, r["stages"][n]) for n in names if n in r["stages"]]
         rows.append((label, segs, r["outcome"] or "pending"))
@@ -159,28 +191,30 @@ TABLE_COLUMNS = (  # (header, key, format)
 )
 
 
-def latest_table(measurements: Sequence[Mapping[str, Any]]) -> str:
-    """The latest measurement of each point (valid or not), with how many the point has."""
-    latest: dict[str, dict[str, Any]] = {}
-    counts: dict[str, int] = {}
+def latest_table(measurements: Sequence[Mapping[str, Any]], word: str = "GPU", by_campaign: bool = False) -> str:
+    """The latest measurement of each point (valid or not; of each campaign's point with *by_campaign*),
+    with how many the point has. *word* names what ``number_gpus`` counts."""
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    counts: dict[tuple[str, str], int] = {}
     epoch = _dt.datetime.min
     for m in measurements:
-        pid = m["point_id"]
-        counts[pid] = counts.get(pid, 0) + 1
-        cur = latest.get(pid)
+        key = (str(m.get("campaign")) if by_campaign else "", m["point_id"])
+        counts[key] = counts.get(key, 0) + 1
+        cur = latest.get(key)
         if cur is None or ((m["ended_at"] or epoch), m["run_id"]) > ((cur["ended_at"] or epoch), cur["run_id"]):
-            latest[pid] = dict(m)
+            latest[key] = dict(m, n=0)
     if not latest:
         return no_data("no measurements in this selection")
-    rows = sorted(latest.values(), key=lambda m: (_series_key(m), m.get("batch_size") or 0, m["run_id"]))
-    head = "".join(f"<th>{esc(h)}</th>" for h, _, _ in TABLE_COLUMNS)
-    body = []
-    for m in rows:
-        m["n"] = counts[m["point_id"]]
-        cells = "".join(f"<td>{esc('' if m.get(k) is None and k != 'is_valid' else fn(m.get(k)))}</td>"
-                        for _, k, fn in TABLE_COLUMNS)
-        body.append(f'<tr class="{"ok" if m.get("is_valid") else "oom"}">{cells}</tr>')
-    return f'<table class="latest"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    for key, m in latest.items():
+        m["n"] = counts[key]
+    rows = sorted(latest.values(), key=lambda m: (_series_key(m, by_campaign), m.get("batch_size") or 0,
+                                                  m["run_id"]))
+    columns: list[tuple[str, str, Callable[[Any], str]]] = [
+        *([("campaign", "campaign", str)] if by_campaign else []), *TABLE_COLUMNS]
+    head = [(h.replace("GPU", word) if k in ("number_gpus", "dataset_tokens_per_second_per_gpu") else h)
+            for h, k, _ in columns]
+    return table(head, [([None if m.get(k) is None and k != "is_valid" else fn(m.get(k)) for _, k, fn in columns],
+                         "ok" if m.get("is_valid") else "oom") for m in rows], css="latest")
 
 
 def utilisation_note(data: ReportData, word: str) -> str:
@@ -189,7 +223,7 @@ def utilisation_note(data: ReportData, word: str) -> str:
         return ""
     shaded = [b[2] for b in run_bands(run, 0.0)]
     return (f"Run <code>{esc(run['run_id'])}</code> ({esc(run.get('model_name') or '?')}, "
-            f"{esc(method_of(run.get('experiment')))}, {run.get('number_gpus')} {word}, batch "
+            f"{esc(method_of(run.get('experiment')))}, {esc(_count(run.get('number_gpus'), word))}, batch "
             f"{run.get('batch_size')}, outcome {esc(run.get('outcome') or 'pending')}): {esc(data.run_choice)}."
             + (" Shaded in green: the measured window the properties are averaged over." if "measured window"
                in shaded else "")
@@ -207,7 +241,8 @@ def fabric_charts(rows: Sequence[Mapping[str, Any]]) -> str:
         series = []
         for f in runs:
             pts = [(float(r["bytes"]), r["busbw_gbps"],
-                    f"{f}: {op} {int(r['bytes'])} B, {r['time_us']:.1f} us, busbw {r['busbw_gbps']:.3f} GB/s")
+                    f"{f}: {op} {human_bytes(r['bytes'])}B ({int(r['bytes'])} bytes), {r['time_us']:.1f} us, "
+                    f"busbw {r['busbw_gbps']:.3f} GB/s")
                    for r in rows if r["fabric_id"] == f and r["op"] == op and r.get("bytes") and r.get("busbw_gbps")]
             if pts:
                 first = next(r for r in rows if r["fabric_id"] == f)
@@ -216,8 +251,9 @@ def fabric_charts(rows: Sequence[Mapping[str, Any]]) -> str:
                 kinds = ",".join(sorted({t for t in tr.values() if t})) or first.get("backend") or "?"
                 series.append(Series(f"{first['partition']} x{first['nodes']} ({kinds}) {f[:15]}", pts, colors[f]))
         panels.append(f'<div class="panel"><h3>{op.replace("_", "-")} bus bandwidth</h3>'
-                      + line_chart(series, x_label="message size (bytes, log2)", y_label="busbw (GB/s)", log2_x=True,
-                                   empty=f"no {op} rows") + "</div>")
+                      + line_chart(series, x_label="message size (log2 scale; 1K = 1024 bytes)",
+                                   y_label="busbw (GB/s)", log2_x=True, x_fmt=human_bytes, empty=f"no {op} rows")
+                      + "</div>")
     return '<div class="row">' + "".join(panels) + "</div>"
 
 
@@ -230,23 +266,20 @@ def overhead_table(rows: Sequence[Mapping[str, Any]], word: str = "GPU") -> str:
         return no_data("no stage events collected")
     starts = sorted(r["startup_s"] for r in rows if r.get("startup_s") is not None)
     in_job = sum(1 for r in rows if r.get("prepared_in_job"))
-    head = (f"<p>{len(rows)} run × host row(s); start-up median {fmt(starts[len(starts) // 2]) if starts else '–'} s, "
+    head = (f"<p>{plural(len(rows), 'row')} (one per run and host); "
+            f"start-up median {fmt(starts[len(starts) // 2]) if starts else '–'} s, "
             f"worst {fmt(starts[-1]) if starts else '–'} s"
             + (f"; <b>{in_job} prepared their data in the job</b> (run sbench prepare before submitting)" if in_job
                else "") + ".</p>")
     cols = ["model", f"{word}s", "batch", "rep", "host", "start-up s", "outside train s", "outside train",
             "prepared in job"]
-    body = "".join(
-        "<tr>" + "".join(f"<td>{esc(v)}</td>" for v in (
-            r.get("model_name"), r.get("number_gpus"), r.get("batch_size"), r.get("repeat"), r.get("host"),
-            fmt(r.get("startup_s")), fmt(r.get("outside_train_s")),
-            "" if r.get("outside_train_fraction") is None else f"{100 * r['outside_train_fraction']:.0f}%",
-            "yes" if r.get("prepared_in_job") else "")) + "</tr>"
-        for r in rows[:OVERHEAD_ROWS])
+    body = [((r.get("model_name"), r.get("number_gpus"), r.get("batch_size"), r.get("repeat"), r.get("host"),
+              fmt(r.get("startup_s")), fmt(r.get("outside_train_s")),
+              "" if r.get("outside_train_fraction") is None else f"{100 * r['outside_train_fraction']:.0f}%",
+              "yes" if r.get("prepared_in_job") else ""), "") for r in rows[:OVERHEAD_ROWS]]
     more = f"<p class=\"note\">{len(rows) - OVERHEAD_ROWS} more in the run_overhead view.</p>" \
         if len(rows) > OVERHEAD_ROWS else ""
-    return (head + "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr></thead><tbody>"
-            + body + "</tbody></table>" + more)
+    return head + table(cols, body) + more
 
 
 VERDICT_COLORS = {"regression": OOM_COLOR, "improvement": "#59a14f", "noise": "#7f7f7f"}
@@ -299,26 +332,22 @@ def compare_section(cmp: Mapping[str, Any] | None) -> str:
     n_reg = sum(1 for r in rows if str(r["verdict"]).startswith("regression"))
     note = (f"BASE {cmp['base']} vs CAND {cmp['cand']}, paired by point; threshold {cmp['threshold']:.0%} "
             "(shaded). A regression is worse by more than the threshold with an interval that does not reach 1.0. "
-            f"{len(rows)} comparison(s), {n_reg} regression(s).")
+            f"{plural(len(rows), 'comparison')}, {plural(n_reg, 'regression')}.")
     return section("compare", "Compare", note, f'<div class="wide">{ratio_chart(rows, cmp["threshold"])}</div>')
 
 
-def checks_section(checks: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+def checks_section(checks: Mapping[str, Sequence[Mapping[str, Any]]], word: str = "GPU") -> str:
     if not checks:
         return ""
     parts = []
     for camp, rows in checks.items():
         n = {s: sum(1 for r in rows if r["status"] == s) for s in ("pass", "fail", "missing")}
         parts.append(f"<h3>{esc(camp)}: {n['pass']} pass, {n['fail']} fail, {n['missing']} missing</h3>")
-        cols = ["status", "metric", "model", "gpus", "batch", "rep", "value", "reference", "bounds", "reason"]
-        body = "".join(
-            f'<tr class="{"oom" if r["status"] == "fail" else ""}">' + "".join(f"<td>{esc(v)}</td>" for v in (
-                r["status"], r["metric"], r.get("model_name"), r.get("number_gpus"), r.get("batch_size"),
-                r["repeat"], fmt(r["value"]), fmt(r["reference"]),
-                f"{fmt(r['lower_bound']) or '−∞'} … {fmt(r['upper_bound']) or '∞'}", r["reason"] or "")) + "</tr>"
-            for r in rows)
-        parts.append("<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr></thead><tbody>"
-                     + body + "</tbody></table>")
+        cols = ["status", "metric", "model", f"{word}s", "batch", "rep", "value", "reference", "bounds", "reason"]
+        parts.append(table(cols, [(
+            (r["status"], r["metric"], r.get("model_name"), r.get("number_gpus"), r.get("batch_size"), r["repeat"],
+             fmt(r["value"]), fmt(r["reference"]), f"{fmt(r['lower_bound']) or '−∞'} … {fmt(r['upper_bound']) or '∞'}",
+             r["reason"] or ""), "fail" if r["status"] == "fail" else "") for r in rows]))
     return section("checks", "Checks against references",
                    "Each point's latest attempt against the sweep's references (sbench check exits 1 on a fail).",
                    '<div class="wide">' + "".join(parts) + "</div>")
@@ -342,7 +371,7 @@ def memory_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
     scale, unit = (1e9, "GB") if top >= 1e9 else (1e6, "MB")
     rows = []
     for m in list(latest.values())[:MAX_STAGE_BARS // 2]:
-        label = (f"{m.get('model_name') or '?'} · {m.get('method')} · {m.get('number_gpus')} {word} · "
+        label = (f"{m.get('model_name') or '?'} · {m.get('method')} · {_count(m.get('number_gpus'), word)} · "
                  f"bs {m.get('batch_size')} · {str(m['point_id'])[:8]}")
         if m.get("params_bytes") is not None:
             rows.append((f"{label} measured", [(n, (m.get(k) or 0) / scale) for n, k in (
@@ -358,14 +387,11 @@ def memory_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
                       empty="no memory snapshots")
     measured = [m for m in latest.values() if m.get("activation_bytes")]
     if measured:
-        def row(m: Mapping[str, Any]) -> str:
-            err = m.get("activation_error")
-            return (f"<tr><td>{esc(str(m['point_id'])[:8])}</td><td>{m['activation_bytes'] / scale:.3g} {unit}</td>"
-                    f"<td>{(m.get('predicted_activation_bytes') or 0) / scale:.3g} {unit}</td>"
-                    f"<td>{'' if err is None else f'{err:+.1%}'}</td></tr>")
-
-        acts = ('<table class="small"><tr><th>point</th><th>activations measured</th><th>predicted</th>'
-                '<th>estimate error</th></tr>' + "".join(row(m) for m in measured) + "</table>")
+        acts = table(["point", "activations measured", "predicted", "estimate error"], [(
+            (str(m["point_id"])[:8], f"{m['activation_bytes'] / scale:.3g} {unit}",
+             f"{(m.get('predicted_activation_bytes') or 0) / scale:.3g} {unit}",
+             "" if m.get("activation_error") is None else f"{m['activation_error']:+.1%}"), "")
+            for m in measured])
     else:
         acts = ("<p>Activation estimate error: not measurable in these runs (no CUDA allocator figures; "
                 "on CUDA it is the forward pass's growth of allocated memory, compared with the estimate).</p>")
@@ -377,14 +403,14 @@ def memory_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
                    f'<div class="wide">{chart}{acts}</div>')
 
 
-def efficiency_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
+def efficiency_section(ms: Sequence[Mapping[str, Any]], word: str, by_campaign: bool = False) -> str:
     if not any(m.get("model_tflops_per_gpu") is not None for m in ms):
         return ""
     has_mfu = any(m.get("mfu") is not None for m in ms)
     body = ('<div class="row"><div class="panel"><h3>achieved model TFLOP/s per device</h3>'
-            + metric_chart(ms, "model_tflops_per_gpu", "model TFLOP/s per device", word=word)
+            + metric_chart(ms, "model_tflops_per_gpu", "model TFLOP/s per device", word=word, by_campaign=by_campaign)
             + '</div><div class="panel"><h3>MFU (model FLOPs / peak)</h3>'
-            + (metric_chart(ms, "mfu", "MFU", word=word) if has_mfu else
+            + (metric_chart(ms, "mfu", "MFU", word=word, by_campaign=by_campaign) if has_mfu else
                no_data("no peak TFLOP/s known for this hardware: set peak_tflops on the partition"))
             + "</div></div>")
     return section("efficiency", "Efficiency: achieved TFLOP/s and MFU",
