@@ -244,6 +244,30 @@ SWEEP_ERRORS = {
         entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4}
         grid: {batch_size: [1, 2]}
         """, ["grid.batch_size is set in both entity: and grid:"]),
+    "bad_reuse": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4}
+        reuse: measure
+        """, ["sweep.yaml:4", "reuse must be one of: none, measured; got 'measure'", "did you mean 'measured'"]),
+    "reuse_not_a_word": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4}
+        reuse: true
+        """, ["sweep.yaml:4", "reuse must be one of: none, measured; got True"]),
+    "reuse_misspelt_key": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4}
+        reuse_measured: true
+        """, ["sweep.yaml:4", "reuse_measured is not a known key; write 'reuse: measured'"]),
+    "reuse_typo": ("""\
+        campaign: c
+        experiment: finetune_lora_benchmark-v1.0.0
+        entity: {model_name: smollm2-135m, model_max_length: 512, number_gpus: 1, batch_size: 4}
+        resue: measured
+        """, ["sweep.yaml:4", "resue is not a known key", "did you mean 'reuse'"]),
 }
 
 

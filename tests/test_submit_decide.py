@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.sbatch.state import AttemptState, PointHistory
+from harness.sbatch.state import AttemptState, MeasuredRun, PointHistory
 from harness.sbatch.submit import decide
 from harness.spec.plan import PlannedPoint
 
@@ -18,8 +18,9 @@ def point(pid: str, repeat: int = 0, valid: bool = True) -> PlannedPoint:
                         reasons=[] if valid else ["rule 1: x"], notes=[], partition="p", model_source="m")
 
 
-def history(runs: dict, measured: dict | None = None) -> PointHistory:
-    h = PointHistory(measured_counts=measured or {})
+def history(runs: dict, elsewhere: dict | None = None) -> PointHistory:
+    h = PointHistory(elsewhere={pid: [MeasuredRun(c, f"{c}/{pid}.r{i}.a1", o) for i, (c, o) in enumerate(runs_)]
+                                for pid, runs_ in (elsewhere or {}).items()})
     for (pid, rep), attempts in runs.items():
         h.by_run[("c", pid, rep)] = [AttemptState(a, f"j{a}", s, o, r) for a, s, o, r in attempts]
     return h
@@ -27,21 +28,25 @@ def history(runs: dict, measured: dict | None = None) -> PointHistory:
 
 def test_decisions() -> None:
     pts = [point("new"), point("done"), point("running"), point("failed"), point("invalid", valid=False),
-           point("elsewhere"), point("oom")]
+           point("elsewhere"), point("oom"), point("forced-then-failed")]
     h = history({
         ("done", 0): [(1, "COMPLETED", "ok", None)],
         ("running", 0): [(1, "RUNNING", None, None)],
         ("failed", 0): [(1, "FAILED", "failed", "ImportError: bitsandbytes")],
         ("oom", 0): [(1, "FAILED", "invalid", "OutOfMemoryError")],
-    }, measured={"done": 1, "elsewhere": 1, "oom": 1})
+        ("forced-then-failed", 0): [(1, "COMPLETED", "ok", None), (2, "FAILED", "failed", "x")],
+    }, elsewhere={"done": [("other", "ok")], "elsewhere": [("other", "ok")], "oom": [("other", "invalid")]})
     d = {x.point.point_id: x for x in decide(pts, h, "c", force=False, retry_failed=False)}
     assert (d["new"].action, d["new"].attempt, d["new"].reason) == ("submit", 1, "new")
-    assert d["done"].action == "skip" and "already measured" in d["done"].reason
+    assert d["done"].action == "skip" and "already measured in this campaign (attempt 1 ended ok)" in d["done"].reason
     assert d["running"].action == "skip" and "RUNNING" in d["running"].reason
     assert d["failed"].action == "skip" and "use --retry-failed" in d["failed"].reason
     assert d["invalid"].action == "skip" and d["invalid"].reason.startswith("invalid: rule 1")
-    assert d["elsewhere"].action == "skip"  # measured in another campaign: the same point
+    # measured in another campaign only: this campaign measures it (reuse is opt-in)
+    assert (d["elsewhere"].action, d["elsewhere"].attempt, d["elsewhere"].reused) == ("submit", 1, None)
     assert d["oom"].action == "skip"  # an invalid (OOM) measurement is a result, not a failure
+    # a measurement of this campaign stays one, even when a later (forced) attempt failed
+    assert d["forced-then-failed"].action == "skip" and "attempt 1 ended ok" in d["forced-then-failed"].reason
     r = {x.point.point_id: x for x in decide(pts, h, "c", force=False, retry_failed=True)}
     assert (r["failed"].action, r["failed"].attempt, r["failed"].reason) == ("submit", 2, "retry")
     assert r["done"].action == "skip" and r["oom"].action == "skip"
@@ -50,11 +55,34 @@ def test_decisions() -> None:
     assert f["invalid"].action == "skip"  # force never runs a point the rules reject
 
 
+def test_reuse_is_opt_in_and_names_the_run_it_takes() -> None:
+    pts = [point("elsewhere"), point("done"), point("failed"), point("nowhere"), point("running")]
+    h = history({("done", 0): [(1, "COMPLETED", "ok", None)],
+                 ("failed", 0): [(1, "FAILED", "failed", "boom")],
+                 ("running", 0): [(1, "PENDING", None, None)]},
+                elsewhere={"elsewhere": [("nightly-1", "ok")], "done": [("nightly-1", "ok")],
+                           "failed": [("nightly-1", "invalid")], "running": [("nightly-1", "ok")]})
+    d = {x.point.point_id: x for x in decide(pts, h, "c", force=False, retry_failed=False, reuse=True)}
+    e = d["elsewhere"]
+    assert e.action == "skip" and e.reused is not None
+    assert (e.reused.campaign, e.reused.run_id) == ("nightly-1", "nightly-1/elsewhere.r0.a1")
+    assert "reused run nightly-1/elsewhere.r0.a1 of campaign nightly-1 (ok)" in e.reason
+    assert d["done"].reused is None and "already measured in this campaign" in d["done"].reason
+    assert d["failed"].action == "skip" and d["failed"].reused.outcome == "invalid"  # a result stands for a failure
+    assert d["nowhere"].action == "submit" and d["nowhere"].reused is None
+    assert d["running"].reused is None and "PENDING" in d["running"].reason  # its own attempt is in flight
+    f = {x.point.point_id: x for x in decide(pts, h, "c", force=True, retry_failed=False, reuse=True)}
+    assert f["elsewhere"].action == "submit" and f["elsewhere"].reused is None  # --force measures here
+
+
 def test_repeats_count_measurements() -> None:
     pts = [point("p", 0), point("p", 1), point("p", 2)]
-    h = history({("p", 0): [(1, "COMPLETED", "ok", None)]}, measured={"p": 1})
-    d = decide(pts, h, "c", force=False, retry_failed=False)
-    assert [x.action for x in d] == ["skip", "submit", "submit"]
+    h = history({("p", 0): [(1, "COMPLETED", "ok", None)]}, elsewhere={"p": [("a", "ok"), ("b", "ok")]})
+    assert [x.action for x in decide(pts, h, "c", force=False, retry_failed=False)] == ["skip", "submit", "submit"]
+    # reusing: each repeat takes its own run of the point, oldest first; a repeat nothing measured runs
+    d = decide(pts, h, "c", force=False, retry_failed=False, reuse=True)
+    assert [x.action for x in d] == ["skip", "skip", "submit"]
+    assert d[0].reused is None and d[1].reused is not None and d[1].reused.campaign == "b"
 
 
 def test_array_script_runs_each_points_own_job_sbatch(tmp_path: Path) -> None:

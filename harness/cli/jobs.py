@@ -56,12 +56,19 @@ def executor_option(f: Any) -> Any:
 @click.option("--no-prepare", is_flag=True, help="Submit without preparing (each job prepares what it lacks).")
 @click.option("--skip-predicted-oom", is_flag=True, help="Do not submit points that sbench plan --memory predicts "
               "will not fit in one device's memory.")
+@click.option("--campaign", default=None, callback=campaign_name,
+              help="Submit as this campaign instead of the sweep's campaign: (one sweep, a campaign per night).")
+@click.option("--reuse-measured", is_flag=True, help="Do not measure a point again that another campaign measured: "
+              "take its run (named in the reason). Also the sweep's 'reuse: measured'.")
 @json_option
 def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | None, db: Path | None,
            model_map: Path | None, wait: bool, force: bool, retry_failed: bool, max_parallel: int | None,
            hold: bool, preflight: bool, prepare_on: str, no_prepare: bool, skip_predicted_oom: bool,
-           as_json: bool) -> None:
+           campaign: str | None, reuse_measured: bool, as_json: bool) -> None:
     """Submit a sweep: one job array per resource shape on SLURM, or a local queue.
+
+    A campaign measures every valid point it has not measured or queued itself; --reuse-measured takes
+    the runs other campaigns measured instead.
 
     Example: sbench submit sweeps/demo-cpu.yaml --executor local --wait
     """
@@ -70,8 +77,8 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
         report = submit_sweep(sweep, inventory, executor, workdir, db, wait=wait, force=force,
                               retry_failed=retry_failed, max_parallel=max_parallel, hold=hold, model_map=model_map,
                               preflight=preflight, prepare="no" if no_prepare else prepare_on,
-                              skip_predicted_oom=skip_predicted_oom,
-                              echo=_stderr_echo(as_json),
+                              skip_predicted_oom=skip_predicted_oom, reuse_measured=reuse_measured,
+                              campaign=campaign, echo=_stderr_echo(as_json),
                               progress=lambda done, total: progress("wait", done, total))
     finally:
         progress.close()
@@ -132,6 +139,11 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
     extra = f", {d['sbatch_calls']} sbatch call(s)" if d["executor"] == "slurm" else ""
     click.echo(f"\ncampaign {d['campaign']}: {d['submitted']} attempt(s) submitted with the {d['executor']} "
                f"executor{extra}; job dirs under {d['campaign_dir']}")
+    reused = [r["reused_from"] for r in d["points"] if r.get("reused_from")]
+    if reused:
+        sources = sorted({r["campaign"] for r in reused})
+        click.echo(f"reused {len(reused)} measured run(s) of campaign(s) {', '.join(sources)} instead of measuring "
+                   "them again (each named in its reason; --force measures them in this campaign)")
     if d.get("db_note"):
         click.echo(f"note: {d['db_note']}", err=True)
     for w in d.get("warnings") or []:

@@ -216,8 +216,7 @@ VIEWS: dict[str, str] = {
         SELECT f.run_id, f.host, s.kind, s.device, s.t_wall, s.t_wall - f.t0 AS t_rel, s.t_mono, s.gpu_util,
                s.mem_used_mb, s.mem_total_mb, s.power_w, s.power_limit_w, s.cpu_pct, s.mem_pct, s.rss_mb, s.nprocs
         FROM sample_rows s JOIN sample_files f USING (file_id)""",
-    # The latest valid measurement of each point (across campaigns): what --force/skip decisions and
-    # most analyses want.
+    # The latest valid measurement of each point (across campaigns): what most analyses want.
     "latest_measurements": """
         SELECT * EXCLUDE (_rn) FROM (
             SELECT m.*, row_number() OVER (PARTITION BY m.point_id

@@ -5,7 +5,8 @@
 ``last_attempt`` and ``last_outcome``. With ``campaign``, only that campaign's attempts; with
 ``point_ids``, those points' attempts in every campaign (a point is the same point across campaigns);
 with both, the intersection. ``status_rows`` lists every (campaign, point, repeat), attempts or not
-(invalid points have none), with its latest attempt; ``attempt_rows`` every attempt.
+(invalid points have none), with its latest attempt; ``attempt_rows`` every attempt; ``measured_runs`` a
+point's measured runs in the other campaigns (what ``submit`` may reuse when asked to).
 """
 
 from __future__ import annotations
@@ -62,6 +63,18 @@ def attempt_rows(store: Store, campaign: str | None = None) -> list[dict[str, An
             "cancel_requested_at")
     sql = f"SELECT {cols} FROM runs" + (" WHERE campaign = ?" if campaign else "")
     return store.fetch_dicts(sql + " ORDER BY campaign, point_id, repeat, attempt", [campaign] if campaign else [])
+
+
+def measured_runs(store: Store, point_ids: Iterable[str], exclude_campaign: str) -> list[dict[str, Any]]:
+    """The measured runs (outcome ``ok`` or ``invalid``) of *point_ids* in every campaign but
+    *exclude_campaign*, oldest first: what ``submit --reuse-measured`` may take instead of measuring."""
+    ids = list(point_ids)
+    if not ids:
+        return []
+    sql = (f"SELECT run_id, campaign, point_id, repeat, attempt, outcome, submitted_at FROM runs "
+           f"WHERE outcome IN ('ok', 'invalid') AND campaign <> ? AND point_id IN ({', '.join('?' for _ in ids)}) "
+           "ORDER BY point_id, submitted_at NULLS LAST, run_id")
+    return store.fetch_dicts(sql, [exclude_campaign, *ids])
 
 
 def job_dirs(store: Store, campaign: str | None = None) -> set[str]:

@@ -1,4 +1,5 @@
-"""What a campaign already has: attempts and their outcomes, and which points are measured.
+"""What a campaign already has: its attempts and their outcomes; and, when the campaign may reuse them,
+the measured runs of its points in other campaigns.
 
 The results database is the index (collect classifies every attempt from its
 files and SLURM accounting); submit brings it up to date for the campaign
@@ -19,7 +20,7 @@ from harness.contract import jobstate
 from harness.contract.errors import SbenchError, StoreBusyError, SubmitError
 from harness.contract.paths import run_id
 from harness.db.manifest import record_manifest
-from harness.db.status import attempt_rows, point_status
+from harness.db.status import attempt_rows, measured_runs
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
 
@@ -37,23 +38,39 @@ class AttemptState:
     cancelled: bool = False  # the user cancelled it (sbench cancel): retry leaves it alone
 
 
+@dataclass(frozen=True)
+class MeasuredRun:
+    """A measured run of a point in another campaign: what ``--reuse-measured`` may take."""
+
+    campaign: str
+    run_id: str
+    outcome: str  # ok | invalid
+
+    def to_dict(self) -> dict[str, str]:
+        return {"campaign": self.campaign, "run_id": self.run_id, "outcome": self.outcome}
+
+
 @dataclass
 class PointHistory:
     by_run: dict[tuple[str, str, int], list[AttemptState]] = field(default_factory=dict)
-    measured_counts: dict[str, int] = field(default_factory=dict)
+    # point id -> its measured runs in other campaigns, oldest first (read only when the campaign reuses them)
+    elsewhere: dict[str, list[MeasuredRun]] = field(default_factory=dict)
 
     def attempts(self, campaign: str, point_id: str, repeat: int) -> list[AttemptState]:
         return sorted(self.by_run.get((campaign, point_id, repeat), []), key=lambda a: a.attempt)
 
-    def measured(self, point_id: str) -> int:
-        return self.measured_counts.get(point_id, 0)
+    def reusable(self, point_id: str, repeat: int) -> MeasuredRun | None:
+        """The run another campaign measured that repeat *repeat* of the point may take: the point's
+        measured runs elsewhere, oldest first, one per repeat (so the choice holds as new ones appear)."""
+        runs = self.elsewhere.get(point_id, [])
+        return runs[repeat] if 0 <= repeat < len(runs) else None
 
 
 def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str],
-                     slurm: Slurm) -> tuple[PointHistory, str | None]:
-    """Collect the campaign (incremental: a no-op when nothing changed), then read its attempts and how often
-    each point was measured in any campaign. *slurm* is the command's client: what it was told about the
-    attempts is not asked again by the collect."""
+                     slurm: Slurm, reuse: bool = False) -> tuple[PointHistory, str | None]:
+    """Collect the campaign (incremental: a no-op when nothing changed), then read its attempts; with
+    *reuse*, also the measured runs of *point_ids* in the other campaigns (as the database has them).
+    *slurm* is the command's client: what it was told about the attempts is not asked again by the collect."""
     try:
         stale = runs_to_refresh(db, workdir, campaign, slurm)
         if stale is None or stale:
@@ -68,8 +85,10 @@ def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str
                 attempt=int(row["attempt"]), job_id=row.get("job_id"), state=row.get("state"),
                 outcome=row.get("outcome"), reason=row.get("reason"),
                 cancelled=row.get("cancel_requested_at") is not None and row.get("outcome") == "failed"))
-        for pid, st_ in point_status(st, point_ids=point_ids).items():
-            history.measured_counts[pid] = st_.ok + st_.invalid
+        if reuse:
+            for row in measured_runs(st, sorted(set(point_ids)), campaign):
+                history.elsewhere.setdefault(row["point_id"], []).append(
+                    MeasuredRun(row["campaign"], row["run_id"], row["outcome"]))
     return history, None
 
 

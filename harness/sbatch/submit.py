@@ -28,7 +28,7 @@ from .executors import SubmitOptions, Submitted
 from .fabric import run_fabric
 from .fit import ClusterFit, cluster_fit
 from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
-from .state import PointHistory, campaign_history, record_events
+from .state import MeasuredRun, PointHistory, campaign_history, record_events
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Decision:
     action: str  # submit | skip
     reason: str
     attempt: int = 0
+    reused: MeasuredRun | None = None  # skipped because it takes this run of another campaign (reuse)
 
 
 @dataclass
@@ -60,16 +61,19 @@ class SubmitReport:
             sub = by_key.get((d.point.point_id, d.point.repeat))
             rows.append({"point_id": d.point.point_id, "repeat": d.point.repeat, "action": d.action,
                          "reason": d.reason, "attempt": d.attempt or None,
-                         "job_id": sub.job_id if sub else None, "job_dir": sub.spec.job_dir if sub else None})
+                         "job_id": sub.job_id if sub else None, "job_dir": sub.spec.job_dir if sub else None,
+                         "reused_from": d.reused.to_dict() if d.reused else None})
         return {"campaign": self.campaign, "executor": self.executor, "campaign_dir": str(self.campaign_dir),
                 "sbatch_calls": self.sbatch_calls, "submitted": len(self.submitted), "points": rows,
+                "reused": sum(1 for d in self.decisions if d.reused),
                 "db_note": self.db_note, "warnings": self.warnings, "preflight": self.preflight,
                 "prepare": self.prepare, "prepare_job": self.prepare_job}
 
 
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
-           retry_failed: bool) -> list[Decision]:
-    """Skip what is measured or in flight; resubmit failures only when asked."""
+           retry_failed: bool, reuse: bool = False) -> list[Decision]:
+    """Skip what this campaign measured or has in flight; resubmit failures only when asked. With *reuse*,
+    a point another campaign measured is not measured again: it takes that run, and says which."""
     out = []
     for p in points:
         if not p.valid:
@@ -78,14 +82,19 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
         attempts = history.attempts(campaign, p.point_id, p.repeat)
         next_attempt = max((a.attempt for a in attempts), default=0) + 1
         inflight = [a for a in attempts if a.outcome is None]
-        measured = history.measured(p.point_id)
+        measured = [a for a in attempts if a.outcome in ("ok", "invalid")]
+        taken = history.reusable(p.point_id, p.repeat) if reuse else None
         if inflight and not force:
             a = inflight[-1]
             out.append(Decision(p, "skip", f"attempt {a.attempt} is {a.state or 'in flight'} (job {a.job_id})"))
         elif force:
             out.append(Decision(p, "submit", "force", next_attempt))
-        elif measured > p.repeat:
-            out.append(Decision(p, "skip", f"already measured ({measured} ok/invalid run(s) of this point)"))
+        elif measured:
+            out.append(Decision(p, "skip", f"already measured in this campaign (attempt {measured[-1].attempt} "
+                                           f"ended {measured[-1].outcome}); use --force to measure it again"))
+        elif taken is not None:
+            out.append(Decision(p, "skip", f"reused run {taken.run_id} of campaign {taken.campaign} "
+                                           f"({taken.outcome}); measure it here with --force", reused=taken))
         elif attempts and attempts[-1].outcome == "failed" and attempts[-1].cancelled:
             out.append(Decision(p, "skip", f"attempt {attempts[-1].attempt} was cancelled with sbench cancel; "
                                            "use --force to run it again"))
@@ -95,8 +104,6 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
             else:
                 out.append(Decision(p, "skip", f"attempt {attempts[-1].attempt} failed "
                                                f"({attempts[-1].reason or 'see its job dir'}); use --retry-failed"))
-        elif attempts and attempts[-1].outcome in ("ok", "invalid"):
-            out.append(Decision(p, "skip", f"attempt {attempts[-1].attempt} ended {attempts[-1].outcome}"))
         else:
             out.append(Decision(p, "submit", "new", next_attempt))
     return out
@@ -132,13 +139,14 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
                  model_map: Path | None = None, only_failed: bool = False, preflight: bool = False,
                  progress: Callable[[int, int], None] | None = None, prepare: str = "here",
                  skip_predicted_oom: bool = False, echo: Callable[[str], None] = lambda s: None,
-                 slurm: Slurm | None = None) -> SubmitReport:
+                 slurm: Slurm | None = None, reuse_measured: bool = False,
+                 campaign: str | None = None) -> SubmitReport:
     # One scheduler client for the whole command: each question to SLURM is asked once.
     slurm = slurm or Slurm()
     # Everything that can be wrong with the input is found before the DB, the manifest or a job dir is
     # touched: load and plan, then build and render every valid point in memory.
     inv: Inventory = load_inventory(inventory_path)
-    sweep = load_sweep(sweep_path, model_map)
+    sweep = load_sweep(sweep_path, model_map, campaign)
     points = plan_sweep(sweep, inv, memory=skip_predicted_oom)
     if prepare != "no" and build_trainer_envs(sweep, inv, points, echo):
         # Some rules read the environment (its accelerate, its plugins): decide them on what was built.
@@ -155,8 +163,10 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     fit_notes = fit.check([spec for spec, _ in preview], inv)
     checked = run_preflight(inv, points, workdir, db, slurm=slurm) if preflight else []
     exists = _check_campaign(campaign_dir, sweep)
-    history, db_note = campaign_history(db, workdir, sweep.campaign, [p.point_id for p in points], slurm)
-    decisions = decide(points, history, sweep.campaign, force, retry_failed or only_failed)
+    # A campaign measures its own points; it takes other campaigns' measurements only when asked to.
+    reuse = reuse_measured or sweep.reuse == "measured"
+    history, db_note = campaign_history(db, workdir, sweep.campaign, [p.point_id for p in points], slurm, reuse)
+    decisions = decide(points, history, sweep.campaign, force, retry_failed or only_failed, reuse)
     if only_failed:
         decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
                      for d in decisions]
@@ -331,5 +341,6 @@ def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None =
     inv_path = None if not inv or inv.startswith("<") else Path(inv)
     if executor == "auto" and rec.get("executor"):
         executor = rec["executor"]
+    # The campaign's own name: the sweep's campaign: key may name another (submit --campaign).
     return submit_sweep(Path(rec["sweep"]), inv_path, executor, workdir, db, wait=wait, only_failed=True,
-                        max_parallel=max_parallel, progress=progress, slurm=slurm)
+                        max_parallel=max_parallel, progress=progress, slurm=slurm, campaign=campaign)

@@ -267,6 +267,18 @@ class Checker:
             self.fail(dotted, f"must be true or false, got {show(value)}", node, name)
         return value
 
+    def choice(self, node: Mapping[str, Any], key: str, name: str, choices: Iterable[str], default: Any = None) -> Any:
+        """One of *choices* (a string), with the closest one suggested on a typo."""
+        value = node.get(name, default)
+        allowed = list(choices)
+        if value is not None and (not isinstance(value, str) or value not in allowed):
+            close = difflib.get_close_matches(value, allowed, n=1) if isinstance(value, str) and len(value) < 100 \
+                else []
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            dotted = f"{key}.{name}" if key else name
+            self.fail(dotted, f"must be one of: {', '.join(allowed)}; got {show(value)}{hint}", node, name)
+        return value
+
     def string_list(self, node: Mapping[str, Any], key: str, name: str, default: Any = None) -> Any:
         value = node.get(name, default)
         if value is None:

@@ -38,7 +38,12 @@ from .schema import (
 from .yamlio import LineDict, load_yaml
 
 SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
-              "model_map", "data_dir", "runner", "references")
+              "model_map", "data_dir", "runner", "references", "reuse")
+
+
+# What a campaign may take from other campaigns instead of measuring it again: nothing (every campaign
+# measures its own points), or a point's measured runs ("measured": a design-space search's memoization).
+REUSE_MODES = ("none", "measured")
 
 
 SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue", "extra")
@@ -96,6 +101,7 @@ class Sweep:
     description: str = ""
     data_dir_set: bool = False  # the sweep names its data_dir (else the inventory's defaults.data_dir may)
     references: list[Any] = field(default_factory=list)  # harness.references.Reference, in file order
+    reuse: str = "none"  # one of REUSE_MODES
     lines: dict[str, int] = field(default_factory=dict)
 
 
@@ -107,10 +113,17 @@ def data_dir_for(sweep: Sweep, inv: Any) -> Path:
     return shared_dir(inv.data_dir, inv) or sweep.data_dir
 
 
-def load_sweep(path: str | Path, model_map_path: str | Path | None = None) -> Sweep:
+def load_sweep(path: str | Path, model_map_path: str | Path | None = None, campaign: str | None = None) -> Sweep:
+    """The sweep in *path*; *campaign* (``submit --campaign``) names its campaign in place of its ``campaign:``,
+    so that one sweep file serves a series of campaigns (``nightly-1122``, ``nightly-1123``)."""
     p = Path(path)
     doc = load_yaml(p, SweepError, "sweep")
-    return parse_sweep(doc, str(p), p.parent.resolve(), model_map_path)
+    sweep = parse_sweep(doc, str(p), p.parent.resolve(), model_map_path)
+    if campaign is not None:
+        if not CAMPAIGN_NAME.fullmatch(campaign):
+            raise InputError(f"--campaign must use letters, digits, '.', '_' or '-' (max 100), got {campaign!r}")
+        sweep.campaign = campaign
+    return sweep
 
 
 def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Path | None = None) -> Sweep:
@@ -118,6 +131,9 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     if doc is None:
         ck.fail("(document)", "is empty; expected campaign:, experiment: and entity:")
     doc = ck.mapping(doc, "(document)")
+    if "reuse_measured" in doc:  # the flag's name as a key: say the sweep's own form
+        ck.fail("reuse_measured", "is not a known key; write 'reuse: measured' (the sweep's form of "
+                                  "--reuse-measured)", doc, "reuse_measured")
     ck.known_keys(doc, "", SWEEP_KEYS)
     campaign = ck.require(doc, "", "campaign", "a unique name for this sweep's results")
     campaign = ck.string(doc, "", "campaign")
@@ -218,7 +234,7 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
 
     references = parse_references(doc.get("references"), experiment, ck, doc)
     return Sweep(
-        references=references,
+        references=references, reuse=ck.choice(doc, "", "reuse", REUSE_MODES, default="none"),
         campaign=campaign, experiment=experiment, source=source, base_dir=base_dir,
         partition=partition, entity=entity, grid=grid, repeats=repeats, slurm=slurm,
         model_map=mm, data_dir=data_dir, runner=runner, data_dir_set=bool(data_dir_raw),
