@@ -34,6 +34,7 @@ class Recorder:
     def __init__(self, queue: dict[str, str] | None = None, acct: dict[str, str] | None = None) -> None:
         self.queue = dict(queue or {})
         self.acct = dict(acct or {})
+        self.arrays = False
         self.calls: list[list[str]] = []
 
     def __call__(self, argv):
@@ -42,7 +43,9 @@ class Recorder:
             out = "".join(f"{j}|{s}|{'Resources' if s == 'PENDING' else 'None'}|\n" for j, s in self.queue.items())
         elif argv[0] == "sacct":
             ids = argv[argv.index("-j") + 1].split(",")
-            out = "".join(SACCT_LINE.format(j, self.acct[j]) + "\n" for j in ids if j in self.acct)
+            # a question about an array (when self.arrays) returns every record of it, as sacct does
+            out = "".join(SACCT_LINE.format(j, s) + "\n" for j, s in self.acct.items()
+                          if j in ids or self.arrays and j.split("_")[0] in ids)
         elif argv[0] == "sinfo":
             out = "node[1-2]|96|1000000|(null)\n"
         else:
@@ -76,6 +79,51 @@ def test_each_question_is_asked_once() -> None:
     slurm.partition_nodes("cpu")
     assert len(fake.asked("squeue")) == 2 and [c[2] for c in fake.asked("sacct")] == ["12", "13,14", "12"]
     assert len(fake.asked("sinfo")) == 2
+
+
+def test_array_tasks_cancelled_while_pending_read_cancelled() -> None:
+    """sacct keeps an array's tasks that never left the queue as one record of the array, which only a
+    question about the array returns: each such task takes it; a task's own record wins over it."""
+    fake = Recorder(acct={"40_0": "COMPLETED", "40_[0-3]": "CANCELLED by 0", "41": "CANCELLED by 0"})
+    fake.arrays = True
+    slurm = Slurm(fake)
+    assert slurm.states(["40_0", "40_2", "41_0", "41_1", "42_0"]) == {
+        "40_0": "COMPLETED", "40_2": "CANCELLED", "41_0": "CANCELLED", "41_1": "CANCELLED"}
+    # the tasks, then once the arrays of those sacct had no record of
+    assert [c[2] for c in fake.asked("sacct")] == ["40_0,40_2,41_0,41_1,42_0", "40,41,42"]
+    acct, _ = slurm.accounting(["40_3", "41_1"])
+    assert {j: a.state for j, a in acct.items()} == {"40_3": "CANCELLED", "41_1": "CANCELLED"}
+    assert [c[2] for c in fake.asked("sacct")][2:] == ["40_3"]  # only the new id; no array asked twice
+
+
+def test_status_reads_a_task_slurm_forgot(tmp_path: Path, monkeypatch) -> None:
+    """A task neither the queue nor sacct knows (both answered) left the scheduler without a record: status
+    shows it gone, or cancelled when sbench cancel asked for it (as collect will record it); nothing is
+    shown as SUBMITTED. When sacct cannot answer, nothing is inferred."""
+    from harness.sbatch import backends, control, manifest
+
+    monkeypatch.setattr(backends.shutil, "which", lambda name: f"/usr/bin/{name}")
+    wd = tmp_path / "runs"
+    dirs = [str(wd / "c" / f"{i:016x}.r0.a1") for i in range(3)]
+    manifest.append(wd / "c", [{"type": "attempt", "campaign": "c", "point_id": f"{i:016x}", "repeat": 0,
+                                "attempt": 1, "job_dir": d, "executor": "slurm", "job_id": f"50_{i}"}
+                               for i, d in enumerate(dirs)])
+    manifest.append(wd / "c", [{"type": "cancel", "campaign": "c", "job_ids": ["50_1"], "job_dirs": [dirs[1]]}])
+    fake = Recorder(queue={"50_2": "PENDING"})
+    rep = control.status(wd, tmp_path / "none.duckdb", "c", slurm=Slurm(fake))
+    got = {r["job_dir"]: (r["phase"], r["live_state"]) for r in rep.rows}
+    assert got == {dirs[0]: ("gone (not collected)", "GONE"), dirs[1]: ("cancelled (not collected)", "CANCELLED"),
+                   dirs[2]: ("pending", "PENDING (Resources)")}
+    assert rep.counts == {"gone (not collected)": 1, "cancelled (not collected)": 1, "pending": 1}
+    assert "without an accounting record" in next(r["reason"] for r in rep.rows if r["job_dir"] == dirs[0])
+
+    def no_sacct(argv):
+        if argv[0] == "sacct":
+            return subprocess.CompletedProcess(argv, 1, "", "sacct: error: accounting storage is disabled\n")
+        return fake(argv)
+
+    rep = control.status(wd, tmp_path / "none.duckdb", "c", slurm=Slurm(no_sacct))
+    assert [r["phase"] for r in rep.rows] == ["submitted", "submitted", "pending"]
 
 
 def test_sacct_that_cannot_answer_is_not_asked_again() -> None:
@@ -170,12 +218,6 @@ def _sbench(bindir: Path, log: Path, *args) -> tuple[dict, list[list[str]]]:
     return json.loads(proc.stdout) if proc.stdout.strip().startswith(("{", "[")) else {}, calls
 
 
-def _sacct_state(job_id: str) -> str:
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id], capture_output=True,
-                         text=True).stdout.split()
-    return out[0] if out else ""
-
-
 @pytest.mark.slurm
 def test_one_command_asks_each_question_once(slurm_cluster, tmp_path: Path) -> None:
     bindir, log = _shims(tmp_path)
@@ -194,22 +236,26 @@ def test_one_command_asks_each_question_once(slurm_cluster, tmp_path: Path) -> N
     try:
         assert rep["submitted"] == 4 and rep["sbatch_calls"] == 2  # two resource shapes, two arrays
         assert sorted(c[0] for c in calls) == ["sbatch", "sbatch", "sinfo"]
-        # One attempt ends (cancelled from outside sbench); the others stay held in the queue.
+        # One attempt ends (cancelled from outside sbench, while pending: SLURM keeps no record of that task
+        # by its own id); the others stay held in the queue.
         subprocess.run(["scancel", ids[0]], check=True)
         end = time.monotonic() + 60
-        while _sacct_state(ids[0]) != "CANCELLED" and time.monotonic() < end:
+        while subprocess.run(["squeue", "-h", "-r", "-j", ids[0]], capture_output=True, text=True).stdout.strip() \
+                and time.monotonic() < end:
             time.sleep(1)
-        # Submit again: its refresh asks the queue, then sacct about the attempt the queue no longer holds,
-        # and the collect of that attempt asks nobody again.
+        # Submit again: its refresh asks the queue, then sacct about the attempt the queue no longer holds
+        # (then, as sacct has no record of that task, about its array), and the collect of that attempt asks
+        # nobody again.
         rep, calls = _sbench(bindir, log, *submit)
         assert rep["submitted"] == 0
-        assert Counter(c[0] for c in calls) == {"sinfo": 1, "squeue": 1, "sacct": 1}
-        assert _question(next(c for c in calls if c[0] == "sacct")) == ("sacct", ids[0])
+        assert Counter(c[0] for c in calls) == {"sinfo": 1, "squeue": 1, "sacct": 2}
+        assert [_question(c) for c in calls if c[0] == "sacct"] == [("sacct", ids[0]), ("sacct", ids[0].split("_")[0])]
         _, calls = _sbench(bindir, log, "status", "--json", *common)
         assert Counter(c[0] for c in calls)["squeue"] == 1
         _, calls = _sbench(bindir, log, "cancel", "--campaign", "once", *common)
-        assert Counter(c[0] for c in calls) == {"squeue": 1, "sacct": 1, "scancel": 1}
+        assert Counter(c[0] for c in calls) == {"squeue": 1, "sacct": 2, "scancel": 1}
         _, calls = _sbench(bindir, log, "collect", "--json", *common)
-        assert Counter(c[0] for c in calls)["sacct"] == 1
+        # the three cancelled tasks, then (for those sacct has no record of by their own ids) their arrays
+        assert 1 <= Counter(c[0] for c in calls)["sacct"] <= 2
     finally:
         subprocess.run(["scancel", *{i.split("_")[0] for i in ids if i}], check=False)

@@ -39,7 +39,8 @@ def _table() -> dict[str, JobState]:
         "UPDATE_DB")]
     rows += [JobState("COMPLETED", "done", "files", final=True), JobState("FAILED", "done", "files", final=True),
              JobState("SPECIAL_EXIT", "done", "files"),
-             # the local executor: its process is gone without recording an end
+             # LOST: a local job's process is gone without recording an end; GONE: a job that left the
+             # scheduler without an accounting record (an array task cancelled while pending leaves none)
              JobState("LOST", "done", "files"), JobState("GONE", "done", "files")]
     rows += [JobState(s, "done", "failed", why, final=s != "PREEMPTED") for s, why in (
         ("CANCELLED", "cancelled"), ("TIMEOUT", "timeout"), ("NODE_FAIL", "node failure"),

@@ -59,6 +59,7 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
     live = live_states([p for p in pending if p.get("executor")], slurm)
     if campaign and not rows:
         raise InputError(f"no campaign {campaign!r} in {dbp} or under {wd}")
+    cancelled = manifest.cancelled_dirs(wd, campaign) if any(v == "GONE" for v in live.values()) else set()
     counts: dict[str, int] = {}
     for r in rows:
         if r.get("outcome"):
@@ -67,6 +68,13 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
             phase = "invalid (not run)" if r.get("valid") is False else "not submitted"
         else:
             ls = live.get(r["job_dir"])
+            if ls == "GONE":
+                # It left the scheduler without a record: after sbench cancel, that is the cancel (what collect
+                # records too); otherwise say what is known.
+                if r["job_dir"] in cancelled:
+                    ls = "CANCELLED"
+                elif not r.get("reason") or r.get("reason") == "not collected yet":
+                    r["reason"] = GONE_REASON
             r["live_state"] = ls
             phase = _phase(ls, r.get("state"))
         r["phase"] = phase
@@ -83,11 +91,21 @@ def _executor_of(row: dict[str, Any]) -> str | None:
     return "slurm" if jid and jid.replace("_", "").isdigit() else None
 
 
+GONE_REASON = ("left the queue without an accounting record (a pending array task cancelled with scancel "
+               "leaves none)")
+
+
 def _phase(live: str | None, db_state: str | None) -> str:
-    """pending / running / done (not collected), from the scheduler's live word (harness.jobstate)."""
+    """pending / running / done (not collected), from the scheduler's live word (harness.jobstate); an
+    attempt the scheduler ended says how (``cancelled (not collected)``, ``timeout (not collected)``): its
+    outcome is known before a collect reads its files."""
     if live:
-        phase = jobstate.lookup(live).phase
-        return "done (not collected)" if phase == "done" else phase
+        st = jobstate.lookup(live)
+        if st.name in ("GONE", "LOST"):
+            return "gone (not collected)"
+        if st.phase == "done":
+            return f"{st.reason} (not collected)" if st.verdict == "failed" and st.reason else "done (not collected)"
+        return st.phase
     return (db_state or "submitted").lower()
 
 

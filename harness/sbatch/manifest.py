@@ -78,3 +78,10 @@ def attempts(workdir: Path, campaign: str | None) -> list[dict[str, Any]]:
             if ev.get("type") == "attempt" and ev.get("job_dir"):
                 out[ev["job_dir"]] = ev
     return list(out.values())
+
+
+def cancelled_dirs(workdir: Path, campaign: str | None) -> set[str]:
+    """The job dirs ``sbench cancel`` cancelled, in every (or one) campaign manifest."""
+    camps = [workdir / campaign] if campaign else sorted(p.parent for p in workdir.glob(f"*/{MANIFEST}"))
+    return {str(d) for cdir in camps for ev in read(cdir) if ev.get("type") == "cancel"
+            for d in ev.get("job_dirs") or [] if isinstance(d, str)}

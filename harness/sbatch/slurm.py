@@ -69,7 +69,7 @@ class SlurmBackend:
         total = len(ids)
         while True:
             self.slurm.forget()  # each poll asks afresh: the states move while it waits
-            states = self.slurm.states(ids)
+            states = self._states(ids)  # a task that left without a record is done too (no wait forever)
             done = sum(1 for i in ids if jobstate.is_done(states.get(i)))
             if progress:
                 progress(done, total)
@@ -84,5 +84,15 @@ class SlurmBackend:
         return ids
 
     def live_states(self, attempts: list[dict[str, Any]]) -> dict[str, str]:
-        """Job id -> SLURM state, from squeue for live jobs and sacct for finished ones."""
-        return self.slurm.states(str(a["job_id"]) for a in attempts if a.get("job_id"))
+        """Job id -> SLURM state, from squeue for live jobs and sacct for finished ones; ``GONE`` for a job
+        neither knows when both answered: it left the scheduler without an accounting record, as an array
+        task cancelled while pending does (SLURM drops it from its array's one record of queued tasks)."""
+        return self._states([str(a["job_id"]) for a in attempts if a.get("job_id")])
+
+    def _states(self, ids: list[str]) -> dict[str, str]:
+        states = self.slurm.states(ids)
+        unknown = [j for j in ids if j not in states]
+        # both answers are remembered by the client: asking again here asks SLURM nothing
+        if unknown and self.slurm.queue() is not None and self.slurm.accounting(unknown)[0] is not None:
+            states.update({j: "GONE" for j in unknown})
+        return states

@@ -5,7 +5,8 @@ One :class:`Slurm` per sbench command, made where the command starts (``submit_s
 everything that needs the scheduler. It remembers its answers, so within one command each question
 is asked at most once:
 
-- accounting (``sacct``) per job id: only ids not asked yet go to sacct, in batches;
+- accounting (``sacct``) per job id: only ids not asked yet go to sacct, in batches (and, for array
+  tasks it has no record of, their arrays, once: tasks that never left the queue are one record of it);
 - the queue (``squeue``): once;
 - a partition's nodes (``sinfo``): once per partition.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import functools
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +92,36 @@ class Slurm:
             self._accounted.update(part)
         if self._sacct_down is not None:
             return None, self._sacct_down
+        self._unsplit_tasks([j for j in new if j not in self._accounting])
         return {j: self._accounting[j] for j in ids if j in self._accounting}, None
+
+    def _unsplit_tasks(self, tasks: Sequence[str]) -> None:
+        """Array tasks sacct has no record of by their own ids: the tasks that never left the queue are one
+        record of their array (``123_[2-4]``, or ``123`` just after the array was cancelled), which sacct
+        gives only to a question about the array. Asks about each such array once; each task takes its
+        array's record, so a task cancelled while pending reads CANCELLED, not unknown."""
+        arrays: dict[str, list[str]] = {}
+        for j in tasks:
+            base, sep, task = j.partition("_")
+            if sep and base.isdigit() and task.isdigit() and base not in self._accounted:
+                arrays.setdefault(base, []).append(j)
+        bases = sorted(arrays)
+        for i in range(0, len(bases), self._chunk):
+            part = bases[i:i + self._chunk]
+            try:
+                res = self._call(sacct_argv(part), ASK_TIMEOUT_S)
+            except (OSError, subprocess.SubprocessError):
+                return  # the tasks stay unknown: the queue and the files speak for them
+            if res.returncode != 0:
+                return
+            records = parse_sacct(res.stdout)
+            self._accounted.update(part)
+            for k, rec in records.items():  # a record already known (a task's own) stays
+                self._accounting.setdefault(k, rec)
+            for base in part:
+                for j in arrays[base]:
+                    if j not in self._accounting and base in records:
+                        self._accounting[j] = replace(records[base], job_id=j, steps=[])
 
     def queue(self) -> dict[str, Queued] | None:
         """Every job the queue holds (one entry per array task), or None when squeue cannot answer."""

@@ -123,9 +123,12 @@ def parse_sacct(text: str) -> dict[str, JobAccounting]:
 
     Job records (``123``, ``123_4``) become :class:`JobAccounting`; step records (``123_4.batch``,
     ``123_4.0``, ``123.extern``) are folded into their job (MaxRSS lives on steps). When a job
-    appears twice (requeues listed with ``-D``) the last record wins, so a run is never duplicated.
+    appears twice (requeues listed with ``-D``) the last record wins, so a run is never duplicated; a
+    task's own record wins over its array's record of the tasks still queued (``123_[0-3]``), which SLURM
+    does not narrow once a task has started.
     """
     jobs: dict[str, JobAccounting] = {}
+    own: set[str] = set()  # ids with a record of their own (not from an array's range)
     steps: list[tuple[str, StepAccounting]] = []
     for line in text.splitlines():
         if not line.strip():
@@ -141,7 +144,12 @@ def parse_sacct(text: str) -> dict[str, JobAccounting]:
                                                  nodes or None)))
             continue
         code, sig = parse_exit(exitc)
+        ranged = "[" in jid
         for one in expand_job_ids(jid):
+            if ranged and one in own:
+                continue
+            if not ranged:
+                own.add(one)
             jobs[one] = JobAccounting(
                 job_id=one, state=jobstate.normalise(state_raw), state_raw=state_raw, exit_code=code,
                 exit_signal=sig, elapsed_s=parse_elapsed(elapsed),
