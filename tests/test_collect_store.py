@@ -171,7 +171,28 @@ def test_collect_cli_json_and_plain(tmp_path, monkeypatch):
     res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd)])
     assert res.exit_code == 0
     assert "collected 1 run(s)" in res.output and "0 new, 0 updated, 1 unchanged" in res.output
-    assert "runs by outcome: 1 ok" in res.output
+    assert "runs by outcome (every campaign): 1 ok" in res.output
+
+
+def test_collect_of_one_campaign_totals_that_campaign(tmp_path):
+    """collect --campaign prints (and returns) the totals of that campaign, not of the whole database."""
+    wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
+    for camp, n in (("big", 3), ("small", 1)):
+        runs = [synth.make_run(wd, camp, i, hosts=("node1",), gpus_per_host=1, ticks=20, executor="local",
+                               job_id="not-a-pid") for i in range(n)]
+        synth.append_manifest(wd, camp, [synth.manifest_events(camp, "finetune_full_benchmark-v1.0.0", "local"),
+                                         *(e for r in runs for e in r["events"])])
+    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd), "--json"])
+    assert json.loads(res.output)["outcomes"] == {"ok": 4}
+    # one campaign, nothing new: its totals, not the database's
+    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd), "--campaign", "small", "--json"])
+    doc = json.loads(res.output)
+    assert (doc["campaign"], doc["runs"], doc["outcomes"]) == ("small", 1, {"ok": 1})
+    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd), "--campaign", "big"])
+    assert res.exit_code == 0, res.output
+    assert "collected 3 run(s)" in res.output and "runs of campaign big by outcome: 3 ok" in res.output
+    with duckdb.connect(str(db), read_only=True) as con:  # the database holds both campaigns
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 4
 
 
 def test_commands_have_help_with_example():

@@ -50,7 +50,8 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json
     outcomes = ", ".join(f"{v} {k}" for k, v in report.outcomes.items()) or "none"
     click.echo(f"collected {report.runs} run(s) into {report.db}: {report.new} new, {report.updated} updated, "
                f"{report.unchanged} unchanged; {report.sample_rows} sample rows loaded in {report.elapsed_s:.1f} s")
-    click.echo(f"runs by outcome: {outcomes}")
+    click.echo(f"runs of campaign {campaign} by outcome: {outcomes}" if campaign
+               else f"runs by outcome (every campaign): {outcomes}")
     if report.sacct and report.sacct != "ok":
         click.echo(f"note: SLURM accounting unavailable ({report.sacct}); states come from squeue and the files",
                    err=True)

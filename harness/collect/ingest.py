@@ -67,6 +67,7 @@ CHILD_ROWS = (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"), 
 class CollectReport:
     db: str
     workdir: str
+    campaign: str | None = None  # collected one campaign: runs, outcomes and accounting are that campaign's
     runs: int = 0
     new: int = 0
     updated: int = 0
@@ -140,7 +141,7 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     runs are looked at (manifests are still recorded): submit's refresh of what changed."""
     t0 = time.monotonic()
     wd = Path(workdir)
-    report = CollectReport(db=str(db), workdir=str(wd))
+    report = CollectReport(db=str(db), workdir=str(wd), campaign=campaign)
     prog = progress or (lambda phase, done, total: None)
     clock = _Clock(report)
     prog("discover", 0, 1)
@@ -162,7 +163,7 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
             with store.transaction():
                 _collect(store, report, manifests, attempts, slurm or Slurm(), prog, clock, tmpdir)
             clock.lap("commit")
-            report.outcomes, report.accounting = run_counts(store)
+            report.outcomes, report.accounting = run_counts(store, campaign)
     except duckdb.Error as exc:
         raise CollectError(f"{db}: collect failed and changed nothing (rolled back): {exc}") from None
     finally:

@@ -11,12 +11,13 @@ from .store import Store
 
 
 # -- collect internals ---------------------------------------------------------------------------------
-def run_counts(store: Store) -> tuple[dict[str, int], dict[str, int]]:
-    """Runs per outcome ('pending' for none yet) and per accounting source ('none')."""
-    outcomes = store.con.execute("SELECT coalesce(outcome, 'pending'), count(*) FROM runs GROUP BY ALL "
-                                "ORDER BY 1").fetchall()
-    sources = store.con.execute("SELECT coalesce(accounting_source, 'none'), count(*) FROM runs GROUP BY ALL "
-                               "ORDER BY 1").fetchall()
+def run_counts(store: Store, campaign: str | None = None) -> tuple[dict[str, int], dict[str, int]]:
+    """Runs per outcome ('pending' for none yet) and per accounting source ('none'): of one campaign, or all."""
+    where, params = (" WHERE campaign = ?", [campaign]) if campaign is not None else ("", [])
+    outcomes = store.con.execute(f"SELECT coalesce(outcome, 'pending'), count(*) FROM runs{where} GROUP BY ALL "
+                                "ORDER BY 1", params).fetchall()
+    sources = store.con.execute(f"SELECT coalesce(accounting_source, 'none'), count(*) FROM runs{where} "
+                               "GROUP BY ALL ORDER BY 1", params).fetchall()
     return {k: int(v) for k, v in outcomes}, {k: int(v) for k, v in sources}
 
 
