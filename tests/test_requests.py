@@ -5,6 +5,7 @@ controller of the test cluster with ``sbatch --test-only``."""
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 from pathlib import Path
 
@@ -175,3 +176,107 @@ def test_render_asks_the_controller_and_keeps_jobs_on_inventory_hosts(cli, slurm
     assert d["nodelist"] == "node1"  # the point needs every inventory host
     proc = subprocess.run(["sbatch", "--test-only", str(jd / "job.sbatch")], capture_output=True, text=True)
     assert proc.returncode == 0 and "node1" in proc.stderr and "node2" not in proc.stderr, proc.stderr
+
+
+def spec_share(job_dir: Path) -> dict:
+    return json.loads((job_dir / "spec.json").read_text())["jobspec"]["node_share"]
+
+
+def test_whole_node_points_are_exclusive_and_partial_ones_state_their_share(tmp_path: Path) -> None:
+    """Isolation by default on every partition: a point that uses whole nodes owns them (--exclusive, --mem=0);
+    a partial-node point shares its node and spec.json says which part; the sweep's slurm.exclusive decides
+    for every point."""
+    inv = inventory(tmp_path)  # cpu: 2 workers, 96 cores, 16 GB per node; gpu: 8 GPUs, 96 cores, 720 GB
+    cases = {  # (partition, slurm) -> {number_gpus: (exclusive, --mem, share text)}
+        ("cpu", None): {2: (True, "0", "whole node, exclusive"),
+                        1: (False, "7600M", "1/2 node (1 of 2 workers, 48 of 96 cores, 7600M), shared")},
+        ("gpu", None): {8: (True, "0", "whole node, exclusive"),
+                        2: (False, f"{int(720e3 / 4 * 0.95)}M", "1/4 node (2 of 8 GPUs, 24 of 96 cores, "
+                                                                 f"{int(720e3 / 4 * 0.95)}M), shared")},
+        ("cpu", True): {2: (True, "0", "whole node, exclusive (slurm.exclusive: true)"),
+                        1: (True, "7600M", "1/2 node (1 of 2 workers, 48 of 96 cores, 7600M), exclusive "
+                                           "(slurm.exclusive: true)")},
+        # forced sharing: a whole node asks for the inventory's memory, so SLURM can place a job beside it
+        ("cpu", False): {2: (False, "15200M", "whole node, shared (slurm.exclusive: false)"),
+                         1: (False, "7600M", "1/2 node (1 of 2 workers, 48 of 96 cores, 7600M), shared "
+                                             "(slurm.exclusive: false)")},
+    }
+    for (partition, excl), want in cases.items():
+        out = tmp_path / f"{partition}-{excl}"
+        out.mkdir()
+        dirs = render(out, inv, {"batch_size": 8, "model_name": "smollm2-135m"}, {"number_gpus": sorted(want)},
+                      partition=partition, slurm=None if excl is None else {"exclusive": excl})
+        assert len(dirs) == len(want)
+        for jd in dirs:
+            share = spec_share(jd)
+            exclusive, mem, text = want[share["devices"]]
+            d = directives(jd)
+            assert ("exclusive" in d) == exclusive and d["mem"] == mem and share["text"] == text, (d, share)
+            assert share["exclusive"] == exclusive and share["cpus"] == int(d["cpus-per-task"])
+
+
+def test_plan_shows_each_points_share(cli, tmp_path: Path) -> None:
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"campaign": "x", "experiment": "finetune_full_benchmark-v1.0.0",
+                                     "partition": "cpu", "grid": {"number_gpus": [1, 2]},
+                                     "entity": {"model_name": "smollm2-135m", "model_max_length": 64,
+                                                "batch_size": 2}}))
+    res = cli("plan", sweep, "-i", TEST_INVENTORY)
+    assert res.exit_code == 0, res.output
+    assert "node share" in res.output and "1/2, shared" in res.output and "whole, exclusive" in res.output
+    assert "node share of 1 run(s): 1/2 node (1 of 2 workers, 48 of 96 cores, 7600M), shared" in res.output
+    assert "slurm.exclusive: true" in res.output  # how to isolate the partial-node point too
+    doc = json.loads(cli("plan", sweep, "-i", TEST_INVENTORY, "--json").stdout)
+    assert sorted(p["node_share"]["exclusive"] for p in doc) == [False, True]
+
+
+def test_inventory_and_slurm_disagreements_are_named_in_either_direction(tmp_path: Path) -> None:
+    asked: list[list[str]] = []
+
+    def sinfo(argv):
+        asked.append(list(argv))
+        return subprocess.CompletedProcess(argv, 0, "node1|96|1000000|gpu:4\nnode2|96|1000000|gpu:8\n", "")
+
+    def fit_of(inv_path: Path, partition: str) -> list[str]:
+        inv = load_inventory(inv_path)
+        sweep = parse_sweep({"campaign": "x", "experiment": "finetune_full_benchmark-v1.0.0", "partition": partition,
+                             "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 8,
+                                        "number_gpus": 2}}, "x.yaml", tmp_path)
+        points = [p for p in plan_sweep(sweep, inv) if p.valid]
+        specs = render_points(sweep, inv, points, tmp_path / f"out-{len(asked)}")
+        return cluster_fit(inv, points, Slurm(sinfo)).check(specs, inv)
+
+    # fewer cores and less memory than SLURM knows (the nodes can run other jobs beside a point)
+    notes = fit_of(inventory(tmp_path, cpus_per_node=2), "cpu")
+    (cores,) = [n for n in notes if "cores" in n]
+    assert cores.startswith("inventory and SLURM disagree about node1, node2:") and "CPUTot=96" in cores
+    assert "says 2 cores" in cores and "fix: cpus_per_node: 96" in cores and "--exclusive" in cores
+    (mem,) = [n for n in notes if "RealMemory" in n and "disagree" in n]
+    assert "16 GB" in mem and "fix: memory_gb: 1000" in mem
+    assert len(asked) == 1  # one question to SLURM per command
+    # more than SLURM has, on a GPU partition: cores, and GPUs on the host whose Gres says 4
+    notes = fit_of(inventory(tmp_path, cpus_per_node=128, memory_gb=1000), "gpu")
+    (cores,) = [n for n in notes if "disagree" in n and "cores" in n]
+    assert "says 128 cores" in cores and "cannot be granted" in cores
+    (gpus,) = [n for n in notes if "disagree" in n and "GPUs" in n]
+    assert gpus.startswith("inventory and SLURM disagree about node1:") and "Gres says 4" in gpus
+    assert not [n for n in notes if "disagree" in n and "memory" in n]  # 1000 GB = RealMemory 1000000 MB
+
+
+@pytest.mark.slurm
+def test_render_warns_when_the_test_cluster_has_more_cores_than_the_inventory(cli, slurm_cluster,
+                                                                             tmp_path: Path) -> None:
+    inv = inventory(tmp_path, cpus_per_node=4)
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"campaign": "x", "experiment": "finetune_full_benchmark-v1.0.0",
+                                     "partition": "cpu", "grid": {"number_gpus": [1, 2]},
+                                     "entity": {"model_name": "smollm2-135m", "model_max_length": 64,
+                                                "batch_size": 2}}))
+    res = cli("render", sweep, "-i", inv, "-o", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    assert "inventory and SLURM disagree about node1, node2: the inventory says 4 cores" in res.output
+    assert "CPUTot=96" in res.output
+    # the controller accepts the whole-node point's --exclusive and the partial one's share
+    for jd in (p.parent for p in (tmp_path / "out").glob("*/job.sbatch")):
+        proc = subprocess.run(["sbatch", "--test-only", str(jd / "job.sbatch")], capture_output=True, text=True)
+        assert proc.returncode == 0 and "to start at" in proc.stderr, proc.stderr

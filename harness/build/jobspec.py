@@ -21,7 +21,7 @@ from harness.spec.flops import compute_dtype, peak_tflops
 from harness.spec.inventory import Host, Inventory, Partition, shared_dir
 from harness.spec.memory import config_for, predict
 from harness.spec.plan import PlannedPoint
-from harness.spec.resources import cpus_per_task, memory_request, threads_per_rank
+from harness.spec.resources import Share, point_share, threads_per_rank
 from harness.spec.sweep import Sweep, data_dir_for
 
 from .trainargs import for_fms_hf_tuning, train_argv
@@ -81,6 +81,7 @@ class JobSpec:
     trainer_python: str | None = None  # the training processes' interpreter when it is not ``python``
     trainer_path: str | None = None  # PYTHONPATH holding only sbench's package, for that interpreter
     trainer_env: dict[str, Any] | None = None  # the trainer environment as render saw it (harness.trainerenv)
+    node_share: dict[str, Any] | None = None  # the point's share of each node and --exclusive (spec.resources.Share)
 
     @property
     def module(self) -> str:
@@ -117,7 +118,7 @@ def slurm_extra(sweep: Sweep, part: Partition) -> dict[str, Any]:
     return {key.replace("-", "_"): value for key, value in {**part.slurm_extra, **sweep.slurm.extra}.items()}
 
 
-def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], per_node: int, job_dir: str,
+def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], share: Share, job_dir: str,
                point: PlannedPoint, exclude: list[str] | None = None) -> dict[str, Any]:
     nodes = e.get("number_nodes", 1)
     res: dict[str, Any] = {
@@ -127,15 +128,14 @@ def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], per_node: int, 
         "ntasks_per_node": 1,
     }
     if not part.is_cpu and e["number_gpus"] > 0:
-        res["gpus_per_node"] = per_node
-    res["cpus_per_task"] = cpus_per_task(part, per_node)
-    res["mem"] = memory_request(part, per_node, sweep.slurm.mem_gb)
+        res["gpus_per_node"] = share.devices
+    res["cpus_per_task"] = share.cpus
+    res["mem"] = share.mem
     res["time"] = sweep.slurm.time or part.time_limit or DEFAULT_TIME
     res.update(scheduling(sweep, part))
-    # A multi-node RoCE point owns its nodes (no other job's traffic on the HCAs) unless the sweep says not.
-    roce_multi = bool(e.get("enable_roce")) and nodes > 1
-    exclusive = sweep.slurm.exclusive if sweep.slurm.exclusive is not None else (part.exclusive or roce_multi)
-    if exclusive:
+    # Isolation by default (harness.spec.resources.exclusive): a whole node, an exclusive partition and a
+    # multi-node RoCE point own their nodes; the sweep's slurm.exclusive decides for all of its points.
+    if share.exclusive:
         res["exclusive"] = True
     # Only inventory hosts: when the point needs every host, name them; otherwise the submit-time view of
     # the SLURM partition (if a controller answers) excludes its other nodes (harness.sbatch.fit).
@@ -369,13 +369,14 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("PYTHONUNBUFFERED", "1")
     host_env = {h.name: _host_env(inv, part, h, e, job_dir, nodes > 1) for h in part.hosts.values()}
+    share = point_share(part, e, sweep.slurm.exclusive, sweep.slurm.mem_gb)
     return JobSpec(
         campaign=sweep.campaign, point_id=point.point_id, repeat=point.repeat, attempt=attempt,
         experiment=exp.id, method=exp.method, entity=e, job_dir=job_dir, partition=part.name,
         cpu_partition=part.is_cpu, model_source=point.model_source or e["model_name"],
         dataset_id=e.get("dataset_id") or "news-tokens-16384plus-entries-4096", dataset_path=dataset_path,
         data_dir=str(data_dir),
-        resources=_resources(sweep, part, e, per_node if gpus > 0 else 0, job_dir, point, exclude),
+        resources=_resources(sweep, part, e, share, job_dir, point, exclude),
         launcher=launcher, num_machines=nodes, num_processes=devices, processes_per_node=per_node, port=port,
         accelerate_config=acc, deepspeed_config=ds, train_argv=argv,
         python=python or part.python or inv.python or sys.executable,
@@ -384,5 +385,5 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         host_addresses={h.name: h.address for h in part.hosts.values() if h.address},
         trials=exp.trials, runner=sweep.runner.to_dict(), adjustments=adjustments, notes=list(point.notes),
         workload=sweep.runner.workload, trainer=trainer, trainer_python=tpython, trainer_path=tpath,
-        trainer_env=tinfo,
+        trainer_env=tinfo, node_share=share.to_dict(),
     )

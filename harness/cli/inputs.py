@@ -13,6 +13,7 @@ from harness.slurm.client import Slurm
 from harness.spec.catalog import EXPERIMENTS, get_experiment
 from harness.spec.inventory import Inventory, describe, load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep
+from harness.spec.resources import Share, point_share
 from harness.spec.sweep import Sweep, load_sweep
 
 from .base import echo_json, inventory_option, json_option, main, model_map_option, sweep_argument, table
@@ -125,6 +126,23 @@ def _gb(v: Any) -> str:
     return "" if v is None else f"{v / 1e9:.3g}"
 
 
+def _share(inv: Inventory, sw: Sweep, p: PlannedPoint) -> Share:
+    return point_share(inv.partition(p.partition), p.entity, sw.slurm.exclusive, sw.slurm.mem_gb)
+
+
+def share_summary(shares: list[Share]) -> list[str]:
+    """What the valid runs ask of their nodes, one line per kind of share: whole nodes or a stated part."""
+    counts: dict[str, int] = {}
+    for s in shares:
+        counts[s.text] = counts.get(s.text, 0) + 1
+    out = [f"node share of {n} run(s): {text}" for text, n in counts.items()]
+    if any(not s.exclusive and s.fraction < 1.0 for s in shares) and not any(
+            s.why.startswith("slurm.exclusive") for s in shares):
+        out.append("note: partial-node runs share their node with other jobs; slurm.exclusive: true in the sweep "
+                   "gives each one its nodes to itself")
+    return out
+
+
 @main.command()
 @sweep_argument
 @inventory_option
@@ -138,8 +156,9 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
     Example: sbench plan sweeps/demo-cpu.yaml --memory --json
     """
     inv, sw, points = _plan(sweep, inventory, model_map, memory)
+    shares = {p.point_id: _share(inv, sw, p) for p in points}
     if as_json:
-        echo_json([p.to_dict() for p in points])
+        echo_json([{**p.to_dict(), "node_share": shares[p.point_id].to_dict()} for p in points])
         return
     varying = list(sw.grid)
     rows = []
@@ -147,6 +166,7 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
         row: dict[str, Any] = {"point_id": p.point_id, "rep": p.repeat, "valid": "yes" if p.valid else "NO"}
         for k in varying:
             row[k] = p.entity.get(k)
+        row["node share"] = shares[p.point_id].short if p.valid else ""
         mem_cols: list[str] = []
         if memory:
             m = p.memory or {}
@@ -161,13 +181,15 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
         row.setdefault("reasons", "; ".join(p.reasons))
         rows.append(row)
     click.echo(f"campaign {sw.campaign}: {sw.experiment.id} on partition {points[0].partition if points else '-'}")
-    click.echo(table(rows, ["point_id", "rep", "valid", *varying, *(mem_cols if memory and points else []),
-                            "reasons"]))
+    click.echo(table(rows, ["point_id", "rep", "valid", *varying, "node share",
+                            *(mem_cols if memory and points else []), "reasons"]))
     if memory:
         oom = sum(1 for p in points if p.predicted_oom)
         click.echo(f"\n{oom} valid run(s) predicted not to fit (sbench submit --skip-predicted-oom skips them)")
     n_valid = sum(p.valid for p in points)
     click.echo(f"\n{len(points)} run(s): {n_valid} valid, {len(points) - n_valid} invalid")
+    for line in share_summary([shares[p.point_id] for p in points if p.valid]):
+        click.echo(line)
     notes = sorted({n for p in points for n in p.notes})
     for n in notes:
         click.echo(f"note: {n}")
@@ -202,6 +224,8 @@ def render(sweep: Path, inventory: Path | None, model_map: Path | None, out_dir:
             click.echo(f"trainer fms-hf-tuning {te['version']}: {te['python']} -m harness.runner.fms "
                        + (f"({pk})" if te["built"] else "(environment not built yet: sbench env build "
                           f"fms-hf-tuning=={te['version']}, or sbench prepare)"), err=True)
+    for line in share_summary([_share(inv, sw, p) for p in points if p.valid]):
+        click.echo(line, err=True)
     invalid = [p for p in points if not p.valid]
     for p in invalid:
         click.echo(f"skipped invalid point {p.point_id} r{p.repeat}: {'; '.join(p.reasons)}", err=True)

@@ -2,8 +2,11 @@
 
 Allocations stay on inventory hosts: the partition's other nodes are excluded from every request that
 does not name its hosts. Requests that do not fit the nodes as SLURM configured them (cores, memory,
-GPUs) are named (:func:`harness.slurm.sinfo.misfits`). Without ``sinfo`` or a controller this says so
-and goes on: the rendered requests are still the ones the inventory implies.
+GPUs) are named (:func:`harness.slurm.sinfo.misfits`), and so is every host where the inventory and
+SLURM disagree about the node's cores, memory or GPUs, in either direction (:func:`disagreements`): a
+node with more cores than the inventory says can run other jobs beside a point that asked for the
+inventory's cores. Without ``sinfo`` or a controller this says so and goes on: the rendered requests
+are still the ones the inventory implies.
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ from dataclasses import dataclass, field
 from harness.build.jobspec import JobSpec
 from harness.slurm.client import Slurm
 from harness.slurm.sinfo import NodeInfo, misfits
-from harness.spec.inventory import Inventory
+from harness.spec.inventory import Inventory, Partition
 from harness.spec.plan import PlannedPoint
+from harness.spec.resources import MB_PER_GB
+
+MEMORY_TOLERANCE = 0.10  # RealMemory is often a little below the spec sheet's figure: a larger gap is a disagreement
 
 
 @dataclass
@@ -30,6 +36,8 @@ class ClusterFit:
         out = list(self.notes)
         nodes = self.nodes
         if nodes is not None:
+            for name in dict.fromkeys(spec.partition for spec in specs):
+                out += disagreements(inv.partition(name), nodes)
             for spec in specs:
                 part = inv.partition(spec.partition)
                 out += [f"point {spec.point_id}: {m}"
@@ -49,3 +57,31 @@ def cluster_fit(inv: Inventory, points: list[PlannedPoint], slurm: Slurm) -> Clu
                                  f"partition has hosts are not restricted to inventory hosts"])
     others = sorted(set(nodes) - set(part.hosts))
     return ClusterFit(exclude=others or None, nodes=nodes)
+
+
+def disagreements(part: Partition, nodes: dict[str, NodeInfo]) -> list[str]:
+    """Where the inventory and SLURM describe one of *part*'s hosts differently (cores, memory, GPUs), hosts
+    with the same difference on one line, with what each side says and the fix."""
+    key = f"partitions.{part.name}"
+    found: dict[str, list[str]] = {}
+    for host in sorted(part.hosts):
+        n = nodes.get(host)
+        if n is None:
+            continue
+        if n.cpus is not None and n.cpus != part.cpus_per_node:
+            more = n.cpus > part.cpus_per_node
+            found.setdefault(
+                f"the inventory says {part.cpus_per_node} cores ({key}.cpus_per_node), SLURM says CPUTot={n.cpus}"
+                + ("; a point that asks for the inventory's cores leaves the rest to other jobs unless it is "
+                   "--exclusive" if more else "; requests for the inventory's cores cannot be granted")
+                + f" (fix: cpus_per_node: {n.cpus})", []).append(host)
+        mem_mb = part.memory_gb * MB_PER_GB
+        if n.memory_mb is not None and abs(n.memory_mb - mem_mb) > MEMORY_TOLERANCE * max(n.memory_mb, mem_mb):
+            found.setdefault(
+                f"the inventory says {part.memory_gb:g} GB of memory ({key}.memory_gb), SLURM says RealMemory="
+                f"{n.memory_mb} MB (fix: memory_gb: {n.memory_mb / MB_PER_GB:g})", []).append(host)
+        if not part.is_cpu and n.gpus is not None and n.gpus != part.gpus_per_node:
+            found.setdefault(
+                f"the inventory says {part.gpus_per_node} GPUs ({key}.gpus_per_node), SLURM's Gres says {n.gpus}"
+                f" (fix: gpus_per_node: {n.gpus}, or the node's Gres)", []).append(host)
+    return [f"inventory and SLURM disagree about {', '.join(hosts)}: {what}" for what, hosts in found.items()]

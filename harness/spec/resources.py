@@ -1,12 +1,24 @@
-"""How much of a node one point asks for: its share of the devices, cores and memory.
+"""How much of a node one point asks for: its share of the devices, cores and memory, and whether it
+owns its nodes.
 
-``plan`` checks that a point fits its partition with these, and ``build`` renders the same numbers
-as sbatch options (``--cpus-per-task``, ``--mem``) and ``OMP_NUM_THREADS``.
+``plan`` checks that a point fits its partition with these and shows the share, and ``build`` renders
+the same numbers as sbatch options (``--cpus-per-task``, ``--mem``, ``--exclusive``) and
+``OMP_NUM_THREADS``.
+
+Isolation by default: a point that uses whole nodes is ``--exclusive`` on every partition (no other
+job shares its nodes, whatever cores and memory SLURM knows of beyond the inventory's), and so is a
+multi-node RoCE point or any point of an ``exclusive`` partition. A partial-node point shares its node
+and says so. The sweep's ``slurm.exclusive`` decides for all of its points: ``true`` makes partial-node
+points exclusive too, ``false`` lets every point share (a whole-node point then asks for the inventory's
+memory instead of ``--mem=0``, so that SLURM can place another job beside it).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from typing import Any
 
 from .inventory import Partition
 
@@ -41,13 +53,79 @@ def threads_per_rank(part: Partition, per_node: int) -> int:
     return max(1, cpus_per_task(part, per_node) // max(per_node, 1))
 
 
-def memory_request(part: Partition, per_node: int, override_gb: float | None) -> str:
+def memory_request(part: Partition, per_node: int, override_gb: float | None, exclusive: bool = True) -> str:
     """``--mem``: the sweep's ``slurm.mem_gb`` when given; ``0`` (all of the node's memory) for a whole
-    node; else the point's share of the node less a reserve, in MB. Never the spec-sheet figure in G:
-    SLURM counts 1G as 1024 MB, so ``memory_gb: 1000`` as ``1000G`` exceeds a RealMemory=1000000 node."""
+    node it owns (*exclusive*); else the point's share of the node less a reserve, in MB. Never the
+    spec-sheet figure in G: SLURM counts 1G as 1024 MB, so ``memory_gb: 1000`` as ``1000G`` exceeds a
+    RealMemory=1000000 node."""
     if override_gb:
         return f"{max(1, math.floor(override_gb * MB_PER_GB))}M"
-    if whole_node(part, per_node):
+    if whole_node(part, per_node) and exclusive:
         return "0"
     share = part.memory_gb * MB_PER_GB * node_share(part, per_node) * (1 - MEM_RESERVE)
     return f"{max(1, math.floor(share))}M"
+
+
+def exclusive(part: Partition, per_node: int, nodes: int, roce: bool, sweep_exclusive: bool | None) -> tuple[bool, str]:
+    """Whether a point owns its nodes (``--exclusive``), and why: the sweep's ``slurm.exclusive`` when
+    set; else a whole node, an ``exclusive`` partition or a multi-node RoCE point owns its nodes."""
+    if sweep_exclusive is not None:
+        return sweep_exclusive, f"slurm.exclusive: {str(sweep_exclusive).lower()}"
+    if whole_node(part, per_node):
+        return True, "whole node"
+    if part.exclusive:
+        return True, f"partition {part.name} is exclusive"
+    if roce and nodes > 1:
+        return True, "multi-node RoCE"
+    return False, "partial node"
+
+
+@dataclass(frozen=True)
+class Share:
+    """A point's share of each of its nodes, as render asks SLURM for it (spec.json's ``node_share``)."""
+
+    fraction: float  # of one node: its devices over the node's
+    devices: int  # per node: GPUs, or CPU worker processes on a CPU partition
+    node_devices: int  # the inventory's gpus_per_node
+    cpus: int  # --cpus-per-task (one task per node)
+    node_cpus: int  # the inventory's cpus_per_node
+    mem: str  # --mem ("0": all of the node's memory)
+    exclusive: bool  # --exclusive: no other job on its nodes
+    why: str  # what decided exclusive (see :func:`exclusive`)
+    device_word: str = "GPU"
+
+    @property
+    def text(self) -> str:
+        """``whole node, exclusive`` or ``1/2 node (1 of 2 workers, 48 of 96 cores, 7600M), shared``."""
+        how = "exclusive" if self.exclusive else "shared"
+        if self.why.startswith("slurm.exclusive"):
+            how += f" ({self.why})"
+        if self.fraction >= 1.0:
+            return f"whole node, {how}"
+        part = Fraction(self.fraction).limit_denominator(1024)
+        mem = "" if self.mem == "0" else f", {self.mem}"
+        return (f"{part.numerator}/{part.denominator} node ({self.devices} of {self.node_devices} "
+                f"{self.device_word}s, {self.cpus} of {self.node_cpus} cores{mem}), {how}")
+
+    @property
+    def short(self) -> str:
+        """``whole, exclusive`` or ``1/2, shared``: plan's column."""
+        part = Fraction(self.fraction).limit_denominator(1024)
+        size = "whole" if self.fraction >= 1.0 else f"{part.numerator}/{part.denominator}"
+        return f"{size}, {'exclusive' if self.exclusive else 'shared'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "text": self.text}
+
+
+def point_share(part: Partition, entity: dict[str, Any], sweep_exclusive: bool | None,
+                mem_gb: float | None) -> Share:
+    """The share of each node one point (its resolved *entity*) asks for on *part*."""
+    nodes = max(1, int(entity.get("number_nodes") or 1))
+    gpus = int(entity.get("number_gpus") or 0)
+    per_node = max(1, gpus) // nodes if gpus > 0 else 0
+    excl, why = exclusive(part, per_node, nodes, bool(entity.get("enable_roce")), sweep_exclusive)
+    return Share(fraction=node_share(part, per_node), devices=per_node, node_devices=part.gpus_per_node,
+                 cpus=cpus_per_task(part, per_node), node_cpus=part.cpus_per_node,
+                 mem=memory_request(part, per_node, mem_gb, excl), exclusive=excl, why=why,
+                 device_word="worker" if part.is_cpu else "GPU")
