@@ -17,6 +17,7 @@ Quick: .venv/bin/python bench/collect.py --runs 50 --ticks 120
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import shutil
@@ -60,15 +61,21 @@ def generate(workdir: Path, runs: int, hosts: int, gpus: int, ticks: int) -> lis
 
 
 def fake_sacct(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """Answers like `sacct -P -n` would for finished 2-node jobs (job record + batch + step 0)."""
+    """Answers like `sacct -P -n` would for finished 2-node jobs (job record + batch + step 0), one after the
+    other: job ``<1000 + i // 100>_<i % 100>`` ran in the i-th ten minutes, as whole-node jobs of one
+    campaign do."""
     if argv[0] != "sacct":
         return subprocess.CompletedProcess(argv, 0, "", "")
     ids = argv[argv.index("-j") + 1].split(",")
     lines = []
     for j in ids:
-        lines += [f"{j}|COMPLETED|0:0|00:10:00||node[1-2]|2025-11-22T00:00:00|2025-11-22T00:10:00",
-                  f"{j}.batch|COMPLETED|0:0|00:10:00|10240K|node1|2025-11-22T00:00:00|2025-11-22T00:10:00",
-                  f"{j}.0|COMPLETED|0:0|00:10:00|9437184K|node[1-2]|2025-11-22T00:00:00|2025-11-22T00:10:00"]
+        array, _, task = j.partition("_")
+        i = (int(array) - 1000) * 100 + int(task or 0)
+        t0 = dt.datetime(2025, 11, 22) + dt.timedelta(minutes=10 * i)
+        start, end = t0.isoformat(), (t0 + dt.timedelta(minutes=10)).isoformat()
+        lines += [f"{j}|COMPLETED|0:0|00:10:00||node[1-2]|{start}|{end}",
+                  f"{j}.batch|COMPLETED|0:0|00:10:00|10240K|node1|{start}|{end}",
+                  f"{j}.0|COMPLETED|0:0|00:10:00|9437184K|node[1-2]|{start}|{end}"]
     return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
 
 

@@ -180,10 +180,11 @@ def append_manifest(workdir: Path, campaign: str, events: Iterable[Mapping[str, 
 def make_run(workdir: Path, campaign: str, index: int, hosts: Sequence[str] = ("node1", "node2"),
              gpus_per_host: int = 8, ticks: int = 600, experiment: str = "finetune_full_benchmark-v1.0.0",
              samples_text: Mapping[str, str] | None = None, executor: str = "slurm", job_id: str | None = None,
-             log_text: str | None = None, seed: int | None = None) -> dict[str, Any]:
+             log_text: str | None = None, seed: int | None = None, t0: float = T0) -> dict[str, Any]:
     """One complete, successful attempt (all files per the contract) plus its manifest lines.
 
-    *samples_text* (host -> CSV text) lets a caller reuse pre-rendered sample files (the bench).
+    *samples_text* (host -> CSV text) lets a caller reuse pre-rendered sample files (the bench). *t0*: when
+    its node runners start (the stage events' times; the runs of one call of this helper all start then).
     """
     world = len(hosts) * gpus_per_host
     entity = entity_for(experiment, number_gpus=world, number_nodes=len(hosts), batch_size=world * 2,
@@ -195,7 +196,7 @@ def make_run(workdir: Path, campaign: str, index: int, hosts: Sequence[str] = ("
     write_spec(paths, campaign, pid, 0, 1, experiment, entity, len(hosts), world)
     jid = job_id or f"{1000 + index // 100}_{index % 100}"
     write_json(paths.submitted, {"executor": executor, "job_id": jid, "submitted_at": "2025-11-21T23:59:30+00:00"})
-    t_start, t_train0 = T0, T0 + 10.0
+    t_start, t_train0 = t0, t0 + 10.0
     t_train1 = t_train0 + ticks - 15.0
     for m, host in enumerate(hosts):
         ranks = list(range(m * gpus_per_host, (m + 1) * gpus_per_host))

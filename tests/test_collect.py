@@ -6,6 +6,7 @@ harness.collect.aggregate.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -32,8 +33,17 @@ CAMPAIGN = "c1"
 FULL = "finetune_full_benchmark-v1.0.0"
 
 
+def sacct_slot(job_id: str) -> tuple[str, str]:
+    """A job's start and end as sacct prints them: ten minutes in an hour of its own (by the job id's
+    digits), so that runs given different ids never held a node at the same time."""
+    n = int("".join(ch for ch in job_id if ch.isdigit()) or 0)
+    start = dt.datetime(2025, 11, 22) + dt.timedelta(hours=n % 10000)
+    return start.isoformat(), (start + dt.timedelta(minutes=10)).isoformat()
+
+
 class FakeSlurm:
-    """Stands in for sacct: answers from a dict job id -> (state, exit, nodes); counts calls."""
+    """Stands in for sacct: answers from a dict job id -> (state, exit, nodes); counts calls. Each job ran
+    in its own slot (:func:`sacct_slot`)."""
 
     def __init__(self, jobs: dict[str, tuple[str, str, str]] | None = None) -> None:
         self.jobs = jobs or {}
@@ -47,8 +57,9 @@ class FakeSlurm:
         for j in argv[argv.index("-j") + 1].split(","):
             if j in self.jobs:
                 state, code, nodes = self.jobs[j]
-                lines.append(f"{j}|{state}|{code}|00:10:00||{nodes}|2025-11-22T00:00:00|2025-11-22T00:10:00")
-                lines.append(f"{j}.0|{state}|{code}|00:10:00|2097152K|{nodes}|2025-11-22T00:00:00|2025-11-22T00:10:00")
+                start, end = sacct_slot(j)
+                lines.append(f"{j}|{state}|{code}|00:10:00||{nodes}|{start}|{end}")
+                lines.append(f"{j}.0|{state}|{code}|00:10:00|2097152K|{nodes}|{start}|{end}")
         return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
 
 
@@ -791,11 +802,11 @@ def test_views_latest_measurement_run_summary_and_stage_durations(wd, tmp_path):
     synth.write_json(paths2.result("node1"), synth.result_doc("node1", 0, synth.T0 + 100, synth.T0 + 200))
     synth.append_manifest(wd, CAMPAIGN, [{"type": "attempt", "campaign": CAMPAIGN, "point_id": pid, "repeat": 0,
                                           "attempt": 2, "job_dir": str(paths2.root), "executor": "slurm",
-                                          "job_id": "7777", "submitted_at": "2025-11-22T01:00:00+00:00",
+                                          "job_id": "9777", "submitted_at": "2025-11-22T01:00:00+00:00",
                                           "reason": "force"}])
     db = tmp_path / "r.duckdb"
     collect(db, wd, slurm=Slurm(FakeSlurm({first["job_id"]: ("COMPLETED", "0:0", "node1"),
-                                            "7777": ("COMPLETED", "0:0", "node1")})))
+                                            "9777": ("COMPLETED", "0:0", "node1")})))
     assert rows_of(db, "SELECT count(*) FROM measurements") == [(2,)]
     latest = one(db, "SELECT run_id, train_tokens_per_gpu_per_second FROM latest_measurements")
     assert latest == {"run_id": f"{CAMPAIGN}/{pid}.r0.a2", "train_tokens_per_gpu_per_second": 3000.0}

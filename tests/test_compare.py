@@ -111,7 +111,7 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
         assert f"campaign {name}: 0 attempt(s) submitted" in out.stdout
     sbench("collect", *common)
     ok = json.loads(sbench("check", "base", "--db", db, "--json").stdout)
-    assert ok["ok"] and ok["counts"] == {"pass": 4, "fail": 0, "missing": 0}
+    assert ok["ok"] and ok["counts"] == {"pass": 4, "fail": 0, "missing": 0, "shared": 0}
     # the more specific entry (model_name: tiny) applied, not the unreachable 1e12
     assert {c["reference"] for c in ok["checks"] if c["metric"] == "dataset_tokens_per_second"} == {1.0}
     bad = sbench("check", "slow", "--db", db, ok=(1,))

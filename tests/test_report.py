@@ -31,7 +31,8 @@ CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/ch
 
 
 class FakeSacct:
-    """Answers sacct for the job ids it was given: job id -> (state, elapsed seconds)."""
+    """Answers sacct for the job ids it was given: job id -> (state, elapsed seconds). The jobs ran on node1 one
+    after the other, the i-th given in the i-th hour of the day (no host shared)."""
 
     def __init__(self, jobs: dict[str, tuple[str, int]]) -> None:
         self.jobs = jobs
@@ -45,9 +46,10 @@ class FakeSacct:
                 continue
             state, secs = self.jobs[j]
             code = "0:0" if state == "COMPLETED" else "1:0"
+            hour = list(self.jobs).index(j) % 24
             for jid in (j, f"{j}.0"):
                 lines.append(f"{jid}|{state}|{code}|00:{secs // 60:02d}:{secs % 60:02d}|1048576K|node1|"
-                             f"2025-11-22T00:00:00|2025-11-22T00:{secs // 60:02d}:{secs % 60:02d}")
+                             f"2025-11-22T{hour:02d}:00:00|2025-11-22T{hour:02d}:{secs // 60:02d}:{secs % 60:02d}")
         return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
 
 

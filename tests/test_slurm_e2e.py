@@ -4,12 +4,14 @@ network namespaces, RoCE env per host, and the faults clusters inflict — each 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.contract.paths import JobPaths
 
@@ -337,3 +339,81 @@ def test_fms_hf_tuning_lora_across_two_nodes(sb, env) -> None:
     assert hosts == ["node1", "node2"]
     (e,) = sql(env, "SELECT DISTINCT trainer, transformers FROM environment WHERE run_id = ?", [r["run_id"]])
     assert e["trainer"] == "fms-hf-tuning" and e["transformers"].startswith("4.55")
+
+
+def one_worker_inventory(env, name: str, hosts: tuple[str, ...] = ("node1", "node2")) -> Path:
+    """The test cluster's cpu partition as an inventory that, like many, says less than SLURM knows: one worker
+    and 4 cores per node (SLURM: CPUs=96, RealMemory=1000000), on *hosts* only."""
+    doc = yaml.safe_load(TEST_INVENTORY.read_text())
+    part = doc["partitions"]["cpu"]
+    part.update(gpus_per_node=1, cpus_per_node=4)
+    part["hosts"] = {h: v for h, v in part["hosts"].items() if h in hosts}
+    doc["partitions"] = {"cpu": part}
+    return write_sweep(env["root"] / f"{name}.yaml", doc)
+
+
+def sacct_spans(job_ids: list[str]) -> dict[str, tuple[str, dt.datetime, dt.datetime]]:
+    """Job id -> (node list, start, end), asked of sacct here, independently of sbench."""
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,NodeList,Start,End", "-j", ",".join(job_ids)],
+                         capture_output=True, text=True, check=True).stdout
+    spans = {}
+    for line in out.splitlines():
+        jid, nodes, start, end = line.split("|")
+        if jid in job_ids:
+            spans[jid] = (nodes, dt.datetime.fromisoformat(start), dt.datetime.fromisoformat(end))
+    return spans
+
+
+def test_whole_node_points_of_a_campaign_never_share_a_host(sb, env) -> None:
+    """Nodes of 96 cores and 1 TB that the inventory calls 4 cores, and a sweep that asks for 1 GB: only
+    --exclusive keeps a second whole-node point off a node that runs one. Three points on two nodes."""
+    inv = one_worker_inventory(env, "iso-inv")
+    path = sweep(env, "whole", {"number_gpus": 1, "model_max_length": 48}, {"max_steps": [2, 3, 4]},
+                 slurm={"mem_gb": 1})
+    rep = json.loads(sb(env, "submit", path, "-i", inv, "--executor", "slurm", "--json", "--wait").stdout)
+    assert rep["submitted"] == 3
+    assert any("disagree about node1, node2: the inventory says 4 cores" in w and "CPUTot=96" in w
+               for w in rep["warnings"]), rep["warnings"]
+    for p in rep["points"]:
+        assert "#SBATCH --exclusive" in (Path(p["job_dir"]) / "job.sbatch").read_text()
+    spans = sacct_spans([p["job_id"] for p in rep["points"]])
+    assert len(spans) == 3 and {s[0] for s in spans.values()} <= {"node1", "node2"}
+    ids = sorted(spans)
+    for i, a in enumerate(ids):
+        for b in ids[i + 1:]:
+            (na, a0, a1), (nb, b0, b1) = spans[a], spans[b]
+            assert na != nb or a1 <= b0 or b1 <= a0, (a, spans[a], b, spans[b])  # one host: one after the other
+    collect(sb, env)
+    runs = sql(env, "SELECT r.outcome, r.overlapped_with, m.shared_host FROM runs r JOIN measurements m "
+                    "USING (run_id) WHERE r.campaign = 'whole'")
+    assert [(r["outcome"], r["overlapped_with"], r["shared_host"]) for r in runs] == [("ok", [], False)] * 3
+
+
+def test_forced_sharing_is_flagged_in_the_db(sb, env, monkeypatch) -> None:
+    """slurm.exclusive: false and an inventory of one host: both whole-node points run on node1 at once (it has
+    the cores and memory SLURM knows of); collect flags both, naming the other, and compare leaves them out."""
+    inv = one_worker_inventory(env, "iso-one", hosts=("node1",))
+    monkeypatch.setenv("SBENCH_FAULT", "sleep@step=1:15")  # each holds node1 for 15 s more
+    path = sweep(env, "forced", {"number_gpus": 1, "model_max_length": 40}, {"max_steps": [2, 3]},
+                 slurm={"exclusive": False})
+    rep = json.loads(sb(env, "submit", path, "-i", inv, "--executor", "slurm", "--json", "--wait").stdout)
+    monkeypatch.delenv("SBENCH_FAULT")
+    assert rep["submitted"] == 2
+    for p in rep["points"]:
+        text = (Path(p["job_dir"]) / "job.sbatch").read_text()
+        assert "--exclusive" not in text and "--nodelist=node1" in text and "--mem=15200M" in text
+    spans = sacct_spans([p["job_id"] for p in rep["points"]])
+    (na, a0, a1), (nb, b0, b1) = spans.values()
+    assert na == nb == "node1" and a0 < b1 and b0 < a1, spans  # sacct: they did share the node
+    collect(sb, env)
+    runs = {r["run_id"]: r for r in sql(env, "SELECT r.run_id, r.outcome, r.warnings, r.overlapped_with, "
+                                             "m.shared_host, m.overlapped_with AS m_with FROM runs r "
+                                             "JOIN measurements m USING (run_id) WHERE r.campaign = 'forced'")}
+    assert len(runs) == 2
+    for rid, r in runs.items():
+        (other,) = set(runs) - {rid}
+        assert r["outcome"] == "ok" and r["overlapped_with"] == [other] and r["m_with"] == [other]
+        assert r["shared_host"] is True
+        assert any(w.startswith("shared host:") and other in w and "node1" in w for w in r["warnings"])
+    res = sb(env, "compare", "forced", "forced", ok=False, db_only=True)
+    assert res.exit_code == 2 and "2 were measured on a shared host" in res.output

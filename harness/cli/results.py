@@ -101,19 +101,25 @@ def query(sql: str, db: Path | None, fmt: str) -> None:
               "dataset_tokens_per_second).")
 @click.option("--threshold", type=float, default=0.10, show_default=True,
               help="Smallest change that counts, as a fraction (0.05 = 5 %).")
+@click.option("--include-shared", is_flag=True, help="Keep runs that shared a host with another sbench run at the "
+                                                    "same time (measurements.shared_host); left out by default.")
 @json_option
-def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], threshold: float, as_json: bool) -> None:
+def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], threshold: float, include_shared: bool,
+            as_json: bool) -> None:
     """Compare two campaigns (or run filters) point by point; exit 1 on a regression.
 
-    BASE and CAND are campaign names or filters such as git_commit=3f2a1c,torch=2.13.0.
+    BASE and CAND are campaign names or filters such as git_commit=3f2a1c,torch=2.13.0. Runs measured on
+    a host another sbench run used at the same time are left out, and the output says how many.
 
     Example: sbench compare nightly-1122 nightly-1123 --threshold 0.05 --metric train_runtime
     """
     with open_store(resolve_db(db), read_only=True) as st:
-        rows = compare_in(st, base, cand, list(metrics), threshold)
+        cmp = compare_in(st, base, cand, list(metrics), threshold, include_shared)
+    rows = cmp.rows
     regressions = [r for r in rows if r.verdict.startswith("regression")]
     if as_json:
-        echo_json({"threshold": threshold, "rows": [r.to_dict() for r in rows], "regressions": len(regressions)})
+        echo_json({"threshold": threshold, "rows": [r.to_dict() for r in rows], "regressions": len(regressions),
+                   "excluded_shared": cmp.excluded})
     else:
         click.echo(table([{"point_id": r.point_id, "model": r.labels.get("model_name"),
                            "gpus": r.labels.get("number_gpus"), "batch": r.labels.get("batch_size"),
@@ -123,6 +129,8 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
                          ["point_id", "model", "gpus", "batch", "metric", "n", "base", "cand", "ratio",
                           "95% interval", "verdict"]))
         click.echo(f"\n{len(rows)} comparison(s): {len(regressions)} regression(s) beyond {threshold:.0%}")
+        n_out = sum(len(v) for v in cmp.excluded.values())
+        click.echo(f"{cmp.excluded_text}" if n_out else "excluded 0 runs (none shared a host with another run)")
     if regressions:
         click.get_current_context().exit(1)
 
@@ -131,13 +139,15 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
 @click.argument("campaign", callback=campaign_name)
 @db_option
 @click.option("--allow-missing", is_flag=True, help="Do not fail on points that have no value to check "
-                                                    "(failed, pending or never run).")
+                                                    "(failed, pending or never run) or whose value was measured "
+                                                    "on a shared host.")
 @json_option
 def check(campaign: str, db: Path | None, allow_missing: bool, as_json: bool) -> None:
     """Check a campaign's runs against the sweep's references; exit 1 on a failure.
 
     Collect computes the checks; run it first. Points whose run failed or has not ended are
-    'missing' and fail the check too, unless --allow-missing.
+    'missing', and points measured while another sbench run held the same host are 'shared' (not
+    judged); both fail the check too, unless --allow-missing.
 
     Example: sbench check nightly-1123 --db results.duckdb
     """
@@ -148,8 +158,8 @@ def check(campaign: str, db: Path | None, allow_missing: bool, as_json: bool) ->
             raise InputError(f"campaign {campaign!r} declares no references: add a references: block to its sweep, "
                              "run `sbench submit` with it again (nothing is resubmitted) and `sbench collect`")
         rows = check_results(st, campaign)
-    counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("pass", "fail", "missing")}
-    failed = counts["fail"] > 0 or (counts["missing"] > 0 and not allow_missing)
+    counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("pass", "fail", "missing", "shared")}
+    failed = counts["fail"] > 0 or (counts["missing"] + counts["shared"] > 0 and not allow_missing)
     if as_json:
         echo_json({"campaign": campaign, "counts": counts, "ok": not failed, "checks": rows})
     else:
@@ -161,7 +171,8 @@ def check(campaign: str, db: Path | None, allow_missing: bool, as_json: bool) ->
                            "reason": r["reason"] or ""} for r in rows],
                          ["status", "metric", "model", "gpus", "batch", "point_id", "repeat", "value", "reference",
                           "bounds", "reason"]))
-        click.echo(f"\n{campaign}: {counts['pass']} pass, {counts['fail']} fail, {counts['missing']} missing")
+        click.echo(f"\n{campaign}: {counts['pass']} pass, {counts['fail']} fail, {counts['missing']} missing, "
+                   f"{counts['shared']} shared (measured on a shared host, not judged)")
     if failed:
         click.get_current_context().exit(1)
 

@@ -18,7 +18,9 @@ The steps, in order:
 3. meanwhile, this thread asks the scheduler about the runs that may have changed (``scheduler``: one
    batched sacct call), reads their job dirs *after* it answered (so a run the scheduler calls ended is
    read with the files it ended with), decides their outcomes and stages their rows in memory;
-4. once the samples are loaded, this thread writes the rows, the sample statistics and the measurements.
+4. once the samples are loaded, this thread writes the rows, the sample statistics and the measurements,
+   then flags the runs that held a host at the same time as another run (``db.overlaps``: the runs
+   written now and every run they overlap, now or before).
 
 The threading rule is ``loading``'s: between the loader's ``start`` and ``join`` this thread makes no
 database call.
@@ -43,6 +45,7 @@ from harness.contract.errors import CollectError
 from harness.contract.paths import JobPaths
 from harness.db.checks import refresh_checks
 from harness.db.manifest import ensure_spec_rows, record_manifest
+from harness.db.overlaps import refresh_overlaps
 from harness.db.runs import replace_runs, run_counts, run_index
 from harness.db.samples import next_sample_file_id, sample_stats
 from harness.db.schema import RUN_CHILD_TABLES
@@ -239,6 +242,8 @@ def _collect(store: Store, report: CollectReport, manifests: list[Manifest], att
         store.insert(part.table, part)
     replace_runs(store, [d.run for d in datas])
     store.insert("measurements", measurements)
+    # Runs that held a host at the same time: the runs written now and every run they overlap (db.overlaps).
+    refresh_overlaps(store, list(by_run))
     if datas or manifests_changed:
         refresh_checks(store, now)
     clock.lap("write")

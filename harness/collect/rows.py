@@ -4,6 +4,7 @@ sample statistics are known, its ``measurements`` row."""
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,10 +75,44 @@ def _provenance(doc: Any) -> dict[str, Any]:
     return out
 
 
-def host_rows(f: JobFiles, v: Verdict, run_id: str) -> list[dict[str, Any]]:
+def _epoch(t: _dt.datetime | None) -> float | None:
+    """sacct's naive UTC time as epoch seconds."""
+    return None if t is None else t.replace(tzinfo=_dt.timezone.utc).timestamp()
+
+
+def held(f: JobFiles, v: Verdict, stages: list[dict[str, Any]]) -> dict[str, tuple[float, float | None]]:
+    """Per host, when the run held it: sacct's start and end on every node of its node list, else the host's
+    stage events and result (first start to last end). The end is None while the run is not over. Collect
+    compares these across runs (``db.overlaps``): two runs on one host at the same time share it."""
+    spans: dict[str, list[float]] = {}
+    for r in stages:
+        for t in (r["start_wall"], r["end_wall"]):
+            if t is not None:
+                spans.setdefault(r["host"], []).append(t)
+    for h, res in f.results.items():
+        for t in (_f(res.get("started_wall")), _f(res.get("ended_wall"))):
+            if t is not None:
+                spans.setdefault(h, []).append(t)
+    out: dict[str, tuple[float, float | None]] = {h: (min(ts), max(ts) if v.over else None)
+                                                   for h, ts in spans.items()}
+    job = v.sched.job
+    start = _epoch(job.start) if job else None
+    if job is None or start is None:
+        return out
+    sacct: dict[str, tuple[float, float | None]] = {}
+    for h in job.hosts:  # the scheduler's word on where and when, when it has one
+        end = _epoch(job.end)
+        if end is None and v.over:  # over, and sacct has no end: the files' last word, or the start
+            end = max(start, out[h][1] or start) if h in out else start
+        sacct[h] = (start, end if v.over else None)
+    return sacct
+
+
+def host_rows(f: JobFiles, v: Verdict, run_id: str, stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     seen = f.hosts_all
+    spans = held(f, v, stages)
     rows = []
-    for h in sorted(seen | set(v.hosts_expected)):
+    for h in sorted(seen | set(v.hosts_expected) | set(spans)):
         res, env = f.results.get(h, {}), f.envs.get(h, {})
         rows.append({
             "run_id": run_id, "host": h, "machine_rank": res.get("machine_rank", env.get("machine_rank")),
@@ -86,7 +121,9 @@ def host_rows(f: JobFiles, v: Verdict, run_id: str) -> list[dict[str, Any]]:
             "has_environment": h in f.envs, "has_log": h in f.log_hosts, "outcome": res.get("outcome"),
             "exit_code": res.get("exit_code"), "signal": _text(res.get("signal")), "reason": res.get("reason"),
             "started_wall": res.get("started_wall"), "ended_wall": res.get("ended_wall"),
-            "transport": f.transports.get(h), "nccl_net": f.nccl_lines.get(h)})
+            "transport": f.transports.get(h), "nccl_net": f.nccl_lines.get(h),
+            "held_start_wall": spans[h][0] if h in spans else None,
+            "held_end_wall": spans[h][1] if h in spans else None})
     return rows
 
 
@@ -260,7 +297,7 @@ def build(f: JobFiles, v: Verdict) -> RunData:
         {h: f.transports.get(h) for h in sorted(f.hosts_all)})
     world = (count((f.rank0 or {}).get("world_size")) or count(f.jobspec.get("num_processes"))
              or max(1, count(f.entity.get("number_gpus"), 0) or 0))
-    d = RunData(run=run, hosts=host_rows(f, v, rid), stages=stages, ranks=rank_rows(f, rid),
+    d = RunData(run=run, hosts=host_rows(f, v, rid, stages), stages=stages, ranks=rank_rows(f, rid),
                 errors=error_rows(f, rid), trials=trial_rows(f, rid, stages), environment=environment_rows(f, rid),
                 memory=memory_rows(f, rid),
                 memory_prediction=f.jobspec.get("memory_prediction"),

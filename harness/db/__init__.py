@@ -5,7 +5,8 @@
   checking the schema, transactions, and the generic insert / upsert / delete every writer uses.
 - ``values`` and ``staging``: Python values as the columns store them; rows as typed columns.
 - writers and readers, one module per consumer: ``manifest`` (submit's records; collect's too),
-  ``status`` (submit, status, cancel), ``runs`` and ``samples`` (collect), ``checks`` (collect and
+  ``status`` (submit, status, cancel), ``runs``, ``samples`` and ``overlaps`` (collect: runs that held
+  one host at the same time), ``checks`` (collect and
   ``sbench check``), ``cluster`` (probe and fabric).
 
 Only login-node commands open the database: ``submit`` records campaigns, points and attempts,

@@ -29,15 +29,15 @@ def references_of(store: Store) -> dict[str, list[dict[str, Any]]]:
 
 
 def check_inputs(store: Store, campaign: str, metrics: Sequence[str]) -> list[dict[str, Any]]:
-    """The campaign's valid point-repeats at their latest attempt: entity, run, outcome and the
-    measured *metrics* (see harness.references.check_rows)."""
+    """The campaign's valid point-repeats at their latest attempt: entity, run, outcome, the runs that shared
+    a host with it (``overlapped_with``) and the measured *metrics* (see harness.references.check_rows)."""
     cols = [m for m in dict.fromkeys(metrics) if m in COLUMN_NAMES["measurements"]]
     picked = "".join(f", m.{q(c)}" for c in cols)
     rows = store.fetch_dicts(
         f"""WITH latest AS (
                 SELECT * FROM runs WHERE campaign = ?
                 QUALIFY row_number() OVER (PARTITION BY point_id, repeat ORDER BY attempt DESC) = 1)
-            SELECT cp.point_id, cp.repeat, p.entity, r.run_id, r.outcome{picked}
+            SELECT cp.point_id, cp.repeat, p.entity, r.run_id, r.outcome, r.overlapped_with{picked}
             FROM campaign_points cp JOIN points p USING (point_id)
                  LEFT JOIN latest r ON r.point_id = cp.point_id AND r.repeat = cp.repeat
                  LEFT JOIN measurements m ON m.run_id = r.run_id
@@ -67,7 +67,7 @@ def check_results(store: Store, campaign: str) -> list[dict[str, Any]]:
     return store.fetch_dicts(
         """SELECT c.*, p.model_name, p.number_gpus, p.batch_size FROM checks c LEFT JOIN points p USING (point_id)
            WHERE c.campaign = ?
-           ORDER BY CASE c.status WHEN 'fail' THEN 0 WHEN 'missing' THEN 1 ELSE 2 END, c.metric,
+           ORDER BY CASE c.status WHEN 'fail' THEN 0 WHEN 'missing' THEN 1 WHEN 'shared' THEN 2 ELSE 3 END, c.metric,
                     p.model_name, p.number_gpus, p.batch_size, c.point_id, c.repeat""", [campaign])
 
 

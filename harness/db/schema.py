@@ -24,8 +24,9 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # 2: samples became a view over sample_files + sample_rows; 3: environment provenance; 4: the run_overhead view;
 # 5: FLOPs and MFU columns in measurements; 6: references and checks, exact train tokens and rank-0 CPU columns,
 # ranks.cpu_util_pct; 7: DeepSpeed ZeRO and QLoRA entity columns; 8: trainer (entity column) and the trainer
-# environment's packages
-SCHEMA_VERSION = 8
+# environment's packages; 9: shared hosts (runs.overlapped_with, run_hosts.held_*_wall,
+# measurements.shared_host and overlapped_with)
+SCHEMA_VERSION = 9
 
 
 KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
@@ -76,6 +77,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("node_list", "VARCHAR"), ("hosts_expected", "VARCHAR[]"), ("hosts_seen", "VARCHAR[]"),
         ("num_machines", "INTEGER"), ("max_rss_mb", "DOUBLE"),
         ("outcome", "VARCHAR"), ("reason", "VARCHAR"), ("warnings", "VARCHAR[]"),
+        ("overlapped_with", "VARCHAR[]"),  # the other runs that held one of its hosts at the same time (db.overlaps)
         ("accounting_source", "VARCHAR"), ("started_at", "TIMESTAMP"), ("ended_at", "TIMESTAMP"),
         ("restarts", "INTEGER"), ("transport", "VARCHAR"), ("transport_by_host", "VARCHAR"),
         ("train_start_wall", "DOUBLE"), ("train_end_wall", "DOUBLE"), ("warmup_end_wall", "DOUBLE"),
@@ -88,6 +90,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("has_environment", "BOOLEAN"), ("has_log", "BOOLEAN"), ("outcome", "VARCHAR"), ("exit_code", "INTEGER"),
         ("signal", "VARCHAR"), ("reason", "VARCHAR"), ("started_wall", "DOUBLE"), ("ended_wall", "DOUBLE"),
         ("transport", "VARCHAR"), ("nccl_net", "VARCHAR"),
+        ("held_start_wall", "DOUBLE"), ("held_end_wall", "DOUBLE"),  # when the run held the host (NULL end: still)
     ],
     "stages": [
         *_RUN_KEY, ("host", "VARCHAR"), ("rank", "INTEGER"), ("stage", "VARCHAR"), ("trial", "INTEGER"),
@@ -137,6 +140,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("predicted_optimizer_bytes", "BIGINT"), ("predicted_activation_bytes", "BIGINT"),
         ("predicted_total_bytes", "BIGINT"), ("predicted_host_bytes", "BIGINT"), ("device_bytes", "BIGINT"),
         ("predicted_oom", "BOOLEAN"),
+        ("shared_host", "BOOLEAN"), ("overlapped_with", "VARCHAR[]"),  # runs.overlapped_with
         *ENTITY_COLUMNS,
     ],
     "environment": [

@@ -16,6 +16,10 @@ data always gives the same answer). The verdict:
 - ``noise``: anything else. With one run a side there is no spread to judge by: the threshold alone
   decides, and the verdict says ``(1 run)``. (With repeats on one side only, the interval carries that
   side's spread.)
+
+A run that shared a host with another sbench run (``measurements.shared_host``) measured noise, not its
+point: it is left out of its side, and :class:`Comparison` says how many were (``include_shared`` keeps
+them).
 """
 
 from __future__ import annotations
@@ -132,15 +136,39 @@ def compare(base: dict[str, list[dict[str, Any]]], cand: dict[str, list[dict[str
     return out
 
 
-def compare_in(store: Store, base: str, cand: str, metrics: list[str], threshold: float) -> list[Row]:
-    """:func:`compare` of two sides (campaign names or run filters) read from an open results store."""
+@dataclass
+class Comparison:
+    """The rows of one compare, and per side (``BASE``, ``CAND``) the runs left out for a shared host."""
+
+    rows: list[Row]
+    excluded: dict[str, list[str]]
+
+    @property
+    def excluded_text(self) -> str:
+        """``excluded 2 run(s) measured on a shared host (BASE 0, CAND 2): ...``, or empty."""
+        n = sum(len(v) for v in self.excluded.values())
+        if not n:
+            return ""
+        ids = [r for v in self.excluded.values() for r in v]
+        return (f"excluded {n} run(s) measured on a host another sbench run used at the same time (BASE "
+                f"{len(self.excluded.get('BASE', []))}, CAND {len(self.excluded.get('CAND', []))}): "
+                f"{', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}; see runs.overlapped_with, or --include-shared")
+
+
+def compare_in(store: Store, base: str, cand: str, metrics: list[str], threshold: float,
+               include_shared: bool = False) -> Comparison:
+    """:func:`compare` of two sides (campaign names or run filters) read from an open results store; runs
+    that shared a host are left out unless *include_shared*."""
     sides = [parse_side(base), parse_side(cand)]
-    b, c = (compare_side(store, camp, filters) for camp, filters in sides)
-    for name, text, side in (("BASE", base, b), ("CAND", cand, c)):
+    (b, b_out), (c, c_out) = (compare_side(store, camp, filters, include_shared) for camp, filters in sides)
+    excluded = {"BASE": b_out, "CAND": c_out}
+    for name, text, side, out in (("BASE", base, b, b_out), ("CAND", cand, c, c_out)):
         if not side:
-            raise InputError(f"{name} {text!r}: no valid measurements match")
+            why = (f" ({len(out)} were measured on a shared host and left out: see runs.overlapped_with, or pass "
+                   "--include-shared)" if out else "")
+            raise InputError(f"{name} {text!r}: no valid measurements match{why}")
     rows = compare(b, c, metrics or list(DEFAULT_METRICS), threshold)
     if not rows:
         raise InputError(f"BASE and CAND share no measured point ({len(b)} and {len(c)} point(s)); compare pairs "
                          "runs by point_id")
-    return rows
+    return Comparison(rows, excluded)

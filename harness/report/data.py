@@ -39,7 +39,8 @@ class ReportData:
     campaign: str | None  # the campaign shown; None: every campaign (--all-campaigns)
     campaigns: list[dict[str, Any]]  # the campaigns rows in scope
     outcomes: dict[str, int]
-    measurements: list[dict[str, Any]]  # every measurement in scope, with ``method`` and ``run_reason``
+    measurements: list[dict[str, Any]]  # every measurement in scope, with ``method`` and ``run_reason``,
+    # except those of runs that shared a host with another run: they are in ``shared``, shown only as such
     stage_runs: list[dict[str, Any]]  # per run: label fields, ``outcome`` and ``stages`` {stage: seconds}
     gpu_samples: int  # GPU sample rows in scope (0: no GPU was sampled)
     run: dict[str, Any] | None = None  # the run of the utilisation panels
@@ -53,6 +54,7 @@ class ReportData:
     scope: str = "chosen"  # how the campaign was picked: SCOPES
     campaign_index: list[dict[str, Any]] = field(default_factory=list)  # every campaign, oldest first
     db_option: str = ""  # " --db PATH" when the DB is not the default one (for the commands the page gives)
+    shared: list[dict[str, Any]] = field(default_factory=list)  # measurements left out: shared_host true
 
     @property
     def by_campaign(self) -> bool:
@@ -87,9 +89,11 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
         campaign, scope = queries.run_campaign(store, run_id), "run"
     elif scope == "latest":
         campaign = known[-1] if known else None
-    measurements = queries.measurement_rows(store, campaign)
-    for m in measurements:
+    measurements: list[dict[str, Any]] = []
+    shared: list[dict[str, Any]] = []
+    for m in queries.measurement_rows(store, campaign):
         m["method"] = method_of(m["experiment"])
+        (shared if m.get("shared_host") else measurements).append(m)
     per_run: dict[str, dict[str, float]] = {}
     for s in queries.stage_seconds(store, campaign):
         name = f"{s['stage']} (unfinished)" if s["unfinished"] else s["stage"]
@@ -100,7 +104,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
                       campaign=campaign, campaigns=queries.campaign_rows(store, campaign),
                       outcomes=queries.outcome_counts(store, campaign), measurements=measurements,
                       stage_runs=stage_runs, gpu_samples=queries.gpu_sample_count(store, campaign),
-                      scope=scope, campaign_index=index,
+                      scope=scope, campaign_index=index, shared=shared,
                       db_option="" if store.path.resolve() == resolve_db() else f" --db {shlex.quote(str(store.path))}")
     _load_run(store, data, campaign, run_id)
     data.fabric = queries.fabric_rows(store)
@@ -112,8 +116,9 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
 def load_compare(store: Store, base: str, cand: str, threshold: float,
                  metrics: Sequence[str] = ()) -> dict[str, Any]:
     """The compare section's data: ``sbench compare BASE CAND`` over the same store."""
-    rows = compare_in(store, base, cand, list(metrics), threshold)
-    return {"base": base, "cand": cand, "threshold": threshold, "rows": [r.to_dict() for r in rows]}
+    cmp = compare_in(store, base, cand, list(metrics), threshold)
+    return {"base": base, "cand": cand, "threshold": threshold, "rows": [r.to_dict() for r in cmp.rows],
+            "excluded": cmp.excluded}
 
 
 def _load_run(store: Store, data: ReportData, campaign: str | None, run_id: str | None) -> None:

@@ -154,6 +154,13 @@ def render_report(data: ReportData) -> str:
         "Process memory and CPU are shown beside them.</div>")
     per = data.by_campaign  # every campaign on one page: a line (and a table row) per campaign too
     stages, stage_note = stage_chart(data.stage_runs, word, by_campaign=per)
+    shared = "" if not data.shared else (
+        f'<div class="banner"><b>{plural(len(data.shared), "measurement")} left out: measured on a shared host.</b> '
+        "Another sbench run held the same host at the same time, so these numbers are not those of the point "
+        "alone (measurements.shared_host, runs.overlapped_with): "
+        + "; ".join(f"<code>{esc(m['run_id'])}</code> with {esc(', '.join(m.get('overlapped_with') or []))}"
+                    for m in data.shared[:10])
+        + ("; ..." if len(data.shared) > 10 else "") + ". Measure them again on their own.</div>")
     memory = ('<div class="row"><div class="panel"><h3>GPU memory peak (% of device)</h3>'
               + metric_chart(ms, "gpu_memory_utilization_peak", "GPU memory peak (%)", "%", (0.0, 100.0), word,
                              by_campaign=per)
@@ -165,7 +172,7 @@ def render_report(data: ReportData) -> str:
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{title}</title><style>{CSS}</style></head><body>", _header(data), no_gpu,
+        f"<title>{title}</title><style>{CSS}</style></head><body>", _header(data), no_gpu, shared,
         section("throughput", "1. Throughput vs batch size",
                 "dataset_tokens_per_second of every valid measurement (one marker each); the line joins the mean "
                 f"at each batch size, one line per {'campaign × ' if per else ''}model × method × number of "

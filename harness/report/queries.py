@@ -158,8 +158,11 @@ def overhead_rows(store: Store, campaign: str | None = None) -> list[dict[str, A
                              + " ORDER BY o.outside_train_s DESC NULLS LAST, o.run_id, o.host", params)
 
 
-def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str]) -> dict[str, list[dict[str, Any]]]:
-    """Valid measurements of ok runs selected by *campaign* and *filters*, by point_id (``sbench compare``).
+def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str], include_shared: bool = False,
+                 ) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """Valid measurements of ok runs selected by *campaign* and *filters*, by point_id (``sbench compare``),
+    and the run ids of those left out because another run shared a host with them (``runs.overlapped_with``),
+    unless *include_shared*.
 
     A filter names a column of ``measurements`` (the entity fields, ``experiment``...) or of
     ``environment`` (``git_commit``, ``torch``, ...: any host of the run matches)."""
@@ -181,6 +184,10 @@ def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str])
     rows = store.fetch_dicts(f"SELECT m.* FROM measurements m JOIN runs r USING (run_id) WHERE {' AND '.join(where)} "
                              "ORDER BY m.point_id, m.ended_at, m.run_id", params)
     out: dict[str, list[dict[str, Any]]] = {}
+    shared: list[str] = []
     for r in rows:
+        if r.get("overlapped_with") and not include_shared:
+            shared.append(r["run_id"])
+            continue
         out.setdefault(r["point_id"], []).append(r)
-    return out
+    return out, shared

@@ -333,6 +333,9 @@ def compare_section(cmp: Mapping[str, Any] | None) -> str:
     note = (f"BASE {cmp['base']} vs CAND {cmp['cand']}, paired by point; threshold {cmp['threshold']:.0%} "
             "(shaded). A regression is worse by more than the threshold with an interval that does not reach 1.0. "
             f"{plural(len(rows), 'comparison')}, {plural(n_reg, 'regression')}.")
+    out = [r for v in (cmp.get("excluded") or {}).values() for r in v]
+    if out:
+        note += f" Left out: {plural(len(out), 'run')} measured on a shared host (runs.overlapped_with)."
     return section("compare", "Compare", note, f'<div class="wide">{ratio_chart(rows, cmp["threshold"])}</div>')
 
 
@@ -341,8 +344,9 @@ def checks_section(checks: Mapping[str, Sequence[Mapping[str, Any]]], word: str 
         return ""
     parts = []
     for camp, rows in checks.items():
-        n = {s: sum(1 for r in rows if r["status"] == s) for s in ("pass", "fail", "missing")}
-        parts.append(f"<h3>{esc(camp)}: {n['pass']} pass, {n['fail']} fail, {n['missing']} missing</h3>")
+        n = {s: sum(1 for r in rows if r["status"] == s) for s in ("pass", "fail", "missing", "shared")}
+        parts.append(f"<h3>{esc(camp)}: {n['pass']} pass, {n['fail']} fail, {n['missing']} missing"
+                     + (f", {n['shared']} shared (not judged: the host was shared)" if n["shared"] else "") + "</h3>")
         cols = ["status", "metric", "model", f"{word}s", "batch", "rep", "value", "reference", "bounds", "reason"]
         parts.append(table(cols, [(
             (r["status"], r["metric"], r.get("model_name"), r.get("number_gpus"), r.get("batch_size"), r["repeat"],

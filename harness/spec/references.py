@@ -16,9 +16,10 @@ entity fields that select points; the entry with the most matching selectors app
 the file on a tie, and a point no entry selects is not checked for that metric.
 
 Collect checks each point and repeat of the campaign, at its latest attempt, into the ``checks``
-table: ``pass``, ``fail``, or ``missing`` (the run failed, is not over, or did not measure the
-metric). ``sbench check CAMPAIGN`` prints them and exits 1 on any fail (or missing, unless
-``--allow-missing``).
+table: ``pass``, ``fail``, ``missing`` (the run failed, is not over, or did not measure the
+metric), or ``shared`` (it measured while another sbench run held one of its hosts, ``runs.overlapped_with``:
+its value is noise, not judged). ``sbench check CAMPAIGN`` prints them and exits 1 on any fail (or
+missing or shared, unless ``--allow-missing``).
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def check_rows(campaign: str, refs: Sequence[Reference], points: Sequence[Mappin
     """One ``checks`` row per point-repeat and metric a reference applies to.
 
     *points*: the campaign's point-repeats at their latest attempt, each with ``point_id``, ``repeat``,
-    ``entity`` (dict), ``run_id``/``outcome`` (None when never run) and ``values`` (metric -> value or
-    None; empty without a measurements row)."""
+    ``entity`` (dict), ``run_id``/``outcome`` (None when never run), ``overlapped_with`` (the runs that shared a
+    host with it) and ``values`` (metric -> value or None; empty without a measurements row)."""
     rows: list[dict[str, Any]] = []
     metrics = list(dict.fromkeys(r.metric for r in refs))
     for p in points:
@@ -155,6 +156,11 @@ def check_rows(campaign: str, refs: Sequence[Reference], points: Sequence[Mappin
                     reason = f"the run is {p.get('outcome')}"
                 else:
                     reason = f"the run measured no {metric}"
+            elif p.get("overlapped_with"):
+                others = list(p["overlapped_with"])
+                status = "shared"
+                reason = (f"not judged: measured while {', '.join(others[:3])}{' ...' if len(others) > 3 else ''} "
+                          "held the same host (runs.overlapped_with); measure it again on its own")
             elif low is not None and value < low:
                 status, reason = "fail", f"{value:.6g} < {low:.6g} ({ref.value:.6g} - {ref.lower:.0%})"
             elif high is not None and value > high:
