@@ -7,6 +7,7 @@ samples). Expected counts come from the rows each test wrote, not from the repor
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import re
 import shutil
@@ -32,7 +33,7 @@ CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/ch
 
 class FakeSacct:
     """Answers sacct for the job ids it was given: job id -> (state, elapsed seconds). The jobs ran on node1 one
-    after the other, the i-th given in the i-th hour of the day (no host shared)."""
+    after the other, the i-th given in the i-th hour from 2025-11-22 (no host shared)."""
 
     def __init__(self, jobs: dict[str, tuple[str, int]]) -> None:
         self.jobs = jobs
@@ -46,10 +47,11 @@ class FakeSacct:
                 continue
             state, secs = self.jobs[j]
             code = "0:0" if state == "COMPLETED" else "1:0"
-            hour = list(self.jobs).index(j) % 24
+            start = dt.datetime(2025, 11, 22) + dt.timedelta(hours=list(self.jobs).index(j))
+            end = start + dt.timedelta(seconds=secs)
             for jid in (j, f"{j}.0"):
                 lines.append(f"{jid}|{state}|{code}|00:{secs // 60:02d}:{secs % 60:02d}|1048576K|node1|"
-                             f"2025-11-22T{hour:02d}:00:00|2025-11-22T{hour:02d}:{secs // 60:02d}:{secs % 60:02d}")
+                             f"{start.isoformat()}|{end.isoformat()}")
         return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
 
 
