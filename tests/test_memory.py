@@ -42,6 +42,9 @@ CONFIGS = {
                     tie_word_embeddings=False),
     "granite": dict(model_type="granite", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False),
+    "granitemoe": dict(model_type="granitemoe", vocab_size=256, hidden_size=32, intermediate_size=48,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                       num_experts_per_tok=2, tie_word_embeddings=True),
 }
 
 
@@ -425,7 +428,7 @@ def _zero3_count(model, world: int, value_bytes: int) -> int:
                for p in model.parameters())
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "mixtral"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "mixtral", "granitemoe"])
 def test_zero_prediction_equals_a_count_of_the_model(name: str) -> None:
     cfg = dict(CONFIGS[name], hidden_size=512, intermediate_size=1024, num_attention_heads=8)
     cfg.pop("head_dim", None)
@@ -515,3 +518,96 @@ def test_optim_args_is_checked_as_input() -> None:
     for bad in ("momentum", "momentum=0.9;id", "=1", "a=b=c"):
         with pytest.raises(ValueError):
             optim_args(bad)
+
+
+# -- the catalogue's architecture facts (harness/spec/model_configs.yaml) ----------------------------------------
+# Published sizes, in parameters: the model cards' (and the weights' own count where the card rounds).
+PUBLISHED_PARAMETERS = {
+    "llama-7b": 6.74e9, "llama-13b": 13.0e9, "llama2-70b": 69.0e9, "llama3-8b": 8.03e9, "llama3-70b": 70.6e9,
+    "llama3.1-8b": 8.03e9, "llama3.1-70b": 70.6e9, "llama3.1-405b": 405e9, "llama3.2-1b": 1.24e9,
+    "llama3.2-3b": 3.21e9, "mistral-7b-v0.1": 7.24e9, "mistral-123b-v2": 123e9, "mixtral-8x7b-instruct-v0.1": 46.7e9,
+    "granite-7b-base": 6.74e9, "granite-8b-code-base": 8.05e9, "granite-8b-code-instruct": 8.05e9,
+    "granite-8b-code-base-128k": 8.05e9, "granite-3b-code-base-128k": 3.48e9, "granite-3-8b": 8.17e9,
+    "granite-3.1-2b": 2.53e9, "granite-3.1-8b-instruct": 8.17e9, "granite-3.3-8b": 8.17e9,
+    "granite-3.0-1b-a400m-base": 1.33e9, "granite-3.1-3b-a800m-instruct": 3.3e9, "smollm2-135m": 134.5e6,
+}
+# Reference-deployment models whose config is not public: no facts, and plan says so.
+PRIVATE_MODELS = {"granite-3b-1.5", "granite-8b-japanese", "allam-1-13b"}
+
+
+def _catalogue_names() -> set[str]:
+    from harness.spec.catalog import BENCHMARK_MODELS, GPTQ_MODELS, builtin_model_map
+
+    return set(BENCHMARK_MODELS) | set(GPTQ_MODELS) | set(builtin_model_map().names())
+
+
+def test_every_catalogue_model_has_its_facts_or_is_a_private_one() -> None:
+    from harness.spec.catalog import catalogue_configs
+    from harness.spec.memory import Unsupported
+
+    facts = catalogue_configs()
+    assert set(facts) == _catalogue_names() - PRIVATE_MODELS
+    for name, cfg in facts.items():
+        try:
+            shape_of(cfg)
+        except Unsupported as exc:  # an architecture with no formula carries its model_type, and plan names it
+            assert set(cfg) == {"model_type"} and cfg["model_type"] in str(exc), name
+        else:
+            assert name in PUBLISHED_PARAMETERS, f"{name}: a supported architecture needs its published size here"
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMETERS))
+def test_catalogue_facts_give_the_published_parameter_count(name: str) -> None:
+    from harness.spec.catalog import catalogue_configs
+
+    cfg = catalogue_configs()[name]
+    counted = sum(parameter_groups(shape_of(cfg)).values())
+    assert counted == pytest.approx(PUBLISHED_PARAMETERS[name], rel=0.015), f"{name}: {counted:,}"
+    assert cfg["max_position_embeddings"] >= 2048 and cfg["torch_dtype"] in ("bfloat16", "float16")
+    if cfg.get("num_local_experts"):
+        assert 0 < cfg["num_experts_per_tok"] < cfg["num_local_experts"]
+
+
+def test_catalogue_facts_instantiate_the_architecture_they_name() -> None:
+    """A few of them, built on the meta device by transformers itself: the same count as the formula."""
+    from harness.spec.catalog import catalogue_configs
+
+    for name in ("smollm2-135m", "granite-3b-code-base-128k", "granite-3.1-3b-a800m-instruct", "llama3.2-1b"):
+        cfg = catalogue_configs()[name]
+        model = model_of({k: v for k, v in cfg.items() if k not in ("torch_dtype",)})
+        assert sum(p.numel() for p in model.parameters()) == sum(parameter_groups(shape_of(cfg)).values()), name
+
+
+def test_plan_memory_predicts_a_catalogue_model_with_no_weights_here(tmp_path: Path) -> None:
+    """llama3.1-8b maps to a path this machine does not have: the catalogue's facts predict it, a local
+    config.json wins where there is one, and the summary counts what was not predicted apart."""
+    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"a100": {
+        "gpu_model": "NVIDIA-A100-SXM4-80GB", "gpus_per_node": 8, "cpus_per_node": 64, "memory_gb": 512,
+        "hosts": {"g1": {"address": "10.0.0.1"}}}}})
+    local = tmp_path / "small-8b"
+    local.mkdir()
+    (local / "config.json").write_text(json.dumps(dict(CONFIGS["llama"])))
+    sw = write_sweep(tmp_path / "s.yaml", {
+        "campaign": "m", "experiment": "finetune_full_benchmark-v1.0.0",
+        "entity": {"model_max_length": 4096, "number_gpus": 1, "batch_size": 1},
+        "grid": {"model_name": ["llama3.1-8b", "mixtral-8x7b-instruct-v0.1", "allam-1-13b", "mine"]},
+        "model_map": {"mine": str(local)}})
+    proc = subprocess.run([sys.executable, "-m", "harness", "plan", str(sw), "-i", str(inv), "--memory", "--json"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    by = {p["entity"]["model_name"]: p for p in json.loads(proc.stdout)}
+    assert not Path(by["llama3.1-8b"]["model_source"]).exists()
+    m8 = by["llama3.1-8b"]["memory"]
+    assert m8["status"] == "ok" and m8["parameters"] == 8_030_261_248 and "catalogue" in m8["config_source"]
+    assert m8["param_bytes"] == 2 * 8_030_261_248 and by["llama3.1-8b"]["predicted_oom"] is False
+    assert by["mixtral-8x7b-instruct-v0.1"]["predicted_oom"] is True  # 46.7B in bf16 on one 80 GB device
+    assert by["allam-1-13b"]["memory"]["status"] == "unknown" and by["allam-1-13b"]["predicted_oom"] is None
+    assert "ships no architecture facts" in by["allam-1-13b"]["memory"]["reason"]
+    mine = by["mine"]["memory"]
+    assert mine["config_source"] == f"{local}/config.json"
+    assert mine["parameters"] == sum(parameter_groups(shape_of(CONFIGS["llama"])).values())
+    text = subprocess.run([sys.executable, "-m", "harness", "plan", str(sw), "-i", str(inv), "--memory"],
+                          capture_output=True, text=True, cwd=ROOT).stdout
+    assert "memory of 4 valid run(s): 2 predicted to fit, 1 predicted not to fit" in text
+    assert "1 not predicted (the reasons column says why)" in text
+    assert "memory not predicted: the config.json of allam-1-13b is not readable here" in text

@@ -361,7 +361,8 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
     peak, peak_src = peak_tflops(str(e.get("gpu_model") or part.gpu_model), cdtype, part.peak_tflops)
     mem = point.memory
     if mem is None and sweep.runner.workload == "train":
-        mem = predict(e, exp.method, config_for(point.model_source or e["model_name"]), part,
+        arch, arch_source = config_for(e["model_name"], point.model_source or e["model_name"])
+        mem = predict(e, exp.method, arch, part, config_source=arch_source,
                       target_modules=tuple(target or ()) if exp.method in ("lora", "gptq-lora") else ()).to_dict()
     env = dict(inv.env)
     env.update(part.env)

@@ -143,6 +143,19 @@ def share_summary(shares: list[Share]) -> list[str]:
     return out
 
 
+def memory_summary(points: list[PlannedPoint]) -> str:
+    """``plan --memory``'s count of the valid runs: predicted to fit, predicted not to fit, and not predicted
+    (no architecture known, or no device memory), each counted once."""
+    valid = [p for p in points if p.valid]
+    oom = sum(1 for p in valid if p.memory and p.memory.get("predicted_oom") is True)
+    fit = sum(1 for p in valid if p.memory and p.memory.get("predicted_oom") is False)
+    unknown = len(valid) - oom - fit
+    text = (f"memory of {len(valid)} valid run(s): {fit} predicted to fit, {oom} predicted not to fit"
+            + (" (sbench submit --skip-predicted-oom skips them)" if oom else "")
+            + f", {unknown} not predicted" + (" (the reasons column says why)" if unknown else ""))
+    return text
+
+
 @main.command()
 @sweep_argument
 @inventory_option
@@ -173,19 +186,20 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
             row.update({"params GB": _gb(m.get("param_bytes")), "grads GB": _gb(m.get("grad_bytes")),
                         "optim GB": _gb(m.get("optimizer_bytes")), "acts GB": _gb(m.get("activation_bytes")),
                         "total GB": _gb(m.get("total_bytes")), "device GB": _gb(m.get("device_bytes")),
-                        "fits": "" if not m or m.get("predicted_oom") is None else
+                        "fits": "" if not p.valid else "not predicted" if m.get("predicted_oom") is None else
                         ("NO (predicted OOM)" if m["predicted_oom"] else "yes")})
             mem_cols = ["params GB", "grads GB", "optim GB", "acts GB", "total GB", "device GB", "fits"]
-            if m.get("status") == "unknown" and p.valid:
+            if p.valid and m.get("status") == "unknown":
                 row["reasons"] = f"memory not predicted: {m.get('reason')}"
+            elif p.valid and m.get("predicted_oom") is None:
+                row["reasons"] = f"fit not predicted: device memory {m.get('device_source')}"
         row.setdefault("reasons", "; ".join(p.reasons))
         rows.append(row)
     click.echo(f"campaign {sw.campaign}: {sw.experiment.id} on partition {points[0].partition if points else '-'}")
     click.echo(table(rows, ["point_id", "rep", "valid", *varying, "node share",
                             *(mem_cols if memory and points else []), "reasons"]))
     if memory:
-        oom = sum(1 for p in points if p.predicted_oom)
-        click.echo(f"\n{oom} valid run(s) predicted not to fit (sbench submit --skip-predicted-oom skips them)")
+        click.echo("\n" + memory_summary(points))
     n_valid = sum(p.valid for p in points)
     click.echo(f"\n{len(points)} run(s): {n_valid} valid, {len(points) - n_valid} invalid")
     for line in share_summary([shares[p.point_id] for p in points if p.valid]):

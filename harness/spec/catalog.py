@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -601,6 +602,27 @@ def model_config(source: str) -> dict[str, Any] | None:
         except (OSError, ValueError):
             return None
     return None
+
+
+@lru_cache(maxsize=1)
+def catalogue_configs() -> dict[str, dict[str, Any]]:
+    """Catalogue model name -> its architecture facts (``model_configs.yaml``: config.json's own keys)."""
+    text = resources.files("harness.spec").joinpath("model_configs.yaml").read_text(encoding="utf-8")
+    doc = loads_yaml(text, "<built-in model configs>", CatalogError) or {}
+    return {str(k): dict(v) for k, v in doc.items()}
+
+
+CATALOGUE_CONFIG = "sbench's catalogue (harness/spec/model_configs.yaml)"
+
+
+def architecture(model_name: str, source: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(config, where it comes from) of a model: its own config.json when readable here (a local directory
+    or the HF cache), else the architecture facts sbench ships for a catalogue model name, else (None, None)."""
+    cfg = model_config(source) if source else None
+    if cfg is not None:
+        return cfg, f"{source}/config.json"
+    facts = catalogue_configs().get(model_name)
+    return (dict(facts), CATALOGUE_CONFIG) if facts is not None else (None, None)
 
 
 def num_local_experts(config: Mapping[str, Any]) -> int | None:

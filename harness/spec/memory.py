@@ -1,9 +1,11 @@
 """Predicted memory of one device for a point, before anything is submitted (``sbench plan --memory``).
 
-From the model's config.json, per device (one GPU, or one worker process on a CPU partition):
+From the model's config.json (read where the weights are, else the architecture facts sbench ships for
+a catalogue model, ``model_configs.yaml``, so that a point is predicted before anything is downloaded),
+per device (one GPU, or one worker process on a CPU partition):
 
 - **parameters**, counted per tensor group by the architecture's formula (Llama, Mistral, Qwen2/3,
-  Granite, Mixtral: embeddings, attention projections with their biases, the gated MLP or the
+  Granite, Mixtral and GraniteMoE: embeddings, attention projections with their biases, the gated MLP or the
   experts and their router, the norms, and the LM head unless it is tied), at the dtype the trainer
   really uses (a CPU partition trains in float32, whatever torch_dtype says);
 - **trainable parameters**: every one for full fine-tuning; LoRA's ``r x (in + out)`` per targeted
@@ -56,7 +58,7 @@ import yaml
 
 from harness.contract.defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
 
-from .catalog import model_config, optim_args
+from .catalog import CATALOGUE_CONFIG, architecture, optim_args
 
 RESERVE_GB = 1.0
 # bitsandbytes NF4 with double quantisation: 4 bits per weight, one 8-bit scale per 64-weight block and
@@ -66,7 +68,9 @@ GB = 1e9
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "double": 8}
 # model_type -> (q/k/v bias, o bias) defaults; attention_bias in the config overrides both
 _SUPPORTED = {"llama": (False, False), "mistral": (False, False), "granite": (False, False),
-              "qwen2": (True, False), "qwen3": (False, False), "mixtral": (False, False)}
+              "qwen2": (True, False), "qwen3": (False, False), "mixtral": (False, False),
+              "granitemoe": (False, False)}
+_MOE = ("mixtral", "granitemoe")  # experts of one MLP shape each, and a router
 # optimizer -> (bytes per trainable value: {"like": tensors like the parameter} or fixed bytes)
 _OPT_LIKE = {"adamw_hf": 2, "adamw_torch": 2, "adamw_torch_fused": 2, "adamw_torch_xla": 2,
              "adamw_torch_npu_fused": 2, "adamw_apex_fused": 2, "adamw_anyprecision": 2, "ademamix": 3,
@@ -127,7 +131,7 @@ def shape_of(cfg: dict[str, Any]) -> Shape:
                      kv_heads=int(cfg.get("num_key_value_heads") or heads),
                      head_dim=int(cfg.get("head_dim") or d // heads),
                      tied=bool(cfg.get("tie_word_embeddings", False)),
-                     experts=int(cfg.get("num_local_experts") or 0) if mt == "mixtral" else 0,
+                     experts=int(cfg.get("num_local_experts") or 0) if mt in _MOE else 0,
                      qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=bool(cfg.get("mlp_bias", False)),
                      qk_norm=mt == "qwen3")
     except (KeyError, TypeError, ValueError) as exc:
@@ -284,6 +288,7 @@ class MemoryPrediction:
     groups: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     host: dict[str, int] = field(default_factory=dict)  # per rank, offloaded to host memory (not in total)
+    config_source: str | None = None  # where the architecture came from: a config.json, or sbench's catalogue
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -294,9 +299,10 @@ class MemoryPrediction:
 
 
 @lru_cache(maxsize=256)
-def config_for(source: str) -> dict[str, Any] | None:
-    """The model's config.json when readable here (a local directory or the HF cache), once per source."""
-    return model_config(source)
+def config_for(model_name: str, source: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(architecture, where it comes from) of a model, once per name and source: its config.json when
+    readable here, else sbench's catalogue facts (``catalog.architecture``)."""
+    return architecture(model_name, source)
 
 
 @lru_cache(maxsize=1)
@@ -331,15 +337,17 @@ def _shards(entity: dict[str, Any], devices: int, per_node: int) -> tuple[int, i
 
 def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, partition: Any, *,
             target_modules: tuple[str, ...] = (), num_virtual_tokens: int = 20,
-            attention: str = "sdpa") -> MemoryPrediction:
-    """The per-device memory of one point (see the module docstring)."""
+            attention: str = "sdpa", config_source: str | None = None) -> MemoryPrediction:
+    """The per-device memory of one point (see the module docstring). *config_source* says where *cfg*
+    came from (a config.json, or :data:`catalog.CATALOGUE_CONFIG`)."""
     if cfg is None:
-        return MemoryPrediction("unknown", "the model's config.json is not readable here (run sbench prepare or "
-                                           "sbench model fetch first)")
+        return MemoryPrediction("unknown", f"the config.json of {entity.get('model_name') or 'the model'} is not "
+                                           "readable here and sbench ships no architecture facts for it (run sbench "
+                                           "prepare or sbench model fetch first, or map it to a local copy)")
     try:
         s = shape_of(cfg)
     except Unsupported as exc:
-        return MemoryPrediction("unknown", str(exc))
+        return MemoryPrediction("unknown", str(exc), config_source=config_source)
     devices = max(1, int(entity.get("number_gpus") or 1))
     nodes = max(1, int(entity.get("number_nodes") or 1))
     per_node = max(1, devices // nodes)
@@ -400,8 +408,11 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
     acts += 2 * 4 * seq * b * s.vocab
     total = param_bytes + grad_bytes + opt_bytes + int(acts)
     dev, src = device_memory(partition, per_node)
+    if config_source == CATALOGUE_CONFIG:
+        notes.append(f"architecture of {entity.get('model_name')} from {CATALOGUE_CONFIG}: its config.json is not "
+                     "readable here")
     pred = MemoryPrediction("ok", None, total_params, trainable, param_bytes, grad_bytes, opt_bytes, int(acts), total,
-                            None if dev is None else int(dev), src, None, groups, notes, host)
+                            None if dev is None else int(dev), src, None, groups, notes, host, config_source)
     if dev is not None:
         pred.predicted_oom = total + RESERVE_GB * GB * (0 if cpu else 1) > dev
     return pred

@@ -25,7 +25,7 @@ from .catalog import (
     mount_visible,
 )
 from .inventory import Inventory, Partition
-from .memory import predict
+from .memory import config_for, predict
 from .rules import placement_reasons, trainer_reasons, validity_reasons
 from .sweep import Sweep
 
@@ -55,7 +55,7 @@ class PlannedPoint:
         }
         if self.memory is not None:
             out["memory"] = self.memory
-            out["predicted_oom"] = self.predicted_oom
+            out["predicted_oom"] = self.memory.get("predicted_oom")  # null: not predicted (memory.reason says why)
         return out
 
 
@@ -193,11 +193,11 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
         seen.add(pid)
         mem = None
         if memory and not (reasons or preasons):
-            if src and src not in cfg_cache:
-                cfg_cache[src] = model_config(src)
-            mem = predict(entity, exp.method, cfg_cache.get(src) if src else None, partition,
+            # The model's config.json where it is readable, else the catalogue's facts: predicted before any download
+            arch, arch_source = config_for(entity["model_name"], src)
+            mem = predict(entity, exp.method, arch, partition,
                           target_modules=tuple(exp.target_modules(entity["model_name"], sweep.model_map))
-                          if exp.method in ("lora", "gptq-lora") else ()).to_dict()
+                          if exp.method in ("lora", "gptq-lora") else (), config_source=arch_source).to_dict()
         for r in range(sweep.repeats):
             points.append(PlannedPoint(
                 point_id=pid, repeat=r, experiment=exp.id, entity=entity, valid=not (reasons or preasons),
