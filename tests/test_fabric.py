@@ -4,6 +4,7 @@ launch path, bandwidths recomputed independently, rows in the fabric table, the 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -78,6 +79,22 @@ def test_fabric_across_two_test_cluster_nodes_lands_in_the_db_and_the_report(cli
     page = (tmp_path / "r.html").read_text()
     fabric = page[page.index('id="fabric"'):page.index('id="latest"')]
     assert fabric.count("<svg") == 2 and "cpu x2" in fabric
+
+
+@pytest.mark.slurm
+def test_fabric_without_a_partition_names_the_option_that_works(cli, slurm_cluster, tmp_path: Path) -> None:
+    """Two partitions and no sweep: the message names --partition (not a sweep's key), and following its
+    example runs the fabric job."""
+    db, runs = tmp_path / "r.duckdb", tmp_path / "runs"
+    common = ["--nodes", "1", "--executor", "slurm", "--sizes", "1K", "--iters", "1", "--workdir", runs, "--db", db]
+    res = cli("fabric", "-i", TEST_INVENTORY, *common)
+    assert res.exit_code == 2 and "in the sweep" not in res.output, res.output
+    (example,) = re.findall(r"\(e\.g\. (--partition \S+)\)", res.output)
+    res = cli("fabric", "-i", TEST_INVENTORY, *example.split(), *common, "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["ok"] and out["partition"] == example.split()[1]
+    assert sql_rows(db, "SELECT DISTINCT partition FROM fabric") == [{"partition": out["partition"]}]
 
 
 @pytest.mark.slurm

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 GOOD_PARTITION = """\
     gpu_model: NVIDIA-A100-SXM4-80GB
@@ -303,3 +305,63 @@ def test_unknown_partition(cli, tmp_path: Path) -> None:
 def test_unknown_experiment_show(cli) -> None:
     res = cli("experiments", "show", "nope")
     assert res.exit_code == 2 and "unknown experiment 'nope'" in res.output
+
+
+# -- advice that works: each message's fix, followed, makes the command succeed ------------------------------------
+def _follow(doc: dict, key: str, message: str) -> dict:
+    """*doc* changed exactly as *message* advises for the top-level *key*: moved under the section it names, or
+    renamed to the key it suggests."""
+    fixed = {k: v for k, v in doc.items() if k != key}
+    moved = re.search(r"put it under (\w+):", message)
+    renamed = re.search(r"did you mean '(\w+)'\?", message)
+    assert moved or renamed, message
+    if moved:
+        fixed[moved.group(1)] = {**(doc.get(moved.group(1)) or {}), key: doc[key]}
+    else:
+        fixed[renamed.group(1)] = doc[key]
+    return fixed
+
+
+@pytest.mark.parametrize("key, value, not_suggested", [
+    ("trainer", "fms-hf-tuning", "runner"),  # an entity field: 'runner' is a mapping, never the fix
+    ("batch_size", 8, None),
+    ("time", "01:00:00", None),  # a slurm: setting
+    ("workload", "idle", None),  # a runner: setting
+    ("runer", {"workload": "idle"}, None),  # a near miss of the same type: the suggestion is the fix
+    ("repeat", 2, None),
+])
+def test_a_misplaced_sweep_key_gets_advice_that_works(key, value, not_suggested, cli, tmp_path: Path) -> None:
+    entity = dict(SWEEP_BASE["entity"])
+    if key in entity:
+        del entity[key]
+    doc = {**SWEEP_BASE, "entity": entity, key: value}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    res = cli("plan", path)
+    assert res.exit_code == 2 and re.search(rf"sweep\.yaml:\d+: {key} ", res.output), res.output
+    if not_suggested:
+        assert repr(not_suggested) not in res.output and "is a field of finetune_lora_benchmark" in res.output
+    path.write_text(yaml.safe_dump(_follow(doc, key, res.output), sort_keys=False))
+    again = cli("plan", path, "--json")
+    assert again.exit_code == 0, again.output
+    points = json.loads(again.stdout)
+    assert len(points) == (value if key == "repeat" else 1)
+    if key in points[0]["entity"]:
+        assert points[0]["entity"][key] == value
+
+
+def test_a_partition_warning_is_given_for_sweeps_on_that_partition_only(cli, tmp_path: Path) -> None:
+    from .conftest import TEST_INVENTORY
+
+    # the test inventory's cpu partition has hosts with different GID indices; its gpu partition does not
+    said = {}
+    for part in ("cpu", "gpu"):
+        path = tmp_path / f"{part}.yaml"
+        path.write_text(yaml.safe_dump({**SWEEP_BASE, "partition": part}))
+        res = cli("plan", path, "-i", TEST_INVENTORY)
+        assert res.exit_code == 0, res.output
+        said[part] = res.stderr
+    assert "partitions.cpu: hosts use different RoCE GID indices" in said["cpu"]
+    assert "GID" not in said["gpu"]
+    whole = cli("inventory", "check", "-i", TEST_INVENTORY)
+    assert "partitions.cpu: hosts use different RoCE GID indices" in whole.stderr

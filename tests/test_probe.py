@@ -4,6 +4,7 @@ fragment, provenance; and for real on the test cluster's nodes (no HCAs there)."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,63 @@ def test_provenance_is_captured_and_collected(tmp_path: Path) -> None:
                           "hca_firmware->>'$[0].fw_ver' AS fw FROM environment")
     assert row == {"driver_version": "550.54.15", "cuda_driver": "12.4", "cuda_runtime": "12.4", "nccl": "2.21.5",
                    "cudnn": "9.1.0.70", "flash_attn": "2.6.3", "fw": "28.39.1002"}
+
+
+def _advised(diffs: list[str], key: str) -> set[str]:
+    """The values the differences tell the user to set for *key* ("set gpus_per_node: 2", "gpus_per_node: 2")."""
+    return {m for d in diffs for m in re.findall(rf"\b{key}: (\S+?)[;,)\s]", d + " ")}
+
+
+@pytest.mark.parametrize("inventory_model, gpus, node_gpus", [
+    ("NVIDIA-A100-SXM4-80GB", 8, 0),  # a GPU partition whose nodes show no GPU: the advice is a CPU partition
+    ("NVIDIA-A100-SXM4-80GB", 8, 4),
+    ("cpu", 2, 0),
+    ("cpu", 2, 8),
+])
+def test_probe_advises_the_gpus_per_node_that_write_writes(tmp_path: Path, inventory_model, gpus, node_gpus) -> None:
+    ib = make_sysfs(tmp_path)
+    doc = {"cluster": "c", "partitions": {"p": {
+        "gpu_model": inventory_model, "gpus_per_node": gpus, "cpus_per_node": 64, "memory_gb": 720,
+        "hosts": {"gpu-a01": {"address": "10.0.1.11", "roce": {"hcas": ["mlx5_0:1"], "gid_index": 3}}}}}}
+    part = parse_inventory(doc, "inv.yaml").partitions["p"]
+    gpu_list = [{"index": i, "name": "NVIDIA A100-SXM4-80GB", "uuid": f"GPU-{i}", "memory_gb": 79.2}
+                for i in range(node_gpus)]
+    probe = node_probe(ib, gpus=gpu_list, gpu_count=node_gpus, cores=16)
+    diffs = compare(part, part.hosts["gpu-a01"], probe)
+    frag = fragment("p", {"gpu-a01": probe}, {"gpu-a01": "10.0.1.11"}, part)["partitions"]["p"]
+    if (inventory_model == "cpu") == (node_gpus == 0) and gpus == frag["gpus_per_node"]:
+        assert not _advised(diffs, "gpus_per_node"), diffs  # nothing to change
+    else:
+        assert _advised(diffs, "gpus_per_node") == {str(frag["gpus_per_node"])}, diffs
+        assert _advised(diffs, "gpu_model") <= {frag["gpu_model"]}, diffs
+    # following the advice (the fragment) gives an inventory with nothing left to say about devices
+    fixed = {**doc["partitions"]["p"], "gpu_model": frag["gpu_model"], "gpus_per_node": frag["gpus_per_node"]}
+    p2 = parse_inventory({"cluster": "c", "partitions": {"p": fixed}}, "fixed.yaml").partitions["p"]
+    assert not [d for d in compare(p2, p2.hosts["gpu-a01"], probe) if re.search("gpus_per_node|gpu_model|NVML", d)]
+
+
+@pytest.mark.slurm
+def test_probe_names_the_partition_option_and_its_advice_matches_write(cli, slurm_cluster, tmp_path: Path) -> None:
+    """With two partitions and no sweep, the message names --partition; following it, probe runs. On the
+    test cluster's GPU partition (its nodes have no GPU) probe advises what --write writes; following that
+    advice leaves no difference about GPUs, cores or memory."""
+    db, runs = tmp_path / "r.duckdb", tmp_path / "runs"
+    res = cli("probe", "-i", TEST_INVENTORY, "--on", "slurm", "--workdir", runs, "--db", db)
+    assert res.exit_code == 2 and "name one with --partition (e.g. --partition cpu)" in res.output, res.output
+    assert "in the sweep" not in res.output
+    res = cli("probe", "-i", TEST_INVENTORY, "--partition", "gpu", "--on", "slurm", "--workdir", runs, "--db", db,
+              "--write", tmp_path / "frag.yaml")
+    assert res.exit_code == 0, res.output
+    frag = yaml.safe_load((tmp_path / "frag.yaml").read_text())["partitions"]["gpu"]
+    said = [line for line in res.output.splitlines() if line.startswith("differs: ")]
+    assert _advised(said, "gpus_per_node") == {str(frag["gpus_per_node"])}, said
+    assert _advised(said, "gpu_model") == {frag["gpu_model"]} == {"cpu"}, said
+    doc = yaml.safe_load(TEST_INVENTORY.read_text())
+    doc["partitions"]["gpu"].update({k: frag[k] for k in ("gpu_model", "gpus_per_node", "cpus_per_node",
+                                                          "memory_gb")})
+    fixed = tmp_path / "fixed.yaml"
+    fixed.write_text(yaml.safe_dump(doc))
+    again = cli("probe", "-i", fixed, "--partition", "gpu", "--on", "slurm", "--workdir", runs, "--db", db)
+    assert again.exit_code == 0, again.output
+    left = [line for line in again.output.splitlines() if line.startswith("differs: ")]
+    assert left and not [d for d in left if re.search(r"gpus_per_node|gpu_model|NVML|cores|memory_gb", d)], left

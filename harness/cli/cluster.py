@@ -41,7 +41,7 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
     Example: sbench probe -i cluster.yaml --partition a100 --on slurm --write probed.yaml
     """
     inv = load_inventory(inventory)
-    part = inv.partition(partition)
+    part = inv.partition(partition, choose="--partition")
     probes = run_probe(inv, part.name, where == "slurm", resolve_workdir(workdir), host)
     probe_id = time.strftime("%Y%m%dT%H%M%S") + f"-{part.name}"
     rows: list[dict[str, Any]] = []
@@ -58,7 +58,7 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
     with open_store(resolve_db(db)) as st:
         record_probes(st, rows)
     if write_to is not None:
-        frag = fragment(part.name, probes, {h: part.hosts[h].address for h in probes if h in part.hosts})
+        frag = fragment(part.name, probes, {h: part.hosts[h].address for h in probes if h in part.hosts}, part)
         write_to.write_text(f"# sbench probe {probe_id}: what the nodes of partition {part.name} have\n"
                             + yaml.safe_dump(frag, sort_keys=False))
     if as_json:
@@ -112,6 +112,7 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
     Example: sbench fabric -i cluster.yaml --partition a100 --nodes 2
     """
     inv = load_inventory(inventory)
+    partition = inv.partition(partition, choose="--partition").name
     res = run_fabric(inv, partition, nodes, resolve_workdir(workdir), executor=resolve_executor(executor),
                      roce=roce, sizes=sizes, iters=iters)
     with open_store(resolve_db(db)) as st:

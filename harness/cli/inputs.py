@@ -207,7 +207,7 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
     notes = sorted({n for p in points for n in p.notes})
     for n in notes:
         click.echo(f"note: {n}")
-    for w in inv.warnings:
+    for w in inv.warnings_for({p.partition for p in points} or {inv.partition(sw.partition).name}):
         click.echo(f"warning: {w}", err=True)
 
 

@@ -24,7 +24,7 @@ from harness.contract.errors import InputError, RunnerError
 from harness.contract.paths import package_dir
 from harness.runner.probe import probe_node
 from harness.slurm.client import Slurm
-from harness.spec.inventory import Host, Inventory, Partition, gpu_label
+from harness.spec.inventory import CPU_MODEL, Host, Inventory, Partition, gpu_label
 
 
 def roce_v2_ipv4(port: dict[str, Any]) -> list[dict[str, Any]]:
@@ -44,22 +44,41 @@ def _hca_port(probe: dict[str, Any], hca: str) -> dict[str, Any] | None:
     return None
 
 
+def devices(part: Partition | None, probe: dict[str, Any]) -> tuple[str, int]:
+    """(gpu_model, gpus_per_node) for a node from its probe: what ``compare`` advises and ``fragment``
+    writes, so the two never disagree. The node's GPUs when NVML sees any; else a CPU partition with the
+    inventory's worker processes when it already is one, or one worker per core."""
+    gpus = probe.get("gpus") or []
+    n = int(probe.get("gpu_count") or len(gpus))
+    if n:
+        model = gpu_label(gpus[0]["name"]) if gpus else (part.gpu_model if part and not part.is_cpu else "unknown")
+        return model, n
+    if part is not None and part.is_cpu:
+        return CPU_MODEL, part.gpus_per_node
+    return CPU_MODEL, max(1, int(probe.get("cores") or 1))
+
+
 def compare(part: Partition, host: Host, probe: dict[str, Any]) -> list[str]:
     """Each difference between the inventory's word on *host* and what the node has, with its fix."""
     key = f"partitions.{part.name}"
     out: list[str] = []
     n = probe.get("gpu_count") or 0
-    if not part.is_cpu:
-        if n != part.gpus_per_node:
+    model, per_node = devices(part, probe)
+    if not part.is_cpu and not n:
+        out.append(f"{host.name}: {key} has gpu_model {part.gpu_model} x{part.gpus_per_node}, but NVML sees no GPU "
+                   f"(none on the node, or no NVIDIA driver); to benchmark the node's CPU set gpu_model: {model} "
+                   f"and gpus_per_node: {per_node} (worker processes), else install the driver")
+    elif not part.is_cpu:
+        if per_node != part.gpus_per_node:
             out.append(f"{host.name}: {key}.gpus_per_node is {part.gpus_per_node}, NVML sees {n} GPU(s); "
-                       f"set gpus_per_node: {n}")
+                       f"set gpus_per_node: {per_node}")
         names = {gpu_label(g["name"]) for g in probe.get("gpus") or []}
         if names and part.gpu_model not in names:
             out.append(f"{host.name}: {key}.gpu_model is {part.gpu_model!r}, the node has {', '.join(sorted(names))}; "
-                       f"set gpu_model: {sorted(names)[0]}")
+                       f"set gpu_model: {model}")
     elif n:
         out.append(f"{host.name}: {key} is a CPU partition but NVML sees {n} GPU(s); set gpu_model to "
-                   f"{gpu_label(probe['gpus'][0]['name'])} and gpus_per_node: {n} to benchmark them")
+                   f"{model} and gpus_per_node: {per_node} to benchmark them")
     cores = probe.get("cores")
     if isinstance(cores, int) and part.cpus_per_node > cores:
         out.append(f"{host.name}: {key}.cpus_per_node is {part.cpus_per_node}, the node has {cores} cores; "
@@ -108,13 +127,15 @@ def compare(part: Partition, host: Host, probe: dict[str, Any]) -> list[str]:
     return out
 
 
-def fragment(part_name: str, probes: dict[str, dict[str, Any]], addresses: dict[str, str | None]) -> dict[str, Any]:
-    """An inventory partition built from *probes* (host -> probe): what the nodes have."""
+def fragment(part_name: str, probes: dict[str, dict[str, Any]], addresses: dict[str, str | None],
+             inventory_part: Partition | None = None) -> dict[str, Any]:
+    """An inventory partition built from *probes* (host -> probe): what the nodes have (GPUs as
+    :func:`devices` says, the same figures ``compare`` advises)."""
     first = next(iter(probes.values()), {})
-    gpus = first.get("gpus") or []
+    model, per_node = devices(inventory_part, first)
     part: dict[str, Any] = {
-        "gpu_model": gpu_label(gpus[0]["name"]) if gpus else "cpu",
-        "gpus_per_node": len(gpus) if gpus else max(1, int(first.get("cores") or 1)),
+        "gpu_model": model,
+        "gpus_per_node": per_node,
         "cpus_per_node": min(int(p.get("cores") or 1) for p in probes.values()),
         "memory_gb": int(min(float(p.get("memory_gb") or 0) for p in probes.values())),
         "hosts": {},

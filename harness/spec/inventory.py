@@ -115,15 +115,25 @@ class Inventory:
     data_dir: str | None = None
     models_dir: str | None = None
     envs_dir: str | None = None  # where trainer environments (fms-hf-tuning releases) are built, shared
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # every warning: the inventory's own and each partition's
+    partition_warnings: dict[str, tuple[str, ...]] = field(default_factory=dict)  # partition -> its warnings
 
-    def partition(self, name: str | None) -> Partition:
+    def warnings_for(self, partitions: Any) -> list[str]:
+        """The warnings that concern *partitions* (names): theirs, and none about another partition."""
+        names = set(partitions)
+        other = {w for p, ws in self.partition_warnings.items() if p not in names for w in ws}
+        return [w for w in self.warnings if w not in other]
+
+    def partition(self, name: str | None, choose: str = "'partition:' in the sweep") -> Partition:
+        """The partition *name*, or the only one; *choose* says how the user names one (a sweep's key, or a
+        command's option such as ``--partition``)."""
         if name is None:
             if len(self.partitions) == 1:
                 return next(iter(self.partitions.values()))
+            example = f" (e.g. {choose} {next(iter(self.partitions))})" if choose.startswith("--") else ""
             raise InventoryError(
                 f"{self.source}: has {len(self.partitions)} partitions "
-                f"({', '.join(self.partitions)}); name one with 'partition:' in the sweep"
+                f"({', '.join(self.partitions)}); name one with {choose}{example}"
             )
         if name not in self.partitions:
             raise InventoryError(
@@ -267,15 +277,15 @@ def parse_inventory(doc: Any, source: str) -> Inventory:
                 ck.fail(f"partitions.{p.name}.hosts.{h.name}.address",
                         f"is {h.address!r}, but partitions.{first[0]}.hosts.{h.name}.address is {first[1]!r}; "
                         "one SLURM node has one address - make them equal", parts_node.get(p.name))
-    warnings = []
+    per_partition: dict[str, tuple[str, ...]] = {}
     for p in partitions.values():
         gids = {h.name: h.roce.gid_index for h in p.hosts.values() if h.roce}
         if len(set(gids.values())) > 1:
             detail = ", ".join(f"{h}={g}" for h, g in gids.items())
-            warnings.append(
+            per_partition[p.name] = (
                 f"{source}: partitions.{p.name}: hosts use different RoCE GID indices ({detail}); "
-                "this is allowed (each node sources its own env) but check it is intended"
-            )
+                "this is allowed (each node sources its own env) but check it is intended",)
+    warnings = [w for ws in per_partition.values() for w in ws]
     return Inventory(
         cluster=cluster,
         source=source,
@@ -288,6 +298,7 @@ def parse_inventory(doc: Any, source: str) -> Inventory:
         models_dir=ck.string(defaults, "defaults", "models_dir"),
         envs_dir=ck.string(defaults, "defaults", "envs_dir"),
         warnings=tuple(warnings),
+        partition_warnings=per_partition,
     )
 
 

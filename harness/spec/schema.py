@@ -169,13 +169,21 @@ class Checker:
             self.fail(key, f"must be a mapping (key: value), got {show(value)}", parent, leaf)
         return value
 
-    def known_keys(self, node: Mapping[str, Any], key: str, allowed: Iterable[str]) -> None:
+    def known_keys(self, node: Mapping[str, Any], key: str, allowed: Iterable[str],
+                   kinds: Mapping[str, type | tuple[type, ...]] | None = None,
+                   elsewhere: Mapping[str, str] | None = None) -> None:
+        """Refuse a key not in *allowed*, naming the fix. *kinds*: the type a key's value must have; a
+        near-miss is suggested only when the value would fit it (``trainer: x`` is no ``runner:``, which is
+        a mapping). *elsewhere*: keys that belong in another place -> the rest of the message saying where."""
         allowed = list(allowed)
         for k in node:
             if k not in allowed:
-                close = difflib.get_close_matches(str(k), allowed, n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
                 dotted = f"{key}.{k}" if key else str(k)
+                if elsewhere and str(k) in elsewhere:
+                    self.fail(dotted, elsewhere[str(k)], node, k)
+                close = [c for c in difflib.get_close_matches(str(k), allowed, n=3)
+                         if kinds is None or c not in kinds or isinstance(node[k], kinds[c])][:1]
+                hint = f"did you mean {close[0]!r}? " if close else ""
                 self.fail(dotted, f"is not a known key; {hint}valid keys: {', '.join(allowed)}", node, k)
 
     def require(self, node: Mapping[str, Any], key: str, name: str, hint: str = "") -> Any:

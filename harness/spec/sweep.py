@@ -7,6 +7,7 @@ before the whole file is checked.
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from harness.contract.defaults import RunnerSettings
 from harness.contract.errors import CatalogError, InputError, SweepError
 
 from .catalog import (
+    EXPERIMENTS,
     Experiment,
     ModelMap,
     get_experiment,
@@ -44,6 +46,12 @@ SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "g
 # What a campaign may take from other campaigns instead of measuring it again: nothing (every campaign
 # measures its own points), or a point's measured runs ("measured": a design-space search's memoization).
 REUSE_MODES = ("none", "measured")
+_SCALAR = (str, int, float)
+# The type each top-level key's value has: a near-miss of another type is no suggestion.
+SWEEP_KINDS: dict[str, type | tuple[type, ...]] = {
+    "campaign": _SCALAR, "experiment": str, "partition": _SCALAR, "description": str, "entity": dict, "grid": dict,
+    "repeats": int, "slurm": dict, "model_map": dict, "data_dir": str, "runner": dict, "references": dict,
+    "reuse": str}
 
 
 SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue", "extra")
@@ -113,6 +121,34 @@ def data_dir_for(sweep: Sweep, inv: Any) -> Path:
     return shared_dir(inv.data_dir, inv) or sweep.data_dir
 
 
+def _misplaced(doc: Any) -> dict[str, str]:
+    """Top-level keys that are settings of another section: entity fields, slurm: and runner: keys -> the fix."""
+    try:
+        experiment = get_experiment(str(doc.get("experiment")))
+        fields, exp = experiment.field_names, f"a field of {experiment.id}"
+    except CatalogError:
+        fields = list(dict.fromkeys(f.name for e in EXPERIMENTS.values() for f in e.fields))
+        exp = "an entity field"
+    out: dict[str, str] = {}
+    for k in doc:
+        k = str(k)
+        if k in SWEEP_KEYS:
+            continue
+        if k in fields:
+            out[k] = (f"is {exp}, not a top-level key; put it under entity: ({k}: {_yaml_value(doc[k])}), or "
+                      "under grid: to sweep several values")
+        elif k in SLURM_KEYS:
+            out[k] = f"is a slurm: setting, not a top-level key; put it under slurm: ({k}: {_yaml_value(doc[k])})"
+        elif k in RUNNER_KEYS:
+            out[k] = f"is a runner: setting, not a top-level key; put it under runner: ({k}: {_yaml_value(doc[k])})"
+    return out
+
+
+def _yaml_value(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (bool, list, dict)) or value is None else str(value)
+    return text if len(text) <= 40 else "..."
+
+
 def load_sweep(path: str | Path, model_map_path: str | Path | None = None, campaign: str | None = None) -> Sweep:
     """The sweep in *path*; *campaign* (``submit --campaign``) names its campaign in place of its ``campaign:``,
     so that one sweep file serves a series of campaigns (``nightly-1122``, ``nightly-1123``)."""
@@ -134,7 +170,7 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     if "reuse_measured" in doc:  # the flag's name as a key: say the sweep's own form
         ck.fail("reuse_measured", "is not a known key; write 'reuse: measured' (the sweep's form of "
                                   "--reuse-measured)", doc, "reuse_measured")
-    ck.known_keys(doc, "", SWEEP_KEYS)
+    ck.known_keys(doc, "", SWEEP_KEYS, SWEEP_KINDS, _misplaced(doc))
     campaign = ck.require(doc, "", "campaign", "a unique name for this sweep's results")
     campaign = ck.string(doc, "", "campaign")
     if not CAMPAIGN_NAME.fullmatch(campaign):
