@@ -62,6 +62,7 @@ bench: setup
 	$(BIN)/python bench/submit.py
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/trainers.py
+	$(BIN)/python bench/prepare_check.py
 
 clean:
 	rm -rf results/runs results/results.duckdb results/datasets results/models

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -348,3 +349,131 @@ def test_fingerprint_ignores_serialization_but_not_behaviour(tiny_model, tmp_pat
     assert variant("older", older_format) == base
     assert variant("lower", lowercase) != base
     assert variant("merges", one_merge_less) != base
+
+
+# -- what prepare says, and how fast it re-checks ------------------------------------------------------------------
+def test_prepare_exits_1_once_and_plainly_when_a_model_is_not_visible(tmp_path) -> None:
+    hidden = "/sbench-mount-not-here/llama"  # a file system this machine does not mount
+    doc = {**sweep_doc("prep-hidden", Path(hidden), tmp_path / "data"), "model_map": {"tiny": hidden}}
+    sw = write_sweep(tmp_path / "s.yaml", doc)
+    res = sbench("prepare", sw, check=False)
+    assert res.returncode == 1, res.stdout + res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in res.stderr
+    assert f"the model {hidden} is not visible from this machine" in errors[0]
+    assert errors[0].endswith(f"prepare on a compute node instead: sbench prepare {sw} --on slurm")
+    assert res.stdout.startswith("prepared 3 item(s)") and "1 generated, 2 not_visible" in res.stdout
+    out = sbench("prepare", sw, "--json", check=False)
+    assert out.returncode == 1
+    doc = json.loads(out.stdout)
+    assert "not visible from this machine" in doc["problem"] and doc["nothing"] is None
+    assert {(i["kind"], i["status"]) for i in doc["items"]} == {("dataset", "ready"), ("model", "not_visible"),
+                                                              ("training_data", "not_visible")}
+
+
+def test_prepare_with_nothing_to_prepare_says_why(tiny_model, tmp_path) -> None:
+    doc = {**sweep_doc("prep-idle", tiny_model, tmp_path / "data"), "runner": {"workload": "idle"}}
+    res = sbench("prepare", write_sweep(tmp_path / "s.yaml", doc))
+    assert res.stdout.strip() == "nothing to prepare: runner.workload is idle, so its jobs read no model and no data"
+    assert not (tmp_path / "data").exists()
+    doc = sweep_doc("prep-none", tiny_model, tmp_path / "data", number_gpus=3, batch_size=4)  # rule 1: invalid
+    res = sbench("prepare", write_sweep(tmp_path / "n.yaml", doc))
+    assert res.stdout.strip() == "nothing to prepare: the sweep has no valid point (sbench plan says why)"
+
+
+def test_a_recheck_trusts_the_stamp_until_an_input_changes(tiny_model, small, tmp_path, monkeypatch) -> None:
+    """Unchanged sizes and mtimes: ready without loading the tokenizer or hashing a byte. A changed mtime: the
+    full check again (hashes, same key, ready). Changed content: a new entry is built."""
+    import harness.data.prepared as prepared_mod
+    import harness.data.tokens as tokens_mod
+    import harness.sbatch.prepare as prepare_mod
+    from harness.data.files import file_sha256
+    from harness.spec.inventory import load_inventory
+    from harness.spec.plan import plan_sweep
+    from harness.spec.sweep import load_sweep
+
+    data = tmp_path / "data"
+    data.mkdir()
+    dataset = data / small.name
+    shutil.copy(small, dataset)
+    sw = load_sweep(write_sweep(tmp_path / "s.yaml", sweep_doc("prep-stamp", tiny_model, data)))
+    inv = load_inventory(None)
+
+    def check() -> dict:
+        (item,) = [i for i in prepare_mod.run_prepare(prepare_mod.work_for(sw, inv, plan_sweep(sw, inv)))
+                   if i.kind == "training_data"]
+        return {"status": item.status, **item.info}
+
+    first = check()
+    assert first["status"] == "built" and first["stamp"] == "no stamp yet"
+    hashed: list[str] = []
+
+    def counting_sha(path):
+        hashed.append(str(path))
+        return file_sha256(path)
+
+    def no_tokenizer(spec):
+        raise AssertionError(f"the tokenizer was loaded ({spec})")
+
+    monkeypatch.setattr(prepared_mod, "file_sha256", counting_sha)
+    monkeypatch.setattr(tokens_mod, "file_sha256", counting_sha)
+    monkeypatch.setattr(prepare_mod, "load_tokenizer", no_tokenizer)
+    again = check()
+    assert again == {**first, "status": "ready", "stamp": "hit", "token_counts_cache": "hit"} and hashed == []
+    # the same bytes, a new mtime: re-hashed (the dataset and the entry), found ready under the same key
+    monkeypatch.setattr(prepare_mod, "load_tokenizer", load_tokenizer)
+    st = dataset.stat()
+    os.utime(dataset, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    touched = check()
+    assert touched["status"] == "ready" and touched["key"] == first["key"]
+    assert touched["stamp"] == f"{dataset} changed (size or mtime)" and str(dataset) in hashed
+    hashed.clear()
+    assert check()["stamp"] == "hit" and hashed == []  # the full check stamped it again
+    # other content: a new key, built
+    with dataset.open("a") as f:
+        f.write(dataset.read_text().splitlines()[0] + "\n")
+    changed = check()
+    assert changed["status"] == "built" and changed["key"] != first["key"] and changed["rows"] == first["rows"] + 1
+    # the model's tokenizer files are inputs too
+    tok_file = tiny_model / "tokenizer_config.json"
+    st = tok_file.stat()
+    try:
+        os.utime(tok_file, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        assert check()["stamp"] == f"{tok_file} changed (size or mtime)"
+    finally:
+        os.utime(tok_file, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.slurm
+def test_prepare_on_slurm_advises_the_submit_line_that_finds_its_job(tiny_model, small, slurm_cluster,
+                                                                     tmp_path) -> None:
+    """The submit line it prints carries the inventory (and the work dir) it needs; run as printed, it submits,
+    and its arrays wait for that preparation job (or, when it already finished, find everything ready)."""
+    import shlex
+
+    from .conftest import TEST_INVENTORY
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(small, data / small.name)
+    sw = write_sweep(tmp_path / "s.yaml", {**sweep_doc("prep-advice", tiny_model, data), "partition": "cpu"})
+    runs, db = tmp_path / "runs", tmp_path / "r.duckdb"
+    res = sbench("prepare", sw, "-i", TEST_INVENTORY, "--on", "slurm", "--workdir", runs)
+    job = res.stdout.split()[2]
+    (line,) = re.findall(r"; (sbench submit .*?) makes the job arrays wait for it", res.stdout)
+    args = shlex.split(line)
+    assert args[3:5] == ["-i", str(TEST_INVENTORY)] and args[-2:] == ["--workdir", str(runs)]
+    try:
+        out = sbench(*args[1:], "--db", db, "--hold", "--json")  # as advised (held: nothing needs to train)
+        rep = json.loads(out.stdout)
+        assert rep["submitted"] == 1 and rep["executor"] == "slurm"
+        if rep["prepare_job"] is not None:
+            assert rep["prepare_job"] == job
+            deps = subprocess.run(["scontrol", "show", "job", rep["points"][0]["job_id"].split("_")[0]],
+                                  capture_output=True, text=True).stdout
+            assert f"afterok:{job}" in deps, deps
+        else:  # the preparation job had already finished: submit checked and found it all ready
+            assert {i["status"] for i in rep["prepare"]} == {"ready"}
+    finally:
+        sbench("cancel", "--workdir", runs, "--db", db, check=False)
+        subprocess.run(["scancel", job], capture_output=True)

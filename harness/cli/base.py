@@ -22,7 +22,7 @@ from harness.spec.schema import is_name
 # ``sbench render`` needs (the build layer, Jinja2), nor ``render`` what ``status`` needs (DuckDB, submitit).
 # --help, which shows every command, loads them all.
 COMMANDS = {"inventory": "inputs", "experiments": "inputs", "plan": "inputs", "render": "inputs",
-            "submit": "jobs", "prepare": "jobs", "retry": "jobs", "status": "jobs", "cancel": "jobs",
+            "submit": "jobs", "prepare": "prepare", "retry": "jobs", "status": "jobs", "cancel": "jobs",
             "collect": "results", "query": "results", "check": "results", "compare": "results",
             "report": "report", "probe": "cluster", "fabric": "cluster",
             "model": "data", "dataset": "data", "env": "envs"}

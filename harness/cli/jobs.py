@@ -7,13 +7,9 @@ from typing import Any
 
 import click
 
-from harness.contract.paths import resolve_workdir
 from harness.sbatch.control import cancel as cancel_attempts
 from harness.sbatch.control import status as status_report
-from harness.sbatch.prepare import prepare_sweep, record_prepare_job, submit_prepare_job
 from harness.sbatch.submit import retry_campaign, submit_sweep
-from harness.spec.inventory import load_inventory
-from harness.spec.sweep import load_sweep
 
 from .base import (
     Progress,
@@ -87,46 +83,6 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
 
 def _stderr_echo(quiet: bool) -> Any:
     return (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
-
-
-@main.command()
-@sweep_argument
-@inventory_option
-@model_map_option
-@workdir_option
-@click.option("--on", "on", type=click.Choice(["here", "slurm"]), default="here", show_default=True,
-              help="here: on this machine; slurm: as one CPU job of the sweep's partition (sbench submit then "
-              "makes the arrays wait for it).")
-@json_option
-def prepare(sweep: Path, inventory: Path | None, model_map: Path | None, workdir: Path | None, on: str,
-            as_json: bool) -> None:
-    """Make a sweep's datasets, models, training data and token counts ready, once, for every job.
-
-    Example: sbench prepare sweeps/demo-cpu.yaml
-    """
-    if on == "here":
-        items = prepare_sweep(sweep, inventory, model_map, echo=_stderr_echo(as_json))
-        if as_json:
-            echo_json({"items": [i.to_dict() for i in items]})
-            return
-        counts: dict[str, int] = {}
-        for i in items:
-            counts[i.status] = counts.get(i.status, 0) + 1
-        total = sum(i.seconds for i in items)
-        click.echo(f"prepared {len(items)} item(s) in {total:.1f} s: "
-                   + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
-        return
-
-    inv = load_inventory(inventory)
-    sw = load_sweep(sweep, model_map)
-    campaign_dir = resolve_workdir(workdir) / sw.campaign
-    job_id = submit_prepare_job(sw, inv, sweep, inventory, model_map, campaign_dir)
-    record_prepare_job(campaign_dir, job_id)
-    if as_json:
-        echo_json({"job_id": job_id, "campaign_dir": str(campaign_dir)})
-        return
-    click.echo(f"prepare job {job_id} submitted; sbench submit {sweep} makes the job arrays wait for it (afterok). "
-               f"Log: {campaign_dir / '.slurm' / f'prepare-{job_id}.out'}")
 
 
 def _print_submit(d: dict[str, Any], as_json: bool) -> None:

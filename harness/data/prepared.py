@@ -31,6 +31,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from hashlib import sha256
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -263,3 +264,93 @@ def ensure_prepared(tokenizer: Any, dataset_path: str | os.PathLike[str], *, tex
     return Prepared(key=key, path=path, status=status, rows=meta["rows"], tokens=meta["tokens"],
                     elapsed_s=round(time.monotonic() - t0, 3), reason=reason, build_s=build_s, dataset=ds,
                     waited_s=waited, doc=meta)
+
+
+# -- stamps: a re-check that trusts sizes and modification times ----------------------------------------------
+# Checking prepared data from scratch loads the tokenizer (its library's import alone takes seconds) and
+# hashes the dataset and the entry (hundreds of MB). A stamp, written after a full check, records the size
+# and mtime of every input (the dataset file, the model directory's files) and output (the entry's files and
+# the token counts), and the libraries' versions; while all of them are unchanged, the entry is ready
+# without loading or hashing anything. Any difference falls back to the full check, which writes a new stamp.
+# Jobs do not use stamps: every open on a node checks the entry's sha256.
+STAMP_DIR = "stamps"  # under the prepared-data root
+STAMP_VERSION = 1
+
+
+def _stat(path: Path) -> list[int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def file_stamps(paths: list[Path]) -> dict[str, list[int] | None]:
+    """path -> [size, mtime_ns] (None: missing) of each file, and of each file directly inside a directory."""
+    out: dict[str, list[int] | None] = {}
+    for p in paths:
+        if p.is_dir():
+            for f in sorted(p.iterdir()):
+                if f.is_file():
+                    out[str(f)] = _stat(f)
+        else:
+            out[str(p)] = _stat(p)
+    return out
+
+
+def _libraries() -> dict[str, str | None]:
+    """Versions of the libraries that tokenize (a change re-checks everything; no import needed)."""
+    out: dict[str, str | None] = {}
+    for name in ("transformers", "tokenizers"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def stamp_path(root: str | os.PathLike[str], ident: dict[str, Any]) -> Path:
+    """The stamp of one training input (*ident*: what names it, e.g. model, dataset, length, field, template)."""
+    digest = sha256(json.dumps({"v": STAMP_VERSION, "prep_v": PREP_VERSION, "count_v": COUNT_VERSION, **ident},
+                               sort_keys=True).encode()).hexdigest()
+    return Path(root) / STAMP_DIR / f"{digest[:32]}.json"
+
+
+def read_stamp(root: str | os.PathLike[str], ident: dict[str, Any],
+               inputs: list[Path]) -> tuple[dict[str, Any] | None, str]:
+    """(the stamped result, "unchanged") when every input and output is as stamped; else (None, what changed)."""
+    try:
+        doc = json.loads(stamp_path(root, ident).read_text())
+    except (OSError, ValueError):
+        return None, "no stamp yet"
+    if not isinstance(doc, dict) or doc.get("ident") != json.loads(json.dumps(ident)):
+        return None, "no stamp yet"
+    if doc.get("libraries") != _libraries():
+        return None, "the tokenizer libraries changed"
+    now = file_stamps(inputs)
+    was = doc.get("inputs") or {}
+    changed = sorted(set(now) ^ set(was)) + sorted(p for p in now if p in was and now[p] != was[p])
+    if changed:
+        return None, f"{changed[0]} changed (size or mtime)" + (f", and {len(changed) - 1} more" if len(changed) > 1
+                                                                 else "")
+    outputs = doc.get("outputs") or {}
+    if not outputs or file_stamps([Path(p) for p in outputs]) != outputs:
+        return None, "the prepared entry or its token counts changed"
+    return doc.get("result") or {}, "unchanged"
+
+
+def write_stamp(root: str | os.PathLike[str], ident: dict[str, Any], inputs: list[Path], outputs: list[Path],
+                result: dict[str, Any]) -> None:
+    """Record a full check's result with the sizes and mtimes it was made from (atomic; best effort: a data
+    dir that cannot take it only costs the next check its speed)."""
+    path = stamp_path(root, ident)
+    doc = {"ident": ident, "libraries": _libraries(), "inputs": file_stamps(inputs),
+           "outputs": file_stamps(outputs), "result": result, "stamped_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()

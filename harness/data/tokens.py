@@ -320,7 +320,7 @@ def _write_cache(file: Path, doc: dict[str, Any]) -> None:
         raise SbenchError(f"cannot write token-count cache {file}: {exc.strerror}") from exc
 
 
-def _cache_file(cache_dir: str | os.PathLike[str] | None, key: str) -> Path | None:
+def counts_file(cache_dir: str | os.PathLike[str] | None, key: str) -> Path | None:
     return Path(cache_dir) / f"tokens-{key}.json" if cache_dir is not None else None
 
 
@@ -348,7 +348,7 @@ def dataset_token_counts(tokenizer: Any, dataset_path: str | os.PathLike[str], *
     if not path.is_file():
         raise InputError(f"dataset file {path} does not exist; generate it with: sbench dataset generate ID -o {path}")
     key = _cache_key(tokenizer_fingerprint(tok), dataset_sha or file_sha256(path), eff, text_field)
-    cache_file = _cache_file(cache_dir, key)
+    cache_file = counts_file(cache_dir, key)
     if cache_file is not None and (cached := _read_cache(cache_file, key)) is not None:
         return TokenCounts(counts=cached, total=sum(cached), entries=len(cached), cache="hit", key=key,
                            max_length=eff, elapsed_s=round(time.monotonic() - t0, 3))
@@ -462,7 +462,7 @@ def store_counts(tok: Any, tokenizer: Any, path: Path, cache_dir: str | os.PathL
                  max_length: int, text_field: str, dataset_sha: str | None = None) -> None:
     """Record ``lengths`` as ``dataset_token_counts``'s cache entry for this tokenizer, dataset and length."""
     key = _cache_key(tokenizer_fingerprint(tok), dataset_sha or file_sha256(path), max_length, text_field)
-    _store_counts(_cache_file(cache_dir, key), key, lengths, max_length, text_field, path,  # type: ignore[arg-type]
+    _store_counts(counts_file(cache_dir, key), key, lengths, max_length, text_field, path,  # type: ignore[arg-type]
                   tokenizer_name(tokenizer, tok))
 
 

@@ -34,8 +34,16 @@ from harness.build.sbatch import prepare_sbatch
 from harness.contract import jobstate
 from harness.data.datagen import make_dataset
 from harness.data.models import resolve_model
-from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared
-from harness.data.tokens import dataset_token_counts, load_tokenizer
+from harness.data.prepared import (
+    DATA_FILE,
+    META_FILE,
+    PREP_DIR,
+    TOKEN_CACHE_DIR,
+    ensure_prepared,
+    read_stamp,
+    write_stamp,
+)
+from harness.data.tokens import counts_file, dataset_token_counts, load_tokenizer
 from harness.data.trainerenv import build
 from harness.runner.cmdline import parse_args
 from harness.slurm.client import Slurm
@@ -152,9 +160,23 @@ def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> lis
             echo(f"data     not_visible {label}")
             continue
         t0 = time.monotonic()
+        root = work.data_dir / PREP_DIR
+        # Unchanged inputs since the last full check: ready, without loading the tokenizer or hashing anything.
+        ident = {"model": ti.model, "model_dir": str(model_dir), "dataset": ti.dataset_path,
+                 "max_seq_length": ti.max_seq_length, "text_field": ti.text_field,
+                 "response_template": ti.response_template}
+        inputs = [Path(ti.dataset_path), model_dir]
+        stamped, why = read_stamp(root, ident, inputs)
+        if stamped is not None:
+            dt = time.monotonic() - t0
+            detail = f"{stamped['rows']} rows, {stamped['tokens']:,} tokens; inputs unchanged since the last check"
+            items.append(Item("training_data", label, "ready", dt, detail,
+                              {**stamped, "token_counts_cache": "hit", "stamp": "hit"}))
+            echo(f"data     ready     {label}  ({detail}, {dt:.1f} s)")
+            continue
         tok = tokenizers.get(ti.model) or tokenizers.setdefault(ti.model, load_tokenizer(str(model_dir)))
         prep = ensure_prepared(tok, ti.dataset_path, text_field=ti.text_field, max_seq_length=ti.max_seq_length,
-                               response_template=ti.response_template, root=work.data_dir / PREP_DIR,
+                               response_template=ti.response_template, root=root,
                                token_cache=work.data_dir / TOKEN_CACHE_DIR, open_dataset=False)
         counts = dataset_token_counts(tok, ti.dataset_path, text_field=ti.text_field,
                                       max_seq_length=ti.max_seq_length, cache_dir=work.data_dir / TOKEN_CACHE_DIR,
@@ -164,19 +186,60 @@ def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> lis
         detail = (f"{prep.rows} rows, {prep.tokens:,} tokens (counts: cache {counts.cache})"
                   + (f"; {prep.reason}" if prep.status == "rebuilt" else "")
                   + (f"; {prep.tokens / prep.build_s / 1e6:.2f}M tokens/s" if prep.build_s else ""))
+        result = {"key": prep.key, "path": str(prep.path), "rows": prep.rows, "tokens": prep.tokens}
+        write_stamp(root, ident, inputs, [prep.path / DATA_FILE, prep.path / META_FILE,
+                                          counts_file(work.data_dir / TOKEN_CACHE_DIR, counts.key) or prep.path],
+                    result)
         items.append(Item("training_data", label, status, dt, detail,
-                          {"key": prep.key, "path": str(prep.path), "rows": prep.rows, "tokens": prep.tokens,
-                           "token_counts_cache": counts.cache}))
+                          {**result, "token_counts_cache": counts.cache, "stamp": why}))
         echo(f"data     {status:<9} {label}  ({detail}, {dt:.1f} s)")
     return items
 
 
+@dataclass
+class PrepareReport:
+    """What ``sbench prepare`` did: its items, and why there was nothing to do when there was not."""
+
+    items: list[Item]
+    nothing: str | None = None  # why nothing needed preparing (no valid training point)
+
+    @property
+    def unusable(self) -> list[Item]:
+        """Items a valid point needs that could not be made usable here."""
+        return [i for i in self.items if i.status == "not_visible"]
+
+    def problem(self) -> str | None:
+        """One sentence on what is not usable and why; None when everything is."""
+        bad = self.unusable
+        if not bad:
+            return None
+        models = sorted({i.name for i in bad if i.kind == "model"})
+        data = sum(1 for i in bad if i.kind == "training_data")
+        what = f"{data} training input(s) could not be tokenized here" if data else f"{len(bad)} item(s) are not usable"
+        return (f"{what}: the model {', '.join(models) or '(unknown)'} is not visible from this machine, so the jobs "
+                "would tokenize at start-up")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"items": [i.to_dict() for i in self.items], "nothing": self.nothing, "problem": self.problem()}
+
+
+def nothing_to_prepare(sweep: Any, points: list[Any]) -> str | None:
+    """Why a sweep's jobs read nothing to prepare, or None when they do."""
+    if sweep.runner.workload != "train":
+        return f"runner.workload is {sweep.runner.workload}, so its jobs read no model and no data"
+    if not any(p.valid for p in points):
+        return "the sweep has no valid point (sbench plan says why)"
+    return None
+
+
 def prepare_sweep(sweep_path: Path, inventory_path: Path | None = None, model_map: Path | None = None,
-                  echo: Callable[[str], None] = lambda s: None) -> list[Item]:
+                  echo: Callable[[str], None] = lambda s: None) -> PrepareReport:
     """Load, plan and prepare a sweep here (the login node, or inside the --on slurm job)."""
     inv = load_inventory(inventory_path)
     sweep = load_sweep(sweep_path, model_map)
-    return run_prepare(work_for(sweep, inv, plan_sweep(sweep, inv)), echo)
+    points = plan_sweep(sweep, inv)
+    nothing = nothing_to_prepare(sweep, points)
+    return PrepareReport(run_prepare(work_for(sweep, inv, points), echo) if nothing is None else [], nothing)
 
 
 # -- --on slurm ----------------------------------------------------------------------------------------------
