@@ -584,14 +584,14 @@ def test_plan_memory_predicts_a_catalogue_model_with_no_weights_here(tmp_path: P
     inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"a100": {
         "gpu_model": "NVIDIA-A100-SXM4-80GB", "gpus_per_node": 8, "cpus_per_node": 64, "memory_gb": 512,
         "hosts": {"g1": {"address": "10.0.0.1"}}}}})
-    local = tmp_path / "small-8b"
+    local = tmp_path / "small-1b"
     local.mkdir()
     (local / "config.json").write_text(json.dumps(dict(CONFIGS["llama"])))
     sw = write_sweep(tmp_path / "s.yaml", {
         "campaign": "m", "experiment": "finetune_full_benchmark-v1.0.0",
         "entity": {"model_max_length": 4096, "number_gpus": 1, "batch_size": 1},
-        "grid": {"model_name": ["llama3.1-8b", "mixtral-8x7b-instruct-v0.1", "allam-1-13b", "mine"]},
-        "model_map": {"mine": str(local)}})
+        "grid": {"model_name": ["llama3.1-8b", "mixtral-8x7b-instruct-v0.1", "allam-1-13b", "llama3.2-1b"]},
+        "model_map": {"llama3.2-1b": str(local)}})  # a catalogue name whose config.json is readable: it wins
     proc = subprocess.run([sys.executable, "-m", "harness", "plan", str(sw), "-i", str(inv), "--memory", "--json"],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
@@ -603,7 +603,7 @@ def test_plan_memory_predicts_a_catalogue_model_with_no_weights_here(tmp_path: P
     assert by["mixtral-8x7b-instruct-v0.1"]["predicted_oom"] is True  # 46.7B in bf16 on one 80 GB device
     assert by["allam-1-13b"]["memory"]["status"] == "unknown" and by["allam-1-13b"]["predicted_oom"] is None
     assert "ships no architecture facts" in by["allam-1-13b"]["memory"]["reason"]
-    mine = by["mine"]["memory"]
+    mine = by["llama3.2-1b"]["memory"]
     assert mine["config_source"] == f"{local}/config.json"
     assert mine["parameters"] == sum(parameter_groups(shape_of(CONFIGS["llama"])).values())
     text = subprocess.run([sys.executable, "-m", "harness", "plan", str(sw), "-i", str(inv), "--memory"],
