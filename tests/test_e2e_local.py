@@ -150,6 +150,8 @@ def test_a_bfloat16_point_on_cpu_records_float32_as_what_ran(lora_campaign, env,
         assert m["notes"][:len(notes)] == notes and set(notes) <= set(m["warnings"])
     status = run_cli(cli_module, env, "status", "--campaign", "e2e-lora").stdout
     assert "note (3 run(s)): torch_dtype bfloat16 -> float32: no CUDA device" in status
+    page = run_cli_report(env)
+    assert "<th>notes</th>" in page and "torch_dtype bfloat16 -&gt; float32: no CUDA device" in page
 
 
 def test_recollect_changes_no_row(lora_campaign, env, cli_module) -> None:
