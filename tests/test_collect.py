@@ -875,3 +875,25 @@ def test_rendered_only_job_dir_is_not_a_run(wd, tmp_path):
     synth.write_json(paths.submitted, {"executor": "slurm", "job_id": "4444", "submitted_at": "2025-11-22T00:00:00Z"})
     rep = collect(db, wd, slurm=Slurm(FakeSlurm({"4444": ("PENDING", "0:0", "None assigned")})))
     assert rows_of(db, "SELECT job_id, state, outcome FROM runs") == [("4444", "PENDING", None)]
+
+
+def test_what_ran_and_the_runners_notes_reach_measurements_and_warnings(wd, tmp_path):
+    """Each rank's ``ran``/``adjustments``/``notes`` (rank.<r>.json) become the run's what-ran columns and notes:
+    rank 0's effective dtype and attention, every rank's adjustments and notes once each, in rank order."""
+    run = write_attempt(wd, 53, entity_over={"torch_dtype": "bfloat16"})
+    adj = {"setting": "torch_dtype", "asked": "bfloat16", "used": "float32", "why": "no CUDA device"}
+    extra = {0: ["torch_dtype bfloat16 -> float32: no CUDA device",
+                 "3003 of 4096 entries have no response token within max_seq_length 256; their loss is masked"],
+             1: ["torch_dtype bfloat16 -> float32: no CUDA device", "FSDP on CPU: switched"]}
+    for r, notes in extra.items():
+        doc = json.loads(run["paths"].rank_result(r).read_text())
+        doc.update(ran={"torch_dtype": "float32", "bf16": False, "fp16": False, "attn_implementation": "sdpa"},
+                   adjustments=[adj], notes=notes)
+        synth.write_json(run["paths"].rank_result(r), doc)
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
+    m = one(db, "SELECT torch_dtype, effective_torch_dtype, attn_implementation, adjustments, notes FROM measurements")
+    union = list(dict.fromkeys(extra[0] + extra[1]))
+    assert (m["torch_dtype"], m["effective_torch_dtype"], m["attn_implementation"]) == ("bfloat16", "float32", "sdpa")
+    assert json.loads(m["adjustments"]) == [adj] and m["notes"] == union
+    assert one(db, "SELECT warnings FROM runs")["warnings"] == union

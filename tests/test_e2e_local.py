@@ -132,6 +132,28 @@ def test_measurements_agree_with_an_independent_recomputation(lora_campaign, env
         assert m["train_samples_per_second"] == pytest.approx(samples / runtime, rel=1e-3)
 
 
+def test_a_bfloat16_point_on_cpu_records_float32_as_what_ran(lora_campaign, env, cli_module) -> None:
+    """The LoRA points ask bfloat16 (the default) and this machine has no CUDA: measurements keep what was asked,
+    record what the loaded model ran with, and carry every rank's notes (runs.warnings, status too)."""
+    rows = sql(env["db"], "SELECT m.*, r.job_dir, r.warnings FROM measurements m JOIN runs r USING (run_id) "
+                          "WHERE r.campaign = 'e2e-lora'")
+    assert len(rows) == 3
+    for m in rows:
+        ranks = [json.loads(JobPaths(m["job_dir"]).rank_result(r).read_text()) for r in range(m["world_size"])]
+        assert [r["ran"]["torch_dtype"] for r in ranks] == ["float32"] * m["world_size"]
+        assert (m["torch_dtype"], m["effective_torch_dtype"], m["attn_implementation"]) == \
+            ("bfloat16", "float32", "sdpa")
+        assert {"setting": "torch_dtype", "asked": "bfloat16", "used": "float32", "why": "no CUDA device"} in \
+            json.loads(m["adjustments"])
+        notes = list(dict.fromkeys(n for r in ranks for n in r["notes"]))
+        assert "torch_dtype bfloat16 -> float32: no CUDA device" in notes
+        assert m["notes"][:len(notes)] == notes and set(notes) <= set(m["warnings"])
+    status = run_cli(cli_module, env, "status", "--campaign", "e2e-lora").stdout
+    assert "note (3 run(s)): torch_dtype bfloat16 -> float32: no CUDA device" in status
+    page = run_cli_report(env)
+    assert "<th>notes</th>" in page and "torch_dtype bfloat16 -&gt; float32: no CUDA device" in page
+
+
 def test_recollect_changes_no_row(lora_campaign, env, cli_module) -> None:
     before = table_contents(env["db"], TABLES)
     res = json.loads(run_cli(cli_module, env, "collect", "--json").stdout)

@@ -276,6 +276,22 @@ def test_fms_measurements_agree_with_an_independent_recomputation(runs, tiny_mod
 
 
 @pytest.mark.train
+def test_both_trainers_record_what_ran(runs) -> None:
+    """Every point asks bfloat16 (the default) and flash-attention, and this machine has no CUDA: both trainers
+    record the float32 weights and sdpa attention the loaded model ran with, beside what was asked."""
+    for m in _rows(runs):
+        r0 = json.loads(JobPaths(m["job_dir"]).rank_result(0).read_text())
+        assert r0["ran"]["torch_dtype"] == "float32", m["trainer"]
+        assert (m["torch_dtype"], m["effective_torch_dtype"], m["attn_implementation"]) == \
+            ("bfloat16", "float32", "sdpa"), m["trainer"]
+        adj = {a["setting"]: a for a in json.loads(m["adjustments"])}
+        assert adj["torch_dtype"] == {"setting": "torch_dtype", "asked": "bfloat16", "used": "float32",
+                                      "why": "no CUDA device"}, m["trainer"]
+        assert adj["attn_implementation"]["asked"] == "flash_attention_2"
+        assert "torch_dtype bfloat16 -> float32: no CUDA device" in m["notes"]
+
+
+@pytest.mark.train
 def test_both_trainers_count_the_same_dataset_tokens(runs) -> None:
     """One process, one epoch: both trainers consume every entry once, and count exactly the same tokens."""
     rows = _rows(runs, "m.number_gpus = 1")

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
 from harness.spec.catalog import EXPERIMENTS, LORA_TARGET_MODULES, builtin_model_map
+
+from .conftest import SMALL_DATASET, write_sweep
 
 
 def seed_rules_oracle(e: dict, num_local_experts: int | None) -> set[int]:
@@ -181,3 +185,61 @@ def test_every_seed_model_is_mapped_and_overridable(cli, tmp_path: Path) -> None
     sweep.write_text(yaml.safe_dump(doc))
     p = json.loads(cli("plan", sweep, "--model-map", override, "--json").stdout)[0]
     assert p["model_source"] == "my-org/smol"
+
+
+def _masked_by_recount(model: Path, dataset: Path, max_len: int) -> int:
+    """Entries none of whose first *max_len* tokens starts at or after the response template: counted with the
+    model's own tokenizer and its character offsets, independently of sbench's prepared data."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    template = "\n### Response:"
+    masked = 0
+    for line in dataset.open():
+        text = json.loads(line)["output"]
+        start = text.index(template) + len(template)
+        offsets = tok(text, truncation=True, max_length=max_len, return_offsets_mapping=True)["offset_mapping"]
+        masked += not any(s >= start and e > s for s, e in offsets)
+    return masked
+
+
+def test_plan_warns_once_per_setting_the_trainer_will_change(cli, tmp_path, tiny_model, small_data_dir) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(small_data_dir / f"{SMALL_DATASET}.jsonl", data)
+    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {
+        "cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 4, "memory_gb": 16,
+                "hosts": {"c1": {"address": "127.0.0.1"}}},
+        "gpu": {"gpu_model": "NVIDIA-A100-SXM4-80GB", "gpus_per_node": 8, "cpus_per_node": 64, "memory_gb": 512,
+                "hosts": {"g1": {"address": "10.0.0.1"}}}}})
+    doc = {"campaign": "w", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
+           "entity": {"model_name": "tiny", "model_max_length": 256, "dataset_id": SMALL_DATASET, "batch_size": 4},
+           "grid": {"number_gpus": [1, 2], "torch_dtype": ["bfloat16", "float32"]},
+           "model_map": {"tiny": str(tiny_model)}, "data_dir": str(data)}
+    sweep = write_sweep(tmp_path / "s.yaml", doc)
+
+    def warnings(partition: str = "cpu") -> list[str]:
+        res = cli("plan", write_sweep(sweep, {**doc, "partition": partition}), "-i", inv)
+        assert res.exit_code == 0, res.output
+        return [line for line in res.stderr.splitlines() if line.startswith("warning:")]
+
+    # A CPU partition: bfloat16 loads float32 (2 of the 4 points ask it), flash-attention runs as sdpa (all 4).
+    # Nothing about masked entries: the training data is not prepared yet, and plan does not guess.
+    cpu = warnings()
+    assert len(cpu) == 2, cpu
+    assert "torch_dtype bfloat16 load float32 weights" in cpu[0] and cpu[0].endswith("(2 run(s))")
+    assert "flash-attention runs as sdpa attention" in cpu[1] and cpu[1].endswith("(4 run(s))")
+    points = json.loads(cli("plan", sweep, "-i", inv, "--json").stdout)
+    assert sorted(len(p["warnings"]) for p in points) == [1, 1, 2, 2]
+    # A GPU partition whose jobs run in this python: without flash_attn, sdpa (once, for the 4 points).
+    if importlib.util.find_spec("flash_attn") is None:
+        (gpu,) = warnings("gpu")
+        assert "no flash_attn package" in gpu and gpu.endswith("(4 run(s))")
+    # Once the training data is prepared, plan counts the entries whose response lies beyond 256 tokens.
+    res = cli("prepare", write_sweep(sweep, doc), "-i", inv)
+    assert res.exit_code == 0, res.output
+    masked = _masked_by_recount(tiny_model, data / f"{SMALL_DATASET}.jsonl", 256)
+    assert 0 < masked < 64  # the length is chosen so that some responses fall beyond it, not all
+    (line,) = [w for w in warnings() if "response token" in w]
+    assert line.startswith(f"warning: {masked} of 64 entries of {SMALL_DATASET} have no response token within "
+                           "max_seq_length 256") and line.endswith("(4 run(s))")

@@ -78,6 +78,9 @@ class JobSpec:
     peak_source: str = "unknown"  # inventory | gpu_peaks.yaml | unknown
     memory_prediction: dict[str, Any] | None = None  # harness.memory's per-device prediction, for collect
     trainer: str = "sbench"  # sbench | fms-hf-tuning (the entity's trainer)
+    # What the reference command line asks (Experiment.asked_settings), before a partition or an environment
+    # changed it: the runner records what it used beside it.
+    asked: dict[str, Any] = field(default_factory=dict)
     trainer_python: str | None = None  # the training processes' interpreter when it is not ``python``
     trainer_path: str | None = None  # PYTHONPATH holding only sbench's package, for that interpreter
     trainer_env: dict[str, Any] | None = None  # the trainer environment as render saw it (harness.trainerenv)
@@ -386,5 +389,5 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         host_addresses={h.name: h.address for h in part.hosts.values() if h.address},
         trials=exp.trials, runner=sweep.runner.to_dict(), adjustments=adjustments, notes=list(point.notes),
         workload=sweep.runner.workload, trainer=trainer, trainer_python=tpython, trainer_path=tpath,
-        trainer_env=tinfo, node_share=share.to_dict(),
+        trainer_env=tinfo, node_share=share.to_dict(), asked=exp.asked_settings(e),
     )

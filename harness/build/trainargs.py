@@ -35,14 +35,14 @@ def train_argv(exp: Experiment, e: dict[str, Any], model_source: str, dataset_pa
                per_device_bs: int, target_modules: tuple[str, ...]) -> list[str]:
     """The reference command line, argument for argument, plus sbench's own measurement flags."""
     hc = exp.hardcoded
-    dtype = hc.get("torch_dtype", e.get("torch_dtype", "bfloat16"))
+    asked = exp.asked_settings(e)
     max_steps = hc.get("max_steps", e.get("max_steps", -1))
     reentrant = str(hc.get("gradient_checkpointing_use_reentrant",
                            e.get("gradient_checkpointing_use_reentrant", False))).lower()
     argv = [
         "--model_name_or_path", model_source,
-        "--torch_dtype", str(dtype),
-        "--use_flash_attn", _bool(hc["use_flash_attn"]),
+        "--torch_dtype", asked["torch_dtype"],
+        "--use_flash_attn", _bool(asked["attn_implementation"] == "flash_attention_2"),
         "--training_data_path", dataset_path,
         "--response_template", RESPONSE_TEMPLATE_ARG,
         "--dataset_text_field", e.get("dataset_text_field") or TEXT_FIELD,
@@ -79,7 +79,7 @@ def train_argv(exp: Experiment, e: dict[str, Any], model_source: str, dataset_pa
     argv += [
         "--optim", str(hc.get("optim", e.get("optim", "adamw_torch"))),
         *(["--optim_args", str(e["optim_args"])] if e.get("optim_args") else []),
-        "--bf16", _bool(hc.get("bf16", e.get("bf16", False))),
+        "--bf16", _bool(asked["bf16"]),
         "--gradient_checkpointing_kwargs",
         f'{{"use_reentrant": {reentrant}}}',
         "--fast_moe", str(e.get("fast_moe", 0)),

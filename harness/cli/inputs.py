@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from harness.build.render import render_points
+from harness.data.prepared import masked_warnings
 from harness.sbatch.fit import ClusterFit, cluster_fit
 from harness.slurm.client import Slurm
 from harness.spec.catalog import EXPERIMENTS, get_experiment
@@ -169,6 +170,7 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
     Example: sbench plan sweeps/demo-cpu.yaml --memory --json
     """
     inv, sw, points = _plan(sweep, inventory, model_map, memory)
+    masked_warnings(sw, inv, points)
     shares = {p.point_id: _share(inv, sw, p) for p in points}
     if as_json:
         echo_json([{**p.to_dict(), "node_share": shares[p.point_id].to_dict()} for p in points])
@@ -209,6 +211,12 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
         click.echo(f"note: {n}")
     for w in inv.warnings_for({p.partition for p in points} or {inv.partition(sw.partition).name}):
         click.echo(f"warning: {w}", err=True)
+    changes: dict[str, int] = {}
+    for p in points:
+        for w in p.warnings:
+            changes[w] = changes.get(w, 0) + 1
+    for w, runs in changes.items():  # once per cause, however many points share it
+        click.echo(f"warning: {w} ({runs} run(s))", err=True)
 
 
 @main.command()

@@ -153,13 +153,26 @@ def status(workdir: Path | None, db: Path | None, campaign: str | None, as_json:
              "attempt": r.get("last_attempt"), "job_id": r.get("job_id"), "phase": r.get("phase"),
              "state": r.get("live_state") or r.get("state"), "outcome": r.get("outcome"),
              "startup_s": _num(r.get("startup_s")), "outside_train": _pct(r.get("outside_train_fraction")),
+             "notes": len(r.get("warnings") or []) or "",
              "reason": _short(_overhead_reason(r) or r.get("reason") or "; ".join(r.get("point_reasons") or []))}
             for r in rep.rows]
     if rows:
         click.echo(table(rows, list(rows[0])))
     click.echo("\n" + ", ".join(f"{v} {k}" for k, v in sorted(rep.counts.items())) if rep.counts else "nothing yet")
+    notes: dict[str, int] = {}
+    for r in rep.rows:
+        for w in r.get("warnings") or []:
+            notes[w] = notes.get(w, 0) + 1
+    for w, n in list(notes.items())[:STATUS_NOTES]:  # each once, with how many runs it concerns
+        click.echo(f"note ({n} run(s)): {w}")
+    if len(notes) > STATUS_NOTES:
+        click.echo(f"... and {len(notes) - STATUS_NOTES} more: sbench query \"select run_id, warnings from runs where "
+                   "warnings is not null\"")
     if rep.note:
         click.echo(f"note: {rep.note}", err=True)
+
+
+STATUS_NOTES = 10  # distinct run notes status prints at most
 
 
 def _num(v: Any) -> str:

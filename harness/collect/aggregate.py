@@ -208,6 +208,27 @@ def exact_properties(rank0: Mapping[str, Any] | None) -> dict[str, float | None]
             "cpu_compute_utilization_rank0": _f(m.get("cpu_util_pct"))}
 
 
+def ran_properties(ranks: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """What the run ran with, from its ranks' files (``rank.<r>.json``): the effective dtype and attention
+    implementation (rank 0's, else the first rank's that says), and every rank's adjustments and notes, once
+    each, in rank order."""
+    docs = [d for _, d in sorted(ranks.items()) if isinstance(d, Mapping)]
+    ran: Mapping[str, Any] = next((d["ran"] for d in docs if isinstance(d.get("ran"), Mapping)), {})
+    adjustments: list[Any] = []
+    notes: list[str] = []
+    for d in docs:
+        adj, said = d.get("adjustments"), d.get("notes")
+        for a in adj if isinstance(adj, list) else []:
+            if isinstance(a, Mapping) and a not in adjustments:
+                adjustments.append(a)
+        for n in said if isinstance(said, list) else []:
+            if str(n) not in notes:
+                notes.append(str(n))
+    text = {k: str(ran[k]) if ran.get(k) is not None else None for k in ("torch_dtype", "attn_implementation")}
+    return {"effective_torch_dtype": text["torch_dtype"], "attn_implementation": text["attn_implementation"],
+            "adjustments": adjustments, "notes": notes}
+
+
 def stability_properties(trial_outcomes: Sequence[str | None], expected: int | None = None) -> dict[str, float | None]:
     """Fractions of trials that ran out of GPU memory (``invalid``), failed otherwise, or completed."""
     n = max(len(trial_outcomes), int(expected or 0))

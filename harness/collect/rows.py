@@ -51,6 +51,7 @@ class RunData:
     peak: float | None = None  # one device's peak TFLOP/s from spec.json (MFU's denominator)
     gpu_partition: bool | None = None  # from spec.json's cpu_partition; None when unknown
     memory_prediction: dict[str, Any] | None = None  # spec.json's (harness.memory)
+    ran: dict[str, Any] = field(default_factory=dict)  # measurements' what-ran columns (aggregate.ran_properties)
 
     def warn(self, text: str) -> None:
         """A problem found after the verdict: a warning of an ok run, part of the reason otherwise."""
@@ -293,6 +294,8 @@ def build(f: JobFiles, v: Verdict) -> RunData:
     rid = f.attempt.run_id
     stages = stage_rows(f, rid)
     run = run_row(f, v, stages)
+    ran = aggregate.ran_properties(f.ranks)  # the runner's notes (adjustments among them) are the run's warnings
+    run["warnings"] = list(dict.fromkeys([*(run["warnings"] or []), *ran["notes"]])) or None
     run["transport"], run["transport_by_host"] = summarize_transports(
         {h: f.transports.get(h) for h in sorted(f.hosts_all)})
     world = (count((f.rank0 or {}).get("world_size")) or count(f.jobspec.get("num_processes"))
@@ -305,7 +308,8 @@ def build(f: JobFiles, v: Verdict) -> RunData:
                 window=aggregate.measured_window(f.rank0, f.entity.get("auto_stop_method")), over=v.over,
                 workload=str(f.jobspec.get("workload") or "train"), peak=_f(f.jobspec.get("peak_tflops")),
                 gpu_partition=None if not isinstance(f.jobspec.get("cpu_partition"), bool)
-                else not f.jobspec["cpu_partition"])
+                else not f.jobspec["cpu_partition"],
+                ran={**ran, "adjustments": to_json(ran["adjustments"] or None), "notes": ran["notes"] or None})
     if f.paths is not None:
         d.sample_files = [(h, f.paths.samples(h)) for h in f.sample_hosts]
         d.samples_written = {h: count(r.get("samples"), 0) for h, r in f.results.items()}
@@ -344,6 +348,7 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     row.update(entity_values(d.entity))
     row["transport"] = run["transport"]
     row["world_size"] = d.world_size
+    row.update(d.ran)  # what ran beside what was asked (torch_dtype is the point's), and the runner's notes
     if run["outcome"] == "invalid":
         # An invalid run (GPU OOM / illegal memory access) is a measurement of the point: is_valid=false
         # with every property NULL (nothing it measured before running out of memory is comparable).
@@ -362,7 +367,7 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     row.update(run_flops(d.rank0, d.peak))
     row.update(aggregate.exact_properties(d.rank0))
     row.update(memory_properties(d))
-    notes = []
+    notes = list(d.ran.get("notes") or [])
     if not d.sample_files and (d.gpu_partition or (d.gpu_partition is None and
                                                    (_f(d.entity.get("number_gpus")) or 0) > 0)):
         # No sampler output at all is not "no GPU": leave the GPU properties unknown rather than 0.0.

@@ -36,7 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract.errors import InputError, SbenchError
+from harness.contract.formats import RESPONSE_TEMPLATE_ARG, TEXT_FIELD
+from harness.contract.paths import dataset_filename
+from harness.spec.catalog import is_local_source
+from harness.spec.sweep import data_dir_for
 
+from .datagen import read_meta
 from .files import file_sha256, fsync, locked
 from .tokens import (
     COUNT_VERSION,
@@ -127,6 +132,26 @@ def open_entry(path: Path) -> Any:
     return Dataset(table)
 
 
+def lengths_and_empty(column: Any) -> tuple[list[int], int]:
+    """Per-entry token counts, and how many entries have no completion token (a response that falls beyond
+    the max length, or none): their loss is all masked. From a ``completion_mask`` column (Arrow: chunked, or
+    one list array), without a Python list per entry."""
+    import numpy as np  # heavy: only where arrays are built
+
+    lengths: list[int] = []
+    empty = 0
+    for chunk in getattr(column, "chunks", [column]):
+        rel = chunk.offsets.to_numpy()
+        rel = rel - rel[0]
+        n = np.diff(rel)
+        lengths.extend(n.tolist())
+        flat = chunk.flatten().to_numpy(zero_copy_only=False)
+        starts = rel[:-1][n > 0]
+        has = np.maximum.reduceat(flat, starts) > 0 if len(starts) else np.zeros(0, dtype=bool)
+        empty += int((n == 0).sum()) + int((~has).sum())
+    return lengths, empty
+
+
 def _set_read_only(path: Path) -> None:
     for f in path.iterdir():
         f.chmod(0o444)
@@ -167,14 +192,17 @@ def _build(path: Path, key: str, key_doc: dict[str, Any], tok: Any, tokenizer: A
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     lengths: list[int] = []
+    empty = 0
     try:
         data = tmp / DATA_FILE
         with pa.OSFile(str(data), "wb") as sink, pa.ipc.new_stream(sink, encoded_schema()) as writer:
             for batch in encoded_batches(tok, dataset_path, text_field=text_field, max_length=max_length,
                                          template=template, lengths=lengths):
                 writer.write_batch(batch)
+                empty += lengths_and_empty(batch.column(1))[1]
         fsync(data)
         meta = {"key": key, **key_doc, "rows": len(lengths), "tokens": sum(lengths),
+                "entries_without_completion": empty,
                 "size_bytes": data.stat().st_size, "sha256": file_sha256(data), "dataset": str(dataset_path),
                 "tokenizer_source": tokenizer_name(tokenizer, tok), "built_on": socket.gethostname(),
                 "build_s": round(time.monotonic() - t0, 3), "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -354,3 +382,83 @@ def write_stamp(root: str | os.PathLike[str], ident: dict[str, Any], inputs: lis
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+# -- what plan can tell before a job runs ----------------------------------------------------------------------
+def _tokenizer_sources(source: str) -> tuple[set[str], str | None]:
+    """How a prepared entry names the tokenizer of model *source* (``tokenizer_source`` in its meta.json):
+    the source as the jobs pass it, its local path, and for an HF id the shared cache's snapshot directories."""
+    if is_local_source(source):
+        p = Path(source).expanduser()
+        return {source, str(p), str(p.resolve())}, None
+    return {source}, f"/models--{source.replace('/', '--')}/snapshots/"
+
+
+def masked_entries(data_dir: Path, dataset_path: Path, source: str, max_length: int, text_field: str,
+                   template: str) -> tuple[int, int, Path] | None:
+    """``(entries without a response token, entries, entry dir)`` of the prepared data of this dataset, model,
+    max length, text field and (decoded) response template, when it is on this machine; None when it is not,
+    or when the entries found disagree (the dataset changed since, or the model's tokenizer): never a guess."""
+    sidecar = read_meta(dataset_path)
+    try:
+        size = dataset_path.stat().st_size
+    except OSError:
+        return None
+    if isinstance(sidecar, dict) and sidecar.get("size_bytes") == size and sidecar.get("sha256"):
+        sha = sidecar["sha256"]  # the generator's word for this very file
+    else:
+        sha = file_sha256(dataset_path)
+    names, snapshots = _tokenizer_sources(source)
+    found: set[tuple[int, int, Path]] = set()
+    for meta_file in (data_dir / PREP_DIR / "encoded").glob(f"*/{META_FILE}"):
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, ValueError):
+            continue
+        tok = str(meta.get("tokenizer_source") if isinstance(meta, dict) else "")
+        if not (isinstance(meta, dict) and meta.get("dataset_sha256") == sha
+                and meta.get("max_length") == max_length and meta.get("text_field") == text_field
+                and meta.get("response_template") == template and meta.get("v") == PREP_VERSION
+                and (tok in names or (snapshots is not None and snapshots in tok))):
+            continue
+        entry = meta_file.parent
+        if check_entry(entry, str(meta.get("key")), verify=False) is not None:
+            continue
+        empty = meta.get("entries_without_completion")
+        if not isinstance(empty, int):  # prepared before meta.json counted them: count from the data
+            import pyarrow as pa  # heavy: only where Arrow or Parquet data is read or written
+
+            with pa.memory_map(str(entry / DATA_FILE)) as src:
+                empty = lengths_and_empty(pa.ipc.open_stream(src).read_all().column("completion_mask"))[1]
+        found.add((empty, int(meta.get("rows") or 0), entry))
+    counts = {(e, r) for e, r, _ in found}
+    if len(counts) != 1:
+        return None
+    return min(found, key=lambda f: str(f[2]))
+
+
+def masked_warnings(sweep: Any, inv: Any, points: list[Any]) -> None:
+    """Add to each valid point of the sbench trainer a warning when its prepared training data (on this
+    machine) has entries whose response lies beyond its max length: the trainer masks their whole loss. One
+    text per dataset, model and length, so plan says it once."""
+    if sweep.runner.workload != "train":
+        return
+    data_dir = data_dir_for(sweep, inv)
+    template = checked_template(RESPONSE_TEMPLATE_ARG)
+    seen: dict[tuple[str, str, int, str], str | None] = {}
+    for p in points:
+        e = p.entity
+        if not p.valid or str(e.get("trainer") or "sbench") != "sbench" or not p.model_source:
+            continue
+        dataset_id = str(e.get("dataset_id") or "news-tokens-16384plus-entries-4096")
+        field_ = str(e.get("dataset_text_field") or TEXT_FIELD)
+        key = (dataset_id, p.model_source, int(e["model_max_length"]), field_)
+        if key not in seen:
+            found = masked_entries(data_dir, data_dir / dataset_filename(dataset_id), p.model_source, key[2],
+                                   field_, template)
+            seen[key] = None if not found or not found[0] else (
+                f"{found[0]} of {found[1]} entries of {dataset_id} have no response token within max_seq_length "
+                f"{key[2]} ({e['model_name']}'s tokenizer): the trainer masks their whole loss (counted in the "
+                f"prepared data {found[2]})")
+        if seen[key]:
+            p.warnings.append(seen[key])

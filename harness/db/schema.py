@@ -25,8 +25,9 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # 5: FLOPs and MFU columns in measurements; 6: references and checks, exact train tokens and rank-0 CPU columns,
 # ranks.cpu_util_pct; 7: DeepSpeed ZeRO and QLoRA entity columns; 8: trainer (entity column) and the trainer
 # environment's packages; 9: shared hosts (runs.overlapped_with, run_hosts.held_*_wall,
-# measurements.shared_host and overlapped_with)
-SCHEMA_VERSION = 9
+# measurements.shared_host and overlapped_with); 10: what ran in measurements (effective_torch_dtype,
+# attn_implementation, adjustments)
+SCHEMA_VERSION = 10
 
 
 KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
@@ -131,6 +132,8 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("trials_run", "INTEGER"), ("window_start_wall", "DOUBLE"), ("window_end_wall", "DOUBLE"),
         ("window_s", "DOUBLE"), ("gpu_devices", "INTEGER"), ("gpu_samples", "BIGINT"), ("proc_samples", "BIGINT"),
         ("world_size", "INTEGER"), ("transport", "VARCHAR"), ("notes", "VARCHAR[]"),
+        # what ran (the runner's rank files): torch_dtype (an entity column) is what the point asked
+        ("effective_torch_dtype", "VARCHAR"), ("attn_implementation", "VARCHAR"), ("adjustments", "JSON"),
         *[(p, "DOUBLE") for p in DERIVED_PROPERTIES],
         # memory: measured (rank 0's tensors after its last recorded optimizer step; the device peak over
         # ranks, CUDA only) beside harness.memory's prediction from spec.json

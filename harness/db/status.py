@@ -92,7 +92,7 @@ def status_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any
             WHERE _rn = 1)
         SELECT ps.campaign, ps.point_id, ps.repeat, ps.valid, p.reasons AS point_reasons, p.model_name,
                ps.attempts, ps.ok, ps.invalid, ps.failed, ps.pending,
-               l.attempt AS last_attempt, l.job_id, l.state, l.outcome, l.reason, l.submitted_at,
+               l.attempt AS last_attempt, l.job_id, l.state, l.outcome, l.reason, l.warnings, l.submitted_at,
                l.started_at, l.ended_at, l.job_dir, o.startup_s, o.outside_train_s, o.outside_train_fraction,
                o.prepared_in_job
         FROM point_status ps LEFT JOIN points p USING (point_id)

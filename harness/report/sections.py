@@ -187,6 +187,7 @@ TABLE_COLUMNS = (  # (header, key, format)
     ("train tok/s", "train_tokens_per_second", fmt), ("GPU util avg %", "gpu_compute_utilization_avg", fmt),
     ("GPU mem peak %", "gpu_memory_utilization_peak", fmt), ("CPU %", "cpu_compute_utilization", fmt),
     ("CPU mem %", "cpu_memory_utilization", fmt), ("runtime s", "train_runtime", fmt),
+    ("notes", "notes", lambda v: "; ".join(v)),  # what ran otherwise than asked, and the run's other notes
     ("# meas.", "n", str), ("latest run", "run_id", str),
 )
 

@@ -1,11 +1,16 @@
 """What a rank ran on, as its ``rank.<rank>.json`` records it (both trainers): its device, the process group's
-backend, and how the Trainer wrapped the model (proof that DDP or FSDP ran, not just that it was asked for).
+backend, how the Trainer wrapped the model (proof that DDP or FSDP ran, not just that it was asked for), and
+the settings it ran with beside the ones the point asked for (:func:`what_ran`).
 torch is imported inside each function, as the trainers import it only after their launch stage opened."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from collections.abc import Mapping
 from typing import Any
+
+from harness.spec.catalog import dtype_name
 
 
 def device_info(local_rank: int) -> Any:
@@ -50,3 +55,46 @@ def wrapping(trainer: Any) -> dict[str, Any]:
             "model_class": type(trainer.model).__name__,
             "sharded_parameters": sum(1 for p in params if isinstance(p, sharded)),
             "parameters_tensors": len(params)}
+
+
+def loaded_dtype(model: Any) -> str | None:
+    """The dtype the model's weights are in: the one most floating-point parameter elements have (a LoRA
+    adapter in float32 beside bfloat16 weights does not change it); None for a model without any."""
+    elements: dict[str, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point():
+            name = dtype_name(p.dtype)
+            elements[name] = elements.get(name, 0) + int(getattr(p, "ds_numel", 0) or p.numel())  # ZeRO-3 partitions
+    return max(elements, key=lambda k: elements[k]) if elements else None
+
+
+def attention_of(model: Any) -> str | None:
+    """The attention implementation the loaded model's config holds (``sdpa``, ``flash_attention_2``, ...)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    value = getattr(getattr(base, "config", None), "_attn_implementation", None)
+    return str(value) if value else None
+
+
+def _why(setting: str, asked: Any, cuda: bool) -> str:
+    if not cuda:
+        return "no CUDA device"  # the trainer loads float32 weights without mixed precision or flash-attention
+    if setting == "attn_implementation" and asked == "flash_attention_2" and \
+            importlib.util.find_spec("flash_attn") is None:
+        return "the flash_attn package is not installed in the trainer's python"
+    return "the trainer chose it"
+
+
+def what_ran(asked: Mapping[str, Any], model: Any, bf16: Any, fp16: Any, cuda: bool) -> tuple[dict[str, Any],
+                                                                                            list[dict[str, Any]]]:
+    """``(ran, adjustments)``: the settings this rank ran with, read off the loaded model and the Trainer's
+    arguments (``torch_dtype``, ``bf16``, ``fp16``, ``attn_implementation``), and one ``{"setting", "asked",
+    "used", "why"}`` for each that differs from what the point *asked* (the reference command line)."""
+    ran = {"torch_dtype": loaded_dtype(model), "bf16": bool(bf16), "fp16": bool(fp16),
+           "attn_implementation": attention_of(model)}
+    adjustments = []
+    for k, used in ran.items():
+        want = asked.get(k)
+        if want is None or used is None or (dtype_name(want) if k == "torch_dtype" else want) == used:
+            continue
+        adjustments.append({"setting": k, "asked": want, "used": used, "why": _why(k, want, cuda)})
+    return ran, adjustments

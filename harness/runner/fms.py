@@ -37,7 +37,7 @@ from harness.spec.flops import model_counts
 
 from . import rank
 from . import train as base
-from .devices import backend_name, device_info, wrapping
+from .devices import backend_name, device_info, what_ran, wrapping
 from .measure import Meter, StopPolicy, make_callback, measurements, run_totals
 from .memsnap import MemoryRecorder
 from .rank import Context, launch_end, write_json
@@ -144,7 +144,7 @@ class EntryCounts:
 
 
 def _callback(ctx: Context, meter: Meter, counts: EntryCounts, stages: dict[str, Any], policy: StopPolicy,
-              timeline: dict[str, Any], memory: MemoryRecorder, requested: str | None) -> Any:
+              timeline: dict[str, Any], memory: MemoryRecorder, requested: str | None, cuda: bool) -> Any:
     inner = make_callback(ctx, meter, policy, timeline, memory)
 
     class FmsCallback(type(inner)):  # type: ignore[misc]
@@ -168,6 +168,8 @@ def _callback(ctx: Context, meter: Meter, counts: EntryCounts, stages: dict[str,
 
                 real.collate_fn = counting
             stages["model"] = kw.get("model")
+            if stages["model"] is not None:  # what the release loaded and runs, beside what the point asked
+                ctx.record_ran(*what_ran(ctx.asked, stages["model"], args.bf16, args.fp16, cuda))
             from accelerate.state import AcceleratorState  # heavy: only where a model is trained
 
             dtype = str(AcceleratorState().distributed_type).split(".")[-1]
@@ -262,7 +264,7 @@ def run(args: Any, ctx: Context) -> dict[str, Any]:
 
         st.process_dataargs = process_dataargs
     train = st.train
-    callback = _callback(ctx, meter, counts, stages, policy, timeline, memory, args.distributed_backend)
+    callback = _callback(ctx, meter, counts, stages, policy, timeline, memory, args.distributed_backend, cuda)
 
     def train_with_sbench(*a: Any, **kw: Any) -> Any:
         kw["additional_callbacks"] = [*(kw.get("additional_callbacks") or []), callback]

@@ -114,7 +114,7 @@ def trial_port(base: int, trial: int) -> int:
 # What result.<host>.json's "training" block keeps of rank 0's rank.0.json.
 TRAINING_KEYS = ("global_step", "train_start_wall", "train_end_wall", "warmup_end_wall", "stopped_by", "window",
                  "metrics", "totals", "hf_metrics", "dataset_token_counts", "world_size", "distributed", "notes",
-                 "status")
+                 "ran", "adjustments", "status")
 
 
 class NodeRunner:

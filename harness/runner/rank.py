@@ -53,6 +53,7 @@ class Context:
     doc: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     launch: dict[str, float] = field(default_factory=dict)  # the open launch stage's clock readings
+    asked: dict[str, Any] = field(default_factory=dict)  # spec.json's "asked": what the point asks of the trainer
 
     @classmethod
     def from_env(cls, args: argparse.Namespace) -> Context:
@@ -63,11 +64,16 @@ class Context:
         paths = JobPaths(args.job_dir) if args.job_dir else None
         runner = RunnerSettings()
         data_dir = Path(args.training_data_path).resolve().parent
+        # Without a rendered spec.json (the trainer run by hand), what its own command line asks.
+        asked = {"torch_dtype": args.torch_dtype, "bf16": bool(args.bf16), "fp16": bool(args.fp16),
+                 "attn_implementation": "flash_attention_2" if args.use_flash_attn else "sdpa"}
         if paths is not None and paths.spec.is_file():
             js = json.loads(paths.spec.read_text()).get("jobspec", {})
             runner = RunnerSettings.from_dict(js.get("runner"))
             if js.get("data_dir"):
                 data_dir = Path(js["data_dir"])
+            if isinstance(js.get("asked"), dict) and js["asked"]:
+                asked = js["asked"]
         if paths is not None:
             paths.root.mkdir(parents=True, exist_ok=True)
         # SBENCH_STAGE_LOG=0 turns stage events off (bench/overhead.py measures what they cost).
@@ -76,11 +82,18 @@ class Context:
                        enabled=paths is not None and envvars.STAGE_LOG.get() != "0")
         return cls(rank=rank, local_rank=int(env.get("LOCAL_RANK", "0")), world_size=int(env.get("WORLD_SIZE", "1")),
                    host=host, trial=int(trial_s) if trial_s else None, paths=paths, runner=runner,
-                   data_dir=data_dir, log=log, faults=faults_from_env())
+                   data_dir=data_dir, log=log, faults=faults_from_env(), asked=asked)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
         print(f"sbench[rank {self.rank}]: {text}", file=sys.stderr, flush=True)
+
+    def record_ran(self, ran: dict[str, Any], adjustments: list[dict[str, Any]]) -> None:
+        """What this rank ran with (``ran``) and each setting that differs from what was asked (``adjustments``,
+        each also a note)."""
+        self.doc["ran"], self.doc["adjustments"] = ran, adjustments
+        for a in adjustments:
+            self.note(f"{a['setting']} {a['asked']} -> {a['used']}: {a['why']}")
 
     def fault_at_stage(self, stage: str) -> None:
         for f in self.faults:

@@ -15,8 +15,9 @@ Per rank it writes, in the job directory (``--job_dir``):
   illegal memory access) or ``failed`` (see :mod:`harness.runner.classify`).
 
 On a machine without CUDA, bf16/fp16 and flash-attention are turned off and weights load as
-float32, each with a note in ``rank.<rank>.json``; GPTQ-LoRA needs CUDA and fails with a
-clear reason.
+float32; without the flash_attn package attention is sdpa. ``rank.<rank>.json`` records what ran (``ran``:
+read off the loaded model and the Trainer) and each setting that differs from what the point asked
+(``adjustments``, each also a note); GPTQ-LoRA needs CUDA and fails with a clear reason.
 
 Measurements (``metrics``; all over the *measured window*: from the start of training, or under
 auto-stop from the end of warm-up, to the end of the last optimiser step): dataset tokens are
@@ -47,17 +48,18 @@ and what ran (:mod:`~harness.runner.devices`).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import time
 from typing import Any
 
 from harness.contract.formats import Stage
-from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared
+from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared, lengths_and_empty
 from harness.data.tokens import dataset_token_counts, encode_for_training
 from harness.spec.flops import model_counts
 
 from . import rank
-from .devices import backend_name, device_info, wrapping
+from .devices import backend_name, device_info, what_ran, wrapping
 from .measure import CountingCollator, Meter, StopPolicy, make_callback, measurements, run_totals
 from .memsnap import MemoryRecorder
 from .rank import Context, launch_end, write_json
@@ -105,23 +107,11 @@ def resolve_settings(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
                                 "model and processor; the sbench trainer trains text-only datasets (JSONL)")
     if args.packing:
         raise TrainerSetupError("--packing True is not supported: the reference experiments run with packing False")
+    # Each change shows in rank.<rank>.json's adjustments once the model is loaded (what_ran).
     if not cuda:
-        if args.bf16:
-            ctx.note("bf16 turned off: no CUDA")
-        if args.fp16:
-            ctx.note("fp16 turned off: no CUDA")
-        if args.torch_dtype not in ("float32", "float"):
-            ctx.note(f"torch_dtype {args.torch_dtype} -> float32: no CUDA")
-        if args.use_flash_attn:
-            ctx.note("flash-attention turned off: no CUDA")
         s.update(torch_dtype="float32", bf16=False, fp16=False)
-    elif args.use_flash_attn:
-        try:
-            import flash_attn  # noqa: F401
-
-            s["attn_implementation"] = "flash_attention_2"
-        except ImportError:
-            ctx.note("flash-attention requested but the flash_attn package is not installed; using sdpa")
+    elif args.use_flash_attn and importlib.util.find_spec("flash_attn") is not None:
+        s["attn_implementation"] = "flash_attention_2"
     dtype = getattr(torch, s["torch_dtype"], None)
     if not isinstance(dtype, torch.dtype):
         raise TrainerSetupError(f"--torch_dtype {args.torch_dtype!r} is not a torch dtype")
@@ -187,24 +177,6 @@ def _peft_config(args: argparse.Namespace, tokenizer_path: str) -> Any:
     return None
 
 
-def _lengths_and_empty(data: Any) -> tuple[list[int], int]:
-    """Per-entry token counts and how many entries have no completion token, straight from Arrow."""
-    import numpy as np  # heavy: only where arrays are built
-
-    lengths: list[int] = []
-    empty = 0
-    for chunk in data.data.table.column("completion_mask").chunks:
-        rel = chunk.offsets.to_numpy()
-        rel = rel - rel[0]
-        n = np.diff(rel)
-        lengths.extend(n.tolist())
-        flat = chunk.flatten().to_numpy(zero_copy_only=False)
-        starts = rel[:-1][n > 0]
-        has = np.maximum.reduceat(flat, starts) > 0 if len(starts) else np.zeros(0, dtype=bool)
-        empty += int((n == 0).sum()) + int((~has).sum())
-    return lengths, empty
-
-
 # -- the run --------------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
@@ -248,7 +220,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
             data = encode_for_training(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
                                        max_seq_length=args.max_seq_length, response_template=args.response_template)
             info["prepared"], dataset_sha = None, None
-        lengths, no_completion = _lengths_and_empty(data)
+        lengths, no_completion = lengths_and_empty(data.data.table.column("completion_mask"))
         if no_completion:
             ctx.note(f"{no_completion} of {len(data)} entries have no response token within max_seq_length "
                      f"{args.max_seq_length}; their loss is masked, as with the reference completion-only collator")
@@ -324,6 +296,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
                 "zero_stage": getattr(getattr(acc.state, "deepspeed_plugin", None), "zero_stage", None)}
         doc["distributed"] = dist
         assert trainer.model is not None  # built with model=, the Trainer always holds one
+        ctx.record_ran(*what_ran(ctx.asked, trainer.model, trainer.args.bf16, trainer.args.fp16, settings["cuda"]))
         params = sum(p.numel() for p in trainer.model.parameters())
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         doc["model"] = {"source": args.model_name_or_path, "class": type(model).__name__, "parameters": params,

@@ -111,6 +111,17 @@ def optim_args(text: str) -> dict[str, str]:
 
 
 TRAINERS = ("sbench", "fms-hf-tuning")
+
+
+# Other spellings of a torch dtype (torch.float is float32, ...).
+DTYPE_ALIASES = {"float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16", "fp16": "float16",
+                 "fp32": "float32"}
+
+
+def dtype_name(value: Any) -> str:
+    """A torch dtype's one name: ``torch.float``, ``"float"`` and ``"float32"`` are all ``"float32"``."""
+    text = str(value).removeprefix("torch.")
+    return DTYPE_ALIASES.get(text, text)
 _RELEASE = re.compile(r"[0-9]{1,4}(\.[0-9]{1,4}){1,3}")
 
 
@@ -367,6 +378,15 @@ class Experiment:
             return model_map.target_modules(model_name)  # type: ignore[return-value]
         table = GPTQ_TARGET_MODULES if self.method == "gptq-lora" else LORA_TARGET_MODULES
         return table.get(model_name, DEFAULT_TARGET_MODULES)
+
+    def asked_settings(self, entity: Mapping[str, Any]) -> dict[str, Any]:
+        """What the point's reference command line asks of the trainer, before any partition or environment
+        changes it: ``torch_dtype``, ``bf16``, ``fp16`` and ``attn_implementation``. The runner records what
+        it used beside it (``rank.<r>.json``: ``ran``, ``adjustments``)."""
+        hc = self.hardcoded
+        return {"torch_dtype": str(hc.get("torch_dtype", entity.get("torch_dtype", "bfloat16"))),
+                "bf16": bool(hc.get("bf16", entity.get("bf16", False))), "fp16": bool(hc.get("fp16", False)),
+                "attn_implementation": "flash_attention_2" if hc.get("use_flash_attn") else "sdpa"}
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from .catalog import (
 )
 from .inventory import Inventory, Partition
 from .memory import config_for, predict
-from .rules import placement_reasons, trainer_reasons, validity_reasons
+from .rules import change_warnings, placement_reasons, trainer_reasons, validity_reasons
 from .sweep import Sweep
 
 
@@ -42,6 +42,9 @@ class PlannedPoint:
     partition: str
     model_source: str | None
     memory: dict[str, Any] | None = None  # harness.memory's prediction (plan --memory)
+    # Settings the trainer will change (rules.change_warnings, and the data layer's masked entries), one
+    # text per cause.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def predicted_oom(self) -> bool:
@@ -51,7 +54,7 @@ class PlannedPoint:
         out = {
             "point_id": self.point_id, "repeat": self.repeat, "experiment": self.experiment,
             "entity": self.entity, "valid": self.valid, "reasons": self.reasons, "notes": self.notes,
-            "partition": self.partition, "model_source": self.model_source,
+            "partition": self.partition, "model_source": self.model_source, "warnings": self.warnings,
         }
         if self.memory is not None:
             out["memory"] = self.memory
@@ -198,10 +201,12 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
             mem = predict(entity, exp.method, arch, partition,
                           target_modules=tuple(exp.target_modules(entity["model_name"], sweep.model_map))
                           if exp.method in ("lora", "gptq-lora") else (), config_source=arch_source).to_dict()
+        warnings = [] if reasons or preasons or sweep.runner.workload != "train" else \
+            change_warnings(exp, entity, partition, inventory)
         for r in range(sweep.repeats):
             points.append(PlannedPoint(
                 point_id=pid, repeat=r, experiment=exp.id, entity=entity, valid=not (reasons or preasons),
                 reasons=reasons + preasons, notes=notes + vnotes + pnotes, partition=partition.name,
-                model_source=src, memory=mem,
+                model_source=src, memory=mem, warnings=list(warnings),
             ))
     return points

@@ -13,6 +13,7 @@ from .catalog import (
     OPTIMIZERS_GONE,
     VISION_DATASETS,
     Experiment,
+    dtype_name,
     num_local_experts,
 )
 from .envs import (
@@ -20,6 +21,7 @@ from .envs import (
     FAST_MOE_SINCE,
     FEATURE_PLUGINS,
     env_has,
+    env_name,
     env_version,
     envs_root,
     features_of,
@@ -249,3 +251,35 @@ def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) ->
         reasons.append("placement: fsdp_sharding_strategy NO_SHARD has no FSDP v2 equivalent (CPU partitions "
                        "use FSDP v2); use distributed_backend DDP")
     return reasons, notes
+
+
+def change_warnings(exp: Experiment, e: Mapping[str, Any], part: Partition, inv: Any) -> list[str]:
+    """Settings the trainer will run otherwise than the point asks, as far as they are known before anything
+    runs: without CUDA (a CPU partition) float32 weights, no mixed precision and no flash-attention; on GPUs,
+    sdpa attention where the trainer's environment has no flash-attn. Each text names one cause, so that plan
+    says it once however many points share it. Says nothing where it cannot know (another python, an
+    environment not built yet)."""
+    asked = exp.asked_settings(e)
+    flash = asked["attn_implementation"] == "flash_attention_2"
+    if part.is_cpu:
+        cpu = f"partition {part.name!r} has no GPUs"
+        out = [f"{cpu}: points asking torch_dtype {asked['torch_dtype']} load float32 weights (measurements keep "
+               "torch_dtype as asked; effective_torch_dtype records float32)"] \
+            if dtype_name(asked["torch_dtype"]) != "float32" else []
+        out += [f"{cpu}: {k} mixed precision is turned off" for k in ("bf16", "fp16") if asked[k]]
+        return out + ([f"{cpu}: flash-attention runs as sdpa attention (measurements.attn_implementation)"]
+                      if flash else [])
+    if not flash:
+        return []
+    if str(e.get("trainer") or "sbench") == "fms-hf-tuning":
+        version = str(e.get("fms_hf_tuning_version"))
+        env = lookup(version, envs_root(inv))
+        if not env.built or env_has(env, "flash-attn"):
+            return []
+        return [f"the {env_name(version)} environment has no flash-attn, so its points run sdpa attention instead "
+                f"of flash-attention; for the reference's attention: {env.python} -m pip install flash-attn, then "
+                f"sbench env build fms-hf-tuning=={version} --refresh"]
+    if part.python or getattr(inv, "python", None) or importlib.util.find_spec("flash_attn") is not None:
+        return []
+    return [f"this python (the jobs' on partition {part.name!r}) has no flash_attn package, so the sbench trainer "
+            "runs sdpa attention instead of flash-attention; for the reference's attention: pip install flash-attn"]
