@@ -455,7 +455,8 @@ def test_relevant_env_records_an_allow_list_and_redacts():
         "ACCELERATE_PASSWORD_X": "<redacted>", "CUDA_VISIBLE_DEVICES": "GPU-5f0e2a57-7d2c-4bb4-9d0b-0f1c7a9e1b11,1",
         "GLOO_SOCKET_IFNAME": "eth0", "HF_HOME": "/h", "NCCL_IB_HCA": "=mlx5_0", "OMP_NUM_THREADS": "1",
         "SLURM_JOB_ID": "12", "TORCH_SECRET_SAUCE": "<redacted>", "SBENCH_CAMPAIGN": "c1",
-        "NCCL_DEBUG_FILE": "<redacted>", "SLURM_JOB_COMMENT": "<redacted>", "MASTER_ADDR": "<redacted>",
+        "NCCL_DEBUG_FILE": "<redacted>", "SLURM_JOB_COMMENT": "<redacted>",
+        "MASTER_ADDR": "https://user:<redacted>@example.org/x",  # only a URL's password goes
         "TORCH_HOME": "/shared/torch/cache"}
 
 

@@ -5,11 +5,13 @@ Only variables that shape a run are recorded, by allow-list (:data:`ENV_PREFIXES
 cache and offline switches, and sbench's own. Anything else (``HF_AUTH``, ``AWS_*``, a site's
 ``*_API_PASS``) is never written. Among the recorded ones, a variable whose name says credential
 (:data:`SECRET_WORDS`) or whose value looks like one (:func:`looks_like_secret`) is written as
-``"<redacted>"``.
+``"<redacted>"``; a URL's password alone is replaced (:func:`redact_value`), so the scheme and host stay.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import importlib.metadata
 import importlib.util
 import ipaddress
@@ -49,8 +51,62 @@ ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 _SECRET_VALUES = re.compile(
     r"hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}"
     r"|xox[abposr]-[A-Za-z0-9-]{10,}|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}|-----BEGIN [A-Z ]*PRIVATE KEY"
-    r"|[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@|\b[Bb]earer\s+\S{8,}")
+    r"|\b[Bb]earer\s+\S{8,}")
 _OPAQUE = re.compile(r"[A-Za-z0-9_+=]{32,}")
+# A base64 run (standard alphabet, with its '=' padding): an AWS secret access key, a base64-encoded key.
+_B64_RUN = re.compile(r"[A-Za-z0-9+/]{20,}={0,2}")
+# Three base64url parts joined by dots (the signature may be empty): a JWT when the first decodes to a JSON object.
+_JWT = re.compile(r"(?<![A-Za-z0-9_.-])([A-Za-z0-9_-]{4,})\.([A-Za-z0-9_-]{4,})\.([A-Za-z0-9_-]*)(?![A-Za-z0-9_.-])")
+# scheme://user:password@host: the password is what goes (a port is digits followed by '/' or the end).
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):(?!\d+(?:[/?#]|$))(?P<pw>[^\s@]+)@")
+MIN_CLASS_CHANGES = 0.25  # of a base64 run's letters and digits: random text changes class ~0.6 of the time
+PATH_CLASS_CHANGES = 0.45  # ... of one that starts with '/' (a path)
+LETTERS_CLASS_CHANGES = 0.4  # ... of one without digits (CamelCase words change class ~0.3 of the time)
+
+
+def _changes(run: str) -> float:
+    """How often a letter or digit of *run* differs in class (upper, lower, digit) from the one before it,
+    within each '/'- or '+'-separated part: ~0.6 for random base64, far less for words and paths."""
+    parts = [p for p in re.split(r"[+/=]", run) if p]
+    chars = sum(len(p) for p in parts)
+    if chars == 0:
+        return 0.0
+
+    def cls(c: str) -> int:
+        return 0 if c.isupper() else 1 if c.islower() else 2
+
+    changes = sum(cls(a) != cls(b) for p in parts for a, b in zip(p, p[1:]))
+    return changes / chars
+
+
+def _opaque_base64(value: str) -> bool:
+    """A run of 20+ base64 characters holding '/', '+' or '=' padding, with upper case, lower case (and
+    digits) mixed as random text mixes them: an AWS secret key, a base64-encoded key. A path, a word list or
+    a version string is not."""
+    for m in _B64_RUN.finditer(value):
+        run = m.group(0)
+        if not any(c in run for c in "+/=") or not (re.search(r"[A-Z]", run) and re.search(r"[a-z]", run)):
+            continue
+        # An absolute path (/data/Llama3/Meta8B) or CamelCase words mix classes too, less than random text.
+        need = (PATH_CLASS_CHANGES if run.startswith("/") else
+                MIN_CLASS_CHANGES if re.search(r"[0-9]", run) else LETTERS_CLASS_CHANGES)
+        if _changes(run) >= need:
+            return True
+    return False
+
+
+def _jwt(value: str) -> bool:
+    """Three base64url parts joined by dots whose first part decodes to a JSON object (a JWT's header);
+    host names and dotted versions do not decode to one."""
+    for m in _JWT.finditer(value):
+        head = m.group(1)
+        try:
+            raw = base64.urlsafe_b64decode(head + "=" * (-len(head) % 4))
+        except (ValueError, binascii.Error):
+            continue
+        if raw.lstrip()[:1] == b"{":
+            return True
+    return False
 
 
 def is_secret(name: str) -> bool:
@@ -60,15 +116,23 @@ def is_secret(name: str) -> bool:
 
 
 def looks_like_secret(value: str) -> bool:
-    """A value shaped like a credential: a known token format, a URL with a password, a bearer token, or
-    a long opaque mix of upper case, lower case and digits (UUIDs, paths and node lists are not)."""
-    if _SECRET_VALUES.search(value):
+    """A value shaped like a credential: a known token format, a URL with a password, a bearer token, a
+    JWT, a base64 run with '/', '+' or '=' mixed like random text (an AWS secret key), or a long opaque mix
+    of upper case, lower case and digits (UUIDs, paths, host names and node lists are not)."""
+    if _SECRET_VALUES.search(value) or _URL_PASSWORD.search(value) or _jwt(value) or _opaque_base64(value):
         return True
     for m in _OPAQUE.finditer(value):
         tok = m.group(0)
         if re.search(r"[A-Z]", tok) and re.search(r"[a-z]", tok) and re.search(r"[0-9]", tok):
             return True
     return False
+
+
+def redact_value(value: str) -> str:
+    """*value* as it may be written down: a URL's password replaced by ``<redacted>`` (scheme, user and host
+    kept), and the whole value ``<redacted>`` when anything else in it looks like a credential."""
+    kept = _URL_PASSWORD.sub(lambda m: f"{m.group('head')}:{REDACTED}@", value)
+    return REDACTED if looks_like_secret(kept.replace(REDACTED, "")) else kept
 
 
 def is_recorded(name: str) -> bool:
@@ -78,8 +142,7 @@ def is_recorded(name: str) -> bool:
 def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The allow-listed variables that shape a run, credentials redacted, sorted by name."""
     environ = os.environ if environ is None else environ
-    return {k: (REDACTED if is_secret(k) or looks_like_secret(v) else v)
-            for k, v in sorted(environ.items()) if is_recorded(k)}
+    return {k: (REDACTED if is_secret(k) else redact_value(v)) for k, v in sorted(environ.items()) if is_recorded(k)}
 
 
 def package_versions() -> dict[str, str | None]:
