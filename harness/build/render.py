@@ -93,6 +93,30 @@ def render_accelerate(spec: JobSpec) -> str | None:
     return head + yaml.safe_dump(spec.accelerate_config, sort_keys=False, default_flow_style=False)
 
 
+def _names(env: dict[str, str]) -> list[str]:
+    return sorted(env)
+
+
+def inventory_snapshot(inv: Inventory) -> dict[str, Any]:
+    """The inventory as spec.json records it: every ``env:`` and ``nccl:`` map by its variable names only
+    (a value may be a credential; ``env/<host>.sh``, mode 0600, is the one file that holds the values)."""
+    doc = inv.to_dict()
+    doc["env"], doc["nccl"] = _names(doc["env"]), _names(doc["nccl"])
+    for part in doc["partitions"].values():
+        part["env"] = _names(part["env"])
+        for host in part["hosts"].values():
+            host["env"] = _names(host["env"])
+    return doc
+
+
+def jobspec_record(spec: JobSpec) -> dict[str, Any]:
+    """The JobSpec as spec.json records it: ``env`` and ``host_env`` by their variable names only."""
+    doc = spec.to_dict()
+    doc["env"] = _names(spec.env)
+    doc["host_env"] = {host: _names(env) for host, env in spec.host_env.items()}
+    return doc
+
+
 def render_spec_json(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Sweep) -> str:
     doc = {
         "schema": SPEC_SCHEMA,
@@ -101,16 +125,29 @@ def render_spec_json(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: 
         "campaign": spec.campaign,
         "sweep": {"source": sweep.source, "description": sweep.description},
         "point": point.to_dict(),
-        "inventory": inv.to_dict(),
-        "jobspec": spec.to_dict(),
+        "inventory": inventory_snapshot(inv),
+        "jobspec": jobspec_record(spec),
     }
     return json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n"
 
 
+SECRET_MODE = 0o600  # env/<host>.sh: the one file that holds the inventory's env values
+SECRET_DIR_MODE = 0o700
+
+
 def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write *path* whole: a temporary file created with *mode* from the start (a 0600 file is never
+    readable by others, not even while it is written), then renamed over the old one."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.chmod(tmp, mode)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode & 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            os.fchmod(fh.fileno(), mode)  # beyond the umask, as rendered (launch.sh is executable)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -135,7 +172,7 @@ def render_files(spec: JobSpec, inv: Inventory, point: PlannedPoint, sweep: Swee
     if spec.deepspeed_config is not None:
         files[paths.deepspeed] = (json.dumps(spec.deepspeed_config, indent=2) + "\n", 0o644)
     for host in spec.host_env:
-        files[paths.env(host)] = (render_env(spec, host), 0o644)
+        files[paths.env(host)] = (render_env(spec, host), SECRET_MODE)
     if spec.trainer_path:
         # Only sbench's package, not the environment it is installed in: the trainer's own torch,
         # transformers and trl must win.
@@ -147,6 +184,7 @@ def write_files(job_dir: str | Path, files: Rendered) -> JobPaths:
     paths = JobPaths(job_dir)
     try:
         paths.env_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(paths.env_dir, SECRET_DIR_MODE)
         for path, (text, mode) in files.items():
             if isinstance(text, Link):
                 path.parent.mkdir(parents=True, exist_ok=True)
