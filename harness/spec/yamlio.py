@@ -61,11 +61,19 @@ class _Loader(yaml.SafeLoader):
             self.depth -= 1
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> LineDict:
-    loader.flatten_mapping(node)
+    """A mapping with line numbers. A key written twice is an error; a key a merge (``<<: *base``) brings in
+    may be overridden, as YAML allows: by a key written in the mapping itself, or by an earlier merged map."""
+    own = sum(1 for key_node, _ in node.value if key_node.tag != MERGE_TAG)
+    loader.flatten_mapping(node)  # the merged pairs come first (the earliest map last), then the mapping's own
+    merged = len(node.value) - own
     out = LineDict()
     out.start_line = node.start_mark.line + 1
-    for key_node, value_node in node.value:
+    from_merge: set[str] = set()
+    for i, (key_node, value_node) in enumerate(node.value):
         key = loader.construct_object(key_node, deep=True)
         if not isinstance(key, (str, int, float, bool)) and key is not None:
             raise yaml.constructor.ConstructorError(
@@ -73,8 +81,12 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
             )
         skey = str(key) if not isinstance(key, str) else key
         line = key_node.start_mark.line + 1
-        if skey in out:
+        if skey in out and skey not in from_merge:
             raise DuplicateKeyError(skey, out.lines[skey], line, [])
+        if i < merged:
+            from_merge.add(skey)
+        else:
+            from_merge.discard(skey)
         out[skey] = loader.construct_object(value_node, deep=True)
         out.lines[skey] = line
     return out
