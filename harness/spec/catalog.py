@@ -597,17 +597,84 @@ def load_model_map(path: str | Path | None = None) -> ModelMap:
     return mm
 
 
+MAX_CONFIG_BYTES = 16 << 20  # a model's config.json is a few KiB; a larger one is not a config
+# The counts of a config.json that sbench reads (memory prediction, the MoE rules): (smallest, largest).
+CONFIG_COUNTS: dict[str, tuple[int, int]] = {
+    "hidden_size": (1, 1 << 20), "intermediate_size": (1, 1 << 22), "num_attention_heads": (1, 1 << 14),
+    "num_key_value_heads": (1, 1 << 14), "head_dim": (1, 1 << 14), "num_hidden_layers": (1, 1 << 14),
+    "vocab_size": (1, 1 << 27), "num_local_experts": (0, 1 << 16), "num_experts": (0, 1 << 16),
+    "n_routed_experts": (0, 1 << 16)}
+CONFIG_FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
+
+
+def check_model_config(doc: Any, source: str, prefix: str = "") -> dict[str, Any]:
+    """*doc* (a parsed config.json) when every key sbench reads from it holds a value it can use; else an
+    :class:`InputError` naming *source* and the key. A count is a whole number in :data:`CONFIG_COUNTS`'s
+    range (a negative layer count or a hidden size of 1e308 is refused, never computed with)."""
+    if not isinstance(doc, dict):
+        kind = "a list" if isinstance(doc, list) else type(doc).__name__ if doc is not None else "null"
+        raise InputError(f"{source}: {prefix.rstrip('.') or 'the document'} is {kind}, not a JSON object; a model's "
+                         "config.json maps keys such as model_type and hidden_size to values")
+    for key, (lo, hi) in CONFIG_COUNTS.items():
+        value = doc.get(key)
+        if value is None:
+            continue
+        ok = (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and math.isfinite(value) and value.is_integer())
+        if not ok or not lo <= value <= hi:
+            raise InputError(f"{source}: {prefix}{key} is {show(value)}; a model config needs a whole number from "
+                             f"{lo} to {hi:,} here - fix the file or point model_map at the model's real config")
+        doc[key] = int(value)
+    for key in CONFIG_FLAGS:
+        if doc.get(key) is not None and not isinstance(doc[key], bool):
+            raise InputError(f"{source}: {prefix}{key} is {show(doc[key])}; expected true or false")
+    if doc.get("model_type") is not None and not isinstance(doc["model_type"], str):
+        raise InputError(f"{source}: {prefix}model_type is {show(doc['model_type'])}; expected a name such as "
+                         "'llama'")
+    quant = doc.get("quantization_config")
+    if quant is not None:
+        if not isinstance(quant, dict):
+            raise InputError(f"{source}: {prefix}quantization_config is {show(quant)}; expected a JSON object")
+        if quant.get("quant_method") is not None and not isinstance(quant["quant_method"], str):
+            raise InputError(f"{source}: {prefix}quantization_config.quant_method is {show(quant['quant_method'])}; "
+                             "expected a name such as 'gptq'")
+    if doc.get("text_config") is not None:
+        check_model_config(doc["text_config"], source, f"{prefix}text_config.")
+    return doc
+
+
+def read_model_config(path: str | Path) -> dict[str, Any]:
+    """A config.json read and checked (:func:`check_model_config`): a regular file of at most
+    :data:`MAX_CONFIG_BYTES`, one JSON object; every problem is an :class:`InputError` naming the file."""
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise InputError(f"{p}: is not a regular file; a model's config.json is one")
+        with p.open("rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise InputError(f"{p}: is larger than {MAX_CONFIG_BYTES} bytes; a model's config.json is a few KiB")
+        doc = json.loads(data.decode("utf-8"))
+    except OSError as exc:
+        raise InputError(f"{p}: cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{p}: is not UTF-8 text ({exc.reason} at byte {exc.start}); a config.json is JSON") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{p}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise InputError(f"{p}: invalid config.json: nested too deeply to be a model config") from None
+    except ValueError as exc:  # a number too long to convert
+        raise InputError(f"{p}: invalid JSON: {exc}") from None
+    return check_model_config(doc, str(p))
+
+
 def model_config(source: str) -> dict[str, Any] | None:
-    """The model's config.json when it can be found locally (a directory, or the HF cache); else None."""
+    """The model's config.json when it can be found locally (a directory, or the HF cache), checked
+    (:func:`read_model_config`: a damaged one is an :class:`InputError` naming the file and key); else None."""
     cand = Path(source).expanduser()
     if cand.is_dir():
         cfg = cand / "config.json"
-        if cfg.is_file():
-            try:
-                return json.loads(cfg.read_text())
-            except (OSError, ValueError):
-                return None
-        return None
+        return read_model_config(cfg) if cfg.exists() else None
     try:
         from huggingface_hub import try_to_load_from_cache  # heavy: only to find or fetch a model
     except ImportError:  # pragma: no cover - transformers depends on it
@@ -616,11 +683,8 @@ def model_config(source: str) -> dict[str, Any] | None:
         hit = try_to_load_from_cache(source, "config.json")
     except Exception:  # noqa: BLE001 - an invalid repo id is simply "not found locally"
         return None
-    if isinstance(hit, str) and os.path.isfile(hit):
-        try:
-            return json.loads(Path(hit).read_text())
-        except (OSError, ValueError):
-            return None
+    if isinstance(hit, str) and os.path.exists(hit):
+        return read_model_config(hit)
     return None
 
 

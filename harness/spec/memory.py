@@ -406,6 +406,8 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
     else:
         acts = s.layers * layer
     acts += 2 * 4 * seq * b * s.vocab
+    if min(total_params, trainable, param_bytes, grad_bytes, opt_bytes, acts) < 0:  # never a negative "fit"
+        return MemoryPrediction("unknown", "the model config or the point gives a negative size; nothing predicted")
     total = param_bytes + grad_bytes + opt_bytes + int(acts)
     dev, src = device_memory(partition, per_node)
     if config_source == CATALOGUE_CONFIG:
