@@ -4,6 +4,7 @@ loads a command's module by name when the command runs (:data:`COMMANDS`)."""
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import sys
@@ -80,12 +81,31 @@ class SbenchGroup(click.Group):
             ctx.exit(exc.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
             raise
+        except OSError as exc:  # the machine's word (a read-only or full file system, a permission): no bug
+            if envvars.DEBUG.get():
+                raise
+            click.echo(f"Error: {os_error_text(exc)}", err=True)
+            ctx.exit(1)
         except Exception as exc:  # noqa: BLE001 - a bug, not the user's mistake: one line, unless asked
             if envvars.DEBUG.get():
                 raise
             click.echo(f"Error: internal error: {type(exc).__name__}: {exc} (this is a bug in sbench; "
                        "SBENCH_DEBUG=1 shows the traceback)", err=True)
             ctx.exit(1)
+
+
+_OS_HINTS = {errno.EROFS: "the file system is mounted read-only: pass a --workdir / --db on a writable one",
+             errno.EACCES: "you may not write there: fix its permissions or pass another --workdir / --db",
+             errno.EPERM: "you may not write there: fix its permissions or pass another --workdir / --db",
+             errno.ENOSPC: "the file system is full: free some space and run the command again",
+             errno.EDQUOT: "your disk quota is used up: free some space and run the command again"}
+
+
+def os_error_text(exc: OSError) -> str:
+    """An OSError as one plain line: what failed, on which file, and what to do."""
+    what = exc.strerror or str(exc)
+    hint = _OS_HINTS.get(exc.errno or 0)
+    return (f"{exc.filename}: {what}" if exc.filename else what) + (f"; {hint}" if hint else "")
 
 
 def campaign_name(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
