@@ -404,7 +404,8 @@ def test_missing_and_empty_databases_are_clear_errors(cli, tmp_path):
     assert res.output.startswith(f"Error: {tmp_path / 'empty.duckdb'} has no runs: nothing to report.")
     (tmp_path / "junk.duckdb").write_text("not a database\n")
     res = cli("report", "--db", tmp_path / "junk.duckdb", "-o", tmp_path / "x.html")
-    assert res.exit_code == 1 and res.output.startswith(f"Error: {tmp_path / 'junk.duckdb'}: cannot open the results")
+    # A file that is no DuckDB database is the user's --db mistake, said before DuckDB sees it.
+    assert res.exit_code == 2 and res.output.startswith(f"Error: {tmp_path / 'junk.duckdb'}: is not a DuckDB database")
     assert not (tmp_path / "x.html").exists()
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
+import sys
+import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,32 +69,91 @@ def _cell(v: Any) -> Any:
     return v
 
 
+TERMINAL_LIMIT = 10_000  # rows `sbench query` prints to a terminal unless --limit says otherwise
+TABLE_BLOCK = 10_000  # rows whose widths set the table's columns when the table is streamed
+
+
 @main.command()
 @click.argument("sql")
 @db_option
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
               help="Output format.")
-def query(sql: str, db: Path | None, fmt: str) -> None:
+@click.option("--limit", type=click.IntRange(min=0), default=None,
+              help=f"Print at most this many rows, then say how many there were in all (0: every row). Default: "
+                   f"{TERMINAL_LIMIT:,} to a terminal, every row (streamed) to a pipe or file.")
+def query(sql: str, db: Path | None, fmt: str, limit: int | None) -> None:
     """Run SQL against the results database (read-only) and print the rows.
+
+    Rows are streamed: a result of any size is printed without holding it in memory.
 
     Example: sbench query "select model_name, batch_size, dataset_tokens_per_second from measurements"
     """
+    if limit is None:
+        limit = TERMINAL_LIMIT if sys.stdout.isatty() else 0
     with open_store(resolve_db(db), read_only=True) as store:
-        cols, rows = store.query(sql)
+        cols, stream = store.query(sql)
+        rows: Iterator[tuple[Any, ...]] = itertools.islice(stream, limit) if limit else stream
+        shown = _print_rows(cols, rows, fmt)
+        total = shown
+        if limit and shown == limit and next(stream, None) is not None:
+            total = store.count_rows(sql)
+    if fmt == "table" and cols:
+        click.echo(f"({shown} row{'s' if shown != 1 else ''})" if total == shown else f"({shown} of {total} rows)")
+    if total > shown:
+        click.echo(f"note: printed the first {shown:,} of {total:,} rows; --limit 0 prints every row (streamed), "
+                   "e.g. --format csv > rows.csv", err=True)
+
+
+def _print_rows(cols: list[str], rows: Iterator[tuple[Any, ...]], fmt: str) -> int:
+    """Print *rows* as they come, in blocks; returns how many were printed."""
+    n = 0
     if fmt == "json":
-        click.echo(json.dumps([dict(zip(cols, r)) for r in rows], indent=2, default=str))
+        click.echo("[", nl=False)
+        for block in _blocks(rows):
+            items = [textwrap.indent(json.dumps(dict(zip(cols, r)), indent=2, default=str), "  ") for r in block]
+            click.echo(("," if n else "") + "\n" + ",\n".join(items), nl=False)
+            n += len(block)
+        click.echo("\n]" if n else "]")
     elif fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(cols)
-        w.writerows(rows)
+        for block in _blocks(rows):
+            w.writerows(block)
+            n += len(block)
+            click.echo(buf.getvalue(), nl=False)
+            buf.seek(0)
+            buf.truncate()
         click.echo(buf.getvalue(), nl=False)
     else:
         if not cols:
             click.echo("(no result)")
-            return
-        click.echo(table([{c: _cell(v) for c, v in zip(cols, r)} for r in rows], cols))
-        click.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+            return 0
+        widths: list[int] | None = None
+        for block in _blocks(rows, TABLE_BLOCK):
+            cells = [{c: _cell(v) for c, v in zip(cols, r)} for r in block]
+            if widths is None:  # the first block sets the widths; a later, wider cell just runs on
+                text, widths = table(cells, cols), _widths(cells, cols)
+            else:
+                text = "\n".join(_line(r, cols, widths) for r in cells)
+            click.echo(text)
+            n += len(block)
+        if widths is None:
+            click.echo(table([], cols))
+    return n
+
+
+def _blocks(rows: Iterator[tuple[Any, ...]], size: int = 1000) -> Iterator[list[tuple[Any, ...]]]:
+    while block := list(itertools.islice(rows, size)):
+        yield block
+
+
+def _widths(cells: list[dict[str, Any]], cols: list[str]) -> list[int]:
+    return [max([len(c)] + [len("" if r.get(c) is None else str(r.get(c))) for r in cells]) for c in cols]
+
+
+def _line(row: dict[str, Any], cols: list[str], widths: list[int]) -> str:
+    return "  ".join(("" if row.get(c) is None else str(row.get(c))).ljust(w) for c, w in zip(cols, widths)).rstrip()
 
 
 @main.command()

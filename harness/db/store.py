@@ -15,9 +15,11 @@ in a transaction. What is written and read lives in the modules beside this one,
 from __future__ import annotations
 
 import re
+import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,39 @@ from .schema import KIND_SQL, PRIMARY_KEYS, RUN_CHILD_TABLES, SCHEMA, SCHEMA_VER
 from .staging import Staged, check_keys, frame, stage, typed
 from .values import COERCE
 
-READ_ONLY_CONFIG = {"enable_external_access": False, "autoinstall_known_extensions": False,
-                    "autoload_known_extensions": False, "allow_community_extensions": False,
-                    "lock_configuration": True}
+# Every connection: DuckDB never downloads or loads an extension by itself (a SQLite file passed as --db
+# would otherwise make it fetch sqlite_scanner from the network).
+OFFLINE_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                  "allow_community_extensions": False}
+READ_ONLY_CONFIG = {**OFFLINE_CONFIG, "enable_external_access": False, "lock_configuration": True}
+QUERY_BATCH = 10_000  # rows fetched at a time by ``sbench query``
+DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of a DuckDB database file
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def foreign_file(p: Path) -> str | None:
+    """What *p* is when it exists and is not a DuckDB database (None when it is one, is empty or is absent):
+    it is never handed to DuckDB, which would try to load a reader extension for it."""
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_size == 0:
+        return None
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if head[8:12] == DUCKDB_MAGIC:
+        return None
+    if head.startswith(SQLITE_MAGIC):
+        return "is a SQLite database, not a DuckDB one"
+    return "is not a DuckDB database"
 
 
 def _default_wait() -> float:
@@ -45,6 +77,33 @@ def _default_wait() -> float:
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc)
     return "lock" in text.lower() and ("Could not set lock" in text or "Conflicting lock" in text)
+
+
+def create_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """The types, tables and views of :mod:`harness.db.schema` in *con*'s database."""
+    for name, definition in TYPES.items():
+        con.execute(f"CREATE TYPE {q(name)} AS {definition}")
+    for table, cols in SCHEMA.items():
+        body = ", ".join(f"{q(c)} {t}" for c, t in cols)
+        pk = PRIMARY_KEYS.get(table)
+        if pk:
+            body += f", PRIMARY KEY ({', '.join(q(c) for c in pk)})"
+        con.execute(f"CREATE TABLE IF NOT EXISTS {q(table)} ({body})")
+    for name, sql in VIEWS.items():
+        con.execute(f"CREATE OR REPLACE VIEW {q(name)} AS {sql}")
+
+
+@lru_cache(maxsize=1)
+def view_definitions() -> dict[str, str]:
+    """Each of sbench's views as DuckDB stores its definition (normalised text), from a scratch in-memory
+    database: what a results database's views are compared with."""
+    con = duckdb.connect(":memory:", config=dict(OFFLINE_CONFIG))
+    try:
+        create_schema(con)
+        return dict(con.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal "
+                                "AND schema_name = 'main'").fetchall())
+    finally:
+        con.close()
 
 
 def open_store(path: str | Path, *, read_only: bool = False, wait_s: float | None = None) -> Store:
@@ -67,6 +126,10 @@ class Store:
         p = Path(path)
         if read_only and not p.exists():
             raise InputError(f"{p}: no results database here; run `sbench collect` first (or pass --db)")
+        what = foreign_file(p)
+        if what is not None:
+            raise InputError(f"{p}: {what}; sbench's results database is a DuckDB file: pass its path with "
+                             f"--db (or ${envvars.DB.name}), or a new path to create one")
         if not read_only:
             try:
                 p.parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +139,7 @@ class Store:
         deadline = time.monotonic() + max(0.0, wait)
         # A read-only connection is sandboxed: no ATTACH (of a writable link to this very file), no COPY
         # TO, no reading other files, no extensions, and no SET to undo that.
-        config = READ_ONLY_CONFIG if read_only else {}
+        config = READ_ONLY_CONFIG if read_only else OFFLINE_CONFIG
         while True:
             try:
                 con = duckdb.connect(str(p), read_only=read_only, config=dict(config))
@@ -129,6 +192,12 @@ class Store:
                     f"and run `sbench collect` to rebuild it from the job directories, or use the sbench "
                     f"version that wrote it.")
             problems = self._schema_problems()
+            if problems and all(pr.startswith("view ") for pr in problems):
+                raise SchemaMismatchError(
+                    f"{self.path}: its views were changed ({'; '.join(problems[:5])}"
+                    f"{'; ...' if len(problems) > 5 else ''}), so a query could read other rows than sbench's "
+                    f"views give. Run `sbench collect --db {self.path}`: a writing command puts sbench's views back "
+                    "(they hold no data; nothing is lost).")
             if problems:
                 raise SchemaMismatchError(
                     f"{self.path} says schema version {SCHEMA_VERSION} but its tables were changed "
@@ -143,22 +212,38 @@ class Store:
         if self.read_only:
             raise SchemaMismatchError(f"{self.path} is empty: no sbench schema; run `sbench collect` first")
         with self.transaction():
-            for name, definition in TYPES.items():
-                self.con.execute(f"CREATE TYPE {q(name)} AS {definition}")
-            for table, cols in SCHEMA.items():
-                body = ", ".join(f"{q(c)} {t}" for c, t in cols)
-                pk = PRIMARY_KEYS.get(table)
-                if pk:
-                    body += f", PRIMARY KEY ({', '.join(q(c) for c in pk)})"
-                self.con.execute(f"CREATE TABLE IF NOT EXISTS {q(table)} ({body})")
-            for name, sql in VIEWS.items():
-                self.con.execute(f"CREATE OR REPLACE VIEW {q(name)} AS {sql}")
+            create_schema(self.con)
             self.con.execute("INSERT INTO metadata VALUES ('schema_version', ?), ('created_by', 'sbench')",
                              [str(SCHEMA_VERSION)])
 
+    def _changed_views(self) -> tuple[list[str], list[str]]:
+        """(views that are missing, views whose definition is not sbench's), compared with
+        :func:`view_definitions` as DuckDB stores them."""
+        found = dict(self.con.execute(
+            "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND NOT temporary "
+            "AND schema_name = 'main' AND database_name = current_database()").fetchall())
+        expected = view_definitions()
+        missing = [v for v in VIEWS if v not in found]
+        replaced = [v for v in VIEWS if v in found and found[v] != expected[v]]
+        return missing, replaced
+
+    def _restore_views(self) -> None:
+        """A writing connection puts back sbench's views where one was dropped or replaced (views hold no data:
+        this loses nothing); a name now held by a table stays a problem :meth:`_schema_problems` reports."""
+        missing, replaced = self._changed_views()
+        tables = self._tables()
+        todo = [v for v in VIEWS if v in replaced or (v in missing and v not in tables)]
+        if todo:
+            with self.transaction():
+                for name in todo:
+                    self.con.execute(f"CREATE OR REPLACE VIEW {q(name)} AS {VIEWS[name]}")
+
     def _schema_problems(self) -> list[str]:
-        """What differs from :data:`SCHEMA` and :data:`VIEWS`: missing tables, views or columns, or a
-        column of another type (one query over the catalog)."""
+        """What differs from :data:`SCHEMA` and :data:`VIEWS`: missing tables, views or columns, a column of
+        another type, or a view whose definition is not sbench's (a writing connection restores the views
+        first)."""
+        if not self.read_only:
+            self._restore_views()
         have: dict[str, list[tuple[str, str]]] = {}
         for table, col, dtype in self.con.execute(
                 "SELECT table_name, column_name, data_type FROM information_schema.columns "
@@ -178,9 +263,14 @@ class Store:
                 elif dtype in KIND_SQL.values() or dtype in COERCE:
                     if found[col] != dtype and not (dtype == "JSON" and found[col] == "JSON"):
                         problems.append(f"{table}.{col} is {found[col]}, not {dtype}")
+        missing, replaced = self._changed_views()
         for view in VIEWS:
-            if kinds.get(view) != "VIEW":
+            if kinds.get(view) not in (None, "VIEW"):
+                problems.append(f"table {view} holds the name of sbench's view {view}")
+            elif kinds.get(view) is None or view in missing:
                 problems.append(f"view {view} is missing")
+            elif view in replaced:
+                problems.append(f"view {view} was replaced by another definition")
         return problems
 
     # -- transactions --------------------------------------------------------------------------------------
@@ -286,14 +376,40 @@ class Store:
         self.upsert("metadata", [{"key": key, "value": value}], ["value"])
 
     # -- query ---------------------------------------------------------------------------------------------
-    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Run user SQL; errors become :class:`InputError` (exit 2) with DuckDB's message."""
+    def query(self, sql: str, batch: int = QUERY_BATCH) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+        """Run user SQL: its column names and its rows, streamed *batch* at a time (never all in memory, so a
+        40-million-row result costs no more than a small one). Errors become :class:`InputError` (exit 2)
+        with DuckDB's message, also while the rows are read."""
         try:
             cur = self.con.execute(sql)
-            if cur.description is None:
-                return [], []
-            return [d[0] for d in cur.description], cur.fetchall()
         except duckdb.Error as exc:
             raise InputError(f"SQL error: {exc}") from None
+        if cur.description is None:
+            return [], iter(())
+
+        def rows() -> Iterator[tuple[Any, ...]]:
+            while True:
+                try:
+                    chunk = cur.fetchmany(batch)
+                except duckdb.Error as exc:
+                    raise InputError(f"SQL error: {exc}") from None
+                if not chunk:
+                    return
+                yield from chunk
+
+        return [d[0] for d in cur.description], rows()
+
+    def count_rows(self, sql: str) -> int:
+        """How many rows *sql* gives in all (a stream of it still being read is abandoned): DuckDB counts them
+        when the statement is a query it can wrap, else its rows are streamed again and counted."""
+        body = sql.strip().rstrip(";").strip()
+        try:
+            found = self.con.execute(f"SELECT count(*) FROM (\n{body}\n)").fetchone()
+            if found is not None:
+                return int(found[0])
+        except duckdb.Error:
+            pass
+        _, again = self.query(sql)
+        return sum(1 for _ in again)
 
 
