@@ -19,7 +19,6 @@ import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -93,17 +92,35 @@ def create_schema(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE OR REPLACE VIEW {q(name)} AS {sql}")
 
 
-@lru_cache(maxsize=1)
-def view_definitions() -> dict[str, str]:
-    """Each of sbench's views as DuckDB stores its definition (normalised text), from a scratch in-memory
-    database: what a results database's views are compared with."""
-    con = duckdb.connect(":memory:", config=dict(OFFLINE_CONFIG))
-    try:
-        create_schema(con)
-        return dict(con.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal "
-                                "AND schema_name = 'main'").fetchall())
-    finally:
-        con.close()
+EXPECT_PREFIX = "_sbench_expect_"  # temporary views that show how DuckDB writes sbench's own definitions
+
+
+def _view_body(sql: str) -> str:
+    """The query of a stored view definition (``CREATE [TEMP] VIEW name AS <query>;``)."""
+    return sql.split(" AS ", 1)[-1].strip().rstrip(";")
+
+
+def view_definitions(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """Each of sbench's views as DuckDB writes its query (normalised text), made as temporary views on *con*
+    (a read-only connection may make them) and dropped again. A view that cannot be made there (its tables
+    were changed: reported on their own) is left out."""
+    out: dict[str, str] = {}
+    for name, sql in VIEWS.items():
+        tmp = q(EXPECT_PREFIX + name)
+        try:
+            con.execute(f"CREATE OR REPLACE TEMP VIEW {tmp} AS {sql}")
+            found = con.execute("SELECT sql FROM duckdb_views() WHERE temporary AND view_name = ?",
+                                [EXPECT_PREFIX + name]).fetchone()
+        except duckdb.Error:
+            continue
+        finally:
+            try:
+                con.execute(f"DROP VIEW IF EXISTS temp.{tmp}")
+            except duckdb.Error:
+                pass
+        if found is not None:
+            out[name] = _view_body(found[0])
+    return out
 
 
 def open_store(path: str | Path, *, read_only: bool = False, wait_s: float | None = None) -> Store:
@@ -218,13 +235,13 @@ class Store:
 
     def _changed_views(self) -> tuple[list[str], list[str]]:
         """(views that are missing, views whose definition is not sbench's), compared with
-        :func:`view_definitions` as DuckDB stores them."""
-        found = dict(self.con.execute(
+        :func:`view_definitions` as DuckDB writes them."""
+        found = {name: _view_body(sql) for name, sql in self.con.execute(
             "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND NOT temporary "
-            "AND schema_name = 'main' AND database_name = current_database()").fetchall())
-        expected = view_definitions()
+            "AND schema_name = 'main' AND database_name = current_database()").fetchall()}
+        expected = view_definitions(self.con)
         missing = [v for v in VIEWS if v not in found]
-        replaced = [v for v in VIEWS if v in found and found[v] != expected[v]]
+        replaced = [v for v in VIEWS if v in found and v in expected and found[v] != expected[v]]
         return missing, replaced
 
     def _restore_views(self) -> None:
