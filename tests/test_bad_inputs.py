@@ -289,6 +289,18 @@ def test_query_prints_every_row_to_a_pipe_in_the_same_formats(collected) -> None
     assert invoke("query", "select 1 as x where false", "--db", collected["db"], "--format", "json").stdout == "[]\n"
 
 
+def test_a_reader_that_stops_early_stops_the_query_quietly(collected) -> None:
+    """`sbench query ... | head -2`: the query ends as a Unix tool ends on SIGPIPE, with no message."""
+    proc = subprocess.Popen([PY, "-m", "harness", "query", "select range from range(5000000)", "--db",
+                             str(collected["db"]), "--format", "csv"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None
+    assert [proc.stdout.readline(), proc.stdout.readline()] == [b"range\n", b"0\n"]
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and err == b"", err
+
+
 def test_query_to_a_terminal_stops_at_10000_rows_by_default(collected) -> None:
     master, slave = pty.openpty()
     proc = subprocess.Popen([PY, "-m", "harness", "query", "select range as i from range(25000)", "--db",

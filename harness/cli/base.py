@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import importlib
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,12 @@ class SbenchGroup(click.Group):
             ctx.exit(exc.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
             raise
+        except BrokenPipeError:  # the reader went away (`sbench query ... | head`): stop quietly, as Unix tools do
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+            except (OSError, ValueError):
+                pass
+            ctx.exit(SIGPIPE_EXIT)
         except OSError as exc:  # the machine's word (a read-only or full file system, a permission): no bug
             if envvars.DEBUG.get():
                 raise
@@ -94,6 +102,7 @@ class SbenchGroup(click.Group):
             ctx.exit(1)
 
 
+SIGPIPE_EXIT = 128 + signal.SIGPIPE  # what a shell shows for a tool stopped by SIGPIPE (141)
 _OS_HINTS = {errno.EROFS: "the file system is mounted read-only: pass a --workdir / --db on a writable one",
              errno.EACCES: "you may not write there: fix its permissions or pass another --workdir / --db",
              errno.EPERM: "you may not write there: fix its permissions or pass another --workdir / --db",
