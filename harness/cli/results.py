@@ -94,14 +94,15 @@ def query(sql: str, db: Path | None, fmt: str, limit: int | None) -> None:
         cols, stream = store.query(sql)
         rows: Iterator[tuple[Any, ...]] = itertools.islice(stream, limit) if limit else stream
         shown = _print_rows(cols, rows, fmt)
-        total = shown
+        total: int | None = shown
         if limit and shown == limit and next(stream, None) is not None:
             total = store.count_rows(sql)
     if fmt == "table" and cols:
-        click.echo(f"({shown} row{'s' if shown != 1 else ''})" if total == shown else f"({shown} of {total} rows)")
-    if total > shown:
-        click.echo(f"note: printed the first {shown:,} of {total:,} rows; --limit 0 prints every row (streamed), "
-                   "e.g. --format csv > rows.csv", err=True)
+        click.echo(f"({shown} row{'s' if shown != 1 else ''})" if total == shown else
+                   f"({shown} of {'more' if total is None else total} rows)")
+    if total != shown:
+        click.echo(f"note: printed the first {shown:,} of {'more' if total is None else f'{total:,}'} rows; "
+                   "--limit 0 prints every row (streamed), e.g. --format csv > rows.csv", err=True)
 
 
 def _print_rows(cols: list[str], rows: Iterator[tuple[Any, ...]], fmt: str) -> int:

@@ -7,9 +7,12 @@ process at a time; while another holds the lock it retries for ``wait_s`` second
 it as a context manager and keep it open briefly. ``read_only=True`` opens a sandboxed connection for
 reading (no ATTACH, no COPY TO, no other files, no extensions).
 
-A database of another schema version is refused with a message that says what to do. Every write runs
-in a transaction. What is written and read lives in the modules beside this one, one per job (see
-``harness/db/__init__.py``); this one knows no table but ``metadata``.
+A database of another schema version is refused with a message that says what to do; so is one whose
+tables or views were changed (a writing connection first puts sbench's views back: they hold no data). A
+``--db`` that is no DuckDB file is refused before DuckDB sees it, and no connection installs or loads an
+extension by itself. ``Store.query`` streams its rows. Every write runs in a transaction. What is written
+and read lives in the modules beside this one, one per job (see ``harness/db/__init__.py``); this one knows
+no table but ``metadata``.
 """
 
 from __future__ import annotations
@@ -416,9 +419,10 @@ class Store:
 
         return [d[0] for d in cur.description], rows()
 
-    def count_rows(self, sql: str) -> int:
+    def count_rows(self, sql: str) -> int | None:
         """How many rows *sql* gives in all (a stream of it still being read is abandoned): DuckDB counts them
-        when the statement is a query it can wrap, else its rows are streamed again and counted."""
+        when the statement is a query it can wrap, else its rows are streamed again and counted; None when
+        the statement cannot run twice."""
         body = sql.strip().rstrip(";").strip()
         try:
             found = self.con.execute(f"SELECT count(*) FROM (\n{body}\n)").fetchone()
@@ -426,7 +430,10 @@ class Store:
                 return int(found[0])
         except duckdb.Error:
             pass
-        _, again = self.query(sql)
-        return sum(1 for _ in again)
+        try:
+            _, again = self.query(sql)
+            return sum(1 for _ in again)
+        except InputError:
+            return None
 
 
