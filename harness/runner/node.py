@@ -48,7 +48,7 @@ from harness.data.datagen import dataset_status, make_dataset
 from . import classify, pdeath
 from .envcapture import capture
 from .sampler import Sampler, open_backend
-from .stages import StageLog, Terminated, open_stages, read_stages
+from .stages import StageLog, Terminated, note_signal, open_stages, read_stages
 
 EXIT = {"ok": 0, "failed": 1, "invalid": 2}
 LOG_TAIL_BYTES = 256 * 1024
@@ -173,6 +173,7 @@ class NodeRunner:
                 pass
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        note_signal(signum)
         first = self.terminated_by is None
         self.terminated_by = self.terminated_by or signum
         if self.proc is not None and self.proc.poll() is None:

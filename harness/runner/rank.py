@@ -31,7 +31,7 @@ from .classify import error_record
 from .cmdline import parse_args
 from .envcapture import relevant_env
 from .faults import Fault, faults_from_env
-from .stages import StageLog, Terminated
+from .stages import StageLog, Terminated, note_signal
 
 MODULE_START_WALL = time.time()  # this process's start as the launch stage sees it (the heavy imports come later)
 
@@ -161,6 +161,7 @@ class _Signals:
         if cls.signum is not None:
             return
         cls.signum = signum
+        note_signal(signum)
         if cls.raising:
             raise Terminated(signum)
 
