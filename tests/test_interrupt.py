@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 import pytest
+import yaml
 
 from harness.contract.errors import Interrupted
 from harness.contract.paths import JobPaths
@@ -238,6 +239,37 @@ def test_retry_refuses_a_sweep_that_now_names_another_campaign(lab) -> None:
     assert manifest.read_text() == before and not (lab["workdir"] / "second").exists()
 
 
+def test_a_submit_killed_before_it_hands_its_job_dirs_over_leaves_them_visibly_not_started(lab) -> None:
+    """SIGKILL between writing the job dirs and handing them to the executor (the window SIGINT and SIGTERM
+    wait out): the attempt is not started, never queued for ever, and its number is never used again."""
+    (lab["root"] / "model").mkdir()
+    sweep = write_sweep(lab["root"] / "s.yaml", {
+        "campaign": "killed", "experiment": FULL, "entity": {"model_name": "tiny", "model_max_length": 64,
+                                                             "batch_size": 2, "number_gpus": 1},
+        "model_map": {"tiny": str(lab["root"] / "model")}})
+    code = ("import os, signal, sys\n"
+            "from harness.sbatch import local\n"
+            "local.LocalBackend.submit = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+            "from harness.cli import main\n"
+            "main(sys.argv[1:], prog_name='sbench')\n")
+    proc = subprocess.run([sys.executable, "-c", code, "submit", str(sweep), "--executor", "local", "--no-prepare",
+                           "--workdir", str(lab["workdir"]), "--db", str(lab["db"])], env=_env(), capture_output=True,
+                          text=True, timeout=300, cwd=lab["root"])
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (jd,) = [p.parent for p in (lab["workdir"] / "killed").glob("*/spec.json")]
+    assert jd.name.endswith(".a1") and not attempt_lines(lab, "killed")  # written, never recorded
+    assert state(str(jd)) == "NOT_STARTED"
+    # The next submit of the campaign sees it (by its spec.json) and uses a new attempt number.
+    res = sbench(lab, "submit", sweep, "--executor", "local", "--no-prepare", "--retry-failed", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    (row,) = json.loads(res.stdout)["points"]
+    assert (row["action"], row["attempt"], row["reason"]) == ("submit", 2, "retry"), row
+    got = {Path(r["job_dir"]).name: r for r in runs(lab, "killed")}
+    assert (got[jd.name]["state"], got[jd.name]["outcome"]) == ("NOT_STARTED", "failed")
+    assert "stopped before handing it to the executor" in got[jd.name]["reason"]
+    assert sbench(lab, "cancel", "--campaign", "killed").returncode == 0  # the new attempt: nothing to train
+
+
 # -- attempts left not started: status, cancel and collect, in either order ---------------------------------
 
 @pytest.mark.parametrize("collect_first", [True, False])
@@ -442,3 +474,54 @@ def test_a_signalled_queue_leaves_a_campaign_that_retry_finishes_without_rerunni
         ("NOT_STARTED", "not started: its local queue stopped on signal 15 first")
     assert got[(pb, 2)]["outcome"] == got[(pc, 2)]["outcome"] == "ok"
     assert sql_rows(lab["db"], "SELECT * FROM measurements WHERE run_id LIKE ?", [f"%{Path(a).name}"]) == measured_a
+
+
+# -- the same on the project's SLURM test cluster ------------------------------------------------------------
+
+def slurm_sweep(lab: dict[str, Path], campaign: str, model: Path, data: Path, grid: dict[str, list[Any]]) -> Path:
+    path = sweep_file(lab, campaign, model, data, grid)
+    doc = {**yaml.safe_load(path.read_text()), "partition": "cpu"}
+    return write_sweep(path, doc)
+
+
+@pytest.mark.slurm
+@pytest.mark.train
+def test_slurm_submit_wait_whose_jobs_all_fail_exits_1_with_a_summary(lab, tiny_model, small_data_dir,
+                                                                      slurm_cluster) -> None:
+    sweep = slurm_sweep(lab, "slurmfail", tiny_model, small_data_dir, {"max_steps": [2, 3]})
+    res = sbench(lab, "submit", sweep, "-i", slurm_cluster["inventory"], "--executor", "slurm", "--no-prepare",
+                 "--wait", env=_env(SBENCH_FAULT="error@stage=model_load"))
+    assert res.returncode == 1, res.stdout + res.stderr
+    table, summary = res.stdout.split("2 attempt(s) ended:")
+    assert "campaign slurmfail: 2 attempt(s) submitted with the slurm executor" in table
+    assert summary.startswith(" 0 ok, 0 invalid, 2 failed"), summary
+    assert sum("SBENCH_FAULT error injected" in line for line in summary.splitlines()) == 2, summary
+
+
+@pytest.mark.slurm
+@pytest.mark.train
+def test_slurm_two_concurrent_submits_of_one_sweep_submit_each_attempt_once(lab, tiny_model, small_data_dir,
+                                                                           slurm_cluster) -> None:
+    sweep = slurm_sweep(lab, "slurmtwice", tiny_model, small_data_dir, {"max_steps": [2, 3]})
+    args = ("submit", sweep, "-i", slurm_cluster["inventory"], "--executor", "slurm", "--no-prepare", "--hold",
+            "--json")
+    procs = [start(lab, f"submit{i}", *args) for i in range(2)]
+    try:
+        codes = [p.wait(timeout=600) for p in procs]
+        submitted = []
+        for i, code in enumerate(codes):
+            out, err = output(lab, f"submit{i}")
+            assert "Traceback" not in err, err
+            if code == 0:
+                submitted.append(json.loads(out)["submitted"])
+            else:
+                assert code == 1 and "campaign 'slurmtwice' is in use by another sbench submit (PID" in err, err
+        assert sum(submitted) == 2, submitted
+        lines = attempt_lines(lab, "slurmtwice")
+        assert len(lines) == 2
+        assert len({ev["job_dir"] for ev in lines}) == 2 and len({ev["job_id"] for ev in lines}) == 2
+        for ev in lines:  # the job dir's own record names the one job that runs it
+            assert json.loads((Path(ev["job_dir"]) / "submitted.json").read_text())["job_id"] == ev["job_id"]
+    finally:
+        res = sbench(lab, "cancel", "--campaign", "slurmtwice")  # held: nothing of it needs to run
+    assert res.returncode == 0 and "cancelled 2 attempt(s)" in res.stdout, res.stdout + res.stderr

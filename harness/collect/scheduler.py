@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from harness.contract.jobstate import FINAL_STATES
+from harness.contract.paths import JobPaths
 from harness.slurm import localjob
 from harness.slurm.client import Slurm
 from harness.slurm.sacct import JobAccounting, Queued
@@ -63,6 +64,10 @@ def states(todo: list[tuple[Attempt, dict[str, Any]]], slurm: Slurm) -> tuple[di
                 out[a.run_id] = Sched("files")
         elif info.get("executor") == "local":
             out[a.run_id] = local_sched(a.job_dir)
+        elif info.get("executor") == "slurm" and a.job_dir is not None and not JobPaths(a.job_dir).stage_hosts():
+            # rendered, and its submit stopped before sbatch gave it a job id: it never ran
+            why = localjob.submitted(a.job_dir).get("not_started_reason")
+            out[a.run_id] = Sched("executor", "NOT_STARTED", note=why)
         else:
             out[a.run_id] = Sched("files")
     return out, status

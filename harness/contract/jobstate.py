@@ -14,6 +14,10 @@ Each state has
 A preempted job without requeue stays PREEMPTED (failed); with requeue it goes back to PENDING
 under the same job id and is the same attempt. SPECIAL_EXIT is a job held for requeue by an
 exit-code rule: its execution is over (done, judged by its files) but it may be released.
+
+The local executor (``harness.slurm.localjob``) adds LOST (its process is gone without recording an
+end: the files decide) and NOT_STARTED (its queue ended before starting it: failed, and retried as a
+new attempt by ``retry`` and ``submit --retry-failed``).
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
 from .state import MeasuredRun, PointHistory, campaign_history, record_events
 
+NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
+
 
 @dataclass
 class Decision:
@@ -215,6 +217,11 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
     for d in todo:
         spec, files = (first if d.attempt == 1 else again)[(d.point.point_id, d.point.repeat)]
         write_files(spec.job_dir, files)
+        # Until the backend replaces it: should this submit die (SIGKILL) before handing the job dir over,
+        # status, collect and retry see an attempt that never started, not one queued for ever.
+        manifest.write_submitted(Path(spec.job_dir), {"executor": name, "job_id": None,
+                                                      "rendered_at": manifest.now_iso(),
+                                                      "not_started_reason": NOT_HANDED_OVER})
         specs.append(spec)
     if specs:
         opts = SubmitOptions(max_parallel=max_parallel or sweep.slurm.max_parallel, hold=hold,

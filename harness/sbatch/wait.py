@@ -12,6 +12,7 @@ import contextlib
 import shlex
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,9 @@ from .backends import get_backend, live_states
 from .executors import Submitted
 
 OUTCOMES = ("ok", "invalid", "failed")
+# An attempt the scheduler reports over may lack its final accounting for a moment (sacct trails
+# slurmctld): collect again, this often, before calling an outcome unknown.
+SETTLE_TRIES, SETTLE_WAIT_S = 5, 2.0
 
 
 @dataclass
@@ -123,10 +127,16 @@ def summarise(campaign: str, submitted: list[Submitted], workdir: Path | None, d
     out = WaitSummary()
     rows: dict[str, dict[str, Any]] = {}
     try:
-        with interruptible():
-            collect(dbp, wd, campaign, run_ids=sorted(ids), slurm=slurm)
-        with open_store(dbp, read_only=True) as st:
-            rows = {r["run_id"]: r for r in attempt_rows(st, campaign) if r["run_id"] in ids}
+        for turn in range(SETTLE_TRIES):
+            if turn:
+                time.sleep(SETTLE_WAIT_S)
+            with interruptible():
+                collect(dbp, wd, campaign, run_ids=sorted(ids), slurm=slurm)
+            with open_store(dbp, read_only=True) as st:
+                rows = {r["run_id"]: r for r in attempt_rows(st, campaign) if r["run_id"] in ids}
+            if all(rows.get(rid, {}).get("outcome") in OUTCOMES for rid in ids):
+                break
+            slurm.forget()  # SLURM's accounting trails its controller: ask afresh
     except SbenchError as exc:
         out.note = (f"the outcomes are not known: {exc}; run 'sbench collect', then "
                     f"'sbench status --campaign {campaign}'")
