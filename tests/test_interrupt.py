@@ -237,6 +237,14 @@ def test_retry_refuses_a_sweep_that_now_names_another_campaign(lab) -> None:
     assert str(sweep) in res.stderr and "'second'" in res.stderr and "'first'" in res.stderr
     assert "Traceback" not in res.stderr
     assert manifest.read_text() == before and not (lab["workdir"] / "second").exists()
+    # A campaign submitted under another name (submit --campaign) follows its sweep while the sweep's
+    # campaign: says what it said then.
+    write_sweep(sweep, {**doc, "campaign": "nightly"})
+    synth.append_manifest(lab["workdir"], "nightly-2", [{**synth.manifest_events("nightly-2", FULL, "local"),
+                                                         "sweep": str(sweep), "inventory": None,
+                                                         "sweep_campaign": "nightly"}])
+    res = sbench(lab, "retry", "nightly-2", "--executor", "local", "--json")
+    assert res.returncode == 0 and json.loads(res.stdout)["campaign"] == "nightly-2", res.stdout + res.stderr
 
 
 def test_a_submit_killed_before_it_hands_its_job_dirs_over_leaves_them_visibly_not_started(lab) -> None:
