@@ -7,7 +7,9 @@ Used by the collect tests (which write their own raw rows through these) and by
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 from harness.contract.formats import SAMPLE_CSV_NAMES, Stage
 from harness.contract.paths import JobPaths, job_dir_name
 from harness.runner.node import TRAINING_KEYS
+from harness.slurm import localjob
 from harness.spec.catalog import get_experiment
 from harness.spec.plan import point_id as make_point_id
 
@@ -226,3 +229,10 @@ def make_run(workdir: Path, campaign: str, index: int, hosts: Sequence[str] = ("
     ]
     return {"job_dir": job_dir, "paths": paths, "point_id": pid, "entity": entity, "job_id": jid, "events": events,
             "t_train0": t_train0, "t_train1": t_train1}
+
+
+def local_process(path: str | Path, kind: str = localjob.LAUNCH) -> subprocess.Popen[bytes]:
+    """A live process that stands for the local executor's launch of job dir *path* (or, with ``kind="queue"``,
+    the queue of queue file *path*): it carries the token status, cancel and collect check. Kill it when done."""
+    return subprocess.Popen(["sleep", "120"], start_new_session=True,
+                            env={**os.environ, **localjob.environment(kind, path)})

@@ -749,13 +749,17 @@ def test_second_collect_gets_a_clear_busy_message(wd, tmp_path):
 
 
 def test_local_executor_run_is_running_while_its_process_lives_then_done(wd, tmp_path):
-    # submitit's local job id is the process id: this test process stands in for the live job
-    run = write_attempt(wd, 40, results=False, executor="local", job_id=str(os.getpid()))
-    db = tmp_path / "r.duckdb"
-    collect(db, wd, slurm=Slurm(FakeSlurm()))
-    assert one(db, "SELECT state, outcome, accounting_source FROM runs") == {
-        "state": "RUNNING", "outcome": None, "accounting_source": "executor"}
+    run = write_attempt(wd, 40, results=False, executor="local")
     paths = run["paths"]
+    launch = synth.local_process(paths.root)  # the live launch: it carries the job dir's token
+    try:
+        synth.write_json(paths.submitted, {"executor": "local", "job_id": run["job_id"], "pid": launch.pid})
+        db = tmp_path / "r.duckdb"
+        collect(db, wd, slurm=Slurm(FakeSlurm()))
+        assert one(db, "SELECT state, outcome, accounting_source FROM runs") == {
+            "state": "RUNNING", "outcome": None, "accounting_source": "executor"}
+    finally:
+        launch.kill()
     synth.write_json(paths.result("node1"), synth.result_doc("node1", 0, synth.T0, synth.T0 + 16))
     for rk in (0, 1):
         synth.write_json(paths.rank_result(rk), synth.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))

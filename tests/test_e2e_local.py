@@ -184,7 +184,10 @@ def test_failed_point_is_retried_as_a_new_attempt_and_ok_points_stay(env, cli_mo
     sweep = write_sweep(env["root"] / "mixed.yaml", sweep_doc(
         "e2e-mixed", "finetune_full_benchmark-v1.0.0", env["model"], env["data"],
         {"batch_size": 2, "max_steps": 2, "number_gpus": 1}, {"optim": ["adamw_torch", "schedule_free_adamw"]}))
-    run_cli(cli_module, env, "submit", sweep, "-i", inv, "--executor", "local", "--wait")
+    waited = cli_module("submit", sweep, "-i", inv, "--executor", "local", "--wait", "--workdir", env["workdir"],
+                        "--db", env["db"])
+    assert waited.exit_code == 1, waited.output  # one attempt failed: submit --wait says so
+    assert "2 attempt(s) ended: 1 ok, 0 invalid, 1 failed" in waited.stdout, waited.stdout
     run_cli(cli_module, env, "collect")
     runs = {r["optim"]: r for r in sql(env["db"], "SELECT p.optim, r.* FROM runs r JOIN points p USING (point_id) "
                                                   "WHERE r.campaign = 'e2e-mixed'")}
@@ -194,8 +197,11 @@ def test_failed_point_is_retried_as_a_new_attempt_and_ok_points_stay(env, cli_mo
     plain = json.loads(run_cli(cli_module, env, "submit", sweep, "-i", inv, "--executor", "local", "--json").stdout)
     assert plain["submitted"] == 0
     assert any("use --retry-failed" in p["reason"] for p in plain["points"])
-    rep = json.loads(run_cli(cli_module, env, "retry", "e2e-mixed", "--executor", "local", "--wait", "--json").stdout)
-    assert rep["submitted"] == 1
+    again = cli_module("retry", "e2e-mixed", "--executor", "local", "--wait", "--json", "--workdir", env["workdir"],
+                       "--db", env["db"])
+    assert again.exit_code == 1, again.output  # it fails again
+    rep = json.loads(again.stdout)
+    assert rep["submitted"] == 1 and rep["summary"]["counts"] == {"ok": 0, "invalid": 0, "failed": 1, "unknown": 0}
     (row,) = [p for p in rep["points"] if p["action"] == "submit"]
     assert row["point_id"] == runs["schedule_free_adamw"]["point_id"]
     assert row["attempt"] == 2 and row["reason"] == "retry"

@@ -29,7 +29,8 @@ from harness.build.sbatch import job_sbatch
 from harness.cli import main
 from harness.collect import collect
 from harness.contract.paths import JobPaths
-from harness.sbatch.local import LocalBackend, identity, kill_launch, timeout_minutes
+from harness.sbatch.local import LocalBackend, kill_launch, timeout_minutes
+from harness.slurm import localjob
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import load_sweep
@@ -466,27 +467,30 @@ def test_killing_the_node_runner_ends_its_training(tmp_path: Path) -> None:
 
 def test_cancel_signals_only_the_process_it_started(tmp_path: Path) -> None:
     jd = tmp_path / "runs" / "c" / "0123456789abcdef.r0.a1"
+    other = tmp_path / "runs" / "c" / "0123456789abcdef.r0.a2"
     jd.mkdir(parents=True)
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(jd)], start_new_session=True)
+    # Another job dir's launch: sbench started it, but not for this job dir.
+    neighbour = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                                 env={**os.environ, **localjob.environment(localjob.LAUNCH, other)})
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+                            env={**os.environ, **localjob.environment(localjob.LAUNCH, jd)})
     try:
         time.sleep(0.2)
-        # A pid file naming the stranger: recorded as it is, or with a start time of another process.
-        for info in ({"pid": stranger.pid}, {"pid": stranger.pid, "process": identity(stranger.pid, str(jd))},
-                     {"pid": stranger.pid, "process": {**identity(ours.pid, str(jd)), "pid": stranger.pid}}):
-            write_json(jd / "submitted.json", info)
+        # A submitted.json naming a process that does not carry this job dir's token: never signalled.
+        for pid in (stranger.pid, neighbour.pid):
+            write_json(jd / "submitted.json", {"executor": "local", "pid": pid})
             assert kill_launch(str(jd)) is False
-        qfile = tmp_path / "queue-1.json"
-        qfile.with_suffix(".pid").write_text(str(stranger.pid))  # the old, bare format
-        LocalBackend().cancel([{"job_dir": str(jd), "queue": str(qfile)}])
-        qfile.with_suffix(".pid").write_text(json.dumps(identity(stranger.pid, str(qfile))))
-        LocalBackend().cancel([{"job_dir": str(jd), "queue": str(qfile)}])
-        assert stranger.poll() is None, "cancel signalled a process it did not start"
-        write_json(jd / "submitted.json", {"pid": ours.pid, "process": identity(ours.pid, str(jd))})
+            assert LocalBackend().cancel([{"job_dir": str(jd)}]) == []
+            assert localjob.job_state(jd) == "LOST"
+        assert stranger.poll() is None and neighbour.poll() is None, "cancel signalled a process it did not start"
+        write_json(jd / "submitted.json", {"executor": "local", "pid": ours.pid})
+        assert localjob.job_state(jd) == "RUNNING"
         assert kill_launch(str(jd)) is True
         assert ours.wait(timeout=10) == -signal.SIGTERM
     finally:
         stranger.kill()
+        neighbour.kill()
         ours.kill()
 
 

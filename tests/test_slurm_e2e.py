@@ -57,8 +57,8 @@ def sweep(env, name: str, entity: dict, grid: dict | None = None, slurm: dict | 
     return write_sweep(env["root"] / f"{name}.yaml", doc)
 
 
-def submit(sb, env, path: Path, *flags: str) -> dict:
-    res = sb(env, "submit", path, "-i", TEST_INVENTORY, "--executor", "slurm", "--json", *flags)
+def submit(sb, env, path: Path, *flags: str, ok: bool = True) -> dict:
+    res = sb(env, "submit", path, "-i", TEST_INVENTORY, "--executor", "slurm", "--json", *flags, ok=ok)
     return json.loads(res.stdout)
 
 
@@ -276,8 +276,9 @@ def test_a_failed_prepare_job_cancels_its_arrays_and_status_says_why(sb, env) ->
     path = sweep(env, "prep-fail", {"number_gpus": 1, "max_steps": 2})
     path.write_text(path.read_text().replace(str(env["model"]), str(broken)))
     # --force: the same point may already be measured by another test of this module
-    rep = submit(sb, env, path, "--prepare-on", "slurm", "--wait", "--force")
+    rep = submit(sb, env, path, "--prepare-on", "slurm", "--wait", "--force", ok=False)
     assert rep["submitted"] == 1
+    assert rep["summary"]["counts"]["failed"] == 1  # submit --wait exited 1 and said so
     prep_job = rep["prepare_job"]
     log = Path(rep["campaign_dir"]) / ".slurm" / f"prepare-{prep_job}.out"
     assert "lacks weights" in log.read_text()

@@ -147,32 +147,39 @@ def test_slurm_time(text: str, minutes: float) -> None:
 def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
     """Submit's view of a campaign: no collect when every attempt has settled; only the attempts the
     database lacks, or that the executor no longer reports queued or running, otherwise."""
-    import os
+    import json
 
     from harness.collect import collect
     from harness.sbatch.state import runs_to_refresh
+    from harness.slurm import localjob
     from harness.slurm.client import Slurm
-    from tests.synth import append_manifest, make_run, write_json
+    from tests.synth import append_manifest, local_process, make_run, write_json
 
     wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
     assert runs_to_refresh(db, wd, "c", Slurm()) is None  # no database yet: everything
     done = make_run(wd, "c", 0, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local", job_id="999991")
     append_manifest(wd, "c", done["events"])
-    queued = make_run(wd, "c", 1, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local",
-                      job_id=str(os.getpid()))  # a live process id: collect sees it running
+    queued = make_run(wd, "c", 1, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local", job_id=None)
     for f in queued["paths"].root.iterdir():
         if f.name.startswith(("result.", "rank.", "stages.")):
             f.unlink()
     append_manifest(wd, "c", queued["events"])
-    collect(db, wd)
-    from harness.contract.paths import run_id
+    qfile = wd / "c" / ".local" / "queue-1.json"
+    qfile.parent.mkdir(parents=True)
+    queue = local_process(qfile, "queue")  # its live queue: collect sees it waiting
+    try:
+        localjob.pidfile(qfile).write_text(json.dumps({"pid": queue.pid}))
+        write_json(queued["paths"].submitted, {"executor": "local", "job_id": None, "queue": str(qfile)})
+        collect(db, wd)
+        from harness.contract.paths import run_id
 
-    rid = {r["point_id"]: run_id("c", r["point_id"], 0, 1) for r in (done, queued)}
-    # the executor says the queued one is still waiting (no pid yet): nothing to read
-    write_json(queued["paths"].submitted, {"executor": "local", "job_id": str(os.getpid())})
-    assert runs_to_refresh(db, wd, "c", Slurm()) == []
+        rid = {r["point_id"]: run_id("c", r["point_id"], 0, 1) for r in (done, queued)}
+        # the executor says the queued one is still waiting (no pid yet): nothing to read
+        assert runs_to_refresh(db, wd, "c", Slurm()) == []
+    finally:
+        queue.kill()
     # it ended since: that run alone
-    write_json(queued["paths"].submitted, {"executor": "local", "job_id": str(os.getpid()), "exit_code": 1,
+    write_json(queued["paths"].submitted, {"executor": "local", "job_id": "12", "exit_code": 1,
                                            "ended_at": "2025-11-22T00:10:00+0000"})
     assert runs_to_refresh(db, wd, "c", Slurm()) == [rid[queued["point_id"]]]
     # an attempt the database has never seen

@@ -17,7 +17,7 @@ import click
 
 from harness import __version__
 from harness.contract import envvars
-from harness.contract.errors import SbenchError
+from harness.contract.errors import Interrupted, SbenchError
 from harness.spec.schema import is_name
 
 # The module of harness.cli that defines each top-level command. A command's module is loaded when the
@@ -81,7 +81,13 @@ class SbenchGroup(click.Group):
         except SbenchError as exc:
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(exc.exit_code)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
+        except Interrupted as exc:  # stopped where it could stop cleanly; exit 128 + the signal
+            click.echo(f"sbench: {exc}" + (f"\n{exc.note}" if exc.note else ""), err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("sbench: interrupted by signal 2", err=True)
+            ctx.exit(128 + 2)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except BrokenPipeError:  # the reader went away (`sbench query ... | head`): stop quietly, as Unix tools do
             try:

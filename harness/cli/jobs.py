@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
+from harness.contract.errors import Interrupted
 from harness.sbatch.control import cancel as cancel_attempts
 from harness.sbatch.control import status as status_report
-from harness.sbatch.submit import retry_campaign, submit_sweep
+from harness.sbatch.submit import SubmitReport, retry_campaign, submit_sweep
+from harness.sbatch.wait import WaitSummary, still_queued, wait_for
+from harness.slurm.client import Slurm
 
 from .base import (
     Progress,
@@ -38,7 +41,8 @@ def executor_option(f: Any) -> Any:
 @workdir_option
 @db_option
 @model_map_option
-@click.option("--wait", is_flag=True, help="Wait until every submitted attempt has finished.")
+@click.option("--wait", is_flag=True, help="Print the attempts, wait until every one has finished, then print how "
+              "many ended ok, invalid and failed; exit 1 when any failed. Ctrl-C stops the waiting, not the attempts.")
 @click.option("--force", is_flag=True, help="Run points again even when already measured.")
 @click.option("--retry-failed", is_flag=True, help="Resubmit points whose last attempt failed, as new attempts.")
 @click.option("--max-parallel", type=click.IntRange(min=1), default=None,
@@ -68,17 +72,64 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
 
     Example: sbench submit sweeps/demo-cpu.yaml --executor local --wait
     """
-    progress = Progress("submit", {"wait": "attempts finished"}, quiet=as_json)
     try:
-        report = submit_sweep(sweep, inventory, executor, workdir, db, wait=wait, force=force,
+        report = submit_sweep(sweep, inventory, executor, workdir, db, force=force,
                               retry_failed=retry_failed, max_parallel=max_parallel, hold=hold, model_map=model_map,
                               preflight=preflight, prepare="no" if no_prepare else prepare_on,
                               skip_predicted_oom=skip_predicted_oom, reuse_measured=reuse_measured,
-                              campaign=campaign, echo=_stderr_echo(as_json),
-                              progress=lambda done, total: progress("wait", done, total))
+                              campaign=campaign, echo=_stderr_echo(as_json))
+    except Interrupted as exc:
+        _interrupted(exc, as_json, workdir, db)
+    _finish(report, "submit", wait, as_json, workdir, db)
+
+
+def _interrupted(exc: Interrupted, as_json: bool, workdir: Path | None, db: Path | None) -> NoReturn:
+    """A signal that came while submit held the campaign lock took effect once the submission was complete:
+    show what was submitted, and how to stop it."""
+    rep = exc.result
+    if isinstance(rep, SubmitReport):
+        _print_submit(rep.to_dict(), as_json)
+        if rep.submitted:
+            exc.note = still_queued(rep.campaign, rep.executor, rep.submitted, workdir, db, Slurm())
+    raise exc
+
+
+def _finish(report: SubmitReport, command: str, wait: bool, as_json: bool, workdir: Path | None,
+            db: Path | None) -> None:
+    """Print the submission; with --wait, print it first, wait, then print the outcomes (exit 1 on a failure)."""
+    d = report.to_dict()
+    if not wait or not report.submitted:
+        _print_submit(d, as_json)
+        return
+    if not as_json:
+        _print_submit(d, False)
+        click.echo(f"\nwaiting for {len(report.submitted)} attempt(s); Ctrl-C stops the waiting, not the attempts",
+                   err=True)
+    progress = Progress(command, {"wait": "attempts finished"}, quiet=as_json)
+    try:
+        summary = wait_for(report.campaign, report.executor, report.submitted, workdir, db,
+                           progress=lambda done, total: progress("wait", done, total))
     finally:
         progress.close()
-    _print_submit(report.to_dict(), as_json)
+    if as_json:
+        echo_json({**d, "summary": summary.to_dict()})
+    else:
+        _print_summary(summary)
+    if not summary.all_fine:
+        raise click.exceptions.Exit(1)
+
+
+def _print_summary(summary: WaitSummary) -> None:
+    c = summary.counts
+    unknown = f", {c['unknown']} not known" if c["unknown"] else ""
+    click.echo(f"\n{len(summary.runs)} attempt(s) ended: {c['ok']} ok, {c['invalid']} invalid, {c['failed']} failed"
+               f"{unknown}")
+    for r in summary.runs:
+        if r["outcome"] in ("failed", "unknown"):
+            click.echo(f"  {r['outcome']:<7}  {r['point_id']} r{r['repeat']} a{r['attempt']}: "
+                       f"{_short(r.get('reason') or r.get('state') or 'no outcome recorded', 100)}")
+    if summary.note:
+        click.echo(f"note: {summary.note}", err=True)
 
 
 def _stderr_echo(quiet: bool) -> Any:
@@ -117,22 +168,22 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
 @workdir_option
 @db_option
 @executor_option
-@click.option("--wait", is_flag=True, help="Wait until every resubmitted attempt has finished.")
+@click.option("--wait", is_flag=True, help="As submit --wait: print the attempts, wait, print the outcomes; exit 1 "
+              "when any failed.")
 @click.option("--max-parallel", type=click.IntRange(min=1), default=None)
 @json_option
 def retry(campaign: str, workdir: Path | None, db: Path | None, executor: str, wait: bool, max_parallel: int | None,
           as_json: bool) -> None:
-    """Resubmit the failed points of a campaign as new attempts; ok and invalid ones stay as they are.
+    """Resubmit the failed points of a campaign (and those its local queue never started) as new attempts; ok
+    and invalid ones stay as they are.
 
     Example: sbench retry lora-scan
     """
-    progress = Progress("retry", {"wait": "attempts finished"}, quiet=as_json)
     try:
-        report = retry_campaign(campaign, workdir, db, executor=executor, wait=wait, max_parallel=max_parallel,
-                                progress=lambda done, total: progress("wait", done, total))
-    finally:
-        progress.close()
-    _print_submit(report.to_dict(), as_json)
+        report = retry_campaign(campaign, workdir, db, executor=executor, max_parallel=max_parallel)
+    except Interrupted as exc:
+        _interrupted(exc, as_json, workdir, db)
+    _finish(report, "retry", wait, as_json, workdir, db)
 
 
 @main.command()

@@ -17,6 +17,7 @@ file and asks no scheduler), so each rule can be tested on its own. The rules, i
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ class Sched:
     state: str | None = None  # None: the files decide
     job: JobAccounting | None = None
     gone: bool = False  # the executor/queue no longer knows the job: it is over
+    note: str | None = None  # the executor's own word on why (a local job its queue never started)
 
 
 @dataclass
@@ -45,6 +47,13 @@ class Verdict:
     hosts_expected: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
 
 
 def _crashes(f: JobFiles) -> list[str]:
@@ -95,6 +104,11 @@ def _scheduler_failure(f: JobFiles, sched: Sched, cancel_requested: bool,
         verdict, why = jobstate.verdict(sched.state)
         if verdict != "failed":
             return None, None
+        if sched.state in ("NOT_STARTED", "CANCELLED") and sched.source == "executor" and sched.job is None:
+            # a local job that never started: cancelled (sbench cancel) or stranded by its queue
+            if cancel_requested or sched.state == "CANCELLED":
+                return "cancelled before it started", "CANCELLED"
+            return sched.note or why, None
         if sched.job and sched.job.elapsed_s is not None and sched.state == "TIMEOUT":
             why = f"timeout after {sched.job.elapsed_s:g} s"
         return why, None
@@ -163,10 +177,17 @@ def decide(f: JobFiles, sched: Sched, cancel_requested: bool) -> Verdict:
         v.outcome = "ok"
     else:
         v.outcome = "failed"
-    if v.outcome != "ok":
+    # A local job that never started: its one reason says why, and no file is missing.
+    never_started = bool(sched_fail) and not hosts_all and not f.errors and sched.source == "executor" and \
+        sched.state in ("NOT_STARTED", "CANCELLED") and sched.job is None
+    if v.outcome != "ok" and not never_started:
         reasons += [error_text(e) for e in failed_errs]
         reasons += [r for r in host_fail if r not in reasons]
-        reasons += _crashes(f) + missing
+        if not hosts_all and f.killed_by:  # a signal stopped the launch before its node runner wrote a file
+            how = "cancelled" if f.killed_by in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) else "killed"
+            reasons.append(f"{how} by signal {f.killed_by} ({_signame(f.killed_by)}) before its node runner started")
+        else:
+            reasons += _crashes(f) + missing
         if v.outcome == "failed" and f.rank0 is None and not reasons and all_results:
             reasons.append("no training measurements from rank 0 (no rank.0.json)")
         if v.outcome == "failed" and not reasons:

@@ -1,14 +1,16 @@
 """What the scheduler (or the executor) says about the runs a collect may have to re-read: SLURM's
 accounting for the SLURM runs (the queue for those sacct does not know, or when it cannot answer),
-asked through the command's client (``harness.slurm.client``), and the process id for local runs."""
+asked through the command's client (``harness.slurm.client``), and for local runs the local executor's
+word (``harness.slurm.localjob``: a verified process, its queue, what ``submitted.json`` recorded)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from harness.contract.jobstate import FINAL_STATES
+from harness.contract.paths import JobPaths
+from harness.slurm import localjob
 from harness.slurm.client import Slurm
 from harness.slurm.sacct import JobAccounting, Queued
 
@@ -16,21 +18,22 @@ from .discover import Attempt, spec_exec
 from .outcome import Sched
 
 
-def local_alive(job_id: str | None) -> bool | None:
-    """Whether the local executor's job (submitit's local job id is its process id) still runs."""
-    try:
-        pid = int(str(job_id))
-    except (TypeError, ValueError):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return None
-    return True
+def local_sched(job_dir: Any) -> Sched:
+    """The local executor's word on one job (``harness.slurm.localjob.job_state``). Not started, cancelled
+    before it started, running or queued: a state that dictates or defers the outcome. Ended, or gone without
+    recording an end: the files decide."""
+    if job_dir is None:
+        return Sched("files")
+    state = localjob.job_state(job_dir)
+    if state is None:
+        return Sched("files")
+    if state == "NOT_STARTED":
+        return Sched("executor", state, note=localjob.submitted(job_dir).get("not_started_reason"))
+    if state in ("RUNNING", "PENDING", "UNKNOWN"):
+        return Sched("executor", state)
+    if state == "CANCELLED" and not localjob.submitted(job_dir).get("ended_at"):
+        return Sched("executor", "CANCELLED")  # cancelled before it started
+    return Sched("executor", None, gone=True)
 
 
 def states(todo: list[tuple[Attempt, dict[str, Any]]], slurm: Slurm) -> tuple[dict[str, Sched], str | None]:
@@ -60,8 +63,11 @@ def states(todo: list[tuple[Attempt, dict[str, Any]]], slurm: Slurm) -> tuple[di
             else:
                 out[a.run_id] = Sched("files")
         elif info.get("executor") == "local":
-            alive = local_alive(info.get("job_id"))
-            out[a.run_id] = Sched("executor", "RUNNING" if alive else None, gone=alive is False)
+            out[a.run_id] = local_sched(a.job_dir)
+        elif info.get("executor") == "slurm" and a.job_dir is not None and not JobPaths(a.job_dir).stage_hosts():
+            # rendered, and its submit stopped before sbatch gave it a job id: it never ran
+            why = localjob.submitted(a.job_dir).get("not_started_reason")
+            out[a.run_id] = Sched("executor", "NOT_STARTED", note=why)
         else:
             out[a.run_id] = Sched("files")
     return out, status
@@ -83,4 +89,4 @@ def unsettled(attempts: Iterable[Attempt],
     return todo
 
 
-__all__ = ["local_alive", "states", "unsettled"]
+__all__ = ["local_sched", "states", "unsettled"]

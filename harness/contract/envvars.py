@@ -52,6 +52,9 @@ ENVS_DIR = Var("SBENCH_ENVS_DIR", "",
                "$XDG_CACHE_HOME/sbench/envs, else ~/.cache/sbench/envs", "login")
 DEBUG = Var("SBENCH_DEBUG", "", "Any value: the CLI shows the traceback of an internal error", "login")
 DB_WAIT = Var("SBENCH_DB_WAIT", "5", "Seconds to wait for another sbench process's DuckDB write lock", "login")
+CAMPAIGN_WAIT = Var("SBENCH_CAMPAIGN_WAIT", "5",
+                    "Seconds a submit, retry or cancel waits for another's lock on the same campaign, then exits 1 "
+                    "naming the holder", "login")
 
 # -- job: set by render (env/<host>.sh) --------------------------------------------------------------------
 CAMPAIGN = Var("SBENCH_CAMPAIGN", "", "The attempt's campaign", "job", recorded=True)
@@ -63,7 +66,7 @@ HOST_ADDRESS = Var("SBENCH_HOST_ADDRESS", "",
                    "The host's inventory address; launch.sh binds gloo and NCCL to the interface holding it", "job",
                    recorded=True)
 
-# -- job: set by launch.sh (the local executor sets the first and last) and the node runner ------------------
+# -- job: set by launch.sh and the node runner (the local executor sets SBENCH_HOST and SBENCH_MAIN_PORT) ------
 HOST = Var("SBENCH_HOST", "", "This node's name; see host()", "job", recorded=True)
 MACHINE_RANK = Var("SBENCH_MACHINE_RANK", "", "This node's rank in the job; unset: $SLURM_NODEID, else 0", "job",
                    recorded=True)
@@ -76,6 +79,10 @@ TRIAL = Var("SBENCH_TRIAL", "", "The stability trial a training process belongs 
 LAUNCHED_WALL = Var("SBENCH_LAUNCHED_WALL", "",
                     "When the node runner started the training command (wall clock): where each rank's launch "
                     "stage begins; unset: when the rank's process started", "job")
+LOCAL_TOKEN = Var("SBENCH_LOCAL_TOKEN", "",
+                  "Set by the local executor on each launch and on its queue process: a keyed digest of the job dir "
+                  "(or queue file) under this user's key; status and cancel trust a process only when its "
+                  "/proc/<pid>/environ carries the value they compute themselves (harness.slurm.localjob)", "job")
 
 # -- tests (each also works by hand) -------------------------------------------------------------------------
 SAMPLER_BACKEND = Var("SBENCH_SAMPLER_BACKEND", "nvml", "The sampler's GPU backend: nvml, fake or none", "tests",

@@ -53,3 +53,24 @@ class SchemaMismatchError(SbenchError):
 
 class RunnerError(SbenchError):
     pass
+
+
+class CampaignBusyError(SbenchError):
+    """Another sbench process holds the campaign's lock (a submit, retry or cancel of the same campaign)."""
+
+
+class Interrupted(BaseException):  # noqa: N818 - not an error: the user stopped the command
+    """SIGINT or SIGTERM stopped a command at a point where it could stop cleanly; exit 128 + the signal.
+
+    ``note`` says what was left behind (attempts still queued, and the command that stops them); ``result``
+    is what the command had done when the signal took effect (a submit's report), for the CLI to show."""
+
+    def __init__(self, signum: int, note: str | None = None, result: object = None) -> None:
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+        self.note = note
+        self.result = result
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

@@ -14,6 +14,10 @@ Each state has
 A preempted job without requeue stays PREEMPTED (failed); with requeue it goes back to PENDING
 under the same job id and is the same attempt. SPECIAL_EXIT is a job held for requeue by an
 exit-code rule: its execution is over (done, judged by its files) but it may be released.
+
+The local executor (``harness.slurm.localjob``) adds LOST (its process is gone without recording an
+end: the files decide) and NOT_STARTED (its queue ended before starting it: failed, and retried as a
+new attempt by ``retry`` and ``submit --retry-failed``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ def _table() -> dict[str, JobState]:
              # LOST: a local job's process is gone without recording an end; GONE: a job that left the
              # scheduler without an accounting record (an array task cancelled while pending leaves none)
              JobState("LOST", "done", "files"), JobState("GONE", "done", "files")]
+    # the local executor: the queue that held it ended (signal, SIGKILL, an interrupted submit) before starting
+    # it; nothing will start it now, and retry or submit --retry-failed runs it as a new attempt
+    rows += [JobState("NOT_STARTED", "done", "failed", "not started: its local queue ended before starting it")]
     rows += [JobState(s, "done", "failed", why, final=s != "PREEMPTED") for s, why in (
         ("CANCELLED", "cancelled"), ("TIMEOUT", "timeout"), ("NODE_FAIL", "node failure"),
         ("OUT_OF_MEMORY", "host OOM"), ("PREEMPTED", "preempted"), ("BOOT_FAIL", "node boot failure"),

@@ -3,7 +3,9 @@ use it); beside it the login node's default DB and work dir, and a dataset's fil
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from pathlib import Path
 
 from . import envvars
@@ -23,6 +25,19 @@ def resolve_workdir(workdir: str | Path | None = None) -> Path:
 def resolve_db(db: str | Path | None = None) -> Path:
     """The results database: *db*, else $SBENCH_DB, else results/results.duckdb; absolute."""
     return Path(db or envvars.DB.get()).resolve()
+
+
+# A campaign directory's lock file: submit, retry and cancel of one campaign hold it in turn (harness.sbatch.lock).
+CAMPAIGN_LOCK = ".lock"
+
+
+def process_key_files() -> list[Path]:
+    """Where this user's key for local process tokens lives (harness.slurm.localjob), in order of preference:
+    ``$XDG_CACHE_HOME/sbench/process.key`` (else ``~/.cache/...``), then a private directory under the
+    system's temporary directory. Outside every work dir: nothing a work dir holds can stand in for it."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return [Path(base) / "sbench" / "process.key",
+            Path(tempfile.gettempdir()) / f"sbench-{os.getuid()}" / "process.key"]
 
 
 SPEC_SCHEMA = "sbench.spec/1"  # the "schema" of every spec.json render writes

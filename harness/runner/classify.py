@@ -84,6 +84,12 @@ def _signame(sig: int) -> str:
         return f"signal {sig}"
 
 
+def cancelled(signum: int, what: str) -> str:
+    """The reason of a run a signal stopped (scancel, sbench cancel, a stopped queue, the time limit):
+    ``cancelled by signal 15 (SIGTERM); training stopped``."""
+    return f"cancelled by signal {signum} ({_signame(signum)}); {what}"
+
+
 def node_outcome(*, exit_code: int | None, signal: int | None, errors: list[dict[str, Any]],
                  expected_ranks: list[int], rank_docs: dict[int, dict[str, Any]],
                  rank_exit: dict[int, int] | None = None, terminated_by: int | None = None,
@@ -99,7 +105,7 @@ def node_outcome(*, exit_code: int | None, signal: int | None, errors: list[dict
         e = min(invalid, key=lambda d: d.get("t_wall") or 0)
         return INVALID, f"rank {e.get('rank')}: {e.get('error_type')}: {e.get('message')}"[:1000]
     if terminated_by is not None:
-        return FAILED, f"node runner received signal {terminated_by} (scancel or time limit); training stopped"
+        return FAILED, cancelled(terminated_by, "training stopped")
     # A rank killed by a signal is the root cause; its peers then fail in collectives it never joins.
     errored = {e.get("rank") for e in errors}
     killed = {r: -c for r, c in rank_exit.items() if c < 0 and r not in errored}

@@ -41,7 +41,7 @@ from .devices import backend_name, device_info, what_ran, wrapping
 from .measure import Meter, StopPolicy, make_callback, measurements, run_totals
 from .memsnap import MemoryRecorder
 from .rank import Context, launch_end, write_json
-from .stages import Terminated
+from .stages import Terminated, signalled
 
 TRAINER_PACKAGES = ("fms-hf-tuning", "torch", "transformers", "trl", "peft", "accelerate", "datasets",
                     "fms-acceleration", "fms-acceleration-peft", "fms-acceleration-foak", "fms-acceleration-moe")
@@ -298,8 +298,10 @@ def run(args: Any, ctx: Context) -> dict[str, Any]:
             opened = stages.pop("open", None)
             if opened:
                 ctx.log.last_failed = opened
-                ctx.log.end(opened, "killed" if isinstance(err, Terminated) else "error",
-                            f"{type(err).__name__}: {err}"[:2000])
+                killed = isinstance(err, Terminated) or signalled() is not None
+                ctx.log.end(opened, "killed" if killed else "error",
+                            f"terminated by signal {signalled()}" if signalled() is not None
+                            else f"{type(err).__name__}: {err}"[:2000])
             if isinstance(err, SystemExit):
                 raise RuntimeError(f"fms-hf-tuning exited with code {err.code} before training (see "
                                    "train.<host>.log)") from None

@@ -12,9 +12,12 @@ One per node (``launch.sh`` execs it). In order it
    its own rendezvous port;
 4. ``teardown``: stops the sampler and writes ``result.<host>.json``.
 
-SIGTERM/SIGINT (scancel, the time limit) are forwarded to the training processes; after
-``runner.stop_grace_s`` whatever is left is killed. ``result.<host>.json`` is written at once
-on the signal and again when the training processes are gone.
+SIGTERM/SIGINT (scancel, sbench cancel, the time limit) are forwarded to the training processes;
+after ``runner.stop_grace_s`` whatever is left is killed. ``result.<host>.json`` is written at once
+on the signal and again when the training processes are gone. Outside training the first signal
+aborts the current stage (once: a second one never interrupts the winding up), and whatever that
+abort sets off, the recorded reason is "cancelled by signal N", never an error from wherever the
+signal landed.
 
 Exit status: 0 ok, 1 failed, 2 invalid (GPU out of memory / illegal memory access), 3 bad
 invocation, 128+N when stopped by signal N. Stability runs exit 0 once every trial ran, whatever
@@ -45,7 +48,7 @@ from harness.data.datagen import dataset_status, make_dataset
 from . import classify, pdeath
 from .envcapture import capture
 from .sampler import Sampler, open_backend
-from .stages import StageLog, Terminated, open_stages, read_stages
+from .stages import StageLog, Terminated, note_signal, open_stages, read_stages
 
 EXIT = {"ok": 0, "failed": 1, "invalid": 2}
 LOG_TAIL_BYTES = 256 * 1024
@@ -137,6 +140,7 @@ class NodeRunner:
         self.kill_deadline: float | None = None
         self.sampler: Sampler | None = None
         self.phase = "init"
+        self.raising = False  # a first signal outside training aborts the current stage (main's stages only)
         self.result: dict[str, Any] = {
             "host": host, "machine_rank": self.machine_rank, "exit_code": None, "signal": None, "outcome": None,
             "reason": None, "started_wall": time.time(), "ended_wall": None, "samples": 0,
@@ -169,6 +173,7 @@ class NodeRunner:
                 pass
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        note_signal(signum)
         first = self.terminated_by is None
         self.terminated_by = self.terminated_by or signum
         if self.proc is not None and self.proc.poll() is None:
@@ -179,15 +184,15 @@ class NodeRunner:
                 self.kill_deadline = time.monotonic() + self.settings.stop_grace_s
                 # On disk at once: SLURM's SIGKILL may follow before the training processes are gone.
                 self.result.update(outcome="failed", signal=None, ended_wall=time.time(),
-                                   reason=f"node runner received signal {signum}; stopping training")
+                                   reason=classify.cancelled(signum, "stopping training"))
                 self.result["samples"] = self.sampler.rows if self.sampler else 0
                 _write_json(self.paths.result(self.host), self.result)
             else:
                 self._signal_tree(signal.SIGKILL)  # a second signal: no more grace
             return
-        if self.phase == Stage.TEARDOWN:
-            return  # finishing anyway: result.<host>.json records the signal
-        raise Terminated(signum)  # not training: abort the current stage
+        if first and self.raising and self.phase != Stage.TEARDOWN:
+            raise Terminated(signum)  # not training: abort the current stage
+        # Already stopping, or finishing anyway: result.<host>.json records the signal.
 
     # -- stages ----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -374,17 +379,26 @@ class NodeRunner:
         run: dict[str, Any] | None = None
         failure = None
         try:
-            self.setup()
-            if self.spec.get("workload", "train") == "train":
-                self.dataset()
-            run = self.train()
-        except Terminated as exc:
-            failure = f"node runner received signal {exc.signum} before training finished"
+            try:
+                self.raising = True
+                self.setup()
+                if self.spec.get("workload", "train") == "train":
+                    self.dataset()
+                run = self.train()
+            except Terminated as exc:
+                self.terminated_by = exc.signum
+            except Exception as exc:  # noqa: BLE001 - recorded in result.<host>.json
+                if self.terminated_by is None:  # else the signal is the cause, wherever it landed
+                    stage = self.log.last_failed or "runner"
+                    failure = f"{stage}: {classify.error_type(exc)}: {exc}"[:2000]
+                    print(f"sbench runner: {failure}", file=sys.stderr, flush=True)
+            finally:
+                self.raising = False
+        except Terminated as exc:  # the first signal landed while the stages were being wound up
             self.terminated_by = exc.signum
-        except Exception as exc:  # noqa: BLE001 - recorded in result.<host>.json
-            stage = self.log.last_failed or "runner"
-            failure = f"{stage}: {classify.error_type(exc)}: {exc}"[:2000]
-            print(f"sbench runner: {failure}", file=sys.stderr, flush=True)
+        if self.terminated_by is not None and (run is None or failure is not None):
+            failure = classify.cancelled(self.terminated_by,
+                                         f"stopped during {self.log.last_failed or 'start-up'}, before training")
         self.finish(run, failure)
         return self.exit_code()
 

@@ -31,7 +31,7 @@ from .classify import error_record
 from .cmdline import parse_args
 from .envcapture import relevant_env
 from .faults import Fault, faults_from_env
-from .stages import StageLog, Terminated
+from .stages import StageLog, Terminated, note_signal
 
 MODULE_START_WALL = time.time()  # this process's start as the launch stage sees it (the heavy imports come later)
 
@@ -148,8 +148,22 @@ def launch_failed(ctx: Context, status: str, error: str) -> None:
 
 # -- the frame ----------------------------------------------------------------------------------------------
 
-def _on_signal(signum: int, frame: Any) -> None:
-    raise Terminated(signum)
+class _Signals:
+    """The first SIGTERM/SIGINT aborts the run (once: a second one never interrupts the winding up), and
+    whatever the abort sets off (an import left half done, a library's cleanup), the rank is recorded as
+    stopped by that signal, never with an error from wherever the signal landed."""
+
+    signum: int | None = None
+    raising = False
+
+    @classmethod
+    def handler(cls, signum: int, frame: Any) -> None:
+        if cls.signum is not None:
+            return
+        cls.signum = signum
+        note_signal(signum)
+        if cls.raising:
+            raise Terminated(signum)
 
 
 def main(run: Runner, argv: list[str] | None = None) -> int:
@@ -158,7 +172,7 @@ def main(run: Runner, argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ctx = Context.from_env(args)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _on_signal)
+        signal.signal(sig, _Signals.handler)
     doc = ctx.doc
     doc.update(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size, host=ctx.host, trial=ctx.trial,
                pid=os.getpid(), status="running", env=relevant_env(), device=None, notes=ctx.notes,
@@ -166,27 +180,42 @@ def main(run: Runner, argv: list[str] | None = None) -> int:
     code = 0
     launch_start(ctx)
     try:
-        run(args, ctx)
-        doc["status"] = "ok"
-    except Terminated as exc:
-        launch_failed(ctx, "killed", str(exc))
-        doc["status"], doc["error"] = "killed", str(exc)
-        code = 128 + exc.signum
-    except BaseException as exc:  # noqa: BLE001 - every failure is classified and recorded
-        launch_failed(ctx, "error", f"{type(exc).__name__}: {exc}"[:2000])
-        rec = error_record(exc, rank=ctx.rank, host=ctx.host, stage=ctx.log.last_failed, trial=ctx.trial,
-                           t_wall=time.time())
-        doc["status"], doc["error"] = "error", {k: rec[k] for k in ("kind", "error_type", "message", "stage")}
-        if ctx.paths is not None:
-            write_json(ctx.paths.error(ctx.rank), rec)
-        traceback.print_exc()
-        print(f"sbench[rank {ctx.rank}]: {rec['kind']}: {rec['error_type']}: {rec['message']}", file=sys.stderr,
-              flush=True)
-        code = 1
+        try:
+            _Signals.raising = True
+            run(args, ctx)
+            doc["status"] = "ok"
+        except BaseException as exc:  # noqa: BLE001 - every failure is classified and recorded
+            _Signals.raising = False
+            if _Signals.signum is None and not isinstance(exc, Terminated):
+                code = _failed(ctx, exc)
+        finally:
+            _Signals.raising = False
+    except Terminated:  # the first signal landed while the run was being wound up
+        pass
+    if _Signals.signum is not None and doc.get("status") != "ok":
+        stopped = f"terminated by signal {_Signals.signum}"
+        launch_failed(ctx, "killed", stopped)
+        doc["status"], doc["error"] = "killed", stopped
+        code = 128 + _Signals.signum
     doc["ended_wall"] = time.time()
     if ctx.paths is not None:
         write_json(ctx.paths.rank_result(ctx.rank), doc)
     return code
+
+
+def _failed(ctx: Context, exc: BaseException) -> int:
+    """Record an exception that ended the run (``error.<rank>.json``); returns the exit code."""
+    doc = ctx.doc
+    launch_failed(ctx, "error", f"{type(exc).__name__}: {exc}"[:2000])
+    rec = error_record(exc, rank=ctx.rank, host=ctx.host, stage=ctx.log.last_failed, trial=ctx.trial,
+                       t_wall=time.time())
+    doc["status"], doc["error"] = "error", {k: rec[k] for k in ("kind", "error_type", "message", "stage")}
+    if ctx.paths is not None:
+        write_json(ctx.paths.error(ctx.rank), rec)
+    traceback.print_exc()
+    print(f"sbench[rank {ctx.rank}]: {rec['kind']}: {rec['error_type']}: {rec['message']}", file=sys.stderr,
+          flush=True)
+    return 1
 
 
 def exit_now(code: int) -> None:

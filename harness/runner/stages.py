@@ -25,6 +25,19 @@ class Terminated(BaseException):
         self.signum = signum
 
 
+_SIGNAL: list[int] = []  # the first SIGTERM/SIGINT this process received (its handler calls note_signal)
+
+
+def note_signal(signum: int) -> None:
+    """Remember the first stopping signal: a stage that fails from then on was killed, whatever it raised."""
+    if not _SIGNAL:
+        _SIGNAL.append(signum)
+
+
+def signalled() -> int | None:
+    return _SIGNAL[0] if _SIGNAL else None
+
+
 def restart_count() -> int:
     try:
         return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
@@ -92,7 +105,9 @@ class StageLog:
               trial: int | None = None) -> Iterator[dict[str, Any]]:
         """``with log.stage("train", info) as info:`` — fill *info* inside; the end event carries it.
 
-        An exception ends the stage with ``error`` (``killed`` for :class:`Terminated`) and propagates.
+        An exception ends the stage with ``error`` and propagates; ``killed`` for :class:`Terminated`, and for
+        any exception once the process received a stopping signal (:func:`note_signal`): what a signal sets
+        off is not the stage's error.
         """
         info = {} if info is None else info
         self.start(stage, trial)
@@ -104,8 +119,12 @@ class StageLog:
             raise
         except BaseException as exc:
             self.last_failed = stage
-            status = "killed" if isinstance(exc, KeyboardInterrupt) else "error"
-            self.end(stage, status, f"{type(exc).__name__}: {exc}"[:2000], info, trial)
+            sig = signalled()
+            if sig is not None:
+                self.end(stage, "killed", f"terminated by signal {sig}", info, trial)
+            else:
+                status = "killed" if isinstance(exc, KeyboardInterrupt) else "error"
+                self.end(stage, status, f"{type(exc).__name__}: {exc}"[:2000], info, trial)
             raise
         self.end(stage, "ok", None, info, trial)
 

@@ -15,6 +15,7 @@ from harness.slurm.client import Slurm
 
 from . import manifest
 from .backends import get_backend, live_states
+from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import failed_prepare_jobs
 from .state import record_events
 
@@ -98,7 +99,10 @@ GONE_REASON = ("left the queue without an accounting record (a pending array tas
 def _phase(live: str | None, db_state: str | None) -> str:
     """pending / running / done (not collected), from the scheduler's live word (harness.jobstate); an
     attempt the scheduler ended says how (``cancelled (not collected)``, ``timeout (not collected)``): its
-    outcome is known before a collect reads its files."""
+    outcome is known before a collect reads its files. A local attempt its queue never started is ``not
+    started`` (retry or submit --retry-failed runs it)."""
+    if live == "NOT_STARTED":
+        return "not started"
     if live:
         st = jobstate.lookup(live)
         if st.name in ("GONE", "LOST"):
@@ -109,16 +113,22 @@ def _phase(live: str | None, db_state: str | None) -> str:
     return (db_state or "submitted").lower()
 
 
-def cancel(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None,
+@holding_campaign_locks("cancel")
+def cancel(locks: CampaignLocks, workdir: Path | None = None, db: Path | None = None, campaign: str | None = None,
            slurm: Slurm | None = None) -> list[str]:
-    """Cancel every attempt still queued or running (all campaigns, or one); returns what was cancelled."""
+    """Cancel every attempt still queued or running (all campaigns, or one), and every local attempt its
+    queue left not started; returns what was cancelled. Holds each campaign's lock (``harness.sbatch.lock``),
+    so an attempt a submit is starting right now is cancelled too, not missed."""
     wd, dbp = _defaults(workdir, db)
     slurm = slurm or Slurm()
+    for cdir in [wd / campaign] if campaign else sorted(p.parent for p in wd.glob(f"*/{manifest.MANIFEST}")):
+        if cdir.is_dir():
+            locks.acquire(cdir)
     attempts = manifest.attempts(wd, campaign)
     if campaign and not attempts and not (wd / campaign).exists():
         raise InputError(f"no campaign {campaign!r} under {wd}")
     live = live_states(attempts, slurm)
-    active = [a for a in attempts if _phase(live.get(a["job_dir"]), None) in ("pending", "running")
+    active = [a for a in attempts if _phase(live.get(a["job_dir"]), None) in ("pending", "running", "not started")
               or (a.get("executor") == "local" and live.get(a["job_dir"]) in ("PENDING", "RUNNING"))]
     done: list[str] = []
     for executor in ("slurm", "local"):

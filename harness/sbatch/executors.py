@@ -25,7 +25,6 @@ class Submitted:
 class SubmitOptions:
     max_parallel: int | None = None
     hold: bool = False
-    wait: bool = False
     dependency: str | None = None  # a SLURM job id every submitted job waits for (afterok)
 
 

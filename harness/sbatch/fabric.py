@@ -96,7 +96,7 @@ def run_fabric(inv: Any, partition: str | None, nodes: int, workdir: Path, *, ex
     write_job_dir(spec, inv, point, sweep)
     backend = get_backend(executor, slurm)
     backend.check([spec])
-    submitted = backend.submit(out, [spec], SubmitOptions(wait=True))
+    submitted = backend.submit(out, [spec], SubmitOptions())
     backend.wait(submitted)
     paths = JobPaths(job_dir)
     results = {}

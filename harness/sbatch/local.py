@@ -1,9 +1,26 @@
-"""The local executor: submitit's LocalExecutor on this machine, through a small queue.
+"""The local executor: submitit's LocalExecutor on this machine, through a small detached queue.
 
-submitit starts every local job at once; a benchmark on one machine must not
-run its points concurrently unless asked, so a queue feeds submitit at most
-``max_parallel`` jobs at a time. With ``--wait`` the queue runs in the
-foreground; otherwise a detached queue process runs it and sbench returns.
+submitit starts every local job at once; a benchmark on one machine must not run its points concurrently
+unless asked, so a queue process feeds submitit at most ``max_parallel`` jobs at a time. The queue always
+runs detached, in a session of its own: ``submit`` returns at once, or with ``--wait`` watches the jobs,
+and a Ctrl-C of the submit stops only the watching (``sbench cancel`` stops the jobs).
+
+Who writes what in ``submitted.json``, always under the job dir's lock (:func:`localjob.job_lock`), so that
+each decides on what the others wrote:
+
+- submit: ``executor``, ``job_id`` (None), ``queue``, ``submitted_at``;
+- the queue, when it hands the job to submitit: ``job_id``, ``queued_at``; when it stops before starting
+  it (a signal): ``not_started_at``, ``not_started_reason``;
+- the launch: ``pid``, ``started_at``, then ``exit_code``, ``exit_signal``, ``ended_at``. It never starts a
+  job that already has a ``pid`` or a ``cancelled_at``;
+- cancel: ``cancelled_at``: a job not started yet is then never started.
+
+Each launch and each queue process carries its token (:mod:`harness.slurm.localjob`); status, cancel and
+collect trust a pid only when ``/proc/<pid>/environ`` carries it.
+
+The queue waits for the line ``go`` on its stdin, which submit writes once the queue's pidfile and every
+job's ``submitted.json`` exist. A submit stopped before that leaves a queue that marks its jobs not started
+and exits, so nothing runs that the campaign's manifest may not name.
 """
 
 from __future__ import annotations
@@ -18,15 +35,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
-import psutil
 import submitit
 
 from harness.build.jobspec import JobSpec
-from harness.contract import envvars
+from harness.contract import envvars, jobstate
 from harness.contract.errors import InputError
 from harness.contract.paths import JobPaths
 from harness.runner import pdeath
+from harness.slurm import localjob
+from harness.slurm.localjob import LAUNCH, QUEUE, job_lock
 from harness.spec.schema import slurm_time_minutes
 
 from .executors import SubmitOptions, Submitted
@@ -34,6 +53,9 @@ from .manifest import now_iso, write_submitted
 
 QUEUE_DIR = ".local"
 NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNLIMITED
+GO = "go"
+# Fields that settle a job before the queue starts it: it is never started after one of them.
+SETTLED = ("pid", "ended_at", "cancelled_at", "not_started_at")
 
 
 def timeout_minutes(time_text: str) -> float:
@@ -41,32 +63,15 @@ def timeout_minutes(time_text: str) -> float:
     return NO_LIMIT_MIN if minutes is None else max(minutes, 1.0)
 
 
-def identity(pid: int, needle: str) -> dict:
-    """What makes a process ours beyond its pid: start time and a string its command line holds (the
-    pid survives ``exec``, so the command line may be any of wrapper, bash or node runner)."""
-    try:
-        ct = psutil.Process(pid).create_time()
-    except psutil.Error:
-        ct = None
-    return {"pid": pid, "create_time": ct, "needle": needle}
-
-
-def verified(ident: dict | None) -> psutil.Process | None:
-    """The process *ident* recorded, if that very process still runs; None for a pid now used by
-    another process (or none at all)."""
-    if not isinstance(ident, dict):
-        return None
-    try:
-        proc = psutil.Process(int(ident["pid"]))
-        if ident.get("create_time") is None or abs(proc.create_time() - float(ident["create_time"])) > 0.05:
-            return None
-        if str(ident.get("needle") or "\0") not in " ".join(proc.cmdline()):
-            return None
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc
-    except (psutil.Error, KeyError, TypeError, ValueError):
-        return None
+def update_submitted(job_dir: str | Path, fields: dict[str, Any], unless: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Merge *fields* into the job's ``submitted.json`` under its lock, unless it already has one of the
+    fields *unless*; returns what the file holds afterwards."""
+    with job_lock(job_dir):
+        info = localjob.submitted(job_dir)
+        if not any(info.get(k) for k in unless):
+            info.update(fields)
+            write_submitted(Path(job_dir), info)
+        return info
 
 
 def free_port() -> int:
@@ -85,18 +90,25 @@ class LocalLaunch:
     def __call__(self) -> int:
         paths = JobPaths(self.job_dir)
         env = dict(os.environ)
+        env.update(localjob.environment(LAUNCH, self.job_dir))  # replaces the queue's token it inherited
         env[envvars.HOST.name] = self.host
         env[envvars.MAIN_PORT.name] = str(free_port())
         job_id = os.environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getppid())
         if not env.get("CUDA_VISIBLE_DEVICES"):
             env.pop("CUDA_VISIBLE_DEVICES", None)  # submitit sets "" when no GPUs were asked for
         with paths.slurm_out(f"local-{job_id}").open("ab") as out:
-            # launch.sh in a session of its own (cancel signals the group), bound to this process by a
-            # parent-death signal: killing the local job process stops the node runner and its training.
-            proc = subprocess.Popen(pdeath.wrap(["bash", str(paths.launch)]), env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-            _update_submitted(paths, {"pid": proc.pid, "process": identity(proc.pid, str(paths.root)),
-                                      "started_at": now_iso()})
+            with job_lock(self.job_dir):
+                info = localjob.submitted(self.job_dir)
+                settled = [k for k in SETTLED if info.get(k)]
+                if settled:  # cancelled before its turn, or started already: an attempt never runs twice
+                    out.write(f"sbench: not starting {self.job_dir}: submitted.json has {settled[0]}\n".encode())
+                    return 0
+                # launch.sh in a session of its own (cancel signals the group), bound to this process by a
+                # parent-death signal: killing the local job process stops the node runner and its training.
+                proc = subprocess.Popen(pdeath.wrap(["bash", str(paths.launch)]), env=env, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+                info.update(pid=proc.pid, started_at=now_iso())
+                write_submitted(paths.root, info)
 
             def forward(signum, _frame):  # noqa: ANN001 - signal handler signature
                 try:
@@ -107,24 +119,15 @@ class LocalLaunch:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
                 signal.signal(sig, forward)
             rc = proc.wait()
-        fields = {"exit_code": rc, "ended_at": now_iso()}
+        fields: dict[str, Any] = {"exit_code": rc, "ended_at": now_iso()}
         if rc < 0:
             fields["exit_signal"] = -rc
         elif rc > 128:
             fields["exit_signal"] = rc - 128
-        _update_submitted(paths, fields)
+        update_submitted(self.job_dir, fields)
         if rc != 0:
             raise RuntimeError(f"launch.sh exited with {rc}; see {self.job_dir}")
         return rc
-
-
-def _update_submitted(paths: JobPaths, fields: dict) -> None:
-    try:
-        info = json.loads(paths.submitted.read_text())
-    except (OSError, ValueError):
-        info = {}
-    info.update(fields)
-    write_submitted(paths.root, info)
 
 
 def local_host(spec: JobSpec) -> str:
@@ -133,63 +136,62 @@ def local_host(spec: JobSpec) -> str:
     return me if me in spec.host_env else sorted(spec.host_env)[0]
 
 
-def run_queue(queue_file: Path, progress: Callable[[int, int], None] | None = None) -> int:
-    """Run the queued job dirs through submitit's LocalExecutor, at most max_parallel at a time."""
+def _not_started(items: list[dict[str, Any]], reason: str) -> None:
+    for item in items:
+        update_submitted(item["job_dir"], {"not_started_at": now_iso(), "not_started_reason": reason}, unless=SETTLED)
+
+
+def run_queue(queue_file: Path, handshake: IO[str] | None = None) -> int:
+    """Run the queued job dirs through submitit's LocalExecutor, at most max_parallel at a time, once
+    *handshake* (the queue's stdin) says ``go``. SIGTERM, SIGINT or SIGHUP stop it: the running launches are
+    signalled (their runners record the signal), the jobs not started yet are marked not started, and the
+    exit status is 128 + the signal."""
     q = json.loads(queue_file.read_text())
+    items: list[dict[str, Any]] = list(q["jobs"])
+    stop: dict[str, int | None] = {"sig": None}
+
+    def on_signal(signum, _frame):  # noqa: ANN001 - signal handler signature
+        stop["sig"] = stop["sig"] or signum
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    if handshake is not None and handshake.readline().strip() != GO:
+        _not_started(items, "not started: the submit that queued it stopped before handing it over")
+        return 1
     folder = Path(q["submitit_folder"])
     max_parallel = max(1, int(q.get("max_parallel") or 1))
-    pending = list(q["jobs"])
-    total = len(pending)
-    running: list[tuple[dict, submitit.Job]] = []
-    failed = 0
+    pending = list(items)
+    running: list[tuple[dict[str, Any], submitit.Job[Any]]] = []
+    signalled: set[str] = set()
     executor = submitit.LocalExecutor(folder=folder)
-    stop = {"now": False}
-
-    def on_term(signum, _frame):  # noqa: ANN001
-        stop["now"] = True
-        for item, _job in running:
-            kill_launch(item["job_dir"])
-
-    signal.signal(signal.SIGTERM, on_term)
-    if progress:
-        progress(0, total)
-    while (pending and not stop["now"]) or running:
-        while pending and len(running) < max_parallel and not stop["now"]:
+    while (pending and stop["sig"] is None) or running:
+        if stop["sig"] is not None:
+            # A launch that has not recorded its pid yet is signalled on a later turn, once it has.
+            signalled.update(i["job_dir"] for i, _ in running if i["job_dir"] not in signalled and
+                             kill_launch(i["job_dir"]))
+        while pending and len(running) < max_parallel and stop["sig"] is None:
             item = pending.pop(0)
-            executor.update_parameters(timeout_min=item["timeout_min"], gpus_per_node=item["gpus"])
-            job = executor.submit(LocalLaunch(item["job_dir"], item["host"]))
-            _update_submitted(JobPaths(item["job_dir"]), {"job_id": job.job_id, "queued_at": q["created_at"]})
+            with job_lock(item["job_dir"]):
+                info = localjob.submitted(item["job_dir"])
+                if any(info.get(k) for k in SETTLED):
+                    continue  # cancelled before its turn
+                executor.update_parameters(timeout_min=item["timeout_min"], gpus_per_node=item["gpus"])
+                job = executor.submit(LocalLaunch(item["job_dir"], item["host"]))
+                info.update(job_id=job.job_id, queued_at=q["created_at"])
+                write_submitted(Path(item["job_dir"]), info)
             running.append((item, job))
         time.sleep(0.3)
-        still = []
-        for item, job in running:
-            if job.done():
-                try:
-                    job.result()
-                except Exception:  # noqa: BLE001 - the job's files hold the real outcome
-                    failed += 1
-            else:
-                still.append((item, job))
-        running = still
-        if progress:
-            progress(total - len(pending) - len(running), total)
-    for item in pending:  # cancelled before they started
-        _update_submitted(JobPaths(item["job_dir"]), {"cancelled_at": now_iso(), "state": "CANCELLED"})
-    return failed
-
-
-def _submitted_info(job_dir: str) -> dict:
-    try:
-        info = json.loads(JobPaths(job_dir).submitted.read_text())
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
+        running = [(i, j) for i, j in running if not j.done()]
+    if stop["sig"] is not None:
+        _not_started(pending, f"not started: its local queue stopped on signal {stop['sig']} first")
+        return 128 + stop["sig"]
+    return 0
 
 
 def kill_launch(job_dir: str) -> bool:
-    """SIGTERM the process group of a running local launch.sh (the node runner records the cancel),
-    only once the recorded process is verified to be that launch (start time and command line)."""
-    proc = verified(_submitted_info(job_dir).get("process"))
+    """SIGTERM the process group of a running local launch.sh (the node runner records the signal), only
+    once the recorded pid is verified to be that launch (:func:`localjob.verified`: its token)."""
+    proc = localjob.verified(localjob.submitted(job_dir).get("pid"), LAUNCH, job_dir)
     if proc is None:
         return False
     try:
@@ -224,85 +226,70 @@ class LocalBackend:
         }
         qfile = qdir / f"queue-{stamp}.json"
         qfile.write_text(json.dumps(queue, indent=2))
-        out = []
-        for s in specs:
-            write_submitted(Path(s.job_dir), {"executor": "local", "job_id": None, "queue": str(qfile),
-                                              "submitted_at": now_iso()})
-            out.append(Submitted(spec=s, job_id=None, extra={"queue": str(qfile)}))
-        if not opts.wait:
-            log = (qdir / f"queue-{stamp}.log").open("ab")
+        with (qdir / f"queue-{stamp}.log").open("ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "harness.sbatch.local", str(qfile)], stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-            (qdir / f"queue-{stamp}.pid").write_text(json.dumps(identity(proc.pid, str(qfile))))
-        self._queue = qfile
+                                    stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True,
+                                    env={**os.environ, **localjob.environment(QUEUE, qfile)})
+        assert proc.stdin is not None
+        try:
+            localjob.pidfile(qfile).write_text(json.dumps({"pid": proc.pid, "host": socket.gethostname(),
+                                                           "started_at": now_iso()}))
+            out = []
+            for s in specs:
+                write_submitted(Path(s.job_dir), {"executor": "local", "job_id": None, "queue": str(qfile),
+                                                  "submitted_at": now_iso()})
+                out.append(Submitted(spec=s, job_id=None, extra={"queue": str(qfile)}))
+            proc.stdin.write(f"{GO}\n".encode())
+        finally:
+            proc.stdin.close()  # without "go" the queue marks its jobs not started and exits
         return out
 
     def wait(self, submitted: list[Submitted], progress: Callable[[int, int], None] | None = None) -> None:
-        queues = sorted({s.extra["queue"] for s in submitted if s.extra.get("queue")})
-        for q in queues:
-            pidfile = Path(q).with_suffix(".pid")
-            if pidfile.exists():  # a detached queue runs it: wait for its jobs' files
-                _wait_files([s for s in submitted if s.extra.get("queue") == q], progress)
-            else:
-                run_queue(Path(q), progress)
+        """Until every attempt is over: ended, cancelled, lost or not started (a queue that died cannot leave
+        this waiting for ever)."""
+        total = len(submitted)
+        while True:
+            states = self.live_states([{"job_dir": s.spec.job_dir} for s in submitted])
+            done = sum(1 for s in submitted if jobstate.is_done(states.get(s.spec.job_dir) or "NOT_STARTED"))
+            if progress:
+                progress(done, total)
+            if done >= total:
+                return
+            time.sleep(1.0)
 
-    def cancel(self, attempts: list[dict]) -> list[str]:
-        """Stop the detached queues that feed these attempts, then the attempts' running launches."""
-        queues = {str(a["queue"]) for a in attempts if a.get("queue")}
-        for q in queues:
-            pidfile = Path(q).with_suffix(".pid")
-            try:
-                ident = json.loads(pidfile.read_text())
-            except (OSError, ValueError):
-                continue
-            proc = verified(ident)  # never signal a pid that now belongs to another process
-            if proc is not None:
-                try:
-                    proc.send_signal(signal.SIGTERM)
-                except psutil.Error:
-                    pass
+    def cancel(self, attempts: list[dict[str, Any]]) -> list[str]:
+        """Stop the attempts' running launches and mark the others so that their queue never starts them;
+        returns the job dirs that were running or waiting. A pid not verified as the launch's own is never
+        signalled."""
         done = []
         for a in attempts:
-            if kill_launch(a["job_dir"]) or a.get("queue"):
-                done.append(a["job_dir"])
+            jd = str(a["job_dir"])
+            with job_lock(jd):
+                info = localjob.submitted(jd)
+                if not info or info.get("ended_at") or info.get("cancelled_at"):
+                    continue
+                if info.get("pid"):
+                    proc = localjob.verified(info["pid"], LAUNCH, jd)
+                    if proc is None:
+                        continue  # its process is gone (or was never ours): nothing to stop
+                    try:
+                        os.killpg(proc.pid, signal.SIGTERM)
+                    except OSError:
+                        continue
+                info["cancelled_at"] = now_iso()
+                write_submitted(Path(jd), info)
+            done.append(jd)
         return done
 
-    def live_states(self, attempts: list[dict]) -> dict[str, str]:
-        """RUNNING / PENDING / done, from submitted.json and whether the launch process lives."""
+    def live_states(self, attempts: list[dict[str, Any]]) -> dict[str, str]:
+        """Keyed by job dir: the state :func:`harness.slurm.localjob.job_state` gives each attempt."""
         out = {}
         for a in attempts:
-            try:
-                info = json.loads(JobPaths(a["job_dir"]).submitted.read_text())
-            except (OSError, ValueError):
-                continue
-            if info.get("ended_at"):
-                out[a["job_dir"]] = "COMPLETED" if info.get("exit_code") == 0 else (
-                "CANCELLED" if info.get("cancelled_at") else "FAILED")
-            elif info.get("cancelled_at"):
-                out[a["job_dir"]] = "CANCELLED"
-            elif info.get("pid"):
-                out[a["job_dir"]] = "RUNNING" if verified(info.get("process")) is not None else "LOST"
-            else:
-                out[a["job_dir"]] = "PENDING"
+            state = localjob.job_state(a["job_dir"])
+            if state is not None:
+                out[a["job_dir"]] = state
         return out
 
 
-def _wait_files(submitted: list[Submitted], progress: Callable[[int, int], None] | None) -> None:
-    total = len(submitted)
-    while True:
-        done = 0
-        for s in submitted:
-            try:
-                info = json.loads(JobPaths(s.spec.job_dir).submitted.read_text())
-            except (OSError, ValueError):
-                info = {}
-            done += bool(info.get("ended_at") or info.get("cancelled_at"))
-        if progress:
-            progress(done, total)
-        if done >= total:
-            return
-        time.sleep(1.0)
-
-
 if __name__ == "__main__":  # the detached queue process
-    sys.exit(1 if run_queue(Path(sys.argv[1])) < 0 else 0)
+    sys.exit(run_queue(Path(sys.argv[1]), handshake=sys.stdin))

@@ -18,7 +18,7 @@ from typing import Any
 from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import SbenchError, StoreBusyError, SubmitError
-from harness.contract.paths import run_id
+from harness.contract.paths import parse_job_dir_name, run_id
 from harness.db.manifest import record_manifest
 from harness.db.status import attempt_rows, measured_runs
 from harness.db.store import open_store
@@ -120,6 +120,14 @@ def runs_to_refresh(db: Path, workdir: Path, campaign: str, slurm: Slurm) -> lis
         word = live.get(a["job_dir"])
         if word is None or jobstate.lookup(word).phase not in ("pending", "running"):
             out.append(a["run_id"])
+    # Job dirs of the campaign the manifest does not name (a submit killed between writing them and
+    # recording them): collect finds them by their spec.json, so that no attempt number is used twice.
+    for spec in (Path(workdir) / campaign).glob("*/spec.json"):
+        parsed = parse_job_dir_name(spec.parent.name)
+        if parsed is not None:
+            rid = run_id(campaign, *parsed)
+            if rid not in known and rid not in out:
+                out.append(rid)
     return out
 
 

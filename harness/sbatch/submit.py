@@ -27,8 +27,11 @@ from .backends import get_backend, resolve_executor
 from .executors import SubmitOptions, Submitted
 from .fabric import run_fabric
 from .fit import ClusterFit, cluster_fit
+from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
 from .state import MeasuredRun, PointHistory, campaign_history, record_events
+
+NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
 
 
 @dataclass
@@ -133,14 +136,18 @@ def _check_campaign(campaign_dir: Path, sweep: Sweep) -> bool:
     return False
 
 
-def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor: str = "auto",
-                 workdir: Path | None = None, db: Path | None = None, *, wait: bool = False, force: bool = False,
+@holding_campaign_locks("submit")
+def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | None = None, executor: str = "auto",
+                 workdir: Path | None = None, db: Path | None = None, *, force: bool = False,
                  retry_failed: bool = False, max_parallel: int | None = None, hold: bool = False,
                  model_map: Path | None = None, only_failed: bool = False, preflight: bool = False,
-                 progress: Callable[[int, int], None] | None = None, prepare: str = "here",
-                 skip_predicted_oom: bool = False, echo: Callable[[str], None] = lambda s: None,
-                 slurm: Slurm | None = None, reuse_measured: bool = False,
-                 campaign: str | None = None) -> SubmitReport:
+                 prepare: str = "here", skip_predicted_oom: bool = False,
+                 echo: Callable[[str], None] = lambda s: None, slurm: Slurm | None = None,
+                 reuse_measured: bool = False, campaign: str | None = None) -> SubmitReport:
+    """Submit a sweep's points that still need running (see :func:`decide`), as campaign *campaign* (default:
+    the sweep's ``campaign:``); ``harness.sbatch.wait`` waits for them. From reading what the campaign has to
+    recording what was submitted, the campaign's lock is held (``harness.sbatch.lock``): a second submit,
+    retry or cancel of the campaign waits, so no attempt is started twice."""
     # One scheduler client for the whole command: each question to SLURM is asked once.
     slurm = slurm or Slurm()
     # Everything that can be wrong with the input is found before the DB, the manifest or a job dir is
@@ -162,6 +169,7 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     backend.check([spec for spec, _ in preview])
     fit_notes = fit.check([spec for spec, _ in preview], inv)
     checked = run_preflight(inv, points, workdir, db, slurm=slurm) if preflight else []
+    locks.acquire(campaign_dir, "retry" if only_failed else "submit")
     exists = _check_campaign(campaign_dir, sweep)
     # A campaign measures its own points; it takes other campaigns' measurements only when asked to.
     reuse = reuse_measured or sweep.reuse == "measured"
@@ -182,7 +190,10 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     events: list[dict[str, Any]] = []
     if not exists:
         events.append({"type": "campaign", "campaign": sweep.campaign, "experiment": sweep.experiment.id,
-                       "sweep": str(Path(sweep_path).resolve()), "inventory": inv.source, "cluster": inv.cluster,
+                       "sweep": str(Path(sweep_path).resolve()),
+                       # what the sweep's campaign: said (retry follows the sweep only while it still says so)
+                       "sweep_campaign": sweep.campaign if campaign is None else load_sweep(sweep_path).campaign,
+                       "inventory": inv.source, "cluster": inv.cluster,
                        "partition": points[0].partition if points else None, "executor": name,
                        "description": sweep.description, "created_at": manifest.now_iso(),
                        "sbench_version": __version__, "references": [r.to_dict() for r in sweep.references]})
@@ -206,9 +217,14 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
     for d in todo:
         spec, files = (first if d.attempt == 1 else again)[(d.point.point_id, d.point.repeat)]
         write_files(spec.job_dir, files)
+        # Until the backend replaces it: should this submit die (SIGKILL) before handing the job dir over,
+        # status, collect and retry see an attempt that never started, not one queued for ever.
+        manifest.write_submitted(Path(spec.job_dir), {"executor": name, "job_id": None,
+                                                      "rendered_at": manifest.now_iso(),
+                                                      "not_started_reason": NOT_HANDED_OVER})
         specs.append(spec)
     if specs:
-        opts = SubmitOptions(max_parallel=max_parallel or sweep.slurm.max_parallel, hold=hold, wait=wait,
+        opts = SubmitOptions(max_parallel=max_parallel or sweep.slurm.max_parallel, hold=hold,
                              dependency=dependency)
         report.submitted = backend.submit(campaign_dir, specs, opts)
         report.sbatch_calls = getattr(backend, "sbatch_calls", 0)
@@ -221,8 +237,6 @@ def submit_sweep(sweep_path: Path, inventory_path: Path | None = None, executor:
         } for s in report.submitted]
         manifest.append(campaign_dir, attempt_events)
         events += attempt_events
-        if wait:
-            backend.wait(report.submitted, progress)
     report.db_note = record_events(db, events) or report.db_note
     return report
 
@@ -333,14 +347,22 @@ def campaign_record(workdir: Path | None, campaign: str) -> dict[str, Any]:
 
 
 def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None = None, *, executor: str = "auto",
-                   wait: bool = False, max_parallel: int | None = None,
-                   progress: Callable[[int, int], None] | None = None, slurm: Slurm | None = None) -> SubmitReport:
-    """Resubmit a campaign's failed points from the sweep and inventory it was submitted with."""
+                   max_parallel: int | None = None, slurm: Slurm | None = None) -> SubmitReport:
+    """Resubmit a campaign's failed points (those that never started included) from the sweep and inventory
+    it was submitted with; refused when that sweep now names another campaign."""
     rec = campaign_record(workdir, campaign)
     inv = rec.get("inventory")
     inv_path = None if not inv or inv.startswith("<") else Path(inv)
     if executor == "auto" and rec.get("executor"):
         executor = rec["executor"]
-    # The campaign's own name: the sweep's campaign: key may name another (submit --campaign).
-    return submit_sweep(Path(rec["sweep"]), inv_path, executor, workdir, db, wait=wait, only_failed=True,
-                        max_parallel=max_parallel, progress=progress, slurm=slurm, campaign=campaign)
+    # The campaign's own name: the sweep's campaign: key may name another (submit --campaign). What the key
+    # said at submission is recorded; a sweep edited since to name another campaign is not followed.
+    sweep_path = Path(rec["sweep"])
+    named = load_sweep(sweep_path).campaign
+    recorded = rec.get("sweep_campaign") or campaign
+    if named != recorded:
+        raise SweepError(f"{sweep_path}: campaign: is now {named!r}, but campaign {campaign!r} was submitted from "
+                         f"this sweep when it said {recorded!r}; nothing was submitted. Set campaign: {recorded} in "
+                         f"the sweep again to retry {campaign!r}, or submit the sweep to run campaign {named!r}")
+    return submit_sweep(sweep_path, inv_path, executor, workdir, db, only_failed=True,
+                        max_parallel=max_parallel, slurm=slurm, campaign=campaign)
