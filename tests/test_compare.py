@@ -88,8 +88,9 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
     (row,) = json.loads(flagged.stdout)["rows"]
     assert row["verdict"] == "regression" and row["ratio"] < 0.9 and row["n_base"] == row["n_cand"] == 2
     # Two campaigns of the same configuration differ only by this shared 2-core machine's noise, which for
-    # a tiny model's sub-second training windows can reach tens of percent: no regression at 50 %.
-    same = sbench("compare", "base", "same", "--db", db, "--threshold", "0.5")
+    # a tiny model's sub-second training windows can reach a factor of two under load: no regression at 80 %
+    # (the injected slowdown above is more than ten times).
+    same = sbench("compare", "base", "same", "--db", db, "--threshold", "0.8")
     assert "0 regression(s)" in same.stdout
 
     # References gate a campaign: the slow one's training time against the base's slowest run plus 1.5 s
