@@ -43,7 +43,8 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
             recorded = job_dirs(st, campaign)
     else:
         note = f"no results database at {dbp} yet; showing the campaign manifests"
-    attempts = manifest.attempts(wd, campaign)
+    problems: list[str] = []
+    attempts = manifest.attempts(wd, campaign, problems)
     by_dir = {a["job_dir"]: a for a in attempts}
     # Every attempt the DB has (earlier attempts too, not only each point's latest) is collected.
     known = recorded | {r.get("job_dir") for r in rows if r.get("job_dir")}
@@ -80,7 +81,7 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
         r["phase"] = phase
         counts[phase] = counts.get(phase, 0) + 1
     rows.sort(key=lambda r: (str(r.get("campaign")), str(r.get("point_id")), r.get("repeat") or 0))
-    failed = failed_prepare_jobs(wd, campaign, slurm)
+    failed = failed_prepare_jobs(wd, campaign, slurm) + problems
     if failed:
         note = "; ".join(([note] if note else []) + failed)
     return StatusReport(rows, counts, note)
@@ -110,11 +111,12 @@ def _phase(live: str | None, db_state: str | None) -> str:
 
 
 def cancel(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None,
-           slurm: Slurm | None = None) -> list[str]:
-    """Cancel every attempt still queued or running (all campaigns, or one); returns what was cancelled."""
+           slurm: Slurm | None = None, warnings: list[str] | None = None) -> list[str]:
+    """Cancel every attempt still queued or running (all campaigns, or one); returns what was cancelled.
+    A manifest or job dir that was not read is a line of *warnings*."""
     wd, dbp = _defaults(workdir, db)
     slurm = slurm or Slurm()
-    attempts = manifest.attempts(wd, campaign)
+    attempts = manifest.attempts(wd, campaign, warnings if warnings is not None else [])
     if campaign and not attempts and not (wd / campaign).exists():
         raise InputError(f"no campaign {campaign!r} under {wd}")
     live = live_states(attempts, slurm)

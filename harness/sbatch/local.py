@@ -23,14 +23,14 @@ import psutil
 import submitit
 
 from harness.build.jobspec import JobSpec
-from harness.contract import envvars
+from harness.contract import envvars, safefile
 from harness.contract.errors import InputError
 from harness.contract.paths import JobPaths
 from harness.runner import pdeath
 from harness.spec.schema import slurm_time_minutes
 
 from .executors import SubmitOptions, Submitted
-from .manifest import now_iso, write_submitted
+from .manifest import now_iso, read_submitted, write_submitted
 
 QUEUE_DIR = ".local"
 NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNLIMITED
@@ -119,10 +119,7 @@ class LocalLaunch:
 
 
 def _update_submitted(paths: JobPaths, fields: dict) -> None:
-    try:
-        info = json.loads(paths.submitted.read_text())
-    except (OSError, ValueError):
-        info = {}
+    info = read_submitted(paths.root)
     info.update(fields)
     write_submitted(paths.root, info)
 
@@ -135,7 +132,7 @@ def local_host(spec: JobSpec) -> str:
 
 def run_queue(queue_file: Path, progress: Callable[[int, int], None] | None = None) -> int:
     """Run the queued job dirs through submitit's LocalExecutor, at most max_parallel at a time."""
-    q = json.loads(queue_file.read_text())
+    q = safefile.read_json(queue_file, queue_file.parent, safefile.SMALL_MAX)
     folder = Path(q["submitit_folder"])
     max_parallel = max(1, int(q.get("max_parallel") or 1))
     pending = list(q["jobs"])
@@ -178,18 +175,10 @@ def run_queue(queue_file: Path, progress: Callable[[int, int], None] | None = No
     return failed
 
 
-def _submitted_info(job_dir: str) -> dict:
-    try:
-        info = json.loads(JobPaths(job_dir).submitted.read_text())
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
-
-
 def kill_launch(job_dir: str) -> bool:
     """SIGTERM the process group of a running local launch.sh (the node runner records the cancel),
     only once the recorded process is verified to be that launch (start time and command line)."""
-    proc = verified(_submitted_info(job_dir).get("process"))
+    proc = verified(read_submitted(job_dir).get("process"))
     if proc is None:
         return False
     try:
@@ -248,11 +237,12 @@ class LocalBackend:
 
     def cancel(self, attempts: list[dict]) -> list[str]:
         """Stop the detached queues that feed these attempts, then the attempts' running launches."""
-        queues = {str(a["queue"]) for a in attempts if a.get("queue")}
-        for q in queues:
+        queues = {(str(a["queue"]), str(Path(a["job_dir"]).parent)) for a in attempts if a.get("queue")}
+        for q, campaign_dir in sorted(queues):
             pidfile = Path(q).with_suffix(".pid")
-            try:
-                ident = json.loads(pidfile.read_text())
+            try:  # the queue's files lie in its campaign directory
+                safefile.check_dir(pidfile.parent, campaign_dir)
+                ident = safefile.read_json(pidfile, campaign_dir, safefile.SMALL_MAX)
             except (OSError, ValueError):
                 continue
             proc = verified(ident)  # never signal a pid that now belongs to another process
@@ -271,9 +261,8 @@ class LocalBackend:
         """RUNNING / PENDING / done, from submitted.json and whether the launch process lives."""
         out = {}
         for a in attempts:
-            try:
-                info = json.loads(JobPaths(a["job_dir"]).submitted.read_text())
-            except (OSError, ValueError):
+            info = read_submitted(a["job_dir"])
+            if not info:
                 continue
             if info.get("ended_at"):
                 out[a["job_dir"]] = "COMPLETED" if info.get("exit_code") == 0 else (
@@ -292,10 +281,7 @@ def _wait_files(submitted: list[Submitted], progress: Callable[[int, int], None]
     while True:
         done = 0
         for s in submitted:
-            try:
-                info = json.loads(JobPaths(s.spec.job_dir).submitted.read_text())
-            except (OSError, ValueError):
-                info = {}
+            info = read_submitted(s.spec.job_dir)
             done += bool(info.get("ended_at") or info.get("cancelled_at"))
         if progress:
             progress(done, total)
