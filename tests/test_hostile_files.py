@@ -342,6 +342,7 @@ def test_a_job_dir_that_is_another_campaigns_is_not_stored_under_this_point(lab)
     st = sbench("status", "--campaign", CAMPAIGN, "--json", *lab["common"], cwd=lab["root"])
     by_point = {r["point_id"]: r for r in json.loads(st.stdout)["rows"]}
     assert "not read" in by_point[linked["point_id"]]["reason"]
+    assert f"left out: job dir {linked['job_dir']}: it resolves to {theirs['job_dir']}" in json.loads(st.stdout)["note"]
     commands(lab)
 
 

@@ -130,15 +130,17 @@ def job_dir_problem(job_dir: str | Path, campaign_dir: Path) -> str | None:
 def attempts(workdir: Path, campaign: str | None, problems: list[str] | None = None, *,
              outside: bool = False) -> list[dict[str, Any]]:
     """Every attempt line of every (or one) campaign manifest, newest state of each job dir. A manifest not
-    read is a line of *problems* (dropped without that list); so is an attempt whose job dir is not in its
-    campaign directory (:func:`job_dir_problem`), which is left out unless *outside*."""
+    read is a line of *problems* (dropped without that list); so is a local attempt whose job dir is not in
+    its campaign directory (:func:`job_dir_problem`), which is left out unless *outside*: its
+    ``submitted.json`` is not its own, and must not say which process to signal. (A SLURM attempt is
+    known by the job id its line records; its job dir is not read.)"""
     camps = [workdir / campaign] if campaign else sorted(p.parent for p in workdir.glob(f"*/{MANIFEST}"))
     out: dict[str, dict[str, Any]] = {}
     found = [] if problems is None else problems
     for cdir in camps:
         for ev in read(cdir, found):
             if ev.get("type") == "attempt" and ev.get("job_dir"):
-                why = None if outside else job_dir_problem(str(ev["job_dir"]), cdir)
+                why = None if outside or ev.get("executor") == "slurm" else job_dir_problem(str(ev["job_dir"]), cdir)
                 if why is not None:
                     found.append(f"{cdir.name}: attempt {ev.get('point_id')}.r{ev.get('repeat')}.a{ev.get('attempt')}"
                                  f" left out: {why}")
