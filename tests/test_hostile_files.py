@@ -288,8 +288,15 @@ def test_no_byte_of_a_file_outside_the_work_dir_reaches_the_database(lab) -> Non
     (outside / "manifest.jsonl").write_text(text)
     link(wd / "linked" / "manifest.jsonl", outside / "manifest.jsonl")
 
+    # A whole campaign directory that is a link to a campaign outside the work dir.
+    far = run(lab["root"] / "elsewhere", 42, campaign="far")
+    res = json.loads(far["paths"].result("node1").read_text())
+    far["paths"].result("node1").write_text(json.dumps({**res, "reason": CANARY}))
+    (wd / "far").symlink_to(lab["root"] / "elsewhere" / "far", target_is_directory=True)
+
     col = sbench("collect", *lab["common"], cwd=lab["root"])
     assert col.returncode == 0, col.stderr
+    assert f"{wd / 'far'}: not a campaign directory of this work dir (it resolves to" in col.stderr
     dump = every_text(lab["db"])
     assert CANARY not in dump and "987654321" not in dump
     rows = runs_by_point(lab["db"])
@@ -299,7 +306,8 @@ def test_no_byte_of_a_file_outside_the_work_dir_reaches_the_database(lab) -> Non
     assert f"job directory {moved['job_dir']} not read: it resolves to {away}" in rows[moved["point_id"]]["reason"]
     assert rows[stranger["point_id"]]["campaign"] == "linked"  # found by its spec.json; the manifest not read
     commands(lab)
-    assert CANARY not in sbench("status", "--json", *lab["common"], cwd=lab["root"]).stdout
+    st = sbench("status", "--json", *lab["common"], cwd=lab["root"])
+    assert CANARY not in st.stdout and f"{wd / 'far'}: not read (it resolves to" in json.loads(st.stdout)["note"]
     assert CANARY not in every_text(lab["db"])
 
 

@@ -209,6 +209,11 @@ def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[
     camp_dirs = sorted(p for p in workdir.iterdir() if p.is_dir() and not p.name.startswith(".")
                        and (campaign is None or p.name == campaign))
     for cdir in camp_dirs:
+        try:  # a campaign directory that is a link leading out of the work dir is not read
+            safefile.check_dir(cdir, workdir)
+        except OSError as exc:
+            warnings.append(f"{cdir}: not a campaign directory of this work dir ({getattr(exc, 'why', exc)}); ignored")
+            continue
         mpath = cdir / MANIFEST
         root = os.path.abspath(cdir)
         if os.path.lexists(mpath):

@@ -138,6 +138,11 @@ def attempts(workdir: Path, campaign: str | None, problems: list[str] | None = N
     out: dict[str, dict[str, Any]] = {}
     found = [] if problems is None else problems
     for cdir in camps:
+        try:  # a campaign directory that is a link leading out of the work dir is not read
+            safefile.check_dir(cdir, workdir)
+        except OSError as exc:
+            found.append(f"{cdir}: not read ({_why(exc)})")
+            continue
         for ev in read(cdir, found):
             if ev.get("type") == "attempt" and ev.get("job_dir"):
                 why = None if outside or ev.get("executor") == "slurm" else job_dir_problem(str(ev["job_dir"]), cdir)

@@ -291,6 +291,7 @@ def failed_prepare_jobs(workdir: Path, campaign: str | None, slurm: Slurm) -> li
     records = []
     for f in files:
         try:
+            safefile.check_dir(f.parent, workdir)
             records.append((f.parent, str(safefile.read_json(f, f.parent, safefile.SMALL_MAX)["job_id"])))
         except (OSError, ValueError, KeyError, TypeError):
             continue
