@@ -800,6 +800,9 @@ def test_views_latest_measurement_run_summary_and_stage_durations(wd, tmp_path):
     pid, paths1 = first["point_id"], first["paths"]
     paths2 = JobPaths(paths1.root.parent / job_dir_name(pid, 0, 2))
     shutil.copytree(paths1.root, paths2.root)
+    spec = json.loads(paths2.spec.read_text())
+    spec["jobspec"]["attempt"] = 2  # a copy keeps attempt 1's spec.json, which collect refuses for attempt 2
+    synth.write_json(paths2.spec, spec)
     for rk in (0, 1):
         synth.write_json(paths2.rank_result(rk), synth.rank_doc(rk, "node1", 2, first["t_train0"], first["t_train1"],
                                                                 tps=3000.0))

@@ -31,6 +31,26 @@ COMMANDS = {"inventory": "inputs", "experiments": "inputs", "plan": "inputs", "r
             "model": "data", "dataset": "data", "env": "envs"}
 
 
+# Text from a job dir (a reason, an error message, a file or host name) may hold terminal control sequences:
+# every C0 and C1 control character, DEL, and the bidirectional overrides are shown as escapes (\x1b) instead
+# of reaching the terminal. Line breaks and tabs stay where a message may span lines; a table cell has none.
+_CONTROLS = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0), 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F),
+             *range(0x2066, 0x206A)]
+_CELL_TABLE = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" for c in _CONTROLS}
+_LINE_TABLE = {c: e for c, e in _CELL_TABLE.items() if c not in (0x09, 0x0A)}
+
+
+def printable(text: Any, *, lines: bool = True) -> str:
+    """*text* safe to print: control characters (ESC included) escaped, never sent to the terminal. With
+    *lines*, line breaks and tabs are kept (a message); without, they are escaped too (a table cell)."""
+    return str(text).translate(_LINE_TABLE if lines else _CELL_TABLE)
+
+
+def say(text: Any = "", *, err: bool = False) -> None:
+    """Print one message that may hold text from a job dir (see :func:`printable`)."""
+    click.echo(printable(text), err=err)
+
+
 class SbenchGroup(click.Group):
     """Loads a command's module when the command runs (:data:`COMMANDS`), and turns domain errors into one
     clean line and the documented exit code (2 input, 1 runtime)."""
@@ -79,7 +99,7 @@ class SbenchGroup(click.Group):
         try:
             return super().invoke(ctx)
         except SbenchError as exc:
-            click.echo(f"Error: {exc}", err=True)
+            say(f"Error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except Interrupted as exc:  # stopped where it could stop cleanly; exit 128 + the signal
             click.echo(f"sbench: {exc}" + (f"\n{exc.note}" if exc.note else ""), err=True)
@@ -103,8 +123,8 @@ class SbenchGroup(click.Group):
         except Exception as exc:  # noqa: BLE001 - a bug, not the user's mistake: one line, unless asked
             if envvars.DEBUG.get():
                 raise
-            click.echo(f"Error: internal error: {type(exc).__name__}: {exc} (this is a bug in sbench; "
-                       "SBENCH_DEBUG=1 shows the traceback)", err=True)
+            say(f"Error: internal error: {type(exc).__name__}: {exc} (this is a bug in sbench; "
+                "SBENCH_DEBUG=1 shows the traceback)", err=True)
             ctx.exit(1)
 
 
@@ -202,8 +222,8 @@ class Progress:
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """A plain aligned text table."""
-    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    """A plain aligned text table; a cell's control characters are escaped (:func:`printable`)."""
+    cells = [[("" if r.get(c) is None else printable(r.get(c), lines=False)) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))

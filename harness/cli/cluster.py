@@ -20,7 +20,7 @@ from harness.sbatch.fabric import run_fabric
 from harness.sbatch.probe import compare, fragment, run_probe
 from harness.spec.inventory import load_inventory
 
-from .base import db_option, echo_json, inventory_option, json_option, main, table, workdir_option
+from .base import db_option, echo_json, inventory_option, json_option, main, say, table, workdir_option
 
 
 @main.command()
@@ -72,7 +72,7 @@ def probe(inventory: Path | None, partition: str | None, where: str, host: str |
     click.echo(table(out, list(out[0])))
     click.echo(f"\nprobe {probe_id}: {len(rows)} host(s) recorded in {resolve_db(db)}")
     for d in diffs:
-        click.echo(f"differs: {d}")
+        say(f"differs: {d}")
     if not diffs:
         click.echo("the inventory matches the nodes")
     if write_to is not None:
@@ -126,8 +126,8 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
         if rows:
             click.echo(table(rows, list(rows[0])))
         transports = ", ".join(f"{h}={t or '-'}" for h, t in res.transports.items()) or "-"
-        click.echo(f"\nfabric {res.fabric_id}: {res.backend or '?'} over {nodes} node(s), world {res.world_size}; "
-                   f"NCCL transport per host: {transports}; recorded in {resolve_db(db)}")
+        say(f"\nfabric {res.fabric_id}: {res.backend or '?'} over {nodes} node(s), world {res.world_size}; "
+            f"NCCL transport per host: {transports}; recorded in {resolve_db(db)}")
     if not res.ok:
         raise RunnerError(f"fabric failed: {res.reason}")
 

@@ -23,6 +23,7 @@ from .base import (
     json_option,
     main,
     model_map_option,
+    say,
     sweep_argument,
     table,
     workdir_option,
@@ -133,7 +134,7 @@ def _print_summary(summary: WaitSummary) -> None:
 
 
 def _stderr_echo(quiet: bool) -> Any:
-    return (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
+    return (lambda line: None) if quiet else (lambda line: say(line, err=True))
 
 
 def _print_submit(d: dict[str, Any], as_json: bool) -> None:
@@ -152,9 +153,9 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
         click.echo(f"reused {len(reused)} measured run(s) of campaign(s) {', '.join(sources)} instead of measuring "
                    "them again (each named in its reason; --force measures them in this campaign)")
     if d.get("db_note"):
-        click.echo(f"note: {d['db_note']}", err=True)
+        say(f"note: {d['db_note']}", err=True)
     for w in d.get("warnings") or []:
-        click.echo(f"warning: {w}", err=True)
+        say(f"warning: {w}", err=True)
     if d.get("prepare"):
         ready = sum(1 for i in d["prepare"] if i["status"] == "ready")
         click.echo(f"prepared: {len(d['prepare'])} item(s), {ready} already ready", err=True)
@@ -220,7 +221,7 @@ def status(workdir: Path | None, db: Path | None, campaign: str | None, as_json:
         click.echo(f"... and {len(notes) - STATUS_NOTES} more: sbench query \"select run_id, warnings from runs where "
                    "warnings is not null\"")
     if rep.note:
-        click.echo(f"note: {rep.note}", err=True)
+        say(f"note: {rep.note}", err=True)
 
 
 STATUS_NOTES = 10  # distinct run notes status prints at most
@@ -253,5 +254,8 @@ def cancel(workdir: Path | None, db: Path | None, campaign: str | None) -> None:
 
     Example: sbench cancel --campaign lora-scan
     """
-    done = cancel_attempts(workdir, db, campaign)
-    click.echo(f"cancelled {len(done)} attempt(s)" + (": " + " ".join(done) if done else ""))
+    warnings: list[str] = []
+    done = cancel_attempts(workdir, db, campaign, warnings=warnings)
+    say(f"cancelled {len(done)} attempt(s)" + (": " + " ".join(done) if done else ""))
+    for w in warnings:
+        say(f"warning: {w}", err=True)

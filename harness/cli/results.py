@@ -22,7 +22,7 @@ from harness.db.status import campaign_names
 from harness.db.store import open_store
 from harness.report.compare import compare_in
 
-from .base import Progress, campaign_name, db_option, echo_json, json_option, main, table, workdir_option
+from .base import Progress, campaign_name, db_option, echo_json, json_option, main, say, table, workdir_option
 
 COLLECT_PHASES = {"discover": "finding runs", "parse": "reading job dirs", "samples": "loading samples"}
 
@@ -60,7 +60,7 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json
         click.echo(f"note: SLURM accounting unavailable ({report.sacct}); states come from squeue and the files",
                    err=True)
     for w in report.warnings:
-        click.echo(f"warning: {w}", err=True)
+        say(f"warning: {w}", err=True)
 
 
 def _cell(v: Any) -> Any:

@@ -2,7 +2,10 @@
 ``spec.json``), and a cheap fingerprint of each job dir's files.
 
 A ``spec.json`` that sbench did not write (another schema, another tool, a stray file) is refused with a
-warning: it never becomes a run.
+warning: it never becomes a run. Every file is read through harness.contract.safefile, inside its campaign
+directory; before a job dir the manifest names is read, :func:`verify` checks that it lies inside its
+campaign directory and that its ``spec.json`` is that attempt's (campaign, point, repeat, attempt): a job
+dir that is not is recorded as failed with the reason, and nothing of it is stored.
 """
 
 from __future__ import annotations
@@ -10,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.contract import safefile
 from harness.contract.paths import SPEC_SCHEMA, JobPaths, parse_job_dir_name, run_id
 from harness.db.manifest import attempt_row, point_row
 from harness.db.values import utc
@@ -59,7 +63,20 @@ class Attempt:
     job_dir: Path | None
     manifest: dict[str, Any] | None = None  # the attempt line
     fingerprint: str = "missing"
-    files: list[str] | None = None  # names of the job dir's top-level files (from the fingerprint scan)
+    files: list[str] | None = None  # names of the job dir's regular top-level files (from the fingerprint scan)
+    # Its other top-level entries but directories: links, FIFOs, devices. :func:`verify` admits a link to a
+    # regular file inside the campaign directory into *files*; any other of sbench's file names is a line of
+    # *unread* (harness.contract.safefile says why), a warning or reason of the run.
+    odd: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)
+    root: str | None = None  # its campaign directory: every file read must resolve inside it
+    spec: dict[str, Any] | None = None  # its spec.json, once :func:`verify` read it
+    refused: str | None = None  # why its job dir is not read (:func:`verify`): the run's reason
+
+    @property
+    def top(self) -> str | None:
+        """The directory its files must resolve inside: its campaign directory."""
+        return self.root or (str(self.job_dir.parent) if self.job_dir is not None else None)
 
 
 _SENTINEL = "SBENCHHOSTSENTINEL"
@@ -87,20 +104,90 @@ def names_like(names: list[str], make: Callable[[str], Path]) -> list[str]:
 
 # -- discovery -------------------------------------------------------------------------------------------
 def read_manifest(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    events, problems = read_jsonl(path, ("type",))
+    events, problems = read_jsonl(path, ("type",), root=path.parent, limit=safefile.MANIFEST_MAX)
     return [ev for _, ev in events], [f"{path.parent.name}/{p}" for p in problems]
 
 
-def scan(job_dir: Path | None) -> tuple[str, list[str] | None]:
-    """A cheap digest of the job dir's top-level files (name, size, mtime_ns), and their names."""
+def scan(job_dir: Path | None) -> tuple[str, list[str] | None, list[str]]:
+    """A cheap digest of the job dir's top-level entries other than directories (name, size, mtime_ns,
+    without following links); the names of its regular files; the names of its other entries (links,
+    FIFOs, devices: see :attr:`Attempt.odd`)."""
     if job_dir is None:
-        return "missing", None
+        return "missing", None, []
+    entries, odd = [], []
     try:
-        entries = sorted((e.name, st.st_size, st.st_mtime_ns) for e in os.scandir(job_dir)
-                         if e.is_file(follow_symlinks=False) for st in [e.stat(follow_symlinks=False)])
+        for e in os.scandir(job_dir):
+            if not e.is_file(follow_symlinks=False):
+                if e.is_dir(follow_symlinks=False):
+                    continue
+                odd.append(e.name)
+            st = e.stat(follow_symlinks=False)
+            entries.append((e.name, st.st_size, st.st_mtime_ns))
     except OSError:
-        return "missing", None
-    return hashlib.sha1(repr(entries).encode()).hexdigest()[:20], [e[0] for e in entries]
+        return "missing", None, []
+    entries.sort()
+    names = [e[0] for e in entries]
+    if odd:
+        others = set(odd)
+        names = [n for n in names if n not in others]
+        odd.sort()
+    return hashlib.sha1(repr(entries).encode()).hexdigest()[:20], names, odd
+
+
+def job_file_names(paths: JobPaths) -> list[Callable[[str], Path]]:
+    """JobPaths's namings of the files collect reads by pattern."""
+    return [paths.stages, paths.samples, paths.result, paths.environment, paths.train_log, paths.error,
+            paths.rank_result, paths.slurm_out]
+
+
+def admit(att: Attempt) -> None:
+    """Sort :attr:`Attempt.odd`: a link to a regular file inside the campaign directory joins *files*; any
+    other entry that bears one of sbench's file names is a line of *unread* (its reason); others are no
+    concern of sbench's."""
+    if not att.odd or att.job_dir is None or att.files is None:
+        return
+    paths = JobPaths(att.job_dir)
+    kinds = job_file_names(paths)
+    files = list(att.files)
+    for name in att.odd:
+        if name in (paths.spec.name, paths.submitted.name):
+            continue  # read by name (verify, jobdir.read_job), which says why when they are not
+        if not any(named([name], make) for make in kinds):
+            continue
+        try:
+            os.close(safefile.open_regular(paths.root / name, att.top, None)[0])
+        except OSError as exc:
+            att.unread.append(str(exc) if isinstance(exc, safefile.Refused) else f"{name}: unreadable ({exc.strerror})")
+            continue
+        files.append(name)
+    att.files, att.odd = sorted(files), []
+
+
+def verify(att: Attempt) -> None:
+    """Before anything of *att*'s job dir is read: that it lies inside its campaign directory, and that its
+    ``spec.json`` is this attempt's (campaign, point, repeat, attempt). A job dir that is not (replaced by
+    a link to another campaign's, or a copy of another attempt's) gets :attr:`Attempt.refused`, the
+    reason recorded for its run; none of its files is read."""
+    if att.job_dir is None or att.refused is not None or att.spec is not None or att.files is None:
+        return  # no job dir on disk: nothing will be read
+    root = att.top or str(att.job_dir.parent)
+    try:
+        safefile.check_dir(att.job_dir, root)
+    except OSError as exc:
+        att.refused = f"job directory {att.job_dir} not read: {getattr(exc, 'why', None) or exc.strerror}"
+        return
+    doc, problem = read_json(JobPaths(att.job_dir).spec, root, safefile.SPEC_MAX)
+    if doc is None:
+        att.refused = f"job directory {att.job_dir} not read: {problem or 'it has no spec.json'}"
+        return
+    why = spec_problem(doc, att.point_id, att.repeat, att.attempt)
+    if why is None and doc.get("campaign") != att.campaign:
+        why = f"names campaign {str(doc.get('campaign'))[:60]!r}, not {att.campaign!r}"
+    if why is not None:
+        att.refused = f"job directory {att.job_dir} not read: its spec.json is not this attempt's ({why})"
+        return
+    att.spec = doc
+    admit(att)
 
 
 @dataclass
@@ -122,9 +209,18 @@ def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[
     camp_dirs = sorted(p for p in workdir.iterdir() if p.is_dir() and not p.name.startswith(".")
                        and (campaign is None or p.name == campaign))
     for cdir in camp_dirs:
+        try:  # a campaign directory that is a link leading out of the work dir is not read
+            safefile.check_dir(cdir, workdir)
+        except OSError as exc:
+            warnings.append(f"{cdir}: not a campaign directory of this work dir ({getattr(exc, 'why', exc)}); ignored")
+            continue
         mpath = cdir / MANIFEST
-        if mpath.is_file():
-            st = mpath.stat()
+        root = os.path.abspath(cdir)
+        if os.path.lexists(mpath):
+            try:
+                st = mpath.stat()
+            except OSError:  # a link to nothing: read_manifest says what it is
+                st = os.lstat(mpath)
             evs, probs = read_manifest(mpath)
             warnings += probs
             mine = [ev for ev in evs if campaign is None or ev.get("campaign") == campaign]
@@ -137,7 +233,7 @@ def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[
                         continue  # reported by record_manifest
                     jd = Path(row["job_dir"]) if row["job_dir"] else None
                     attempts[row["run_id"]] = Attempt(row["run_id"], row["campaign"], row["point_id"], row["repeat"],
-                                                      row["attempt"], jd, dict(ev))
+                                                      row["attempt"], jd, dict(ev), root=root)
                     if jd is not None:
                         known.add(os.path.abspath(jd))
         for spec in sorted(cdir.glob("*/spec.json")):
@@ -148,7 +244,12 @@ def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[
             if parsed is None:
                 continue
             pid, rep, att = parsed
-            doc, problem = read_json(spec)
+            try:
+                safefile.check_dir(jd, root)
+            except OSError as exc:
+                warnings.append(f"{jd}: not a job directory of this campaign ({getattr(exc, 'why', exc)}); ignored")
+                continue
+            doc, problem = read_json(spec, root, safefile.SPEC_MAX)
             problem = problem or spec_problem(doc, pid, rep, att)
             if problem is not None:
                 warnings.append(f"{spec}: not a job directory of this sbench ({problem}); ignored")
@@ -162,7 +263,7 @@ def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[
                 elif not same_dir(other, jd):
                     warnings.append(f"{jd}: same run as {other}; ignored")
                 continue
-            attempts[rid] = Attempt(rid, str(camp), pid, rep, att, jd, None)
+            attempts[rid] = Attempt(rid, str(camp), pid, rep, att, jd, None, root=root)
     return manifests, attempts, warnings
 
 
@@ -180,20 +281,19 @@ def same_dir(a: Path, b: Path) -> bool:
 def sample_files_of(att: Attempt) -> list[tuple[str, Path]]:
     """(host, path) of the attempt's ``samples.<host>.csv`` files, from the listing its fingerprint was
     taken from (the same one :func:`analyze` reads)."""
-    if att.job_dir is None or att.files is None:
+    if att.job_dir is None or att.files is None or att.refused is not None:
         return []
     paths = JobPaths(att.job_dir)
     return [(h, paths.samples(h)) for h in names_like(att.files, paths.samples)]
 
 
 def spec_rows(att: Attempt) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
-    paths = JobPaths(att.job_dir) if att.job_dir else None
-    spec, _ = read_json(paths.spec) if paths else (None, None)
+    paths = JobPaths(att.job_dir) if att.job_dir and att.refused is None else None
+    spec, _ = read_json(paths.spec, att.top, safefile.SPEC_MAX) if paths else (None, None)
     spec = spec if isinstance(spec, dict) else {}
     point = spec.get("point") or {}
     js = spec.get("jobspec") or {}
-    sub, _ = read_json(paths.submitted) if paths else (None, None)
-    sub = sub if isinstance(sub, dict) else {}
+    sub = spec_exec(att)
     exp = point.get("experiment") or js.get("experiment")
     camp = {"campaign": att.campaign, "experiment": exp, "sweep": (spec.get("sweep") or {}).get("source"),
             "partition": js.get("partition"), "executor": sub.get("executor"),
@@ -210,7 +310,12 @@ def spec_rows(att: Attempt) -> tuple[dict[str, Any], dict[str, Any], dict[str, A
 
 
 def spec_exec(att: Attempt) -> dict[str, Any]:
-    if att.job_dir is None:
+    """The job dir's ``submitted.json`` (empty when missing, not read or not an object)."""
+    if att.job_dir is None or att.refused is not None:
         return {}
-    sub, _ = read_json(JobPaths(att.job_dir).submitted)
+    try:
+        safefile.check_dir(att.job_dir, att.top or att.job_dir.parent)
+    except OSError:
+        return {}  # verify() says why when the run is read
+    sub, _ = read_json(JobPaths(att.job_dir).submitted, att.top, safefile.SMALL_MAX)
     return sub if isinstance(sub, dict) else {}

@@ -55,7 +55,7 @@ from harness.db.values import utc
 from harness.slurm.client import Slurm
 
 from . import rows, scheduler
-from .discover import Attempt, Manifest, discover, rendered_names, scan, spec_rows
+from .discover import Attempt, Manifest, admit, discover, rendered_names, scan, spec_rows, verify
 from .jobdir import read_job
 from .loading import SampleLoader
 from .outcome import Sched, decide
@@ -116,13 +116,17 @@ def analyze(att: Attempt, sched: Sched, cancel_requested: bool,
     The files are those of the fingerprint's scan, taken before the scheduler was asked. When the
     scheduler's word ends a run they show unfinished or failed, the run may have ended in between: a dir
     that changed since the scan is read again (its fingerprint stays the scan's, so the next collect reads
-    all of it again)."""
+    all of it again). A job dir :func:`~.discover.verify` refused is a failed run with that reason."""
+    if att.refused is not None:
+        return rows.failed_unread(att, sched, att.refused)
     files = read_job(att, known_point)
     verdict = decide(files, sched, cancel_requested)
     if verdict.over and verdict.outcome != "ok":
-        fp, names = scan(att.job_dir)
+        fp, names, odd = scan(att.job_dir)
         if fp != att.fingerprint:
-            files = read_job(replace(att, files=names), known_point)
+            again = replace(att, files=names, odd=odd, unread=[])
+            admit(again)
+            files = read_job(again, known_point)
             verdict = decide(files, sched, cancel_requested)
     return rows.build(files, verdict)
 
@@ -156,7 +160,7 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     if not wd.is_dir():
         report.warnings.append(f"{wd}: no such directory; nothing to collect (pass --workdir)")
     for rid, a in list(attempts.items()):
-        a.fingerprint, a.files = scan(a.job_dir)
+        a.fingerprint, a.files, a.odd = scan(a.job_dir)
         # A job dir that was only rendered (a preview: no manifest line, never submitted, nothing ran) is no run.
         if a.manifest is None and a.job_dir is not None and set(a.files or ()) <= rendered_names(JobPaths(a.job_dir)):
             del attempts[rid]
@@ -203,7 +207,10 @@ def _collect(store: Store, report: CollectReport, manifests: list[Manifest], att
     prog("discover", 1, 1)
     clock.lap("discover")
     _pause("parse")
-    # Runs whose files changed are read again whatever the scheduler says: their samples start loading now.
+    # Runs whose files changed are read again whatever the scheduler says: their samples start loading now,
+    # once their job dirs are known to be theirs.
+    for a in refiled:
+        verify(a)
     loader = SampleLoader(store, next_sample_file_id(store), tmpdir, before)
     loader.start(refiled)
     try:
@@ -269,6 +276,8 @@ def _read(report: CollectReport, manifests: list[Manifest], attempts: Mapping[st
     report.unchanged = len(attempts) - len(changed)
     # A run whose state moved but whose files did not is read again too: its rows are replaced as a whole.
     refiled_ids = {a.run_id for a in refiled}
+    for a, _s, _i in changed:
+        verify(a)
     loader.add(a for a, _s, _i in changed if a.run_id not in refiled_ids)
     known_points = {str(ev.get("point_id")): ev for man in manifests for ev in man.events
                     if ev.get("type") == "point"}

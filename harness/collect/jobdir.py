@@ -9,11 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.contract import safefile
 from harness.contract.paths import JobPaths
 from harness.spec.catalog import EXPERIMENTS
 
 from .discover import Attempt, named, names_like, scan
-from .parse import StageLog, nccl_transport, parse_stages, read_json
+from .parse import StageLog, nccl_transport, parse_stages, read_file, read_json
 
 
 @dataclass
@@ -81,23 +82,22 @@ def count(value: Any, minimum: int = 1, maximum: int = 2**31 - 1) -> int | None:
     return value
 
 
-def _slurm_tail(paths: JobPaths) -> str | None:
-    """The last line of the batch script's output: why a job that never started its runner failed."""
-    for out in reversed(paths.slurm_outputs()):
-        try:
-            with out.open("rb") as fh:
-                fh.seek(0, 2)
-                fh.seek(max(0, fh.tell() - 4096))
-                lines = [x for x in fh.read().decode("utf-8", errors="replace").splitlines() if x.strip()]
-        except OSError:
-            continue
+def _slurm_tail(root: str, names: list[str], top: str | None, problems: list[str]) -> str | None:
+    """The last line of the batch script's output: why a job that never started its runner failed. Only
+    its last bytes are read (harness.contract.safefile.LOG_TAIL)."""
+    for _job, name in reversed(named(names, JobPaths(root).slurm_out)):
+        data, problem = read_file(os.path.join(root, name), top, safefile.LOG_TAIL, part="tail")
+        if problem:
+            problems.append(problem)
+        lines = [x for x in (data or b"").decode("utf-8", errors="replace").splitlines() if x.strip()]
         if lines:
-            return f"{out.name}: {first_line(lines[-1])}"
+            return f"{name}: {first_line(lines[-1])}"
     return None
 
 
-def _object(path: str | os.PathLike[str], problems: list[str]) -> dict[str, Any] | None:
-    doc, p = read_json(path)
+def _object(path: str | os.PathLike[str], problems: list[str], top: str | None,
+            limit: int = safefile.RUNNER_MAX) -> dict[str, Any] | None:
+    doc, p = read_json(path, top, limit)
     if p:
         problems.append(p)
     if isinstance(doc, dict):
@@ -109,14 +109,17 @@ def _object(path: str | os.PathLike[str], problems: list[str]) -> dict[str, Any]
 
 def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobFiles:
     """Read *att*'s job directory (none: only what the manifest says)."""
-    jd = att.job_dir
+    jd = att.job_dir if att.refused is None else None  # a refused job dir is not read (discover.verify)
     paths = JobPaths(jd) if jd is not None else None
     f = JobFiles(attempt=att, paths=paths)
+    if att.refused is not None:
+        f.warnings.append(att.refused)
     man, kp = att.manifest or {}, known_point or {}
     spec: dict[str, Any] = {}
+    top = att.top
     if paths is not None:
-        spec = _object(paths.spec, f.warnings) or {}
-        f.submitted = _object(paths.submitted, f.warnings) or {}
+        spec = att.spec if att.spec is not None else _object(paths.spec, f.warnings, top, safefile.SPEC_MAX) or {}
+        f.submitted = _object(paths.submitted, f.warnings, top, safefile.SMALL_MAX) or {}
     f.jobspec = as_dict(spec.get("jobspec"))
     point = as_dict(spec.get("point"))
     f.entity = dict(point.get("entity") or f.jobspec.get("entity") or kp.get("entity") or {})
@@ -128,16 +131,17 @@ def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobF
     if paths is None:
         return f
     names = att.files if att.files is not None else (scan(jd)[1] or [])
+    f.problems += att.unread
     root = str(jd)
     join = os.path.join  # plain strings: a Path per file costs more than reading a small file
     for h, name in named(names, paths.stages):
-        f.stage_logs[h] = parse_stages(join(root, name), h)
+        f.stage_logs[h] = parse_stages(join(root, name), h, top)
         f.problems += f.stage_logs[h].problems
     for h, name in named(names, paths.result):
-        if (doc := _object(join(root, name), f.problems)) is not None:
+        if (doc := _object(join(root, name), f.problems, top)) is not None:
             f.results[h] = doc
     for h, name in named(names, paths.environment):
-        doc, p = read_json(join(root, name))
+        doc, p = read_json(join(root, name), top)
         if p:
             f.problems.append(p)
         if isinstance(doc, dict):
@@ -146,7 +150,7 @@ def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobF
     logs = named(names, paths.train_log)
     f.log_hosts = [h for h, _ in logs]
     for _r, name in named(names, paths.rank_result):
-        doc, p = read_json(join(root, name))
+        doc, p = read_json(join(root, name), top)
         if p:
             f.problems.append(p)
         if isinstance(doc, dict) and (rk := count(doc.get("rank"), 0)) is not None:
@@ -161,7 +165,7 @@ def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobF
             if isinstance(res.get("training"), dict):
                 f.rank0 = res["training"]
     for r, name in named(names, paths.error):
-        doc, p = read_json(join(root, name))
+        doc, p = read_json(join(root, name), top)
         if p:
             f.problems.append(p)
         if isinstance(doc, dict):
@@ -174,7 +178,7 @@ def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobF
                         if r.get("terminated_by") or r.get("signal")), None) or \
         count(f.submitted.get("exit_signal"), 1, 255)
     for h, name in logs:
-        f.transports[h], f.nccl_lines[h] = nccl_transport(join(root, name))
+        f.transports[h], f.nccl_lines[h] = nccl_transport(join(root, name), top, f.problems)
     if not f.hosts_all:
-        f.slurm_tail = _slurm_tail(paths)
+        f.slurm_tail = _slurm_tail(root, names, top, f.problems)
     return f

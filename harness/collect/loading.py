@@ -11,6 +11,7 @@ interrupts the statement that runs and waits for the worker, so that the caller 
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -19,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.contract import safefile
 from harness.contract.paths import JobPaths
 from harness.db.samples import load_samples, sample_rejects
 from harness.db.store import Store
 
 from .discover import Attempt, sample_files_of
-from .parse import csv_tail
+from .parse import csv_tail_fd
 from .rows import RunData
 
 
@@ -60,6 +62,7 @@ class SampleLoader:
         self.files: list[SampleFile] = []
         self.rows = 0
         self.rejects: list[tuple[str, int, str]] = []
+        self.refused: list[tuple[str, str]] = []  # (run id, why) of sample files not handed to the reader
         self.seconds = 0.0
         self._jobs: queue.Queue[_Batch | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -140,7 +143,11 @@ class SampleLoader:
         self.rejects += sample_rejects(self.store, [f.use for f in files])
 
     def warn(self, by_run: Mapping[str, RunData]) -> None:
-        """A cut last line or a rejected line of a samples file is a warning of its run."""
+        """A cut last line or a rejected line of a samples file is a warning of its run; so is a file that was
+        not read (a FIFO, a link out of the campaign directory, too large: harness.contract.safefile)."""
+        for rid, why in self.refused:
+            if rid in by_run:
+                by_run[rid].warn(why)
         for f in self.files:
             d = by_run[f.run_id]
             if f.truncated_line is not None and d.over:
@@ -167,25 +174,45 @@ class SampleLoader:
                      for host, path in sample_files_of(a)]
         todo.sort(key=lambda x: not x[3])  # counted files first: each of _load's two scans gets one run of ids
         for a, host, path, counted in todo:
-            fid = self.next_id
-            self.next_id += 1
-            use = str(path)
-            if any(c in use for c in "*?[{"):
-                # DuckDB's reader expands glob characters in file names: read such a file via a link.
-                link = self.tmpdir / f"{fid}.link.csv"
-                link.symlink_to(path)
-                use = str(link)
-            sf = SampleFile(fid, a.run_id, host, path, use, counted=counted)
-            tail = csv_tail(path)
-            if tail is not None:
-                cut, sf.truncated_line = tail
-                copy = self.tmpdir / f"{fid}.csv"
-                with path.open("rb") as src, copy.open("wb") as dst:
-                    dst.write(src.read(cut))
-                sf.use = str(copy)
+            # Checked before the reader opens it: a regular file, inside the campaign directory, within its bound.
+            try:
+                fd, size = safefile.open_regular(path, a.top, safefile.SAMPLES_MAX)
+            except OSError as exc:
+                self.refused.append((a.run_id, str(exc) if isinstance(exc, safefile.Refused) else
+                                     f"{path.name}: unreadable ({exc.strerror})"))
+                continue
+            try:
+                fid = self.next_id
+                self.next_id += 1
+                use = str(path) if not os.path.islink(path) else os.path.realpath(path)
+                if any(c in use for c in "*?[{"):
+                    # DuckDB's reader expands glob characters in file names: read such a file via a link.
+                    link = self.tmpdir / f"{fid}.link.csv"
+                    link.symlink_to(use)
+                    use = str(link)
+                sf = SampleFile(fid, a.run_id, host, path, use, counted=counted)
+                tail = csv_tail_fd(fd, size)
+                if tail is not None:
+                    cut, sf.truncated_line = tail
+                    sf.use = str(self.tmpdir / f"{fid}.csv")
+                    _copy_head(fd, cut, sf.use)
+            finally:
+                os.close(fd)
             files.append(sf)
         self.files += files
         return files
+
+
+def _copy_head(fd: int, n: int, dest: str) -> None:
+    """The first *n* bytes of the open file *fd* into a new file *dest*, in pieces."""
+    out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        offset = 0
+        while offset < n and (chunk := os.pread(fd, min(1 << 22, n - offset), offset)):
+            os.write(out, chunk)
+            offset += len(chunk)
+    finally:
+        os.close(out)
 
 
 __all__ = ["SampleFile", "SampleLoader"]

@@ -10,10 +10,11 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
+
+from harness.contract import safefile
 
 STAGE_KEYS = ("event", "stage", "t_wall")
 
@@ -21,51 +22,35 @@ STAGE_KEYS = ("event", "stage", "t_wall")
 # orjson: a C parser, several times faster on the many small runner files; json decides anything it refuses.
 _fast_loads = orjson.loads
 
-MAX_FILE_BYTES = 256 << 20  # a runner's JSON or JSON-lines file larger than this is not read
+MAX_FILE_BYTES = safefile.RUNNER_MAX  # a runner's JSON or JSON-lines file larger than this is not read
+
+Root = str | os.PathLike[str] | None
 
 
 def _name(path: str | os.PathLike[str]) -> str:
     return os.path.basename(path)
 
 
-def _size_problem(path: str | os.PathLike[str], size: int) -> str | None:
-    if size > MAX_FILE_BYTES:
-        return f"{_name(path)}: {size} bytes, larger than the {MAX_FILE_BYTES >> 20} MiB a runner file can be; not read"
-    return None
-
-
-def _too_large(path: str | os.PathLike[str]) -> str | None:
+def read_file(path: str | os.PathLike[str], root: Root = None, limit: int = MAX_FILE_BYTES,
+              part: str = "all") -> tuple[bytes | None, str | None]:
+    """(bytes, None); (None, problem) for a file that is not read (a FIFO, a device, a link leading out of
+    *root*, larger than *limit*: see harness.contract.safefile) or unreadable; (None, None) when missing."""
     try:
-        return _size_problem(path, os.stat(path).st_size)
-    except OSError:
-        return None
-
-
-def _read_rest(fd: int) -> bytes:
-    parts = []
-    while chunk := os.read(fd, 1 << 20):
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-def read_json(path: str | os.PathLike[str]) -> tuple[Any, str | None]:
-    """(document, None), (None, problem) for unreadable/corrupt content, (None, None) when missing."""
-    try:
-        fd = os.open(path, os.O_RDONLY)  # no buffered file object: half the cost for a small file
-        try:
-            size = os.fstat(fd).st_size
-            big = _size_problem(path, size)
-            if big:
-                return None, big
-            data = os.read(fd, size + 1)
-            if len(data) > size:  # grew while being read: take the rest too
-                data += _read_rest(fd)
-        finally:
-            os.close(fd)
+        return safefile.read_bytes(path, root, limit, part=part), None
     except FileNotFoundError:
         return None, None
+    except safefile.Refused as exc:
+        return None, str(exc)
     except OSError as exc:
         return None, f"{_name(path)}: unreadable ({exc.strerror})"
+
+
+def read_json(path: str | os.PathLike[str], root: Root = None, limit: int = MAX_FILE_BYTES) -> tuple[Any, str | None]:
+    """(document, None), (None, problem) for unreadable/corrupt content or a file not read (see
+    :func:`read_file`), (None, None) when missing."""
+    data, problem = read_file(path, root, limit)
+    if data is None:
+        return None, problem
     try:
         return _fast_loads(data), None  # the common case; NaN, huge integers or bad bytes go the slow way
     except (ValueError, RecursionError, TypeError):
@@ -96,24 +81,17 @@ def _all_have(objs: list[Any], keys: tuple[str, ...]) -> bool:
     return True
 
 
-def read_jsonl(path: str | os.PathLike[str],
-               required: Iterable[str] = ()) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
+def read_jsonl(path: str | os.PathLike[str], required: Iterable[str] = (), root: Root = None,
+               limit: int = MAX_FILE_BYTES) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
     """Objects of a JSON-lines file with their line numbers, and a problem per bad line.
 
     A last line without its newline that does not parse is "truncated JSON" (the writer died or is
     still writing); any other line that does not parse is "invalid JSON".
     """
-    big = _too_large(path)
-    if big:
-        return [], [big]
     name = _name(path)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
-        return [], []
-    except OSError as exc:
-        return [], [f"{name}: unreadable ({exc.strerror})"]
+    data, problem = read_file(path, root, limit)
+    if data is None:
+        return [], [problem] if problem else []
     out: list[tuple[int, dict[str, Any]]] = []
     problems: list[str] = []
     need = tuple(required)
@@ -205,10 +183,10 @@ class StageLog:
     last_restart: int = 0
 
 
-def parse_stages(path: str | os.PathLike[str], host: str) -> StageLog:
+def parse_stages(path: str | os.PathLike[str], host: str, root: Root = None) -> StageLog:
     """Pair ``start``/``end`` events by (rank, stage, trial, restart, pid), in file order."""
     log = StageLog(host)
-    events, problems = read_jsonl(path, STAGE_KEYS)
+    events, problems = read_jsonl(path, STAGE_KEYS, root)
     log.problems.extend(problems)
     open_: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     rows = log.rows
@@ -287,7 +265,8 @@ _NCCL = re.compile(
     rb"Using network (\w+)|Channel [^\n]* via (NET/\w+)[^\n]*)")
 
 
-def nccl_transport(path: str | os.PathLike[str]) -> tuple[str | None, str | None]:
+def nccl_transport(path: str | os.PathLike[str], root: Root = None,
+                   problems: list[str] | None = None) -> tuple[str | None, str | None]:
     """The inter-node transport NCCL chose in a training log: ``'roce'``, ``'ib'``, ``'socket'`` or
     None (no NCCL network line: a single-node run, NCCL_DEBUG off, or no log), with the line that
     says so.
@@ -295,10 +274,10 @@ def nccl_transport(path: str | os.PathLike[str]) -> tuple[str | None, str | None
     ``Using network IB|Socket`` is NCCL's final word; ``NET/IB : Using [0]mlx5_0:1/RoCE`` tells RoCE
     from InfiniBand (``/IB``); ``NET/Socket : Using`` and channels ``via NET/Socket`` mean TCP.
     """
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError:
+    data, problem = read_file(path, root, safefile.TRAIN_LOG_HEAD, part="head")  # NCCL says it at startup
+    if problem and problems is not None:
+        problems.append(problem)
+    if data is None:
         return None, None
     ib_line = ib_kind = None
     socket_line = network = network_line = channel = channel_line = None
@@ -339,21 +318,31 @@ def summarize_transports(by_host: Mapping[str, str | None]) -> tuple[str | None,
 
 
 # -- CSV tails ----------------------------------------------------------------------------------------------
-def csv_tail(path: Path) -> tuple[int, int] | None:
-    """None when the file ends with a newline (or is empty); else (bytes up to the last newline,
-    1-based number of the truncated last line)."""
+def csv_tail(path: str | os.PathLike[str], root: Root = None) -> tuple[int, int] | None:
+    """None when the file ends with a newline (or is empty, or is not read: see harness.contract.safefile);
+    else (bytes up to the last newline, 1-based number of the truncated last line)."""
     try:
-        with path.open("rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            if size == 0:
-                return None
-            fh.seek(size - 1)
-            if fh.read(1) == b"\n":
-                return None
-            fh.seek(0)
-            data = fh.read()
+        fd, size = safefile.open_regular(path, root, safefile.SAMPLES_MAX)
     except OSError:
         return None
-    cut = data.rfind(b"\n") + 1
-    return cut, data.count(b"\n") + 1
+    try:
+        return csv_tail_fd(fd, size)
+    finally:
+        os.close(fd)
+
+
+def csv_tail_fd(fd: int, size: int) -> tuple[int, int] | None:
+    """:func:`csv_tail` of an open file of *size* bytes, read in pieces (never whole into memory)."""
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return None
+    lines, cut, offset = 0, 0, 0
+    while offset < size:
+        chunk = os.pread(fd, min(1 << 22, size - offset), offset)
+        if not chunk:
+            break
+        n = chunk.count(b"\n")
+        if n:
+            lines += n
+            cut = offset + chunk.rfind(b"\n") + 1
+        offset += len(chunk)
+    return cut, lines + 1

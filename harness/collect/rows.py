@@ -323,7 +323,13 @@ def build(f: JobFiles, v: Verdict) -> RunData:
 
 def unreadable(att: Attempt, sched: Sched, exc: BaseException) -> RunData:
     """The run of a job dir whose reading crashed: failed, with the reason; the collect goes on."""
-    why = f"collect could not read this job directory: {type(exc).__name__}: {first_line(exc)}"
+    return failed_unread(att, sched, f"collect could not read this job directory: {type(exc).__name__}: "
+                                     f"{first_line(exc)}")
+
+
+def failed_unread(att: Attempt, sched: Sched, why: str) -> RunData:
+    """The run of a job dir that was not read (why: :attr:`Attempt.refused`, or a crash of the reader):
+    failed with that reason, from the manifest's line alone; nothing of the job dir is stored."""
     man = att.manifest or {}
     run: dict[str, Any] = {
            "run_id": att.run_id, "campaign": att.campaign, "point_id": att.point_id, "repeat": att.repeat,

@@ -44,7 +44,8 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
             recorded = job_dirs(st, campaign)
     else:
         note = f"no results database at {dbp} yet; showing the campaign manifests"
-    attempts = manifest.attempts(wd, campaign)
+    problems: list[str] = []
+    attempts = manifest.attempts(wd, campaign, problems)
     by_dir = {a["job_dir"]: a for a in attempts}
     # Every attempt the DB has (earlier attempts too, not only each point's latest) is collected.
     known = recorded | {r.get("job_dir") for r in rows if r.get("job_dir")}
@@ -81,7 +82,7 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
         r["phase"] = phase
         counts[phase] = counts.get(phase, 0) + 1
     rows.sort(key=lambda r: (str(r.get("campaign")), str(r.get("point_id")), r.get("repeat") or 0))
-    failed = failed_prepare_jobs(wd, campaign, slurm)
+    failed = failed_prepare_jobs(wd, campaign, slurm) + problems
     if failed:
         note = "; ".join(([note] if note else []) + failed)
     return StatusReport(rows, counts, note)
@@ -115,16 +116,17 @@ def _phase(live: str | None, db_state: str | None) -> str:
 
 @holding_campaign_locks("cancel")
 def cancel(locks: CampaignLocks, workdir: Path | None = None, db: Path | None = None, campaign: str | None = None,
-           slurm: Slurm | None = None) -> list[str]:
+           slurm: Slurm | None = None, warnings: list[str] | None = None) -> list[str]:
     """Cancel every attempt still queued or running (all campaigns, or one), and every local attempt its
     queue left not started; returns what was cancelled. Holds each campaign's lock (``harness.sbatch.lock``),
-    so an attempt a submit is starting right now is cancelled too, not missed."""
+    so an attempt a submit is starting right now is cancelled too, not missed. A manifest or job dir that
+    was not read is a line of *warnings*."""
     wd, dbp = _defaults(workdir, db)
     slurm = slurm or Slurm()
     for cdir in [wd / campaign] if campaign else sorted(p.parent for p in wd.glob(f"*/{manifest.MANIFEST}")):
         if cdir.is_dir():
             locks.acquire(cdir)
-    attempts = manifest.attempts(wd, campaign)
+    attempts = manifest.attempts(wd, campaign, warnings if warnings is not None else [])
     if campaign and not attempts and not (wd / campaign).exists():
         raise InputError(f"no campaign {campaign!r} under {wd}")
     live = live_states(attempts, slurm)

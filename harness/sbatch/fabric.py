@@ -16,7 +16,6 @@ accelerate like a training run); this module submits it and reads its results.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 from harness.build.jobspec import build_jobspec
 from harness.build.render import write_job_dir
 from harness.collect.parse import nccl_transport
+from harness.contract import safefile
 from harness.contract.errors import InputError
 from harness.contract.paths import JobPaths
 from harness.runner.fabric import CPU_SIZES, DEFAULT_SIZES
@@ -102,14 +102,16 @@ def run_fabric(inv: Any, partition: str | None, nodes: int, workdir: Path, *, ex
     results = {}
     for h in paths.result_hosts():
         try:
-            results[h] = json.loads(paths.result(h).read_text())
+            results[h] = safefile.read_json(paths.result(h), paths.root, safefile.RUNNER_MAX)
         except (OSError, ValueError):
             continue
     try:
-        rank0 = json.loads(paths.rank_result(0).read_text())
+        rank0 = safefile.read_json(paths.rank_result(0), paths.root, safefile.RUNNER_MAX)
     except (OSError, ValueError):
         rank0 = {}
-    transports = {h: nccl_transport(paths.train_log(h))[0] for h in sorted(results)}
+    results = {h: r for h, r in results.items() if isinstance(r, dict)}
+    rank0 = rank0 if isinstance(rank0, dict) else {}
+    transports = {h: nccl_transport(paths.train_log(h), paths.root)[0] for h in sorted(results)}
     bad = [f"{h}: {r.get('reason')}" for h, r in sorted(results.items()) if r.get("outcome") != "ok"]
     fab = rank0.get("fabric") or {}
     ok = not bad and len(results) >= nodes and bool(fab.get("results"))

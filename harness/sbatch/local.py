@@ -40,7 +40,7 @@ from typing import IO, Any
 import submitit
 
 from harness.build.jobspec import JobSpec
-from harness.contract import envvars, jobstate
+from harness.contract import envvars, jobstate, safefile
 from harness.contract.errors import InputError
 from harness.contract.paths import JobPaths
 from harness.runner import pdeath
@@ -146,7 +146,8 @@ def run_queue(queue_file: Path, handshake: IO[str] | None = None) -> int:
     *handshake* (the queue's stdin) says ``go``. SIGTERM, SIGINT or SIGHUP stop it: the running launches are
     signalled (their runners record the signal), the jobs not started yet are marked not started, and the
     exit status is 128 + the signal."""
-    q = json.loads(queue_file.read_text())
+    # Its file lies in <campaign>/.local/ (one entry of a few hundred bytes per job).
+    q = safefile.read_json(queue_file, queue_file.parent.parent, safefile.MANIFEST_MAX)
     items: list[dict[str, Any]] = list(q["jobs"])
     stop: dict[str, int | None] = {"sig": None}
 

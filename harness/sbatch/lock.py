@@ -52,7 +52,7 @@ def lock_path(campaign_dir: Path) -> Path:
 
 def holder(campaign_dir: Path) -> dict[str, Any]:
     """What the lock's holder wrote: pid, host, command, since ({} when nobody holds it or it has not yet)."""
-    return read_json(lock_path(campaign_dir))
+    return read_json(lock_path(campaign_dir), campaign_dir)
 
 
 def _try_lock(fd: int) -> bool:

@@ -31,7 +31,7 @@ from typing import Any
 
 from harness.build.jobspec import build_jobspec
 from harness.build.sbatch import prepare_sbatch
-from harness.contract import jobstate
+from harness.contract import jobstate, safefile
 from harness.data.datagen import make_dataset
 from harness.data.models import resolve_model
 from harness.data.prepared import (
@@ -278,7 +278,7 @@ def record_prepare_job(campaign_dir: Path, job_id: str) -> None:
 def live_prepare_job(campaign_dir: Path, slurm: Slurm) -> str | None:
     """The campaign's recorded preparation job when SLURM still has it queued or running."""
     try:
-        job_id = str(json.loads((campaign_dir / PREPARE_JOB_FILE).read_text())["job_id"])
+        job_id = str(safefile.read_json(campaign_dir / PREPARE_JOB_FILE, campaign_dir, safefile.SMALL_MAX)["job_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     state = slurm.states([job_id]).get(job_id)
@@ -291,7 +291,8 @@ def failed_prepare_jobs(workdir: Path, campaign: str | None, slurm: Slurm) -> li
     records = []
     for f in files:
         try:
-            records.append((f.parent, str(json.loads(f.read_text())["job_id"])))
+            safefile.check_dir(f.parent, workdir)
+            records.append((f.parent, str(safefile.read_json(f, f.parent, safefile.SMALL_MAX)["job_id"])))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     if not records:

@@ -11,7 +11,6 @@ the scheduler client runs it with ``srun``, one task per inventory host.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.contract import safefile
 from harness.contract.errors import InputError, RunnerError
 from harness.contract.paths import package_dir
 from harness.runner.probe import probe_node
@@ -188,7 +188,7 @@ def run_probe(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Pa
     for h in hosts:
         f = out_dir / f"probe.{h}.json"
         try:
-            probes[h] = json.loads(f.read_text())
+            probes[h] = safefile.read_json(f, out_dir, safefile.RUNNER_MAX)
         except (OSError, ValueError):
             continue
     if not probes:

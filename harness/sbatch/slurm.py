@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.build.jobspec import JobSpec
 from harness.build.sbatch import array_sbatch
-from harness.contract import jobstate
+from harness.contract import jobstate, safefile
 from harness.slurm.client import Slurm
 
 from .executors import SubmitOptions, Submitted
@@ -46,7 +46,8 @@ class SlurmBackend:
         out: list[Submitted] = []
         for group in group_by_shape(specs):
             if len(group) == 1:
-                script = Path(group[0].job_dir, "job.sbatch").read_text()
+                script = safefile.read_bytes(Path(group[0].job_dir, "job.sbatch"), campaign_dir,
+                                             safefile.SMALL_MAX).decode()
             else:
                 script = array_sbatch(group[0].campaign, group, opts.max_parallel, logs)
             job_id = self.slurm.sbatch(script, folder, hold=opts.hold, after=opts.dependency)

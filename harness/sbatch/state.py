@@ -105,13 +105,17 @@ def runs_to_refresh(db: Path, workdir: Path, campaign: str, slurm: Slurm) -> lis
         return None
     out: list[str] = []
     unsettled: list[dict[str, Any]] = []
-    for a in manifest.attempts(workdir, campaign):
+    for a in manifest.attempts(workdir, campaign, outside=True):
         try:
             rid = run_id(campaign, str(a["point_id"]), int(a.get("repeat") or 0), int(a["attempt"]))
         except (KeyError, TypeError, ValueError):
             continue
         row = known.get(rid)
-        if row is None or row.get("job_id") is None and a.get("job_id"):
+        if manifest.job_dir_problem(str(a["job_dir"]), workdir / campaign) is not None:
+            # Its job dir is not its own: nothing of it is read here, and collect records why.
+            if row is None or row.get("outcome") is None:
+                out.append(rid)
+        elif row is None or row.get("job_id") is None and a.get("job_id"):
             out.append(rid)
         elif row.get("outcome") is None or row.get("state") not in jobstate.FINAL_STATES:
             unsettled.append({**a, "run_id": rid})

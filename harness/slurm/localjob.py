@@ -29,7 +29,6 @@ import fcntl
 import functools
 import hashlib
 import hmac
-import json
 import os
 import secrets
 import stat
@@ -40,7 +39,7 @@ from typing import Any
 
 import psutil
 
-from harness.contract import envvars
+from harness.contract import envvars, safefile
 from harness.contract.errors import SbenchError
 from harness.contract.paths import JobPaths, process_key_files
 
@@ -141,31 +140,25 @@ def verified(pid: Any, kind: str, path: str | Path) -> psutil.Process | None:
 
 
 # -- files -----------------------------------------------------------------------------------------------
-def read_json(path: str | Path) -> dict[str, Any]:
-    """A small JSON object file, read without blocking (a FIFO is not read) and within a bound; {} otherwise."""
+def read_json(path: str | Path, root: str | Path) -> dict[str, Any]:
+    """A small JSON object file inside *root*, read as :mod:`harness.contract.safefile` reads (a FIFO or a
+    device is not read, a link is followed only inside *root*, within a bound); {} otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return {}
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return {}
-        data = os.read(fd, MAX_BYTES + 1)
-    except OSError:
-        return {}
-    finally:
-        os.close(fd)
-    if len(data) > MAX_BYTES:
-        return {}
-    try:
-        doc = json.loads(data.decode("utf-8", errors="replace"))
-    except ValueError:
+        doc = safefile.read_json(path, root, MAX_BYTES)
+    except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
 
 
 def submitted(job_dir: str | Path) -> dict[str, Any]:
-    return read_json(JobPaths(job_dir).submitted)
+    """``submitted.json`` of a job dir; {} when it is missing or not read (the job dir must lie in its
+    campaign directory: a job dir replaced by a link elsewhere is not read)."""
+    jd = Path(job_dir)
+    try:
+        safefile.check_dir(jd, jd.parent)
+    except OSError:
+        return {}
+    return read_json(JobPaths(jd).submitted, jd.parent)
 
 
 def pidfile(queue_file: str | Path) -> Path:
@@ -199,7 +192,8 @@ def queue_alive(queue_file: str | Path | None) -> bool | None:
     """Whether the queue process of *queue_file* runs (None: another user's, so this user cannot tell)."""
     if not queue_file:
         return False
-    return carries(read_json(pidfile(queue_file)).get("pid"), QUEUE, queue_file)
+    # A queue's files lie in <campaign>/.local/: the pidfile is read inside that campaign directory.
+    return carries(read_json(pidfile(queue_file), Path(queue_file).parent.parent).get("pid"), QUEUE, queue_file)
 
 
 def _foreign(job_dir: str | Path) -> bool:
