@@ -40,7 +40,7 @@ from tests import synth  # noqa: E402
 CAMPAIGN = "bench"
 
 
-def generate(workdir: Path, runs: int, hosts: int, gpus: int, ticks: int) -> list[str]:
+def generate(workdir: Path, runs: int, hosts: int, gpus: int, ticks: int, campaign: str = CAMPAIGN) -> list[str]:
     names = [f"node{i + 1}" for i in range(hosts)]
     variants = []
     for v in range(4):
@@ -49,14 +49,14 @@ def generate(workdir: Path, runs: int, hosts: int, gpus: int, ticks: int) -> lis
             rows = synth.gen_samples(synth.T0, ticks, gpus, seed=v * 10 + m)
             texts[h] = "\n".join([synth.SAMPLE_HEADER, *(synth.sample_line(r) for r in rows)]) + "\n"
         variants.append(texts)
-    events = [synth.manifest_events(CAMPAIGN, "finetune_full_benchmark-v1.0.0")]
+    events = [synth.manifest_events(campaign, "finetune_full_benchmark-v1.0.0")]
     files = []
     for i in range(runs):
-        r = synth.make_run(workdir, CAMPAIGN, i, hosts=names, gpus_per_host=gpus, ticks=ticks,
+        r = synth.make_run(workdir, campaign, i, hosts=names, gpus_per_host=gpus, ticks=ticks,
                            samples_text=variants[i % len(variants)])
         events += r["events"]
         files += [str(r["paths"].samples(h)) for h in names]
-    synth.append_manifest(workdir, CAMPAIGN, events)
+    synth.append_manifest(workdir, campaign, events)
     return files
 
 
