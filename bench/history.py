@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -55,8 +56,8 @@ def campaign_name(i: int) -> str:
 
 
 def factor(k: int) -> float:
-    """The throughput factor of copy *k* (1.0 for the collected campaign): within +-5 %, fixed."""
-    return 1.0 + 0.01 * ((k * 7) % 11 - 5)
+    """The throughput factor of campaign *k* (0: the collected campaign, 1.0): within +-5 %, fixed."""
+    return 1.0 if k == 0 else 1.0 + 0.01 * ((k * 7) % 11 - 5)
 
 
 def _copy_expr(table: str, col: str, typ: str, template: str) -> str | None:
@@ -124,16 +125,21 @@ def build(db: Path, campaigns: int = 100, points: int = 1000, hosts: int = 2, gp
             "multiply_s": round(multiply_s, 1), "db_mb": round(db.stat().st_size / 1e6)}
 
 
-def cli(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
-    """Wall seconds of one ``python -m harness ARGS`` process (start-up included), and its result."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def cli(*args: str, root: Path = ROOT) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """Wall and CPU (user + system, every thread) seconds of one ``python -m harness ARGS`` process (start-up
+    included), and its result. On a shared machine the CPU seconds are the steadier figure. *root*: the
+    checkout whose ``harness`` runs (another one's, to compare before and after)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=ROOT, env=env)
-    return time.perf_counter() - t, res
+    res = subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=root, env=env)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), res
 
 
-def time_commands(db: Path, campaigns: int, repeat: int = 3) -> dict[str, float]:
-    """Best wall seconds of each read command on *db* (each must succeed)."""
+def time_commands(db: Path, campaigns: int, repeat: int = 3, root: Path = ROOT) -> dict[str, dict[str, float]]:
+    """Best wall and CPU seconds of each read command on *db* (each must succeed), run by *root*'s harness."""
     empty = db.parent / "empty-workdir"
     empty.mkdir(exist_ok=True)
     mid, last, prev = campaign_name(campaigns // 2), campaign_name(campaigns - 1), campaign_name(campaigns - 2)
@@ -146,15 +152,16 @@ def time_commands(db: Path, campaigns: int, repeat: int = 3) -> dict[str, float]
         "compare": ["compare", prev, last, *common],
         "query": ["query", f"SELECT count(*) AS runs FROM runs WHERE campaign = '{mid}'", *common],
     }
-    out: dict[str, float] = {}
+    out: dict[str, dict[str, float]] = {}
     for name, args in commands.items():
-        best = None
+        walls, cpus = [], []
         for _ in range(repeat):
-            s, res = cli(*args)
+            wall, cpu, res = cli(*args, root=root)
             if res.returncode != 0:
                 raise SystemExit(f"{name}: exit {res.returncode}\n{res.stdout}\n{res.stderr}")
-            best = s if best is None else min(best, s)
-        out[name] = round(best or 0.0, 2)
+            walls.append(wall)
+            cpus.append(cpu)
+        out[name] = {"wall_s": round(min(walls), 2), "cpu_s": round(min(cpus), 2)}
     return out
 
 
@@ -172,10 +179,11 @@ def time_collect(base: Path, runs: int, hosts: int, gpus: int, ticks: int) -> di
     t = time.perf_counter()
     rep = collect(db, workdir, slurm=Slurm(fake_sacct))
     collect_s = time.perf_counter() - t
-    noop_s, res = cli("collect", "--db", str(db), "--workdir", str(workdir), "--json")
+    noop_s, noop_cpu, res = cli("collect", "--db", str(db), "--workdir", str(workdir), "--json")
     changed = json.loads(res.stdout) if res.returncode == 0 else {}
     return {"runs": runs, "generate_s": round(gen_s, 1), "collect_s": round(collect_s, 2),
             "sample_rows": rep.sample_rows, "phases_s": rep.timings, "noop_cli_s": round(noop_s, 2),
+            "noop_cli_cpu_s": round(noop_cpu, 2),
             "noop_changed": changed.get("new", -1) + changed.get("updated", -1)}
 
 
@@ -190,6 +198,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="Timed rounds of each command (best kept).")
     ap.add_argument("--dir", type=Path, default=None, help="Where to build (default: a temp dir, removed).")
     ap.add_argument("--reuse", action="store_true", help="Reuse DIR's database if it is there.")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="Another checkout (e.g. the main branch's) whose read commands are timed beside this one's.")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     base = a.dir or Path(tempfile.mkdtemp(prefix="sbench-history-"))
@@ -199,6 +209,9 @@ def main() -> int:
     if not (a.reuse and db.exists()):
         out["build"] = build(db, a.campaigns, a.points, a.hosts, a.gpus, a.ticks)
     out["commands_s"] = time_commands(db, a.campaigns, a.repeat)
+    if a.against is not None:
+        out["against"] = str(a.against.resolve())
+        out["against_commands_s"] = time_commands(db, a.campaigns, a.repeat, root=a.against.resolve())
     if a.collect_runs:
         out["collect"] = time_collect(base, a.collect_runs, a.hosts, a.gpus, a.ticks)
     out["load_avg_1m"] = round(os.getloadavg()[0], 2)
@@ -207,7 +220,7 @@ def main() -> int:
     else:
         for k, v in out.items():
             print(f"{k:>18}: {v}")
-        worst = max(out["commands_s"].values())
+        worst = max(v["wall_s"] for v in out["commands_s"].values())
         print(f"\ntargets: every read command < 2 s: {'PASS' if worst < 2 else 'FAIL'} (slowest {worst} s)", end="")
         if a.collect_runs:
             c = out["collect"]

@@ -25,8 +25,8 @@ from harness.spec.schema import is_name
 # ``sbench render`` needs (the build layer, Jinja2), nor ``render`` what ``status`` needs (DuckDB, submitit).
 # --help, which shows every command, loads them all.
 COMMANDS = {"inventory": "inputs", "experiments": "inputs", "plan": "inputs", "render": "inputs",
-            "submit": "jobs", "prepare": "prepare", "retry": "jobs", "status": "jobs", "cancel": "jobs",
-            "collect": "results", "query": "results", "check": "results", "compare": "results",
+            "submit": "jobs", "prepare": "prepare", "retry": "jobs", "status": "control", "cancel": "control",
+            "collect": "collect", "query": "results", "check": "results", "compare": "results",
             "report": "report", "probe": "cluster", "fabric": "cluster",
             "model": "data", "dataset": "data", "env": "envs"}
 
@@ -44,6 +44,11 @@ def printable(text: Any, *, lines: bool = True) -> str:
     """*text* safe to print: control characters (ESC included) escaped, never sent to the terminal. With
     *lines*, line breaks and tabs are kept (a message); without, they are escaped too (a table cell)."""
     return str(text).translate(_LINE_TABLE if lines else _CELL_TABLE)
+
+
+def short(text: str, n: int = 70) -> str:
+    """*text* cut to *n* characters (``...`` at the end when cut)."""
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def say(text: Any = "", *, err: bool = False) -> None:

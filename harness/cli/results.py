@@ -1,4 +1,4 @@
-"""CLI: collect, query and report."""
+"""CLI: query, check and compare (readers of the results database)."""
 
 from __future__ import annotations
 
@@ -14,53 +14,14 @@ from typing import Any
 
 import click
 
-from harness.collect import collect as run_collect
 from harness.contract.errors import InputError
-from harness.contract.paths import resolve_db, resolve_workdir
+from harness.contract.paths import resolve_db
 from harness.db.checks import check_results, references_of
 from harness.db.status import campaign_names
 from harness.db.store import open_store
 from harness.report.compare import compare_in
 
-from .base import Progress, campaign_name, db_option, echo_json, json_option, main, say, table, workdir_option
-
-COLLECT_PHASES = {"discover": "finding runs", "parse": "reading job dirs", "samples": "loading samples"}
-
-
-@main.command()
-@db_option
-@workdir_option
-@click.option("--campaign", default=None, callback=campaign_name, help="Only this campaign's runs.")
-@json_option
-def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json: bool) -> None:
-    """Read job directories and SLURM accounting into the results database.
-
-    Example: sbench collect --campaign lora-scan
-    """
-    wd = resolve_workdir(workdir)
-    if not wd.is_dir():
-        raise InputError(f"--workdir {wd}: no such directory; nothing to collect (submit a sweep first, or pass "
-                         "--workdir / $SBENCH_WORKDIR where its job directories are)")
-    if campaign and not (wd / campaign).is_dir():
-        raise InputError(f"--campaign {campaign}: no campaign directory {wd / campaign}")
-    prog = Progress("collect", COLLECT_PHASES, quiet=as_json)
-    try:
-        report = run_collect(resolve_db(db), wd, campaign, progress=prog)
-    finally:
-        prog.close()
-    if as_json:
-        echo_json(report.to_dict())
-        return
-    outcomes = ", ".join(f"{v} {k}" for k, v in report.outcomes.items()) or "none"
-    click.echo(f"collected {report.runs} run(s) into {report.db}: {report.new} new, {report.updated} updated, "
-               f"{report.unchanged} unchanged; {report.sample_rows} sample rows loaded in {report.elapsed_s:.1f} s")
-    click.echo(f"runs of campaign {campaign} by outcome: {outcomes}" if campaign
-               else f"runs by outcome (every campaign): {outcomes}")
-    if report.sacct and report.sacct != "ok":
-        click.echo(f"note: SLURM accounting unavailable ({report.sacct}); states come from squeue and the files",
-                   err=True)
-    for w in report.warnings:
-        say(f"warning: {w}", err=True)
+from .base import campaign_name, db_option, echo_json, json_option, main, table
 
 
 def _cell(v: Any) -> Any:

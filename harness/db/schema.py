@@ -217,6 +217,49 @@ _HEADLINE = ["train_runtime", "train_tokens_per_second", "dataset_tokens_per_sec
              "gpu_compute_utilization_avg", "gpu_memory_utilization_peak", "f_gpu_oom", "f_no_error"]
 
 
+def run_overhead_sql(stages: str = "stages") -> str:
+    """The ``run_overhead`` view's query over *stages* (a table name or a parenthesised query with the
+    columns of ``stages``): a reader that wants a few runs' overhead passes those runs' stages, so that
+    the view is not computed over every run."""
+    return f"""
+        WITH s AS (SELECT run_id, host, stage, trial, start_wall, end_wall, info FROM {stages}
+                   WHERE start_wall IS NOT NULL),
+        h AS (SELECT run_id, host, min(start_wall) AS job_start_wall,
+                     max(coalesce(end_wall, start_wall)) AS job_end_wall,
+                     bool_or(json_extract_string(info, '$.prepared.status') IN ('built', 'rebuilt')
+                             OR json_extract_string(info, '$.status_before') IN ('missing', 'stale'))
+                         AS prepared_in_job
+              FROM s GROUP BY run_id, host),
+        t AS (SELECT run_id, host, trial, min(start_wall) AS t0, max(end_wall) AS t1 FROM s
+              WHERE stage = '{Stage.TRAIN}' GROUP BY run_id, host, trial),
+        tt AS (SELECT run_id, host, min(t0) AS first_train_wall, sum(t1 - t0) AS train_s FROM t
+               GROUP BY run_id, host)
+        SELECT h.run_id, h.host, h.job_start_wall, tt.first_train_wall,
+               tt.first_train_wall - h.job_start_wall AS startup_s,
+               h.job_end_wall - h.job_start_wall AS allocation_s, tt.train_s,
+               (h.job_end_wall - h.job_start_wall) - coalesce(tt.train_s, 0) AS outside_train_s,
+               CASE WHEN h.job_end_wall > h.job_start_wall
+                    THEN ((h.job_end_wall - h.job_start_wall) - coalesce(tt.train_s, 0))
+                         / (h.job_end_wall - h.job_start_wall) END AS outside_train_fraction,
+               coalesce(h.prepared_in_job, false) AS prepared_in_job
+        FROM h LEFT JOIN tt USING (run_id, host)"""
+
+
+def point_status_sql(campaign_points: str = "campaign_points", runs: str = "runs") -> str:
+    """The ``point_status`` view's query over *campaign_points* and *runs* (table names, or queries
+    with their columns): a reader of one campaign passes that campaign's rows."""
+    return f"""
+        SELECT cp.campaign, cp.point_id, cp.repeat, p.valid,
+               count(r.run_id) AS attempts,
+               count(*) FILTER (WHERE r.outcome = 'ok') AS ok,
+               count(*) FILTER (WHERE r.outcome = 'invalid') AS invalid,
+               count(*) FILTER (WHERE r.outcome = 'failed') AS failed,
+               count(*) FILTER (WHERE r.run_id IS NOT NULL AND r.outcome IS NULL) AS pending
+        FROM {campaign_points} cp LEFT JOIN points p USING (point_id)
+             LEFT JOIN {runs} r ON r.campaign = cp.campaign AND r.point_id = cp.point_id AND r.repeat = cp.repeat
+        GROUP BY ALL"""
+
+
 VIEWS: dict[str, str] = {
     # The samples as documented (docs/job-directory.md), one row per CSV row.
     "samples": """
@@ -246,38 +289,8 @@ VIEWS: dict[str, str] = {
     # Per run and host, from the stage events: the seconds from the host's first event (the node runner
     # starting) to the first train stage, the host's span, the train stages' span (per trial, summed), and
     # what is left outside training. prepared_in_job: the job had to generate or tokenize its data.
-    "run_overhead": f"""
-        WITH s AS (SELECT run_id, host, stage, trial, start_wall, end_wall, info FROM stages
-                   WHERE start_wall IS NOT NULL),
-        h AS (SELECT run_id, host, min(start_wall) AS job_start_wall,
-                     max(coalesce(end_wall, start_wall)) AS job_end_wall,
-                     bool_or(json_extract_string(info, '$.prepared.status') IN ('built', 'rebuilt')
-                             OR json_extract_string(info, '$.status_before') IN ('missing', 'stale'))
-                         AS prepared_in_job
-              FROM s GROUP BY run_id, host),
-        t AS (SELECT run_id, host, trial, min(start_wall) AS t0, max(end_wall) AS t1 FROM s
-              WHERE stage = '{Stage.TRAIN}' GROUP BY run_id, host, trial),
-        tt AS (SELECT run_id, host, min(t0) AS first_train_wall, sum(t1 - t0) AS train_s FROM t
-               GROUP BY run_id, host)
-        SELECT h.run_id, h.host, h.job_start_wall, tt.first_train_wall,
-               tt.first_train_wall - h.job_start_wall AS startup_s,
-               h.job_end_wall - h.job_start_wall AS allocation_s, tt.train_s,
-               (h.job_end_wall - h.job_start_wall) - coalesce(tt.train_s, 0) AS outside_train_s,
-               CASE WHEN h.job_end_wall > h.job_start_wall
-                    THEN ((h.job_end_wall - h.job_start_wall) - coalesce(tt.train_s, 0))
-                         / (h.job_end_wall - h.job_start_wall) END AS outside_train_fraction,
-               coalesce(h.prepared_in_job, false) AS prepared_in_job
-        FROM h LEFT JOIN tt USING (run_id, host)""",
-    "point_status": """
-        SELECT cp.campaign, cp.point_id, cp.repeat, p.valid,
-               count(r.run_id) AS attempts,
-               count(*) FILTER (WHERE r.outcome = 'ok') AS ok,
-               count(*) FILTER (WHERE r.outcome = 'invalid') AS invalid,
-               count(*) FILTER (WHERE r.outcome = 'failed') AS failed,
-               count(*) FILTER (WHERE r.run_id IS NOT NULL AND r.outcome IS NULL) AS pending
-        FROM campaign_points cp LEFT JOIN points p USING (point_id)
-             LEFT JOIN runs r ON r.campaign = cp.campaign AND r.point_id = cp.point_id AND r.repeat = cp.repeat
-        GROUP BY ALL""",
+    "run_overhead": run_overhead_sql(),
+    "point_status": point_status_sql(),
 }
 
 

@@ -7,17 +7,20 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .schema import COLUMN_NAMES, SCHEMA
 from .values import AS_IS, COERCE, INT_RANGE, epochs
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def _column(values: Sequence[Any], sql_type: str) -> np.ndarray:
     if sql_type == "TIMESTAMP" and values and (stamps := epochs(values)) is not None:
         return stamps
+    import numpy as np  # heavy: only a writer stages rows; readers (status, report, query) start without it
+
     conv = COERCE[sql_type]
     arr = np.empty(len(values), dtype=object)
     same = AS_IS.get(sql_type)

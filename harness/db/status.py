@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .schema import point_status_sql, run_overhead_sql
 from .store import Store
 
 
@@ -84,28 +85,32 @@ def job_dirs(store: Store, campaign: str | None = None) -> set[str]:
 
 
 def status_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
-    sql = """
-        WITH latest AS (
+    """Every (campaign, point, repeat) with its attempt counts, its latest attempt and that attempt's overhead
+    (``point_status``, ``run_overhead``). With *campaign*, every part reads only that campaign's rows (not
+    the views over every run: a history of many campaigns answers as fast as one)."""
+    where, params = (" WHERE campaign = ?", [campaign, campaign]) if campaign else ("", [])
+    latest_stages = "(SELECT * FROM stages WHERE run_id IN (SELECT run_id FROM latest))"
+    sql = f"""
+        WITH r0 AS (SELECT * FROM runs{where}),
+        cp0 AS (SELECT * FROM campaign_points{where}),
+        ps AS ({point_status_sql("cp0", "r0")}),
+        latest AS (
             SELECT * EXCLUDE (_rn) FROM (
                 SELECT r.*, row_number() OVER (PARTITION BY campaign, point_id, repeat
-                                               ORDER BY attempt DESC) AS _rn FROM runs r)
+                                               ORDER BY attempt DESC) AS _rn FROM r0 r)
             WHERE _rn = 1)
         SELECT ps.campaign, ps.point_id, ps.repeat, ps.valid, p.reasons AS point_reasons, p.model_name,
                ps.attempts, ps.ok, ps.invalid, ps.failed, ps.pending,
                l.attempt AS last_attempt, l.job_id, l.state, l.outcome, l.reason, l.warnings, l.submitted_at,
                l.started_at, l.ended_at, l.job_dir, o.startup_s, o.outside_train_s, o.outside_train_fraction,
                o.prepared_in_job
-        FROM point_status ps LEFT JOIN points p USING (point_id)
+        FROM ps LEFT JOIN points p USING (point_id)
              LEFT JOIN latest l ON l.campaign = ps.campaign AND l.point_id = ps.point_id AND l.repeat = ps.repeat
              LEFT JOIN (SELECT run_id, max(startup_s) AS startup_s, max(outside_train_s) AS outside_train_s,
                                max(outside_train_fraction) AS outside_train_fraction,
                                bool_or(prepared_in_job) AS prepared_in_job
-                        FROM run_overhead GROUP BY run_id) o ON o.run_id = l.run_id
+                        FROM ({run_overhead_sql(latest_stages)}) GROUP BY run_id) o ON o.run_id = l.run_id
     """
-    params: list[Any] = []
-    if campaign:
-        sql += " WHERE ps.campaign = ?"
-        params.append(campaign)
     return store.fetch_dicts(sql + " ORDER BY ps.campaign, ps.point_id, ps.repeat", params)
 
 

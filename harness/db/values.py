@@ -8,12 +8,14 @@ import datetime as _dt
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import orjson
 
 from .schema import ENTITY_COLUMNS
+
+if TYPE_CHECKING:
+    import numpy as np
 
 INT_RANGE = {"INTEGER": 2**31, "BIGINT": 2**63}
 
@@ -106,6 +108,8 @@ def epochs(values: Sequence[Any]) -> np.ndarray | None:
     is anything else or outside 1970-5138."""
     if not set(map(type, values)) <= {float, type(None)}:
         return None
+    import numpy as np  # heavy: only a writer stages timestamps; readers (status, report, query) start without it
+
     x = np.array([np.nan if v is None else v for v in values] if None in values else values, dtype=np.float64)
     missing = np.isnan(x)
     x[missing] = 0.0

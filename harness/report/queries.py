@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.contract.errors import InputError
-from harness.db.schema import SCHEMA, q
+from harness.db.schema import SCHEMA, q, run_overhead_sql
 from harness.db.store import Store
 
 
@@ -73,25 +73,31 @@ def run_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
 
 def stage_seconds(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
     """Per run and stage: the slowest host/rank, summed over trials. A stage that started and never
-    ended (the run died in it) counts until that host's last sample and is marked unfinished."""
+    ended (the run died in it) counts until that host's last sample and is marked unfinished (only those
+    runs' samples are read)."""
     where, params = _scope("r.campaign", campaign)
     return store.fetch_dicts(
-        f"""WITH last AS (SELECT run_id, host, max(t_wall) AS t FROM samples GROUP BY ALL),
+        f"""WITH st AS (SELECT s.* FROM stages s JOIN runs r USING (run_id){where}),
+                 last AS (SELECT f.run_id, f.host, max(x.t_wall) AS t
+                          FROM sample_rows x JOIN sample_files f USING (file_id)
+                          WHERE f.run_id IN (SELECT run_id FROM st WHERE end_wall IS NULL) GROUP BY ALL),
                  per_trial AS (
                      SELECT s.run_id, s.stage, s.trial,
                             max(coalesce(s.duration_s, CASE WHEN s.end_wall IS NULL THEN l.t - s.start_wall END))
                                 AS seconds,
                             bool_or(s.duration_s IS NULL) AS unfinished
-                     FROM stages s JOIN runs r USING (run_id) LEFT JOIN last l USING (run_id, host){where}
+                     FROM st s LEFT JOIN last l USING (run_id, host)
                      GROUP BY ALL)
             SELECT run_id, stage, sum(seconds) AS seconds, bool_or(unfinished) AS unfinished
             FROM per_trial GROUP BY ALL HAVING sum(seconds) IS NOT NULL""", params)
 
 
 def gpu_sample_count(store: Store, campaign: str | None = None) -> int:
-    where, params = _scope("r.campaign", campaign, "AND")
-    return int(store.con.execute("SELECT count(*) FROM samples s JOIN runs r USING (run_id) "
-                                 f"WHERE s.kind = 'gpu'{where}", params).fetchall()[0][0])
+    """GPU sample rows (of *campaign*'s runs): the rows of those runs' sample files only."""
+    where, params = _scope("r.campaign", campaign)
+    return int(store.con.execute(
+        "SELECT count(*) FROM sample_rows s WHERE s.kind = 'gpu' AND s.file_id IN ("
+        f"SELECT f.file_id FROM sample_files f JOIN runs r USING (run_id){where})", params).fetchall()[0][0])
 
 
 _UTILISATION_RUN = (
@@ -149,13 +155,14 @@ def fabric_rows(store: Store, last: int = 20) -> list[dict[str, Any]]:
 
 
 def overhead_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
-    """``run_overhead`` rows with the run's labels, most time outside training first."""
-    sql = """SELECT o.*, r.campaign, r.point_id, r.repeat, r.attempt, r.outcome, p.model_name, p.number_gpus,
-                    p.batch_size
-             FROM run_overhead o JOIN runs r USING (run_id) LEFT JOIN points p USING (point_id)"""
-    params = [campaign] if campaign else []
-    return store.fetch_dicts(sql + (" WHERE r.campaign = ?" if campaign else "")
-                             + " ORDER BY o.outside_train_s DESC NULLS LAST, o.run_id, o.host", params)
+    """``run_overhead`` rows with the run's labels, most time outside training first (with *campaign*,
+    computed from that campaign's stages only)."""
+    where, params = _scope("r.campaign", campaign)
+    stages = f"(SELECT s.* FROM stages s JOIN runs r USING (run_id){where})" if campaign else "stages"
+    sql = f"""SELECT o.*, r.campaign, r.point_id, r.repeat, r.attempt, r.outcome, p.model_name, p.number_gpus,
+                     p.batch_size
+              FROM ({run_overhead_sql(stages)}) o JOIN runs r USING (run_id) LEFT JOIN points p USING (point_id)"""
+    return store.fetch_dicts(sql + " ORDER BY o.outside_train_s DESC NULLS LAST, o.run_id, o.host", params)
 
 
 def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str], include_shared: bool = False,

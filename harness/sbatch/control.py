@@ -17,7 +17,6 @@ from . import manifest
 from .backends import get_backend, live_states
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import failed_prepare_jobs
-from .state import record_events
 
 
 def _defaults(workdir: Path | None, db: Path | None) -> tuple[Path, Path]:
@@ -146,5 +145,5 @@ def cancel(locks: CampaignLocks, workdir: Path | None = None, db: Path | None = 
             "type": "cancel", "campaign": camp, "job_ids": [str(a["job_id"]) for a in group if a.get("job_id")],
             "job_dirs": [str(a["job_dir"]) for a in group], "at": manifest.now_iso()}])
 
-    record_events(dbp, events)
+    manifest.record_events(dbp, events)
     return done

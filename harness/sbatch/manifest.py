@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import safefile
-from harness.contract.errors import SubmitError
+from harness.contract.errors import StoreBusyError, SubmitError
+from harness.db.manifest import record_manifest
+from harness.db.store import open_store
 
 MANIFEST = "manifest.jsonl"
 SUBMITTED = "submitted.json"
@@ -146,3 +148,15 @@ def cancelled_dirs(workdir: Path, campaign: str | None) -> set[str]:
     camps = [workdir / campaign] if campaign else sorted(p.parent for p in workdir.glob(f"*/{MANIFEST}"))
     return {str(d) for cdir in camps for ev in read(cdir) if ev.get("type") == "cancel"
             for d in ev.get("job_dirs") or [] if isinstance(d, str)}
+
+
+def record_events(db: Path, events: list[dict[str, Any]]) -> str | None:
+    """Record manifest events in the DB; when it is busy, say so - the manifest already has them."""
+    if not events:
+        return None
+    try:
+        with open_store(db) as st:
+            record_manifest(st, events)
+    except StoreBusyError as exc:
+        return f"{exc}; the submission is in the campaign manifest and the next 'sbench collect' records it"
+    return None

@@ -19,7 +19,6 @@ from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import SbenchError, StoreBusyError, SubmitError
 from harness.contract.paths import parse_job_dir_name, run_id
-from harness.db.manifest import record_manifest
 from harness.db.status import attempt_rows, measured_runs
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
@@ -133,16 +132,3 @@ def runs_to_refresh(db: Path, workdir: Path, campaign: str, slurm: Slurm) -> lis
             if rid not in known and rid not in out:
                 out.append(rid)
     return out
-
-
-def record_events(db: Path, events: list[dict[str, Any]]) -> str | None:
-    """Record manifest events in the DB; when it is busy, say so - the manifest already has them."""
-    if not events:
-        return None
-
-    try:
-        with open_store(db) as st:
-            record_manifest(st, events)
-    except StoreBusyError as exc:
-        return f"{exc}; the submission is in the campaign manifest and the next 'sbench collect' records it"
-    return None

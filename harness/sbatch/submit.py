@@ -29,7 +29,7 @@ from .fabric import run_fabric
 from .fit import ClusterFit, cluster_fit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
-from .state import MeasuredRun, PointHistory, campaign_history, record_events
+from .state import MeasuredRun, PointHistory, campaign_history
 
 NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
 
@@ -237,7 +237,7 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
         } for s in report.submitted]
         manifest.append(campaign_dir, attempt_events)
         events += attempt_events
-    report.db_note = record_events(db, events) or report.db_note
+    report.db_note = manifest.record_events(db, events) or report.db_note
     return report
 
 
