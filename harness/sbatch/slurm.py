@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.build.jobspec import JobSpec
-from harness.build.sbatch import array_sbatch
+from harness.build.sbatch import array_job_name, array_sbatch
 from harness.contract import jobstate, safefile
 from harness.slurm.client import Slurm
+from harness.slurm.sacct import JobKey
 
 from .executors import SubmitOptions, Submitted
 from .manifest import now_iso, write_submitted
@@ -35,6 +36,7 @@ class SlurmBackend:
     def __init__(self, slurm: Slurm) -> None:
         self.slurm = slurm
         self.sbatch_calls = 0
+        self._keys: dict[str, JobKey] = {}  # what this command submitted: job id -> name and submit time
 
     def check(self, specs: list[JobSpec]) -> None:
         """Nothing beyond what plan and render checked: SLURM places multi-node points itself."""
@@ -48,20 +50,25 @@ class SlurmBackend:
             if len(group) == 1:
                 script = safefile.read_bytes(Path(group[0].job_dir, "job.sbatch"), campaign_dir,
                                              safefile.SMALL_MAX).decode()
+                name = group[0].resources.get("job_name")
             else:
                 script = array_sbatch(group[0].campaign, group, opts.max_parallel, logs)
+                name = array_job_name(group[0].campaign, group)
             job_id = self.slurm.sbatch(script, folder, hold=opts.hold, after=opts.dependency)
             self.sbatch_calls += 1
             stamp = now_iso()
+            # The name and the time tell this job's accounting from another job's that had its id.
+            known = {"job_name": name, "submitted_at": stamp}
             if len(group) == 1:
-                subs = [Submitted(spec=group[0], job_id=job_id)]
+                subs = [Submitted(spec=group[0], job_id=job_id, extra={"job_name": name})]
             else:
-                subs = [Submitted(spec=s, job_id=f"{job_id}_{i}", array_job_id=job_id, array_task_id=i)
-                        for i, s in enumerate(group)]
+                subs = [Submitted(spec=s, job_id=f"{job_id}_{i}", array_job_id=job_id, array_task_id=i,
+                                  extra={"job_name": name}) for i, s in enumerate(group)]
             for sub in subs:
+                self._keys[str(sub.job_id)] = JobKey.of(stamp, name)
                 write_submitted(Path(sub.spec.job_dir), {
                     "executor": "slurm", "job_id": sub.job_id, "array_job_id": sub.array_job_id,
-                    "array_task_id": sub.array_task_id, "submitted_at": stamp, "held": opts.hold})
+                    "array_task_id": sub.array_task_id, **known, "held": opts.hold})
             out.extend(subs)
         return out
 
@@ -88,12 +95,17 @@ class SlurmBackend:
         """Job id -> SLURM state, from squeue for live jobs and sacct for finished ones; ``GONE`` for a job
         neither knows when both answered: it left the scheduler without an accounting record, as an array
         task cancelled while pending does (SLURM drops it from its array's one record of queued tasks)."""
-        return self._states([str(a["job_id"]) for a in attempts if a.get("job_id")])
+        ids = [str(a["job_id"]) for a in attempts if a.get("job_id")]
+        for a in attempts:  # the manifest's attempt lines and submitted.json say when and under which name
+            if a.get("job_id") and (a.get("submitted_at") or a.get("job_name")):
+                self._keys.setdefault(str(a["job_id"]), JobKey.of(a.get("submitted_at"), a.get("job_name")))
+        return self._states(ids)
 
     def _states(self, ids: list[str]) -> dict[str, str]:
-        states = self.slurm.states(ids)
+        keys = {j: self._keys[j] for j in ids if j in self._keys}
+        states = self.slurm.states(ids, keys)
         unknown = [j for j in ids if j not in states]
         # both answers are remembered by the client: asking again here asks SLURM nothing
-        if unknown and self.slurm.queue() is not None and self.slurm.accounting(unknown)[0] is not None:
+        if unknown and self.slurm.queue() is not None and self.slurm.accounting(unknown, keys)[0] is not None:
             states.update({j: "GONE" for j in unknown})
         return states
