@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.collect import collect
+from harness.sbatch.slurm import SlurmBackend
 from harness.slurm.client import Slurm
 from harness.slurm.sacct import (
     SACCT_FORMAT,
@@ -196,3 +197,15 @@ def test_collect_stores_our_failed_run_not_the_strangers_completed_one(tmp_path)
                  "accounting_source": "sacct"}
     (call,) = [c for c in fake.calls if c[0] == "sacct"]
     assert call[call.index("-S") + 1] == sacct_time(OURS_5012.since)
+
+
+def test_status_and_wait_read_our_job_through_the_manifests_name_and_time() -> None:
+    """status and cancel pass the manifest's attempt lines, submit --wait what submit returned: both carry
+    the job's name and submit time, so a newer stranger with the id (the latest record) is not taken."""
+    newer = "5012|RUNNING|0:0|00:01:00||gpu03|2026-11-22T09:00:05|Unknown|2026-11-22T09:00:00|eval\n"
+    fake = Recorded(text("reused_id.txt") + newer)
+    line = {"job_id": "5012", "executor": "slurm", "job_dir": "/x/p.r0.a1", "job_name": OURS_5012.name,
+            "submitted_at": OURS_5012.submitted.replace(tzinfo=dt.timezone.utc).isoformat()}
+    assert SlurmBackend(Slurm(fake)).live_states([line]) == {"5012": "FAILED"}
+    assert SlurmBackend(Slurm(Recorded(fake.body))).live_states([{**line, "job_name": None,
+                                                                  "submitted_at": None}]) == {"5012": "RUNNING"}

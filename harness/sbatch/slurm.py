@@ -36,7 +36,7 @@ class SlurmBackend:
     def __init__(self, slurm: Slurm) -> None:
         self.slurm = slurm
         self.sbatch_calls = 0
-        self._keys: dict[str, JobKey] = {}  # what this command submitted: job id -> name and submit time
+        self._keys: dict[str, JobKey] = {}  # job id -> its name and submit time, as submit recorded them
 
     def check(self, specs: list[JobSpec]) -> None:
         """Nothing beyond what plan and render checked: SLURM places multi-node points itself."""
@@ -60,12 +60,11 @@ class SlurmBackend:
             # The name and the time tell this job's accounting from another job's that had its id.
             known = {"job_name": name, "submitted_at": stamp}
             if len(group) == 1:
-                subs = [Submitted(spec=group[0], job_id=job_id, extra={"job_name": name})]
+                subs = [Submitted(spec=group[0], job_id=job_id, extra=dict(known))]
             else:
                 subs = [Submitted(spec=s, job_id=f"{job_id}_{i}", array_job_id=job_id, array_task_id=i,
-                                  extra={"job_name": name}) for i, s in enumerate(group)]
+                                  extra=dict(known)) for i, s in enumerate(group)]
             for sub in subs:
-                self._keys[str(sub.job_id)] = JobKey.of(stamp, name)
                 write_submitted(Path(sub.spec.job_dir), {
                     "executor": "slurm", "job_id": sub.job_id, "array_job_id": sub.array_job_id,
                     "array_task_id": sub.array_task_id, **known, "held": opts.hold})
@@ -74,6 +73,7 @@ class SlurmBackend:
 
     def wait(self, submitted: list[Submitted], progress: Callable[[int, int], None] | None = None) -> None:
         ids = [s.job_id for s in submitted if s.job_id]
+        self._learn([{"job_id": s.job_id, **s.extra} for s in submitted])
         total = len(ids)
         while True:
             self.slurm.forget()  # each poll asks afresh: the states move while it waits
@@ -95,11 +95,15 @@ class SlurmBackend:
         """Job id -> SLURM state, from squeue for live jobs and sacct for finished ones; ``GONE`` for a job
         neither knows when both answered: it left the scheduler without an accounting record, as an array
         task cancelled while pending does (SLURM drops it from its array's one record of queued tasks)."""
-        ids = [str(a["job_id"]) for a in attempts if a.get("job_id")]
-        for a in attempts:  # the manifest's attempt lines and submitted.json say when and under which name
+        self._learn(attempts)
+        return self._states([str(a["job_id"]) for a in attempts if a.get("job_id")])
+
+    def _learn(self, attempts: list[dict[str, Any]]) -> None:
+        """Keep what *attempts* (manifest attempt lines, what submit returned) say of each job: its name and
+        when it was submitted, which tell its accounting from another job's that had its id."""
+        for a in attempts:
             if a.get("job_id") and (a.get("submitted_at") or a.get("job_name")):
                 self._keys.setdefault(str(a["job_id"]), JobKey.of(a.get("submitted_at"), a.get("job_name")))
-        return self._states(ids)
 
     def _states(self, ids: list[str]) -> dict[str, str]:
         keys = {j: self._keys[j] for j in ids if j in self._keys}
