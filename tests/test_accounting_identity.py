@@ -120,9 +120,23 @@ def test_array_tasks_with_a_reused_id_read_as_our_array() -> None:
     assert {j: r.state for j, r in got.items()} == {
         "7300_2": "OUT_OF_MEMORY", "7300_3": "RUNNING", "7300_4": "PENDING", "7300_5": "PENDING"}
     assert got["7300_2"].max_rss_mb == 4096.0 and got["7300_4"].ranged and not got["7300_3"].ranged
-    # without our key, the stranger's array's queued tasks (cancelled in February) would speak for 7300_4
+    # the stranger's array's record of its queued tasks (cancelled in February) is refused by its time
     stranger = key("2026-02-01T08:59:30", "stranger.sweep")
-    assert parse_sacct(text("array_reused.txt"), {"7300_4": stranger})["7300_4"].state == "CANCELLED"
+    assert pick(parse_sacct_records(text("array_reused.txt"))["7300_5"][:1], stranger).state == "CANCELLED"
+    assert pick(parse_sacct_records(text("array_reused.txt"))["7300_5"][:1], ours) is None
+
+
+def test_an_array_cancelled_while_pending_reads_cancelled_under_the_name_slurm_gave_it() -> None:
+    """The test cluster's record of a held array cancelled with scancel: one record of the array, named
+    'allocation', not the name it was submitted under. Its tasks take it (matched on time)."""
+    fake = Recorded("678|CANCELLED by 0|0:0|00:00:00||None assigned|2026-11-25T05:19:43|2026-11-25T05:19:43|"
+                    "2026-11-25T05:19:43|allocation\n")
+    ours = key("2026-11-25T05:19:44", "sbench.held.d601623b")
+    jobs, _ = Slurm(fake).accounting(["678_0", "678_1"], {"678_0": ours, "678_1": ours})
+    assert {j: r.state for j, r in jobs.items()} == {"678_0": "CANCELLED", "678_1": "CANCELLED"}
+    assert [c[2] for c in fake.calls] == ["678_0,678_1", "678"]
+    # a stranger's cancelled array from before ours is not taken
+    assert Slurm(fake).accounting(["678_0"], {"678_0": key("2026-11-25T09:00:00", None)})[0] == {}
 
 
 # -- the question ----------------------------------------------------------------------------------------------

@@ -211,15 +211,18 @@ def _when(rec: JobAccounting) -> tuple[_dt.datetime, _dt.datetime, _dt.datetime]
 def pick(records: Sequence[JobAccounting], key: JobKey | None = None) -> JobAccounting | None:
     """The record of the job *key* describes among *records* (every record sacct gave of one id), or None.
 
-    A record of another name, or submitted before the job was (less :data:`SUBMIT_SLACK`), is another
-    job's. Of the rest, ordered by submit, start and end time: the first is the job's own submission,
-    and a later one is the same job only as a requeue, after a record left in a :data:`REQUEUE_STATES`
-    state; the last of that chain is the job's state now. A task's own record wins over its array's
-    record of the tasks still queued. Without a submit time (older answers) the latest record wins.
+    A record of another name (but an array's record of its queued tasks, matched on time alone), or
+    submitted before the job was (less :data:`SUBMIT_SLACK`), is another job's. Of the rest, ordered by
+    submit, start and end time: the first is the job's own submission, and a later one is the same job
+    only as a requeue, after a record left in a :data:`REQUEUE_STATES` state; the last of that chain is
+    the job's state now. A task's own record wins over its array's record of the tasks still queued.
+    Without a submit time (older answers) the latest record wins.
     """
     for ranged in (False, True):
+        # An array's record of its queued tasks is matched on time alone: cancelled while pending, SLURM
+        # may record it under the name 'allocation'.
         mine = [r for r in records if r.ranged == ranged
-                and (key is None or key.name is None or r.name is None or r.name == key.name)
+                and (key is None or key.name is None or r.name is None or r.name == key.name or ranged)
                 and (key is None or key.since is None or r.submit is None or r.submit >= key.since)]
         if not mine:
             continue
