@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from harness.contract.paths import JobPaths
+from harness.slurm.client import Slurm
+from harness.slurm.sacct import JobKey, parse_sacct_records, sacct_time
 
 from .conftest import CLUSTER_SCRIPT, SMALL_DATASET, TEST_INVENTORY, sql_rows, write_sweep
 
@@ -233,6 +235,23 @@ def test_requeued_job_is_one_attempt_that_continued(sb, env, monkeypatch) -> Non
     assert [r["restart"] for r in restarts] == [0, 1]
     (m,) = sql(env, "SELECT * FROM measurements WHERE run_id = ?", [run["run_id"]])
     assert m["is_valid"]
+    # sacct is asked from the submit time submit recorded, for every record (-D): both runs of the job, under
+    # the job name submit recorded; the run stored is the last one (COMPLETED), not the requeued first
+    sub = json.loads(Path(p["job_dir"], "submitted.json").read_text())
+    calls: list[list[str]] = []
+
+    def asked(argv):
+        calls.append(list(argv))
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+    k = JobKey.of(sub["submitted_at"], sub["job_name"])
+    acct, why = Slurm(asked).accounting([job], {job: k})
+    assert why is None and acct[job].state == "COMPLETED" and acct[job].name == sub["job_name"]
+    assert "-D" in calls[0] and calls[0][calls[0].index("-S") + 1] == sacct_time(k.since)
+    runs_of_job = parse_sacct_records(asked(calls[0]).stdout)[job]
+    assert [r.state for r in runs_of_job] == ["REQUEUED", "COMPLETED"]
+    assert {r.name for r in runs_of_job} == {sub["job_name"]} and sub["job_name"].startswith("sbench.requeue.")
+    assert run["state"] == "COMPLETED" and run["elapsed_s"] == runs_of_job[1].elapsed_s
 
 
 def test_prepare_on_slurm_runs_first_and_the_array_waits_for_it(sb, env) -> None:

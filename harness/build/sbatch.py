@@ -110,13 +110,17 @@ def job_sbatch(spec: JobSpec) -> str:
         ]))
 
 
+def array_job_name(campaign: str, specs: list[JobSpec]) -> str:
+    """The job name of the array wrapper for *specs*: the campaign and a digest of their resource shape."""
+    return f"sbench.{campaign}.{hashlib.sha256(repr(specs[0].shape()).encode()).hexdigest()[:8]}"
+
+
 def array_sbatch(campaign: str, specs: list[JobSpec], max_parallel: int | None, out_dir: str | Path) -> str:
     """The array wrapper for *specs* (one resource shape): task i runs the ``job.sbatch`` of job dir i."""
     shape = {k: v for k, v in specs[0].resources.items() if k not in ("job_name", "output")}
     n = len(specs)
-    digest = hashlib.sha256(repr(specs[0].shape()).encode()).hexdigest()[:8]
     return make_sbatch(Sbatch(
-        directives={**shape, "job_name": f"sbench.{campaign}.{digest}",
+        directives={**shape, "job_name": array_job_name(campaign, specs),
                     "array": f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else ""),
                     "output": f"{out_dir}/%A_%a.out"},
         comments=[f"sbench: {n} point(s) of campaign {campaign} share this resource shape; array task i runs",

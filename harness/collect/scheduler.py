@@ -5,6 +5,7 @@ word (``harness.slurm.localjob``: a verified process, its queue, what ``submitte
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -12,7 +13,7 @@ from harness.contract.jobstate import FINAL_STATES
 from harness.contract.paths import JobPaths
 from harness.slurm import localjob
 from harness.slurm.client import Slurm
-from harness.slurm.sacct import JobAccounting, Queued
+from harness.slurm.sacct import JobAccounting, JobKey, Queued
 
 from .discover import Attempt, spec_exec
 from .outcome import Sched
@@ -36,26 +37,47 @@ def local_sched(job_dir: Any) -> Sched:
     return Sched("executor", None, gone=True)
 
 
+_EPOCH = _dt.datetime.min
+
+
+def job_key(a: Attempt) -> JobKey:
+    """What sbench recorded of a run's SLURM job, to tell its accounting from another job's with the same id:
+    its name and submit time, from ``submitted.json``, else the manifest's attempt line."""
+    for doc in (spec_exec(a), a.manifest or {}):
+        if doc.get("submitted_at") or doc.get("job_name"):
+            return JobKey.of(doc.get("submitted_at"), doc.get("job_name"))
+    return JobKey()
+
+
 def states(todo: list[tuple[Attempt, dict[str, Any]]], slurm: Slurm) -> tuple[dict[str, Sched], str | None]:
     """SLURM's accounting (the queue as a fallback) for the SLURM runs of *todo*; the process of each
     local one. Also sacct's status ("ok" or why it could not answer; None when not asked)."""
     out: dict[str, Sched] = {}
     jobs = {a.run_id: str(info["job_id"]) for a, info in todo
             if info.get("executor") == "slurm" and info.get("job_id")}
+    keys = {a.run_id: job_key(a) for a, _info in todo if a.run_id in jobs}
     acct: dict[str, JobAccounting] | None = None
     queue: dict[str, Queued] | None = None
     status = None
     if jobs:
-        acct, why = slurm.accounting(jobs.values())
+        # Asked from the earliest submission of each id (two attempts may have had one id); each run then
+        # takes the record of its own job.
+        ask: dict[str, JobKey] = {}
+        for rid, jid in jobs.items():
+            if jid not in ask or (ask[jid].since or _EPOCH) > (keys[rid].since or _EPOCH):
+                ask[jid] = keys[rid]
+        found, why = slurm.accounting(jobs.values(), ask)
         status = why or "ok"
-        missing = [j for j in jobs.values() if acct is None or j not in acct]
+        if found is not None:
+            acct = {rid: rec for rid, jid in jobs.items() if (rec := slurm.record(jid, keys[rid])) is not None}
+        missing = [rid for rid in jobs if acct is None or rid not in acct]
         if missing:
             queue = slurm.queue()
     for a, info in todo:
         if a.run_id in jobs:
             jid = jobs[a.run_id]
-            if acct is not None and jid in acct:
-                out[a.run_id] = Sched("sacct", acct[jid].state, acct[jid])
+            if acct is not None and a.run_id in acct:
+                out[a.run_id] = Sched("sacct", acct[a.run_id].state, acct[a.run_id])
             elif queue is not None and jid in queue:
                 out[a.run_id] = Sched("executor", queue[jid].state)
             elif queue is not None:
@@ -89,4 +111,4 @@ def unsettled(attempts: Iterable[Attempt],
     return todo
 
 
-__all__ = ["local_sched", "states", "unsettled"]
+__all__ = ["job_key", "local_sched", "states", "unsettled"]

@@ -75,7 +75,8 @@ def interruptible() -> Iterator[None]:
 
 def _attempt(s: Submitted, campaign: str, executor: str) -> dict[str, Any]:
     return {"campaign": campaign, "point_id": s.spec.point_id, "repeat": s.spec.repeat, "attempt": s.spec.attempt,
-            "job_dir": s.spec.job_dir, "job_id": s.job_id, "executor": executor}
+            "job_dir": s.spec.job_dir, "job_id": s.job_id, "executor": executor,
+            "submitted_at": s.extra.get("submitted_at"), "job_name": s.extra.get("job_name")}
 
 
 def cancel_command(campaign: str, workdir: Path | None, db: Path | None) -> str:

@@ -6,7 +6,11 @@ everything that needs the scheduler. It remembers its answers, so within one com
 is asked at most once:
 
 - accounting (``sacct``) per job id: only ids not asked yet go to sacct, in batches (and, for array
-  tasks it has no record of, their arrays, once: tasks that never left the queue are one record of it);
+  tasks it has no record of, their arrays, once: tasks that never left the queue are one record of it).
+  It keeps every record of an id (``-D``: each run of a requeued job, and other jobs that had the id) and
+  answers with the one of the job sbench submitted (:func:`harness.slurm.sacct.pick`, by the job's
+  :class:`~harness.slurm.sacct.JobKey`: its name and when it was submitted); an id asked about again with an
+  earlier submit time is asked again, from that time;
 - the queue (``squeue``): once;
 - a partition's nodes (``sinfo``): once per partition.
 
@@ -21,16 +25,17 @@ One thread at a time uses an instance.
 
 from __future__ import annotations
 
+import datetime as _dt
 import functools
 import subprocess
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from harness.contract.errors import SubmitError
 
-from .sacct import JobAccounting, Queued, parse_sacct, parse_squeue, sacct_argv, squeue_argv
+from .sacct import JobAccounting, JobKey, Queued, parse_sacct_records, parse_squeue, pick, sacct_argv, squeue_argv
 from .sinfo import NodeInfo, parse_sinfo, sinfo_argv
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
@@ -51,8 +56,9 @@ class Slurm:
     def forget(self) -> None:
         """Drop what SLURM said about jobs (accounting, the queue): the next question about them goes to
         SLURM again. A partition's nodes do not move with the jobs; they stay remembered."""
-        self._accounting: dict[str, JobAccounting] = {}
-        self._accounted: set[str] = set()  # ids sacct was asked about (it may not know them all)
+        self._records: dict[str, list[JobAccounting]] = {}  # every record sacct gave of each id
+        # ids sacct was asked about (it may not know them all), with the -S time asked (None: since ever)
+        self._accounted: dict[str, _dt.datetime | None] = {}
         self._sacct_down: str | None = None  # why sacct could not answer, once it could not
         self._queue: dict[str, Queued] | None = None
         self._queue_asked = False
@@ -63,21 +69,42 @@ class Slurm:
             return self._runner(list(argv))
         return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
+    def _to_ask(self, ids: Iterable[str], since: Mapping[str, _dt.datetime | None]) -> list[list[str]]:
+        """The batches of *ids* sacct must be asked about: not asked yet, or asked from a later time than
+        *since* now needs. Ids with no time first (asked since ever), then by time, so that each batch's
+        ``-S`` (its earliest) is close to all of its ids'."""
+        new = [j for j in ids if j not in self._accounted or _earlier(since.get(j), self._accounted[j])]
+        new.sort(key=lambda j: (since.get(j) is not None, since.get(j) or _dt.datetime.min, j))
+        return [new[i:i + self._chunk] for i in range(0, len(new), self._chunk)]
+
+    def _ask(self, part: list[str], since: Mapping[str, _dt.datetime | None]) -> subprocess.CompletedProcess[str]:
+        times = [since.get(j) for j in part]
+        start = None if any(t is None for t in times) else min(t for t in times if t is not None)
+        res = self._call(sacct_argv(part, start), ASK_TIMEOUT_S)
+        if res.returncode == 0:
+            self._accounted.update({j: start for j in part})
+        return res
+
     # -- questions (remembered) ----------------------------------------------------------------------------
-    def accounting(self, job_ids: Iterable[str]) -> tuple[dict[str, JobAccounting] | None, str | None]:
+    def accounting(self, job_ids: Iterable[str], keys: Mapping[str, JobKey] | None = None,
+                   ) -> tuple[dict[str, JobAccounting] | None, str | None]:
         """sacct's records of *job_ids* (those it knows), asking only about ids not asked yet.
 
+        *keys*: what sbench knows of each job (:class:`JobKey`); sacct is asked from the earliest time
+        a record of it may carry, and each id's answer is the record :func:`harness.slurm.sacct.pick`
+        takes for its key. An id without a key is asked about since ever and answered with its latest record.
         Returns (jobs, None), or (None, why) when sacct cannot answer at all (no binary, accounting
         storage disabled, controller down); the caller then falls back to the queue and the files.
         """
+        keys = keys or {}
         ids = sorted({str(j) for j in job_ids if j})
-        new = [j for j in ids if j not in self._accounted]
-        for i in range(0, len(new), self._chunk):
+        since = {j: keys[j].since if j in keys else None for j in ids}
+        asked: list[str] = []
+        for part in self._to_ask(ids, since):
             if self._sacct_down is not None:
                 break
-            part = new[i:i + self._chunk]
             try:
-                res = self._call(sacct_argv(part), ASK_TIMEOUT_S)
+                res = self._ask(part, since)
             except FileNotFoundError:
                 self._sacct_down = "no sacct command"
                 break
@@ -88,40 +115,48 @@ class Slurm:
                 msg = (res.stderr or res.stdout or "").strip().splitlines()
                 self._sacct_down = f"sacct failed: {msg[-1] if msg else f'exit {res.returncode}'}"
                 break
-            self._accounting.update(parse_sacct(res.stdout))
-            self._accounted.update(part)
+            self._records.update(parse_sacct_records(res.stdout))  # asked again: from an earlier time, all anew
+            asked += part
         if self._sacct_down is not None:
             return None, self._sacct_down
-        self._unsplit_tasks([j for j in new if j not in self._accounting])
-        return {j: self._accounting[j] for j in ids if j in self._accounting}, None
+        self._unsplit_tasks([j for j in asked if not self._records.get(j)], since)
+        out = {j: self.record(j, keys.get(j)) for j in ids}
+        return {j: rec for j, rec in out.items() if rec is not None}, None
 
-    def _unsplit_tasks(self, tasks: Sequence[str]) -> None:
+    def record(self, job_id: str, key: JobKey | None = None) -> JobAccounting | None:
+        """The record of the job *key* describes among those sacct already gave of *job_id* (asks nothing:
+        :meth:`accounting` asked). Two attempts that had the same id each find their own."""
+        return pick(self._records.get(str(job_id), []), key)
+
+    def _unsplit_tasks(self, tasks: Sequence[str], since: Mapping[str, _dt.datetime | None]) -> None:
         """Array tasks sacct has no record of by their own ids: the tasks that never left the queue are one
         record of their array (``123_[2-4]``, or ``123`` just after the array was cancelled), which sacct
         gives only to a question about the array. Asks about each such array once; each task takes its
-        array's record, so a task cancelled while pending reads CANCELLED, not unknown."""
+        array's records, so a task cancelled while pending reads CANCELLED, not unknown."""
         arrays: dict[str, list[str]] = {}
         for j in tasks:
             base, sep, task = j.partition("_")
-            if sep and base.isdigit() and task.isdigit() and base not in self._accounted:
+            if sep and base.isdigit() and task.isdigit():
                 arrays.setdefault(base, []).append(j)
-        bases = sorted(arrays)
-        for i in range(0, len(bases), self._chunk):
-            part = bases[i:i + self._chunk]
+        base_since: dict[str, _dt.datetime | None] = {}
+        for base, members in arrays.items():
+            times = [since.get(j) for j in members]
+            base_since[base] = None if any(t is None for t in times) else min(t for t in times if t is not None)
+        for part in self._to_ask(sorted(arrays), base_since):
             try:
-                res = self._call(sacct_argv(part), ASK_TIMEOUT_S)
+                res = self._ask(part, base_since)
             except (OSError, subprocess.SubprocessError):
                 return  # the tasks stay unknown: the queue and the files speak for them
             if res.returncode != 0:
                 return
-            records = parse_sacct(res.stdout)
-            self._accounted.update(part)
-            for k, rec in records.items():  # a record already known (a task's own) stays
-                self._accounting.setdefault(k, rec)
-            for base in part:
-                for j in arrays[base]:
-                    if j not in self._accounting and base in records:
-                        self._accounting[j] = replace(records[base], job_id=j, steps=[])
+            for k, recs in parse_sacct_records(res.stdout).items():  # records already known (a task's own) stay
+                if not self._records.get(k):
+                    self._records[k] = recs
+        for base, members in arrays.items():
+            whole = [r for r in self._records.get(base, []) if not r.ranged]
+            for j in members:
+                if not self._records.get(j) and whole:
+                    self._records[j] = [replace(r, job_id=j, steps=[], ranged=True) for r in whole]
 
     def queue(self) -> dict[str, Queued] | None:
         """Every job the queue holds (one entry per array task), or None when squeue cannot answer."""
@@ -134,9 +169,9 @@ class Slurm:
             self._queue = parse_squeue(res.stdout) if res is not None and res.returncode == 0 else None
         return self._queue
 
-    def states(self, job_ids: Iterable[str]) -> dict[str, str]:
+    def states(self, job_ids: Iterable[str], keys: Mapping[str, JobKey] | None = None) -> dict[str, str]:
         """Job id -> SLURM's word on it now: the queue's for live jobs (a pending one with why it waits),
-        sacct's for the others. Ids neither knows are left out."""
+        sacct's for the others (the record of the job *keys* describes). Ids neither knows are left out."""
         ids = [str(j) for j in job_ids if j]
         if not ids:
             return {}
@@ -144,7 +179,7 @@ class Slurm:
         out = {j: queue[j].word for j in ids if j in queue}
         gone = [j for j in ids if j not in out]
         if gone:
-            acct, _why = self.accounting(gone)
+            acct, _why = self.accounting(gone, keys)
             out.update({j: acct[j].state for j in gone if acct is not None and j in acct})
         return {j: out[j] for j in ids if j in out}
 
@@ -191,6 +226,11 @@ class Slurm:
     def srun(self, argv: Sequence[str], *, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
         """Run ``srun argv`` (a step of its own allocation) to its end, with *env*."""
         return self._call(["srun", *argv], timeout, env=env)
+
+
+def _earlier(need: _dt.datetime | None, asked: _dt.datetime | None) -> bool:
+    """Whether records from *need* on (None: since ever) go back further than a question from *asked*."""
+    return asked is not None and (need is None or need < asked)
 
 
 @functools.cache

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -15,7 +15,14 @@ from harness.contract import jobstate
 
 from .hostlist import expand_hostlist
 
-SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,MaxRSS,NodeList,Start,End"
+# JobName last: the one field a user could fill with the '|' that -P puts between fields.
+SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,MaxRSS,NodeList,Start,End,Submit,JobName"
+# How long before sbench recorded a submission SLURM may have stamped it: sbatch's own time, and the clocks
+# of this host and the controller apart. A record submitted earlier is another job that had the same id.
+SUBMIT_SLACK = _dt.timedelta(hours=1)
+# The states a record of a job is left in when the job goes back to the queue: a later record with the same
+# id and name is the same job run again. After any other state, a later record is another job.
+REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED", "NODE_FAIL"})
 SQUEUE_FORMAT = "%i|%T|%r|%N"  # job id, state, why it waits, its nodes
 
 
@@ -42,6 +49,9 @@ class JobAccounting:
     start: _dt.datetime | None
     end: _dt.datetime | None
     steps: list[StepAccounting] = field(default_factory=list)
+    submit: _dt.datetime | None = None  # when SLURM took it (a requeued run: when it went back to the queue)
+    name: str | None = None  # its job name (None when the answer did not say)
+    ranged: bool = False  # from its array's one record of the tasks still queued (``123_[0-3]``)
 
     @property
     def hosts(self) -> list[str]:
@@ -118,52 +128,138 @@ def expand_job_ids(job_id: str) -> list[str]:
     return out
 
 
-def parse_sacct(text: str) -> dict[str, JobAccounting]:
-    """Parse ``sacct -P -n --format=JobID,State,ExitCode,Elapsed,MaxRSS,NodeList,Start,End`` output.
+class JobKey(NamedTuple):
+    """What sbench knows of a job it submitted, to tell its records from those of another job that had
+    the same id (ids start again after the controller's state is reset, and on each cluster of a federation)."""
+
+    submitted: _dt.datetime | None = None  # naive UTC: when sbench recorded the submission (after sbatch)
+    name: str | None = None  # the job name it submitted it under
+
+    @classmethod
+    def of(cls, submitted_at: object, name: object) -> JobKey:
+        """From ``submitted.json``'s (or the manifest's) ``submitted_at`` (ISO) and ``job_name``."""
+        when = None
+        if isinstance(submitted_at, str) and submitted_at:
+            try:
+                when = _dt.datetime.fromisoformat(submitted_at)
+            except ValueError:
+                when = None
+            if when is not None:
+                when = when.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+        return cls(when, name if isinstance(name, str) and name else None)
+
+    @property
+    def since(self) -> _dt.datetime | None:
+        """The earliest submit time a record of this job can carry."""
+        return None if self.submitted is None else self.submitted - SUBMIT_SLACK
+
+
+def parse_sacct_records(text: str) -> dict[str, list[JobAccounting]]:
+    """Parse ``sacct -P -n -D --format=<SACCT_FORMAT>`` output: every record of each id, in the order listed.
 
     Job records (``123``, ``123_4``) become :class:`JobAccounting`; step records (``123_4.batch``,
-    ``123_4.0``, ``123.extern``) are folded into their job (MaxRSS lives on steps). When a job
-    appears twice (requeues listed with ``-D``) the last record wins, so a run is never duplicated; a
-    task's own record wins over its array's record of the tasks still queued (``123_[0-3]``), which SLURM
-    does not narrow once a task has started.
+    ``123_4.0``, ``123.extern``) are folded into the record of their job listed last before them (sacct
+    lists a record's steps after it; MaxRSS lives on steps). An array's record of its tasks still queued
+    (``123_[0-3]``) becomes one ``ranged`` record per task. Answers in the older 8-field format (no Submit,
+    no JobName) parse too.
     """
-    jobs: dict[str, JobAccounting] = {}
-    own: set[str] = set()  # ids with a record of their own (not from an array's range)
-    steps: list[tuple[str, StepAccounting]] = []
+    records: dict[str, list[JobAccounting]] = {}
+    orphans: list[tuple[str, StepAccounting]] = []
     for line in text.splitlines():
         if not line.strip():
             continue
         f = line.split("|")
-        if len(f) < 8:
-            f += [""] * (8 - len(f))
-        jid, state_raw, exitc, elapsed, rss, nodes, start, end = (x.strip() for x in f[:8])
+        if len(f) < 10:
+            f += [""] * (10 - len(f))
+        jid, state_raw, exitc, elapsed, rss, nodes, start, end, submit = (x.strip() for x in f[:9])
+        name = "|".join(f[9:]).strip() or None
         if "." in jid:
             parent, step = jid.split(".", 1)
             code, _sig = parse_exit(exitc)
-            steps.append((parent, StepAccounting(step, jobstate.normalise(state_raw), code, parse_rss_mb(rss),
-                                                 nodes or None)))
+            st = StepAccounting(step, jobstate.normalise(state_raw), code, parse_rss_mb(rss), nodes or None)
+            own = [r for r in records.get(parent, []) if not r.ranged]
+            if own:
+                own[-1].steps.append(st)
+            else:
+                orphans.append((parent, st))
             continue
         code, sig = parse_exit(exitc)
         ranged = "[" in jid
         for one in expand_job_ids(jid):
-            if ranged and one in own:
-                continue
-            if not ranged:
-                own.add(one)
-            jobs[one] = JobAccounting(
+            records.setdefault(one, []).append(JobAccounting(
                 job_id=one, state=jobstate.normalise(state_raw), state_raw=state_raw, exit_code=code,
                 exit_signal=sig, elapsed_s=parse_elapsed(elapsed),
                 node_list=None if nodes in ("", "None assigned") else nodes,
-                start=parse_time(start), end=parse_time(end))
-    for parent, st in steps:
-        if parent in jobs:
-            jobs[parent].steps.append(st)
-    return jobs
+                start=parse_time(start), end=parse_time(end), submit=parse_time(submit), name=name,
+                ranged=ranged))
+    for parent, st in orphans:  # a step listed before any record of its job: the job's last record
+        own = [r for r in records.get(parent, []) if not r.ranged]
+        if own:
+            own[-1].steps.append(st)
+    return records
 
 
-def sacct_argv(job_ids: Sequence[str]) -> list[str]:
-    """The accounting question for *job_ids*: every record (steps included, they hold MaxRSS)."""
-    return ["sacct", "-j", ",".join(job_ids), "-P", "-n", f"--format={SACCT_FORMAT}"]
+_NEVER = _dt.datetime.min
+_NOT_YET = _dt.datetime.max
+
+
+def _when(rec: JobAccounting) -> tuple[_dt.datetime, _dt.datetime, _dt.datetime]:
+    """A record's place in its job's history: submitted, started, ended (not started or not ended: last)."""
+    return (rec.submit or _NEVER, rec.start or _NOT_YET, rec.end or _NOT_YET)
+
+
+def pick(records: Sequence[JobAccounting], key: JobKey | None = None) -> JobAccounting | None:
+    """The record of the job *key* describes among *records* (every record sacct gave of one id), or None.
+
+    A record of another name (but an array's record of its queued tasks, matched on time alone), or
+    submitted before the job was (less :data:`SUBMIT_SLACK`), is another job's. Of the rest, ordered by
+    submit, start and end time: the first is the job's own submission, and a later one is the same job
+    only as a requeue, after a record left in a :data:`REQUEUE_STATES` state; the last of that chain is
+    the job's state now. A task's own record wins over its array's record of the tasks still queued.
+    Without a submit time (older answers) the latest record wins.
+    """
+    for ranged in (False, True):
+        # An array's record of its queued tasks is matched on time alone: cancelled while pending, SLURM
+        # may record it under the name 'allocation'.
+        mine = [r for r in records if r.ranged == ranged
+                and (key is None or key.name is None or r.name is None or r.name == key.name or ranged)
+                and (key is None or key.since is None or r.submit is None or r.submit >= key.since)]
+        if not mine:
+            continue
+        order = sorted(range(len(mine)), key=lambda i: (_when(mine[i]), i))
+        cur = mine[order[0]]
+        if key is None or key.since is None:
+            return mine[order[-1]]
+        for i in order[1:]:
+            if cur.state not in REQUEUE_STATES:
+                break
+            cur = mine[i]
+        return cur
+    return None
+
+
+def parse_sacct(text: str, keys: Mapping[str, JobKey] | None = None) -> dict[str, JobAccounting]:
+    """Parse sacct's answer (:func:`parse_sacct_records`) into one record per id: :func:`pick`'s, with
+    the id's key in *keys* when given."""
+    out: dict[str, JobAccounting] = {}
+    for jid, recs in parse_sacct_records(text).items():
+        rec = pick(recs, (keys or {}).get(jid))
+        if rec is not None:
+            out[jid] = rec
+    return out
+
+
+def sacct_time(when: _dt.datetime) -> str:
+    """A naive UTC time as sacct reads it: the local time of this host (sacct's own zone)."""
+    return when.replace(tzinfo=_dt.timezone.utc).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def sacct_argv(job_ids: Sequence[str], since: _dt.datetime | None = None) -> list[str]:
+    """The accounting question for *job_ids*: every record (steps included, they hold MaxRSS; ``-D``: every
+    run of a requeued job, and every job that had the id) of the jobs seen after *since* (naive UTC; None:
+    since accounting began, sacct's default with ``-j``)."""
+    return ["sacct", "-j", ",".join(job_ids), "-P", "-n", "-D",
+            *(["-S", sacct_time(since)] if since is not None else []), f"--format={SACCT_FORMAT}"]
 
 
 def squeue_argv() -> list[str]:
