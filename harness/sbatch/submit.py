@@ -26,6 +26,7 @@ from . import manifest
 from .backends import get_backend, resolve_executor
 from .executors import SubmitOptions, Submitted
 from .fabric import run_fabric
+from .feed import feeder_script
 from .fit import ClusterFit, cluster_fit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
@@ -225,7 +226,8 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
         specs.append(spec)
     if specs:
         opts = SubmitOptions(max_parallel=max_parallel or sweep.slurm.max_parallel, hold=hold,
-                             dependency=dependency)
+                             dependency=dependency, qos=sweep.slurm.qos or inv.partition(sweep.partition).qos,
+                             feeder_script=feeder_script(sweep, inv, campaign_dir) if name == "slurm" else None)
         report.submitted = backend.submit(campaign_dir, specs, opts)
         report.sbatch_calls = getattr(backend, "sbatch_calls", 0)
         reasons = {(d.point.point_id, d.point.repeat): d.reason for d in todo}
