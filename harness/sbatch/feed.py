@@ -56,14 +56,13 @@ def _begin(seconds: int) -> str:
     return (_dt.datetime.now() + _dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def new_groups(campaign: str, by_shape: list[list[JobSpec]], opts: SubmitOptions,
-               reasons: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
+def new_groups(campaign: str, by_shape: list[list[JobSpec]], opts: SubmitOptions) -> list[dict[str, Any]]:
     """One feed group per resource shape: its array options and its job dirs, in submission order."""
     return [{"name": array_name(campaign, specs[0]), "shape": array_shape(specs[0]),
              "max_parallel": opts.max_parallel, "after": opts.dependency, "hold": opts.hold, "last_array": None,
              "single": len(specs) == 1,
              "held": [{"job_dir": s.job_dir, "point_id": s.point_id, "repeat": s.repeat, "attempt": s.attempt,
-                       "reason": reasons.get((s.point_id, s.repeat))} for s in specs]}
+                       "reason": opts.reasons.get(s.job_dir)} for s in specs]}
             for specs in by_shape]
 
 
@@ -97,10 +96,9 @@ def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[
                 if exc.kind is None:
                     raise
                 if n > 1 and exc.kind in ("quota", "array"):
-                    # a limit sbench could not read: try half as many, and remember it for this submission
-                    if exc.kind == "array":
-                        size = max(1, n // 2)
-                    budget = max(1, n // 2)
+                    # a limit sbench could not read: arrays half as large from now on (a quota is full once
+                    # even one task is refused)
+                    size = max(1, n // 2)
                     continue
                 stopped = str(exc)
                 return out, stopped
@@ -149,7 +147,7 @@ def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec],
     job; returns what was handed over (the held ones with no job id, ``extra['held_back']``) and the number
     of sbatch calls. Refused when the rest cannot be held back (no feeder script)."""
     by_spec = {s.job_dir: s for s in specs}
-    groups = new_groups(campaign, by_shape, opts, {})
+    groups = new_groups(campaign, by_shape, opts)
     limits = slurm.submit_limits({opts.qos} if opts.qos else None)
     stamp = manifest.now_iso()
     done, stopped = submit_groups(slurm, campaign_dir, campaign, groups, limits, budget_for(limits, len(specs)))
@@ -261,6 +259,22 @@ def stop(slurm: Slurm, campaign_dir: Path) -> list[str]:
         manifest.write_submitted(Path(h["job_dir"]), {"executor": "slurm", "job_id": None, "held_back_at": stamp,
                                                       "cancelled_at": stamp})
     return [str(h["job_dir"]) for h in held]
+
+
+def feed_summary(slurm: Slurm, campaign_dir: Path) -> dict[str, Any]:
+    """For ``submit`` (the caller holds the campaign lock): the campaign's feed as it stands, its feeder job
+    started again when its attempts are held and nothing feeds them (the feeder job gone, or never
+    submitted). {} when nothing is held."""
+    doc = read_feed(campaign_dir)
+    if not held_count(doc) or doc.get("cancelled_at"):
+        return {}
+    if feeding_stopped(doc, slurm) is not None:
+        doc["stopped"] = None
+        doc["feeder_job"] = None
+        ensure_feeder(slurm, campaign_dir, doc)
+    waves = doc.get("waves") or []
+    return {"held": held_count(doc), "feeder_job": doc.get("feeder_job"), "stopped": doc.get("stopped"),
+            "limits": waves[-1].get("limits") if waves else None, "waves": len(waves)}
 
 
 def feed_notes(workdir: Path, campaign: str | None, slurm: Slurm) -> list[str]:
