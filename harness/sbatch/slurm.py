@@ -52,17 +52,17 @@ class SlurmBackend:
     def wait(self, submitted: list[Submitted], progress: Callable[[int, int], None] | None = None) -> None:
         """Until every attempt is over, those sbench held back too: each poll reads the job id the feeder
         gave a held one; one that nothing will submit any more is over."""
-        ids = {s.spec.job_dir: s.job_id for s in submitted}
+        # each attempt: its job dir (None when only its job id is known) and its job id (None while held back)
+        ids: list[tuple[str | None, str | None]] = [(s.spec.job_dir if s.spec is not None else None, s.job_id)
+                                                    for s in submitted]
         total = len(ids)
         while True:
             self.slurm.forget()  # each poll asks afresh: the states move while it waits
-            for jd, jid in ids.items():
-                if not jid:
-                    ids[jd] = localjob.submitted(jd).get("job_id") or None
-            states = self._states([j for j in ids.values() if j])  # a task gone without a record is done too
-            waiting = [jd for jd, j in ids.items() if not j]
+            ids = [(jd, jid or (localjob.submitted(jd).get("job_id") if jd else None) or None) for jd, jid in ids]
+            states = self._states([j for _jd, j in ids if j])  # a task gone without a record is done too
+            waiting = [jd for jd, j in ids if not j and jd]
             held = held_states(waiting, self.slurm)
-            done = sum(1 for j in ids.values() if j and jobstate.is_done(states.get(j)))
+            done = sum(1 for _jd, j in ids if j and jobstate.is_done(states.get(j)))
             done += sum(1 for jd in waiting if jd not in held or held[jd][0] != "HELD")
             if progress:
                 progress(done, total)
