@@ -235,7 +235,9 @@ def test_one_command_asks_each_question_once(slurm_cluster, tmp_path: Path) -> N
     ids = [p["job_id"] for p in rep["points"]]
     try:
         assert rep["submitted"] == 4 and rep["sbatch_calls"] == 2  # two resource shapes, two arrays
-        assert sorted(c[0] for c in calls) == ["sbatch", "sbatch", "sinfo"]
+        assert sorted(c[0] for c in calls) == ["sbatch", "sbatch", "scontrol", "scontrol", "sinfo"]
+        # the cluster's limits, once each: the array size, and the user's submit quota with its use
+        assert sorted(" ".join(c[1:3]) for c in calls if c[0] == "scontrol") == ["show assoc_mgr", "show config"]
         # One attempt ends (cancelled from outside sbench, while pending: SLURM keeps no record of that task
         # by its own id); the others stay held in the queue.
         subprocess.run(["scancel", ids[0]], check=True)

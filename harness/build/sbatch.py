@@ -6,7 +6,9 @@ value written so that sbatch's own reader keeps it whole; every comment made saf
 end its line); the body as given. The three scripts are specs for it:
 
 - :func:`job_sbatch`: ``job.sbatch`` of every job dir, what one point runs (by hand, or in an array);
-- :func:`array_sbatch`: the array wrapper for points that share one resource shape;
+- :func:`array_sbatch` / :func:`array_script`: the array wrapper for points that share one resource shape
+  (several arrays when the shape has more points than one array may hold);
+- :func:`feed_sbatch`: the feeder job of a campaign larger than the submit quota (``harness.sbatch.feed``);
 - :func:`prepare_sbatch`: the preparation job of ``sbench prepare --on slurm``.
 
 Every value these put on a shell line goes through ``shlex.quote``. Nothing here reads the disk,
@@ -110,23 +112,61 @@ def job_sbatch(spec: JobSpec) -> str:
         ]))
 
 
+def array_shape(spec: JobSpec) -> dict[str, Any]:
+    """The sbatch options every task of a resource shape's arrays shares (a point's own, less its name and log)."""
+    return {k: v for k, v in spec.resources.items() if k not in ("job_name", "output")}
+
+
+def array_name(campaign: str, spec: JobSpec) -> str:
+    """The job name of the arrays of *spec*'s resource shape: ``sbench.<campaign>.<digest of the shape>``."""
+    return f"sbench.{campaign}.{hashlib.sha256(repr(spec.shape()).encode()).hexdigest()[:8]}"
+
+
 def array_job_name(campaign: str, specs: list[JobSpec]) -> str:
-    """The job name of the array wrapper for *specs*: the campaign and a digest of their resource shape."""
-    return f"sbench.{campaign}.{hashlib.sha256(repr(specs[0].shape()).encode()).hexdigest()[:8]}"
+    """The job name of the array wrapper for *specs* (what sacct's answer is matched on)."""
+    return array_name(campaign, specs[0])
 
 
 def array_sbatch(campaign: str, specs: list[JobSpec], max_parallel: int | None, out_dir: str | Path) -> str:
     """The array wrapper for *specs* (one resource shape): task i runs the ``job.sbatch`` of job dir i."""
-    shape = {k: v for k, v in specs[0].resources.items() if k not in ("job_name", "output")}
-    n = len(specs)
+    return array_script(campaign, array_name(campaign, specs[0]), array_shape(specs[0]),
+                        [s.job_dir for s in specs], max_parallel, out_dir)
+
+
+def array_script(campaign: str, name: str, shape: dict[str, Any], job_dirs: Sequence[str], max_parallel: int | None,
+                 out_dir: str | Path) -> str:
+    """An array of one resource shape (*shape*: its sbatch options) whose task i runs the ``job.sbatch`` of
+    ``job_dirs[i]``; at most *max_parallel* tasks at once."""
+    n = len(job_dirs)
     return make_sbatch(Sbatch(
-        directives={**shape, "job_name": array_job_name(campaign, specs),
+        directives={**shape, "job_name": name,
                     "array": f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else ""),
                     "output": f"{out_dir}/%A_%a.out"},
         comments=[f"sbench: {n} point(s) of campaign {campaign} share this resource shape; array task i runs",
                   "the job.sbatch of job directory i below, exactly as rendered."],
-        body=["set -euo pipefail", "JOB_DIRS=(", *[f"  {_q(s.job_dir)}" for s in specs], ")",
+        body=["set -euo pipefail", "JOB_DIRS=(", *[f"  {_q(d)}" for d in job_dirs], ")",
               'JOB_DIR="${JOB_DIRS[$SLURM_ARRAY_TASK_ID]}"', 'exec bash "$JOB_DIR/job.sbatch"']))
+
+
+FEED_TIME = "00:10:00"  # the feeder job's time limit: it submits a wave and resubmits itself, in seconds
+
+
+def feed_sbatch(sweep: Sweep, inv: Inventory, argv: list[str], cwd: str, out_dir: str | Path,
+                slurm_partition: str | None = None) -> str:
+    """The feeder job: one small task (one core) that runs *argv* (``harness.sbatch.feed``) to submit the next
+    wave of a campaign larger than the submit quota. It runs on *slurm_partition* (the sweep's
+    ``slurm.feed_partition``), else on the sweep's partition, under the sweep's account and QOS."""
+    part = inv.partition(sweep.partition)
+    options: dict[str, Any] = {
+        "job_name": f"sbench.{sweep.campaign}.feed", "partition": slurm_partition or part.slurm_partition,
+        "nodes": 1, "ntasks": 1, "cpus_per_task": 1, "mem": "1G", "time": FEED_TIME,
+        **{k: v for k, v in scheduling(sweep, part).items() if k != "constraint"}}
+    options["output"] = f"{out_dir}/feed-%j.out"
+    return make_sbatch(Sbatch(
+        directives=options,
+        comments=["sbench: submit the next wave of this campaign's held attempts when the submit quota has room,",
+                  "then submit this script again (with --begin) until nothing is held"],
+        body=["set -e", *inv.setup, *part.setup, f"cd {_q(cwd)}", "exec " + " ".join(_q(a) for a in argv)]))
 
 
 def prepare_sbatch(sweep: Sweep, inv: Inventory, argv: list[str], cwd: str, out_dir: str | Path) -> str:

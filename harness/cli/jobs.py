@@ -146,6 +146,13 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
     extra = f", {d['sbatch_calls']} sbatch call(s)" if d["executor"] == "slurm" else ""
     click.echo(f"\ncampaign {d['campaign']}: {d['submitted']} attempt(s) submitted with the {d['executor']} "
                f"executor{extra}; job dirs under {d['campaign_dir']}")
+    fed = d.get("feed") or {}
+    if fed.get("held"):
+        now = f"{d['submitted'] - d.get('held_back', 0)} in SLURM's queue now, " if d.get("held_back") else ""
+        how = (f"feeder job {fed['feeder_job']} submits them in waves as the quota allows; sbench status shows "
+               "them, sbench cancel stops the feeding" if fed.get("feeder_job") else
+               f"nothing feeds them: {fed.get('stopped')}")
+        click.echo(f"{now}{fed['held']} held back by sbench to fit the cluster's limits ({fed.get('limits')}); {how}")
     reused = [r["reused_from"] for r in d["points"] if r.get("reused_from")]
     if reused:
         sources = sorted({r["campaign"] for r in reused})

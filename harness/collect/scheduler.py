@@ -13,6 +13,7 @@ from harness.contract.jobstate import FINAL_STATES
 from harness.contract.paths import JobPaths
 from harness.slurm import localjob
 from harness.slurm.client import Slurm
+from harness.slurm.held import held_states
 from harness.slurm.sacct import JobAccounting, JobKey, Queued
 
 from .discover import Attempt, spec_exec
@@ -73,7 +74,14 @@ def states(todo: list[tuple[Attempt, dict[str, Any]]], slurm: Slurm) -> tuple[di
         missing = [rid for rid in jobs if acct is None or rid not in acct]
         if missing:
             queue = slurm.queue()
+    # attempts sbench held back (no job id): still held, or never to be submitted (harness.slurm.held)
+    held = held_states([a.job_dir for a, info in todo if info.get("executor") == "slurm" and not info.get("job_id")
+                        and a.job_dir is not None], slurm)
     for a, info in todo:
+        if a.job_dir is not None and str(a.job_dir) in held and a.run_id not in jobs:
+            state, why = held[str(a.job_dir)]
+            out[a.run_id] = Sched("executor", state, note=why)
+            continue
         if a.run_id in jobs:
             jid = jobs[a.run_id]
             if acct is not None and a.run_id in acct:

@@ -55,6 +55,9 @@ DB_WAIT = Var("SBENCH_DB_WAIT", "5", "Seconds to wait for another sbench process
 CAMPAIGN_WAIT = Var("SBENCH_CAMPAIGN_WAIT", "5",
                     "Seconds a submit, retry or cancel waits for another's lock on the same campaign, then exits 1 "
                     "naming the holder", "login")
+FEED_INTERVAL = Var("SBENCH_FEED_INTERVAL", "60",
+                    "Seconds between two turns of a campaign's feeder job, which submits what the submit quota held "
+                    "back (read at submit; the feeder keeps it)", "login")
 
 # -- job: set by render (env/<host>.sh) --------------------------------------------------------------------
 CAMPAIGN = Var("SBENCH_CAMPAIGN", "", "The attempt's campaign", "job", recorded=True)

@@ -18,6 +18,9 @@ exit-code rule: its execution is over (done, judged by its files) but it may be 
 The local executor (``harness.slurm.localjob``) adds LOST (its process is gone without recording an
 end: the files decide) and NOT_STARTED (its queue ended before starting it: failed, and retried as a
 new attempt by ``retry`` and ``submit --retry-failed``).
+
+sbench itself adds HELD: an attempt it holds back from SLURM until the submit quota has room
+(``harness.slurm.held``); its feeder job submits it later, so it is pending.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class JobState:
 def _table() -> dict[str, JobState]:
     rows = [JobState(s, "pending", "pending") for s in (
         "PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUBMITTED",
-        "UNKNOWN")]
+        "UNKNOWN", "HELD")]
     rows += [JobState(s, "running", "pending") for s in (
         "RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING", "STOPPED", "POWER_UP_NODE",
         "UPDATE_DB")]

@@ -46,7 +46,7 @@ def live_states(attempts: list[dict[str, Any]], slurm: Slurm) -> dict[str, str]:
             continue
         states = backend.live_states(group)
         for a in group:
-            key = a.get("job_dir") if executor == "local" else str(a.get("job_id"))
+            key = a.get("job_dir") if executor == "local" or not a.get("job_id") else str(a.get("job_id"))
             if key in states:
                 out[a["job_dir"]] = states[key]
     return out

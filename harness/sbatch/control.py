@@ -15,6 +15,7 @@ from harness.slurm.client import Slurm
 
 from . import manifest
 from .backends import get_backend, live_states
+from .feed import feed_notes
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import failed_prepare_jobs
 
@@ -81,7 +82,7 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
         r["phase"] = phase
         counts[phase] = counts.get(phase, 0) + 1
     rows.sort(key=lambda r: (str(r.get("campaign")), str(r.get("point_id")), r.get("repeat") or 0))
-    failed = failed_prepare_jobs(wd, campaign, slurm) + problems
+    failed = failed_prepare_jobs(wd, campaign, slurm) + feed_notes(wd, campaign, slurm) + problems
     if failed:
         note = "; ".join(([note] if note else []) + failed)
     return StatusReport(rows, counts, note)
@@ -103,6 +104,8 @@ def _phase(live: str | None, db_state: str | None) -> str:
     started`` (retry or submit --retry-failed runs it)."""
     if live == "NOT_STARTED":
         return "not started"
+    if live == "HELD":
+        return "held"  # sbench holds it back until the submit quota has room (harness.sbatch.feed)
     if live:
         st = jobstate.lookup(live)
         if st.name in ("GONE", "LOST"):

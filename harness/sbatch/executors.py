@@ -26,6 +26,9 @@ class SubmitOptions:
     max_parallel: int | None = None
     hold: bool = False
     dependency: str | None = None  # a SLURM job id every submitted job waits for (afterok)
+    qos: str | None = None  # the QOS the jobs ask for: its submit limits count (harness.slurm.limits)
+    feeder_script: str | None = None  # the feeder job of what the submit quota holds back (harness.sbatch.feed)
+    reasons: dict[str, str] = field(default_factory=dict)  # job dir -> why it is submitted (new, retry, force)
 
 
 class Backend(Protocol):

@@ -1,4 +1,5 @@
-"""SLURM submission: one job array per resource shape, submitted through the scheduler client.
+"""SLURM submission: job arrays per resource shape, within the cluster's limits (``harness.sbatch.feed``),
+submitted through the scheduler client.
 
 Each array task runs one point's own ``job.sbatch`` (the file ``render`` wrote), so what was rendered
 is exactly what runs; the array wrapper (``harness.build.sbatch.array_sbatch``) only adds ``--array``
@@ -14,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.build.jobspec import JobSpec
-from harness.build.sbatch import array_job_name, array_sbatch
-from harness.contract import jobstate, safefile
+from harness.contract import jobstate
+from harness.slurm import localjob
 from harness.slurm.client import Slurm
+from harness.slurm.held import held_states
 from harness.slurm.sacct import JobKey
 
+from . import feed
 from .executors import SubmitOptions, Submitted
-from .manifest import now_iso, write_submitted
 
 
 def group_by_shape(specs: list[JobSpec]) -> list[list[JobSpec]]:
@@ -42,43 +44,34 @@ class SlurmBackend:
         """Nothing beyond what plan and render checked: SLURM places multi-node points itself."""
 
     def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]:
-        folder = campaign_dir / ".submitit"
-        logs = campaign_dir / ".slurm"
-        logs.mkdir(parents=True, exist_ok=True)
-        out: list[Submitted] = []
-        for group in group_by_shape(specs):
-            if len(group) == 1:
-                script = safefile.read_bytes(Path(group[0].job_dir, "job.sbatch"), campaign_dir,
-                                             safefile.SMALL_MAX).decode()
-                name = group[0].resources.get("job_name")
-            else:
-                script = array_sbatch(group[0].campaign, group, opts.max_parallel, logs)
-                name = array_job_name(group[0].campaign, group)
-            job_id = self.slurm.sbatch(script, folder, hold=opts.hold, after=opts.dependency)
-            self.sbatch_calls += 1
-            stamp = now_iso()
-            # The name and the time tell this job's accounting from another job's that had its id.
-            known = {"job_name": name, "submitted_at": stamp}
-            if len(group) == 1:
-                subs = [Submitted(spec=group[0], job_id=job_id, extra=dict(known))]
-            else:
-                subs = [Submitted(spec=s, job_id=f"{job_id}_{i}", array_job_id=job_id, array_task_id=i,
-                                  extra=dict(known)) for i, s in enumerate(group)]
-            for sub in subs:
-                write_submitted(Path(sub.spec.job_dir), {
-                    "executor": "slurm", "job_id": sub.job_id, "array_job_id": sub.array_job_id,
-                    "array_task_id": sub.array_task_id, **known, "held": opts.hold})
-            out.extend(subs)
+        """One array per resource shape, split to fit ``MaxArraySize``, within the submit quota; what does not
+        fit is held back for the campaign's feeder job (``harness.sbatch.feed``)."""
+        out, calls = feed.start(self.slurm, campaign_dir, specs[0].campaign if specs else "", specs,
+                                group_by_shape(specs), opts)
+        self.sbatch_calls += calls
         return out
 
     def wait(self, submitted: list[Submitted], progress: Callable[[int, int], None] | None = None) -> None:
-        ids = [s.job_id for s in submitted if s.job_id]
+        """Until every attempt is over, those sbench held back too: each poll reads the job id the feeder
+        gave a held one; one that nothing will submit any more is over."""
+        # each attempt: its job dir (None when only its job id is known) and its job id (None while held back)
+        ids: list[tuple[str | None, str | None]] = [(s.spec.job_dir if s.spec is not None else None, s.job_id)
+                                                    for s in submitted]
         self._learn([{"job_id": s.job_id, **s.extra} for s in submitted])
         total = len(ids)
         while True:
             self.slurm.forget()  # each poll asks afresh: the states move while it waits
-            states = self._states(ids)  # a task that left without a record is done too (no wait forever)
-            done = sum(1 for i in ids if jobstate.is_done(states.get(i)))
+            for k, (jd, jid) in enumerate(ids):
+                if not jid and jd:  # held back: the feeder writes its job id, name and submit time there
+                    info = localjob.submitted(jd)
+                    if info.get("job_id"):
+                        self._learn([info])
+                        ids[k] = (jd, str(info["job_id"]))
+            states = self._states([j for _jd, j in ids if j])  # a task gone without a record is done too
+            waiting = [jd for jd, j in ids if not j and jd]
+            held = held_states(waiting, self.slurm)
+            done = sum(1 for _jd, j in ids if j and jobstate.is_done(states.get(j)))
+            done += sum(1 for jd in waiting if jd not in held or held[jd][0] != "HELD")
             if progress:
                 progress(done, total)
             if done >= total:
@@ -86,17 +79,27 @@ class SlurmBackend:
             time.sleep(2.0)
 
     def cancel(self, attempts: list[dict[str, Any]]) -> list[str]:
+        """Stop the feeding of the attempts' campaigns first (nothing held is submitted after this), then
+        cancel the jobs; returns the job ids and the held job dirs cancelled."""
+        held: list[str] = []
+        for cdir in sorted({str(Path(a["job_dir"]).parent) for a in attempts if a.get("job_dir")}):
+            held += feed.stop(self.slurm, Path(cdir))
         ids = sorted({str(a["job_id"]) for a in attempts if a.get("job_id")})
         if ids:
             self.slurm.cancel(ids)
-        return ids
+        return ids + held
 
     def live_states(self, attempts: list[dict[str, Any]]) -> dict[str, str]:
         """Job id -> SLURM state, from squeue for live jobs and sacct for finished ones; ``GONE`` for a job
         neither knows when both answered: it left the scheduler without an accounting record, as an array
-        task cancelled while pending does (SLURM drops it from its array's one record of queued tasks)."""
+        task cancelled while pending does (SLURM drops it from its array's one record of queued tasks).
+        An attempt sbench holds back (no job id yet) is keyed by its job dir: ``HELD``, or ``CANCELLED`` /
+        ``NOT_STARTED`` once nothing will submit it (``harness.slurm.held``)."""
         self._learn(attempts)
-        return self._states([str(a["job_id"]) for a in attempts if a.get("job_id")])
+        out = self._states([str(a["job_id"]) for a in attempts if a.get("job_id")])
+        waiting = [a["job_dir"] for a in attempts if not a.get("job_id") and a.get("held_back") and a.get("job_dir")]
+        out.update({jd: st for jd, (st, _why) in held_states(waiting, self.slurm).items()})
+        return out
 
     def _learn(self, attempts: list[dict[str, Any]]) -> None:
         """Keep what *attempts* (manifest attempt lines, what submit returned) say of each job: its name and

@@ -26,6 +26,7 @@ from . import manifest
 from .backends import get_backend, resolve_executor
 from .executors import SubmitOptions, Submitted
 from .fabric import run_fabric
+from .feed import feed_summary, feeder_script
 from .fit import ClusterFit, cluster_fit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
@@ -56,6 +57,8 @@ class SubmitReport:
     preflight: list[dict[str, Any]] = field(default_factory=list)
     prepare: list[dict[str, Any]] = field(default_factory=list)
     prepare_job: str | None = None
+    held_back: int = 0  # attempts sbench holds back for the campaign's feeder job (harness.sbatch.feed)
+    feed: dict[str, Any] = field(default_factory=dict)  # the feeder job, the limits of the last wave
 
     def to_dict(self) -> dict[str, Any]:
         by_key = {(s.spec.point_id, s.spec.repeat): s for s in self.submitted}
@@ -70,7 +73,8 @@ class SubmitReport:
                 "sbatch_calls": self.sbatch_calls, "submitted": len(self.submitted), "points": rows,
                 "reused": sum(1 for d in self.decisions if d.reused),
                 "db_note": self.db_note, "warnings": self.warnings, "preflight": self.preflight,
-                "prepare": self.prepare, "prepare_job": self.prepare_job}
+                "prepare": self.prepare, "prepare_job": self.prepare_job, "held_back": self.held_back,
+                "feed": self.feed}
 
 
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
@@ -225,9 +229,12 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
         specs.append(spec)
     if specs:
         opts = SubmitOptions(max_parallel=max_parallel or sweep.slurm.max_parallel, hold=hold,
-                             dependency=dependency)
+                             dependency=dependency, qos=sweep.slurm.qos or inv.partition(sweep.partition).qos,
+                             feeder_script=feeder_script(sweep, inv, campaign_dir) if name == "slurm" else None,
+                             reasons={spec.job_dir: d.reason for d, spec in zip(todo, specs, strict=True)})
         report.submitted = backend.submit(campaign_dir, specs, opts)
         report.sbatch_calls = getattr(backend, "sbatch_calls", 0)
+        report.held_back = sum(1 for s in report.submitted if s.extra.get("held_back"))
         reasons = {(d.point.point_id, d.point.repeat): d.reason for d in todo}
         attempt_events = [{
             "type": "attempt", "campaign": sweep.campaign, "point_id": s.spec.point_id, "repeat": s.spec.repeat,
@@ -237,6 +244,9 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
         } for s in report.submitted]
         manifest.append(campaign_dir, attempt_events)
         events += attempt_events
+    if name == "slurm":
+        # What a feeder job submits in waves; a feeding that stopped (its feeder job gone) starts again here.
+        report.feed = feed_summary(slurm, campaign_dir)
     report.db_note = manifest.record_events(db, events) or report.db_note
     return report
 

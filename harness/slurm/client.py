@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import getpass
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -35,6 +36,7 @@ from typing import Any
 
 from harness.contract.errors import SubmitError
 
+from .limits import SubmitLimits, max_array_size, parse_assoc_mgr, parse_config, refusal_kind
 from .sacct import JobAccounting, JobKey, Queued, parse_sacct_records, parse_squeue, pick, sacct_argv, squeue_argv
 from .sinfo import NodeInfo, parse_sinfo, sinfo_argv
 
@@ -44,6 +46,14 @@ ASK_TIMEOUT_S = 120  # sacct and squeue on a busy controller
 SINFO_TIMEOUT_S = 15  # a partition's nodes: render and submit go on without them
 
 
+class SbatchRefused(SubmitError):
+    """sbatch refused a submission; *kind* says whether a limit did (:func:`harness.slurm.limits.refusal_kind`)."""
+
+    def __init__(self, message: str, kind: str | None) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class Slurm:
     """SLURM as one sbench command sees it; see the module docstring."""
 
@@ -51,6 +61,7 @@ class Slurm:
         self._runner = runner
         self._chunk = chunk
         self._nodes: dict[str, tuple[dict[str, NodeInfo] | None, str]] = {}
+        self._config: dict[str, str] | None = None
         self.forget()
 
     def forget(self) -> None:
@@ -183,6 +194,30 @@ class Slurm:
             out.update({j: acct[j].state for j in gone if acct is not None and j in acct})
         return {j: out[j] for j in ids if j in out}
 
+    def config(self) -> dict[str, str]:
+        """``scontrol show config`` (asked once; {} when it cannot answer)."""
+        if self._config is None:
+            try:
+                res = self._call(["scontrol", "show", "config"], SINFO_TIMEOUT_S)
+                self._config = parse_config(res.stdout) if res.returncode == 0 else {}
+            except (OSError, subprocess.SubprocessError):
+                self._config = {}
+        return self._config
+
+    def submit_limits(self, qos: set[str] | None = None) -> SubmitLimits:
+        """The array size limit and how many jobs this user may submit now (asked afresh each time: the
+        use moves with every submission). A quota nobody can read is unknown (``free`` None)."""
+        size = max_array_size(self.config())
+        user = getpass.getuser()
+        try:
+            res = self._call(["scontrol", "show", "assoc_mgr", f"users={user}", "flags=assoc,qos"], ASK_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError):
+            return SubmitLimits(size)
+        if res.returncode != 0:
+            return SubmitLimits(size)
+        free, limit, source = parse_assoc_mgr(res.stdout, user, qos)
+        return SubmitLimits(size, free, limit, source)
+
     def partition_nodes(self, slurm_partition: str) -> tuple[dict[str, NodeInfo] | None, str]:
         """(the nodes of the SLURM partition, or None when nobody answers; and why not)."""
         if slurm_partition not in self._nodes:
@@ -204,10 +239,20 @@ class Slurm:
         return nodes, ""
 
     # -- commands (never remembered) -----------------------------------------------------------------------
-    def sbatch(self, script: str, folder: Path, *, hold: bool = False, after: str | None = None) -> str:
-        """Submit *script* (its text) through submitit, held or after a job (``afterok``); its job id."""
+    def sbatch(self, script: str, folder: Path, *, hold: bool = False, after: str | None = None,
+               after_any: str | None = None, begin: str | None = None) -> str:
+        """Submit *script* (its text) through submitit, held, after a job succeeded (*after*: ``afterok``),
+        after a job ended however it ended (*after_any*: ``afterany``), or not before *begin* (sbatch's
+        ``--begin``); its job id. A refusal is :class:`SbatchRefused`."""
+        args = ["--hold"] if hold else []
+        deps = [f"afterok:{after}"] if after else []
+        deps += [f"afterany:{after_any}"] if after_any else []
+        if deps:
+            args += [f"--dependency={','.join(deps)}", "--kill-on-invalid-dep=yes"]
+        if begin:
+            args.append(f"--begin={begin}")
         try:
-            job = _script_executor()(folder, script, hold=hold, after=after).submit_script()
+            job = _script_executor()(folder, script, args).submit_script()
         finally:
             self.forget()
         return str(job.job_id)
@@ -239,28 +284,25 @@ def _script_executor() -> Any:
     import submitit  # 0.1 s of imports that only a submission needs, kept off every command's start-up
 
     class ScriptExecutor(submitit.SlurmExecutor):
-        def __init__(self, folder: Path, script: str, hold: bool = False, after: str | None = None) -> None:
+        def __init__(self, folder: Path, script: str, args: list[str]) -> None:
             super().__init__(folder=folder)
             submitit.core.utils.JobPaths.get_first_id_independent_folder(self.folder).mkdir(parents=True,
                                                                                            exist_ok=True)
             self._script = script
-            self._hold = hold
-            self._after = after
+            self._args = args
 
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             return self._script
 
         def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-            return ["sbatch", *(["--hold"] if self._hold else []),
-                    *([f"--dependency=afterok:{self._after}", "--kill-on-invalid-dep=yes"] if self._after else []),
-                    str(submission_file_path)]
+            return ["sbatch", *self._args, str(submission_file_path)]
 
         def submit_script(self) -> Any:
             try:
                 return self._submit_command("")
             except subprocess.CalledProcessError as exc:  # raised by submitit's CommandFunction
-                raise SubmitError(f"sbatch refused the submission: {exc}") from None
+                raise SbatchRefused(f"sbatch refused the submission: {exc}", refusal_kind(str(exc))) from None
             except Exception as exc:  # noqa: BLE001 - submitit wraps sbatch failures in several types
-                raise SubmitError(f"sbatch failed: {exc}") from None
+                raise SbatchRefused(f"sbatch failed: {exc}", refusal_kind(str(exc))) from None
 
     return ScriptExecutor

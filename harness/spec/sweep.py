@@ -54,7 +54,8 @@ SWEEP_KINDS: dict[str, type | tuple[type, ...]] = {
     "reuse": str}
 
 
-SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue", "extra")
+SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue", "extra",
+              "feed_partition")
 
 
 RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds",
@@ -90,6 +91,8 @@ class SlurmOverrides:
     max_parallel: int | None = None
     requeue: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    # the SLURM partition of the feeder job that submits what the submit quota held back (harness.sbatch.feed)
+    feed_partition: str | None = None
 
 
 @dataclass
@@ -222,6 +225,7 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         max_parallel=ck.integer(slurm_node, "slurm", "max_parallel", minimum=1, maximum=MAX_PARALLEL),
         requeue=ck.boolean(slurm_node, "slurm", "requeue", default=False),
         extra=sbatch_extra(ck, slurm_node, "slurm", "extra"),
+        feed_partition=ck.string(slurm_node, "slurm", "feed_partition", pattern=SLURM_NAME, what=SLURM_NAME_TEXT),
     )
     runner_node = ck.mapping(doc.get("runner"), "runner", doc, "runner")
     ck.known_keys(runner_node, "runner", RUNNER_KEYS)

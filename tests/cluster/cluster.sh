@@ -31,6 +31,14 @@ CTL_IP=198.18.0.1
 # SBENCH_CLUSTER_NODES (default 2, at most 50) namespaced nodes node1..nodeN at 198.18.0.(10+i). Commands
 # other than `start` act on as many nodes as the current slurm.conf declares.
 NNODES=${SBENCH_CLUSTER_NODES:-}
+# SBENCH_CLUSTER_MAX_ARRAY_SIZE (default 20): MaxArraySize, small so that every test's campaign meets the limit
+# a production cluster sets (SLURM's default is 1001). Association limits (MaxSubmitJobs) are enforced; start
+# clears root's, and a test or bench sets its own with sacctmgr.
+MAX_ARRAY_SIZE=${SBENCH_CLUSTER_MAX_ARRAY_SIZE:-20}
+if ! [[ $MAX_ARRAY_SIZE =~ ^[0-9]+$ ]] || ((MAX_ARRAY_SIZE < 2)); then
+  echo "[cluster] ERROR: SBENCH_CLUSTER_MAX_ARRAY_SIZE must be a number >= 2, got '$MAX_ARRAY_SIZE'" >&2
+  exit 2
+fi
 if [[ -z $NNODES && ${1:-} != start && -f /etc/slurm/slurm.conf ]] && grep -q 'sbench tests/cluster' /etc/slurm/slurm.conf; then
   NNODES=$(grep -c '^NodeName=' /etc/slurm/slurm.conf || true)
 fi
@@ -197,7 +205,7 @@ SlurmdTimeout=30
 ReturnToService=2
 KillWait=5
 MinJobAge=300
-MaxArraySize=10001
+MaxArraySize=$MAX_ARRAY_SIZE
 MaxJobCount=20000
 JobRequeue=1
 PreemptType=preempt/none
@@ -205,6 +213,7 @@ SchedulerType=sched/backfill
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$CTL_IP
 AccountingStorageTRES=gres/gpu
+AccountingStorageEnforce=associations,limits
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=task=1
 JobCompType=jobcomp/none
@@ -419,6 +428,9 @@ ensure_slurmdbd() {
     log "registering cluster $CLUSTER in accounting"
     timeout 30 sacctmgr -i add cluster "$CLUSTER" >/dev/null || die "sacctmgr add cluster failed" "$LOGDIR/slurmdbd.log"
   fi
+  # A test that set a submit limit and died before clearing it must not limit the next run.
+  timeout 30 sacctmgr -i modify user where name=root cluster="$CLUSTER" set MaxSubmitJobs=-1 MaxJobs=-1 \
+    GrpSubmitJobs=-1 >/dev/null 2>&1 || true
 }
 
 # ---------------------------------------------------------------- slurmctld

@@ -1,0 +1,342 @@
+"""Campaigns larger than the cluster's limits, from one ``sbench submit``.
+
+**Arrays that fit.** A resource shape's points go into as many arrays as ``MaxArraySize`` needs
+(:mod:`harness.slurm.limits`). With ``max_parallel`` the limit holds for the whole shape: each array of the
+shape starts after the one before it ended (``afterany``), so at most *max_parallel* of its tasks run.
+
+**Waves within the submit quota.** Submit puts into the queue what the user's submit limit
+(``MaxSubmitJobs`` and its kin; each array task counts) leaves room for, keeping one job's room for a
+feeder job, and holds the rest back (:mod:`harness.slurm.held`: ``.slurm/feed.json``, each held job dir's
+``submitted.json`` says ``held_back_at``). The feeder job (:func:`harness.build.sbatch.feed_sbatch`, one
+core on the sweep's partition or ``slurm.feed_partition``) runs this module: it takes the campaign's lock,
+submits the next wave that fits, records it (``submitted.json``, an attempt line per task in the
+manifest), and submits itself again to start ``$SBENCH_FEED_INTERVAL`` seconds later while anything is
+held. Nothing on the login node has to stay alive. A limit sbench could not read is learnt from sbatch's
+refusal: the array is halved and tried again, and what still does not fit waits for the next wave.
+
+``sbench cancel`` stops the feeding first (under the same lock: no wave starts after it), then the arrays.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness.build.jobspec import JobSpec
+from harness.build.sbatch import array_name, array_script, array_shape, feed_sbatch
+from harness.contract import envvars, jobstate, safefile
+from harness.contract.errors import SbenchError, SubmitError
+from harness.slurm.client import SbatchRefused, Slurm
+from harness.slurm.held import FEED_FILE, feeding_stopped, held_count, read_feed, write_feed
+from harness.slurm.limits import SubmitLimits
+from harness.spec.inventory import Inventory
+from harness.spec.sweep import Sweep
+
+from . import manifest
+from .executors import SubmitOptions, Submitted
+from .lock import CampaignLocks, holding_campaign_locks
+
+FEED_SCRIPT = Path(".slurm") / "feed.sbatch"
+LOG_DIR = ".slurm"
+SUBMITIT_DIR = ".submitit"
+
+
+def interval_s() -> int:
+    try:
+        return max(1, int(float(envvars.FEED_INTERVAL.get())))
+    except ValueError:
+        return int(envvars.FEED_INTERVAL.default)
+
+
+def _begin(seconds: int) -> str:
+    """sbatch's ``--begin`` for *seconds* from now, as a local time (every SLURM release reads it)."""
+    return (_dt.datetime.now() + _dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def new_groups(campaign: str, by_shape: list[list[JobSpec]], opts: SubmitOptions) -> list[dict[str, Any]]:
+    """One feed group per resource shape: its array options and its job dirs, in submission order."""
+    return [{"name": array_name(campaign, specs[0]), "shape": array_shape(specs[0]),
+             "max_parallel": opts.max_parallel, "after": opts.dependency, "hold": opts.hold, "last_array": None,
+             "single": len(specs) == 1,
+             "held": [{"job_dir": s.job_dir, "point_id": s.point_id, "repeat": s.repeat, "attempt": s.attempt,
+                       "reason": opts.reasons.get(s.job_dir)} for s in specs]}
+            for specs in by_shape]
+
+
+def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[dict[str, Any]],
+                  limits: SubmitLimits, budget: int | None) -> tuple[list[tuple[dict[str, Any], str, Any]], str | None]:
+    """Submit the groups' held job dirs in arrays of at most ``limits.max_array_size`` tasks, *budget* tasks in
+    all (None: no limit known), taking each array's job dirs off its group. Returns, for each task submitted,
+    (its held entry, its job id, its array job id and task index), and why submitting stopped short (a
+    limit's refusal), if it did. A refusal that is not a limit's is raised."""
+    out: list[tuple[dict[str, Any], str, Any]] = []
+    size = limits.max_array_size
+    logs = campaign_dir / LOG_DIR
+    logs.mkdir(parents=True, exist_ok=True)
+    stopped: str | None = None
+    for g in groups:
+        while g["held"] and (budget is None or budget > 0):
+            n = min(len(g["held"]), size, budget if budget is not None else len(g["held"]))
+            chunk = g["held"][:n]
+            whole = g.get("single") and n == 1 and len(g["held"]) == 1 and g.get("last_array") is None
+            name = g["name"]
+            if whole:  # a shape of one point: its own job.sbatch, as rendered
+                script = safefile.read_bytes(Path(chunk[0]["job_dir"], "job.sbatch"), campaign_dir,
+                                             safefile.SMALL_MAX).decode()
+                name = _job_name(script) or name
+            else:
+                script = array_script(campaign, g["name"], g["shape"], [h["job_dir"] for h in chunk],
+                                      g.get("max_parallel"), logs)
+            after_any = g.get("last_array") if g.get("max_parallel") else None
+            try:
+                job_id = slurm.sbatch(script, campaign_dir / SUBMITIT_DIR, hold=bool(g.get("hold")),
+                                      after=g.get("after"), after_any=after_any)
+            except SbatchRefused as exc:
+                if exc.kind is None:
+                    raise
+                if n > 1 and exc.kind in ("quota", "array"):
+                    # a limit sbench could not read: arrays half as large from now on (a quota is full once
+                    # even one task is refused)
+                    size = max(1, n // 2)
+                    continue
+                stopped = str(exc)
+                return out, stopped
+            for h in chunk:  # the name tells this job's accounting from another's that had its id
+                h["job_name"] = name
+            if whole:
+                out.append((chunk[0], job_id, None))
+            else:
+                out.extend((h, f"{job_id}_{i}", (job_id, i)) for i, h in enumerate(chunk))
+            g["last_array"] = job_id
+            g["held"] = g["held"][n:]
+            if budget is not None:
+                budget -= n
+    return out, stopped
+
+
+def _job_name(script: str) -> str | None:
+    for line in script.splitlines():
+        if line.startswith("#SBATCH --job-name="):
+            return line.split("=", 1)[1].strip().strip('"')
+    return None
+
+
+def record_submitted(done: list[tuple[dict[str, Any], str, Any]], stamp: str, fed: bool) -> None:
+    for held, job_id, arr in done:
+        manifest.write_submitted(Path(held["job_dir"]), {
+            "executor": "slurm", "job_id": job_id, "array_job_id": arr[0] if arr else None,
+            "array_task_id": arr[1] if arr else None, "submitted_at": stamp, "job_name": held.get("job_name"),
+            **({"fed_at": stamp} if fed else {})})
+
+
+def hold_back(groups: list[dict[str, Any]], stamp: str) -> None:
+    """Each job dir still held: no job id, and when sbench held it back."""
+    for g in groups:
+        for h in g["held"]:
+            manifest.write_submitted(Path(h["job_dir"]), {"executor": "slurm", "job_id": None, "held_back_at": stamp})
+
+
+def budget_for(limits: SubmitLimits, total: int) -> int | None:
+    """Tasks this submission may put in the queue: all of them when the quota (if any is known) takes them
+    all; otherwise the room left, less one job's room for the feeder job that submits the rest."""
+    if limits.free is None or limits.free >= total:
+        return None
+    return max(0, limits.free - 1)
+
+
+def submit_feeder(slurm: Slurm, campaign_dir: Path, doc: dict[str, Any], delay_s: int) -> str:
+    """Submit the campaign's feeder script to start *delay_s* seconds from now; its job id."""
+    script = safefile.read_bytes(campaign_dir / FEED_SCRIPT, campaign_dir, safefile.SMALL_MAX).decode()
+    return slurm.sbatch(script, campaign_dir / SUBMITIT_DIR, begin=_begin(delay_s))
+
+
+def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec], by_shape: list[list[JobSpec]],
+          opts: SubmitOptions) -> tuple[list[Submitted], int]:
+    """Submit *specs* (grouped *by_shape*) as the cluster's limits allow and hold back the rest for a feeder
+    job; returns what was handed over (the held ones with no job id, ``extra['held_back']``) and the number
+    of sbatch calls. Refused when the rest cannot be held back (no feeder script)."""
+    by_spec = {s.job_dir: s for s in specs}
+    groups = new_groups(campaign, by_shape, opts)
+    limits = slurm.submit_limits({opts.qos} if opts.qos else None)
+    stamp = manifest.now_iso()
+    done, stopped = submit_groups(slurm, campaign_dir, campaign, groups, limits, budget_for(limits, len(specs)))
+    record_submitted(done, stamp, fed=False)
+    calls = len({arr[0] if arr else jid for _h, jid, arr in done})
+    out = [Submitted(spec=by_spec[h["job_dir"]], job_id=jid, array_job_id=arr[0] if arr else None,
+                     array_task_id=arr[1] if arr else None,
+                     extra={"job_name": h.get("job_name"), "submitted_at": stamp}) for h, jid, arr in done]
+    held = [h for g in groups for h in g["held"]]
+    if not held:
+        return out, calls
+    if not opts.feeder_script:
+        raise SubmitError(f"{len(held)} attempt(s) do not fit the submit quota ({limits.describe()}) and no "
+                          "feeder job can be made for them")
+    hold_back(groups, stamp)
+    (campaign_dir / FEED_SCRIPT).parent.mkdir(parents=True, exist_ok=True)
+    (campaign_dir / FEED_SCRIPT).write_text(opts.feeder_script)
+    prior = read_feed(campaign_dir)
+    doc: dict[str, Any] = {"campaign": campaign, "groups": [g for g in prior.get("groups") or [] if g.get("held")]
+                           + [g for g in groups if g["held"]],
+                           "interval_s": interval_s(), "cancelled_at": None, "stopped": None,
+                           "feeder_job": prior.get("feeder_job") if not prior.get("cancelled_at") else None,
+                           "waves": (prior.get("waves") or []) + [_wave(stamp, done, held, limits, stopped)]}
+    write_feed(campaign_dir, doc)
+    ensure_feeder(slurm, campaign_dir, doc)
+    out += [Submitted(spec=by_spec[h["job_dir"]], job_id=None, extra={"held_back": True}) for h in held]
+    return out, calls
+
+
+def _wave(stamp: str, done: list[tuple[dict[str, Any], str, Any]], held: list[dict[str, Any]],
+          limits: SubmitLimits, stopped: str | None) -> dict[str, Any]:
+    arrays = sorted({arr[0] if arr else jid for _h, jid, arr in done})
+    return {"at": stamp, "arrays": arrays, "submitted": len(done), "held": len(held), "limits": limits.describe(),
+            **({"refused": stopped} if stopped else {})}
+
+
+def ensure_feeder(slurm: Slurm, campaign_dir: Path, doc: dict[str, Any]) -> None:
+    """Submit a feeder job unless one of this feed is queued or running; a refusal is recorded as why the
+    feeding stopped (``sbench submit`` again starts it)."""
+    feeder = doc.get("feeder_job")
+    if feeder:
+        state = slurm.states([str(feeder)]).get(str(feeder))
+        if state is not None and not jobstate.is_done(state):
+            return
+    try:
+        doc["feeder_job"] = submit_feeder(slurm, campaign_dir, doc, int(doc.get("interval_s") or interval_s()))
+        doc["stopped"] = None
+    except SubmitError as exc:
+        doc["feeder_job"] = None
+        doc["stopped"] = f"the feeder job was not submitted: {exc}"
+    write_feed(campaign_dir, doc)
+
+
+@holding_campaign_locks("feed")
+def feed(locks: CampaignLocks, campaign_dir: Path, slurm: Slurm | None = None) -> dict[str, Any]:
+    """One turn of the feeder: submit the next wave that fits, then the next turn while anything is held.
+    Returns the feed as it left it."""
+    slurm = slurm or Slurm()
+    campaign_dir = Path(campaign_dir)
+    locks.acquire(campaign_dir, "feed", wait_s=max(60.0, float(envvars.CAMPAIGN_WAIT.default)))
+    doc = read_feed(campaign_dir)
+    me = os.environ.get("SLURM_JOB_ID")
+    if not doc or doc.get("cancelled_at"):
+        return doc
+    if me and doc.get("feeder_job") and str(doc["feeder_job"]) != me:
+        return doc  # another feeder took over (a later submit started one): this one leaves it be
+    groups = [g for g in doc.get("groups") or [] if g.get("held")]
+    total = sum(len(g["held"]) for g in groups)
+    limits = slurm.submit_limits(None)
+    # This feeder counts against the quota while it runs; its successor needs one job's room.
+    budget = None if limits.free is None else max(0, limits.free - 1)
+    stamp = manifest.now_iso()
+    done, stopped = submit_groups(slurm, campaign_dir, str(doc.get("campaign")), groups, limits,
+                                  None if budget is not None and budget >= total else budget)
+    record_submitted(done, stamp, fed=True)
+    manifest.append(campaign_dir, [{
+        "type": "attempt", "campaign": doc.get("campaign"), "point_id": h["point_id"], "repeat": h["repeat"],
+        "attempt": h["attempt"], "job_dir": h["job_dir"], "executor": "slurm", "job_id": jid,
+        "array_job_id": arr[0] if arr else None, "array_task_id": arr[1] if arr else None, "submitted_at": stamp,
+        "reason": h.get("reason") or "fed", "job_name": h.get("job_name"), "fed": True} for h, jid, arr in done])
+    held = [h for g in groups for h in g["held"]]
+    doc["groups"] = [g for g in groups if g["held"]]
+    doc["waves"] = (doc.get("waves") or []) + [_wave(stamp, done, held, limits, stopped)]
+    if held:
+        doc["feeder_job"] = None
+        ensure_feeder(slurm, campaign_dir, doc)
+    else:
+        doc["feeder_job"] = None
+        doc["finished_at"] = stamp
+        write_feed(campaign_dir, doc)
+    return doc
+
+
+def stop(slurm: Slurm, campaign_dir: Path) -> list[str]:
+    """Stop a campaign's feeding (``sbench cancel``; the caller holds the campaign lock): the feed is marked
+    cancelled, its feeder job is cancelled, and every held job dir is marked cancelled. Returns those job dirs."""
+    doc = read_feed(campaign_dir)
+    if not doc or doc.get("cancelled_at"):
+        return []
+    stamp = manifest.now_iso()
+    doc["cancelled_at"] = stamp
+    held = [h for g in doc.get("groups") or [] for h in g.get("held") or []]
+    write_feed(campaign_dir, doc)
+    if doc.get("feeder_job"):
+        try:
+            slurm.cancel([str(doc["feeder_job"])])
+        except SubmitError:
+            pass  # it ended meanwhile; a feeder that runs finds the feed cancelled and submits nothing
+    for h in held:
+        manifest.write_submitted(Path(h["job_dir"]), {"executor": "slurm", "job_id": None, "held_back_at": stamp,
+                                                      "cancelled_at": stamp})
+    return [str(h["job_dir"]) for h in held]
+
+
+def feed_summary(slurm: Slurm, campaign_dir: Path) -> dict[str, Any]:
+    """For ``submit`` (the caller holds the campaign lock): the campaign's feed as it stands, its feeder job
+    started again when its attempts are held and nothing feeds them (the feeder job gone, or never
+    submitted). {} when nothing is held."""
+    doc = read_feed(campaign_dir)
+    if not held_count(doc) or doc.get("cancelled_at"):
+        return {}
+    if feeding_stopped(doc, slurm) is not None:
+        doc["stopped"] = None
+        doc["feeder_job"] = None
+        ensure_feeder(slurm, campaign_dir, doc)
+    waves = doc.get("waves") or []
+    return {"held": held_count(doc), "feeder_job": doc.get("feeder_job"), "stopped": doc.get("stopped"),
+            "limits": waves[-1].get("limits") if waves else None, "waves": len(waves)}
+
+
+def feed_notes(workdir: Path, campaign: str | None, slurm: Slurm) -> list[str]:
+    """For ``status``: a line for each campaign sbench still feeds (how many attempts it holds back, its
+    feeder job and that job's state), or whose feeding stopped with attempts held."""
+    files = [workdir / campaign / FEED_FILE] if campaign else sorted(workdir.glob(f"*/{FEED_FILE}"))
+    out = []
+    for f in files:
+        cdir = f.parent.parent
+        doc = read_feed(cdir)
+        n = held_count(doc)
+        if not n or doc.get("cancelled_at"):
+            continue
+        why = feeding_stopped(doc, slurm)
+        if why is None:
+            job = str(doc["feeder_job"])
+            state = slurm.states([job]).get(job, "?")
+            out.append(f"{cdir.name}: sbench holds {n} attempt(s) back until the submit quota has room; its feeder "
+                       f"job {job} ({state}) submits the next wave")
+        else:
+            out.append(f"{cdir.name}: {n} attempt(s) held back and {why.removeprefix('not submitted: ')}")
+    return out
+
+
+def feeder_script(sweep: Sweep, inv: Inventory, campaign_dir: Path) -> str:
+    """The campaign's feeder job script: this module, with the partition's Python (else the inventory's, else
+    this one), on the sweep's ``slurm.feed_partition`` or its partition."""
+    part = inv.partition(sweep.partition)
+    python = part.python or inv.python or sys.executable
+    argv = [python, "-m", "harness.sbatch.feed", str(Path(campaign_dir).resolve())]
+    return feed_sbatch(sweep, inv, argv, os.getcwd(), Path(campaign_dir).resolve() / LOG_DIR,
+                       sweep.slurm.feed_partition)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m harness.sbatch.feed CAMPAIGN_DIR\n")
+        return 2
+    try:
+        doc = feed(Path(argv[0]))
+    except SbenchError as exc:
+        sys.stderr.write(f"sbench feed: {exc}\n")
+        return 1
+    waves = doc.get("waves") or []
+    last = waves[-1] if waves else {}
+    print(f"sbench feed: submitted {last.get('submitted', 0)}, still held {last.get('held', 0)}; "
+          f"next feeder {doc.get('feeder_job') or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":  # the feeder job
+    sys.exit(main(sys.argv[1:]))

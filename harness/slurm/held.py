@@ -1,0 +1,106 @@
+"""Attempts sbench holds back from SLURM: the part of a campaign that did not fit the submit quota yet.
+
+``sbench submit`` submits what the cluster's limits allow (:mod:`harness.slurm.limits`) and writes the rest
+into the campaign's feed file, ``.slurm/feed.json``; a small feeder job (``harness.sbatch.feed``) submits
+the next wave when there is room, then submits itself again, until nothing is held. No process on the login
+node has to stay alive. Each held job dir's ``submitted.json`` says ``held_back_at`` and has no job id.
+
+The feed file (written whole, under the campaign lock, by submit, the feeder and cancel)::
+
+    {"campaign": ..., "groups": [{"name": <array job name>, "shape": {<sbatch options>}, "max_parallel": N,
+                                   "after": <prepare job id>, "last_array": <job id>,
+                                   "held": [{"job_dir", "point_id", "repeat", "attempt", "reason"}, ...]}],
+     "feeder_job": <job id of the feeder queued or running>, "interval_s": 60,
+     "cancelled_at": null, "stopped": null, "waves": [{"at", "arrays", "submitted", "held", "limits"}]}
+
+This module reads and writes that file and says what a held attempt's state is; the states are
+:mod:`harness.contract.jobstate`'s ``HELD`` (waiting for room, its feeder alive), ``CANCELLED`` (``sbench
+cancel`` stopped the feeding first) and ``NOT_STARTED`` (the feeding stopped: its feeder job is gone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.contract import jobstate, safefile
+from harness.contract.paths import JobPaths
+
+from .client import Slurm
+
+FEED_FILE = Path(".slurm") / "feed.json"
+
+
+def feed_path(campaign_dir: str | Path) -> Path:
+    return Path(campaign_dir) / FEED_FILE
+
+
+def read_feed(campaign_dir: str | Path) -> dict[str, Any]:
+    """The campaign's feed file; {} when there is none (or it is not read: harness.contract.safefile)."""
+    try:
+        doc = safefile.read_json(feed_path(campaign_dir), campaign_dir, safefile.MANIFEST_MAX)
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def write_feed(campaign_dir: str | Path, doc: dict[str, Any]) -> None:
+    path = feed_path(campaign_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".feed.json.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def held_count(doc: dict[str, Any]) -> int:
+    return sum(len(g.get("held") or []) for g in doc.get("groups") or [] if isinstance(g, dict))
+
+
+def feeding_stopped(doc: dict[str, Any], slurm: Slurm) -> str | None:
+    """Why the feeding of a campaign with held attempts has stopped, or None while its feeder job is queued
+    or running (a cancelled feeding says so)."""
+    if doc.get("cancelled_at"):
+        return "cancelled with sbench cancel before it was submitted"
+    if doc.get("stopped"):
+        return f"not submitted: the feeding stopped ({doc['stopped']})"
+    feeder = doc.get("feeder_job")
+    if not feeder:
+        return "not submitted: no feeder job holds the rest of the campaign; run sbench submit again"
+    state = slurm.states([str(feeder)]).get(str(feeder))
+    if state is not None and not jobstate.is_done(state):
+        return None
+    return (f"not submitted: the feeder job {feeder} ended ({state or 'gone'}) before submitting it; "
+            "run sbench submit again")
+
+
+def held_states(job_dirs: Sequence[str | Path], slurm: Slurm) -> dict[str, tuple[str, str | None]]:
+    """Keyed by job dir: (state, why) of each job dir sbench holds back; a job dir that is not held (it has a
+    job id, or was never held) is left out. ``HELD`` while the feeding goes on; ``CANCELLED`` or
+    ``NOT_STARTED``, with the reason, once nothing will submit it. Each campaign's feed is read once."""
+    out: dict[str, tuple[str, str | None]] = {}
+    stopped: dict[str, str | None] = {}
+    for job_dir in job_dirs:
+        jd = Path(job_dir)
+        try:
+            safefile.check_dir(jd, jd.parent)
+            info = safefile.read_json(JobPaths(jd).submitted, jd.parent, safefile.SMALL_MAX)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(info, dict) or info.get("job_id") or not info.get("held_back_at"):
+            continue
+        if info.get("cancelled_at"):
+            out[str(job_dir)] = ("CANCELLED", "cancelled with sbench cancel before it was submitted")
+            continue
+        camp = str(jd.parent)
+        if camp not in stopped:
+            stopped[camp] = feeding_stopped(read_feed(camp), slurm)
+        why = stopped[camp]
+        out[str(job_dir)] = ("HELD", None) if why is None else (
+            "CANCELLED" if why.startswith("cancelled") else "NOT_STARTED", why)
+    return out
+
+
+__all__ = ["FEED_FILE", "feed_path", "feeding_stopped", "held_count", "held_states", "read_feed", "write_feed"]

@@ -1,0 +1,253 @@
+"""A cluster's limits: ``MaxArraySize`` and the user's submit quota (``MaxSubmitJobs``).
+
+The parsers and the wave planner are checked on SLURM's own words (recorded from the test cluster, SLURM
+22.05); the campaign tests run on the real test cluster, whose ``MaxArraySize`` is 20, with an association
+limit of ``MaxSubmitJobs=15`` set for the test: a 60-point campaign is submitted with one ``sbench submit``
+and runs to the end with nothing lost or duplicated, and ``sbench cancel`` in the middle stops both the
+arrays and the feeding.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.sbatch import feed
+from harness.slurm.client import SbatchRefused
+from harness.slurm.held import read_feed
+from harness.slurm.limits import SubmitLimits, max_array_size, parse_assoc_mgr, parse_config, refusal_kind
+
+from .conftest import TEST_INVENTORY, sql_rows, write_sweep
+
+ASSOC_MGR = """Current Association Manager state
+
+Association Records
+
+ClusterName=sbench Account=root UserName= Partition= Priority=0 ID=1
+    SharesRaw/Norm/Level/Factor=1/18446744073709551616.00/1/0.00
+    GrpJobs=N(0) GrpJobsAccrue=N(0)
+    GrpSubmitJobs=N(0) GrpWall=N(0.00)
+    MaxJobs= MaxJobsAccrue= MaxSubmitJobs= MaxWallPJ=
+ClusterName=sbench Account=root UserName=root(0) Partition= Priority=0 ID=2
+    GrpJobs=N(0) GrpJobsAccrue=N(0)
+    GrpSubmitJobs=N(0) GrpWall=N(0.00)
+    MaxJobs= MaxJobsAccrue= MaxSubmitJobs=15(3) MaxWallPJ=
+
+QOS Records
+
+QOS=normal(1)
+    UsageRaw=0.000000
+    GrpJobs=N(0) GrpJobsAccrue=N(0) GrpSubmitJobs=N(0) GrpWall=N(0.00)
+    Account Limits
+        No Accounts
+    User Limits
+        No Users
+"""
+
+
+def test_the_submit_quota_is_read_with_its_use() -> None:
+    assert parse_assoc_mgr(ASSOC_MGR, "root") == (12, 15, "association root/root MaxSubmitJobs=15(3)")
+    # another user's association does not bind this one; no limit set anywhere is no limit
+    assert parse_assoc_mgr(ASSOC_MGR, "alice") == (None, None, "")
+    assert parse_assoc_mgr(ASSOC_MGR.replace("MaxSubmitJobs=15(3)", "MaxSubmitJobs="), "root") == (None, None, "")
+    # a QOS's group limit and its per-user limit bind too, the tightest wins; a QOS the jobs do not use does not
+    qos = ASSOC_MGR.replace("GrpSubmitJobs=N(0) GrpWall=N(0.00)\n    Account",
+                            "GrpSubmitJobs=40(38) GrpWall=N(0.00)\n    Account")
+    qos = qos.replace("        No Users", "        [root] MaxJobsPU=N(2) MaxSubmitJobsPU=9(2)")
+    assert parse_assoc_mgr(qos, "root") == (2, 40, "QOS normal GrpSubmitJobs=40(38)")
+    assert parse_assoc_mgr(qos, "root", {"high"}) == (12, 15, "association root/root MaxSubmitJobs=15(3)")
+    assert parse_assoc_mgr(qos.replace("GrpSubmitJobs=40(38)", "GrpSubmitJobs=N(38)"), "root")[:2] == (7, 9)
+
+
+def test_the_array_limit_and_sbatchs_refusals_are_read() -> None:
+    assert max_array_size(parse_config("ClusterName             = sbench\nMaxArraySize            = 20\n")) == 20
+    assert max_array_size(parse_config("ClusterName = x\n")) == 1001  # SLURM's default when it does not say
+    assert refusal_kind("sbatch: error: AssocMaxSubmitJobLimit\nsbatch: error: Batch job submission failed: Job "
+                        "violates accounting/QOS policy (job submit limit, user's size and/or time limits)") == "quota"
+    assert refusal_kind("sbatch: error: Batch job submission failed: Invalid job array specification") == "array"
+    assert refusal_kind("sbatch: error: Batch job submission failed: Invalid partition name specified") is None
+
+
+class FakeSlurm:
+    """sbatch as a cluster with a hidden limit: arrays of more than *cap* tasks are refused as over quota."""
+
+    def __init__(self, cap: int, quota: int) -> None:
+        self.cap, self.quota, self.calls, self.next = cap, quota, [], 100
+
+    def sbatch(self, script: str, folder: Path, *, hold: bool = False, after: str | None = None,
+               after_any: str | None = None, begin: str | None = None) -> str:
+        n = script.count("\n  /")  # one line per job dir in the array's list
+        self.calls.append((n, after_any))
+        if n > self.cap or n > self.quota:
+            raise SbatchRefused("sbatch: error: AssocMaxSubmitJobLimit", "quota")
+        self.quota -= n
+        self.next += 1
+        return str(self.next)
+
+
+def _groups(tmp_path: Path, n: int, max_parallel: int | None) -> list[dict]:
+    held = [{"job_dir": str(tmp_path / f"p{i}.r0.a1"), "point_id": f"p{i}", "repeat": 0, "attempt": 1}
+            for i in range(n)]
+    return [{"name": "sbench.c.x", "shape": {"partition": "cpu"}, "max_parallel": max_parallel, "after": None,
+             "hold": False, "last_array": None, "single": False, "held": held}]
+
+
+def test_arrays_are_split_at_the_array_limit_and_chained_for_max_parallel(tmp_path: Path) -> None:
+    slurm = FakeSlurm(cap=1000, quota=1000)
+    groups = _groups(tmp_path, 45, max_parallel=4)
+    done, stopped = feed.submit_groups(slurm, tmp_path, "c", groups, SubmitLimits(20), None)  # type: ignore[arg-type]
+    assert stopped is None and len(done) == 45 and not groups[0]["held"]
+    # 20 + 20 + 5, each array after the one before it (max_parallel holds for the whole shape)
+    assert slurm.calls == [(20, None), (20, "101"), (5, "102")]
+    assert [jid for _h, jid, _a in done][:2] == ["101_0", "101_1"] and done[-1][1] == "103_4"
+    assert len({h["job_dir"] for h, _j, _a in done}) == 45
+
+
+def test_a_limit_learnt_from_sbatchs_refusal_halves_the_array_and_holds_back_the_rest(tmp_path: Path) -> None:
+    slurm = FakeSlurm(cap=6, quota=13)  # neither limit could be read: both are learnt from refusals
+    groups = _groups(tmp_path, 45, max_parallel=None)
+    done, stopped = feed.submit_groups(slurm, tmp_path, "c", groups, SubmitLimits(20), None)  # type: ignore[arg-type]
+    assert len(done) == 13 and len(groups[0]["held"]) == 32
+    assert [n for n, _a in slurm.calls] == [20, 10, 5, 5, 5, 2, 2, 1, 1]  # halved on each refusal, never grown
+    assert stopped and "AssocMaxSubmitJobLimit" in stopped
+    # the held ones are the ones not submitted, in order
+    assert [h["point_id"] for h in groups[0]["held"]][0] == "p13"
+    # a known quota is never exceeded: no refusal at all
+    slurm = FakeSlurm(cap=1000, quota=10)
+    groups = _groups(tmp_path, 45, max_parallel=None)
+    done, stopped = feed.submit_groups(slurm, tmp_path, "c", groups, SubmitLimits(20, free=10, limit=10),
+                                       feed.budget_for(SubmitLimits(20, free=10, limit=10), 45))  # type: ignore[arg-type]
+    assert stopped is None and len(done) == 9 and slurm.calls == [(9, None)]  # one job's room kept for the feeder
+
+
+# -- the real test cluster -------------------------------------------------------------------------------------
+def _set_quota(n: int) -> None:
+    subprocess.run(["sacctmgr", "-i", "modify", "user", "where", f"name={getpass.getuser()}", "cluster=sbench", "set",
+                    f"MaxSubmitJobs={n}"], check=True, capture_output=True)
+    want = f"MaxSubmitJobs={n}(" if n > 0 else "MaxSubmitJobs= "
+    end = time.monotonic() + 30
+    while want not in subprocess.run(["scontrol", "show", "assoc_mgr", f"users={getpass.getuser()}", "flags=assoc"],
+                                     capture_output=True, text=True).stdout:
+        assert time.monotonic() < end, "the controller did not take the submit limit"
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def quota_15(slurm_cluster, monkeypatch):
+    monkeypatch.setenv("SBENCH_FEED_INTERVAL", "2")
+    _set_quota(15)
+    yield 15
+    _set_quota(-1)
+
+
+def _cli(common: list[str]):
+    runner = CliRunner()
+
+    def sb(*args, code=0):
+        res = runner.invoke(main, [str(a) for a in args] + common, catch_exceptions=False)
+        assert res.exit_code == code, res.output
+        return res
+    return sb
+
+
+def _sweep(tmp_path: Path, campaign: str, n: int, idle_s: float) -> Path:
+    (tmp_path / "model").mkdir(exist_ok=True)
+    return write_sweep(tmp_path / f"{campaign}.yaml", {
+        "campaign": campaign, "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
+        "entity": {"model_name": "tiny", "model_max_length": 64, "number_gpus": 1},
+        "grid": {"batch_size": list(range(1, n + 1))}, "model_map": {"tiny": str(tmp_path / "model")},
+        "runner": {"workload": "idle", "idle_seconds": idle_s, "sample_interval_s": 0.5},
+        "slurm": {"time": "00:10:00"}})
+
+
+def _queued(prefix: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%j"], capture_output=True, text=True).stdout
+    return [line.split("|")[0] for line in out.splitlines() if line.split("|")[-1].startswith(prefix)]
+
+
+def _accounted(prefix: str) -> list[tuple[str, str]]:
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-S", "now-1hour", "-o", "JobID,JobName,State"],
+                         capture_output=True, text=True).stdout
+    return [(f[0], f[2].split()[0]) for f in (line.split("|") for line in out.splitlines() if line.strip())
+            if f[1].startswith(prefix) and not f[1].endswith(".feed")]
+
+
+@pytest.mark.slurm
+def test_a_campaign_several_times_the_limits_completes_from_one_submit(quota_15, tmp_path: Path) -> None:
+    size = max_array_size(parse_config(subprocess.run(["scontrol", "show", "config"], capture_output=True,
+                                                      text=True).stdout))
+    camp = f"limits{int(time.time())}"
+    sb = _cli(["--workdir", str(tmp_path / "runs"), "--db", str(tmp_path / "r.duckdb")])
+    res = sb("submit", _sweep(tmp_path, camp, 60, 0.2), "-i", TEST_INVENTORY, "--executor", "slurm", "--no-prepare",
+             "--json")
+    rep = json.loads(res.stdout)
+    assert rep["submitted"] == 60 and 0 < rep["held_back"] < 60, rep
+    assert rep["feed"]["feeder_job"] and rep["feed"]["held"] == rep["held_back"]
+    queued_now = [p for p in rep["points"] if p["job_id"]]
+    assert len(queued_now) == 60 - rep["held_back"] <= 14  # 15 less the feeder's room
+    st = json.loads(sb("status", "--campaign", camp, "--json").stdout)
+    assert st["counts"].get("held", 0) > 0 and "attempt(s) back until the submit quota" in (st.get("note") or ""), st
+    cdir = tmp_path / "runs" / camp
+    end = time.monotonic() + 600
+    while not read_feed(cdir).get("finished_at") or _queued(f"sbench.{camp}."):
+        assert time.monotonic() < end, f"the campaign did not finish: {read_feed(cdir)}"
+        time.sleep(3)
+    doc = read_feed(cdir)
+    assert len(doc["waves"]) >= 60 // 14 and not doc["groups"]
+    col = json.loads(sb("collect", "--json").stdout)
+    assert col["runs"] == 60
+    rows = sql_rows(tmp_path / "r.duckdb", "select run_id, job_id, outcome, job_dir from runs where campaign = ?",
+                    [camp])
+    assert len(rows) == 60 and {r["outcome"] for r in rows} == {"ok"}
+    for key in ("run_id", "job_id", "job_dir"):
+        assert len({r[key] for r in rows}) == 60
+    # sacct agrees: every task of the campaign's arrays, once, completed; no array above the limit
+    acct = _accounted(f"sbench.{camp}.")
+    assert len(acct) == 60 and len({j for j, _s in acct}) == 60 and {s for _j, s in acct} == {"COMPLETED"}
+    assert {j for j, _s in acct} == {r["job_id"] for r in rows}
+    assert max(int(j.split("_")[1]) for j, _s in acct) < size
+    for r in rows:
+        assert len(list(Path(r["job_dir"]).glob("result.*.json"))) == 1
+    # the manifest names each job dir's job id once it was fed; a second collect changes nothing
+    assert json.loads(sb("collect", "--json").stdout)["new"] == 0
+
+
+@pytest.mark.slurm
+def test_cancel_in_the_middle_stops_the_arrays_and_the_feeding(quota_15, tmp_path: Path) -> None:
+    camp = f"limcancel{int(time.time())}"
+    sb = _cli(["--workdir", str(tmp_path / "runs"), "--db", str(tmp_path / "r.duckdb")])
+    rep = json.loads(sb("submit", _sweep(tmp_path, camp, 60, 30.0), "-i", TEST_INVENTORY, "--executor", "slurm",
+                        "--no-prepare", "--json").stdout)
+    cdir = tmp_path / "runs" / camp
+    feeder = rep["feed"]["feeder_job"]
+    assert rep["held_back"] >= 40 and feeder
+    out = sb("cancel", "--campaign", camp).stdout
+    assert "cancelled 60 attempt(s)" in out, out
+    doc = read_feed(cdir)
+    assert doc["cancelled_at"]
+    time.sleep(6)  # three feeder intervals: nothing more may be submitted
+    assert _queued(f"sbench.{camp}.") == []
+    acct = _accounted(f"sbench.{camp}.")
+    # no array but the first wave's was ever submitted (the quota stays full until that wave ends)
+    assert {j.split("_")[0] for j, _s in acct} <= {p["job_id"].split("_")[0] for p in rep["points"] if p["job_id"]}
+    col = json.loads(sb("collect", "--json").stdout)
+    assert col["runs"] == 60
+    rows = sql_rows(tmp_path / "r.duckdb", "select job_id, outcome, state, reason, job_dir from runs "
+                    "where campaign = ?", [camp])
+    assert len(rows) == 60 and {r["outcome"] for r in rows} == {"failed"}
+    held = [r for r in rows if not r["job_id"]]
+    assert len(held) == rep["held_back"]
+    assert {r["state"] for r in held} == {"CANCELLED"} and all("cancelled" in r["reason"] for r in held)
+    for r in held:  # nothing of a held attempt ever ran
+        assert not list(Path(r["job_dir"]).glob("stages.*"))
+    # the campaign is settled: a second submit starts nothing (cancelled points wait for --force)
+    again = json.loads(sb("submit", _sweep(tmp_path, camp, 60, 30.0), "-i", TEST_INVENTORY, "--executor", "slurm",
+                          "--no-prepare", "--json").stdout)
+    assert again["submitted"] == 0 and not again["feed"]
