@@ -1,20 +1,25 @@
-"""Scale: a 1,000-task campaign through real SLURM job arrays on an N-node test cluster.
+"""Scale: a campaign larger than the cluster's limits through real SLURM job arrays on an N-node test cluster.
 
-Starts the project's test cluster with N namespaced nodes (default 8), submits a 1,000-point sweep
+Starts the project's test cluster with N namespaced nodes (default 8) and ``MaxArraySize`` (default 1001),
+sets the user's association limit ``MaxSubmitJobs`` (default 2000), submits a sweep of --tasks points
 whose workload is ``runner.workload: idle`` (every task goes through launch.sh, the node runner's
 stages and sampler, and writes its result files, but "trains" for one second), waits for the arrays,
-collects, and checks that no task was lost or duplicated: 1,000 array tasks COMPLETED in sacct, 1,000
-runs ok in the DB, one result file per job dir. Reports submit time, scheduler throughput (tasks per
-minute from the first start to the last end, from sacct), collect time and a no-op re-collect, all
-measured in this one run. Restores the 2-node cluster afterwards unless --keep-cluster.
+with one ``sbench submit`` (the rest fed in waves by sbench's feeder job), waits until the feed has finished
+and the queue is empty, collects, and checks that no task was lost or duplicated: every array task
+COMPLETED once in sacct, every run ok once in the DB, one result file per job dir. Reports submit time,
+arrays and waves, scheduler throughput (tasks per minute from the first start to the last end, from
+sacct), collect time and a no-op re-collect, all measured in this one run. Restores the default cluster
+(and clears the limit) afterwards unless --keep-cluster.
 
-Usage: .venv/bin/python bench/scale.py [--nodes 8] [--tasks 1000] [--max-parallel 32] [--keep]
+Usage: .venv/bin/python bench/scale.py [--nodes 8] [--tasks 10000] [--max-array-size 1001]
+       [--submit-quota 2000] [--max-parallel N] [--feed-interval 10] [--keep]
 Needs root (the cluster script creates network namespaces).
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import shutil
@@ -35,10 +40,22 @@ def sh(argv: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, **kw)
 
 
-def cluster(nodes: int) -> None:
-    proc = sh(["bash", str(CLUSTER), "start"], env={**os.environ, "SBENCH_CLUSTER_NODES": str(nodes)})
+def cluster(nodes: int, max_array_size: int | None = None) -> None:
+    env = {**os.environ, "SBENCH_CLUSTER_NODES": str(nodes)}
+    env.pop("SBENCH_CLUSTER_MAX_ARRAY_SIZE", None)
+    if max_array_size:
+        env["SBENCH_CLUSTER_MAX_ARRAY_SIZE"] = str(max_array_size)
+    proc = sh(["bash", str(CLUSTER), "start"], env=env)
     if proc.returncode != 0:
         raise SystemExit(f"cluster start failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def submit_quota(n: int) -> None:
+    proc = sh(["sacctmgr", "-i", "modify", "user", "where", f"name={getpass.getuser()}", "cluster=sbench", "set",
+               f"MaxSubmitJobs={n}"])
+    if proc.returncode != 0:
+        raise SystemExit(f"sacctmgr failed: {proc.stderr}")
+    time.sleep(2)  # the controller takes the new limit from slurmdbd
 
 
 def sbench(*args: str) -> tuple[float, subprocess.CompletedProcess]:
@@ -50,15 +67,19 @@ def sbench(*args: str) -> tuple[float, subprocess.CompletedProcess]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=8)
-    ap.add_argument("--tasks", type=int, default=1000)
-    ap.add_argument("--max-parallel", type=int, default=32, help="array %%-limit (tasks running at once)")
+    ap.add_argument("--tasks", type=int, default=10000)
+    ap.add_argument("--max-array-size", type=int, default=1001, help="the cluster's MaxArraySize")
+    ap.add_argument("--submit-quota", type=int, default=2000, help="the user's association MaxSubmitJobs")
+    ap.add_argument("--max-parallel", type=int, default=None, help="array %%-limit (tasks of a shape at once)")
+    ap.add_argument("--feed-interval", type=int, default=10, help="seconds between the feeder job's turns")
     ap.add_argument("--keep", action="store_true", help="keep the work dir")
     ap.add_argument("--keep-cluster", action="store_true", help="leave the N-node cluster running")
     args = ap.parse_args()
     if shutil.which("bash") is None or os.geteuid() != 0:
         raise SystemExit("needs root and bash (the test cluster uses network namespaces)")
     t = time.perf_counter()
-    cluster(args.nodes)
+    cluster(args.nodes, args.max_array_size)
+    submit_quota(args.submit_quota)
     t_cluster = time.perf_counter() - t
     tmp = Path(tempfile.mkdtemp(prefix="sbench-bench-scale-"))
     hosts = {f"node{i}": {"address": f"198.18.0.{10 + i}"} for i in range(1, args.nodes + 1)}
@@ -76,18 +97,27 @@ def main() -> None:
         "runner": {"workload": "idle", "idle_seconds": 1.0, "sample_interval_s": 0.5},
         "slurm": {"time": "00:10:00"}}))
     common = ["--workdir", str(tmp / "runs"), "--db", str(tmp / "results.duckdb")]
-    t_submit, proc = sbench("submit", str(sweep), "-i", str(inv), "--executor", "slurm", "--max-parallel",
-                            str(args.max_parallel), "--json", *common)
+    os.environ["SBENCH_FEED_INTERVAL"] = str(args.feed_interval)
+    t_submit, proc = sbench("submit", str(sweep), "-i", str(inv), "--executor", "slurm", "--no-prepare", "--json",
+                            *(["--max-parallel", str(args.max_parallel)] if args.max_parallel else []), *common)
     if proc.returncode != 0:
         raise SystemExit(f"submit failed: {proc.stderr}")
     rep = json.loads(proc.stdout)
-    arrays = sorted({p["job_id"].split("_")[0] for p in rep["points"] if p["job_id"]})
+    feed_file = tmp / "runs" / campaign / ".slurm" / "feed.json"
     t = time.perf_counter()
-    while sh(["squeue", "-h", "-r", "-j", ",".join(arrays)]).stdout.strip():
+    while True:
+        doc = json.loads(feed_file.read_text()) if feed_file.exists() else {"finished_at": "no feed"}
+        queued = [line for line in sh(["squeue", "-h", "-r", "-o", "%j"]).stdout.splitlines()
+                  if line.startswith(f"sbench.{campaign}.")]
+        if (doc.get("finished_at") or doc.get("stopped")) and not queued:
+            break
         time.sleep(5)
     t_run = time.perf_counter() - t
-    acct = sh(["sacct", "-n", "-X", "-P", "-j", ",".join(arrays), "-o", "JobID,State,Start,End"]).stdout.splitlines()
-    tasks = [line.split("|") for line in acct if line.strip()]
+    waves = doc.get("waves") or []
+    acct = sh(["sacct", "-n", "-X", "-P", "-S", "now-1day", "-o", "JobID,State,Start,End,JobName"]).stdout.splitlines()
+    tasks = [f for f in (line.split("|") for line in acct if line.strip())
+             if f[4].startswith(f"sbench.{campaign}.") and not f[4].endswith(".feed")]
+    arrays = sorted({f[0].split("_")[0] for f in tasks})
     ids = [f[0] for f in tasks]
     states = {}
     for f in tasks:
@@ -111,12 +141,14 @@ def main() -> None:
     per_node = dict(con.execute("SELECT node_list, count(*) FROM runs WHERE campaign = ? GROUP BY 1 ORDER BY 1",
                                 [campaign]).fetchall())
     con.close()
-    results = sum(len(list(Path(p["job_dir"]).glob("result.*.json"))) for p in rep["points"] if p["job_dir"])
+    results = sum(len(list(jd.glob("result.*.json"))) for jd in (tmp / "runs" / campaign).glob("*.r0.a1"))
     out = {
         "nodes": args.nodes, "tasks": args.tasks, "max_parallel": args.max_parallel,
         "cluster_start_s": round(t_cluster, 1),
-        "submit_s": round(t_submit, 2), "sbatch_calls": rep["sbatch_calls"], "submitted": rep["submitted"],
-        "queue_drain_s": round(t_run, 1),
+        "max_array_size": args.max_array_size, "submit_quota": args.submit_quota,
+        "submit_s": round(t_submit, 2), "first_wave_sbatch_calls": rep["sbatch_calls"], "submitted": rep["submitted"],
+        "held_back_at_submit": rep.get("held_back"), "arrays": len(arrays), "waves": len(waves),
+        "feed_stopped": doc.get("stopped"), "queue_drain_s": round(t_run, 1),
         "sacct_tasks": len(tasks), "sacct_distinct_ids": len(set(ids)), "sacct_states": states,
         "scheduler_span_s": span, "tasks_per_minute": round(60 * len(tasks) / span, 1) if span else None,
         "collect_s": round(t_collect, 2), "collect_runs": col["runs"], "collect_new": col["new"],
@@ -129,6 +161,7 @@ def main() -> None:
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
     if not args.keep_cluster:
+        submit_quota(-1)
         cluster(2)
 
 
