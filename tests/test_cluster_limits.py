@@ -127,6 +127,21 @@ def test_a_limit_learnt_from_sbatchs_refusal_halves_the_array_and_holds_back_the
     assert stopped is None and len(done) == 9 and slurm.calls == [(9, None)]  # one job's room kept for the feeder
 
 
+def test_an_sbatch_failure_after_a_wave_keeps_what_was_submitted(tmp_path: Path) -> None:
+    class Flaky(FakeSlurm):
+        def sbatch(self, script, folder, **kw):  # noqa: ANN001, ANN003, ANN201
+            if len(self.calls) == 1:
+                self.calls.append((0, None))
+                raise SbatchRefused("sbatch failed: Socket timed out on send/recv operation", None)
+            return super().sbatch(script, folder, **kw)
+
+    slurm = Flaky(cap=1000, quota=1000)
+    groups = _groups(tmp_path, 45, max_parallel=None)
+    done, stopped = feed.submit_groups(slurm, tmp_path, "c", groups, SubmitLimits(20), None)  # type: ignore[arg-type]
+    # the first array is kept (recorded by the caller), the rest stays held for the next turn
+    assert len(done) == 20 and len(groups[0]["held"]) == 25 and "Socket timed out" in (stopped or "")
+
+
 # -- the real test cluster -------------------------------------------------------------------------------------
 def _set_quota(n: int) -> None:
     subprocess.run(["sacctmgr", "-i", "modify", "user", "where", f"name={getpass.getuser()}", "cluster=sbench", "set",

@@ -31,7 +31,7 @@ from harness.contract import envvars, jobstate, safefile
 from harness.contract.errors import SbenchError, SubmitError
 from harness.slurm.client import SbatchRefused, Slurm
 from harness.slurm.held import FEED_FILE, feeding_stopped, held_count, read_feed, write_feed
-from harness.slurm.limits import SubmitLimits
+from harness.slurm.limits import SubmitLimits, refusal_kind
 from harness.spec.inventory import Inventory
 from harness.spec.sweep import Sweep
 
@@ -40,6 +40,7 @@ from .executors import SubmitOptions, Submitted
 from .lock import CampaignLocks, holding_campaign_locks
 
 FEED_SCRIPT = Path(".slurm") / "feed.sbatch"
+MAX_FAILED_TURNS = 10
 LOG_DIR = ".slurm"
 SUBMITIT_DIR = ".submitit"
 
@@ -70,8 +71,9 @@ def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[
                   limits: SubmitLimits, budget: int | None) -> tuple[list[tuple[dict[str, Any], str, Any]], str | None]:
     """Submit the groups' held job dirs in arrays of at most ``limits.max_array_size`` tasks, *budget* tasks in
     all (None: no limit known), taking each array's job dirs off its group. Returns, for each task submitted,
-    (its held entry, its job id, its array job id and task index), and why submitting stopped short (a
-    limit's refusal), if it did. A refusal that is not a limit's is raised."""
+    (its held entry, its job id, its array job id and task index), and why submitting stopped short, if it
+    did: a limit's refusal, or any other (``sbatch failed: …``). Never raises once anything was submitted:
+    what was submitted must be recorded."""
     out: list[tuple[dict[str, Any], str, Any]] = []
     size = limits.max_array_size
     logs = campaign_dir / LOG_DIR
@@ -94,10 +96,11 @@ def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[
             try:
                 job_id = slurm.sbatch(script, campaign_dir / SUBMITIT_DIR, hold=bool(g.get("hold")),
                                       after=g.get("after"), after_any=after_any)
-            except SbatchRefused as exc:
-                if exc.kind is None:
-                    raise
-                if n > 1 and exc.kind in ("quota", "array"):
+            except SubmitError as exc:
+                kind = exc.kind if isinstance(exc, SbatchRefused) else None
+                if kind is None:
+                    return out, str(exc)
+                if n > 1 and kind in ("quota", "array"):
                     # a limit sbench could not read: arrays half as large from now on (a quota is full once
                     # even one task is refused)
                     size = max(1, n // 2)
@@ -163,6 +166,8 @@ def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec],
     limits = slurm.submit_limits({opts.qos} if opts.qos else None)
     stamp = manifest.now_iso()
     done, stopped = submit_groups(slurm, campaign_dir, campaign, groups, limits, budget_for(limits, len(specs)))
+    if stopped and not done and refusal_kind(stopped) is None:
+        raise SubmitError(stopped)  # sbatch refuses this campaign outright: nothing was submitted
     record_submitted(done, stamp, fed=False)
     calls = len({arr[0] if arr else jid for _h, jid, arr in done})
     out = [Submitted(spec=by_spec[h["job_dir"]], job_id=jid, array_job_id=arr[0] if arr else None,
@@ -227,6 +232,16 @@ def feed(locks: CampaignLocks, campaign_dir: Path, slurm: Slurm | None = None) -
     if me and doc.get("feeder_job") and str(doc["feeder_job"]) != me:
         return doc  # another feeder took over (a later submit started one): this one leaves it be
     groups = [g for g in doc.get("groups") or [] if g.get("held")]
+    for g in groups:  # the preparation job the first wave waited for: done by now, or failed
+        if g.get("after"):
+            state = slurm.states([str(g["after"])]).get(str(g["after"]))
+            if state is None or state == "COMPLETED":
+                g["after"] = None  # done (or forgotten by the controller): nothing to wait for
+            elif jobstate.is_done(state):
+                doc["stopped"] = f"the preparation job {g['after']} ended {state}; its arrays were cancelled"
+                doc["feeder_job"] = None
+                write_feed(campaign_dir, doc)
+                return doc
     total = sum(len(g["held"]) for g in groups)
     limits = slurm.submit_limits(None)
     # This feeder counts against the quota while it runs; its successor needs one job's room.
@@ -243,7 +258,15 @@ def feed(locks: CampaignLocks, campaign_dir: Path, slurm: Slurm | None = None) -
     held = [h for g in groups for h in g["held"]]
     doc["groups"] = [g for g in groups if g["held"]]
     doc["waves"] = (doc.get("waves") or []) + [_wave(stamp, done, held, limits, stopped)]
-    if held:
+    # a turn that submitted nothing for a reason other than a full quota (sbatch failing: the controller
+    # busy or down) is tried again next turn, MAX_FAILED_TURNS times in a row at most
+    failing = bool(stopped) and not done and refusal_kind(stopped or "") not in ("quota", "busy")
+    doc["failed_turns"] = int(doc.get("failed_turns") or 0) + 1 if failing else 0
+    if held and doc["failed_turns"] >= MAX_FAILED_TURNS:
+        doc["feeder_job"] = None
+        doc["stopped"] = f"{MAX_FAILED_TURNS} turns in a row submitted nothing; the last said: {stopped}"
+        write_feed(campaign_dir, doc)
+    elif held:
         doc["feeder_job"] = None
         ensure_feeder(slurm, campaign_dir, doc)
     else:
