@@ -90,10 +90,14 @@ def main() -> None:
     (tmp / "model").mkdir()
     campaign = f"scale-{int(time.time())}"
     sweep = tmp / "sweep.yaml"
+    repeats = -(-args.tasks // 1000)  # a grid axis holds at most 1,024 values: points x repeats
+    per = args.tasks // repeats
+    if per * repeats != args.tasks:
+        raise SystemExit(f"--tasks must be a multiple of {repeats} (points x repeats)")
     sweep.write_text(yaml.safe_dump({
         "campaign": campaign, "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
         "entity": {"model_name": "tiny", "model_max_length": 64, "number_gpus": 1},
-        "grid": {"batch_size": list(range(1, args.tasks + 1))}, "model_map": {"tiny": str(tmp / "model")},
+        "grid": {"batch_size": list(range(1, per + 1))}, "repeats": repeats, "model_map": {"tiny": str(tmp / "model")},
         "runner": {"workload": "idle", "idle_seconds": 1.0, "sample_interval_s": 0.5},
         "slurm": {"time": "00:10:00"}}))
     common = ["--workdir", str(tmp / "runs"), "--db", str(tmp / "results.duckdb")]
@@ -141,7 +145,7 @@ def main() -> None:
     per_node = dict(con.execute("SELECT node_list, count(*) FROM runs WHERE campaign = ? GROUP BY 1 ORDER BY 1",
                                 [campaign]).fetchall())
     con.close()
-    results = sum(len(list(jd.glob("result.*.json"))) for jd in (tmp / "runs" / campaign).glob("*.r0.a1"))
+    results = sum(len(list(jd.glob("result.*.json"))) for jd in (tmp / "runs" / campaign).glob("*.a1"))
     out = {
         "nodes": args.nodes, "tasks": args.tasks, "max_parallel": args.max_parallel,
         "cluster_start_s": round(t_cluster, 1),
