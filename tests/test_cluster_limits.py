@@ -266,3 +266,40 @@ def test_cancel_in_the_middle_stops_the_arrays_and_the_feeding(quota_15, tmp_pat
     again = json.loads(sb("submit", _sweep(tmp_path, camp, 60, 30.0), "-i", TEST_INVENTORY, "--executor", "slurm",
                           "--no-prepare", "--json").stdout)
     assert again["submitted"] == 0 and not again["feed"]
+
+
+@pytest.mark.slurm
+def test_a_dead_feeder_leaves_not_started_attempts_that_retry_finishes(quota_15, tmp_path: Path) -> None:
+    camp = f"limdead{int(time.time())}"
+    sb = _cli(["--workdir", str(tmp_path / "runs"), "--db", str(tmp_path / "r.duckdb")])
+    sweep = _sweep(tmp_path, camp, 30, 0.2)
+    rep = json.loads(sb("submit", sweep, "-i", TEST_INVENTORY, "--executor", "slurm", "--no-prepare",
+                        "--json").stdout)
+    feeder, held = rep["feed"]["feeder_job"], rep["held_back"]
+    assert feeder and held >= 16
+    subprocess.run(["scancel", str(feeder)], check=True)  # the feeder dies before its first turn
+    end = time.monotonic() + 300
+    while _queued(f"sbench.{camp}."):
+        assert time.monotonic() < end, "the first wave did not end"
+        time.sleep(2)
+    st = json.loads(sb("status", "--campaign", camp, "--json").stdout)
+    assert st["counts"].get("not started") == held, st
+    assert f"feeder job {feeder} ended" in (st.get("note") or "")
+    sb("collect")
+    rows = sql_rows(tmp_path / "r.duckdb", "select outcome, reason from runs where campaign = ?", [camp])
+    assert sorted(r["outcome"] for r in rows) == ["failed"] * held + ["ok"] * (30 - held)
+    assert all(f"feeder job {feeder} ended" in r["reason"] for r in rows if r["outcome"] == "failed")
+    # retry runs exactly the points never submitted, as attempt 2 (fed again: they do not all fit)
+    rep2 = json.loads(sb("retry", camp, "--json").stdout)
+    assert rep2["submitted"] == held and {p["attempt"] for p in rep2["points"] if p["action"] == "submit"} == {2}
+    cdir = tmp_path / "runs" / camp
+    end = time.monotonic() + 600
+    while (read_feed(cdir).get("groups") and not read_feed(cdir).get("finished_at")) or _queued(f"sbench.{camp}."):
+        assert time.monotonic() < end, f"the retry did not finish: {read_feed(cdir)}"
+        time.sleep(3)
+    sb("collect")
+    rows = sql_rows(tmp_path / "r.duckdb", "select point_id, attempt, outcome from runs where campaign = ?", [camp])
+    assert len(rows) == 30 + held
+    ok = [r for r in rows if r["outcome"] == "ok"]
+    assert len(ok) == 30 and len({r["point_id"] for r in ok}) == 30  # every point measured once
+    assert json.loads(sb("status", "--campaign", camp, "--json").stdout)["counts"] == {"ok": 30, "failed": held}

@@ -151,7 +151,7 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
         now = f"{d['submitted'] - d.get('held_back', 0)} in SLURM's queue now, " if d.get("held_back") else ""
         how = (f"feeder job {fed['feeder_job']} submits them in waves as the quota allows; sbench status shows "
                "them, sbench cancel stops the feeding" if fed.get("feeder_job") else
-               f"nothing feeds them: {fed.get('stopped')}")
+               f"nothing feeds them ({fed.get('stopped')}); sbench retry {d['campaign']} runs them as new attempts")
         click.echo(f"{now}{fed['held']} held back by sbench to fit the cluster's limits ({fed.get('limits')}); {how}")
     reused = [r["reused_from"] for r in d["points"] if r.get("reused_from")]
     if reused:

@@ -183,10 +183,14 @@ def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec],
     (campaign_dir / FEED_SCRIPT).parent.mkdir(parents=True, exist_ok=True)
     (campaign_dir / FEED_SCRIPT).write_text(opts.feeder_script)
     prior = read_feed(campaign_dir)
-    doc: dict[str, Any] = {"campaign": campaign, "groups": [g for g in prior.get("groups") or [] if g.get("held")]
+    # Attempts an earlier feed still holds stay in it while it feeds; a feeding that stopped left them
+    # NOT_STARTED (harness.slurm.held), and retry runs them as new attempts: they are not taken back.
+    alive = bool(prior) and feeding_stopped(prior, slurm) is None
+    doc: dict[str, Any] = {"campaign": campaign,
+                           "groups": [g for g in prior.get("groups") or [] if g.get("held") and alive]
                            + [g for g in groups if g["held"]],
                            "interval_s": interval_s(), "cancelled_at": None, "stopped": None,
-                           "feeder_job": prior.get("feeder_job") if not prior.get("cancelled_at") else None,
+                           "feeder_job": prior.get("feeder_job") if alive else None,
                            "waves": (prior.get("waves") or []) + [_wave(stamp, done, held, limits, stopped)]}
     write_feed(campaign_dir, doc)
     ensure_feeder(slurm, campaign_dir, doc)
@@ -298,19 +302,15 @@ def stop(slurm: Slurm, campaign_dir: Path) -> list[str]:
 
 
 def feed_summary(slurm: Slurm, campaign_dir: Path) -> dict[str, Any]:
-    """For ``submit`` (the caller holds the campaign lock): the campaign's feed as it stands, its feeder job
-    started again when its attempts are held and nothing feeds them (the feeder job gone, or never
-    submitted). {} when nothing is held."""
+    """For ``submit``: the campaign's feed as it stands (what it holds, its feeder job, the limits of its last
+    wave, why it stopped); {} when it holds nothing."""
     doc = read_feed(campaign_dir)
     if not held_count(doc) or doc.get("cancelled_at"):
         return {}
-    if feeding_stopped(doc, slurm) is not None:
-        doc["stopped"] = None
-        doc["feeder_job"] = None
-        ensure_feeder(slurm, campaign_dir, doc)
     waves = doc.get("waves") or []
-    return {"held": held_count(doc), "feeder_job": doc.get("feeder_job"), "stopped": doc.get("stopped"),
-            "limits": waves[-1].get("limits") if waves else None, "waves": len(waves)}
+    why = feeding_stopped(doc, slurm)
+    return {"held": held_count(doc), "feeder_job": doc.get("feeder_job") if why is None else None,
+            "stopped": why, "limits": waves[-1].get("limits") if waves else None, "waves": len(waves)}
 
 
 def feed_notes(workdir: Path, campaign: str | None, slurm: Slurm) -> list[str]:

@@ -14,8 +14,10 @@ The feed file (written whole, under the campaign lock, by submit, the feeder and
      "cancelled_at": null, "stopped": null, "waves": [{"at", "arrays", "submitted", "held", "limits"}]}
 
 This module reads and writes that file and says what a held attempt's state is; the states are
-:mod:`harness.contract.jobstate`'s ``HELD`` (waiting for room, its feeder alive), ``CANCELLED`` (``sbench
-cancel`` stopped the feeding first) and ``NOT_STARTED`` (the feeding stopped: its feeder job is gone).
+:mod:`harness.contract.jobstate`'s ``HELD`` (in the feed, waiting for room, its feeder alive),
+``CANCELLED`` (``sbench cancel`` stopped the feeding first) and ``NOT_STARTED`` (the feeding stopped: its
+feeder job is gone, or failed turn after turn). A NOT_STARTED attempt is failed for good: ``sbench retry``
+(or ``submit --retry-failed``) runs its point as a new attempt, and a later feed never takes it back.
 """
 
 from __future__ import annotations
@@ -68,12 +70,11 @@ def feeding_stopped(doc: dict[str, Any], slurm: Slurm) -> str | None:
         return f"not submitted: the feeding stopped ({doc['stopped']})"
     feeder = doc.get("feeder_job")
     if not feeder:
-        return "not submitted: no feeder job holds the rest of the campaign; run sbench submit again"
+        return "not submitted: no feeder job holds the rest of the campaign"
     state = slurm.states([str(feeder)]).get(str(feeder))
     if state is not None and not jobstate.is_done(state):
         return None
-    return (f"not submitted: the feeder job {feeder} ended ({state or 'gone'}) before submitting it; "
-            "run sbench submit again")
+    return f"not submitted: the feeder job {feeder} ended ({state or 'gone'}) before submitting it"
 
 
 def held_states(job_dirs: Sequence[str | Path], slurm: Slurm) -> dict[str, tuple[str, str | None]]:
@@ -82,6 +83,7 @@ def held_states(job_dirs: Sequence[str | Path], slurm: Slurm) -> dict[str, tuple
     ``NOT_STARTED``, with the reason, once nothing will submit it. Each campaign's feed is read once."""
     out: dict[str, tuple[str, str | None]] = {}
     stopped: dict[str, str | None] = {}
+    members: dict[str, set[str]] = {}  # the job dirs each campaign's feed still holds
     for job_dir in job_dirs:
         jd = Path(job_dir)
         try:
@@ -96,8 +98,13 @@ def held_states(job_dirs: Sequence[str | Path], slurm: Slurm) -> dict[str, tuple
             continue
         camp = str(jd.parent)
         if camp not in stopped:
-            stopped[camp] = feeding_stopped(read_feed(camp), slurm)
+            doc = read_feed(camp)
+            stopped[camp] = feeding_stopped(doc, slurm)
+            members[camp] = {str(h.get("job_dir")) for g in doc.get("groups") or [] if isinstance(g, dict)
+                             for h in g.get("held") or [] if isinstance(h, dict)}
         why = stopped[camp]
+        if why is None and str(jd) not in members[camp]:
+            why = "not submitted: its feeding stopped before it was submitted (retry runs it as a new attempt)"
         out[str(job_dir)] = ("HELD", None) if why is None else (
             "CANCELLED" if why.startswith("cancelled") else "NOT_STARTED", why)
     return out
