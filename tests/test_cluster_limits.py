@@ -224,8 +224,12 @@ def test_a_campaign_several_times_the_limits_completes_from_one_submit(quota_15,
     for key in ("run_id", "job_id", "job_dir"):
         assert len({r[key] for r in rows}) == 60
     # sacct agrees: every task of the campaign's arrays, once, completed; no array above the limit
+    end = time.monotonic() + 120  # slurmdbd records the last tasks' ends a moment after the queue forgets them
     acct = _accounted(f"sbench.{camp}.")
-    assert len(acct) == 60 and len({j for j, _s in acct}) == 60 and {s for _j, s in acct} == {"COMPLETED"}
+    while (len(acct) != 60 or {s for _j, s in acct} != {"COMPLETED"}) and time.monotonic() < end:
+        time.sleep(2)
+        acct = _accounted(f"sbench.{camp}.")
+    assert len(acct) == 60 and len({j for j, _s in acct}) == 60 and {s for _j, s in acct} == {"COMPLETED"}, acct
     assert {j for j, _s in acct} == {r["job_id"] for r in rows}
     assert max(int(j.split("_")[1]) for j, _s in acct) < size
     for r in rows:
