@@ -308,3 +308,16 @@ def test_a_dead_feeder_leaves_not_started_attempts_that_retry_finishes(quota_15,
     assert len(ok) == 30 and len({r["point_id"] for r in ok}) == 30  # every point measured once
     # status shows each point by its latest attempt: all measured
     assert json.loads(sb("status", "--campaign", camp, "--json").stdout)["counts"] == {"ok": 30}
+
+
+def test_a_bad_feed_partition_is_an_input_error_naming_the_key(tmp_path: Path) -> None:
+    from harness.contract.errors import SweepError
+    from harness.spec.sweep import load_sweep
+
+    sweep = _sweep(tmp_path, "badfeed", 2, 0.2)
+    text = sweep.read_text().replace("slurm:\n", "slurm:\n  feed_partition: 'cpu; rm -rf /'\n")
+    sweep.write_text(text)
+    with pytest.raises(SweepError, match="feed_partition"):
+        load_sweep(sweep)
+    sweep.write_text(text.replace("'cpu; rm -rf /'", "service"))
+    assert load_sweep(sweep).slurm.feed_partition == "service"
