@@ -13,7 +13,7 @@ from harness.contract import jobstate
 from harness.contract.jobstate import FINAL_STATES
 from harness.slurm.client import Slurm
 from harness.slurm.hostlist import expand_hostlist
-from harness.slurm.sacct import parse_elapsed, parse_rss_mb, parse_sacct, parse_squeue, sacct_argv
+from harness.slurm.sacct import JobKey, parse_elapsed, parse_rss_mb, parse_sacct, parse_squeue, sacct_argv
 
 FIX = Path(__file__).parent / "fixtures" / "collect"
 
@@ -91,8 +91,18 @@ def test_small_sacct_fields():
     assert parse_elapsed("05:07") == 307 and parse_elapsed("2-00:00:01") == 172801
     assert parse_rss_mb("2048K") == 2.0 and parse_rss_mb("1G") == 1024.0 and parse_rss_mb("") is None
     assert parse_squeue("55_[1-2]|PENDING|Resources|\n56|RUNNING|None|node[3-4]\n") == {
-        "55_1": ("PENDING", None, "Resources"), "55_2": ("PENDING", None, "Resources"),
-        "56": ("RUNNING", "node[3-4]", "None")}
+        "55_1": ("PENDING", None, "Resources", None), "55_2": ("PENDING", None, "Resources", None),
+        "56": ("RUNNING", "node[3-4]", "None", None)}
+
+
+def test_a_queued_job_of_another_name_is_a_strangers():
+    """A job id reused after the controller's state was reset: the queue's job of that id is not sbench's
+    when its name differs from the one sbench submitted under."""
+    q = parse_squeue("77_3|RUNNING|None|node1|sbench.night.4f2a9c01\n78|PENDING|Priority||someone-elses-job\n")
+    assert q["77_3"].name == "sbench.night.4f2a9c01" and q["78"].name == "someone-elses-job"
+    mine = JobKey(None, "sbench.night.4f2a9c01")
+    assert q["77_3"].belongs(mine) and not q["78"].belongs(mine)
+    assert q["78"].belongs(None) and q["78"].belongs(JobKey(None, None))  # nothing to tell them apart by
 
 
 def test_expand_hostlist():

@@ -86,7 +86,7 @@ def states(todo: list[tuple[Attempt, dict[str, Any]]], slurm: Slurm) -> tuple[di
             jid = jobs[a.run_id]
             if acct is not None and a.run_id in acct:
                 out[a.run_id] = Sched("sacct", acct[a.run_id].state, acct[a.run_id])
-            elif queue is not None and jid in queue:
+            elif queue is not None and jid in queue and queue[jid].belongs(keys[a.run_id]):
                 out[a.run_id] = Sched("executor", queue[jid].state)
             elif queue is not None:
                 out[a.run_id] = Sched("files", None, gone=True)

@@ -187,7 +187,7 @@ class Slurm:
         if not ids:
             return {}
         queue = self.queue() or {}
-        out = {j: queue[j].word for j in ids if j in queue}
+        out = {j: queue[j].word for j in ids if j in queue and queue[j].belongs((keys or {}).get(j))}
         gone = [j for j in ids if j not in out]
         if gone:
             acct, _why = self.accounting(gone, keys)

@@ -23,7 +23,7 @@ SUBMIT_SLACK = _dt.timedelta(hours=1)
 # The states a record of a job is left in when the job goes back to the queue: a later record with the same
 # id and name is the same job run again. After any other state, a later record is another job.
 REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED", "NODE_FAIL"})
-SQUEUE_FORMAT = "%i|%T|%r|%N"  # job id, state, why it waits, its nodes
+SQUEUE_FORMAT = "%i|%T|%r|%N|%j"  # job id, state, why it waits, its nodes, its name (last: a name may hold "|")
 
 
 @dataclass
@@ -273,6 +273,12 @@ class Queued(NamedTuple):
     state: str  # normalised
     nodes: str | None
     reason: str | None  # why it waits (squeue's %r), as SLURM words it
+    name: str | None = None  # the job's name (squeue's %j)
+
+    def belongs(self, key: JobKey | None) -> bool:
+        """Whether this queued job can be the one *key* describes: a job of the same id but another name is
+        a stranger's (ids start again after the controller's state is reset)."""
+        return key is None or key.name is None or self.name is None or self.name == key.name
 
     @property
     def word(self) -> str:
@@ -281,8 +287,8 @@ class Queued(NamedTuple):
 
 
 def parse_squeue(text: str) -> dict[str, Queued]:
-    """``squeue -h -o '%i|%T|%r|%N'`` -> {job id: :class:`Queued`}; a pending array's grouped record is
-    one entry per task."""
+    """``squeue -h -o '%i|%T|%r|%N|%j'`` -> {job id: :class:`Queued`}; a pending array's grouped record is
+    one entry per task. An answer without the name field (older format) parses too."""
     out: dict[str, Queued] = {}
     for line in text.splitlines():
         f = line.strip().split("|")
@@ -290,6 +296,7 @@ def parse_squeue(text: str) -> dict[str, Queued]:
             continue
         reason = f[2].strip() if len(f) > 2 and f[2].strip() else None
         nodes = f[3].strip() if len(f) > 3 and f[3].strip() else None
+        name = "|".join(f[4:]).strip() or None
         for one in expand_job_ids(f[0].strip()):
-            out[one] = Queued(jobstate.normalise(f[1]), nodes, reason)
+            out[one] = Queued(jobstate.normalise(f[1]), nodes, reason, name)
     return out
