@@ -243,3 +243,25 @@ def test_plan_warns_once_per_setting_the_trainer_will_change(cli, tmp_path, tiny
     (line,) = [w for w in warnings() if "response token" in w]
     assert line.startswith(f"warning: {masked} of 64 entries of {SMALL_DATASET} have no response token within "
                            "max_seq_length 256") and line.endswith("(4 run(s))")
+
+
+
+@pytest.mark.train
+def test_submit_shows_the_warnings_plan_shows(cli, tmp_path, tiny_model, small_data_dir) -> None:
+    """A user who submits without running plan first still reads what the trainer will run otherwise than
+    asked: submit prints plan's warnings, once per cause."""
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(small_data_dir / f"{SMALL_DATASET}.jsonl", data)
+    doc = {"campaign": "warned", "experiment": "finetune_lora_benchmark-v1.0.0",
+           "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "batch_size": 2,
+                      "max_steps": 2, "number_gpus": 1, "torch_dtype": "bfloat16"},
+           "model_map": {"tiny": str(tiny_model)}, "data_dir": str(data)}
+    sweep = write_sweep(tmp_path / "s.yaml", doc)
+    planned = [line for line in cli("plan", sweep).stderr.splitlines() if line.startswith("warning:")]
+    assert any("load float32 weights" in w and w.endswith("(1 run(s))") for w in planned), planned
+    res = cli("submit", sweep, "--executor", "local", "--wait", "--workdir", tmp_path / "runs",
+              "--db", tmp_path / "r.duckdb")
+    assert res.exit_code == 0, res.output
+    shown = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
+    assert set(planned) <= set(shown), (planned, shown)

@@ -13,7 +13,7 @@ from harness.sbatch.fit import ClusterFit, cluster_fit
 from harness.slurm.client import Slurm
 from harness.spec.catalog import EXPERIMENTS, get_experiment
 from harness.spec.inventory import Inventory, describe, load_inventory
-from harness.spec.plan import PlannedPoint, plan_sweep
+from harness.spec.plan import PlannedPoint, plan_sweep, plan_warnings
 from harness.spec.resources import Share, point_share
 from harness.spec.sweep import Sweep, load_sweep
 
@@ -209,14 +209,8 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
     notes = sorted({n for p in points for n in p.notes})
     for n in notes:
         click.echo(f"note: {n}")
-    for w in inv.warnings_for({p.partition for p in points} or {inv.partition(sw.partition).name}):
+    for w in plan_warnings(sw, inv, points):  # once per cause, however many points share it
         click.echo(f"warning: {w}", err=True)
-    changes: dict[str, int] = {}
-    for p in points:
-        for w in p.warnings:
-            changes[w] = changes.get(w, 0) + 1
-    for w, runs in changes.items():  # once per cause, however many points share it
-        click.echo(f"warning: {w} ({runs} run(s))", err=True)
 
 
 @main.command()

@@ -19,7 +19,7 @@ from harness.db.store import open_store
 from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
-from harness.spec.plan import PlannedPoint, plan_sweep
+from harness.spec.plan import PlannedPoint, plan_sweep, plan_warnings
 from harness.spec.sweep import Sweep, load_sweep
 
 from . import manifest
@@ -186,7 +186,8 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
         # An allocation is not spent on a point that will not fit (harness.memory says why, per point).
         decisions = [Decision(d.point, "skip", _predicted_oom(d.point.memory))
                      if d.action == "submit" and d.point.predicted_oom and d.point.memory else d for d in decisions]
-    report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note, warnings=fit_notes,
+    report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note,
+                          warnings=plan_warnings(sweep, inv, points) + fit_notes,
                           preflight=checked)
     todo = [d for d in decisions if d.action == "submit"]
     dependency = _prepare_before(prepare, name, sweep, inv, [d.point for d in todo], Path(sweep_path), inventory_path,

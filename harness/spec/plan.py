@@ -210,3 +210,16 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
                 model_source=src, memory=mem, warnings=list(warnings),
             ))
     return points
+
+
+def plan_warnings(sweep: Sweep, inventory: Inventory, points: list[PlannedPoint]) -> list[str]:
+    """What a user should read before these points run: the inventory's warnings for their partitions, and
+    each point's warning once per cause, with how many runs it concerns. ``plan`` and ``submit`` both show
+    them."""
+    out = list(inventory.warnings_for({p.partition for p in points} or {inventory.partition(sweep.partition).name}))
+    changes: dict[str, int] = {}
+    for p in points:
+        for w in p.warnings:
+            changes[w] = changes.get(w, 0) + 1
+    out += [f"{w} ({runs} run(s))" for w, runs in changes.items()]
+    return out
