@@ -1,48 +1,116 @@
-"""sbench compare: pairing by point, the bootstrap interval, verdicts, and a real slowdown caught."""
+"""sbench compare: pairing by point, Welch's test with the runs' step times, verdicts, a real slowdown caught;
+the stability rating of a point's throughput across repeats."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from statistics import median, stdev
 
+import duckdb
 import pytest
 
 from harness.contract.errors import InputError
+from harness.contract.stability import rating, rating_sql
 from harness.report.compare import compare, parse_side
+from harness.report.stats import t_quantile, t_sf
 
 from .conftest import ROOT, SMALL_DATASET, write_sweep
 
 
-def side(values: dict[str, list[float]], metric: str = "dataset_tokens_per_second") -> dict[str, list[dict]]:
-    return {pid: [{metric: v, "model_name": "tiny", "number_gpus": 1, "batch_size": 2} for v in vs]
+def side(values: dict[str, list[float]], metric: str = "dataset_tokens_per_second", step_cv: float | None = None,
+         steps: int = 16) -> dict[str, list[dict]]:
+    return {pid: [{metric: v, "model_name": "tiny", "number_gpus": 1, "batch_size": 2, "step_time_cv": step_cv,
+                   "steps_timed": steps if step_cv is not None else None} for v in vs]
             for pid, vs in values.items()}
 
 
+def test_student_t_is_exact() -> None:
+    # published two-sided 95 % and 99 % critical values, and the distribution's symmetry
+    for df, q in ((1, 12.706204736174707), (2, 4.302652729749464), (3, 3.182446305284263),
+                  (5, 2.570581835636314), (10, 2.228138851986274), (30, 2.042272456301238)):
+        assert t_quantile(0.975, df) == pytest.approx(q, rel=1e-11)
+        assert t_sf(q, df) == pytest.approx(0.025, rel=1e-10)
+    assert t_quantile(0.995, 1) == pytest.approx(63.65674116287399, rel=1e-11)
+    assert t_quantile(0.975, math.inf) == pytest.approx(1.959963984540054, rel=1e-11)
+    assert t_sf(0.0, 3) == 0.5 and t_sf(-1.0, 1) == pytest.approx(0.75, rel=1e-12)  # Cauchy: atan
+    assert t_quantile(0.025, 4) == -t_quantile(0.975, 4)
+    # Welch's degrees of freedom are not whole: the tail is continuous between them
+    assert t_quantile(0.975, 2) < t_quantile(0.975, 1.5) < t_quantile(0.975, 1)
+
+
 def test_verdicts_follow_size_and_spread() -> None:
-    base = side({"a": [100, 102, 98, 101], "b": [50, 51, 49], "c": [10, 10.5, 9.5], "d": [7.0]})
-    cand = side({"a": [70, 71, 69, 72], "b": [50.5, 49, 51], "c": [14, 13.5, 14.5], "d": [5.0], "e": [1.0]})
+    base = side({"a": [100, 102, 98, 101], "b": [50, 51, 49, 50], "c": [10, 10.5, 9.5], "d": [7.0]})
+    cand = side({"a": [70, 71, 69, 72], "b": [50.2, 50.8, 49.6, 50], "c": [14, 13.5, 14.5], "d": [5.0], "e": [1.0]})
     rows = {r.point_id: r for r in compare(base, cand, ["dataset_tokens_per_second"], 0.05)}
     assert set(rows) == {"a", "b", "c", "d"}  # e is only in CAND: nothing to pair
     assert rows["a"].verdict == "regression" and rows["a"].ratio == pytest.approx(70.5 / 100.5)
-    assert rows["a"].high < 1 and rows["a"].n_base == 4
-    assert rows["b"].verdict == "noise" and rows["b"].low <= 1 <= rows["b"].high
+    assert rows["a"].high is not None and rows["a"].high < 1 and rows["a"].n_base == 4 and rows["a"].p_value < 0.05
+    assert rows["b"].verdict == "same" and 0.95 <= rows["b"].low <= 1 <= rows["b"].high <= 1.05
     assert rows["c"].verdict == "improvement"
-    assert rows["d"].verdict == "regression (1 run)" and rows["d"].low == rows["d"].high == pytest.approx(5 / 7)
+    # one run a side: no spread to judge by, whatever the ratio
+    assert rows["d"].verdict == "insufficient repeats" and rows["d"].ratio == pytest.approx(5 / 7)
+    assert rows["d"].low is None and rows["d"].p_value is None
 
 
-def test_a_large_but_unclear_change_is_noise_and_lower_is_better_metrics_flip() -> None:
-    # medians differ by 10 %, but the repeats spread far wider than that: not a regression
+def test_two_runs_a_side_decide_a_large_change_and_one_run_does_not() -> None:
+    (slower,) = compare(side({"a": [100, 102]}), side({"a": [25, 25.5]}), ["dataset_tokens_per_second"], 0.1)
+    assert slower.verdict == "regression" and slower.ratio == pytest.approx(25.25 / 101)
+    assert slower.high < 1 and slower.df == pytest.approx(2.0) and slower.spread == {"base": "runs", "cand": "runs"}
+    (same,) = compare(side({"a": [100, 102]}), side({"a": [100, 102]}), ["dataset_tokens_per_second"], 0.1)
+    assert same.verdict == "same" and same.ratio == 1 and 0.9 <= same.low < 1 < same.high <= 1.1
+    (faster,) = compare(side({"a": [100, 102]}), side({"a": [400, 404]}), ["dataset_tokens_per_second"], 0.1)
+    assert faster.verdict == "improvement"
+    for b, c in (([100], [25]), ([100], [100]), ([100], [25, 25.5, 25.2])):
+        (row,) = compare(side({"a": b}), side({"a": c}), ["dataset_tokens_per_second"], 0.1)
+        assert row.verdict == "insufficient repeats" and row.ratio == pytest.approx(median(c) / median(b))
+    # lower is better: a longer runtime is the regression
+    (rt,) = compare(side({"a": [10.0, 10.2, 9.9]}, "train_runtime"), side({"a": [13.0, 13.1, 12.8]}, "train_runtime"),
+                    ["train_runtime"], 0.05)
+    assert rt.ratio > 1.2 and rt.verdict == "regression"
+
+
+def test_step_times_let_two_runs_that_agree_within_them_decide() -> None:
+    # Two base runs 30 % apart: alone (one degree of freedom) they cannot tell a 4x change from their spread.
+    base, cand = {"a": [1.0, 1.3]}, {"a": [0.29, 0.30]}
+    (alone,) = compare(side(base), side(cand), ["dataset_tokens_per_second"], 0.1)
+    assert alone.verdict == "insufficient repeats" and alone.low < 1 < alone.high and alone.ratio < 0.3
+    # Each run's 16 steps spread by a CV of 0.8: a run's value varies by 0.8 / 4 = 0.2 in log, more than the
+    # two runs differ. The steps then measure the side's spread, with their 30 degrees of freedom: decided.
+    (steps,) = compare(side(base, step_cv=0.8), side(cand, step_cv=0.05), ["dataset_tokens_per_second"], 0.1)
+    assert steps.spread == {"base": "steps", "cand": "runs"} and steps.df > 29
+    assert steps.verdict == "regression" and steps.high < 1 and steps.p_value < 1e-6
+    # Steps steady to 5 % predict far less than the runs' 30 %: the runs differ by more than their steps
+    # say, so the runs' own spread decides, and cannot.
+    (steady,) = compare(side(base, step_cv=0.05), side(cand, step_cv=0.05), ["dataset_tokens_per_second"], 0.1)
+    assert steady.spread == {"base": "runs", "cand": "runs"} and steady.verdict == "insufficient repeats"
+    # Step times say nothing of a metric not measured over the training window.
+    (mem,) = compare(side(base, "gpu_memory_utilization_peak", step_cv=0.8),
+                     side(cand, "gpu_memory_utilization_peak", step_cv=0.8), ["gpu_memory_utilization_peak"], 0.1)
+    assert mem.spread == {"base": "runs", "cand": "runs"} and mem.verdict == "insufficient repeats"
+
+
+def test_a_large_but_unclear_change_is_insufficient_repeats() -> None:
+    # medians differ by 10 %, but the repeats spread far wider than that: not a regression, and not "same"
     base = side({"a": [100, 60, 140, 90, 120]})
     cand = side({"a": [90, 150, 55, 85, 110]})
     (row,) = compare(base, cand, ["dataset_tokens_per_second"], 0.05)
-    assert row.ratio < 0.95 and row.verdict == "noise"
-    slow = side({"a": [10.0, 10.2, 9.9]}, "train_runtime")
-    slower = side({"a": [13.0, 13.1, 12.8]}, "train_runtime")
-    (rt,) = compare(slow, slower, ["train_runtime"], 0.05)
-    assert rt.ratio > 1.2 and rt.verdict == "regression"
+    assert row.ratio < 0.95 and row.verdict == "insufficient repeats" and row.low < 0.95 and row.high > 1.05
+
+
+def test_stability_bands() -> None:
+    cases = [(0.0, "excellent"), (0.0099, "excellent"), (0.01, "good"), (0.0199, "good"), (0.02, "moderate"),
+             (0.0499, "moderate"), (0.05, "fair"), (0.0999, "fair"), (0.1, "poor"), (3.0, "poor"), (None, None)]
+    assert [rating(cv) for cv, _ in cases] == [want for _, want in cases]
+    # the SQL the database rates with says the same at every edge
+    with duckdb.connect() as con:
+        got = [con.execute(f"SELECT {rating_sql('x')} FROM (SELECT ?::DOUBLE AS x)", [cv]).fetchall()[0][0]
+               for cv, _ in cases]
+    assert got == [want for _, want in cases]
 
 
 def test_bad_arguments_are_input_errors() -> None:
@@ -71,9 +139,11 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
 
     # The slowdown travels in the inventory's env (rendered into env/<host>.sh), so it reaches exactly the
     # jobs of that campaign whichever local queue worker runs them. Same partition: the same points. It is
-    # 12 s inside a training window of about a second: on this shared machine a busy neighbour can stretch
-    # a window several times, so only a difference far larger than that is one a test may demand to see.
-    for name, fault in (("base", None), ("same", None), ("slow", "sleep@step=4:4;sleep@step=8:4;sleep@step=12:4")):
+    # 0.8 s after each of steps 1-15 (12 s; each lands in the next step's time), inside a training window of
+    # about a second: every step of the slow runs is slower, so their step times agree, and on this shared
+    # machine a busy neighbour that stretches the base's window several times still leaves it far behind.
+    slow = ";".join(f"sleep@step={k}:0.8" for k in range(1, 16))
+    for name, fault in (("base", None), ("same", None), ("slow", slow)):
         inv = write_sweep(tmp_path / f"{name}-inv.yaml", {"cluster": "c", "partitions": {"cpu": {
             "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
             "env": {"SBENCH_FAULT": fault} if fault else {}, "hosts": {"h1": {"address": "127.0.0.1"}}}}})
@@ -84,9 +154,39 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
             "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)})
         sbench("submit", sw, "-i", inv, "--executor", "local", "--wait", "--force", *common)
     sbench("collect", *common)
+    import duckdb
+    import yaml
+
+    # Each run's step times, as collect stored them, recomputed from rank 0's own file.
+    with duckdb.connect(str(db), read_only=True) as con:
+        ms = [dict(zip([d[0] for d in con.description], r)) for r in con.execute(
+            "SELECT m.campaign, m.dataset_tokens_per_second, m.steps_timed, m.step_time_median, m.step_time_cv, "
+            "r.job_dir FROM measurements m JOIN runs r USING (run_id) "
+            "WHERE m.is_valid AND NOT coalesce(m.shared_host, false) ORDER BY 1").fetchall()]
+        stab = {r[0]: r[1:] for r in con.execute(
+            "SELECT campaign, repeats_measured, throughput_cv, throughput_stability FROM point_stability").fetchall()}
+    assert sorted(m["campaign"] for m in ms) == ["base", "base", "same", "same", "slow", "slow"]
+    for m in ms:
+        r0 = json.loads((Path(m["job_dir"]) / "rank.0.json").read_text())
+        ends = [r0["train_start_wall"], *r0["step_end_wall"]]
+        durations = [b - a for a, b in zip(ends, ends[1:])]
+        assert m["steps_timed"] == len(durations) == 16
+        assert m["step_time_median"] == pytest.approx(median(durations), rel=1e-12)
+        assert m["step_time_cv"] == pytest.approx(stdev(durations) / (sum(durations) / 16), rel=1e-12)
+        if m["campaign"] == "slow":  # the injected sleeps are in 15 of its 16 steps
+            assert m["step_time_median"] > 0.8
+    # The stability of each campaign's point across its two repeats: the CV of its two throughputs, rated.
+    for camp in ("base", "same", "slow"):
+        xs = [m["dataset_tokens_per_second"] for m in ms if m["campaign"] == camp]
+        cv = stdev(xs) / (sum(xs) / len(xs))
+        assert stab[camp][:2] == (2, pytest.approx(cv, rel=1e-9)) and stab[camp][2] == rating(cv)
+    status = sbench("status", "--campaign", "slow", *common).stdout
+    assert "stability" in status.splitlines()[0] and f"{stab['slow'][2]} {100 * stab['slow'][1]:.1f}%" in status
+
     flagged = sbench("compare", "base", "slow", "--db", db, "--json", ok=(1,))
     (row,) = json.loads(flagged.stdout)["rows"]
-    assert row["verdict"] == "regression" and row["ratio"] < 0.9 and row["n_base"] == row["n_cand"] == 2
+    assert row["verdict"] == "regression" and row["ratio"] < 0.5 and row["n_base"] == row["n_cand"] == 2, row
+    assert row["high"] < 1 and row["p_value"] < 0.05
     # Two campaigns of the same configuration differ only by this shared 2-core machine's noise, which for
     # a tiny model's sub-second training windows can reach a factor of two under load: no regression at 80 %
     # (the injected slowdown above is more than ten times).
@@ -95,9 +195,6 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
 
     # References gate a campaign: the slow one's training time against the base's slowest run plus 1.5 s
     # (the injected sleeps add 12 s), its dataset rate against nothing it could miss.
-    import duckdb
-    import yaml
-
     with duckdb.connect(str(db), read_only=True) as con:
         base_rt = max(r[0] for r in con.execute("SELECT train_runtime FROM measurements WHERE campaign = 'base'")
                       .fetchall())
@@ -122,3 +219,5 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
     page = sbench("report", "--db", db, "--compare", "base", "slow", "-o", "-").stdout
     assert 'id="checks"' in page and "slow: 2 pass, 2 fail, 0 missing" in page
     assert 'id="compare"' in page and "1 regression." in page and 'fill="#d62728"' in page.split('id="compare"')[1]
+    # and the latest table rates each point's stability across its repeats
+    assert "<th>stability</th>" in page and f"{stab['slow'][2]} ({100 * stab['slow'][1]:.1f} %)" in page

@@ -32,7 +32,8 @@ def status(workdir: Path | None, db: Path | None, campaign: str | None, as_json:
     rows = [{"campaign": r.get("campaign"), "point_id": r.get("point_id"), "rep": r.get("repeat"),
              "attempt": r.get("last_attempt"), "job_id": r.get("job_id"), "phase": r.get("phase"),
              "state": r.get("live_state") or r.get("state"), "outcome": r.get("outcome"),
-             "startup_s": _num(r.get("startup_s")), "outside_train": _pct(r.get("outside_train_fraction")),
+             "stability": _stability(r), "startup_s": _num(r.get("startup_s")),
+             "outside_train": _pct(r.get("outside_train_fraction")),
              "notes": len(r.get("warnings") or []) or "",
              "reason": short(_overhead_reason(r) or r.get("reason") or "; ".join(r.get("point_reasons") or []))}
             for r in rep.rows]
@@ -61,6 +62,12 @@ def _num(v: Any) -> str:
 
 def _pct(v: Any) -> str:
     return "" if v is None else f"{100 * v:.0f}%"
+
+
+def _stability(r: dict[str, Any]) -> str:
+    """The point's throughput rating across its repeats with the CV, e.g. ``good 1.4%``."""
+    cv = r.get("throughput_cv")
+    return "" if cv is None else f"{r.get('throughput_stability')} {100 * cv:.1f}%"
 
 
 def _overhead_reason(r: dict[str, Any]) -> str | None:

@@ -19,7 +19,7 @@ from harness.contract.paths import resolve_db
 from harness.db.checks import check_results, references_of
 from harness.db.status import campaign_names
 from harness.db.store import open_store
-from harness.report.compare import compare_in
+from harness.report.compare import Verdict, compare_in
 
 from .base import campaign_name, db_option, echo_json, json_option, main, table
 
@@ -133,27 +133,40 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
             as_json: bool) -> None:
     """Compare two campaigns (or run filters) point by point; exit 1 on a regression.
 
-    BASE and CAND are campaign names or filters such as git_commit=3f2a1c,torch=2.13.0. Runs measured on
-    a host another sbench run used at the same time are left out, and the output says how many.
+    BASE and CAND are campaign names or filters such as git_commit=3f2a1c,torch=2.13.0. Per point: the
+    ratio of the medians, a 95 % interval from Welch's t-test on the log values (with each run's step-time
+    spread), and a verdict: regression, improvement, same, or insufficient repeats (the data cannot decide;
+    needs two runs a side). Runs measured on a host another sbench run used at the same time are left out,
+    and the output says how many.
 
     Example: sbench compare nightly-1122 nightly-1123 --threshold 0.05 --metric train_runtime
     """
     with open_store(resolve_db(db), read_only=True) as st:
         cmp = compare_in(st, base, cand, list(metrics), threshold, include_shared)
     rows = cmp.rows
-    regressions = [r for r in rows if r.verdict.startswith("regression")]
+    regressions = [r for r in rows if r.verdict == Verdict.REGRESSION]
+    undecided = [r for r in rows if r.verdict == Verdict.INSUFFICIENT]
     if as_json:
         echo_json({"threshold": threshold, "rows": [r.to_dict() for r in rows], "regressions": len(regressions),
-                   "excluded_shared": cmp.excluded})
+                   "insufficient": len(undecided), "excluded_shared": cmp.excluded})
     else:
         click.echo(table([{"point_id": r.point_id, "model": r.labels.get("model_name"),
                            "gpus": r.labels.get("number_gpus"), "batch": r.labels.get("batch_size"),
                            "metric": r.metric, "n": f"{r.n_base}/{r.n_cand}", "base": f"{r.base:.4g}",
                            "cand": f"{r.cand:.4g}", "ratio": f"{r.ratio:.3f}", "95% interval":
-                           f"{r.low:.3f}-{r.high:.3f}", "verdict": r.verdict} for r in rows],
+                           "-" if r.low is None or r.high is None else f"{r.low:.3f}-{r.high:.3f}",
+                           "verdict": r.verdict} for r in rows],
                          ["point_id", "model", "gpus", "batch", "metric", "n", "base", "cand", "ratio",
                           "95% interval", "verdict"]))
-        click.echo(f"\n{len(rows)} comparison(s): {len(regressions)} regression(s) beyond {threshold:.0%}")
+        counts = {v: sum(1 for r in rows if r.verdict == v) for v in (Verdict.IMPROVEMENT, Verdict.SAME)}
+        click.echo(f"\n{len(rows)} comparison(s): {len(regressions)} regression(s) beyond {threshold:.0%}, "
+                   f"{counts[Verdict.IMPROVEMENT]} improvement(s), {counts[Verdict.SAME]} same, "
+                   f"{len(undecided)} {Verdict.INSUFFICIENT}")
+        if undecided:
+            shown = ", ".join(f"{r.point_id[:12]} {r.metric} ratio {r.ratio:.3f} ({r.n_base}/{r.n_cand} runs)"
+                              for r in undecided[:5])
+            click.echo(f"{Verdict.INSUFFICIENT} to decide: {shown}{' ...' if len(undecided) > 5 else ''}; "
+                       "measure more repeats (the sweep's repeats:) to tell a change from the runs' spread")
         n_out = sum(len(v) for v in cmp.excluded.values())
         click.echo(f"{cmp.excluded_text}" if n_out else "excluded 0 runs (none shared a host with another run)")
     if regressions:

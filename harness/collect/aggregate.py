@@ -21,6 +21,10 @@ Definitions (ado-sfttrainer-experiments.md, "Measured properties" and notes 1-3)
   ``stop_after_seconds > 0``. ``dataset_tokens_per_second`` is the run's rate of exact dataset tokens
   (note 3; rank 0 reports it for the run), ``dataset_tokens_per_second_per_gpu`` that divided by
   ``world_size`` unless rank 0 reports it.
+* **Step times**: rank 0's ``step_end_wall`` (the wall time each optimizer step ended) inside the window
+  give the steps' durations, the first from the window's start: ``steps_timed`` (how many),
+  ``step_time_median`` (s) and ``step_time_cv`` (sample stdev / mean; None below two steps).
+  ``compare`` reads them as each run's own spread.
 * **Stability**: ``f_gpu_oom`` / ``f_other_error`` / ``f_no_error`` are the fractions of the trials
   whose outcome was ``invalid`` / ``failed`` / ``ok``.
 """
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from statistics import fmean
+from statistics import fmean, median, stdev
 from typing import Any
 
 GPU_PROPERTIES = (
@@ -206,6 +210,26 @@ def exact_properties(rank0: Mapping[str, Any] | None) -> dict[str, float | None]
     tokens, runtime = _f(m.get("run_train_tokens")), _f(m.get("train_runtime"))
     return {"train_tokens_per_second_exact": tokens / runtime if tokens is not None and runtime else None,
             "cpu_compute_utilization_rank0": _f(m.get("cpu_util_pct"))}
+
+
+def step_durations(rank0: Mapping[str, Any] | None, start: float | None, end: float | None) -> list[float]:
+    """The durations of rank 0's steps that ended inside the window (start, end], each from the previous
+    step's end (the first from *start*)."""
+    if not rank0 or start is None:
+        return []
+    raw = rank0.get("step_end_wall")
+    ends = sorted(x for x in (_f(v) for v in (raw if isinstance(raw, list) else []))
+                  if x is not None and x > start and (end is None or x <= end))
+    return [b - a for a, b in zip([start, *ends], ends)]
+
+
+def step_time_properties(rank0: Mapping[str, Any] | None, start: float | None,
+                         end: float | None) -> dict[str, float | int | None]:
+    """``steps_timed``, ``step_time_median`` and ``step_time_cv`` of :func:`step_durations`."""
+    d = step_durations(rank0, start, end)
+    mean = fmean(d) if d else None
+    return {"steps_timed": len(d), "step_time_median": median(d) if d else None,
+            "step_time_cv": stdev(d) / mean if len(d) >= 2 and mean else None}
 
 
 def ran_properties(ranks: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ Tables: ``metadata``, ``campaigns``, ``points`` (entity fields as typed columns)
 ``runs`` (one per attempt), ``run_hosts``, ``stages``, ``sample_files``, ``sample_rows``, ``ranks``,
 ``errors``, ``trials``, ``measurements``, ``environment``, ``memory``, ``checks``, ``probes``, ``fabric``;
 views ``samples``, ``latest_measurements``, ``run_summary``, ``stage_durations``, ``run_overhead``,
-``point_status``.
+``point_status``, ``point_stability``.
 
 Samples are stored compactly: ``sample_files`` has one row per loaded ``samples.<host>.csv``
 (``file_id``, ``run_id``, ``host``, its ``path`` and ``t0``, the run's training start); ``sample_rows``
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from harness.contract.errors import CollectError
 from harness.contract.formats import Stage
+from harness.contract.stability import rating_sql
 from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
 
 # 2: samples became a view over sample_files + sample_rows; 3: environment provenance; 4: the run_overhead view;
@@ -26,8 +27,9 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # ranks.cpu_util_pct; 7: DeepSpeed ZeRO and QLoRA entity columns; 8: trainer (entity column) and the trainer
 # environment's packages; 9: shared hosts (runs.overlapped_with, run_hosts.held_*_wall,
 # measurements.shared_host and overlapped_with); 10: what ran in measurements (effective_torch_dtype,
-# attn_implementation, adjustments)
-SCHEMA_VERSION = 10
+# attn_implementation, adjustments); 11: rank 0's step times in measurements (steps_timed, step_time_median,
+# step_time_cv) and the point_stability view
+SCHEMA_VERSION = 11
 
 
 KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
@@ -130,7 +132,11 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("experiment", "VARCHAR"), ("ended_at", "TIMESTAMP"), ("is_valid", "BOOLEAN"),
         *[(p, "DOUBLE") for p in PROPERTY_COLUMNS],
         ("trials_run", "INTEGER"), ("window_start_wall", "DOUBLE"), ("window_end_wall", "DOUBLE"),
-        ("window_s", "DOUBLE"), ("gpu_devices", "INTEGER"), ("gpu_samples", "BIGINT"), ("proc_samples", "BIGINT"),
+        ("window_s", "DOUBLE"),
+        # rank 0's optimizer steps ending inside the window: how many, their median duration (s) and their
+        # coefficient of variation (stdev / mean); compare's within-run evidence (collect.aggregate)
+        ("steps_timed", "INTEGER"), ("step_time_median", "DOUBLE"), ("step_time_cv", "DOUBLE"),
+        ("gpu_devices", "INTEGER"), ("gpu_samples", "BIGINT"), ("proc_samples", "BIGINT"),
         ("world_size", "INTEGER"), ("transport", "VARCHAR"), ("notes", "VARCHAR[]"),
         # what ran (the runner's rank files): torch_dtype (an entity column) is what the point asked
         ("effective_torch_dtype", "VARCHAR"), ("attn_implementation", "VARCHAR"), ("adjustments", "JSON"),
@@ -260,6 +266,24 @@ def point_status_sql(campaign_points: str = "campaign_points", runs: str = "runs
         GROUP BY ALL"""
 
 
+STABILITY_METRIC = "dataset_tokens_per_second"  # the throughput point_stability rates
+
+
+def point_stability_sql(measurements: str = "measurements") -> str:
+    """The ``point_stability`` view's query over *measurements* (a table name or a parenthesised query with
+    its columns): per campaign and point, the valid measurements not taken on a shared host (what
+    ``compare`` counts as the point's repeats), their median throughput, its coefficient of variation across
+    them (sample stdev / mean; NULL with fewer than two) and that CV's rating (harness.contract.stability)."""
+    x = STABILITY_METRIC
+    cv = f"(stddev_samp({x}) / nullif(avg({x}), 0))"
+    return f"""
+        SELECT campaign, point_id, count({x}) AS repeats_measured, median({x}) AS throughput_median,
+               {cv} AS throughput_cv, {rating_sql(cv)} AS throughput_stability
+        FROM {measurements}
+        WHERE is_valid AND NOT coalesce(shared_host, false) AND {x} IS NOT NULL
+        GROUP BY campaign, point_id"""
+
+
 VIEWS: dict[str, str] = {
     # The samples as documented (docs/job-directory.md), one row per CSV row.
     "samples": """
@@ -291,6 +315,8 @@ VIEWS: dict[str, str] = {
     # what is left outside training. prepared_in_job: the job had to generate or tokenize its data.
     "run_overhead": run_overhead_sql(),
     "point_status": point_status_sql(),
+    # Per campaign and point: how stable its throughput is across its repeats.
+    "point_stability": point_stability_sql(),
 }
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .schema import point_status_sql, run_overhead_sql
+from .schema import point_stability_sql, point_status_sql, run_overhead_sql
 from .store import Store
 
 
@@ -86,13 +86,16 @@ def job_dirs(store: Store, campaign: str | None = None) -> set[str]:
 
 def status_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
     """Every (campaign, point, repeat) with its attempt counts, its latest attempt and that attempt's overhead
-    (``point_status``, ``run_overhead``). With *campaign*, every part reads only that campaign's rows (not
-    the views over every run: a history of many campaigns answers as fast as one)."""
-    where, params = (" WHERE campaign = ?", [campaign, campaign]) if campaign else ("", [])
+    (``point_status``, ``run_overhead``), and its point's throughput CV across repeats with its rating
+    (``point_stability``: ``throughput_cv``, ``throughput_stability``). With *campaign*, every part reads
+    only that campaign's rows (not the views over every run: a history of many campaigns answers as fast
+    as one)."""
+    where, params = (" WHERE campaign = ?", [campaign, campaign, campaign]) if campaign else ("", [])
     latest_stages = "(SELECT * FROM stages WHERE run_id IN (SELECT run_id FROM latest))"
     sql = f"""
         WITH r0 AS (SELECT * FROM runs{where}),
         cp0 AS (SELECT * FROM campaign_points{where}),
+        st AS ({point_stability_sql(f"(SELECT * FROM measurements{where})")}),
         ps AS ({point_status_sql("cp0", "r0")}),
         latest AS (
             SELECT * EXCLUDE (_rn) FROM (
@@ -103,8 +106,9 @@ def status_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any
                ps.attempts, ps.ok, ps.invalid, ps.failed, ps.pending,
                l.attempt AS last_attempt, l.job_id, l.state, l.outcome, l.reason, l.warnings, l.submitted_at,
                l.started_at, l.ended_at, l.job_dir, o.startup_s, o.outside_train_s, o.outside_train_fraction,
-               o.prepared_in_job
+               o.prepared_in_job, st.repeats_measured, st.throughput_cv, st.throughput_stability
         FROM ps LEFT JOIN points p USING (point_id)
+             LEFT JOIN st ON st.campaign = ps.campaign AND st.point_id = ps.point_id
              LEFT JOIN latest l ON l.campaign = ps.campaign AND l.point_id = ps.point_id AND l.repeat = ps.repeat
              LEFT JOIN (SELECT run_id, max(startup_s) AS startup_s, max(outside_train_s) AS outside_train_s,
                                max(outside_train_fraction) AS outside_train_fraction,

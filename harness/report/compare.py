@@ -1,21 +1,28 @@
-"""``sbench compare BASE CAND``: the same points measured twice, per point and metric, noise taken into account.
+"""``sbench compare BASE CAND``: the same points measured twice, per point and metric, with a verdict the repeats
+can back.
 
 A side is a campaign name, or filters over runs such as ``git_commit=3f2a1c`` or
 ``torch=2.13.0,campaign=nightly`` (columns of ``runs`` and of ``environment``: the package versions
 and the commit recorded on the nodes). Runs are paired by ``point_id``; each side's valid
 measurements of a point are its repeats.
 
-Per point and metric: the ratio of the medians (candidate / base) and a 95 % interval for it by
-bootstrap (both sides resampled with replacement, ``BOOTSTRAP`` times, fixed seed, so the same
-data always gives the same answer). The verdict:
+Per point and metric: the ratio of the medians (candidate / base), and Welch's t-test on the log values
+(:mod:`harness.report.stats`: exact Student-t quantiles), whose 95 % interval of the difference of the
+mean logs gives the interval of the ratio. For a metric measured over the training window (the rates,
+``train_runtime``, MFU) each run also brings its own spread: rank 0's step times
+(``measurements.step_time_cv`` over ``steps_timed``) give the run's log value a variance of
+``cv^2 / steps``. A side's spread is the larger of its runs' spread and that, so two runs a side that agree
+within their steps' spread decide with the steps' degrees of freedom; runs that differ by more decide
+with their own few. The verdict, ``threshold`` being the smallest change that counts:
 
 - ``regression``: worse by more than ``threshold`` (ratio below 1 - threshold for a
-  higher-is-better metric, above 1 + threshold for a lower-is-better one) **and** the interval
-  does not reach 1: the change is both large and not explained by the repeats' spread;
+  higher-is-better metric, above 1 + threshold for a lower-is-better one) **and** the test finds the
+  change (p < 0.05: the interval does not reach 1);
 - ``improvement``: the same, the other way;
-- ``noise``: anything else. With one run a side there is no spread to judge by: the threshold alone
-  decides, and the verdict says ``(1 run)``. (With repeats on one side only, the interval carries that
-  side's spread.)
+- ``same``: the interval lies within 1 ± threshold: any change is smaller than the threshold;
+- ``insufficient repeats``: the data cannot decide, either way: fewer than two repeats on a side (no
+  spread to judge by), or a change beyond the threshold the test does not find, or an interval that
+  reaches past the threshold. The ratio still says which way it leans; more repeats decide.
 
 A run that shared a host with another sbench run (``measurements.shared_host``) measured noise, not its
 point: it is left out of its side, and :class:`Comparison` says how many were (``include_shared`` keeps
@@ -24,7 +31,7 @@ them).
 
 from __future__ import annotations
 
-import random
+import math
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -34,6 +41,7 @@ from harness.db.store import Store
 from harness.spec.schema import is_name
 
 from .queries import compare_side
+from .stats import welch
 
 # metric -> True when higher is better
 METRICS: dict[str, bool] = {
@@ -42,13 +50,30 @@ METRICS: dict[str, bool] = {
     "dataset_tokens_per_second_per_gpu": True, "mfu": True, "model_tflops_per_gpu": True, "train_runtime": False,
     "gpu_memory_utilization_peak": False, "cpu_memory_utilization": False,
 }
+# the metrics measured over rank 0's training window: their runs' step times are evidence of their spread
+WINDOW_METRICS = frozenset({
+    "dataset_tokens_per_second", "train_tokens_per_second", "train_tokens_per_second_exact",
+    "train_samples_per_second", "train_tokens_per_gpu_per_second", "dataset_tokens_per_second_per_gpu", "mfu",
+    "model_tflops_per_gpu", "train_runtime"})
 DEFAULT_METRICS = ("dataset_tokens_per_second",)
-BOOTSTRAP = 2000
-SEED = 20261123
+SIGNIFICANCE = 0.05  # the test's two-sided level: a 95 % interval
+
+
+class Verdict:
+    """The verdicts of a compare row."""
+
+    REGRESSION = "regression"
+    IMPROVEMENT = "improvement"
+    SAME = "same"
+    INSUFFICIENT = "insufficient repeats"
 
 
 @dataclass
 class Row:
+    """One point and metric: each side's repeats and median, the ratio of the medians, the test's 95 %
+    interval of the ratio (None without a test), its p-value and degrees of freedom, which spread each side
+    used (``runs`` or ``steps``; None without a test), and the verdict (:class:`Verdict`)."""
+
     point_id: str
     metric: str
     n_base: int
@@ -56,10 +81,13 @@ class Row:
     base: float
     cand: float
     ratio: float
-    low: float
-    high: float
+    low: float | None
+    high: float | None
     verdict: str
     labels: dict[str, Any]
+    p_value: float | None = None
+    df: float | None = None
+    spread: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,31 +110,57 @@ def parse_side(text: str) -> tuple[str | None, dict[str, str]]:
     return filters.pop("campaign", None), filters
 
 
-def ratio_interval(base: list[float], cand: list[float], rng: random.Random) -> tuple[float, float]:
-    """95 % bootstrap percentile interval of median(cand) / median(base)."""
-    if len(base) < 2 and len(cand) < 2:
-        r = statistics.median(cand) / statistics.median(base)
-        return r, r
-    ratios = []
-    for _ in range(BOOTSTRAP):
-        b = statistics.median(rng.choices(base, k=len(base)))
-        c = statistics.median(rng.choices(cand, k=len(cand)))
-        if b:
-            ratios.append(c / b)
-    ratios.sort()
-    return ratios[int(0.025 * (len(ratios) - 1))], ratios[int(0.975 * (len(ratios) - 1))]
-
-
-def verdict(ratio: float, low: float, high: float, higher_better: bool, threshold: float, single: bool) -> str:
+def verdict(ratio: float, low: float | None, high: float | None, higher_better: bool, threshold: float) -> str:
+    """The verdict of a ratio of medians and the test's interval of the ratio (None: no test possible)."""
+    if low is None or high is None:
+        return Verdict.INSUFFICIENT
     worse = ratio < 1 - threshold if higher_better else ratio > 1 + threshold
     better = ratio > 1 + threshold if higher_better else ratio < 1 - threshold
-    clear = not (low <= 1.0 <= high) or single
-    tag = " (1 run)" if single else ""
-    if worse and clear:
-        return "regression" + tag
-    if better and clear:
-        return "improvement" + tag
-    return "noise" + tag
+    found = not low <= 1.0 <= high
+    if worse and found:
+        return Verdict.REGRESSION
+    if better and found:
+        return Verdict.IMPROVEMENT
+    if 1 - threshold <= low and high <= 1 + threshold:
+        return Verdict.SAME
+    return Verdict.INSUFFICIENT
+
+
+def _within(rows: list[dict[str, Any]]) -> list[tuple[float, int]]:
+    """Per run, the variance of its log value from its step times, and its step count (runs without
+    them left out: then the side has no within-run evidence)."""
+    out = []
+    for r in rows:
+        cv, m = r.get("step_time_cv"), r.get("steps_timed")
+        if cv is not None and m is not None and int(m) >= 2 and math.isfinite(float(cv)):
+            out.append((float(cv) ** 2 / int(m), int(m)))
+    return out
+
+
+def compare_point(pid: str, metric: str, base: list[dict[str, Any]], cand: list[dict[str, Any]],
+                  threshold: float) -> Row | None:
+    """The row of one point and metric from each side's measurement rows; None when a side has no value."""
+    b_rows = [r for r in base if r.get(metric) is not None]
+    c_rows = [r for r in cand if r.get(metric) is not None]
+    b, c = [float(r[metric]) for r in b_rows], [float(r[metric]) for r in c_rows]
+    if not b or not c or statistics.median(b) == 0:
+        return None
+    mb, mc = statistics.median(b), statistics.median(c)
+    ratio = mc / mb
+    low = high = p = df = None
+    spread = None
+    if min(b + c) > 0:
+        steps = metric in WINDOW_METRICS
+        test = welch([math.log(x) for x in b], [math.log(x) for x in c],
+                     _within(b_rows) if steps else (), _within(c_rows) if steps else (), 1 - SIGNIFICANCE)
+        if test is not None:
+            low, high, p, df = math.exp(test.low), math.exp(test.high), test.p, test.df
+            spread = {"base": test.base.source, "cand": test.cand.source}
+    first = base[0]
+    labels = {k: first.get(k) for k in ("model_name", "number_gpus", "number_nodes", "batch_size",
+                                          "model_max_length", "experiment")}
+    return Row(pid, metric, len(b), len(c), mb, mc, ratio, low, high,
+               verdict(ratio, low, high, METRICS[metric], threshold), labels, p, df, spread)
 
 
 def compare(base: dict[str, list[dict[str, Any]]], cand: dict[str, list[dict[str, Any]]], metrics: list[str],
@@ -117,22 +171,12 @@ def compare(base: dict[str, list[dict[str, Any]]], cand: dict[str, list[dict[str
             raise InputError(f"--metric {m}: not comparable; choose from {', '.join(METRICS)}")
     if not 0 < threshold < 1:
         raise InputError(f"--threshold must be between 0 and 1 (a fraction, 0.05 = 5 %), got {threshold}")
-    rng = random.Random(SEED)
     out: list[Row] = []
     for pid in sorted(set(base) & set(cand)):
         for m in metrics:
-            b = [float(r[m]) for r in base[pid] if r.get(m) is not None]
-            c = [float(r[m]) for r in cand[pid] if r.get(m) is not None]
-            if not b or not c or statistics.median(b) == 0:
-                continue
-            mb, mc = statistics.median(b), statistics.median(c)
-            low, high = ratio_interval(b, c, rng)
-            single = len(b) < 2 and len(c) < 2
-            first = base[pid][0]
-            labels = {k: first.get(k) for k in ("model_name", "number_gpus", "number_nodes", "batch_size",
-                                                  "model_max_length", "experiment")}
-            out.append(Row(pid, m, len(b), len(c), mb, mc, mc / mb, low, high,
-                           verdict(mc / mb, low, high, METRICS[m], threshold, single), labels))
+            row = compare_point(pid, m, base[pid], cand[pid], threshold)
+            if row is not None:
+                out.append(row)
     return out
 
 

@@ -55,6 +55,8 @@ class ReportData:
     campaign_index: list[dict[str, Any]] = field(default_factory=list)  # every campaign, oldest first
     db_option: str = ""  # " --db PATH" when the DB is not the default one (for the commands the page gives)
     shared: list[dict[str, Any]] = field(default_factory=list)  # measurements left out: shared_host true
+    stability: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (campaign, point_id) ->
+    # its point_stability row: the throughput's CV across repeats and its rating
 
     @property
     def by_campaign(self) -> bool:
@@ -109,6 +111,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     _load_run(store, data, campaign, run_id)
     data.fabric = queries.fabric_rows(store)
     data.overhead = queries.overhead_rows(store, campaign)
+    data.stability = queries.stability_rows(store, campaign)
     data.checks = {c: check_results(store, c) for c in sorted(references_of(store)) if campaign in (None, c)}
     return data
 

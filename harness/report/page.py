@@ -25,6 +25,7 @@ import datetime as _dt
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.contract.stability import bands_text
 from harness.db.store import open_store
 
 from .charts import esc, plural
@@ -199,7 +200,8 @@ def render_report(data: ReportData) -> str:
         memory_section(ms, word), efficiency_section(ms, word, by_campaign=per), checks_section(data.checks, word),
         compare_section(data.compare),
         section("latest", "Latest measurement per point",
-                f"The newest measurement of each {'campaign’s ' if per else ''}point (OOM rows in red) and how many "
-                "measurements the point has.",
-                f'<div class="wide">{latest_table(ms, word, by_campaign=per)}</div>'),
+                f"The newest measurement of each {'campaign’s ' if per else ''}point (OOM rows in red), how many "
+                "measurements the point has, and how stable its dataset tok/s is across the campaign's repeats: "
+                f"the coefficient of variation rated {bands_text()}.",
+                f'<div class="wide">{latest_table(ms, word, by_campaign=per, stability=data.stability)}</div>'),
         "</body></html>"])

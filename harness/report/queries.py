@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.contract.errors import InputError
-from harness.db.schema import SCHEMA, q, run_overhead_sql
+from harness.db.schema import SCHEMA, point_stability_sql, q, run_overhead_sql
 from harness.db.store import Store
 
 
@@ -58,6 +58,13 @@ def measurement_rows(store: Store, campaign: str | None = None) -> list[dict[str
     return store.fetch_dicts(
         f"""SELECT m.*, r.reason AS run_reason FROM measurements m JOIN runs r USING (run_id){where}
             ORDER BY m.model_name, m.experiment, m.number_gpus, m.batch_size, m.ended_at, m.run_id""", params)
+
+
+def stability_rows(store: Store, campaign: str | None = None) -> dict[tuple[str, str], dict[str, Any]]:
+    """``point_stability`` per (campaign, point_id), read over *campaign*'s measurements only."""
+    where, params = _scope("campaign", campaign)
+    rows = store.fetch_dicts(point_stability_sql(f"(SELECT * FROM measurements{where})"), params)
+    return {(r["campaign"], r["point_id"]): r for r in rows}
 
 
 def run_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Any
 from harness.contract.formats import Stage
 
 from .charts import Series, bar_chart, esc, fmt, human_bytes, line_chart, nice_ticks, no_data, plural
+from .compare import Verdict
 from .data import ReportData, method_of
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7",
@@ -188,13 +189,15 @@ TABLE_COLUMNS = (  # (header, key, format)
     ("GPU mem peak %", "gpu_memory_utilization_peak", fmt), ("CPU %", "cpu_compute_utilization", fmt),
     ("CPU mem %", "cpu_memory_utilization", fmt), ("runtime s", "train_runtime", fmt),
     ("notes", "notes", lambda v: "; ".join(v)),  # what ran otherwise than asked, and the run's other notes
-    ("# meas.", "n", str), ("latest run", "run_id", str),
+    ("# meas.", "n", str), ("stability", "stability", str), ("latest run", "run_id", str),
 )
 
 
-def latest_table(measurements: Sequence[Mapping[str, Any]], word: str = "GPU", by_campaign: bool = False) -> str:
+def latest_table(measurements: Sequence[Mapping[str, Any]], word: str = "GPU", by_campaign: bool = False,
+                 stability: Mapping[tuple[str, str], Mapping[str, Any]] | None = None) -> str:
     """The latest measurement of each point (valid or not; of each campaign's point with *by_campaign*),
-    with how many the point has. *word* names what ``number_gpus`` counts."""
+    with how many the point has and, from *stability* (``point_stability`` rows by campaign and point), how
+    stable its throughput is across repeats. *word* names what ``number_gpus`` counts."""
     latest: dict[tuple[str, str], dict[str, Any]] = {}
     counts: dict[tuple[str, str], int] = {}
     epoch = _dt.datetime.min
@@ -208,6 +211,9 @@ def latest_table(measurements: Sequence[Mapping[str, Any]], word: str = "GPU", b
         return no_data("no measurements in this selection")
     for key, m in latest.items():
         m["n"] = counts[key]
+        st = (stability or {}).get((str(m.get("campaign")), str(m["point_id"]))) or {}
+        cv = st.get("throughput_cv")
+        m["stability"] = None if cv is None else f"{st.get('throughput_stability')} ({100 * cv:.1f} %)"
     rows = sorted(latest.values(), key=lambda m: (_series_key(m, by_campaign), m.get("batch_size") or 0,
                                                   m["run_id"]))
     columns: list[tuple[str, str, Callable[[Any], str]]] = [
@@ -283,7 +289,8 @@ def overhead_table(rows: Sequence[Mapping[str, Any]], word: str = "GPU") -> str:
     return head + table(cols, body) + more
 
 
-VERDICT_COLORS = {"regression": OOM_COLOR, "improvement": "#59a14f", "noise": "#7f7f7f"}
+VERDICT_COLORS = {Verdict.REGRESSION: OOM_COLOR, Verdict.IMPROVEMENT: "#59a14f", Verdict.SAME: "#7f7f7f",
+                  Verdict.INSUFFICIENT: "#f28e2b"}
 
 
 def ratio_chart(rows: Sequence[Mapping[str, Any]], threshold: float, width: int = 1100) -> str:
@@ -291,8 +298,8 @@ def ratio_chart(rows: Sequence[Mapping[str, Any]], threshold: float, width: int 
     whisker, the ±threshold band shaded and 1.0 marked."""
     if not rows:
         return no_data("BASE and CAND share no measured point")
-    lo = min([r["low"] for r in rows] + [1 - threshold]) * 0.97
-    hi = max([r["high"] for r in rows] + [1 + threshold]) * 1.03
+    lo = min([r["low"] if r["low"] is not None else r["ratio"] for r in rows] + [1 - threshold]) * 0.97
+    hi = max([r["high"] if r["high"] is not None else r["ratio"] for r in rows] + [1 + threshold]) * 1.03
     ticks, lo, hi = nice_ticks(lo, hi)
     left, right, top, row_h = 330, 30, 26, 22
     height = top + row_h * len(rows) + 34
@@ -313,16 +320,19 @@ def ratio_chart(rows: Sequence[Mapping[str, Any]], threshold: float, width: int 
         lab = r.get("labels") or {}
         name = (f"{lab.get('model_name', '?')} ×{lab.get('number_gpus', '?')} b{lab.get('batch_size', '?')} "
                 f"{r['metric']}")
-        color = VERDICT_COLORS.get(str(r["verdict"]).split(" ")[0], "#7f7f7f")
-        tip = (f"{r['point_id']} {r['metric']}: ratio {r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}], "
+        color = VERDICT_COLORS.get(str(r["verdict"]), "#7f7f7f")
+        no_test = r["low"] is None or r["high"] is None
+        interval = ("no interval (no test: a side has fewer than two runs)" if no_test
+                    else f"[{r['low']:.3f}, {r['high']:.3f}]")
+        tip = (f"{r['point_id']} {r['metric']}: ratio {r['ratio']:.3f} {interval}, "
                f"n {r['n_base']}/{r['n_cand']}, {r['verdict']}")
+        whisker = "" if no_test else (f'<line x1="{sx(r["low"]):.1f}" x2="{sx(r["high"]):.1f}" y1="{y:.1f}" '
+                                      f'y2="{y:.1f}" stroke="{color}" stroke-width="2"/>')
         out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end" class="tick">{esc(name)}</text>'
-                   f'<line x1="{sx(r["low"]):.1f}" x2="{sx(r["high"]):.1f}" y1="{y:.1f}" y2="{y:.1f}" '
-                   f'stroke="{color}" stroke-width="2"/>'
-                   f'<circle cx="{sx(r["ratio"]):.1f}" cy="{y:.1f}" r="4.5" fill="{color}"><title>{esc(tip)}</title>'
-                   "</circle>")
+                   f'{whisker}<circle cx="{sx(r["ratio"]):.1f}" cy="{y:.1f}" r="4.5" fill="{color}">'
+                   f"<title>{esc(tip)}</title></circle>")
     out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 1}" text-anchor="middle" class="tick">'
-               "candidate / base (ratio of medians, 95 % bootstrap interval)</text></svg>")
+               "candidate / base (ratio of medians, 95 % interval of Welch's t on the logs)</text></svg>")
     return "".join(out)
 
 
@@ -330,10 +340,12 @@ def compare_section(cmp: Mapping[str, Any] | None) -> str:
     if not cmp:
         return ""
     rows = cmp["rows"]
-    n_reg = sum(1 for r in rows if str(r["verdict"]).startswith("regression"))
+    n_reg = sum(1 for r in rows if r["verdict"] == Verdict.REGRESSION)
+    n_und = sum(1 for r in rows if r["verdict"] == Verdict.INSUFFICIENT)
     note = (f"BASE {cmp['base']} vs CAND {cmp['cand']}, paired by point; threshold {cmp['threshold']:.0%} "
-            "(shaded). A regression is worse by more than the threshold with an interval that does not reach 1.0. "
-            f"{plural(len(rows), 'comparison')}, {plural(n_reg, 'regression')}.")
+            "(shaded). A regression is worse by more than the threshold with an interval that does not reach 1.0; "
+            "same: the interval lies inside the band; insufficient repeats (orange): the runs cannot decide. "
+            f"{plural(len(rows), 'comparison')}, {n_und} with insufficient repeats, {plural(n_reg, 'regression')}.")
     out = [r for v in (cmp.get("excluded") or {}).values() for r in v]
     if out:
         note += f" Left out: {plural(len(out), 'run')} measured on a shared host (runs.overlapped_with)."
