@@ -108,13 +108,18 @@ def gen_samples(t_begin: float, n: int, gpus: int, seed: int = 0, interval: floa
     """*n* ticks of *gpus* GPU rows plus one proc row each."""
     rnd = random.Random(seed)
     rows: list[dict[str, Any]] = []
+    energy = [0.0] * gpus  # each GPU's running total (the sampler's energy_j): its power over each interval
     for i in range(n):
         t = round(t_begin + i * interval, 3)
         mono = round(t - T0 + 5000.0, 3)
         for d in range(gpus):
-            rows.append({"t_wall": t, "t_mono": mono, "kind": "gpu", "device": d,
-                         "gpu_util": round(rnd.uniform(20, 100), 1), "mem_used_mb": round(rnd.uniform(1000, 80000), 1),
-                         "mem_total_mb": 81920.0, "power_w": round(rnd.uniform(80, 400), 1), "power_limit_w": 400.0})
+            row = {"t_wall": t, "t_mono": mono, "kind": "gpu", "device": d,
+                   "gpu_util": round(rnd.uniform(20, 100), 1), "mem_used_mb": round(rnd.uniform(1000, 80000), 1),
+                   "mem_total_mb": 81920.0, "power_w": round(rnd.uniform(80, 400), 1), "power_limit_w": 400.0}
+            if i:
+                energy[d] = round(energy[d] + row["power_w"] * interval, 3)
+            row["energy_j"] = energy[d]
+            rows.append(row)
         rows.append({"t_wall": t, "t_mono": mono, "kind": "proc", "device": -1,
                      "cpu_pct": round(rnd.uniform(50, 400), 1),
                      "mem_pct": round(rnd.uniform(1, 10), 2), "rss_mb": round(rnd.uniform(2000, 9000), 1),

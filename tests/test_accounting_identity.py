@@ -168,7 +168,7 @@ def test_sacct_is_asked_from_the_submit_time_for_every_record_with_name_and_subm
         since = call[call.index("-S") + 1]
         assert since == sacct_time(k.submitted - SUBMIT_SLACK)
         assert parse_time(since) == k.submitted - SUBMIT_SLACK
-    assert SACCT_FORMAT.endswith("Submit,JobName")
+    assert SACCT_FORMAT.endswith("Submit,ConsumedEnergyRaw,JobName")
     # asked once per command: again with the same (or a later) time asks nothing ...
     slurm.accounting(["5012"], {"5012": key("2026-11-21T00:00:00", None)})
     assert len(fake.calls) == 2

@@ -71,7 +71,8 @@ def test_sacct_is_batched_and_failure_falls_back():
     # about their array (a task that never left the queue is part of its array's one record)
     assert len(calls) == 4 and calls[3][:3] == ["sacct", "-j", "77"]
     assert calls[0][:2] == ["sacct", "-j"] and calls[0][2].count(",") == 199
-    assert "--format=JobID,State,ExitCode,Elapsed,MaxRSS,NodeList,Start,End,Submit,JobName" in calls[0]
+    assert "--format=JobID,State,ExitCode,Elapsed,MaxRSS,NodeList,Start,End,Submit,ConsumedEnergyRaw,JobName" in (
+        calls[0])
     assert "-D" in calls[0] and "-S" not in calls[0]  # every record; no submit time given: since ever
 
     def missing(argv):

@@ -130,6 +130,34 @@ def test_measurements_agree_with_an_independent_recomputation(lora_campaign, env
         samples = rank0["metrics"]["train_samples"]
         assert samples == 6 * 4  # max_steps x effective batch size
         assert m["train_samples_per_second"] == pytest.approx(samples / runtime, rel=1e-3)
+        # Energy on a CPU partition: RAPL's package counters where this user can read them, else NULL with
+        # the reason; never a figure from nowhere.
+        cpu_rows = []
+        for host in paths.sample_hosts():
+            with paths.samples(host).open() as fh:
+                cpu_rows += [(host, r) for r in csv.DictReader(fh) if r["kind"] == "cpu" and r["energy_j"] != ""]
+        if not cpu_rows:
+            assert (m["energy_joules"], m["energy_source"], m["dataset_tokens_per_joule"]) == (None, None, None)
+            assert "no readable RAPL energy counter on the hosts: energy_joules NULL" in m["notes"]
+        else:
+            total = 0.0
+            for key in sorted({(h, r["device"]) for h, r in cpu_rows}):
+                rows = sorted((float(r["t_wall"]), float(r["energy_j"])) for h, r in cpu_rows
+                              if (h, r["device"]) == key)
+                total += _at(rows, end) - _at(rows, start)
+            assert m["energy_source"] == "rapl" and m["energy_joules"] == pytest.approx(total, rel=1e-9)
+            assert m["dataset_tokens_per_joule"] == pytest.approx(processed / total, rel=1e-9)
+        assert m["slurm_consumed_energy_joules"] is None  # not a SLURM run
+
+
+def _at(rows: list[tuple[float, float]], t: float) -> float:
+    """A running total at *t*, interpolated between the readings either side of it."""
+    for (ta, ea), (tb, eb) in zip(rows, rows[1:]):
+        if ta == t:
+            return ea
+        if ta < t <= tb:
+            return eb if tb == t else ea + (eb - ea) * (t - ta) / (tb - ta)
+    raise AssertionError(f"no energy readings around {t}")
 
 
 def test_a_bfloat16_point_on_cpu_records_float32_as_what_ran(lora_campaign, env, cli_module) -> None:

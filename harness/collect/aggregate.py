@@ -25,6 +25,13 @@ Definitions (ado-sfttrainer-experiments.md, "Measured properties" and notes 1-3)
   give the steps' durations, the first from the window's start: ``steps_timed`` (how many),
   ``step_time_median`` (s) and ``step_time_cv`` (sample stdev / mean; None below two steps).
   ``compare`` reads them as each run's own spread.
+* **Energy**: each device's ``energy_j`` (the sampler's running total of its energy counter) at the
+  window's start and end, each linearly interpolated between the last reading at or before the edge and
+  the first at or after it (a reading on the edge is taken as it is); the device's energy is the
+  difference. ``energy_joules`` sums the GPUs in use (``energy_source`` nvml) or, on a run without GPU
+  rows, the CPU packages (``cpu`` rows, RAPL: ``rapl``). It is NULL (with a note) when the window is
+  unknown, when a device has no counter reading, or when a device's readings do not reach both edges.
+  ``dataset_tokens_per_joule`` is rank 0's ``dataset_tokens`` (the window's) over ``energy_joules``.
 * **Stability**: ``f_gpu_oom`` / ``f_other_error`` / ``f_no_error`` are the fractions of the trials
   whose outcome was ``invalid`` / ``failed`` / ``ok``.
 """
@@ -66,6 +73,30 @@ class ProcStats:
     samples: int
     cpu_pct: float | None
     mem_pct: float | None
+
+
+@dataclass(frozen=True)
+class EnergyStats:
+    """One device's energy counter over the window: its total interpolated at the window's start and end
+    (None where its readings do not reach that edge)."""
+
+    host: str
+    kind: str  # gpu | cpu
+    device: int
+    readings: int  # rows with an energy reading (inside the window or not)
+    start: float | None
+    end: float | None
+
+    @property
+    def joules(self) -> float | None:
+        return None if self.start is None or self.end is None else self.end - self.start
+
+    @property
+    def name(self) -> str:
+        return f"{'GPU' if self.kind == 'gpu' else 'CPU package'} {self.host}:{self.device}"
+
+
+ENERGY_SOURCES = {"gpu": "nvml", "cpu": "rapl"}
 
 
 def _f(v: Any) -> float | None:
@@ -147,6 +178,67 @@ def run_stats(stats: Iterable[Mapping[str, Any]], run_id: str) -> tuple[list[Dev
     procs = [ProcStats(s["host"], int(s["samples"]), s["cpu_pct"], s["mem_pct"])
              for s in mine if s["kind"] == "proc" and s["samples"]]
     return devices, procs, any(s["kind"] == "gpu" and s["rows_all"] for s in mine)
+
+
+def energy_at(t: float, before: tuple[Any, Any], after: tuple[Any, Any]) -> float | None:
+    """A counter's running total at *t*, from the reading at or before it and the one at or after it
+    (``(t_wall, energy_j)``, either None where there is none): a reading at *t* itself as it is, else the
+    linear interpolation between the two; None without both."""
+    t0, e0 = _f(before[0]), _f(before[1])
+    t1, e1 = _f(after[0]), _f(after[1])
+    if t0 is not None and e0 is not None and t0 == t:
+        return e0
+    if t1 is not None and e1 is not None and t1 == t:
+        return e1
+    if t0 is None or e0 is None or t1 is None or e1 is None or t1 <= t0:
+        return None
+    return e0 + (e1 - e0) * (t - t0) / (t1 - t0)
+
+
+def energy_stats(stats: Iterable[Mapping[str, Any]], run_id: str, start: float | None,
+                 end: float | None) -> list[EnergyStats]:
+    """One run's energy per GPU and CPU package, from the sample statistics' edge readings
+    (:func:`harness.db.samples.sample_stats`) of the window *start*..*end*."""
+    out = []
+    for s in stats:
+        if s["run_id"] != run_id or s["kind"] not in ENERGY_SOURCES:
+            continue
+        lo = None if start is None else energy_at(start, (s.get("e_lo_t0"), s.get("e_lo_e0")),
+                                                  (s.get("e_lo_t1"), s.get("e_lo_e1")))
+        hi = None if end is None else energy_at(end, (s.get("e_hi_t0"), s.get("e_hi_e0")),
+                                                (s.get("e_hi_t1"), s.get("e_hi_e1")))
+        out.append(EnergyStats(str(s["host"]), str(s["kind"]), int(s["device"]), int(s.get("energy_rows") or 0),
+                               lo, hi))
+    return sorted(out, key=lambda e: (e.kind, e.host, e.device))
+
+
+def energy_properties(energy: Sequence[EnergyStats], had_gpu_rows: bool,
+                      rank0: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """``energy_joules``, ``energy_source`` and ``dataset_tokens_per_joule`` of one run, and the notes that
+    say why a figure is NULL: the GPUs' energy when the run sampled GPUs, else the CPU packages'."""
+    kind = "gpu" if had_gpu_rows else "cpu"
+    devices = [e for e in energy if e.kind == kind]
+    out: dict[str, Any] = {"energy_joules": None, "energy_source": ENERGY_SOURCES[kind] if devices else None,
+                           "dataset_tokens_per_joule": None}
+    if not devices:
+        return out, []
+    notes = []
+    missing = [e.name for e in devices if not e.readings]
+    if missing:
+        what = "NVML reports no counter" if kind == "gpu" else "RAPL gave no reading"
+        notes.append(f"{', '.join(missing)}: no energy reading ({what}, or the samples file predates energy_j); "
+                     "energy_joules NULL")
+    short = [e.name for e in devices if e.readings and e.joules is None]
+    if short:
+        notes.append(f"{', '.join(short)}: the energy readings do not reach both ends of the measured window; "
+                     "energy_joules NULL")
+    if missing or short:
+        return out, notes
+    total = sum(e.joules for e in devices if e.joules is not None)
+    out["energy_joules"] = total
+    tokens = _f(((rank0 or {}).get("metrics") or {}).get("dataset_tokens"))
+    out["dataset_tokens_per_joule"] = tokens / total if tokens is not None and total > 0 else None
+    return out, notes
 
 
 def _mma(prefix: str, vals: Sequence[float | None]) -> dict[str, float | None]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import safefile
+from harness.contract.formats import SAMPLE_CSV_NAMES, sample_csv_names_of
 from harness.contract.paths import JobPaths
 from harness.db.samples import load_samples, sample_rejects
 from harness.db.store import Store
@@ -41,6 +42,7 @@ class SampleFile:
     path: Path
     use: str
     truncated_line: int | None = None  # 1-based number of a last line cut mid-write (not loaded)
+    names: tuple[str, ...] = SAMPLE_CSV_NAMES  # the columns its header names (an older file: fewer)
     # Its host's runner left a result file, which records the rows the sampler wrote: the rows loaded are
     # checked against that count (see :meth:`SampleLoader.miscounted`).
     counted: bool = False
@@ -120,12 +122,11 @@ class SampleLoader:
         them at once."""
         if batch.runs:
             self.store.delete_runs(batch.runs, ("sample_files",))
-        for part in ([f for f in batch.files if f.counted], [f for f in batch.files if not f.counted]):
-            if part:
-                n, rejects = load_samples(self.store, [f.use for f in part], part[0].file_id,
-                                          rejects=not part[0].counted)
-                self.rows += n
-                self.rejects += rejects
+        for part in _scans(batch.files):
+            n, rejects = load_samples(self.store, [f.use for f in part], part[0].file_id,
+                                      rejects=not part[0].counted, names=part[0].names)
+            self.rows += n
+            self.rejects += rejects
 
     # -- after join(), on the collect's thread -----------------------------------------------------------------
     def miscounted(self, by_run: Mapping[str, RunData], stats: Iterable[Mapping[str, Any]]) -> list[SampleFile]:
@@ -140,7 +141,8 @@ class SampleLoader:
 
     def recheck(self, files: list[SampleFile]) -> None:
         """Why lines of *files* (loaded without recording rejects) were skipped."""
-        self.rejects += sample_rejects(self.store, [f.use for f in files])
+        for part in _scans(files):
+            self.rejects += sample_rejects(self.store, [f.use for f in part], part[0].names)
 
     def warn(self, by_run: Mapping[str, RunData]) -> None:
         """A cut last line or a rejected line of a samples file is a warning of its run; so is a file that was
@@ -190,7 +192,8 @@ class SampleLoader:
                     link = self.tmpdir / f"{fid}.link.csv"
                     link.symlink_to(use)
                     use = str(link)
-                sf = SampleFile(fid, a.run_id, host, path, use, counted=counted)
+                head = os.pread(fd, 4096, 0).split(b"\n", 1)[0].decode("utf-8", "replace")
+                sf = SampleFile(fid, a.run_id, host, path, use, counted=counted, names=sample_csv_names_of(head))
                 tail = csv_tail_fd(fd, size)
                 if tail is not None:
                     cut, sf.truncated_line = tail
@@ -201,6 +204,19 @@ class SampleLoader:
             files.append(sf)
         self.files += files
         return files
+
+
+def _scans(files: list[SampleFile]) -> list[list[SampleFile]]:
+    """*files* (numbered in order, the counted ones first) as the reader's scans: each a run of consecutive
+    file ids with one columns list and one way of reading (counted or not)."""
+    out: list[list[SampleFile]] = []
+    for f in files:
+        last = out[-1][-1] if out else None
+        if last is not None and (last.counted, last.names) == (f.counted, f.names) and f.file_id == last.file_id + 1:
+            out[-1].append(f)
+        else:
+            out.append([f])
+    return out
 
 
 def _copy_head(fd: int, n: int, dest: str) -> None:

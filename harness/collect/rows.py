@@ -52,6 +52,7 @@ class RunData:
     gpu_partition: bool | None = None  # from spec.json's cpu_partition; None when unknown
     memory_prediction: dict[str, Any] | None = None  # spec.json's (harness.memory)
     ran: dict[str, Any] = field(default_factory=dict)  # measurements' what-ran columns (aggregate.ran_properties)
+    slurm_energy_j: float | None = None  # sacct's ConsumedEnergyRaw of the job (None: not recorded)
 
     def warn(self, text: str) -> None:
         """A problem found after the verdict: a warning of an ok run, part of the reason otherwise."""
@@ -309,7 +310,8 @@ def build(f: JobFiles, v: Verdict) -> RunData:
                 workload=str(f.jobspec.get("workload") or "train"), peak=_f(f.jobspec.get("peak_tflops")),
                 gpu_partition=None if not isinstance(f.jobspec.get("cpu_partition"), bool)
                 else not f.jobspec["cpu_partition"],
-                ran={**ran, "adjustments": to_json(ran["adjustments"] or None), "notes": ran["notes"] or None})
+                ran={**ran, "adjustments": to_json(ran["adjustments"] or None), "notes": ran["notes"] or None},
+                slurm_energy_j=v.sched.job.consumed_energy_j if v.sched.job else None)
     if f.paths is not None:
         d.sample_files = [(h, f.paths.samples(h)) for h in f.sample_hosts]
         d.samples_written = {h: count(r.get("samples"), 0) for h, r in f.results.items()}
@@ -361,6 +363,7 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
         row["is_valid"] = False
         return row
     row["is_valid"] = True
+    row["slurm_consumed_energy_joules"] = d.slurm_energy_j
     if exp is not None and exp.trials > 1:
         outcomes = [t.get("outcome") for t in d.trials]
         row.update(aggregate.stability_properties(outcomes, exp.trials))
@@ -390,6 +393,13 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
         notes.append("no training window from rank 0: averaged over every sample")
     if had_gpu and not devices:
         notes.append("no GPU sample inside the measured window")
+    if start is not None and end is not None and d.sample_files:
+        energy, why = aggregate.energy_properties(aggregate.energy_stats(stats, run["run_id"], start, end), had_gpu,
+                                                  d.rank0)
+        row.update(energy)
+        notes += why
+        if energy["energy_source"] is None and d.gpu_partition is False:
+            notes.append("no readable RAPL energy counter on the hosts: energy_joules NULL")
     row.update({"window_start_wall": start, "window_end_wall": end,
                 "window_s": end - start if start is not None and end is not None else None,
                 "gpu_devices": len(devices), "gpu_samples": sum(x.samples for x in devices),

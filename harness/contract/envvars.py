@@ -97,6 +97,9 @@ STAGE_LOG = Var("SBENCH_STAGE_LOG", "1", "0 turns the ranks' stage events off (b
                 "tests", recorded=True)
 SYSFS_IB = Var("SBENCH_SYSFS_IB", "/sys/class/infiniband", "Where environment capture and probe read the HCAs",
                "tests")
+POWERCAP = Var("SBENCH_POWERCAP", "/sys/class/powercap",
+               "Where the sampler reads the RAPL energy counters (intel-rapl:<n>/energy_uj) on CPU partitions",
+               "tests")
 COLLECT_PAUSE_AT = Var("SBENCH_COLLECT_PAUSE_AT", "",
                        "A collect phase to pause at, inside its transaction, so that a test can kill it there",
                        "tests")

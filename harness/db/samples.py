@@ -9,15 +9,15 @@ from typing import Any
 import duckdb
 
 from harness.contract.errors import CollectError
-from harness.contract.formats import SAMPLE_CSV_COLUMNS
+from harness.contract.formats import SAMPLE_CSV_COLUMNS, SAMPLE_CSV_NAMES
 
 from .schema import SCHEMA, q
 from .staging import frame
 from .store import Store
 
 # What collect's reader asks for: the samples CSV's columns (harness.contract.formats), with ``kind`` read
-# straight into the ENUM (a kind other than gpu/proc is a rejected line with its reason, like any value that
-# does not convert).
+# straight into the ENUM (a kind other than gpu/proc/cpu is a rejected line with its reason, like any value
+# that does not convert). An older file holds a prefix of the columns; the rest are NULL.
 _SAMPLE_READ_TYPES = {**dict(SAMPLE_CSV_COLUMNS), "kind": "sample_kind"}
 
 
@@ -25,10 +25,11 @@ _SAMPLE_READ_TYPES = {**dict(SAMPLE_CSV_COLUMNS), "kind": "sample_kind"}
 _CSV_VALUE_ERRORS = ("CAST",)
 
 
-def _sample_csv(rejects: bool) -> str:
-    """DuckDB's reader of the sample CSVs in ``$files`` (docs/job-directory.md), skipping a line that does
-    not fit; with *rejects*, recording why in ``_sbench_rej``/``_sbench_rej_scan``."""
-    columns = "{" + ", ".join(f"'{c}': '{t}'" for c, t in _SAMPLE_READ_TYPES.items()) + "}"
+def _sample_csv(rejects: bool, names: Sequence[str] = SAMPLE_CSV_NAMES) -> str:
+    """DuckDB's reader of the sample CSVs in ``$files`` (docs/job-directory.md), files with the columns
+    *names*, skipping a line that does not fit; with *rejects*, recording why in
+    ``_sbench_rej``/``_sbench_rej_scan``."""
+    columns = "{" + ", ".join(f"'{c}': '{_SAMPLE_READ_TYPES[c]}'" for c in names) + "}"
     keep = ", store_rejects = true, rejects_table = '_sbench_rej', rejects_scan = '_sbench_rej_scan'" \
         if rejects else ""
     return (f"""read_csv($files, columns = {columns}, header = true, auto_detect = false, delim = ',',
@@ -56,9 +57,10 @@ def next_sample_file_id(store: Store) -> int:
     return int(store.con.execute("SELECT coalesce(max(file_id) + 1, 0) FROM sample_files").fetchall()[0][0])
 
 
-def load_samples(store: Store, paths: Sequence[str], first_file_id: int,
-                 rejects: bool = True) -> tuple[int, list[tuple[str, int, str]]]:
-    """Bulk-load sample CSVs into ``sample_rows`` with DuckDB's reader, one scan over all *paths*; the
+def load_samples(store: Store, paths: Sequence[str], first_file_id: int, rejects: bool = True,
+                 names: Sequence[str] = SAMPLE_CSV_NAMES) -> tuple[int, list[tuple[str, int, str]]]:
+    """Bulk-load sample CSVs into ``sample_rows`` with DuckDB's reader, one scan over all *paths*, files
+    that hold the columns *names* (an older file's prefix of them: the others are NULL); the
     rows of ``paths[i]`` get ``file_id = first_file_id + i`` (the caller records the matching
     ``sample_files`` rows). Returns the row count and, with *rejects*, the rejected lines as (path,
     line, reason), one reason per line. Without *rejects* a bad line is skipped all the same, at less
@@ -67,16 +69,16 @@ def load_samples(store: Store, paths: Sequence[str], first_file_id: int,
     in a helper thread while the caller does other (non-database) work."""
     if not paths:
         return 0, []
-    names = [c for c, _ in SCHEMA["sample_rows"] if c != "file_id"]
+    cols = [c for c, _ in SCHEMA["sample_rows"] if c != "file_id" and c in names]  # the others stay NULL
     # Row order is meaningless here (every row carries its file and time): let each thread append
     # what it parsed without re-establishing the files' order.
     store.con.execute("SET preserve_insertion_order = false")
     store.con.execute("SET enable_progress_bar = false")  # a long load would draw DuckDB's own bar on stdout
     try:
         n = store.con.execute(
-            f"""INSERT INTO sample_rows (file_id, {", ".join(names)})
-                SELECT CAST(file_index AS INTEGER) + {int(first_file_id)}, {", ".join(names)}
-                FROM {_sample_csv(rejects)}""", {"files": [str(p) for p in paths]}).fetchall()[0][0]
+            f"""INSERT INTO sample_rows (file_id, {", ".join(cols)})
+                SELECT CAST(file_index AS INTEGER) + {int(first_file_id)}, {", ".join(cols)}
+                FROM {_sample_csv(rejects, names)}""", {"files": [str(p) for p in paths]}).fetchall()[0][0]
         found = _take_rejects(store) if rejects else []
     except duckdb.Error as exc:
         raise CollectError(f"loading samples failed: {exc}") from None
@@ -85,15 +87,17 @@ def load_samples(store: Store, paths: Sequence[str], first_file_id: int,
     return int(n), found
 
 
-def sample_rejects(store: Store, paths: Sequence[str]) -> list[tuple[str, int, str]]:
-    """The lines of sample CSVs that :meth:`load_samples` skips, as (path, line, reason): the files are
-    read again, nothing is written."""
+def sample_rejects(store: Store, paths: Sequence[str],
+                   names: Sequence[str] = SAMPLE_CSV_NAMES) -> list[tuple[str, int, str]]:
+    """The lines of sample CSVs (with the columns *names*) that :meth:`load_samples` skips, as (path, line,
+    reason): the files are read again, nothing is written."""
     if not paths:
         return []
     try:
         # Every column named, so that each value is converted (count(*) alone would convert none).
-        every = ", ".join(f"count({q(c)})" for c in _SAMPLE_READ_TYPES)
-        store.con.execute(f"SELECT {every} FROM {_sample_csv(True)}", {"files": [str(p) for p in paths]}).fetchall()
+        every = ", ".join(f"count({q(c)})" for c in names)
+        store.con.execute(f"SELECT {every} FROM {_sample_csv(True, names)}",
+                          {"files": [str(p) for p in paths]}).fetchall()
         return _take_rejects(store)
     except duckdb.Error as exc:
         raise CollectError(f"reading samples failed: {exc}") from None
@@ -111,7 +115,10 @@ def _take_rejects(store: Store) -> list[tuple[str, int, str]]:
 
 def sample_stats(store: Store, windows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per (run, host, kind, device) statistics of the samples inside each run's measured window
-    (``run_id``, ``start``, ``end``; NULL bounds = unbounded), plus rows counted outside it."""
+    (``run_id``, ``start``, ``end``; NULL bounds = unbounded), plus rows counted outside it; and the energy
+    counter around the window's edges: ``energy_rows`` (rows with an ``energy_j``), and at each edge
+    (``lo``, ``hi``) the last reading at or before it (``e_<edge>_t0``, ``e_<edge>_e0``) and the first at or
+    after it (``e_<edge>_t1``, ``e_<edge>_e1``), for :func:`harness.collect.aggregate.energy_stats`."""
     if not windows:
         return []
     tbl = frame([("run_id", "VARCHAR"), ("w_start", "DOUBLE"), ("w_end", "DOUBLE")],
@@ -157,11 +164,25 @@ def sample_stats(store: Store, windows: Sequence[Mapping[str, Any]]) -> list[dic
                        max(cpu_pct) FILTER (WHERE inw) AS cpu_pct,
                        max(mem_pct) FILTER (WHERE inw) AS mem_pct,
                        max(rss_mb_max) AS rss_mb_max
-                FROM g GROUP BY file_id, kind, device)
+                FROM g GROUP BY file_id, kind, device),
+                 e AS (
+                SELECT file_id, kind, device, count(*) AS energy_rows,
+                       max(t_wall) FILTER (WHERE t_wall <= lo) AS e_lo_t0,
+                       arg_max(energy_j, t_wall) FILTER (WHERE t_wall <= lo) AS e_lo_e0,
+                       min(t_wall) FILTER (WHERE t_wall >= lo) AS e_lo_t1,
+                       arg_min(energy_j, t_wall) FILTER (WHERE t_wall >= lo) AS e_lo_e1,
+                       max(t_wall) FILTER (WHERE t_wall <= hi) AS e_hi_t0,
+                       arg_max(energy_j, t_wall) FILTER (WHERE t_wall <= hi) AS e_hi_e0,
+                       min(t_wall) FILTER (WHERE t_wall >= hi) AS e_hi_t1,
+                       arg_min(energy_j, t_wall) FILTER (WHERE t_wall >= hi) AS e_hi_e1
+                FROM sample_rows s JOIN w USING (file_id)
+                WHERE s.energy_j IS NOT NULL AND s.t_wall IS NOT NULL
+                GROUP BY file_id, kind, device)
             SELECT f.run_id, f.host, CAST(a.kind AS VARCHAR) AS kind, a.device, a.rows_all, a.samples,
                    a.gpu_util, a.mem_util, a.mem_util_peak, a.power_w, a.power_pct, a.cpu_pct, a.mem_pct,
-                   a.rss_mb_max
-            FROM a JOIN sample_files f USING (file_id)
+                   a.rss_mb_max, coalesce(e.energy_rows, 0) AS energy_rows, e.e_lo_t0, e.e_lo_e0, e.e_lo_t1,
+                   e.e_lo_e1, e.e_hi_t0, e.e_hi_e0, e.e_hi_t1, e.e_hi_e1
+            FROM a JOIN sample_files f USING (file_id) LEFT JOIN e USING (file_id, kind, device)
             ORDER BY f.run_id, f.host, a.kind, a.device""")
     finally:
         store.con.unregister("_sbench_win")

@@ -9,16 +9,16 @@ views ``samples``, ``latest_measurements``, ``run_summary``, ``stage_durations``
 
 Samples are stored compactly: ``sample_files`` has one row per loaded ``samples.<host>.csv``
 (``file_id``, ``run_id``, ``host``, its ``path`` and ``t0``, the run's training start); ``sample_rows``
-has the file's rows keyed by that small integer, ``kind`` as the ENUM ``sample_kind`` ('gpu', 'proc') and
+has the file's rows keyed by that small integer, ``kind`` as the ENUM ``sample_kind`` ('gpu', 'proc', 'cpu') and
 no per-row run id, host or derived column. The view ``samples`` joins them back into the documented
 columns (``run_id``, ``host``, ``kind``, ``device``, ``t_wall``, ``t_rel`` = ``t_wall - t0``, ``t_mono``,
-the metrics, ``nprocs``): query ``samples``; the two tables are storage.
+the metrics, ``nprocs``, ``energy_j``): query ``samples``; the two tables are storage.
 """
 
 from __future__ import annotations
 
 from harness.contract.errors import CollectError
-from harness.contract.formats import Stage
+from harness.contract.formats import SAMPLE_KINDS, Stage
 from harness.contract.stability import rating_sql
 from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
 
@@ -28,7 +28,8 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # environment's packages; 9: shared hosts (runs.overlapped_with, run_hosts.held_*_wall,
 # measurements.shared_host and overlapped_with); 10: what ran in measurements (effective_torch_dtype,
 # attn_implementation, adjustments); 11: rank 0's step times in measurements (steps_timed, step_time_median,
-# step_time_cv) and the point_stability view
+# step_time_cv) and the point_stability view; energy (sample_rows.energy_j and the 'cpu' sample kind;
+# measurements.energy_joules, energy_source, dataset_tokens_per_joule, slurm_consumed_energy_joules)
 SCHEMA_VERSION = 11
 
 
@@ -108,7 +109,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("file_id", "INTEGER"), ("kind", "sample_kind"), ("device", "INTEGER"), ("t_wall", "DOUBLE"),
         ("t_mono", "DOUBLE"), ("gpu_util", "DOUBLE"), ("mem_used_mb", "DOUBLE"), ("mem_total_mb", "DOUBLE"),
         ("power_w", "DOUBLE"), ("power_limit_w", "DOUBLE"), ("cpu_pct", "DOUBLE"), ("mem_pct", "DOUBLE"),
-        ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"),
+        ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"), ("energy_j", "DOUBLE"),
     ],
     "ranks": [
         *_RUN_KEY, ("rank", "INTEGER"), ("host", "VARCHAR"), ("local_rank", "INTEGER"), ("world_size", "INTEGER"),
@@ -149,6 +150,10 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("predicted_optimizer_bytes", "BIGINT"), ("predicted_activation_bytes", "BIGINT"),
         ("predicted_total_bytes", "BIGINT"), ("predicted_host_bytes", "BIGINT"), ("device_bytes", "BIGINT"),
         ("predicted_oom", "BOOLEAN"),
+        # energy over the measured window (the samples' energy_j: nvml = the GPUs in use, rapl = the CPU
+        # packages of a CPU partition's hosts) and SLURM's own figure for the whole job (sacct ConsumedEnergyRaw)
+        ("energy_joules", "DOUBLE"), ("energy_source", "VARCHAR"), ("dataset_tokens_per_joule", "DOUBLE"),
+        ("slurm_consumed_energy_joules", "DOUBLE"),
         ("shared_host", "BOOLEAN"), ("overlapped_with", "VARCHAR[]"),  # runs.overlapped_with
         *ENTITY_COLUMNS,
     ],
@@ -211,7 +216,7 @@ RUN_CHILD_TABLES = ("run_hosts", "stages", "sample_files", "ranks", "errors", "t
 
 
 # Types created before the tables.
-TYPES = {"sample_kind": "ENUM ('gpu', 'proc')"}
+TYPES = {"sample_kind": "ENUM (" + ", ".join(f"'{k}'" for k in SAMPLE_KINDS) + ")"}
 
 
 # Columns of ``runs`` that a manifest ``attempt`` line owns; collect owns the rest.
@@ -288,7 +293,8 @@ VIEWS: dict[str, str] = {
     # The samples as documented (docs/job-directory.md), one row per CSV row.
     "samples": """
         SELECT f.run_id, f.host, s.kind, s.device, s.t_wall, s.t_wall - f.t0 AS t_rel, s.t_mono, s.gpu_util,
-               s.mem_used_mb, s.mem_total_mb, s.power_w, s.power_limit_w, s.cpu_pct, s.mem_pct, s.rss_mb, s.nprocs
+               s.mem_used_mb, s.mem_total_mb, s.power_w, s.power_limit_w, s.cpu_pct, s.mem_pct, s.rss_mb, s.nprocs,
+               s.energy_j
         FROM sample_rows s JOIN sample_files f USING (file_id)""",
     # The latest valid measurement of each point (across campaigns): what most analyses want.
     "latest_measurements": """

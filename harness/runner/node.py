@@ -47,7 +47,7 @@ from harness.data.datagen import dataset_status, make_dataset
 
 from . import classify, pdeath
 from .envcapture import capture
-from .sampler import Sampler, open_backend
+from .sampler import RaplReader, Sampler, open_backend
 from .stages import StageLog, Terminated, note_signal, open_stages, read_stages
 
 EXIT = {"ok": 0, "failed": 1, "invalid": 2}
@@ -201,9 +201,14 @@ class NodeRunner:
             _write_json(self.paths.environment(self.host), env)
             per_node = None if self.spec.get("cpu_partition") else len(self.expected_ranks)
             backend, note = open_backend(max_devices=per_node)
-            self.sampler = Sampler(self.paths.samples(self.host), self.settings.sample_interval_s, backend).start()
+            # CPU partitions: the packages' RAPL counters give the energy (GPU partitions: NVML's, per GPU).
+            rapl = RaplReader() if self.spec.get("cpu_partition") else None
+            self.sampler = Sampler(self.paths.samples(self.host), self.settings.sample_interval_s, backend,
+                                   rapl=rapl).start()
             info.update(sampler_backend=backend.name, gpus_sampled=len(backend.devices()),
                         sample_interval_s=self.sampler.interval_s, note=note)
+            if rapl is not None:
+                info.update(rapl_packages=len(rapl.zones), rapl_note=rapl.note())
 
     def dataset(self) -> None:
         dataset_id, path = self.spec["dataset_id"], self.spec["dataset_path"]

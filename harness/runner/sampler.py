@@ -19,12 +19,24 @@ its descendants, found again on every tick). CPU % is computed from ``cpu_times`
 (100 = one core), the same formula as ``psutil.Process.cpu_percent``; a process seen for the
 first time is primed and not counted unless it was born after the previous tick (then its whole
 CPU time falls inside the interval). The first tick only primes, so no invented 0.0 is written.
+
+Energy: each GPU row's ``energy_j`` is the joules the GPU used since the sampler's first reading of it,
+from NVML's total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``, millijoules since the driver
+loaded, Volta and later). On CPU partitions the node runner adds a :class:`RaplReader`: one ``cpu`` row
+per CPU package per tick, ``energy_j`` from RAPL's ``energy_uj`` under the powercap root
+(``SBENCH_POWERCAP``). :class:`EnergyCounter` turns a counter into that running total: a value lower
+than the one before is a wrap-around where the counter has a range (RAPL's ``max_energy_range_uj``),
+else a reset (the driver reloaded), counted from zero, so the total never goes back. A device without
+a counter (NVML's NotSupported before Volta, RAPL unreadable by this user) leaves ``energy_j`` empty.
+Collect reads the total at the measured window's edges (docs/job-directory.md); so that the end is
+covered, :meth:`Sampler.stop` takes a last reading of the counters.
 """
 
 from __future__ import annotations
 
 import csv
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -92,6 +104,95 @@ def match_visible(all_devices: list[dict[str, Any]], visible: list[str] | None) 
     return out
 
 
+# -- energy counters ----------------------------------------------------------------------------
+
+class EnergyCounter:
+    """The energy one device used since its first reading, from a counter read in integer units.
+
+    *per_joule*: units per joule (NVML's millijoules: 1000, RAPL's microjoules: 1000000); *wrap*: where the
+    counter wraps (RAPL's ``max_energy_range_uj``), None when it only resets. The running total is kept in
+    units, so the joules written are exact.
+    """
+
+    def __init__(self, per_joule: int, wrap: int | None = None) -> None:
+        self.per_joule, self.wrap = per_joule, wrap
+        self.prev: int | None = None
+        self.units = 0
+        self.resets = 0
+        self.wraps = 0
+
+    def update(self, raw: Any) -> float | None:
+        """The total after reading *raw* (None or not a number: no reading now, the total is not written)."""
+        if raw is None or isinstance(raw, bool):
+            return None
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            return None
+        if self.prev is not None:
+            if value >= self.prev:
+                self.units += value - self.prev
+            elif self.wrap:
+                self.units += value + self.wrap - self.prev  # wrapped past its range once
+                self.wraps += 1
+            else:
+                self.units += value  # reset: what it counted since the reset
+                self.resets += 1
+        self.prev = value
+        return self.units / self.per_joule
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class RaplReader:
+    """The CPU packages' RAPL energy counters under a powercap root (``<root>/intel-rapl:<n>``, the
+    top-level zones whose ``name`` starts with ``package``; their subzones, core and dram, are inside the
+    package's figure, and a ``psys`` zone would count the packages twice). Only zones whose ``energy_uj``
+    this user can read (root only on recent kernels)."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(envvars.POWERCAP.get() if root is None else root)
+        self.zones: list[tuple[int, Path, EnergyCounter]] = []
+        self.unreadable: list[str] = []
+        try:
+            found = sorted(self.root.glob("intel-rapl:*"), key=lambda d: d.name)
+        except OSError:
+            found = []
+        for d in found:
+            m = re.fullmatch(r"intel-rapl:(\d+)", d.name)
+            if not m:
+                continue
+            try:
+                name = (d / "name").read_text().strip()
+            except OSError:
+                continue
+            if not name.startswith("package"):
+                continue
+            if _read_int(d / "energy_uj") is None:
+                self.unreadable.append(d.name)
+                continue
+            wrap = _read_int(d / "max_energy_range_uj")
+            self.zones.append((int(m.group(1)), d / "energy_uj", EnergyCounter(1_000_000, wrap)))
+        self.zones.sort(key=lambda z: z[0])
+
+    def read(self) -> list[tuple[int, float | None]]:
+        """(package number, joules since the first reading) of every readable package."""
+        return [(idx, counter.update(_read_int(path))) for idx, path, counter in self.zones]
+
+    def note(self) -> str | None:
+        """Why there is no RAPL figure, or None when there is one."""
+        if self.zones:
+            return None
+        if self.unreadable:
+            return f"RAPL energy unreadable under {self.root} ({', '.join(self.unreadable)}): no energy rows"
+        return f"no RAPL package zone under {self.root}: no energy rows"
+
+
 # -- backends -----------------------------------------------------------------------------------
 
 class GpuBackend:
@@ -143,6 +244,7 @@ class NvmlBackend(GpuBackend):
                                                               "memory_total_mb")})
                      for k, d in enumerate(chosen)]
         self._handles = [d["handle"] for d in chosen]
+        self._energy = [EnergyCounter(1000) for _ in chosen]  # NVML counts millijoules; it resets, never wraps
         self.max_devices = max_devices
 
     def visible_devices(self) -> list[GpuDevice]:
@@ -167,12 +269,14 @@ class NvmlBackend(GpuBackend):
             mem = self._field(nv.nvmlDeviceGetMemoryInfo, h)
             power = self._field(nv.nvmlDeviceGetPowerUsage, h)
             limit = self._field(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+            energy = self._energy[dev.index].update(self._field(nv.nvmlDeviceGetTotalEnergyConsumption, h))
             out.append({
                 "gpu_util": None if util is None else util.gpu,
                 "mem_used_mb": None if mem is None else mem.used / 2**20,
                 "mem_total_mb": None if mem is None else mem.total / 2**20,
                 "power_w": None if power is None else power / 1000.0,  # NVML reports milliwatts
                 "power_limit_w": None if limit is None else limit / 1000.0,
+                "energy_j": energy,
             })
         return out
 
@@ -183,21 +287,31 @@ class NvmlBackend(GpuBackend):
             pass
 
 
+class FakeNvmlNotSupported(Exception):
+    """What the fake raises for a field the device lacks (pynvml: ``NVMLError_NotSupported``)."""
+
+
 class FakeNvml:
     """A deterministic NVML: ``n`` GPUs whose readings depend only on (GPU, call number).
 
     GPU ``i`` has UUID ``GPU-fa4e0000-0000-0000-0000-00000000000i``, PCI bus id
     ``00000000:<0x10+i>:00.0``, 80 GiB, memory used ``1024*(i+1)`` MiB, power ``100+10*i`` W of a
-    ``400+i`` W limit, and utilisation ``(10*i + 5*call) % 101``.
+    ``400+i`` W limit, and utilisation ``(10*i + 5*call) % 101``. Its energy counter reads
+    ``1_000_000*(i+1) + (100+10*i)*1000*k`` mJ on its k-th call (as if one second of its power passed between
+    calls); a GPU in *reset_after* (GPU -> k) starts counting again from 0 mJ after its k-th call, and one in
+    *no_energy* has no counter (NotSupported, as before Volta).
     """
 
     class _Obj:
         def __init__(self, **kw: Any) -> None:
             self.__dict__.update(kw)
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, *, no_energy: Iterable[int] = (), reset_after: dict[int, int] | None = None) -> None:
         self.n = n
         self.calls = [0] * n
+        self.energy_calls = [0] * n
+        self.no_energy = set(no_energy)
+        self.reset_after = dict(reset_after or {})
         self.initialised = False
 
     @staticmethod
@@ -239,6 +353,17 @@ class FakeNvml:
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
         return (400 + h) * 1000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
+        if h in self.no_energy:
+            raise FakeNvmlNotSupported("Not Supported")
+        self.energy_calls[h] += 1
+        k = self.energy_calls[h]
+        per_call = (100 + 10 * h) * 1000
+        reset = self.reset_after.get(h)
+        if reset is not None and k > reset:
+            return per_call * (k - reset)  # the driver reloaded: counting again from 0
+        return 1_000_000 * (h + 1) + per_call * k
 
 
 def _nvml(max_devices: int | None = None) -> GpuBackend:
@@ -349,10 +474,11 @@ class Sampler:
     """Appends rows to ``samples.<host>.csv`` every ``interval_s`` from a background thread."""
 
     def __init__(self, path: str | Path, interval_s: float, backend: GpuBackend | None = None,
-                 root_pid: int | None = None) -> None:
+                 root_pid: int | None = None, rapl: RaplReader | None = None) -> None:
         self.path = Path(path)
         self.interval_s = max(0.01, float(interval_s))
         self.backend = backend or GpuBackend()
+        self.rapl = rapl
         self.tree = ProcessTree(root_pid) if root_pid else None
         self.rows = 0
         self.ticks = 0
@@ -375,23 +501,26 @@ class Sampler:
             if self.tree is not None:
                 self.tree.read()  # prime at once, so the next tick already has an interval
 
-    def _rows(self, wall: float, mono: float) -> Iterable[list[str]]:
+    def _rows(self, wall: float, mono: float, proc: bool = True) -> Iterable[list[str]]:
         for dev, r in zip(self.backend.devices(), self.backend.read()):
             yield _row(t_wall=wall, t_mono=mono, kind="gpu", device=dev.index, gpu_util=r["gpu_util"],
                        mem_used_mb=r["mem_used_mb"], mem_total_mb=r["mem_total_mb"], power_w=r["power_w"],
-                       power_limit_w=r["power_limit_w"])
-        if self.tree is not None:
+                       power_limit_w=r["power_limit_w"], energy_j=r.get("energy_j"))
+        if self.rapl is not None:
+            for package, energy in self.rapl.read():
+                yield _row(t_wall=wall, t_mono=mono, kind="cpu", device=package, energy_j=energy)
+        if proc and self.tree is not None:
             p = self.tree.read()
             if p is not None:
                 yield _row(t_wall=wall, t_mono=mono, kind="proc", device=-1, cpu_pct=p["cpu_pct"],
                            mem_pct=p["mem_pct"], rss_mb=p["rss_mb"], nprocs=p["nprocs"])
 
-    def tick(self) -> int:
-        """Take one sample now; returns the number of rows written."""
+    def tick(self, proc: bool = True) -> int:
+        """Take one sample now (without the process row unless *proc*); returns the number of rows written."""
         with self._lock:
             wall, mono = time.time(), time.monotonic()
             try:
-                rows = list(self._rows(wall, mono))
+                rows = list(self._rows(wall, mono, proc))
             except Exception as exc:  # noqa: BLE001 - a failed reading must not stop the run
                 self.errors += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -423,10 +552,13 @@ class Sampler:
         return self
 
     def stop(self) -> int:
-        """Stop the thread, take a last sample, close the file; returns the number of rows."""
+        """Stop the thread, take a last reading of the devices (a started sampler: so that the energy
+        counters cover the end of training; no process row), close the file; returns the number of rows."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+            if not self._thread.is_alive():
+                self.tick(proc=False)
         with self._lock:
             if not self._fh.closed:
                 self._fh.close()

@@ -15,8 +15,10 @@ from harness.contract import jobstate
 
 from .hostlist import expand_hostlist
 
-# JobName last: the one field a user could fill with the '|' that -P puts between fields.
-SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,MaxRSS,NodeList,Start,End,Submit,JobName"
+# JobName last: the one field a user could fill with the '|' that -P puts between fields. ConsumedEnergyRaw:
+# joules, when the cluster gathers energy (AcctGatherEnergyType); empty or 0 when it does not.
+SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,MaxRSS,NodeList,Start,End,Submit,ConsumedEnergyRaw,JobName"
+_FIELDS = SACCT_FORMAT.count(",") + 1
 # How long before sbench recorded a submission SLURM may have stamped it: sbatch's own time, and the clocks
 # of this host and the controller apart. A record submitted earlier is another job that had the same id.
 SUBMIT_SLACK = _dt.timedelta(hours=1)
@@ -52,6 +54,7 @@ class JobAccounting:
     submit: _dt.datetime | None = None  # when SLURM took it (a requeued run: when it went back to the queue)
     name: str | None = None  # its job name (None when the answer did not say)
     ranged: bool = False  # from its array's one record of the tasks still queued (``123_[0-3]``)
+    consumed_energy_j: float | None = None  # ConsumedEnergyRaw (None: empty, 0 or unknown: not gathered)
 
     @property
     def hosts(self) -> list[str]:
@@ -112,6 +115,16 @@ def parse_time(text: str | None) -> _dt.datetime | None:
         return None
 
 
+def parse_energy(text: str | None) -> float | None:
+    """sacct's ConsumedEnergyRaw (joules, an integer) -> joules; None when empty, 0 (energy accounting off),
+    not a number or SLURM's "no value" (2**64 - 2 and around)."""
+    try:
+        value = int((text or "").strip())
+    except ValueError:
+        return None
+    return float(value) if 0 < value < 2**63 else None
+
+
 def expand_job_ids(job_id: str) -> list[str]:
     """``123_[5-7%2]`` (a pending array's tasks in one record) -> ``['123_5', '123_6', '123_7']``."""
     m = re.match(r"^(\d+)_\[([^\]]*)\]$", job_id)
@@ -160,8 +173,10 @@ def parse_sacct_records(text: str) -> dict[str, list[JobAccounting]]:
     Job records (``123``, ``123_4``) become :class:`JobAccounting`; step records (``123_4.batch``,
     ``123_4.0``, ``123.extern``) are folded into the record of their job listed last before them (sacct
     lists a record's steps after it; MaxRSS lives on steps). An array's record of its tasks still queued
-    (``123_[0-3]``) becomes one ``ranged`` record per task. Answers in the older 8-field format (no Submit,
-    no JobName) parse too.
+    (``123_[0-3]``) becomes one ``ranged`` record per task. ConsumedEnergyRaw is the job record's (SLURM's
+    figure for the whole job; a step's is part of it). Answers in the older formats parse too: 8 fields
+    (no Submit, no JobName) and 10 (no ConsumedEnergyRaw; a line of 11 fields or more is of the current
+    format, so an old answer's job name with a '|' in it would be misread).
     """
     records: dict[str, list[JobAccounting]] = {}
     orphans: list[tuple[str, StepAccounting]] = []
@@ -169,10 +184,12 @@ def parse_sacct_records(text: str) -> dict[str, list[JobAccounting]]:
         if not line.strip():
             continue
         f = line.split("|")
-        if len(f) < 10:
-            f += [""] * (10 - len(f))
-        jid, state_raw, exitc, elapsed, rss, nodes, start, end, submit = (x.strip() for x in f[:9])
-        name = "|".join(f[9:]).strip() or None
+        if len(f) < _FIELDS - 1:
+            f += [""] * (_FIELDS - 1 - len(f))
+        if len(f) == _FIELDS - 1:
+            f.insert(9, "")  # the 10-field format: no ConsumedEnergyRaw
+        jid, state_raw, exitc, elapsed, rss, nodes, start, end, submit, energy = (x.strip() for x in f[:10])
+        name = "|".join(f[10:]).strip() or None
         if "." in jid:
             parent, step = jid.split(".", 1)
             code, _sig = parse_exit(exitc)
@@ -191,7 +208,7 @@ def parse_sacct_records(text: str) -> dict[str, list[JobAccounting]]:
                 exit_signal=sig, elapsed_s=parse_elapsed(elapsed),
                 node_list=None if nodes in ("", "None assigned") else nodes,
                 start=parse_time(start), end=parse_time(end), submit=parse_time(submit), name=name,
-                ranged=ranged))
+                ranged=ranged, consumed_energy_j=parse_energy(energy)))
     for parent, st in orphans:  # a step listed before any record of its job: the job's last record
         own = [r for r in records.get(parent, []) if not r.ranged]
         if own:
