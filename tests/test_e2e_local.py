@@ -99,18 +99,26 @@ def test_measurements_agree_with_an_independent_recomputation(lora_campaign, env
         rank0 = json.loads(paths.rank_result(0).read_text())
         world = rank0["world_size"]
         start, end = rank0["train_start_wall"], rank0["train_end_wall"]
-        # CPU: time average of the process-tree rows inside the training window, per host, then mean.
-        per_host = []
+        # CPU: time average of the process-tree rows over the training window, per host, then mean. A row
+        # at t stands for the sampler's period d before it, [t - d, t], and weighs as much of it as lies
+        # inside the window; proc_samples counts the rows taken inside the window.
+        d = float(json.loads(paths.spec.read_text())["jobspec"]["runner"]["sample_interval_s"])
+        per_host, inside = [], 0
         for host in paths.sample_hosts():
             with paths.samples(host).open() as fh:
-                rows = [r for r in csv.DictReader(fh) if r["kind"] == "proc" and start <= float(r["t_wall"]) <= end]
-            assert rows, "no process samples inside the training window"
-            per_host.append((sum(float(r["cpu_pct"]) for r in rows) / len(rows),
-                             sum(float(r["mem_pct"]) for r in rows) / len(rows)))
+                rows = [r for r in csv.DictReader(fh) if r["kind"] == "proc"]
+            inside += sum(start <= float(r["t_wall"]) <= end for r in rows)
+            spans = [(min(float(r["t_wall"]), end) - max(float(r["t_wall"]) - d, start), r) for r in rows]
+            spans = [(w, r) for w, r in spans if w > 0]
+            assert spans, "no process samples in the training window"
+            total = sum(w for w, _ in spans)
+            per_host.append((sum(w * float(r["cpu_pct"]) for w, r in spans) / total,
+                             sum(w * float(r["mem_pct"]) for w, r in spans) / total))
         cpu = sum(c for c, _ in per_host) / len(per_host)
         mem = sum(x for _, x in per_host) / len(per_host)
-        assert m["cpu_compute_utilization"] == pytest.approx(cpu, rel=1e-6)
-        assert m["cpu_memory_utilization"] == pytest.approx(mem, rel=1e-6)
+        assert m["cpu_compute_utilization"] == pytest.approx(cpu, rel=1e-9)
+        assert m["cpu_memory_utilization"] == pytest.approx(mem, rel=1e-9)
+        assert m["proc_samples"] == inside
         # No GPUs here: every GPU property is 0.0 (not NULL).
         for k in ("gpu_compute_utilization_avg", "gpu_memory_utilization_peak", "gpu_power_watts_max"):
             assert m[k] == 0.0
