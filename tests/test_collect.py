@@ -259,6 +259,30 @@ def test_window_averages_weigh_each_sample_by_its_period_inside_the_window(wd, t
         pytest.approx(m["cpu_compute_utilization"], rel=1e-9)
 
 
+def test_startup_is_timed_from_the_node_runners_start(wd, tmp_path):
+    """run_overhead counts startup (and the host's span) from the runner's start that the setup stage records,
+    1.7 s before the stage itself here; a host whose setup stage does not say counts from its first event."""
+    t0 = synth.T0
+    events = synth.normal_stages("node1", t0, t0 + 5, t0 + 15, [0, 1])
+    for ev in events:
+        if ev["stage"] == "setup" and ev["event"] == "end":
+            ev["info"] = {"runner_start_wall": t0 - 1.7}
+    text = "\n".join(json.dumps(e) for e in events) + "\n"
+    run = write_attempt(wd, 22, hosts=("node1", "node2"), gpus_per_host=2, t_train0=t0 + 5, t_train1=t0 + 15,
+                        stages={"node1": text})
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
+    got = {r[0]: r[1:] for r in rows_of(db, "SELECT host, startup_s, allocation_s FROM run_overhead")}
+    for host in ("node1", "node2"):
+        evs = [json.loads(line) for line in run["paths"].stages(host).read_text().splitlines()]
+        setup = [e for e in evs if e["stage"] == "setup" and e["event"] == "end"][0]
+        begin = (setup.get("info") or {}).get("runner_start_wall") or min(e["t_wall"] for e in evs)
+        first_train = min(e["t_wall"] for e in evs if e["stage"] == "train" and e["event"] == "start")
+        last = max(e["t_wall"] for e in evs)
+        assert got[host] == (pytest.approx(first_train - begin, rel=1e-12), pytest.approx(last - begin, rel=1e-12))
+    assert got["node1"][0] == pytest.approx(got["node2"][0] + 1.7)
+
+
 def test_pure_aggregation_functions_agree(wd):
     rows = [
         {"kind": "gpu", "host": "a", "device": 0, "t_wall": 1.0, "gpu_util": 10, "mem_used_mb": 10, "mem_total_mb": 100,

@@ -140,6 +140,22 @@ def test_measurements_agree_with_an_independent_recomputation(lora_campaign, env
         assert m["train_samples_per_second"] == pytest.approx(samples / runtime, rel=1e-3)
 
 
+def test_startup_is_timed_from_the_node_runners_start(lora_campaign, env) -> None:
+    """run_overhead.startup_s: from the runner's start that its setup stage records (its process's start, before
+    the stage's own start) to the first train stage, recomputed from stages.<host>.jsonl."""
+    rows = sql(env["db"], "SELECT o.*, r.job_dir FROM run_overhead o JOIN runs r USING (run_id) "
+                          "WHERE r.campaign = 'e2e-lora'")
+    assert len(rows) == 3
+    for o in rows:
+        events = [json.loads(line) for line in JobPaths(o["job_dir"]).stages(o["host"]).read_text().splitlines()]
+        (setup,) = [e for e in events if e["stage"] == "setup" and e["event"] == "start"]
+        (done,) = [e for e in events if e["stage"] == "setup" and e["event"] == "end"]
+        began = done["info"]["runner_start_wall"]
+        assert began < setup["t_wall"]
+        first_train = min(e["t_wall"] for e in events if e["stage"] == "train" and e["event"] == "start")
+        assert o["startup_s"] == pytest.approx(first_train - began, rel=1e-12)
+
+
 def test_a_bfloat16_point_on_cpu_records_float32_as_what_ran(lora_campaign, env, cli_module) -> None:
     """The LoRA points ask bfloat16 (the default) and this machine has no CUDA: measurements keep what was asked,
     record what the loaded model ran with, and carry every rank's notes (runs.warnings, status too)."""
