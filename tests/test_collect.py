@@ -156,27 +156,44 @@ def wd(tmp_path):
 
 
 # -- aggregation --------------------------------------------------------------------------------------------
-def expected_gpu(rows_by_host, start, end):
+def sample_interval(paths: JobPaths) -> float:
+    """The sampler's period, as the job dir's spec.json gives it to the runner."""
+    return float(json.loads(paths.spec.read_text())["jobspec"]["runner"]["sample_interval_s"])
+
+
+def span_mean(rows, value, start, end, d):
+    """The time average over [start, end] of samples that each stand for the *d* seconds before their time:
+    a sample's weight is the length of [t - d, t] inside the window (rows without the value are left out)."""
+    num = den = 0.0
+    for r in rows:
+        v = value(r)
+        lo, hi = max(r["t_wall"] - d, start), min(r["t_wall"], end)
+        if v is not None and hi > lo:
+            num, den = num + (hi - lo) * v, den + (hi - lo)
+    return num / den
+
+
+def expected_gpu(rows_by_host, start, end, d):
     per_dev = {}
     for h, rows in rows_by_host.items():
         for r in rows:
-            if r["kind"] == "gpu" and start <= r["t_wall"] <= end:
+            if r["kind"] == "gpu":
                 per_dev.setdefault((h, r["device"]), []).append(r)
-    util = [mean(r["gpu_util"] for r in rs) for rs in per_dev.values()]
-    mem = [mean(100 * r["mem_used_mb"] / r["mem_total_mb"] for r in rs) for rs in per_dev.values()]
-    pw = [mean(r["power_w"] for r in rs) for rs in per_dev.values()]
-    pct = [mean(100 * r["power_w"] / r["power_limit_w"] for r in rs) for rs in per_dev.values()]
-    peak = max(100 * r["mem_used_mb"] / r["mem_total_mb"] for rs in per_dev.values() for r in rs)
+    util = [span_mean(rs, lambda r: r["gpu_util"], start, end, d) for rs in per_dev.values()]
+    mem = [span_mean(rs, lambda r: 100 * r["mem_used_mb"] / r["mem_total_mb"], start, end, d)
+           for rs in per_dev.values()]
+    pw = [span_mean(rs, lambda r: r["power_w"], start, end, d) for rs in per_dev.values()]
+    pct = [span_mean(rs, lambda r: 100 * r["power_w"] / r["power_limit_w"], start, end, d) for rs in per_dev.values()]
+    # the peak is the highest single reading taken inside the window
+    peak = max(100 * r["mem_used_mb"] / r["mem_total_mb"] for rs in per_dev.values() for r in rs
+               if start <= r["t_wall"] <= end)
     out = {"gpu_memory_utilization_peak": peak}
     for name, vals in (("gpu_compute_utilization", util), ("gpu_memory_utilization", mem),
                        ("gpu_power_watts", pw), ("gpu_power_percent", pct)):
         out.update({f"{name}_min": min(vals), f"{name}_avg": mean(vals), f"{name}_max": max(vals)})
-    cpu = [mean(r["cpu_pct"] for r in rows if r["kind"] == "proc" and start <= r["t_wall"] <= end)
-           for rows in rows_by_host.values()]
-    memp = [mean(r["mem_pct"] for r in rows if r["kind"] == "proc" and start <= r["t_wall"] <= end)
-            for rows in rows_by_host.values()]
-    out["cpu_compute_utilization"] = mean(cpu)
-    out["cpu_memory_utilization"] = mean(memp)
+    procs = [[r for r in rows if r["kind"] == "proc"] for rows in rows_by_host.values()]
+    out["cpu_compute_utilization"] = mean(span_mean(rs, lambda r: r["cpu_pct"], start, end, d) for rs in procs)
+    out["cpu_memory_utilization"] = mean(span_mean(rs, lambda r: r["mem_pct"], start, end, d) for rs in procs)
     return out, len(per_dev)
 
 
@@ -186,7 +203,7 @@ def test_measurements_match_an_independent_recomputation(wd, tmp_path):
     rep = collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
     assert rep.outcomes == {"ok": 1} and rep.sample_rows == 2 * 40 * 4
     m = one(db, "SELECT * FROM measurements")
-    exp, ndev = expected_gpu(run["rows"], run["t_train0"], run["t_train1"])
+    exp, ndev = expected_gpu(run["rows"], run["t_train0"], run["t_train1"], sample_interval(run["paths"]))
     assert ndev == 6 and m["gpu_devices"] == 6
     for k, v in exp.items():
         assert m[k] == pytest.approx(v, rel=1e-9), k
@@ -210,25 +227,96 @@ def test_measurements_match_an_independent_recomputation(wd, tmp_path):
     assert t_rel == pytest.approx(synth.T0 - run["t_train0"])
 
 
+def test_window_averages_weigh_each_sample_by_its_period_inside_the_window(wd, tmp_path):
+    """A sample stands for the sampler's period before it: one taken just after the window's start counts
+    for the part of its period inside the window, the first one after the end for the part before the end.
+    Ramps make the per-sample mean of the samples taken inside the window visibly wrong."""
+    t0 = synth.T0
+    rows = synth.gen_samples(t0, 20, 2, seed=5)
+    for r in rows:
+        k = r["t_wall"] - t0
+        r.update({"cpu_pct": 10.0 * k, "mem_pct": 1.0 + k} if r["kind"] == "proc" else
+                 {"gpu_util": 5.0 * k + r["device"], "power_w": 100.0 + 10 * k})
+    start, end = t0 + 5.25, t0 + 12.6
+    run = write_attempt(wd, 21, samples={"node1": rows}, t_train0=start, t_train1=end)
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
+    m = one(db, "SELECT * FROM measurements")
+    d = sample_interval(run["paths"])
+    exp, ndev = expected_gpu({"node1": rows}, start, end, d)
+    for k, v in exp.items():
+        assert m[k] == pytest.approx(v, rel=1e-9), k
+    inside = [r for r in rows if start <= r["t_wall"] <= end]
+    old = mean(r["cpu_pct"] for r in inside if r["kind"] == "proc")
+    assert abs(m["cpu_compute_utilization"] - old) > 0.02 * old  # the rule moves the mean by more than 2 %
+    assert (m["gpu_devices"], m["gpu_samples"], m["proc_samples"]) == (
+        ndev, sum(r["kind"] == "gpu" for r in inside), sum(r["kind"] == "proc" for r in inside))
+    # the pure functions follow the same rule
+    tagged = [{**r, "host": "node1"} for r in rows]
+    devs = aggregate.device_stats(tagged, start, end, d)
+    assert aggregate.gpu_properties(devs, True) == pytest.approx({k: exp[k] for k in aggregate.GPU_PROPERTIES})
+    assert aggregate.cpu_properties(aggregate.proc_stats(tagged, start, end, d))["cpu_compute_utilization"] == \
+        pytest.approx(m["cpu_compute_utilization"], rel=1e-9)
+
+
+def test_startup_is_timed_from_the_node_runners_start(wd, tmp_path):
+    """run_overhead counts startup (and the host's span) from the runner's start that the setup stage records,
+    1.7 s before the stage itself here; a host whose setup stage does not say counts from its first event."""
+    t0 = synth.T0
+    events = synth.normal_stages("node1", t0, t0 + 5, t0 + 15, [0, 1])
+    for ev in events:
+        if ev["stage"] == "setup" and ev["event"] == "end":
+            ev["info"] = {"runner_start_wall": t0 - 1.7}
+    text = "\n".join(json.dumps(e) for e in events) + "\n"
+    run = write_attempt(wd, 22, hosts=("node1", "node2"), gpus_per_host=2, t_train0=t0 + 5, t_train1=t0 + 15,
+                        stages={"node1": text})
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
+    got = {r[0]: r[1:] for r in rows_of(db, "SELECT host, startup_s, allocation_s FROM run_overhead")}
+    for host in ("node1", "node2"):
+        evs = [json.loads(line) for line in run["paths"].stages(host).read_text().splitlines()]
+        setup = [e for e in evs if e["stage"] == "setup" and e["event"] == "end"][0]
+        begin = (setup.get("info") or {}).get("runner_start_wall") or min(e["t_wall"] for e in evs)
+        first_train = min(e["t_wall"] for e in evs if e["stage"] == "train" and e["event"] == "start")
+        last = max(e["t_wall"] for e in evs)
+        assert got[host] == (pytest.approx(first_train - begin, rel=1e-12), pytest.approx(last - begin, rel=1e-12))
+    assert got["node1"][0] == pytest.approx(got["node2"][0] + 1.7)
+
+
 def test_pure_aggregation_functions_agree(wd):
     rows = [
         {"kind": "gpu", "host": "a", "device": 0, "t_wall": 1.0, "gpu_util": 10, "mem_used_mb": 10, "mem_total_mb": 100,
-         "power_w": 100, "power_limit_w": 400},
-        {"kind": "gpu", "host": "a", "device": 0, "t_wall": 2.0, "gpu_util": 30, "mem_used_mb": 30, "mem_total_mb": 100,
+         "power_w": 100, "power_limit_w": 400},  # on the start: its period lies before the window
+        {"kind": "gpu", "host": "a", "device": 0, "t_wall": 2.5, "gpu_util": 30, "mem_used_mb": 30, "mem_total_mb": 100,
          "power_w": 300, "power_limit_w": 400},
         {"kind": "gpu", "host": "a", "device": 1, "t_wall": 2.0, "gpu_util": 90, "mem_used_mb": 50, "mem_total_mb": 100,
          "power_w": 200, "power_limit_w": 250},
-        {"kind": "gpu", "host": "a", "device": 1, "t_wall": 9.0, "gpu_util": 0, "mem_used_mb": 99, "mem_total_mb": 100,
+        {"kind": "gpu", "host": "a", "device": 1, "t_wall": 5.5, "gpu_util": 0, "mem_used_mb": 99, "mem_total_mb": 100,
+         "power_w": 0, "power_limit_w": 250},  # after the end: half of its period is inside
+        {"kind": "gpu", "host": "a", "device": 1, "t_wall": 9.0, "gpu_util": 70, "mem_used_mb": 99, "mem_total_mb": 100,
          "power_w": 0, "power_limit_w": 250},  # outside the window
     ]
-    devs = aggregate.device_stats(rows, 1.0, 5.0)
+    start, end, d = 1.0, 5.0, 1.0
+    devs = aggregate.device_stats(rows, start, end, d)
+    assert [(x.device, x.samples) for x in devs] == [(0, 2), (1, 1)]  # samples: those taken inside the window
+    by = {dev: [r for r in rows if r["device"] == dev] for dev in (0, 1)}
+    util = [span_mean(by[dev], lambda r: r["gpu_util"], start, end, d) for dev in (0, 1)]
     props = aggregate.gpu_properties(devs, True)
-    assert props["gpu_compute_utilization_min"] == 20 and props["gpu_compute_utilization_max"] == 90
-    assert props["gpu_compute_utilization_avg"] == 55
-    assert props["gpu_memory_utilization_avg"] == pytest.approx((20 + 50) / 2)
-    assert props["gpu_memory_utilization_peak"] == 50
-    assert props["gpu_power_percent_max"] == 80 and props["gpu_power_percent_min"] == 50
-    assert props["gpu_power_watts_avg"] == 200
+    assert (props["gpu_compute_utilization_min"], props["gpu_compute_utilization_max"]) == (min(util), max(util))
+    assert props["gpu_compute_utilization_avg"] == pytest.approx(mean(util))
+    assert props["gpu_compute_utilization_avg"] != pytest.approx((mean([10, 30]) + 90) / 2)  # the old, per-sample mean
+    mem = [span_mean(by[dev], lambda r: r["mem_used_mb"] / r["mem_total_mb"] * 100, start, end, d) for dev in (0, 1)]
+    assert props["gpu_memory_utilization_avg"] == pytest.approx(mean(mem))
+    assert props["gpu_memory_utilization_peak"] == 50  # the highest reading taken inside the window
+    pct = [span_mean(by[dev], lambda r: 100 * r["power_w"] / r["power_limit_w"], start, end, d) for dev in (0, 1)]
+    assert props["gpu_power_percent_max"] == pytest.approx(max(pct))
+    assert props["gpu_power_watts_avg"] == pytest.approx(mean(span_mean(by[dev], lambda r: r["power_w"], start, end, d)
+                                                              for dev in (0, 1)))
+    procs = [{"kind": "proc", "host": "a", "device": -1, "t_wall": t, "cpu_pct": c, "mem_pct": None}
+             for t, c in ((0.5, 500.0), (1.5, 100.0), (5.2, 300.0))]
+    (p,) = aggregate.proc_stats(procs, start, end, d)
+    assert p.samples == 1 and p.mem_pct is None
+    assert p.cpu_pct == pytest.approx(span_mean(procs, lambda r: r["cpu_pct"], start, end, d))
     assert all(v == 0.0 for v in aggregate.gpu_properties([], False).values())
     assert aggregate.measured_window({"train_start_wall": 1, "train_end_wall": 9, "warmup_end_wall": 4},
                                      "WARMUP_60S_STABLE_120S_OR_10_STEPS") == (4.0, 9.0)
@@ -246,10 +334,10 @@ def test_auto_stop_excludes_warmup_and_stop_after_seconds_omits_tokens(wd, tmp_p
     db = tmp_path / "r.duckdb"
     collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
     m = one(db, "SELECT * FROM measurements")
-    exp, _ = expected_gpu(run["rows"], warm, run["t_train1"])
+    exp, _ = expected_gpu(run["rows"], warm, run["t_train1"], sample_interval(run["paths"]))
     assert m["window_start_wall"] == warm
-    assert m["gpu_compute_utilization_avg"] == pytest.approx(exp["gpu_compute_utilization_avg"])
-    assert m["cpu_compute_utilization"] == pytest.approx(exp["cpu_compute_utilization"])
+    assert m["gpu_compute_utilization_avg"] == pytest.approx(exp["gpu_compute_utilization_avg"], rel=1e-9)
+    assert m["cpu_compute_utilization"] == pytest.approx(exp["cpu_compute_utilization"], rel=1e-9)
     assert m["train_tokens_per_second"] is None and m["train_tokens_per_gpu_per_second"] is None
     assert m["dataset_tokens_per_second"] is not None
 
@@ -263,8 +351,9 @@ def test_cpu_only_run_reports_zero_gpu_values(wd, tmp_path):
     m = one(db, "SELECT * FROM measurements")
     for p in aggregate.GPU_PROPERTIES:
         assert m[p] == 0.0, p
-    inw = [r["cpu_pct"] for r in rows if run["t_train0"] <= r["t_wall"] <= run["t_train1"]]
-    assert m["cpu_compute_utilization"] == pytest.approx(mean(inw))
+    assert m["cpu_compute_utilization"] == pytest.approx(
+        span_mean(rows, lambda r: r["cpu_pct"], run["t_train0"], run["t_train1"], sample_interval(run["paths"])),
+        rel=1e-9)
 
 
 @pytest.mark.parametrize("cpu_partition, expect_null", [(False, True), (True, False)])

@@ -99,18 +99,26 @@ def test_measurements_agree_with_an_independent_recomputation(lora_campaign, env
         rank0 = json.loads(paths.rank_result(0).read_text())
         world = rank0["world_size"]
         start, end = rank0["train_start_wall"], rank0["train_end_wall"]
-        # CPU: time average of the process-tree rows inside the training window, per host, then mean.
-        per_host = []
+        # CPU: time average of the process-tree rows over the training window, per host, then mean. A row
+        # at t stands for the sampler's period d before it, [t - d, t], and weighs as much of it as lies
+        # inside the window; proc_samples counts the rows taken inside the window.
+        d = float(json.loads(paths.spec.read_text())["jobspec"]["runner"]["sample_interval_s"])
+        per_host, inside = [], 0
         for host in paths.sample_hosts():
             with paths.samples(host).open() as fh:
-                rows = [r for r in csv.DictReader(fh) if r["kind"] == "proc" and start <= float(r["t_wall"]) <= end]
-            assert rows, "no process samples inside the training window"
-            per_host.append((sum(float(r["cpu_pct"]) for r in rows) / len(rows),
-                             sum(float(r["mem_pct"]) for r in rows) / len(rows)))
+                rows = [r for r in csv.DictReader(fh) if r["kind"] == "proc"]
+            inside += sum(start <= float(r["t_wall"]) <= end for r in rows)
+            spans = [(min(float(r["t_wall"]), end) - max(float(r["t_wall"]) - d, start), r) for r in rows]
+            spans = [(w, r) for w, r in spans if w > 0]
+            assert spans, "no process samples in the training window"
+            total = sum(w for w, _ in spans)
+            per_host.append((sum(w * float(r["cpu_pct"]) for w, r in spans) / total,
+                             sum(w * float(r["mem_pct"]) for w, r in spans) / total))
         cpu = sum(c for c, _ in per_host) / len(per_host)
         mem = sum(x for _, x in per_host) / len(per_host)
-        assert m["cpu_compute_utilization"] == pytest.approx(cpu, rel=1e-6)
-        assert m["cpu_memory_utilization"] == pytest.approx(mem, rel=1e-6)
+        assert m["cpu_compute_utilization"] == pytest.approx(cpu, rel=1e-9)
+        assert m["cpu_memory_utilization"] == pytest.approx(mem, rel=1e-9)
+        assert m["proc_samples"] == inside
         # No GPUs here: every GPU property is 0.0 (not NULL).
         for k in ("gpu_compute_utilization_avg", "gpu_memory_utilization_peak", "gpu_power_watts_max"):
             assert m[k] == 0.0
@@ -158,6 +166,22 @@ def _at(rows: list[tuple[float, float]], t: float) -> float:
         if ta < t <= tb:
             return eb if tb == t else ea + (eb - ea) * (t - ta) / (tb - ta)
     raise AssertionError(f"no energy readings around {t}")
+
+
+def test_startup_is_timed_from_the_node_runners_start(lora_campaign, env) -> None:
+    """run_overhead.startup_s: from the runner's start that its setup stage records (its process's start, before
+    the stage's own start) to the first train stage, recomputed from stages.<host>.jsonl."""
+    rows = sql(env["db"], "SELECT o.*, r.job_dir FROM run_overhead o JOIN runs r USING (run_id) "
+                          "WHERE r.campaign = 'e2e-lora'")
+    assert len(rows) == 3
+    for o in rows:
+        events = [json.loads(line) for line in JobPaths(o["job_dir"]).stages(o["host"]).read_text().splitlines()]
+        (setup,) = [e for e in events if e["stage"] == "setup" and e["event"] == "start"]
+        (done,) = [e for e in events if e["stage"] == "setup" and e["event"] == "end"]
+        began = done["info"]["runner_start_wall"]
+        assert began < setup["t_wall"]
+        first_train = min(e["t_wall"] for e in events if e["stage"] == "train" and e["event"] == "start")
+        assert o["startup_s"] == pytest.approx(first_train - began, rel=1e-12)
 
 
 def test_a_bfloat16_point_on_cpu_records_float32_as_what_ran(lora_campaign, env, cli_module) -> None:

@@ -146,6 +146,24 @@ def test_ok_run_writes_every_file_in_stage_order(job):
     assert res["started_wall"] <= min(t) and max(t) <= res["ended_wall"]
 
 
+def test_the_setup_stage_records_the_runners_start(job):
+    """The node runner's start is its process's start, which launch.sh execs into: a shell that waits 2 s before
+    the exec (as launch.sh's setup lines would) moves the recorded start 2 s before the runner's own first
+    reading of the clock, and never before the process was spawned."""
+    paths, cmd = job("ok")
+    e = {**os.environ, "SBENCH_HOST": "node7", "SBENCH_REPO": str(ROOT), "SBENCH_MACHINE_RANK": "0",
+         "PYTHONPATH": str(ROOT)}
+    runner = [sys.executable, "-m", "harness.runner", "node", "--job-dir", str(paths.root), "--host", "node7", "--",
+              *cmd]
+    spawned = time.time()
+    proc = subprocess.run(["bash", "-c", 'sleep 2; exec "$@"', "launch", *runner], env=e, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (setup,) = [ev for ev in read_stages(paths.stages("node7")) if ev["stage"] == "setup" and ev["event"] == "end"]
+    start = setup["info"]["runner_start_wall"]
+    assert spawned - 0.05 <= start <= result(paths)["started_wall"] - 2.0  # a clock tick is 10 ms
+
+
 def test_restart_count_is_recorded(job):
     paths, cmd = job("ok")
     assert run_node(paths, cmd, env={"SLURM_RESTART_COUNT": "2"}).returncode == 0

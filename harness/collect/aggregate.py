@@ -4,9 +4,14 @@ Definitions (ado-sfttrainer-experiments.md, "Measured properties" and notes 1-3)
 
 * **Window.** Everything is measured over rank 0's training window,
   ``train_start_wall``..``train_end_wall``; under ``auto_stop_method`` it starts at
-  ``warmup_end_wall`` instead (warm-up excluded). Samples on the bounds count.
+  ``warmup_end_wall`` instead (warm-up excluded).
+* **Time averages.** A sample taken at ``t`` stands for the sampler's period before it, ``[t - d, t]``
+  (``d`` = ``runner.sample_interval_s``; the CPU figure is the average over that period). An average over
+  the window weighs each sample by the length of its period inside the window (:func:`overlap`), so it
+  covers exactly the window's time. The sample counts (``gpu_samples``, ``proc_samples``) and the memory
+  peak are the samples whose time falls inside the window, bounds included.
 * **GPU metrics** (note 1): for each in-use device (host, device) the time average of its samples
-  inside the window; then min / avg / max across devices. Memory utilisation is
+  in the window; then min / avg / max across devices. Memory utilisation is
   ``100 * mem_used_mb / mem_total_mb``; power is reported in W and as ``100 * power_w /
   power_limit_w`` (the enforced limit). ``gpu_memory_utilization_peak`` is the highest single
   sample over all devices in the window. A run without any GPU sample row reports 0.0 for all of
@@ -138,34 +143,63 @@ def _in(t: Any, start: float | None, end: float | None) -> bool:
     return (start is None or x >= start) and (end is None or x <= end)
 
 
-def device_stats(rows: Iterable[Mapping[str, Any]], start: float | None, end: float | None) -> list[DeviceStats]:
-    """Per-device averages of ``kind=gpu`` sample rows (dicts keyed like the CSV, plus ``host``)."""
-    groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+def overlap(t: Any, interval: float, start: float | None, end: float | None) -> float:
+    """The weight of a sample taken at *t*: the length of its period ``[t - interval, t]`` inside the window
+    (None bounds: unbounded); 0.0 for a sample without a time."""
+    x = _f(t)
+    if x is None:
+        return 0.0
+    hi = x if end is None else min(x, end)
+    lo = x - interval if start is None else max(x - interval, start)
+    return max(hi - lo, 0.0)
+
+
+def _wmean(pairs: Iterable[tuple[float, float | None]]) -> float | None:
+    """The weighted mean of (weight, value) pairs with a value and a positive weight; None without any."""
+    xs = [(w, v) for w, v in pairs if v is not None and w > 0]
+    total = sum(w for w, _ in xs)
+    return sum(w * v for w, v in xs) / total if xs and total > 0 else None
+
+
+def device_stats(rows: Iterable[Mapping[str, Any]], start: float | None, end: float | None,
+                 interval: float) -> list[DeviceStats]:
+    """Per-device time averages of ``kind=gpu`` sample rows (dicts keyed like the CSV, plus ``host``) in the
+    window, each sample spanning *interval* seconds before its time."""
+    groups: dict[tuple[str, int], list[tuple[float, Mapping[str, Any]]]] = {}
     for r in rows:
-        if r.get("kind") != "gpu" or not _in(r.get("t_wall"), start, end):
+        if r.get("kind") != "gpu":
             continue
-        groups.setdefault((str(r.get("host")), int(float(r["device"]))), []).append(r)
+        groups.setdefault((str(r.get("host")), int(float(r["device"]))), []).append(
+            (overlap(r.get("t_wall"), interval, start, end), r))
     out = []
     for (host, dev), rs in sorted(groups.items()):
-        mem = [_pct(r.get("mem_used_mb"), r.get("mem_total_mb")) for r in rs]
-        mem_vals = [m for m in mem if m is not None]
+        inside = [r for _, r in rs if _in(r.get("t_wall"), start, end)]
+        if not inside:
+            continue
+        mem_vals = [m for m in (_pct(r.get("mem_used_mb"), r.get("mem_total_mb")) for r in inside) if m is not None]
         out.append(DeviceStats(
-            host=host, device=dev, samples=len(rs), gpu_util=_mean(_f(r.get("gpu_util")) for r in rs),
-            mem_util=_mean(mem), mem_util_peak=max(mem_vals) if mem_vals else None,
-            power_w=_mean(_f(r.get("power_w")) for r in rs),
-            power_pct=_mean(_pct(r.get("power_w"), r.get("power_limit_w")) for r in rs)))
+            host=host, device=dev, samples=len(inside), gpu_util=_wmean((w, _f(r.get("gpu_util"))) for w, r in rs),
+            mem_util=_wmean((w, _pct(r.get("mem_used_mb"), r.get("mem_total_mb"))) for w, r in rs),
+            mem_util_peak=max(mem_vals) if mem_vals else None,
+            power_w=_wmean((w, _f(r.get("power_w"))) for w, r in rs),
+            power_pct=_wmean((w, _pct(r.get("power_w"), r.get("power_limit_w"))) for w, r in rs)))
     return out
 
 
-def proc_stats(rows: Iterable[Mapping[str, Any]], start: float | None, end: float | None) -> list[ProcStats]:
-    """Per-host averages of ``kind=proc`` sample rows."""
-    groups: dict[str, list[Mapping[str, Any]]] = {}
+def proc_stats(rows: Iterable[Mapping[str, Any]], start: float | None, end: float | None,
+               interval: float) -> list[ProcStats]:
+    """Per-host time averages of ``kind=proc`` sample rows in the window (see :func:`device_stats`)."""
+    groups: dict[str, list[tuple[float, Mapping[str, Any]]]] = {}
     for r in rows:
-        if r.get("kind") != "proc" or not _in(r.get("t_wall"), start, end):
-            continue
-        groups.setdefault(str(r.get("host")), []).append(r)
-    return [ProcStats(host=h, samples=len(rs), cpu_pct=_mean(_f(r.get("cpu_pct")) for r in rs),
-                      mem_pct=_mean(_f(r.get("mem_pct")) for r in rs)) for h, rs in sorted(groups.items())]
+        if r.get("kind") == "proc":
+            groups.setdefault(str(r.get("host")), []).append((overlap(r.get("t_wall"), interval, start, end), r))
+    out = []
+    for h, rs in sorted(groups.items()):
+        n = sum(1 for _, r in rs if _in(r.get("t_wall"), start, end))
+        if n:
+            out.append(ProcStats(host=h, samples=n, cpu_pct=_wmean((w, _f(r.get("cpu_pct"))) for w, r in rs),
+                                 mem_pct=_wmean((w, _f(r.get("mem_pct"))) for w, r in rs)))
+    return out
 
 
 def run_stats(stats: Iterable[Mapping[str, Any]], run_id: str) -> tuple[list[DeviceStats], list[ProcStats], bool]:

@@ -227,8 +227,8 @@ def _collect(store: Store, report: CollectReport, manifests: list[Manifest], att
     _pause("measure")
     by_run = {d.run["run_id"]: d for d in datas}
     store.insert("sample_files", loader.file_rows({rid: d.run["train_start_wall"] for rid, d in by_run.items()}))
-    stats = sample_stats(store, [{"run_id": d.run["run_id"], "start": d.window[0], "end": d.window[1]}
-                                 for d in datas if d.sample_files])
+    stats = sample_stats(store, [{"run_id": d.run["run_id"], "start": d.window[0], "end": d.window[1],
+                                  "interval": d.sample_interval_s} for d in datas if d.sample_files])
     again = loader.miscounted(by_run, stats)
     if again:
         loader.recheck(again)

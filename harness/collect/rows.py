@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.contract.defaults import sample_interval
 from harness.contract.formats import Stage
 from harness.db.values import entity_values, to_json, utc
 from harness.spec.catalog import EXPERIMENTS
@@ -46,6 +47,7 @@ class RunData:
     experiment: str | None = None
     world_size: int = 1
     window: tuple[float | None, float | None] = (None, None)
+    sample_interval_s: float = 1.0  # the sampler's period (spec.json's runner block): each sample's span
     over: bool = False
     workload: str = "train"
     peak: float | None = None  # one device's peak TFLOP/s from spec.json (MFU's denominator)
@@ -307,6 +309,7 @@ def build(f: JobFiles, v: Verdict) -> RunData:
                 memory_prediction=f.jobspec.get("memory_prediction"),
                 rank0=f.rank0, entity=f.entity, experiment=f.experiment, world_size=world,
                 window=aggregate.measured_window(f.rank0, f.entity.get("auto_stop_method")), over=v.over,
+                sample_interval_s=sample_interval(as_dict(f.jobspec.get("runner")).get("sample_interval_s")),
                 workload=str(f.jobspec.get("workload") or "train"), peak=_f(f.jobspec.get("peak_tflops")),
                 gpu_partition=None if not isinstance(f.jobspec.get("cpu_partition"), bool)
                 else not f.jobspec["cpu_partition"],

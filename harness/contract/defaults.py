@@ -9,6 +9,7 @@ method's name. (Paths live in ``paths.py``, environment variables in ``env.py``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,22 @@ class RunnerSettings:
             except (TypeError, ValueError):
                 continue
         return cls(**values)
+
+
+# The sampler's shortest period (the sweep's lower bound; the sampler never ticks faster).
+MIN_SAMPLE_INTERVAL_S = 0.01
+
+
+def sample_interval(value: Any) -> float:
+    """The period a sampler set to *value* ticks at: at least :data:`MIN_SAMPLE_INTERVAL_S`; a value that is
+    not a finite number takes the default. Each sample covers the period before it (``[t - d, t]``)."""
+    try:
+        d = float(value)
+    except (TypeError, ValueError):
+        d = RunnerSettings.sample_interval_s
+    if not math.isfinite(d):
+        d = RunnerSettings.sample_interval_s
+    return max(MIN_SAMPLE_INTERVAL_S, d)
 
 
 # DeepSpeed ZeRO settings sbench renders into deepspeed.json and the memory prediction assumes:

@@ -114,55 +114,78 @@ def _take_rejects(store: Store) -> list[tuple[str, int, str]]:
 
 
 def sample_stats(store: Store, windows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per (run, host, kind, device) statistics of the samples inside each run's measured window
-    (``run_id``, ``start``, ``end``; NULL bounds = unbounded), plus rows counted outside it; and the energy
-    counter around the window's edges: ``energy_rows`` (rows with an ``energy_j``), and at each edge
-    (``lo``, ``hi``) the last reading at or before it (``e_<edge>_t0``, ``e_<edge>_e0``) and the first at or
-    after it (``e_<edge>_t1``, ``e_<edge>_e1``), for :func:`harness.collect.aggregate.energy_stats`."""
+    """Per (run, host, kind, device) statistics of the samples in each run's measured window (``run_id``,
+    ``start``, ``end``: NULL bounds = unbounded; ``interval``: the sampler's period ``d``), plus the rows
+    counted outside it.
+
+    A sample taken at ``t`` stands for the period before it, ``[t - d, t]`` (the sampler's CPU figure is
+    the average over that period). The averages weigh each sample by the length of that period inside the
+    window, so a window sees exactly the time it spans: the first sample after it counts for the part of
+    its period before the window's end, one at (or just after) the start for the part after it, and a
+    sample with no overlap not at all. ``samples`` (and ``mem_util_peak``, the highest single reading)
+    are the samples whose time falls inside the window, its bounds included.
+
+    Also the energy counter around the window's edges: ``energy_rows`` (rows with an ``energy_j``), and at
+    each edge (``lo``, ``hi``) the last reading at or before it (``e_<edge>_t0``, ``e_<edge>_e0``) and the
+    first at or after it (``e_<edge>_t1``, ``e_<edge>_e1``), for :func:`harness.collect.aggregate.energy_stats`."""
     if not windows:
         return []
-    tbl = frame([("run_id", "VARCHAR"), ("w_start", "DOUBLE"), ("w_end", "DOUBLE")],
-                [{"run_id": w["run_id"], "w_start": w.get("start"), "w_end": w.get("end")} for w in windows])
+    tbl = frame([("run_id", "VARCHAR"), ("w_start", "DOUBLE"), ("w_end", "DOUBLE"), ("w_d", "DOUBLE")],
+                [{"run_id": w["run_id"], "w_start": w.get("start"), "w_end": w.get("end"),
+                  "w_d": w.get("interval")} for w in windows])
     store.con.register("_sbench_win", tbl)
     try:
         # Aggregate on the small integer key (one file = one run and host) split by in/out of the
         # window (cheaper than filtered aggregates), GPU and process rows apart (each kind updates only
         # its own aggregates; the GPU rows' kind is known, so not hashed), fold the split, then name the
-        # files.
-        return store.fetch_dicts("""
+        # files. ``x`` is a row's weight: its period's overlap with the window, NULL where there is none
+        # (so a value outside the window, even NaN, never reaches a sum). Each average is the sum of
+        # weight x value over the sum of the weights of the rows that have the value.
+        x = "nullif(greatest(least(s.t_wall, w.hi) - greatest(s.t_wall - w.d, w.lo), 0), 0)"
+        inw = "coalesce(s.t_wall BETWEEN w.lo AND w.hi, false)"
+
+        def wsum(value: str, name: str) -> str:
+            return (f"sum(x * ({value})) AS {name}_xv, "
+                    f"sum(CASE WHEN ({value}) IS NOT NULL THEN x END) AS {name}_x")
+
+        def wavg(name: str) -> str:
+            return f"sum({name}_xv) / nullif(sum({name}_x), 0) AS {name}"
+
+        mem = "100.0 * mem_used_mb / nullif(mem_total_mb, 0)"
+        pct = "100.0 * power_w / nullif(power_limit_w, 0)"
+        gpu_names = ("gpu_util", "mem_util", "power_w", "power_pct")
+        proc_names = ("cpu_pct", "mem_pct")
+
+        def null_pairs(names: Sequence[str]) -> str:
+            return ", ".join(f"NULL::DOUBLE AS {n}_xv, NULL::DOUBLE AS {n}_x" for n in names)
+
+        return store.fetch_dicts(f"""
             WITH w AS (SELECT f.file_id, coalesce(x.w_start, '-infinity'::DOUBLE) AS lo,
-                              coalesce(x.w_end, 'infinity'::DOUBLE) AS hi
+                              coalesce(x.w_end, 'infinity'::DOUBLE) AS hi, x.w_d AS d
                        FROM sample_files f JOIN _sbench_win x USING (run_id)),
+                 r AS (SELECT s.*, {inw} AS inw, {x} AS x FROM sample_rows s JOIN w USING (file_id)),
                  g AS (
-                SELECT file_id, 'gpu'::sample_kind AS kind, device,
-                       coalesce(s.t_wall BETWEEN w.lo AND w.hi, false) AS inw,
-                       count(*) AS n,
-                       avg(gpu_util) AS gpu_util,
-                       avg(100.0 * mem_used_mb / nullif(mem_total_mb, 0)) AS mem_util,
-                       max(100.0 * mem_used_mb / nullif(mem_total_mb, 0)) AS mem_util_peak,
-                       avg(power_w) AS power_w,
-                       avg(100.0 * power_w / nullif(power_limit_w, 0)) AS power_pct,
-                       NULL::DOUBLE AS cpu_pct, NULL::DOUBLE AS mem_pct, NULL::DOUBLE AS rss_mb_max
-                FROM sample_rows s JOIN w USING (file_id)
+                SELECT file_id, 'gpu'::sample_kind AS kind, device, inw, count(*) AS n,
+                       {wsum("gpu_util", "gpu_util")}, {wsum(mem, "mem_util")},
+                       max({mem}) AS mem_util_peak,
+                       {wsum("power_w", "power_w")}, {wsum(pct, "power_pct")},
+                       {null_pairs(proc_names)}, NULL::DOUBLE AS rss_mb_max
+                FROM r
                 WHERE kind = 'gpu'
                 GROUP BY file_id, device, inw
                 UNION ALL
-                SELECT file_id, kind, device, coalesce(s.t_wall BETWEEN w.lo AND w.hi, false) AS inw,
-                       count(*) AS n, NULL, NULL, NULL, NULL, NULL,
-                       avg(cpu_pct), avg(mem_pct), max(rss_mb)
-                FROM sample_rows s JOIN w USING (file_id)
+                SELECT file_id, kind, device, inw, count(*) AS n,
+                       {null_pairs(gpu_names[:2])}, NULL, {null_pairs(gpu_names[2:])},
+                       {wsum("cpu_pct", "cpu_pct")}, {wsum("mem_pct", "mem_pct")}, max(rss_mb)
+                FROM r
                 WHERE kind <> 'gpu'
                 GROUP BY ALL),
                  a AS (
                 SELECT file_id, kind, device, CAST(sum(n) AS BIGINT) AS rows_all,
                        CAST(coalesce(sum(n) FILTER (WHERE inw), 0) AS BIGINT) AS samples,
-                       max(gpu_util) FILTER (WHERE inw) AS gpu_util,
-                       max(mem_util) FILTER (WHERE inw) AS mem_util,
+                       {wavg("gpu_util")}, {wavg("mem_util")},
                        max(mem_util_peak) FILTER (WHERE inw) AS mem_util_peak,
-                       max(power_w) FILTER (WHERE inw) AS power_w,
-                       max(power_pct) FILTER (WHERE inw) AS power_pct,
-                       max(cpu_pct) FILTER (WHERE inw) AS cpu_pct,
-                       max(mem_pct) FILTER (WHERE inw) AS mem_pct,
+                       {wavg("power_w")}, {wavg("power_pct")}, {wavg("cpu_pct")}, {wavg("mem_pct")},
                        max(rss_mb_max) AS rss_mb_max
                 FROM g GROUP BY file_id, kind, device),
                  e AS (

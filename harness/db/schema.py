@@ -235,7 +235,11 @@ def run_overhead_sql(stages: str = "stages") -> str:
     return f"""
         WITH s AS (SELECT run_id, host, stage, trial, start_wall, end_wall, info FROM {stages}
                    WHERE start_wall IS NOT NULL),
-        h AS (SELECT run_id, host, min(start_wall) AS job_start_wall,
+        h AS (SELECT run_id, host,
+                     -- the node runner's start (its setup stage says when its process started), else
+                     -- the host's first event
+                     least(min(start_wall), min(CASE WHEN stage = '{Stage.SETUP}' THEN TRY_CAST(
+                         json_extract_string(info, '$.runner_start_wall') AS DOUBLE) END)) AS job_start_wall,
                      max(coalesce(end_wall, start_wall)) AS job_end_wall,
                      bool_or(json_extract_string(info, '$.prepared.status') IN ('built', 'rebuilt')
                              OR json_extract_string(info, '$.status_before') IN ('missing', 'stale'))
@@ -316,8 +320,9 @@ VIEWS: dict[str, str] = {
                count(*) FILTER (WHERE status = 'error') AS errors,
                count(*) FILTER (WHERE status = 'incomplete') AS incomplete
         FROM stages GROUP BY run_id, stage, trial""",
-    # Per run and host, from the stage events: the seconds from the host's first event (the node runner
-    # starting) to the first train stage, the host's span, the train stages' span (per trial, summed), and
+    # Per run and host, from the stage events: the seconds from the node runner's start (its process's
+    # start, which the setup stage records; else the host's first event) to the first train stage, the host's
+    # span from then, the train stages' span (per trial, summed), and
     # what is left outside training. prepared_in_job: the job had to generate or tokenize its data.
     "run_overhead": run_overhead_sql(),
     "point_status": point_status_sql(),

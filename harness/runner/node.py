@@ -69,6 +69,20 @@ def _become_subreaper() -> bool:
         return False
 
 
+def process_start_wall() -> float | None:
+    """When this process started, on the wall clock: Linux's start time of the process (clock ticks since
+    boot, ``/proc/self/stat``) against ``CLOCK_BOOTTIME``, to a tick (10 ms). ``launch.sh`` execs the node
+    runner, so this is when the node's task started: launch.sh's lines, the interpreter and its imports
+    come before the runner's first stage. None where the system cannot say."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, starttime; fields[0] is field 3
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - age if age >= 0 else None
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -141,6 +155,7 @@ class NodeRunner:
         self.sampler: Sampler | None = None
         self.phase = "init"
         self.raising = False  # a first signal outside training aborts the current stage (main's stages only)
+        self.process_start_wall = process_start_wall()  # the runner's start (startup is timed from it)
         self.result: dict[str, Any] = {
             "host": host, "machine_rank": self.machine_rank, "exit_code": None, "signal": None, "outcome": None,
             "reason": None, "started_wall": time.time(), "ended_wall": None, "samples": 0,
@@ -197,6 +212,8 @@ class NodeRunner:
     # -- stages ----------------------------------------------------------------------------------
     def setup(self) -> None:
         with self.log.stage(Stage.SETUP) as info:
+            if self.process_start_wall is not None:
+                info["runner_start_wall"] = self.process_start_wall
             env = capture(self.host, self.machine_rank)
             _write_json(self.paths.environment(self.host), env)
             per_node = None if self.spec.get("cpu_partition") else len(self.expected_ranks)

@@ -47,6 +47,7 @@ from typing import Any
 import psutil
 
 from harness.contract import envvars
+from harness.contract.defaults import sample_interval
 from harness.contract.formats import SAMPLE_CSV_NAMES
 
 
@@ -476,7 +477,7 @@ class Sampler:
     def __init__(self, path: str | Path, interval_s: float, backend: GpuBackend | None = None,
                  root_pid: int | None = None, rapl: RaplReader | None = None) -> None:
         self.path = Path(path)
-        self.interval_s = max(0.01, float(interval_s))
+        self.interval_s = sample_interval(interval_s)
         self.backend = backend or GpuBackend()
         self.rapl = rapl
         self.tree = ProcessTree(root_pid) if root_pid else None

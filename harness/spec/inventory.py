@@ -42,6 +42,9 @@ CPU_MODEL = "cpu"
 MAX_GPUS_PER_NODE = 1024
 MAX_CPUS_PER_NODE = 1 << 16
 MAX_MEMORY_GB = 1 << 20
+# The inventory's memory unit (memory_gb, gpu_memory_gb): 1 GB = 10^9 bytes. The memory prediction's budget
+# (harness.spec.memory) and the local inventory's figure both convert through it.
+BYTES_PER_GB = 1e9
 MAX_GID_INDEX = 255
 
 TOP_KEYS = ("cluster", "defaults", "partitions")
@@ -339,7 +342,7 @@ def local_inventory() -> Inventory:
     """This machine as a one-host inventory: NVML GPUs when present, else a CPU partition."""
     host = socket.gethostname().split(".")[0] or "localhost"
     cpus = os.cpu_count() or 1
-    mem_gb = round(psutil.virtual_memory().total / 2**30, 1)
+    mem_gb = round(psutil.virtual_memory().total / BYTES_PER_GB, 1)
     gpus = detect_gpus()
     if gpus:
         model, per_node = gpu_label(gpus[0]["name"]), len(gpus)

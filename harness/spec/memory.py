@@ -59,12 +59,13 @@ import yaml
 from harness.contract.defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
 
 from .catalog import CATALOGUE_CONFIG, architecture, optim_args
+from .inventory import BYTES_PER_GB
 
 RESERVE_GB = 1.0
 # bitsandbytes NF4 with double quantisation: 4 bits per weight, one 8-bit scale per 64-weight block and
 # one fp32 scale per 256 such blocks
 QLORA_BYTES_PER_WEIGHT = 0.5 + 1 / 64 + 4 / (64 * 256)
-GB = 1e9
+GB = BYTES_PER_GB  # the inventory's GB (memory_gb, gpu_memory_gb, gpu_memory.yaml)
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "double": 8}
 # model_type -> (q/k/v bias, o bias) defaults; attention_bias in the config overrides both
 _SUPPORTED = {"llama": (False, False), "mistral": (False, False), "granite": (False, False),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import envvars
-from harness.contract.defaults import RunnerSettings
+from harness.contract.defaults import MIN_SAMPLE_INTERVAL_S, RunnerSettings
 from harness.contract.errors import CatalogError, InputError, SweepError
 
 from .catalog import (
@@ -232,8 +232,8 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     auto = ck.mapping(runner_node.get("auto_stop"), "runner.auto_stop", runner_node, "auto_stop")
     ck.known_keys(auto, "runner.auto_stop", AUTO_STOP_KEYS)
     d = RunnerSettings()  # the defaults
-    interval = ck.number(runner_node, "runner", "sample_interval_s", default=d.sample_interval_s, minimum=0.01,
-                         maximum=3600)
+    interval = ck.number(runner_node, "runner", "sample_interval_s", default=d.sample_interval_s,
+                         minimum=MIN_SAMPLE_INTERVAL_S, maximum=3600)
     day = 86400.0
     runner = RunnerSettings(
         sample_interval_s=float(interval),
