@@ -26,8 +26,9 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # ranks.cpu_util_pct; 7: DeepSpeed ZeRO and QLoRA entity columns; 8: trainer (entity column) and the trainer
 # environment's packages; 9: shared hosts (runs.overlapped_with, run_hosts.held_*_wall,
 # measurements.shared_host and overlapped_with); 10: what ran in measurements (effective_torch_dtype,
-# attn_implementation, adjustments)
-SCHEMA_VERSION = 10
+# attn_implementation, adjustments); 11: the measured window in steps and the precision auto-stop's statistics
+# (measurements.window_steps, window_start_step, window_end_step, step_time_cv, ci_rel_halfwidth)
+SCHEMA_VERSION = 11
 
 
 KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
@@ -130,7 +131,12 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("experiment", "VARCHAR"), ("ended_at", "TIMESTAMP"), ("is_valid", "BOOLEAN"),
         *[(p, "DOUBLE") for p in PROPERTY_COLUMNS],
         ("trials_run", "INTEGER"), ("window_start_wall", "DOUBLE"), ("window_end_wall", "DOUBLE"),
-        ("window_s", "DOUBLE"), ("gpu_devices", "INTEGER"), ("gpu_samples", "BIGINT"), ("proc_samples", "BIGINT"),
+        ("window_s", "DOUBLE"),
+        # the window in steps; under auto-stop method precision its step times' CV and the 95 % interval's
+        # relative half-width (rank.0.json steady_state)
+        ("window_steps", "BIGINT"), ("window_start_step", "BIGINT"), ("window_end_step", "BIGINT"),
+        ("step_time_cv", "DOUBLE"), ("ci_rel_halfwidth", "DOUBLE"),
+        ("gpu_devices", "INTEGER"), ("gpu_samples", "BIGINT"), ("proc_samples", "BIGINT"),
         ("world_size", "INTEGER"), ("transport", "VARCHAR"), ("notes", "VARCHAR[]"),
         # what ran (the runner's rank files): torch_dtype (an entity column) is what the point asked
         ("effective_torch_dtype", "VARCHAR"), ("attn_implementation", "VARCHAR"), ("adjustments", "JSON"),
