@@ -241,3 +241,47 @@ def test_collect_takes_the_window_and_its_statistics_from_rank_0() -> None:
     fixed = window_properties({**rank0, "steady_state": None})
     assert fixed["window_steps"] == 45 and fixed["step_time_cv"] is None and fixed["ci_rel_halfwidth"] is None
     assert window_properties(None)["window_steps"] is None
+
+
+# -- the runner's bookkeeping, without a model --------------------------------------------------------------
+
+def test_the_runner_measures_the_steady_window_it_stopped_on() -> None:
+    # The timeline the Trainer callback keeps, filled step by step from a fixed sequence (8 slow warm-up
+    # steps, then a noisy plateau), with the stop decision taken after each step as rank 0 takes it.
+    import argparse
+
+    from harness.runner.measure import StopPolicy, _set_window, measurements, step_times
+
+    times = [2.0] * 8 + [0.5 * (1 + 0.05 * random.Random(9).gauss(0, 1)) for _ in range(2000)]
+    policy = StopPolicy.of(argparse.Namespace(stop_after_seconds=-1.0, auto_stop_method=AUTO_STOP),
+                           RunnerSettings(stop_method="precision", rel_ci=0.02, min_steps=10, max_seconds=600))
+    t0, wall0 = 50.0, 1000.0
+    tl: dict = {"t0": t0, "train_start_wall": wall0, "start_step": 0,
+                "start_counts": {"samples": 0, "dataset_tokens": 0, "train_tokens": 0, "micro_batches": 0,
+                                 "cpu_s": 0.0}}
+    now = t0
+    for step, dt in enumerate(times, start=1):
+        now += dt
+        counts = {"samples": 4 * step, "dataset_tokens": 100 * step, "train_tokens": 128 * step,
+                  "micro_batches": step, "cpu_s": 0.9 * (now - t0)}
+        tl.update(end_wall=wall0 + now - t0, t_end=now, end_step=step, end_counts=counts)
+        tl.setdefault("step_end_wall", []).append(wall0 + now - t0)
+        tl.setdefault("step_t", []).append(now)
+        tl.setdefault("step_counts", []).append(counts)
+        stop, reason, start = policy.decide_precision(step_times(tl), now - t0)
+        if start >= 0:
+            _set_window(tl, start)
+        if stop:
+            tl["stopped_by"] = reason
+            break
+    out = measurements(tl, policy, max_steps=-1)
+    st, m = out["steady_state"], out["metrics"]
+    assert out["stopped_by"] == "precision" and out["window"] == "steady_state"
+    assert st["warmup_steps"] >= 8 and st["warmup_steps"] % 5 == 0 and st["ci_rel_halfwidth"] <= 0.02
+    n, w = out["global_step"], st["warmup_steps"]
+    assert st["steps"] == m["train_steps"] == n - w >= 10
+    assert out["warmup_end_wall"] == tl["step_end_wall"][w - 1]  # the window starts where step w ended
+    assert m["train_runtime"] == pytest.approx(sum(times[w:n]), rel=1e-12)
+    assert m["rank_dataset_tokens"] == 100 * (n - w) and m["train_tokens"] == 128 * (n - w)
+    assert m["train_steps_per_second"] == pytest.approx((n - w) / sum(times[w:n]), rel=1e-12)
+    assert st["step_time_cv"] == pytest.approx(stdev(times[w:n]) / fmean(times[w:n]), rel=1e-9)
