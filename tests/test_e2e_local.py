@@ -615,8 +615,8 @@ def test_precision_auto_stop_measures_the_steady_window_and_records_its_interval
     runtime = w1 - w0
     assert m["train_runtime"] == pytest.approx(runtime, rel=1e-3)
     assert rank0["metrics"]["train_steps"] == end_step - start
-    assert rank0["metrics"]["train_samples"] == (end_step - start) * 2 * 2  # steps x batch x ranks
-    assert m["train_samples_per_second"] == pytest.approx((end_step - start) * 4 / runtime, rel=1e-3)
+    assert rank0["metrics"]["train_samples"] == (end_step - start) * 2  # steps x batch_size (both ranks' samples)
+    assert m["train_samples_per_second"] == pytest.approx((end_step - start) * 2 / runtime, rel=1e-3)
     assert m["dataset_tokens_per_second"] == pytest.approx(rank0["metrics"]["dataset_tokens"] / runtime, rel=1e-3)
     assert rank0["metrics"]["dataset_tokens"] < rank0["totals"]["rank_dataset_tokens"] * 2  # warm-up left out
     # the process samples are averaged over the same window
