@@ -597,3 +597,84 @@ def test_environment_records_the_python_version(lora_campaign, env) -> None:
     rows = sql(env["db"], "SELECT DISTINCT python FROM environment e JOIN runs r USING (run_id) "
                           "WHERE r.campaign = 'e2e-lora'")
     assert rows == [{"python": ".".join(map(str, sys.version_info[:3]))}]
+
+
+def _t_quantile_by_integration(p: float, df: int) -> float:
+    """Student's t quantile from its density (Simpson's rule and bisection): independent of harness.runner.steady."""
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+
+    def cdf(t: float, n: int = 4000) -> float:
+        h = t / n
+        f = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(n + 1)]
+        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    lo, hi = 0.0, 100.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def test_precision_auto_stop_measures_the_steady_window_and_records_its_interval(env, cli_module, monkeypatch) -> None:
+    # Two DDP processes, auto-stop by precision. A deterministic slow warm-up (1 s sleeps after steps 1-4, so
+    # steps 2-5 are slow) must fall outside the window MSER-5 finds; the run stops once the 95 % interval is
+    # within +-20 % (wide, so a loaded machine still gets there long before max_seconds).
+    monkeypatch.setenv("SBENCH_FAULT", ";".join(f"sleep@step={s}:1" for s in range(1, 5)))
+    doc = sweep_doc("e2e-precision", "finetune_lora_benchmark-v1.0.0", env["model"], env["data"],
+                    {"batch_size": 2, "max_steps": 3000, "number_gpus": 2, "distributed_backend": "DDP",
+                     "auto_stop_method": "WARMUP_60S_STABLE_120S_OR_10_STEPS"}, {})
+    doc["runner"]["auto_stop"] = {"method": "precision", "rel_ci": 0.2, "min_steps": 10, "max_seconds": 300}
+    run_cli(cli_module, env, "submit", write_sweep(env["root"] / "precision.yaml", doc), "--executor", "local",
+            "--wait")
+    monkeypatch.delenv("SBENCH_FAULT")
+    run_cli(cli_module, env, "collect")
+    (m,) = sql(env["db"], "SELECT m.*, r.job_dir, r.stopped_by, r.outcome FROM measurements m JOIN runs r "
+                          "USING (run_id) WHERE r.campaign = 'e2e-precision'")
+    assert m["outcome"] == "ok" and m["stopped_by"] == "precision"
+    paths = JobPaths(m["job_dir"])
+    docs = [json.loads(paths.rank_result(r).read_text()) for r in (0, 1)]
+    rank0 = docs[0]
+    st = rank0["steady_state"]
+    assert rank0["window"] == "steady_state" and rank0["auto_stop"]["rule"] == "precision"
+    # every rank stopped at the same step and measured the same steps (rank 0 decided, the others followed)
+    assert docs[0]["global_step"] == docs[1]["global_step"] < 3000
+    assert docs[0]["steady_state"]["start_step"] == docs[1]["steady_state"]["start_step"]
+    # the injected warm-up is cut off: the window starts after step 5, in whole MSER batches of 5
+    start, end_step = st["start_step"], rank0["global_step"]
+    assert start >= 5 and start % 5 == 0 and st["end_step"] == end_step
+    # Recompute from the job-dir files: rank 0's step end times give the window's bounds and step times.
+    walls = [rank0["train_start_wall"], *rank0["step_end_wall"]]
+    assert len(walls) == end_step + 1
+    w0, w1 = walls[start], walls[end_step]
+    assert (m["window_start_wall"], m["window_end_wall"]) == (w0, w1) == (rank0["warmup_end_wall"],
+                                                                          rank0["train_end_wall"])
+    assert (m["window_start_step"], m["window_end_step"], m["window_steps"]) == (start, end_step, end_step - start)
+    times = [b - a for a, b in zip(walls[start:-1], walls[start + 1:])]
+    assert len(times) == m["window_steps"] >= 10
+    mean = sum(times) / len(times)
+    cv = math.sqrt(sum((x - mean) ** 2 for x in times) / (len(times) - 1)) / mean
+    assert m["steady_step_time_cv"] == pytest.approx(cv, rel=1e-3)
+    b = min(30, max(2, math.isqrt(len(times))))
+    size = len(times) // b
+    used = times[len(times) - b * size:]
+    means = [sum(used[i * size:(i + 1) * size]) / size for i in range(b)]
+    mu = sum(means) / b
+    sd = math.sqrt(sum((x - mu) ** 2 for x in means) / (b - 1))
+    rel = _t_quantile_by_integration(0.975, b - 1) * sd / math.sqrt(b) / mu
+    assert m["ci_rel_halfwidth"] == pytest.approx(rel, rel=1e-3) and rel <= 0.2
+    assert st["ci_batches"] == b and st["ci_batch_size"] == size
+    # the throughput over that window, exactly as for the whole-run window
+    runtime = w1 - w0
+    assert m["train_runtime"] == pytest.approx(runtime, rel=1e-3)
+    assert rank0["metrics"]["train_steps"] == end_step - start
+    assert rank0["metrics"]["train_samples"] == (end_step - start) * 2  # steps x batch_size (both ranks' samples)
+    assert m["train_samples_per_second"] == pytest.approx((end_step - start) * 2 / runtime, rel=1e-3)
+    assert m["dataset_tokens_per_second"] == pytest.approx(rank0["metrics"]["dataset_tokens"] / runtime, rel=1e-3)
+    assert rank0["metrics"]["dataset_tokens"] < rank0["totals"]["rank_dataset_tokens"] * 2  # warm-up left out
+    # the process samples are averaged over the same window
+    rows = []
+    for host in paths.sample_hosts():
+        with paths.samples(host).open() as fh:
+            rows += [r for r in csv.DictReader(fh) if r["kind"] == "proc" and w0 <= float(r["t_wall"]) <= w1]
+    assert rows and m["cpu_compute_utilization"] == pytest.approx(
+        sum(float(r["cpu_pct"]) for r in rows) / len(rows), rel=1e-6)

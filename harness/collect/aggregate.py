@@ -10,6 +10,8 @@ Definitions (ado-sfttrainer-experiments.md, "Measured properties" and notes 1-3)
   the window weighs each sample by the length of its period inside the window (:func:`overlap`), so it
   covers exactly the window's time. The sample counts (``gpu_samples``, ``proc_samples``) and the memory
   peak are the samples whose time falls inside the window, bounds included.
+  ``warmup_end_wall`` instead (warm-up excluded; under the precision method that is where MSER-5's
+  steady window begins, rank 0's ``window`` ``steady_state``). Samples on the bounds count.
 * **GPU metrics** (note 1): for each in-use device (host, device) the time average of its samples
   in the window; then min / avg / max across devices. Memory utilisation is
   ``100 * mem_used_mb / mem_total_mb``; power is reported in W and as ``100 * power_w /
@@ -131,7 +133,8 @@ def measured_window(rank0: Mapping[str, Any] | None, auto_stop_method: str | Non
         return None, None
     start, end = _f(rank0.get("train_start_wall")), _f(rank0.get("train_end_wall"))
     warm = _f(rank0.get("warmup_end_wall"))
-    if auto_stop_method and auto_stop_method != "None" and warm is not None:
+    auto = bool(auto_stop_method and auto_stop_method != "None") or rank0.get("window") == "steady_state"
+    if auto and warm is not None:
         start = warm
     return start, end
 
@@ -356,6 +359,23 @@ def step_time_properties(rank0: Mapping[str, Any] | None, start: float | None,
     mean = fmean(d) if d else None
     return {"steps_timed": len(d), "step_time_median": median(d) if d else None,
             "step_time_cv": stdev(d) / mean if len(d) >= 2 and mean else None}
+def window_properties(rank0: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The measured window in steps (rank 0's; every run), and under the precision auto-stop method the
+    statistics of its steady window: the step times' coefficient of variation and the 95 % interval's
+    half-width relative to the mean (``rank.0.json`` ``steady_state``)."""
+    doc: Mapping[str, Any] = rank0 or {}
+    m: Mapping[str, Any] = doc.get("metrics") or {}
+    st: Mapping[str, Any] = doc.get("steady_state") or {}
+    end, steps = count_or_none(doc.get("global_step")), count_or_none(m.get("train_steps"))
+    return {"window_steps": steps,
+            "window_start_step": end - steps if end is not None and steps is not None else None,
+            "window_end_step": end if steps is not None else None,
+            "steady_step_time_cv": _f(st.get("step_time_cv")), "ci_rel_halfwidth": _f(st.get("ci_rel_halfwidth"))}
+
+
+def count_or_none(v: Any) -> int | None:
+    x = _f(v)
+    return int(x) if x is not None and x == int(x) else None
 
 
 def ran_properties(ranks: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:

@@ -379,6 +379,7 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     row.update(run_flops(d.rank0, d.peak))
     row.update(aggregate.exact_properties(d.rank0))
     row.update(aggregate.step_time_properties(d.rank0, start, end))
+    row.update(aggregate.window_properties(d.rank0))
     row.update(memory_properties(d))
     notes = list(d.ran.get("notes") or [])
     if not d.sample_files and (d.gpu_partition or (d.gpu_partition is None and

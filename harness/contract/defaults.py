@@ -18,6 +18,11 @@ from typing import Any
 # stops once stable_seconds have passed after it and min_steps steps were done.
 AUTO_STOP = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
 
+# How a point with that auto_stop_method stops (the sweep's runner.auto_stop.method): "fixed" is the
+# reference's rule above; "precision" finds the end of warm-up from the step times (MSER-5) and stops once
+# the steady-state throughput's 95 % interval is within +-rel_ci (harness.runner.steady).
+STOP_METHODS = ("fixed", "precision")
+
 
 @dataclass(frozen=True)
 class RunnerSettings:
@@ -26,7 +31,10 @@ class RunnerSettings:
     sample_interval_s: float = 1.0  # sampler period
     warmup_seconds: float = 60.0  # auto-stop warm-up
     stable_seconds: float = 120.0  # auto-stop measured window after warm-up
-    min_steps: int = 10  # auto-stop: at least this many steps after warm-up
+    min_steps: int = 10  # auto-stop: at least this many steps after warm-up (precision: steady steps)
+    stop_method: str = "fixed"  # auto-stop rule: one of STOP_METHODS
+    rel_ci: float = 0.02  # precision: the interval's half-width as a fraction of the mean
+    max_seconds: float = 600.0  # precision: stop after this many seconds of training however wide the interval
     stop_grace_s: float = 30.0  # SIGTERM -> SIGKILL grace for the training processes
     token_cache: bool = True  # use the shared prepared data and token counts
     workload: str = "train"  # train | idle (a dry run of the harness: harness.runner.idle)

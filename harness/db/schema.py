@@ -29,7 +29,9 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # measurements.shared_host and overlapped_with); 10: what ran in measurements (effective_torch_dtype,
 # attn_implementation, adjustments); 11: rank 0's step times in measurements (steps_timed, step_time_median,
 # step_time_cv) and the point_stability view; energy (sample_rows.energy_j and the 'cpu' sample kind;
-# measurements.energy_joules, energy_source, dataset_tokens_per_joule, slurm_consumed_energy_joules)
+# measurements.energy_joules, energy_source, dataset_tokens_per_joule, slurm_consumed_energy_joules);
+# the measured window in steps and the precision auto-stop's statistics (measurements.window_steps, window_start_step, window_end_step, steady_step_time_cv,
+# ci_rel_halfwidth)
 SCHEMA_VERSION = 11
 
 
@@ -137,6 +139,10 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         # rank 0's optimizer steps ending inside the window: how many, their median duration (s) and their
         # coefficient of variation (stdev / mean); compare's within-run evidence (collect.aggregate)
         ("steps_timed", "INTEGER"), ("step_time_median", "DOUBLE"), ("step_time_cv", "DOUBLE"),
+        # the window in steps; under auto-stop method precision its step times' CV and the 95 % interval's
+        # relative half-width (rank.0.json steady_state)
+        ("window_steps", "BIGINT"), ("window_start_step", "BIGINT"), ("window_end_step", "BIGINT"),
+        ("steady_step_time_cv", "DOUBLE"), ("ci_rel_halfwidth", "DOUBLE"),
         ("gpu_devices", "INTEGER"), ("gpu_samples", "BIGINT"), ("proc_samples", "BIGINT"),
         ("world_size", "INTEGER"), ("transport", "VARCHAR"), ("notes", "VARCHAR[]"),
         # what ran (the runner's rank files): torch_dtype (an entity column) is what the point asked

@@ -2,11 +2,13 @@
 
 - :class:`Meter` and :class:`CountingCollator`: the entries, exact dataset tokens and train tokens (padding
   included) of every micro-batch a training step consumed;
-- :class:`StopPolicy`: ``--stop_after_seconds`` and auto-stop (warm-up, then a stable window of at least
-  ``min_steps`` steps);
+- :class:`StopPolicy`: ``--stop_after_seconds`` and auto-stop, by the sweep's ``runner.auto_stop.method``:
+  ``fixed`` (the reference's: warm-up, then a stable window of at least ``min_steps`` steps) or
+  ``precision`` (:mod:`harness.runner.steady`: MSER-5's steady window, stopped once its 95 % interval is
+  within ``rel_ci``, or at ``max_seconds``);
 - :func:`make_callback`: the Trainer callback that times the steps, takes the stop decision (rank 0 decides
-  and broadcasts it every step, so all ranks stop together), fires injected faults and takes the memory
-  snapshots;
+  and broadcasts it every step, with the precision window's first step, so all ranks stop together and
+  measure the same steps), fires injected faults and takes the memory snapshots;
 - :func:`measurements` and :func:`run_totals`: the rank's numbers over the measured window, and the run's.
 """
 
@@ -22,8 +24,10 @@ from harness.contract.defaults import AUTO_STOP, RunnerSettings
 
 from .memsnap import MemoryRecorder
 from .rank import Context
+from .steady import PrecisionRule, Steady, steady_state, window_stats
 
-STOP_REASONS = (None, "stop_after_seconds", "auto_stop")  # index = the code rank 0 broadcasts
+# index = the code rank 0 broadcasts; "precision" and "max_seconds" are the precision method's
+STOP_REASONS = (None, "stop_after_seconds", "auto_stop", "precision", "max_seconds")
 
 
 class Meter:
@@ -91,21 +95,49 @@ class StopPolicy:
     warmup_seconds: float = RunnerSettings.warmup_seconds
     stable_seconds: float = RunnerSettings.stable_seconds
     min_steps: int = RunnerSettings.min_steps
+    stop_method: str = RunnerSettings.stop_method
+    rel_ci: float = RunnerSettings.rel_ci
+    max_seconds: float = RunnerSettings.max_seconds
 
     @classmethod
     def of(cls, args: argparse.Namespace, runner: RunnerSettings) -> StopPolicy:
         """The command line's stop flags with the spec's auto-stop settings."""
         return cls(stop_after_seconds=args.stop_after_seconds, auto_stop=args.auto_stop_method == AUTO_STOP,
                    warmup_seconds=runner.warmup_seconds, stable_seconds=runner.stable_seconds,
-                   min_steps=runner.min_steps)
+                   min_steps=runner.min_steps, stop_method=runner.stop_method, rel_ci=runner.rel_ci,
+                   max_seconds=runner.max_seconds)
+
+    @property
+    def precision(self) -> PrecisionRule | None:
+        """The precision rule when auto-stop is on and its method is ``precision``."""
+        if not (self.auto_stop and self.stop_method == "precision"):
+            return None
+        return PrecisionRule(rel_ci=self.rel_ci, min_steps=self.min_steps, max_seconds=self.max_seconds)
 
     def record(self, doc: dict[str, Any], args: argparse.Namespace, ctx: Context) -> None:
         """Say in the rank's document how the run was to stop, once ``doc`` holds its measurements."""
-        doc["auto_stop"] = ({"method": args.auto_stop_method, "warmup_seconds": self.warmup_seconds,
-                             "stable_seconds": self.stable_seconds, "min_steps": self.min_steps}
-                            if self.auto_stop else None)
+        rule = self.precision
+        if rule is not None:
+            doc["auto_stop"] = {"method": args.auto_stop_method, "rule": "precision", "rel_ci": rule.rel_ci,
+                                "min_steps": rule.min_steps, "max_seconds": rule.max_seconds}
+        else:
+            doc["auto_stop"] = ({"method": args.auto_stop_method, "warmup_seconds": self.warmup_seconds,
+                                 "stable_seconds": self.stable_seconds, "min_steps": self.min_steps}
+                                if self.auto_stop else None)
         doc["stop_after_seconds"] = args.stop_after_seconds
-        if self.auto_stop and doc.get("window") != "after_warmup":
+        if rule is not None:
+            st = doc.get("steady_state")
+            if doc.get("window") != "steady_state" or not st:
+                ctx.note("auto-stop (precision): training ended before a steady state was found (fewer than 10 "
+                         "steps); metrics include warm-up")
+            elif st.get("ci_rel_halfwidth") is None or st["ci_rel_halfwidth"] > rule.rel_ci:
+                width = "unknown" if st.get("ci_rel_halfwidth") is None else f"+-{100 * st['ci_rel_halfwidth']:.2f} %"
+                ctx.note(f"auto-stop (precision): the throughput's 95 % interval is {width}, wider than the "
+                         f"+-{100 * rule.rel_ci:g} % asked (stopped by {doc.get('stopped_by')})")
+            elif st["steps"] < rule.min_steps:
+                ctx.note(f"auto-stop (precision): the steady window holds {st['steps']} steps, fewer than "
+                         f"min_steps {rule.min_steps} (stopped by {doc.get('stopped_by')})")
+        elif self.auto_stop and doc.get("window") != "after_warmup":
             ctx.note("auto-stop: training ended before warm-up did; metrics include warm-up")
 
     @property
@@ -127,11 +159,47 @@ class StopPolicy:
                 return True, True, "auto_stop"
         return False, warm, None
 
+    def decide_precision(self, times: list[float], elapsed: float) -> tuple[bool, str | None, int]:
+        """``(stop, reason, start)`` under the precision method, after a step that ended ``elapsed`` seconds into
+        training; *times* are the step times so far. *start*: the steps of warm-up the measured window leaves out
+        when the run stops here, else -1."""
+        rule = self.precision
+        assert rule is not None
+        if self.stop_after_seconds > 0 and elapsed >= self.stop_after_seconds:
+            found = steady_state(times)
+            return True, "stop_after_seconds", found.start if found is not None else -1
+        stop, reason, found = rule.decide(times, elapsed)
+        return stop, reason, found.start if found is not None else -1
+
+
+def step_times(timeline: dict[str, Any]) -> list[float]:
+    """Each step's duration (perf_counter): from the previous step's end, the first from the start of training."""
+    ends = timeline.get("step_t", [])
+    return [b - a for a, b in zip([timeline["t0"], *ends[:-1]], ends)]
+
+
+def _set_window(timeline: dict[str, Any], start: int) -> None:
+    """The precision window leaves out the first *start* steps: it begins where step *start* ended."""
+    timeline["window_start"] = start
+    if start == 0:
+        timeline["warm_t"], timeline["warmup_end_wall"] = timeline["t0"], timeline["train_start_wall"]
+        timeline["warm_counts"] = timeline["start_counts"]
+    else:
+        timeline["warm_t"], timeline["warmup_end_wall"] = timeline["step_t"][start - 1], \
+            timeline["step_end_wall"][start - 1]
+        timeline["warm_counts"] = timeline["step_counts"][start - 1]
+    timeline["warm_step"] = timeline["start_step"] + start
+
 
 def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict[str, Any],
                    memory: MemoryRecorder | None = None) -> Any:
     import torch  # heavy: only where a model is built or trained
     from transformers import TrainerCallback  # heavy: only where a model is built or trained
+
+    rule = policy.precision
+
+    def distributed() -> bool:
+        return bool(ctx.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized())
 
     class BenchCallback(TrainerCallback):
         """Times steps, takes the stop decision (rank 0, broadcast), fires injected faults and takes the
@@ -164,26 +232,52 @@ def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict
             timeline["end_wall"], timeline["t_end"], timeline["end_step"] = now_wall, now, state.global_step
             timeline.setdefault("step_end_wall", []).append(now_wall)  # step-time distribution, stragglers
             timeline["end_counts"] = meter.snapshot()
+            if rule is not None:  # the precision window may begin after any step: keep each one's clock and counts
+                timeline.setdefault("step_t", []).append(now)
+                timeline.setdefault("step_counts", []).append(timeline["end_counts"])
             ctx.fault_at_step(state.global_step)
             if not policy.active:
                 return control
             warm = timeline.get("warm_t") is not None
-            stop, warm_now, reason = policy.decide(
-                elapsed=now - timeline["t0"], step=state.global_step, warm=warm,
-                warm_elapsed=None if not warm else timeline["warm_t"] - timeline["t0"],
-                warm_step=timeline.get("warm_step"))
-            if ctx.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            start = -1
+            if rule is not None:  # rank 0's decision is the one broadcast: the others need not compute it
+                stop, reason, start = (policy.decide_precision(step_times(timeline), now - timeline["t0"])
+                                       if ctx.rank == 0 or not distributed() else (False, None, -1))
+                warm_now = False
+            else:
+                stop, warm_now, reason = policy.decide(
+                    elapsed=now - timeline["t0"], step=state.global_step, warm=warm,
+                    warm_elapsed=None if not warm else timeline["warm_t"] - timeline["t0"],
+                    warm_step=timeline.get("warm_step"))
+            if distributed():
                 code = STOP_REASONS.index(reason) if stop else 0
-                flags = torch.tensor([code, int(warm_now)], dtype=torch.int32, device=args.device)
+                flags = torch.tensor([code, int(warm_now), start], dtype=torch.int64, device=args.device)
                 torch.distributed.broadcast(flags, src=0)  # rank 0 decides for everyone
-                code, warm_now = int(flags[0].item()), bool(flags[1].item())
+                code, warm_now, start = int(flags[0].item()), bool(flags[1].item()), int(flags[2].item())
                 stop, reason = code > 0, STOP_REASONS[code]
+            if start >= 0:
+                _set_window(timeline, start)
             if warm_now and not warm:
                 timeline["warm_t"], timeline["warmup_end_wall"] = now, now_wall
                 timeline["warm_step"], timeline["warm_counts"] = state.global_step, meter.snapshot()
             if stop:
                 timeline["stopped_by"] = reason
                 control.should_training_stop = True
+            return control
+
+        def on_train_end(self, args, state, control, **kw):
+            # Training ended without the precision rule stopping it (max_steps, epochs): the window is still
+            # MSER-5's, found by rank 0 and shared, as every rank reaches this point.
+            if rule is None or "window_start" in timeline or not timeline.get("step_t"):
+                return control
+            found = steady_state(step_times(timeline)) if ctx.rank == 0 else None
+            start = found.start if found is not None else -1
+            if distributed():
+                flags = torch.tensor([start], dtype=torch.int64, device=args.device)
+                torch.distributed.broadcast(flags, src=0)
+                start = int(flags[0].item())
+            if start >= 0:
+                _set_window(timeline, start)
             return control
 
     return BenchCallback()
@@ -206,7 +300,12 @@ def measurements(timeline: dict[str, Any], policy: StopPolicy, max_steps: int) -
     if "t_end" not in timeline:
         out["metrics"] = None
         return out
-    if policy.auto_stop and timeline.get("warm_t") is not None:
+    out["steady_state"] = None
+    if policy.precision is not None and "window_start" in timeline:
+        t_start, step0, c0 = timeline["warm_t"], timeline["warm_step"], timeline["warm_counts"]
+        out["window"] = "steady_state"
+        out["steady_state"] = steady_record(step_times(timeline), timeline["window_start"], timeline["start_step"])
+    elif policy.auto_stop and timeline.get("warm_t") is not None:
         t_start, step0, c0 = timeline["warm_t"], timeline["warm_step"], timeline["warm_counts"]
         out["window"] = "after_warmup"
     else:
@@ -239,6 +338,17 @@ def measurements(timeline: dict[str, Any], policy: StopPolicy, max_steps: int) -
     out["totals"] = {"runtime": timeline["t_end"] - timeline["t0"], "steps": end_step - timeline["start_step"],
                      **{f"rank_{k}": tot[k] - t0c[k] for k in tot}}
     return out
+
+
+def steady_record(times: list[float], start: int, start_step: int) -> dict[str, Any]:
+    """``rank.<r>.json``'s ``steady_state``: the precision window and its statistics over this rank's own step
+    times (rank 0's are the ones the decision saw)."""
+    st: Steady | None = window_stats(times, start)
+    ci = st.interval if st is not None else None
+    return {"start_step": start_step + start, "end_step": start_step + len(times), "steps": len(times) - start,
+            "warmup_steps": start, "step_time_mean_s": st.mean_s if st else None, "step_time_cv": st.cv if st else None,
+            "ci_half_s": ci.half_s if ci else None, "ci_rel_halfwidth": ci.rel if ci else None,
+            "ci_batches": ci.batches if ci else None, "ci_batch_size": ci.batch_size if ci else None}
 
 
 def run_totals(metrics: dict[str, Any], world_size: int, device: Any) -> None:

@@ -32,7 +32,10 @@ Stopping: ``--stop_after_seconds S`` stops after the first optimiser step ending
 after training started; ``--auto_stop_method WARMUP_60S_STABLE_120S_OR_10_STEPS`` ends warm-up
 at the first step end after ``runner.warmup_seconds`` (spec.json; default 60) and stops once
 both ``runner.stable_seconds`` (120) have passed and ``runner.min_steps`` (10) steps were done
-since. Rank 0 decides and broadcasts the decision every step, so all ranks stop together.
+since (``runner.stop_method`` ``fixed``, the default). With ``runner.stop_method`` ``precision``
+(:mod:`harness.runner.steady`) the window is MSER-5's steady state, and training stops once its
+throughput's 95 % interval is within ``runner.rel_ci``, or after ``runner.max_seconds``. Rank 0
+decides and broadcasts the decision every step, so all ranks stop together.
 
 Tests inject failures with ``SBENCH_FAULT`` (see :mod:`harness.runner.faults`), e.g.
 ``SBENCH_FAULT=oom@step=2`` raises ``torch.OutOfMemoryError`` at the end of step 2,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import envvars
-from harness.contract.defaults import MIN_SAMPLE_INTERVAL_S, RunnerSettings
+from harness.contract.defaults import AUTO_STOP, MIN_SAMPLE_INTERVAL_S, STOP_METHODS, RunnerSettings
 from harness.contract.errors import CatalogError, InputError, SweepError
 
 from .catalog import (
@@ -65,7 +65,9 @@ RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", 
 WORKLOADS = ("train", "idle")
 
 
-AUTO_STOP_KEYS = ("warmup_seconds", "stable_seconds", "min_steps")
+AUTO_STOP_KEYS = ("method", "warmup_seconds", "stable_seconds", "min_steps", "rel_ci", "max_seconds")
+# The keys only one auto-stop method reads (min_steps is both's).
+AUTO_STOP_METHOD_KEYS = {"fixed": ("warmup_seconds", "stable_seconds"), "precision": ("rel_ci", "max_seconds")}
 
 
 CAMPAIGN_NAME = NAME  # fullmatch only: '$' would accept a trailing newline
@@ -235,8 +237,29 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     interval = ck.number(runner_node, "runner", "sample_interval_s", default=d.sample_interval_s,
                          minimum=MIN_SAMPLE_INTERVAL_S, maximum=3600)
     day = 86400.0
+    method = ck.choice(auto, "runner.auto_stop", "method", STOP_METHODS, default=d.stop_method)
+    for other, keys in AUTO_STOP_METHOD_KEYS.items():
+        for k in keys:
+            if other != method and k in auto:
+                ck.fail(f"runner.auto_stop.{k}", f"applies to method: {other}, not {method}; remove it or set "
+                                                 f"runner.auto_stop.method: {other}", auto, k)
+    rel_ci = float(ck.number(auto, "runner.auto_stop", "rel_ci", default=d.rel_ci, minimum=0, maximum=1))
+    if not rel_ci > 0:
+        ck.fail("runner.auto_stop.rel_ci", f"must be a fraction > 0 of the mean (e.g. 0.02 for +-2 %), got {rel_ci:g}",
+                auto, "rel_ci")
+    max_seconds = float(ck.number(auto, "runner.auto_stop", "max_seconds", default=d.max_seconds, minimum=0,
+                                  maximum=day))
+    if not max_seconds > 0:
+        ck.fail("runner.auto_stop.max_seconds", f"must be a number of seconds > 0, got {max_seconds:g}", auto,
+                "max_seconds")
+    if method == "precision" and entity.get("auto_stop_method") != AUTO_STOP and AUTO_STOP not in (
+            grid.get("auto_stop_method") or []):
+        ck.fail("runner.auto_stop.method", f"precision says how a point with auto_stop_method {AUTO_STOP} stops, "
+                                           "and no point of this sweep sets it; add entity: {auto_stop_method: "
+                                           f"{AUTO_STOP}}} (or put it in grid:)", auto, "method")
     runner = RunnerSettings(
         sample_interval_s=float(interval),
+        stop_method=method, rel_ci=rel_ci, max_seconds=max_seconds,
         warmup_seconds=float(ck.number(auto, "runner.auto_stop", "warmup_seconds", default=d.warmup_seconds,
                                        minimum=0, maximum=day)),
         stable_seconds=float(ck.number(auto, "runner.auto_stop", "stable_seconds", default=d.stable_seconds,
