@@ -30,8 +30,8 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # attn_implementation, adjustments); 11: rank 0's step times in measurements (steps_timed, step_time_median,
 # step_time_cv) and the point_stability view; energy (sample_rows.energy_j and the 'cpu' sample kind;
 # measurements.energy_joules, energy_source, dataset_tokens_per_joule, slurm_consumed_energy_joules);
-# the measured window in steps and the precision auto-stop's statistics (measurements.window_steps, window_start_step, window_end_step, steady_step_time_cv,
-# ci_rel_halfwidth)
+# the measured window in steps and the precision auto-stop's statistics (measurements.window_steps,
+# window_start_step, window_end_step, steady_step_time_cv, ci_rel_halfwidth)
 SCHEMA_VERSION = 11
 
 
