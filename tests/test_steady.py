@@ -18,8 +18,10 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
+from harness.collect.aggregate import measured_window, window_properties
 from harness.contract.defaults import AUTO_STOP, RunnerSettings
 from harness.contract.errors import SweepError
+from harness.runner.measure import StopPolicy, _set_window, measurements, step_times
 from harness.runner.steady import (
     PrecisionRule,
     batch_means,
@@ -227,7 +229,6 @@ def test_the_cli_refuses_a_bad_rel_ci_with_exit_2_naming_file_and_key(tmp_path) 
 # -- collect ---------------------------------------------------------------------------------------------------
 
 def test_collect_takes_the_window_and_its_statistics_from_rank_0() -> None:
-    from harness.collect.aggregate import measured_window, window_properties
 
     rank0 = {"train_start_wall": 100.0, "warmup_end_wall": 104.5, "train_end_wall": 130.0, "window": "steady_state",
              "global_step": 60, "metrics": {"train_steps": 45},
@@ -250,7 +251,6 @@ def test_the_runner_measures_the_steady_window_it_stopped_on() -> None:
     # steps, then a noisy plateau), with the stop decision taken after each step as rank 0 takes it.
     import argparse
 
-    from harness.runner.measure import StopPolicy, _set_window, measurements, step_times
 
     times = [2.0] * 8 + [0.5 * (1 + 0.05 * random.Random(9).gauss(0, 1)) for _ in range(2000)]
     policy = StopPolicy.of(argparse.Namespace(stop_after_seconds=-1.0, auto_stop_method=AUTO_STOP),
