@@ -486,9 +486,9 @@ def test_only_files_whose_rows_differ_from_the_samplers_count_are_read_again(wd,
     reread: list[list[str]] = []
     real = loading.sample_rejects
 
-    def spy(store, paths):
+    def spy(store, paths, *rest):
         reread.append([str(x) for x in paths])
-        return real(store, paths)
+        return real(store, paths, *rest)
 
     monkeypatch.setattr(loading, "sample_rejects", spy)
     db = tmp_path / "r.duckdb"
