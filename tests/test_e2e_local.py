@@ -671,10 +671,15 @@ def test_precision_auto_stop_measures_the_steady_window_and_records_its_interval
     assert m["train_samples_per_second"] == pytest.approx((end_step - start) * 2 / runtime, rel=1e-3)
     assert m["dataset_tokens_per_second"] == pytest.approx(rank0["metrics"]["dataset_tokens"] / runtime, rel=1e-3)
     assert rank0["metrics"]["dataset_tokens"] < rank0["totals"]["rank_dataset_tokens"] * 2  # warm-up left out
-    # the process samples are averaged over the same window
-    rows = []
+    # the process samples are averaged over the same window: a row at t stands for [t - d, t] and weighs
+    # as much of it as lies inside the window (per host, then the mean of the hosts)
+    d = float(json.loads(paths.spec.read_text())["jobspec"]["runner"]["sample_interval_s"])
+    per_host = []
     for host in paths.sample_hosts():
         with paths.samples(host).open() as fh:
-            rows += [r for r in csv.DictReader(fh) if r["kind"] == "proc" and w0 <= float(r["t_wall"]) <= w1]
-    assert rows and m["cpu_compute_utilization"] == pytest.approx(
-        sum(float(r["cpu_pct"]) for r in rows) / len(rows), rel=1e-6)
+            rows = [r for r in csv.DictReader(fh) if r["kind"] == "proc"]
+        spans = [(min(float(r["t_wall"]), w1) - max(float(r["t_wall"]) - d, w0), r) for r in rows]
+        spans = [(w, r) for w, r in spans if w > 0]
+        assert spans, "no process samples in the steady window"
+        per_host.append(sum(w * float(r["cpu_pct"]) for w, r in spans) / sum(w for w, _ in spans))
+    assert m["cpu_compute_utilization"] == pytest.approx(sum(per_host) / len(per_host), rel=1e-6)
