@@ -139,10 +139,10 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
 
     # The slowdown travels in the inventory's env (rendered into env/<host>.sh), so it reaches exactly the
     # jobs of that campaign whichever local queue worker runs them. Same partition: the same points. It is
-    # 0.8 s after each of steps 1-15 (12 s; each lands in the next step's time), inside a training window of
+    # 3 s after each of steps 1-15 (45 s; each lands in the next step's time), inside a training window of
     # about a second: every step of the slow runs is slower, so their step times agree, and on this shared
     # machine a busy neighbour that stretches the base's window several times still leaves it far behind.
-    slow = ";".join(f"sleep@step={k}:0.8" for k in range(1, 16))
+    slow = ";".join(f"sleep@step={k}:3" for k in range(1, 16))
     for name, fault in (("base", None), ("same", None), ("slow", slow)):
         inv = write_sweep(tmp_path / f"{name}-inv.yaml", {"cluster": "c", "partitions": {"cpu": {
             "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
@@ -174,7 +174,7 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
         assert m["step_time_median"] == pytest.approx(median(durations), rel=1e-12)
         assert m["step_time_cv"] == pytest.approx(stdev(durations) / (sum(durations) / 16), rel=1e-12)
         if m["campaign"] == "slow":  # the injected sleeps are in 15 of its 16 steps
-            assert m["step_time_median"] > 0.8
+            assert m["step_time_median"] > 3
     # The stability of each campaign's point across its two repeats: the CV of its two throughputs, rated.
     for camp in ("base", "same", "slow"):
         xs = [m["dataset_tokens_per_second"] for m in ms if m["campaign"] == camp]
@@ -183,10 +183,17 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
     status = sbench("status", "--campaign", "slow", *common).stdout
     assert "stability" in status.splitlines()[0] and f"{stab['slow'][2]} {100 * stab['slow'][1]:.1f}%" in status
 
-    flagged = sbench("compare", "base", "slow", "--db", db, "--json", ok=(1,))
+    flagged = sbench("compare", "base", "slow", "--db", db, "--json", ok=(0, 1))
     (row,) = json.loads(flagged.stdout)["rows"]
-    assert row["verdict"] == "regression" and row["ratio"] < 0.5 and row["n_base"] == row["n_cand"] == 2, row
-    assert row["high"] < 1 and row["p_value"] < 0.05
+    assert row["ratio"] < 0.5 and row["n_base"] == row["n_cand"] == 2, row
+    assert flagged.returncode == (1 if row["verdict"] == "regression" else 0)
+    # Where the base's two repeats agree, 2 vs 2 decides it. Where a busy neighbour stretched one of them
+    # (one long step in a sub-second window), the honest word is "insufficient repeats", never "same".
+    base_cv = stab["base"][1]
+    if base_cv < 0.25:
+        assert row["verdict"] == "regression" and row["high"] < 1 and row["p_value"] < 0.05, row
+    else:
+        assert row["verdict"] in ("regression", "insufficient repeats"), row
     # Two campaigns of the same configuration differ only by this shared 2-core machine's noise, which for
     # a tiny model's sub-second training windows can reach a factor of two under load: no regression at 80 %
     # (the injected slowdown above is more than ten times).
@@ -194,7 +201,7 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
     assert "0 regression(s)" in same.stdout
 
     # References gate a campaign: the slow one's training time against the base's slowest run plus 1.5 s
-    # (the injected sleeps add 12 s), its dataset rate against nothing it could miss.
+    # (the injected sleeps add 45 s), its dataset rate against nothing it could miss.
     with duckdb.connect(str(db), read_only=True) as con:
         base_rt = max(r[0] for r in con.execute("SELECT train_runtime FROM measurements WHERE campaign = 'base'")
                       .fetchall())
@@ -218,6 +225,8 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
     # The report shows both: the checks table and the compare plot (a regression marker in red).
     page = sbench("report", "--db", db, "--compare", "base", "slow", "-o", "-").stdout
     assert 'id="checks"' in page and "slow: 2 pass, 2 fail, 0 missing" in page
-    assert 'id="compare"' in page and "1 regression." in page and 'fill="#d62728"' in page.split('id="compare"')[1]
+    assert 'id="compare"' in page
+    if row["verdict"] == "regression":
+        assert "1 regression." in page and 'fill="#d62728"' in page.split('id="compare"')[1]
     # and the latest table rates each point's stability across its repeats
     assert "<th>stability</th>" in page and f"{stab['slow'][2]} ({100 * stab['slow'][1]:.1f} %)" in page
