@@ -10,8 +10,14 @@ one process row per node), with every other job-dir file per docs/job-directory.
            -> sample rows/s, and its ratio to bare;
 * no-op:   a second collect of the unchanged work dir.
 
+With ``--against DIR`` (another checkout, e.g. the main branch's), it times instead, on the same generated
+work dir, a full collect into a fresh DB and then a no-op re-collect, each as a fresh process, of DIR's
+code and of this tree's, alternated ``--repeat`` times: wall and CPU seconds (user + system, every thread)
+of each, the best kept, and the load average.
+
 Usage: .venv/bin/python bench/collect.py [--runs 1000] [--hosts 2] [--gpus 8] [--ticks 600] [--dir DIR] [--keep]
 Quick: .venv/bin/python bench/collect.py --runs 50 --ticks 120
+Old vs new: .venv/bin/python bench/collect.py --runs 10000 --gpus 2 --ticks 60 --dir /tmp/c --keep --against ../main
 """
 
 from __future__ import annotations
@@ -93,6 +99,49 @@ def bare(files: list[str], db: Path) -> tuple[float, float, int]:
     return dt, dc, n
 
 
+# One collect in a fresh process of the checkout ROOT (its own harness and fake sacct): wall and CPU seconds.
+_CHILD = """
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+t = time.perf_counter()
+from bench.collect import fake_sacct
+from harness.collect import collect
+from harness.slurm.client import Slurm
+rep = collect(sys.argv[2], sys.argv[3], slurm=Slurm(fake_sacct))
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": ru.ru_utime + ru.ru_stime, "new": rep.new,
+                  "updated": rep.updated, "sample_rows": rep.sample_rows, "phases_s": rep.timings}))
+"""
+
+
+def child_collect(root: Path, db: Path, workdir: Path) -> dict[str, Any]:
+    res = subprocess.run([sys.executable, "-c", _CHILD, str(root), str(db), str(workdir)], capture_output=True,
+                         text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    if res.returncode != 0:
+        raise SystemExit(f"collect of {root} failed:\n{res.stderr}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def against(other: Path, workdir: Path, base: Path, repeat: int) -> dict[str, Any]:
+    """Full and no-op collects of *other*'s code and this tree's on *workdir*, alternated; best of *repeat*."""
+    roots = {"base": other.resolve(), "this": Path(__file__).resolve().parents[1]}
+    best: dict[str, dict[str, Any]] = {}
+    loads = []
+    for _ in range(repeat):
+        for name, root in roots.items():
+            db = base / f"against-{name}.duckdb"
+            for p in (db, Path(str(db) + ".wal")):
+                if p.exists():
+                    p.unlink()
+            for kind in ("full", "noop"):
+                loads.append(os.getloadavg()[0])
+                r = child_collect(root, db, workdir)
+                key = f"{name}_{kind}"
+                if key not in best or r["wall_s"] < best[key]["wall_s"]:
+                    best[key] = {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
+    return {"roots": {k: str(v) for k, v in roots.items()}, "load_avg_1m": [min(loads), max(loads)], **best}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=1000)
@@ -103,6 +152,8 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="Keep (and reuse) the generated work dir.")
     ap.add_argument("--repeat", type=int, default=3, help="Timed rounds of bare and collect, alternated (best kept).")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="Another checkout: time its collect and this tree's on the same work dir, side by side.")
     a = ap.parse_args()
     base = a.dir or Path(tempfile.mkdtemp(prefix="sbench-bench-"))
     key = f"r{a.runs}-h{a.hosts}-g{a.gpus}-t{a.ticks}"
@@ -117,6 +168,12 @@ def main() -> int:
         files = generate(workdir, a.runs, a.hosts, a.gpus, a.ticks)
         marker.write_text(json.dumps(files))
         gen_s = time.perf_counter() - t
+    if a.against is not None:
+        out = against(a.against, workdir, base / key, a.repeat)
+        print(json.dumps(out, indent=2))
+        if not a.keep and a.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+        return 0
     size_mb = sum(os.path.getsize(f) for f in files) / 1e6
     bare_db, db = base / key / "bare.duckdb", base / key / "results.duckdb"
     bare(files, bare_db)  # warm the page cache for both contenders

@@ -751,6 +751,79 @@ def test_a_run_that_ends_while_the_scheduler_is_asked_is_read_again(wd, tmp_path
     assert (third.new, third.updated) == (0, 0)
 
 
+def test_finished_runs_proved_unchanged_by_their_stamp_are_not_listed_and_every_change_is_noticed(
+        wd, tmp_path, monkeypatch):
+    # The no-op re-collect's rule (docs/performance.md): a finished run's dir is proved unchanged by its own
+    # stat and that of the files written in place; a result written late, a file replaced whole, a file
+    # appended to or rewritten in place are each noticed, and a dir with a FIFO in it is listed every time.
+    from harness.collect import discover, ingest
+
+    monkeypatch.setattr(discover, "STAMP_SETTLE_NS", 200_000_000)
+    listed: list[str] = []
+    real_scan = ingest.scan_stamped
+
+    def counting_scan(job_dir, settled):
+        listed.append(job_dir.name)
+        return real_scan(job_dir, settled)
+
+    monkeypatch.setattr(ingest, "scan_stamped", counting_scan)
+    late = write_attempt(wd, 80, results=False)  # its result comes after the first collect
+    appended, replaced, rewritten, odd = (write_attempt(wd, i) for i in (81, 82, 83, 84))
+    os.mkfifo(odd["paths"].root / "notes.fifo")
+    runs = [late, appended, replaced, rewritten, odd]
+    fake = FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1") for r in runs})
+    db = tmp_path / "r.duckdb"
+    time.sleep(0.3)  # older than the settle time: stamps are taken
+    rep = collect(db, wd, slurm=Slurm(fake))
+    assert rep.outcomes == {"failed": 1, "ok": 4} and len(listed) == 5
+    key = f"stamps:{os.path.abspath(wd / CAMPAIGN)}"
+    stamps = json.loads(one(db, "SELECT value FROM metadata WHERE key = ?", [key])["value"])
+    assert sorted(stamps) == sorted(r["run_id"] for r in runs if r is not odd)  # no stamp of a dir with a FIFO
+    before = dump(db)
+    listed.clear()
+    rep = collect(db, wd, slurm=Slurm(fake))
+    assert (rep.new, rep.updated, rep.unchanged) == (0, 0, 5) and dump(db) == before
+    assert listed == [odd["paths"].root.name]  # the others are proved unchanged without a listing
+
+    # the changes: a result (and its ranks' files) written late; a sample row appended; a rank file replaced
+    # whole (written beside it and renamed, as the runner does); the stage log rewritten in place, same name
+    synth.write_json(late["paths"].result("node1"), synth.result_doc("node1", 0, synth.T0, synth.T0 + 16))
+    for rk in (0, 1):
+        synth.write_json(late["paths"].rank_result(rk), synth.rank_doc(rk, "node1", 2, late["t_train0"],
+                                                                      late["t_train1"]))
+    extra = synth.gen_samples(synth.T0 + 30, 1, 2, seed=5)
+    with appended["paths"].samples("node1").open("a") as fh:
+        fh.write(synth.sample_line(extra[0]) + "\n")
+    tmp = replaced["paths"].root / ".rank.0.json.tmp"
+    synth.write_json(tmp, synth.rank_doc(0, "node1", 2, replaced["t_train0"], replaced["t_train1"], tps=2000.0))
+    os.replace(tmp, replaced["paths"].rank_result(0))
+    stages = rewritten["paths"].stages("node1")
+    events = [json.loads(x) for x in stages.read_text().splitlines()]
+    stages.write_text("".join(json.dumps(e) + "\n" for e in events if e["stage"] != "teardown"))
+    listed.clear()
+    rep = collect(db, wd, slurm=Slurm(fake))
+    assert (rep.new, rep.updated, rep.unchanged) == (0, 4, 1), rep
+    assert len(listed) == 5
+    assert one(db, "SELECT outcome FROM runs WHERE run_id = ?", [late["run_id"]]) == {"outcome": "ok"}
+    n = sum(len(v) for v in appended["rows"].values()) + 1
+    assert rows_of(db, "SELECT count(*) FROM samples WHERE run_id = ?", [appended["run_id"]]) == [(n,)]
+    assert rows_of(db, "SELECT count(*) FROM stages WHERE run_id = ? AND stage = 'teardown'",
+                   [rewritten["run_id"]]) == [(0,)]
+    assert rows_of(db, "SELECT count(*) FROM ranks WHERE run_id = ? AND train_tokens_per_second = 2000",
+                   [replaced["run_id"]]) == [(1,)]
+    # changed just now: no stamp yet, so the next collect lists them again (and finds nothing new); once
+    # settled, they are stamped, and the collect after that lists only the dir with the FIFO
+    listed.clear()
+    rep = collect(db, wd, slurm=Slurm(fake))
+    assert (rep.new, rep.updated) == (0, 0) and len(listed) == 5
+    time.sleep(0.3)
+    collect(db, wd, slurm=Slurm(fake))
+    listed.clear()
+    after = dump(db)
+    rep = collect(db, wd, slurm=Slurm(fake))
+    assert (rep.new, rep.updated) == (0, 0) and listed == [odd["paths"].root.name] and dump(db) == after
+
+
 def test_hand_rendered_job_dir_without_manifest_is_collected(wd, tmp_path):
     run = write_attempt(wd, 16, manifest=False, executor="local")
     synth.write_json(run["paths"].submitted, {"executor": "local", "job_id": "not-a-pid",

@@ -1,5 +1,6 @@
 """Finding runs: campaign manifests, the attempts they name, job dirs submitted by hand (found by their
-``spec.json``), and a cheap fingerprint of each job dir's files.
+``spec.json``), a cheap fingerprint of each job dir's files, and the stamp that proves a dir unchanged
+without listing it (:func:`scan_stamped`, :func:`stamp_holds`).
 
 A ``spec.json`` that sbench did not write (another schema, another tool, a stray file) is refused with a
 warning: it never becomes a run. Every file is read through harness.contract.safefile, inside its campaign
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,26 +114,89 @@ def scan(job_dir: Path | None) -> tuple[str, list[str] | None, list[str]]:
     """A cheap digest of the job dir's top-level entries other than directories (name, size, mtime_ns,
     without following links); the names of its regular files; the names of its other entries (links,
     FIFOs, devices: see :attr:`Attempt.odd`)."""
+    fingerprint, names, odd, _stamp = scan_stamped(job_dir, None)
+    return fingerprint, names, odd
+
+
+# -- the stamp: a finished run's dir proved unchanged without listing it -------------------------------------
+# A job dir's own mtime moves whenever an entry is created, removed or renamed in it: every file sbench's
+# writers write whole (spec, submitted, result, rank, error, environment files: written under a temporary
+# name and renamed into place, or created once) changes it. The files written in place (appended) do not:
+# those are stat'ed one by one. See docs/performance.md, "The no-op re-collect's rule".
+STAMP_SETTLE_NS = 5_000_000_000  # a stamp is taken only of a dir and files untouched this long before the scan
+
+
+def settled_before() -> int:
+    """The time (ns since the epoch) before which a dir and its in-place files must have last changed for a
+    stamp of them to be taken now."""
+    return time.time_ns() - STAMP_SETTLE_NS
+
+
+def in_place_kinds(paths: JobPaths) -> list[Callable[[str], Path]]:
+    """JobPaths's namings of the files sbench's writers change in place (appended): the node runner's stage
+    log, the sampler's CSV, the training log, the batch output."""
+    return [paths.stages, paths.samples, paths.train_log, paths.slurm_out]
+
+
+def _stat_key(st: os.stat_result) -> str:
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def scan_stamped(job_dir: Path | None, settled_ns: int | None) -> tuple[str, list[str] | None, list[str], str | None]:
+    """:func:`scan`, plus the dir's *stamp* (see :func:`stamp_holds`): the dir's device, inode, mtime and
+    ctime, and the size, mtime and ctime of each file written in place. None when no stamp may be taken:
+    *settled_ns* is None, the dir has entries that are neither regular files nor directories, or the dir or
+    one of those files changed at or after *settled_ns* (a change in the same clock tick as the scan could
+    leave the same times behind)."""
     if job_dir is None:
-        return "missing", None, []
+        return "missing", None, [], None
     entries, odd = [], []
+    stats: dict[str, os.stat_result] = {}
     try:
+        dst = os.stat(job_dir)
         for e in os.scandir(job_dir):
             if not e.is_file(follow_symlinks=False):
                 if e.is_dir(follow_symlinks=False):
                     continue
                 odd.append(e.name)
             st = e.stat(follow_symlinks=False)
+            stats[e.name] = st
             entries.append((e.name, st.st_size, st.st_mtime_ns))
     except OSError:
-        return "missing", None, []
+        return "missing", None, [], None
     entries.sort()
     names = [e[0] for e in entries]
     if odd:
         others = set(odd)
         names = [n for n in names if n not in others]
         odd.sort()
-    return hashlib.sha1(repr(entries).encode()).hexdigest()[:20], names, odd
+    fingerprint = hashlib.sha1(repr(entries).encode()).hexdigest()[:20]
+    stamp = None
+    if settled_ns is not None and not odd and dst.st_ctime_ns < settled_ns:
+        paths = JobPaths(job_dir)
+        in_place = sorted({n for make in in_place_kinds(paths) for _, n in named(names, make)})
+        if all(stats[n].st_ctime_ns < settled_ns for n in in_place):
+            stamp = "/".join([f"{dst.st_dev}:{dst.st_ino}:{dst.st_mtime_ns}:{dst.st_ctime_ns}",
+                              *(f"{n}:{_stat_key(stats[n])}" for n in in_place)])
+    return fingerprint, names, odd, stamp
+
+
+def stamp_holds(job_dir: Path, stamp: str) -> bool:
+    """Whether *job_dir* is as it was when *stamp* was taken (:func:`scan_stamped`): the same dir (device,
+    inode), no entry created, removed or renamed in it (its mtime and ctime), and each file written in
+    place of the same size, mtime and ctime. One ``stat`` of the dir and one ``lstat`` per such file."""
+    head, *files = stamp.split("/")
+    try:
+        st = os.stat(job_dir)
+        if f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}" != head:
+            return False
+        for item in files:
+            name, size, mtime, ctime = item.rsplit(":", 3)  # a name may hold ':', never '/'
+            if _stat_key(os.lstat(os.path.join(job_dir, name))) != f"{size}:{mtime}:{ctime}":
+                return False
+    except OSError:
+        return False
+    return True
 
 
 def job_file_names(paths: JobPaths) -> list[Callable[[str], Path]]:
@@ -236,10 +301,8 @@ def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[
                                                       row["attempt"], jd, dict(ev), root=root)
                     if jd is not None:
                         known.add(os.path.abspath(jd))
-        for spec in sorted(cdir.glob("*/spec.json")):
+        for spec in unlisted_specs(cdir, known):
             jd = spec.parent
-            if os.path.abspath(jd) in known:
-                continue
             parsed = parse_job_dir_name(jd.name)
             if parsed is None:
                 continue
@@ -265,6 +328,27 @@ def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[
                 continue
             attempts[rid] = Attempt(rid, str(camp), pid, rep, att, jd, None, root=root)
     return manifests, attempts, warnings
+
+
+def unlisted_specs(cdir: Path, known: set[str]) -> list[Path]:
+    """The ``spec.json`` of each directory of *cdir* (a link to one included) that is not one of the job dirs
+    *known* (absolute paths): ``sorted(cdir.glob("*/spec.json"))`` without those, found without looking
+    into the known dirs (one listing of *cdir*, one ``stat`` per other directory)."""
+    out = []
+    try:
+        with os.scandir(cdir) as it:
+            for e in it:
+                try:
+                    if not e.is_dir() or os.path.abspath(e.path) in known:
+                        continue
+                except OSError:
+                    continue
+                spec = os.path.join(e.path, "spec.json")
+                if os.path.exists(spec):
+                    out.append(Path(spec))
+    except OSError:
+        return []
+    return sorted(out)
 
 
 def rendered_names(paths: JobPaths) -> set[str]:

@@ -2,7 +2,9 @@
 
 Incremental and idempotent: each run stores a fingerprint of its job directory's files (name, size,
 mtime) and its scheduler state. A run whose fingerprint and state are unchanged is skipped, so a second
-collect writes nothing; a run that was still going is read again when either changes, and its rows are
+collect writes nothing. A finished run whose dir its *stamp* proves unchanged (the dir's own times and
+those of the files written in place: :func:`~.discover.stamp_holds`, docs/performance.md) keeps its
+fingerprint without its dir being listed; a run that was still going is read again when either changes, and its rows are
 replaced as a whole. Everything a collect writes is one DuckDB transaction: killed half-way, the database
 stays as it was.
 
@@ -12,7 +14,8 @@ rendered, with nothing submitted or run, is no run).
 
 The steps, in order:
 
-1. *discover*: the manifests, the job dirs, a fingerprint of each; the manifests are recorded.
+1. *discover*: the manifests, the job dirs, a fingerprint of each (or its stamp checked); the manifests are
+   recorded.
 2. the samples of the runs whose files changed start loading on the loader's worker (``loading``): the
    sampler's CSVs are most of a collect's bytes, and DuckDB's reader loads them on every core.
 3. meanwhile, this thread asks the scheduler about the runs that may have changed (``scheduler``: one
@@ -28,6 +31,7 @@ database call.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -42,6 +46,7 @@ import duckdb
 
 from harness.contract import envvars
 from harness.contract.errors import CollectError
+from harness.contract.jobstate import FINAL_STATES
 from harness.contract.paths import JobPaths
 from harness.db.checks import refresh_checks
 from harness.db.manifest import ensure_spec_rows, record_manifest
@@ -55,13 +60,27 @@ from harness.db.values import utc
 from harness.slurm.client import Slurm
 
 from . import rows, scheduler
-from .discover import Attempt, Manifest, admit, discover, rendered_names, scan, spec_rows, verify
+from .discover import (
+    Attempt,
+    Manifest,
+    admit,
+    discover,
+    rendered_names,
+    scan,
+    scan_stamped,
+    settled_before,
+    spec_rows,
+    stamp_holds,
+    verify,
+)
 from .jobdir import read_job
 from .loading import SampleLoader
 from .outcome import Sched, decide
 from .rows import RunData
 
 Progress = Callable[[str, int, int], None]
+MANIFEST_KEY = "manifest:"  # metadata: + a manifest's absolute path -> its size:mtime_ns when last recorded
+STAMPS_KEY = "stamps:"  # metadata: + a campaign directory's absolute path -> JSON {run id: [fingerprint, stamp]}
 CHILD_ROWS = (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"), ("errors", "errors"),
               ("trials", "trials"), ("environment", "environment"), ("memory", "memory"))
 
@@ -159,11 +178,6 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     report.warnings += warns
     if not wd.is_dir():
         report.warnings.append(f"{wd}: no such directory; nothing to collect (pass --workdir)")
-    for rid, a in list(attempts.items()):
-        a.fingerprint, a.files, a.odd = scan(a.job_dir)
-        # A job dir that was only rendered (a preview: no manifest line, never submitted, nothing ran) is no run.
-        if a.manifest is None and a.job_dir is not None and set(a.files or ()) <= rendered_names(JobPaths(a.job_dir)):
-            del attempts[rid]
     tmpdir = Path(tempfile.mkdtemp(prefix="sbench-collect-"))
     try:
         with open_store(db, wait_s=wait_s) as store:
@@ -186,7 +200,7 @@ def _record(store: Store, manifests: list[Manifest], attempts: Mapping[str, Atte
     changed, problems = False, []
     for man in manifests:
         # The manifest is append-only: one unchanged since the last collect is recorded already.
-        key = f"manifest:{os.path.abspath(man.path)}"
+        key = MANIFEST_KEY + os.path.abspath(man.path)
         if store.get_metadata(key) != man.fingerprint:
             changed = True
             problems += record_manifest(store, man.events, strict=False, source=str(man.path))
@@ -197,9 +211,56 @@ def _record(store: Store, manifests: list[Manifest], attempts: Mapping[str, Atte
     return changed, problems
 
 
+def _load_stamps(store: Store, roots: Collection[str]) -> dict[str, dict[str, Any]]:
+    """The stamps recorded per campaign directory: run id -> [fingerprint, stamp] (see :func:`_scan`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for root in roots:
+        raw = store.get_metadata(STAMPS_KEY + root)
+        try:
+            doc = json.loads(raw) if raw else {}
+        except ValueError:
+            doc = {}
+        out[root] = doc if isinstance(doc, dict) else {}
+    return out
+
+
+def _scan(attempts: dict[str, Attempt], before: Mapping[str, Mapping[str, Any]],
+          stamps: dict[str, dict[str, Any]]) -> set[str]:
+    """Each attempt's fingerprint, and the names of its files when they may be read.
+
+    A run recorded in a final state whose dir the stamp recorded with its fingerprint proves unchanged
+    (:func:`~.discover.stamp_holds`) keeps that fingerprint and is not listed: it will not be read. Any
+    other job dir is listed in full (:func:`~.discover.scan_stamped`), and its new stamp replaces the old
+    one. Returns the campaign directories whose stamps changed."""
+    settled = settled_before()
+    changed: set[str] = set()
+    for rid, a in list(attempts.items()):
+        mine = stamps.setdefault(a.top or "", {})
+        old, info = mine.get(rid), before.get(rid) or {}
+        if (a.job_dir is not None and isinstance(old, list) and len(old) == 2 and info.get("state") in FINAL_STATES
+                and info.get("fingerprint") == old[0] and isinstance(old[1], str) and stamp_holds(a.job_dir, old[1])):
+            a.fingerprint = old[0]
+            continue
+        a.fingerprint, a.files, a.odd, stamp = scan_stamped(a.job_dir, settled)
+        # A job dir that was only rendered (a preview: no manifest line, never submitted, nothing ran) is no run.
+        if a.manifest is None and a.job_dir is not None and set(a.files or ()) <= rendered_names(JobPaths(a.job_dir)):
+            del attempts[rid]
+            stamp = None
+        new = [a.fingerprint, stamp] if stamp is not None else None
+        if new != old:
+            if new is None:
+                mine.pop(rid, None)
+            else:
+                mine[rid] = new
+            changed.add(a.top or "")
+    return changed
+
+
 def _collect(store: Store, report: CollectReport, manifests: list[Manifest], attempts: dict[str, Attempt],
              slurm: Slurm, prog: Progress, clock: _Clock, tmpdir: Path) -> None:
     before = run_index(store)
+    stamps = _load_stamps(store, {a.top or "" for a in attempts.values()})
+    stamps_changed = _scan(attempts, before, stamps)
     manifests_changed, problems = _record(store, manifests, attempts, before)
     report.warnings += problems
     index = run_index(store) if manifests_changed or len(before) < len(attempts) else before
@@ -251,6 +312,8 @@ def _collect(store: Store, report: CollectReport, manifests: list[Manifest], att
     store.insert("measurements", measurements)
     # Runs that held a host at the same time: the runs written now and every run they overlap (db.overlaps).
     refresh_overlaps(store, list(by_run))
+    for root in sorted(stamps_changed):
+        store.set_metadata(STAMPS_KEY + root, json.dumps(stamps[root], separators=(",", ":")))
     if datas or manifests_changed:
         refresh_checks(store, now)
     clock.lap("write")
@@ -277,6 +340,8 @@ def _read(report: CollectReport, manifests: list[Manifest], attempts: Mapping[st
     # A run whose state moved but whose files did not is read again too: its rows are replaced as a whole.
     refiled_ids = {a.run_id for a in refiled}
     for a, _s, _i in changed:
+        if a.files is None and a.job_dir is not None:  # proved unchanged by its stamp, yet read: list it first
+            a.fingerprint, a.files, a.odd = scan(a.job_dir)
         verify(a)
     loader.add(a for a, _s, _i in changed if a.run_id not in refiled_ids)
     known_points = {str(ev.get("point_id")): ev for man in manifests for ev in man.events
