@@ -21,7 +21,8 @@ from typing import Any
 import duckdb
 import pytest
 
-from harness.collect import aggregate, collect
+from harness.collect import aggregate, collect, ingest
+from harness.collect import discover as discover_mod
 from harness.contract.paths import JobPaths, job_dir_name
 from harness.db.schema import SCHEMA
 from harness.slurm.client import Slurm
@@ -647,7 +648,6 @@ def test_an_interrupted_collect_stops_its_database_worker_and_changes_nothing(wd
     # Ctrl-C while the samples load: the load is interrupted, the transaction rolled back, no thread left.
     import threading
 
-    from harness.collect import ingest
     write_attempt(wd, 19)
     db = tmp_path / "r.duckdb"
     collect(db, wd, slurm=Slurm(FakeSlurm()))
@@ -698,7 +698,6 @@ def test_samples_load_while_the_scheduler_is_asked(wd, tmp_path, monkeypatch):
 def test_job_dirs_are_read_after_the_scheduler_answered(wd, tmp_path, monkeypatch):
     # A job dir is read once the scheduler has given its word, so a run it calls ended is read with the
     # files it ended with (never with files from before its end).
-    from harness.collect import ingest
     runs = [write_attempt(wd, i) for i in (72, 73)]
     events: list[str] = []
     real_read = ingest.read_job
@@ -756,9 +755,7 @@ def test_finished_runs_proved_unchanged_by_their_stamp_are_not_listed_and_every_
     # The no-op re-collect's rule (docs/performance.md): a finished run's dir is proved unchanged by its own
     # stat and that of the files written in place; a result written late, a file replaced whole, a file
     # appended to or rewritten in place are each noticed, and a dir with a FIFO in it is listed every time.
-    from harness.collect import discover, ingest
-
-    monkeypatch.setattr(discover, "STAMP_SETTLE_NS", 200_000_000)
+    monkeypatch.setattr(discover_mod, "STAMP_SETTLE_NS", 200_000_000)
     listed: list[str] = []
     real_scan = ingest.scan_stamped
 
@@ -822,6 +819,54 @@ def test_finished_runs_proved_unchanged_by_their_stamp_are_not_listed_and_every_
     after = dump(db)
     rep = collect(db, wd, slurm=Slurm(fake))
     assert (rep.new, rep.updated) == (0, 0) and listed == [odd["paths"].root.name] and dump(db) == after
+
+
+def test_an_unchanged_manifest_is_not_read_again_until_a_run_needs_its_lines(wd, tmp_path, monkeypatch):
+    # A manifest recorded at the last collect, unchanged since (device, inode, size, mtime), gives its attempts
+    # from the index recorded with it. It is read again when it grows, and when a run must be read (its
+    # manifest line holds the scheduler's key and the submit reason); what collect writes is the same either way.
+    reads: list[str] = []
+    real_read = discover_mod.read_manifest
+
+    def counting_read(path):
+        reads.append(path.name)
+        return real_read(path)
+
+    monkeypatch.setattr(discover_mod, "read_manifest", counting_read)
+    first, second = write_attempt(wd, 85), write_attempt(wd, 86)
+    fake = FakeSlurm({first["job_id"]: ("COMPLETED", "0:0", "node1"), second["job_id"]: ("RUNNING", "", "node1")})
+    db = tmp_path / "r.duckdb"
+    rep = collect(db, wd, slurm=Slurm(fake))
+    assert rep.runs == 2 and reads == ["manifest.jsonl"]
+    key = f"manifest-index:{os.path.abspath(wd / CAMPAIGN / 'manifest.jsonl')}"
+    index = json.loads(one(db, "SELECT value FROM metadata WHERE key = ?", [key])["value"])
+    assert sorted(r[0] for r in index["rows"]) == sorted([first["run_id"], second["run_id"]])
+    # the second run is still running: it is asked about, so the manifest is read for its line
+    reads.clear()
+    rep = collect(db, wd, slurm=Slurm(fake))
+    assert reads == ["manifest.jsonl"] and rep.runs == 2
+    fake.jobs[second["job_id"]] = ("COMPLETED", "0:0", "node1")
+    reads.clear()
+    rep = collect(db, wd, slurm=Slurm(fake))
+    assert reads == ["manifest.jsonl"] and rep.updated == 1 and rep.outcomes == {"ok": 2}
+    # both final: nothing is read, and nothing changes
+    before = dump(db)
+    reads.clear()
+    rep = collect(db, wd, slurm=Slurm(fake))
+    assert reads == [] and (rep.runs, rep.new, rep.updated, rep.unchanged) == (2, 0, 0, 2) and dump(db) == before
+    # the manifest grows (a new attempt): it is read, the new run is collected with its manifest line
+    third = write_attempt(wd, 87)
+    fake.jobs[third["job_id"]] = ("COMPLETED", "0:0", "node1")
+    rep = collect(db, wd, slurm=Slurm(fake))
+    assert reads == ["manifest.jsonl"] and rep.new == 1 and rep.outcomes == {"ok": 3}
+    assert one(db, "SELECT job_id FROM runs WHERE run_id = ?", [third["run_id"]]) == {"job_id": third["job_id"]}
+    # a collect of one campaign, and a database whose index was damaged, still see every run
+    reads.clear()
+    assert collect(db, wd, CAMPAIGN, slurm=Slurm(fake)).runs == 3 and reads == []
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE metadata SET value = '{\"key\": 1' WHERE key = ?", [key])
+    rep = collect(db, wd, slurm=Slurm(fake))
+    assert reads == ["manifest.jsonl"] and (rep.runs, rep.new, rep.updated) == (3, 0, 0)
 
 
 def test_hand_rendered_job_dir_without_manifest_is_collected(wd, tmp_path):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,8 @@ class Attempt:
     root: str | None = None  # its campaign directory: every file read must resolve inside it
     spec: dict[str, Any] | None = None  # its spec.json, once :func:`verify` read it
     refused: str | None = None  # why its job dir is not read (:func:`verify`): the run's reason
+    # Its manifest line is not read yet (:func:`hydrate`): *manifest* holds only the index's key fields.
+    partial: bool = False
 
     @property
     def top(self) -> str | None:
@@ -186,13 +188,16 @@ def stamp_holds(job_dir: Path, stamp: str) -> bool:
     inode), no entry created, removed or renamed in it (its mtime and ctime), and each file written in
     place of the same size, mtime and ctime. One ``stat`` of the dir and one ``lstat`` per such file."""
     head, *files = stamp.split("/")
+    base = os.fspath(job_dir)
     try:
-        st = os.stat(job_dir)
+        st = os.stat(base)
         if f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}" != head:
             return False
+        base += os.sep
         for item in files:
-            name, size, mtime, ctime = item.rsplit(":", 3)  # a name may hold ':', never '/'
-            if _stat_key(os.lstat(os.path.join(job_dir, name))) != f"{size}:{mtime}:{ctime}":
+            name = item.rsplit(":", 3)[0]  # a name may hold ':', never '/'
+            st = os.lstat(base + name)
+            if f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}" != item[len(name) + 1:]:
                 return False
     except OSError:
         return False
@@ -259,11 +264,51 @@ def verify(att: Attempt) -> None:
 class Manifest:
     path: Path
     fingerprint: str  # size:mtime_ns; an unchanged manifest need not be recorded again
-    events: list[dict[str, Any]]
+    # Its events (of the campaign collected), or None while it is *unread*: its attempts came from the index
+    # recorded at the last collect (:func:`discover`'s *indexed*) and :func:`hydrate` reads it when needed.
+    events: list[dict[str, Any]] | None
+    campaign: str | None = None  # the campaign filter it was read with
+    # The identity it was read at (device, inode, size, mtime) and every attempt it names, one row each
+    # (:data:`INDEX_FIELDS`, the last line of a run winning): what the next collect needs to skip reading it.
+    key: str = ""
+    index: list[list[Any]] | None = None
 
 
-def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[str, Attempt], list[str]]:
-    """Manifests and the attempts they name, plus job dirs found by their ``spec.json``."""
+INDEX_FIELDS = ("run_id", "campaign", "point_id", "repeat", "attempt", "job_dir")
+Indexed = Callable[[str, str], "list[list[Any]] | None"]  # (manifest's absolute path, key) -> its recorded index
+
+
+def hydrate(manifests: list[Manifest], attempts: Mapping[str, Attempt]) -> list[str]:
+    """Read the manifests that :func:`discover` left unread, and give each of their attempts its manifest line
+    (the attempts named in the index, :attr:`Attempt.manifest` being only their key fields until then). Returns
+    the problems of their lines (already reported when they were recorded)."""
+    problems: list[str] = []
+    for man in manifests:
+        if man.events is not None:
+            continue
+        evs, probs = read_manifest(man.path)
+        problems += probs
+        man.events = [ev for ev in evs if man.campaign is None or ev.get("campaign") == man.campaign]
+        for ev in man.events:
+            if ev.get("type") != "attempt":
+                continue
+            try:
+                rid = attempt_row(ev)["run_id"]
+            except (KeyError, TypeError, ValueError):
+                continue
+            a = attempts.get(rid)
+            if a is not None and a.partial:
+                a.manifest, a.partial = dict(ev), False
+    return problems
+
+
+def discover(workdir: Path, campaign: str | None,
+             indexed: Indexed | None = None) -> tuple[list[Manifest], dict[str, Attempt], list[str]]:
+    """Manifests and the attempts they name, plus job dirs found by their ``spec.json``.
+
+    *indexed* gives the index a manifest had when it was last recorded: a manifest whose identity (device,
+    inode, size, mtime: it is only ever appended to) is the same is not read, and its attempts come from
+    that index, each :attr:`Attempt.partial` until :func:`hydrate` reads the manifest."""
     manifests: list[Manifest] = []
     attempts: dict[str, Attempt] = {}
     warnings: list[str] = []
@@ -281,26 +326,42 @@ def discover(workdir: Path, campaign: str | None) -> tuple[list[Manifest], dict[
             continue
         mpath = cdir / MANIFEST
         root = os.path.abspath(cdir)
+        cpath, base = Path(root), root + os.sep  # job dirs directly in it are made as children (cheaper)
         if os.path.lexists(mpath):
             try:
                 st = mpath.stat()
             except OSError:  # a link to nothing: read_manifest says what it is
                 st = os.lstat(mpath)
-            evs, probs = read_manifest(mpath)
-            warnings += probs
-            mine = [ev for ev in evs if campaign is None or ev.get("campaign") == campaign]
-            manifests.append(Manifest(mpath, f"{st.st_size}:{st.st_mtime_ns}", mine))
-            for ev in mine:
-                if ev.get("type") == "attempt":
-                    try:
-                        row = attempt_row(ev)
-                    except (KeyError, TypeError, ValueError):
-                        continue  # reported by record_manifest
-                    jd = Path(row["job_dir"]) if row["job_dir"] else None
-                    attempts[row["run_id"]] = Attempt(row["run_id"], row["campaign"], row["point_id"], row["repeat"],
-                                                      row["attempt"], jd, dict(ev), root=root)
-                    if jd is not None:
-                        known.add(os.path.abspath(jd))
+            key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+            index = indexed(os.path.abspath(mpath), key) if indexed is not None else None
+            man = Manifest(mpath, f"{st.st_size}:{st.st_mtime_ns}", None, campaign, key)
+            lines: dict[str, dict[str, Any]] = {}
+            if index is None:
+                evs, probs = read_manifest(mpath)
+                warnings += probs
+                man.events = [ev for ev in evs if campaign is None or ev.get("campaign") == campaign]
+                rows: dict[str, list[Any]] = {}
+                for ev in evs:
+                    if ev.get("type") == "attempt":
+                        try:
+                            row = attempt_row(ev)
+                        except (KeyError, TypeError, ValueError):
+                            continue  # reported by record_manifest
+                        rows[row["run_id"]] = [row[f] for f in INDEX_FIELDS]
+                        lines[row["run_id"]] = ev
+                index = man.index = list(rows.values())
+            manifests.append(man)
+            for rid, camp, pid, rep, att, job_dir in index:
+                if campaign is not None and camp != campaign:
+                    continue
+                jd = (cpath / job_dir[len(base):] if job_dir.startswith(base) and "/" not in job_dir[len(base):]
+                      else Path(job_dir)) if job_dir else None
+                line = lines.get(rid)
+                a = Attempt(rid, camp, pid, rep, att, jd, dict(zip(INDEX_FIELDS, (rid, camp, pid, rep, att, job_dir)))
+                            if line is None else dict(line), root=root, partial=line is None)
+                attempts[rid] = a
+                if job_dir:
+                    known.add(os.path.abspath(job_dir))
         for spec in unlisted_specs(cdir, known):
             jd = spec.parent
             parsed = parse_job_dir_name(jd.name)
@@ -335,11 +396,12 @@ def unlisted_specs(cdir: Path, known: set[str]) -> list[Path]:
     *known* (absolute paths): ``sorted(cdir.glob("*/spec.json"))`` without those, found without looking
     into the known dirs (one listing of *cdir*, one ``stat`` per other directory)."""
     out = []
+    base = os.path.abspath(cdir) + os.sep
     try:
         with os.scandir(cdir) as it:
             for e in it:
                 try:
-                    if not e.is_dir() or os.path.abspath(e.path) in known:
+                    if base + e.name in known or not e.is_dir():
                         continue
                 except OSError:
                     continue

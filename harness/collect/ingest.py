@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import orjson
 
 from harness.contract import envvars
 from harness.contract.errors import CollectError
@@ -61,10 +62,12 @@ from harness.slurm.client import Slurm
 
 from . import rows, scheduler
 from .discover import (
+    INDEX_FIELDS,
     Attempt,
     Manifest,
     admit,
     discover,
+    hydrate,
     rendered_names,
     scan,
     scan_stamped,
@@ -80,6 +83,7 @@ from .rows import RunData
 
 Progress = Callable[[str, int, int], None]
 MANIFEST_KEY = "manifest:"  # metadata: + a manifest's absolute path -> its size:mtime_ns when last recorded
+INDEX_KEY = "manifest-index:"  # metadata: + a manifest's absolute path -> JSON {key, rows}: discover's index
 STAMPS_KEY = "stamps:"  # metadata: + a campaign directory's absolute path -> JSON {run id: [fingerprint, stamp]}
 CHILD_ROWS = (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"), ("errors", "errors"),
               ("trials", "trials"), ("environment", "environment"), ("memory", "memory"))
@@ -171,16 +175,16 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
     prog = progress or (lambda phase, done, total: None)
     clock = _Clock(report)
     prog("discover", 0, 1)
-    manifests, attempts, warns = discover(wd, campaign)
-    if run_ids is not None:
-        keep = set(run_ids)
-        attempts = {rid: a for rid, a in attempts.items() if rid in keep}
-    report.warnings += warns
-    if not wd.is_dir():
-        report.warnings.append(f"{wd}: no such directory; nothing to collect (pass --workdir)")
     tmpdir = Path(tempfile.mkdtemp(prefix="sbench-collect-"))
     try:
         with open_store(db, wait_s=wait_s) as store:
+            manifests, attempts, warns = discover(wd, campaign, lambda path, key: _indexed(store, path, key))
+            if run_ids is not None:
+                keep = set(run_ids)
+                attempts = {rid: a for rid, a in attempts.items() if rid in keep}
+            report.warnings += warns
+            if not wd.is_dir():
+                report.warnings.append(f"{wd}: no such directory; nothing to collect (pass --workdir)")
             with store.transaction():
                 _collect(store, report, manifests, attempts, slurm or Slurm(), prog, clock, tmpdir)
             clock.lap("commit")
@@ -203,12 +207,37 @@ def _record(store: Store, manifests: list[Manifest], attempts: Mapping[str, Atte
         key = MANIFEST_KEY + os.path.abspath(man.path)
         if store.get_metadata(key) != man.fingerprint:
             changed = True
+            if man.events is None:  # its index was recorded, its fingerprint not (a database put back by hand)
+                problems += hydrate([man], attempts)
+            assert man.events is not None
             problems += record_manifest(store, man.events, strict=False, source=str(man.path))
             store.set_metadata(key, man.fingerprint)
+        if man.index is not None:  # read now: the next collect need not read it while it stays as it is
+            store.set_metadata(INDEX_KEY + os.path.abspath(man.path),
+                               orjson.dumps({"key": man.key, "rows": man.index}).decode())
     for a in attempts.values():
         if a.manifest is None and a.run_id not in recorded:
             ensure_spec_rows(store, *spec_rows(a))
     return changed, problems
+
+
+def _indexed(store: Store, path: str, key: str) -> list[list[Any]] | None:
+    """The index of the manifest at *path* recorded when it had identity *key* (see :func:`_record`), or
+    None when it has not been recorded so."""
+    raw = store.get_metadata(INDEX_KEY + path)
+    if not raw:
+        return None
+    try:
+        doc = orjson.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("key") != key or not isinstance(doc.get("rows"), list):
+        return None
+    rows = doc["rows"]
+    width = len(INDEX_FIELDS)
+    if not all(isinstance(r, list) and len(r) == width for r in rows):
+        return None
+    return rows
 
 
 def _load_stamps(store: Store, roots: Collection[str]) -> dict[str, dict[str, Any]]:
@@ -217,7 +246,7 @@ def _load_stamps(store: Store, roots: Collection[str]) -> dict[str, dict[str, An
     for root in roots:
         raw = store.get_metadata(STAMPS_KEY + root)
         try:
-            doc = json.loads(raw) if raw else {}
+            doc = orjson.loads(raw) if raw else {}
         except ValueError:
             doc = {}
         out[root] = doc if isinstance(doc, dict) else {}
@@ -326,6 +355,8 @@ def _read(report: CollectReport, manifests: list[Manifest], attempts: Mapping[st
     """While the samples load: the scheduler's word, then the changed job dirs read and their rows staged.
     No database call here (the loader owns the connection)."""
     todo = scheduler.unsettled(attempts.values(), index)
+    if todo:  # a run may be read: its manifest line is needed (the scheduler's key, the run's rows)
+        report.warnings += hydrate(manifests, attempts)
     scheds, report.sacct = scheduler.states(todo, slurm)
     clock.lap("scheduler")
     changed: list[tuple[Attempt, Sched, dict[str, Any]]] = []
@@ -344,7 +375,7 @@ def _read(report: CollectReport, manifests: list[Manifest], attempts: Mapping[st
             a.fingerprint, a.files, a.odd = scan(a.job_dir)
         verify(a)
     loader.add(a for a, _s, _i in changed if a.run_id not in refiled_ids)
-    known_points = {str(ev.get("point_id")): ev for man in manifests for ev in man.events
+    known_points = {str(ev.get("point_id")): ev for man in manifests for ev in man.events or ()
                     if ev.get("type") == "point"}
     datas: list[RunData] = []
     for i, (a, s, info) in enumerate(changed):
