@@ -349,7 +349,9 @@ def discover(workdir: Path, campaign: str | None,
                             continue  # reported by record_manifest
                         rows[row["run_id"]] = [row[f] for f in INDEX_FIELDS]
                         lines[row["run_id"]] = ev
-                index = man.index = list(rows.values())
+                index = list(rows.values())
+                # A manifest with a bad line (or unreadable) is read, and its problems said, every time.
+                man.index = None if probs else index
             manifests.append(man)
             for rid, camp, pid, rep, att, job_dir in index:
                 if campaign is not None and camp != campaign:
