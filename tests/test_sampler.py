@@ -126,14 +126,26 @@ def test_fake_nvml_is_deterministic():
 
 # -- the process tree ----------------------------------------------------------------------
 
+def cpu_seconds(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
 def test_first_reading_only_primes_then_reports_real_cpu(busy):
     p = busy()
+    proc = psutil.Process(p.pid)
     tree = ProcessTree(p.pid)
     assert tree.read() is None  # psutil's first reading is 0.0 by definition: never written
-    time.sleep(0.6)
+    c0, t0 = cpu_seconds(proc), time.monotonic()
+    # the busy loop's own CPU time, read beside the tree's: long enough for it to run 0.2 CPU s, however
+    # loaded the machine is (its share of a core is what the reading must say, not a fixed figure)
+    deadline = t0 + 30
+    while cpu_seconds(proc) - c0 < 0.2 and time.monotonic() < deadline:
+        time.sleep(0.1)
     r = tree.read()
+    expected = 100 * (cpu_seconds(proc) - c0) / (time.monotonic() - t0)
     assert r is not None and r["nprocs"] == 1
-    assert r["cpu_pct"] > 30  # a busy loop, not a fake 0
+    assert r["cpu_pct"] > 0 and abs(r["cpu_pct"] - expected) <= max(5.0, 0.25 * expected), (r, expected)
     assert r["rss_mb"] > 1 and 0 < r["mem_pct"] < 100
 
 
@@ -150,7 +162,7 @@ def test_tree_includes_children_started_later(busy):
     while time.time() < deadline:
         time.sleep(0.5)
         r = tree.read()
-        if r and r["nprocs"] == 2 and r["cpu_pct"] > 30:
+        if r and r["nprocs"] == 2 and r["cpu_pct"] > first["cpu_pct"]:  # the busy child's CPU is counted
             break
     else:
         pytest.fail(f"busy child never counted: last reading {r}")
@@ -161,8 +173,11 @@ def test_sampler_rows_are_flushed_each_tick(busy, tmp_path):
     path = tmp_path / "samples.csv"
     s = Sampler(path, 0.1, smp.GpuBackend(), root_pid=p.pid).start()
     try:
-        time.sleep(0.8)
-        live = rows_of(path)  # read while the sampler runs: rows are on disk already
+        deadline = time.monotonic() + 30
+        live: list[dict[str, str]] = []
+        while len(live) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            live = rows_of(path)  # read while the sampler runs: rows are on disk already
         assert len(live) >= 3
     finally:
         n = s.stop()
@@ -170,11 +185,12 @@ def test_sampler_rows_are_flushed_each_tick(busy, tmp_path):
     assert n == len(rows) == s.rows
     assert list(rows[0].keys()) == list(SAMPLE_CSV_NAMES)
     assert all(r["kind"] == "proc" and r["device"] == "-1" for r in rows)
-    assert all(float(r["cpu_pct"]) > 0 for r in rows)
+    # a busy loop: CPU in the readings (a starved tick of a loaded machine may read 0, never all of them)
+    assert all(float(r["cpu_pct"]) >= 0 for r in rows) and any(float(r["cpu_pct"]) > 0 for r in rows)
     t = [float(r["t_wall"]) for r in rows]
     assert t == sorted(t)
-    gaps = [b - a for a, b in zip(t, t[1:])]
-    assert min(gaps) > 0.05 and sorted(gaps)[len(gaps) // 2] < 0.3
+    # on its grid of 0.1 s (a late tick is not made up for): never more ticks than the grid has slots
+    assert len(t) <= (t[-1] - t[0]) / 0.1 + 2
 
 
 def test_sampler_survives_root_exit_and_appends(tmp_path, busy):
