@@ -156,6 +156,7 @@ def test_measurements_agree_with_an_independent_recomputation(lora_campaign, env
             assert m["energy_source"] == "rapl" and m["energy_joules"] == pytest.approx(total, rel=1e-9)
             assert m["dataset_tokens_per_joule"] == pytest.approx(processed / total, rel=1e-9)
         assert m["slurm_consumed_energy_joules"] is None  # not a SLURM run
+        assert m["gpu_energy_joules"] is None  # a CPU run: no GPU counter
 
 
 def _at(rows: list[tuple[float, float]], t: float) -> float:

@@ -208,6 +208,7 @@ def test_collect_stores_the_windows_energy_equal_to_a_recomputation(tc_wd: Path,
     energy = window_energy(run["paths"].root)
     assert energy > 0
     assert m["energy_source"] == "nvml" and m["energy_joules"] == pytest.approx(energy, rel=1e-12)
+    assert m["gpu_energy_joules"] == m["energy_joules"]  # the GPUs' counter: the same figure
     tokens = json.loads(run["paths"].rank_result(0).read_text())["metrics"]["dataset_tokens"]
     assert m["dataset_tokens_per_joule"] == pytest.approx(tokens / energy, rel=1e-12)
     assert m["slurm_consumed_energy_joules"] == 123456.0
@@ -238,8 +239,10 @@ def test_a_gpu_without_a_counter_leaves_energy_null_with_a_note(tc_wd: Path, tmp
     run = tc.write_attempt(tc_wd, 82, samples={"node1": rows})
     db = tmp_path / "r.duckdb"
     collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
-    m = tc.one(db, "SELECT energy_joules, energy_source, dataset_tokens_per_joule, notes FROM measurements")
-    assert (m["energy_joules"], m["dataset_tokens_per_joule"]) == (None, None) and m["energy_source"] == "nvml"
+    m = tc.one(db, "SELECT energy_joules, gpu_energy_joules, energy_source, dataset_tokens_per_joule, notes "
+                   "FROM measurements")
+    assert (m["energy_joules"], m["gpu_energy_joules"], m["dataset_tokens_per_joule"]) == (None, None, None)
+    assert m["energy_source"] == "nvml"
     assert ("GPU node1:1: no energy reading (NVML reports no counter, or the samples file predates energy_j); "
             "energy_joules NULL") in m["notes"]
 
@@ -267,8 +270,9 @@ def test_a_cpu_run_takes_the_rapl_rows(tc_wd: Path, tmp_path: Path) -> None:
                            t_train1=synth.T0 + 17.9)
     db = tmp_path / "r.duckdb"
     collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
-    m = tc.one(db, "SELECT energy_joules, energy_source, gpu_compute_utilization_avg FROM measurements")
-    assert m["energy_source"] == "rapl"
+    m = tc.one(db, "SELECT energy_joules, gpu_energy_joules, energy_source, gpu_compute_utilization_avg "
+                   "FROM measurements")
+    assert m["energy_source"] == "rapl" and m["gpu_energy_joules"] is None  # RAPL's figure is no GPU's
     assert m["energy_joules"] == pytest.approx(window_energy(run["paths"].root, "cpu"), rel=1e-12)
     assert m["energy_joules"] == pytest.approx((17.9 - 2.2) * (40.5 + 41.5), rel=1e-6)  # constant power
     assert m["gpu_compute_utilization_avg"] == 0.0  # no GPU rows: the cpu rows are not GPUs

@@ -38,6 +38,7 @@ Definitions (ado-sfttrainer-experiments.md, "Measured properties" and notes 1-3)
   difference. ``energy_joules`` sums the GPUs in use (``energy_source`` nvml) or, on a run without GPU
   rows, the CPU packages (``cpu`` rows, RAPL: ``rapl``). It is NULL (with a note) when the window is
   unknown, when a device has no counter reading, or when a device's readings do not reach both edges.
+  ``gpu_energy_joules`` is the same figure when it is the GPUs' (nvml), NULL when it is RAPL's or none.
   ``dataset_tokens_per_joule`` is rank 0's ``dataset_tokens`` (the window's) over ``energy_joules``.
 * **Stability**: ``f_gpu_oom`` / ``f_other_error`` / ``f_no_error`` are the fractions of the trials
   whose outcome was ``invalid`` / ``failed`` / ``ok``.
@@ -251,12 +252,12 @@ def energy_stats(stats: Iterable[Mapping[str, Any]], run_id: str, start: float |
 
 def energy_properties(energy: Sequence[EnergyStats], had_gpu_rows: bool,
                       rank0: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
-    """``energy_joules``, ``energy_source`` and ``dataset_tokens_per_joule`` of one run, and the notes that
-    say why a figure is NULL: the GPUs' energy when the run sampled GPUs, else the CPU packages'."""
+    """``energy_joules``, ``gpu_energy_joules``, ``energy_source`` and ``dataset_tokens_per_joule`` of one run,
+    and the notes that say why a figure is NULL: the GPUs' energy when the run sampled GPUs, else the CPU packages'."""
     kind = "gpu" if had_gpu_rows else "cpu"
     devices = [e for e in energy if e.kind == kind]
-    out: dict[str, Any] = {"energy_joules": None, "energy_source": ENERGY_SOURCES[kind] if devices else None,
-                           "dataset_tokens_per_joule": None}
+    out: dict[str, Any] = {"energy_joules": None, "gpu_energy_joules": None,
+                           "energy_source": ENERGY_SOURCES[kind] if devices else None, "dataset_tokens_per_joule": None}
     if not devices:
         return out, []
     notes = []
@@ -273,6 +274,8 @@ def energy_properties(energy: Sequence[EnergyStats], had_gpu_rows: bool,
         return out, notes
     total = sum(e.joules for e in devices if e.joules is not None)
     out["energy_joules"] = total
+    # the GPUs' own counter (NVML) only: NULL where the figure is the CPU packages' (RAPL)
+    out["gpu_energy_joules"] = total if kind == "gpu" else None
     tokens = _f(((rank0 or {}).get("metrics") or {}).get("dataset_tokens"))
     out["dataset_tokens_per_joule"] = tokens / total if tokens is not None and total > 0 else None
     return out, notes

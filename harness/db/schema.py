@@ -31,8 +31,9 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # step_time_cv) and the point_stability view; energy (sample_rows.energy_j and the 'cpu' sample kind;
 # measurements.energy_joules, energy_source, dataset_tokens_per_joule, slurm_consumed_energy_joules);
 # the measured window in steps and the precision auto-stop's statistics (measurements.window_steps,
-# window_start_step, window_end_step, steady_step_time_cv, ci_rel_halfwidth)
-SCHEMA_VERSION = 11
+# window_start_step, window_end_step, steady_step_time_cv, ci_rel_halfwidth); 12: measurements.gpu_energy_joules
+# (the GPUs' NVML counter over the window; NULL where energy_source is not nvml)
+SCHEMA_VERSION = 12
 
 
 KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
@@ -158,7 +159,8 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("predicted_oom", "BOOLEAN"),
         # energy over the measured window (the samples' energy_j: nvml = the GPUs in use, rapl = the CPU
         # packages of a CPU partition's hosts) and SLURM's own figure for the whole job (sacct ConsumedEnergyRaw)
-        ("energy_joules", "DOUBLE"), ("energy_source", "VARCHAR"), ("dataset_tokens_per_joule", "DOUBLE"),
+        ("energy_joules", "DOUBLE"), ("gpu_energy_joules", "DOUBLE"), ("energy_source", "VARCHAR"),
+        ("dataset_tokens_per_joule", "DOUBLE"),
         ("slurm_consumed_energy_joules", "DOUBLE"),
         ("shared_host", "BOOLEAN"), ("overlapped_with", "VARCHAR[]"),  # runs.overlapped_with
         *ENTITY_COLUMNS,
