@@ -127,8 +127,8 @@ def test_malformed_manifest_events(tmp_path):
         with pytest.raises(Exception, match="event 1: attempt line is malformed"):
             record_manifest(st, [{"type": "attempt", "campaign": "x"}])
         problems = record_manifest(st, [{"type": "bogus"}, {"type": "campaign", "campaign": "ok"}], strict=False)
-        assert problems == ["manifest event 1: unknown type 'bogus' (expected campaign, point, attempt, cancel or "
-                            "references)"]
+        assert problems == ["manifest event 1: unknown type 'bogus' (expected campaign, point, attempt, cancel, "
+                            "references or repeats)"]
         assert st.con.execute("SELECT campaign FROM campaigns").fetchall() == [("ok",)]
 
 

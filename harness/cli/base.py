@@ -236,6 +236,24 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+REPEATS_LINES = 20  # points below their CV target printed at most
+
+
+def print_repeats(campaign: str, verdicts: list[dict[str, Any]], submitted: int | None = None) -> None:
+    """The adaptive repeats of a campaign (``harness.sbatch.repeats`` verdicts as dicts): how many points are
+    within the CV target, and each one still below it with its repeats and what comes next."""
+    if not verdicts:
+        return
+    below = [v for v in verdicts if v["below_precision"]]
+    now = "" if submitted is None else f"; {submitted} more repeat(s) submitted now"
+    click.echo(f"repeats of campaign {campaign}: {len(verdicts) - len(below)} of {len(verdicts)} point(s) within "
+               f"the CV target, {len(below)} below precision{now}")
+    for v in below[:REPEATS_LINES]:
+        click.echo(f"  {v['state']:<11}  {v['point_id']}: {printable(v['text'], lines=False)}")
+    if len(below) > REPEATS_LINES:
+        click.echo(f"  ... and {len(below) - REPEATS_LINES} more (sbench status --json lists them all)")
+
+
 @click.group(cls=SbenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sbench")
 def main() -> None:

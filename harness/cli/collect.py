@@ -12,8 +12,10 @@ import click
 from harness.collect import collect as run_collect
 from harness.contract.errors import InputError
 from harness.contract.paths import resolve_db, resolve_workdir
+from harness.sbatch import manifest
+from harness.sbatch.submit import SubmitReport, more_repeats
 
-from .base import Progress, campaign_name, db_option, echo_json, json_option, main, say, workdir_option
+from .base import Progress, campaign_name, db_option, echo_json, json_option, main, print_repeats, say, workdir_option
 
 COLLECT_PHASES = {"discover": "finding runs", "parse": "reading job dirs", "samples": "loading samples"}
 
@@ -22,9 +24,15 @@ COLLECT_PHASES = {"discover": "finding runs", "parse": "reading job dirs", "samp
 @db_option
 @workdir_option
 @click.option("--campaign", default=None, callback=campaign_name, help="Only this campaign's runs.")
+@click.option("--no-more-repeats", is_flag=True, help="Only collect: do not submit the next repeats of points whose "
+              "campaign says repeats: {min, max, cv} and whose CV is still above it.")
 @json_option
-def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json: bool) -> None:
+def collect(db: Path | None, workdir: Path | None, campaign: str | None, no_more_repeats: bool,
+            as_json: bool) -> None:
     """Read job directories and SLURM accounting into the results database.
+
+    A campaign whose sweep says repeats: {min, max, cv} then gets the next repeat of each point whose
+    throughput CV is still above cv (up to max repeats), unless --no-more-repeats.
 
     Example: sbench collect --campaign lora-scan
     """
@@ -39,8 +47,9 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json
         report = run_collect(resolve_db(db), wd, campaign, progress=prog)
     finally:
         prog.close()
+    more = [] if no_more_repeats else _more_repeats(wd, db, campaign)
     if as_json:
-        echo_json(report.to_dict())
+        echo_json({**report.to_dict(), "more_repeats": [m.to_dict() for m in more]})
         return
     outcomes = ", ".join(f"{v} {k}" for k, v in report.outcomes.items()) or "none"
     click.echo(f"collected {report.runs} run(s) into {report.db}: {report.new} new, {report.updated} updated, "
@@ -52,3 +61,16 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, as_json
                    err=True)
     for w in report.warnings:
         say(f"warning: {w}", err=True)
+    for m in more:
+        print_repeats(m.campaign, [v.to_dict() for v in m.repeats], len(m.submitted))
+
+
+def _more_repeats(wd: Path, db: Path | None, campaign: str | None) -> list[SubmitReport]:
+    """The next repeats of the adaptive campaigns' points that need them (``harness.sbatch.repeats``)."""
+    names = [campaign] if campaign else sorted(p.parent.name for p in wd.glob(f"*/{manifest.MANIFEST}"))
+    out = []
+    for name in names:
+        rep = more_repeats(name, wd, db)
+        if rep is not None:
+            out.append(rep)
+    return out

@@ -12,7 +12,18 @@ import click
 from harness.sbatch.control import cancel as cancel_attempts
 from harness.sbatch.control import status as status_report
 
-from .base import campaign_name, db_option, echo_json, json_option, main, say, short, table, workdir_option
+from .base import (
+    campaign_name,
+    db_option,
+    echo_json,
+    json_option,
+    main,
+    print_repeats,
+    say,
+    short,
+    table,
+    workdir_option,
+)
 
 
 @main.command()
@@ -27,7 +38,8 @@ def status(workdir: Path | None, db: Path | None, campaign: str | None, as_json:
     """
     rep = status_report(workdir, db, campaign)
     if as_json:
-        echo_json({"rows": rep.rows, "counts": rep.counts, "note": rep.note})
+        echo_json({"rows": rep.rows, "counts": rep.counts, "note": rep.note,
+                   "repeats": {c: [v.to_dict() for v in vs] for c, vs in rep.repeats.items()}})
         return
     rows = [{"campaign": r.get("campaign"), "point_id": r.get("point_id"), "rep": r.get("repeat"),
              "attempt": r.get("last_attempt"), "job_id": r.get("job_id"), "phase": r.get("phase"),
@@ -49,6 +61,8 @@ def status(workdir: Path | None, db: Path | None, campaign: str | None, as_json:
     if len(notes) > STATUS_NOTES:
         click.echo(f"... and {len(notes) - STATUS_NOTES} more: sbench query \"select run_id, warnings from runs where "
                    "warnings is not null\"")
+    for camp, verdicts in rep.repeats.items():
+        print_repeats(camp, [v.to_dict() for v in verdicts])
     if rep.note:
         say(f"note: {rep.note}", err=True)
 

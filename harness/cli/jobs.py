@@ -21,6 +21,7 @@ from .base import (
     json_option,
     main,
     model_map_option,
+    print_repeats,
     say,
     short,
     sweep_argument,
@@ -158,6 +159,7 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
         sources = sorted({r["campaign"] for r in reused})
         click.echo(f"reused {len(reused)} measured run(s) of campaign(s) {', '.join(sources)} instead of measuring "
                    "them again (each named in its reason; --force measures them in this campaign)")
+    print_repeats(d["campaign"], d.get("repeats") or [])
     if d.get("db_note"):
         say(f"note: {d['db_note']}", err=True)
     for w in d.get("warnings") or []:

@@ -93,6 +93,8 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
                 attempts.append(attempt_row(ev))
                 links.append({"campaign": str(ev["campaign"]), "point_id": str(ev["point_id"]),
                               "repeat": key_int(ev.get("repeat") or 0, "repeat")})
+            elif kind == "repeats":
+                pass  # repeats: {min, max, cv} lives in the manifest only (harness.sbatch.repeats reads it)
             elif kind == "cancel":
                 # SLURM attempts are named by job id, local ones (no job id when queued) by job dir.
                 ids, dirs = ev.get("job_ids") or [], ev.get("job_dirs") or []
@@ -100,7 +102,7 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
                     raise TypeError("job_ids and job_dirs must be lists")
                 cancels.append((str(ev["campaign"]), [str(j) for j in ids + dirs], utc(ev.get("at"))))
             else:
-                bad(i, f"unknown type {kind!r} (expected campaign, point, attempt, cancel or references)")
+                bad(i, f"unknown type {kind!r} (expected campaign, point, attempt, cancel, references or repeats)")
         except (KeyError, TypeError, ValueError) as exc:
             bad(i, f"{kind} line is malformed: {exc!r}")
     with store.transaction():

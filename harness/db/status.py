@@ -118,6 +118,15 @@ def status_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any
     return store.fetch_dicts(sql + " ORDER BY ps.campaign, ps.point_id, ps.repeat", params)
 
 
+def point_stability(store: Store, campaign: str) -> dict[str, tuple[int, float | None]]:
+    """Per point of *campaign*: how many valid repeats its ``point_stability`` row counts, and their throughput
+    CV (None with fewer than two); what adaptive repeats (``harness.sbatch.repeats``) decide on."""
+    rows = point_stability_sql("(SELECT * FROM measurements WHERE campaign = ?)")
+    sql = f"SELECT point_id, repeats_measured, throughput_cv FROM ({rows})"
+    return {r[0]: (int(r[1]), None if r[2] is None else float(r[2]))
+            for r in store.con.execute(sql, [campaign]).fetchall()}
+
+
 @dataclass
 class PointStatus:
     """Attempt counts of one point, for submit's skip / --force / --retry-failed decisions."""

@@ -8,10 +8,11 @@ Syntax: one or more faults separated by ``;``, each ``KIND@COND[,COND...][:ARG]`
   (hang for ARG seconds, default 3600), ``exit`` (``os._exit(ARG)``, default 1).
 - ``COND``: ``step=N`` (at the end of optimiser step N) or ``stage=NAME`` (at the start of a
   trainer stage: dataset, tokens, model_load, train), optionally restricted with ``rank=R``
-  (global rank) and ``trial=T`` (stability trial).
+  (global rank), ``trial=T`` (stability trial) and ``job=TEXT`` (a job dir whose name contains TEXT,
+  e.g. ``job=<point_id>.r1.``: one repeat of one point).
 
 Examples: ``oom@step=2``, ``error@step=1``, ``sigkill@step=2``, ``sleep@step=1:30``,
-``oom@step=2,rank=1``, ``error@stage=model_load``, ``oom@step=1,trial=2``.
+``oom@step=2,rank=1``, ``error@stage=model_load``, ``oom@step=1,trial=2``, ``sleep@step=3,job=.r1.:2``.
 """
 
 from __future__ import annotations
@@ -39,9 +40,13 @@ class Fault:
     rank: int | None = None
     trial: int | None = None
     arg: str | None = None
+    job: str | None = None
 
-    def applies(self, *, rank: int, trial: int | None, step: int | None = None, stage: str | None = None) -> bool:
+    def applies(self, *, rank: int, trial: int | None, step: int | None = None, stage: str | None = None,
+                job: str = "") -> bool:
         if self.rank is not None and self.rank != rank:
+            return False
+        if self.job is not None and self.job not in job:
             return False
         if self.trial is not None and self.trial != trial:
             return False
@@ -88,17 +93,17 @@ def parse_faults(text: str | None) -> list[Fault]:
         kw: dict[str, object] = {}
         for cond in rest.split(","):
             if "=" not in cond:
-                raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value (step, stage, rank, trial)")
+                raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value (step, stage, rank, trial, job)")
             k, v = (x.strip() for x in cond.split("=", 1))
             if k in ("step", "rank", "trial"):
                 try:
                     kw[k] = int(v)
                 except ValueError:
                     raise FaultSpecError(f"{ENV}: {k} must be an integer, got {v!r}") from None
-            elif k == "stage":
+            elif k in ("stage", "job"):
                 kw[k] = v
             else:
-                raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank or trial")
+                raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank, trial or job")
         if ("step" in kw) == ("stage" in kw):
             raise FaultSpecError(f"{ENV}: {part!r} needs exactly one of step=N or stage=NAME")
         faults.append(Fault(kind=kind, arg=arg, **kw))  # type: ignore[arg-type]

@@ -95,14 +95,19 @@ class Context:
         for a in adjustments:
             self.note(f"{a['setting']} {a['asked']} -> {a['used']}: {a['why']}")
 
+    @property
+    def job_name(self) -> str:
+        """The job dir's name (``<point_id>.r<repeat>.a<attempt>``), which a fault's ``job=`` matches."""
+        return self.paths.root.name if self.paths else ""
+
     def fault_at_stage(self, stage: str) -> None:
         for f in self.faults:
-            if f.applies(rank=self.rank, trial=self.trial, stage=stage):
+            if f.applies(rank=self.rank, trial=self.trial, stage=stage, job=self.job_name):
                 f.fire(f"at the start of stage {stage}")
 
     def fault_at_step(self, step: int) -> None:
         for f in self.faults:
-            if f.applies(rank=self.rank, trial=self.trial, step=step):
+            if f.applies(rank=self.rank, trial=self.trial, step=step, job=self.job_name):
                 f.fire(f"at the end of step {step}")
 
 

@@ -12,12 +12,14 @@ from harness.contract.paths import resolve_db, resolve_workdir
 from harness.db.status import job_dirs, status_rows
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
+from harness.spec.sweep import AdaptiveRepeats
 
 from . import manifest
 from .backends import get_backend, live_states
 from .feed import feed_notes
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import failed_prepare_jobs
+from .repeats import RepeatsVerdict, verdict
 
 
 def _defaults(workdir: Path | None, db: Path | None) -> tuple[Path, Path]:
@@ -29,6 +31,8 @@ class StatusReport:
     rows: list[dict[str, Any]]
     counts: dict[str, int] = field(default_factory=dict)
     note: str | None = None
+    # campaign -> its points' adaptive-repeats verdicts (repeats: {min, max, cv}; harness.sbatch.repeats)
+    repeats: dict[str, list[RepeatsVerdict]] = field(default_factory=dict)
 
 
 def status(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None,
@@ -85,7 +89,28 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
     failed = failed_prepare_jobs(wd, campaign, slurm) + feed_notes(wd, campaign, slurm) + problems
     if failed:
         note = "; ".join(([note] if note else []) + failed)
-    return StatusReport(rows, counts, note)
+    return StatusReport(rows, counts, note, repeats_of(wd, rows))
+
+
+def repeats_of(workdir: Path, rows: list[dict[str, Any]]) -> dict[str, list[RepeatsVerdict]]:
+    """Each adaptive campaign's points, as its status *rows* have them: repeats with an attempt, those still
+    queued or running, and the point's measured repeats and CV."""
+    out: dict[str, list[RepeatsVerdict]] = {}
+    for camp in sorted({str(r.get("campaign")) for r in rows}):
+        spec = manifest.adaptive_repeats(workdir / camp)
+        if spec is None:
+            continue
+        adaptive = AdaptiveRepeats(int(spec["min"]), int(spec["max"]), float(spec["cv"]))
+        points: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            if r.get("campaign") == camp and r.get("valid") is not False:
+                points.setdefault(str(r.get("point_id")), []).append(r)
+        out[camp] = [verdict(adaptive, pid, {int(r.get("repeat") or 0) for r in prs if r.get("job_dir")},
+                             sum(1 for r in prs if r.get("job_dir") and not r.get("outcome")),
+                             max(int(r.get("repeats_measured") or 0) for r in prs),
+                             next((r["throughput_cv"] for r in prs if r.get("throughput_cv") is not None), None))
+                     for pid, prs in points.items()]
+    return out
 
 
 def _executor_of(row: dict[str, Any]) -> str | None:

@@ -143,6 +143,16 @@ def attempts(workdir: Path, campaign: str | None, problems: list[str] | None = N
     return list(out.values())
 
 
+def adaptive_repeats(campaign_dir: Path) -> dict[str, Any] | None:
+    """The campaign's ``repeats: {min, max, cv}`` as its newest campaign or repeats line says it (None: a plain
+    ``repeats: N``)."""
+    out = None
+    for ev in read(campaign_dir):
+        if ev.get("type") in ("campaign", "repeats"):
+            out = ev.get("repeats") if isinstance(ev.get("repeats"), dict) else None
+    return out
+
+
 def cancelled_dirs(workdir: Path, campaign: str | None) -> set[str]:
     """The job dirs ``sbench cancel`` cancelled, in every (or one) campaign manifest."""
     camps = [workdir / campaign] if campaign else sorted(p.parent for p in workdir.glob(f"*/{MANIFEST}"))

@@ -19,7 +19,7 @@ from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import SbenchError, StoreBusyError, SubmitError
 from harness.contract.paths import parse_job_dir_name, run_id
-from harness.db.status import attempt_rows, measured_runs
+from harness.db.status import attempt_rows, measured_runs, point_stability
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
 
@@ -54,6 +54,8 @@ class PointHistory:
     by_run: dict[tuple[str, str, int], list[AttemptState]] = field(default_factory=dict)
     # point id -> its measured runs in other campaigns, oldest first (read only when the campaign reuses them)
     elsewhere: dict[str, list[MeasuredRun]] = field(default_factory=dict)
+    # point id -> (valid repeats measured, their throughput CV): what adaptive repeats decide on
+    stability: dict[str, tuple[int, float | None]] = field(default_factory=dict)
 
     def attempts(self, campaign: str, point_id: str, repeat: int) -> list[AttemptState]:
         return sorted(self.by_run.get((campaign, point_id, repeat), []), key=lambda a: a.attempt)
@@ -84,6 +86,7 @@ def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str
                 attempt=int(row["attempt"]), job_id=row.get("job_id"), state=row.get("state"),
                 outcome=row.get("outcome"), reason=row.get("reason"),
                 cancelled=row.get("cancel_requested_at") is not None and row.get("outcome") == "failed"))
+        history.stability = point_stability(st, campaign)
         if reuse:
             for row in measured_runs(st, sorted(set(point_ids)), campaign):
                 history.elsewhere.setdefault(row["point_id"], []).append(

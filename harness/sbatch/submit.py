@@ -20,7 +20,7 @@ from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep, plan_warnings
-from harness.spec.sweep import Sweep, load_sweep
+from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
 from . import manifest
 from .backends import get_backend, resolve_executor
@@ -30,8 +30,10 @@ from .feed import feed_summary, feeder_script
 from .fit import ClusterFit, cluster_fit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
+from .repeats import MORE, RepeatsVerdict, point_verdicts
 from .state import MeasuredRun, PointHistory, campaign_history
 
+MORE_REPEATS = "more repeats"  # the reason's head of an adaptive repeat's submission
 NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
 
 
@@ -59,6 +61,8 @@ class SubmitReport:
     prepare_job: str | None = None
     held_back: int = 0  # attempts sbench holds back for the campaign's feeder job (harness.sbatch.feed)
     feed: dict[str, Any] = field(default_factory=dict)  # the feeder job, the limits of the last wave
+    # repeats: {min, max, cv}: each point's verdict before this submission (harness.sbatch.repeats)
+    repeats: list[RepeatsVerdict] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         by_key = {(s.spec.point_id, s.spec.repeat): s for s in self.submitted}
@@ -74,15 +78,25 @@ class SubmitReport:
                 "reused": sum(1 for d in self.decisions if d.reused),
                 "db_note": self.db_note, "warnings": self.warnings, "preflight": self.preflight,
                 "prepare": self.prepare, "prepare_job": self.prepare_job, "held_back": self.held_back,
-                "feed": self.feed}
+                "feed": self.feed, "repeats": [v.to_dict() for v in self.repeats]}
 
 
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
-           retry_failed: bool, reuse: bool = False) -> list[Decision]:
+           retry_failed: bool, reuse: bool = False, adaptive: AdaptiveRepeats | None = None) -> list[Decision]:
     """Skip what this campaign measured or has in flight; resubmit failures only when asked. With *reuse*,
-    a point another campaign measured is not measured again: it takes that run, and says which."""
+    a point another campaign measured is not measured again: it takes that run, and says which. With
+    *adaptive* (``repeats: {min, max, cv}``), a repeat beyond *min* that was never submitted is submitted
+    only when it is its point's next one and the point's CV asks for it (``harness.sbatch.repeats``);
+    otherwise it has no decision at all (it is not a run of the campaign until then)."""
+    verdicts = point_verdicts(adaptive, [p.point_id for p in points if p.valid], history, campaign) \
+        if adaptive else {}
     out = []
     for p in points:
+        if adaptive and p.repeat >= adaptive.min and not history.attempts(campaign, p.point_id, p.repeat):
+            v = verdicts.get(p.point_id)
+            if v is not None and v.state == MORE and v.next_repeat == p.repeat:
+                out.append(Decision(p, "submit", f"{MORE_REPEATS}: {v.text()}", 1))
+            continue
         if not p.valid:
             out.append(Decision(p, "skip", "invalid: " + "; ".join(p.reasons)))
             continue
@@ -147,11 +161,12 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
                  model_map: Path | None = None, only_failed: bool = False, preflight: bool = False,
                  prepare: str = "here", skip_predicted_oom: bool = False,
                  echo: Callable[[str], None] = lambda s: None, slurm: Slurm | None = None,
-                 reuse_measured: bool = False, campaign: str | None = None) -> SubmitReport:
+                 reuse_measured: bool = False, campaign: str | None = None, only_more: bool = False) -> SubmitReport:
     """Submit a sweep's points that still need running (see :func:`decide`), as campaign *campaign* (default:
     the sweep's ``campaign:``); ``harness.sbatch.wait`` waits for them. From reading what the campaign has to
     recording what was submitted, the campaign's lock is held (``harness.sbatch.lock``): a second submit,
-    retry or cancel of the campaign waits, so no attempt is started twice."""
+    retry or cancel of the campaign waits, so no attempt is started twice. *only_more*: submit nothing but
+    the next repeats adaptive repeats ask for (``sbench collect``)."""
     # One scheduler client for the whole command: each question to SLURM is asked once.
     slurm = slurm or Slurm()
     # Everything that can be wrong with the input is found before the DB, the manifest or a job dir is
@@ -178,10 +193,12 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
     # A campaign measures its own points; it takes other campaigns' measurements only when asked to.
     reuse = reuse_measured or sweep.reuse == "measured"
     history, db_note = campaign_history(db, workdir, sweep.campaign, [p.point_id for p in points], slurm, reuse)
-    decisions = decide(points, history, sweep.campaign, force, retry_failed or only_failed, reuse)
+    decisions = decide(points, history, sweep.campaign, force, retry_failed or only_failed, reuse, sweep.adaptive)
     if only_failed:
         decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
                      for d in decisions]
+    if only_more:
+        decisions = [d for d in decisions if d.action == "submit" and d.reason.startswith(MORE_REPEATS)]
     if skip_predicted_oom:
         # An allocation is not spent on a point that will not fit (harness.memory says why, per point).
         decisions = [Decision(d.point, "skip", _predicted_oom(d.point.memory))
@@ -189,6 +206,9 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
     report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note,
                           warnings=plan_warnings(sweep, inv, points) + fit_notes,
                           preflight=checked)
+    if sweep.adaptive:
+        report.repeats = list(point_verdicts(sweep.adaptive, [p.point_id for p in points if p.valid], history,
+                                             sweep.campaign).values())
     todo = [d for d in decisions if d.action == "submit"]
     dependency = _prepare_before(prepare, name, sweep, inv, [d.point for d in todo], Path(sweep_path), inventory_path,
                                  model_map, campaign_dir, report, echo, slurm)
@@ -201,14 +221,22 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
                        "inventory": inv.source, "cluster": inv.cluster,
                        "partition": points[0].partition if points else None, "executor": name,
                        "description": sweep.description, "created_at": manifest.now_iso(),
-                       "sbench_version": __version__, "references": [r.to_dict() for r in sweep.references]})
-    elif _recorded_references(campaign_dir) != [r.to_dict() for r in sweep.references]:
-        # The sweep's expectations changed (tightened, added): the checks follow the newest word.
-        events.append({"type": "references", "campaign": sweep.campaign, "at": manifest.now_iso(),
-                       "references": [r.to_dict() for r in sweep.references]})
+                       "sbench_version": __version__, "references": [r.to_dict() for r in sweep.references],
+                       "repeats": sweep.adaptive.to_dict() if sweep.adaptive else None})
+    else:
+        if _recorded_references(campaign_dir) != [r.to_dict() for r in sweep.references]:
+            # The sweep's expectations changed (tightened, added): the checks follow the newest word.
+            events.append({"type": "references", "campaign": sweep.campaign, "at": manifest.now_iso(),
+                           "references": [r.to_dict() for r in sweep.references]})
+        if manifest.adaptive_repeats(campaign_dir) != (sweep.adaptive.to_dict() if sweep.adaptive else None):
+            # repeats: changed (adaptive now, or other bounds): collect and status follow the newest word
+            events.append({"type": "repeats", "campaign": sweep.campaign, "at": manifest.now_iso(),
+                           "repeats": sweep.adaptive.to_dict() if sweep.adaptive else None})
     known = {(e.get("point_id"), e.get("repeat")) for e in manifest.read(campaign_dir) if e.get("type") == "point"}
+    # A repeat adaptive repeats have not asked for is no run of the campaign (yet): status does not list it.
+    listed = {(d.point.point_id, d.point.repeat) for d in decisions}
     for p in points:
-        if (p.point_id, p.repeat) not in known:
+        if (p.point_id, p.repeat) not in known and (p.point_id, p.repeat) in listed:
             events.append({"type": "point", "campaign": sweep.campaign, **p.to_dict()})
     manifest.append(campaign_dir, events)
     # The preview rendered every valid point as attempt 1: new points reuse it; only later attempts (retry,
@@ -357,10 +385,9 @@ def campaign_record(workdir: Path | None, campaign: str) -> dict[str, Any]:
     raise InputError(f"no campaign {campaign!r} under {workdir} (no {workdir / campaign / manifest.MANIFEST})")
 
 
-def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None = None, *, executor: str = "auto",
-                   max_parallel: int | None = None, slurm: Slurm | None = None) -> SubmitReport:
-    """Resubmit a campaign's failed points (those that never started included) from the sweep and inventory
-    it was submitted with; refused when that sweep now names another campaign."""
+def _recorded_sweep(campaign: str, workdir: Path | None, executor: str) -> tuple[Path, Path | None, str]:
+    """The sweep, inventory and executor *campaign* was submitted with; refused when that sweep now names
+    another campaign."""
     rec = campaign_record(workdir, campaign)
     inv = rec.get("inventory")
     inv_path = None if not inv or inv.startswith("<") else Path(inv)
@@ -374,6 +401,25 @@ def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None =
     if named != recorded:
         raise SweepError(f"{sweep_path}: campaign: is now {named!r}, but campaign {campaign!r} was submitted from "
                          f"this sweep when it said {recorded!r}; nothing was submitted. Set campaign: {recorded} in "
-                         f"the sweep again to retry {campaign!r}, or submit the sweep to run campaign {named!r}")
+                         f"the sweep again to go on with {campaign!r}, or submit the sweep to run campaign {named!r}")
+    return sweep_path, inv_path, executor
+
+
+def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None = None, *, executor: str = "auto",
+                   max_parallel: int | None = None, slurm: Slurm | None = None) -> SubmitReport:
+    """Resubmit a campaign's failed points (those that never started included) from the sweep and inventory
+    it was submitted with; refused when that sweep now names another campaign."""
+    sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, executor)
     return submit_sweep(sweep_path, inv_path, executor, workdir, db, only_failed=True,
                         max_parallel=max_parallel, slurm=slurm, campaign=campaign)
+
+
+def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = None, *,
+                 slurm: Slurm | None = None) -> SubmitReport | None:
+    """Submit the next repeat of each point of *campaign* whose CV is still above its ``repeats: {min, max,
+    cv}`` target (``harness.sbatch.repeats``), from the sweep and inventory it was submitted with; None when
+    the campaign's repeats are not adaptive. ``sbench collect`` calls it after collecting."""
+    if manifest.adaptive_repeats(resolve_workdir(workdir) / campaign) is None:
+        return None
+    sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, "auto")
+    return submit_sweep(sweep_path, inv_path, executor, workdir, db, only_more=True, slurm=slurm, campaign=campaign)

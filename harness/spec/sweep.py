@@ -50,7 +50,7 @@ _SCALAR = (str, int, float)
 # The type each top-level key's value has: a near-miss of another type is no suggestion.
 SWEEP_KINDS: dict[str, type | tuple[type, ...]] = {
     "campaign": _SCALAR, "experiment": str, "partition": _SCALAR, "description": str, "entity": dict, "grid": dict,
-    "repeats": int, "slurm": dict, "model_map": dict, "data_dir": str, "runner": dict, "references": dict,
+    "repeats": (int, dict), "slurm": dict, "model_map": dict, "data_dir": str, "runner": dict, "references": dict,
     "reuse": str}
 
 
@@ -74,6 +74,23 @@ CAMPAIGN_NAME = NAME  # fullmatch only: '$' would accept a trailing newline
 
 
 MAX_REPEATS = 1000
+
+
+REPEATS_KEYS = ("min", "max", "cv")
+
+
+@dataclass(frozen=True)
+class AdaptiveRepeats:
+    """``repeats: {min, max, cv}``: each point runs *min* repeats; one more is submitted (by ``sbench submit``
+    run again on the sweep, or ``sbench collect``) while the coefficient of variation of its throughput
+    across its measured repeats is above *cv*, up to *max* repeats (``harness.sbatch.repeats``)."""
+
+    min: int
+    max: int
+    cv: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"min": self.min, "max": self.max, "cv": self.cv}
 
 
 MAX_RUNS = 100_000  # points x repeats of one sweep; a larger grid is a typo, or several campaigns
@@ -106,7 +123,7 @@ class Sweep:
     partition: str | None
     entity: dict[str, Any]
     grid: dict[str, list[Any]]
-    repeats: int
+    repeats: int  # the repeats planned per point: N, or an adaptive sweep's max
     slurm: SlurmOverrides
     model_map: ModelMap
     data_dir: Path
@@ -115,6 +132,7 @@ class Sweep:
     data_dir_set: bool = False  # the sweep names its data_dir (else the inventory's defaults.data_dir may)
     references: list[Any] = field(default_factory=list)  # harness.references.Reference, in file order
     reuse: str = "none"  # one of REUSE_MODES
+    adaptive: AdaptiveRepeats | None = None  # repeats: {min, max, cv}; None for a plain repeats: N
     lines: dict[str, int] = field(default_factory=dict)
 
 
@@ -167,6 +185,25 @@ def load_sweep(path: str | Path, model_map_path: str | Path | None = None, campa
     return sweep
 
 
+def parse_repeats(ck: Checker, doc: Any) -> AdaptiveRepeats | None:
+    """``repeats: {min, max, cv}`` (None for a plain ``repeats: N`` or none)."""
+    node = doc.get("repeats")
+    if not isinstance(node, dict):
+        return None
+    ck.known_keys(node, "repeats", REPEATS_KEYS)
+    for k in REPEATS_KEYS:
+        ck.require(node, "repeats", k, "repeats: {min: 2, max: 6, cv: 0.02} (or a plain repeats: N)")
+    lo = ck.integer(node, "repeats", "min", minimum=1, maximum=MAX_REPEATS)
+    hi = ck.integer(node, "repeats", "max", minimum=1, maximum=MAX_REPEATS)
+    if hi < lo:
+        ck.fail("repeats.max", f"must be >= repeats.min ({lo}), got {hi}; raise max or lower min", node, "max")
+    cv = float(ck.number(node, "repeats", "cv", minimum=0, maximum=1))
+    if not 0 < cv < 1:
+        ck.fail("repeats.cv", f"must be a fraction between 0 and 1 (e.g. 0.02 for a CV of 2 %), got {cv:g}", node,
+                "cv")
+    return AdaptiveRepeats(lo, hi, cv)
+
+
 def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Path | None = None) -> Sweep:
     ck = Checker(source, SweepError)
     if doc is None:
@@ -209,7 +246,8 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     both = sorted(set(entity) & set(grid))
     if both:
         ck.fail(f"grid.{both[0]}", "is set in both entity: and grid:; keep it in one place", grid_node, both[0])
-    repeats = ck.integer(doc, "", "repeats", default=1, minimum=1, maximum=MAX_REPEATS)
+    adaptive = parse_repeats(ck, doc)
+    repeats = adaptive.max if adaptive else ck.integer(doc, "", "repeats", default=1, minimum=1, maximum=MAX_REPEATS)
     if combos * repeats > MAX_RUNS:
         ck.fail("grid", f"expands to {combos} grid combinations x {repeats} repeat(s) = {combos * repeats} runs; at "
                         f"most {MAX_RUNS} are allowed in one sweep - split it into several campaigns",
@@ -299,7 +337,7 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
     return Sweep(
         references=references, reuse=ck.choice(doc, "", "reuse", REUSE_MODES, default="none"),
         campaign=campaign, experiment=experiment, source=source, base_dir=base_dir,
-        partition=partition, entity=entity, grid=grid, repeats=repeats, slurm=slurm,
+        partition=partition, entity=entity, grid=grid, repeats=repeats, adaptive=adaptive, slurm=slurm,
         model_map=mm, data_dir=data_dir, runner=runner, data_dir_set=bool(data_dir_raw),
         description=ck.string(doc, "", "description", default="", nonempty=False, multiline=True) or "",
         lines=dict(doc.lines) if isinstance(doc, LineDict) else {},

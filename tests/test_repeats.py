@@ -1,0 +1,206 @@
+"""Repeats to a precision: ``repeats: {min, max, cv}``. The decision (units), the sweep's checks, and a
+campaign on the local executor where one point's repeats disagree by injected sleeps and get more repeats,
+while a steady point does not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import stdev
+
+import duckdb
+import pytest
+import yaml
+
+from harness.runner.faults import parse_faults
+from harness.sbatch.repeats import AT_MAX, MORE, NO_CV, PRECISE, WAITING, verdict
+from harness.sbatch.state import AttemptState, PointHistory
+from harness.sbatch.submit import decide
+from harness.spec.inventory import load_inventory
+from harness.spec.plan import PlannedPoint, plan_sweep
+from harness.spec.sweep import AdaptiveRepeats, load_sweep
+
+from .conftest import ROOT, SMALL_DATASET, write_sweep
+
+SPEC = AdaptiveRepeats(min=2, max=4, cv=0.02)
+
+
+def test_verdict_above_below_and_max() -> None:
+    # above the target with room: the lowest repeat never submitted is next
+    v = verdict(SPEC, "p", {0, 1}, 0, 2, 0.05)
+    assert (v.state, v.next_repeat, v.below_precision) == (MORE, 2, True)
+    assert "CV 5.00 % > 2 %" in v.text() and "2 of at most 4 repeats" in v.text()
+    # at or below the target: precise, nothing next
+    for cv in (0.02, 0.001):
+        v = verdict(SPEC, "p", {0, 1}, 0, 2, cv)
+        assert (v.state, v.next_repeat, v.below_precision) == (PRECISE, None, False)
+    # max repeats submitted (whatever became of them): no more
+    v = verdict(SPEC, "p", {0, 1, 2, 3}, 0, 3, 0.3)
+    assert (v.state, v.next_repeat) == (AT_MAX, None) and "max reached" in v.text()
+    # a repeat still queued or running: judged once it ends
+    assert verdict(SPEC, "p", {0, 1, 2}, 1, 2, 0.3).state == WAITING
+    assert verdict(SPEC, "p", {0}, 0, 1, None).state == WAITING  # min not submitted yet
+    # a gap (repeat 2 never submitted, 3 was): the gap is next
+    assert verdict(SPEC, "p", {0, 1, 3}, 0, 3, 0.3).next_repeat == 2
+
+
+def test_failed_repeats_are_not_counted() -> None:
+    # Two repeats submitted, one failed: one measured value has no CV; nothing more is submitted for it
+    # (retry runs the failed one again), and it still counts toward max.
+    v = verdict(SPEC, "p", {0, 1}, 0, 1, None)
+    assert v.state == NO_CV and v.next_repeat is None and "sbench retry" in v.text()
+    # Three submitted, one failed, the two measured ones disagree: the fourth (last) one is next.
+    assert verdict(SPEC, "p", {0, 1, 2}, 0, 2, 0.1).next_repeat == 3
+
+
+def _point(pid: str, repeat: int) -> PlannedPoint:
+    return PlannedPoint(point_id=pid, repeat=repeat, experiment="e", entity={}, valid=True, reasons=[], notes=[],
+                        partition="p", model_source="m")
+
+
+def test_decide_submits_the_next_repeat_only_where_the_cv_asks() -> None:
+    pts = [_point(pid, r) for pid in ("noisy", "steady", "failing", "fresh", "busy") for r in range(4)]
+    h = PointHistory(stability={"noisy": (2, 0.2), "steady": (2, 0.005), "failing": (1, None), "busy": (2, 0.2)})
+    ok = [AttemptState(1, "j", "COMPLETED", "ok")]
+    for pid in ("noisy", "steady", "busy"):
+        h.by_run[("c", pid, 0)] = h.by_run[("c", pid, 1)] = ok
+    h.by_run[("c", "failing", 0)] = ok
+    h.by_run[("c", "failing", 1)] = [AttemptState(1, "j", "FAILED", "failed", "x")]
+    h.by_run[("c", "busy", 2)] = [AttemptState(1, "j", "RUNNING", None)]
+    d = decide(pts, h, "c", force=False, retry_failed=False, adaptive=SPEC)
+    got = {(x.point.point_id, x.point.repeat): (x.action, x.reason) for x in d}
+    # one more repeat of the noisy point, and only one (its next), as attempt 1
+    assert got[("noisy", 2)][0] == "submit" and got[("noisy", 2)][1].startswith("more repeats: CV 20.00 %")
+    assert ("noisy", 3) not in got and [x.attempt for x in d if x.point.point_id == "noisy" and x.point.repeat == 2] \
+        == [1]
+    # the steady one, the one with a failed repeat and the one with a repeat in flight: no extra repeat
+    assert not any(k[0] in ("steady", "failing", "busy") and k[1] >= 2 and v[0] == "submit" for k, v in got.items())
+    assert got[("busy", 2)][0] == "skip"  # its own repeat, in flight: as any attempt
+    # the first min repeats of a point never submitted are plain new ones
+    assert got[("fresh", 0)] == ("submit", "new") and got[("fresh", 1)] == ("submit", "new")
+    assert ("fresh", 2) not in got
+    # a plain sweep (no adaptive) decides every repeat as before
+    plain = decide(pts, h, "c", force=False, retry_failed=False)
+    assert len(plain) == len(pts) and {x.reason for x in plain if x.point.point_id == "fresh"} == {"new"}
+
+
+BASE = {"campaign": "rep", "experiment": "finetune_full_benchmark-v1.0.0",
+        "entity": {"model_name": "tiny", "model_max_length": 64, "number_gpus": 1, "batch_size": 2,
+                   "max_steps": 4}}
+
+
+@pytest.mark.parametrize("repeats,key,fix", [
+    ({"min": 0, "max": 3, "cv": 0.02}, "repeats.min", ">= 1"),
+    ({"min": 3, "max": 2, "cv": 0.02}, "repeats.max", "raise max or lower min"),
+    ({"min": 2, "max": 3, "cv": 0}, "repeats.cv", "between 0 and 1"),
+    ({"min": 2, "max": 3, "cv": 1}, "repeats.cv", "between 0 and 1"),
+    ({"min": 2, "max": 3, "cv": 0.02, "target": 1}, "repeats.target", "valid keys: min, max, cv"),
+    ({"min": 2, "cv": 0.02}, "repeats.max", "required"),
+    ({"min": 2, "max": 3, "cv": "2%"}, "repeats.cv", "number"),
+])
+def test_bad_repeats_exit_2_naming_the_file_and_key(tmp_path: Path, cli, repeats, key, fix) -> None:
+    sw = write_sweep(tmp_path / "sweep.yaml", {**BASE, "repeats": repeats})
+    res = cli("plan", sw)
+    assert res.exit_code == 2, res.output
+    assert str(sw) in res.output and key in res.output and fix in res.output and "Traceback" not in res.output
+
+
+def test_adaptive_and_plain_repeats_plan(tmp_path: Path) -> None:
+    sw = load_sweep(write_sweep(tmp_path / "a.yaml", {**BASE, "repeats": {"min": 2, "max": 5, "cv": 0.03}}))
+    assert sw.adaptive == AdaptiveRepeats(2, 5, 0.03) and sw.repeats == 5
+    plain = load_sweep(write_sweep(tmp_path / "p.yaml", {**BASE, "repeats": 3}))
+    assert plain.adaptive is None and plain.repeats == 3
+
+
+def test_fault_job_condition() -> None:
+    (f,) = parse_faults("sleep@step=2,job=abc.r1.:3")
+    assert f.applies(rank=0, trial=None, step=2, job="abc.r1.a1")
+    assert not f.applies(rank=0, trial=None, step=2, job="abc.r0.a1")
+    assert not f.applies(rank=0, trial=None, step=2)
+
+
+@pytest.mark.train
+def test_a_noisy_point_gets_more_repeats_and_a_steady_one_does_not(tiny_model: Path, small_data_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    runs, db = tmp_path / "runs", tmp_path / "r.duckdb"
+    common = ["--workdir", str(runs), "--db", str(db)]
+
+    def sbench(*args, ok=(0,)) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert proc.returncode in ok, proc.stdout + proc.stderr
+        return proc
+
+    # Two points (batch 2 and 4), 6 steps each. On this shared 2-core machine the same configuration's
+    # training time varies by up to 10x under load (0.3-8 s for 6 steps of the tiny model), so every run
+    # sleeps 3 s after each of steps 1-5 (15 s): a steady point's two repeats then differ by at most about
+    # 1.5x (a CV below 0.3). One repeat of the noisy point sleeps 9 s more at each (60 s): its first two
+    # repeats differ by 2.6x or more (a CV above 0.6). The target, 45 %, lies between: the noisy point gets
+    # a third (max) repeat and the steady one does not.
+    doc = {"campaign": "rep", "experiment": "finetune_full_benchmark-v1.0.0",
+           "repeats": {"min": 2, "max": 3, "cv": 0.45},
+           "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "number_gpus": 1,
+                      "gradient_accumulation_steps": 1, "max_steps": 6},
+           "grid": {"batch_size": [2, 4]},
+           "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)}
+    sw = write_sweep(tmp_path / "sweep.yaml", doc)
+    inv_doc = {"cluster": "c", "partitions": {"cpu": {
+        "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
+        "hosts": {"h1": {"address": "127.0.0.1"}}}}}
+    inv = write_sweep(tmp_path / "inv.yaml", inv_doc)
+    sweep = load_sweep(sw)
+    ids = sorted({p.point_id: p.entity["batch_size"] for p in plan_sweep(sweep, load_inventory(inv))}.items(),
+                 key=lambda kv: kv[1])
+    noisy, steady = ids[0][0], ids[1][0]
+    # The fault travels in the inventory's env, rendered into each job's env/<host>.sh: it names one repeat.
+    inv_doc["partitions"]["cpu"]["env"] = {
+        "SBENCH_FAULT": ";".join([f"sleep@step={k}:3" for k in range(1, 6)]
+                                 + [f"sleep@step={k},job={noisy}.r1.:9" for k in range(1, 6)])}
+    write_sweep(inv, inv_doc)
+
+    sbench("submit", sw, "-i", inv, "--executor", "local", "--wait", *common)
+    first = json.loads(sbench("status", "--campaign", "rep", "--json", *common).stdout)["repeats"]["rep"]
+    by = {v["point_id"]: v for v in first}
+    assert by[noisy]["state"] == MORE and by[noisy]["next_repeat"] == 2 and by[noisy]["submitted"] == 2
+    assert by[steady]["state"] == PRECISE and by[steady]["submitted"] == 2
+    # status says it in words too
+    text = sbench("status", "--campaign", "rep", *common).stdout
+    assert "1 of 2 point(s) within the CV target, 1 below precision" in text and f"{noisy}: CV" in text
+
+    # collect (what a plain loop or cron runs) submits the noisy point's next repeat, and only that
+    out = json.loads(sbench("collect", "--campaign", "rep", "--json", *common).stdout)
+    (more,) = out["more_repeats"]
+    assert [(p["point_id"], p["repeat"], p["action"]) for p in more["points"]] == [(noisy, 2, "submit")]
+    # a second submit/collect while it is in flight submits nothing more
+    again = sbench("submit", sw, "-i", inv, "--executor", "local", *common).stdout
+    assert "campaign rep: 0 attempt(s) submitted" in again
+    # wait for it (collecting, as a loop would), then: the noisy point has max repeats, nothing more to submit
+    deadline = time.monotonic() + 300
+    while True:
+        out = json.loads(sbench("collect", "--campaign", "rep", "--json", *common).stdout)
+        assert [p for m in out["more_repeats"] for p in m["points"]] == []
+        if out["outcomes"].get("ok") == 5 or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    st = json.loads(sbench("status", "--campaign", "rep", "--json", *common).stdout)
+    by = {v["point_id"]: v for v in st["repeats"]["rep"]}
+    # with its third repeat (a fast one) its CV may have come down to the target or not: either way, no more
+    assert by[noisy]["submitted"] == 3 and by[noisy]["state"] == (AT_MAX if by[noisy]["cv"] > 0.45 else PRECISE)
+    assert (by[steady]["state"], by[steady]["submitted"]) == (PRECISE, 2)
+    assert sorted((r["point_id"], r["repeat"], r["outcome"]) for r in st["rows"]) == sorted(
+        [(noisy, i, "ok") for i in range(3)] + [(steady, i, "ok") for i in range(2)])
+    # The CV status judged by is the throughputs' own, recomputed from the DB's measurements.
+    with duckdb.connect(str(db), read_only=True) as con:
+        xs = [r[0] for r in con.execute("SELECT dataset_tokens_per_second FROM measurements WHERE point_id = ? "
+                                        "AND is_valid", [noisy]).fetchall()]
+    assert len(xs) == 3 and by[noisy]["cv"] == pytest.approx(stdev(xs) / (sum(xs) / 3), rel=1e-9)
+    # the extra repeat is a repeat like any other: its job dir, its manifest line
+    assert (runs / "rep" / f"{noisy}.r2.a1" / "rank.0.json").is_file()
+    assert not (runs / "rep" / f"{steady}.r2.a1").exists()
+    lines = [json.loads(x) for x in (runs / "rep" / "manifest.jsonl").read_text().splitlines()]
+    assert lines[0]["repeats"] == {"min": 2, "max": 3, "cv": 0.45}
+    assert yaml.safe_load(sw.read_text())["repeats"]["max"] == 3
