@@ -30,8 +30,9 @@ Definitions (ado-sfttrainer-experiments.md, "Measured properties" and notes 1-3)
   ``world_size`` unless rank 0 reports it.
 * **Step times**: rank 0's ``step_end_wall`` (the wall time each optimizer step ended) inside the window
   give the steps' durations, the first from the window's start: ``steps_timed`` (how many),
-  ``step_time_median`` (s) and ``step_time_cv`` (sample stdev / mean; None below two steps).
-  ``compare`` reads them as each run's own spread.
+  ``step_time_median`` and ``step_time_mean`` (s), ``step_time_cv`` (sample stdev / mean; None below two
+  steps) and ``step_time_mad`` (the median absolute deviation from the median, s). ``compare`` reads them
+  as each run's own spread, robustly: one long step moves neither the median nor the MAD.
 * **Energy**: each device's ``energy_j`` (the sampler's running total of its energy counter) at the
   window's start and end, each linearly interpolated between the last reading at or before the edge and
   the first at or after it (a reading on the edge is taken as it is); the device's energy is the
@@ -357,11 +358,14 @@ def step_durations(rank0: Mapping[str, Any] | None, start: float | None, end: fl
 
 def step_time_properties(rank0: Mapping[str, Any] | None, start: float | None,
                          end: float | None) -> dict[str, float | int | None]:
-    """``steps_timed``, ``step_time_median`` and ``step_time_cv`` of :func:`step_durations`."""
+    """``steps_timed``, ``step_time_median``, ``step_time_mean``, ``step_time_cv`` and ``step_time_mad`` (the
+    median absolute deviation from the median, s) of :func:`step_durations`."""
     d = step_durations(rank0, start, end)
     mean = fmean(d) if d else None
-    return {"steps_timed": len(d), "step_time_median": median(d) if d else None,
-            "step_time_cv": stdev(d) / mean if len(d) >= 2 and mean else None}
+    mid = median(d) if d else None
+    return {"steps_timed": len(d), "step_time_median": mid, "step_time_mean": mean,
+            "step_time_cv": stdev(d) / mean if len(d) >= 2 and mean else None,
+            "step_time_mad": median(abs(x - mid) for x in d) if d and mid is not None else None}
 def window_properties(rank0: Mapping[str, Any] | None) -> dict[str, Any]:
     """The measured window in steps (rank 0's; every run), and under the precision auto-stop method the
     statistics of its steady window: the step times' coefficient of variation and the 95 % interval's

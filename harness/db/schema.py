@@ -32,7 +32,8 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # measurements.energy_joules, energy_source, dataset_tokens_per_joule, slurm_consumed_energy_joules);
 # the measured window in steps and the precision auto-stop's statistics (measurements.window_steps,
 # window_start_step, window_end_step, steady_step_time_cv, ci_rel_halfwidth); 12: measurements.gpu_energy_joules
-# (the GPUs' NVML counter over the window; NULL where energy_source is not nvml)
+# (the GPUs' NVML counter over the window; NULL where energy_source is not nvml), step_time_mean and step_time_mad
+# (compare's robust per-run evidence)
 SCHEMA_VERSION = 12
 
 
@@ -137,9 +138,11 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         *[(p, "DOUBLE") for p in PROPERTY_COLUMNS],
         ("trials_run", "INTEGER"), ("window_start_wall", "DOUBLE"), ("window_end_wall", "DOUBLE"),
         ("window_s", "DOUBLE"),
-        # rank 0's optimizer steps ending inside the window: how many, their median duration (s) and their
-        # coefficient of variation (stdev / mean); compare's within-run evidence (collect.aggregate)
-        ("steps_timed", "INTEGER"), ("step_time_median", "DOUBLE"), ("step_time_cv", "DOUBLE"),
+        # rank 0's optimizer steps ending inside the window: how many, their median and mean duration (s), their
+        # coefficient of variation (stdev / mean) and median absolute deviation (s); compare's within-run
+        # evidence (collect.aggregate)
+        ("steps_timed", "INTEGER"), ("step_time_median", "DOUBLE"), ("step_time_mean", "DOUBLE"),
+        ("step_time_cv", "DOUBLE"), ("step_time_mad", "DOUBLE"),
         # the window in steps; under auto-stop method precision its step times' CV and the 95 % interval's
         # relative half-width (rank.0.json steady_state)
         ("window_steps", "BIGINT"), ("window_start_step", "BIGINT"), ("window_end_step", "BIGINT"),

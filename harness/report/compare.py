@@ -9,15 +9,16 @@ measurements of a point are its repeats.
 Per point and metric: the ratio of the medians (candidate / base), and Welch's t-test on the log values
 (:mod:`harness.report.stats`: exact Student-t quantiles), whose 95 % interval of the difference of the
 mean logs gives the interval of the ratio. For a metric measured over the training window (the rates,
-``train_runtime``, MFU) each run also brings its own spread: rank 0's step times
-(``measurements.step_time_cv`` over ``steps_timed``) give the run's log value a variance of
-``cv^2 / steps``. A side's spread is the larger of its runs' spread and that, so two runs a side that agree
-within their steps' spread decide with the steps' degrees of freedom; runs that differ by more decide
-with their own few. The verdict, ``threshold`` being the smallest change that counts:
+``train_runtime``, MFU) each run is judged robustly (:func:`run_evidence`): its value is the metric as if
+every step had taken rank 0's median step time, with the variance of the log median step time from the
+steps' median absolute deviation, so a few long steps of one run move neither. A side's spread is the
+larger of its runs' spread and that, so two runs a side that agree within their steps' spread decide
+with the steps' degrees of freedom; runs that differ by more decide with their own few. The verdict,
+``threshold`` being the smallest change that counts:
 
 - ``regression``: worse by more than ``threshold`` (ratio below 1 - threshold for a
   higher-is-better metric, above 1 + threshold for a lower-is-better one) **and** the test finds the
-  change (p < 0.05: the interval does not reach 1);
+  change (p < 0.05: the interval lies on the worse side of 1);
 - ``improvement``: the same, the other way;
 - ``same``: the interval lies within 1 ± threshold: any change is smaller than the threshold;
 - ``insufficient repeats``: the data cannot decide, either way: fewer than two repeats on a side (no
@@ -116,25 +117,54 @@ def verdict(ratio: float, low: float | None, high: float | None, higher_better: 
         return Verdict.INSUFFICIENT
     worse = ratio < 1 - threshold if higher_better else ratio > 1 + threshold
     better = ratio > 1 + threshold if higher_better else ratio < 1 - threshold
-    found = not low <= 1.0 <= high
-    if worse and found:
+    # the test finds the change only on the side the ratio says (the interval may rest on the runs' robust
+    # values, which a ratio of medians can disagree with)
+    below, above = high < 1.0, low > 1.0
+    if worse and (below if higher_better else above):
         return Verdict.REGRESSION
-    if better and found:
+    if better and (above if higher_better else below):
         return Verdict.IMPROVEMENT
     if 1 - threshold <= low and high <= 1 + threshold:
         return Verdict.SAME
     return Verdict.INSUFFICIENT
 
 
-def _within(rows: list[dict[str, Any]]) -> list[tuple[float, int]]:
-    """Per run, the variance of its log value from its step times, and its step count (runs without
-    them left out: then the side has no within-run evidence)."""
-    out = []
-    for r in rows:
-        cv, m = r.get("step_time_cv"), r.get("steps_timed")
-        if cv is not None and m is not None and int(m) >= 2 and math.isfinite(float(cv)):
-            out.append((float(cv) ** 2 / int(m), int(m)))
-    return out
+MAD_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
+MEDIAN_VAR = math.pi / 2  # the variance of the median of m normal values, in units of sigma^2 / m
+
+
+def _steps(r: dict[str, Any]) -> tuple[int, float, float, float] | None:
+    """A run's steps, median, mean and MAD of its step times, where collect stored them all (else None)."""
+    m, mid, mean, mad = (r.get(k) for k in ("steps_timed", "step_time_median", "step_time_mean", "step_time_mad"))
+    if m is None or mid is None or mean is None or mad is None or int(m) < 2:
+        return None
+    vals = (float(mid), float(mean), float(mad))
+    if not all(math.isfinite(v) for v in vals) or vals[0] <= 0 or vals[1] <= 0:
+        return None
+    return int(m), *vals
+
+
+def run_evidence(r: dict[str, Any], metric: str, steps: bool) -> tuple[float, tuple[float, int] | None]:
+    """One run's log value for the test, and its within-run variance with its step count (None: none).
+
+    For a metric measured over the training window (*steps*), where the run's step times are known, the
+    value is robust: the metric as if every step had taken the median step time (rates x mean/median,
+    ``train_runtime`` x median/mean), and its variance is that of the log median step time,
+    ``(pi/2) (1.4826 MAD / median)^2 / steps``. A few long steps (a busy neighbour's burst) move neither,
+    so they cannot make the runs of one configuration disagree. Otherwise the log value itself, and the
+    variance ``cv^2 / steps`` of its steps' coefficient of variation where known."""
+    x = math.log(float(r[metric]))
+    if not steps:
+        return x, None
+    st = _steps(r)
+    if st is not None:
+        m, mid, mean, mad = st
+        shift = math.log(mean / mid)
+        return (x + shift if METRICS[metric] else x - shift), (MEDIAN_VAR * (MAD_SIGMA * mad / mid) ** 2 / m, m)
+    cv, m_ = r.get("step_time_cv"), r.get("steps_timed")
+    if cv is not None and m_ is not None and int(m_) >= 2 and math.isfinite(float(cv)):
+        return x, (float(cv) ** 2 / int(m_), int(m_))
+    return x, None
 
 
 def compare_point(pid: str, metric: str, base: list[dict[str, Any]], cand: list[dict[str, Any]],
@@ -151,8 +181,10 @@ def compare_point(pid: str, metric: str, base: list[dict[str, Any]], cand: list[
     spread = None
     if min(b + c) > 0:
         steps = metric in WINDOW_METRICS
-        test = welch([math.log(x) for x in b], [math.log(x) for x in c],
-                     _within(b_rows) if steps else (), _within(c_rows) if steps else (), 1 - SIGNIFICANCE)
+        be = [run_evidence(r, metric, steps) for r in b_rows]
+        ce = [run_evidence(r, metric, steps) for r in c_rows]
+        test = welch([v for v, _ in be], [v for v, _ in ce], [w for _, w in be if w is not None],
+                     [w for _, w in ce if w is not None], 1 - SIGNIFICANCE)
         if test is not None:
             low, high, p, df = math.exp(test.low), math.exp(test.high), test.p, test.df
             spread = {"base": test.base.source, "cand": test.cand.source}
