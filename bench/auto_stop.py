@@ -15,6 +15,12 @@ run's throughput (train samples and dataset tokens per second) relative to the l
 (goal: within +-2 %), and its training time as a share of the long run's (goal: <= 25 %), with the window and
 interval each found.
 
+REPLAY: the same rule (``harness.runner.steady.PrecisionRule``, as the runner applies it after each step)
+replayed on the long run's own step times (rank 0's ``step_end_wall``): where it would have stopped, and
+its window's samples per second (batch x steps / their time) against the long run's steady window by the
+same definition. Both figures come from one run, so a machine whose load changes between runs (a shared
+one) cannot make them differ; only what the rule itself does can.
+
     .venv/bin/python bench/auto_stop.py                 # about 2 x --long seconds (default 240)
     .venv/bin/python bench/auto_stop.py --long 600 --reps 3 --out /tmp/auto_stop.json
 """
@@ -83,11 +89,36 @@ def run(spec: Any, host: str, threads: int) -> dict[str, Any]:
         raise SystemExit(f"run {job.name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     r = json.loads((job / "rank.0.json").read_text())
     m, st = r["metrics"], r["steady_state"] or {}
-    return {"job": job.name, "stopped_by": r["stopped_by"], "window": r["window"], "global_step": r["global_step"],
+    return {"job": job.name, "job_dir": str(job),
+            "stopped_by": r["stopped_by"], "window": r["window"], "global_step": r["global_step"],
             "train_s": r["totals"]["runtime"], "job_wall_s": wall, "window_s": m["train_runtime"],
             "window_steps": m["train_steps"], "warmup_steps": st.get("warmup_steps"),
             "samples_per_s": m["train_samples_per_second"], "dataset_tokens_per_s": m["dataset_tokens_per_second"],
             "step_time_cv": st.get("step_time_cv"), "ci_rel_halfwidth": st.get("ci_rel_halfwidth")}
+
+
+def replay(job: Path, rel_ci: float, min_steps: int, max_seconds: float, batch: int) -> dict[str, Any]:
+    """The precision rule replayed on a finished run's step times (see the module's REPLAY)."""
+    from harness.runner.steady import PrecisionRule, steady_state
+
+    r = json.loads((job / "rank.0.json").read_text())
+    ends = [float(x) for x in r["step_end_wall"]]
+    times = [b - a for a, b in zip([float(r["train_start_wall"]), *ends[:-1]], ends)]
+    full = steady_state(times)
+    assert full is not None
+    ref = batch * full.steps / sum(times[full.start:])
+    rule = PrecisionRule(rel_ci, min_steps, max_seconds)
+    elapsed = 0.0
+    for k in range(1, len(times) + 1):
+        elapsed += times[k - 1]
+        stop, reason, found = rule.decide(times[:k], elapsed)
+        if stop and found is not None:
+            got = batch * found.steps / sum(times[found.start:k])
+            return {"stopped_by": reason, "steps": k, "window": [found.start, k], "train_s": elapsed,
+                    "ci_rel_halfwidth": found.rel, "samples_per_s": got, "long_steps": len(times),
+                    "long_window": [full.start, len(times)], "long_train_s": sum(times), "long_samples_per_s": ref,
+                    "samples_per_s_vs_long": got / ref - 1, "train_time_share": elapsed / sum(times)}
+    return {"stopped_by": None, "long_steps": len(times), "long_samples_per_s": ref}
 
 
 def main() -> int:
@@ -117,6 +148,7 @@ def main() -> int:
         report: dict[str, Any] = {"long": long, "precision": [], "settings": {
             "long_s": args.long, "rel_ci": args.rel_ci, "batch": args.batch, "seq": args.seq,
             "threads": args.threads, "load_avg": os.getloadavg()}}
+        report["replay"] = replay(Path(long["job_dir"]), args.rel_ci, 10, args.long, args.batch)
         for kind, r in runs:
             if kind != "precision":
                 continue
