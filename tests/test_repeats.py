@@ -43,6 +43,10 @@ def test_verdict_above_below_and_max() -> None:
     assert (v.state, v.next_repeat) == (AT_MAX, None) and "max reached" in v.text()
     # a repeat still queued or running: judged once it ends
     assert verdict(SPEC, "p", {0, 1, 2}, 1, 2, 0.3).state == WAITING
+    # what moves on by itself is open (a user's loop waits on it); precise, max reached and no CV are not
+    assert [verdict(SPEC, "p", s, f, n, cv).open for s, f, n, cv in (
+        ({0, 1}, 0, 2, 0.05), ({0, 1, 2}, 1, 2, 0.3), ({0, 1}, 0, 2, 0.01), ({0, 1, 2, 3}, 0, 4, 0.3),
+        ({0, 1}, 0, 1, None))] == [True, True, False, False, False]
     assert verdict(SPEC, "p", {0}, 0, 1, None).state == WAITING  # min not submitted yet
     # a gap (repeat 2 never submitted, 3 was): the gap is next
     assert verdict(SPEC, "p", {0, 1, 3}, 0, 3, 0.3).next_repeat == 2
@@ -89,7 +93,7 @@ def test_decide_submits_the_next_repeat_only_where_the_cv_asks() -> None:
 
 
 BASE = {"campaign": "rep", "experiment": "finetune_full_benchmark-v1.0.0",
-        "entity": {"model_name": "tiny", "model_max_length": 64, "number_gpus": 1, "batch_size": 2,
+        "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 1, "batch_size": 2,
                    "max_steps": 4}}
 
 
@@ -109,9 +113,13 @@ def test_bad_repeats_exit_2_naming_the_file_and_key(tmp_path: Path, cli, repeats
     assert str(sw) in res.output and key in res.output and fix in res.output and "Traceback" not in res.output
 
 
-def test_adaptive_and_plain_repeats_plan(tmp_path: Path) -> None:
-    sw = load_sweep(write_sweep(tmp_path / "a.yaml", {**BASE, "repeats": {"min": 2, "max": 5, "cv": 0.03}}))
+def test_adaptive_and_plain_repeats_plan(tmp_path: Path, cli) -> None:
+    path = write_sweep(tmp_path / "a.yaml", {**BASE, "repeats": {"min": 2, "max": 5, "cv": 0.03}})
+    sw = load_sweep(path)
     assert sw.adaptive == AdaptiveRepeats(2, 5, 0.03) and sw.repeats == 5
+    res = cli("plan", path)
+    assert res.exit_code == 0 and "5 run(s): 5 valid" in res.output
+    assert "repeats: 2 per point, then one more at a time while its throughput CV is above 3 %, up to 5" in res.output
     plain = load_sweep(write_sweep(tmp_path / "p.yaml", {**BASE, "repeats": 3}))
     assert plain.adaptive is None and plain.repeats == 3
 

@@ -204,6 +204,10 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
         click.echo("\n" + memory_summary(points))
     n_valid = sum(p.valid for p in points)
     click.echo(f"\n{len(points)} run(s): {n_valid} valid, {len(points) - n_valid} invalid")
+    if sw.adaptive:
+        a = sw.adaptive
+        click.echo(f"repeats: {a.min} per point, then one more at a time while its throughput CV is above "
+                   f"{100 * a.cv:g} %, up to {a.max} (listed: every repeat a point may get)")
     for line in share_summary([shares[p.point_id] for p in points if p.valid]):
         click.echo(line)
     notes = sorted({n for p in points for n in p.notes})
