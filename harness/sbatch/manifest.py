@@ -143,12 +143,27 @@ def attempts(workdir: Path, campaign: str | None, problems: list[str] | None = N
     return list(out.values())
 
 
+REPEATS_LINES = (b'{"type": "campaign"', b'{"type": "repeats"')  # how append() writes those lines' start
+
+
 def adaptive_repeats(campaign_dir: Path) -> dict[str, Any] | None:
     """The campaign's ``repeats: {min, max, cv}`` as its newest campaign or repeats line says it (None: a plain
-    ``repeats: N``)."""
+    ``repeats: N``, or a manifest that is not read). Only those lines are parsed: ``collect`` asks this of
+    every campaign, and a large campaign's manifest is mostly attempt lines."""
+    path = manifest_path(campaign_dir)
+    try:
+        data = safefile.read_bytes(path, campaign_dir, safefile.MANIFEST_MAX)
+    except OSError:
+        return None
     out = None
-    for ev in read(campaign_dir):
-        if ev.get("type") in ("campaign", "repeats"):
+    for line in data.splitlines():
+        if not line.startswith(REPEATS_LINES):
+            continue
+        try:
+            ev = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(ev, dict):
             out = ev.get("repeats") if isinstance(ev.get("repeats"), dict) else None
     return out
 

@@ -11,6 +11,7 @@ yet) are read.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,12 @@ def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str
             collect(db, workdir, campaign, run_ids=stale, slurm=slurm)
     except StoreBusyError as exc:
         raise SubmitError(f"{exc}; nothing was submitted - run submit again once it is free") from None
+    return read_history(db, campaign, point_ids, reuse), None
+
+
+def read_history(db: Path, campaign: str, point_ids: Sequence[str] = (), reuse: bool = False) -> PointHistory:
+    """What the database has of *campaign* now (no collect first): its attempts, its points' stability, and
+    with *reuse* the measured runs of *point_ids* in the other campaigns."""
     history = PointHistory()
     with open_store(db, read_only=True) as st:
         for row in attempt_rows(st, campaign):
@@ -91,7 +98,7 @@ def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str
             for row in measured_runs(st, sorted(set(point_ids)), campaign):
                 history.elsewhere.setdefault(row["point_id"], []).append(
                     MeasuredRun(row["campaign"], row["run_id"], row["outcome"]))
-    return history, None
+    return history
 
 
 def runs_to_refresh(db: Path, workdir: Path, campaign: str, slurm: Slurm) -> list[str] | None:

@@ -31,7 +31,7 @@ from .fit import ClusterFit, cluster_fit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
 from .repeats import MORE, RepeatsVerdict, point_verdicts
-from .state import MeasuredRun, PointHistory, campaign_history
+from .state import MeasuredRun, PointHistory, campaign_history, read_history
 
 MORE_REPEATS = "more repeats"  # the reason's head of an adaptive repeat's submission
 NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
@@ -419,7 +419,20 @@ def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = N
     """Submit the next repeat of each point of *campaign* whose CV is still above its ``repeats: {min, max,
     cv}`` target (``harness.sbatch.repeats``), from the sweep and inventory it was submitted with; None when
     the campaign's repeats are not adaptive. ``sbench collect`` calls it after collecting."""
-    if manifest.adaptive_repeats(resolve_workdir(workdir) / campaign) is None:
+    campaign_dir = resolve_workdir(workdir) / campaign
+    spec = manifest.adaptive_repeats(campaign_dir)
+    if spec is None:
         return None
+    # What the database has now (collect just read it): when no point's next repeat is due, nothing is planned,
+    # rendered or locked.
+    dbp = resolve_db(db)
+    if dbp.is_file():
+        history = read_history(dbp, campaign)
+        verdicts = point_verdicts(AdaptiveRepeats(int(spec["min"]), int(spec["max"]), float(spec["cv"])),
+                                  sorted({p for c, p, _ in history.by_run if c == campaign}), history, campaign)
+        if not any(v.state == MORE for v in verdicts.values()):
+            rec = campaign_record(workdir, campaign)
+            return SubmitReport(campaign, str(rec.get("executor") or ""), campaign_dir, [],
+                                repeats=list(verdicts.values()))
     sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, "auto")
     return submit_sweep(sweep_path, inv_path, executor, workdir, db, only_more=True, slurm=slurm, campaign=campaign)
