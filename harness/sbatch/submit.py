@@ -195,8 +195,9 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
     history, db_note = campaign_history(db, workdir, sweep.campaign, [p.point_id for p in points], slurm, reuse)
     decisions = decide(points, history, sweep.campaign, force, retry_failed or only_failed, reuse, sweep.adaptive)
     if only_failed:
+        # (a repeat adaptive repeats would add is no failed one: retry leaves it out, unlisted)
         decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
-                     for d in decisions]
+                     for d in decisions if not d.reason.startswith(MORE_REPEATS)]
     if only_more:
         decisions = [d for d in decisions if d.action == "submit" and d.reason.startswith(MORE_REPEATS)]
     if skip_predicted_oom:
