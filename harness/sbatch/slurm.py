@@ -23,6 +23,7 @@ from harness.slurm.sacct import JobKey
 
 from . import feed
 from .executors import SubmitOptions, Submitted
+from .pack import make_packs
 
 
 def group_by_shape(specs: list[JobSpec]) -> list[list[JobSpec]]:
@@ -45,9 +46,12 @@ class SlurmBackend:
 
     def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]:
         """One array per resource shape, split to fit ``MaxArraySize``, within the submit quota; what does not
-        fit is held back for the campaign's feeder job (``harness.sbatch.feed``)."""
+        fit is held back for the campaign's feeder job (``harness.sbatch.feed``). With ``slurm.pack``, the
+        points that pack together (``harness.sbatch.pack``) are one array task each pack."""
+        packs = make_packs(specs, opts.pack, opts.pack_time_limit)
+        alone = [p[0] for p in packs if len(p) == 1]
         out, calls = feed.start(self.slurm, campaign_dir, specs[0].campaign if specs else "", specs,
-                                group_by_shape(specs), opts)
+                                group_by_shape(alone), opts, [p for p in packs if len(p) > 1])
         self.sbatch_calls += calls
         return out
 
