@@ -8,10 +8,11 @@ Syntax: one or more faults separated by ``;``, each ``KIND@COND[,COND...][:ARG]`
   (hang for ARG seconds, default 3600), ``exit`` (``os._exit(ARG)``, default 1).
 - ``COND``: ``step=N`` (at the end of optimiser step N) or ``stage=NAME`` (at the start of a
   trainer stage: dataset, tokens, model_load, train), optionally restricted with ``rank=R``
-  (global rank) and ``trial=T`` (stability trial).
+  (global rank), ``trial=T`` (stability trial) and ``batch=B`` (the point's per-device batch size: one
+  point of a pack, ``slurm.pack``).
 
 Examples: ``oom@step=2``, ``error@step=1``, ``sigkill@step=2``, ``sleep@step=1:30``,
-``oom@step=2,rank=1``, ``error@stage=model_load``, ``oom@step=1,trial=2``.
+``oom@step=2,rank=1``, ``error@stage=model_load``, ``oom@step=1,trial=2``, ``oom@step=1,batch=4``.
 """
 
 from __future__ import annotations
@@ -39,9 +40,13 @@ class Fault:
     rank: int | None = None
     trial: int | None = None
     arg: str | None = None
+    batch: int | None = None
 
-    def applies(self, *, rank: int, trial: int | None, step: int | None = None, stage: str | None = None) -> bool:
+    def applies(self, *, rank: int, trial: int | None, step: int | None = None, stage: str | None = None,
+                batch: int | None = None) -> bool:
         if self.rank is not None and self.rank != rank:
+            return False
+        if self.batch is not None and self.batch != batch:
             return False
         if self.trial is not None and self.trial != trial:
             return False
@@ -88,9 +93,9 @@ def parse_faults(text: str | None) -> list[Fault]:
         kw: dict[str, object] = {}
         for cond in rest.split(","):
             if "=" not in cond:
-                raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value (step, stage, rank, trial)")
+                raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value (step, stage, rank, trial, batch)")
             k, v = (x.strip() for x in cond.split("=", 1))
-            if k in ("step", "rank", "trial"):
+            if k in ("step", "rank", "trial", "batch"):
                 try:
                     kw[k] = int(v)
                 except ValueError:
@@ -98,7 +103,7 @@ def parse_faults(text: str | None) -> list[Fault]:
             elif k == "stage":
                 kw[k] = v
             else:
-                raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank or trial")
+                raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank, trial or batch")
         if ("step" in kw) == ("stage" in kw):
             raise FaultSpecError(f"{ENV}: {part!r} needs exactly one of step=N or stage=NAME")
         faults.append(Fault(kind=kind, arg=arg, **kw))  # type: ignore[arg-type]

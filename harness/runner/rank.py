@@ -54,6 +54,7 @@ class Context:
     notes: list[str] = field(default_factory=list)
     launch: dict[str, float] = field(default_factory=dict)  # the open launch stage's clock readings
     asked: dict[str, Any] = field(default_factory=dict)  # spec.json's "asked": what the point asks of the trainer
+    batch: int | None = None  # the point's per-device batch size (a fault's batch= condition)
 
     @classmethod
     def from_env(cls, args: argparse.Namespace) -> Context:
@@ -82,7 +83,8 @@ class Context:
                        enabled=paths is not None and envvars.STAGE_LOG.get() != "0")
         return cls(rank=rank, local_rank=int(env.get("LOCAL_RANK", "0")), world_size=int(env.get("WORLD_SIZE", "1")),
                    host=host, trial=int(trial_s) if trial_s else None, paths=paths, runner=runner,
-                   data_dir=data_dir, log=log, faults=faults_from_env(), asked=asked)
+                   data_dir=data_dir, log=log, faults=faults_from_env(), asked=asked,
+                   batch=getattr(args, "per_device_train_batch_size", None))
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -97,12 +99,12 @@ class Context:
 
     def fault_at_stage(self, stage: str) -> None:
         for f in self.faults:
-            if f.applies(rank=self.rank, trial=self.trial, stage=stage):
+            if f.applies(rank=self.rank, trial=self.trial, stage=stage, batch=self.batch):
                 f.fire(f"at the start of stage {stage}")
 
     def fault_at_step(self, step: int) -> None:
         for f in self.faults:
-            if f.applies(rank=self.rank, trial=self.trial, step=step):
+            if f.applies(rank=self.rank, trial=self.trial, step=step, batch=self.batch):
                 f.fire(f"at the end of step {step}")
 
 
