@@ -55,6 +55,8 @@ def test_auto_packs_what_the_partitions_time_limit_holds_and_stability_runs_alon
                                                                                        ["b8", "b16"]]
     many = [spec(f"b{b}", b) for b in range(1, 12)]
     assert [len(p) for p in make_packs(many, "auto")] == [AUTO_MAX, 11 - AUTO_MAX]  # no stated limit
+    # each point asks for the partition's whole limit (no slurm.time): 8, the pack limited to the partition's
+    assert [len(p) for p in make_packs(many, "auto", "00:10:00")] == [AUTO_MAX, 11 - AUTO_MAX]
     trials = [spec("s1", 1, trials=5), spec("s2", 2, trials=5)]
     assert make_packs(trials, 4) == [[trials[0]], [trials[1]]]
     # the pack's time: its points' summed, within the partition's limit

@@ -63,15 +63,17 @@ def packable(spec: JobSpec) -> bool:
 
 
 def pack_size(pack: int | str, spec: JobSpec, time_limit: str | None) -> int:
-    """How many points of *spec*'s group one allocation holds: N, or with ``auto`` as many as the partition's
-    time limit holds (at most :data:`AUTO_MAX`)."""
+    """How many points of *spec*'s group one allocation holds: N; with ``auto`` as many as the partition's
+    time limit holds at the points' own limits, at most :data:`AUTO_MAX` (and :data:`AUTO_MAX` when one point
+    alone asks for the partition's whole limit, as it does when the sweep sets no ``slurm.time``: the pack's
+    limit is then the partition's)."""
     if pack != PACK_AUTO:
         return max(1, int(pack))
     point = slurm_time_minutes(str(spec.resources.get("time") or ""))
     limit = slurm_time_minutes(time_limit) if time_limit else None
-    if point is None or point <= 0 or limit is None:
+    if point is None or point <= 0 or limit is None or limit < 2 * point:
         return AUTO_MAX
-    return max(1, min(AUTO_MAX, int(limit // point)))
+    return min(AUTO_MAX, int(limit // point))
 
 
 def make_packs(specs: Sequence[JobSpec], pack: int | str, time_limit: str | None = None) -> list[list[JobSpec]]:
