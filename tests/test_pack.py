@@ -242,3 +242,36 @@ def test_a_packed_scan_on_slurm_runs_in_one_allocation_with_one_ok_run_per_point
         res = [json.loads(JobPaths(r["job_dir"]).result(h).read_text()) for h in JobPaths(r["job_dir"]).result_hosts()]
         assert r["elapsed_s"] == pytest.approx(max(x["ended_wall"] for x in res) - min(x["started_wall"] for x in res),
                                                abs=2.0)
+
+
+@pytest.mark.slurm
+@pytest.mark.train
+def test_after_an_oom_in_a_slurm_pack_the_rest_is_requeued_from_the_node_as_its_own_job(
+        slurm_cluster, tiny_model, small_data_dir, tmp_path, cli, monkeypatch):
+    import time
+
+    env = {"workdir": tmp_path / "runs", "db": tmp_path / "results.duckdb"}
+    doc = {"campaign": "pack-slurm-oom", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "cpu",
+           "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "number_gpus": 1,
+                      "gradient_accumulation_steps": 1, "max_steps": 2},
+           "grid": {"batch_size": [1, 2, 4]}, "model_map": {"tiny": str(tiny_model)},
+           "data_dir": str(small_data_dir), "runner": {"sample_interval_s": 0.5}, "slurm": {"pack": 3}}
+    sweep = write_sweep(tmp_path / "s.yaml", doc)
+    monkeypatch.setenv("SBENCH_FAULT", "oom@step=1,batch=2")
+    rep = json.loads(_run(cli, env, "submit", sweep, "-i", TEST_INVENTORY, "--executor", "slurm", "--wait",
+                          "--json").stdout)
+    monkeypatch.delenv("SBENCH_FAULT")
+    assert rep["sbatch_calls"] == 1 and len({p["job_id"] for p in rep["points"]}) == 1
+    deadline = time.monotonic() + 180
+    while True:  # the requeued point runs in a job of its own, which submit --wait did not know of
+        time.sleep(3)
+        _run(cli, env, "collect")
+        runs = sql_rows(env["db"], "SELECT r.*, p.batch_size FROM runs r JOIN points p USING (point_id) "
+                                   "WHERE r.campaign = 'pack-slurm-oom' ORDER BY p.batch_size")
+        if len(runs) == 3 and all(r["outcome"] for r in runs) or time.monotonic() > deadline:
+            break
+    assert [(r["batch_size"], r["outcome"]) for r in runs] == [(1, "ok"), (2, "invalid"), (4, "ok")], \
+        [(r["reason"], r["job_id"]) for r in runs]
+    assert runs[0]["job_id"] == runs[1]["job_id"] != runs[2]["job_id"]
+    assert runs[2]["submit_reason"].startswith("requeued unpacked")
+    assert _first_train(runs[2]["job_dir"]) > _first_train(runs[1]["job_dir"])
