@@ -156,6 +156,13 @@ def test_a_local_pack_runs_each_point_as_its_own_run_with_exact_measurements(loc
     assert [s["pack"]["index"] for s in subs] == [0, 1]
     assert subs[0]["pack"]["job_dirs"] == [r["job_dir"] for r in runs]
     assert _first_train(runs[0]["job_dir"]) < _first_train(runs[1]["job_dir"])
+    # the sbench trainer ran both in one training process: one pid, and the second point paid no launch
+    docs = [json.loads(JobPaths(r["job_dir"]).rank_result(0).read_text()) for r in runs]
+    assert docs[0]["pid"] == docs[1]["pid"]
+    launches = sql_rows(env["db"], "SELECT s.run_id, s.info FROM stages s WHERE s.stage = 'launch' AND s.run_id IN "
+                                   "(SELECT run_id FROM runs WHERE campaign = 'pack-local')")
+    by_run = {x["run_id"]: json.loads(x["info"]) if isinstance(x["info"], str) else x["info"] for x in launches}
+    assert by_run[runs[1]["run_id"]]["imports_s"] < 0.5 < by_run[runs[0]["run_id"]]["imports_s"]
     for r in runs:  # each point's measurements recomputed from its own job dir's files
         paths = JobPaths(r["job_dir"])
         (m,) = sql_rows(env["db"], "SELECT * FROM measurements WHERE run_id = ?", [r["run_id"]])

@@ -19,6 +19,7 @@ the environment or the scheduler: what to run (paths, interpreter) comes in as a
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 from collections.abc import Sequence
@@ -135,7 +136,8 @@ def array_sbatch(campaign: str, specs: list[JobSpec], max_parallel: int | None, 
 
 
 def array_script(campaign: str, name: str, shape: dict[str, Any], job_dirs: Sequence[str | Sequence[str]],
-                 max_parallel: int | None, out_dir: str | Path, requeue: str | None = None) -> str:
+                 max_parallel: int | None, out_dir: str | Path, requeue: str | None = None,
+                 in_process: bool = False) -> str:
     """An array of one resource shape (*shape*: its sbatch options) whose task i runs the ``job.sbatch`` of
     ``job_dirs[i]``; at most *max_parallel* tasks at once. An entry that is a list of job dirs is a pack
     (``slurm.pack``): its task runs them one after another (:func:`pack_lines`; *requeue* is the command that
@@ -149,7 +151,7 @@ def array_script(campaign: str, name: str, shape: dict[str, Any], job_dirs: Sequ
             comments=[f"sbench: {n} pack(s) of points of campaign {campaign} share this resource shape; array "
                       "task i runs", "the points of pack i below one after another, each its job.sbatch as "
                       "rendered, in this allocation."],
-            body=pack_lines([[d] if isinstance(d, str) else list(d) for d in job_dirs], requeue)))
+            body=pack_lines([[d] if isinstance(d, str) else list(d) for d in job_dirs], requeue, in_process)))
     return make_sbatch(Sbatch(
         directives=directives,
         comments=[f"sbench: {n} point(s) of campaign {campaign} share this resource shape; array task i runs",
@@ -158,18 +160,43 @@ def array_script(campaign: str, name: str, shape: dict[str, Any], job_dirs: Sequ
               'JOB_DIR="${JOB_DIRS[$SLURM_ARRAY_TASK_ID]}"', 'exec bash "$JOB_DIR/job.sbatch"']))
 
 
-def pack_lines(packs: Sequence[Sequence[str]], requeue: str | None) -> list[str]:
-    """The body of a pack array (``harness.sbatch.pack``): task i runs the job dirs of ``packs[i]`` in order,
+def pack_lines(packs: Sequence[Sequence[str]], requeue: str | None, in_process: bool = False) -> list[str]:
+    """The body of a pack array (``harness.sbatch.pack``): task i runs the job dirs of ``packs[i]`` in order.
+
+    *in_process* (the sbench trainer): the first job dir's ``job.sbatch`` runs with ``SBENCH_PACK`` naming them
+    all, and its node runner and training processes run every point in turn in one training process; the
+    points it did not reach (no stages file: a point before them did not end ok) go to *requeue*, the shell
+    function that submits them as their own jobs. Otherwise each job dir's ``job.sbatch`` runs in turn,
     skipping one ``sbench cancel`` marked; once one ends invalid (GPU out of memory: its result file says so),
-    *requeue* (given the job dirs still to run) submits the rest as their own jobs. A point that fails
-    otherwise does not stop the others, and the job ends 0: each point's files say how it went."""
+    the rest go to *requeue*; a point that fails otherwise does not stop the others. The job ends 0: each
+    point's files say how it went."""
     cases = [f"  {i}) JOB_DIRS=({' '.join(_q(d) for d in dirs)}) ;;" for i, dirs in enumerate(packs)]
+    head = ["set -uo pipefail",
+            'case "$SLURM_ARRAY_TASK_ID" in', *cases,
+            '  *) echo "sbench: no pack $SLURM_ARRAY_TASK_ID" >&2; exit 1 ;;', "esac",
+            *(requeue.splitlines() if requeue else [])]
+    if in_process:
+        packs_json = [_q(json.dumps(list(dirs))) for dirs in packs]
+        jcases = [f"  {i}) export SBENCH_PACK={j} ;;" for i, j in enumerate(packs_json)]
+        return [
+            *head,
+            'case "$SLURM_ARRAY_TASK_ID" in', *jcases, "esac",
+            'echo "sbench: pack: ${#JOB_DIRS[@]} points in one training process from ${JOB_DIRS[0]} at $(date -Is)"',
+            'bash "${JOB_DIRS[0]}/job.sbatch" || echo "sbench: pack: ended with status $?"',
+            "unset SBENCH_PACK",
+            "REST=()",
+            'for JOB_DIR in "${JOB_DIRS[@]}"; do',
+            '  compgen -G "$JOB_DIR/stages.*.jsonl" >/dev/null || REST+=("$JOB_DIR")',
+            "done",
+            'if [ ${#REST[@]} -gt 0 ]; then',
+            '  echo "sbench: pack: ${#REST[@]} point(s) not reached go back to the queue as their own jobs"',
+            *(['  sbench_requeue "${REST[@]}"'] if requeue else []),
+            "fi",
+            "exit 0",
+        ]
     rest = '"${JOB_DIRS[@]:$((i + 1))}"'
     return [
-        "set -uo pipefail",
-        'case "$SLURM_ARRAY_TASK_ID" in', *cases, '  *) echo "sbench: no pack $SLURM_ARRAY_TASK_ID" >&2; exit 1 ;;',
-        "esac",
-        *(requeue.splitlines() if requeue else []),
+        *head,
         "for ((i = 0; i < ${#JOB_DIRS[@]}; i++)); do",
         '  JOB_DIR="${JOB_DIRS[$i]}"',
         '  if grep -qs \'"cancelled_at": "\' "$JOB_DIR/submitted.json"; then',

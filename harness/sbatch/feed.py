@@ -38,7 +38,7 @@ from harness.spec.sweep import Sweep
 from . import manifest
 from .executors import SubmitOptions, Submitted
 from .lock import CampaignLocks, holding_campaign_locks
-from .pack import pack_time
+from .pack import in_process, pack_time
 
 FEED_SCRIPT = Path(".slurm") / "feed.sbatch"
 MAX_FAILED_TURNS = 10
@@ -82,7 +82,8 @@ def new_groups(campaign: str, by_shape: list[list[JobSpec]], opts: SubmitOptions
         g = by_size.setdefault(key, {"name": f"{array_name(campaign, members[0])}.pack{len(members)}",
                                      "shape": shape, "max_parallel": opts.max_parallel, "after": opts.dependency,
                                      "hold": opts.hold, "last_array": None, "single": False,
-                                     "requeue": opts.requeue_command, "held": []})
+                                     "requeue": opts.requeue_command, "in_process": in_process(members[0]),
+                                     "held": []})
         g["held"].append({**_entry(members[0], opts), "pack": [_entry(s, opts) for s in members]})
     return groups + list(by_size.values())
 
@@ -125,7 +126,8 @@ def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[
             else:
                 script = array_script(campaign, g["name"], g["shape"],
                                       [[m["job_dir"] for m in h["pack"]] if h.get("pack") else h["job_dir"]
-                                       for h in chunk], g.get("max_parallel"), logs, g.get("requeue"))
+                                       for h in chunk], g.get("max_parallel"), logs, g.get("requeue"),
+                                      bool(g.get("in_process")))
             after_any = g.get("last_array") if g.get("max_parallel") else None
             try:
                 job_id = slurm.sbatch(script, campaign_dir / SUBMITIT_DIR, hold=bool(g.get("hold")),

@@ -50,7 +50,7 @@ from harness.spec.schema import slurm_time_minutes
 
 from .executors import SubmitOptions, Submitted
 from .manifest import now_iso, write_submitted
-from .pack import make_packs, pack_info
+from .pack import in_process, make_packs, pack_info
 
 QUEUE_DIR = ".local"
 NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNLIMITED
@@ -87,6 +87,7 @@ class LocalLaunch:
 
     job_dir: str
     host: str
+    extra_env: dict[str, str] | None = None  # SBENCH_PACK for a pack in one training process
 
     def __call__(self) -> int:
         rc = self.run()
@@ -101,6 +102,7 @@ class LocalLaunch:
         env.update(localjob.environment(LAUNCH, self.job_dir))  # replaces the queue's token it inherited
         env[envvars.HOST.name] = self.host
         env[envvars.MAIN_PORT.name] = str(free_port())
+        env.update(self.extra_env or {})
         job_id = os.environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getppid())
         if not env.get("CUDA_VISIBLE_DEVICES"):
             env.pop("CUDA_VISIBLE_DEVICES", None)  # submitit sets "" when no GPUs were asked for
@@ -151,20 +153,39 @@ def ended_invalid(job_dir: str) -> bool:
 
 @dataclass
 class LocalPack:
-    """What submitit runs for a pack (``slurm.pack``, :mod:`harness.sbatch.pack`): its points' launches one
-    after another, each a :class:`LocalLaunch` with its own ``submitted.json``, pid and outcome (a point
-    ``sbench cancel`` marked is skipped by its launch). Returns the job dirs still to run after one ran out
-    of GPU memory: the queue runs them as their own jobs."""
+    """What submitit runs for a pack (``slurm.pack``, :mod:`harness.sbatch.pack`). *in_process* (the sbench
+    trainer): the first point's launch with ``SBENCH_PACK`` naming them all: its node runner trains every
+    point in turn in one training process; the points it did not reach (a point before them did not end ok)
+    are returned. Otherwise the points' launches one after another, each a :class:`LocalLaunch` with its own
+    ``submitted.json``, pid and outcome (a point ``sbench cancel`` marked is skipped by its launch); after one
+    ran out of GPU memory, the rest are returned. The queue runs what is returned as their own jobs."""
 
     launches: list[LocalLaunch]
+    in_process: bool = False
 
     def __call__(self) -> list[str]:
+        if self.in_process:
+            return self._in_process()
         for k, launch in enumerate(self.launches):
             launch.run()
             rest = self.launches[k + 1:]
             if rest and ended_invalid(launch.job_dir):
                 return [r.job_dir for r in rest]
         return []
+
+    def _in_process(self) -> list[str]:
+        lead, rest = self.launches[0], self.launches[1:]
+        lead.extra_env = {envvars.PACK.name: json.dumps([x.job_dir for x in self.launches])}
+        rc = lead.run()
+        started = localjob.submitted(lead.job_dir).get("started_at")
+        left = []
+        for m in rest:  # each point the process reached ended with it; the others go back to the queue
+            if JobPaths(m.job_dir).stage_hosts():
+                update_submitted(m.job_dir, {"started_at": started, "ended_at": now_iso(), "exit_code": rc,
+                                             "pack_lead": lead.job_dir}, unless=("ended_at", "cancelled_at"))
+            else:
+                left.append(m.job_dir)
+        return left
 
 
 def local_host(spec: JobSpec) -> str:
@@ -254,7 +275,8 @@ def _submit_pack(executor: Any, item: dict[str, Any], queued_at: str) -> Any:
     if not todo:
         return None
     executor.update_parameters(timeout_min=sum(m["timeout_min"] for m in todo), gpus_per_node=item["gpus"])
-    job = executor.submit(LocalPack([LocalLaunch(m["job_dir"], m["host"]) for m in todo]))
+    job = executor.submit(LocalPack([LocalLaunch(m["job_dir"], m["host"]) for m in todo],
+                                    in_process=bool(item.get("in_process"))))
     for m in todo:
         update_submitted(m["job_dir"], {"job_id": job.job_id, "queued_at": queued_at}, unless=SETTLED)
     return job
@@ -314,7 +336,8 @@ class LocalBackend:
             "created_at": now_iso(),
             "submitit_folder": str(qdir / "submitit"),
             "max_parallel": opts.max_parallel or 1,
-            "jobs": [{**item(p[0]), "pack": [item(s) for s in p]} if len(p) > 1 else item(p[0]) for p in packs],
+            "jobs": [{**item(p[0]), "pack": [item(s) for s in p], "in_process": in_process(p[0])} if len(p) > 1
+                     else item(p[0]) for p in packs],
         }
         qfile = qdir / f"queue-{stamp}.json"
         qfile.write_text(json.dumps(queue, indent=2))

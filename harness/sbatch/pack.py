@@ -30,6 +30,7 @@ from harness.build.jobspec import JobSpec
 from harness.contract import safefile
 from harness.contract.errors import SbenchError, SubmitError
 from harness.contract.paths import JobPaths
+from harness.runner.node import in_process as runs_in_process
 from harness.slurm import localjob
 from harness.slurm.client import Slurm
 from harness.spec.schema import slurm_time_minutes
@@ -47,7 +48,8 @@ def pack_key(spec: JobSpec) -> tuple[Any, ...]:
     workload, launcher); None-free so it sorts."""
     e = spec.entity
     return (spec.shape(), str(e.get("model_name")), spec.trainer, str(e.get("torch_dtype")), bool(e.get("bf16")),
-            bool(e.get("fp16")), str(spec.compute_dtype), spec.method, spec.workload, spec.launcher)
+            bool(e.get("fp16")), str(spec.compute_dtype), spec.method, spec.workload, spec.launcher, spec.dataset_id,
+            spec.model_source, spec.python, spec.trainer_python or "")
 
 
 def batch_size(spec: JobSpec) -> int:
@@ -60,6 +62,11 @@ def batch_size(spec: JobSpec) -> int:
 def packable(spec: JobSpec) -> bool:
     """The stability experiment runs trials in its own allocation; fabric jobs are not points."""
     return spec.trials <= 1 and spec.workload in ("train", "idle")
+
+
+def in_process(spec: JobSpec) -> bool:
+    """Whether a pack of *spec*'s points runs in one training process (the node runner's rule)."""
+    return runs_in_process(spec.to_dict())
 
 
 def pack_size(pack: int | str, spec: JobSpec, time_limit: str | None) -> int:
