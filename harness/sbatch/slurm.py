@@ -72,6 +72,14 @@ class SlurmBackend:
                         self._learn([info])
                         ids[k] = (jd, str(info["job_id"]))
             states = self._states([j for _jd, j in ids if j])  # a task gone without a record is done too
+            for k, (jd, jid) in enumerate(ids):
+                # a pack's point that its pack put back in the queue (harness.sbatch.pack): its own job now
+                if jd and jid and jobstate.is_done(states.get(jid)):
+                    info = localjob.submitted(jd)
+                    if info.get("requeued_at") and info.get("job_id") and str(info["job_id"]) != jid:
+                        self._learn([info])
+                        ids[k] = (jd, str(info["job_id"]))
+                        states.update(self._states([str(info["job_id"])]))
             waiting = [jd for jd, j in ids if not j and jd]
             held = held_states(waiting, self.slurm)
             done = sum(1 for _jd, j in ids if j and jobstate.is_done(states.get(j)))
