@@ -282,3 +282,19 @@ def test_after_an_oom_in_a_slurm_pack_the_rest_is_requeued_from_the_node_as_its_
     assert runs[0]["job_id"] == runs[1]["job_id"] != runs[2]["job_id"]
     assert runs[2]["submit_reason"].startswith("requeued unpacked")
     assert _first_train(runs[2]["job_dir"]) > _first_train(runs[1]["job_dir"])
+
+
+def test_the_in_process_pack_script_requeues_only_the_points_its_process_did_not_reach(tmp_path: Path) -> None:
+    dirs = [tmp_path / n for n in "abc"]
+    for d in dirs:
+        d.mkdir()
+    # the first point's job.sbatch stands for the node runner: it reached a and b (stages), then failed
+    (dirs[0] / "job.sbatch").write_text(f'echo "$SBENCH_PACK" > {tmp_path}/pack.txt\n'
+                                        f'touch {dirs[0]}/stages.h.jsonl {dirs[1]}/stages.h.jsonl\nexit 1\n')
+    requeue = f'sbench_requeue() (\n  echo "$@" > {tmp_path}/requeued.txt\n)'
+    body = "\n".join(pack_lines([[str(d) for d in dirs]], requeue, in_process=True))
+    res = subprocess.run(["bash", "-c", body], env={**os.environ, "SLURM_ARRAY_TASK_ID": "0"}, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "pack.txt").read_text()) == [str(d) for d in dirs]
+    assert (tmp_path / "requeued.txt").read_text().split() == [str(dirs[2])]
