@@ -122,14 +122,16 @@ def _scheduler_failure(f: JobFiles, sched: Sched, cancel_requested: bool,
 
 
 def packed(f: JobFiles, sched: Sched) -> Sched:
-    """A point of a pack (``slurm.pack``: ``pack`` in its ``submitted.json``) shares its SLURM job with the
-    pack's other points: the job's times are the pack's, not the point's, so they are left to the files; a
-    point whose every node runner wrote its result is over whatever the job (still running the next point,
-    or cancelled later) says; one not started while the pack runs is pending."""
-    if not f.submitted.get("pack") or sched.source != "sacct":
+    """A point of a pack (``slurm.pack``: ``pack`` in its ``submitted.json``) shares its job with the pack's
+    other points: a point whose every node runner wrote its result is over, decided by its files, whatever
+    the job (still running the next point, or cancelled later) says. On SLURM the job's times are the pack's,
+    not the point's, so they are left to the files, and a point not started while the pack runs is pending."""
+    if not f.submitted.get("pack"):
         return sched
     if f.results and len(f.results) >= max(1, f.num_machines):
         return Sched("files")
+    if sched.source != "sacct":
+        return sched
     if sched.state is not None and jobstate.lookup(sched.state).phase == "running" and not f.hosts_all:
         return Sched(sched.source, "PENDING")
     if sched.state is not None and jobstate.is_done(sched.state) and not f.hosts_all and \
