@@ -298,3 +298,41 @@ def test_the_in_process_pack_script_requeues_only_the_points_its_process_did_not
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "pack.txt").read_text()) == [str(d) for d in dirs]
     assert (tmp_path / "requeued.txt").read_text().split() == [str(dirs[2])]
+
+
+@pytest.mark.train
+def test_cancel_and_retry_work_per_point_of_a_pack(local_env, cli, monkeypatch) -> None:
+    """Cancel while the pack's second point trains: the first keeps its ok result, the second and third are
+    cancelled, each its own attempt, and retry decides each point on its own."""
+    import time
+
+    env = local_env
+    monkeypatch.setenv("SBENCH_FAULT", "sleep@step=1,batch=4:120")
+    sweep = _sweep(env["root"], env["model"], env["data"], "pack-cancel", [2, 4, 6], 3)
+    rep = json.loads(_run(cli, env, "submit", sweep, "--executor", "local", "--json").stdout)
+    monkeypatch.delenv("SBENCH_FAULT")
+    dirs = {p["point_id"]: p["job_dir"] for p in rep["points"]}
+    order = sorted(dirs.values(), key=lambda d: json.loads(JobPaths(d).submitted.read_text())["pack"]["index"])
+    second = order[1]
+    deadline = time.monotonic() + 240
+    while not (JobPaths(second).stage_hosts() and '"stage":"train"' in
+               JobPaths(second).stages(JobPaths(second).stage_hosts()[0]).read_text().replace(" ", "")):
+        assert time.monotonic() < deadline, "the pack's second point never started training"
+        time.sleep(1)
+    _run(cli, env, "cancel", "--campaign", "pack-cancel")
+    deadline = time.monotonic() + 60
+    while json.loads(_run(cli, env, "status", "--campaign", "pack-cancel", "--json").stdout)["counts"].get("running"):
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    _run(cli, env, "collect")
+    runs = sql_rows(env["db"], "SELECT r.*, p.batch_size FROM runs r JOIN points p USING (point_id) "
+                               "WHERE r.campaign = 'pack-cancel' ORDER BY p.batch_size")
+    assert [(r["batch_size"], r["outcome"]) for r in runs] == [(2, "ok"), (4, "failed"), (6, "failed")], \
+        [r["reason"] for r in runs]
+    assert all("cancel" in r["reason"] for r in runs[1:])
+    # retry decides per point: the measured one stays, each cancelled one is its own attempt to force
+    again = json.loads(_run(cli, env, "retry", "pack-cancel", "--executor", "local", "--json").stdout)
+    why = {p["point_id"]: p["reason"] for p in again["points"]}
+    assert why[runs[0]["point_id"]].startswith("already measured")
+    assert all("was cancelled with sbench cancel" in why[r["point_id"]] for r in runs[1:]), why
+    assert again["submitted"] == 0
