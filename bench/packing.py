@@ -11,11 +11,13 @@ Reported, from SLURM's accounting (``sacct``: each allocation's ElapsedRaw) and 
 
 * allocation seconds per measured point, packed and unpacked, and their ratio (goal: >= 2x less packed);
 * the campaign's wall time from submit to the last job's end;
-* per point: the throughput (dataset tokens per second) packed / unpacked, and each one's start-up (node runner
-  start to the first train stage, ``run_overhead.startup_s``) and train seconds.
+* per point: the throughput (dataset tokens per second over the measured window: by default the precision
+  auto-stop's steady window, so that the first steps of a fresh process do not weigh in) packed / unpacked,
+  and each one's start-up (node runner start to the first train stage, ``run_overhead.startup_s``) and
+  measured seconds.
 
-    .venv/bin/python bench/packing.py                     # about 6 minutes on a quiet 2-core machine
-    .venv/bin/python bench/packing.py --steps 5 --out /tmp/packing.json
+    .venv/bin/python bench/packing.py                     # about 8 minutes on a quiet 2-core machine
+    .venv/bin/python bench/packing.py --rel-ci 0 --steps 20 --out /tmp/packing.json
 """
 
 from __future__ import annotations
@@ -53,13 +55,19 @@ def prepare(work: Path, entries: int) -> tuple[Path, Path]:
     return model, data
 
 
-def sweep(path: Path, campaign: str, model: Path, data: Path, steps: int, pack: int) -> Path:
+def sweep(path: Path, campaign: str, model: Path, data: Path, args: argparse.Namespace, pack: int) -> Path:
     slurm = {"pack": pack} if pack > 1 else {"pack": 1, "max_parallel": 1}
+    entity: dict[str, Any] = {"model_name": "tiny", "model_max_length": 64, "dataset_id": DATASET, "number_gpus": 1,
+                              "gradient_accumulation_steps": 1, "max_steps": args.steps}
+    runner: dict[str, Any] = {"sample_interval_s": 0.5}
+    if args.rel_ci:
+        # the precision auto-stop: each point's throughput over its steady window (MSER-5), not its warm-up
+        entity.update(max_steps=10**8, auto_stop_method="WARMUP_60S_STABLE_120S_OR_10_STEPS")
+        runner["auto_stop"] = {"method": "precision", "rel_ci": args.rel_ci, "min_steps": 10,
+                               "max_seconds": args.max_seconds}
     doc = {"campaign": campaign, "experiment": "finetune_full_benchmark-v1.0.0", "partition": "cpu",
-           "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": DATASET, "number_gpus": 1,
-                      "gradient_accumulation_steps": 1, "max_steps": steps},
-           "grid": {"batch_size": BATCHES}, "model_map": {"tiny": str(model)}, "data_dir": str(data),
-           "runner": {"sample_interval_s": 0.5}, "slurm": slurm}
+           "entity": entity, "grid": {"batch_size": BATCHES}, "model_map": {"tiny": str(model)},
+           "data_dir": str(data), "runner": runner, "slurm": slurm}
     path.write_text(json.dumps(doc, indent=1))
     return path
 
@@ -118,7 +126,10 @@ def campaign(env: dict[str, str], db: Path, sweep_path: Path, name: str) -> dict
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=5, help="optimiser steps per point (default 5)")
+    ap.add_argument("--steps", type=int, default=20, help="optimiser steps per point without --rel-ci (default 20)")
+    ap.add_argument("--rel-ci", type=float, default=0.05,
+                    help="the precision auto-stop's rel_ci (default 0.05; 0: --steps steps, warm-up included)")
+    ap.add_argument("--max-seconds", type=float, default=20.0, help="the precision auto-stop's max_seconds")
     ap.add_argument("--entries", type=int, default=256, help="dataset entries (default 256)")
     ap.add_argument("--keep", type=Path, default=None, help="work here and keep it (default: a temporary dir)")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
@@ -132,8 +143,8 @@ def main() -> int:
                TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
     model, data = prepare(work, args.entries)
     load = os.getloadavg()
-    packed = campaign(env, db, sweep(work / "packed.json", "packed", model, data, args.steps, len(BATCHES)), "packed")
-    unpacked = campaign(env, db, sweep(work / "unpacked.json", "unpacked", model, data, args.steps, 1), "unpacked")
+    packed = campaign(env, db, sweep(work / "packed.json", "packed", model, data, args, len(BATCHES)), "packed")
+    unpacked = campaign(env, db, sweep(work / "unpacked.json", "unpacked", model, data, args, 1), "unpacked")
     ratio = [{"batch_size": p["batch_size"],
               "throughput_packed_over_unpacked": (p["dataset_tokens_per_second"] / u["dataset_tokens_per_second"]
                                                   if p["dataset_tokens_per_second"] and u["dataset_tokens_per_second"]
@@ -141,10 +152,11 @@ def main() -> int:
               "startup_s_packed": p["startup_s"], "startup_s_unpacked": u["startup_s"],
               "train_s_packed": p["train_s"], "train_s_unpacked": u["train_s"]}
              for p, u in zip(packed["points"], unpacked["points"], strict=True)]
-    out = {"load_before": load, "steps": args.steps, "packed": packed, "unpacked": unpacked, "per_point": ratio,
+    out = {"load_before": load, "load_after": os.getloadavg(), "steps": args.steps, "rel_ci": args.rel_ci,
+           "packed": packed, "unpacked": unpacked, "per_point": ratio,
            "allocation_s_per_point_ratio": (unpacked["allocation_s_per_point"] / packed["allocation_s_per_point"]
                                             if packed["allocation_s_per_point"] else None)}
-    print(f"load before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"load before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; after: {out['load_after'][0]:.2f}")
     for c in (packed, unpacked):
         print(f"{c['campaign']:9s} allocations {c['allocations']}, measured {c['measured']}/{len(BATCHES)}, "
               f"allocation {c['allocation_s']} s = {c['allocation_s_per_point']:.1f} s per point, "
