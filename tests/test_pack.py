@@ -336,3 +336,56 @@ def test_cancel_and_retry_work_per_point_of_a_pack(local_env, cli, monkeypatch) 
     assert why[runs[0]["point_id"]].startswith("already measured")
     assert all("was cancelled with sbench cancel" in why[r["point_id"]] for r in runs[1:]), why
     assert again["submitted"] == 0
+
+
+class QuotaSlurm:
+    """sbatch with room for *free* jobs; every submitted script is kept."""
+
+    def __init__(self, free: int) -> None:
+        self.free, self.scripts, self.next = free, [], 500
+
+    def submit_limits(self, qos=None):
+        from harness.slurm.limits import SubmitLimits
+
+        return SubmitLimits(20, free=self.free, limit=self.free)
+
+    def states(self, ids, keys=None):
+        return {}
+
+    def sbatch(self, script: str, folder: Path, **kw) -> str:
+        self.scripts.append(script)
+        self.next += 1
+        return str(self.next)
+
+
+def test_packs_that_do_not_fit_the_submit_quota_are_held_and_fed_as_packs(tmp_path: Path) -> None:
+    from harness.sbatch import feed
+    from harness.sbatch.executors import SubmitOptions
+    from harness.slurm.held import held_count, read_feed
+
+    cdir = tmp_path / "c"
+    specs = []
+    for b in (6, 1, 5, 2, 4, 3):
+        d = cdir / f"b{b}.r0.a1"
+        d.mkdir(parents=True)
+        specs.append(spec(f"b{b}", b, job_dir=str(d)))
+    packs = make_packs(specs, 2)
+    slurm = QuotaSlurm(free=2)  # one task now (one job's room kept for the feeder), the rest held
+    out, calls = feed.start(slurm, cdir, "c", specs, [], SubmitOptions(feeder_script="#!/bin/bash\n", pack=2),  # type: ignore[arg-type]
+                            packs)
+    assert calls == 1 and held_count(read_feed(cdir)) == 4
+    now = [s for s in out if s.job_id]
+    assert sorted(s.spec.point_id for s in now) == ["b1", "b2"] and len({s.job_id for s in now}) == 1
+    assert "JOB_DIRS=(" in slurm.scripts[0] and "SBENCH_PACK=" in slurm.scripts[0]  # a pack, in one process
+    first = json.loads((cdir / "b2.r0.a1" / "submitted.json").read_text())
+    assert first["pack"] == {"index": 1, "size": 2, "job_dirs": [str(cdir / "b1.r0.a1"), str(cdir / "b2.r0.a1")]}
+    assert json.loads((cdir / "b6.r0.a1" / "submitted.json").read_text()).get("held_back_at")
+    slurm.free = 10
+    doc = feed.feed(cdir, slurm=slurm)  # the feeder's turn: the held packs, still packs
+    assert held_count(doc) == 0
+    subs = {b: json.loads((cdir / f"b{b}.r0.a1" / "submitted.json").read_text()) for b in range(1, 7)}
+    assert subs[3]["job_id"] == subs[4]["job_id"] != subs[5]["job_id"] == subs[6]["job_id"]
+    assert [subs[b]["pack"]["index"] for b in (3, 4, 5, 6)] == [0, 1, 0, 1]
+    lines = [json.loads(x) for x in (cdir / "manifest.jsonl").read_text().splitlines()]
+    fed = [x for x in lines if x.get("fed")]
+    assert sorted(x["point_id"] for x in fed) == ["b3", "b4", "b5", "b6"] and all(x["pack_size"] == 2 for x in fed)
