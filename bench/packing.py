@@ -1,7 +1,8 @@
 """Several points per allocation (``slurm.pack``) against one job per point, on the SLURM test cluster.
 
 An 8-point batch-size scan of one shape (the tiny model, full fine-tuning, one process on the ``cpu``
-partition of ``tests/fixtures/inventory/testcluster.yaml``), submitted twice through the CLI as a user would:
+partition of ``tests/fixtures/inventory/testcluster.yaml``), submitted through the CLI as a user would, in
+the order UNPACKED, PACKED, PACKED, UNPACKED (so that a drift of the machine's load weighs on both alike):
 
 * PACKED: ``slurm.pack: 8``: one allocation runs the eight points one after another, in ascending batch size;
 * UNPACKED: ``slurm.pack: 1`` and ``slurm.max_parallel: 1``: eight array tasks, one at a time (so that no two
@@ -16,7 +17,7 @@ Reported, from SLURM's accounting (``sacct``: each allocation's ElapsedRaw) and 
   and each one's start-up (node runner start to the first train stage, ``run_overhead.startup_s``) and
   measured seconds.
 
-    .venv/bin/python bench/packing.py                     # about 8 minutes on a quiet 2-core machine
+    .venv/bin/python bench/packing.py                     # about 8 minutes on a 2-core machine
     .venv/bin/python bench/packing.py --rel-ci 0 --steps 20 --out /tmp/packing.json
 """
 
@@ -127,10 +128,12 @@ def campaign(env: dict[str, str], db: Path, sweep_path: Path, name: str) -> dict
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=20, help="optimiser steps per point without --rel-ci (default 20)")
-    ap.add_argument("--rel-ci", type=float, default=0.05,
-                    help="the precision auto-stop's rel_ci (default 0.05; 0: --steps steps, warm-up included)")
+    ap.add_argument("--rel-ci", type=float, default=0.03,
+                    help="the precision auto-stop's rel_ci (default 0.03; 0: --steps steps, warm-up included)")
     ap.add_argument("--max-seconds", type=float, default=20.0, help="the precision auto-stop's max_seconds")
     ap.add_argument("--entries", type=int, default=256, help="dataset entries (default 256)")
+    ap.add_argument("--rounds", type=int, default=2, choices=(1, 2),
+                    help="2 (default): unpacked, packed, packed, unpacked; 1: unpacked, packed")
     ap.add_argument("--keep", type=Path, default=None, help="work here and keep it (default: a temporary dir)")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = ap.parse_args()
@@ -143,31 +146,50 @@ def main() -> int:
                TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
     model, data = prepare(work, args.entries)
     load = os.getloadavg()
-    packed = campaign(env, db, sweep(work / "packed.json", "packed", model, data, args, len(BATCHES)), "packed")
-    unpacked = campaign(env, db, sweep(work / "unpacked.json", "unpacked", model, data, args, 1), "unpacked")
-    ratio = [{"batch_size": p["batch_size"],
-              "throughput_packed_over_unpacked": (p["dataset_tokens_per_second"] / u["dataset_tokens_per_second"]
-                                                  if p["dataset_tokens_per_second"] and u["dataset_tokens_per_second"]
-                                                  else None),
-              "startup_s_packed": p["startup_s"], "startup_s_unpacked": u["startup_s"],
-              "train_s_packed": p["train_s"], "train_s_unpacked": u["train_s"]}
-             for p, u in zip(packed["points"], unpacked["points"], strict=True)]
+    # ABBA: unpacked, packed, packed, unpacked (a drift of the machine's load weighs on both alike)
+    runs: dict[str, list[dict[str, Any]]] = {"packed": [], "unpacked": []}
+    for k, kind in enumerate(["unpacked", "packed", "packed", "unpacked"][:2 * args.rounds]):
+        name = f"{kind}-{k}"
+        pack = len(BATCHES) if kind == "packed" else 1
+        runs[kind].append(campaign(env, db, sweep(work / f"{name}.json", name, model, data, args, pack), name))
+
+    def mean(xs: list[Any]) -> float | None:
+        xs = [x for x in xs if x is not None]
+        return sum(xs) / len(xs) if xs else None
+
+    per_point = []
+    for i, b in enumerate(BATCHES):
+        tp = mean([c["points"][i]["dataset_tokens_per_second"] for c in runs["packed"]])
+        tu = mean([c["points"][i]["dataset_tokens_per_second"] for c in runs["unpacked"]])
+        rounds = [c["points"][i]["dataset_tokens_per_second"] for c in runs["unpacked"]]
+        per_point.append({
+            "batch_size": b, "tok_s_packed": tp, "tok_s_unpacked": tu,
+            "throughput_packed_over_unpacked": tp / tu if tp and tu else None,
+            # the noise of repeats: the two unpacked rounds against each other
+            "unpacked_round_ratio": rounds[-1] / rounds[0] if len(rounds) > 1 and rounds[0] and rounds[-1] else None,
+            "startup_s_packed": mean([c["points"][i]["startup_s"] for c in runs["packed"]]),
+            "startup_s_unpacked": mean([c["points"][i]["startup_s"] for c in runs["unpacked"]]),
+            "train_s_packed": mean([c["points"][i]["train_s"] for c in runs["packed"]]),
+            "train_s_unpacked": mean([c["points"][i]["train_s"] for c in runs["unpacked"]])})
+    alloc = {kind: sum(c["allocation_s"] for c in cs) / sum(c["measured"] for c in cs) for kind, cs in runs.items()}
     out = {"load_before": load, "load_after": os.getloadavg(), "steps": args.steps, "rel_ci": args.rel_ci,
-           "packed": packed, "unpacked": unpacked, "per_point": ratio,
-           "allocation_s_per_point_ratio": (unpacked["allocation_s_per_point"] / packed["allocation_s_per_point"]
-                                            if packed["allocation_s_per_point"] else None)}
+           "campaigns": runs, "per_point": per_point, "allocation_s_per_point": alloc,
+           "allocation_s_per_point_ratio": alloc["unpacked"] / alloc["packed"]}
     print(f"load before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; after: {out['load_after'][0]:.2f}")
-    for c in (packed, unpacked):
-        print(f"{c['campaign']:9s} allocations {c['allocations']}, measured {c['measured']}/{len(BATCHES)}, "
+    for c in runs["unpacked"] + runs["packed"]:
+        print(f"{c['campaign']:11s} allocations {c['allocations']}, measured {c['measured']}/{len(BATCHES)}, "
               f"allocation {c['allocation_s']} s = {c['allocation_s_per_point']:.1f} s per point, "
               f"submit to end {c['submit_to_end_s']} s")
-    print(f"allocation seconds per point, unpacked / packed: {out['allocation_s_per_point_ratio']:.2f}x")
-    print("batch  tok/s packed/unpacked  startup packed  unpacked  train packed  unpacked")
-    for r in ratio:
-        t = r["throughput_packed_over_unpacked"]
-        print(f"{r['batch_size']:5d}  {t if t is None else f'{t:.3f}':>22}  {r['startup_s_packed'] or 0:14.2f}  "
-              f"{r['startup_s_unpacked'] or 0:8.2f}  {r['train_s_packed'] or 0:12.2f}  "
-              f"{r['train_s_unpacked'] or 0:8.2f}")
+    print(f"allocation seconds per point: unpacked {alloc['unpacked']:.1f}, packed {alloc['packed']:.1f}: "
+          f"{out['allocation_s_per_point_ratio']:.2f}x")
+    print("batch  tok/s packed  unpacked  packed/unpacked  unpacked round2/round1  startup packed  unpacked  "
+          "train packed  unpacked")
+    for r in per_point:
+        t, n = r["throughput_packed_over_unpacked"], r["unpacked_round_ratio"]
+        print(f"{r['batch_size']:5d}  {r['tok_s_packed'] or 0:12.1f}  {r['tok_s_unpacked'] or 0:8.1f}  "
+              f"{t if t is None else f'{t:.3f}':>15}  {n if n is None else f'{n:.3f}':>22}  "
+              f"{r['startup_s_packed'] or 0:14.2f}  {r['startup_s_unpacked'] or 0:8.2f}  "
+              f"{r['train_s_packed'] or 0:12.2f}  {r['train_s_unpacked'] or 0:8.2f}")
     if args.out:
         args.out.write_text(json.dumps(out, indent=1, default=str))
     if not args.keep:
