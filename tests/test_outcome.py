@@ -107,3 +107,26 @@ def test_unreadable_runner_files_are_warnings_of_an_ok_run_and_reasons_of_a_fail
     assert ok.outcome == "ok" and ok.warnings == ["rank.1.json: not JSON"]
     bad = decide(files(ok=False, problems=["rank.1.json: not JSON"]), Sched("files"), False)
     assert bad.outcome == "failed" and "rank.1.json: not JSON" in bad.reasons and not bad.warnings
+
+
+PACK = {"pack": {"index": 1, "size": 3, "job_dirs": ["a", "b", "c"]}}
+
+
+def test_a_point_of_a_pack_that_ended_is_decided_by_its_files_whatever_the_packs_job_says() -> None:
+    # the pack's job still runs the next point, or was cancelled after this point ended: ok stays ok, and the
+    # job's times (the pack's) are not this point's
+    for state in ("RUNNING", "CANCELLED", "TIMEOUT", "FAILED"):
+        v = decide(files(submitted=PACK), Sched("sacct", state, acct(state)), cancel_requested=state == "CANCELLED")
+        assert (v.outcome, v.sched.job) == ("ok", None), state
+    # a local pack's point sbench cancel marked after it ended
+    assert decide(files(submitted=PACK), Sched("executor", "CANCELLED"), True).outcome == "ok"
+    # the same files without a pack: the scheduler's failure wins, as for any run
+    assert decide(files(), Sched("sacct", "CANCELLED", acct("CANCELLED")), True).outcome == "failed"
+
+
+def test_a_point_of_a_pack_not_started_is_pending_while_the_pack_runs_and_cancelled_with_it() -> None:
+    waiting = JobFiles(attempt=files().attempt, paths=None, num_machines=1, submitted=PACK)
+    v = decide(waiting, Sched("sacct", "RUNNING", acct("RUNNING")), False)
+    assert (v.outcome, v.state, v.over) == (None, "PENDING", False)
+    v = decide(waiting, Sched("sacct", "CANCELLED", acct("CANCELLED")), True)
+    assert v.outcome == "failed" and v.state == "CANCELLED"

@@ -7,7 +7,8 @@ end its line); the body as given. The three scripts are specs for it:
 
 - :func:`job_sbatch`: ``job.sbatch`` of every job dir, what one point runs (by hand, or in an array);
 - :func:`array_sbatch` / :func:`array_script`: the array wrapper for points that share one resource shape
-  (several arrays when the shape has more points than one array may hold);
+  (several arrays when the shape has more points than one array may hold); a task may run a pack of points
+  one after another (``slurm.pack``, :func:`pack_lines`);
 - :func:`feed_sbatch`: the feeder job of a campaign larger than the submit quota (``harness.sbatch.feed``);
 - :func:`prepare_sbatch`: the preparation job of ``sbench prepare --on slurm``.
 
@@ -18,6 +19,7 @@ the environment or the scheduler: what to run (paths, interpreter) comes in as a
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 from collections.abc import Sequence
@@ -133,19 +135,92 @@ def array_sbatch(campaign: str, specs: list[JobSpec], max_parallel: int | None, 
                         [s.job_dir for s in specs], max_parallel, out_dir)
 
 
-def array_script(campaign: str, name: str, shape: dict[str, Any], job_dirs: Sequence[str], max_parallel: int | None,
-                 out_dir: str | Path) -> str:
+def array_script(campaign: str, name: str, shape: dict[str, Any], job_dirs: Sequence[str | Sequence[str]],
+                 max_parallel: int | None, out_dir: str | Path, requeue: str | None = None,
+                 in_process: bool = False) -> str:
     """An array of one resource shape (*shape*: its sbatch options) whose task i runs the ``job.sbatch`` of
-    ``job_dirs[i]``; at most *max_parallel* tasks at once."""
+    ``job_dirs[i]``; at most *max_parallel* tasks at once. An entry that is a list of job dirs is a pack
+    (``slurm.pack``): its task runs them one after another (:func:`pack_lines`; *requeue* is the command that
+    puts the rest of a pack back in the queue after an OOM)."""
     n = len(job_dirs)
+    directives = {**shape, "job_name": name, "array": f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else ""),
+                  "output": f"{out_dir}/%A_%a.out"}
+    if any(not isinstance(d, str) for d in job_dirs):
+        return make_sbatch(Sbatch(
+            directives=directives,
+            comments=[f"sbench: {n} pack(s) of points of campaign {campaign} share this resource shape; array "
+                      "task i runs", "the points of pack i below one after another, each its job.sbatch as "
+                      "rendered, in this allocation."],
+            body=pack_lines([[d] if isinstance(d, str) else list(d) for d in job_dirs], requeue, in_process)))
     return make_sbatch(Sbatch(
-        directives={**shape, "job_name": name,
-                    "array": f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else ""),
-                    "output": f"{out_dir}/%A_%a.out"},
+        directives=directives,
         comments=[f"sbench: {n} point(s) of campaign {campaign} share this resource shape; array task i runs",
                   "the job.sbatch of job directory i below, exactly as rendered."],
         body=["set -euo pipefail", "JOB_DIRS=(", *[f"  {_q(d)}" for d in job_dirs], ")",
               'JOB_DIR="${JOB_DIRS[$SLURM_ARRAY_TASK_ID]}"', 'exec bash "$JOB_DIR/job.sbatch"']))
+
+
+def pack_lines(packs: Sequence[Sequence[str]], requeue: str | None, in_process: bool = False) -> list[str]:
+    """The body of a pack array (``harness.sbatch.pack``): task i runs the job dirs of ``packs[i]`` in order.
+
+    *in_process* (the sbench trainer): the first job dir's ``job.sbatch`` runs with ``SBENCH_PACK`` naming them
+    all, and its node runner and training processes run every point in turn in one training process; the
+    points it did not reach (no stages file: a point before them did not end ok) go to *requeue*, the shell
+    function that submits them as their own jobs. Otherwise each job dir's ``job.sbatch`` runs in turn,
+    skipping one ``sbench cancel`` marked; once one ends invalid (GPU out of memory: its result file says so),
+    the rest go to *requeue*; a point that fails otherwise does not stop the others. The job ends 0: each
+    point's files say how it went."""
+    cases = [f"  {i}) JOB_DIRS=({' '.join(_q(d) for d in dirs)}) ;;" for i, dirs in enumerate(packs)]
+    head = ["set -uo pipefail",
+            'case "$SLURM_ARRAY_TASK_ID" in', *cases,
+            '  *) echo "sbench: no pack $SLURM_ARRAY_TASK_ID" >&2; exit 1 ;;', "esac",
+            *(requeue.splitlines() if requeue else [])]
+    if in_process:
+        packs_json = [_q(json.dumps(list(dirs))) for dirs in packs]
+        jcases = [f"  {i}) export SBENCH_PACK={j} ;;" for i, j in enumerate(packs_json)]
+        return [
+            *head,
+            'case "$SLURM_ARRAY_TASK_ID" in', *jcases, "esac",
+            'echo "sbench: pack: ${#JOB_DIRS[@]} points in one training process from ${JOB_DIRS[0]} at $(date -Is)"',
+            'bash "${JOB_DIRS[0]}/job.sbatch" || echo "sbench: pack: ended with status $?"',
+            "unset SBENCH_PACK",
+            "REST=()",
+            'for JOB_DIR in "${JOB_DIRS[@]}"; do',
+            '  compgen -G "$JOB_DIR/stages.*.jsonl" >/dev/null || REST+=("$JOB_DIR")',
+            "done",
+            'if [ ${#REST[@]} -gt 0 ]; then',
+            '  echo "sbench: pack: ${#REST[@]} point(s) not reached go back to the queue as their own jobs"',
+            *(['  sbench_requeue "${REST[@]}"'] if requeue else []),
+            "fi",
+            "exit 0",
+        ]
+    rest = '"${JOB_DIRS[@]:$((i + 1))}"'
+    return [
+        *head,
+        "for ((i = 0; i < ${#JOB_DIRS[@]}; i++)); do",
+        '  JOB_DIR="${JOB_DIRS[$i]}"',
+        '  if grep -qs \'"cancelled_at": "\' "$JOB_DIR/submitted.json"; then',
+        '    echo "sbench: pack: $JOB_DIR was cancelled with sbench cancel; not run"; continue',
+        "  fi",
+        '  echo "sbench: pack: point $((i + 1)) of ${#JOB_DIRS[@]}: $JOB_DIR at $(date -Is)"',
+        '  bash "$JOB_DIR/job.sbatch" || echo "sbench: pack: $JOB_DIR ended with status $?"',
+        '  if [ $((i + 1)) -lt ${#JOB_DIRS[@]} ] && grep -qs \'"outcome": "invalid"\' "$JOB_DIR"/result.*.json; then',
+        '    echo "sbench: pack: $JOB_DIR ran out of GPU memory; the rest go back to the queue as their own jobs"',
+        *([f"    sbench_requeue {rest}"] if requeue else []),
+        "    break",
+        "  fi",
+        "done",
+        "exit 0",
+    ]
+
+
+def requeue_command(inv: Inventory, sweep: Sweep, python: str, cwd: str, campaign_dir: str | Path) -> str:
+    """The shell function ``sbench_requeue JOB_DIR...`` a pack calls to put its points still to run back in the
+    queue: ``harness.sbatch.pack`` under the inventory's and the partition's setup lines, in a subshell."""
+    part = inv.partition(sweep.partition)
+    lines = ["sbench_requeue() (", f"  cd {_q(cwd)}", *(f"  {line}" for line in (*inv.setup, *part.setup)),
+             f'  exec {_q(python)} -m harness.sbatch.pack requeue {_q(campaign_dir)} "$@"', ")"]
+    return "\n".join(lines)
 
 
 FEED_TIME = "00:10:00"  # the feeder job's time limit: it submits a wave and resubmits itself, in seconds

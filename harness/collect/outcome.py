@@ -10,7 +10,9 @@ file and asks no scheduler), so each rule can be tested on its own. The rules, i
    a measurement of the point (is_valid = false), even if the scheduler then failed the job.
 4. The scheduler failed the job (FAILED, TIMEOUT, NODE_FAIL, CANCELLED, ...), or a local cancel came in
    before the runners finished: ``failed`` with the scheduler's reason.
-5. ``ok`` needs every expected host's result with outcome ok, no error file, rank 0's measurements and
+5. A point of a pack: its own files decide once its node runners wrote their results (the pack's job goes
+   on with the next point); the job's state counts only for a point it ended before its runners did.
+6. ``ok`` needs every expected host's result with outcome ok, no error file, rank 0's measurements and
    no missing file; anything else is ``failed``, with every reason found (errors, crashed stages,
    missing files, the batch output's last line when no runner file exists, unreadable files).
 """
@@ -119,9 +121,29 @@ def _scheduler_failure(f: JobFiles, sched: Sched, cancel_requested: bool,
     return None, None
 
 
+def packed(f: JobFiles, sched: Sched) -> Sched:
+    """A point of a pack (``slurm.pack``: ``pack`` in its ``submitted.json``) shares its job with the pack's
+    other points: a point whose every node runner wrote its result is over, decided by its files, whatever
+    the job (still running the next point, or cancelled later) says. On SLURM the job's times are the pack's,
+    not the point's, so they are left to the files, and a point not started while the pack runs is pending."""
+    if not f.submitted.get("pack"):
+        return sched
+    if f.results and len(f.results) >= max(1, f.num_machines):
+        return Sched("files")
+    if sched.source != "sacct":
+        return sched
+    if sched.state is not None and jobstate.lookup(sched.state).phase == "running" and not f.hosts_all:
+        return Sched(sched.source, "PENDING")
+    if sched.state is not None and jobstate.is_done(sched.state) and not f.hosts_all and \
+            f.submitted.get("cancelled_at"):
+        return Sched("executor", "CANCELLED")  # sbench cancel marked it: the pack never started it
+    return Sched(sched.source, sched.state, gone=sched.gone, note=sched.note)
+
+
 def decide(f: JobFiles, sched: Sched, cancel_requested: bool) -> Verdict:
     """The outcome rules of the module docstring."""
     hosts_all = f.hosts_all
+    sched = packed(f, sched)
     if sched.source == "executor" and sched.job is None and sched.state == "RUNNING" and \
             len(f.results) >= f.num_machines:
         # Every node runner wrote its result: over, even if a (local) process id is still alive

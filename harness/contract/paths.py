@@ -3,6 +3,7 @@ use it); beside it the login node's default DB and work dir, and a dataset's fil
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -198,3 +199,14 @@ class JobPaths:
 
     def slurm_outputs(self) -> list[Path]:
         return sorted(self.root.glob("slurm-*.out"))
+
+
+def pack_dirs(value: str | None) -> list[str]:
+    """The job dirs of a pack from ``SBENCH_PACK`` (a JSON list of paths); [] when unset or not such a list."""
+    if not value:
+        return []
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        return []
+    return [str(d) for d in doc] if isinstance(doc, list) and all(isinstance(d, str) for d in doc) else []

@@ -8,11 +8,13 @@ Syntax: one or more faults separated by ``;``, each ``KIND@COND[,COND...][:ARG]`
   (hang for ARG seconds, default 3600), ``exit`` (``os._exit(ARG)``, default 1).
 - ``COND``: ``step=N`` (at the end of optimiser step N) or ``stage=NAME`` (at the start of a
   trainer stage: dataset, tokens, model_load, train), optionally restricted with ``rank=R``
-  (global rank), ``trial=T`` (stability trial) and ``job=TEXT`` (a job dir whose name contains TEXT,
-  e.g. ``job=<point_id>.r1.``: one repeat of one point).
+  (global rank), ``trial=T`` (stability trial), ``job=TEXT`` (a job dir whose name contains TEXT,
+  e.g. ``job=<point_id>.r1.``: one repeat of one point) and ``batch=B`` (the point's per-device batch
+  size: one point of a pack, ``slurm.pack``).
 
 Examples: ``oom@step=2``, ``error@step=1``, ``sigkill@step=2``, ``sleep@step=1:30``,
-``oom@step=2,rank=1``, ``error@stage=model_load``, ``oom@step=1,trial=2``, ``sleep@step=3,job=.r1.:2``.
+``oom@step=2,rank=1``, ``error@stage=model_load``, ``oom@step=1,trial=2``, ``sleep@step=3,job=.r1.:2``,
+``oom@step=1,batch=4``.
 """
 
 from __future__ import annotations
@@ -41,12 +43,15 @@ class Fault:
     trial: int | None = None
     arg: str | None = None
     job: str | None = None
+    batch: int | None = None
 
     def applies(self, *, rank: int, trial: int | None, step: int | None = None, stage: str | None = None,
-                job: str = "") -> bool:
+                job: str = "", batch: int | None = None) -> bool:
         if self.rank is not None and self.rank != rank:
             return False
         if self.job is not None and self.job not in job:
+            return False
+        if self.batch is not None and self.batch != batch:
             return False
         if self.trial is not None and self.trial != trial:
             return False
@@ -93,9 +98,9 @@ def parse_faults(text: str | None) -> list[Fault]:
         kw: dict[str, object] = {}
         for cond in rest.split(","):
             if "=" not in cond:
-                raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value (step, stage, rank, trial, job)")
+                raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value (step, stage, rank, trial, job, batch)")
             k, v = (x.strip() for x in cond.split("=", 1))
-            if k in ("step", "rank", "trial"):
+            if k in ("step", "rank", "trial", "batch"):
                 try:
                     kw[k] = int(v)
                 except ValueError:
@@ -103,7 +108,7 @@ def parse_faults(text: str | None) -> list[Fault]:
             elif k in ("stage", "job"):
                 kw[k] = v
             else:
-                raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank, trial or job")
+                raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank, trial, job or batch")
         if ("step" in kw) == ("stage" in kw):
             raise FaultSpecError(f"{ENV}: {part!r} needs exactly one of step=N or stage=NAME")
         faults.append(Fault(kind=kind, arg=arg, **kw))  # type: ignore[arg-type]

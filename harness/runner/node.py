@@ -42,7 +42,7 @@ import psutil
 from harness.contract import envvars
 from harness.contract.defaults import RunnerSettings
 from harness.contract.formats import Stage
-from harness.contract.paths import JobPaths
+from harness.contract.paths import JobPaths, pack_dirs
 from harness.data.datagen import dataset_status, make_dataset
 
 from . import classify, pdeath
@@ -52,6 +52,14 @@ from .stages import StageLog, Terminated, note_signal, open_stages, read_stages
 
 EXIT = {"ok": 0, "failed": 1, "invalid": 2}
 LOG_TAIL_BYTES = 256 * 1024
+PACK_POLL_S = 0.1  # how often a pack's runner looks for the end of the point being trained
+
+
+def in_process(spec: dict[str, Any]) -> bool:
+    """Whether a pack of this job spec's points runs in one training process: the sbench trainer, training
+    once per point (the stability experiment's trials and fms-hf-tuning run one process per point)."""
+    return (spec.get("trainer") or "sbench") == "sbench" and spec.get("workload", "train") == "train" and \
+        int(spec.get("trials") or 1) <= 1
 
 
 def _write_json(path: Path, doc: Any) -> None:
@@ -135,7 +143,7 @@ TRAINING_KEYS = ("global_step", "train_start_wall", "train_end_wall", "warmup_en
 
 
 class NodeRunner:
-    def __init__(self, job_dir: str | Path, host: str, cmd: list[str]) -> None:
+    def __init__(self, job_dir: str | Path, host: str, cmd: list[str], pack: bool = True) -> None:
         self.paths = JobPaths(job_dir)
         self.host = host
         self.cmd = cmd
@@ -162,6 +170,23 @@ class NodeRunner:
             "sample_interval_s": self.settings.sample_interval_s, "trials": [], "ranks": [],
             "expected_ranks": self.expected_ranks, "command": cmd, "pid": os.getpid(),
         }
+        # A pack (slurm.pack) in one training process: the points after this one, each its own runner record
+        # (its job dir's stages, samples, result), begun when the point before it ended ok.
+        self.cur: NodeRunner = self
+        self.members: list[NodeRunner] = []
+        self.env_doc: dict[str, Any] = {}
+        dirs = pack_dirs(envvars.PACK.get()) if pack else []
+        if len(dirs) > 1 and os.path.abspath(dirs[0]) == os.path.abspath(self.paths.root) and in_process(self.spec):
+            self.members = [NodeRunner.member(d, host, cmd) for d in dirs[1:]]
+            self.result["pack"] = {"index": 0, "job_dirs": dirs}
+
+    @classmethod
+    def member(cls, job_dir: str, host: str, cmd: list[str]) -> NodeRunner:
+        """A later point of this runner's pack: it runs in the same training process, and has no process
+        start of its own (its start-up is timed from its setup stage)."""
+        m = cls(job_dir, host, cmd, pack=False)
+        m.process_start_wall = None
+        return m
 
     # -- signals ---------------------------------------------------------------------------------
     def _descendants(self) -> list[psutil.Process]:
@@ -191,6 +216,8 @@ class NodeRunner:
         note_signal(signum)
         first = self.terminated_by is None
         self.terminated_by = self.terminated_by or signum
+        cur = self.cur  # the point being trained (a pack's later point, else this one)
+        cur.terminated_by = cur.terminated_by or signum
         if self.proc is not None and self.proc.poll() is None:
             if first:
                 print(f"sbench runner: signal {signum}: stopping training (grace {self.settings.stop_grace_s} s)",
@@ -198,10 +225,10 @@ class NodeRunner:
                 self._signal_tree(signal.SIGTERM)
                 self.kill_deadline = time.monotonic() + self.settings.stop_grace_s
                 # On disk at once: SLURM's SIGKILL may follow before the training processes are gone.
-                self.result.update(outcome="failed", signal=None, ended_wall=time.time(),
-                                   reason=classify.cancelled(signum, "stopping training"))
-                self.result["samples"] = self.sampler.rows if self.sampler else 0
-                _write_json(self.paths.result(self.host), self.result)
+                cur.result.update(outcome="failed", signal=None, ended_wall=time.time(),
+                                  reason=classify.cancelled(signum, "stopping training"))
+                cur.result["samples"] = cur.sampler.rows if cur.sampler else 0
+                _write_json(cur.paths.result(cur.host), cur.result)
             else:
                 self._signal_tree(signal.SIGKILL)  # a second signal: no more grace
             return
@@ -215,6 +242,7 @@ class NodeRunner:
             if self.process_start_wall is not None:
                 info["runner_start_wall"] = self.process_start_wall
             env = capture(self.host, self.machine_rank)
+            self.env_doc = env
             _write_json(self.paths.environment(self.host), env)
             per_node = None if self.spec.get("cpu_partition") else len(self.expected_ranks)
             backend, note = open_backend(max_devices=per_node)
@@ -254,8 +282,11 @@ class NodeRunner:
                 pass
 
     def run_child(self, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
-        """Run one training command to its end; returns exit code/signal and what the ranks wrote."""
+        """Run one training command to its end; returns exit code/signal and what the ranks wrote (of the
+        pack's point being trained when it ended, in a pack)."""
         self._stale_rank_files()
+        for m in self.members:
+            m._stale_rank_files()
         log_path = self.paths.train_log(self.host)
         start_at = log_path.stat().st_size if log_path.exists() else 0
         started = time.time()
@@ -277,9 +308,11 @@ class NodeRunner:
         last_scan = 0.0
         while True:
             try:
-                self.proc.wait(timeout=0.5)
+                self.proc.wait(timeout=PACK_POLL_S if self.members else 0.5)
                 break
             except subprocess.TimeoutExpired:
+                if self.members:
+                    self._next_point(started)
                 if scan_every is not None and time.monotonic() - last_scan > scan_every:
                     known.update((p.pid, p) for p in self._descendants())
                     last_scan = time.monotonic()
@@ -305,13 +338,14 @@ class NodeRunner:
         except (ProcessLookupError, PermissionError):
             pass
         rc = self.proc.returncode
-        if self.sampler is not None:
-            self.sampler.set_root(None)
+        cur = self.cur
+        if cur.sampler is not None:
+            cur.sampler.set_root(None)
         tail = _log_tail(log_path, start_at)
-        rank_docs = {r: d for r in self.expected_ranks if isinstance(d := _read_json(self.paths.rank_result(r)), dict)}
-        errors = [d for r in self.expected_ranks if isinstance(d := _read_json(self.paths.error(r)), dict)]
+        rank_docs = {r: d for r in self.expected_ranks if isinstance(d := _read_json(cur.paths.rank_result(r)), dict)}
+        errors = [d for r in self.expected_ranks if isinstance(d := _read_json(cur.paths.error(r)), dict)]
         rank_exit = classify.elastic_failures(tail)
-        events = [e for e in read_stages(self.paths.stages(self.host))
+        events = [e for e in read_stages(cur.paths.stages(self.host))
                   if e.get("rank") is not None and (e.get("t_wall") or 0) >= started]
         exit_code = rc if rc >= 0 else None
         sig = -rc if rc < 0 else None
@@ -328,6 +362,49 @@ class NodeRunner:
             rank_docs=rank_docs, rank_exit=rank_exit, terminated_by=self.terminated_by, log_tail=tail)
         self.proc = None
         return out
+
+    # -- a pack in one training process --------------------------------------------------------------------
+    def _next_point(self, started: float) -> None:
+        """When every rank of this node wrote the current point's ``rank.<r>.json`` with status ok, that point
+        is over: its result is written (its sampler stopped) and the next point begins (its setup stage, its
+        own sampler on the same training process). A point a rank ended otherwise is the last: the process
+        exits, and run_child's end records it."""
+        cur = self.cur
+        k = 0 if cur is self else self.members.index(cur) + 1
+        if k >= len(self.members) or self.proc is None or self.terminated_by is not None:
+            return
+        docs = {r: _read_json(cur.paths.rank_result(r)) for r in self.expected_ranks}
+        if not all(isinstance(d, dict) and d.get("status") == "ok" and (d.get("ended_wall") or 0) >= started
+                   for d in docs.values()):
+            return
+        ok_docs = {r: d for r, d in docs.items() if isinstance(d, dict)}
+        outcome, reason = classify.node_outcome(
+            exit_code=0, signal=None, errors=[], expected_ranks=self.expected_ranks, rank_docs=ok_docs, rank_exit={},
+            terminated_by=None, log_tail="")
+        cur.finish({"exit_code": 0, "signal": None, "rank_exit_codes": {}, "open_stages": [], "rank_docs": ok_docs,
+                    "errors": [], "outcome": outcome, "reason": reason})
+        nxt = self.members[k]
+        nxt.begin(self, k + 1)
+        self.cur = nxt
+
+    def begin(self, lead: NodeRunner, index: int) -> None:
+        """A later point of *lead*'s pack begins: its setup stage (the node's environment as the lead captured
+        it, its own sampler following the training process)."""
+        self.result["started_wall"] = time.time()
+        self.result["pack"] = {"index": index, "job_dirs": [str(lead.paths.root)] + [str(m.paths.root)
+                                                                                    for m in lead.members]}
+        with self.log.stage(Stage.SETUP) as info:
+            _write_json(self.paths.environment(self.host), lead.env_doc)
+            per_node = None if self.spec.get("cpu_partition") else len(self.expected_ranks)
+            backend, note = open_backend(max_devices=per_node)
+            rapl = RaplReader() if self.spec.get("cpu_partition") else None
+            self.sampler = Sampler(self.paths.samples(self.host), self.settings.sample_interval_s, backend,
+                                   rapl=rapl).start()
+            if lead.proc is not None:
+                self.sampler.set_root(lead.proc.pid)
+            info.update(sampler_backend=backend.name, gpus_sampled=len(backend.devices()),
+                        sample_interval_s=self.sampler.interval_s, note=note, pack_index=index,
+                        pack_lead=str(lead.paths.root))
 
     def train(self) -> dict[str, Any]:
         env = dict(os.environ)
@@ -421,8 +498,8 @@ class NodeRunner:
         if self.terminated_by is not None and (run is None or failure is not None):
             failure = classify.cancelled(self.terminated_by,
                                          f"stopped during {self.log.last_failed or 'start-up'}, before training")
-        self.finish(run, failure)
-        return self.exit_code()
+        self.cur.finish(run, failure)  # a pack's points before it wrote theirs as each ended
+        return self.cur.exit_code()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -25,7 +26,7 @@ from typing import Any
 from harness.contract import envvars
 from harness.contract.defaults import RunnerSettings
 from harness.contract.formats import Stage
-from harness.contract.paths import JobPaths
+from harness.contract.paths import JobPaths, pack_dirs
 
 from .classify import error_record
 from .cmdline import parse_args
@@ -54,6 +55,7 @@ class Context:
     notes: list[str] = field(default_factory=list)
     launch: dict[str, float] = field(default_factory=dict)  # the open launch stage's clock readings
     asked: dict[str, Any] = field(default_factory=dict)  # spec.json's "asked": what the point asks of the trainer
+    batch: int | None = None  # the point's per-device batch size (a fault's batch= condition)
 
     @classmethod
     def from_env(cls, args: argparse.Namespace) -> Context:
@@ -82,7 +84,8 @@ class Context:
                        enabled=paths is not None and envvars.STAGE_LOG.get() != "0")
         return cls(rank=rank, local_rank=int(env.get("LOCAL_RANK", "0")), world_size=int(env.get("WORLD_SIZE", "1")),
                    host=host, trial=int(trial_s) if trial_s else None, paths=paths, runner=runner,
-                   data_dir=data_dir, log=log, faults=faults_from_env(), asked=asked)
+                   data_dir=data_dir, log=log, faults=faults_from_env(), asked=asked,
+                   batch=getattr(args, "per_device_train_batch_size", None))
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -102,12 +105,12 @@ class Context:
 
     def fault_at_stage(self, stage: str) -> None:
         for f in self.faults:
-            if f.applies(rank=self.rank, trial=self.trial, stage=stage, job=self.job_name):
+            if f.applies(rank=self.rank, trial=self.trial, stage=stage, job=self.job_name, batch=self.batch):
                 f.fire(f"at the start of stage {stage}")
 
     def fault_at_step(self, step: int) -> None:
         for f in self.faults:
-            if f.applies(rank=self.rank, trial=self.trial, step=step, job=self.job_name):
+            if f.applies(rank=self.rank, trial=self.trial, step=step, job=self.job_name, batch=self.batch):
                 f.fire(f"at the end of step {step}")
 
 
@@ -173,17 +176,59 @@ class _Signals:
 
 def main(run: Runner, argv: list[str] | None = None) -> int:
     """Run one rank: *run* trains; everything around it (signals, the launch stage, error classification,
-    ``rank.<r>.json``) is shared by both trainers."""
-    args = parse_args(argv)
-    ctx = Context.from_env(args)
+    ``rank.<r>.json``) is shared by both trainers. In a pack (``SBENCH_PACK``, set by the pack's job for the
+    sbench trainer) the process trains each of the pack's points in turn, each with its own command line (its
+    job dir's ``spec.json``), context, stages and ``rank.<r>.json``; the imports, the launcher and the process
+    group are the first point's. It stops at the first point that does not end ok: the points after it go
+    back to the queue as their own jobs (``harness.sbatch.pack``)."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _Signals.handler)
+    pack = pack_dirs(envvars.PACK.get())
+    if pack and os.path.abspath(parse_args(argv).job_dir or "") != os.path.abspath(pack[0]):
+        pack = []  # a pack names the job dir launched first: a process of another job dir trains its own point
+    code = _one(run, argv, first=True)
+    for job_dir in pack[1:]:
+        if code != 0 or _Signals.signum is not None:
+            break
+        _release_memory()
+        code = _one(run, member_argv(Path(job_dir)), first=False)
+    return code
+
+
+def member_argv(job_dir: Path) -> list[str]:
+    """A pack's later point's training command line: its job dir's rendered one (``spec.json``)."""
+    js = json.loads(JobPaths(job_dir).spec.read_text(encoding="utf-8")).get("jobspec") or {}
+    return [str(a) for a in js.get("train_argv") or []]
+
+
+def _release_memory() -> None:
+    """Between a pack's points: what the point before held goes back (Python's garbage, the CUDA cache)."""
+    gc.collect()
+    try:
+        import torch  # heavy: only where a model was trained
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
+def _one(run: Runner, argv: list[str] | None, first: bool) -> int:
+    """One point of this rank (the launch stage timed from the node runner's start for the first point of
+    the process; from now for a pack's later point, whose launcher and imports the first point paid)."""
+    args = parse_args(argv)
+    ctx = Context.from_env(args)
     doc = ctx.doc
     doc.update(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size, host=ctx.host, trial=ctx.trial,
                pid=os.getpid(), status="running", env=relevant_env(), device=None, notes=ctx.notes,
                argv=sys.argv[1:] if argv is None else list(argv), started_wall=time.time())
     code = 0
-    launch_start(ctx)
+    if first:
+        launch_start(ctx)
+    else:
+        now = time.time()
+        ctx.launch = {"launched_wall": now, "process_start_wall": now}
+        ctx.log.start(Stage.LAUNCH, at=now)
     try:
         try:
             _Signals.raising = True

@@ -7,7 +7,9 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
+from harness.contract import jobstate
 from harness.contract.errors import InputError, SubmitError
+from harness.contract.paths import JobPaths
 from harness.slurm.client import Slurm
 
 from .executors import Backend
@@ -48,5 +50,13 @@ def live_states(attempts: list[dict[str, Any]], slurm: Slurm) -> dict[str, str]:
         for a in group:
             key = a.get("job_dir") if executor == "local" or not a.get("job_id") else str(a.get("job_id"))
             if key in states:
-                out[a["job_dir"]] = states[key]
+                out[a["job_dir"]] = waiting_in_pack(a, states[key])
     return out
+
+
+def waiting_in_pack(attempt: dict[str, Any], state: str) -> str:
+    """A point of a SLURM pack (``slurm.pack``) that its running pack has not started yet is pending."""
+    if attempt.get("executor") == "slurm" and attempt.get("pack_size") and jobstate.lookup(state).phase == "running" \
+            and attempt.get("job_dir") and not JobPaths(attempt["job_dir"]).stage_hosts():
+        return "PENDING"
+    return state

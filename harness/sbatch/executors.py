@@ -29,6 +29,9 @@ class SubmitOptions:
     qos: str | None = None  # the QOS the jobs ask for: its submit limits count (harness.slurm.limits)
     feeder_script: str | None = None  # the feeder job of what the submit quota holds back (harness.sbatch.feed)
     reasons: dict[str, str] = field(default_factory=dict)  # job dir -> why it is submitted (new, retry, force)
+    pack: int | str = 1  # the sweep's slurm.pack: points per allocation (harness.sbatch.pack)
+    pack_time_limit: str | None = None  # the partition's time limit, which a pack's time stays within
+    requeue_command: str | None = None  # the shell function a SLURM pack calls after an OOM
 
 
 class Backend(Protocol):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.build.jobspec import JobSpec
-from harness.build.sbatch import array_name, array_script, array_shape, feed_sbatch
+from harness.build.sbatch import array_name, array_script, array_shape, feed_sbatch, requeue_command
 from harness.contract import envvars, jobstate, safefile
 from harness.contract.errors import SbenchError, SubmitError
 from harness.slurm.client import SbatchRefused, Slurm
@@ -38,6 +38,7 @@ from harness.spec.sweep import Sweep
 from . import manifest
 from .executors import SubmitOptions, Submitted
 from .lock import CampaignLocks, holding_campaign_locks
+from .pack import in_process, pack_time
 
 FEED_SCRIPT = Path(".slurm") / "feed.sbatch"
 MAX_FAILED_TURNS = 10
@@ -57,14 +58,47 @@ def _begin(seconds: int) -> str:
     return (_dt.datetime.now() + _dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def new_groups(campaign: str, by_shape: list[list[JobSpec]], opts: SubmitOptions) -> list[dict[str, Any]]:
-    """One feed group per resource shape: its array options and its job dirs, in submission order."""
-    return [{"name": array_name(campaign, specs[0]), "shape": array_shape(specs[0]),
-             "max_parallel": opts.max_parallel, "after": opts.dependency, "hold": opts.hold, "last_array": None,
-             "single": len(specs) == 1,
-             "held": [{"job_dir": s.job_dir, "point_id": s.point_id, "repeat": s.repeat, "attempt": s.attempt,
-                       "reason": opts.reasons.get(s.job_dir)} for s in specs]}
-            for specs in by_shape]
+def _entry(s: JobSpec, opts: SubmitOptions) -> dict[str, Any]:
+    return {"job_dir": s.job_dir, "point_id": s.point_id, "repeat": s.repeat, "attempt": s.attempt,
+            "reason": opts.reasons.get(s.job_dir)}
+
+
+def new_groups(campaign: str, by_shape: list[list[JobSpec]], opts: SubmitOptions,
+               packs: list[list[JobSpec]] | None = None) -> list[dict[str, Any]]:
+    """One feed group per resource shape: its array options and its job dirs, in submission order. *packs*
+    (``slurm.pack``): one group per resource shape and pack size, each held entry a pack (its first job dir,
+    and ``pack``: every point's entry, in the order they run), its time limit the pack's."""
+    groups = [{"name": array_name(campaign, specs[0]), "shape": array_shape(specs[0]),
+               "max_parallel": opts.max_parallel, "after": opts.dependency, "hold": opts.hold, "last_array": None,
+               "single": len(specs) == 1, "held": [_entry(s, opts) for s in specs]}
+              for specs in by_shape]
+    by_size: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for members in packs or []:
+        shape = array_shape(members[0])
+        ptime = pack_time(members, opts.pack_time_limit)
+        if ptime:
+            shape["time"] = ptime
+        key = (members[0].shape(), len(members), ptime)
+        g = by_size.setdefault(key, {"name": f"{array_name(campaign, members[0])}.pack{len(members)}",
+                                     "shape": shape, "max_parallel": opts.max_parallel, "after": opts.dependency,
+                                     "hold": opts.hold, "last_array": None, "single": False,
+                                     "requeue": opts.requeue_command, "in_process": in_process(members[0]),
+                                     "held": []})
+        g["held"].append({**_entry(members[0], opts), "pack": [_entry(s, opts) for s in members]})
+    return groups + list(by_size.values())
+
+
+def members(held: dict[str, Any]) -> list[dict[str, Any]]:
+    """The points a held entry stands for: the points of a pack, else itself."""
+    return list(held.get("pack") or [held])
+
+
+def _pack_of(held: dict[str, Any], index: int) -> dict[str, Any]:
+    """A pack's record in each of its points' ``submitted.json`` (none for an entry that is no pack)."""
+    ms = held.get("pack")
+    if not ms:
+        return {}
+    return {"pack": {"index": index, "size": len(ms), "job_dirs": [m["job_dir"] for m in ms]}}
 
 
 def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[dict[str, Any]],
@@ -90,8 +124,10 @@ def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[
                                              safefile.SMALL_MAX).decode()
                 name = _job_name(script) or name
             else:
-                script = array_script(campaign, g["name"], g["shape"], [h["job_dir"] for h in chunk],
-                                      g.get("max_parallel"), logs)
+                script = array_script(campaign, g["name"], g["shape"],
+                                      [[m["job_dir"] for m in h["pack"]] if h.get("pack") else h["job_dir"]
+                                       for h in chunk], g.get("max_parallel"), logs, g.get("requeue"),
+                                      bool(g.get("in_process")))
             after_any = g.get("last_array") if g.get("max_parallel") else None
             try:
                 job_id = slurm.sbatch(script, campaign_dir / SUBMITIT_DIR, hold=bool(g.get("hold")),
@@ -129,17 +165,20 @@ def _job_name(script: str) -> str | None:
 
 def record_submitted(done: list[tuple[dict[str, Any], str, Any]], stamp: str, fed: bool) -> None:
     for held, job_id, arr in done:
-        manifest.write_submitted(Path(held["job_dir"]), {
-            "executor": "slurm", "job_id": job_id, "array_job_id": arr[0] if arr else None,
-            "array_task_id": arr[1] if arr else None, "submitted_at": stamp, "job_name": held.get("job_name"),
-            **({"fed_at": stamp} if fed else {})})
+        for k, m in enumerate(members(held)):
+            manifest.write_submitted(Path(m["job_dir"]), {
+                "executor": "slurm", "job_id": job_id, "array_job_id": arr[0] if arr else None,
+                "array_task_id": arr[1] if arr else None, "submitted_at": stamp, "job_name": held.get("job_name"),
+                **({"fed_at": stamp} if fed else {}), **_pack_of(held, k)})
 
 
 def hold_back(groups: list[dict[str, Any]], stamp: str) -> None:
     """Each job dir still held: no job id, and when sbench held it back."""
     for g in groups:
         for h in g["held"]:
-            manifest.write_submitted(Path(h["job_dir"]), {"executor": "slurm", "job_id": None, "held_back_at": stamp})
+            for m in members(h):
+                manifest.write_submitted(Path(m["job_dir"]), {"executor": "slurm", "job_id": None,
+                                                              "held_back_at": stamp})
 
 
 def budget_for(limits: SubmitLimits, total: int) -> int | None:
@@ -157,23 +196,25 @@ def submit_feeder(slurm: Slurm, campaign_dir: Path, doc: dict[str, Any], delay_s
 
 
 def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec], by_shape: list[list[JobSpec]],
-          opts: SubmitOptions) -> tuple[list[Submitted], int]:
+          opts: SubmitOptions, packs: list[list[JobSpec]] | None = None) -> tuple[list[Submitted], int]:
     """Submit *specs* (grouped *by_shape*) as the cluster's limits allow and hold back the rest for a feeder
     job; returns what was handed over (the held ones with no job id, ``extra['held_back']``) and the number
     of sbatch calls. Refused when the rest cannot be held back (no feeder script)."""
     by_spec = {s.job_dir: s for s in specs}
-    groups = new_groups(campaign, by_shape, opts)
+    groups = new_groups(campaign, by_shape, opts, packs)
     limits = slurm.submit_limits({opts.qos} if opts.qos else None)
     stamp = manifest.now_iso()
-    done, stopped = submit_groups(slurm, campaign_dir, campaign, groups, limits, budget_for(limits, len(specs)))
+    done, stopped = submit_groups(slurm, campaign_dir, campaign, groups, limits,
+                                  budget_for(limits, sum(len(g["held"]) for g in groups)))
     if stopped and not done and refusal_kind(stopped) is None:
         raise SubmitError(stopped)  # sbatch refuses this campaign outright: nothing was submitted
     record_submitted(done, stamp, fed=False)
     calls = len({arr[0] if arr else jid for _h, jid, arr in done})
-    out = [Submitted(spec=by_spec[h["job_dir"]], job_id=jid, array_job_id=arr[0] if arr else None,
+    out = [Submitted(spec=by_spec[m["job_dir"]], job_id=jid, array_job_id=arr[0] if arr else None,
                      array_task_id=arr[1] if arr else None,
-                     extra={"job_name": h.get("job_name"), "submitted_at": stamp}) for h, jid, arr in done]
-    held = [h for g in groups for h in g["held"]]
+                     extra={"job_name": h.get("job_name"), "submitted_at": stamp, **_pack_line(h, k)})
+           for h, jid, arr in done for k, m in enumerate(members(h))]
+    held = [m for g in groups for h in g["held"] for m in members(h)]
     if not held:
         return out, calls
     if not opts.feeder_script:
@@ -196,6 +237,12 @@ def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec],
     ensure_feeder(slurm, campaign_dir, doc)
     out += [Submitted(spec=by_spec[h["job_dir"]], job_id=None, extra={"held_back": True}) for h in held]
     return out, calls
+
+
+def _pack_line(held: dict[str, Any], index: int) -> dict[str, Any]:
+    """What an attempt line of the manifest says of the point's pack (nothing for a point that is no pack's)."""
+    ms = held.get("pack")
+    return {"pack_index": index, "pack_size": len(ms), "pack_lead": ms[0]["job_dir"]} if ms else {}
 
 
 def _wave(stamp: str, done: list[tuple[dict[str, Any], str, Any]], held: list[dict[str, Any]],
@@ -255,11 +302,12 @@ def feed(locks: CampaignLocks, campaign_dir: Path, slurm: Slurm | None = None) -
                                   None if budget is not None and budget >= total else budget)
     record_submitted(done, stamp, fed=True)
     manifest.append(campaign_dir, [{
-        "type": "attempt", "campaign": doc.get("campaign"), "point_id": h["point_id"], "repeat": h["repeat"],
-        "attempt": h["attempt"], "job_dir": h["job_dir"], "executor": "slurm", "job_id": jid,
+        "type": "attempt", "campaign": doc.get("campaign"), "point_id": m["point_id"], "repeat": m["repeat"],
+        "attempt": m["attempt"], "job_dir": m["job_dir"], "executor": "slurm", "job_id": jid,
         "array_job_id": arr[0] if arr else None, "array_task_id": arr[1] if arr else None, "submitted_at": stamp,
-        "reason": h.get("reason") or "fed", "job_name": h.get("job_name"), "fed": True} for h, jid, arr in done])
-    held = [h for g in groups for h in g["held"]]
+        "reason": m.get("reason") or "fed", "job_name": h.get("job_name"), "fed": True, **_pack_line(h, k)}
+        for h, jid, arr in done for k, m in enumerate(members(h))])
+    held = [m for g in groups for h in g["held"] for m in members(h)]
     doc["groups"] = [g for g in groups if g["held"]]
     doc["waves"] = (doc.get("waves") or []) + [_wave(stamp, done, held, limits, stopped)]
     # a turn that submitted nothing for a reason other than a full quota (sbatch failing: the controller
@@ -288,7 +336,7 @@ def stop(slurm: Slurm, campaign_dir: Path) -> list[str]:
         return []
     stamp = manifest.now_iso()
     doc["cancelled_at"] = stamp
-    held = [h for g in doc.get("groups") or [] for h in g.get("held") or []]
+    held = [m for g in doc.get("groups") or [] for h in g.get("held") or [] for m in members(h)]
     write_feed(campaign_dir, doc)
     if doc.get("feeder_job"):
         try:
@@ -343,6 +391,13 @@ def feeder_script(sweep: Sweep, inv: Inventory, campaign_dir: Path) -> str:
     argv = [python, "-m", "harness.sbatch.feed", str(Path(campaign_dir).resolve())]
     return feed_sbatch(sweep, inv, argv, os.getcwd(), Path(campaign_dir).resolve() / LOG_DIR,
                        sweep.slurm.feed_partition)
+
+
+def pack_requeue(sweep: Sweep, inv: Inventory, campaign_dir: Path) -> str:
+    """The shell function a pack calls after an OOM (``harness.sbatch.pack``), with the feeder's Python."""
+    part = inv.partition(sweep.partition)
+    return requeue_command(inv, sweep, part.python or inv.python or sys.executable, os.getcwd(),
+                           Path(campaign_dir).resolve())
 
 
 def main(argv: list[str]) -> int:

@@ -50,6 +50,7 @@ from harness.spec.schema import slurm_time_minutes
 
 from .executors import SubmitOptions, Submitted
 from .manifest import now_iso, write_submitted
+from .pack import in_process, make_packs, pack_info
 
 QUEUE_DIR = ".local"
 NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNLIMITED
@@ -86,13 +87,22 @@ class LocalLaunch:
 
     job_dir: str
     host: str
+    extra_env: dict[str, str] | None = None  # SBENCH_PACK for a pack in one training process
 
     def __call__(self) -> int:
+        rc = self.run()
+        if rc != 0:
+            raise RuntimeError(f"launch.sh exited with {rc}; see {self.job_dir}")
+        return rc
+
+    def run(self) -> int:
+        """Run launch.sh to its end (never twice, never once cancelled); its exit status."""
         paths = JobPaths(self.job_dir)
         env = dict(os.environ)
         env.update(localjob.environment(LAUNCH, self.job_dir))  # replaces the queue's token it inherited
         env[envvars.HOST.name] = self.host
         env[envvars.MAIN_PORT.name] = str(free_port())
+        env.update(self.extra_env or {})
         job_id = os.environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getppid())
         if not env.get("CUDA_VISIBLE_DEVICES"):
             env.pop("CUDA_VISIBLE_DEVICES", None)  # submitit sets "" when no GPUs were asked for
@@ -125,9 +135,57 @@ class LocalLaunch:
         elif rc > 128:
             fields["exit_signal"] = rc - 128
         update_submitted(self.job_dir, fields)
-        if rc != 0:
-            raise RuntimeError(f"launch.sh exited with {rc}; see {self.job_dir}")
         return rc
+
+
+def ended_invalid(job_dir: str) -> bool:
+    """Whether a node runner of the job dir ended ``invalid`` (GPU out of memory) in its result file."""
+    paths = JobPaths(job_dir)
+    for host in paths.result_hosts():
+        try:
+            doc = safefile.read_json(paths.result(host), paths.root.parent, safefile.RUNNER_MAX)
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("outcome") == "invalid":
+            return True
+    return False
+
+
+@dataclass
+class LocalPack:
+    """What submitit runs for a pack (``slurm.pack``, :mod:`harness.sbatch.pack`). *in_process* (the sbench
+    trainer): the first point's launch with ``SBENCH_PACK`` naming them all: its node runner trains every
+    point in turn in one training process; the points it did not reach (a point before them did not end ok)
+    are returned. Otherwise the points' launches one after another, each a :class:`LocalLaunch` with its own
+    ``submitted.json``, pid and outcome (a point ``sbench cancel`` marked is skipped by its launch); after one
+    ran out of GPU memory, the rest are returned. The queue runs what is returned as their own jobs."""
+
+    launches: list[LocalLaunch]
+    in_process: bool = False
+
+    def __call__(self) -> list[str]:
+        if self.in_process:
+            return self._in_process()
+        for k, launch in enumerate(self.launches):
+            launch.run()
+            rest = self.launches[k + 1:]
+            if rest and ended_invalid(launch.job_dir):
+                return [r.job_dir for r in rest]
+        return []
+
+    def _in_process(self) -> list[str]:
+        lead, rest = self.launches[0], self.launches[1:]
+        lead.extra_env = {envvars.PACK.name: json.dumps([x.job_dir for x in self.launches])}
+        rc = lead.run()
+        started = localjob.submitted(lead.job_dir).get("started_at")
+        left = []
+        for m in rest:  # each point the process reached ended with it; the others go back to the queue
+            if JobPaths(m.job_dir).stage_hosts():
+                update_submitted(m.job_dir, {"started_at": started, "ended_at": now_iso(), "exit_code": rc,
+                                             "pack_lead": lead.job_dir}, unless=("ended_at", "cancelled_at"))
+            else:
+                left.append(m.job_dir)
+        return left
 
 
 def local_host(spec: JobSpec) -> str:
@@ -167,11 +225,18 @@ def run_queue(queue_file: Path, handshake: IO[str] | None = None) -> int:
     executor = submitit.LocalExecutor(folder=folder)
     while (pending and stop["sig"] is None) or running:
         if stop["sig"] is not None:
-            # A launch that has not recorded its pid yet is signalled on a later turn, once it has.
-            signalled.update(i["job_dir"] for i, _ in running if i["job_dir"] not in signalled and
-                             kill_launch(i["job_dir"]))
+            # A pack's points not started yet never start; a launch that has not recorded its pid yet is
+            # signalled on a later turn, once it has.
+            for i, _ in running:
+                _not_started(i.get("pack") or [], f"not started: its local queue stopped on signal {stop['sig']}")
+            signalled.update(d for i, _ in running for d in _dirs(i) if d not in signalled and kill_launch(d))
         while pending and len(running) < max_parallel and stop["sig"] is None:
             item = pending.pop(0)
+            if item.get("pack"):
+                job = _submit_pack(executor, item, q["created_at"])
+                if job is not None:
+                    running.append((item, job))
+                continue
             with job_lock(item["job_dir"]):
                 info = localjob.submitted(item["job_dir"])
                 if any(info.get(k) for k in SETTLED):
@@ -182,11 +247,53 @@ def run_queue(queue_file: Path, handshake: IO[str] | None = None) -> int:
                 write_submitted(Path(item["job_dir"]), info)
             running.append((item, job))
         time.sleep(0.3)
-        running = [(i, j) for i, j in running if not j.done()]
+        still = []
+        for i, j in running:
+            if not j.done():
+                still.append((i, j))
+            elif i.get("pack"):
+                pending[:0] = _requeued(i, j)  # after an OOM: the rest of the pack, each its own job, first
+        running = still
     if stop["sig"] is not None:
         _not_started(pending, f"not started: its local queue stopped on signal {stop['sig']} first")
         return 128 + stop["sig"]
     return 0
+
+
+def _dirs(item: dict[str, Any]) -> list[str]:
+    return [m["job_dir"] for m in item["pack"]] if item.get("pack") else [item["job_dir"]]
+
+
+def _submit_pack(executor: Any, item: dict[str, Any], queued_at: str) -> Any:
+    """Hand a pack to submitit: its points not settled yet, one after another in one local job; None when
+    nothing of it is left to run."""
+    todo = []
+    for m in item["pack"]:
+        with job_lock(m["job_dir"]):
+            if not any(localjob.submitted(m["job_dir"]).get(k) for k in SETTLED):
+                todo.append(m)
+    if not todo:
+        return None
+    executor.update_parameters(timeout_min=sum(m["timeout_min"] for m in todo), gpus_per_node=item["gpus"])
+    job = executor.submit(LocalPack([LocalLaunch(m["job_dir"], m["host"]) for m in todo],
+                                    in_process=bool(item.get("in_process"))))
+    for m in todo:
+        update_submitted(m["job_dir"], {"job_id": job.job_id, "queued_at": queued_at}, unless=SETTLED)
+    return job
+
+
+def _requeued(item: dict[str, Any], job: Any) -> list[dict[str, Any]]:
+    """The points of a finished pack that go back to the queue as their own jobs (an OOM came before them)."""
+    try:
+        rest = set(job.result() or [])
+    except Exception:  # noqa: BLE001 - the pack's job failed as a whole: its points' files say how far it got
+        return []
+    out = []
+    for m in item["pack"]:
+        if m["job_dir"] in rest:
+            update_submitted(m["job_dir"], {"job_id": None, "requeued_at": now_iso(), "pack": None}, unless=SETTLED)
+            out.append({k: v for k, v in m.items() if k != "pack"})
+    return out
 
 
 def kill_launch(job_dir: str) -> bool:
@@ -217,13 +324,20 @@ class LocalBackend:
         qdir = campaign_dir / QUEUE_DIR
         qdir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+
+        def item(s: JobSpec) -> dict[str, Any]:
+            return {"job_dir": s.job_dir, "host": local_host(s),
+                    "timeout_min": timeout_minutes(str(s.resources.get("time", "01:00:00"))),
+                    "gpus": 0 if s.cpu_partition else s.processes_per_node}
+
+        packs = make_packs(specs, opts.pack, opts.pack_time_limit)
+        pack_of = {s.job_dir: (k, p) for p in packs if len(p) > 1 for k, s in enumerate(p)}
         queue = {
             "created_at": now_iso(),
             "submitit_folder": str(qdir / "submitit"),
             "max_parallel": opts.max_parallel or 1,
-            "jobs": [{"job_dir": s.job_dir, "host": local_host(s),
-                      "timeout_min": timeout_minutes(str(s.resources.get("time", "01:00:00"))),
-                      "gpus": 0 if s.cpu_partition else s.processes_per_node} for s in specs],
+            "jobs": [{**item(p[0]), "pack": [item(s) for s in p], "in_process": in_process(p[0])} if len(p) > 1
+                     else item(p[0]) for p in packs],
         }
         qfile = qdir / f"queue-{stamp}.json"
         qfile.write_text(json.dumps(queue, indent=2))
@@ -237,9 +351,12 @@ class LocalBackend:
                                                            "started_at": now_iso()}))
             out = []
             for s in specs:
+                k, p = pack_of.get(s.job_dir, (0, []))
+                packed = {"pack": pack_info(p, k)} if p else {}
                 write_submitted(Path(s.job_dir), {"executor": "local", "job_id": None, "queue": str(qfile),
-                                                  "submitted_at": now_iso()})
-                out.append(Submitted(spec=s, job_id=None, extra={"queue": str(qfile)}))
+                                                  "submitted_at": now_iso(), **packed})
+                line = {"pack_index": k, "pack_size": len(p), "pack_lead": p[0].job_dir} if p else {}
+                out.append(Submitted(spec=s, job_id=None, extra={"queue": str(qfile), **line}))
             proc.stdin.write(f"{GO}\n".encode())
         finally:
             proc.stdin.close()  # without "go" the queue marks its jobs not started and exits

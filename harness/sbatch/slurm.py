@@ -23,6 +23,7 @@ from harness.slurm.sacct import JobKey
 
 from . import feed
 from .executors import SubmitOptions, Submitted
+from .pack import make_packs
 
 
 def group_by_shape(specs: list[JobSpec]) -> list[list[JobSpec]]:
@@ -45,9 +46,12 @@ class SlurmBackend:
 
     def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]:
         """One array per resource shape, split to fit ``MaxArraySize``, within the submit quota; what does not
-        fit is held back for the campaign's feeder job (``harness.sbatch.feed``)."""
+        fit is held back for the campaign's feeder job (``harness.sbatch.feed``). With ``slurm.pack``, the
+        points that pack together (``harness.sbatch.pack``) are one array task each pack."""
+        packs = make_packs(specs, opts.pack, opts.pack_time_limit)
+        alone = [p[0] for p in packs if len(p) == 1]
         out, calls = feed.start(self.slurm, campaign_dir, specs[0].campaign if specs else "", specs,
-                                group_by_shape(specs), opts)
+                                group_by_shape(alone), opts, [p for p in packs if len(p) > 1])
         self.sbatch_calls += calls
         return out
 
@@ -68,6 +72,14 @@ class SlurmBackend:
                         self._learn([info])
                         ids[k] = (jd, str(info["job_id"]))
             states = self._states([j for _jd, j in ids if j])  # a task gone without a record is done too
+            for k, (jd, jid) in enumerate(ids):
+                # a pack's point that its pack put back in the queue (harness.sbatch.pack): its own job now
+                if jd and jid and jobstate.is_done(states.get(jid)):
+                    info = localjob.submitted(jd)
+                    if info.get("requeued_at") and info.get("job_id") and str(info["job_id"]) != jid:
+                        self._learn([info])
+                        ids[k] = (jd, str(info["job_id"]))
+                        states.update(self._states([str(info["job_id"])]))
             waiting = [jd for jd, j in ids if not j and jd]
             held = held_states(waiting, self.slurm)
             done = sum(1 for _jd, j in ids if j and jobstate.is_done(states.get(j)))

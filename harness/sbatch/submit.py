@@ -26,7 +26,7 @@ from . import manifest
 from .backends import get_backend, resolve_executor
 from .executors import SubmitOptions, Submitted
 from .fabric import run_fabric
-from .feed import feed_summary, feeder_script
+from .feed import feed_summary, feeder_script, pack_requeue
 from .fit import ClusterFit, cluster_fit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
@@ -261,7 +261,9 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
         opts = SubmitOptions(max_parallel=max_parallel or sweep.slurm.max_parallel, hold=hold,
                              dependency=dependency, qos=sweep.slurm.qos or inv.partition(sweep.partition).qos,
                              feeder_script=feeder_script(sweep, inv, campaign_dir) if name == "slurm" else None,
-                             reasons={spec.job_dir: d.reason for d, spec in zip(todo, specs, strict=True)})
+                             reasons={spec.job_dir: d.reason for d, spec in zip(todo, specs, strict=True)},
+                             pack=sweep.slurm.pack, pack_time_limit=inv.partition(sweep.partition).time_limit,
+                             requeue_command=pack_requeue(sweep, inv, campaign_dir) if name == "slurm" else None)
         report.submitted = backend.submit(campaign_dir, specs, opts)
         report.sbatch_calls = getattr(backend, "sbatch_calls", 0)
         report.held_back = sum(1 for s in report.submitted if s.extra.get("held_back"))

@@ -57,8 +57,17 @@ def write_feed(campaign_dir: str | Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _held_dirs(h: dict[str, Any]) -> list[str]:
+    """The job dirs a held entry stands for: a pack's points (``slurm.pack``), else its own."""
+    pack = h.get("pack")
+    if isinstance(pack, list) and pack:
+        return [str(m.get("job_dir")) for m in pack if isinstance(m, dict)]
+    return [str(h.get("job_dir"))]
+
+
 def held_count(doc: dict[str, Any]) -> int:
-    return sum(len(g.get("held") or []) for g in doc.get("groups") or [] if isinstance(g, dict))
+    return sum(len(_held_dirs(h)) for g in doc.get("groups") or [] if isinstance(g, dict)
+               for h in g.get("held") or [] if isinstance(h, dict))
 
 
 def feeding_stopped(doc: dict[str, Any], slurm: Slurm) -> str | None:
@@ -100,8 +109,8 @@ def held_states(job_dirs: Sequence[str | Path], slurm: Slurm) -> dict[str, tuple
         if camp not in stopped:
             doc = read_feed(camp)
             stopped[camp] = feeding_stopped(doc, slurm)
-            members[camp] = {str(h.get("job_dir")) for g in doc.get("groups") or [] if isinstance(g, dict)
-                             for h in g.get("held") or [] if isinstance(h, dict)}
+            members[camp] = {d for g in doc.get("groups") or [] if isinstance(g, dict)
+                             for h in g.get("held") or [] if isinstance(h, dict) for d in _held_dirs(h)}
         why = stopped[camp]
         if why is None and str(jd) not in members[camp]:
             why = "not submitted: its feeding stopped before it was submitted (retry runs it as a new attempt)"

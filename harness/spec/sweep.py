@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,11 @@ SWEEP_KINDS: dict[str, type | tuple[type, ...]] = {
 
 
 SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue", "extra",
-              "feed_partition")
+              "feed_partition", "pack")
+
+
+MAX_PACK = 64  # points one allocation runs one after another (slurm.pack: N)
+PACK_AUTO = "auto"
 
 
 RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds",
@@ -99,6 +104,20 @@ MAX_RUNS = 100_000  # points x repeats of one sweep; a larger grid is a typo, or
 MAX_PARALLEL = 100_000
 
 
+def _pack(ck: Checker, node: Mapping[str, Any]) -> int | str:
+    """``slurm.pack``: a whole number of points per allocation (1 to MAX_PACK), or ``auto``."""
+    value = node.get("pack")
+    if value is None:
+        return 1
+    if value == PACK_AUTO:
+        return PACK_AUTO
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PACK:
+        ck.fail("slurm.pack", f"must be a whole number from 1 to {MAX_PACK} (points run one after another in one "
+                              f"allocation; 1 packs nothing) or {PACK_AUTO!r}, got {value!r}; e.g. 'pack: 4' or "
+                              f"'pack: auto'", node, "pack")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class SlurmOverrides:
     time: str | None = None
@@ -112,6 +131,9 @@ class SlurmOverrides:
     extra: dict[str, Any] = field(default_factory=dict)
     # the SLURM partition of the feeder job that submits what the submit quota held back (harness.sbatch.feed)
     feed_partition: str | None = None
+    # points of one resource shape, model, trainer and dtype run one after another in one allocation:
+    # 1 (the default) each point its own job, N at most N per allocation, "auto" (harness.sbatch.pack)
+    pack: int | str = 1
 
 
 @dataclass
@@ -266,6 +288,7 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         requeue=ck.boolean(slurm_node, "slurm", "requeue", default=False),
         extra=sbatch_extra(ck, slurm_node, "slurm", "extra"),
         feed_partition=ck.string(slurm_node, "slurm", "feed_partition", pattern=SLURM_NAME, what=SLURM_NAME_TEXT),
+        pack=_pack(ck, slurm_node),
     )
     runner_node = ck.mapping(doc.get("runner"), "runner", doc, "runner")
     ck.known_keys(runner_node, "runner", RUNNER_KEYS)
