@@ -134,6 +134,13 @@ def test_vision_points_are_valid_with_a_vision_model_and_invalid_with_a_text_mod
     assert pt["fms-hf-tuning"]["valid"], pt["fms-hf-tuning"]["reasons"]
     assert not pt["sbench"]["valid"] and any("prompt tuning of a vision-language model" in r
                                              for r in pt["sbench"]["reasons"])
+    # fms-hf-tuning releases before 2.8.0 have no vision path.
+    (old,) = _plan(cli, tmp_path, inv, "old", {
+        "experiment": "finetune_lora_benchmark-v1.0.0", "partition": partition,
+        "entity": {"model_name": "granite-vision-3.2-2b", "model_max_length": 512, "number_gpus": 1,
+                   "batch_size": 1, "dataset_id": VISION_ID, "trainer": "fms-hf-tuning",
+                   "fms_hf_tuning_version": "2.1.2"}})
+    assert not old["valid"] and any("from 2.8.0" in r for r in old["reasons"])
 
 
 def test_a_local_model_is_told_vision_or_text_from_its_config(cli, tmp_path) -> None:
@@ -201,6 +208,29 @@ def test_render_shows_the_reference_command_line_and_its_environment(cli, tmp_pa
             assert argv[argv.index("--peft_method") + 1] == "lora"
             assert argv[argv.index("--use_flash_attn") + 1] == "True" and "--use_cpu" not in argv
             assert argv[argv.index("--torch_dtype") + 1] == "bfloat16"
+
+
+def test_render_of_a_vision_point_names_the_image_and_text_fields(cli, tmp_path) -> None:
+    envs = tmp_path / "envs"
+    _fake_env(envs)
+    inv = _inventory(tmp_path, envs)
+    sweep = write_sweep(tmp_path / "v.yaml", {
+        "campaign": "v", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "gpu",
+        "entity": {"model_name": "granite-vision-3.2-2b", "model_max_length": 4096, "number_gpus": 1,
+                   "batch_size": 1, "dataset_id": VISION_ID, "fms_hf_tuning_version": VERSION},
+        "grid": {"trainer": ["sbench", "fms-hf-tuning"]}})
+    res = cli("render", sweep, "-i", inv, "-o", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    jobs = [d for d in (tmp_path / "out").iterdir() if d.is_dir()]
+    assert len(jobs) == 2
+    for job in jobs:
+        argv = json.loads((job / "spec.json").read_text())["jobspec"]["train_argv"]
+        assert argv[argv.index("--dataset_image_field") + 1] == "images"
+        assert argv[argv.index("--dataset_text_field") + 1] == "output"
+        assert argv[argv.index("--remove_unused_columns") + 1] == "False"
+        assert argv[argv.index("--target_modules") + 1:argv.index("--target_modules") + 3] == ["q_proj", "v_proj"]
+        assert argv[argv.index("--training_data_path") + 1].endswith(f"{VISION_ID}.parquet")
+        assert "--dataset_image_field images" in (job / "launch.sh").read_text()
 
 
 def test_env_build_of_a_release_that_does_not_exist_fails_with_pips_reason(cli, tmp_path) -> None:

@@ -21,6 +21,7 @@ from .envs import (
     CPU_FSDP_ACCELERATE,
     FAST_MOE_SINCE,
     FEATURE_PLUGINS,
+    VISION_SINCE,
     env_has,
     env_name,
     env_version,
@@ -95,6 +96,10 @@ def vision_reasons(exp: Experiment, e: Mapping[str, Any], arch: Mapping[str, Any
                 "vision-384x768-16384plus-entries-4096)"]
     if not vision_model:
         return []
+    version = str(e.get("fms_hf_tuning_version"))
+    if trainer == "fms-hf-tuning" and release_of(version) < VISION_SINCE:
+        return [f"trainer: fms-hf-tuning tunes vision-language models (--dataset_image_field) from 2.8.0; this point "
+                f"asks for {version}; set fms_hf_tuning_version: 3.2.2 (or another release from 2.8.0)"]
     if exp.method == "pt" and trainer == "sbench":
         return ["trainer: prompt tuning of a vision-language model is not run by the sbench trainer (PEFT's "
                 "virtual tokens shift the image-token positions the model merges its image features into); set "
