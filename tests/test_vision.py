@@ -77,3 +77,94 @@ def test_tiny_vision_model_loads_under_transformers_5_and_4(tiny_vision, cli) ->
     assert four["loss"] == pytest.approx(five["loss"], rel=1e-4)
     res = cli("model", "tiny", "--vision", "-o", tiny_vision.parent / "cli")
     assert res.exit_code == 0 and "llava_next" in res.output
+
+
+# -- real runs ----------------------------------------------------------------------------------------------
+VISION_ID = "vision-384x384-16384plus-entries-4096"
+ENTRIES = 4
+
+
+@pytest.fixture(scope="module")
+def vision_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir whose vision dataset holds 4 generated entries (12 images each) and no sidecar, so the
+    runner uses the file as it is."""
+    import shutil
+
+    from harness.data.datagen import generate_dataset
+
+    src = tmp_path_factory.mktemp("vgen") / f"{VISION_ID}.parquet"
+    generate_dataset(VISION_ID, src, entries=ENTRIES)
+    d = tmp_path_factory.mktemp("vdata")
+    shutil.copy(src, d / f"{VISION_ID}.parquet")
+    return d
+
+
+@pytest.fixture(scope="module")
+def vision_runs(tmp_path_factory, tiny_vision, vision_data_dir, cli_module):
+    """LoRA and full fine-tuning of the tiny vision model, one process, through both trainers, one epoch of
+    the 4-entry dataset each, through the local executor; then one collect."""
+    from .conftest import write_sweep
+
+    cli = cli_module
+    root = tmp_path_factory.mktemp("vision")
+    env = {"root": root, "workdir": root / "runs", "db": root / "r.duckdb", "data": vision_data_dir}
+    common = {"model_name": "tiny-vision", "model_max_length": 512, "dataset_id": VISION_ID, "batch_size": 2,
+              "gradient_accumulation_steps": 1, "fms_hf_tuning_version": VERSION, "number_gpus": 1}
+    for name, exp in (("vlora", "finetune_lora_benchmark-v1.0.0"), ("vfull", "finetune_full_benchmark-v1.0.0")):
+        path = write_sweep(root / f"{name}.yaml", {
+            "campaign": name, "experiment": exp, "entity": common,
+            "grid": {"trainer": ["sbench", "fms-hf-tuning"]}, "model_map": {"tiny-vision": str(tiny_vision)},
+            "data_dir": str(vision_data_dir), "runner": {"sample_interval_s": 0.05}})
+        res = cli("submit", path, "--executor", "local", "--wait", "--workdir", env["workdir"], "--db", env["db"])
+        assert res.exit_code == 0, res.output
+    res = cli("collect", "--workdir", env["workdir"], "--db", env["db"])
+    assert res.exit_code == 0, res.output
+    return env
+
+
+@pytest.mark.train
+def test_vision_points_train_through_both_trainers_and_are_measured(vision_runs, tiny_vision) -> None:
+    from harness.contract.paths import JobPaths
+    from harness.data.vision import (
+        count_entry,
+        entry_images,
+        entry_text,
+        image_token_id,
+        load_processor,
+        open_vision_dataset,
+    )
+
+    from .conftest import sql_rows
+
+    rows = sql_rows(vision_runs["db"], "SELECT m.*, r.job_dir, r.outcome, r.reason FROM measurements m JOIN runs r "
+                                       "USING (run_id) ORDER BY m.campaign, m.trainer")
+    assert len(rows) == 4, rows
+    assert all(r["outcome"] == "ok" and r["is_valid"] for r in rows), [(r["run_id"], r["reason"]) for r in rows]
+    assert sorted({r["trainer"] for r in rows}) == ["fms-hf-tuning", "sbench"]
+    # Independent recomputation: each entry's tokens and image tokens through the processor, from the file.
+    proc = load_processor(str(tiny_vision))
+    image_id = image_token_id(proc)
+    per_entry = [count_entry(proc, entry_text(proc, row), entry_images(row), image_id)
+                 for row in open_vision_dataset(vision_runs["data"] / f"{VISION_ID}.parquet")]
+    assert len(per_entry) == ENTRIES
+    total, images = sum(n for n, _ in per_entry), sum(i for _, i in per_entry)
+    assert images > 0 and total > images
+    for m in rows:
+        paths = JobPaths(m["job_dir"])
+        r0 = json.loads(paths.rank_result(0).read_text())
+        met = r0["metrics"]
+        assert r0["meter"] == {"mismatches": 0, "unconsumed_batches": 0}, m["trainer"]
+        assert met["train_samples"] == ENTRIES and met["dataset_tokens"] == total, m["trainer"]
+        assert met["dataset_image_tokens"] == images, m["trainer"]
+        assert m["dataset_tokens"] == total and m["dataset_image_tokens"] == images
+        runtime = r0["train_end_wall"] - r0["train_start_wall"]
+        assert m["dataset_tokens_per_second"] == pytest.approx(total / runtime, rel=1e-3)
+        assert r0["dataset_token_counts"]["image_tokens"] == images
+        assert "--dataset_image_field images" in " ".join(r0["argv"])
+        assert r0["model"]["class"] == "LlavaNextForConditionalGeneration"
+        if m["experiment"].startswith("finetune_lora"):
+            assert 0 < r0["model"]["trainable_parameters"] < r0["model"]["parameters"] / 10
+        else:
+            assert r0["model"]["trainable_parameters"] == r0["model"]["parameters"]
+        if m["trainer"] == "fms-hf-tuning":
+            assert sorted(r0["entries_consumed"]) == list(range(ENTRIES))

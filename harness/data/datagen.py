@@ -35,14 +35,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness.contract.errors import InputError, SbenchError
-from harness.contract.formats import RESPONSE_TEMPLATE, TEXT_FIELD
+from harness.contract.formats import IMAGE_FIELD, MESSAGES_FIELD, RESPONSE_TEMPLATE, TEXT_FIELD
 from harness.contract.paths import dataset_filename, dataset_format
 from harness.spec.catalog import DATASET_IDS
 
 from .files import file_sha256, fsync, locked
 from .tokens import load_tokenizer, tokenizer_name
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: vision datasets carry their chat messages
 
 # The fixed scaffolding around input and response: 111 + 16 = 127 characters, the "+ 127
 # (prompt)" of the reference dataset descriptions. tests/test_data.py holds us to that number.
@@ -51,6 +51,15 @@ PROMPT_HEAD = ("Below is the start of a news story. Write the next part of the s
 PROMPT_MID = "\n" + RESPONSE_TEMPLATE + "\n"
 SCAFFOLD_CHARS = len(PROMPT_HEAD) + len(PROMPT_MID)
 IMAGE_TOKEN = "<image>"
+VISION_PROMPT = "Describe what these pictures show, as a news caption."
+
+
+def vision_messages(images: int, response: str) -> list[dict[str, Any]]:
+    """A vision entry's chat: the user turn's *images* image items and the prompt, the assistant's response.
+    Every item has both struct fields (Parquet's shape); ``text`` is None on an image item."""
+    return [{"role": "user", "content": [{"type": "image", "text": None}] * images
+             + [{"type": "text", "text": VISION_PROMPT}]},
+            {"role": "assistant", "content": [{"type": "text", "text": response}]}]
 
 # Input of the long (tokens) entries: a short lead, so the response template stays inside
 # any sensible max_seq_length and completion-only loss always has tokens to learn from.
@@ -447,21 +456,27 @@ def _write_parquet(tmp: Path, spec: DatasetSpec, n: int, seed: int,
     pool, _ = _sentence_pool(seed)
     # The Hugging Face feature types travel in the schema metadata, so datasets.load_dataset
     # ("parquet") sees `images` as a list of Image() (decoded lazily, with Pillow, on access).
-    schema = Features({"images": List(Image()), TEXT_FIELD: Value("string"), "image_width": Value("int32"),
+    # MESSAGES_FIELD: the chat both trainers render with the processor's template (fms-hf-tuning finds the
+    # column by its name); TEXT_FIELD: the same entry flat, an <image> token per image.
+    item = {"type": Value("string"), "text": Value("string")}
+    schema = Features({IMAGE_FIELD: List(Image()), MESSAGES_FIELD: List({"role": Value("string"),
+                                                                          "content": List(item)}),
+                       TEXT_FIELD: Value("string"), "image_width": Value("int32"),
                        "image_height": Value("int32")}).arrow_schema
     image = {"bytes": png, "path": None}
     # Every row holds the same PNG `copies` times; dictionary encoding stores it once per row group.
     with pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=True) as writer:
         for start in range(0, n, 256):
             rows = range(start, min(n, start + 256))
-            texts = []
+            texts, chats = [], []
             for i in rows:
                 rng = random.Random(f"sbench:{spec.dataset_id}:{seed}:{i}")
-                prompt = IMAGE_TOKEN * copies + "\nDescribe what these pictures show, as a news caption."
-                texts.append(_entry(prompt, _chars_text(rng, pool, 512)))
+                response = _chars_text(rng, pool, 512)
+                texts.append(_entry(IMAGE_TOKEN * copies + "\n" + VISION_PROMPT, response))
+                chats.append(vision_messages(copies, response))
             stats["chars"].extend(len(t) for t in texts)
             writer.write_table(pa.table({
-                "images": [[image] * copies for _ in rows], TEXT_FIELD: texts,
+                IMAGE_FIELD: [[image] * copies for _ in rows], MESSAGES_FIELD: chats, TEXT_FIELD: texts,
                 "image_width": [spec.width] * len(rows), "image_height": [spec.height] * len(rows)}, schema=schema))
     sha, size = file_sha256(tmp), tmp.stat().st_size
     guarantee = {

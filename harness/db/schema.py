@@ -31,8 +31,9 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # step_time_cv) and the point_stability view; energy (sample_rows.energy_j and the 'cpu' sample kind;
 # measurements.energy_joules, energy_source, dataset_tokens_per_joule, slurm_consumed_energy_joules);
 # the measured window in steps and the precision auto-stop's statistics (measurements.window_steps,
-# window_start_step, window_end_step, steady_step_time_cv, ci_rel_halfwidth)
-SCHEMA_VERSION = 11
+# window_start_step, window_end_step, steady_step_time_cv, ci_rel_halfwidth); 12: the measured window's exact
+# dataset tokens and the image tokens among them (measurements.dataset_tokens, dataset_image_tokens)
+SCHEMA_VERSION = 12
 
 
 KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
@@ -134,6 +135,9 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         *_RUN_KEY, ("campaign", "VARCHAR"), ("point_id", "VARCHAR"), ("repeat", "INTEGER"), ("attempt", "INTEGER"),
         ("experiment", "VARCHAR"), ("ended_at", "TIMESTAMP"), ("is_valid", "BOOLEAN"),
         *[(p, "DOUBLE") for p in PROPERTY_COLUMNS],
+        # the run's exact dataset tokens over the window (note 3: every token the model saw, text and image) and
+        # the image tokens among them (vision datasets; 0 for text): text-only rates divide the difference
+        ("dataset_tokens", "BIGINT"), ("dataset_image_tokens", "BIGINT"),
         ("trials_run", "INTEGER"), ("window_start_wall", "DOUBLE"), ("window_end_wall", "DOUBLE"),
         ("window_s", "DOUBLE"),
         # rank 0's optimizer steps ending inside the window: how many, their median duration (s) and their

@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--response_template", default=RESPONSE_TEMPLATE_ARG)
     a("--dataset_text_field", default=TEXT_FIELD)
     a("--dataset_image_field", default=None, help="image column of a vision (image + text) dataset")
+    a("--dataset_conversation_field", default=None, help="chat messages column of a vision dataset")
     a("--remove_unused_columns", type=_bool, default=True)
     a("--log_level", default="passive")
     a("--num_train_epochs", type=float, default=1.0)
