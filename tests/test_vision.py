@@ -149,6 +149,16 @@ def test_vision_points_train_through_both_trainers_and_are_measured(vision_runs,
     assert len(per_entry) == ENTRIES
     total, images = sum(n for n, _ in per_entry), sum(i for _, i in per_entry)
     assert images > 0 and total > images
+    cfg = json.loads((tiny_vision / "config.json").read_text())
+    r = 4
+
+    def qv(c: dict) -> int:
+        head = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        kv = c.get("num_key_value_heads") or c["num_attention_heads"]
+        per_layer = r * (c["hidden_size"] + c["num_attention_heads"] * head) + r * (c["hidden_size"] + kv * head)
+        return c["num_hidden_layers"] * per_layer
+
+    lora = {"sbench": qv(cfg["text_config"]), "fms-hf-tuning": qv(cfg["text_config"]) + qv(cfg["vision_config"])}
     for m in rows:
         paths = JobPaths(m["job_dir"])
         r0 = json.loads(paths.rank_result(0).read_text())
@@ -163,8 +173,53 @@ def test_vision_points_train_through_both_trainers_and_are_measured(vision_runs,
         assert "--dataset_image_field images" in " ".join(r0["argv"])
         assert r0["model"]["class"] == "LlavaNextForConditionalGeneration"
         if m["experiment"].startswith("finetune_lora"):
-            assert 0 < r0["model"]["trainable_parameters"] < r0["model"]["parameters"] / 10
+            # r (4) x (in + out) per targeted projection: q_proj, v_proj of each language-model layer; with
+            # fms-hf-tuning also the vision tower's (the seed's --target_modules apply wherever the name occurs)
+            assert r0["model"]["trainable_parameters"] == lora[m["trainer"]], m["trainer"]
         else:
             assert r0["model"]["trainable_parameters"] == r0["model"]["parameters"]
         if m["trainer"] == "fms-hf-tuning":
             assert sorted(r0["entries_consumed"]) == list(range(ENTRIES))
+        else:  # submit prepared the counts: the job read them from the cache
+            assert r0["dataset_token_counts"]["cache"] == "hit"
+
+
+def test_prepare_counts_a_vision_dataset_once(cli, tmp_path, tiny_vision, vision_data_dir) -> None:
+    from .conftest import write_sweep
+
+    sweep = write_sweep(tmp_path / "p.yaml", {
+        "campaign": "p", "experiment": "finetune_lora_benchmark-v1.0.0",
+        "entity": {"model_name": "tiny-vision", "model_max_length": 512, "dataset_id": VISION_ID, "batch_size": 1,
+                   "number_gpus": 1}, "model_map": {"tiny-vision": str(tiny_vision)},
+        "data_dir": str(vision_data_dir)})
+    first = cli("prepare", sweep, "--json")
+    assert first.exit_code == 0, first.output
+    (item,) = [i for i in json.loads(first.stdout)["items"] if i["kind"] == "training_data"]
+    assert item["rows"] == ENTRIES and 0 < item["image_tokens"] < item["tokens"]
+    again = cli("prepare", sweep, "--json")
+    (item2,) = [i for i in json.loads(again.stdout)["items"] if i["kind"] == "training_data"]
+    assert item2["status"] == "ready" and item2["token_counts_cache"] == "hit" and item2["tokens"] == item["tokens"]
+
+
+def test_plan_memory_counts_the_vision_tower_projector_and_language_model(cli, tmp_path, tiny_vision) -> None:
+    from harness.data.tinymodel import describe_model
+
+    from .conftest import write_sweep
+
+    sweep = write_sweep(tmp_path / "m.yaml", {
+        "campaign": "m", "experiment": "finetune_full_benchmark-v1.0.0",
+        "entity": {"model_max_length": 512, "dataset_id": VISION_ID, "batch_size": 1, "number_gpus": 1},
+        "grid": {"model_name": ["tiny-vision", "granite-vision-3.2-2b"]},
+        "model_map": {"tiny-vision": str(tiny_vision)}})
+    res = cli("plan", sweep, "--memory", "--json")
+    assert res.exit_code == 0, res.output
+    by = {p["entity"]["model_name"]: p for p in json.loads(res.stdout)}
+    tiny = by["tiny-vision"]["memory"]
+    # every parameter of the instantiated model, counted from its weights file
+    assert tiny["status"] == "ok" and tiny["parameters"] == describe_model(tiny_vision)["params"]
+    assert tiny["trainable"] == tiny["parameters"] and {"vision_tower", "projector"} <= set(tiny["groups"])
+    # the entries are 16384+ tokens, never truncated to model_max_length 512: the activations say so
+    assert any("16,384 tokens" in n for n in tiny["notes"])
+    granite = by["granite-vision-3.2-2b"]
+    assert granite["valid"] and granite["predicted_oom"] is None
+    assert "text_config and vision_config are not known here" in granite["memory"]["reason"]

@@ -37,7 +37,7 @@ from typing import IO, Any
 from harness.contract.errors import InputError, SbenchError
 from harness.contract.formats import IMAGE_FIELD, MESSAGES_FIELD, RESPONSE_TEMPLATE, TEXT_FIELD
 from harness.contract.paths import dataset_filename, dataset_format
-from harness.spec.catalog import DATASET_IDS
+from harness.spec.catalog import DATASET_IDS, VISION_ID_RE
 
 from .files import file_sha256, fsync, locked
 from .tokens import load_tokenizer, tokenizer_name
@@ -104,7 +104,7 @@ class DatasetSpec:
 
 _CHARS_RE = re.compile(r"news-chars-(\d+)-entries-(\d+)")
 _TOKENS_RE = re.compile(r"news-tokens-(\d+)(k?)plus-entries-(\d+)")
-_VISION_RE = re.compile(r"vision-(\d+)x(\d+)-(\d+)plus-entries-(\d+)")
+_VISION_RE = VISION_ID_RE
 
 
 def parse_dataset_id(dataset_id: str) -> DatasetSpec:

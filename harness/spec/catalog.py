@@ -70,6 +70,8 @@ TEXT_DATASETS = (
     "news-tokens-16384plus-entries-4096",
     "news-tokens-128kplus-entries-320",
 )
+# A vision dataset id: vision-<width>x<height>-<N>plus-entries-<entries> (harness.data.datagen generates them)
+VISION_ID_RE = re.compile(r"vision-(\d+)x(\d+)-(\d+)plus-entries-(\d+)")
 VISION_DATASETS = ("vision-384x384-16384plus-entries-4096", "vision-384x768-16384plus-entries-4096")
 BENCHMARK_DATASETS = TEXT_DATASETS[:4] + VISION_DATASETS
 DATASET_IDS = TEXT_DATASETS + VISION_DATASETS
