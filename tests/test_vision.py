@@ -223,3 +223,34 @@ def test_plan_memory_counts_the_vision_tower_projector_and_language_model(cli, t
     granite = by["granite-vision-3.2-2b"]
     assert granite["valid"] and granite["predicted_oom"] is None
     assert "text_config and vision_config are not known here" in granite["memory"]["reason"]
+
+
+def test_generate_counts_a_vision_dataset_with_the_models_processor(cli, tmp_path, tiny_vision) -> None:
+    from harness.data.vision import (
+        count_entry,
+        entry_images,
+        entry_text,
+        image_token_id,
+        load_processor,
+        open_vision_dataset,
+    )
+
+    out = tmp_path / f"{VISION_ID}.parquet"
+    res = cli("dataset", "generate", VISION_ID, "-o", out, "--entries", 2, "--tokenizer", tiny_vision, "--json")
+    assert res.exit_code == 0, res.output
+    g = json.loads(res.stdout)["length_guarantee"]
+    assert g["method"] == "processor" and g["verified"] is True and g["min_tokens_seen"] >= 16384
+    proc = load_processor(str(tiny_vision))
+    image_id = image_token_id(proc)
+    rows = list(open_vision_dataset(out))
+    recount = [count_entry(proc, entry_text(proc, row), entry_images(row), image_id) for row in rows]
+    assert min(n for n, _ in recount) == g["min_tokens_seen"] >= 16384
+    assert sum(i for _, i in recount) == g["image_tokens"]
+    assert all(len(row["images"]) == g["copies_per_entry"] for row in rows)
+    # a text tokenizer cannot count images: an input error naming the option
+    text_only = tmp_path / "lm"
+    from harness.data.tinymodel import make_tiny_model
+
+    make_tiny_model(text_only)
+    bad = cli("dataset", "generate", VISION_ID, "-o", tmp_path / "b.parquet", "--entries", 1, "--tokenizer", text_only)
+    assert bad.exit_code == 2 and "--tokenizer" in bad.output and "Traceback" not in bad.output

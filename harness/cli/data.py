@@ -125,7 +125,8 @@ def dataset_generate(dataset_id: str, out_path: Path, tokenizer: str | None, ent
     click.echo(f"entries {info.entries}; characters min {c['min']} / avg {c['avg']:g} / max {c['max']}")
     if info.tokens:
         t = info.tokens
-        click.echo(f"tokens ({info.tokenizer}, no special tokens): min {t['min']} / avg {t['avg']:g} / max {t['max']}")
+        how = "text and image tokens" if info.format == "parquet" else "no special tokens"
+        click.echo(f"tokens ({info.tokenizer}, {how}): min {t['min']} / avg {t['avg']:g} / max {t['max']}")
     g = info.length_guarantee
     click.echo(f"length: {g['method']} ({'verified' if g.get('verified') else 'not verified'}): {g['detail']}")
 
