@@ -254,3 +254,82 @@ def test_generate_counts_a_vision_dataset_with_the_models_processor(cli, tmp_pat
     make_tiny_model(text_only)
     bad = cli("dataset", "generate", VISION_ID, "-o", tmp_path / "b.parquet", "--entries", 1, "--tokenizer", text_only)
     assert bad.exit_code == 2 and "--tokenizer" in bad.output and "Traceback" not in bad.output
+
+
+@pytest.mark.train
+def test_vision_lora_over_two_processes_through_both_trainers(cli, tmp_path, tiny_vision, vision_data_dir) -> None:
+    """Two CPU worker processes (DDP): every entry's tokens are counted once per time a rank consumed it."""
+    from harness.contract.paths import JobPaths
+    from harness.data.vision import (
+        count_entry,
+        entry_images,
+        entry_text,
+        image_token_id,
+        load_processor,
+        open_vision_dataset,
+    )
+
+    from .conftest import sql_rows, write_sweep
+
+    db, workdir = tmp_path / "r.duckdb", tmp_path / "runs"
+    sweep = write_sweep(tmp_path / "v2.yaml", {
+        "campaign": "v2", "experiment": "finetune_lora_benchmark-v1.0.0",
+        "entity": {"model_name": "tiny-vision", "model_max_length": 512, "dataset_id": VISION_ID, "batch_size": 2,
+                   "gradient_accumulation_steps": 1, "fms_hf_tuning_version": VERSION, "number_gpus": 2,
+                   "distributed_backend": "DDP"},
+        "grid": {"trainer": ["sbench", "fms-hf-tuning"]}, "model_map": {"tiny-vision": str(tiny_vision)},
+        "data_dir": str(vision_data_dir), "runner": {"sample_interval_s": 0.05}})
+    res = cli("submit", sweep, "--executor", "local", "--wait", "--workdir", workdir, "--db", db)
+    assert res.exit_code == 0, res.output
+    assert cli("collect", "--workdir", workdir, "--db", db).exit_code == 0
+    proc = load_processor(str(tiny_vision))
+    image_id = image_token_id(proc)
+    per_entry = [count_entry(proc, entry_text(proc, row), entry_images(row), image_id)
+                 for row in open_vision_dataset(vision_data_dir / f"{VISION_ID}.parquet")]
+    rows = sql_rows(db, "SELECT m.*, r.job_dir, r.outcome, r.reason FROM measurements m JOIN runs r USING (run_id)")
+    assert len(rows) == 2 and all(r["outcome"] == "ok" for r in rows), [(r["trainer"], r["reason"]) for r in rows]
+    for m in rows:
+        paths = JobPaths(m["job_dir"])
+        ranks = [json.loads(paths.rank_result(r).read_text()) for r in range(2)]
+        assert ranks[0]["distributed"]["distributed_type"] == "MULTI_CPU"
+        if m["trainer"] == "fms-hf-tuning":
+            consumed = [i for r in ranks for i in r["entries_consumed"]]
+            assert len(consumed) == ENTRIES and min(consumed) >= 0
+        else:  # the distributed sampler splits the entries: each once
+            consumed = list(range(ENTRIES))
+        total = sum(per_entry[i][0] for i in consumed)
+        images = sum(per_entry[i][1] for i in consumed)
+        assert sum(r["metrics"]["rank_dataset_tokens"] for r in ranks) == total == m["dataset_tokens"], m["trainer"]
+        assert sum(r["metrics"]["rank_dataset_image_tokens"] for r in ranks) == images == m["dataset_image_tokens"]
+
+
+@pytest.mark.slurm
+@pytest.mark.train
+def test_vision_lora_across_two_slurm_nodes(cli, tmp_path, tiny_vision, vision_data_dir, slurm_cluster) -> None:
+    """One process on each test-cluster node (DDP over gloo), the sbench trainer: every entry once, its text
+    and image tokens counted."""
+    from harness.contract.paths import JobPaths
+
+    from .conftest import TEST_INVENTORY, sql_rows, write_sweep
+
+    db, workdir = tmp_path / "r.duckdb", tmp_path / "runs"
+    sweep = write_sweep(tmp_path / "v2n.yaml", {
+        "campaign": "v2n", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
+        "entity": {"model_name": "tiny-vision", "model_max_length": 512, "dataset_id": VISION_ID, "batch_size": 2,
+                   "gradient_accumulation_steps": 1, "number_gpus": 2, "number_nodes": 2,
+                   "distributed_backend": "DDP"},
+        "model_map": {"tiny-vision": str(tiny_vision)}, "data_dir": str(vision_data_dir),
+        "runner": {"sample_interval_s": 0.5}})
+    res = cli("submit", sweep, "-i", TEST_INVENTORY, "--executor", "slurm", "--wait", "--workdir", workdir,
+              "--db", db)
+    assert res.exit_code == 0, res.output
+    assert cli("collect", "--workdir", workdir, "--db", db).exit_code == 0
+    (m,) = sql_rows(db, "SELECT m.*, r.job_dir, r.outcome, r.reason, r.node_list FROM measurements m JOIN runs r "
+                        "USING (run_id)")
+    assert m["outcome"] == "ok", m["reason"]
+    assert m["node_list"] == "node[1-2]" and m["world_size"] == 2
+    ranks = [json.loads(JobPaths(m["job_dir"]).rank_result(r).read_text()) for r in range(2)]
+    assert [r["host"] for r in ranks] == ["node1", "node2"]
+    counted = ranks[0]["dataset_token_counts"]
+    assert m["dataset_tokens"] == counted["total"] and m["dataset_image_tokens"] == counted["image_tokens"] > 0
+    assert sum(r["metrics"]["rank_dataset_tokens"] for r in ranks) == counted["total"]
