@@ -29,7 +29,7 @@ from harness.contract.formats import IMAGE_FIELD, MESSAGES_FIELD, TEXT_FIELD
 from .files import file_sha256
 from .tokens import tokenizer_fingerprint
 
-COUNTS_VERSION = 1
+COUNTS_VERSION = 2
 
 
 def load_processor(source: Any) -> Any:
@@ -128,9 +128,65 @@ def processor_fingerprint(processor: Any) -> str:
 
 
 def count_entry(processor: Any, text: str, images: list[Any], image_id: int) -> tuple[int, int]:
-    """(tokens, image tokens) the processor makes of one entry."""
+    """(tokens, image tokens) the processor makes of one entry: the processor itself, images and all."""
     ids = processor(text=[text], images=[images] if images else None, return_tensors="np")["input_ids"][0]
     return int(len(ids)), int((ids == image_id).sum())
+
+
+class EntryCounter:
+    """:func:`count_entry`'s figures without processing every image: the processor turns each image token of
+    the text into as many as the image's features, a number that depends on the image's size only, and the
+    image token is a special token, so the text around it tokenizes the same either way. So an entry's count
+    is its text's tokens with one token per image, plus each image's extra tokens, asked of the processor once
+    per image size (tests compare it with :func:`count_entry` entry by entry)."""
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+        self.image_id = image_token_id(processor)
+        self.token = getattr(processor, "image_token", None) or "<image>"
+        self.per_size: dict[tuple[int, int], int] = {}
+
+        self.sizes: dict[int, tuple[int, int]] = {}  # hash of an encoded image -> its size (read off its header)
+
+    def image_tokens(self, image: Any) -> int:
+        """The tokens of one image: a PIL image, or a Parquet ``{"bytes": ...}`` item, whose size is read off
+        its header (the same bytes once) and which is decoded only the first time its size is seen."""
+        size: tuple[int, int]
+        if isinstance(image, dict):
+            key = hash(image["bytes"])
+            if key not in self.sizes:
+                import io
+
+                from PIL import Image  # heavy: only where images are decoded
+
+                width, height = Image.open(io.BytesIO(image["bytes"])).size
+                self.sizes[key] = (int(width), int(height))
+            size = self.sizes[key]
+            if size not in self.per_size:
+                image = entry_images({"i": [image]}, "i")[0]
+        else:
+            size = (int(image.size[0]), int(image.size[1]))
+        if size not in self.per_size:
+            self.per_size[size] = count_entry(self.processor, self.token, [image], self.image_id)[1]
+        return self.per_size[size]
+
+    def __call__(self, text: str, images: list[Any]) -> tuple[int, int]:
+        ids = self.processor.tokenizer(text)["input_ids"]
+        markers = sum(1 for t in ids if t == self.image_id)
+        if markers != len(images):  # let the processor itself say what is wrong
+            return count_entry(self.processor, text, entry_images({"i": images}, "i"), self.image_id)
+        expanded = sum(self.image_tokens(im) for im in images)
+        return len(ids) - markers + expanded, expanded
+
+
+def _raw_rows(path: Path, columns: list[str]) -> Any:
+    """The file's rows as plain Python, images as their encoded ``{"bytes", "path"}`` items (not decoded)."""
+    import pyarrow.parquet as pq  # heavy: only where Arrow or Parquet data is read or written
+
+    pf = pq.ParquetFile(path)
+    names = set(pf.schema_arrow.names)
+    for batch in pf.iter_batches(batch_size=64, columns=[c for c in columns if c in names]):
+        yield from batch.to_pylist()
 
 
 def vision_token_counts(processor: Any, dataset_path: str | os.PathLike[str], *, text_field: str = TEXT_FIELD,
@@ -156,11 +212,12 @@ def vision_token_counts(processor: Any, dataset_path: str | os.PathLike[str], *,
                                     round(time.monotonic() - t0, 3))
         except (OSError, ValueError, KeyError):
             pass  # a damaged cache file is recounted and rewritten
-    data = open_vision_dataset(path)
-    image_id = image_token_id(proc)
+    counter = EntryCounter(proc)
     counts, images = [], []
-    for row in data:
-        n, img = count_entry(proc, entry_text(proc, row, text_field), entry_images(row, image_field), image_id)
+    for row in _raw_rows(path, [MESSAGES_FIELD, text_field, image_field]):
+        if image_field not in row:
+            raise InputError(f"{path}: no column {image_field!r} (the dataset's images)")
+        n, img = counter(entry_text(proc, row, text_field), row[image_field] or [])
         counts.append(n)
         images.append(img)
     if file is not None:
