@@ -93,16 +93,73 @@ def test_plan_says_what_the_environment_lacks_or_why_it_failed(cli, tmp_path) ->
     assert not sb["valid"] and any("fast_kernels" in r for r in sb["reasons"])
 
 
-def test_vision_datasets_are_invalid_with_the_reason(cli, tmp_path) -> None:
+VISION_ID = "vision-384x384-16384plus-entries-4096"
+
+
+@pytest.mark.parametrize("partition", ["gpu", "cpu"])
+def test_vision_points_are_valid_with_a_vision_model_and_invalid_with_a_text_model(cli, tmp_path, partition) -> None:
+    envs = tmp_path / "envs"
+    _fake_env(envs)
+    inv = _inventory(tmp_path, envs)
+    for exp in ("finetune_lora_benchmark-v1.0.0", "finetune_full_benchmark-v1.0.0"):
+        points = _plan(cli, tmp_path, inv, "v", {
+            "experiment": exp, "partition": partition,
+            "entity": {"model_name": "granite-vision-3.2-2b", "model_max_length": 512, "number_gpus": 1,
+                       "batch_size": 1, "dataset_id": VISION_ID, "fms_hf_tuning_version": VERSION},
+            "grid": {"trainer": ["sbench", "fms-hf-tuning"]}})
+        assert len(points) == 2
+        for p in points:
+            assert p["valid"], (exp, p["reasons"])
+        if exp.startswith("finetune_lora"):
+            sb = _by_trainer(points)["sbench"]
+            assert any("q_proj, v_proj of the language model only" in n for n in sb["notes"])
+    text = _plan(cli, tmp_path, inv, "t", {
+        "experiment": "finetune_lora_benchmark-v1.0.0", "partition": partition,
+        "entity": {"model_name": "llama3-8b", "model_max_length": 512, "number_gpus": 1, "batch_size": 1,
+                   "dataset_id": VISION_ID}})
+    assert not text[0]["valid"]
+    assert any("vision (image + text) dataset and llama3-8b is a text model" in r for r in text[0]["reasons"])
+    # A vision-language model with a text dataset: its processor needs images.
+    (vt,) = _plan(cli, tmp_path, inv, "vt", {
+        "experiment": "finetune_full_benchmark-v1.0.0", "partition": partition,
+        "entity": {"model_name": "llava-v1.6-mistral-7b", "model_max_length": 512, "number_gpus": 1,
+                   "batch_size": 1, "dataset_id": "news-chars-512-entries-4096"}})
+    assert not vt["valid"] and any("is a text dataset" in r for r in vt["reasons"])
+    # Prompt tuning: the fms-hf-tuning trainer runs the seed's line; the sbench trainer refuses with the reason.
+    pt = _by_trainer(_plan(cli, tmp_path, inv, "pt", {
+        "experiment": "finetune_pt_benchmark-v1.0.0", "partition": partition,
+        "entity": {"model_name": "granite-vision-3.2-2b", "model_max_length": 512, "number_gpus": 1,
+                   "batch_size": 1, "dataset_id": VISION_ID, "fms_hf_tuning_version": VERSION},
+        "grid": {"trainer": ["sbench", "fms-hf-tuning"]}}))
+    assert pt["fms-hf-tuning"]["valid"], pt["fms-hf-tuning"]["reasons"]
+    assert not pt["sbench"]["valid"] and any("prompt tuning of a vision-language model" in r
+                                             for r in pt["sbench"]["reasons"])
+    # fms-hf-tuning releases before 2.8.0 have no vision path.
+    (old,) = _plan(cli, tmp_path, inv, "old", {
+        "experiment": "finetune_lora_benchmark-v1.0.0", "partition": partition,
+        "entity": {"model_name": "granite-vision-3.2-2b", "model_max_length": 512, "number_gpus": 1,
+                   "batch_size": 1, "dataset_id": VISION_ID, "trainer": "fms-hf-tuning",
+                   "fms_hf_tuning_version": "2.1.2"}})
+    assert not old["valid"] and any("from 2.8.0" in r for r in old["reasons"])
+
+
+def test_a_local_model_is_told_vision_or_text_from_its_config(cli, tmp_path) -> None:
     inv = _inventory(tmp_path, tmp_path / "envs")
-    points = _plan(cli, tmp_path, inv, "v", {
-        "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "gpu",
-        "entity": {"model_name": "granite-vision-3.2-2b", "model_max_length": 512, "number_gpus": 1, "batch_size": 1,
-                   "dataset_id": "vision-384x384-16384plus-entries-4096"},
-        "grid": {"trainer": ["sbench", "fms-hf-tuning"]}})
-    assert len(points) == 2
-    for p in points:
-        assert not p["valid"] and any("vision dataset" in r for r in p["reasons"])
+    vision, text = tmp_path / "vlm", tmp_path / "lm"
+    vision.mkdir()
+    text.mkdir()
+    (vision / "config.json").write_text(json.dumps({
+        "architectures": ["MyVisionForConditionalGeneration"], "model_type": "my_vlm",
+        "vision_config": {"hidden_size": 8}, "text_config": {"model_type": "llama", "hidden_size": 8}}))
+    (text / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    points = _plan(cli, tmp_path, inv, "local", {
+        "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
+        "model_map": {"vlm": str(vision), "lm": str(text)},
+        "entity": {"model_max_length": 64, "number_gpus": 1, "batch_size": 1, "dataset_id": VISION_ID},
+        "grid": {"model_name": ["vlm", "lm"]}})
+    by = {p["entity"]["model_name"]: p for p in points}
+    assert by["vlm"]["valid"], by["vlm"]["reasons"]
+    assert not by["lm"]["valid"] and any(f"from {text}/config.json" in r for r in by["lm"]["reasons"])
 
 
 @pytest.mark.parametrize("key,value", [("trainer", "fms"), ("trainer", ["sbench"]),
@@ -151,6 +208,29 @@ def test_render_shows_the_reference_command_line_and_its_environment(cli, tmp_pa
             assert argv[argv.index("--peft_method") + 1] == "lora"
             assert argv[argv.index("--use_flash_attn") + 1] == "True" and "--use_cpu" not in argv
             assert argv[argv.index("--torch_dtype") + 1] == "bfloat16"
+
+
+def test_render_of_a_vision_point_names_the_image_and_text_fields(cli, tmp_path) -> None:
+    envs = tmp_path / "envs"
+    _fake_env(envs)
+    inv = _inventory(tmp_path, envs)
+    sweep = write_sweep(tmp_path / "v.yaml", {
+        "campaign": "v", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "gpu",
+        "entity": {"model_name": "granite-vision-3.2-2b", "model_max_length": 4096, "number_gpus": 1,
+                   "batch_size": 1, "dataset_id": VISION_ID, "fms_hf_tuning_version": VERSION},
+        "grid": {"trainer": ["sbench", "fms-hf-tuning"]}})
+    res = cli("render", sweep, "-i", inv, "-o", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    jobs = [d for d in (tmp_path / "out").iterdir() if d.is_dir()]
+    assert len(jobs) == 2
+    for job in jobs:
+        argv = json.loads((job / "spec.json").read_text())["jobspec"]["train_argv"]
+        assert argv[argv.index("--dataset_image_field") + 1] == "images"
+        assert argv[argv.index("--dataset_text_field") + 1] == "output"
+        assert argv[argv.index("--remove_unused_columns") + 1] == "False"
+        assert argv[argv.index("--target_modules") + 1:argv.index("--target_modules") + 3] == ["q_proj", "v_proj"]
+        assert argv[argv.index("--training_data_path") + 1].endswith(f"{VISION_ID}.parquet")
+        assert "--dataset_image_field images" in (job / "launch.sh").read_text()
 
 
 def test_env_build_of_a_release_that_does_not_exist_fails_with_pips_reason(cli, tmp_path) -> None:

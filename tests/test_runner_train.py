@@ -353,12 +353,12 @@ def test_qlora_on_cpu_fails_with_a_clear_reason_and_builds_nf4_where_it_runs(tmp
     assert qlora_kwargs(argparse.Namespace(use_qlora=False), torch.bfloat16) == {}
 
 
-def test_vision_dataset_fails_with_a_clear_reason(tmp_path, tiny_model, small_data):
+def test_vision_dataset_without_its_image_field_fails_with_a_clear_reason(tmp_path, tiny_model, small_data):
     proc, paths = _direct(tmp_path, tiny_model, small_data, "--training_data_path", str(tmp_path / "v.parquet"))
     assert proc.returncode == 1
     err = load(paths.error(0))
     # refused before any data stage: the failure is the launch stage's, and that stage is closed with it
-    assert err["kind"] == "failed" and "vision" in err["message"] and err["stage"] == "launch"
+    assert err["kind"] == "failed" and "--dataset_image_field" in err["message"] and err["stage"] == "launch"
     (end,) = [e for e in read_stages(paths.stages(err["host"])) if e["stage"] == "launch" and e["event"] == "end"]
     assert end["status"] == "error" and "vision" in end["error"]
 

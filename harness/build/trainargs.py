@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.contract.formats import RESPONSE_TEMPLATE_ARG, TEXT_FIELD
-from harness.spec.catalog import Experiment, get_experiment
+from harness.contract.formats import IMAGE_FIELD, MESSAGES_FIELD, RESPONSE_TEMPLATE_ARG, TEXT_FIELD
+from harness.spec.catalog import Experiment, get_experiment, is_vision_dataset
 
 # sbench's own flags, each with one value: the sbench trainer reads them, the fms-hf-tuning trainer
 # (harness.runner.fms) takes them out before the release parses its command line.
@@ -46,6 +46,12 @@ def train_argv(exp: Experiment, e: dict[str, Any], model_source: str, dataset_pa
         "--training_data_path", dataset_path,
         "--response_template", RESPONSE_TEMPLATE_ARG,
         "--dataset_text_field", e.get("dataset_text_field") or TEXT_FIELD,
+        # A vision dataset: fms-hf-tuning's vision path (its processor and vision collator) needs the image
+        # column and the chat messages' column (rendered with the processor's template into the text field),
+        # and the columns the model's forward does not name (text, images) kept for that collator.
+        *(["--dataset_image_field", e.get("dataset_image_field") or IMAGE_FIELD,
+           "--dataset_conversation_field", MESSAGES_FIELD, "--remove_unused_columns", "False"]
+          if is_vision_dataset(e.get("dataset_id")) else []),
         "--log_level", "debug",
         "--num_train_epochs", f"{float(e.get('num_train_epochs', 1.0)):g}",
         "--max_steps", str(max_steps),

@@ -11,7 +11,7 @@ import click
 from harness.contract.formats import TEXT_FIELD
 from harness.data.datagen import generate_dataset
 from harness.data.models import fetch_model, model_cache
-from harness.data.tinymodel import describe_model, make_tiny_model
+from harness.data.tinymodel import describe_model, make_tiny_model, make_tiny_vision_model
 from harness.data.tokens import dataset_token_counts
 from harness.spec.inventory import load_inventory, shared_dir
 
@@ -43,14 +43,19 @@ def model() -> None:
                    "q/k/v projections), another architecture for the memory checks.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the tokenizer corpus.")
 @click.option("--if-missing", is_flag=True, help="Keep an existing model in DIR (one with config.json) as it is.")
-def model_tiny(out_dir: Path, arch: str, seed: int, if_missing: bool) -> None:
+@click.option("--vision", is_flag=True, help="A tiny vision-language model instead: LLaVA-NeXT (granite-vision's "
+              "family) with a SigLIP vision tower on 32-pixel tiles, a Llama language model and its processor.")
+def model_tiny(out_dir: Path, arch: str, seed: int, if_missing: bool, vision: bool) -> None:
     """Write a tiny random causal LM with a locally trained BPE tokenizer.
 
     Example: sbench model tiny -o models/tiny-moe --arch mixtral
+    Example: sbench model tiny --vision -o models/tiny-vision
     """
     _quiet_transformers()
     if if_missing and (out_dir / "config.json").is_file():
         path = out_dir
+    elif vision:
+        path = make_tiny_vision_model(out_dir, seed=seed)
     else:
         path = make_tiny_model(out_dir, arch=arch, seed=seed)
     d = describe_model(path)
@@ -120,7 +125,8 @@ def dataset_generate(dataset_id: str, out_path: Path, tokenizer: str | None, ent
     click.echo(f"entries {info.entries}; characters min {c['min']} / avg {c['avg']:g} / max {c['max']}")
     if info.tokens:
         t = info.tokens
-        click.echo(f"tokens ({info.tokenizer}, no special tokens): min {t['min']} / avg {t['avg']:g} / max {t['max']}")
+        how = "text and image tokens" if info.format == "parquet" else "no special tokens"
+        click.echo(f"tokens ({info.tokenizer}, {how}): min {t['min']} / avg {t['avg']:g} / max {t['max']}")
     g = info.length_guarantee
     click.echo(f"length: {g['method']} ({'verified' if g.get('verified') else 'not verified'}): {g['detail']}")
 

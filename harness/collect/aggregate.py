@@ -336,6 +336,18 @@ def throughput_properties(rank0: Mapping[str, Any] | None, world_size: int,
     return out
 
 
+def token_counts(rank0: Mapping[str, Any] | None) -> dict[str, int | None]:
+    """The run's exact dataset tokens over the window (rank 0 reports them for all ranks) and the image tokens
+    among them (a vision dataset's; 0 for text, None from a runner that did not count them)."""
+    m: Mapping[str, Any] = (rank0 or {}).get("metrics") or {}
+
+    def whole(v: Any) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63 else None
+
+    return {"dataset_tokens": whole(m.get("dataset_tokens")),
+            "dataset_image_tokens": whole(m.get("dataset_image_tokens"))}
+
+
 def exact_properties(rank0: Mapping[str, Any] | None) -> dict[str, float | None]:
     """sbench's exact figures beside the reference's (see catalog.DERIVED_PROPERTIES): the all-rank train
     token total over rank 0's runtime, and rank 0's own CPU utilisation."""

@@ -378,6 +378,7 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     row.update(aggregate.benchmark_properties(devices, procs, had_gpu, d.rank0, d.world_size, stop_after))
     row.update(run_flops(d.rank0, d.peak))
     row.update(aggregate.exact_properties(d.rank0))
+    row.update(aggregate.token_counts(d.rank0))
     row.update(aggregate.step_time_properties(d.rank0, start, end))
     row.update(aggregate.window_properties(d.rank0))
     row.update(memory_properties(d))

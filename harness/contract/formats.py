@@ -65,5 +65,10 @@ def sample_csv_names_of(header: str) -> tuple[str, ...]:
 # completion. On the command line the template is written with its newline escaped, as the reference
 # writes it (harness.data.tokens.decode_template turns it back).
 TEXT_FIELD = "output"
+# Vision (image + text) datasets (Parquet): the column of each entry's images, and the column of its chat
+# messages (OpenAI style: a user turn of {"type": "image"} items and a text item, an assistant turn), which
+# both trainers render with the processor's chat template into the text the model sees.
+IMAGE_FIELD = "images"
+MESSAGES_FIELD = "messages"
 RESPONSE_TEMPLATE = "\n### Response:"
 RESPONSE_TEMPLATE_ARG = RESPONSE_TEMPLATE.replace("\n", "\\n")

@@ -127,6 +127,124 @@ def _portable(out: Path) -> None:
         cc.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
+# The tiny vision-language model: LLaVA-NeXT (granite-vision-3.2-2b's family) with a SigLIP vision tower
+# on 32-pixel tiles of 8-pixel patches (16 features a tile), anyres up to 2x2 tiles, and a Llama language model.
+VISION_IMAGE_SIZE = 32
+VISION_PATCH = 8
+VISION_PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64]]
+IMAGE_TOKEN = "<image>"
+# Renders OpenAI-style messages (content a string, or a list of {"type": "image"} / {"type": "text", "text": ...}
+# items) with one image token per image item, as granite-vision's template does.
+VISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}" + IMAGE_TOKEN + "{% else %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{{ '\\n' }}{% endif %}")
+
+
+def make_tiny_vision_model(out_dir: str | os.PathLike[str], *, vocab_size: int = 512, hidden_size: int = 64,
+                           num_layers: int = 2, num_heads: int = 4, max_position_embeddings: int = 4096,
+                           seed: int = 0) -> Path:
+    """Write a tiny random LLaVA-NeXT (``LlavaNextForConditionalGeneration``: SigLIP vision tower, projector,
+    Llama language model) and its processor (anyres image processor on 32-pixel tiles, the BPE tokenizer
+    with an ``<image>`` token, a chat template for messages with image items) to ``out_dir``.
+
+    The directory loads with ``AutoProcessor`` and ``AutoModelForImageTextToText`` (transformers 5) and
+    ``AutoModelForVision2Seq`` (transformers 4.x, the fms-hf-tuning trainer's environment)."""
+    for name, value in (("hidden_size", hidden_size), ("num_layers", num_layers), ("num_heads", num_heads),
+                        ("max_position_embeddings", max_position_embeddings)):
+        if value < 1:
+            raise InputError(f"{name} must be a positive integer, got {value}")
+    if hidden_size % num_heads:
+        raise InputError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+    import torch  # heavy: only where a model is built or trained
+    from transformers import (  # heavy: as above
+        LlamaConfig,
+        LlavaNextConfig,
+        LlavaNextForConditionalGeneration,
+        LlavaNextImageProcessorPil,
+        LlavaNextProcessor,
+        SiglipVisionConfig,
+    )
+
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create model directory {out}: {exc.strerror}") from exc
+    tokenizer = train_tokenizer(vocab_size=vocab_size, model_max_length=max_position_embeddings, seed=seed)
+    tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+    image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    images = LlavaNextImageProcessorPil(
+        size={"shortest_edge": VISION_IMAGE_SIZE}, crop_size={"height": VISION_IMAGE_SIZE, "width": VISION_IMAGE_SIZE},
+        image_grid_pinpoints=VISION_PINPOINTS, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    processor = LlavaNextProcessor(image_processor=images, tokenizer=tokenizer, patch_size=VISION_PATCH,
+                                   vision_feature_select_strategy="full", chat_template=VISION_CHAT_TEMPLATE,
+                                   image_token=IMAGE_TOKEN)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
+                                num_attention_heads=2, image_size=VISION_IMAGE_SIZE, patch_size=VISION_PATCH)
+    text = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
+        max_position_embeddings=max_position_embeddings, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    config = LlavaNextConfig(
+        vision_config=vision, text_config=text, image_token_index=image_token_id,
+        vision_feature_select_strategy="full", vision_feature_layer=-1, image_grid_pinpoints=VISION_PINPOINTS,
+        image_seq_length=(VISION_IMAGE_SIZE // VISION_PATCH) ** 2, tie_word_embeddings=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlavaNextForConditionalGeneration(config)
+    try:
+        model.save_pretrained(out)
+        processor.save_pretrained(out)
+        _portable(out)
+        _portable_vision(out)
+    except OSError as exc:
+        raise SbenchError(f"cannot write the tiny vision model to {out}: {exc}") from exc
+    return out
+
+
+def _portable_vision(out: Path) -> None:
+    """The processor and weights of the tiny vision model as transformers 4.x reads them as well: the image
+    processor in ``preprocessor_config.json`` (5 nests it in ``processor_config.json``), the image token in
+    ``additional_special_tokens`` (5 writes a list under ``extra_special_tokens``, which 4.x reads as a
+    dict), the text config's rope base at its 4.x key, and the vision tower's weights under
+    ``vision_tower.vision_model.`` (the hub's layout, which both majors load)."""
+    from safetensors.torch import load_file, save_file  # heavy: only where weights are read
+
+    pc = out / "processor_config.json"
+    doc = json.loads(pc.read_text())
+    image_doc = doc.pop("image_processor", None)
+    if image_doc is not None:
+        image_doc["image_processor_type"] = "LlavaNextImageProcessor"
+        (out / "preprocessor_config.json").write_text(
+            json.dumps({**image_doc, "processor_class": "LlavaNextProcessor"}, indent=2, sort_keys=True) + "\n")
+        pc.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    tc = out / "tokenizer_config.json"
+    tdoc = json.loads(tc.read_text())
+    extra = tdoc.pop("extra_special_tokens", None)
+    if isinstance(extra, list):
+        tdoc["additional_special_tokens"] = extra
+    tc.write_text(json.dumps(tdoc, indent=2, sort_keys=True) + "\n")
+    cc = out / "config.json"
+    cfg = json.loads(cc.read_text())
+    text = cfg.get("text_config") or {}
+    rope = text.get("rope_parameters") or {}
+    if "rope_theta" not in text and "rope_theta" in rope:
+        text["rope_theta"] = rope["rope_theta"]
+        cc.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    for f in sorted(out.glob("*.safetensors")):
+        weights = load_file(str(f))
+        prefix, hub = "vision_tower.", "vision_tower.vision_model."
+        if any(k.startswith(prefix) and not k.startswith(hub) for k in weights):
+            save_file({(hub + k[len(prefix):] if k.startswith(prefix) and not k.startswith(hub) else k): v
+                       for k, v in weights.items()}, str(f), metadata={"format": "pt"})
+
+
 def describe_model(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Parameter count, vocabulary and layers of a model directory, read from its config and weights."""
     from safetensors import safe_open  # heavy: only where weights are read
@@ -141,6 +259,7 @@ def describe_model(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
                 for dim in st.get_slice(k).get_shape():
                     n *= dim
                 params += n
-    return {"path": str(d), "arch": config.get("model_type"), "params": params, "vocab": config.get("vocab_size"),
-            "layers": config.get("num_hidden_layers"), "hidden_size": config.get("hidden_size"),
+    text = config.get("text_config") or config
+    return {"path": str(d), "arch": config.get("model_type"), "params": params, "vocab": text.get("vocab_size"),
+            "layers": text.get("num_hidden_layers"), "hidden_size": text.get("hidden_size"),
             "experts": config.get("num_local_experts")}

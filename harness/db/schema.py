@@ -33,7 +33,8 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # the measured window in steps and the precision auto-stop's statistics (measurements.window_steps,
 # window_start_step, window_end_step, steady_step_time_cv, ci_rel_halfwidth); 12: measurements.gpu_energy_joules
 # (the GPUs' NVML counter over the window; NULL where energy_source is not nvml), step_time_mean and step_time_mad
-# (compare's robust per-run evidence)
+# (compare's robust per-run evidence); the measured window's exact dataset tokens and the image tokens among them
+# (measurements.dataset_tokens, dataset_image_tokens)
 SCHEMA_VERSION = 12
 
 
@@ -136,6 +137,9 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         *_RUN_KEY, ("campaign", "VARCHAR"), ("point_id", "VARCHAR"), ("repeat", "INTEGER"), ("attempt", "INTEGER"),
         ("experiment", "VARCHAR"), ("ended_at", "TIMESTAMP"), ("is_valid", "BOOLEAN"),
         *[(p, "DOUBLE") for p in PROPERTY_COLUMNS],
+        # the run's exact dataset tokens over the window (note 3: every token the model saw, text and image) and
+        # the image tokens among them (vision datasets; 0 for text): text-only rates divide the difference
+        ("dataset_tokens", "BIGINT"), ("dataset_image_tokens", "BIGINT"),
         ("trials_run", "INTEGER"), ("window_start_wall", "DOUBLE"), ("window_end_wall", "DOUBLE"),
         ("window_s", "DOUBLE"),
         # rank 0's optimizer steps ending inside the window: how many, their median and mean duration (s), their

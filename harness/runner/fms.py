@@ -33,6 +33,7 @@ from harness.build.trainargs import OWN_FLAGS
 from harness.contract.formats import Stage
 from harness.data.prepared import TOKEN_CACHE_DIR
 from harness.data.tokens import dataset_token_counts
+from harness.data.vision import entry_text, load_processor, open_vision_dataset, vision_token_counts
 from harness.spec.flops import model_counts
 
 from . import rank
@@ -77,12 +78,18 @@ class EntryCounts:
 
     KEEP = 1_000_000  # entry indices kept per rank (``rank.<r>.json``: ``entries_consumed``)
 
-    def __init__(self, lengths: list[int]) -> None:
+    def __init__(self, lengths: list[int], images: list[int] | None = None, text_field: str | None = None) -> None:
         self.lengths = lengths
+        # A vision dataset: fms-hf-tuning's rows hold the rendered text (its chat template's) and the images,
+        # not token ids; its collator runs the processor. Rows are matched to entries by that text, and each
+        # entry's image tokens (*images*) are counted beside its tokens.
+        self.images = images or [0] * len(lengths)
+        self.text_field = text_field
         self.index: dict[int, int] | None = None
         self.problem: str | None = None
         self.pending: deque[list[int]] = deque()
         self.consumed: list[int] = []
+        self.last_images = 0
 
     @staticmethod
     def key(ids: Any) -> int:
@@ -90,11 +97,26 @@ class EntryCounts:
 
         return hash(np.asarray(ids, dtype=np.int64).tobytes())
 
+    def row_key(self, row: dict[str, Any]) -> int:
+        return hash(str(row[self.text_field])) if self.text_field else self.key(row["input_ids"])
+
+    def bind_texts(self, texts: list[str]) -> None:
+        """A vision dataset: index the entries by the text sbench rendered for each (the same chat template)."""
+        self.index = {}
+        for i, text in enumerate(texts):
+            self.index.setdefault(hash(text), i)
+
     def bind(self, dataset: Any) -> None:
         """Index the training set's rows by their token ids, straight from Arrow, a chunk at a time: a
         4096-entry, 16k-token set would be 67M Python ints per rank as lists."""
         import numpy as np  # heavy: only where arrays are built
 
+        if self.text_field:
+            if len(dataset) != len(self.lengths):
+                self.problem = (f"fms-hf-tuning's training set has {len(dataset)} rows, the dataset "
+                                f"{len(self.lengths)} entries")
+                self.index = None
+            return
         try:
             rows = len(dataset)
             table = None if getattr(dataset, "_indices", None) is not None else dataset.data.table
@@ -122,18 +144,21 @@ class EntryCounts:
 
     def batch(self, examples: list[dict[str, Any]]) -> int:
         """The batch's note-3 tokens; remembers its entries until a step consumes it."""
-        total, idx = 0, []
+        total, idx, images = 0, [], 0
         for e in examples:
-            i = self.index.get(self.key(e["input_ids"])) if self.index is not None else None
+            i = self.index.get(self.row_key(e)) if self.index is not None else None
             if i is None:
                 if self.index is not None:
                     self.problem = "a batch row matched no entry of the training set"
-                total += len(e["input_ids"])  # fms-hf-tuning's own length (its text + EOS), named in the notes
+                # fms-hf-tuning's own length (its text + EOS), named in the notes; a vision row has no ids
+                total += len(e["input_ids"]) if "input_ids" in e else 0
                 idx.append(-1)
             else:
                 total += self.lengths[i]
+                images += self.images[i]
                 idx.append(i)
         self.pending.append(idx)
+        self.last_images = images
         return total
 
     def step(self) -> None:
@@ -163,7 +188,8 @@ def _callback(ctx: Context, meter: Meter, counts: EntryCounts, stages: dict[str,
 
                 def counting(examples: list[dict[str, Any]]) -> Any:
                     batch = collate(examples)
-                    meter.pending.append((len(examples), counts.batch(examples), int(batch["input_ids"].numel())))
+                    meter.pending.append((len(examples), counts.batch(examples), int(batch["input_ids"].numel()),
+                                          counts.last_images))
                     return batch
 
                 real.collate_fn = counting
@@ -209,18 +235,31 @@ def run(args: Any, ctx: Context) -> dict[str, Any]:
 
     with ctx.log.stage(Stage.TOKENS) as info:
         ctx.fault_at_stage(Stage.TOKENS)
-        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
         cache_dir = ctx.data_dir / TOKEN_CACHE_DIR if ctx.runner.token_cache else None
-        with state.main_process_first():
-            tc = dataset_token_counts(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
-                                      max_seq_length=args.max_seq_length, cache_dir=cache_dir)
-        summary = tc.summary()
-        summary.update(cache_dir=str(cache_dir) if cache_dir else None, elapsed_s=tc.elapsed_s)
+        if args.dataset_image_field:
+            # A vision dataset: the tokens the model sees are the processor's (text and image tokens), per entry.
+            processor = load_processor(args.model_name_or_path)
+            with state.main_process_first():
+                vc = vision_token_counts(processor, args.training_data_path, text_field=args.dataset_text_field,
+                                         image_field=args.dataset_image_field, cache_dir=cache_dir)
+            counts = EntryCounts(list(vc.counts), list(vc.image_tokens), text_field=args.dataset_text_field)
+            counts.bind_texts([entry_text(processor, row, args.dataset_text_field)
+                               for row in open_vision_dataset(args.training_data_path)])
+            summary = vc.summary()
+            summary["elapsed_s"] = vc.elapsed_s
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+            with state.main_process_first():
+                tc = dataset_token_counts(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
+                                          max_seq_length=args.max_seq_length, cache_dir=cache_dir)
+            counts = EntryCounts(list(tc.counts))
+            summary = tc.summary()
+            summary["elapsed_s"] = tc.elapsed_s
+        summary["cache_dir"] = str(cache_dir) if cache_dir else None
         doc["dataset_token_counts"] = summary
         info.update(summary)
 
     meter = Meter()
-    counts = EntryCounts(list(tc.counts))
     policy = StopPolicy.of(args, ctx.runner)
     timeline: dict[str, Any] = {}
     memory = MemoryRecorder(ctx.runner.memory_every_steps, None)

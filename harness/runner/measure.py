@@ -39,35 +39,40 @@ class Meter:
     """
 
     def __init__(self) -> None:
-        self.pending: deque[tuple[int, int, int]] = deque()
+        # (entries, dataset tokens, tokens incl. padding, image tokens among the dataset tokens)
+        self.pending: deque[tuple[int, int, int, int]] = deque()
         self.samples = 0
         self.dataset_tokens = 0
+        self.image_tokens = 0
         self.train_tokens = 0
         self.micro_batches = 0
         self.mismatches = 0
 
     def collated(self, examples: list[dict[str, Any]], batch: dict[str, Any]) -> None:
         real = sum(len(e["input_ids"]) for e in examples)
-        self.pending.append((len(examples), real, int(batch["input_ids"].numel())))
+        self.pending.append((len(examples), real, int(batch["input_ids"].numel()), 0))
 
     def consumed(self, inputs: dict[str, Any]) -> None:
         padded_now = int(inputs["input_ids"].numel())
         if self.pending:
-            n, real, padded = self.pending.popleft()
+            n, real, padded, images = self.pending.popleft()
             if padded != padded_now:
                 self.mismatches += 1
         else:  # not built by our collator: count from the batch itself
             self.mismatches += 1
             n, real, padded = int(inputs["input_ids"].shape[0]), int(inputs["attention_mask"].sum()), padded_now
+            images = 0
         self.samples += n
         self.dataset_tokens += real
+        self.image_tokens += images
         self.train_tokens += padded
         self.micro_batches += 1
 
     def snapshot(self) -> dict[str, float]:
         # cpu_s: this rank's process CPU time (every thread), so its CPU utilisation over the measured
         # window is exact and its own (the sampler sees the node's whole process tree).
-        return {"samples": self.samples, "dataset_tokens": self.dataset_tokens, "train_tokens": self.train_tokens,
+        return {"samples": self.samples, "dataset_tokens": self.dataset_tokens, "image_tokens": self.image_tokens,
+                "train_tokens": self.train_tokens,
                 "micro_batches": self.micro_batches, "cpu_s": time.process_time()}
 
 
@@ -330,6 +335,7 @@ def measurements(timeline: dict[str, Any], policy: StopPolicy, max_steps: int) -
         "rank_train_samples_per_second": rate(d["samples"]),
         "rank_dataset_tokens": d["dataset_tokens"],
         "rank_dataset_tokens_per_second": rate(d["dataset_tokens"]),
+        "rank_dataset_image_tokens": d.get("image_tokens", 0),
         "rank_micro_batches": d["micro_batches"],
         "cpu_seconds": d["cpu_s"],
         "cpu_util_pct": 100.0 * d["cpu_s"] / runtime if runtime > 0 else None,
@@ -360,12 +366,13 @@ def run_totals(metrics: dict[str, Any], world_size: int, device: Any) -> None:
     """
     import torch  # heavy: only where a model is built or trained
 
-    counts = [metrics["rank_train_samples"], metrics["rank_dataset_tokens"], metrics["train_tokens"]]
+    counts = [metrics["rank_train_samples"], metrics["rank_dataset_tokens"], metrics["train_tokens"],
+              metrics.get("rank_dataset_image_tokens", 0)]
     if world_size > 1 and torch.distributed.is_initialized():
         t = torch.tensor(counts, dtype=torch.float64, device=device)
         torch.distributed.all_reduce(t)
         counts = [int(x) for x in t.tolist()]
-    samples, dtok, ttok = counts
+    samples, dtok, ttok, itok = counts
     rt = metrics["train_runtime"]
     metrics.update({
         "world_size": world_size,
@@ -374,5 +381,7 @@ def run_totals(metrics: dict[str, Any], world_size: int, device: Any) -> None:
         "dataset_tokens": dtok,
         "dataset_tokens_per_second": dtok / rt if rt > 0 else None,
         "dataset_tokens_per_second_per_gpu": dtok / rt / world_size if rt > 0 else None,
+        # image tokens among dataset_tokens (vision datasets; 0 for text): text-only rates are the difference's
+        "dataset_image_tokens": itok,
         "run_train_tokens": ttok,
     })

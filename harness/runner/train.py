@@ -53,12 +53,21 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import time
 from typing import Any
 
 from harness.contract.formats import Stage
 from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared, lengths_and_empty
 from harness.data.tokens import dataset_token_counts, encode_for_training
+from harness.data.vision import (
+    entry_images,
+    entry_text,
+    image_token_id,
+    load_processor,
+    open_vision_dataset,
+    vision_token_counts,
+)
 from harness.spec.flops import model_counts
 
 from . import rank
@@ -105,9 +114,12 @@ def resolve_settings(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
             import bitsandbytes  # noqa: F401
         except ImportError:
             raise TrainerSetupError("--use_qlora needs the bitsandbytes package in the jobs' python") from None
-    if str(args.training_data_path).endswith(".parquet"):
-        raise TrainerSetupError(f"{args.training_data_path}: vision (image + text) datasets need a vision-language "
-                                "model and processor; the sbench trainer trains text-only datasets (JSONL)")
+    if str(args.training_data_path).endswith(".parquet") and not args.dataset_image_field:
+        raise TrainerSetupError(f"{args.training_data_path}: a vision (image + text) dataset needs "
+                                "--dataset_image_field (the column of its images)")
+    if args.dataset_image_field and args.peft_method == "pt":
+        raise TrainerSetupError("prompt tuning of a vision-language model is not run by the sbench trainer (the "
+                                "virtual tokens shift the image-token positions the model merges its features into)")
     if args.packing:
         raise TrainerSetupError("--packing True is not supported: the reference experiments run with packing False")
     # Each change shows in rank.<rank>.json's adjustments once the model is loaded (what_ran).
@@ -162,12 +174,27 @@ def enable_cpu_fsdp(trainer: Any) -> bool:
     return True
 
 
+# Modules of a vision-language model that are not its language model: LoRA leaves them frozen.
+VISION_PARTS = ("vision_tower", "vision_model", "multi_modal_projector", "visual", "image_newline")
+
+
+def lm_only_targets(modules: list[str] | None) -> str | None:
+    """PEFT's ``target_modules`` as one regular expression (PEFT full-matches a string against each module
+    name): the named modules of the language model, none of the vision tower's or the projector's."""
+    if not modules:
+        return None
+    names = "|".join(re.escape(m) for m in modules)
+    parts = "|".join(VISION_PARTS)
+    return rf"^(?!.*\b({parts})\b).*\.({names})$"
+
+
 def _peft_config(args: argparse.Namespace, tokenizer_path: str) -> Any:
     if args.peft_method == "lora":
         from peft import LoraConfig  # heavy: only where a model is trained
 
+        targets: Any = lm_only_targets(args.target_modules) if args.dataset_image_field else args.target_modules
         return LoraConfig(r=args.r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                          target_modules=args.target_modules, task_type="CAUSAL_LM", bias="none")
+                          target_modules=targets, task_type="CAUSAL_LM", bias="none")
     if args.peft_method == "pt":
         from peft import PromptTuningConfig  # heavy: only where a model is trained
 
@@ -180,25 +207,10 @@ def _peft_config(args: argparse.Namespace, tokenizer_path: str) -> Any:
     return None
 
 
-# -- the run --------------------------------------------------------------------------------------
-
-def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
-    doc = ctx.doc
-    settings = resolve_settings(args, ctx)  # before the heavy imports: a config that cannot run fails fast
-
-    from accelerate import PartialState  # heavy: only where a model is trained
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: only where a model is built or trained
-    from trl import SFTConfig, SFTTrainer  # heavy: only where a model is trained
-    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # heavy: only where a model is trained
-
-    doc["settings"] = {k: (str(v) if k == "dtype" else v) for k, v in settings.items()}
-    doc["device"] = device_info(ctx.local_rank)
-    gc_kwargs = dict(args.gradient_checkpointing_kwargs or {})
-
-    # Created first: everything below can then use the process group (gloo on CPU).
-    t_imported = time.time()
-    state = PartialState(cpu=not settings["cuda"])
-    launch_end(ctx, t_imported)
+def _text_data(args: argparse.Namespace, ctx: Context, state: Any, doc: dict[str, Any]) -> tuple[Any, Any]:
+    """The stages ``dataset`` and ``tokens`` of a text dataset: the tokenizer, and the encoded training data
+    (prepared once and shared where the token cache is on), with note 3's exact counts."""
+    from transformers import AutoTokenizer  # heavy: only where a model is built or trained
 
     with ctx.log.stage(Stage.DATASET) as info:
         ctx.fault_at_stage(Stage.DATASET)
@@ -248,15 +260,112 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         doc["dataset_token_counts"] = summary
         info.update(summary)
 
+    return tokenizer, data
+
+
+class VisionCollator:
+    """The batch of a vision dataset, as fms-hf-tuning's ``VisionDataCollator`` makes it: the processor on the
+    entries' rendered texts and images (padded, not truncated), labels = the input ids with padding and image
+    tokens masked. Reports each batch to the :class:`Meter`: entries, the exact tokens the model sees (text and
+    image: the attention mask's ones), the tokens with padding, and the image tokens."""
+
+    def __init__(self, processor: Any, image_field: str, meter: Meter) -> None:
+        self.processor, self.image_field, self.meter = processor, image_field, meter
+        self.image_id = image_token_id(processor)
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        texts = [e[VISION_TEXT] for e in examples]
+        images = [entry_images(e, self.image_field) for e in examples]
+        batch = self.processor(text=texts, images=images, padding=True, return_tensors="pt")
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        image = ids == self.image_id
+        labels = ids.clone()
+        labels[(mask == 0) | image] = -100
+        batch["labels"] = labels
+        self.meter.pending.append((len(examples), int(mask.sum()), int(ids.numel()), int((image & (mask == 1)).sum())))
+        return batch
+
+
+VISION_TEXT = "sbench_text"  # the column of each entry's rendered text (the chat template's), added at load
+
+
+def vision_training_data(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The processor and the vision dataset with each entry's text rendered once (its messages through the
+    processor's chat template, as fms-hf-tuning's data handler does)."""
+    processor = load_processor(args.model_name_or_path)
+    if processor.tokenizer.pad_token is None:
+        processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    data = open_vision_dataset(args.training_data_path)
+    missing = [c for c in (args.dataset_image_field,) if c not in data.column_names]
+    if missing:
+        raise TrainerSetupError(f"{args.training_data_path}: no column {missing[0]!r} (--dataset_image_field); it "
+                                f"has {', '.join(data.column_names)}")
+    texts = [entry_text(processor, row, args.dataset_text_field)
+             for row in data.remove_columns([args.dataset_image_field])]
+    return processor, data.add_column(VISION_TEXT, texts)
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
+    doc = ctx.doc
+    settings = resolve_settings(args, ctx)  # before the heavy imports: a config that cannot run fails fast
+
+    from accelerate import PartialState  # heavy: only where a model is trained
+    from transformers import (  # heavy: only where a model is built or trained
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+    )
+    from trl import SFTConfig, SFTTrainer  # heavy: only where a model is trained
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # heavy: only where a model is trained
+
+    doc["settings"] = {k: (str(v) if k == "dtype" else v) for k, v in settings.items()}
+    doc["device"] = device_info(ctx.local_rank)
+    gc_kwargs = dict(args.gradient_checkpointing_kwargs or {})
+
+    # Created first: everything below can then use the process group (gloo on CPU).
+    t_imported = time.time()
+    state = PartialState(cpu=not settings["cuda"])
+    launch_end(ctx, t_imported)
+
+    vision = bool(args.dataset_image_field)
+    if vision:
+        with ctx.log.stage(Stage.DATASET) as info:
+            ctx.fault_at_stage(Stage.DATASET)
+            processor, data = vision_training_data(args)
+            tokenizer = processor.tokenizer
+            info.update(entries=len(data), path=str(args.training_data_path), image_field=args.dataset_image_field)
+        with ctx.log.stage(Stage.TOKENS) as info:
+            ctx.fault_at_stage(Stage.TOKENS)
+            cache_dir = ctx.data_dir / TOKEN_CACHE_DIR if ctx.runner.token_cache else None
+            with state.main_process_first():
+                vc = vision_token_counts(processor, args.training_data_path, text_field=args.dataset_text_field,
+                                         image_field=args.dataset_image_field, cache_dir=cache_dir)
+            summary = {**vc.summary(), "elapsed_s": vc.elapsed_s, "cache_dir": str(cache_dir) if cache_dir else None}
+            doc["dataset_token_counts"] = summary
+            info.update(summary)
+        ctx.note("vision dataset: entries are not truncated to max_seq_length (cutting into an image's tokens "
+                 "breaks its features; fms-hf-tuning's vision collator does not truncate either): dataset tokens "
+                 "count every text and image token the model sees")
+    else:
+        tokenizer, data = _text_data(args, ctx, state, doc)
+
     with ctx.log.stage(Stage.MODEL_LOAD) as info:
         ctx.fault_at_stage(Stage.MODEL_LOAD)
         if ctx.world_size > 1:
             os.environ.setdefault("FSDP_USE_ORIG_PARAMS", str(args.fsdp_use_orig_params).lower())
-        model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=settings["dtype"],
-                                                     attn_implementation=settings["attn_implementation"],
-                                                     **qlora_kwargs(args, settings["dtype"]))
         meter = Meter()
-        collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id), meter)
+        if vision:
+            model = AutoModelForImageTextToText.from_pretrained(
+                args.model_name_or_path, dtype=settings["dtype"], attn_implementation=settings["attn_implementation"],
+                **qlora_kwargs(args, settings["dtype"]))
+            collator: Any = VisionCollator(processor, args.dataset_image_field, meter)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=settings["dtype"],
+                                                         attn_implementation=settings["attn_implementation"],
+                                                         **qlora_kwargs(args, settings["dtype"]))
+            collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id), meter)
+
         config = SFTConfig(
             output_dir=args.output_dir, per_device_train_batch_size=args.per_device_train_batch_size,
             gradient_accumulation_steps=args.gradient_accumulation_steps, num_train_epochs=args.num_train_epochs,
@@ -287,7 +396,8 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
                 meter.consumed(inputs)
                 return super().training_step(model, inputs, *a, **kw)
 
-        trainer = BenchTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
+        trainer = BenchTrainer(model=model, args=config, train_dataset=data,
+                               processing_class=processor if vision else tokenizer,
                                data_collator=collator, peft_config=_peft_config(args, args.model_name_or_path),
                                callbacks=[make_callback(ctx, meter, policy, timeline, memory)])
         acc = trainer.accelerator

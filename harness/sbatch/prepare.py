@@ -32,6 +32,7 @@ from typing import Any
 from harness.build.jobspec import build_jobspec
 from harness.build.sbatch import prepare_sbatch
 from harness.contract import jobstate, safefile
+from harness.contract.formats import IMAGE_FIELD
 from harness.data.datagen import make_dataset
 from harness.data.models import resolve_model
 from harness.data.prepared import (
@@ -45,6 +46,7 @@ from harness.data.prepared import (
 )
 from harness.data.tokens import counts_file, dataset_token_counts, load_tokenizer
 from harness.data.trainerenv import build
+from harness.data.vision import load_processor, vision_token_counts
 from harness.runner.cmdline import parse_args
 from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, needed
@@ -65,6 +67,7 @@ class TrainInput:
     max_seq_length: int
     text_field: str
     response_template: str
+    image_field: str | None = None  # a vision dataset: the tokens are the processor's, counted per entry
 
 
 @dataclass
@@ -112,7 +115,7 @@ def work_for(sweep: Any, inv: Any, points: list[Any]) -> Work:
         if p.entity["model_name"] not in names:
             names.append(p.entity["model_name"])
         ti = TrainInput(args.model_name_or_path, spec.dataset_id, args.training_data_path, args.max_seq_length,
-                        args.dataset_text_field, args.response_template)
+                        args.dataset_text_field, args.response_template, args.dataset_image_field)
         if ti not in seen and sweep.runner.token_cache:  # token_cache: false -> jobs tokenize in memory
             seen.add(ti)
             w.inputs.append(ti)
@@ -160,6 +163,9 @@ def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> lis
             echo(f"data     not_visible {label}")
             continue
         t0 = time.monotonic()
+        if ti.image_field:
+            items.append(_prepare_vision(ti, model_dir, work.data_dir, label, t0, echo))
+            continue
         root = work.data_dir / PREP_DIR
         # Unchanged inputs since the last full check: ready, without loading the tokenizer or hashing anything.
         ident = {"model": ti.model, "model_dir": str(model_dir), "dataset": ti.dataset_path,
@@ -194,6 +200,23 @@ def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> lis
                           {**result, "token_counts_cache": counts.cache, "stamp": why}))
         echo(f"data     {status:<9} {label}  ({detail}, {dt:.1f} s)")
     return items
+
+
+def _prepare_vision(ti: TrainInput, model_dir: Path, data_dir: Path, label: str, t0: float,
+                    echo: Callable[[str], None]) -> Item:
+    """A vision dataset's exact token counts (text and image tokens per entry, through the model's processor),
+    cached where the jobs of sbench's trainer read them: each job then counts nothing."""
+    counts = vision_token_counts(load_processor(str(model_dir)), ti.dataset_path, text_field=ti.text_field,
+                                 image_field=ti.image_field or IMAGE_FIELD, cache_dir=data_dir / TOKEN_CACHE_DIR)
+    s = counts.summary()
+    dt = time.monotonic() - t0
+    status = "ready" if counts.cache == "hit" else "built"
+    detail = (f"{s['entries']} entries, {s['total']:,} tokens of which {s['image_tokens']:,} image tokens "
+              f"(counts: cache {counts.cache})")
+    echo(f"data     {status:<9} {label}  ({detail}, {dt:.1f} s)")
+    return Item("training_data", label, status, dt, detail,
+                {"key": counts.key, "rows": s["entries"], "tokens": s["total"], "image_tokens": s["image_tokens"],
+                 "token_counts_cache": counts.cache})
 
 
 @dataclass

@@ -22,6 +22,7 @@ from harness.contract import envvars
 from harness.contract.defaults import AUTO_STOP  # noqa: F401 - re-exported
 from harness.contract.errors import CatalogError, InputError
 from harness.contract.formats import RESPONSE_TEMPLATE, TEXT_FIELD
+from harness.contract.paths import VISION_PREFIX
 
 from .schema import INT_MAX, MAX_NUMBER, show, text_problem
 from .yamlio import load_yaml, loads_yaml
@@ -69,6 +70,8 @@ TEXT_DATASETS = (
     "news-tokens-16384plus-entries-4096",
     "news-tokens-128kplus-entries-320",
 )
+# A vision dataset id: vision-<width>x<height>-<N>plus-entries-<entries> (harness.data.datagen generates them)
+VISION_ID_RE = re.compile(r"vision-(\d+)x(\d+)-(\d+)plus-entries-(\d+)")
 VISION_DATASETS = ("vision-384x384-16384plus-entries-4096", "vision-384x768-16384plus-entries-4096")
 BENCHMARK_DATASETS = TEXT_DATASETS[:4] + VISION_DATASETS
 DATASET_IDS = TEXT_DATASETS + VISION_DATASETS
@@ -707,6 +710,29 @@ def architecture(model_name: str, source: str | None) -> tuple[dict[str, Any] | 
         return cfg, f"{source}/config.json"
     facts = catalogue_configs().get(model_name)
     return (dict(facts), CATALOGUE_CONFIG) if facts is not None else (None, None)
+
+
+# config.json model_type values of vision-language architectures (image + text in, text out) that the
+# trainers can load: transformers' AutoModelForImageTextToText (fms-hf-tuning: AutoModelForVision2Seq).
+VISION_MODEL_TYPES = frozenset({
+    "llava", "llava_next", "llava_onevision", "llava_next_video", "mllama", "qwen2_vl", "qwen2_5_vl", "idefics2",
+    "idefics3", "paligemma", "smolvlm", "gemma3", "mistral3", "pixtral", "aya_vision", "granite_speech",
+    "internvl", "chameleon", "blip-2", "instructblip", "fuyu", "kosmos-2", "llama4", "janus"})
+
+
+def is_vision_config(config: Mapping[str, Any]) -> bool:
+    """Whether a config.json is a vision-language model's: a known vision-language model_type, or a
+    ``*ForConditionalGeneration`` architecture with a ``vision_config`` (LLaVA, LLaVA-NeXT and kin)."""
+    if str(config.get("model_type") or "") in VISION_MODEL_TYPES:
+        return True
+    archs = config.get("architectures") or []
+    return isinstance(config.get("vision_config"), Mapping) and (
+        not archs or any(str(a).endswith("ForConditionalGeneration") for a in archs))
+
+
+def is_vision_dataset(dataset_id: Any) -> bool:
+    """A vision (image + text) dataset id: the catalogue's two, or any id of the generator's vision grammar."""
+    return str(dataset_id or "") in VISION_DATASETS or str(dataset_id or "").startswith(VISION_PREFIX)
 
 
 def num_local_experts(config: Mapping[str, Any]) -> int | None:

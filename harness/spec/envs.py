@@ -42,6 +42,7 @@ FEATURE_PLUGINS = {"gptq-lora": ("fms-acceleration-peft", "fms-acceleration-foak
 
 
 FAST_MOE_SINCE = (2, 4, 0)  # the reference: --fast_moe is only supported from fms-hf-tuning 2.4.0
+VISION_SINCE = (2, 8, 0)  # fms-hf-tuning tunes vision-language models (--dataset_image_field) from 2.8.0
 
 
 CPU_FSDP_ACCELERATE = (1, 6)  # FSDP v2 (fully_shard), the only FSDP that runs on CPU, arrived in accelerate 1.6

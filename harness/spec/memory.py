@@ -58,7 +58,7 @@ import yaml
 
 from harness.contract.defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
 
-from .catalog import CATALOGUE_CONFIG, architecture, optim_args
+from .catalog import CATALOGUE_CONFIG, VISION_ID_RE, architecture, is_vision_config, optim_args
 from .inventory import BYTES_PER_GB
 
 RESERVE_GB = 1.0
@@ -299,6 +299,64 @@ class MemoryPrediction:
         return None if self.total_bytes is None else self.total_bytes / GB
 
 
+# Vision towers sbench has a parameter formula for (a ViT encoder: patch embedding, positions, pre-norm layers)
+_VISION_TOWERS = ("siglip_vision_model", "clip_vision_model")
+
+
+@dataclass(frozen=True)
+class VisionTower:
+    """A vision-language model's image side: the ViT tower, the projector into the language model, the image
+    newline (LLaVA-NeXT)."""
+
+    model_type: str
+    hidden: int
+    intermediate: int
+    layers: int
+    patches: int  # patches of one tile (the tower's tokens per tile, without a class token)
+    params: int
+    projector: int
+    newline: int
+
+
+def vision_tower_of(cfg: dict[str, Any]) -> VisionTower:
+    """The image side of a LLaVA / LLaVA-NeXT config (``vision_config`` a SigLIP or CLIP vision tower, a
+    2-layer MLP projector). Exact for these: a test counts the instantiated tiny model's parameters."""
+    vc = cfg.get("vision_config") or {}
+    text = cfg.get("text_config") or {}
+    mt = str(vc.get("model_type") or "")
+    if mt not in _VISION_TOWERS:
+        raise Unsupported(f"vision tower {mt or '?'!r} has no parameter formula (supported: "
+                          f"{', '.join(_VISION_TOWERS)})")
+    try:
+        h, i, L = int(vc["hidden_size"]), int(vc["intermediate_size"]), int(vc["num_hidden_layers"])
+        image, patch = int(vc["image_size"]), int(vc["patch_size"])
+        channels = int(vc.get("num_channels") or 3)
+        th = int(text["hidden_size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Unsupported(f"vision_config lacks or mangles {exc}") from None
+    patches = (image // patch) ** 2
+    clip = mt == "clip_vision_model"
+    layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 4 * h  # q, k, v, out; fc1, fc2; two layer norms
+    params = channels * patch * patch * h + (0 if clip else h)  # patch embedding (CLIP's has no bias)
+    params += (patches + (1 if clip else 0)) * h + (h + 2 * h if clip else 0)  # positions; class token, pre-norm
+    params += L * layer + 2 * h  # layers, post layer norm
+    if not clip and vc.get("vision_use_head", True):  # SigLIP's attention-pooling head
+        params += (3 * h * h + 3 * h) + (h * h + h) + h + 2 * h + (h * i + i) + (i * h + h)
+    feature_layers = cfg.get("vision_feature_layer", -2)
+    n_feat = len(feature_layers) if isinstance(feature_layers, list) else 1
+    bias = 1 if cfg.get("multimodal_projector_bias", True) else 0
+    projector = (h * n_feat * th + bias * th) + (th * th + bias * th)
+    newline = th if str(cfg.get("model_type")) == "llava_next" else 0
+    return VisionTower(mt, h, i, L, patches, params, projector, newline)
+
+
+def vision_tokens(dataset_id: Any, model_max_length: int) -> int | None:
+    """The tokens of one entry of a vision dataset, as the model sees them (the entries are not truncated):
+    at least the dataset id's ``<N>plus`` tokens, nearly all of them image tokens."""
+    m = VISION_ID_RE.fullmatch(str(dataset_id or ""))
+    return max(model_max_length, int(m[3])) if m else None
+
+
 @lru_cache(maxsize=256)
 def config_for(model_name: str, source: str | None) -> tuple[dict[str, Any] | None, str | None]:
     """(architecture, where it comes from) of a model, once per name and source: its config.json when
@@ -345,8 +403,17 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
         return MemoryPrediction("unknown", f"the config.json of {entity.get('model_name') or 'the model'} is not "
                                            "readable here and sbench ships no architecture facts for it (run sbench "
                                            "prepare or sbench model fetch first, or map it to a local copy)")
+    tower = None
     try:
-        s = shape_of(cfg)
+        if is_vision_config(cfg):
+            if not isinstance(cfg.get("text_config"), dict) or not isinstance(cfg.get("vision_config"), dict):
+                raise Unsupported(f"vision-language model_type {cfg.get('model_type') or '?'!r}: its text_config and "
+                                  "vision_config are not known here (sbench's catalogue holds only its model_type; "
+                                  "map the model to a local copy, e.g. after sbench model fetch, for a prediction)")
+            tower = vision_tower_of(cfg)
+            s = shape_of(cfg["text_config"])
+        else:
+            s = shape_of(cfg)
     except Unsupported as exc:
         return MemoryPrediction("unknown", str(exc), config_source=config_source)
     devices = max(1, int(entity.get("number_gpus") or 1))
@@ -356,14 +423,21 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
     dtype = "float32" if cpu else str(entity.get("torch_dtype") or "bfloat16")
     vb = DTYPE_BYTES.get(dtype, 2)
     groups = parameter_groups(s)
+    notes = []
+    if tower is not None:
+        groups.update(vision_tower=tower.params, projector=tower.projector + tower.newline)
+        if method in ("lora", "gptq-lora"):
+            notes.append("vision-language model: LoRA adapters on the language model only; the vision tower and "
+                         "projector frozen")
     total_params = sum(groups.values())
     trainable = trainable_parameters(s, method, r=int(entity.get("r") or 4), target_modules=target_modules,
                                      num_virtual_tokens=num_virtual_tokens)
     adapter = method in ("lora", "gptq-lora", "pt")
+    if tower is not None and method == "full":
+        trainable = total_params
     tb = 4 if adapter else vb  # PEFT keeps adapters in float32
     p_div, g_div = _shards(entity, devices, per_node)
     base_bytes = total_params * vb
-    notes = []
     if entity.get("use_qlora") and method == "lora" and not cpu:
         # QLoRA: every linear layer but the LM head in NF4 (half a byte per weight, plus the double-quantised
         # block scales); the adapters in bf16, as trl casts them for a quantised model.
@@ -407,6 +481,21 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
     else:
         acts = s.layers * layer
     acts += 2 * 4 * seq * b * s.vocab
+    if tower is not None:
+        # The image tokens are in the language model's sequence: a vision entry is not truncated, so the
+        # sequence is the entry's length (the dataset id's <N>plus tokens) where it exceeds model_max_length.
+        # The tower runs on every tile of every image: about as many patch tokens as the entry has image
+        # tokens (anyres adds one newline per row, the base tile one tile's), at its own width.
+        entry = vision_tokens(entity.get("dataset_id"), seq)
+        if entry is not None and entry > seq:
+            notes.append(f"vision dataset: sequences of {entry:,} tokens (its entries are not truncated to "
+                         f"model_max_length {seq}), nearly all of them image tokens")
+            ratio = entry / seq
+            acts *= ratio
+            seq = entry
+        vlayer = seq * b * tower.hidden * 34 * act_b / 2
+        acts += (tower.layers * 2 * seq * b * tower.hidden * act_b / 2 + vlayer
+                 if entity.get("gradient_checkpointing") else tower.layers * vlayer)
     if min(total_params, trainable, param_bytes, grad_bytes, opt_bytes, acts) < 0:  # never a negative "fit"
         return MemoryPrediction("unknown", "the model config or the point gives a negative size; nothing predicted")
     total = param_bytes + grad_bytes + opt_bytes + int(acts)

@@ -20,13 +20,14 @@ from harness.contract.errors import InputError, SweepError
 
 from .catalog import (
     EXPERIMENTS,
+    architecture,
     is_local_source,
     model_config,
     mount_visible,
 )
 from .inventory import Inventory, Partition
 from .memory import config_for, predict
-from .rules import change_warnings, placement_reasons, trainer_reasons, validity_reasons
+from .rules import change_warnings, placement_reasons, trainer_reasons, validity_reasons, vision_reasons
 from .sweep import Sweep
 
 
@@ -144,6 +145,7 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
         raise SweepError(f"{sweep.source}: partition: {exc}") from None
     exp = sweep.experiment
     cfg_cache: dict[str, Any] = {}
+    arch_cache: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
     points: list[PlannedPoint] = []
     seen: set[str] = set()
     for raw, pos in _combos(sweep):
@@ -161,6 +163,10 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
         reasons, vnotes = validity_reasons(exp, entity, cfg, src)
         preasons, pnotes = placement_reasons(exp, entity, partition)
         preasons += trainer_reasons(exp, entity, partition, inventory, pnotes)
+        arch_key = f"{entity['model_name']}\0{src}"
+        if arch_key not in arch_cache:
+            arch_cache[arch_key] = architecture(entity["model_name"], src)
+        preasons += vision_reasons(exp, entity, *arch_cache[arch_key], pnotes)
         if unquantized:
             # fms-acceleration's GPTQ loader reads the checkpoint's quantization config: plain weights fail.
             preasons.append(f"model: GPTQ-LoRA needs GPTQ-quantized weights and none are mapped for "

@@ -11,15 +11,17 @@ from typing import Any
 from .catalog import (
     OPTIMIZER_NEEDS,
     OPTIMIZERS_GONE,
-    VISION_DATASETS,
     Experiment,
     dtype_name,
+    is_vision_config,
+    is_vision_dataset,
     num_local_experts,
 )
 from .envs import (
     CPU_FSDP_ACCELERATE,
     FAST_MOE_SINCE,
     FEATURE_PLUGINS,
+    VISION_SINCE,
     env_has,
     env_name,
     env_version,
@@ -64,6 +66,53 @@ def validity_reasons(exp: Experiment, e: Mapping[str, Any], model_cfg: Mapping[s
                 reasons.append(f"rule 7: num_local_experts {experts} of {e['model_name']} is not divisible by "
                                f"fast_moe {fast_moe}")
     return reasons, notes
+
+
+VISION_MODELS_HINT = "granite-vision-3.2-2b, llava-v1.6-mistral-7b, or a local LLaVA-NeXT model"
+
+
+def vision_reasons(exp: Experiment, e: Mapping[str, Any], arch: Mapping[str, Any] | None, arch_source: str | None,
+                   notes: list[str]) -> list[str]:
+    """Image + text points: a vision dataset needs a vision-language model (and a vision-language model a
+    vision dataset), told from the model's config.json or the catalogue's facts (*arch*, from *arch_source*);
+    prompt tuning only where the trainer runs it."""
+    vision_data = is_vision_dataset(e.get("dataset_id"))
+    name = e["model_name"]
+    if arch is None:
+        if vision_data:
+            notes.append(f"{name} has no config.json here and is not in sbench's catalogue, so whether it is a "
+                         "vision-language model is not checked before it runs (a text model fails at setup)")
+        return []
+    vision_model = is_vision_config(arch)
+    kind = f"model_type {arch.get('model_type') or '?'}, from {arch_source}"
+    trainer = str(e.get("trainer") or "sbench")
+    if vision_data and not vision_model:
+        return [f"dataset: {e['dataset_id']} is a vision (image + text) dataset and {name} is a text model ({kind}); "
+                f"use a vision-language model ({VISION_MODELS_HINT}) or a text dataset"]
+    if vision_model and not vision_data:
+        return [f"dataset: {name} is a vision-language model ({kind}) and {e.get('dataset_id')} is a text dataset; "
+                "both trainers feed it images through its processor (fms-hf-tuning's vision collator needs "
+                "--dataset_image_field); use a vision dataset (vision-384x384-16384plus-entries-4096, "
+                "vision-384x768-16384plus-entries-4096)"]
+    if not vision_model:
+        return []
+    version = str(e.get("fms_hf_tuning_version"))
+    if trainer == "fms-hf-tuning" and release_of(version) < VISION_SINCE:
+        return [f"trainer: fms-hf-tuning tunes vision-language models (--dataset_image_field) from 2.8.0; this point "
+                f"asks for {version}; set fms_hf_tuning_version: 3.2.2 (or another release from 2.8.0)"]
+    if exp.method == "pt" and trainer == "sbench":
+        return ["trainer: prompt tuning of a vision-language model is not run by the sbench trainer (PEFT's "
+                "virtual tokens shift the image-token positions the model merges its image features into); set "
+                "trainer: fms-hf-tuning, which runs the seed's prompt-tuning line as written (--peft_method none)"]
+    if exp.method == "lora":
+        if trainer == "sbench":
+            notes.append(f"LoRA on {name} targets {', '.join(exp.target_modules(name))} of the language model only; "
+                         "the vision tower and the projector stay frozen")
+        else:
+            notes.append("fms-hf-tuning applies --target_modules to every module of that name, the vision "
+                         "tower's included where it has them (as the seed's command line does); the projector "
+                         "stays frozen")
+    return []
 
 
 def _optimizer_reasons(e: Mapping[str, Any], part: Partition, notes: list[str]) -> list[str]:
@@ -148,10 +197,6 @@ def trainer_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition, inv:
     trainer = str(e.get("trainer") or "sbench")
     version = str(e.get("fms_hf_tuning_version"))
     reasons: list[str] = []
-    if e.get("dataset_id") in VISION_DATASETS:
-        reasons.append(f"dataset: {e['dataset_id']} is a vision dataset; it needs a vision-language model and its "
-                       "processor, and neither sbench trainer feeds images (the sbench trainer trains text; the "
-                       "fms-hf-tuning trainer is given the reference's text command line); use a text dataset")
     feats = features_of(exp.method, dict(e))
     for f in feats:
         if trainer != "fms-hf-tuning":
