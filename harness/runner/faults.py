@@ -98,7 +98,8 @@ def parse_faults(text: str | None) -> list[Fault]:
         kw: dict[str, object] = {}
         for cond in rest.split(","):
             if "=" not in cond:
-                raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value (step, stage, rank, trial, job, batch)")
+                raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value "
+                                     "(step, stage, rank, trial, job, batch)")
             k, v = (x.strip() for x in cond.split("=", 1))
             if k in ("step", "rank", "trial", "batch"):
                 try:
