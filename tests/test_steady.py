@@ -126,7 +126,13 @@ def test_batch_means_interval_by_hand_on_a_tiny_sequence() -> None:
     assert ci is not None and (ci.batches, ci.batch_size) == (3, 3)
     means = [3.0, 6.0, 9.0]
     assert ci.mean_s == fmean(means)
-    assert ci.half_s == pytest.approx(t_quantile(0.975, 2) * stdev(means) / math.sqrt(3), rel=1e-15)
+    batched = t_quantile(0.975, 2) * stdev(means) / math.sqrt(3)
+    steps = t_quantile(0.975, 8) * stdev(xs[1:]) / math.sqrt(9)
+    assert ci.half_s == pytest.approx(max(batched, steps), rel=1e-15) and batched > steps
+    # batch means that agree by chance while the steps are spread: the interval of the steps is the floor
+    spread = [1.0, 3.0, 2.0, 2.0, 3.0, 1.0, 3.0, 1.0, 2.0]
+    ci = batch_means(spread)
+    assert ci is not None and ci.half_s == pytest.approx(t_quantile(0.975, 8) * stdev(spread) / 3, rel=1e-15)
     assert ci.rel == ci.half_s / ci.mean_s
     assert batch_means([1.0, 2.0, 3.0]) is None
     w = window_stats(xs, 4)

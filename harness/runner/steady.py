@@ -8,7 +8,11 @@
   means (``b = isqrt(n)`` batches, between 2 and 30, of ``n // b`` steps; the oldest steps left over
   are dropped), so correlated neighbouring steps do not make the interval look narrower than it is.
   The half-width is ``t(0.975, b - 1) * s_b / sqrt(b)`` with the exact Student-t quantile
-  (:func:`t_quantile`). Its relative half-width ``h / mean`` is the throughput's, to first order
+  (:func:`t_quantile`), and never less than the interval of independent steps,
+  ``t(0.975, m*b - 1) * s / sqrt(m*b)`` over the same steps: with few batches (a short window) the batch
+  means can agree by chance while the steps themselves are spread wide, and a rule that looks after every
+  step would stop on that chance. Correlated steps only widen the batch means' interval, so the floor
+  costs nothing when batching matters. Its relative half-width ``h / mean`` is the throughput's, to first order
   (throughput is steps or tokens per second, the inverse of the mean step time).
 - :class:`PrecisionRule`: stop once the steady window holds ``min_steps`` steps and its interval is
   within ``rel_ci``, or once ``max_seconds`` have passed.
@@ -148,7 +152,9 @@ def batch_means(times: Sequence[float], confidence: float = CONFIDENCE) -> Inter
     used = times[n - b * m:]  # the oldest leftover steps are dropped
     means = [fmean(used[i * m:(i + 1) * m]) for i in range(b)]
     mu = fmean(means)
-    half = t_quantile(0.5 + confidence / 2.0, b - 1) * stdev(means) / math.sqrt(b)
+    q = 0.5 + confidence / 2.0
+    half = max(t_quantile(q, b - 1) * stdev(means) / math.sqrt(b),
+               t_quantile(q, b * m - 1) * stdev(used) / math.sqrt(b * m))
     return Interval(mean_s=mu, half_s=half, rel=half / mu if mu > 0 else math.inf, batches=b, batch_size=m)
 
 
