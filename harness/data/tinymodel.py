@@ -58,12 +58,7 @@ def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", voc
     """
     if arch not in ARCHS:
         raise InputError(f"unknown arch {arch!r}; choose one of: {', '.join(ARCHS)}")
-    for name, value in (("hidden_size", hidden_size), ("num_layers", num_layers), ("num_heads", num_heads),
-                        ("max_position_embeddings", max_position_embeddings)):
-        if value < 1:
-            raise InputError(f"{name} must be a positive integer, got {value}")
-    if hidden_size % num_heads:
-        raise InputError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+    _check_sizes(hidden_size, num_layers, num_heads, max_position_embeddings)
     import torch  # heavy: only where a model is built or trained
     from transformers import (  # heavy: as above
         LlamaConfig,
@@ -75,20 +70,10 @@ def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", voc
         Qwen2ForCausalLM,
     )
 
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create model directory {out}: {exc.strerror}") from exc
+    out = _model_dir(out_dir)
     tokenizer = train_tokenizer(vocab_size=vocab_size, model_max_length=max_position_embeddings, seed=seed)
-    common: dict[str, Any] = dict(
-        vocab_size=max(vocab_size, len(tokenizer)), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads,
-        # Grouped-query attention where the head count allows, as in the real Llama 3 / Mixtral.
-        num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
-        max_position_embeddings=max_position_embeddings, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
-    )
+    common = _lm_config(tokenizer, max(vocab_size, len(tokenizer)), hidden_size, num_layers, num_heads,
+                        max_position_embeddings)
     if arch == "mixtral":
         config: PreTrainedConfig = MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **common)
         cls: Any = MixtralForCausalLM
@@ -109,6 +94,37 @@ def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", voc
     except OSError as exc:
         raise SbenchError(f"cannot write the tiny model to {out}: {exc}") from exc
     return out
+
+
+def _check_sizes(hidden_size: int, num_layers: int, num_heads: int, max_position_embeddings: int) -> None:
+    for name, value in (("hidden_size", hidden_size), ("num_layers", num_layers), ("num_heads", num_heads),
+                        ("max_position_embeddings", max_position_embeddings)):
+        if value < 1:
+            raise InputError(f"{name} must be a positive integer, got {value}")
+    if hidden_size % num_heads:
+        raise InputError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+
+
+def _model_dir(out_dir: str | os.PathLike[str]) -> Path:
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create model directory {out}: {exc.strerror}") from exc
+    return out
+
+
+def _lm_config(tokenizer: Any, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int,
+               max_position_embeddings: int) -> dict[str, Any]:
+    """The language model's config keys, shared by the text models and the vision model's language model."""
+    return dict(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        # Grouped-query attention where the head count allows, as in the real Llama 3 / Mixtral.
+        num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
+        max_position_embeddings=max_position_embeddings, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+    )
 
 
 def _portable(out: Path) -> None:
@@ -153,12 +169,7 @@ def make_tiny_vision_model(out_dir: str | os.PathLike[str], *, vocab_size: int =
 
     The directory loads with ``AutoProcessor`` and ``AutoModelForImageTextToText`` (transformers 5) and
     ``AutoModelForVision2Seq`` (transformers 4.x, the fms-hf-tuning trainer's environment)."""
-    for name, value in (("hidden_size", hidden_size), ("num_layers", num_layers), ("num_heads", num_heads),
-                        ("max_position_embeddings", max_position_embeddings)):
-        if value < 1:
-            raise InputError(f"{name} must be a positive integer, got {value}")
-    if hidden_size % num_heads:
-        raise InputError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+    _check_sizes(hidden_size, num_layers, num_heads, max_position_embeddings)
     import torch  # heavy: only where a model is built or trained
     from transformers import (  # heavy: as above
         LlamaConfig,
@@ -169,11 +180,7 @@ def make_tiny_vision_model(out_dir: str | os.PathLike[str], *, vocab_size: int =
         SiglipVisionConfig,
     )
 
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create model directory {out}: {exc.strerror}") from exc
+    out = _model_dir(out_dir)
     tokenizer = train_tokenizer(vocab_size=vocab_size, model_max_length=max_position_embeddings, seed=seed)
     tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
@@ -185,12 +192,8 @@ def make_tiny_vision_model(out_dir: str | os.PathLike[str], *, vocab_size: int =
                                    image_token=IMAGE_TOKEN)
     vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
                                 num_attention_heads=2, image_size=VISION_IMAGE_SIZE, patch_size=VISION_PATCH)
-    text = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads,
-        num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
-        max_position_embeddings=max_position_embeddings, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    text = LlamaConfig(**_lm_config(tokenizer, len(tokenizer), hidden_size, num_layers, num_heads,
+                                    max_position_embeddings))
     config = LlavaNextConfig(
         vision_config=vision, text_config=text, image_token_index=image_token_id,
         vision_feature_select_strategy="full", vision_feature_layer=-1, image_grid_pinpoints=VISION_PINPOINTS,
