@@ -141,6 +141,23 @@ def test_vision_points_are_valid_with_a_vision_model_and_invalid_with_a_text_mod
                    "batch_size": 1, "dataset_id": VISION_ID, "trainer": "fms-hf-tuning",
                    "fms_hf_tuning_version": "2.1.2"}})
     assert not old["valid"] and any("from 2.8.0" in r for r in old["reasons"])
+    # A vision point that names no release runs the first one sbench tunes vision with, not the seed's
+    # default (2.1.2), and says so; a text point keeps the seed's default.
+    unnamed = _by_trainer(_plan(cli, tmp_path, inv, "unnamed", {
+        "experiment": "finetune_lora_benchmark-v1.0.0", "partition": partition,
+        "entity": {"model_name": "granite-vision-3.2-2b", "model_max_length": 512, "number_gpus": 1,
+                   "batch_size": 1, "dataset_id": VISION_ID},
+        "grid": {"trainer": ["sbench", "fms-hf-tuning"]}}))
+    fms = unnamed["fms-hf-tuning"]
+    assert fms["valid"], fms["reasons"]
+    assert fms["entity"]["fms_hf_tuning_version"] == VERSION
+    assert any(f"fms_hf_tuning_version {VERSION}: the default release (2.1.2)" in n for n in fms["notes"])
+    assert unnamed["sbench"]["entity"]["fms_hf_tuning_version"] == "2.1.2"
+    (text_fms,) = _plan(cli, tmp_path, inv, "textfms", {
+        "experiment": "finetune_lora_benchmark-v1.0.0", "partition": partition,
+        "entity": {"model_name": "llama3-8b", "model_max_length": 512, "number_gpus": 1, "batch_size": 1,
+                   "dataset_id": "news-chars-512-entries-4096", "trainer": "fms-hf-tuning"}})
+    assert text_fms["entity"]["fms_hf_tuning_version"] == "2.1.2"
 
 
 def test_a_local_model_is_told_vision_or_text_from_its_config(cli, tmp_path) -> None:

@@ -43,6 +43,9 @@ FEATURE_PLUGINS = {"gptq-lora": ("fms-acceleration-peft", "fms-acceleration-foak
 
 FAST_MOE_SINCE = (2, 4, 0)  # the reference: --fast_moe is only supported from fms-hf-tuning 2.4.0
 VISION_SINCE = (2, 8, 0)  # fms-hf-tuning tunes vision-language models (--dataset_image_field) from 2.8.0
+# The release an fms-hf-tuning vision point runs when its sweep names none: the seed's default (2.1.2) cannot
+# tune a vision-language model, and this is the release sbench's vision tests train with.
+VISION_RELEASE = "3.2.2"
 
 
 CPU_FSDP_ACCELERATE = (1, 6)  # FSDP v2 (fully_shard), the only FSDP that runs on CPU, arrived in accelerate 1.6

@@ -27,7 +27,14 @@ from .catalog import (
 )
 from .inventory import Inventory, Partition
 from .memory import config_for, predict
-from .rules import change_warnings, placement_reasons, trainer_reasons, validity_reasons, vision_reasons
+from .rules import (
+    change_warnings,
+    placement_reasons,
+    trainer_reasons,
+    validity_reasons,
+    vision_reasons,
+    vision_release,
+)
 from .sweep import Sweep
 
 
@@ -160,12 +167,13 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
             if src not in cfg_cache:
                 cfg_cache[src] = model_config(src)
             cfg = cfg_cache[src]
-        reasons, vnotes = validity_reasons(exp, entity, cfg, src)
-        preasons, pnotes = placement_reasons(exp, entity, partition)
-        preasons += trainer_reasons(exp, entity, partition, inventory, pnotes)
         arch_key = f"{entity['model_name']}\0{src}"
         if arch_key not in arch_cache:
             arch_cache[arch_key] = architecture(entity["model_name"], src)
+        vision_release(entity, "fms_hf_tuning_version" in raw, arch_cache[arch_key][0], notes)
+        reasons, vnotes = validity_reasons(exp, entity, cfg, src)
+        preasons, pnotes = placement_reasons(exp, entity, partition)
+        preasons += trainer_reasons(exp, entity, partition, inventory, pnotes)
         preasons += vision_reasons(exp, entity, *arch_cache[arch_key], pnotes)
         if unquantized:
             # fms-acceleration's GPTQ loader reads the checkpoint's quantization config: plain weights fail.

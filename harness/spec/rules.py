@@ -21,6 +21,7 @@ from .envs import (
     CPU_FSDP_ACCELERATE,
     FAST_MOE_SINCE,
     FEATURE_PLUGINS,
+    VISION_RELEASE,
     VISION_SINCE,
     env_has,
     env_name,
@@ -69,6 +70,20 @@ def validity_reasons(exp: Experiment, e: Mapping[str, Any], model_cfg: Mapping[s
 
 
 VISION_MODELS_HINT = "granite-vision-3.2-2b, llava-v1.6-mistral-7b, or a local LLaVA-NeXT model"
+
+
+def vision_release(e: dict[str, Any], named: bool, arch: Mapping[str, Any] | None, notes: list[str]) -> None:
+    """An fms-hf-tuning point on a vision dataset with a vision-language model that names no release (*named*
+    false) runs :data:`VISION_RELEASE`, not the seed's default, which cannot tune it; a release the sweep
+    names is kept (and judged by :func:`vision_reasons`)."""
+    if (named or str(e.get("trainer") or "sbench") != "fms-hf-tuning" or arch is None or not is_vision_config(arch)
+            or not is_vision_dataset(e.get("dataset_id"))):
+        return
+    version = str(e.get("fms_hf_tuning_version"))
+    if release_of(version) < VISION_SINCE:
+        e["fms_hf_tuning_version"] = VISION_RELEASE
+        notes.append(f"fms_hf_tuning_version {VISION_RELEASE}: the default release ({version}) does not tune "
+                     "vision-language models (from 2.8.0); name a release in the sweep to choose another")
 
 
 def vision_reasons(exp: Experiment, e: Mapping[str, Any], arch: Mapping[str, Any] | None, arch_source: str | None,
