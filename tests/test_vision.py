@@ -199,6 +199,32 @@ def test_prepare_counts_a_vision_dataset_once(cli, tmp_path, tiny_vision, vision
     again = cli("prepare", sweep, "--json")
     (item2,) = [i for i in json.loads(again.stdout)["items"] if i["kind"] == "training_data"]
     assert item2["status"] == "ready" and item2["token_counts_cache"] == "hit" and item2["tokens"] == item["tokens"]
+    # The entry holds each entry's images exactly as the dataset file does and its text rendered by the
+    # processor's chat template, recomputed here from the Parquet file.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers import AutoProcessor
+
+    from harness.data.vision import entry_text
+
+    entry = Path(item["path"])
+    with pa.memory_map(str(entry / "data.arrow")) as src:
+        table = pa.ipc.open_stream(src).read_all()
+    raw = pq.read_table(vision_data_dir / f"{VISION_ID}.parquet")
+    assert table.column_names == ["images", "sbench_text"] and table.num_rows == ENTRIES
+    assert table.column("images").to_pylist() == raw.column("images").to_pylist()
+    proc = AutoProcessor.from_pretrained(str(tiny_vision))
+    assert table.column("sbench_text").to_pylist() == [entry_text(proc, r) for r in raw.to_pylist()]
+    meta = json.loads((entry / "meta.json").read_text())
+    assert meta["tokens"] == item["tokens"] and meta["image_tokens"] == item["image_tokens"]
+    # A damaged entry is rebuilt, never trained on.
+    (entry / "data.arrow").chmod(0o644)
+    with (entry / "data.arrow").open("r+b") as f:
+        f.truncate(100)
+    third = cli("prepare", sweep, "--json")
+    assert third.exit_code == 0, third.output
+    (item3,) = [i for i in json.loads(third.stdout)["items"] if i["kind"] == "training_data"]
+    assert item3["status"] == "rebuilt" and item3["tokens"] == item["tokens"], item3
 
 
 def test_plan_memory_counts_the_vision_tower_projector_and_language_model(cli, tmp_path, tiny_vision) -> None:

@@ -29,6 +29,7 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from hashlib import sha256
 from importlib import metadata
@@ -183,29 +184,19 @@ def _remove_dead_builds(path: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _build(path: Path, key: str, key_doc: dict[str, Any], tok: Any, tokenizer: Any, dataset_path: Path, *,
-           text_field: str, max_length: int, template: str, token_cache: Path | None, dataset_sha: str) -> dict:
-    import pyarrow as pa  # heavy: only where Arrow or Parquet data is read or written
-
-    t0 = time.monotonic()
+def publish(path: Path, write: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """Build an entry in a temporary directory beside *path* (``write(tmp)`` writes :data:`DATA_FILE` into it and
+    returns its ``meta.json`` document, size and sha256 of the data added here), make it read-only and publish it
+    with one ``rename``. Call under the key's lock. Returns the meta document."""
     tmp = path.with_name(f".tmp-{path.name}-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    lengths: list[int] = []
-    empty = 0
     try:
+        meta = write(tmp)
         data = tmp / DATA_FILE
-        with pa.OSFile(str(data), "wb") as sink, pa.ipc.new_stream(sink, encoded_schema()) as writer:
-            for batch in encoded_batches(tok, dataset_path, text_field=text_field, max_length=max_length,
-                                         template=template, lengths=lengths):
-                writer.write_batch(batch)
-                empty += lengths_and_empty(batch.column(1))[1]
         fsync(data)
-        meta = {"key": key, **key_doc, "rows": len(lengths), "tokens": sum(lengths),
-                "entries_without_completion": empty,
-                "size_bytes": data.stat().st_size, "sha256": file_sha256(data), "dataset": str(dataset_path),
-                "tokenizer_source": tokenizer_name(tokenizer, tok), "built_on": socket.gethostname(),
-                "build_s": round(time.monotonic() - t0, 3), "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        meta.update(size_bytes=data.stat().st_size, sha256=file_sha256(data), built_on=socket.gethostname(),
+                    created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         _set_read_only(tmp)
         os.rename(tmp, path)  # atomic: the entry appears whole or not at all
@@ -214,10 +205,53 @@ def _build(path: Path, key: str, key_doc: dict[str, Any], tok: Any, tokenizer: A
             tmp.chmod(0o755)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if token_cache is not None:  # the token-count stage then hits instead of tokenizing again
-        with contextlib.suppress(SbenchError):
-            store_counts(tok, tokenizer, dataset_path, token_cache, lengths, max_length, text_field, dataset_sha)
     return meta
+
+
+def ensure_entry(root: Path, key: str, *, verify: bool, why_missing: Callable[[], str],
+                 write: Callable[[Path], dict[str, Any]]) -> tuple[Path, str, str | None, float | None, float]:
+    """The entry *key* under *root*: checked, (re)built with *write* (see :func:`publish`) when missing or bad,
+    under its lock so that concurrent builders build it once. Returns (path, status: hit | built | rebuilt, why it
+    was built, build seconds, seconds waited for another builder's lock)."""
+    path = entry_dir(root, key)
+    reason = check_entry(path, key, verify=verify)
+    status, build_s, waited = "hit", None, 0.0
+    if reason is None:
+        return path, status, None, None, waited
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SbenchError(f"cannot create the prepared-data directory {path.parent}: {exc.strerror}") from exc
+    tw = time.monotonic()
+    with locked(path):
+        waited = time.monotonic() - tw
+        again = check_entry(path, key, verify=verify)  # another builder may have finished it meanwhile
+        if again is None:
+            return path, status, None, None, waited
+        _remove_dead_builds(path)
+        status = "built" if again == "not prepared" else "rebuilt"
+        reason = again if again != "not prepared" else why_missing()
+        _discard(path, again)
+        t0 = time.monotonic()
+        meta = publish(path, write)
+        build_s = meta.get("build_s", round(time.monotonic() - t0, 3))
+    return path, status, reason, build_s, waited
+
+
+def _write_encoded(tmp: Path, key: str, key_doc: dict[str, Any], tok: Any, tokenizer: Any, dataset_path: Path, *,
+                   text_field: str, max_length: int, template: str, lengths: list[int]) -> dict[str, Any]:
+    import pyarrow as pa  # heavy: only where Arrow or Parquet data is read or written
+
+    t0 = time.monotonic()
+    empty = 0
+    with pa.OSFile(str(tmp / DATA_FILE), "wb") as sink, pa.ipc.new_stream(sink, encoded_schema()) as writer:
+        for batch in encoded_batches(tok, dataset_path, text_field=text_field, max_length=max_length,
+                                     template=template, lengths=lengths):
+            writer.write_batch(batch)
+            empty += lengths_and_empty(batch.column(1))[1]
+    return {"key": key, **key_doc, "rows": len(lengths), "tokens": sum(lengths), "entries_without_completion": empty,
+            "dataset": str(dataset_path), "tokenizer_source": tokenizer_name(tokenizer, tok),
+            "build_s": round(time.monotonic() - t0, 3)}
 
 
 _WHY = ("tokenizer", "max_length", "text_field", "response_template")
@@ -264,29 +298,17 @@ def ensure_prepared(tokenizer: Any, dataset_path: str | os.PathLike[str], *, tex
     eff = effective_max_length(tok, max_seq_length)
     dataset_sha = file_sha256(data_path)
     key, key_doc = prep_key(tokenizer_fingerprint(tok), dataset_sha, eff, text_field, template)
-    path = entry_dir(root, key)
-    reason = check_entry(path, key, verify=verify)
-    status, build_s, waited = "hit", None, 0.0
-    if reason is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SbenchError(f"cannot create the prepared-data directory {path.parent}: {exc.strerror}") from exc
-        tw = time.monotonic()
-        with locked(path):
-            waited = time.monotonic() - tw
-            again = check_entry(path, key, verify=verify)  # another builder may have finished it meanwhile
-            if again is not None:
-                _remove_dead_builds(path)
-                status = "built" if again == "not prepared" else "rebuilt"
-                reason = again if again != "not prepared" else _why_missing(Path(root), key_doc)
-                _discard(path, again)
-                meta = _build(path, key, key_doc, tok, tokenizer, data_path, text_field=text_field, max_length=eff,
-                              template=template, token_cache=Path(token_cache) if token_cache else None,
-                              dataset_sha=dataset_sha)
-                build_s = meta["build_s"]
-            else:
-                reason = None
+    lengths: list[int] = []
+
+    def write(tmp: Path) -> dict[str, Any]:
+        return _write_encoded(tmp, key, key_doc, tok, tokenizer, data_path, text_field=text_field, max_length=eff,
+                              template=template, lengths=lengths)
+
+    path, status, reason, build_s, waited = ensure_entry(
+        Path(root), key, verify=verify, why_missing=lambda: _why_missing(Path(root), key_doc), write=write)
+    if status != "hit" and token_cache is not None:  # the token-count stage then hits instead of tokenizing again
+        with contextlib.suppress(SbenchError):
+            store_counts(tok, tokenizer, data_path, Path(token_cache), lengths, eff, text_field, dataset_sha)
     meta = json.loads((path / META_FILE).read_text())
     ds = open_entry(path) if open_dataset else None
     return Prepared(key=key, path=path, status=status, rows=meta["rows"], tokens=meta["tokens"],

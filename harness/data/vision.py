@@ -189,6 +189,11 @@ def _raw_rows(path: Path, columns: list[str]) -> Any:
         yield from batch.to_pylist()
 
 
+def vision_counts_file(cache_dir: str | os.PathLike[str] | None, key: str) -> Path | None:
+    """Where the counts of key *key* are cached (None: no cache)."""
+    return Path(cache_dir) / f"vision-{key}.json" if cache_dir is not None else None
+
+
 def vision_token_counts(processor: Any, dataset_path: str | os.PathLike[str], *, text_field: str = TEXT_FIELD,
                         image_field: str = IMAGE_FIELD, cache_dir: str | os.PathLike[str] | None = None,
                         dataset_sha: str | None = None) -> VisionCounts:
@@ -203,7 +208,7 @@ def vision_token_counts(processor: Any, dataset_path: str | os.PathLike[str], *,
         raise InputError(f"dataset file {path} does not exist; generate it with: sbench dataset generate ID -o {path}")
     key = hashlib.sha256(json.dumps([COUNTS_VERSION, processor_fingerprint(proc), dataset_sha or file_sha256(path),
                                      text_field, image_field]).encode()).hexdigest()[:32]
-    file = Path(cache_dir) / f"vision-{key}.json" if cache_dir is not None else None
+    file = vision_counts_file(cache_dir, key)
     if file is not None and file.is_file():
         try:
             doc = json.loads(file.read_text())

@@ -68,6 +68,7 @@ from harness.data.vision import (
     open_vision_dataset,
     vision_token_counts,
 )
+from harness.data.visionprep import VISION_TEXT, ensure_vision_prepared
 from harness.spec.flops import model_counts
 
 from . import rank
@@ -286,23 +287,52 @@ class VisionCollator:
         return batch
 
 
-VISION_TEXT = "sbench_text"  # the column of each entry's rendered text (the chat template's), added at load
-
-
-def vision_training_data(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The processor and the vision dataset with each entry's text rendered once (its messages through the
-    processor's chat template, as fms-hf-tuning's data handler does)."""
-    processor = load_processor(args.model_name_or_path)
-    if processor.tokenizer.pad_token is None:
-        processor.tokenizer.pad_token = processor.tokenizer.eos_token
-    data = open_vision_dataset(args.training_data_path)
-    missing = [c for c in (args.dataset_image_field,) if c not in data.column_names]
-    if missing:
-        raise TrainerSetupError(f"{args.training_data_path}: no column {missing[0]!r} (--dataset_image_field); it "
-                                f"has {', '.join(data.column_names)}")
-    texts = [entry_text(processor, row, args.dataset_text_field)
-             for row in data.remove_columns([args.dataset_image_field])]
-    return processor, data.add_column(VISION_TEXT, texts)
+def _vision_data(args: argparse.Namespace, ctx: Context, state: Any, doc: dict[str, Any]) -> tuple[Any, Any]:
+    """The stages ``dataset`` and ``tokens`` of a vision dataset: the processor, and the entries with their text
+    rendered (its messages through the processor's chat template, as fms-hf-tuning's data handler does),
+    prepared once and shared where the token cache is on, with exact text and image token counts."""
+    with ctx.log.stage(Stage.DATASET) as info:
+        ctx.fault_at_stage(Stage.DATASET)
+        processor = load_processor(args.model_name_or_path)
+        if processor.tokenizer.pad_token is None:
+            processor.tokenizer.pad_token = processor.tokenizer.eos_token
+        dataset_sha = None
+        if ctx.runner.token_cache:
+            # Rank 0 first: it builds the shared entry if it is missing, the others then map it.
+            with state.main_process_first():
+                prep = ensure_vision_prepared(processor, args.training_data_path, text_field=args.dataset_text_field,
+                                              image_field=args.dataset_image_field, root=ctx.data_dir / PREP_DIR,
+                                              token_cache=ctx.data_dir / TOKEN_CACHE_DIR)
+            data, dataset_sha = prep.dataset, prep.doc.get("dataset_sha256")
+            info["prepared"] = doc["prepared"] = prep.summary()
+            if prep.status != "hit":
+                note = (f"training data {prep.status} in the job ({prep.reason}; {prep.build_s or 0:.1f} s): it was "
+                        "not prepared before the job started; run 'sbench prepare SWEEP' before submitting")
+                ctx.note(note)
+                info["note"] = note
+        else:
+            data = open_vision_dataset(args.training_data_path)
+            if args.dataset_image_field not in data.column_names:
+                raise TrainerSetupError(f"{args.training_data_path}: no column {args.dataset_image_field!r} "
+                                        f"(--dataset_image_field); it has {', '.join(data.column_names)}")
+            texts = [entry_text(processor, row, args.dataset_text_field)
+                     for row in data.remove_columns([args.dataset_image_field])]
+            data = data.add_column(VISION_TEXT, texts)
+            info["prepared"] = None
+        info.update(entries=len(data), path=str(args.training_data_path), image_field=args.dataset_image_field)
+    with ctx.log.stage(Stage.TOKENS) as info:
+        ctx.fault_at_stage(Stage.TOKENS)
+        cache_dir = ctx.data_dir / TOKEN_CACHE_DIR if ctx.runner.token_cache else None
+        with state.main_process_first():
+            vc = vision_token_counts(processor, args.training_data_path, text_field=args.dataset_text_field,
+                                     image_field=args.dataset_image_field, cache_dir=cache_dir, dataset_sha=dataset_sha)
+        summary = {**vc.summary(), "elapsed_s": vc.elapsed_s, "cache_dir": str(cache_dir) if cache_dir else None}
+        doc["dataset_token_counts"] = summary
+        info.update(summary)
+    ctx.note("vision dataset: entries are not truncated to max_seq_length (cutting into an image's tokens "
+             "breaks its features; fms-hf-tuning's vision collator does not truncate either): dataset tokens "
+             "count every text and image token the model sees")
+    return processor, data
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -330,23 +360,8 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
 
     vision = bool(args.dataset_image_field)
     if vision:
-        with ctx.log.stage(Stage.DATASET) as info:
-            ctx.fault_at_stage(Stage.DATASET)
-            processor, data = vision_training_data(args)
-            tokenizer = processor.tokenizer
-            info.update(entries=len(data), path=str(args.training_data_path), image_field=args.dataset_image_field)
-        with ctx.log.stage(Stage.TOKENS) as info:
-            ctx.fault_at_stage(Stage.TOKENS)
-            cache_dir = ctx.data_dir / TOKEN_CACHE_DIR if ctx.runner.token_cache else None
-            with state.main_process_first():
-                vc = vision_token_counts(processor, args.training_data_path, text_field=args.dataset_text_field,
-                                         image_field=args.dataset_image_field, cache_dir=cache_dir)
-            summary = {**vc.summary(), "elapsed_s": vc.elapsed_s, "cache_dir": str(cache_dir) if cache_dir else None}
-            doc["dataset_token_counts"] = summary
-            info.update(summary)
-        ctx.note("vision dataset: entries are not truncated to max_seq_length (cutting into an image's tokens "
-                 "breaks its features; fms-hf-tuning's vision collator does not truncate either): dataset tokens "
-                 "count every text and image token the model sees")
+        processor, data = _vision_data(args, ctx, state, doc)
+        tokenizer = processor.tokenizer
     else:
         tokenizer, data = _text_data(args, ctx, state, doc)
 

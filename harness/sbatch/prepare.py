@@ -46,7 +46,8 @@ from harness.data.prepared import (
 )
 from harness.data.tokens import counts_file, dataset_token_counts, load_tokenizer
 from harness.data.trainerenv import build
-from harness.data.vision import load_processor, vision_token_counts
+from harness.data.vision import load_processor, vision_counts_file, vision_token_counts
+from harness.data.visionprep import ensure_vision_prepared
 from harness.runner.cmdline import parse_args
 from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, needed
@@ -204,19 +205,40 @@ def run_prepare(work: Work, echo: Callable[[str], None] = lambda s: None) -> lis
 
 def _prepare_vision(ti: TrainInput, model_dir: Path, data_dir: Path, label: str, t0: float,
                     echo: Callable[[str], None]) -> Item:
-    """A vision dataset's exact token counts (text and image tokens per entry, through the model's processor),
-    cached where the jobs of sbench's trainer read them: each job then counts nothing."""
-    counts = vision_token_counts(load_processor(str(model_dir)), ti.dataset_path, text_field=ti.text_field,
-                                 image_field=ti.image_field or IMAGE_FIELD, cache_dir=data_dir / TOKEN_CACHE_DIR)
+    """A vision dataset prepared where the jobs of sbench's trainer read it (:mod:`harness.data.visionprep`: the
+    entries with their text rendered, memory-mapped) and its exact token counts (text and image tokens per
+    entry, through the model's processor): each job then renders and counts nothing."""
+    root = data_dir / PREP_DIR
+    image_field = ti.image_field or IMAGE_FIELD
+    ident = {"kind": "vision", "model": ti.model, "model_dir": str(model_dir), "dataset": ti.dataset_path,
+             "text_field": ti.text_field, "image_field": image_field}
+    inputs = [Path(ti.dataset_path), model_dir]
+    stamped, why = read_stamp(root, ident, inputs)
+    if stamped is not None:
+        dt = time.monotonic() - t0
+        detail = (f"{stamped['rows']} entries, {stamped['tokens']:,} tokens of which {stamped['image_tokens']:,} "
+                  "image tokens; inputs unchanged since the last check")
+        echo(f"data     ready     {label}  ({detail}, {dt:.1f} s)")
+        return Item("training_data", label, "ready", dt, detail, {**stamped, "token_counts_cache": "hit",
+                                                                  "stamp": "hit"})
+    processor = load_processor(str(model_dir))
+    cache = data_dir / TOKEN_CACHE_DIR
+    prep = ensure_vision_prepared(processor, ti.dataset_path, text_field=ti.text_field, image_field=image_field,
+                                  root=root, token_cache=cache, open_dataset=False)
+    counts = vision_token_counts(processor, ti.dataset_path, text_field=ti.text_field, image_field=image_field,
+                                 cache_dir=cache, dataset_sha=prep.doc["dataset_sha256"])
     s = counts.summary()
     dt = time.monotonic() - t0
-    status = "ready" if counts.cache == "hit" else "built"
+    status = {"hit": "ready"}.get(prep.status, prep.status)
     detail = (f"{s['entries']} entries, {s['total']:,} tokens of which {s['image_tokens']:,} image tokens "
-              f"(counts: cache {counts.cache})")
+              f"(counts: cache {counts.cache})" + (f"; {prep.reason}" if prep.status == "rebuilt" else ""))
+    result = {"key": prep.key, "path": str(prep.path), "rows": s["entries"], "tokens": s["total"],
+              "image_tokens": s["image_tokens"]}
+    write_stamp(root, ident, inputs, [prep.path / DATA_FILE, prep.path / META_FILE,
+                                      vision_counts_file(cache, counts.key) or prep.path], result)
     echo(f"data     {status:<9} {label}  ({detail}, {dt:.1f} s)")
     return Item("training_data", label, status, dt, detail,
-                {"key": counts.key, "rows": s["entries"], "tokens": s["total"], "image_tokens": s["image_tokens"],
-                 "token_counts_cache": counts.cache})
+                {**result, "token_counts_cache": counts.cache, "stamp": why})
 
 
 @dataclass
