@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
 from harness.contract.errors import Interrupted
-from harness.sbatch.submit import SubmitReport, retry_campaign, submit_sweep
+from harness.sbatch.submit import SubmitReport, more_repeats, retry_campaign, submit_sweep
 from harness.sbatch.wait import WaitSummary, still_queued, wait_for
 from harness.slurm.client import Slurm
 
@@ -107,15 +108,31 @@ def _finish(report: SubmitReport, command: str, wait: bool, as_json: bool, workd
         click.echo(f"\nwaiting for {len(report.submitted)} attempt(s); Ctrl-C stops the waiting, not the attempts",
                    err=True)
     progress = Progress(command, {"wait": "attempts finished"}, quiet=as_json)
+    more: list[SubmitReport] = []
+    nxt: SubmitReport | None = None
     try:
         summary = wait_for(report.campaign, report.executor, report.submitted, workdir, db,
                            progress=lambda done, total: progress("wait", done, total))
+        # repeats: {min, max, cv}: once what it waited for has ended, the next repeat of each point still above
+        # its CV target goes out and is waited for too, until every point is precise or at max repeats.
+        while (nxt := more_repeats(report.campaign, workdir, db)) is not None and nxt.submitted:
+            more.append(nxt)
+            progress.close()
+            progress = Progress(command, {"wait": "repeats finished"}, quiet=as_json)
+            if not as_json:
+                click.echo(f"\nrepeats: {len(nxt.submitted)} more repeat(s) of point(s) above the CV target "
+                           f"submitted ({', '.join(f'{s.spec.point_id} r{s.spec.repeat}' for s in nxt.submitted)});"
+                           " waiting for them", err=True)
+            summary.add(wait_for(report.campaign, nxt.executor, nxt.submitted, workdir, db,
+                                 progress=functools.partial(progress, "wait")))
     finally:
         progress.close()
     if as_json:
-        echo_json({**d, "summary": summary.to_dict()})
+        echo_json({**d, "summary": summary.to_dict(), "more_repeats": [m.to_dict() for m in more]})
     else:
         _print_summary(summary)
+    if more and nxt is not None and not as_json:  # where the repeats stand now
+        print_repeats(report.campaign, [v.to_dict() for v in nxt.repeats])
     if not summary.all_fine:
         raise click.exceptions.Exit(1)
 

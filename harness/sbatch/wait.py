@@ -48,6 +48,13 @@ class WaitSummary:
         """No attempt failed, and every outcome is known (exit 0 of ``submit --wait``)."""
         return self.counts["failed"] == 0 and self.counts["unknown"] == 0
 
+    def add(self, other: WaitSummary) -> None:
+        """Count *other*'s attempts in this summary too (a later wait of the same command)."""
+        for k, v in other.counts.items():
+            self.counts[k] = self.counts.get(k, 0) + v
+        self.runs.extend(other.runs)
+        self.note = "; ".join(n for n in (self.note, other.note) if n) or None
+
     def to_dict(self) -> dict[str, Any]:
         return {"counts": dict(self.counts), "runs": self.runs, "note": self.note}
 
