@@ -215,27 +215,33 @@ def test_after_an_oom_in_a_pack_the_rest_run_unpacked_and_earlier_results_stay(l
 
 @pytest.mark.slurm
 @pytest.mark.train
+@pytest.mark.parametrize("nodes,batches", [(1, [4, 1, 2]), (2, [2, 1])], ids=["one-node", "two-nodes"])
 def test_a_packed_scan_on_slurm_runs_in_one_allocation_with_one_ok_run_per_point(slurm_cluster, tiny_model,
-                                                                                 small_data_dir, tmp_path, cli):
+                                                                                 small_data_dir, tmp_path, cli,
+                                                                                 nodes, batches):
+    """One node, and a 2-node shape (one process per node, DDP across the nodes in one training process)."""
     env = {"workdir": tmp_path / "runs", "db": tmp_path / "results.duckdb"}
+    entity = {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "number_gpus": nodes,
+              "gradient_accumulation_steps": 1, "max_steps": 3}
+    if nodes > 1:
+        entity.update(number_nodes=nodes, distributed_backend="DDP")
     doc = {"campaign": "pack-slurm", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
-           "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "number_gpus": 1,
-                      "gradient_accumulation_steps": 1, "max_steps": 3},
-           "grid": {"batch_size": [4, 1, 2]}, "model_map": {"tiny": str(tiny_model)},
+           "entity": entity, "grid": {"batch_size": batches}, "model_map": {"tiny": str(tiny_model)},
            "data_dir": str(small_data_dir), "runner": {"sample_interval_s": 0.5}, "slurm": {"pack": "auto"}}
     sweep = write_sweep(tmp_path / "s.yaml", doc)
     rep = json.loads(_run(cli, env, "submit", sweep, "-i", TEST_INVENTORY, "--executor", "slurm", "--wait",
                           "--json").stdout)
-    assert rep["submitted"] == 3 and rep["sbatch_calls"] == 1
-    assert len({p["job_id"] for p in rep["points"]}) == 1  # three points, one allocation
+    assert rep["submitted"] == len(batches) and rep["sbatch_calls"] == 1
+    assert len({p["job_id"] for p in rep["points"]}) == 1  # every point, one allocation
     import time
 
     time.sleep(2)  # sacct trails slurmctld
     _run(cli, env, "collect")
     runs = sql_rows(env["db"], "SELECT r.*, p.batch_size FROM runs r JOIN points p USING (point_id) "
                                "WHERE r.campaign = 'pack-slurm' ORDER BY p.batch_size")
-    assert [(r["batch_size"], r["outcome"]) for r in runs] == [(1, "ok"), (2, "ok"), (4, "ok")], \
+    assert [(r["batch_size"], r["outcome"]) for r in runs] == [(b, "ok") for b in sorted(batches)], \
         [r["reason"] for r in runs]
+    assert all(len(JobPaths(r["job_dir"]).result_hosts()) == nodes for r in runs)
     assert len({r["job_id"] for r in runs}) == 1
     starts = [_first_train(r["job_dir"]) for r in runs]
     assert starts == sorted(starts)
