@@ -215,7 +215,7 @@ def test_after_an_oom_in_a_pack_the_rest_run_unpacked_and_earlier_results_stay(l
 
 @pytest.mark.slurm
 @pytest.mark.train
-@pytest.mark.parametrize("nodes,batches", [(1, [4, 1, 2]), (2, [2, 1])], ids=["one-node", "two-nodes"])
+@pytest.mark.parametrize("nodes,batches", [(1, [4, 1, 2]), (2, [4, 2])], ids=["one-node", "two-nodes"])
 def test_a_packed_scan_on_slurm_runs_in_one_allocation_with_one_ok_run_per_point(slurm_cluster, tiny_model,
                                                                                  small_data_dir, tmp_path, cli,
                                                                                  nodes, batches):
