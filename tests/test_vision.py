@@ -359,3 +359,32 @@ def test_vision_lora_across_two_slurm_nodes(cli, tmp_path, tiny_vision, vision_d
     counted = ranks[0]["dataset_token_counts"]
     assert m["dataset_tokens"] == counted["total"] and m["dataset_image_tokens"] == counted["image_tokens"] > 0
     assert sum(r["metrics"]["rank_dataset_tokens"] for r in ranks) == counted["total"]
+
+
+def test_the_generated_entries_collate_as_trls_vision_collator_makes_them(tiny_vision, vision_data_dir) -> None:
+    """trl's own ``DataCollatorForVisionLanguageModeling`` on the dataset's messages and images gives the
+    images and tokens sbench's collator gives (and fms-hf-tuning's, which it follows), but for the one BOS
+    token the processor adds to the rendered text (trl leaves special tokens to the chat template)."""
+    import pyarrow.parquet as pq
+    import torch
+    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
+    from harness.data.vision import _clean, entry_images, entry_text, load_processor
+    from harness.data.visionprep import VISION_TEXT
+    from harness.runner.measure import Meter
+    from harness.runner.train import VisionCollator
+
+    proc = load_processor(str(tiny_vision))
+    rows = pq.read_table(vision_data_dir / f"{VISION_ID}.parquet").to_pylist()[:2]
+    ours = VisionCollator(proc, "images", Meter())([{"images": r["images"], VISION_TEXT: entry_text(proc, r)}
+                                                   for r in rows])
+    trl = DataCollatorForVisionLanguageModeling(processor=proc)(
+        [{"images": entry_images(r), "messages": _clean(r["messages"])} for r in rows])
+    assert torch.equal(ours["pixel_values"], trl["pixel_values"]) and torch.equal(ours["image_sizes"],
+                                                                                   trl["image_sizes"])
+    bos = proc.tokenizer.bos_token_id
+    for i in range(len(rows)):
+        mine = ours["input_ids"][i][ours["attention_mask"][i] == 1].tolist()
+        theirs = trl["input_ids"][i][trl["attention_mask"][i] == 1].tolist()
+        assert mine[0] == bos and mine[1:] == theirs
+        assert theirs.count(proc.tokenizer.convert_tokens_to_ids(proc.image_token)) > 0
