@@ -425,6 +425,24 @@ def test_scheduler_failures_are_failed_runs_without_measurement(wd, tmp_path, st
     assert rows_of(db, "SELECT count(*) FROM measurements") == [(0,)]
 
 
+def test_a_job_gone_before_its_accounting_record_is_written_takes_the_records_state_later(wd, tmp_path):
+    """slurmdbd trails slurmctld: a job can leave the queue before sacct has its record (an array task
+    cancelled while pending gets its record late). Collect then says GONE (failed for now, not final) and a
+    later collect takes the record's state and reason; once final, it is not asked about again."""
+    run = write_attempt(wd, 7, results=False, stages={"node1": None}, samples={"node1": None})
+    db = tmp_path / "r.duckdb"
+    collect(db, wd, slurm=Slurm(FakeSlurm({})))  # neither the queue nor accounting knows the job
+    r = one(db, "SELECT state, outcome FROM runs")
+    assert (r["state"], r["outcome"]) == ("GONE", "failed")
+    late = FakeSlurm({run["job_id"]: ("CANCELLED by 0", "0:0", "None assigned")})
+    collect(db, wd, slurm=Slurm(late))
+    r = one(db, "SELECT state, outcome, reason FROM runs")
+    assert (r["state"], r["outcome"], r["reason"].split("; ")[0]) == ("CANCELLED", "failed", "cancelled")
+    again = FakeSlurm({run["job_id"]: ("CANCELLED by 0", "0:0", "None assigned")})
+    collect(db, wd, slurm=Slurm(again))
+    assert not [c for c in again.calls if c[0] == "sacct"]  # settled: not asked again
+
+
 def test_missing_node_and_truncated_stages_give_precise_reasons(wd, tmp_path):
     h = "node1"
     evs = synth.normal_stages(h, synth.T0, synth.T0 + 5, synth.T0 + 15, [0])

@@ -77,6 +77,24 @@ def test_a_cancel_before_the_runners_finished_is_cancelled() -> None:
     assert decide(files(), Sched("executor", None, gone=True), True).outcome == "ok"
 
 
+def test_a_slurm_job_gone_without_its_accounting_record_is_asked_about_again() -> None:
+    from harness.contract.jobstate import FINAL_STATES
+
+    # no file, no record yet: failed for now, but GONE (not final), so the next collect asks sacct again
+    nothing = JobFiles(attempt=files().attempt, paths=None)
+    v = decide(nothing, Sched("files", None, gone=True), False)
+    assert (v.outcome, v.state) == ("failed", "GONE") and "GONE" not in FINAL_STATES
+    assert v.reasons  # why it failed, as far as the files tell
+    # once the record is there, its state and reason are the run's, and final
+    later = decide(nothing, Sched("sacct", "CANCELLED", acct("CANCELLED")), False)
+    assert (later.outcome, later.state, later.reasons[0]) == ("failed", "CANCELLED", "cancelled")
+    assert "CANCELLED" in FINAL_STATES
+    # a run whose hosts all ended ok needs no record: COMPLETED; a local job that is gone is FAILED at once
+    assert decide(files(), Sched("files", None, gone=True), False).state == "COMPLETED"
+    assert decide(files(ok=False), Sched("files", None, gone=True), False).state == "GONE"
+    assert decide(nothing, Sched("executor", None, gone=True), False).state == "FAILED"
+
+
 def test_a_crashed_stage_of_the_last_restart_is_a_reason_and_earlier_restarts_are_not() -> None:
     f = files(ok=False)
     f.stage_logs["n1"].rows += [StageRow("n1", 0, "model", None, 0, 1, 1.0, None, None, "incomplete", None),

@@ -303,8 +303,14 @@ def test_a_failed_prepare_job_cancels_its_arrays_and_status_says_why(sb, env) ->
     assert "lacks weights" in log.read_text()
     status = sb(env, "status", "--campaign", "prep-fail", db_only=False)
     assert f"prepare job {prep_job} ended FAILED" in status.output and "sbench retry prep-fail" in status.output
-    collect(sb, env)
-    (run,) = sql(env, "SELECT * FROM runs WHERE campaign = 'prep-fail'")
+    # the cancelled array task's accounting record may come after it left the queue: GONE until then
+    deadline = time.monotonic() + 60
+    while True:
+        collect(sb, env)
+        (run,) = sql(env, "SELECT * FROM runs WHERE campaign = 'prep-fail'")
+        if run["state"] != "GONE" or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert run["state"] == "CANCELLED" and run["outcome"] == "failed", run
 
 

@@ -226,9 +226,18 @@ def decide(f: JobFiles, sched: Sched, cancel_requested: bool) -> Verdict:
     else:
         v.warnings += f.problems
     if v.state is None:
-        if sched.gone and not hosts_all or f.killed_by:
+        codes = [r.get("exit_code") for r in results.values()]
+        completed = all_results and all(c in (0, None) for c in codes)
+        if f.killed_by:
+            v.state = "FAILED"
+        elif sched.gone and sched.source == "files" and not completed:
+            # SLURM's queue no longer has the job and its accounting has no record of it yet (slurmdbd trails
+            # slurmctld; a job cancelled while pending gets its record late): GONE, which is not final, so the
+            # next collect asks again and takes the record's state (CANCELLED, TIMEOUT, NODE_FAIL, ...) and
+            # reason once it is there
+            v.state = "GONE"
+        elif sched.gone and not hosts_all:
             v.state = "FAILED"
         else:
-            codes = [r.get("exit_code") for r in results.values()]
-            v.state = "COMPLETED" if all_results and all(c in (0, None) for c in codes) else "FAILED"
+            v.state = "COMPLETED" if completed else "FAILED"
     return v
