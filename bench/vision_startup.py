@@ -16,7 +16,7 @@ Per run it reports, from the ``run_overhead`` view and the ``stages`` table: the
 first train stage (``startup_s``), and the dataset, tokens and model_load stages. The goal: a prepared
 vision job starts in about the same time as a prepared text job.
 
-    .venv/bin/python bench/vision_startup.py                 # about 5 minutes on a 2-core machine
+    .venv/bin/python bench/vision_startup.py                 # about 4 minutes on a 2-core machine
     .venv/bin/python bench/vision_startup.py --out /tmp/vision_startup.json
 """
 
