@@ -58,7 +58,7 @@ import time
 from typing import Any
 
 from harness.contract.formats import Stage
-from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, ensure_prepared, lengths_and_empty
+from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, Prepared, ensure_prepared, lengths_and_empty
 from harness.data.tokens import dataset_token_counts, encode_for_training
 from harness.data.vision import (
     entry_images,
@@ -208,6 +208,16 @@ def _peft_config(args: argparse.Namespace, tokenizer_path: str) -> Any:
     return None
 
 
+def _record_prepared(ctx: Context, info: dict[str, Any], doc: dict[str, Any], prep: Prepared) -> None:
+    """The prepared entry a job opened, in its dataset stage and rank file; a note when the job had to build it."""
+    info["prepared"] = doc["prepared"] = prep.summary()
+    if prep.status != "hit":
+        note = (f"training data {prep.status} in the job ({prep.reason}; {prep.build_s or 0:.1f} s): it was "
+                "not prepared before the job started; run 'sbench prepare SWEEP' before submitting")
+        ctx.note(note)
+        info["note"] = note
+
+
 def _text_data(args: argparse.Namespace, ctx: Context, state: Any, doc: dict[str, Any]) -> tuple[Any, Any]:
     """The stages ``dataset`` and ``tokens`` of a text dataset: the tokenizer, and the encoded training data
     (prepared once and shared where the token cache is on), with note 3's exact counts."""
@@ -225,13 +235,7 @@ def _text_data(args: argparse.Namespace, ctx: Context, state: Any, doc: dict[str
                                        max_seq_length=args.max_seq_length, response_template=args.response_template,
                                        root=ctx.data_dir / PREP_DIR, token_cache=ctx.data_dir / TOKEN_CACHE_DIR)
             data, dataset_sha = prep.dataset, prep.doc.get("dataset_sha256")
-            info["prepared"] = prep.summary()
-            doc["prepared"] = prep.summary()
-            if prep.status != "hit":
-                note = (f"training data {prep.status} in the job ({prep.reason}; {prep.build_s or 0:.1f} s): it was "
-                        "not prepared before the job started; run 'sbench prepare SWEEP' before submitting")
-                ctx.note(note)
-                info["note"] = note
+            _record_prepared(ctx, info, doc, prep)
         else:
             data = encode_for_training(tokenizer, args.training_data_path, text_field=args.dataset_text_field,
                                        max_seq_length=args.max_seq_length, response_template=args.response_template)
@@ -304,12 +308,7 @@ def _vision_data(args: argparse.Namespace, ctx: Context, state: Any, doc: dict[s
                                               image_field=args.dataset_image_field, root=ctx.data_dir / PREP_DIR,
                                               token_cache=ctx.data_dir / TOKEN_CACHE_DIR)
             data, dataset_sha = prep.dataset, prep.doc.get("dataset_sha256")
-            info["prepared"] = doc["prepared"] = prep.summary()
-            if prep.status != "hit":
-                note = (f"training data {prep.status} in the job ({prep.reason}; {prep.build_s or 0:.1f} s): it was "
-                        "not prepared before the job started; run 'sbench prepare SWEEP' before submitting")
-                ctx.note(note)
-                info["note"] = note
+            _record_prepared(ctx, info, doc, prep)
         else:
             data = open_vision_dataset(args.training_data_path)
             if args.dataset_image_field not in data.column_names:
