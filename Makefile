@@ -25,10 +25,14 @@ demo: setup
 	$(BIN)/sbench query "select model_name, number_gpus, batch_size, distributed_backend, round(train_runtime, 2) as runtime_s, round(dataset_tokens_per_second, 1) as dataset_tok_s, round(train_tokens_per_gpu_per_second, 1) as tok_s_per_gpu, round(cpu_compute_utilization, 1) as cpu_pct, is_valid from measurements where campaign = 'demo-cpu' order by number_gpus, batch_size"
 
 ## test: the house's shape (layers, no cycles, lint, types), system packages, the fms-hf-tuning environment, the
-## real test SLURM cluster, then the whole test suite
+## real test SLURM cluster, then the whole test suite on $(TEST_WORKERS) xdist workers (tests/schedule.py: the users
+## of an expensive module fixture together, costliest first, at most two groups on the test cluster at a time, and
+## the tests marked alone with the cluster to themselves)
+TEST_WORKERS ?= 4
 test: setup lint browser trainer-envs
 	bash tests/cluster/cluster.sh start
-	$(BIN)/pytest -q
+	@t0=$$(date +%s); $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; \
+	echo "make test: pytest took $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
 ## lint: import-linter's contracts (pyproject.toml: layers, the runner's limits, no cycles), ruff and mypy
 lint: setup
@@ -46,9 +50,9 @@ trainer-envs: setup
 browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "note: chromium not installed (needs root); the report rendering test will be skipped"; }
 
-## test-fast: everything that needs neither the SLURM cluster nor long training
+## test-fast: everything that needs neither the SLURM cluster, nor training, nor more than a few seconds
 test-fast: setup
-	SBENCH_SKIP_SLURM=1 $(BIN)/pytest -q -m "not slurm and not train"
+	SBENCH_SKIP_SLURM=1 $(BIN)/pytest -q -n 2 --dist loadgroup -m "not slurm and not train and not slow"
 
 cluster:
 	bash tests/cluster/cluster.sh start

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parent.parent
+from .helpers import ROOT, SMALL_DATASET, Trained, build_trained
+
+try:
+    from . import schedule
+except ImportError:  # no pytest-xdist: the suite runs in one process, in the order collected
+    schedule = None  # type: ignore[assignment]
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CLUSTER_SCRIPT = ROOT / "tests" / "cluster" / "cluster.sh"
 TEST_INVENTORY = FIXTURES / "inventory" / "testcluster.yaml"
@@ -54,6 +64,16 @@ def cli_module():
 
 
 @pytest.fixture
+def lab(tmp_path: Path) -> dict[str, Path]:
+    """A test's own corner: where its inventory, sweep, model dir, work dir, database and rendered output go.
+    A test file whose tests want more in it (files written, runs made) extends this fixture by the same name."""
+    (tmp_path / "model").mkdir()
+    return {"root": tmp_path, "inv": tmp_path / "inv.yaml", "sweep": tmp_path / "sweep.yaml",
+            "config": tmp_path / "model" / "config.json", "workdir": tmp_path / "runs",
+            "db": tmp_path / "results.duckdb", "out": tmp_path / "out"}
+
+
+@pytest.fixture
 def weird_tmp_path(tmp_path: Path) -> Path:
     """A directory whose name has spaces, quotes and a dollar sign: quoting bugs show up here."""
     p = tmp_path / "we ird 'q' \"dq\" $HOME `x`"
@@ -83,17 +103,42 @@ def slurm_cluster() -> dict[str, str]:
     return {"inventory": str(TEST_INVENTORY), "partition_cpu": "cpu", "partition_gpu": "gpu"}
 
 
+# -- made once per session, whatever the number of xdist workers ----------------------------------------------
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory of this whole test session: under xdist each worker's base temp is a child of it."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """``<session>/shared/<name>``, filled by *build* once for the session: the first worker to ask builds it
+    under a lock, the others wait for it and use the same one. What is built here is read, never changed:
+    a test that changes it copies it first (:func:`copy_of`)."""
+    root = session_dir(tmp_path_factory) / "shared"
+    root.mkdir(exist_ok=True)
+    target, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(target, ignore_errors=True)  # what a worker that failed half-way left
+            target.mkdir()
+            build(target)
+            done.touch()
+    return target
+
+
+def copy_of(src: Path, dst: Path) -> Path:
+    """A private copy of a shared tree, links kept as links."""
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with a locally trained tokenizer (no download)."""
     from harness.data.tinymodel import make_tiny_model
 
-    out = tmp_path_factory.mktemp("models") / "tiny"
-    make_tiny_model(out)
-    return out
-
-
-SMALL_DATASET = "news-chars-512-entries-4096"
+    return built_once(tmp_path_factory, "models", lambda d: make_tiny_model(d / "tiny")) / "tiny"
 
 
 @pytest.fixture(scope="session")
@@ -105,11 +150,21 @@ def small_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     from harness.data.datagen import generate_dataset
 
-    src = tmp_path_factory.mktemp("gen") / f"{SMALL_DATASET}.jsonl"
-    generate_dataset(SMALL_DATASET, src, entries=64)
-    d = tmp_path_factory.mktemp("data")
-    shutil.copy(src, d / f"{SMALL_DATASET}.jsonl")
-    return d
+    def build(d: Path) -> None:
+        (d / "gen").mkdir()
+        src = d / "gen" / f"{SMALL_DATASET}.jsonl"
+        generate_dataset(SMALL_DATASET, src, entries=64)
+        (d / "data").mkdir()
+        shutil.copy(src, d / "data" / f"{SMALL_DATASET}.jsonl")
+
+    return built_once(tmp_path_factory, "small-data", build) / "data"
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, small_data_dir: Path) -> Trained:
+    """The session's trained, collected campaigns (:class:`tests.helpers.Trained`), made once for all workers:
+    a test that only reads a collected campaign reads these instead of training its own."""
+    return Trained(built_once(tmp_path_factory, "trained", lambda d: build_trained(d, tiny_model, small_data_dir)))
 
 
 def write_sweep(path: Path, doc: dict) -> Path:
@@ -141,3 +196,68 @@ def sql_rows(db: Path, query: str, params=None) -> list[dict]:
         return [dict(zip(cols, r)) for r in cur.fetchall()]
     finally:
         con.close()
+
+
+# -- scheduling under xdist (make test: -n N --dist loadgroup) ---------------------------------------------------
+# Module-scoped fixtures that cost nothing to make again on another worker: a test using only these goes to any
+# free worker. A test that uses any other module-scoped fixture runs on the one worker that runs its module's
+# other users of it, so that the fixture (a trained campaign, say) is made once.
+CHEAP_MODULE_FIXTURES = frozenset({"cli", "cli_module", "inventory", "host", "sb"})
+
+
+def _module_group(item: pytest.Item) -> str | None:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    for name, defs in info.name2fixturedefs.items():
+        if name not in CHEAP_MODULE_FIXTURES and any(d.scope == "module" for d in defs):
+            return item.module.__name__.rsplit(".", 1)[-1]
+    return None
+
+
+def cost(item: pytest.Item) -> float:
+    """About how many seconds *item* takes: ``slow(seconds)``'s figure, else a guess from its markers."""
+    slow = item.get_closest_marker("slow")
+    if slow is not None:
+        return float(slow.args[0]) if slow.args else 30.0
+    if item.get_closest_marker("slurm") is not None:
+        return 8.0
+    return 5.0 if item.get_closest_marker("train") is not None else 0.5
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark the users of an expensive module fixture with their module's group as each is collected."""
+    if item.get_closest_marker("xdist_group") is None:
+        group = _module_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put the costliest groups (and lone tests) first, so that the last worker to finish is not the one that
+    drew a long test at the end; under xdist, tell the controller each test's group (``tests/schedule.py``)."""
+    total: dict[str, float] = {}
+    first: dict[str, int] = {}
+    group_of: dict[str, str] = {}
+    for k, item in enumerate(items):
+        marked = item.get_closest_marker("xdist_group")
+        key = group_of[item.nodeid] = str(marked.args[0]) if marked is not None and marked.args else item.nodeid
+        total[key] = total.get(key, 0.0) + cost(item)
+        first.setdefault(key, k)
+    alone = {group_of[i.nodeid] for i in items if i.get_closest_marker("alone") is not None}
+    # the tests that need the cluster to themselves first, while no other group uses it yet
+    items.sort(key=lambda i: (group_of[i.nodeid] not in alone, -total[group_of[i.nodeid]], first[group_of[i.nodeid]]))
+    if hasattr(config, "workerinput"):
+        schedule.write_plan(items, group_of)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and schedule is not None:  # the controller (or a run without xdist)
+        os.environ[schedule.SCHEDULE_ENV] = tempfile.mkstemp(prefix="sbench-test-schedule-", suffix=".json")[1]
+
+
+if schedule is not None:
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        """``--dist loadgroup`` (make test): the groups, order and cluster lanes of ``tests/schedule.py``."""
+        return schedule.GroupScheduling(config, log) if config.getvalue("dist") == "loadgroup" else None

@@ -19,9 +19,7 @@ from typing import Any
 import duckdb
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from harness.cli import main
 from harness.db.schema import VIEWS
 from harness.db.store import open_store, view_definitions
 from harness.spec.inventory import load_inventory
@@ -32,6 +30,7 @@ from harness.spec.yamlio import loads_yaml
 from tests.synth import append_manifest, make_run
 
 from .conftest import ROOT
+from .helpers import invoke
 
 PY = str(ROOT / ".venv" / "bin" / "python")
 
@@ -52,21 +51,11 @@ LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "nu
 
 
 @pytest.fixture
-def lab(tmp_path: Path) -> dict[str, Path]:
-    (tmp_path / "model").mkdir()
-    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(INVENTORY))
-    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(SWEEP))
-    return {"root": tmp_path, "inv": tmp_path / "inv.yaml", "sweep": tmp_path / "sweep.yaml",
-            "config": tmp_path / "model" / "config.json", "workdir": tmp_path / "runs",
-            "db": tmp_path / "results.duckdb", "out": tmp_path / "out"}
-
-
-def invoke(*args: Any) -> Any:
-    """The CLI in-process; an escaped exception (a traceback for the user) is a test failure."""
-    res = CliRunner().invoke(main, [str(a) for a in args])
-    if res.exception is not None and not isinstance(res.exception, SystemExit):
-        raise AssertionError(f"traceback for {args}: {res.exception!r}\n{res.output}") from res.exception
-    return res
+def lab(lab: dict[str, Path]) -> dict[str, Path]:
+    """The corner, with this file's inventory and sweep written."""
+    lab["inv"].write_text(yaml.safe_dump(INVENTORY))
+    lab["sweep"].write_text(yaml.safe_dump(SWEEP))
+    return lab
 
 
 # -- a model config.json that is not a config ---------------------------------------------------------------

@@ -195,6 +195,8 @@ def _accounted(prefix: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slurm
+@pytest.mark.alone
+@pytest.mark.slow(55)
 def test_a_campaign_several_times_the_limits_completes_from_one_submit(quota_15, tmp_path: Path) -> None:
     size = max_array_size(parse_config(subprocess.run(["scontrol", "show", "config"], capture_output=True,
                                                       text=True).stdout))
@@ -239,6 +241,7 @@ def test_a_campaign_several_times_the_limits_completes_from_one_submit(quota_15,
 
 
 @pytest.mark.slurm
+@pytest.mark.alone
 def test_cancel_in_the_middle_stops_the_arrays_and_the_feeding(quota_15, tmp_path: Path) -> None:
     camp = f"limcancel{int(time.time())}"
     sb = _cli(["--workdir", str(tmp_path / "runs"), "--db", str(tmp_path / "r.duckdb")])
@@ -273,6 +276,8 @@ def test_cancel_in_the_middle_stops_the_arrays_and_the_feeding(quota_15, tmp_pat
 
 
 @pytest.mark.slurm
+@pytest.mark.alone
+@pytest.mark.slow(25)
 def test_a_dead_feeder_leaves_not_started_attempts_that_retry_finishes(quota_15, tmp_path: Path) -> None:
     camp = f"limdead{int(time.time())}"
     sb = _cli(["--workdir", str(tmp_path / "runs"), "--db", str(tmp_path / "r.duckdb")])

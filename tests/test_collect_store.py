@@ -273,6 +273,7 @@ def test_epoch_columns_are_converted_at_once_exactly_as_one_by_one():
     assert list(_column([1e12, None], "TIMESTAMP")) == [None, None]  # out of range: NULL, as utc() says
 
 
+@pytest.mark.slow(10)
 def test_staged_columns_hold_what_one_by_one_conversion_makes(tmp_path) -> None:
     # stage() converts each column with _column (plain values of the column's type kept as they are, the
     # rest value by value): a stored value must be what _column makes of it, and the DB must take it.

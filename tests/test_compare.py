@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from statistics import median, stdev
 
@@ -19,7 +16,8 @@ from harness.contract.stability import rating, rating_sql
 from harness.report.compare import compare, parse_side
 from harness.report.stats import t_quantile, t_sf
 
-from .conftest import ROOT, SMALL_DATASET, write_sweep
+from .conftest import SMALL_DATASET, write_sweep
+from .helpers import sbench
 
 
 def side(values: dict[str, list[float]], metric: str = "dataset_tokens_per_second", step_cv: float | None = None,
@@ -163,16 +161,11 @@ def test_bad_arguments_are_input_errors() -> None:
 
 
 @pytest.mark.train
+@pytest.mark.slow(135)
 def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model: Path, small_data_dir: Path,
                                                                       tmp_path: Path) -> None:
     runs, db = tmp_path / "runs", tmp_path / "r.duckdb"
     common = ["--workdir", str(runs), "--db", str(db)]
-
-    def sbench(*args, env=None, ok=(0,)) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
-        assert proc.returncode in ok, proc.stdout + proc.stderr
-        return proc
 
     # The slowdown travels in the inventory's env (rendered into env/<host>.sh), so it reaches exactly the
     # jobs of that campaign whichever local queue worker runs them. Same partition: the same points. It is

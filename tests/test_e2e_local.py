@@ -35,12 +35,20 @@ def sweep_doc(campaign: str, experiment: str, model: Path, data: Path, entity: d
             "runner": {"sample_interval_s": 0.05}}
 
 
+def make_env(root: Path, model: Path, data: Path) -> dict:
+    return {"root": root, "workdir": root / "runs", "db": root / "results.duckdb", "model": model, "data": data}
+
+
+@pytest.fixture
+def env(tmp_path, tiny_model, small_data_dir):
+    """A workdir + DB of the test's own."""
+    return make_env(tmp_path, tiny_model, small_data_dir)
+
+
 @pytest.fixture(scope="module")
-def env(tmp_path_factory, tiny_model, small_data_dir):
-    """One workdir + DB shared by this module's campaigns."""
-    root = tmp_path_factory.mktemp("e2e")
-    return {"root": root, "workdir": root / "runs", "db": root / "results.duckdb", "model": tiny_model,
-            "data": small_data_dir}
+def lora_env(tmp_path_factory, tiny_model, small_data_dir):
+    """The workdir + DB of :func:`lora_campaign`'s campaigns, which this module's tests of them share."""
+    return make_env(tmp_path_factory.mktemp("e2e"), tiny_model, small_data_dir)
 
 
 def run_cli(cli, env, *args):
@@ -53,47 +61,50 @@ sql = sql_rows
 
 
 @pytest.fixture(scope="module")
-def lora_campaign(cli_module, env):
-    """LoRA with 1 and 2 processes, DDP and FSDP v2, through the local executor; then collect."""
+def lora_campaign(cli_module, lora_env):
+    """LoRA with 1 and 2 processes, DDP and FSDP v2; full fine-tuning under FSDP and DDP and prompt tuning under
+    DDP and FSDP with 2 processes: through the local executor, then one collect."""
+    env = lora_env
     sweep = write_sweep(env["root"] / "lora.yaml", sweep_doc(
         "e2e-lora", "finetune_lora_benchmark-v1.0.0", env["model"], env["data"],
         {"batch_size": 4, "max_steps": 6}, {"number_gpus": [1, 2], "distributed_backend": ["DDP", "FSDP"]}))
     sub = run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait", "--json")
     report = json.loads(sub.stdout)
+    for name, exp, backend, steps in TWO_PROCESS:
+        more = write_sweep(env["root"] / f"{name}.yaml", sweep_doc(
+            name, exp, env["model"], env["data"],
+            {"batch_size": 4, "max_steps": steps, "number_gpus": 2, "distributed_backend": backend}, {}))
+        run_cli(cli_module, env, "submit", more, "--executor", "local", "--wait")
     col = run_cli(cli_module, env, "collect", "--json")
     return {"sweep": sweep, "submit": report, "collect": json.loads(col.stdout)}
 
 
-@pytest.fixture(scope="module")
-def cli_module():
-    from click.testing import CliRunner
-
-    from harness.cli import main
-
-    runner = CliRunner()
-
-    def run(*args, **kw):
-        return runner.invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
-
-    return run
+# Full fine-tuning and prompt tuning with 2 processes, each under the backend the other does not use twice:
+# (campaign, experiment, backend, steps)
+TWO_PROCESS = (("e2e-full2", "finetune_full_benchmark-v1.0.0", "FSDP", 3),
+               ("e2e-pt2", "finetune_pt_benchmark-v1.0.0", "DDP", 3),
+               ("e2e-mem-fullddp", "finetune_full_benchmark-v1.0.0", "DDP", 2),
+               ("e2e-mem-ptfsdp", "finetune_pt_benchmark-v1.0.0", "FSDP", 2))
 
 
-def test_local_sweep_runs_every_point(lora_campaign, env) -> None:
+@pytest.mark.slow(25)
+def test_local_sweep_runs_every_point(lora_campaign, lora_env) -> None:
     rep = lora_campaign["submit"]
     assert rep["executor"] == "local" and rep["submitted"] == 3  # 1 process (backend ignored), DDP, FSDP
-    runs = sql(env["db"], "SELECT * FROM runs WHERE campaign = 'e2e-lora' ORDER BY point_id")
+    runs = sql(lora_env["db"], "SELECT * FROM runs WHERE campaign = 'e2e-lora' ORDER BY point_id")
     assert [r["outcome"] for r in runs] == ["ok"] * 3, [(r["outcome"], r["reason"]) for r in runs]
     assert {r["accounting_source"] for r in runs} <= {"executor", "files"}
-    m = sql(env["db"], "SELECT * FROM measurements WHERE campaign = 'e2e-lora'")
+    m = sql(lora_env["db"], "SELECT * FROM measurements WHERE campaign = 'e2e-lora'")
     assert len(m) == 3 and all(r["is_valid"] for r in m)
     backends = sorted(str(r["distributed_backend"]) for r in m)
     assert backends == ["DDP", "FSDP", "None"]
-    for r in sql(env["db"], "SELECT * FROM ranks WHERE run_id IN (SELECT run_id FROM runs WHERE campaign='e2e-lora')"):
+    for r in sql(lora_env["db"],
+                 "SELECT * FROM ranks WHERE run_id IN (SELECT run_id FROM runs WHERE campaign='e2e-lora')"):
         assert r["global_step"] == 6
 
 
-def test_measurements_agree_with_an_independent_recomputation(lora_campaign, env) -> None:
-    for m in sql(env["db"], "SELECT m.*, r.job_dir FROM measurements m JOIN runs r USING (run_id) "
+def test_measurements_agree_with_an_independent_recomputation(lora_campaign, lora_env) -> None:
+    for m in sql(lora_env["db"], "SELECT m.*, r.job_dir FROM measurements m JOIN runs r USING (run_id) "
                             "WHERE r.campaign = 'e2e-lora'"):
         paths = JobPaths(m["job_dir"])
         rank0 = json.loads(paths.rank_result(0).read_text())
@@ -128,8 +139,8 @@ def test_measurements_agree_with_an_independent_recomputation(lora_campaign, env
         # Dataset tokens: recount the entries the run consumed from the dataset file with the tokenizer.
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(env["model"]))
-        entries = [json.loads(line)["output"] for line in (env["data"] / f"{SMALL_DATASET}.jsonl").open()]
+        tok = AutoTokenizer.from_pretrained(str(lora_env["model"]))
+        entries = [json.loads(line)["output"] for line in (lora_env["data"] / f"{SMALL_DATASET}.jsonl").open()]
         counts = [min(len(tok(e)["input_ids"]), 96) for e in entries]
         assert rank0["dataset_token_counts"]["total"] == sum(counts)
         processed = rank0["metrics"]["dataset_tokens"]
@@ -169,10 +180,10 @@ def _at(rows: list[tuple[float, float]], t: float) -> float:
     raise AssertionError(f"no energy readings around {t}")
 
 
-def test_startup_is_timed_from_the_node_runners_start(lora_campaign, env) -> None:
+def test_startup_is_timed_from_the_node_runners_start(lora_campaign, lora_env) -> None:
     """run_overhead.startup_s: from the runner's start that its setup stage records (its process's start, before
     the stage's own start) to the first train stage, recomputed from stages.<host>.jsonl."""
-    rows = sql(env["db"], "SELECT o.*, r.job_dir FROM run_overhead o JOIN runs r USING (run_id) "
+    rows = sql(lora_env["db"], "SELECT o.*, r.job_dir FROM run_overhead o JOIN runs r USING (run_id) "
                           "WHERE r.campaign = 'e2e-lora'")
     assert len(rows) == 3
     for o in rows:
@@ -185,10 +196,10 @@ def test_startup_is_timed_from_the_node_runners_start(lora_campaign, env) -> Non
         assert o["startup_s"] == pytest.approx(first_train - began, rel=1e-12)
 
 
-def test_a_bfloat16_point_on_cpu_records_float32_as_what_ran(lora_campaign, env, cli_module) -> None:
+def test_a_bfloat16_point_on_cpu_records_float32_as_what_ran(lora_campaign, lora_env, cli_module) -> None:
     """The LoRA points ask bfloat16 (the default) and this machine has no CUDA: measurements keep what was asked,
     record what the loaded model ran with, and carry every rank's notes (runs.warnings, status too)."""
-    rows = sql(env["db"], "SELECT m.*, r.job_dir, r.warnings FROM measurements m JOIN runs r USING (run_id) "
+    rows = sql(lora_env["db"], "SELECT m.*, r.job_dir, r.warnings FROM measurements m JOIN runs r USING (run_id) "
                           "WHERE r.campaign = 'e2e-lora'")
     assert len(rows) == 3
     for m in rows:
@@ -201,33 +212,34 @@ def test_a_bfloat16_point_on_cpu_records_float32_as_what_ran(lora_campaign, env,
         notes = list(dict.fromkeys(n for r in ranks for n in r["notes"]))
         assert "torch_dtype bfloat16 -> float32: no CUDA device" in notes
         assert m["notes"][:len(notes)] == notes and set(notes) <= set(m["warnings"])
-    status = run_cli(cli_module, env, "status", "--campaign", "e2e-lora").stdout
+    status = run_cli(cli_module, lora_env, "status", "--campaign", "e2e-lora").stdout
     assert "note (3 run(s)): torch_dtype bfloat16 -> float32: no CUDA device" in status
-    page = run_cli_report(env)
+    page = run_cli_report(lora_env)
     assert "<th>notes</th>" in page and "torch_dtype bfloat16 -&gt; float32: no CUDA device" in page
 
 
-def test_recollect_changes_no_row(lora_campaign, env, cli_module) -> None:
-    before = table_contents(env["db"], TABLES)
-    res = json.loads(run_cli(cli_module, env, "collect", "--json").stdout)
+def test_recollect_changes_no_row(lora_campaign, lora_env, cli_module) -> None:
+    before = table_contents(lora_env["db"], TABLES)
+    res = json.loads(run_cli(cli_module, lora_env, "collect", "--json").stdout)
     assert res["new"] == 0 and res["updated"] == 0
-    assert table_contents(env["db"], TABLES) == before
+    assert table_contents(lora_env["db"], TABLES) == before
 
 
-def test_resubmit_skips_measured_points_and_status_shows_done(lora_campaign, env, cli_module) -> None:
-    again = json.loads(run_cli(cli_module, env, "submit", lora_campaign["sweep"], "--executor", "local",
+def test_resubmit_skips_measured_points_and_status_shows_done(lora_campaign, lora_env, cli_module) -> None:
+    again = json.loads(run_cli(cli_module, lora_env, "submit", lora_campaign["sweep"], "--executor", "local",
                                "--json").stdout)
     assert again["submitted"] == 0
     assert all(p["action"] == "skip" and "already measured" in p["reason"] for p in again["points"])
-    st = json.loads(run_cli(cli_module, env, "status", "--campaign", "e2e-lora", "--json").stdout)
+    st = json.loads(run_cli(cli_module, lora_env, "status", "--campaign", "e2e-lora", "--json").stdout)
     assert st["counts"] == {"ok": 3}
     res = cli_module("query", "select count(*) as n from latest_measurements where campaign='e2e-lora'",
-                     "--format", "csv", "--db", env["db"])
+                     "--format", "csv", "--db", lora_env["db"])
     assert res.exit_code == 0, res.output
     text = res.stdout
     assert text.strip().splitlines() == ["n", "3"]
 
 
+@pytest.mark.slow(15)
 def test_failed_point_is_retried_as_a_new_attempt_and_ok_points_stay(env, cli_module, monkeypatch) -> None:
     # The partition names the nodes' python, so plan can only note that schedulefree may be missing there:
     # the point is valid, and fails when the trainer builds its optimizer.
@@ -279,6 +291,7 @@ def test_gpu_oom_is_an_invalid_measurement(env, cli_module, monkeypatch) -> None
     assert m["is_valid"] is False
 
 
+@pytest.mark.slow(35)
 def test_stability_experiment_records_fractions(env, cli_module) -> None:
     doc = sweep_doc("e2e-stab", "finetune_full_stability-v1.0.0", env["model"], env["data"],
                     {"batch_size": 2, "number_gpus": 1, "torch_dtype": "float32"}, {})
@@ -294,14 +307,9 @@ def test_stability_experiment_records_fractions(env, cli_module) -> None:
     assert m["is_valid"] is True
 
 
-def test_full_and_prompt_tuning_with_two_processes(env, cli_module) -> None:
-    for name, exp, backend in (("e2e-full2", "finetune_full_benchmark-v1.0.0", "FSDP"),
-                               ("e2e-pt2", "finetune_pt_benchmark-v1.0.0", "DDP")):
-        sweep = write_sweep(env["root"] / f"{name}.yaml", sweep_doc(
-            name, exp, env["model"], env["data"],
-            {"batch_size": 4, "max_steps": 3, "number_gpus": 2, "distributed_backend": backend}, {}))
-        run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
-    run_cli(cli_module, env, "collect")
+@pytest.mark.slow(20)
+def test_full_and_prompt_tuning_with_two_processes(lora_campaign, lora_env) -> None:
+    env = lora_env
     rows = sql(env["db"], "SELECT r.campaign, r.outcome, r.reason, m.world_size, m.train_runtime, "
                           "p.distributed_backend "
                           "FROM runs r JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id) "
@@ -379,27 +387,19 @@ def _check_memory(db: Path, model_dir: Path, campaigns: tuple[str, ...]) -> set[
     return seen
 
 
-def test_memory_rows_match_an_independent_recount_and_the_prediction(lora_campaign, env, cli_module) -> None:
+@pytest.mark.slow(15)
+def test_memory_rows_match_an_independent_recount_and_the_prediction(lora_campaign, lora_env) -> None:
     """Rank 0's parameter, gradient and optimizer bytes after its last optimizer step, recounted from the
     checkpoint's tensor shapes and the run's own arguments; the prediction within 2 % of them. Every method
     (full, LoRA, prompt tuning) under DDP and FSDP on the tiny Llama."""
-    for name, exp, backend in (("e2e-mem-fullddp", "finetune_full_benchmark-v1.0.0", "DDP"),
-                               ("e2e-mem-ptfsdp", "finetune_pt_benchmark-v1.0.0", "FSDP")):
-        sweep = write_sweep(env["root"] / f"{name}.yaml", sweep_doc(
-            name, exp, env["model"], env["data"], {"batch_size": 4, "max_steps": 2, "number_gpus": 2,
-                                                   "distributed_backend": backend}, {}))
-        run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
-    run_cli(cli_module, env, "collect")
-    seen = _check_memory(env["db"], env["model"], ("e2e-lora", "e2e-full2", "e2e-pt2", "e2e-mem-fullddp",
-                                                   "e2e-mem-ptfsdp"))
-    assert {("lora", "DDP"), ("lora", "FSDP"), ("lora", "single"), ("none", "DDP"), ("pt", "FSDP")} <= seen
-    page = run_cli_report(env)
+    seen = _check_memory(lora_env["db"], lora_env["model"], ("e2e-lora", *(c for c, *_ in TWO_PROCESS)))
+    assert seen == {(m, b) for m in ("none", "lora", "pt") for b in ("DDP", "FSDP")} | {("lora", "single")}
+    page = run_cli_report(lora_env)
     assert 'id="memory-breakdown"' in page and "measured" in page and "predicted" in page
     assert "Activation estimate error: not measurable in these runs" in page  # CPU: said, not hidden
-    if {("none", "FSDP"), ("pt", "DDP")} - seen:  # from test_full_and_prompt_tuning_with_two_processes
-        pytest.skip("the full/FSDP and pt/DDP campaigns of the other test did not run in this session")
 
 
+@pytest.mark.slow(55)
 def test_memory_of_another_architecture(env, cli_module, tmp_path_factory) -> None:
     """A generated Qwen2-like model (biased q/k/v projections, grouped-query attention, 3 layers): full
     fine-tuning, LoRA and prompt tuning, each under DDP and FSDP with 2 processes; measured against the recount
@@ -465,6 +465,7 @@ def _zero_recount(model_dir: Path, argv: list[str], world: int, stage: int, offl
             "optimizer_bytes": 12 * part}
 
 
+@pytest.mark.slow(190)
 def test_deepspeed_zero_trains_on_cpu_and_its_memory_matches_a_recount(env, cli_module) -> None:
     """DeepSpeed ZeRO through accelerate on CPU processes (deepspeed's CPU accelerator, gloo): full fine-tuning
     under ZeRO-2 with the optimizer offloaded and under ZeRO-3 (2 processes, and one), LoRA under ZeRO-3 with
@@ -508,6 +509,7 @@ def test_deepspeed_zero_trains_on_cpu_and_its_memory_matches_a_recount(env, cli_
                                                                                       rel=0.02)
 
 
+@pytest.mark.slow(20)
 def test_sgd_with_momentum_from_optim_args_really_changes_the_run(env, cli_module) -> None:
     """optim_args reaches the trainer's optimizer: LoRA with sgd and momentum=0.9 keeps one momentum buffer per
     adapter value (measured), as predicted; the same point without optim_args keeps none."""
@@ -557,14 +559,14 @@ def _same_shape(synthetic: object, real: object, where: str) -> list[str]:
     return []
 
 
-def test_synthetic_job_dirs_keep_the_real_runners_format(lora_campaign, env, tmp_path) -> None:
+def test_synthetic_job_dirs_keep_the_real_runners_format(lora_campaign, lora_env, tmp_path) -> None:
     # The collect tests and bench/collect.py build job dirs with tests/synth.py instead of training. Held
     # against a real run's job dir (two processes, one host), every file they write must be one the runner
     # writes, with the same keys and JSON types, the same stage events and the same samples header, so the
     # two formats cannot drift apart.
     from . import synth
 
-    real = next(Path(r["job_dir"]) for r in sql(env["db"], "SELECT job_dir FROM runs r JOIN points p USING "
+    real = next(Path(r["job_dir"]) for r in sql(lora_env["db"], "SELECT job_dir FROM runs r JOIN points p USING "
                                                           "(point_id) WHERE r.campaign = 'e2e-lora' AND "
                                                           "p.number_gpus = 2 AND p.distributed_backend = 'DDP'"))
     made = synth.make_run(tmp_path / "runs", "synthetic", 0, hosts=("node1",), gpus_per_host=2, ticks=5)
@@ -592,10 +594,10 @@ def test_synthetic_job_dirs_keep_the_real_runners_format(lora_campaign, env, tmp
         assert not _same_shape(event, real_manifest[event["type"]], f"manifest {event['type']}")
 
 
-def test_environment_records_the_python_version(lora_campaign, env) -> None:
+def test_environment_records_the_python_version(lora_campaign, lora_env) -> None:
     # environment.<host>.json holds python as {"version", "executable", "implementation"}: the column keeps
     # the version (a synthetic job dir once held a bare string there, and hid that the object was stored).
-    rows = sql(env["db"], "SELECT DISTINCT python FROM environment e JOIN runs r USING (run_id) "
+    rows = sql(lora_env["db"], "SELECT DISTINCT python FROM environment e JOIN runs r USING (run_id) "
                           "WHERE r.campaign = 'e2e-lora'")
     assert rows == [{"python": ".".join(map(str, sys.version_info[:3]))}]
 
@@ -616,6 +618,7 @@ def _t_quantile_by_integration(p: float, df: int) -> float:
     return (lo + hi) / 2
 
 
+@pytest.mark.slow(20)
 def test_precision_auto_stop_measures_the_steady_window_and_records_its_interval(env, cli_module, monkeypatch) -> None:
     # Two DDP processes, auto-stop by precision. A deterministic slow warm-up (1 s sleeps after steps 1-4, so
     # steps 2-5 are slow) must fall outside the window MSER-5 finds; the run stops once the 95 % interval is

@@ -34,6 +34,7 @@ def check_rows(rows: list[dict], world: int, sizes: list[int]) -> None:
 
 
 @pytest.mark.train
+@pytest.mark.slow(10)
 def test_fabric_on_one_node_with_the_local_executor(cli, tmp_path: Path) -> None:
     db = tmp_path / "r.duckdb"
     res = cli("fabric", "--nodes", "1", "--executor", "local", "--sizes", "4K,256K", "--iters", "5",
@@ -50,6 +51,7 @@ def test_fabric_on_one_node_with_the_local_executor(cli, tmp_path: Path) -> None
 
 
 @pytest.mark.slurm
+@pytest.mark.slow(20)
 def test_fabric_across_two_test_cluster_nodes_lands_in_the_db_and_the_report(cli, slurm_cluster,
                                                                              tmp_path: Path) -> None:
     db = tmp_path / "r.duckdb"
@@ -82,6 +84,7 @@ def test_fabric_across_two_test_cluster_nodes_lands_in_the_db_and_the_report(cli
 
 
 @pytest.mark.slurm
+@pytest.mark.slow(15)
 def test_fabric_without_a_partition_names_the_option_that_works(cli, slurm_cluster, tmp_path: Path) -> None:
     """Two partitions and no sweep: the message names --partition (not a sweep's key), and following its
     example runs the fabric job."""
@@ -98,6 +101,7 @@ def test_fabric_without_a_partition_names_the_option_that_works(cli, slurm_clust
 
 
 @pytest.mark.slurm
+@pytest.mark.slow(35)
 def test_submit_preflight_runs_fabric_first_then_submits(cli, slurm_cluster, tiny_model, tmp_path: Path) -> None:
     sweep = tmp_path / "s.yaml"
     sweep.write_text(yaml.safe_dump({

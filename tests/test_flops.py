@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.spec.flops import compute_dtype, flops_per_token, model_counts, peak_tflops
 
-from .conftest import ROOT, SMALL_DATASET, sql_rows, write_sweep
+from .conftest import sql_rows, write_sweep
+from .helpers import TRAINED_PEAK_TFLOPS, Trained
 
 
 def on_disk_params(model_dir: Path) -> dict[str, int]:
@@ -86,24 +84,12 @@ def test_counts_match_the_checkpoint_for_full_lora_and_prompt_tuning(tiny_model:
 
 
 @pytest.mark.train
-def test_mfu_of_a_real_run_equals_an_independent_recomputation(tiny_model: Path, small_data_dir: Path,
-                                                               tmp_path: Path) -> None:
-    peak = 0.05  # TFLOP/s of one CPU worker process, declared in the inventory
-    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"cpu": {
-        "gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 2, "memory_gb": 8, "peak_tflops": peak,
-        "hosts": {"h1": {"address": "127.0.0.1"}}}}})
-    sw = write_sweep(tmp_path / "s.yaml", {
-        "campaign": "mfu", "experiment": "finetune_full_benchmark-v1.0.0",
-        "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "number_gpus": 1,
-                   "batch_size": 2, "gradient_accumulation_steps": 1, "max_steps": 3},
-        "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)})
-    runs, db = tmp_path / "runs", tmp_path / "r.duckdb"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for args in (["submit", sw, "-i", inv, "--executor", "local", "--wait"], ["collect"]):
-        proc = subprocess.run([sys.executable, "-m", "harness", *map(str, args), "--workdir", str(runs), "--db",
-                               str(db)], capture_output=True, text=True, env=env, cwd=ROOT)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    (m,) = sql_rows(db, "SELECT m.*, r.job_dir FROM measurements m JOIN runs r USING (run_id)")
+def test_mfu_of_a_real_run_equals_an_independent_recomputation(trained: Trained, tiny_model: Path) -> None:
+    """The session's trained campaigns declare a peak of 0.05 TFLOP/s per CPU worker process in the inventory;
+    the batch-2 run of full fine-tuning is recomputed here from the checkpoint and the run's own counts."""
+    peak = TRAINED_PEAK_TFLOPS
+    (m,) = sql_rows(trained.db, "SELECT m.*, r.job_dir FROM measurements m JOIN runs r USING (run_id) "
+                                "WHERE r.campaign = 'nightly-1' AND m.batch_size = 2")
     rank0 = json.loads((Path(m["job_dir"]) / "rank.0.json").read_text())
     spec = json.loads((Path(m["job_dir"]) / "spec.json").read_text())["jobspec"]
     assert spec["peak_tflops"] == peak and spec["peak_source"] == "inventory" and spec["compute_dtype"] == "fp32"

@@ -305,6 +305,7 @@ def _rows(env, where: str = "true") -> list[dict]:
 
 
 @pytest.mark.train
+@pytest.mark.slow(170)
 def test_every_point_runs_through_both_trainers(runs) -> None:
     rows = _rows(runs)
     # full 1 + LoRA (1 process; 2 x DDP/FSDP) + PT 1, each through both trainers

@@ -21,12 +21,10 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from harness.build.jobspec import build_jobspec
 from harness.build.render import render_env, render_files, render_launch
 from harness.build.sbatch import job_sbatch
-from harness.cli import main
 from harness.collect import collect
 from harness.contract.paths import JobPaths
 from harness.sbatch.local import LocalBackend, kill_launch, timeout_minutes
@@ -37,6 +35,7 @@ from harness.spec.sweep import load_sweep
 from tests.synth import T0, append_manifest, make_run, write_json
 
 from .conftest import sql_rows
+from .helpers import invoke, write_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,24 +58,8 @@ BASE_SWEEP: dict[str, Any] = {
 }
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> dict[str, Path]:
-    (tmp_path / "model").mkdir()
-    return {"root": tmp_path, "inv": tmp_path / "inv.yaml", "sweep": tmp_path / "sweep.yaml",
-            "workdir": tmp_path / "runs", "db": tmp_path / "results.duckdb", "out": tmp_path / "out"}
 
 
-def write(path: Path, doc: Any) -> Path:
-    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def invoke(*args: Any) -> Any:
-    """The CLI in-process; an escaped exception (a traceback for the user) is a test failure."""
-    res = CliRunner().invoke(main, [str(a) for a in args])
-    if res.exception is not None and not isinstance(res.exception, SystemExit):
-        raise AssertionError(f"traceback for {args}: {res.exception!r}\n{res.output}") from res.exception
-    return res
 
 
 def nothing_written(lab: dict[str, Path]) -> None:
@@ -169,8 +152,8 @@ def test_bad_input_exits_2_naming_the_key_and_writes_nothing(lab, case) -> None:
         sweep = setin(sweep, dotted, value)
     else:
         inv = setin(inv, dotted, value)
-    write(lab["inv"], inv)
-    write(lab["sweep"], sweep)
+    write_yaml(lab["inv"], inv)
+    write_yaml(lab["sweep"], sweep)
     for cmd in (["plan"], ["render", "-o", lab["out"]],
                 ["submit", "--executor", "local", "--workdir", lab["workdir"], "--db", lab["db"]]):
         res = invoke(cmd[0], lab["sweep"], "-i", lab["inv"], *cmd[1:])
@@ -185,7 +168,7 @@ def test_the_same_host_with_two_addresses_is_refused(lab) -> None:
     inv = copy.deepcopy(BASE_INVENTORY)
     inv["partitions"]["gpu"] = {"gpu_model": "NVIDIA-H100-80GB-HBM3", "gpus_per_node": 8, "cpus_per_node": 8,
                                 "memory_gb": 16, "hosts": {"h1": {"address": "10.0.0.1"}}}
-    res = invoke("inventory", "check", "-i", write(lab["inv"], inv))
+    res = invoke("inventory", "check", "-i", write_yaml(lab["inv"], inv))
     assert res.exit_code == 2 and "partitions.gpu.hosts.h1.address" in res.output and "127.0.0.1" in res.output
 
 
@@ -198,15 +181,15 @@ def test_the_same_host_with_two_addresses_is_refused(lab) -> None:
     ("k: v\n" * 2, "duplicate key"),
 ])
 def test_yaml_bombs_are_refused_fast(lab, text: str, what: str) -> None:
-    write(lab["inv"], BASE_INVENTORY)
+    write_yaml(lab["inv"], BASE_INVENTORY)
     t = time.monotonic()
-    res = invoke("plan", write(lab["sweep"], text), "-i", lab["inv"])
+    res = invoke("plan", write_yaml(lab["sweep"], text), "-i", lab["inv"])
     assert time.monotonic() - t < 5
     assert res.exit_code == 2 and what in res.output, res.output
 
 
 def test_an_oversized_document_is_refused_before_it_is_parsed(lab) -> None:
-    write(lab["inv"], BASE_INVENTORY)
+    write_yaml(lab["inv"], BASE_INVENTORY)
     big = lab["sweep"]
     big.write_text("campaign: x\n" + "# padding\n" * 200_000)
     res = invoke("plan", big, "-i", lab["inv"])
@@ -217,8 +200,8 @@ def test_unlimited_time_is_legal_and_runs_without_a_local_timeout(lab) -> None:
     inv = setin(BASE_INVENTORY, ("partitions", "cpu", "time_limit"), "UNLIMITED")
     sweep = copy.deepcopy(BASE_SWEEP)
     del sweep["slurm"]
-    write(lab["inv"], inv)
-    write(lab["sweep"], sweep)
+    write_yaml(lab["inv"], inv)
+    write_yaml(lab["sweep"], sweep)
     res = invoke("render", lab["sweep"], "-i", lab["inv"], "-o", lab["out"])
     assert res.exit_code == 0, res.output
     sbatch = next(lab["out"].glob("*/job.sbatch")).read_text()
@@ -229,8 +212,8 @@ def test_unlimited_time_is_legal_and_runs_without_a_local_timeout(lab) -> None:
 # -- scripts never run a value ------------------------------------------------------------------------------
 
 def _hostile_spec(lab: dict[str, Path]):
-    write(lab["inv"], BASE_INVENTORY)
-    write(lab["sweep"], BASE_SWEEP)
+    write_yaml(lab["inv"], BASE_INVENTORY)
+    write_yaml(lab["sweep"], BASE_SWEEP)
     inv = load_inventory(lab["inv"])
     sweep = load_sweep(lab["sweep"])
     point = next(p for p in plan_sweep(sweep, inv) if p.valid and p.entity["number_gpus"] == 2)
@@ -338,8 +321,8 @@ def _fuzz_once(tmp: Path, inv: dict, sweep: dict) -> None:
     (tmp / "model").mkdir(exist_ok=True)
     out = tmp / "out"
     try:
-        write(tmp / "inv.yaml", inv)
-        write(tmp / "sweep.yaml", sweep)
+        write_yaml(tmp / "inv.yaml", inv)
+        write_yaml(tmp / "sweep.yaml", sweep)
     except (yaml.YAMLError, ValueError, RecursionError):
         return  # not representable as YAML: nothing a user could write
     for args in (["plan", "--json"], ["render", "-o", out]):
@@ -369,7 +352,7 @@ def test_fuzz_the_sweep(tmp_path_factory, picks) -> None:
 def test_fuzz_raw_documents(tmp_path_factory, text) -> None:
     tmp = tmp_path_factory.mktemp("fz")
     (tmp / "inv.yaml").write_text(text, encoding="utf-8", errors="surrogateescape")
-    write(tmp / "sweep.yaml", BASE_SWEEP)
+    write_yaml(tmp / "sweep.yaml", BASE_SWEEP)
     res = invoke("plan", tmp / "sweep.yaml", "-i", tmp / "inv.yaml")
     assert res.exit_code in (0, 2), res.output
 
@@ -377,8 +360,8 @@ def test_fuzz_raw_documents(tmp_path_factory, text) -> None:
 # -- relative paths become absolute ----------------------------------------------------------------------
 
 def test_the_manifest_records_absolute_paths_so_retry_works_from_anywhere(lab, monkeypatch) -> None:
-    write(lab["inv"], BASE_INVENTORY)
-    write(lab["sweep"], setin(BASE_SWEEP, ("entity", "model_max_length"), 64) | {
+    write_yaml(lab["inv"], BASE_INVENTORY)
+    write_yaml(lab["sweep"], setin(BASE_SWEEP, ("entity", "model_max_length"), 64) | {
         "grid": {"batch_size": [3], "number_gpus": [2]}})  # rule 1: every point invalid, nothing runs
     monkeypatch.chdir(lab["root"])
     res = invoke("submit", "sweep.yaml", "-i", "inv.yaml", "--executor", "local", "--workdir", "runs",
@@ -502,8 +485,8 @@ def test_a_cancelled_local_run_is_recorded_cancelled_with_its_signal_and_not_ret
              "entity": {"model_name": "tiny", "model_max_length": 64, "max_steps": 100000,
                         "dataset_id": "news-chars-512-entries-4096", "gradient_accumulation_steps": 1},
              "grid": {"batch_size": [2], "number_gpus": [1]}, "data_dir": str(lab["root"] / "data")}
-    write(lab["inv"], inv)
-    write(lab["sweep"], sweep)
+    write_yaml(lab["inv"], inv)
+    write_yaml(lab["sweep"], sweep)
     common = ["--workdir", lab["workdir"], "--db", lab["db"]]
     rep = json.loads(invoke("submit", lab["sweep"], "-i", lab["inv"], "--executor", "local", "--json",
                             *common).stdout)

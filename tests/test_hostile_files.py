@@ -12,8 +12,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +24,10 @@ from harness.cli import main
 from harness.collect import collect
 from harness.contract import safefile
 from harness.contract.paths import JobPaths
+from tests import helpers
 from tests.synth import append_manifest, make_run, write_json
 
-from .conftest import ROOT, sql_rows
+from .conftest import sql_rows
 from .test_hardening import BASE_INVENTORY, BASE_SWEEP, setin
 
 CAMPAIGN = "hard"  # BASE_SWEEP's: a submit of it reads this campaign (its points are all invalid: nothing runs)
@@ -37,18 +36,8 @@ CANARY = "CANARY-0f1e2d3c"  # in every file outside the work dir a link points t
 
 
 def sbench(*args: Any, cwd: Path, timeout: float = LIMIT_S) -> subprocess.CompletedProcess[str]:
-    """``sbench ARGS`` as its own process; a hang past *timeout* or a traceback fails the test."""
-    t = time.monotonic()
-    try:
-        proc = subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=cwd, capture_output=True,
-                              encoding="utf-8", errors="replace", timeout=timeout, stdin=subprocess.DEVNULL,
-                              env={**os.environ, "PYTHONPATH": str(ROOT), "SBENCH_DB_WAIT": "5"})
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"sbench {' '.join(map(str, args))} did not finish within {timeout} s")
-    out = proc.stdout + proc.stderr
-    assert "Traceback" not in out and "internal error" not in out, out
-    assert time.monotonic() - t < timeout
-    return proc
+    """``sbench ARGS`` as its own process, bounded by this file's limit; a hang or a traceback fails the test."""
+    return helpers.sbench(*args, cwd=cwd, timeout=timeout, ok=None, env={"SBENCH_DB_WAIT": "5"})
 
 
 def run(wd: Path, index: int, campaign: str = CAMPAIGN) -> dict[str, Any]:
@@ -93,15 +82,16 @@ def every_text(db: Path) -> str:
 
 
 @pytest.fixture
-def lab(tmp_path: Path) -> dict[str, Any]:
-    wd = tmp_path / "runs"
-    (tmp_path / "model").mkdir()
-    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(BASE_INVENTORY))
+def lab(lab: dict[str, Any]) -> dict[str, Any]:
+    """The corner, with an inventory, a sweep whose points are all invalid (rule 1: nothing runs) and two good
+    synthetic runs of the campaign."""
+    lab["inv"].write_text(yaml.safe_dump(BASE_INVENTORY))
     sweep = setin(BASE_SWEEP, ("entity", "model_max_length"), 64) | {"grid": {"batch_size": [3], "number_gpus": [2]}}
-    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))  # rule 1: every point invalid, nothing runs
-    good = [run(wd, 0), run(wd, 1)]
-    return {"root": tmp_path, "wd": wd, "db": tmp_path / "results.duckdb", "good": good,
-            "common": ["--workdir", wd, "--db", tmp_path / "results.duckdb"]}
+    lab["sweep"].write_text(yaml.safe_dump(sweep))
+    wd = lab["wd"] = lab["workdir"]
+    lab["good"] = [run(wd, 0), run(wd, 1)]
+    lab["common"] = ["--workdir", wd, "--db", lab["db"]]
+    return lab
 
 
 def baseline(lab: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -418,28 +408,18 @@ def test_the_reader_refuses_without_blocking_and_bounds_what_it_reads(tmp_path: 
 # -- a real local run ----------------------------------------------------------------------------------------------
 
 @pytest.mark.train
-def test_a_real_local_run_with_hostile_files_beside_its_own_is_collected_exactly(tmp_path: Path, tiny_model) -> None:
-    """A real run of the tiny model through the local executor; then FIFOs and links are put beside its files:
-    collect stores exactly what it stored without them, and says what it did not read."""
-    inv = setin(BASE_INVENTORY, ("partitions", "cpu", "hosts"), {"h1": {"address": "127.0.0.1"}})
-    sweep = {**BASE_SWEEP, "campaign": "real", "model_map": {"tiny": str(tiny_model)},
-             "entity": {"model_name": "tiny", "model_max_length": 64, "max_steps": 4,
-                        "dataset_id": "news-chars-512-entries-4096", "gradient_accumulation_steps": 1},
-             "grid": {"batch_size": [2], "number_gpus": [1]}, "data_dir": str(tmp_path / "data"),
-             "runner": {"sample_interval_s": 0.1}}
-    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
-    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
-    wd, db = tmp_path / "runs", tmp_path / "results.duckdb"
+def test_a_real_local_run_with_hostile_files_beside_its_own_is_collected_exactly(tmp_path: Path, trained) -> None:
+    """Real runs of the tiny model through the local executor (a copy of the session's trained campaigns); then
+    FIFOs and links are put beside one run's files: collect stores exactly what it stored without them, and
+    says what it did not read."""
+    lab = trained.copy(tmp_path / "lab")
+    wd, db = lab.workdir, lab.db
     common = ["--workdir", wd, "--db", db]
-    sub = sbench("submit", "sweep.yaml", "-i", "inv.yaml", "--executor", "local", "--wait", "--json", *common,
-                 cwd=tmp_path, timeout=600)
-    assert sub.returncode == 0, sub.stderr
-    (job,) = [p for p in json.loads(sub.stdout)["points"] if p["action"] == "submit"]
-    jd = Path(job["job_dir"])
     clean = tmp_path / "clean.duckdb"
     collect(clean, wd)
-    (ok,) = sql_rows(clean, "SELECT outcome FROM runs")
-    assert ok["outcome"] == "ok"
+    runs = sql_rows(clean, "SELECT job_dir, outcome FROM runs ORDER BY job_dir")
+    assert len(runs) == 4 and {r["outcome"] for r in runs} == {"ok"}
+    jd = Path(runs[0]["job_dir"])
     (tmp_path / "secret").write_text(json.dumps({"rank": 5, "host": CANARY, "metrics": {}}))
     link(jd / "rank.5.json", tmp_path / "secret")
     link(jd / "samples.ghost.csv", "/dev/zero")
@@ -451,14 +431,16 @@ def test_a_real_local_run_with_hostile_files_beside_its_own_is_collected_exactly
         assert sql_rows(db, f"SELECT * EXCLUDE (run_id) FROM {table} ORDER BY ALL") == \
             sql_rows(clean, f"SELECT * EXCLUDE (run_id) FROM {table} ORDER BY ALL"), table
     assert sql_rows(db, "SELECT count(*) AS n FROM samples") == sql_rows(clean, "SELECT count(*) AS n FROM samples")
-    (row,) = sql_rows(db, "SELECT outcome, warnings FROM runs")
-    assert row["outcome"] == "ok"
-    text = "; ".join(row["warnings"] or [])
+    rows = {r["job_dir"]: r for r in sql_rows(db, "SELECT job_dir, outcome, warnings FROM runs")}
+    before = {r["job_dir"]: r for r in sql_rows(clean, "SELECT job_dir, outcome, warnings FROM runs")}
+    assert {r["outcome"] for r in rows.values()} == {"ok"}
+    assert {d: r for d, r in rows.items() if d != str(jd)} == {d: r for d, r in before.items() if d != str(jd)}
+    text = "; ".join(rows[str(jd)]["warnings"] or [])
     for what in ("rank.5.json: not read (a symbolic link", "samples.ghost.csv: not read (a symbolic link to /dev/zero",
                  "error.3.json: not read (a FIFO"):
         assert what in text, text
     assert CANARY not in every_text(db)
     for args in (["status"], ["cancel"]):
         assert sbench(*args, *common, cwd=tmp_path).returncode == 0
-    again = sbench("submit", "sweep.yaml", "-i", "inv.yaml", "--executor", "local", "--json", *common, cwd=tmp_path)
+    again = sbench("submit", lab.sweep, "--campaign", "nightly-1", "--json", *lab.local, cwd=tmp_path)
     assert again.returncode == 0 and json.loads(again.stdout)["submitted"] == 0  # measured: not run again

@@ -116,11 +116,6 @@ def gone(pid: int) -> bool:
         return True
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> dict[str, Path]:
-    return {"root": tmp_path, "workdir": tmp_path / "runs", "db": tmp_path / "results.duckdb"}
-
-
 def sweep_file(lab: dict[str, Path], campaign: str, model: Path, data: Path, grid: dict[str, list[Any]]) -> Path:
     return write_sweep(lab["root"] / f"{campaign}.yaml", {
         "campaign": campaign, "experiment": FULL,
@@ -178,7 +173,7 @@ def test_a_forged_submitted_json_or_queue_pidfile_is_never_trusted(lab) -> None:
 # -- the campaign lock ------------------------------------------------------------------------------------
 
 def test_a_held_campaign_lock_makes_submit_and_cancel_wait_then_exit_1_naming_the_holder(lab) -> None:
-    (lab["root"] / "model").mkdir()
+    (lab["root"] / "model").mkdir(exist_ok=True)
     sweep = write_sweep(lab["root"] / "s.yaml", {
         "campaign": "busy", "experiment": FULL, "entity": {"model_name": "tiny", "model_max_length": 64,
                                                            "batch_size": 2, "number_gpus": 1},
@@ -223,7 +218,7 @@ def test_a_signal_while_the_campaign_lock_is_held_takes_effect_once_the_work_is_
 
 
 def test_retry_refuses_a_sweep_that_now_names_another_campaign(lab) -> None:
-    (lab["root"] / "model").mkdir()
+    (lab["root"] / "model").mkdir(exist_ok=True)
     doc = {"campaign": "first", "experiment": FULL, "entity": {"model_name": "tiny", "model_max_length": 64,
                                                                "batch_size": 2, "number_gpus": 1},
            "model_map": {"tiny": str(lab["root"] / "model")}}
@@ -250,7 +245,7 @@ def test_retry_refuses_a_sweep_that_now_names_another_campaign(lab) -> None:
 def test_a_submit_killed_before_it_hands_its_job_dirs_over_leaves_them_visibly_not_started(lab) -> None:
     """SIGKILL between writing the job dirs and handing them to the executor (the window SIGINT and SIGTERM
     wait out): the attempt is not started, never queued for ever, and its number is never used again."""
-    (lab["root"] / "model").mkdir()
+    (lab["root"] / "model").mkdir(exist_ok=True)
     sweep = write_sweep(lab["root"] / "s.yaml", {
         "campaign": "killed", "experiment": FULL, "entity": {"model_name": "tiny", "model_max_length": 64,
                                                              "batch_size": 2, "number_gpus": 1},
@@ -344,6 +339,7 @@ def test_a_signal_that_sets_off_another_error_is_recorded_as_the_signal(tmp_path
 # -- real runs: the tiny model through the local executor ---------------------------------------------------
 
 @pytest.mark.train
+@pytest.mark.slow(20)
 def test_two_concurrent_submits_of_one_sweep_start_each_attempt_once(lab, tiny_model, small_data_dir) -> None:
     sweep = sweep_file(lab, "twice", tiny_model, small_data_dir, {"max_steps": [2, 3]})
     procs = [start(lab, f"submit{i}", "submit", sweep, "--executor", "local", "--no-prepare", "--json")
@@ -374,6 +370,7 @@ def test_two_concurrent_submits_of_one_sweep_start_each_attempt_once(lab, tiny_m
 
 
 @pytest.mark.train
+@pytest.mark.slow(15)
 def test_submit_wait_of_a_sweep_whose_jobs_all_fail_exits_1_with_a_summary(lab, tiny_model, small_data_dir) -> None:
     sweep = sweep_file(lab, "allfail", tiny_model, small_data_dir, {"max_steps": [2, 3]})
     res = sbench(lab, "submit", sweep, "--executor", "local", "--no-prepare", "--wait",
@@ -389,6 +386,7 @@ def test_submit_wait_of_a_sweep_whose_jobs_all_fail_exits_1_with_a_summary(lab, 
 
 @pytest.mark.train
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.slow(20)
 def test_a_stopped_submit_wait_strands_nothing(lab, tiny_model, small_data_dir, sig) -> None:
     """Before the queue starts the second job: SIGTERM (exit 143, the queued attempts listed with the cancel
     command) or SIGKILL of ``submit --wait`` stops the waiting; the detached queue runs every attempt."""
@@ -450,6 +448,7 @@ def test_ctrl_c_of_submit_wait_then_a_killed_queue_and_cancel(lab, tiny_model, s
 
 
 @pytest.mark.train
+@pytest.mark.slow(30)
 def test_a_signalled_queue_leaves_a_campaign_that_retry_finishes_without_rerunning_measured_points(
         lab, tiny_model, small_data_dir) -> None:
     """SIGTERM of the local queue itself while B runs: B is recorded "cancelled by signal 15", C not started

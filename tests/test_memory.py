@@ -357,6 +357,7 @@ print(json.dumps({"distributed_type": str(acc.distributed_type), "stage": ds.zer
 
 
 @pytest.mark.parametrize("part", ["cpu", "gpu"])
+@pytest.mark.slow(15)
 def test_deepspeed_configs_are_accepted_by_deepspeed_and_accelerate(tmp_path: Path, part: str) -> None:
     """Every ZeRO stage x offload choice renders a deepspeed.json that deepspeed's own DeepSpeedConfig and
     accelerate's loader (config file + DeepSpeedPlugin) accept, with the values the point asked for."""

@@ -189,6 +189,7 @@ def test_a_local_pack_runs_each_point_as_its_own_run_with_exact_measurements(loc
 
 
 @pytest.mark.train
+@pytest.mark.slow(10)
 def test_after_an_oom_in_a_pack_the_rest_run_unpacked_and_earlier_results_stay(local_env, cli,
                                                                               monkeypatch) -> None:
     env = local_env
@@ -216,6 +217,7 @@ def test_after_an_oom_in_a_pack_the_rest_run_unpacked_and_earlier_results_stay(l
 @pytest.mark.slurm
 @pytest.mark.train
 @pytest.mark.parametrize("nodes,batches", [(1, [4, 1, 2]), (2, [4, 2])], ids=["one-node", "two-nodes"])
+@pytest.mark.slow(20)
 def test_a_packed_scan_on_slurm_runs_in_one_allocation_with_one_ok_run_per_point(slurm_cluster, tiny_model,
                                                                                  small_data_dir, tmp_path, cli,
                                                                                  nodes, batches):
@@ -259,6 +261,7 @@ def test_a_packed_scan_on_slurm_runs_in_one_allocation_with_one_ok_run_per_point
 
 @pytest.mark.slurm
 @pytest.mark.train
+@pytest.mark.slow(15)
 def test_after_an_oom_in_a_slurm_pack_the_rest_is_requeued_from_the_node_as_its_own_job(
         slurm_cluster, tiny_model, small_data_dir, tmp_path, cli, monkeypatch):
     import time

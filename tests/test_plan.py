@@ -247,21 +247,14 @@ def test_plan_warns_once_per_setting_the_trainer_will_change(cli, tmp_path, tiny
 
 
 @pytest.mark.train
-def test_submit_shows_the_warnings_plan_shows(cli, tmp_path, tiny_model, small_data_dir) -> None:
+def test_submit_shows_the_warnings_plan_shows(cli, trained) -> None:
     """A user who submits without running plan first still reads what the trainer will run otherwise than
-    asked: submit prints plan's warnings, once per cause."""
-    data = tmp_path / "data"
-    data.mkdir()
-    shutil.copy(small_data_dir / f"{SMALL_DATASET}.jsonl", data)
-    doc = {"campaign": "warned", "experiment": "finetune_lora_benchmark-v1.0.0",
-           "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "batch_size": 2,
-                      "max_steps": 2, "number_gpus": 1, "torch_dtype": "bfloat16"},
-           "model_map": {"tiny": str(tiny_model)}, "data_dir": str(data)}
-    sweep = write_sweep(tmp_path / "s.yaml", doc)
-    planned = [line for line in cli("plan", sweep).stderr.splitlines() if line.startswith("warning:")]
-    assert any("load float32 weights" in w and w.endswith("(1 run(s))") for w in planned), planned
-    res = cli("submit", sweep, "--executor", "local", "--wait", "--workdir", tmp_path / "runs",
-              "--db", tmp_path / "r.duckdb")
-    assert res.exit_code == 0, res.output
-    shown = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
+    asked: submit prints plan's warnings, once per cause (the session's trained campaigns ask bfloat16 on a CPU
+    partition)."""
+    planned = [line for line in cli("plan", trained.sweep, "-i", trained.inventory).stderr.splitlines()
+               if line.startswith("warning:")]
+    assert any("load float32 weights" in w and w.endswith("(2 run(s))") for w in planned), planned
+    shown = [line for line in trained.submits["nightly-2"]["stderr"].splitlines() if line.startswith("warning:")]
     assert set(planned) <= set(shown), (planned, shown)
+    assert len(shown) == len(set(shown))  # once per cause
+    assert trained.submits["nightly-1"]["json"]["warnings"] == [w.removeprefix("warning: ") for w in shown]

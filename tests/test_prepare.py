@@ -20,6 +20,7 @@ import pytest
 from harness.data.prepared import DATA_FILE, META_FILE, PREP_DIR, ensure_prepared
 from harness.data.tokens import _Encoder, encode_for_training, load_tokenizer
 
+from . import helpers
 from .conftest import ROOT, SMALL_DATASET, sql_rows, write_sweep
 
 TEMPLATE = "\\n### Response:"
@@ -53,11 +54,7 @@ def sweep_doc(name: str, model: Path, data_dir: Path, **entity) -> dict:
 
 
 def sbench(*args, env=None, check=True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "harness", *[str(a) for a in args]], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=ROOT)
-    if check:
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
+    return helpers.sbench(*args, env=env, ok=(0,) if check else None)
 
 
 # -- the cache entry --------------------------------------------------------------------------------------------
@@ -245,6 +242,7 @@ def test_model_problems_are_input_errors_that_name_the_fix(tiny_model, tmp_path)
 
 # -- jobs ----------------------------------------------------------------------------------------------------------
 @pytest.mark.train
+@pytest.mark.slow(40)
 def test_a_job_without_preparation_builds_it_notes_it_and_the_next_one_maps_it(tiny_model, tmp_path) -> None:
     data, runs, db = tmp_path / "data", tmp_path / "runs", tmp_path / "r.duckdb"
     sw = write_sweep(tmp_path / "s.yaml", sweep_doc("prep-job", tiny_model, data))

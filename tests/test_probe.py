@@ -123,6 +123,7 @@ def test_the_fragment_proposes_what_the_node_has(tmp_path: Path) -> None:
 
 
 @pytest.mark.slurm
+@pytest.mark.slow(10)
 def test_probe_runs_on_every_test_cluster_node_and_lands_in_the_db(cli, slurm_cluster, tmp_path: Path) -> None:
     db = tmp_path / "r.duckdb"
     res = cli("probe", "-i", TEST_INVENTORY, "--partition", "cpu", "--on", "slurm", "--workdir", tmp_path / "runs",
@@ -201,6 +202,7 @@ def test_probe_advises_the_gpus_per_node_that_write_writes(tmp_path: Path, inven
 
 
 @pytest.mark.slurm
+@pytest.mark.slow(20)
 def test_probe_names_the_partition_option_and_its_advice_matches_write(cli, slurm_cluster, tmp_path: Path) -> None:
     """With two partitions and no sweep, the message names --partition; following it, probe runs. On the
     test cluster's GPU partition (its nodes have no GPU) probe advises what --write writes; following that

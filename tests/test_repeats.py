@@ -5,9 +5,6 @@ while a steady point does not."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from statistics import stdev
@@ -24,7 +21,8 @@ from harness.spec.inventory import load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep
 from harness.spec.sweep import AdaptiveRepeats, load_sweep
 
-from .conftest import ROOT, SMALL_DATASET, write_sweep
+from .conftest import SMALL_DATASET, write_sweep
+from .helpers import sbench
 
 SPEC = AdaptiveRepeats(min=2, max=4, cv=0.02)
 
@@ -132,16 +130,11 @@ def test_fault_job_condition() -> None:
 
 
 @pytest.mark.train
+@pytest.mark.slow(260)
 def test_a_noisy_point_gets_more_repeats_and_a_steady_one_does_not(tiny_model: Path, small_data_dir: Path,
                                                                     tmp_path: Path) -> None:
     runs, db = tmp_path / "runs", tmp_path / "r.duckdb"
     common = ["--workdir", str(runs), "--db", str(db)]
-
-    def sbench(*args, ok=(0,)) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert proc.returncode in ok, proc.stdout + proc.stderr
-        return proc
 
     # Two points (batch 2 and 4), 6 steps each. On this shared 2-core machine the same configuration's
     # training time varies by up to 10x under load (0.3-8 s for 6 steps of the tiny model), so every run

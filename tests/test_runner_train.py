@@ -197,6 +197,7 @@ def test_ddp_is_rendered_as_a_launchable_multi_process_config(tmp_path, inventor
     assert cfg["distributed_type"] == "MULTI_GPU" and cfg["use_cpu"] is True
 
 
+@pytest.mark.slow(15)
 def test_lora_ddp_two_processes_auto_stop_agrees_across_ranks(tmp_path, inventory, host, tiny_model, small_data):
     (paths,) = render(tmp_path, inventory, tiny_model, small_data, experiment="finetune_lora_benchmark-v1.0.0",
                       entity={"number_gpus": 2, "batch_size": 4, "max_steps": 2000, "distributed_backend": "DDP",
@@ -402,6 +403,7 @@ def test_scancel_sigterm_stops_training_and_records_it(tmp_path, inventory, host
     assert end and end[0]["status"] == "killed"
 
 
+@pytest.mark.slow(35)
 def test_stability_runs_five_trials_and_classifies_each(tmp_path, inventory, host, tiny_model, small_data):
     """Five trials of five steps; trial 1 runs out of memory, trial 2 is SIGKILLed, trial 3 fails."""
     (paths,) = render(tmp_path, inventory, tiny_model, small_data, experiment="finetune_full_stability-v1.0.0",

@@ -5,7 +5,6 @@ of a recorded variable is redacted, and ordinary values are not.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -16,31 +15,24 @@ from typing import Any
 import duckdb
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from harness.cli import main
 from harness.contract.paths import JobPaths
 from harness.runner.envcapture import REDACTED, redact_value, relevant_env
 
-from .conftest import ROOT, SMALL_DATASET, TEST_INVENTORY, sql_rows, write_sweep
-
-JWT = ".".join(base64.urlsafe_b64encode(part).decode().rstrip("=") for part in (
-    b'{"alg":"HS256","typ":"JWT"}', b'{"sub":"bench","exp":1893456000}', bytes(range(32))))
-HF_TOKEN = "hf_Q7xZp2LmN9vB4kR8sT1wY6uE3oI5aD0fGh"
-WANDB_KEY = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b"
-DB_PASSWORD = "Pa55-w0rd.x"
-DB_URL = f"postgresql://bench:{DB_PASSWORD}@db.internal:5432/results"
-AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
-REDIS_PASSWORD = "S3cr3tPw"
-REDIS_URL = f"redis://cache:{REDIS_PASSWORD}@10.0.0.5:6379/0"
-# (variable, value, the part that must never be written where others read it)
-SECRETS = [("HF_TOKEN", HF_TOKEN, HF_TOKEN), ("WANDB_API_KEY", WANDB_KEY, WANDB_KEY),
-           ("DATABASE_URL", DB_URL, DB_PASSWORD),
-           # allow-listed names (recorded by the environment capture), so only their values can redact them
-           ("NCCL_SBENCH_TEST_CRED_X", AWS_SECRET, AWS_SECRET), ("TORCH_STORE_URL", REDIS_URL, REDIS_PASSWORD),
-           ("ACCELERATE_REMOTE_ID", JWT, JWT)]
-NEVER = [needle for _, _, needle in SECRETS]
-
+from .conftest import SMALL_DATASET, TEST_INVENTORY, sql_rows, write_sweep
+from .helpers import (
+    AWS_SECRET,
+    DB_URL,
+    HF_TOKEN,
+    JWT,
+    NEVER,
+    REDIS_URL,
+    SECRETS,
+    WANDB_KEY,
+    Trained,
+    invoke,
+    secret_inventory,
+)
 
 # -- the redaction rule, both sides --------------------------------------------------------------------------
 
@@ -96,36 +88,12 @@ def test_the_capture_redacts_by_name_and_by_value_and_keeps_the_rest() -> None:
 
 # -- render: values only in env/<host>.sh, mode 0600 --------------------------------------------------------
 
-def secret_inventory(python: str | None = None) -> dict[str, Any]:
-    """A one-host CPU inventory whose env holds every secret, at each level (defaults, partition, host)."""
-    doc: dict[str, Any] = {
-        "cluster": "secrets",
-        "defaults": {"env": {"OMP_NUM_THREADS": "1", "HF_TOKEN": HF_TOKEN, "WANDB_API_KEY": WANDB_KEY},
-                     "nccl": {"NCCL_SBENCH_TEST_CRED_X": AWS_SECRET}},
-        "partitions": {"cpu": {
-            "gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 8, "memory_gb": 16, "time_limit": "00:30:00",
-            "env": {"DATABASE_URL": DB_URL, "NCCL_SBENCH_TEST_CRED_X": AWS_SECRET},
-            "hosts": {"h1": {"address": "127.0.0.1",
-                             "env": {"TORCH_STORE_URL": REDIS_URL, "ACCELERATE_REMOTE_ID": JWT}}}}},
-    }
-    if python:
-        doc["defaults"]["python"] = python
-    return doc
-
-
 def secret_sweep(campaign: str, model: Path, data: Path) -> dict[str, Any]:
     return {"campaign": campaign, "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
             "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET,
                        "gradient_accumulation_steps": 1, "batch_size": 2, "max_steps": 2},
             "grid": {"number_gpus": [1]}, "model_map": {"tiny": str(model)}, "data_dir": str(data),
             "runner": {"sample_interval_s": 0.5}}
-
-
-def invoke(*args: Any) -> Any:
-    res = CliRunner().invoke(main, [str(a) for a in args])
-    if res.exception is not None and not isinstance(res.exception, SystemExit):
-        raise AssertionError(f"traceback for {args}: {res.exception!r}\n{res.output}") from res.exception
-    return res
 
 
 def files_holding_secrets(root: Path) -> dict[Path, list[str]]:
@@ -184,42 +152,28 @@ def db_text(db: Path) -> str:
 
 
 @pytest.mark.train
-def test_a_real_local_run_gets_its_secrets_and_writes_none_where_others_read(tmp_path: Path, tiny_model,
-                                                                             small_data_dir) -> None:
-    """Real local executor: the job's interpreter receives HF_TOKEN (a wrapper records its hash, outside the
-    work dir); after the run and a collect, no secret is in any job-dir file but env/<host>.sh (0600), and
-    none is in the database; recorded variables show the name with the value redacted."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    wrapper = tmp_path / "python-wrapper"
-    wrapper.write_text("#!/bin/sh\n"
-                       f'printf %s "$HF_TOKEN" | sha256sum | cut -d" " -f1 > "{marks}/hf.$$"\n'
-                       f'exec "{ROOT / ".venv" / "bin" / "python"}" "$@"\n')
-    wrapper.chmod(0o755)
-    inv = tmp_path / "inv.yaml"
-    inv.write_text(yaml.safe_dump(secret_inventory(python=str(wrapper))))
-    sweep = write_sweep(tmp_path / "s.yaml", secret_sweep("sec-local", tiny_model, small_data_dir))
-    wd, db = tmp_path / "runs", tmp_path / "results.duckdb"
-    res = invoke("submit", sweep, "-i", inv, "--executor", "local", "--wait", "--json", "--workdir", wd, "--db", db)
-    assert res.exit_code == 0, res.output
-    assert invoke("collect", "--workdir", wd, "--db", db).exit_code == 0
-    (run,) = sql_rows(db, "SELECT * FROM runs WHERE campaign = 'sec-local'")
-    assert run["outcome"] == "ok", run
-    paths = JobPaths(run["job_dir"])
-    # The job had the value: every python the job started saw the very token.
-    seen = {p.read_text().strip() for p in marks.iterdir()}
+def test_a_real_local_run_gets_its_secrets_and_writes_none_where_others_read(trained: Trained) -> None:
+    """Real local executor (the session's trained campaigns: their inventory holds every secret, and a python
+    wrapper records the hash of the HF_TOKEN each interpreter of the jobs saw, outside the work dir): after the
+    runs and a collect, no secret is in any job-dir file but env/<host>.sh (0600), and none is in the database;
+    recorded variables show the name with the value redacted."""
+    runs = sql_rows(trained.db, "SELECT * FROM runs")
+    assert len(runs) == 4 and all(r["outcome"] == "ok" for r in runs), runs
+    # The jobs had the value: every python they started saw the very token.
+    seen = {p.read_text().strip() for p in trained.marks.iterdir()}
     assert seen == {hashlib.sha256(HF_TOKEN.encode()).hexdigest()}
-    holders = files_holding_secrets(wd)
-    assert set(holders) == {paths.env("h1")}, holders
-    assert stat.S_IMODE(paths.env("h1").stat().st_mode) == 0o600
+    holders = files_holding_secrets(trained.workdir)
+    assert set(holders) == {JobPaths(r["job_dir"]).env("h1") for r in runs}, holders
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in holders)
     assert not [p for p in holders if others_may_read(p)]
-    assert not files_holding_secrets(db.parent / "marks")  # the hashes are no secret
-    text = db_text(db)
+    assert not files_holding_secrets(trained.marks)  # the hashes are no secret
+    text = db_text(trained.db)
     assert not [s for s in NEVER if s in text]
     # The capture records the allow-listed names, the credentials redacted, the URL keeping its host.
+    paths = JobPaths(runs[0]["job_dir"])
     for doc in (json.loads(paths.environment("h1").read_text())["env"],
                 json.loads(paths.rank_result(0).read_text())["env"],
-                json.loads(sql_rows(db, "SELECT env FROM environment")[0]["env"])):
+                *(json.loads(r["env"]) for r in sql_rows(trained.db, "SELECT env FROM environment"))):
         assert doc["NCCL_SBENCH_TEST_CRED_X"] == REDACTED and doc["ACCELERATE_REMOTE_ID"] == REDACTED
         assert doc["TORCH_STORE_URL"] == "redis://cache:<redacted>@10.0.0.5:6379/0"
         assert doc["OMP_NUM_THREADS"] == "1"

@@ -22,8 +22,10 @@ from .conftest import CLUSTER_SCRIPT, SMALL_DATASET, TEST_INVENTORY, sql_rows, w
 pytestmark = [pytest.mark.slurm, pytest.mark.train]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def env(tmp_path_factory, tiny_model, small_data_dir, slurm_cluster):
+    """A work dir and database of the test's own: each test is a campaign of its own, so the tests run on any
+    worker, side by side."""
     root = tmp_path_factory.mktemp("slurm-e2e")
     return {"root": root, "workdir": root / "runs", "db": root / "results.duckdb", "model": tiny_model,
             "data": small_data_dir}
@@ -98,6 +100,7 @@ def collect(sb, env) -> dict:
     return json.loads(sb(env, "collect", "--json").stdout)
 
 
+@pytest.mark.slow(65)
 def test_arrays_two_node_ddp_fsdp_and_roce_env_per_host(sb, env) -> None:
     path = sweep(env, "arrays", {"number_gpus": 2, "max_steps": 3, "enable_roce": True},
                  {"number_nodes": [1, 2], "distributed_backend": ["DDP", "FSDP"]})
@@ -153,6 +156,7 @@ def test_arrays_two_node_ddp_fsdp_and_roce_env_per_host(sb, env) -> None:
     assert st["counts"] == {"ok": 4}
 
 
+@pytest.mark.slow(10)
 def test_held_and_running_jobs_show_in_status_and_cancel(sb, env) -> None:
     long_run = sweep(env, "cancelme", {"number_gpus": 1, "max_steps": 100000})
     held = sweep(env, "heldme", {"number_gpus": 1, "max_steps": 3})
@@ -180,6 +184,7 @@ def test_held_and_running_jobs_show_in_status_and_cancel(sb, env) -> None:
     assert res["outcome"] == "failed" and res["terminated_by"]
 
 
+@pytest.mark.slow(95)
 def test_time_limit_is_a_timeout_failure(sb, env) -> None:
     path = sweep(env, "timeout", {"number_gpus": 1, "max_steps": 1000000}, slurm={"time": "00:01:00"})
     rep = submit(sb, env, path)
@@ -192,6 +197,8 @@ def test_time_limit_is_a_timeout_failure(sb, env) -> None:
     assert not sql(env, "SELECT * FROM measurements WHERE run_id = ?", [run["run_id"]])
 
 
+@pytest.mark.alone
+@pytest.mark.slow(50)
 def test_killed_slurmd_is_a_node_failure(sb, env) -> None:
     path = sweep(env, "nodefail", {"number_gpus": 2, "number_nodes": 2, "max_steps": 1000000,
                                    "distributed_backend": "DDP"})
@@ -213,6 +220,7 @@ def test_killed_slurmd_is_a_node_failure(sb, env) -> None:
     sb(env, "cancel", "--campaign", "nodefail")
 
 
+@pytest.mark.slow(40)
 def test_requeued_job_is_one_attempt_that_continued(sb, env, monkeypatch) -> None:
     monkeypatch.setenv("SBENCH_FAULT", "sleep@step=2:20")  # hold the first execution mid-training
     path = sweep(env, "requeue", {"number_gpus": 1, "max_steps": 4}, slurm={"requeue": True})
@@ -254,6 +262,7 @@ def test_requeued_job_is_one_attempt_that_continued(sb, env, monkeypatch) -> Non
     assert run["state"] == "COMPLETED" and run["elapsed_s"] == runs_of_job[1].elapsed_s
 
 
+@pytest.mark.slow(25)
 def test_prepare_on_slurm_runs_first_and_the_array_waits_for_it(sb, env) -> None:
     from harness.data.prepared import PREP_DIR
 
@@ -314,6 +323,7 @@ def test_a_failed_prepare_job_cancels_its_arrays_and_status_says_why(sb, env) ->
     assert run["state"] == "CANCELLED" and run["outcome"] == "failed", run
 
 
+@pytest.mark.slow(135)
 def test_deepspeed_zero3_across_two_nodes(sb, env) -> None:
     """DeepSpeed ZeRO-3 with the optimizer offloaded, one process on each of two nodes (network namespaces):
     accelerate's "standard" multi-node launcher on every node, deepspeed's CPU accelerator over gloo."""
@@ -338,6 +348,7 @@ def test_deepspeed_zero3_across_two_nodes(sb, env) -> None:
     assert ranks[0]["opt"] == pytest.approx(ranks[1]["opt"], rel=0.01) and r["predicted_host_bytes"] > 0
 
 
+@pytest.mark.slow(40)
 def test_fms_hf_tuning_lora_across_two_nodes(sb, env) -> None:
     """The fms-hf-tuning trainer (its own 3.2.2 environment, built by `make test`) on both test-cluster nodes:
     one process each, FSDP v2 over gloo, measurements in the same tables with trainer = fms-hf-tuning."""
@@ -390,6 +401,7 @@ def sacct_spans(job_ids: list[str]) -> dict[str, tuple[str, dt.datetime, dt.date
     return spans
 
 
+@pytest.mark.slow(15)
 def test_whole_node_points_of_a_campaign_never_share_a_host(sb, env) -> None:
     """Nodes of 96 cores and 1 TB that the inventory calls 4 cores, and a sweep that asks for 1 GB: only
     --exclusive keeps a second whole-node point off a node that runs one. Three points on two nodes."""
@@ -415,6 +427,7 @@ def test_whole_node_points_of_a_campaign_never_share_a_host(sb, env) -> None:
     assert [(r["outcome"], r["overlapped_with"], r["shared_host"]) for r in runs] == [("ok", [], False)] * 3
 
 
+@pytest.mark.slow(25)
 def test_forced_sharing_is_flagged_in_the_db(sb, env, monkeypatch) -> None:
     """slurm.exclusive: false and an inventory of one host: both whole-node points run on node1 at once (it has
     the cores and memory SLURM knows of); collect flags both, naming the other, and compare leaves them out."""

@@ -123,6 +123,7 @@ def vision_runs(tmp_path_factory, tiny_vision, vision_data_dir, cli_module):
 
 
 @pytest.mark.train
+@pytest.mark.slow(60)
 def test_vision_points_train_through_both_trainers_and_are_measured(vision_runs, tiny_vision) -> None:
     from harness.contract.paths import JobPaths
     from harness.data.vision import (
@@ -283,6 +284,7 @@ def test_generate_counts_a_vision_dataset_with_the_models_processor(cli, tmp_pat
 
 
 @pytest.mark.train
+@pytest.mark.slow(40)
 def test_vision_lora_over_two_processes_through_both_trainers(cli, tmp_path, tiny_vision, vision_data_dir) -> None:
     """Two CPU worker processes (DDP): every entry's tokens are counted once per time a rank consumed it."""
     from harness.contract.paths import JobPaths
@@ -331,6 +333,7 @@ def test_vision_lora_over_two_processes_through_both_trainers(cli, tmp_path, tin
 
 @pytest.mark.slurm
 @pytest.mark.train
+@pytest.mark.slow(25)
 def test_vision_lora_across_two_slurm_nodes(cli, tmp_path, tiny_vision, vision_data_dir, slurm_cluster) -> None:
     """One process on each test-cluster node (DDP over gloo), the sbench trainer: every entry once, its text
     and image tokens counted."""
