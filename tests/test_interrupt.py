@@ -173,7 +173,6 @@ def test_a_forged_submitted_json_or_queue_pidfile_is_never_trusted(lab) -> None:
 # -- the campaign lock ------------------------------------------------------------------------------------
 
 def test_a_held_campaign_lock_makes_submit_and_cancel_wait_then_exit_1_naming_the_holder(lab) -> None:
-    (lab["root"] / "model").mkdir(exist_ok=True)
     sweep = write_sweep(lab["root"] / "s.yaml", {
         "campaign": "busy", "experiment": FULL, "entity": {"model_name": "tiny", "model_max_length": 64,
                                                            "batch_size": 2, "number_gpus": 1},
@@ -218,7 +217,6 @@ def test_a_signal_while_the_campaign_lock_is_held_takes_effect_once_the_work_is_
 
 
 def test_retry_refuses_a_sweep_that_now_names_another_campaign(lab) -> None:
-    (lab["root"] / "model").mkdir(exist_ok=True)
     doc = {"campaign": "first", "experiment": FULL, "entity": {"model_name": "tiny", "model_max_length": 64,
                                                                "batch_size": 2, "number_gpus": 1},
            "model_map": {"tiny": str(lab["root"] / "model")}}
@@ -245,7 +243,6 @@ def test_retry_refuses_a_sweep_that_now_names_another_campaign(lab) -> None:
 def test_a_submit_killed_before_it_hands_its_job_dirs_over_leaves_them_visibly_not_started(lab) -> None:
     """SIGKILL between writing the job dirs and handing them to the executor (the window SIGINT and SIGTERM
     wait out): the attempt is not started, never queued for ever, and its number is never used again."""
-    (lab["root"] / "model").mkdir(exist_ok=True)
     sweep = write_sweep(lab["root"] / "s.yaml", {
         "campaign": "killed", "experiment": FULL, "entity": {"model_name": "tiny", "model_max_length": 64,
                                                              "batch_size": 2, "number_gpus": 1},
