@@ -133,11 +133,12 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
             as_json: bool) -> None:
     """Compare two campaigns (or run filters) point by point; exit 1 on a regression.
 
-    BASE and CAND are campaign names or filters such as git_commit=3f2a1c,torch=2.13.0. Per point: the
-    ratio of the medians, a 95 % interval from Welch's t-test on the log values (with each run's step-time
-    spread), and a verdict: regression, improvement, same, or insufficient repeats (the data cannot decide;
-    needs two runs a side). Runs measured on a host another sbench run used at the same time are left out,
-    and the output says how many.
+    BASE and CAND are campaign names or filters such as git_commit=3f2a1c,torch=2.13.0. Per point: each
+    side's geometric mean over its runs (a run's value is its window's mean, stalls included), their ratio,
+    its 95 % interval from Welch's t-test on the log values (with each run's step-time spread), and a
+    verdict: regression, improvement, same, or insufficient repeats (the data cannot decide; needs two runs
+    a side). Runs measured on a host another sbench run used at the same time are left out, and the output
+    says how many.
 
     Example: sbench compare nightly-1122 nightly-1123 --threshold 0.05 --metric train_runtime
     """
