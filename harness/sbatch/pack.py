@@ -103,6 +103,19 @@ def make_packs(specs: Sequence[JobSpec], pack: int | str, time_limit: str | None
     return out + alone
 
 
+def pack_labels(packs: Sequence[Sequence[JobSpec]]) -> dict[tuple[str, int], str]:
+    """Where each point goes, as ``plan`` and ``render`` show it: ``pack 2, 1 of 3`` for a point that shares
+    an allocation, ``alone`` for one that does not (``(point_id, repeat)`` -> text)."""
+    out: dict[tuple[str, int], str] = {}
+    shared = 0
+    for members in packs:
+        if len(members) > 1:
+            shared += 1
+        for i, s in enumerate(members):
+            out[(s.point_id, s.repeat)] = f"pack {shared}, {i + 1} of {len(members)}" if len(members) > 1 else "alone"
+    return out
+
+
 def minutes_text(minutes: float) -> str:
     """Minutes as SLURM's ``D-HH:MM:SS``."""
     secs = int(round(minutes * 60))
@@ -147,6 +160,32 @@ def _job_name(script: str) -> str | None:
     return None
 
 
+def requeue_line(js: dict[str, Any], job_dir: Path, executor: str, job_id: str | None, stamp: str,
+                 **extra: Any) -> dict[str, Any]:
+    """The manifest's attempt line of a point its pack put back in the queue (its reason says so: the
+    point's ``runs.submit_reason`` is the last line's)."""
+    return {"type": "attempt", "campaign": js.get("campaign"), "point_id": js.get("point_id"),
+            "repeat": js.get("repeat"), "attempt": js.get("attempt"), "job_dir": str(job_dir),
+            "executor": executor, "job_id": job_id, "array_job_id": None, "array_task_id": None,
+            "submitted_at": stamp, "reason": REQUEUE_REASON, **extra}
+
+
+def requeued_locally(job_dirs: Sequence[Path]) -> None:
+    """Record the points a local pack put back in its queue: an attempt line each, with the requeue's reason
+    (the local queue process has no job id for them until it starts them)."""
+    stamp = manifest.now_iso()
+    by_campaign: dict[Path, list[dict[str, Any]]] = {}
+    for jd in map(Path, job_dirs):
+        campaign_dir = jd.parent
+        try:
+            js = _spec_of(jd, campaign_dir)
+        except (OSError, SbenchError):
+            continue  # its spec.json is not readable: collect says why; the queue still runs it
+        by_campaign.setdefault(campaign_dir, []).append(requeue_line(js, jd, "local", None, stamp, requeued_at=stamp))
+    for campaign_dir, lines in by_campaign.items():
+        manifest.append(campaign_dir, lines)
+
+
 @holding_campaign_locks("requeue")
 def requeue(locks: CampaignLocks, campaign_dir: Path, job_dirs: Sequence[Path], slurm: Slurm | None = None,
             ) -> list[tuple[str, str]]:
@@ -172,11 +211,7 @@ def requeue(locks: CampaignLocks, campaign_dir: Path, job_dirs: Sequence[Path], 
         manifest.write_submitted(jd, {"executor": "slurm", "job_id": job_id, "submitted_at": stamp,
                                       "job_name": name, "requeued_from": info.get("job_id"),
                                       "requeued_at": stamp})
-        lines.append({"type": "attempt", "campaign": js.get("campaign"), "point_id": js.get("point_id"),
-                      "repeat": js.get("repeat"), "attempt": js.get("attempt"), "job_dir": str(jd),
-                      "executor": "slurm", "job_id": job_id, "array_job_id": None, "array_task_id": None,
-                      "submitted_at": stamp, "reason": REQUEUE_REASON, "job_name": name,
-                      "requeued_from": info.get("job_id")})
+        lines.append(requeue_line(js, jd, "slurm", job_id, stamp, job_name=name, requeued_from=info.get("job_id")))
         out.append((str(jd), job_id))
     manifest.append(campaign_dir, lines)
     return out
