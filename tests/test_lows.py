@@ -135,3 +135,33 @@ def test_plan_and_render_show_which_points_share_a_pack(cli, tmp_path: Path) -> 
     assert out.exit_code == 0
     (line,) = [x for x in out.output.splitlines() if x.startswith("pack 1:")]
     assert "2 points in one allocation" in line
+
+
+@pytest.mark.parametrize("fault,says", [
+    ("garbage", "needs KIND@COND"),
+    ("sleep@stage=trian:1", "did you mean 'train'"),
+    ("sleep@step=1:abc", "sleep's :ARG is seconds"),
+    ("oom@step=1:3", "oom takes no :ARG"),
+])
+def test_a_malformed_fault_is_refused_by_plan_and_submit(cli, tmp_path: Path, monkeypatch, fault, says) -> None:
+    inv_doc = {"cluster": "c", "partitions": {"cpu": {
+        "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
+        "hosts": {"h1": {"address": "127.0.0.1"}}}}}
+    inv = write_sweep(tmp_path / "inv.yaml", inv_doc)
+    sw = write_sweep(tmp_path / "sweep.yaml", BASE)
+    common = ["--workdir", tmp_path / "runs", "--db", tmp_path / "r.duckdb"]
+    monkeypatch.setenv("SBENCH_FAULT", fault)
+    for args in (("plan", sw, "-i", inv), ("submit", sw, "-i", inv, "--executor", "local", *common)):
+        res = cli(*args)
+        assert res.exit_code == 2, res.output
+        assert "SBENCH_FAULT (this command's environment" in res.output and says in res.output
+    assert not (tmp_path / "runs").exists()
+    # the same value in the inventory's env (rendered into each job's env/<host>.sh): named by its key
+    monkeypatch.delenv("SBENCH_FAULT")
+    inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": fault}
+    write_sweep(inv, inv_doc)
+    res = cli("submit", sw, "-i", inv, "--executor", "local", *common)
+    assert res.exit_code == 2 and f"{inv}: partitions.cpu.env.SBENCH_FAULT" in res.output and says in res.output
+    inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": "sleep@step=1:2;oom@step=3,rank=0"}
+    write_sweep(inv, inv_doc)
+    assert cli("plan", sw, "-i", inv).exit_code == 0

@@ -9,9 +9,11 @@ import click
 
 from harness.build.jobspec import JobSpec
 from harness.build.render import prepare_points, render_points
+from harness.data.lengths import length_warnings
 from harness.data.prepared import masked_warnings
+from harness.sbatch.faultcheck import check_faults
 from harness.sbatch.fit import ClusterFit, cluster_fit
-from harness.sbatch.pack import make_packs, pack_labels
+from harness.sbatch.grouping import make_packs, pack_labels
 from harness.slurm.client import Slurm
 from harness.spec.catalog import EXPERIMENTS, get_experiment
 from harness.spec.inventory import Inventory, describe, load_inventory
@@ -186,7 +188,9 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
     Example: sbench plan sweeps/demo-cpu.yaml --memory --json
     """
     inv, sw, points = _plan(sweep, inventory, model_map, memory)
+    check_faults(inv, {p.partition for p in points})
     masked_warnings(sw, inv, points)
+    length_warnings(sw, inv, points)
     shares = {p.point_id: _share(inv, sw, p) for p in points}
     packs = planned_packs(inv, sw, points)
     if as_json:

@@ -13,6 +13,7 @@ from harness.build.jobspec import JobSpec
 from harness.build.render import prepare_points, write_files
 from harness.contract.errors import InputError, SbenchError, SubmitError, SweepError
 from harness.contract.paths import resolve_db, resolve_workdir
+from harness.data.lengths import length_warnings
 from harness.data.trainerenv import EnvBuildError, build
 from harness.db.cluster import record_fabric
 from harness.db.store import open_store
@@ -26,6 +27,7 @@ from . import manifest
 from .backends import get_backend, resolve_executor
 from .executors import SubmitOptions, Submitted
 from .fabric import run_fabric
+from .faultcheck import check_faults
 from .feed import feed_summary, feeder_script, pack_requeue
 from .fit import ClusterFit, cluster_fit
 from .lock import CampaignLocks, holding_campaign_locks
@@ -178,6 +180,7 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
     inv: Inventory = load_inventory(inventory_path)
     sweep = load_sweep(sweep_path, model_map, campaign)
     points = plan_sweep(sweep, inv, memory=skip_predicted_oom)
+    check_faults(inv, {p.partition for p in points})
     if prepare != "no" and build_trainer_envs(sweep, inv, points, echo):
         # Some rules read the environment (its accelerate, its plugins): decide them on what was built.
         points = plan_sweep(sweep, inv, memory=skip_predicted_oom)
@@ -218,6 +221,7 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
     todo = [d for d in decisions if d.action == "submit"]
     dependency = _prepare_before(prepare, name, sweep, inv, [d.point for d in todo], Path(sweep_path), inventory_path,
                                  model_map, campaign_dir, report, echo, slurm)
+    report.warnings += length_warnings(sweep, inv, [d.point for d in todo])  # the files prepare just made
     events: list[dict[str, Any]] = []
     if not exists:
         events.append({"type": "campaign", "campaign": sweep.campaign, "experiment": sweep.experiment.id,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import envvars
-from harness.contract.defaults import AUTO_STOP, MIN_SAMPLE_INTERVAL_S, STOP_METHODS, RunnerSettings
+from harness.contract.defaults import AUTO_STOP, MIN_SAMPLE_INTERVAL_S, STOP_METHODS, TRAIN_LOG_LEVELS, RunnerSettings
 from harness.contract.errors import CatalogError, InputError, SweepError
 
 from .catalog import (
@@ -64,7 +64,7 @@ PACK_AUTO = "auto"
 
 
 RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds",
-               "memory_every_steps")
+               "memory_every_steps", "train_log_level")
 
 
 WORKLOADS = ("train", "idle")
@@ -341,6 +341,8 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
                                      maximum=day)),
         memory_every_steps=ck.integer(runner_node, "runner", "memory_every_steps", default=d.memory_every_steps,
                                       minimum=1, maximum=10**9),
+        train_log_level=ck.choice(runner_node, "runner", "train_log_level", TRAIN_LOG_LEVELS,
+                                  default=d.train_log_level),
     )
     if runner.workload not in WORKLOADS:
         ck.fail("runner.workload", f"must be one of: {', '.join(WORKLOADS)}; got {runner.workload!r}", runner_node,
