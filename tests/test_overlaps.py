@@ -189,7 +189,7 @@ def test_compare_leaves_shared_runs_out_and_says_how_many(cli, tmp_path: Path) -
     assert "excluded 1 run(s)" in text and r["c2"]["run_id"] in text and "--include-shared" in text
     both = json.loads(cli("compare", "base", "cand", "--db", db, "--json", "--include-shared").stdout)
     assert len(both["rows"]) == 2 and both["excluded_shared"] == {"BASE": [], "CAND": []}
-    clean = cli("compare", "base", "base", "--db", db).stdout
+    clean = cli("compare", "base", "cand", "--db", db, "--include-shared").stdout
     assert "excluded 0 runs" in clean
     # a side left with nothing says why
     res = cli("compare", "base", "noise", "--db", db)

@@ -400,13 +400,16 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
         notes.append("no GPU sample inside the measured window")
     if start is not None and end is not None and d.sample_files:
         energy, why = aggregate.energy_properties(aggregate.energy_stats(stats, run["run_id"], start, end), had_gpu,
-                                                  d.rank0)
+                                                  d.rank0, end - start, aggregate.busy_devices(stats, run["run_id"]))
         row.update(energy)
         notes += why
         if energy["energy_source"] is None and d.gpu_partition is False:
             notes.append("no readable RAPL energy counter on the hosts: energy_joules NULL")
+        notes += aggregate.coverage_notes(stats, run["run_id"], start, end, d.sample_interval_s)
     row.update({"window_start_wall": start, "window_end_wall": end,
                 "window_s": end - start if start is not None and end is not None else None,
                 "gpu_devices": len(devices), "gpu_samples": sum(x.samples for x in devices),
                 "proc_samples": sum(x.samples for x in procs), "notes": notes or None})
+    for n in notes[len(d.ran.get("notes") or []):]:  # what collect found is the run's warning too (status counts it)
+        d.warn(n)
     return row

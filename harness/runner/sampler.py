@@ -409,6 +409,11 @@ class ProcessTree:
         self._last_wall: float | None = None
         self._last_mono: float | None = None
         self._mem_total = psutil.virtual_memory().total
+        # For the reading at the tree's end (:meth:`final`): the CPU seconds of this process's reaped children
+        # before the tree's root is reaped, and each tree process's CPU seconds when last seen.
+        self._children_before = _children_cpu_s()
+        self._seen: dict[tuple[int, float], float] = {}
+        self.pids: set[int] = set()  # the tree's processes at the last reading
 
     def _procs(self) -> list[psutil.Process]:
         try:
@@ -438,6 +443,7 @@ class ProcessTree:
             nprocs += 1
             rss += mem
             current[key] = total
+            self._seen[key] = total
             if key in self._prev:
                 cpu += max(0.0, total - self._prev[key])
                 counted += 1
@@ -446,6 +452,7 @@ class ProcessTree:
                 counted += 1
         last_mono = self._last_mono
         self._prev, self._last_wall, self._last_mono = current, now_wall, now_mono
+        self.pids = {pid for pid, _ in current}
         if last_mono is None or counted == 0 or now_mono <= last_mono:
             return None  # priming only: there is no interval to divide by
         return {
@@ -454,6 +461,34 @@ class ProcessTree:
             "rss_mb": rss / 2**20,
             "nprocs": nprocs,
         }
+
+    def final(self) -> dict[str, float] | None:
+        """The reading at the tree's end, once its root has exited and been reaped by this process (the node
+        runner): the CPU seconds its processes used since they were last seen, from this process's reaped
+        children's total (``RUSAGE_CHILDREN``: the root's, which holds its reaped descendants'), over the time
+        since the last reading. So the window's last moments before the training process ended have a CPU
+        figure; what a process used between the last reading and an earlier exit lands here too (exact in
+        sum). None when nothing was read before, or the root is not reaped yet (a normal reading then)."""
+        now_mono = time.monotonic()
+        if self._last_mono is None or now_mono <= self._last_mono:
+            return None
+        try:
+            if self._root is not None and self._root.is_running() and self._root.status() != psutil.STATUS_ZOMBIE:
+                return None
+        except psutil.Error:
+            pass
+        left = _children_cpu_s() - self._children_before - sum(self._seen.values())
+        if left < 0:  # a child of this process other than the tree was reaped meanwhile: nothing can be said
+            return None
+        return {"cpu_pct": 100.0 * left / (now_mono - self._last_mono), "nprocs": 0}
+
+
+def _children_cpu_s() -> float:
+    """The CPU seconds of this process's children that ended and were reaped (and of their reaped descendants)."""
+    import resource  # POSIX only: where a job runs
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 # -- the sampler --------------------------------------------------------------------------------
@@ -501,6 +536,28 @@ class Sampler:
             self.tree = ProcessTree(pid) if pid else None
             if self.tree is not None:
                 self.tree.read()  # prime at once, so the next tick already has an interval
+
+    def end_tree(self) -> int:
+        """The training process tree ended (its root reaped): write its final process row (:meth:`ProcessTree.final`)
+        with the devices' readings at this moment, then stop following it; returns the rows written."""
+        with self._lock:
+            tree, self.tree = self.tree, None
+            p = tree.final() if tree is not None else None
+            if p is None or self._fh.closed:
+                return 0
+            wall, mono = time.time(), time.monotonic()
+            try:
+                rows = [*self._rows(wall, mono, proc=False),
+                        _row(t_wall=wall, t_mono=mono, kind="proc", device=-1, cpu_pct=p["cpu_pct"], nprocs=0)]
+            except Exception as exc:  # noqa: BLE001 - a failed reading must not stop the run
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                return 0
+            self._csv.writerows(rows)
+            self._fh.flush()
+            self.rows += len(rows)
+            self.ticks += 1
+            return len(rows)
 
     def _rows(self, wall: float, mono: float, proc: bool = True) -> Iterable[list[str]]:
         for dev, r in zip(self.backend.devices(), self.backend.read()):
@@ -554,12 +611,13 @@ class Sampler:
 
     def stop(self) -> int:
         """Stop the thread, take a last reading of the devices (a started sampler: so that the energy
-        counters cover the end of training; no process row), close the file; returns the number of rows."""
+        counters cover the end of training) and of the process tree when it still runs (a pack's point that
+        ended while the training process goes on), close the file; returns the number of rows."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             if not self._thread.is_alive():
-                self.tick(proc=False)
+                self.tick(proc=self.tree is not None)
         with self._lock:
             if not self._fh.closed:
                 self._fh.close()
