@@ -62,7 +62,7 @@ def test_a_still_counter_of_an_idle_host_or_a_short_window_is_a_measurement(tc_w
     idle = tc.write_attempt(tc_wd, 91, gpus_per_host=1, samples={"node1": cpu_rows(20, 0.0, cpu_pct=0.0)},
                             t_train0=synth.T0 + 2.0, t_train1=synth.T0 + 17.0)
     short = tc.write_attempt(tc_wd, 92, gpus_per_host=1, samples={"node1": cpu_rows(20, 0.0)},
-                             t_train0=synth.T0 + 2.0, t_train1=synth.T0 + 2.5)
+                             t_train0=synth.T0 + 2.0, t_train1=synth.T0 + 2.05)
     db = tmp_path / "r.duckdb"
     collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1") for r in (idle, short)})))
     for r in (idle, short):
@@ -103,7 +103,7 @@ def test_the_tree_s_last_cpu_seconds_are_sampled_when_it_ends(tmp_path: Path) ->
     s = Sampler(tmp_path / "samples.h.csv", 0.05)
     s.set_root(proc.pid)
     time.sleep(0.2)
-    assert s.tick() == 1
+    assert s.tick() == 2  # the tree's row and the host's
     tree = s.tree
     assert tree is not None
     seen = sum(tree._seen.values())

@@ -44,6 +44,9 @@ class RunnerSettings:
     # the trainers' logging from the first timed step on: the seed's --log_level debug holds for start-up, but
     # debug lines inside the steps (an image decoder's, per image) cost time the throughput would count
     train_log_level: str = "info"
+    # a host is busy when other work (outside the run's processes) used more than this share of its CPU capacity
+    # over the measured window, or another process ran on one of its GPUs: the run is flagged host_busy
+    host_busy_cpu: float = 0.25
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -47,7 +47,7 @@ from harness.db.status import campaign_names
 from harness.db.store import Store
 from harness.spec.schema import is_name
 
-from .queries import compare_side
+from .queries import BUSY, SHARED, compare_side
 from .stats import welch
 
 # metric -> True when higher is better
@@ -202,21 +202,39 @@ def compare(base: dict[str, list[dict[str, Any]]], cand: dict[str, list[dict[str
 
 @dataclass
 class Comparison:
-    """The rows of one compare, and per side (``BASE``, ``CAND``) the runs left out for a shared host."""
+    """The rows of one compare, and per side (``BASE``, ``CAND``) the runs left out, each with why: ``shared
+    host`` (another sbench run held one of its hosts) or ``busy host`` (other work kept its host busy)."""
 
     rows: list[Row]
-    excluded: dict[str, list[str]]
+    left_out: dict[str, list[tuple[str, str]]]
+
+    @property
+    def excluded(self) -> dict[str, list[str]]:
+        """Per side, the run ids left out (whatever the reason)."""
+        return {side: [rid for rid, _ in out] for side, out in self.left_out.items()}
 
     @property
     def excluded_text(self) -> str:
-        """``excluded 2 run(s) measured on a shared host (BASE 0, CAND 2): ...``, or empty."""
-        n = sum(len(v) for v in self.excluded.values())
-        if not n:
-            return ""
-        ids = [r for v in self.excluded.values() for r in v]
-        return (f"excluded {n} run(s) measured on a host another sbench run used at the same time (BASE "
-                f"{len(self.excluded.get('BASE', []))}, CAND {len(self.excluded.get('CAND', []))}): "
-                f"{', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}; see runs.overlapped_with, or --include-shared")
+        """``excluded 2 run(s) (BASE 0, CAND 2): 1 measured on a host another sbench run used at the same time,
+        1 on a host busy with other work: ...``, or the line that says none was."""
+        every = [x for out in self.left_out.values() for x in out]
+        if not every:
+            return ("excluded 0 runs (none shared its host with another run, none ran on a host busy with other "
+                    "work)")
+        return excluded_text(self.left_out)
+
+
+def excluded_text(left_out: dict[str, list[tuple[str, str]]]) -> str:
+    every = [x for out in left_out.values() for x in out]
+    shared = [rid for rid, why in every if why == SHARED]
+    busy = [rid for rid, why in every if why == BUSY]
+    parts = ([f"{len(shared)} measured on a host another sbench run used at the same time (runs.overlapped_with)"]
+             if shared else []) + ([f"{len(busy)} measured on a host busy with other work (measurements.host_busy, "
+                                   "host_other_cpu_pct)"] if busy else [])
+    ids = [rid for rid, _ in every]
+    sides = ", ".join(f"{side} {len(out)}" for side, out in left_out.items())
+    return (f"excluded {len(every)} run(s) ({sides}): {'; '.join(parts)}: {', '.join(ids[:5])}"
+            f"{' ...' if len(ids) > 5 else ''}; --include-shared keeps them")
 
 
 def compare_in(store: Store, base: str, cand: str, metrics: list[str], threshold: float,
@@ -237,14 +255,13 @@ def compare_in(store: Store, base: str, cand: str, metrics: list[str], threshold
                              + (f"its campaigns: {listed}" if known else "it holds no campaign yet (sbench collect "
                                                                           "reads the work dir)"))
     (b, b_out), (c, c_out) = (compare_side(store, camp, filters, include_shared) for camp, filters in sides)
-    excluded = {"BASE": b_out, "CAND": c_out}
+    left_out = {"BASE": b_out, "CAND": c_out}
     for name, text, side, out in (("BASE", base, b, b_out), ("CAND", cand, c, c_out)):
         if not side:
-            why = (f" ({len(out)} were measured on a shared host and left out: see runs.overlapped_with, or pass "
-                   "--include-shared)" if out else "")
+            why = f" ({excluded_text({name: out})})" if out else ""
             raise InputError(f"{name} {text!r}: no valid measurements match{why}")
     rows = compare(b, c, metrics or list(DEFAULT_METRICS), threshold)
     if not rows:
         raise InputError(f"BASE and CAND share no measured point ({len(b)} and {len(c)} point(s)); compare pairs "
                          "runs by point_id")
-    return Comparison(rows, excluded)
+    return Comparison(rows, left_out)

@@ -22,6 +22,7 @@ from harness.spec.catalog import EXPERIMENTS
 
 from . import queries
 from .compare import compare_in
+from .queries import left_out_why
 
 MAX_TRACE_POINTS = 600  # per series: long runs are averaged into this many time buckets
 
@@ -95,7 +96,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     shared: list[dict[str, Any]] = []
     for m in queries.measurement_rows(store, campaign):
         m["method"] = method_of(m["experiment"])
-        (shared if m.get("shared_host") else measurements).append(m)
+        (shared if left_out_why(m) else measurements).append(m)
     per_run: dict[str, dict[str, float]] = {}
     for s in queries.stage_seconds(store, campaign):
         name = f"{s['stage']} (unfinished)" if s["unfinished"] else s["stage"]
@@ -121,7 +122,7 @@ def load_compare(store: Store, base: str, cand: str, threshold: float,
     """The compare section's data: ``sbench compare BASE CAND`` over the same store."""
     cmp = compare_in(store, base, cand, list(metrics), threshold)
     return {"base": base, "cand": cand, "threshold": threshold, "rows": [r.to_dict() for r in cmp.rows],
-            "excluded": cmp.excluded}
+            "excluded": cmp.excluded, "excluded_text": cmp.excluded_text if any(cmp.excluded.values()) else ""}
 
 
 def _load_run(store: Store, data: ReportData, campaign: str | None, run_id: str | None) -> None:

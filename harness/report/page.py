@@ -145,6 +145,15 @@ def _header(data: ReportData) -> str:
             f"{esc(data.generated_at.strftime('%Y-%m-%d %H:%M:%S %Z'))}</div>{_campaign_choices(data)}")
 
 
+def _left_out(m: dict[str, object]) -> str:
+    """Why a measurement is left out of the page's plots: the runs it shared its host with, or its host's load."""
+    others = m.get("overlapped_with")
+    if isinstance(others, list) and others:
+        return f"shared with {', '.join(map(str, others))}"
+    load = m.get("host_other_cpu_pct")
+    return f"host busy with other work ({load:.0f} % of its CPU)" if isinstance(load, float) else "host busy"
+
+
 def render_report(data: ReportData) -> str:
     """The page for *data*: a pure function of it."""
     ms = data.measurements
@@ -156,11 +165,11 @@ def render_report(data: ReportData) -> str:
     per = data.by_campaign  # every campaign on one page: a line (and a table row) per campaign too
     stages, stage_note = stage_chart(data.stage_runs, word, by_campaign=per)
     shared = "" if not data.shared else (
-        f'<div class="banner"><b>{plural(len(data.shared), "measurement")} left out: measured on a shared host.</b> '
-        "Another sbench run held the same host at the same time, so these numbers are not those of the point "
-        "alone (measurements.shared_host, runs.overlapped_with): "
-        + "; ".join(f"<code>{esc(m['run_id'])}</code> with {esc(', '.join(m.get('overlapped_with') or []))}"
-                    for m in data.shared[:10])
+        f'<div class="banner"><b>{plural(len(data.shared), "measurement")} left out: measured on a shared or busy '
+        "host.</b> Another sbench run held the same host at the same time, or other work kept it busy, so these "
+        "numbers are not those of the point alone (measurements.shared_host, runs.overlapped_with, "
+        "measurements.host_busy): "
+        + "; ".join(f"<code>{esc(m['run_id'])}</code> {esc(_left_out(m))}" for m in data.shared[:10])
         + ("; ..." if len(data.shared) > 10 else "") + ". Measure them again on their own.</div>")
     memory = ('<div class="row"><div class="panel"><h3>GPU memory peak (% of device)</h3>'
               + metric_chart(ms, "gpu_memory_utilization_peak", "GPU memory peak (%)", "%", (0.0, 100.0), word,

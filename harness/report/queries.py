@@ -173,10 +173,11 @@ def overhead_rows(store: Store, campaign: str | None = None) -> list[dict[str, A
 
 
 def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str], include_shared: bool = False,
-                 ) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+                 ) -> tuple[dict[str, list[dict[str, Any]]], list[tuple[str, str]]]:
     """Valid measurements of ok runs selected by *campaign* and *filters*, by point_id (``sbench compare``),
-    and the run ids of those left out because another run shared a host with them (``runs.overlapped_with``),
-    unless *include_shared*.
+    and ``(run id, why)`` of those left out because another run shared a host with them
+    (``runs.overlapped_with``) or other work kept their host busy (``measurements.host_busy``), unless
+    *include_shared*.
 
     A filter names a column of ``measurements`` (the entity fields, ``experiment``...) or of
     ``environment`` (``git_commit``, ``torch``, ...: any host of the run matches)."""
@@ -198,10 +199,24 @@ def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str],
     rows = store.fetch_dicts(f"SELECT m.* FROM measurements m JOIN runs r USING (run_id) WHERE {' AND '.join(where)} "
                              "ORDER BY m.point_id, m.ended_at, m.run_id", params)
     out: dict[str, list[dict[str, Any]]] = {}
-    shared: list[str] = []
+    left_out: list[tuple[str, str]] = []
     for r in rows:
-        if r.get("overlapped_with") and not include_shared:
-            shared.append(r["run_id"])
+        why = left_out_why(r)
+        if why is not None and not include_shared:
+            left_out.append((r["run_id"], why))
             continue
         out.setdefault(r["point_id"], []).append(r)
-    return out, shared
+    return out, left_out
+
+
+SHARED, BUSY = "shared host", "busy host"  # why a measurement is left out of compare, check and the repeats' CV
+
+
+def left_out_why(m: Mapping[str, Any]) -> str | None:
+    """Why a measurement row measured its neighbours too: another sbench run held one of its hosts at the same
+    time (``overlapped_with``), or other work kept its host busy (``host_busy``); None when neither."""
+    if m.get("overlapped_with"):
+        return SHARED
+    if m.get("host_busy"):
+        return BUSY
+    return None

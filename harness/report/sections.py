@@ -346,9 +346,8 @@ def compare_section(cmp: Mapping[str, Any] | None) -> str:
             "(shaded). A regression is worse by more than the threshold with an interval that does not reach 1.0; "
             "same: the interval lies inside the band; insufficient repeats (orange): the runs cannot decide. "
             f"{plural(len(rows), 'comparison')}, {n_und} with insufficient repeats, {plural(n_reg, 'regression')}.")
-    out = [r for v in (cmp.get("excluded") or {}).values() for r in v]
-    if out:
-        note += f" Left out: {plural(len(out), 'run')} measured on a shared host (runs.overlapped_with)."
+    if cmp.get("excluded_text"):
+        note += f" Left out: {cmp['excluded_text']}."
     return section("compare", "Compare", note, f'<div class="wide">{ratio_chart(rows, cmp["threshold"])}</div>')
 
 

@@ -64,7 +64,7 @@ PACK_AUTO = "auto"
 
 
 RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds",
-               "memory_every_steps", "train_log_level")
+               "memory_every_steps", "train_log_level", "host_busy_cpu")
 
 
 WORKLOADS = ("train", "idle")
@@ -208,6 +208,21 @@ def load_sweep(path: str | Path, model_map_path: str | Path | None = None, campa
     return sweep
 
 
+def _host_busy_cpu(ck: Checker, runner_node: Any) -> float:
+    """``runner.host_busy_cpu``: a share of a host's CPU capacity in (0, 1]; default ``$SBENCH_HOST_BUSY_CPU``."""
+    try:
+        default = float(envvars.HOST_BUSY_CPU.get())
+    except ValueError:
+        raise InputError(f"{envvars.HOST_BUSY_CPU.name} must be a number in (0, 1], got "
+                         f"{envvars.HOST_BUSY_CPU.get()!r}") from None
+    value = float(ck.number(runner_node, "runner", "host_busy_cpu", default=default))
+    if not 0 < value <= 1:
+        ck.fail("runner.host_busy_cpu", f"must be a share of the host's CPU capacity above 0 and at most 1 (0.25: "
+                                        f"other work on a quarter of its cores; 1: never flagged), got {value:g}",
+                runner_node, "host_busy_cpu")
+    return value
+
+
 def parse_repeats(ck: Checker, doc: Any) -> AdaptiveRepeats | None:
     """``repeats: {min, max, cv}`` (None for a plain ``repeats: N`` or none)."""
     node = doc.get("repeats")
@@ -343,6 +358,7 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
                                       minimum=1, maximum=10**9),
         train_log_level=ck.choice(runner_node, "runner", "train_log_level", TRAIN_LOG_LEVELS,
                                   default=d.train_log_level),
+        host_busy_cpu=_host_busy_cpu(ck, runner_node),
     )
     if runner.workload not in WORKLOADS:
         ck.fail("runner.workload", f"must be one of: {', '.join(WORKLOADS)}; got {runner.workload!r}", runner_node,
