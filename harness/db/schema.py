@@ -36,7 +36,7 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # (compare's robust per-run evidence); the measured window's exact dataset tokens and the image tokens among them
 # (measurements.dataset_tokens, dataset_image_tokens); 13: the host's other load (the 'host' sample kind,
 # sample_rows.foreign_procs; measurements.host_other_cpu_pct, gpu_foreign_processes, host_busy), which
-# point_stability leaves out like a shared host
+# point_stability leaves out like a shared host; campaigns.repeats_spec (the report's repeats per point)
 SCHEMA_VERSION = 13
 
 
@@ -75,6 +75,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("partition", "VARCHAR"), ("executor", "VARCHAR"), ("created_at", "TIMESTAMP"),
         ("sbench_version", "VARCHAR"), ("source", "VARCHAR"),
         ("references_spec", "JSON"),  # the sweep's references (harness.references), newest word
+        ("repeats_spec", "JSON"),  # the sweep's repeats: {min, max, cv} (NULL: a plain repeats: N), newest word
     ],
     "points": [("point_id", "VARCHAR"), ("experiment", "VARCHAR"), ("valid", "BOOLEAN"),
                ("reasons", "VARCHAR[]"), ("notes", "VARCHAR[]"), *ENTITY_COLUMNS, ("entity", "JSON")],
