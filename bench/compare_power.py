@@ -11,10 +11,15 @@ Traces:
 * SYNTHETIC ``cv=C tau=T``: a run of ``--steps`` steps whose step times are log-normal around 0.1 s with a
   coefficient of variation C, the whole run scaled by a log-normal factor of spread T (what differs from one
   run to the next: the machine's state, the placement, the load).
-* REAL: step times of real runs of one point (the tiny model, full fine-tuning, one process on this
+* REAL RUNS: step times of real runs of one point (the tiny model, full fine-tuning, one process on this
   machine's CPU, run by ``launch.sh`` as the local executor runs it), recorded by this script
   (``--record N``) or read from a file it wrote before (``--traces FILE``). A trial takes distinct runs of
   the pool at random for each side, so the spread between runs is the real one, step by step as recorded.
+  Reported twice: every recorded run, and only the runs compare keeps (those whose host's other load over
+  the window, measured as collect measures it, stayed within the default ``runner.host_busy_cpu``).
+* REAL STEPS: runs made of blocks of 4 consecutive steps drawn from all recorded runs (their first step, the
+  warm-up, left out): the real steps' distribution, stalls and bursts included, without the between-run swings
+  a shared machine's load adds.
 
 Changes applied to the candidate's runs: ``uniform x S`` (every step S times longer) and ``stalls every
 k-th step`` (every k-th step, from a random phase, longer by a fixed stall that makes the mean step S times
@@ -31,11 +36,18 @@ Reported per trace source:
 
     .venv/bin/python bench/compare_power.py                          # records 12 real runs first (~4 min)
     .venv/bin/python bench/compare_power.py --traces /tmp/traces.json --trials 2000 --out /tmp/power.json
+    .venv/bin/python bench/compare_power.py --traces /tmp/traces.json --variant blend   # the method not chosen
+
+``--variant blend`` measures the alternative the README weighs against compare's method: a side's variance
+of one run the between-run variance ``max(0, s^2 - mean w^2)`` plus the mean within-run ``w^2``, with
+Satterthwaite's degrees of freedom for that sum (compare takes the larger of ``s^2`` and ``mean w^2``, each
+with its own degrees of freedom).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -53,11 +65,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.collect.aggregate import step_durations, step_time_properties  # noqa: E402
+from harness.contract.defaults import RunnerSettings  # noqa: E402
 from harness.report.compare import Verdict, compare_point  # noqa: E402
 
 DATASET = "news-chars-512-entries-4096"
 METRIC = "dataset_tokens_per_second"
 THRESHOLD = 0.10  # compare's default
+HOST_BUSY_CPU = RunnerSettings().host_busy_cpu  # the default share of a host's CPU other work may use
 TOKENS_PER_STEP = 1000.0
 GRID = (1.02, 1.05, 1.1, 1.15, 1.2, 1.3, 1.4, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0)
 
@@ -120,6 +134,26 @@ def pooled(traces: list[Trace]) -> tuple[Draw, float]:
     return draw, mean
 
 
+BLOCK = 4  # consecutive steps kept together: neighbouring steps that move together stay together
+
+
+def blocks(traces: list[Trace], steps: int) -> tuple[Draw, float]:
+    runs = [t[1:] for t in traces if len(t) > BLOCK]
+    starts = [(i, j) for i, t in enumerate(runs) for j in range(len(t) - BLOCK + 1)]
+    mean = sum(sum(t) for t in runs) / sum(len(t) for t in runs)
+
+    def draw(rnd: random.Random, k: int) -> list[Trace]:
+        out = []
+        for _ in range(k):
+            d: Trace = []
+            while len(d) < steps:
+                i, j = rnd.choice(starts)
+                d += runs[i][j:j + BLOCK]
+            out.append(d[:steps])
+        return out
+    return draw, mean
+
+
 # -- rates --------------------------------------------------------------------------------------------------
 
 def rates(draw: Draw, mean: float, n: int, s: float, change: Callable[..., Trace], trials: int,
@@ -161,9 +195,22 @@ def table(draw: Draw, mean: float, trials: int, seed: int, max_n: int) -> dict[s
 
 # -- real runs ----------------------------------------------------------------------------------------------
 
-def record(n: int, steps: int, batch: int, seq: int, threads: int) -> list[Trace]:
+def host_other(job: Path, start: float, end: float) -> float | None:
+    """The host's other load over the window (percent of its CPU capacity): the time average of the samples'
+    host rows, each standing for the sampler's period before it (as collect weighs them)."""
+    rows = [r for p in job.glob("samples.*.csv") for r in csv.DictReader(p.open()) if r["kind"] == "host"]
+    period = float(json.loads((job / "spec.json").read_text())["jobspec"]["runner"]["sample_interval_s"])
+    num = den = 0.0
+    for r in rows:
+        t = float(r["t_wall"])
+        w = max(0.0, min(t, end) - max(t - period, start))
+        num, den = num + w * float(r["cpu_pct"]), den + w
+    return num / den if den > 0 else None
+
+
+def record(n: int, steps: int, batch: int, seq: int, threads: int) -> list[dict[str, Any]]:
     """*n* real runs of one point through ``launch.sh``, one after the other; each one's step times over its
-    measured window (as collect reads them from ``rank.0.json``)."""
+    measured window (as collect reads them from ``rank.0.json``) and its host's other load over it."""
     from harness.build.render import render_points
     from harness.data.datagen import generate_dataset
     from harness.data.tinymodel import make_tiny_model
@@ -186,7 +233,7 @@ def record(n: int, steps: int, batch: int, seq: int, threads: int) -> list[Trace
             doc = {"campaign": "compare-power", "experiment": "finetune_full_benchmark-v1.0.0",
                    "entity": {"model_name": "tiny", "model_max_length": seq, "dataset_id": DATASET, "number_gpus": 1,
                               "batch_size": batch, "max_steps": steps, "gradient_accumulation_steps": 1},
-                   "model_map": {"tiny": str(model)}, "data_dir": str(data)}
+                   "model_map": {"tiny": str(model)}, "data_dir": str(data), "runner": {"sample_interval_s": 0.25}}
             sweep = parse_sweep(doc, "<compare_power>", work)
             (spec,) = render_points(sweep, inv, plan_sweep(sweep, inv), work / f"run{i}")
             job = Path(spec.job_dir)
@@ -197,10 +244,12 @@ def record(n: int, steps: int, batch: int, seq: int, threads: int) -> list[Trace
             if proc.returncode != 0:
                 raise SystemExit(f"run {i} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
             r0 = json.loads((job / "rank.0.json").read_text())
-            d = step_durations(r0, float(r0["train_start_wall"]), float(r0["train_end_wall"]))
-            traces.append(d)
-            print(f"recorded run {i}: {len(d)} steps, mean {sum(d) / len(d):.4f} s, load {os.getloadavg()[0]:.2f}",
-                  flush=True)
+            start, end = float(r0["train_start_wall"]), float(r0["train_end_wall"])
+            d = step_durations(r0, start, end)
+            other = host_other(job, start, end)
+            traces.append({"steps": d, "host_other_cpu_pct": other})
+            print(f"recorded run {i}: {len(d)} steps, mean {sum(d) / len(d):.4f} s, host's other load "
+                  f"{'?' if other is None else f'{other:.0f} %'}, load average {os.getloadavg()[0]:.2f}", flush=True)
         return traces
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -225,6 +274,23 @@ def markdown(results: dict[str, dict[str, Any]], trials: int) -> str:
     return "\n".join(lines)
 
 
+def blend_spread(values: Sequence[float], within: Sequence[tuple[float, int]] = ()) -> Any:
+    """The *blend* variant of :func:`harness.report.stats.side_spread` (see the module's docstring)."""
+    import statistics
+
+    from harness.report.stats import SideSpread
+
+    n = len(values)
+    s2 = statistics.variance(values)
+    if len(within) != n or not all(m >= 2 for _, m in within):
+        return SideSpread(s2, float(n - 1), "runs")
+    w2 = statistics.fmean(v for v, _ in within)
+    df_w = float(sum(m - 1 for _, m in within))
+    t2 = max(0.0, s2 - w2)
+    v = t2 + w2
+    return SideSpread(v, v * v / (t2 * t2 / (n - 1) + w2 * w2 / df_w), "steps" if t2 == 0 else "runs")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=1000, help="trials per cell (default 1000)")
@@ -238,35 +304,52 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
+    ap.add_argument("--variant", choices=("compare", "blend"), default="compare",
+                    help="compare's method (default) or the blend it was weighed against")
     args = ap.parse_args()
+    if args.variant == "blend":
+        from harness.report import stats
+
+        stats.side_spread = blend_spread  # welch() looks it up in its module at each call
 
     sources: dict[str, tuple[Draw, float, int]] = {}
     for cv, tau in ((0.1, 0.0), (0.3, 0.0), (0.1, 0.05), (0.3, 0.1)):
         draw, mean = synthetic(args.steps, cv, tau)
         sources[f"synthetic cv={cv} tau={tau}"] = (draw, mean, 10**9)
-    real: list[Trace] = []
+    runs: list[dict[str, Any]] = []
     meta: dict[str, Any] = {}
     if not args.no_real:
         if args.traces:
             doc = json.loads(args.traces.read_text())
-            real, meta = doc["traces"], doc.get("meta", {})
+            runs, meta = doc["traces"], doc.get("meta", {})
+            runs = [r if isinstance(r, dict) else {"steps": r, "host_other_cpu_pct": None} for r in runs]
         else:
             t0 = time.time()
-            real = record(args.record, args.steps, args.batch, args.seq, args.threads)
-            meta = {"runs": len(real), "steps": args.steps, "batch": args.batch, "seq": args.seq,
+            runs = record(args.record, args.steps, args.batch, args.seq, args.threads)
+            meta = {"runs": len(runs), "steps": args.steps, "batch": args.batch, "seq": args.seq,
                     "threads": args.threads, "recorded_s": round(time.time() - t0, 1), "load_avg": os.getloadavg()}
             if args.save:
-                args.save.write_text(json.dumps({"meta": meta, "traces": real}))
-        draw, mean = pooled(real)
+                args.save.write_text(json.dumps({"meta": meta, "traces": runs}))
+        real = [r["steps"] for r in runs]
         means = sorted(sum(t) / len(t) for t in real)
         meta["run_mean_step_s"] = {"min": means[0], "median": means[len(means) // 2], "max": means[-1]}
-        sources[f"real ({len(real)} runs of the tiny model)"] = (draw, mean, len(real))
+        draw, mean = pooled(real)
+        sources[f"real runs, all {len(real)} recorded"] = (draw, mean, len(real))
+        quiet = [r["steps"] for r in runs if r.get("host_other_cpu_pct") is not None
+                 and r["host_other_cpu_pct"] <= 100 * HOST_BUSY_CPU]
+        meta["quiet_runs"] = len(quiet)
+        if len(quiet) >= 4:
+            draw, mean = pooled(quiet)
+            sources[f"real runs compare keeps ({len(quiet)} of {len(real)})"] = (draw, mean, len(quiet))
+        draw, mean = blocks(real, args.steps)
+        sources["real steps, block-resampled"] = (draw, mean, 10**9)
     results = {}
     for name, (draw, mean, max_n) in sources.items():
         t0 = time.time()
         results[name] = table(draw, mean, args.trials, args.seed, max_n)
         print(f"{name}: {json.dumps(results[name])} ({time.time() - t0:.0f} s)", flush=True)
-    report = {"trials": args.trials, "steps": args.steps, "threshold": THRESHOLD, "real": meta, "results": results}
+    report = {"trials": args.trials, "steps": args.steps, "threshold": THRESHOLD, "variant": args.variant,
+              "real": meta, "results": results}
     print(markdown(results, args.trials))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))

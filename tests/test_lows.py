@@ -13,6 +13,9 @@ from harness.collect.ingest import collect
 from harness.contract.paths import JobPaths, job_dir_name
 from harness.sbatch.manifest import read as read_manifest
 from harness.sbatch.pack import REQUEUE_REASON, requeued_locally
+from harness.sbatch.repeats import MORE, WAITING, point_verdicts
+from harness.sbatch.state import AttemptState, PointHistory, with_submitted
+from harness.spec.sweep import AdaptiveRepeats
 
 from .conftest import sql_rows, write_sweep
 from .synth import append_manifest, make_run, manifest_events, write_spec
@@ -165,3 +168,19 @@ def test_a_malformed_fault_is_refused_by_plan_and_submit(cli, tmp_path: Path, mo
     inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": "sleep@step=1:2;oom@step=3,rank=0"}
     write_sweep(inv, inv_doc)
     assert cli("plan", sw, "-i", inv).exit_code == 0
+
+
+def test_the_repeats_summary_is_right_just_after_a_submission() -> None:
+    spec = AdaptiveRepeats(2, 4, 0.02)
+    # a fresh campaign: its first two repeats were just handed to the executor
+    now = with_submitted(PointHistory(), "c", [("p", 0, 1, "41"), ("p", 1, 1, None)])
+    (v,) = point_verdicts(spec, ["p"], now, "c").values()
+    assert v.state == WAITING and v.in_flight == 2 and v.submitted == 2
+    assert v.text().startswith("2 repeat(s) queued or running")
+    # a noisy point whose third repeat was just sent: waiting for it, not "repeat 2 is next"
+    ok = [AttemptState(1, "j", "COMPLETED", "ok")]
+    before = PointHistory(by_run={("c", "p", 0): ok, ("c", "p", 1): ok}, stability={"p": (2, 0.2)})
+    (v,) = point_verdicts(spec, ["p"], before, "c").values()
+    assert v.state == MORE and v.next_repeat == 2
+    (v,) = point_verdicts(spec, ["p"], with_submitted(before, "c", [("p", 2, 1, "43")]), "c").values()
+    assert v.state == WAITING and v.in_flight == 1 and "repeat 2 is next" not in v.text()
