@@ -43,8 +43,10 @@ def executor_option(f: Any) -> Any:
 @workdir_option
 @db_option
 @model_map_option
-@click.option("--wait", is_flag=True, help="Print the attempts, wait until every one has finished, then print how "
-              "many ended ok, invalid and failed; exit 1 when any failed. Ctrl-C stops the waiting, not the attempts.")
+@click.option("--wait", is_flag=True, help="Print the attempts, wait until every attempt of the campaign still queued "
+              "or running has finished (an earlier command's too), then print how many ended ok, invalid and failed; "
+              "exit 1 unless every run of the campaign ended ok or invalid. Ctrl-C stops the waiting, not the "
+              "attempts.")
 @click.option("--force", is_flag=True, help="Run points again even when already measured.")
 @click.option("--retry-failed", is_flag=True, help="Resubmit points whose last attempt failed, as new attempts.")
 @click.option("--max-parallel", type=click.IntRange(min=1), default=None,
@@ -209,8 +211,8 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
 @workdir_option
 @db_option
 @executor_option
-@click.option("--wait", is_flag=True, help="As submit --wait: print the attempts, wait, print the outcomes; exit 1 "
-              "when any failed.")
+@click.option("--wait", is_flag=True, help="As submit --wait: print the attempts, wait for every attempt of the "
+              "campaign in flight, print the outcomes; exit 1 unless every run of the campaign ended ok or invalid.")
 @click.option("--max-parallel", type=click.IntRange(min=1), default=None)
 @json_option
 def retry(campaign: str, workdir: Path | None, db: Path | None, executor: str, wait: bool, max_parallel: int | None,
