@@ -51,6 +51,7 @@ and what ran (:mod:`~harness.runner.devices`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import re
@@ -145,6 +146,15 @@ def qlora_kwargs(args: argparse.Namespace, dtype: Any) -> dict[str, Any]:
     return {"quantization_config": BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)}
+
+
+def checkpointing_args(config_cls: Any, enabled: bool, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The Trainer's activation-checkpointing arguments, under the names *config_cls* (``SFTConfig``) has: since
+    transformers 5.2x ``activation_checkpointing`` (``gradient_checkpointing`` is its deprecated alias there),
+    before that ``gradient_checkpointing``, which those releases alone know."""
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    key = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return {key: enabled, f"{key}_kwargs": kwargs}
 
 
 def enable_cpu_fsdp(trainer: Any) -> bool:
@@ -387,8 +397,9 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
             warmup_steps=args.warmup_ratio, lr_scheduler_type=args.lr_scheduler_type,
             logging_strategy="steps", logging_steps=args.logging_steps, save_strategy="no", eval_strategy="no",
             report_to="none", optim=args.optim, optim_args=args.optim_args, bf16=settings["bf16"],
-            fp16=settings["fp16"], use_cpu=not settings["cuda"], activation_checkpointing=args.gradient_checkpointing,
-            activation_checkpointing_kwargs=gc_kwargs or None, max_length=args.max_seq_length, packing=False,
+            fp16=settings["fp16"], use_cpu=not settings["cuda"],
+            **checkpointing_args(SFTConfig, args.gradient_checkpointing, gc_kwargs or None),
+            max_length=args.max_seq_length, packing=False,
             dataset_text_field=args.dataset_text_field, dataset_kwargs={"skip_prepare_dataset": True},
             log_level=args.log_level, disable_tqdm=True, seed=args.seed, dataloader_num_workers=0,
             include_num_input_tokens_seen="no",
