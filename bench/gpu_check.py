@@ -198,7 +198,8 @@ def prepare_inputs(prof: Profile, work: Path, log: Log) -> tuple[Path, Path]:
     """The model (built once per size, kept in *work*) and the dataset file (no sidecar: used as is)."""
     model = work / "cache" / f"model-{prof.model_size}"
     t = time.monotonic()
-    sbench(["model", "tiny", "--size", prof.model_size, "-o", model, "--if-missing"], log)
+    sbench(["model", "tiny", "--size", prof.model_size, "--device", "cuda" if prof is GPU else "cpu", "-o", model,
+            "--if-missing"], log)
     log.phase("model", t)
     t = time.monotonic()
     gen = work / "cache" / "generated" / f"{prof.dataset_id}.jsonl"
@@ -586,6 +587,13 @@ def main(argv: list[str] | None = None) -> int:
     summary["environment"] = environment_report()
     log(f"environment: {json.dumps(summary['environment'])}")
     log.phase("environment", t)
+    if not args.rehearse and not summary["environment"].get("cuda_available"):
+        env = summary["environment"]
+        print(f"gpu_check: NVML sees {device['gpu_model']}, but torch does not see a CUDA device (torch "
+              f"{(env.get('packages') or {}).get('torch')}, built for CUDA {env.get('torch_cuda')}; "
+              f"{env.get('error') or 'is the driver older than that CUDA?'})", file=sys.stderr)
+        (out / "gpu_check.json").write_text(json.dumps({**summary, "ok": False, "failed": ["cuda"]}, indent=2) + "\n")
+        return 1
     wheels = out / "wheels.json"
     if wheels.is_file():
         summary["wheels"] = json.loads(wheels.read_text())

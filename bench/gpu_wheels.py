@@ -49,9 +49,11 @@ MACHINE_PACKAGES = ("torch", "transformers", "accelerate", "peft", "psutil", "py
 # older than 1.31 (the newer ones import its storage-bucket API), which a machine set up with an older
 # transformers 5 has; it imports requests and httpx, which such a machine may lack (its huggingface_hub 1.x
 # brings httpx; carried all the same, so that the folder is complete whatever the hub).
-FALLBACKS = ("datasets==5.0.0", "requests==2.34.2", "urllib3==2.8.0", "charset-normalizer==3.5.3",
-             "idna==3.20", "certifi==2026.10.19.post1", "httpx==0.28.1", "httpcore==1.0.9", "h11==0.16.0",
-             "anyio==4.16.0", "sniffio==1.3.1")
+# accelerate and peft: newer than a machine's own where that is too old for the carried trl (it needs accelerate
+# 1.10.1); installed only then.
+FALLBACKS = ("accelerate==1.15.0", "peft==0.21.2", "datasets==5.0.0", "requests==2.34.2", "urllib3==2.8.0",
+             "charset-normalizer==3.5.3", "idna==3.20", "certifi==2026.10.19.post1", "httpx==0.28.1",
+             "httpcore==1.0.9", "h11==0.16.0", "anyio==4.16.0", "sniffio==1.3.1")
 PYTHON = (3, 12)
 ARCH = "x86_64"
 # A manylinux wheel for glibc 2.17 .. 2.39 runs there (CUDA 13's torch wheels need 2.28 already).
@@ -59,6 +61,7 @@ PLATFORMS = ([f"manylinux_2_{n}_{ARCH}" for n in range(39, 4, -1)]
              + [f"manylinux2014_{ARCH}", f"manylinux2010_{ARCH}", f"manylinux1_{ARCH}", f"linux_{ARCH}"])
 # The folder and the working tree travel together within 64 MiB; the tree is a few MiB.
 MAX_BYTES = 56 * 2**20
+CARRY_LIMIT = 64 * 2**20
 
 
 def target_tags() -> set[Tag]:
@@ -240,6 +243,17 @@ def check_folder(folder: Path) -> list[str]:
     return problems
 
 
+def tree_bytes(root: Path = ROOT) -> int | None:
+    """Bytes of the working tree as it travels: tracked files and untracked ones git does not ignore (not .venv,
+    results/ or .wheels); None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                             capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sum((root / n).stat().st_size for n in out.decode().split("\0") if n and (root / n).is_file())
+
+
 def download_list(env: dict[str, str] | None = None) -> list[str]:
     """``name==version`` of every package the folder carries: sbench's closure minus the machine's, at the
     versions installed here, and the fallbacks."""
@@ -273,11 +287,14 @@ def download(dest: Path) -> int:
     return 0
 
 
-def install(folder: Path, target: Path, dry_run: bool = False) -> int:
-    """Install what the machine lacks into *target*; prints a JSON report; exit 1 when something is missing."""
+def install(folder: Path, target: Path, *, dry_run: bool = False, roots: list[Requirement] | None = None,
+            use_pip: bool | None = None) -> int:
+    """Install what this interpreter lacks of *roots* (sbench's requirements) from *folder* into *target*; prints
+    a JSON report; exit 1 when something is missing. *use_pip* None: pip when this interpreter has it, else the
+    wheels are unpacked (a wheel is a zip of what goes on the path; its tags were checked)."""
     wheels = read_wheels(folder)
-    tags = set(_running_tags())
-    plan = plan_install(sbench_requirements(), installed_version, wheels, tags, None)
+    plan = plan_install(sbench_requirements() if roots is None else roots, installed_version, wheels,
+                        set(_running_tags()), None)
     report = {"python": sys.version.split()[0], "wheels_folder": str(folder), "wheels_found": len(wheels),
               "install": {n: str(w.version) for n, w in sorted(plan.chosen.items())},
               "kept": dict(sorted(plan.kept.items())), "missing": plan.missing, "warnings": plan.warnings,
@@ -289,29 +306,36 @@ def install(folder: Path, target: Path, dry_run: bool = False) -> int:
     if dry_run or not plan.chosen:
         return 0
     target.mkdir(parents=True, exist_ok=True)
-    files = [str(w.path) for w in plan.chosen.values()]
-    env = {**os.environ, "PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    if subprocess.call([sys.executable, "-m", "pip", "--version"], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL) == 0:
+    files = [w.path for w in plan.chosen.values()]
+    if use_pip is None:
+        use_pip = subprocess.call([sys.executable, "-m", "pip", "--version"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) == 0
+    if use_pip:
+        env = {**os.environ, "PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
         return subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                                "--upgrade", "--target", str(target), *files], env=env)
-    # No pip for this interpreter: a wheel is a zip of what goes on the path (its tags were checked above).
+                                "--upgrade", "--target", str(target), *map(str, files)], env=env)
     for f in files:
-        with zipfile.ZipFile(f) as z:
-            for member in z.namelist():
-                parts = member.split("/")
-                if len(parts) > 2 and parts[0].endswith(".data") and parts[1] in ("purelib", "platlib"):
-                    out = target.joinpath(*parts[2:])
-                elif parts[0].endswith(".data"):
-                    continue
-                else:
-                    out = target / member
-                if member.endswith("/"):
-                    continue
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_bytes(z.read(member))
-        print(f"unpacked {Path(f).name} (no pip here)")
+        unpack(f, target)
+        print(f"unpacked {f.name} (no pip for this python)", file=sys.stderr)
     return 0
+
+
+def unpack(wheel: Path, target: Path) -> None:
+    """Put a wheel's files on a path folder as pip would: the root's, and ``*.data/purelib|platlib``'s."""
+    with zipfile.ZipFile(wheel) as z:
+        for member in z.namelist():
+            parts = member.split("/")
+            if member.endswith("/"):
+                continue
+            if parts[0].endswith(".data"):
+                if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                    continue  # scripts, headers, data: not needed on the path
+                parts = parts[2:]
+            out = target.joinpath(*parts)
+            if target.resolve() not in out.resolve().parents:
+                raise SystemExit(f"{wheel.name}: {member} would land outside {target}")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(z.read(member))
 
 
 def _running_tags() -> Iterable[Tag]:
@@ -340,11 +364,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd in ("download", "check"):
         problems = check_folder(args.wheels)
         size = sum(p.stat().st_size for p in args.wheels.glob("*.whl")) if args.wheels.is_dir() else 0
-        print(f"{args.wheels}: {len(list(args.wheels.glob('*.whl')))} wheels, {size / 2**20:.1f} MiB")
+        tree = tree_bytes()
+        carried = "" if tree is None else (f"; with the working tree ({tree / 2**20:.1f} MiB) "
+                                           f"{(size + tree) / 2**20:.1f} MiB of the {CARRY_LIMIT / 2**20:.0f} MiB a "
+                                           "lent machine takes")
+        print(f"{args.wheels}: {len(list(args.wheels.glob('*.whl')))} wheels, {size / 2**20:.1f} MiB{carried}")
+        if tree is not None and size + tree > CARRY_LIMIT:
+            problems.append(f"wheels and working tree: {(size + tree) / 2**20:.1f} MiB > {CARRY_LIMIT / 2**20:.0f} MiB")
         for p in problems:
             print(f"  problem: {p}")
         return 1 if problems else 0
-    return install(args.wheels, args.target, args.dry_run)
+    return install(args.wheels, args.target, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

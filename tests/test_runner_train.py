@@ -429,3 +429,26 @@ def test_stability_runs_five_trials_and_classifies_each(tmp_path, inventory, hos
     ok_trains = [e for e in events if e["stage"] == "train" and e["event"] == "end" and e["status"] == "ok"]
     assert sorted(e["trial"] for e in ok_trains) == [0, 4]
     assert all(e["info"]["global_step"] == 5 for e in ok_trains)
+
+
+def test_activation_checkpointing_goes_by_the_name_the_trainer_arguments_have() -> None:
+    # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; earlier 5.x releases know only
+    # the old name, and an unknown keyword fails every point
+    from harness.runner.train import checkpointing_args
+
+    @dataclasses.dataclass
+    class Old:
+        gradient_checkpointing: bool = False
+        gradient_checkpointing_kwargs: Any = None
+
+    @dataclasses.dataclass
+    class New(Old):
+        activation_checkpointing: bool = False
+        activation_checkpointing_kwargs: Any = None
+
+    kw = {"use_reentrant": False}
+    assert checkpointing_args(Old, True, kw) == {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": kw}
+    assert checkpointing_args(New, False, None) == {"activation_checkpointing": False,
+                                                    "activation_checkpointing_kwargs": None}
+    Old(**checkpointing_args(Old, True, kw))  # accepted by the class it was made for
+    New(**checkpointing_args(New, True, kw))
