@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from harness.db.store import open_store  # noqa: E402
+from harness.runner.devices import triton_build_problem  # noqa: E402
 from harness.spec.flops import peak_tflops  # noqa: E402
 from harness.spec.inventory import local_inventory  # noqa: E402
 
@@ -169,7 +170,8 @@ def environment_report() -> dict[str, Any]:
 import importlib.metadata as md, json, sys
 out = {"python": sys.version.split()[0], "packages": {}}
 for n in ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "huggingface-hub", "tokenizers",
-          "pyarrow", "pandas", "duckdb", "submitit", "orjson", "nvidia-ml-py", "flash-attn", "numpy", "fsspec"):
+          "pyarrow", "pandas", "duckdb", "submitit", "orjson", "nvidia-ml-py", "flash-attn", "numpy", "fsspec",
+          "triton"):
     try:
         out["packages"][n] = md.version(n)
     except md.PackageNotFoundError:
@@ -183,7 +185,8 @@ print(json.dumps(out))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()[-2000:]}
-    return json.loads(proc.stdout)
+    # trl's loss runs Triton kernels on CUDA; where Triton cannot build them the trainer uses trl's torch path
+    return {**json.loads(proc.stdout), "triton_build_problem": triton_build_problem()}
 
 
 def device_report() -> dict[str, Any]:

@@ -452,3 +452,36 @@ def test_activation_checkpointing_goes_by_the_name_the_trainer_arguments_have() 
                                                     "activation_checkpointing_kwargs": None}
     Old(**checkpointing_args(Old, True, kw))  # accepted by the class it was made for
     New(**checkpointing_args(New, True, kw))
+
+
+def test_triton_that_cannot_build_turns_trl_to_its_torch_loss(monkeypatch, tmp_path: Path) -> None:
+    # On CUDA trl's loss runs Triton kernels, whose launcher Triton compiles with a C compiler against the python
+    # headers; where neither is there every step would fail, so the trainer switches trl to its torch tiles.
+    import importlib.util
+
+    import torch
+    import trl.kernels.chunked_logprob as chunked
+    import trl.trainer.utils as trl_utils
+
+    from harness.runner import devices
+    from harness.runner.train import trl_triton_off
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "triton" else real(name, *a))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    assert "no C compiler" in (devices.triton_build_problem() or "")
+    cc = tmp_path / "mycc"
+    cc.write_text("#!/bin/sh\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", f"{cc} -O2")
+    assert "no C compiler" not in (devices.triton_build_problem() or "")
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert devices.triton_build_problem() is None or importlib.util.find_spec("triton") is not None
+
+    monkeypatch.setattr(chunked, "_TRITON_AVAILABLE", True)
+    monkeypatch.setattr(trl_utils, "is_triton_available", lambda: True)
+    assert chunked._use_triton(torch.device("cuda")) is True
+    assert trl_triton_off() is True
+    assert chunked._use_triton(torch.device("cuda")) is False and trl_utils.is_triton_available() is False

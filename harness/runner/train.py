@@ -73,7 +73,7 @@ from harness.data.visionprep import VISION_TEXT, ensure_vision_prepared
 from harness.spec.flops import model_counts
 
 from . import rank
-from .devices import backend_name, device_info, what_ran, wrapping
+from .devices import backend_name, device_info, triton_build_problem, what_ran, wrapping
 from .measure import CountingCollator, Meter, StopPolicy, make_callback, measurements, run_totals
 from .memsnap import MemoryRecorder
 from .rank import Context, launch_end, write_json
@@ -146,6 +146,19 @@ def qlora_kwargs(args: argparse.Namespace, dtype: Any) -> dict[str, Any]:
     return {"quantization_config": BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)}
+
+
+def trl_triton_off() -> bool:
+    """Make trl compute its loss (and entropy) with its torch tiles instead of its Triton kernels; True when it
+    had the switches this knows (trl 1.x: the kernels module's availability flag and the trainer utilities' check)."""
+    import trl.kernels.chunked_logprob as chunked  # heavy: only where a model is trained
+    import trl.trainer.utils as trl_utils  # heavy: as above
+
+    known = hasattr(chunked, "_TRITON_AVAILABLE") and hasattr(trl_utils, "is_triton_available")
+    if known:
+        chunked._TRITON_AVAILABLE = False
+        trl_utils.is_triton_available = lambda: False
+    return known
 
 
 def checkpointing_args(config_cls: Any, enabled: bool, kwargs: dict[str, Any] | None) -> dict[str, Any]:
@@ -360,6 +373,15 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
 
     doc["settings"] = {k: (str(v) if k == "dtype" else v) for k, v in settings.items()}
     doc["device"] = device_info(ctx.local_rank)
+    problem = triton_build_problem() if settings["cuda"] else None
+    if problem is not None:
+        # trl's fused loss runs Triton kernels on CUDA; one that cannot be built would fail every step.
+        doc["settings"]["trl_triton_kernels"] = False
+        if trl_triton_off():
+            ctx.note(f"trl's Triton loss kernels are off ({problem}); its torch path computes the same loss")
+        else:
+            ctx.note(f"{problem}; this trl has no switch sbench knows to use its torch path: its Triton kernels "
+                     "may fail")
     gc_kwargs = dict(args.gradient_checkpointing_kwargs or {})
 
     # Created first: everything below can then use the process group (gloo on CPU).
