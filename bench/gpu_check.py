@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,7 +159,8 @@ def sbench(args: Sequence[str], log: Log, *, env: dict[str, str] | None = None, 
     for line in (proc.stdout + proc.stderr).splitlines():
         print(f"    {line}", flush=True)
     if check and proc.returncode != 0:
-        raise RuntimeError(f"sbench {args[0]} {args[1] if len(args) > 1 else ''} exited {proc.returncode}")
+        last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
+        raise RuntimeError(f"sbench {args[0]} exited {proc.returncode}: {last[0][:500]}")
     return proc
 
 
@@ -215,27 +216,50 @@ def prepare_inputs(prof: Profile, work: Path, log: Log) -> tuple[Path, Path]:
     return model, data
 
 
-def run_campaigns(prof: Profile, work: Path, model: Path, data: Path, db: Path, runs: Path, log: Log) -> dict[str, int]:
-    """Submit each campaign and wait for it (one at a time: the GPU runs one point at a time); their exit codes."""
+def campaign_budget(name: str, prof: Profile) -> float:
+    """Seconds one campaign needs at most: each point's training and about 25 s of start-up, model load and
+    teardown."""
+    return sum((prof.precision_max_s if p.precision else prof.train_s) + 25.0 for p in POINTS if p.campaign == name)
+
+
+def run_campaigns(prof: Profile, work: Path, model: Path, data: Path, db: Path, runs: Path, log: Log,
+                  deadline: float | None = None) -> dict[str, int | str]:
+    """Submit each campaign and wait for it (one at a time: the GPU runs one point at a time); their exit codes.
+    Past *deadline* (a ``time.monotonic()`` reading), a campaign that would not finish is not started, and one
+    still running is cancelled: what ran is collected and checked, so a slow machine still brings its results back
+    within its time limit."""
     sweeps = work / "sweeps"
     sweeps.mkdir(parents=True, exist_ok=True)
-    codes = {}
+    codes: dict[str, int | str] = {}
     for name in campaigns():
         path = sweeps / f"{name}.yaml"
         path.write_text(yaml.safe_dump(sweep_doc(name, prof, model, data), sort_keys=False))
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left < campaign_budget(name, prof):
+            codes[name] = f"not run: {left:.0f} s left before the deadline, it needs about " \
+                          f"{campaign_budget(name, prof):.0f} s"
+            log(f"campaign {name} {codes[name]}")
+            continue
         env = {}
         oom = next((p for p in POINTS if p.campaign == name and p.expect == "invalid"), None)
         if oom is not None and prof is REHEARSAL:
             # No GPU to run out of: the same error, raised where a real one would be (the end of step 1).
             env["SBENCH_FAULT"] = f"oom@step=1,batch={oom.batch(prof)}"
         t = time.monotonic()
-        proc = sbench(["submit", path, "--executor", "local", "--wait", "--workdir", runs, "--db", db], log, env=env,
-                      timeout=prof.submit_timeout_s, check=False)
-        codes[name] = proc.returncode
+        try:
+            proc = sbench(["submit", path, "--executor", "local", "--wait", "--workdir", runs, "--db", db], log,
+                          env=env, timeout=prof.submit_timeout_s if left is None else min(prof.submit_timeout_s, left),
+                          check=False)
+            codes[name] = proc.returncode
+        except subprocess.TimeoutExpired:
+            codes[name] = "cancelled: past the deadline"
+            log(f"campaign {name} {codes[name]}")
+            sbench(["cancel", "--campaign", name, "--workdir", runs, "--db", db], log, timeout=60, check=False)
         log.phase(f"campaign {name}", t)
-    t = time.monotonic()
-    sbench(["collect", "--workdir", runs, "--db", db], log)
-    log.phase("collect", t)
+    if runs.is_dir():  # nothing was submitted when no campaign started
+        t = time.monotonic()
+        sbench(["collect", "--workdir", runs, "--db", db], log, timeout=300)
+        log.phase("collect", t)
     return codes
 
 
@@ -309,8 +333,18 @@ class Check:
         return self
 
 
-def _trained(rows: dict[str, dict[str, Any]]) -> list[tuple[Point, dict[str, Any]]]:
-    return [(p, rows[p.name]) for p in POINTS if p.expect == "ok" and p.name in rows]
+def _each(c: Check, rows: dict[str, dict[str, Any]], want: Callable[[Point], bool] = lambda p: p.expect == "ok",
+          ) -> Iterator[tuple[Point, dict[str, Any]]]:
+    """The points *want* picks (by default those that train to the end) with their rows; one without a run
+    fails the check, by name."""
+    for p in POINTS:
+        if not want(p):
+            continue
+        r = rows.get(p.name)
+        if r is None:
+            c.fail(f"{p.name}: no run in the database")
+            continue
+        yield p, r
 
 
 def _pct(x: float) -> str:
@@ -319,11 +353,7 @@ def _pct(x: float) -> str:
 
 def check_points_ran(rows: dict[str, dict[str, Any]]) -> Check:
     c = Check("points_ran", "every point ran to its expected outcome and measured a throughput")
-    for p in POINTS:
-        r = rows.get(p.name)
-        if r is None:
-            c.fail(f"{p.name}: no run in the database")
-            continue
+    for p, r in _each(c, rows, lambda p: True):
         if r["outcome"] != p.expect:
             c.fail(f"{p.name}: outcome {r['outcome']} ({r.get('reason')}), expected {p.expect}")
         elif p.expect == "ok" and not (r.get("dataset_tokens_per_second") or 0) > 0:
@@ -335,10 +365,7 @@ def check_nvml(rows: dict[str, dict[str, Any]], gpu: bool) -> Check:
     c = Check("nvml_samples", "NVML samples were taken on every point (and inside every measured window)")
     if not gpu:
         return c.skip("no NVIDIA GPU: the sampler has no NVML device to read")
-    for p in POINTS:
-        r = rows.get(p.name)
-        if r is None:
-            continue
+    for p, r in _each(c, rows, lambda p: True):
         if not r.get("gpu_sample_rows"):
             c.fail(f"{p.name}: no GPU sample rows")
         elif p.expect == "ok" and not (r.get("gpu_samples") or 0) > 0:
@@ -352,7 +379,7 @@ def check_energy(rows: dict[str, dict[str, Any]], gpu: bool) -> Check:
     c = Check("energy", f"energy is positive and within {ENERGY_TOLERANCE:.0%} of mean power x window")
     if not gpu:
         return c.skip("no NVIDIA GPU: no NVML energy counter (RAPL on a CPU node is not what is checked)")
-    for p, r in _trained(rows):
+    for p, r in _each(c, rows):
         e, w, s = r.get("energy_joules"), r.get("gpu_power_watts_avg"), r.get("window_s")
         if not e or e <= 0 or r.get("energy_source") != "nvml":
             c.fail(f"{p.name}: energy_joules {e} (source {r.get('energy_source')})")
@@ -375,7 +402,7 @@ def check_mfu(rows: dict[str, dict[str, Any]], device: dict[str, Any], gpu: bool
     if not peak or device.get("peak_source") != "gpu_peaks.yaml":
         c.fail(f"no bf16 peak for {device.get('gpu_model')} in harness/spec/gpu_peaks.yaml")
         return c
-    for p, r in _trained(rows):
+    for p, r in _each(c, rows):
         mfu, used = r.get("mfu"), r.get("peak_tflops")
         if mfu is None:
             c.fail(f"{p.name}: no MFU")
@@ -393,9 +420,7 @@ def check_memory(rows: dict[str, dict[str, Any]], gpu: bool) -> Check:
                                    "(full and LoRA)")
     if not gpu:
         return c.skip("no NVIDIA GPU: the CPU has no allocator peak to compare with")
-    for p, r in _trained(rows):
-        if not p.memory:
-            continue
+    for p, r in _each(c, rows, lambda p: p.memory):
         peak, pred = r.get("memory_peak_bytes"), r.get("predicted_total_bytes")
         if not peak or not pred:
             c.fail(f"{p.name}: measured peak {peak}, predicted {pred}")
@@ -414,10 +439,7 @@ OOM_TEXT = ("OutOfMemoryError", "CUDA out of memory")
 
 def check_oom(rows: dict[str, dict[str, Any]], gpu: bool) -> Check:
     c = Check("oom", "the point far past the prediction is invalid, with a CUDA out-of-memory error as its reason")
-    for p in POINTS:
-        if p.expect != "invalid" or p.name not in rows:
-            continue
-        r = rows[p.name]
+    for p, r in _each(c, rows, lambda p: p.expect == "invalid"):
         reason = str(r.get("reason") or "")
         if r.get("outcome") != "invalid" or not any(t in reason for t in OOM_TEXT):
             c.fail(f"{p.name}: outcome {r.get('outcome')}, reason {reason[:300]!r}")
@@ -432,7 +454,7 @@ def check_bf16(rows: dict[str, dict[str, Any]], gpu: bool) -> Check:
     c = Check("bf16", "bf16 points ran as bf16: weights in bfloat16 and the Trainer's bf16 on")
     if not gpu:
         return c.skip("no CUDA device: the trainer runs float32 on the CPU (see cpu_adjustments)")
-    for p, r in _trained(rows):
+    for p, r in _each(c, rows):
         ran = (r.get("rank0") or {}).get("ran") or {}
         if r.get("effective_torch_dtype") != "bfloat16" or ran.get("bf16") is not True:
             c.fail(f"{p.name}: weights {r.get('effective_torch_dtype')}, Trainer bf16 {ran.get('bf16')}")
@@ -445,7 +467,7 @@ def check_cpu_adjustments(rows: dict[str, dict[str, Any]], gpu: bool) -> Check:
     c = Check("cpu_adjustments", "on the CPU, the change from bfloat16 to float32 is recorded with its reason")
     if gpu:
         return c.skip("a GPU run: bf16 is checked instead")
-    for p, r in _trained(rows):
+    for p, r in _each(c, rows):
         adj = [a for a in r.get("adjustments") or [] if a.get("setting") == "torch_dtype"]
         if r.get("effective_torch_dtype") != "float32" or not adj or adj[0].get("why") != "no CUDA device":
             c.fail(f"{p.name}: ran {r.get('effective_torch_dtype')}, adjustments {adj}")
@@ -457,7 +479,7 @@ ATTENTION = ("flash_attention_2", "sdpa")
 
 def check_attention(rows: dict[str, dict[str, Any]], gpu: bool) -> Check:
     c = Check("attention", "flash or sdpa attention ran, as recorded (a flash request that fell back says why)")
-    for p, r in _trained(rows):
+    for p, r in _each(c, rows):
         ran = (r.get("rank0") or {}).get("ran") or {}
         got = r.get("attn_implementation")
         if got not in ATTENTION or ran.get("attn_implementation") != got:
@@ -472,10 +494,7 @@ def check_attention(rows: dict[str, dict[str, Any]], gpu: bool) -> Check:
 
 def check_precision(rows: dict[str, dict[str, Any]], gpu: bool, prof: Profile) -> Check:
     c = Check("precision_stop", "the precision point stopped once its throughput's 95 % interval was narrow enough")
-    for p in POINTS:
-        if not p.precision or p.name not in rows:
-            continue
-        r = rows[p.name]
+    for p, r in _each(c, rows, lambda p: p.precision):
         rank0 = r.get("rank0") or {}
         window, ci, rule = rank0.get("window"), r.get("ci_rel_halfwidth"), (rank0.get("auto_stop") or {}).get("rule")
         line = (f"{p.name}: stopped by {r.get('stopped_by')} after {r.get('global_step')} steps, window {window} of "
@@ -567,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=None,
                     help="scratch: model, dataset, job dirs (default: $TMPDIR/sbench-gpu-check-<mode>)")
     ap.add_argument("--rehearse", action="store_true", help="the tiny model on the CPU; GPU-only checks skipped")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="seconds after which no campaign starts that would not finish, and a running one is "
+                         "cancelled; what ran is collected and checked (default: none)")
     args = ap.parse_args(argv)
     prof = REHEARSAL if args.rehearse else GPU
     log = Log()
@@ -603,7 +625,8 @@ def main(argv: list[str] | None = None) -> int:
     failure = None
     try:
         model, data = prepare_inputs(prof, work, log)
-        summary["submit_exit_codes"] = run_campaigns(prof, work, model, data, db, runs, log)
+        deadline = None if args.deadline_s is None else log.t0 + args.deadline_s
+        summary["submit_exit_codes"] = run_campaigns(prof, work, model, data, db, runs, log, deadline)
     except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
         failure = f"{type(exc).__name__}: {exc}"
         log(f"stopped: {failure}")

@@ -9,9 +9,11 @@
 # 2. runs bench/gpu_check.py from this checkout, offline: model, dataset, the campaigns, collect, the checks.
 # Exit status: 0 every check holds, 1 a check failed (named at the end) or the run broke, 2 bad arguments.
 # Scratch (model, dataset, job dirs): $SBENCH_GPU_WORK, else $TMPDIR/sbench-gpu-check-<mode>.
+# On a GPU no campaign starts that would end after $SBENCH_GPU_DEADLINE_S (default 450) seconds, and one still
+# running then is cancelled: what ran is collected and checked, within a lent machine's time limit.
 set -euo pipefail
 
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REHEARSE=0
 OUT=""
@@ -84,7 +86,11 @@ export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 echo "gpu_check.sh: wheels step done after $(( $(date +%s) - START )) s"
 
 ARGS=(--out "$OUT" --work "$WORK")
-[[ $REHEARSE == 1 ]] && ARGS+=(--rehearse)
+if [[ $REHEARSE == 1 ]]; then
+  ARGS+=(--rehearse)
+else
+  ARGS+=(--deadline-s "$(( ${SBENCH_GPU_DEADLINE_S:-450} - ($(date +%s) - START) ))")
+fi
 set +e
 "$PY" "$ROOT/bench/gpu_check.py" "${ARGS[@]}"
 RC=$?

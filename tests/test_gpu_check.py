@@ -67,6 +67,20 @@ def test_the_rehearsal_runs_every_point_and_skips_only_the_gpu_checks(tmp_path: 
     assert summary["elapsed_s"] < 180
 
 
+def test_past_its_deadline_the_check_runs_no_campaign_and_says_so(tmp_path: Path) -> None:
+    # The safety net of a machine lent for minutes: what did not run is named, and the summary is still written.
+    out = tmp_path / "out"
+    rc = gc.main(["--rehearse", "--out", str(out), "--work", str(tmp_path / "work"), "--deadline-s", "0"])
+    assert rc == 1
+    summary = json.loads((out / "gpu_check.json").read_text())
+    assert set(summary["submit_exit_codes"]) == set(gc.campaigns())
+    assert all(str(v).startswith("not run: ") for v in summary["submit_exit_codes"].values())
+    ran = next(c for c in summary["checks"] if c["name"] == "points_ran")
+    assert ran["status"] == "fail" and ran["detail"] == [f"{p.name}: no run in the database" for p in gc.POINTS]
+    assert {"points_ran", "oom", "attention", "precision_stop"} <= set(summary["failed"])
+    assert not (out / "results.duckdb").exists()
+
+
 def test_the_script_refuses_bad_arguments_with_exit_2(tmp_path: Path) -> None:
     script = str(ROOT / "bench" / "gpu_check.sh")
     for args in ([], ["--fast", str(tmp_path)], [str(tmp_path / "a"), str(tmp_path / "b")]):
