@@ -236,6 +236,9 @@ def check_folder(folder: Path) -> list[str]:
         name = canonicalize_name(r.name)
         if name not in carried and name not in machine:
             problems.append(f"sbench requires {r}: neither carried nor one of the machine's packages")
+    # What install would do there, if the machine had its packages at the versions installed here.
+    plan = plan_install(sbench_requirements(env), machine.get, wheels, tags, env)
+    problems += [f"on the machine, install would miss {m}" for m in plan.missing]
     size = sum(w.path.stat().st_size for w in wheels)
     if size > MAX_BYTES:
         problems.append(f"{folder}: {size / 2**20:.1f} MiB of wheels, more than {MAX_BYTES / 2**20:.0f} MiB (the "
@@ -369,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
                                            f"{(size + tree) / 2**20:.1f} MiB of the {CARRY_LIMIT / 2**20:.0f} MiB a "
                                            "lent machine takes")
         print(f"{args.wheels}: {len(list(args.wheels.glob('*.whl')))} wheels, {size / 2**20:.1f} MiB{carried}")
+        env = target_environment()
+        plan = plan_install(sbench_requirements(env), closure(MACHINE_PACKAGES, env).get, read_wheels(args.wheels),
+                            target_tags(), env)
+        print("  on a machine with this environment's versions of its packages, install would take: "
+              + (", ".join(f"{n} {w.version}" for n, w in sorted(plan.chosen.items())) or "nothing"))
         if tree is not None and size + tree > CARRY_LIMIT:
             problems.append(f"wheels and working tree: {(size + tree) / 2**20:.1f} MiB > {CARRY_LIMIT / 2**20:.0f} MiB")
         for p in problems:
