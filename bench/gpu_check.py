@@ -79,7 +79,7 @@ GPU = Profile(name="gpu", model_size="1b", dataset_id="news-chars-2048-entries-4
               batch=8, lora_batch=16, oom_batch=512, train_s=20.0, precision_max_s=30.0, rel_ci=0.02,
               sample_interval_s=0.5, memory_every_steps=10, point_time="00:04:00", submit_timeout_s=420.0)
 REHEARSAL = Profile(name="rehearse", model_size="tiny", dataset_id="news-chars-512-entries-4096", entries=128,
-                    seq=256, batch=4, lora_batch=8, oom_batch=64, train_s=2.0, precision_max_s=8.0, rel_ci=0.05,
+                    seq=384, batch=4, lora_batch=8, oom_batch=64, train_s=2.0, precision_max_s=8.0, rel_ci=0.05,
                     sample_interval_s=0.25, memory_every_steps=5, point_time="00:03:00", submit_timeout_s=240.0)
 
 

@@ -232,6 +232,22 @@ def test_the_gpu_sweeps_fit_an_h100_but_the_oom_point_is_far_past_it(tmp_path: P
     assert seen == {p.name for p in gc.POINTS}
 
 
+@pytest.mark.parametrize("prof", [gc.GPU, gc.REHEARSAL], ids=lambda p: p.name)
+def test_every_entry_fills_model_max_length_and_keeps_its_response(tmp_path: Path, prof: gc.Profile) -> None:
+    # Full-width batches are what the memory prediction assumes; a response cut off would mask the entry's loss.
+    from harness.data.datagen import generate_dataset
+    from harness.data.tinymodel import SIZES, train_tokenizer
+
+    shape = SIZES[prof.model_size]
+    tok = train_tokenizer(vocab_size=shape["vocab_size"])
+    path = tmp_path / f"{prof.dataset_id}.jsonl"
+    generate_dataset(prof.dataset_id, path, entries=min(prof.entries, 64))
+    for line in path.read_text().splitlines():
+        text = json.loads(line)["output"]
+        assert len(tok(text)["input_ids"]) > prof.seq
+        assert len(tok(text[:text.index("### Response:")])["input_ids"]) < prof.seq - 64  # 64+ response tokens
+
+
 def test_the_rehearsal_sweeps_plan_on_this_machine(tmp_path: Path, tiny_model: Path) -> None:
     inv = local_inventory()
     for name in gc.campaigns():
