@@ -16,7 +16,7 @@ import. On a machine whose local inventory finds a GPU through NVML it
 the same, the checks that need a GPU are skipped (and listed), the out-of-memory point's error is injected
 (``SBENCH_FAULT``), and CPU-only facts are checked in their place (the dtype adjustment is recorded).
 
-    python bench/gpu_check.py --out OUT [--work DIR] [--rehearse]
+    python bench/gpu_check.py --out OUT [--work DIR] [--rehearse] [--deadline-s S]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import yaml  # noqa: E402
 
 from harness.db.store import open_store  # noqa: E402
 from harness.runner.devices import triton_build_problem  # noqa: E402
+from harness.runner.envcapture import nvml_versions  # noqa: E402
 from harness.spec.flops import peak_tflops  # noqa: E402
 from harness.spec.inventory import local_inventory  # noqa: E402
 
@@ -195,7 +196,8 @@ def device_report() -> dict[str, Any]:
     part = next(iter(local_inventory().partitions.values()))
     peak, source = (None, "cpu partition") if part.is_cpu else peak_tflops(part.gpu_model, "bf16")
     return {"gpu_model": part.gpu_model, "cpu_partition": part.is_cpu, "gpus_per_node": part.gpus_per_node,
-            "cpus": part.cpus_per_node, "memory_gb": part.memory_gb, "bf16_peak_tflops": peak, "peak_source": source}
+            "cpus": part.cpus_per_node, "memory_gb": part.memory_gb, "bf16_peak_tflops": peak, "peak_source": source,
+            **nvml_versions()}
 
 
 def prepare_inputs(prof: Profile, work: Path, log: Log) -> tuple[Path, Path]:

@@ -315,8 +315,9 @@ def install(folder: Path, target: Path, *, dry_run: bool = False, roots: list[Re
                                   stderr=subprocess.DEVNULL) == 0
     if use_pip:
         env = {**os.environ, "PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        # pip's own words go to stderr: stdout is the report, which the driver keeps as wheels.json
         return subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                                "--upgrade", "--target", str(target), *map(str, files)], env=env)
+                                "--upgrade", "--target", str(target), *map(str, files)], env=env, stdout=2)
     for f in files:
         unpack(f, target)
         print(f"unpacked {f.name} (no pip for this python)", file=sys.stderr)
