@@ -182,6 +182,15 @@ import torch
 out["torch_cuda"] = torch.version.cuda
 out["cuda_available"] = torch.cuda.is_available()
 out["device_count"] = torch.cuda.device_count() if out["cuda_available"] else 0
+out["import_errors"] = {}
+for stmt in ("import duckdb", "import orjson", "import submitit", "import pandas", "import datasets",
+             "from datasets import Dataset, Features, Image, List, Value", "import pynvml", "import peft",
+             "import accelerate", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+             "from trl import SFTConfig, SFTTrainer"):
+    try:
+        exec(stmt)
+    except Exception as exc:
+        out["import_errors"][stmt] = f"{type(exc).__name__}: {exc}"[:500]
 print(json.dumps(out))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -614,6 +623,16 @@ def main(argv: list[str] | None = None) -> int:
     summary["environment"] = environment_report()
     log(f"environment: {json.dumps(summary['environment'])}")
     log.phase("environment", t)
+    broken = summary["environment"].get("import_errors") or {}
+    if broken or "error" in summary["environment"]:
+        for stmt, err in broken.items():
+            print(f"gpu_check: {stmt}: {err}", file=sys.stderr)
+        print(f"gpu_check: sbench's dependencies do not import here "
+              f"({summary['environment'].get('error') or ', '.join(broken)}); see wheels.json for what was "
+              "installed", file=sys.stderr)
+        (out / "gpu_check.json").write_text(json.dumps({**summary, "ok": False, "failed": ["imports"]}, indent=2)
+                                            + "\n")
+        return 1
     if not args.rehearse and not summary["environment"].get("cuda_available"):
         env = summary["environment"]
         print(f"gpu_check: NVML sees {device['gpu_model']}, but torch does not see a CUDA device (torch "

@@ -81,6 +81,20 @@ def test_past_its_deadline_the_check_runs_no_campaign_and_says_so(tmp_path: Path
     assert not (out / "results.duckdb").exists()
 
 
+def test_a_dependency_that_does_not_import_stops_the_check_before_any_point(tmp_path: Path, monkeypatch) -> None:
+    # A carried wheel that does not fit the machine's own packages shows here, in seconds, not in every point.
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "submitit.py").write_text("raise ImportError('broken on purpose')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "out"
+    assert gc.main(["--rehearse", "--out", str(out), "--work", str(tmp_path / "work")]) == 1
+    summary = json.loads((out / "gpu_check.json").read_text())
+    assert summary["failed"] == ["imports"]
+    assert summary["environment"]["import_errors"] == {"import submitit": "ImportError: broken on purpose"}
+    assert not (tmp_path / "work" / "runs").exists()
+
+
 def test_the_script_refuses_bad_arguments_with_exit_2(tmp_path: Path) -> None:
     script = str(ROOT / "bench" / "gpu_check.sh")
     for args in ([], ["--fast", str(tmp_path)], [str(tmp_path / "a"), str(tmp_path / "b")]):
