@@ -191,9 +191,13 @@ for stmt in ("import duckdb", "import orjson", "import submitit", "import pandas
         exec(stmt)
     except Exception as exc:
         out["import_errors"][stmt] = f"{type(exc).__name__}: {exc}"[:500]
+from harness.runner.devices import flash_attn_problem
+out["flash_attn_problem"] = flash_attn_problem() if out["cuda_available"] else None
 print(json.dumps(out))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": path})
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()[-2000:]}
     # trl's loss runs Triton kernels on CUDA; where Triton cannot build them the trainer uses trl's torch path

@@ -485,3 +485,29 @@ def test_triton_that_cannot_build_turns_trl_to_its_torch_loss(monkeypatch, tmp_p
     assert chunked._use_triton(torch.device("cuda")) is True
     assert trl_triton_off() is True
     assert chunked._use_triton(torch.device("cuda")) is False and trl_utils.is_triton_available() is False
+
+
+def test_a_flash_attn_that_does_not_load_is_not_asked_for(monkeypatch, tmp_path: Path) -> None:
+    # A flash_attn built for another torch is found but fails to load: the trainer runs sdpa and says why.
+    import sys
+
+    from harness.runner.devices import flash_attn_problem, what_ran
+
+    assert flash_attn_problem() == "the flash_attn package is not installed in the trainer's python"
+    (tmp_path / "flash_attn").mkdir()
+    (tmp_path / "flash_attn" / "__init__.py").write_text("raise ImportError('undefined symbol: _ZN3c10')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    problem = flash_attn_problem()
+    assert problem == "the flash_attn package does not load (ImportError: undefined symbol: _ZN3c10)"
+
+    class Model:
+        class config:  # noqa: N801 - stands for a model's config
+            _attn_implementation = "sdpa"
+
+        def parameters(self):
+            return iter(())
+
+    _, adjustments = what_ran({"attn_implementation": "flash_attention_2"}, Model(), False, False, cuda=True)
+    assert adjustments == [{"setting": "attn_implementation", "asked": "flash_attention_2", "used": "sdpa",
+                            "why": problem}]

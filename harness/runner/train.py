@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import os
 import re
 import time
@@ -73,7 +72,7 @@ from harness.data.visionprep import VISION_TEXT, ensure_vision_prepared
 from harness.spec.flops import model_counts
 
 from . import rank
-from .devices import backend_name, device_info, triton_build_problem, what_ran, wrapping
+from .devices import backend_name, device_info, flash_attn_problem, triton_build_problem, what_ran, wrapping
 from .measure import CountingCollator, Meter, StopPolicy, make_callback, measurements, run_totals
 from .memsnap import MemoryRecorder
 from .rank import Context, launch_end, write_json
@@ -127,7 +126,7 @@ def resolve_settings(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
     # Each change shows in rank.<rank>.json's adjustments once the model is loaded (what_ran).
     if not cuda:
         s.update(torch_dtype="float32", bf16=False, fp16=False)
-    elif args.use_flash_attn and importlib.util.find_spec("flash_attn") is not None:
+    elif args.use_flash_attn and flash_attn_problem() is None:
         s["attn_implementation"] = "flash_attention_2"
     dtype = getattr(torch, s["torch_dtype"], None)
     if not isinstance(dtype, torch.dtype):
