@@ -15,9 +15,11 @@ Per rank it writes, in the job directory (``--job_dir``):
   illegal memory access) or ``failed`` (see :mod:`harness.runner.classify`).
 
 On a machine without CUDA, bf16/fp16 and flash-attention are turned off and weights load as
-float32; without the flash_attn package attention is sdpa. ``rank.<rank>.json`` records what ran (``ran``:
-read off the loaded model and the Trainer) and each setting that differs from what the point asked
-(``adjustments``, each also a note); GPTQ-LoRA needs CUDA and fails with a clear reason.
+float32; where the flash_attn package is missing or does not load, attention is sdpa. ``rank.<rank>.json``
+records what ran (``ran``: read off the loaded model and the Trainer) and each setting that differs from what
+the point asked (``adjustments``, each also a note); GPTQ-LoRA needs CUDA and fails with a clear reason. On CUDA,
+where Triton cannot build a kernel (no C compiler or python headers), trl computes its loss with its torch path
+instead of its Triton kernels (a note says so).
 
 Measurements (``metrics``; all over the *measured window*: from the start of training, or under
 auto-stop from the end of warm-up, to the end of the last optimiser step): dataset tokens are
