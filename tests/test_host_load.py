@@ -18,10 +18,11 @@ import pytest
 from harness.collect import collect
 from harness.runner.sampler import FakeNvml, GpuBackend, HostLoad, NvmlBackend, Sampler
 from harness.slurm.client import Slurm
+from harness.spec.references import Reference, check_rows
 
 from . import synth
 from . import test_collect as tc
-from .conftest import sql_rows
+from .conftest import ROOT, SMALL_DATASET, sql_rows, write_sweep
 
 
 def stat_line(busy: int, idle: int) -> str:
@@ -165,8 +166,6 @@ def test_compare_leaves_a_busy_run_out_and_counts_it_with_the_reason(cli, tmp_pa
 @pytest.mark.slow
 def test_a_real_run_beside_two_cpu_burners_is_flagged_and_a_stuck_rapl_counter_is_null(
         tiny_model: Path, small_data_dir: Path, tmp_path: Path) -> None:
-    from .conftest import ROOT, SMALL_DATASET, write_sweep
-
     pc = tmp_path / "powercap" / "intel-rapl:0"
     pc.mkdir(parents=True)
     (pc / "name").write_text("package-0\n")
@@ -208,3 +207,13 @@ def test_a_real_run_beside_two_cpu_burners_is_flagged_and_a_stuck_rapl_counter_i
                           str(tmp_path / "r.duckdb")], env=env, capture_output=True, text=True, cwd=ROOT)
     out = res.stdout + res.stderr
     assert res.returncode == 2 and "1 measured on a host busy with other work" in out and m["run_id"] in out, out
+
+
+def test_check_does_not_judge_a_run_of_a_busy_host() -> None:
+    refs = [Reference("dataset_tokens_per_second", 1000.0, lower=0.1)]
+    base = {"point_id": "p", "repeat": 0, "entity": {}, "run_id": "c/p.r0.a1", "outcome": "ok",
+            "values": {"dataset_tokens_per_second": 500.0}}
+    (busy,) = check_rows("c", refs, [{**base, "host_busy": True, "host_other_cpu_pct": 64.0}])
+    assert busy["status"] == "shared" and "host busy with other work" in busy["reason"] and "64 %" in busy["reason"]
+    (quiet,) = check_rows("c", refs, [{**base, "host_busy": False}])
+    assert quiet["status"] == "fail"  # the same value on a quiet host is judged
