@@ -13,6 +13,7 @@ from harness.build.jobspec import JobSpec
 from harness.build.render import prepare_points, write_files
 from harness.contract.errors import InputError, SbenchError, SubmitError, SweepError
 from harness.contract.paths import resolve_db, resolve_workdir
+from harness.data.lengths import length_warnings
 from harness.data.trainerenv import EnvBuildError, build
 from harness.db.cluster import record_fabric
 from harness.db.store import open_store
@@ -26,12 +27,13 @@ from . import manifest
 from .backends import get_backend, resolve_executor
 from .executors import SubmitOptions, Submitted
 from .fabric import run_fabric
+from .faultcheck import check_faults
 from .feed import feed_summary, feeder_script, pack_requeue
 from .fit import ClusterFit, cluster_fit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
 from .repeats import MORE, RepeatsVerdict, point_verdicts
-from .state import MeasuredRun, PointHistory, campaign_history, read_history
+from .state import MeasuredRun, PointHistory, campaign_history, read_history, with_submitted
 
 MORE_REPEATS = "more repeats"  # the reason's head of an adaptive repeat's submission
 NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
@@ -61,8 +63,10 @@ class SubmitReport:
     prepare_job: str | None = None
     held_back: int = 0  # attempts sbench holds back for the campaign's feeder job (harness.sbatch.feed)
     feed: dict[str, Any] = field(default_factory=dict)  # the feeder job, the limits of the last wave
-    # repeats: {min, max, cv}: each point's verdict before this submission (harness.sbatch.repeats)
+    # repeats: {min, max, cv}: each point's verdict once this submission is made (harness.sbatch.repeats), and
+    # the verdicts it was decided on (before it)
     repeats: list[RepeatsVerdict] = field(default_factory=list)
+    repeats_before: list[RepeatsVerdict] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         by_key = {(s.spec.point_id, s.spec.repeat): s for s in self.submitted}
@@ -78,7 +82,8 @@ class SubmitReport:
                 "reused": sum(1 for d in self.decisions if d.reused),
                 "db_note": self.db_note, "warnings": self.warnings, "preflight": self.preflight,
                 "prepare": self.prepare, "prepare_job": self.prepare_job, "held_back": self.held_back,
-                "feed": self.feed, "repeats": [v.to_dict() for v in self.repeats]}
+                "feed": self.feed, "repeats": [v.to_dict() for v in self.repeats],
+                "repeats_before": [v.to_dict() for v in self.repeats_before]}
 
 
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
@@ -107,7 +112,8 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
         taken = history.reusable(p.point_id, p.repeat) if reuse else None
         if inflight and not force:
             a = inflight[-1]
-            out.append(Decision(p, "skip", f"attempt {a.attempt} is {a.state or 'in flight'} (job {a.job_id})"))
+            job = f"job {a.job_id}" if a.job_id else "no job id yet: its queue has not started it"
+            out.append(Decision(p, "skip", f"attempt {a.attempt} is {a.state or 'in flight'} ({job})"))
         elif force:
             out.append(Decision(p, "submit", "force", next_attempt))
         elif measured:
@@ -174,6 +180,7 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
     inv: Inventory = load_inventory(inventory_path)
     sweep = load_sweep(sweep_path, model_map, campaign)
     points = plan_sweep(sweep, inv, memory=skip_predicted_oom)
+    check_faults(inv, {p.partition for p in points})
     if prepare != "no" and build_trainer_envs(sweep, inv, points, echo):
         # Some rules read the environment (its accelerate, its plugins): decide them on what was built.
         points = plan_sweep(sweep, inv, memory=skip_predicted_oom)
@@ -194,6 +201,7 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
     reuse = reuse_measured or sweep.reuse == "measured"
     history, db_note = campaign_history(db, workdir, sweep.campaign, [p.point_id for p in points], slurm, reuse)
     decisions = decide(points, history, sweep.campaign, force, retry_failed or only_failed, reuse, sweep.adaptive)
+    refuse_all_invalid(sweep, points)  # after the campaign's own files were read: what is wrong there is said first
     if only_failed:
         # (a repeat adaptive repeats would add is no failed one: retry leaves it out, unlisted)
         decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
@@ -208,11 +216,12 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
                           warnings=plan_warnings(sweep, inv, points) + fit_notes,
                           preflight=checked)
     if sweep.adaptive:
-        report.repeats = list(point_verdicts(sweep.adaptive, [p.point_id for p in points if p.valid], history,
-                                             sweep.campaign).values())
+        report.repeats = report.repeats_before = list(point_verdicts(
+            sweep.adaptive, [p.point_id for p in points if p.valid], history, sweep.campaign).values())
     todo = [d for d in decisions if d.action == "submit"]
     dependency = _prepare_before(prepare, name, sweep, inv, [d.point for d in todo], Path(sweep_path), inventory_path,
                                  model_map, campaign_dir, report, echo, slurm)
+    report.warnings += length_warnings(sweep, inv, [d.point for d in todo])  # the files prepare just made
     events: list[dict[str, Any]] = []
     if not exists:
         events.append({"type": "campaign", "campaign": sweep.campaign, "experiment": sweep.experiment.id,
@@ -276,11 +285,27 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
         } for s in report.submitted]
         manifest.append(campaign_dir, attempt_events)
         events += attempt_events
+        if sweep.adaptive:  # the summary says where the repeats stand now, with these in flight
+            now = with_submitted(history, sweep.campaign, [(s.spec.point_id, s.spec.repeat, s.spec.attempt, s.job_id)
+                                                           for s in report.submitted])
+            report.repeats = list(point_verdicts(sweep.adaptive, [p.point_id for p in points if p.valid], now,
+                                                 sweep.campaign).values())
     if name == "slurm":
         # What a feeder job submits in waves; a feeding that stopped (its feeder job gone) starts again here.
         report.feed = feed_summary(slurm, campaign_dir)
     report.db_note = manifest.record_events(db, events) or report.db_note
     return report
+
+
+def refuse_all_invalid(sweep: Sweep, points: list[PlannedPoint]) -> None:
+    """A sweep none of whose points can run is bad input (exit 2), not a submission of nothing."""
+    if not points or any(p.valid for p in points):
+        return
+    reasons = list(dict.fromkeys(r for p in points for r in p.reasons))
+    shown = "; ".join(reasons[:3]) + (f"; ... ({len(reasons)} reasons in all)" if len(reasons) > 3 else "")
+    raise SweepError(f"{sweep.source}: every point is invalid ({len({p.point_id for p in points})} point(s)): {shown}; "
+                     f"nothing was submitted. Fix the entity or grid (sbench plan {sweep.source} lists each point's "
+                     "reasons)")
 
 
 PREPARE_MODES = ("here", "slurm", "no")
