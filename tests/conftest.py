@@ -145,6 +145,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vision(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny LLaVA-NeXT (SigLIP and Llama) with its processor (no download)."""
+    from harness.data.tinymodel import make_tiny_vision_model
+
+    return built_once(tmp_path_factory, "vision-models", lambda d: make_tiny_vision_model(d / "tiny-vision")) \
+        / "tiny-vision"
+
+
+@pytest.fixture(scope="session")
 def small_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data dir whose news-chars-512 file holds 64 generated entries and no sidecar.
 

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # -- the rehearsal ------------------------------------------------------------------------------------------
 
 @pytest.mark.train
-@pytest.mark.slow
+@pytest.mark.slow(100)
 def test_the_rehearsal_runs_every_point_and_skips_only_the_gpu_checks(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "SBENCH_GPU_WORK": str(tmp_path / "work"), "SBENCH_GPU_PYTHON": sys.executable}

@@ -47,7 +47,7 @@ def test_the_hosts_other_load_is_its_busy_cpu_less_the_runs(tmp_path: Path, monk
     assert host.read(0.1) is None  # unreadable: nothing said
 
 
-@pytest.mark.slow
+@pytest.mark.slow(5)
 def test_two_cpu_burners_show_as_the_hosts_other_load(tmp_path: Path) -> None:
     burn = "import time\nt=time.time()\nwhile time.time()-t<3: pass\n"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"])
@@ -163,7 +163,7 @@ def test_compare_leaves_a_busy_run_out_and_counts_it_with_the_reason(cli, tmp_pa
 
 
 @pytest.mark.train
-@pytest.mark.slow
+@pytest.mark.slow(30)
 def test_a_real_run_beside_two_cpu_burners_is_flagged_and_a_stuck_rapl_counter_is_null(
         tiny_model: Path, small_data_dir: Path, tmp_path: Path) -> None:
     pc = tmp_path / "powercap" / "intel-rapl:0"

@@ -15,14 +15,7 @@ from .conftest import write_sweep
 VISION_ID = "vision-384x384-16384plus-entries-4096"
 
 
-@pytest.fixture(scope="module")
-def tiny_vision(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from harness.data.tinymodel import make_tiny_vision_model
-
-    return make_tiny_vision_model(tmp_path_factory.mktemp("models") / "tiny-vision")
-
-
-@pytest.mark.slow
+@pytest.mark.slow(15)
 def test_plan_says_when_a_vision_dataset_falls_short_of_its_name_for_the_points_model(cli, tmp_path: Path,
                                                                                       tiny_vision: Path) -> None:
     from harness.data.datagen import generate_dataset, read_meta

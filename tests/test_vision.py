@@ -26,13 +26,6 @@ print(json.dumps({"missing": list(info["missing_keys"]), "unexpected": list(info
 """
 
 
-@pytest.fixture(scope="session")
-def tiny_vision(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from harness.data.tinymodel import make_tiny_vision_model
-
-    return make_tiny_vision_model(tmp_path_factory.mktemp("models") / "tiny-vision")
-
-
 def _load_5x(path: Path) -> dict:
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -48,7 +41,7 @@ def _load_5x(path: Path) -> dict:
             "loss": float(m(**b, labels=b["input_ids"]).loss.detach())}
 
 
-def test_tiny_vision_model_loads_under_transformers_5_and_4(tiny_vision, cli) -> None:
+def test_tiny_vision_model_loads_under_transformers_5_and_4(tiny_vision, cli, tmp_path) -> None:
     from harness.data.tinymodel import VISION_IMAGE_SIZE, VISION_PATCH
     from harness.spec.catalog import is_vision_config, model_config
 
@@ -75,7 +68,7 @@ def test_tiny_vision_model_loads_under_transformers_5_and_4(tiny_vision, cli) ->
     # Same text, same tokens, same weights: the same loss under both majors.
     assert four["text"] == five["text"] and four["ids"] == five["ids"]
     assert four["loss"] == pytest.approx(five["loss"], rel=1e-4)
-    res = cli("model", "tiny", "--vision", "-o", tiny_vision.parent / "cli")
+    res = cli("model", "tiny", "--vision", "-o", tmp_path / "cli")
     assert res.exit_code == 0 and "llava_next" in res.output
 
 

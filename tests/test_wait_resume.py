@@ -32,7 +32,7 @@ def _env() -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k != "SBENCH_FAULT"}, "PYTHONPATH": str(ROOT)}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(30)
 def test_submit_wait_after_ctrl_c_waits_for_the_attempts_in_flight(tmp_path: Path) -> None:
     (tmp_path / "model").mkdir()
     sweep = write_sweep(tmp_path / "s.yaml", {
