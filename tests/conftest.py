@@ -9,7 +9,6 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -265,11 +264,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput") and schedule is not None:  # the controller (or a run without xdist)
-        os.environ[schedule.SCHEDULE_ENV] = tempfile.mkstemp(prefix="sbench-test-schedule-", suffix=".json")[1]
-
-
-if schedule is not None:
-    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-        """``--dist loadgroup`` (make test): the groups, order and cluster lanes of ``tests/schedule.py``."""
-        return schedule.GroupScheduling(config, log) if config.getvalue("dist") == "loadgroup" else None
+    if schedule is not None and config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(schedule.Plugin(), "sbench-schedule")
+        if not hasattr(config, "workerinput"):  # the controller: where the workers tell it what they collected
+            os.environ[schedule.SCHEDULE_ENV] = tempfile.mkstemp(prefix="sbench-test-schedule-", suffix=".json")[1]

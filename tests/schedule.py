@@ -145,3 +145,12 @@ class GroupScheduling(LoadScopeScheduling):
         if not self.workqueue:
             for node in self.nodes:
                 node.shutdown()
+
+
+class Plugin:
+    """Registered by ``tests/conftest.py`` where xdist is loaded (its hook is unknown without it)."""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        """``--dist loadgroup`` (make test): this module's groups, order and cluster lanes."""
+        return GroupScheduling(config, log) if config.getvalue("dist") == "loadgroup" else None
