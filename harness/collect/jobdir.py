@@ -137,8 +137,15 @@ def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobF
     for h, name in named(names, paths.stages):
         f.stage_logs[h] = parse_stages(join(root, name), h, top)
         f.problems += f.stage_logs[h].problems
+    # SLURM may start a requeued job again on other nodes: a host whose stages stop at an earlier restart took
+    # no part in the last execution, and what it wrote then (its result, its ranks' errors) is not this run's.
+    last = max((log.last_restart for log in f.stage_logs.values()), default=0)
+    stale = {h for h, log in f.stage_logs.items() if log.last_restart < last}
     for h, name in named(names, paths.result):
-        if (doc := _object(join(root, name), f.problems, top)) is not None:
+        if h in stale:
+            f.warnings.append(f"{name}: written by execution {f.stage_logs[h].last_restart} of a job SLURM started "
+                              f"again ({last}) without this host: not read")
+        elif (doc := _object(join(root, name), f.problems, top)) is not None:
             f.results[h] = doc
     for h, name in named(names, paths.environment):
         doc, p = read_json(join(root, name), top)
@@ -153,7 +160,7 @@ def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobF
         doc, p = read_json(join(root, name), top)
         if p:
             f.problems.append(p)
-        if isinstance(doc, dict) and (rk := count(doc.get("rank"), 0)) is not None:
+        if isinstance(doc, dict) and (rk := count(doc.get("rank"), 0)) is not None and doc.get("host") not in stale:
             f.ranks[rk] = doc
     for res in f.results.values():
         for doc in res.get("ranks") or []:
@@ -168,7 +175,7 @@ def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobF
         doc, p = read_json(join(root, name), top)
         if p:
             f.problems.append(p)
-        if isinstance(doc, dict):
+        if isinstance(doc, dict) and doc.get("host") not in stale:
             f.errors.append({**doc, "_rank": r})
     for res in f.results.values():
         if isinstance(res.get("trials"), list) and res["trials"]:
