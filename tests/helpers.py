@@ -102,7 +102,7 @@ TRAINED_CAMPAIGNS = ("nightly-1", "nightly-2")
 @dataclass(frozen=True)
 class Trained:
     """Two campaigns of one sweep (``nightly-1``, then ``nightly-2``: full fine-tuning of the tiny model, batch 2
-    and 4, 4 steps, one process, bfloat16 asked on a CPU), trained through the local executor and collected.
+    and 4, 4 steps, model_max_length 256, one process, bfloat16 asked on a CPU), trained through the local executor and collected.
 
     The inventory holds every secret of :data:`SECRETS` and runs the jobs through a python wrapper that records
     the hash of the ``HF_TOKEN`` it sees in ``marks/``; it declares a peak of :data:`TRAINED_PEAK_TFLOPS`.
@@ -176,7 +176,7 @@ def build_trained(root: Path, model: Path, data_dir: Path) -> None:
     write_yaml(t.inventory, inv)
     write_yaml(t.sweep, {
         "campaign": TRAINED_CAMPAIGNS[0], "experiment": "finetune_full_benchmark-v1.0.0", "partition": "cpu",
-        "entity": {"model_name": "tiny", "model_max_length": 128, "dataset_id": SMALL_DATASET, "number_gpus": 1,
+        "entity": {"model_name": "tiny", "model_max_length": 256, "dataset_id": SMALL_DATASET, "number_gpus": 1,
                    "gradient_accumulation_steps": 1, "max_steps": 4, "torch_dtype": "bfloat16"},
         "grid": {"batch_size": [2, 4]},
         "model_map": {"tiny": str(model)}, "data_dir": str(data_dir), "runner": {"sample_interval_s": 0.1}})

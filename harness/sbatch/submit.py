@@ -14,13 +14,14 @@ from harness.build.render import prepare_points, write_files
 from harness.contract.errors import InputError, SbenchError, SubmitError, SweepError
 from harness.contract.paths import resolve_db, resolve_workdir
 from harness.data.lengths import length_warnings
+from harness.data.prepared import masked_warnings
 from harness.data.trainerenv import EnvBuildError, build
 from harness.db.cluster import record_fabric
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
-from harness.spec.plan import PlannedPoint, plan_sweep, plan_warnings
+from harness.spec.plan import PlannedPoint, counted_warnings, plan_sweep, plan_warnings
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
 from . import manifest
@@ -328,6 +329,10 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
     pending = live_prepare_job(campaign_dir, slurm) if executor == "slurm" else None
     if mode == "here" and pending is None:
         report.prepare = [i.to_dict() for i in run_prepare(work_for(sweep, inv, points), echo)]
+        # Now that the training data is prepared, what plan says of it once it is: entries the trainer masks.
+        before = {id(p): len(p.warnings) for p in points}
+        masked_warnings(sweep, inv, points)
+        report.warnings += counted_warnings(w for p in points for w in p.warnings[before[id(p)]:])
         hidden = [i["name"] for i in report.prepare if i["status"] == "not_visible" and i["kind"] == "training_data"]
         if hidden:
             report.warnings.append(

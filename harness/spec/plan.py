@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,9 +231,12 @@ def plan_warnings(sweep: Sweep, inventory: Inventory, points: list[PlannedPoint]
     each point's warning once per cause, with how many runs it concerns. ``plan`` and ``submit`` both show
     them."""
     out = list(inventory.warnings_for({p.partition for p in points} or {inventory.partition(sweep.partition).name}))
+    return out + counted_warnings(w for p in points for w in p.warnings)
+
+
+def counted_warnings(warnings: Iterable[str]) -> list[str]:
+    """Each warning once, in the order first seen, with how many runs it concerns."""
     changes: dict[str, int] = {}
-    for p in points:
-        for w in p.warnings:
-            changes[w] = changes.get(w, 0) + 1
-    out += [f"{w} ({runs} run(s))" for w, runs in changes.items()]
-    return out
+    for w in warnings:
+        changes[w] = changes.get(w, 0) + 1
+    return [f"{w} ({runs} run(s))" for w, runs in changes.items()]
