@@ -102,7 +102,8 @@ TRAINED_CAMPAIGNS = ("nightly-1", "nightly-2")
 @dataclass(frozen=True)
 class Trained:
     """Two campaigns of one sweep (``nightly-1``, then ``nightly-2``: full fine-tuning of the tiny model, batch 2
-    and 4, 4 steps, model_max_length 256, one process, bfloat16 asked on a CPU), trained through the local executor and collected.
+    and 4, 4 steps, model_max_length 256, one process, bfloat16 asked on a CPU), trained through the local
+    executor and collected.
 
     The inventory holds every secret of :data:`SECRETS` and runs the jobs through a python wrapper that records
     the hash of the ``HF_TOKEN`` it sees in ``marks/``; it declares a peak of :data:`TRAINED_PEAK_TFLOPS`.
