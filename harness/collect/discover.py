@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import safefile
-from harness.contract.paths import SPEC_SCHEMA, JobPaths, parse_job_dir_name, run_id
+from harness.contract.paths import SPEC_SCHEMA, CampaignPaths, JobPaths, parse_job_dir_name, run_id
 from harness.db.manifest import attempt_row, point_row
 from harness.db.values import utc
 
 from .parse import read_json, read_jsonl
 
-MANIFEST = "manifest.jsonl"
 # spec.json's "schema" is SPEC_SCHEMA; files rendered before it existed are recognised by their shape.
 
 
@@ -315,16 +314,14 @@ def discover(workdir: Path, campaign: str | None,
     if not workdir.is_dir():
         return manifests, attempts, warnings
     known: set[str] = set()
-    # Dot dirs hold sbench's own jobs (.fabric, .probe), not campaigns.
-    camp_dirs = sorted(p for p in workdir.iterdir() if p.is_dir() and not p.name.startswith(".")
-                       and (campaign is None or p.name == campaign))
-    for cdir in camp_dirs:
+    for camp in CampaignPaths.listed(workdir, campaign):
+        cdir = camp.root
         try:  # a campaign directory that is a link leading out of the work dir is not read
             safefile.check_dir(cdir, workdir)
         except OSError as exc:
             warnings.append(f"{cdir}: not a campaign directory of this work dir ({getattr(exc, 'why', exc)}); ignored")
             continue
-        mpath = cdir / MANIFEST
+        mpath = camp.manifest
         root = os.path.abspath(cdir)
         cpath, base = Path(root), root + os.sep  # job dirs directly in it are made as children (cheaper)
         if os.path.lexists(mpath):

@@ -26,8 +26,8 @@ from typing import Any
 # The size bound of each kind of file (bytes). A file larger than its bound is not read (logs: only their
 # last or first bytes are).
 SPEC_MAX = 16 << 20  # spec.json (a few KiB when rendered)
-SMALL_MAX = 1 << 20  # submitted.json, the local queue's files, prepare-job.json
-MANIFEST_MAX = 512 << 20  # a campaign's manifest.jsonl (about 1 KiB per attempt)
+SMALL_MAX = 1 << 20  # submitted.json, the local queue's files, CampaignPaths.prepare_job
+MANIFEST_MAX = 512 << 20  # a campaign's manifest (CampaignPaths.manifest: about 1 KiB per attempt)
 RUNNER_MAX = 256 << 20  # a runner's JSON or JSON-lines file (stages, result, rank, error, environment)
 LOG_TAIL = 4096  # the end of a batch output (slurm-<job>.out), read for its last line
 TRAIN_LOG_HEAD = 64 << 20  # the start of a training log, read for NCCL's transport lines (written at startup)

@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.contract import jobstate
 from harness.contract.errors import InputError
-from harness.contract.paths import resolve_db, resolve_workdir
+from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
 from harness.db.status import job_dirs, status_rows
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
@@ -150,9 +150,8 @@ def cancel(locks: CampaignLocks, workdir: Path | None = None, db: Path | None = 
     was not read is a line of *warnings*."""
     wd, dbp = _defaults(workdir, db)
     slurm = slurm or Slurm()
-    for cdir in [wd / campaign] if campaign else sorted(p.parent for p in wd.glob(f"*/{manifest.MANIFEST}")):
-        if cdir.is_dir():
-            locks.acquire(cdir)
+    for cdir in CampaignPaths.listed(wd, campaign, submitted=campaign is None):
+        locks.acquire(cdir.root)
     attempts = manifest.attempts(wd, campaign, warnings if warnings is not None else [])
     if campaign and not attempts and not (wd / campaign).exists():
         raise InputError(f"no campaign {campaign!r} under {wd}")

@@ -6,7 +6,7 @@ shape starts after the one before it ended (``afterany``), so at most *max_paral
 
 **Waves within the submit quota.** Submit puts into the queue what the user's submit limit
 (``MaxSubmitJobs`` and its kin; each array task counts) leaves room for, keeping one job's room for a
-feeder job, and holds the rest back (:mod:`harness.slurm.held`: ``.slurm/feed.json``, each held job dir's
+feeder job, and holds the rest back (:mod:`harness.slurm.held`: ``CampaignPaths.feed``, each held job dir's
 ``submitted.json`` says ``held_back_at``). The feeder job (:func:`harness.build.sbatch.feed_sbatch`, one
 core on the sweep's partition or ``slurm.feed_partition``) runs this module: it takes the campaign's lock,
 submits the next wave that fits, records it (``submitted.json``, an attempt line per task in the
@@ -29,8 +29,9 @@ from harness.build.jobspec import JobSpec
 from harness.build.sbatch import array_name, array_script, array_shape, feed_sbatch, requeue_command
 from harness.contract import envvars, jobstate, safefile
 from harness.contract.errors import SbenchError, SubmitError
+from harness.contract.paths import CampaignPaths, JobPaths
 from harness.slurm.client import SbatchRefused, Slurm
-from harness.slurm.held import FEED_FILE, feeding_stopped, held_count, read_feed, write_feed
+from harness.slurm.held import feeding_stopped, held_count, read_feed, write_feed
 from harness.slurm.limits import SubmitLimits, refusal_kind
 from harness.spec.inventory import Inventory
 from harness.spec.sweep import Sweep
@@ -40,10 +41,7 @@ from .executors import SubmitOptions, Submitted
 from .lock import CampaignLocks, holding_campaign_locks
 from .pack import in_process, pack_time
 
-FEED_SCRIPT = Path(".slurm") / "feed.sbatch"
 MAX_FAILED_TURNS = 10
-LOG_DIR = ".slurm"
-SUBMITIT_DIR = ".submitit"
 
 
 def interval_s() -> int:
@@ -110,7 +108,7 @@ def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[
     what was submitted must be recorded."""
     out: list[tuple[dict[str, Any], str, Any]] = []
     size = limits.max_array_size
-    logs = campaign_dir / LOG_DIR
+    logs = CampaignPaths(campaign_dir).slurm
     logs.mkdir(parents=True, exist_ok=True)
     stopped: str | None = None
     for g in groups:
@@ -120,7 +118,7 @@ def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[
             whole = g.get("single") and n == 1 and len(g["held"]) == 1 and g.get("last_array") is None
             name = g["name"]
             if whole:  # a shape of one point: its own job.sbatch, as rendered
-                script = safefile.read_bytes(Path(chunk[0]["job_dir"], "job.sbatch"), campaign_dir,
+                script = safefile.read_bytes(JobPaths(chunk[0]["job_dir"]).sbatch, campaign_dir,
                                              safefile.SMALL_MAX).decode()
                 name = _job_name(script) or name
             else:
@@ -130,7 +128,7 @@ def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[
                                       bool(g.get("in_process")))
             after_any = g.get("last_array") if g.get("max_parallel") else None
             try:
-                job_id = slurm.sbatch(script, campaign_dir / SUBMITIT_DIR, hold=bool(g.get("hold")),
+                job_id = slurm.sbatch(script, CampaignPaths(campaign_dir).submissions, hold=bool(g.get("hold")),
                                       after=g.get("after"), after_any=after_any)
             except SubmitError as exc:
                 kind = exc.kind if isinstance(exc, SbatchRefused) else None
@@ -191,8 +189,9 @@ def budget_for(limits: SubmitLimits, total: int) -> int | None:
 
 def submit_feeder(slurm: Slurm, campaign_dir: Path, doc: dict[str, Any], delay_s: int) -> str:
     """Submit the campaign's feeder script to start *delay_s* seconds from now; its job id."""
-    script = safefile.read_bytes(campaign_dir / FEED_SCRIPT, campaign_dir, safefile.SMALL_MAX).decode()
-    return slurm.sbatch(script, campaign_dir / SUBMITIT_DIR, begin=_begin(delay_s))
+    camp = CampaignPaths(campaign_dir)
+    script = safefile.read_bytes(camp.feed_script, campaign_dir, safefile.SMALL_MAX).decode()
+    return slurm.sbatch(script, camp.submissions, begin=_begin(delay_s))
 
 
 def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec], by_shape: list[list[JobSpec]],
@@ -221,8 +220,9 @@ def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec],
         raise SubmitError(f"{len(held)} attempt(s) do not fit the submit quota ({limits.describe()}) and no "
                           "feeder job can be made for them")
     hold_back(groups, stamp)
-    (campaign_dir / FEED_SCRIPT).parent.mkdir(parents=True, exist_ok=True)
-    (campaign_dir / FEED_SCRIPT).write_text(opts.feeder_script)
+    camp = CampaignPaths(campaign_dir)
+    camp.slurm.mkdir(parents=True, exist_ok=True)
+    camp.feed_script.write_text(opts.feeder_script)
     prior = read_feed(campaign_dir)
     # Attempts an earlier feed still holds stay in it while it feeds; a feeding that stopped left them
     # NOT_STARTED (harness.slurm.held), and retry runs them as new attempts: they are not taken back.
@@ -364,10 +364,9 @@ def feed_summary(slurm: Slurm, campaign_dir: Path) -> dict[str, Any]:
 def feed_notes(workdir: Path, campaign: str | None, slurm: Slurm) -> list[str]:
     """For ``status``: a line for each campaign sbench still feeds (how many attempts it holds back, its
     feeder job and that job's state), or whose feeding stopped with attempts held."""
-    files = [workdir / campaign / FEED_FILE] if campaign else sorted(workdir.glob(f"*/{FEED_FILE}"))
     out = []
-    for f in files:
-        cdir = f.parent.parent
+    for camp in CampaignPaths.listed(workdir, campaign):
+        cdir = camp.root
         doc = read_feed(cdir)
         n = held_count(doc)
         if not n or doc.get("cancelled_at"):
@@ -389,7 +388,7 @@ def feeder_script(sweep: Sweep, inv: Inventory, campaign_dir: Path) -> str:
     part = inv.partition(sweep.partition)
     python = part.python or inv.python or sys.executable
     argv = [python, "-m", "harness.sbatch.feed", str(Path(campaign_dir).resolve())]
-    return feed_sbatch(sweep, inv, argv, os.getcwd(), Path(campaign_dir).resolve() / LOG_DIR,
+    return feed_sbatch(sweep, inv, argv, os.getcwd(), CampaignPaths(Path(campaign_dir).resolve()).slurm,
                        sweep.slurm.feed_partition)
 
 

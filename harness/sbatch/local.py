@@ -42,7 +42,7 @@ import submitit
 from harness.build.jobspec import JobSpec
 from harness.contract import envvars, jobstate, safefile
 from harness.contract.errors import InputError
-from harness.contract.paths import JobPaths
+from harness.contract.paths import CampaignPaths, JobPaths
 from harness.runner import pdeath
 from harness.slurm import localjob
 from harness.slurm.localjob import LAUNCH, QUEUE, job_lock
@@ -52,7 +52,6 @@ from .executors import SubmitOptions, Submitted
 from .manifest import now_iso, write_submitted
 from .pack import in_process, make_packs, pack_info
 
-QUEUE_DIR = ".local"
 NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNLIMITED
 GO = "go"
 # Fields that settle a job before the queue starts it: it is never started after one of them.
@@ -204,8 +203,8 @@ def run_queue(queue_file: Path, handshake: IO[str] | None = None) -> int:
     *handshake* (the queue's stdin) says ``go``. SIGTERM, SIGINT or SIGHUP stop it: the running launches are
     signalled (their runners record the signal), the jobs not started yet are marked not started, and the
     exit status is 128 + the signal."""
-    # Its file lies in <campaign>/.local/ (one entry of a few hundred bytes per job).
-    q = safefile.read_json(queue_file, queue_file.parent.parent, safefile.MANIFEST_MAX)
+    # Its file lies in its campaign's CampaignPaths.local (one entry of a few hundred bytes per job).
+    q = safefile.read_json(queue_file, CampaignPaths.of_queue(queue_file).root, safefile.MANIFEST_MAX)
     items: list[dict[str, Any]] = list(q["jobs"])
     stop: dict[str, int | None] = {"sig": None}
 
@@ -321,8 +320,8 @@ class LocalBackend:
 
     def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]:
         self.check(specs)
-        qdir = campaign_dir / QUEUE_DIR
-        qdir.mkdir(parents=True, exist_ok=True)
+        camp = CampaignPaths(campaign_dir)
+        camp.local.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
 
         def item(s: JobSpec) -> dict[str, Any]:
@@ -334,20 +333,20 @@ class LocalBackend:
         pack_of = {s.job_dir: (k, p) for p in packs if len(p) > 1 for k, s in enumerate(p)}
         queue = {
             "created_at": now_iso(),
-            "submitit_folder": str(qdir / "submitit"),
+            "submitit_folder": str(camp.local_submitit),
             "max_parallel": opts.max_parallel or 1,
             "jobs": [{**item(p[0]), "pack": [item(s) for s in p], "in_process": in_process(p[0])} if len(p) > 1
                      else item(p[0]) for p in packs],
         }
-        qfile = qdir / f"queue-{stamp}.json"
+        qfile = camp.queue(stamp)
         qfile.write_text(json.dumps(queue, indent=2))
-        with (qdir / f"queue-{stamp}.log").open("ab") as log:
+        with camp.queue_log(stamp).open("ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "harness.sbatch.local", str(qfile)], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True,
                                     env={**os.environ, **localjob.environment(QUEUE, qfile)})
         assert proc.stdin is not None
         try:
-            localjob.pidfile(qfile).write_text(json.dumps({"pid": proc.pid, "host": socket.gethostname(),
+            CampaignPaths.queue_pidfile(qfile).write_text(json.dumps({"pid": proc.pid, "host": socket.gethostname(),
                                                            "started_at": now_iso()}))
             out = []
             for s in specs:

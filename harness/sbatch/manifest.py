@@ -18,19 +18,13 @@ from typing import Any
 
 from harness.contract import safefile
 from harness.contract.errors import StoreBusyError, SubmitError
+from harness.contract.paths import CampaignPaths, JobPaths
 from harness.db.manifest import record_manifest
 from harness.db.store import open_store
-
-MANIFEST = "manifest.jsonl"
-SUBMITTED = "submitted.json"
 
 
 def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def manifest_path(campaign_dir: Path) -> Path:
-    return Path(campaign_dir) / MANIFEST
 
 
 def append(campaign_dir: Path, events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -38,7 +32,7 @@ def append(campaign_dir: Path, events: Iterable[dict[str, Any]]) -> list[dict[st
     events = list(events)
     if not events:
         return events
-    path = manifest_path(campaign_dir)
+    path = CampaignPaths(campaign_dir).manifest
     path.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(json.dumps(e, sort_keys=False, default=str) + "\n" for e in events).encode()
     try:
@@ -71,7 +65,7 @@ def read(campaign_dir: Path, problems: list[str] | None = None) -> Iterator[dict
     (a FIFO, a link out of the campaign directory, larger than its bound: harness.contract.safefile) is a
     line of *problems*; without that list, a :class:`SubmitError` (a command that writes to the campaign
     must know what it holds)."""
-    path = manifest_path(campaign_dir)
+    path = CampaignPaths(campaign_dir).manifest
     try:
         data = safefile.read_bytes(path, campaign_dir, safefile.MANIFEST_MAX)
     except FileNotFoundError:
@@ -96,7 +90,7 @@ def read(campaign_dir: Path, problems: list[str] | None = None) -> Iterator[dict
 
 def write_submitted(job_dir: Path, info: dict[str, Any]) -> None:
     """``submitted.json`` in the job dir: the scheduler's id for this attempt."""
-    path = Path(job_dir) / SUBMITTED
+    path = JobPaths(job_dir).submitted
     tmp = path.with_name(f".submitted.json.tmp{os.getpid()}")
     tmp.write_text(json.dumps(info, indent=2, default=str) + "\n")
     os.replace(tmp, path)
@@ -123,7 +117,7 @@ def attempts(workdir: Path, campaign: str | None, problems: list[str] | None = N
     its campaign directory (:func:`job_dir_problem`), which is left out unless *outside*: its
     ``submitted.json`` is not its own, and must not say which process to signal. (A SLURM attempt is
     known by the job id its line records; its job dir is not read.)"""
-    camps = [workdir / campaign] if campaign else sorted(p.parent for p in workdir.glob(f"*/{MANIFEST}"))
+    camps = [c.root for c in CampaignPaths.listed(workdir, campaign, submitted=True)]
     out: dict[str, dict[str, Any]] = {}
     found = [] if problems is None else problems
     for cdir in camps:
@@ -150,7 +144,7 @@ def adaptive_repeats(campaign_dir: Path) -> dict[str, Any] | None:
     """The campaign's ``repeats: {min, max, cv}`` as its newest campaign or repeats line says it (None: a plain
     ``repeats: N``, or a manifest that is not read). Only those lines are parsed: ``collect`` asks this of
     every campaign, and a large campaign's manifest is mostly attempt lines."""
-    path = manifest_path(campaign_dir)
+    path = CampaignPaths(campaign_dir).manifest
     try:
         data = safefile.read_bytes(path, campaign_dir, safefile.MANIFEST_MAX)
     except OSError:
@@ -170,7 +164,7 @@ def adaptive_repeats(campaign_dir: Path) -> dict[str, Any] | None:
 
 def cancelled_dirs(workdir: Path, campaign: str | None) -> set[str]:
     """The job dirs ``sbench cancel`` cancelled, in every (or one) campaign manifest."""
-    camps = [workdir / campaign] if campaign else sorted(p.parent for p in workdir.glob(f"*/{MANIFEST}"))
+    camps = [c.root for c in CampaignPaths.listed(workdir, campaign, submitted=True)]
     return {str(d) for cdir in camps for ev in read(cdir) if ev.get("type") == "cancel"
             for d in ev.get("job_dirs") or [] if isinstance(d, str)}
 

@@ -29,7 +29,7 @@ from typing import Any
 from harness.build.jobspec import JobSpec
 from harness.contract import safefile
 from harness.contract.errors import SbenchError, SubmitError
-from harness.contract.paths import JobPaths
+from harness.contract.paths import CampaignPaths, JobPaths
 from harness.runner.node import in_process as runs_in_process
 from harness.slurm import localjob
 from harness.slurm.client import Slurm
@@ -165,8 +165,8 @@ def requeue(locks: CampaignLocks, campaign_dir: Path, job_dirs: Sequence[Path], 
         if info.get("cancelled_at") or JobPaths(jd).stage_hosts():
             continue
         js = _spec_of(jd, campaign_dir)
-        script = safefile.read_bytes(jd / "job.sbatch", campaign_dir, safefile.SMALL_MAX).decode()
-        job_id = slurm.sbatch(script, campaign_dir / ".submitit")
+        script = safefile.read_bytes(JobPaths(jd).sbatch, campaign_dir, safefile.SMALL_MAX).decode()
+        job_id = slurm.sbatch(script, CampaignPaths(campaign_dir).submissions)
         stamp = manifest.now_iso()
         name = _job_name(script)
         manifest.write_submitted(jd, {"executor": "slurm", "job_id": job_id, "submitted_at": stamp,

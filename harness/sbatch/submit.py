@@ -12,7 +12,7 @@ from harness import __version__
 from harness.build.jobspec import JobSpec
 from harness.build.render import prepare_points, write_files
 from harness.contract.errors import InputError, SbenchError, SubmitError, SweepError
-from harness.contract.paths import resolve_db, resolve_workdir
+from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
 from harness.data.trainerenv import EnvBuildError, build
 from harness.db.cluster import record_fabric
 from harness.db.store import open_store
@@ -385,7 +385,7 @@ def campaign_record(workdir: Path | None, campaign: str) -> dict[str, Any]:
         if ev.get("type") == "campaign":
             return ev
 
-    raise InputError(f"no campaign {campaign!r} under {workdir} (no {workdir / campaign / manifest.MANIFEST})")
+    raise InputError(f"no campaign {campaign!r} under {workdir} (no {CampaignPaths.of(workdir, campaign).manifest})")
 
 
 def _recorded_sweep(campaign: str, workdir: Path | None, executor: str) -> tuple[Path, Path | None, str]:

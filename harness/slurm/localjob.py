@@ -41,7 +41,7 @@ import psutil
 
 from harness.contract import envvars, safefile
 from harness.contract.errors import SbenchError
-from harness.contract.paths import JobPaths, process_key_files
+from harness.contract.paths import CampaignPaths, JobPaths, process_key_files
 
 LAUNCH = "launch"
 QUEUE = "queue"
@@ -161,11 +161,6 @@ def submitted(job_dir: str | Path) -> dict[str, Any]:
     return read_json(JobPaths(jd).submitted, jd.parent)
 
 
-def pidfile(queue_file: str | Path) -> Path:
-    """A queue's pidfile: ``queue-<stamp>.pid`` beside its ``queue-<stamp>.json``."""
-    return Path(queue_file).with_suffix(".pid")
-
-
 @contextlib.contextmanager
 def job_lock(job_dir: str | Path) -> Iterator[None]:
     """Hold the job dir's lock (flock on the directory itself) while ``submitted.json`` is read and rewritten:
@@ -192,8 +187,9 @@ def queue_alive(queue_file: str | Path | None) -> bool | None:
     """Whether the queue process of *queue_file* runs (None: another user's, so this user cannot tell)."""
     if not queue_file:
         return False
-    # A queue's files lie in <campaign>/.local/: the pidfile is read inside that campaign directory.
-    return carries(read_json(pidfile(queue_file), Path(queue_file).parent.parent).get("pid"), QUEUE, queue_file)
+    # A queue's files lie in its campaign's CampaignPaths.local: the pidfile is read inside that campaign directory.
+    doc = read_json(CampaignPaths.queue_pidfile(queue_file), CampaignPaths.of_queue(queue_file).root)
+    return carries(doc.get("pid"), QUEUE, queue_file)
 
 
 def _foreign(job_dir: str | Path) -> bool:
@@ -236,5 +232,5 @@ def job_state(job_dir: str | Path, info: dict[str, Any] | None = None) -> str | 
     return "LOST" if JobPaths(job_dir).stage_hosts() else "NOT_STARTED"
 
 
-__all__ = ["LAUNCH", "QUEUE", "carries", "environment", "job_lock", "job_state", "pidfile", "process_key",
+__all__ = ["LAUNCH", "QUEUE", "carries", "environment", "job_lock", "job_state", "process_key",
            "queue_alive", "read_json", "submitted", "token", "verified"]
