@@ -73,10 +73,10 @@ class JobSpec:
     notes: list[str] = field(default_factory=list)
     sbench_version: str = __version__
     workload: str = "train"  # train | idle (runner.workload) | fabric (sbench fabric); see ``module``
-    compute_dtype: str | None = None  # the dtype the peak is read for (harness.flops)
+    compute_dtype: str | None = None  # the dtype the peak is read for (harness.spec.flops)
     peak_tflops: float | None = None  # one device's peak dense TFLOP/s: MFU's denominator
     peak_source: str = "unknown"  # inventory | gpu_peaks.yaml | unknown
-    memory_prediction: dict[str, Any] | None = None  # harness.memory's per-device prediction, for collect
+    memory_prediction: dict[str, Any] | None = None  # harness.spec.memory's per-device prediction, for collect
     trainer: str = "sbench"  # sbench | fms-hf-tuning (the entity's trainer)
     # What the reference command line asks (Experiment.asked_settings), before a partition or an environment
     # changed it: the runner records what it used beside it.

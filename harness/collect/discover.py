@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.contract import safefile
+from harness.contract import jobstate, safefile
 from harness.contract.paths import SPEC_SCHEMA, CampaignPaths, JobPaths, parse_job_dir_name, run_id
 from harness.db.manifest import attempt_row, point_row
 from harness.db.values import utc
@@ -450,7 +450,7 @@ def spec_rows(att: Attempt) -> tuple[dict[str, Any], dict[str, Any], dict[str, A
     run = {"run_id": att.run_id, "campaign": att.campaign, "point_id": att.point_id, "repeat": att.repeat,
            "attempt": att.attempt, "experiment": exp, "job_dir": str(att.job_dir), "executor": sub.get("executor"),
            "job_id": None if sub.get("job_id") is None else str(sub.get("job_id")),
-           "submitted_at": utc(sub.get("submitted_at") or sub.get("submit_time")), "state": "SUBMITTED"}
+           "submitted_at": utc(sub.get("submitted_at") or sub.get("submit_time")), "state": jobstate.INITIAL}
     return camp, prow, link, run
 
 

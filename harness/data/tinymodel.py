@@ -1,7 +1,7 @@
 """A tiny random causal LM with a locally trained tokenizer, for tests and CPU smoke runs.
 
 Nothing is downloaded: the byte-level BPE tokenizer is trained on sbench's own synthetic
-news corpus (``harness.datagen.news_corpus``), so it splits the benchmark datasets the way a
+news corpus (``harness.data.datagen.news_corpus``), so it splits the benchmark datasets the way a
 real tokenizer would, only with a much smaller vocabulary. The directory loads through the
 ordinary ``AutoTokenizer.from_pretrained`` / ``AutoModelForCausalLM.from_pretrained`` path.
 """

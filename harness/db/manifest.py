@@ -1,7 +1,7 @@
 """What ``submit`` records: the campaign manifest's lines (docs/job-directory.md) as rows, idempotently.
 
 ``record_manifest(store, events)``: ``campaign`` -> ``campaigns``, ``point`` -> ``points`` and
-``campaign_points``, ``attempt`` -> ``runs`` (a new row starts with ``state='SUBMITTED'`` and ``outcome``
+``campaign_points``, ``attempt`` -> ``runs`` (a new row starts in ``jobstate.INITIAL`` with ``outcome``
 NULL; an existing row keeps the state/outcome collect found, only its submission columns are refreshed),
 ``references`` -> the campaign's ``references_spec``, ``cancel`` -> ``runs.cancel_requested_at``. One
 transaction; returns the problems found in malformed events (``strict=True`` raises :class:`CollectError`
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from harness.contract import jobstate
 from harness.contract.errors import CollectError
 from harness.contract.paths import run_id
 
@@ -117,8 +118,8 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
         if new:
             store.con.register("_sbench_new", frame([("run_id", "VARCHAR")], [{"run_id": r} for r in new]))
             try:
-                store.con.execute("UPDATE runs SET state = 'SUBMITTED' WHERE state IS NULL AND outcome IS NULL "
-                                 "AND run_id IN (SELECT run_id FROM _sbench_new)")
+                store.con.execute("UPDATE runs SET state = ? WHERE state IS NULL AND outcome IS NULL "
+                                 "AND run_id IN (SELECT run_id FROM _sbench_new)", [jobstate.INITIAL])
             finally:
                 store.con.unregister("_sbench_new")
         for campaign, ids, at in cancels:

@@ -57,7 +57,7 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
     for a in attempts:
         if a["job_dir"] not in known:
             rows.append({"campaign": a.get("campaign"), "point_id": a.get("point_id"), "repeat": a.get("repeat"),
-                         "last_attempt": a.get("attempt"), "job_id": a.get("job_id"), "state": "SUBMITTED",
+                         "last_attempt": a.get("attempt"), "job_id": a.get("job_id"), "state": jobstate.INITIAL,
                          "outcome": None, "reason": "not collected yet", "job_dir": a["job_dir"], "valid": True})
     pending = [by_dir.get(r["job_dir"], {"job_dir": r["job_dir"], "job_id": r.get("job_id"),
                                          "executor": _executor_of(r)})
@@ -123,7 +123,7 @@ GONE_REASON = ("left the queue without an accounting record (a pending array tas
 
 
 def _phase(live: str | None, db_state: str | None) -> str:
-    """pending / running / done (not collected), from the scheduler's live word (harness.jobstate); an
+    """pending / running / done (not collected), from the scheduler's live word (harness.contract.jobstate); an
     attempt the scheduler ended says how (``cancelled (not collected)``, ``timeout (not collected)``): its
     outcome is known before a collect reads its files. A local attempt its queue never started is ``not
     started`` (retry or submit --retry-failed runs it)."""

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.build.jobspec import JobSpec
+from harness.build.trainargs import pack_in_one_process
 from harness.contract import safefile
 from harness.contract.errors import SbenchError, SubmitError
 from harness.contract.paths import CampaignPaths, JobPaths
-from harness.runner.node import in_process as runs_in_process
 from harness.slurm import localjob
 from harness.slurm.client import Slurm
 from harness.spec.schema import slurm_time_minutes
@@ -66,7 +66,7 @@ def packable(spec: JobSpec) -> bool:
 
 def in_process(spec: JobSpec) -> bool:
     """Whether a pack of *spec*'s points runs in one training process (the node runner's rule)."""
-    return runs_in_process(spec.to_dict())
+    return pack_in_one_process(spec.trainer, spec.workload, spec.trials)
 
 
 def pack_size(pack: int | str, spec: JobSpec, time_limit: str | None) -> int:

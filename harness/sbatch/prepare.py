@@ -2,7 +2,7 @@
 
 For the valid training points of a sweep (as ``submit`` would render them):
 
-1. **dataset files**: generated into the sweep's ``data_dir`` (``harness.datagen``: locked,
+1. **dataset files**: generated into the sweep's ``data_dir`` (``harness.data.datagen``: locked,
    atomic, tokenizer-free, so one file serves every model);
 2. **model weights**: a local directory must hold a config, a tokenizer and weights; an HF id
    must be in the shared model cache (inventory ``defaults.models_dir``, else the HF cache),
@@ -10,7 +10,7 @@ For the valid training points of a sweep (as ``submit`` would render them):
    only the compute nodes have) is left to the job, with a note;
 3. **training data and token counts**: for every (tokenizer, dataset, max length, text field,
    response template) the sweep uses, the tokenized rows the trainer consumes and their exact
-   token counts (``harness.prepared``), stored read-only under ``<data_dir>/.prepared`` and
+   token counts (``harness.data.prepared``), stored read-only under ``<data_dir>/.prepared`` and
    ``<data_dir>/.token-counts`` and memory-mapped by the jobs.
 
 Re-running is cheap: what is ready is only checked (a corrupted entry is rebuilt). ``--on

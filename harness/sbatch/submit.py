@@ -201,7 +201,7 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
     if only_more:
         decisions = [d for d in decisions if d.action == "submit" and d.reason.startswith(MORE_REPEATS)]
     if skip_predicted_oom:
-        # An allocation is not spent on a point that will not fit (harness.memory says why, per point).
+        # An allocation is not spent on a point that will not fit (harness.spec.memory says why, per point).
         decisions = [Decision(d.point, "skip", _predicted_oom(d.point.memory))
                      if d.action == "submit" and d.point.predicted_oom and d.point.memory else d for d in decisions]
     report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note,

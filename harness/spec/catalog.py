@@ -162,7 +162,7 @@ STABILITY_PROPERTIES = ("f_gpu_oom", "f_other_error", "f_no_error", "is_valid")
 #                                   reference's figure is world size x rank 0's rate);
 #   cpu_compute_utilization_rank0   rank 0's own process CPU time / its measured window, in percent
 #                                   (cpu_compute_utilization is the node's whole process tree);
-#   peak_tflops .. mfu              harness.flops: the peak used, model FLOPs per token, achieved model
+#   peak_tflops .. mfu              harness.spec.flops: the peak used, model FLOPs per token, achieved model
 #                                   and hardware TFLOP/s per device, MFU.
 DERIVED_PROPERTIES = ("train_tokens_per_second_exact", "cpu_compute_utilization_rank0", "peak_tflops",
                       "model_flops_per_token", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu")

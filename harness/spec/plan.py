@@ -49,7 +49,7 @@ class PlannedPoint:
     notes: list[str]
     partition: str
     model_source: str | None
-    memory: dict[str, Any] | None = None  # harness.memory's prediction (plan --memory)
+    memory: dict[str, Any] | None = None  # harness.spec.memory's prediction (plan --memory)
     # Settings the trainer will change (rules.change_warnings, and the data layer's masked entries), one
     # text per cause.
     warnings: list[str] = field(default_factory=list)
@@ -145,7 +145,7 @@ def _combos(sweep: Sweep) -> list[tuple[dict[str, Any], dict[str, int]]]:
 
 def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> list[PlannedPoint]:
     """Every point x repeat of the sweep, with validity and reasons; with *memory*, each valid point's
-    predicted per-device memory (harness.memory)."""
+    predicted per-device memory (harness.spec.memory)."""
     try:
         partition = inventory.partition(sweep.partition)
     except InputError as exc:
