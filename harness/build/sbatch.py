@@ -85,6 +85,14 @@ def make_sbatch(script: Sbatch) -> str:
     return "\n".join(lines) + "\n"
 
 
+def job_name_of(script: str) -> str | None:
+    """The job name a script :func:`make_sbatch` made asks for (``--job-name``), as sbatch reads it."""
+    for line in script.splitlines():
+        if line.startswith("#SBATCH --job-name="):
+            return line.split("=", 1)[1].strip().strip('"')
+    return None
+
+
 def _q(value: Any) -> str:
     return shlex.quote(str(value))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from harness.contract import jobstate
 from harness.contract.errors import InputError
 from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
+from harness.contract.records import AttemptLine, CancelLine, ManifestLine, append_manifest, now_iso
 from harness.db.status import job_dirs, status_rows
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
@@ -59,9 +61,9 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
             rows.append({"campaign": a.get("campaign"), "point_id": a.get("point_id"), "repeat": a.get("repeat"),
                          "last_attempt": a.get("attempt"), "job_id": a.get("job_id"), "state": jobstate.INITIAL,
                          "outcome": None, "reason": "not collected yet", "job_dir": a["job_dir"], "valid": True})
-    pending = [by_dir.get(r["job_dir"], {"job_dir": r["job_dir"], "job_id": r.get("job_id"),
-                                         "executor": _executor_of(r)})
-               for r in rows if r.get("job_dir") and r.get("outcome") is None]
+    pending: list[Mapping[str, Any]] = [
+        by_dir.get(r["job_dir"]) or {"job_dir": r["job_dir"], "job_id": r.get("job_id"), "executor": _executor_of(r)}
+        for r in rows if r.get("job_dir") and r.get("outcome") is None]
     live = live_states([p for p in pending if p.get("executor")], slurm)
     if campaign and not rows:
         raise InputError(f"no campaign {campaign!r} in {dbp} or under {wd}")
@@ -163,14 +165,14 @@ def cancel(locks: CampaignLocks, workdir: Path | None = None, db: Path | None = 
         group = [a for a in active if a.get("executor") == executor]
         if group:
             done += get_backend(executor, slurm).cancel(group)
-    by_campaign: dict[str, list[dict[str, Any]]] = {}
+    by_campaign: dict[str, list[AttemptLine]] = {}
     for a in active:
         by_campaign.setdefault(a["campaign"], []).append(a)
-    events = []
+    events: list[ManifestLine] = []
     for camp, group in by_campaign.items():
-        events += manifest.append(wd / camp, [{
-            "type": "cancel", "campaign": camp, "job_ids": [str(a["job_id"]) for a in group if a.get("job_id")],
-            "job_dirs": [str(a["job_dir"]) for a in group], "at": manifest.now_iso()}])
+        events += append_manifest(CampaignPaths.of(wd, camp), [CancelLine(
+            type="cancel", campaign=camp, job_ids=[str(a["job_id"]) for a in group if a.get("job_id")],
+            job_dirs=[str(a["job_dir"]) for a in group], at=now_iso())])
 
     manifest.record_events(dbp, events)
     return done

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from harness.build.jobspec import JobSpec
+from harness.contract.records import AttemptExtra
 
 
 @dataclass
@@ -18,7 +19,7 @@ class Submitted:
     job_id: str | None
     array_job_id: str | None = None
     array_task_id: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: AttemptExtra = field(default_factory=lambda: AttemptExtra())  # what its manifest line adds
 
 
 @dataclass
@@ -43,8 +44,8 @@ class Backend(Protocol):
 
     def wait(self, submitted: list[Submitted], progress: Callable[[int, int], None] | None = None) -> None: ...
 
-    def cancel(self, attempts: list[dict[str, Any]]) -> list[str]: ...
+    def cancel(self, attempts: Sequence[Mapping[str, Any]]) -> list[str]: ...
 
-    def live_states(self, attempts: list[dict[str, Any]]) -> dict[str, str]: ...
+    def live_states(self, attempts: Sequence[Mapping[str, Any]]) -> dict[str, str]: ...
 
 

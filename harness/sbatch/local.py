@@ -32,7 +32,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -43,14 +43,22 @@ from harness.build.jobspec import JobSpec
 from harness.contract import envvars, jobstate, safefile
 from harness.contract.errors import InputError
 from harness.contract.paths import CampaignPaths, JobPaths
+from harness.contract.records import (
+    AttemptExtra,
+    SubmittedInfo,
+    now_iso,
+    pack_extra,
+    pack_info,
+    read_submitted,
+    write_submitted,
+)
 from harness.runner import pdeath
 from harness.slurm import localjob
 from harness.slurm.localjob import LAUNCH, QUEUE, job_lock
 from harness.spec.schema import slurm_time_minutes
 
 from .executors import SubmitOptions, Submitted
-from .manifest import now_iso, write_submitted
-from .pack import in_process, make_packs, pack_info
+from .pack import in_process, make_packs
 
 NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNLIMITED
 GO = "go"
@@ -63,14 +71,14 @@ def timeout_minutes(time_text: str) -> float:
     return NO_LIMIT_MIN if minutes is None else max(minutes, 1.0)
 
 
-def update_submitted(job_dir: str | Path, fields: dict[str, Any], unless: tuple[str, ...] = ()) -> dict[str, Any]:
+def update_submitted(job_dir: str | Path, fields: SubmittedInfo, unless: tuple[str, ...] = ()) -> SubmittedInfo:
     """Merge *fields* into the job's ``submitted.json`` under its lock, unless it already has one of the
     fields *unless*; returns what the file holds afterwards."""
     with job_lock(job_dir):
-        info = localjob.submitted(job_dir)
+        info = read_submitted(job_dir)
         if not any(info.get(k) for k in unless):
             info.update(fields)
-            write_submitted(Path(job_dir), info)
+            write_submitted(job_dir, info)
         return info
 
 
@@ -107,7 +115,7 @@ class LocalLaunch:
             env.pop("CUDA_VISIBLE_DEVICES", None)  # submitit sets "" when no GPUs were asked for
         with paths.slurm_out(f"local-{job_id}").open("ab") as out:
             with job_lock(self.job_dir):
-                info = localjob.submitted(self.job_dir)
+                info = read_submitted(self.job_dir)
                 settled = [k for k in SETTLED if info.get(k)]
                 if settled:  # cancelled before its turn, or started already: an attempt never runs twice
                     out.write(f"sbench: not starting {self.job_dir}: submitted.json has {settled[0]}\n".encode())
@@ -116,7 +124,7 @@ class LocalLaunch:
                 # parent-death signal: killing the local job process stops the node runner and its training.
                 proc = subprocess.Popen(pdeath.wrap(["bash", str(paths.launch)]), env=env, stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True)
-                info.update(pid=proc.pid, started_at=now_iso())
+                info.update(SubmittedInfo(pid=proc.pid, started_at=now_iso()))
                 write_submitted(paths.root, info)
 
             def forward(signum, _frame):  # noqa: ANN001 - signal handler signature
@@ -128,7 +136,7 @@ class LocalLaunch:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
                 signal.signal(sig, forward)
             rc = proc.wait()
-        fields: dict[str, Any] = {"exit_code": rc, "ended_at": now_iso()}
+        fields = SubmittedInfo(exit_code=rc, ended_at=now_iso())
         if rc < 0:
             fields["exit_signal"] = -rc
         elif rc > 128:
@@ -176,7 +184,7 @@ class LocalPack:
         lead, rest = self.launches[0], self.launches[1:]
         lead.extra_env = {envvars.PACK.name: json.dumps([x.job_dir for x in self.launches])}
         rc = lead.run()
-        started = localjob.submitted(lead.job_dir).get("started_at")
+        started = read_submitted(lead.job_dir).get("started_at")
         left = []
         for m in rest:  # each point the process reached ended with it; the others go back to the queue
             if JobPaths(m.job_dir).stage_hosts():
@@ -237,13 +245,13 @@ def run_queue(queue_file: Path, handshake: IO[str] | None = None) -> int:
                     running.append((item, job))
                 continue
             with job_lock(item["job_dir"]):
-                info = localjob.submitted(item["job_dir"])
+                info = read_submitted(item["job_dir"])
                 if any(info.get(k) for k in SETTLED):
                     continue  # cancelled before its turn
                 executor.update_parameters(timeout_min=item["timeout_min"], gpus_per_node=item["gpus"])
                 job = executor.submit(LocalLaunch(item["job_dir"], item["host"]))
-                info.update(job_id=job.job_id, queued_at=q["created_at"])
-                write_submitted(Path(item["job_dir"]), info)
+                info.update(SubmittedInfo(job_id=job.job_id, queued_at=q["created_at"]))
+                write_submitted(item["job_dir"], info)
             running.append((item, job))
         time.sleep(0.3)
         still = []
@@ -269,7 +277,7 @@ def _submit_pack(executor: Any, item: dict[str, Any], queued_at: str) -> Any:
     todo = []
     for m in item["pack"]:
         with job_lock(m["job_dir"]):
-            if not any(localjob.submitted(m["job_dir"]).get(k) for k in SETTLED):
+            if not any(read_submitted(m["job_dir"]).get(k) for k in SETTLED):
                 todo.append(m)
     if not todo:
         return None
@@ -298,7 +306,7 @@ def _requeued(item: dict[str, Any], job: Any) -> list[dict[str, Any]]:
 def kill_launch(job_dir: str) -> bool:
     """SIGTERM the process group of a running local launch.sh (the node runner records the signal), only
     once the recorded pid is verified to be that launch (:func:`localjob.verified`: its token)."""
-    proc = localjob.verified(localjob.submitted(job_dir).get("pid"), LAUNCH, job_dir)
+    proc = localjob.verified(read_submitted(job_dir).get("pid"), LAUNCH, job_dir)
     if proc is None:
         return False
     try:
@@ -351,11 +359,13 @@ class LocalBackend:
             out = []
             for s in specs:
                 k, p = pack_of.get(s.job_dir, (0, []))
-                packed = {"pack": pack_info(p, k)} if p else {}
-                write_submitted(Path(s.job_dir), {"executor": "local", "job_id": None, "queue": str(qfile),
-                                                  "submitted_at": now_iso(), **packed})
-                line = {"pack_index": k, "pack_size": len(p), "pack_lead": p[0].job_dir} if p else {}
-                out.append(Submitted(spec=s, job_id=None, extra={"queue": str(qfile), **line}))
+                info = SubmittedInfo(executor="local", job_id=None, queue=str(qfile), submitted_at=now_iso())
+                extra = AttemptExtra(queue=str(qfile))
+                if p:
+                    info["pack"] = pack_info([x.job_dir for x in p], k)
+                    extra.update(pack_extra([x.job_dir for x in p], k))
+                write_submitted(s.job_dir, info)
+                out.append(Submitted(spec=s, job_id=None, extra=extra))
             proc.stdin.write(f"{GO}\n".encode())
         finally:
             proc.stdin.close()  # without "go" the queue marks its jobs not started and exits
@@ -374,7 +384,7 @@ class LocalBackend:
                 return
             time.sleep(1.0)
 
-    def cancel(self, attempts: list[dict[str, Any]]) -> list[str]:
+    def cancel(self, attempts: Sequence[Mapping[str, Any]]) -> list[str]:
         """Stop the attempts' running launches and mark the others so that their queue never starts them;
         returns the job dirs that were running or waiting. A pid not verified as the launch's own is never
         signalled."""
@@ -382,7 +392,7 @@ class LocalBackend:
         for a in attempts:
             jd = str(a["job_dir"])
             with job_lock(jd):
-                info = localjob.submitted(jd)
+                info = read_submitted(jd)
                 if not info or info.get("ended_at") or info.get("cancelled_at"):
                     continue
                 if info.get("pid"):
@@ -394,11 +404,11 @@ class LocalBackend:
                     except OSError:
                         continue
                 info["cancelled_at"] = now_iso()
-                write_submitted(Path(jd), info)
+                write_submitted(jd, info)
             done.append(jd)
         return done
 
-    def live_states(self, attempts: list[dict[str, Any]]) -> dict[str, str]:
+    def live_states(self, attempts: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         """Keyed by job dir: the state :func:`harness.slurm.localjob.job_state` gives each attempt."""
         out = {}
         for a in attempts:

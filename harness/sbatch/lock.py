@@ -30,9 +30,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from harness.contract import envvars
 from harness.contract.errors import CampaignBusyError, Interrupted, SubmitError
 from harness.contract.paths import CampaignPaths
+from harness.contract.records import now_iso
 from harness.slurm.localjob import read_json
-
-from .manifest import now_iso
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -27,16 +27,25 @@ from pathlib import Path
 from typing import Any
 
 from harness.build.jobspec import JobSpec
+from harness.build.sbatch import job_name_of
 from harness.build.trainargs import pack_in_one_process
 from harness.contract import safefile
 from harness.contract.errors import SbenchError, SubmitError
 from harness.contract.paths import CampaignPaths, JobPaths
-from harness.slurm import localjob
+from harness.contract.records import (
+    AttemptExtra,
+    ManifestLine,
+    SubmittedInfo,
+    append_manifest,
+    attempt_line,
+    now_iso,
+    read_submitted,
+    write_submitted,
+)
 from harness.slurm.client import Slurm
 from harness.spec.schema import slurm_time_minutes
 from harness.spec.sweep import PACK_AUTO
 
-from . import manifest
 from .lock import CampaignLocks, holding_campaign_locks
 
 AUTO_MAX = 8  # points per allocation with slurm.pack: auto
@@ -125,26 +134,18 @@ def pack_time(members: Sequence[JobSpec], time_limit: str | None) -> str | None:
     return minutes_text(min(total, cap) if cap else total)
 
 
-def pack_info(members: Sequence[JobSpec], index: int) -> dict[str, Any]:
-    """What a packed job dir's ``submitted.json`` (``pack``) records."""
-    return {"index": index, "size": len(members), "job_dirs": [s.job_dir for s in members]}
-
-
 # -- on the node: the rest of a pack after an OOM -----------------------------------------------------------
 
-def _spec_of(job_dir: Path, campaign_dir: Path) -> dict[str, Any]:
+def _attempt_of(job_dir: Path, campaign_dir: Path) -> tuple[str, str, int, int]:
+    """(campaign, point id, repeat, attempt) of a job dir, as its ``spec.json`` says."""
     doc = safefile.read_json(JobPaths(job_dir).spec, campaign_dir, safefile.SPEC_MAX)
     js = doc.get("jobspec") if isinstance(doc, dict) else None
-    if not isinstance(js, dict):
-        raise SubmitError(f"{job_dir}: spec.json is not a rendered job spec")
-    return js
-
-
-def _job_name(script: str) -> str | None:
-    for line in script.splitlines():
-        if line.startswith("#SBATCH --job-name="):
-            return line.split("=", 1)[1].strip().strip('"')
-    return None
+    try:
+        if isinstance(js, dict):
+            return str(js["campaign"]), str(js["point_id"]), int(js["repeat"]), int(js["attempt"])
+    except (KeyError, TypeError, ValueError):
+        pass
+    raise SubmitError(f"{job_dir}: spec.json is not a rendered job spec")
 
 
 @holding_campaign_locks("requeue")
@@ -157,28 +158,25 @@ def requeue(locks: CampaignLocks, campaign_dir: Path, job_dirs: Sequence[Path], 
     slurm = slurm or Slurm()
     campaign_dir = Path(campaign_dir)
     locks.acquire(campaign_dir, "requeue", wait_s=60.0)
+    camp = CampaignPaths(campaign_dir)
     out: list[tuple[str, str]] = []
-    lines: list[dict[str, Any]] = []
+    lines: list[ManifestLine] = []
     for jd in job_dirs:
         jd = Path(jd)
-        info = localjob.submitted(jd)
+        info = read_submitted(jd)
         if info.get("cancelled_at") or JobPaths(jd).stage_hosts():
             continue
-        js = _spec_of(jd, campaign_dir)
+        campaign, point_id, repeat, attempt = _attempt_of(jd, campaign_dir)
         script = safefile.read_bytes(JobPaths(jd).sbatch, campaign_dir, safefile.SMALL_MAX).decode()
-        job_id = slurm.sbatch(script, CampaignPaths(campaign_dir).submissions)
-        stamp = manifest.now_iso()
-        name = _job_name(script)
-        manifest.write_submitted(jd, {"executor": "slurm", "job_id": job_id, "submitted_at": stamp,
-                                      "job_name": name, "requeued_from": info.get("job_id"),
-                                      "requeued_at": stamp})
-        lines.append({"type": "attempt", "campaign": js.get("campaign"), "point_id": js.get("point_id"),
-                      "repeat": js.get("repeat"), "attempt": js.get("attempt"), "job_dir": str(jd),
-                      "executor": "slurm", "job_id": job_id, "array_job_id": None, "array_task_id": None,
-                      "submitted_at": stamp, "reason": REQUEUE_REASON, "job_name": name,
-                      "requeued_from": info.get("job_id")})
+        job_id = slurm.sbatch(script, camp.submissions)
+        stamp = now_iso()
+        name = job_name_of(script)
+        write_submitted(jd, SubmittedInfo(executor="slurm", job_id=job_id, submitted_at=stamp, job_name=name,
+                                          requeued_from=info.get("job_id"), requeued_at=stamp))
+        lines.append(attempt_line(campaign, point_id, repeat, attempt, str(jd), "slurm", job_id, stamp, REQUEUE_REASON,
+                                  extra=AttemptExtra(job_name=name, requeued_from=info.get("job_id"))))
         out.append((str(jd), job_id))
-    manifest.append(campaign_dir, lines)
+    append_manifest(camp, lines)
     return out
 
 

@@ -34,6 +34,7 @@ from harness.build.sbatch import prepare_sbatch
 from harness.contract import jobstate, safefile
 from harness.contract.formats import IMAGE_FIELD
 from harness.contract.paths import CampaignPaths
+from harness.contract.records import now_iso
 from harness.data.datagen import make_dataset
 from harness.data.models import resolve_model
 from harness.data.prepared import (
@@ -55,8 +56,6 @@ from harness.spec.envs import envs_root, needed
 from harness.spec.inventory import load_inventory, shared_dir
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import data_dir_for, load_sweep
-
-from . import manifest
 
 
 @dataclass(frozen=True)
@@ -315,7 +314,7 @@ def submit_prepare_job(sweep: Any, inv: Any, sweep_path: Path, inventory_path: P
 def record_prepare_job(campaign_dir: Path, job_id: str) -> None:
     campaign_dir.mkdir(parents=True, exist_ok=True)
     CampaignPaths(campaign_dir).prepare_job.write_text(
-        json.dumps({"job_id": job_id, "submitted_at": manifest.now_iso()}) + "\n")
+        json.dumps({"job_id": job_id, "submitted_at": now_iso()}) + "\n")
 
 
 def live_prepare_job(campaign_dir: Path, slurm: Slurm) -> str | None:

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import SbenchError, StoreBusyError, SubmitError
 from harness.contract.paths import parse_job_dir_name, run_id
+from harness.contract.records import AttemptLine
 from harness.db.status import attempt_rows, measured_runs, point_stability
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
@@ -113,7 +113,7 @@ def runs_to_refresh(db: Path, workdir: Path, campaign: str, slurm: Slurm) -> lis
     except SbenchError:
         return None
     out: list[str] = []
-    unsettled: list[dict[str, Any]] = []
+    unsettled: list[tuple[str, AttemptLine]] = []  # run id, attempt line
     for a in manifest.attempts(workdir, campaign, outside=True):
         try:
             rid = run_id(campaign, str(a["point_id"]), int(a.get("repeat") or 0), int(a["attempt"]))
@@ -127,12 +127,12 @@ def runs_to_refresh(db: Path, workdir: Path, campaign: str, slurm: Slurm) -> lis
         elif row is None or row.get("job_id") is None and a.get("job_id"):
             out.append(rid)
         elif row.get("outcome") is None or row.get("state") not in jobstate.FINAL_STATES:
-            unsettled.append({**a, "run_id": rid})
-    live = live_states(unsettled, slurm) if unsettled else {}
-    for a in unsettled:
-        word = live.get(a["job_dir"])
+            unsettled.append((rid, a))
+    live = live_states([a for _, a in unsettled], slurm) if unsettled else {}
+    for rid, a in unsettled:
+        word = live.get(str(a.get("job_dir")))
         if word is None or jobstate.lookup(word).phase not in ("pending", "running"):
-            out.append(a["run_id"])
+            out.append(rid)
     # Job dirs of the campaign the manifest does not name (a submit killed between writing them and
     # recording them): collect finds them by their spec.json, so that no attempt number is used twice.
     for spec in (Path(workdir) / campaign).glob("*/spec.json"):

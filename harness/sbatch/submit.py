@@ -13,6 +13,18 @@ from harness.build.jobspec import JobSpec
 from harness.build.render import prepare_points, write_files
 from harness.contract.errors import InputError, SbenchError, SubmitError, SweepError
 from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
+from harness.contract.records import (
+    CampaignLine,
+    ManifestLine,
+    ReferencesLine,
+    RepeatsLine,
+    SubmittedInfo,
+    append_manifest,
+    attempt_line,
+    now_iso,
+    point_line,
+    write_submitted,
+)
 from harness.data.trainerenv import EnvBuildError, build
 from harness.db.cluster import record_fabric
 from harness.db.store import open_store
@@ -138,15 +150,16 @@ def _recorded_references(campaign_dir: Path) -> list[dict[str, Any]]:
     """The references the manifest holds now: the campaign line's, or the last references line's."""
     refs: list[dict[str, Any]] = []
     for ev in manifest.read(campaign_dir):
-        if ev.get("type") in ("campaign", "references") and isinstance(ev.get("references"), list):
-            refs = ev["references"]
+        if ev["type"] == "campaign" or ev["type"] == "references":
+            if isinstance(ev.get("references"), list):
+                refs = ev["references"]
     return refs
 
 
 def _check_campaign(campaign_dir: Path, sweep: Sweep) -> bool:
     """True when the campaign already exists; refuse reusing a name for another experiment."""
     for ev in manifest.read(campaign_dir):
-        if ev.get("type") == "campaign":
+        if ev["type"] == "campaign":
             if ev.get("experiment") != sweep.experiment.id:
                 raise SweepError(f"{sweep.source}: campaign {sweep.campaign!r} already exists for experiment "
                                  f"{ev.get('experiment')}; choose another campaign name")
@@ -213,33 +226,33 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
     todo = [d for d in decisions if d.action == "submit"]
     dependency = _prepare_before(prepare, name, sweep, inv, [d.point for d in todo], Path(sweep_path), inventory_path,
                                  model_map, campaign_dir, report, echo, slurm)
-    events: list[dict[str, Any]] = []
+    events: list[ManifestLine] = []
     if not exists:
-        events.append({"type": "campaign", "campaign": sweep.campaign, "experiment": sweep.experiment.id,
-                       "sweep": str(Path(sweep_path).resolve()),
-                       # what the sweep's campaign: said (retry follows the sweep only while it still says so)
-                       "sweep_campaign": sweep.campaign if campaign is None else load_sweep(sweep_path).campaign,
-                       "inventory": inv.source, "cluster": inv.cluster,
-                       "partition": points[0].partition if points else None, "executor": name,
-                       "description": sweep.description, "created_at": manifest.now_iso(),
-                       "sbench_version": __version__, "references": [r.to_dict() for r in sweep.references],
-                       "repeats": sweep.adaptive.to_dict() if sweep.adaptive else None})
+        events.append(CampaignLine(
+            type="campaign", campaign=sweep.campaign, experiment=sweep.experiment.id,
+            sweep=str(Path(sweep_path).resolve()),
+            # what the sweep's campaign: said (retry follows the sweep only while it still says so)
+            sweep_campaign=sweep.campaign if campaign is None else load_sweep(sweep_path).campaign,
+            inventory=inv.source, cluster=inv.cluster, partition=points[0].partition if points else None,
+            executor=name, description=sweep.description, created_at=now_iso(), sbench_version=__version__,
+            references=[r.to_dict() for r in sweep.references],
+            repeats=sweep.adaptive.to_dict() if sweep.adaptive else None))
     else:
         if _recorded_references(campaign_dir) != [r.to_dict() for r in sweep.references]:
             # The sweep's expectations changed (tightened, added): the checks follow the newest word.
-            events.append({"type": "references", "campaign": sweep.campaign, "at": manifest.now_iso(),
-                           "references": [r.to_dict() for r in sweep.references]})
+            events.append(ReferencesLine(type="references", campaign=sweep.campaign, at=now_iso(),
+                                         references=[r.to_dict() for r in sweep.references]))
         if manifest.adaptive_repeats(campaign_dir) != (sweep.adaptive.to_dict() if sweep.adaptive else None):
             # repeats: changed (adaptive now, or other bounds): collect and status follow the newest word
-            events.append({"type": "repeats", "campaign": sweep.campaign, "at": manifest.now_iso(),
-                           "repeats": sweep.adaptive.to_dict() if sweep.adaptive else None})
-    known = {(e.get("point_id"), e.get("repeat")) for e in manifest.read(campaign_dir) if e.get("type") == "point"}
+            events.append(RepeatsLine(type="repeats", campaign=sweep.campaign, at=now_iso(),
+                                      repeats=sweep.adaptive.to_dict() if sweep.adaptive else None))
+    known = {(e.get("point_id"), e.get("repeat")) for e in manifest.read(campaign_dir) if e["type"] == "point"}
     # A repeat adaptive repeats have not asked for is no run of the campaign (yet): status does not list it.
     listed = {(d.point.point_id, d.point.repeat) for d in decisions}
     for p in points:
         if (p.point_id, p.repeat) not in known and (p.point_id, p.repeat) in listed:
-            events.append({"type": "point", "campaign": sweep.campaign, **p.to_dict()})
-    manifest.append(campaign_dir, events)
+            events.append(point_line(sweep.campaign, p.to_dict()))
+    append_manifest(CampaignPaths(campaign_dir), events)
     # The preview rendered every valid point as attempt 1: new points reuse it; only later attempts (retry,
     # force) are rendered again, under their own job dirs.
     first = {(spec.point_id, spec.repeat): (spec, files) for spec, files in preview}
@@ -253,9 +266,8 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
         write_files(spec.job_dir, files)
         # Until the backend replaces it: should this submit die (SIGKILL) before handing the job dir over,
         # status, collect and retry see an attempt that never started, not one queued for ever.
-        manifest.write_submitted(Path(spec.job_dir), {"executor": name, "job_id": None,
-                                                      "rendered_at": manifest.now_iso(),
-                                                      "not_started_reason": NOT_HANDED_OVER})
+        write_submitted(spec.job_dir, SubmittedInfo(executor=name, job_id=None, rendered_at=now_iso(),
+                                                     not_started_reason=NOT_HANDED_OVER))
         specs.append(spec)
     if specs:
         opts = SubmitOptions(max_parallel=max_parallel or sweep.slurm.max_parallel, hold=hold,
@@ -268,13 +280,11 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
         report.sbatch_calls = getattr(backend, "sbatch_calls", 0)
         report.held_back = sum(1 for s in report.submitted if s.extra.get("held_back"))
         reasons = {(d.point.point_id, d.point.repeat): d.reason for d in todo}
-        attempt_events = [{
-            "type": "attempt", "campaign": sweep.campaign, "point_id": s.spec.point_id, "repeat": s.spec.repeat,
-            "attempt": s.spec.attempt, "job_dir": s.spec.job_dir, "executor": name, "job_id": s.job_id,
-            "array_job_id": s.array_job_id, "array_task_id": s.array_task_id, "submitted_at": manifest.now_iso(),
-            "reason": reasons[(s.spec.point_id, s.spec.repeat)], **s.extra,
-        } for s in report.submitted]
-        manifest.append(campaign_dir, attempt_events)
+        attempt_events = [attempt_line(
+            sweep.campaign, s.spec.point_id, s.spec.repeat, s.spec.attempt, s.spec.job_dir, name, s.job_id, now_iso(),
+            reasons[(s.spec.point_id, s.spec.repeat)], array_job_id=s.array_job_id, array_task_id=s.array_task_id,
+            extra=s.extra) for s in report.submitted]
+        append_manifest(CampaignPaths(campaign_dir), attempt_events)
         events += attempt_events
     if name == "slurm":
         # What a feeder job submits in waves; a feeding that stopped (its feeder job gone) starts again here.
@@ -379,10 +389,10 @@ def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db:
     return out
 
 
-def campaign_record(workdir: Path | None, campaign: str) -> dict[str, Any]:
+def campaign_record(workdir: Path | None, campaign: str) -> CampaignLine:
     workdir = resolve_workdir(workdir)
     for ev in manifest.read(workdir / campaign):
-        if ev.get("type") == "campaign":
+        if ev["type"] == "campaign":
             return ev
 
     raise InputError(f"no campaign {campaign!r} under {workdir} (no {CampaignPaths.of(workdir, campaign).manifest})")

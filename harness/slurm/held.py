@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import jobstate, safefile
-from harness.contract.paths import CampaignPaths, JobPaths
+from harness.contract.paths import CampaignPaths
+from harness.contract.records import read_submitted
 
 from .client import Slurm
 
@@ -89,12 +90,8 @@ def held_states(job_dirs: Sequence[str | Path], slurm: Slurm) -> dict[str, tuple
     members: dict[str, set[str]] = {}  # the job dirs each campaign's feed still holds
     for job_dir in job_dirs:
         jd = Path(job_dir)
-        try:
-            safefile.check_dir(jd, jd.parent)
-            info = safefile.read_json(JobPaths(jd).submitted, jd.parent, safefile.SMALL_MAX)
-        except (OSError, ValueError):
-            continue
-        if not isinstance(info, dict) or info.get("job_id") or not info.get("held_back_at"):
+        info = read_submitted(jd)
+        if info.get("job_id") or not info.get("held_back_at"):
             continue
         if info.get("cancelled_at"):
             out[str(job_dir)] = ("CANCELLED", "cancelled with sbench cancel before it was submitted")

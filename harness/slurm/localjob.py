@@ -42,10 +42,11 @@ import psutil
 from harness.contract import envvars, safefile
 from harness.contract.errors import SbenchError
 from harness.contract.paths import CampaignPaths, JobPaths, process_key_files
+from harness.contract.records import SubmittedInfo, read_submitted
 
 LAUNCH = "launch"
 QUEUE = "queue"
-MAX_BYTES = 1 << 20  # submitted.json and pidfiles are a few hundred bytes
+MAX_BYTES = 1 << 20  # pidfiles and the campaign lock are a few hundred bytes
 # /proc/<pid>/environ reads empty for an instant while the process execs: read it again, this often.
 EMPTY_READS = 10
 
@@ -150,17 +151,6 @@ def read_json(path: str | Path, root: str | Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def submitted(job_dir: str | Path) -> dict[str, Any]:
-    """``submitted.json`` of a job dir; {} when it is missing or not read (the job dir must lie in its
-    campaign directory: a job dir replaced by a link elsewhere is not read)."""
-    jd = Path(job_dir)
-    try:
-        safefile.check_dir(jd, jd.parent)
-    except OSError:
-        return {}
-    return read_json(JobPaths(jd).submitted, jd.parent)
-
-
 @contextlib.contextmanager
 def job_lock(job_dir: str | Path) -> Iterator[None]:
     """Hold the job dir's lock (flock on the directory itself) while ``submitted.json`` is read and rewritten:
@@ -199,9 +189,9 @@ def _foreign(job_dir: str | Path) -> bool:
         return False
 
 
-def job_state(job_dir: str | Path, info: dict[str, Any] | None = None) -> str | None:
+def job_state(job_dir: str | Path, info: SubmittedInfo | None = None) -> str | None:
     """The state of the local job in *job_dir* (module docstring); None when it has no ``submitted.json``."""
-    info = submitted(job_dir) if info is None else info
+    info = read_submitted(job_dir) if info is None else info
     if not info:
         return None
     if info.get("ended_at"):
@@ -233,4 +223,4 @@ def job_state(job_dir: str | Path, info: dict[str, Any] | None = None) -> str | 
 
 
 __all__ = ["LAUNCH", "QUEUE", "carries", "environment", "job_lock", "job_state", "process_key",
-           "queue_alive", "read_json", "submitted", "token", "verified"]
+           "queue_alive", "read_json", "token", "verified"]
