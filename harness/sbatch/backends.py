@@ -31,6 +31,12 @@ def resolve_executor(name: str) -> str:
     return name
 
 
+def recorded_or(asked: str, recorded: str | None) -> str:
+    """The executor a command on an existing campaign uses: the one *asked* for, unless that is ``auto`` and
+    the campaign recorded the one it was submitted with."""
+    return recorded if asked == "auto" and recorded else asked
+
+
 def get_backend(name: str, slurm: Slurm) -> Backend:
     return BACKENDS[resolve_executor(name)](slurm)
 

@@ -55,9 +55,13 @@ from harness.contract.records import (
 from harness.runner import pdeath
 from harness.slurm import localjob
 from harness.slurm.localjob import LAUNCH, QUEUE, job_lock
+from harness.spec.inventory import Inventory
+from harness.spec.plan import PlannedPoint
 from harness.spec.schema import slurm_time_minutes
+from harness.spec.sweep import Sweep
 
 from .executors import SubmitOptions, Submitted
+from .fit import ClusterFit
 from .pack import in_process, make_packs
 
 NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNLIMITED
@@ -317,7 +321,11 @@ def kill_launch(job_dir: str) -> bool:
 
 
 class LocalBackend:
+    """This machine's executor: a detached queue feeding submitit's LocalExecutor. No scheduler places its jobs,
+    it runs no preparation job and holds nothing back for later waves."""
+
     name = "local"
+    sbatch_calls = 0
 
     def check(self, specs: list[JobSpec]) -> None:
         """Refuse, before anything is written, what this executor cannot run."""
@@ -325,6 +333,22 @@ class LocalBackend:
         if multi:
             raise InputError(f"the local executor runs on one machine; {len(multi)} point(s) need several nodes "
                              f"(e.g. {multi[0]}); use --executor slurm or number_nodes: 1")
+
+    def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit:
+        return ClusterFit()
+
+    def complete(self, opts: SubmitOptions, sweep: Sweep, inv: Inventory, campaign_dir: Path) -> SubmitOptions:
+        return opts
+
+    def live_prepare_job(self, campaign_dir: Path) -> str | None:
+        return None
+
+    def prepare_job(self, sweep: Sweep, inv: Inventory, sweep_path: Path, inventory_path: Path | None,
+                    model_map: Path | None, campaign_dir: Path) -> str:
+        raise InputError("--prepare-on slurm needs the slurm executor; with the local executor prepare runs here")
+
+    def feed_summary(self, campaign_dir: Path) -> dict[str, Any]:
+        return {}
 
     def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]:
         self.check(specs)

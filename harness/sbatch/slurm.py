@@ -9,6 +9,7 @@ submits through submitit and answers what the jobs' states are.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -20,10 +21,15 @@ from harness.contract.records import read_submitted
 from harness.slurm.client import Slurm
 from harness.slurm.held import held_states
 from harness.slurm.sacct import JobKey
+from harness.spec.inventory import Inventory
+from harness.spec.plan import PlannedPoint
+from harness.spec.sweep import Sweep
 
 from . import feed
 from .executors import SubmitOptions, Submitted
+from .fit import ClusterFit, cluster_fit
 from .pack import make_packs
+from .prepare import live_prepare_job, record_prepare_job, submit_prepare_job
 
 
 def group_by_shape(specs: list[JobSpec]) -> list[list[JobSpec]]:
@@ -43,6 +49,29 @@ class SlurmBackend:
 
     def check(self, specs: list[JobSpec]) -> None:
         """Nothing beyond what plan and render checked: SLURM places multi-node points itself."""
+
+    def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit:
+        """The partition as its controller describes it (``harness.sbatch.fit``)."""
+        return cluster_fit(inv, points, self.slurm)
+
+    def complete(self, opts: SubmitOptions, sweep: Sweep, inv: Inventory, campaign_dir: Path) -> SubmitOptions:
+        """The feeder job's script (what the submit quota holds back, ``harness.sbatch.feed``) and the command a
+        pack runs after an OOM (``harness.sbatch.pack``)."""
+        return dataclasses.replace(opts, feeder_script=feed.feeder_script(sweep, inv, campaign_dir),
+                                   requeue_command=feed.pack_requeue(sweep, inv, campaign_dir))
+
+    def live_prepare_job(self, campaign_dir: Path) -> str | None:
+        return live_prepare_job(campaign_dir, self.slurm)
+
+    def prepare_job(self, sweep: Sweep, inv: Inventory, sweep_path: Path, inventory_path: Path | None,
+                    model_map: Path | None, campaign_dir: Path) -> str:
+        job_id = submit_prepare_job(sweep, inv, sweep_path, inventory_path, model_map, campaign_dir, self.slurm)
+        record_prepare_job(campaign_dir, job_id)
+        return job_id
+
+    def feed_summary(self, campaign_dir: Path) -> dict[str, Any]:
+        """What the feeder job submits in waves; a feeding that stopped (its feeder job gone) starts again here."""
+        return feed.feed_summary(self.slurm, campaign_dir)
 
     def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]:
         """One array per resource shape, split to fit ``MaxArraySize``, within the submit quota; what does not
