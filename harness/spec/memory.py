@@ -60,6 +60,7 @@ from harness.contract.defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
 
 from .catalog import CATALOGUE_CONFIG, VISION_ID_RE, architecture, is_vision_config, optim_args
 from .inventory import BYTES_PER_GB
+from .resources import point_counts
 
 RESERVE_GB = 1.0
 # bitsandbytes NF4 with double quantisation: 4 bits per weight, one 8-bit scale per 64-weight block and
@@ -416,9 +417,8 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
             s = shape_of(cfg)
     except Unsupported as exc:
         return MemoryPrediction("unknown", str(exc), config_source=config_source)
-    devices = max(1, int(entity.get("number_gpus") or 1))
-    nodes = max(1, int(entity.get("number_nodes") or 1))
-    per_node = max(1, devices // nodes)
+    counts = point_counts(entity)
+    devices, per_node = counts.processes, counts.processes_per_node  # each process holds one device's share
     cpu = partition.is_cpu
     dtype = "float32" if cpu else str(entity.get("torch_dtype") or "bfloat16")
     vb = DTYPE_BYTES.get(dtype, 2)

@@ -27,6 +27,7 @@ from .catalog import (
 )
 from .inventory import Inventory, Partition
 from .memory import config_for, predict
+from .resources import point_counts
 from .rules import (
     change_warnings,
     placement_reasons,
@@ -119,9 +120,10 @@ def resolve_entity(sweep: Sweep, raw: Mapping[str, Any], partition: Partition,
             f"sweep's model_map: (name: HF id or local path) or use one of: {', '.join(exp.models)}")
     # Single-device runs use no distributed backend (the trainer runs directly).
     if "distributed_backend" in entity:
-        if entity["number_gpus"] <= 1 and entity["distributed_backend"] == "DEEPSPEED":
+        single = point_counts(entity).single
+        if single and entity["distributed_backend"] == "DEEPSPEED":
             pass  # ZeRO-Offload on one device is a memory technique of its own: keep it
-        elif entity["number_gpus"] <= 1:
+        elif single:
             if entity["distributed_backend"] is not None:
                 notes.append(f"distributed_backend {entity['distributed_backend']} ignored: single-device run")
             entity["distributed_backend"] = None
