@@ -18,15 +18,11 @@ from typing import Any
 
 from harness.contract.errors import InputError, SweepError
 
-from .catalog import (
-    EXPERIMENTS,
-    architecture,
-    is_local_source,
-    model_config,
-    mount_visible,
-)
+from .catalog import EXPERIMENTS
 from .inventory import Inventory, Partition
 from .memory import config_for, predict
+from .modelconfig import architecture, model_config
+from .modelmap import is_local_source, mount_visible
 from .resources import point_counts
 from .rules import (
     change_warnings,

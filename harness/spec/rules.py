@@ -8,15 +8,7 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
-from .catalog import (
-    OPTIMIZER_NEEDS,
-    OPTIMIZERS_GONE,
-    Experiment,
-    dtype_name,
-    is_vision_config,
-    is_vision_dataset,
-    num_local_experts,
-)
+from .catalog import OPTIMIZER_NEEDS, OPTIMIZERS_GONE, Experiment, dtype_name, is_vision_dataset
 from .envs import (
     CPU_FSDP_ACCELERATE,
     FAST_MOE_SINCE,
@@ -32,6 +24,7 @@ from .envs import (
     release_of,
 )
 from .inventory import Partition
+from .modelconfig import is_vision_config, num_local_experts
 from .resources import cpus_per_task, point_counts
 
 
