@@ -357,30 +357,32 @@ def write_submitted(job_dir: str | Path, info: SubmittedInfo) -> None:
     os.replace(tmp, path)
 
 
-def read_submitted(job_dir: str | Path, root: str | Path | None = None,
+_SUBMITTED_NAME = JobPaths("").submitted.name
+
+
+def read_submitted(job_dir: str | os.PathLike[str], root: str | os.PathLike[str] | None = None,
                    problems: list[str] | None = None) -> SubmittedInfo:
     """The job dir's ``submitted.json``; {} when it has none, and when it is not read: the job dir does not lie
     inside *root* (default: its campaign directory, the job dir's parent), the file is not a regular file or
     past its bound, or not a record :func:`check_submitted` accepts. Why it was not read is a line of
-    *problems*."""
-    jd = Path(job_dir)
-    top = jd.parent if root is None else root
-    name = JobPaths(jd).submitted.name
+    *problems*. (Plain strings, not paths: collect reads one per run.)"""
+    jd = os.fspath(job_dir)
+    top = os.path.dirname(os.path.abspath(jd)) if root is None else os.fspath(root)
     try:
         safefile.check_dir(jd, top)
     except OSError as exc:
         if problems is not None:
-            problems.append(f"{name}: not read ({_why(exc)})")
+            problems.append(f"{_SUBMITTED_NAME}: not read ({_why(exc)})")
         return {}
-    data, problem = safefile.read_or_problem(JobPaths(jd).submitted, top, safefile.SMALL_MAX)
+    data, problem = safefile.read_or_problem(os.path.join(jd, _SUBMITTED_NAME), top, safefile.SMALL_MAX)
     doc = None
     if data is not None:
-        doc, problem = decode_json(data, name)
+        doc, problem = decode_json(data, _SUBMITTED_NAME)
     if problem is None and doc is not None:
         try:
             return check_submitted(doc)
         except RecordError as exc:
-            problem = f"{name}: {exc}"
+            problem = f"{_SUBMITTED_NAME}: {exc}"
     if problem is not None and problems is not None:
         problems.append(problem)
     return {}
