@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint browser trainer-envs cluster cluster-stop bench clean
+.PHONY: setup demo test test-fast lint browser trainer-envs cluster cluster-stop bench gpu-wheels gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -63,6 +63,17 @@ bench: setup
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/trainers.py
 	$(BIN)/python bench/prepare_check.py
+
+## gpu-wheels: what bench/gpu_check.sh installs on a GPU machine without network: the wheels of sbench's
+## dependencies that machine lacks (CPython 3.12, manylinux x86_64; never torch) in .wheels/, checked, with the
+## size it and the tree travel at (docs/gpu-check.md)
+gpu-wheels: setup
+	$(BIN)/python bench/gpu_wheels.py download --dest .wheels
+
+## gpu-check: sbench end to end on this machine's NVIDIA GPU, each GPU measurement checked, results in
+## OUT (default results/gpu-check); REHEARSE=1: the same on the CPU with the tiny model (docs/gpu-check.md)
+gpu-check:
+	bash bench/gpu_check.sh $(if $(REHEARSE),--rehearse) "$(or $(OUT),results/gpu-check)"
 
 clean:
 	rm -rf results/runs results/results.duckdb results/datasets results/models

@@ -18,6 +18,9 @@ TEST_INVENTORY = FIXTURES / "inventory" / "testcluster.yaml"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# The suite runs its tests side by side on one machine, so every run's host is busy with the others: a run is
+# flagged host_busy only where a test asks for it (tests/test_host_load.py sets runner.host_busy_cpu itself).
+os.environ.setdefault("SBENCH_HOST_BUSY_CPU", "1")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -98,6 +98,47 @@ def test_tiny_model_is_deterministic_per_seed(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
 
 
+def test_model_shape_options_reach_the_checkpoint(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    from harness.data.tinymodel import make_tiny_model
+
+    out = make_tiny_model(tmp_path / "m", hidden_size=64, num_layers=2, num_heads=8, num_kv_heads=2,
+                          intermediate_size=96, dtype="bfloat16", device="cpu")
+    config = json.loads((out / "config.json").read_text())
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["intermediate_size"]) == (8, 2, 96)
+    with safe_open(str(out / "model.safetensors"), framework="pt") as st:
+        dtypes = {str(st.get_tensor(k).dtype) for k in st.keys()}
+    assert dtypes == {"torch.bfloat16"}
+    for bad in ({"num_kv_heads": 3}, {"intermediate_size": 0}, {"dtype": "int8"}, {"device": "tpu"}):
+        with pytest.raises(InputError):
+            make_tiny_model(tmp_path / "bad", num_heads=8, **bad)
+
+
+def test_the_1b_size_is_a_llama_of_1_1_billion_parameters() -> None:
+    from transformers import LlamaConfig
+
+    from harness.data.tinymodel import SIZES
+    from harness.spec.memory import parameter_groups, shape_of
+
+    s = SIZES["1b"]
+    cfg = LlamaConfig(vocab_size=s["vocab_size"], hidden_size=s["hidden_size"], num_hidden_layers=s["num_layers"],
+                      num_attention_heads=s["num_heads"], num_key_value_heads=s["num_kv_heads"],
+                      intermediate_size=s["intermediate_size"], tie_word_embeddings=False)
+    total = sum(parameter_groups(shape_of(cfg.to_dict())).values())
+    assert 1.0e9 < total < 1.2e9 and s["dtype"] == "bfloat16"
+
+
+def test_cli_model_tiny_size_builds_a_llama_only(cli, tmp_path: Path) -> None:
+    for extra in (["--arch", "qwen2"], ["--vision"]):
+        result = cli("model", "tiny", "-o", tmp_path / "x", "--size", "1b", *extra)
+        assert result.exit_code == 2 and "--size 1b builds a Llama" in result.output, result.output
+    assert not (tmp_path / "x").exists()
+    result = cli("model", "tiny", "-o", tmp_path / "t", "--size", "tiny", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert "139,584 params" in result.output
+
+
 def test_cli_model_tiny_mixtral_is_a_working_moe(cli, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -379,10 +379,11 @@ def test_fuzz_raw_documents(tmp_path_factory, text) -> None:
 def test_the_manifest_records_absolute_paths_so_retry_works_from_anywhere(lab, monkeypatch) -> None:
     write(lab["inv"], BASE_INVENTORY)
     write(lab["sweep"], setin(BASE_SWEEP, ("entity", "model_max_length"), 64) | {
-        "grid": {"batch_size": [3], "number_gpus": [2]}})  # rule 1: every point invalid, nothing runs
+        "grid": {"batch_size": [2], "number_gpus": [1]},
+        "runner": {"workload": "idle", "idle_seconds": 0.1, "sample_interval_s": 0.5}})  # a dry run: seconds
     monkeypatch.chdir(lab["root"])
     res = invoke("submit", "sweep.yaml", "-i", "inv.yaml", "--executor", "local", "--workdir", "runs",
-                 "--db", "results.duckdb")
+                 "--db", "results.duckdb", "--wait")
     assert res.exit_code == 0, res.output
     camp = json.loads((lab["workdir"] / "hard" / "manifest.jsonl").read_text().splitlines()[0])
     assert camp["inventory"] == str(lab["inv"]) and camp["sweep"] == str(lab["sweep"])

@@ -67,6 +67,12 @@ WRITTEN = [
      "submitted_at": "2026-01-02T03:04:05+0000",
      "reason": "requeued unpacked: an earlier point of its pack ran out of GPU memory", "job_name": "sbench.scan.x",
      "requeued_from": "1234_5"},
+    # a point its local pack put back in the queue (no job id until the queue starts it)
+    {"type": "attempt", "campaign": "scan", "point_id": PID, "repeat": 0, "attempt": 1, "job_dir": JD,
+     "executor": "local", "job_id": None, "array_job_id": None, "array_task_id": None,
+     "submitted_at": "2026-01-02T03:04:05+0000",
+     "reason": "requeued unpacked: an earlier point of its pack ran out of GPU memory",
+     "requeued_at": "2026-01-02T03:04:05+0000"},
     # an older attempt line: no repeat (repeat 0), no reason, no array ids
     {"type": "attempt", "campaign": "scan", "point_id": PID, "attempt": 2, "job_dir": JD, "executor": "slurm",
      "job_id": "77"},
@@ -130,14 +136,14 @@ def test_every_submitted_json_written_so_far_reads_unchanged(tmp_path: Path, inf
 
 def test_a_key_no_line_lists_and_a_missing_key_are_problems_naming_the_file_line_and_key() -> None:
     text = _text([WRITTEN[0], {**WRITTEN[6], "job_state": "x"}, {"type": "point", "campaign": "scan"},
-                  {"type": "bogus", "campaign": "scan"}, WRITTEN[12]])
+                  {"type": "bogus", "campaign": "scan"}, WRITTEN[13]])
     lines, problems = parse_manifest(text + b'{"type": "attempt", "campaign"', "manifest.jsonl")
-    assert lines == [WRITTEN[0], WRITTEN[12]]
+    assert lines == [WRITTEN[0], WRITTEN[13]]
     assert problems == [
         "manifest.jsonl line 6: truncated JSON",
         "manifest.jsonl line 2: attempt line is malformed: unknown key 'job_state' (known: array_job_id, "
         "array_task_id, attempt, campaign, executor, fed, held_back, job_dir, job_id, job_name, pack_index, "
-        "pack_lead, pack_size, point_id, queue, reason, repeat, requeued_from, submitted_at, type)",
+        "pack_lead, pack_size, point_id, queue, reason, repeat, requeued_at, requeued_from, submitted_at, type)",
         "manifest.jsonl line 3: point line is malformed: it lacks the key 'point_id'",
         "manifest.jsonl line 4: unknown type 'bogus' (expected campaign, point, attempt, cancel, references or "
         "repeats)",

@@ -176,8 +176,10 @@ def test_a_noisy_point_gets_more_repeats_and_a_steady_one_does_not(tiny_model: P
     assert out["submitted"] == 4 and out["summary"]["counts"]["ok"] == 5, out["summary"]
     (more,) = out["more_repeats"]
     assert [(p["point_id"], p["repeat"], p["action"]) for p in more["points"]] == [(noisy, 2, "submit")]
-    (before,) = [v for v in more["repeats"] if v["point_id"] == noisy]
+    (before,) = [v for v in more["repeats_before"] if v["point_id"] == noisy]
     assert before["state"] == MORE and before["next_repeat"] == 2 and before["submitted"] == 2
+    (now,) = [v for v in more["repeats"] if v["point_id"] == noisy]  # what the summary says: it is in flight
+    assert now["state"] == WAITING and now["in_flight"] == 1 and now["submitted"] == 3
     st = json.loads(sbench("status", "--campaign", "rep", "--json", *common).stdout)
     by = {v["point_id"]: v for v in st["repeats"]["rep"]}
     # with its third repeat (a fast one) its CV came down to the target or not: either way, no more at max 3

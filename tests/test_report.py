@@ -699,9 +699,9 @@ def test_every_table_has_the_shared_style(cli, two_db, gpu_page, tmp_path):
 
     page, _ = render(cli, two_db, tmp_path / "r.html")
     assert 'id="checks"' in page and "<table" in section(page, "checks")
-    for p, n in ((page, 3), (gpu_page[0], 2)):
+    for p, n in ((page, 4), (gpu_page[0], 3)):
         tags = re.findall(r"<table\b[^>]*>", p)
-        assert len(tags) == n  # the overhead, checks (two_db only) and latest tables
+        assert len(tags) == n  # the overhead, checks (two_db only), points and attempts tables
         assert all(re.fullmatch(rf'<table class="{TABLE_CLASS}( [\w-]+)*">', t) for t in tags), tags
     assert f"table.{TABLE_CLASS} th,table.{TABLE_CLASS} td{{" in CSS
     # a failed check reads in red like an OOM row

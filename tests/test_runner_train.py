@@ -429,3 +429,85 @@ def test_stability_runs_five_trials_and_classifies_each(tmp_path, inventory, hos
     ok_trains = [e for e in events if e["stage"] == "train" and e["event"] == "end" and e["status"] == "ok"]
     assert sorted(e["trial"] for e in ok_trains) == [0, 4]
     assert all(e["info"]["global_step"] == 5 for e in ok_trains)
+
+
+def test_activation_checkpointing_goes_by_the_name_the_trainer_arguments_have() -> None:
+    # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; earlier 5.x releases know only
+    # the old name, and an unknown keyword fails every point
+    from harness.runner.train import checkpointing_args
+
+    @dataclasses.dataclass
+    class Old:
+        gradient_checkpointing: bool = False
+        gradient_checkpointing_kwargs: Any = None
+
+    @dataclasses.dataclass
+    class New(Old):
+        activation_checkpointing: bool = False
+        activation_checkpointing_kwargs: Any = None
+
+    kw = {"use_reentrant": False}
+    assert checkpointing_args(Old, True, kw) == {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": kw}
+    assert checkpointing_args(New, False, None) == {"activation_checkpointing": False,
+                                                    "activation_checkpointing_kwargs": None}
+    Old(**checkpointing_args(Old, True, kw))  # accepted by the class it was made for
+    New(**checkpointing_args(New, True, kw))
+
+
+def test_triton_that_cannot_build_turns_trl_to_its_torch_loss(monkeypatch, tmp_path: Path) -> None:
+    # On CUDA trl's loss runs Triton kernels, whose launcher Triton compiles with a C compiler against the python
+    # headers; where neither is there every step would fail, so the trainer switches trl to its torch tiles.
+    import importlib.util
+
+    import torch
+    import trl.kernels.chunked_logprob as chunked
+    import trl.trainer.utils as trl_utils
+
+    from harness.runner import devices
+    from harness.runner.train import trl_triton_off
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "triton" else real(name, *a))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    assert "no C compiler" in (devices.triton_build_problem() or "")
+    cc = tmp_path / "mycc"
+    cc.write_text("#!/bin/sh\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", f"{cc} -O2")
+    assert "no C compiler" not in (devices.triton_build_problem() or "")
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert devices.triton_build_problem() is None or importlib.util.find_spec("triton") is not None
+
+    monkeypatch.setattr(chunked, "_TRITON_AVAILABLE", True)
+    monkeypatch.setattr(trl_utils, "is_triton_available", lambda: True)
+    assert chunked._use_triton(torch.device("cuda")) is True
+    assert trl_triton_off() is True
+    assert chunked._use_triton(torch.device("cuda")) is False and trl_utils.is_triton_available() is False
+
+
+def test_a_flash_attn_that_does_not_load_is_not_asked_for(monkeypatch, tmp_path: Path) -> None:
+    # A flash_attn built for another torch is found but fails to load: the trainer runs sdpa and says why.
+    import sys
+
+    from harness.runner.devices import flash_attn_problem, what_ran
+
+    assert flash_attn_problem() == "the flash_attn package is not installed in the trainer's python"
+    (tmp_path / "flash_attn").mkdir()
+    (tmp_path / "flash_attn" / "__init__.py").write_text("raise ImportError('undefined symbol: _ZN3c10')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    problem = flash_attn_problem()
+    assert problem == "the flash_attn package does not load (ImportError: undefined symbol: _ZN3c10)"
+
+    class Model:
+        class config:  # noqa: N801 - stands for a model's config
+            _attn_implementation = "sdpa"
+
+        def parameters(self):
+            return iter(())
+
+    _, adjustments = what_ran({"attn_implementation": "flash_attention_2"}, Model(), False, False, cuda=True)
+    assert adjustments == [{"setting": "attn_implementation", "asked": "flash_attention_2", "used": "sdpa",
+                            "why": problem}]

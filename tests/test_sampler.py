@@ -78,7 +78,7 @@ def test_fake_backend_respects_cuda_visible_devices_subset(monkeypatch, tmp_path
     s = Sampler(tmp_path / "s.csv", 0.05, backend)
     s.tick()
     s.stop()
-    rows = rows_of(tmp_path / "s.csv")
+    rows = [r for r in rows_of(tmp_path / "s.csv") if r["kind"] != "host"]  # the host's load beside the GPUs
     assert [r["kind"] for r in rows] == ["gpu", "gpu"]
     by_dev = {r["device"]: r for r in rows}
     # device 0 is physical GPU 2: 3 GiB used, 120 W of a 402 W limit
@@ -184,7 +184,10 @@ def test_sampler_rows_are_flushed_each_tick(busy, tmp_path):
     rows = rows_of(path)
     assert n == len(rows) == s.rows
     assert list(rows[0].keys()) == list(SAMPLE_CSV_NAMES)
-    assert all(r["kind"] == "proc" and r["device"] == "-1" for r in rows)
+    assert {r["kind"] for r in rows} <= {"proc", "host"} and all(r["device"] == "-1" for r in rows)
+    host = [r for r in rows if r["kind"] == "host"]  # the host's other load: a share of its capacity
+    assert host and all(0 <= float(r["cpu_pct"]) <= 100 for r in host)
+    rows = [r for r in rows if r["kind"] == "proc"]
     # a busy loop: CPU in the readings (a starved tick of a loaded machine may read 0, never all of them)
     assert all(float(r["cpu_pct"]) >= 0 for r in rows) and any(float(r["cpu_pct"]) > 0 for r in rows)
     t = [float(r["t_wall"]) for r in rows]
@@ -207,5 +210,6 @@ def test_sampler_survives_root_exit_and_appends(tmp_path, busy):
     s2.tick()
     s2.stop()
     rows = rows_of(path)
-    assert len(rows) == before + 1 and rows[-1]["kind"] == "gpu"  # appended, header not repeated
+    gpu = [r for r in rows[before:] if r["kind"] == "gpu"]
+    assert len(gpu) == 1 and {r["kind"] for r in rows[before:]} <= {"gpu", "host"}  # appended, header not repeated
     assert path.read_text().count("t_wall,") == 1

@@ -11,7 +11,7 @@ import click
 from harness.contract.formats import TEXT_FIELD
 from harness.data.datagen import generate_dataset
 from harness.data.models import fetch_model, model_cache
-from harness.data.tinymodel import describe_model, make_tiny_model, make_tiny_vision_model
+from harness.data.tinymodel import DEVICES, SIZES, describe_model, make_tiny_model, make_tiny_vision_model
 from harness.data.tokens import dataset_token_counts
 from harness.spec.inventory import load_inventory, shared_dir
 
@@ -45,19 +45,29 @@ def model() -> None:
 @click.option("--if-missing", is_flag=True, help="Keep an existing model in DIR (one with config.json) as it is.")
 @click.option("--vision", is_flag=True, help="A tiny vision-language model instead: LLaVA-NeXT (granite-vision's "
               "family) with a SigLIP vision tower on 32-pixel tiles, a Llama language model and its processor.")
-def model_tiny(out_dir: Path, arch: str, seed: int, if_missing: bool, vision: bool) -> None:
+@click.option("--size", type=click.Choice(list(SIZES)), default="tiny", show_default=True,
+              help="tiny: the test model; 1b: TinyLlama-1.1B's shape (22 layers, hidden 2048, 32k vocabulary) in "
+                   "bfloat16, random weights, for measuring a GPU (llama only).")
+@click.option("--device", type=click.Choice(list(DEVICES)), default="auto", show_default=True,
+              help="Where the weights are initialised (auto: the CPU for the tiny size, so its weights stay the "
+                   "same on every machine; a CUDA device for larger ones when torch sees one).")
+def model_tiny(out_dir: Path, arch: str, seed: int, if_missing: bool, vision: bool, size: str, device: str) -> None:
     """Write a tiny random causal LM with a locally trained BPE tokenizer.
 
     Example: sbench model tiny -o models/tiny-moe --arch mixtral
     Example: sbench model tiny --vision -o models/tiny-vision
+    Example: sbench model tiny --size 1b -o models/gpu-1b
     """
     _quiet_transformers()
+    if size != "tiny" and (vision or arch != "llama"):
+        raise click.UsageError(f"--size {size} builds a Llama; leave out --vision and --arch {arch}")
     if if_missing and (out_dir / "config.json").is_file():
         path = out_dir
     elif vision:
         path = make_tiny_vision_model(out_dir, seed=seed)
     else:
-        path = make_tiny_model(out_dir, arch=arch, seed=seed)
+        on = "cpu" if device == "auto" and size == "tiny" else device
+        path = make_tiny_model(out_dir, arch=arch, seed=seed, device=on, **SIZES[size])
     d = describe_model(path)
     click.echo(str(path))
     experts = f", {d['experts']} experts" if d["experts"] else ""

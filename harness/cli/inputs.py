@@ -7,9 +7,13 @@ from typing import Any
 
 import click
 
-from harness.build.render import render_points
+from harness.build.jobspec import JobSpec
+from harness.build.render import prepare_points, render_points
+from harness.data.lengths import length_warnings
 from harness.data.prepared import masked_warnings
+from harness.sbatch.faultcheck import check_faults
 from harness.sbatch.fit import ClusterFit, cluster_fit
+from harness.sbatch.grouping import make_packs, pack_labels
 from harness.slurm.client import Slurm
 from harness.spec.catalog import EXPERIMENTS, get_experiment
 from harness.spec.inventory import Inventory, describe, load_inventory
@@ -123,6 +127,20 @@ def _plan(sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
     return inv, sweep, plan_sweep(sweep, inv, memory=memory)
 
 
+def _packs(inv: Inventory, sw: Sweep, specs: list[JobSpec]) -> list[list[JobSpec]]:
+    return make_packs(specs, sw.slurm.pack, inv.partition(sw.partition).time_limit)
+
+
+def planned_packs(inv: Inventory, sw: Sweep, points: list[PlannedPoint]) -> dict[tuple[str, int], str]:
+    """With ``slurm.pack``, which points of the first submission share an allocation (built in memory as submit
+    builds them; with ``repeats: {min, ...}`` the first *min* repeats); empty without packing."""
+    if sw.slurm.pack == 1:
+        return {}
+    first = [p for p in points if p.valid and (sw.adaptive is None or p.repeat < sw.adaptive.min)]
+    specs = [spec for spec, _ in prepare_points(sw, inv, first, Path("results/runs") / sw.campaign)]
+    return pack_labels(_packs(inv, sw, specs))
+
+
 def _gb(v: Any) -> str:
     return "" if v is None else f"{v / 1e9:.3g}"
 
@@ -170,10 +188,14 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
     Example: sbench plan sweeps/demo-cpu.yaml --memory --json
     """
     inv, sw, points = _plan(sweep, inventory, model_map, memory)
+    check_faults(inv, {p.partition for p in points})
     masked_warnings(sw, inv, points)
+    length_warnings(sw, inv, points)
     shares = {p.point_id: _share(inv, sw, p) for p in points}
+    packs = planned_packs(inv, sw, points)
     if as_json:
-        echo_json([{**p.to_dict(), "node_share": shares[p.point_id].to_dict()} for p in points])
+        echo_json([{**p.to_dict(), "node_share": shares[p.point_id].to_dict(),
+                    **({"pack": packs.get((p.point_id, p.repeat))} if packs else {})} for p in points])
         return
     varying = list(sw.grid)
     rows = []
@@ -182,6 +204,8 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
         for k in varying:
             row[k] = p.entity.get(k)
         row["node share"] = shares[p.point_id].short if p.valid else ""
+        if packs:
+            row["pack"] = packs.get((p.point_id, p.repeat), "")
         mem_cols: list[str] = []
         if memory:
             m = p.memory or {}
@@ -198,7 +222,7 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
         row.setdefault("reasons", "; ".join(p.reasons))
         rows.append(row)
     click.echo(f"campaign {sw.campaign}: {sw.experiment.id} on partition {points[0].partition if points else '-'}")
-    click.echo(table(rows, ["point_id", "rep", "valid", *varying, "node share",
+    click.echo(table(rows, ["point_id", "rep", "valid", *varying, "node share", *(["pack"] if packs else []),
                             *(mem_cols if memory and points else []), "reasons"]))
     if memory:
         click.echo("\n" + memory_summary(points))
@@ -210,6 +234,11 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
                    f"{100 * a.cv:g} %, up to {a.max} (listed: every repeat a point may get)")
     for line in share_summary([shares[p.point_id] for p in points if p.valid]):
         click.echo(line)
+    if packs:
+        n_packs = len({t.split(",")[0] for t in packs.values() if t != "alone"})
+        click.echo(f"slurm.pack {sw.slurm.pack}: {sum(t != 'alone' for t in packs.values())} run(s) share "
+                   f"{n_packs} allocation(s), {sum(t == 'alone' for t in packs.values())} run alone (the pack "
+                   "column; a later repeat packs with what goes out with it)")
     notes = sorted({n for p in points for n in p.notes})
     for n in notes:
         click.echo(f"note: {n}")
@@ -235,6 +264,10 @@ def render(sweep: Path, inventory: Path | None, model_map: Path | None, out_dir:
         click.echo(f"warning: {note}", err=True)
     for s in specs:
         click.echo(s.job_dir)
+    if sw.slurm.pack != 1:  # which of them share an allocation (stdout stays one job dir a line)
+        for i, members in enumerate([m for m in _packs(inv, sw, specs) if len(m) > 1], 1):
+            click.echo(f"pack {i}: {len(members)} points in one allocation, in this order: "
+                       f"{', '.join(Path(m.job_dir).name for m in members)}", err=True)
     shown: set[str] = set()
     for s in specs:
         te = s.trainer_env

@@ -10,7 +10,7 @@ import click
 
 from harness.contract.errors import Interrupted
 from harness.sbatch.submit import SubmitReport, SubmitRequest, more_repeats, retry_campaign, submit_sweep
-from harness.sbatch.wait import WaitSummary, still_queued, wait_for
+from harness.sbatch.wait import WaitSummary, in_flight, judge_campaign, refs, still_queued, wait_for
 from harness.slurm.client import Slurm
 
 from .base import (
@@ -43,8 +43,10 @@ def executor_option(f: Any) -> Any:
 @workdir_option
 @db_option
 @model_map_option
-@click.option("--wait", is_flag=True, help="Print the attempts, wait until every one has finished, then print how "
-              "many ended ok, invalid and failed; exit 1 when any failed. Ctrl-C stops the waiting, not the attempts.")
+@click.option("--wait", is_flag=True, help="Print the attempts, wait until every attempt of the campaign still queued "
+              "or running has finished (an earlier command's too), then print how many ended ok, invalid and failed; "
+              "exit 1 unless every run of the campaign ended ok or invalid. Ctrl-C stops the waiting, not the "
+              "attempts.")
 @click.option("--force", is_flag=True, help="Run points again even when already measured.")
 @click.option("--retry-failed", is_flag=True, help="Resubmit points whose last attempt failed, as new attempts.")
 @click.option("--max-parallel", type=click.IntRange(min=1), default=None,
@@ -92,27 +94,32 @@ def _interrupted(exc: Interrupted, as_json: bool, workdir: Path | None, db: Path
     if isinstance(rep, SubmitReport):
         _print_submit(rep.to_dict(), as_json)
         if rep.submitted:
-            exc.note = still_queued(rep.campaign, rep.executor, rep.submitted, workdir, db, Slurm())
+            exc.note = still_queued(rep.campaign, refs(rep.submitted, rep.executor), workdir, db, Slurm())
     raise exc
 
 
 def _finish(report: SubmitReport, command: str, wait: bool, as_json: bool, workdir: Path | None,
             db: Path | None) -> None:
-    """Print the submission; with --wait, print it first, wait, then print the outcomes (exit 1 on a failure)."""
+    """Print the submission; with --wait, print it first, then wait for every attempt of the campaign still queued
+    or running (this command's, and those an earlier one left in flight), then for the repeats that come due, then
+    print the outcomes: exit 1 unless every run of the campaign ended ok or invalid."""
     d = report.to_dict()
-    if not wait or not report.submitted:
+    if not wait:
         _print_submit(d, as_json)
         return
+    slurm = Slurm()
+    others = in_flight(report.campaign, workdir, slurm, {s.spec.job_dir for s in report.submitted})
     if not as_json:
         _print_submit(d, False)
-        click.echo(f"\nwaiting for {len(report.submitted)} attempt(s); Ctrl-C stops the waiting, not the attempts",
-                   err=True)
+        resumed = f", and {len(others)} an earlier command left queued or running" if others else ""
+        click.echo(f"\nwaiting for {len(report.submitted)} attempt(s) submitted now{resumed}; Ctrl-C stops the "
+                   "waiting, not the attempts", err=True)
     progress = Progress(command, {"wait": "attempts finished"}, quiet=as_json)
     more: list[SubmitReport] = []
     nxt: SubmitReport | None = None
     try:
         summary = wait_for(report.campaign, report.executor, report.submitted, workdir, db,
-                           progress=lambda done, total: progress("wait", done, total))
+                           progress=lambda done, total: progress("wait", done, total), slurm=slurm, others=others)
         # repeats: {min, max, cv}: once what it waited for has ended, the next repeat of each point still above
         # its CV target goes out and is waited for too, until every point is precise or at max repeats.
         while (nxt := more_repeats(report.campaign, workdir, db)) is not None and nxt.submitted:
@@ -124,7 +131,8 @@ def _finish(report: SubmitReport, command: str, wait: bool, as_json: bool, workd
                            f"submitted ({', '.join(f'{s.spec.point_id} r{s.spec.repeat}' for s in nxt.submitted)});"
                            " waiting for them", err=True)
             summary.add(wait_for(report.campaign, nxt.executor, nxt.submitted, workdir, db,
-                                 progress=functools.partial(progress, "wait")))
+                                 progress=functools.partial(progress, "wait"), slurm=slurm))
+        judge_campaign(summary, report.campaign, workdir, db, slurm)
     finally:
         progress.close()
     if as_json:
@@ -146,6 +154,15 @@ def _print_summary(summary: WaitSummary) -> None:
         if r["outcome"] in ("failed", "unknown"):
             click.echo(f"  {r['outcome']:<7}  {r['point_id']} r{r['repeat']} a{r['attempt']}: "
                        f"{short(r.get('reason') or r.get('state') or 'no outcome recorded', 100)}")
+    camp = summary.campaign
+    if camp is not None:
+        click.echo(camp.text())
+        waited = {r["run_id"] for r in summary.runs}
+        for r in [*camp.failed, *camp.open]:
+            if r.get("run_id") not in waited:  # an earlier attempt's failure, or one still not over
+                state = "failed" if r in camp.failed else "open"
+                click.echo(f"  {state:<7}  {r.get('point_id')} r{r.get('repeat')} a{r.get('attempt')}: "
+                           f"{short(r.get('reason') or r.get('state') or 'no outcome recorded', 100)}")
     if summary.note:
         click.echo(f"note: {summary.note}", err=True)
 
@@ -194,8 +211,8 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
 @workdir_option
 @db_option
 @executor_option
-@click.option("--wait", is_flag=True, help="As submit --wait: print the attempts, wait, print the outcomes; exit 1 "
-              "when any failed.")
+@click.option("--wait", is_flag=True, help="As submit --wait: print the attempts, wait for every attempt of the "
+              "campaign in flight, print the outcomes; exit 1 unless every run of the campaign ended ok or invalid.")
 @click.option("--max-parallel", type=click.IntRange(min=1), default=None)
 @json_option
 def retry(campaign: str, workdir: Path | None, db: Path | None, executor: str, wait: bool, max_parallel: int | None,

@@ -127,17 +127,19 @@ def _line(row: dict[str, Any], cols: list[str], widths: list[int]) -> str:
 @click.option("--threshold", type=float, default=0.10, show_default=True,
               help="Smallest change that counts, as a fraction (0.05 = 5 %).")
 @click.option("--include-shared", is_flag=True, help="Keep runs that shared a host with another sbench run at the "
-                                                    "same time (measurements.shared_host); left out by default.")
+                                                    "same time (measurements.shared_host) or ran on a host busy "
+                                                    "with other work (measurements.host_busy); left out by default.")
 @json_option
 def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], threshold: float, include_shared: bool,
             as_json: bool) -> None:
     """Compare two campaigns (or run filters) point by point; exit 1 on a regression.
 
-    BASE and CAND are campaign names or filters such as git_commit=3f2a1c,torch=2.13.0. Per point: the
-    ratio of the medians, a 95 % interval from Welch's t-test on the log values (with each run's step-time
-    spread), and a verdict: regression, improvement, same, or insufficient repeats (the data cannot decide;
-    needs two runs a side). Runs measured on a host another sbench run used at the same time are left out,
-    and the output says how many.
+    BASE and CAND are campaign names or filters such as git_commit=3f2a1c,torch=2.13.0. Per point: each
+    side's geometric mean over its runs (a run's value is its window's mean, stalls included), their ratio,
+    its 95 % interval from Welch's t-test on the log values (with each run's step-time spread), and a
+    verdict: regression, improvement, same, or insufficient repeats (the data cannot decide; needs two runs
+    a side). Runs measured on a host another sbench run used at the same time, or on a host busy with other
+    work, are left out, and the output says how many and why.
 
     Example: sbench compare nightly-1122 nightly-1123 --threshold 0.05 --metric train_runtime
     """
@@ -148,7 +150,9 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
     undecided = [r for r in rows if r.verdict == Verdict.INSUFFICIENT]
     if as_json:
         echo_json({"threshold": threshold, "rows": [r.to_dict() for r in rows], "regressions": len(regressions),
-                   "insufficient": len(undecided), "excluded_shared": cmp.excluded})
+                   "insufficient": len(undecided), "excluded_shared": cmp.excluded,
+                   "excluded": {side: [{"run_id": rid, "why": why} for rid, why in out]
+                                for side, out in cmp.left_out.items()}})
     else:
         click.echo(table([{"point_id": r.point_id, "model": r.labels.get("model_name"),
                            "gpus": r.labels.get("number_gpus"), "batch": r.labels.get("batch_size"),
@@ -167,8 +171,7 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
                               for r in undecided[:5])
             click.echo(f"{Verdict.INSUFFICIENT} to decide: {shown}{' ...' if len(undecided) > 5 else ''}; "
                        "measure more repeats (the sweep's repeats:) to tell a change from the runs' spread")
-        n_out = sum(len(v) for v in cmp.excluded.values())
-        click.echo(f"{cmp.excluded_text}" if n_out else "excluded 0 runs (none shared a host with another run)")
+        click.echo(cmp.excluded_text)
     if regressions:
         click.get_current_context().exit(1)
 

@@ -219,6 +219,68 @@ def run_stats(stats: Iterable[Mapping[str, Any]], run_id: str) -> tuple[list[Dev
     return devices, procs, any(s["kind"] == "gpu" and s["rows_all"] for s in mine)
 
 
+def busy_devices(stats: Iterable[Mapping[str, Any]], run_id: str) -> set[tuple[str, str, int]]:
+    """``(kind, host, device)`` of the run's energy-counting devices that were busy in the window: a GPU that drew
+    power or computed, every CPU package of a host whose training process tree used CPU."""
+    mine = [s for s in stats if s["run_id"] == run_id]
+    working = {str(s["host"]) for s in mine if s["kind"] == "proc" and (_f(s.get("cpu_pct")) or 0.0) > 0}
+    out = set()
+    for s in mine:
+        if s["kind"] == "gpu" and ((_f(s.get("power_w")) or 0.0) > 0 or (_f(s.get("gpu_util")) or 0.0) > 0):
+            out.add(("gpu", str(s["host"]), int(s["device"])))
+        elif s["kind"] == "cpu" and str(s["host"]) in working:
+            out.add(("cpu", str(s["host"]), int(s["device"])))
+    return out
+
+
+COVER_SLACK_S = 0.05  # the clocks of one host disagree by less than this
+
+
+def coverage_notes(stats: Iterable[Mapping[str, Any]], run_id: str, start: float, end: float,
+                   interval: float) -> list[str]:
+    """A note per host whose process samples leave part of the measured window without a CPU figure (each sample
+    stands for the sampler's period before it): how much, so that nobody reads the average as covering all."""
+    out = []
+    span = end - start
+    for s in stats:
+        if s["run_id"] != run_id or s["kind"] != "proc":
+            continue
+        cover = _f(s.get("cpu_cover")) or 0.0
+        if span > 0 and span - cover > max(COVER_SLACK_S, 0.01 * span):
+            out.append(f"process samples on {s['host']} cover {cover:.2f} s of the {span:.2f} s measured window "
+                       f"({span - cover:.2f} s without a CPU sample, at a {interval:g} s period): "
+                       "cpu_compute_utilization averages what they cover")
+    return out
+
+
+def host_load(stats: Iterable[Mapping[str, Any]], run_id: str, threshold: float) -> tuple[dict[str, Any], list[str]]:
+    """``host_other_cpu_pct`` (the busiest host's other load over the window, percent of its CPU capacity: the
+    time average of its ``host`` rows), ``gpu_foreign_processes`` (the most processes not the run's that one of
+    its GPUs' samples in the window saw) and ``host_busy`` (the first above ``100 * threshold``, or the second
+    above 0), with the note that says why a run is flagged. None each where the samples do not say."""
+    mine = [s for s in stats if s["run_id"] == run_id]
+    other = {str(s["host"]): v for s in mine if s["kind"] == "host" and (v := _f(s.get("cpu_pct"))) is not None}
+    foreign = {f"{s['host']}:{s['device']}": int(v) for s in mine
+               if s["kind"] == "gpu" and (v := _f(s.get("foreign_max"))) is not None}
+    out: dict[str, Any] = {"host_other_cpu_pct": max(other.values()) if other else None,
+                           "gpu_foreign_processes": max(foreign.values()) if foreign else None, "host_busy": None}
+    if not other and not foreign:
+        return out, []
+    notes = []
+    loud = {h: v for h, v in other.items() if v > 100.0 * threshold}
+    if loud:
+        notes.append(f"host busy: other work used {', '.join(f'{v:.0f} % of {h}' for h, v in sorted(loud.items()))}'s "
+                     f"CPU over the measured window (more than runner.host_busy_cpu {threshold:g}): the run measured "
+                     "its neighbours too; compare, check and the repeats' CV leave it out")
+    crowded = {d: n for d, n in foreign.items() if n > 0}
+    if crowded:
+        on = ", ".join(f"{n} on GPU {d}" for d, n in sorted(crowded.items()))
+        notes.append(f"host busy: processes not the run's ({on}) during the measured window; compare, check and "
+                     "the repeats' CV leave it out")
+    out["host_busy"] = bool(loud or crowded)
+    return out, notes
+
+
 def energy_at(t: float, before: tuple[Any, Any], after: tuple[Any, Any]) -> float | None:
     """A counter's running total at *t*, from the reading at or before it and the one at or after it
     (``(t_wall, energy_j)``, either None where there is none): a reading at *t* itself as it is, else the
@@ -251,10 +313,21 @@ def energy_stats(stats: Iterable[Mapping[str, Any]], run_id: str, start: float |
     return sorted(out, key=lambda e: (e.kind, e.host, e.device))
 
 
+# How long a counter may stay still while its device draws power: RAPL counts about every millisecond (0.1 s is a
+# hundred updates), NVML's total energy at least with each power reading (up to a second on some boards). A counter
+# that stayed still longer while its device was busy is stuck (a virtual machine's RAPL that is never updated, a
+# driver that does not count), not a device that used nothing.
+COUNTER_STILL_S = {"cpu": 0.1, "gpu": 1.0}
+
+
 def energy_properties(energy: Sequence[EnergyStats], had_gpu_rows: bool,
-                      rank0: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+                      rank0: Mapping[str, Any] | None, window_s: float | None = None,
+                      busy: frozenset[tuple[str, str, int]] | set[tuple[str, str, int]] = frozenset(),
+                      ) -> tuple[dict[str, Any], list[str]]:
     """``energy_joules``, ``gpu_energy_joules``, ``energy_source`` and ``dataset_tokens_per_joule`` of one run,
-    and the notes that say why a figure is NULL: the GPUs' energy when the run sampled GPUs, else the CPU packages'."""
+    and the notes that say why a figure is NULL: the GPUs' energy when the run sampled GPUs, else the CPU packages'.
+    A device's counter that did not move over a window longer than its :data:`COUNTER_STILL_S` while the device was
+    busy (*busy*: ``(kind, host, device)``) gives NULL with a note, never 0 J."""
     kind = "gpu" if had_gpu_rows else "cpu"
     devices = [e for e in energy if e.kind == kind]
     out: dict[str, Any] = {"energy_joules": None, "gpu_energy_joules": None,
@@ -271,7 +344,14 @@ def energy_properties(energy: Sequence[EnergyStats], had_gpu_rows: bool,
     if short:
         notes.append(f"{', '.join(short)}: the energy readings do not reach both ends of the measured window; "
                      "energy_joules NULL")
-    if missing or short:
+    still = [e.name for e in devices if e.joules is not None and e.joules <= 0 and window_s is not None
+             and window_s > COUNTER_STILL_S[e.kind] and (e.kind, e.host, e.device) in busy]
+    if still:
+        what = "NVML's total-energy counter" if kind == "gpu" else "the RAPL counter"
+        notes.append(f"{', '.join(still)}: {what} did not move over the {window_s:.1f} s measured window while the "
+                     f"{'GPU' if kind == 'gpu' else 'host'} was busy: a counter that does not count, not 0 J; "
+                     "energy_joules NULL")
+    if missing or short or still:
         return out, notes
     total = sum(e.joules for e in devices if e.joules is not None)
     out["energy_joules"] = total

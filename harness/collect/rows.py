@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.contract.defaults import sample_interval
+from harness.contract.defaults import RunnerSettings, sample_interval
 from harness.contract.formats import Stage
 from harness.db.values import entity_values, to_json, utc
 from harness.spec.catalog import EXPERIMENTS
@@ -48,6 +48,7 @@ class RunData:
     world_size: int = 1
     window: tuple[float | None, float | None] = (None, None)
     sample_interval_s: float = 1.0  # the sampler's period (spec.json's runner block): each sample's span
+    host_busy_cpu: float = RunnerSettings().host_busy_cpu  # spec.json's runner block: when a host is busy
     over: bool = False
     workload: str = "train"
     peak: float | None = None  # one device's peak TFLOP/s from spec.json (MFU's denominator)
@@ -310,6 +311,7 @@ def build(f: JobFiles, v: Verdict) -> RunData:
                 rank0=f.rank0, entity=f.entity, experiment=f.experiment, world_size=world,
                 window=aggregate.measured_window(f.rank0, f.entity.get("auto_stop_method")), over=v.over,
                 sample_interval_s=sample_interval(as_dict(f.jobspec.get("runner")).get("sample_interval_s")),
+                host_busy_cpu=RunnerSettings.from_dict(as_dict(f.jobspec.get("runner"))).host_busy_cpu,
                 workload=str(f.jobspec.get("workload") or "train"), peak=_f(f.jobspec.get("peak_tflops")),
                 gpu_partition=None if not isinstance(f.jobspec.get("cpu_partition"), bool)
                 else not f.jobspec["cpu_partition"],
@@ -400,13 +402,19 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
         notes.append("no GPU sample inside the measured window")
     if start is not None and end is not None and d.sample_files:
         energy, why = aggregate.energy_properties(aggregate.energy_stats(stats, run["run_id"], start, end), had_gpu,
-                                                  d.rank0)
+                                                  d.rank0, end - start, aggregate.busy_devices(stats, run["run_id"]))
         row.update(energy)
         notes += why
         if energy["energy_source"] is None and d.gpu_partition is False:
             notes.append("no readable RAPL energy counter on the hosts: energy_joules NULL")
+        notes += aggregate.coverage_notes(stats, run["run_id"], start, end, d.sample_interval_s)
+    load, why = aggregate.host_load(stats, run["run_id"], d.host_busy_cpu)
+    row.update(load)
+    notes += why
     row.update({"window_start_wall": start, "window_end_wall": end,
                 "window_s": end - start if start is not None and end is not None else None,
                 "gpu_devices": len(devices), "gpu_samples": sum(x.samples for x in devices),
                 "proc_samples": sum(x.samples for x in procs), "notes": notes or None})
+    for n in notes[len(d.ran.get("notes") or []):]:  # what collect found is the run's warning too (status counts it)
+        d.warn(n)
     return row

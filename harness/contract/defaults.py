@@ -22,6 +22,7 @@ AUTO_STOP = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
 # reference's rule above; "precision" finds the end of warm-up from the step times (MSER-5) and stops once
 # the steady-state throughput's 95 % interval is within +-rel_ci (harness.runner.steady).
 STOP_METHODS = ("fixed", "precision")
+TRAIN_LOG_LEVELS = ("debug", "info", "warning", "error")  # runner.train_log_level
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,12 @@ class RunnerSettings:
     workload: str = "train"  # train | idle (a dry run of the harness: harness.runner.idle)
     idle_seconds: float = 1.0  # the idle workload's stand-in duration
     memory_every_steps: int = 50  # memory snapshots at steps 0 and 1, then every this many steps
+    # the trainers' logging from the first timed step on: the seed's --log_level debug holds for start-up, but
+    # debug lines inside the steps (an image decoder's, per image) cost time the throughput would count
+    train_log_level: str = "info"
+    # a host is busy when other work (outside the run's processes) used more than this share of its CPU capacity
+    # over the measured window, or another process ran on one of its GPUs: the run is flagged host_busy
+    host_busy_cpu: float = 0.25
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -104,6 +104,12 @@ SYSFS_IB = Var("SBENCH_SYSFS_IB", "/sys/class/infiniband", "Where environment ca
 POWERCAP = Var("SBENCH_POWERCAP", "/sys/class/powercap",
                "Where the sampler reads the RAPL energy counters (intel-rapl:<n>/energy_uj) on CPU partitions",
                "tests")
+PROC_STAT = Var("SBENCH_PROC_STAT", "/proc/stat",
+                "Where the sampler reads the host's CPU time (its cpu line) for the host's other load", "tests")
+HOST_BUSY_CPU = Var("SBENCH_HOST_BUSY_CPU", "0.25",
+                    "runner.host_busy_cpu when the sweep does not set it: the share of a host's CPU capacity that "
+                    "other work may use during a run's window before the run is flagged host_busy (1 = never)",
+                    "login")
 COLLECT_PAUSE_AT = Var("SBENCH_COLLECT_PAUSE_AT", "",
                        "A collect phase to pause at, inside its transaction, so that a test can kill it there",
                        "tests")

@@ -40,14 +40,19 @@ STAGES: tuple[str, ...] = (Stage.SETUP, Stage.LAUNCH, Stage.DATASET, Stage.TOKEN
 # per CPU package per tick: its RAPL energy counter, CPU partitions only). ``energy_j``: the joules the
 # device (GPU: NVML's total-energy counter; cpu: RAPL's package counter) used since the sampler's first
 # reading of it, counter resets and wrap-arounds accounted; empty where the device has no readable counter.
+# host (one row per tick: the host's CPU used by everything outside the run's own processes, the training
+# process tree and the node runner, as cpu_pct = percent of the host's whole capacity over the sampler's
+# period, 100 = every core busy with other work; from /proc/stat). ``foreign_procs`` (gpu rows): the processes
+# on that GPU that are not the run's (NVML), empty where that cannot be told.
 # A column is only ever added at the end: a file written before it has the header of a prefix of these
 # (SAMPLE_CSV_OLDEST is the shortest), and its missing columns are read as empty.
-SAMPLE_KINDS: tuple[str, ...] = ("gpu", "proc", "cpu")
+SAMPLE_KINDS: tuple[str, ...] = ("gpu", "proc", "cpu", "host")
 SAMPLE_CSV_COLUMNS: tuple[tuple[str, str], ...] = (
     ("t_wall", "DOUBLE"), ("t_mono", "DOUBLE"), ("kind", "VARCHAR"), ("device", "INTEGER"),
     ("gpu_util", "DOUBLE"), ("mem_used_mb", "DOUBLE"), ("mem_total_mb", "DOUBLE"),
     ("power_w", "DOUBLE"), ("power_limit_w", "DOUBLE"), ("cpu_pct", "DOUBLE"),
-    ("mem_pct", "DOUBLE"), ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"), ("energy_j", "DOUBLE"))
+    ("mem_pct", "DOUBLE"), ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"), ("energy_j", "DOUBLE"),
+    ("foreign_procs", "INTEGER"))
 SAMPLE_CSV_NAMES: tuple[str, ...] = tuple(name for name, _ in SAMPLE_CSV_COLUMNS)
 SAMPLE_CSV_OLDEST = 13  # the columns up to nprocs: the samples files written before energy_j
 

@@ -119,6 +119,7 @@ class AttemptExtra(TypedDict, total=False):
     held_back: bool  # sbench holds it back for the campaign's feeder job (harness.slurm.held)
     fed: bool  # the feeder job submitted it
     requeued_from: str | None  # the job of the pack that put it back in the queue as its own job
+    requeued_at: str  # when its local pack put it back in its queue (no job id until the queue starts it)
     pack_index: int  # slurm.pack: its place in its pack, the pack's size and first job dir
     pack_size: int
     pack_lead: str

@@ -19,6 +19,17 @@ from .newstext import news_corpus
 from .visiongen import IMAGE_TOKEN
 
 ARCHS = ("llama", "mixtral", "qwen2")
+# Shapes ``sbench model tiny --size`` builds. ``tiny``: the test model (float32, trains in seconds on a CPU).
+# ``1b``: TinyLlama-1.1B's shape (22 layers of hidden 2048, 32 heads over 4 key/value heads, a 5632-wide gated MLP,
+# a 32000-token vocabulary, untied embeddings): a model a GPU measures like a real one, written in bfloat16. The
+# locally trained tokenizer uses as much of the vocabulary as the corpus gives (about 2000 tokens); the embedding
+# and the LM head keep all 32000 rows, so the logits cost what a real 32k-vocabulary model's do.
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"vocab_size": 512, "hidden_size": 64, "num_layers": 2, "num_heads": 4},
+    "1b": {"vocab_size": 32000, "hidden_size": 2048, "num_layers": 22, "num_heads": 32, "num_kv_heads": 4,
+           "intermediate_size": 5632, "dtype": "bfloat16"},
+}
+DEVICES = ("auto", "cpu", "cuda")
 SPECIAL_TOKENS = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
 _CORPUS_CHARS = 400_000  # enough text for every merge of a 512-entry vocabulary; trains in well under a second
 
@@ -51,15 +62,25 @@ def train_tokenizer(*, vocab_size: int = 512, model_max_length: int = 4096, seed
 
 def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", vocab_size: int = 512,
                     hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
-                    max_position_embeddings: int = 4096, seed: int = 0) -> Path:
+                    max_position_embeddings: int = 4096, seed: int = 0, num_kv_heads: int | None = None,
+                    intermediate_size: int | None = None, dtype: str = "float32", device: str = "cpu") -> Path:
     """Write a tiny random Llama (or Mixtral: 4 experts, 2 per token; or Qwen2: biased q/k/v projections)
-    and its tokenizer to ``out_dir``.
+    and its tokenizer to ``out_dir``. :data:`SIZES` holds the shapes ``sbench model tiny --size`` names.
 
-    Weights are seeded, so the same arguments give the same checkpoint.
+    *num_kv_heads* defaults to half the heads (grouped-query attention) and *intermediate_size* to twice the
+    hidden size; *dtype* is the dtype the weights are written in; *device* where they are initialised
+    (``auto``: a CUDA device when there is one; a billion parameters initialise in a second there, in a minute
+    on a CPU). Weights are seeded, so the same arguments on the same kind of device give the same checkpoint.
     """
     if arch not in ARCHS:
         raise InputError(f"unknown arch {arch!r}; choose one of: {', '.join(ARCHS)}")
+    if device not in DEVICES:
+        raise InputError(f"unknown device {device!r}; choose one of: {', '.join(DEVICES)}")
     _check_sizes(hidden_size, num_layers, num_heads, max_position_embeddings)
+    if num_kv_heads is not None and (num_kv_heads < 1 or num_heads % num_kv_heads):
+        raise InputError(f"num_kv_heads ({num_kv_heads}) must be a positive divisor of num_heads ({num_heads})")
+    if intermediate_size is not None and intermediate_size < 1:
+        raise InputError(f"intermediate_size must be a positive integer, got {intermediate_size}")
     import torch  # heavy: only where a model is built or trained
     from transformers import (  # heavy: as above
         LlamaConfig,
@@ -71,10 +92,21 @@ def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", voc
         Qwen2ForCausalLM,
     )
 
+    weights_dtype = getattr(torch, dtype, None)
+    if not isinstance(weights_dtype, torch.dtype) or not weights_dtype.is_floating_point:
+        raise InputError(f"dtype {dtype!r} is not a floating-point torch dtype (e.g. float32, bfloat16)")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise SbenchError("--device cuda: torch sees no CUDA device here (use --device cpu or auto)")
     out = _model_dir(out_dir)
     tokenizer = train_tokenizer(vocab_size=vocab_size, model_max_length=max_position_embeddings, seed=seed)
     common = _lm_config(tokenizer, max(vocab_size, len(tokenizer)), hidden_size, num_layers, num_heads,
                         max_position_embeddings)
+    if num_kv_heads is not None:
+        common["num_key_value_heads"] = num_kv_heads
+    if intermediate_size is not None:
+        common["intermediate_size"] = intermediate_size
     if arch == "mixtral":
         config: PreTrainedConfig = MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **common)
         cls: Any = MixtralForCausalLM
@@ -84,12 +116,13 @@ def make_tiny_model(out_dir: str | os.PathLike[str], *, arch: str = "llama", voc
     else:
         config = LlamaConfig(**common)
         cls = LlamaForCausalLM
-    # The seed fixes the random init; fork_rng keeps the caller's global torch RNG untouched.
-    with torch.random.fork_rng(devices=[]):
+    # The seed fixes the random init; fork_rng keeps the caller's global torch RNG (and the device's) untouched.
+    on = torch.device(device)
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if on.type == "cuda" else []), on:
         torch.manual_seed(seed)
-        model = cls(config)
+        model = cls(config).to(weights_dtype)
     try:
-        model.save_pretrained(out)
+        model.to("cpu").save_pretrained(out)
         tokenizer.save_pretrained(out)
         _portable(out)
     except OSError as exc:

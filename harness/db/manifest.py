@@ -3,7 +3,8 @@
 ``record_manifest(store, events)``: ``campaign`` -> ``campaigns``, ``point`` -> ``points`` and
 ``campaign_points``, ``attempt`` -> ``runs`` (a new row starts in ``jobstate.INITIAL`` with ``outcome``
 NULL; an existing row keeps the state/outcome collect found, only its submission columns are refreshed),
-``references`` -> the campaign's ``references_spec``, ``cancel`` -> ``runs.cancel_requested_at``. One
+``references`` -> the campaign's ``references_spec``, ``repeats`` -> its ``repeats_spec``, ``cancel`` ->
+``runs.cancel_requested_at``. One
 transaction; returns the problems found in malformed events (``strict=True`` raises :class:`CollectError`
 on the first instead). Collect records them too, from the manifests it finds, and adds the job dirs that
 were submitted by hand (``ensure_spec_rows``).
@@ -60,6 +61,7 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
     attempts: list[dict[str, Any]] = []
     cancels: list[tuple[str, list[str], Any]] = []
     references: dict[str, list[Any]] = {}  # campaign -> the newest references line's
+    repeats: dict[str, Any] = {}  # campaign -> the newest repeats: {min, max, cv} (None: a plain repeats: N)
     problems: list[str] = []
 
     def bad(i: int, msg: str) -> None:
@@ -82,8 +84,10 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
                                   "partition": ev.get("partition"), "executor": ev.get("executor"),
                                   "created_at": utc(ev.get("created_at")),
                                   "sbench_version": ev.get("sbench_version"), "source": "manifest",
-                                  "references_spec": to_json(ev.get("references") or [])})
+                                  "references_spec": to_json(ev.get("references") or []),
+                                  "repeats_spec": to_json(ev.get("repeats")) if ev.get("repeats") else None})
                 references[str(ev["campaign"])] = ev.get("references") or []
+                repeats[str(ev["campaign"])] = ev.get("repeats")
             elif kind == "references":
                 if not isinstance(ev.get("references"), list):
                     raise TypeError("references must be a list")
@@ -98,7 +102,7 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
                 links.append({"campaign": str(ev["campaign"]), "point_id": str(ev["point_id"]),
                               "repeat": key_int(ev.get("repeat") or 0, "repeat")})
             elif kind == "repeats":
-                pass  # repeats: {min, max, cv} lives in the manifest only (harness.sbatch.repeats reads it)
+                repeats[str(ev["campaign"])] = ev.get("repeats")  # repeats: changed: the newest word
             else:  # cancel
                 # SLURM attempts are named by job id, local ones (no job id when queued) by job dir.
                 ids, dirs = ev.get("job_ids") or [], ev.get("job_dirs") or []
@@ -112,6 +116,10 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
         for camp, refs in references.items():
             store.con.execute("UPDATE campaigns SET references_spec = ?::JSON WHERE campaign = ? AND "
                              "references_spec IS DISTINCT FROM ?::JSON", [to_json(refs), camp, to_json(refs)])
+        for camp, rep in repeats.items():
+            value = to_json(rep) if rep else None
+            store.con.execute("UPDATE campaigns SET repeats_spec = ?::JSON WHERE campaign = ? AND "
+                             "repeats_spec IS DISTINCT FROM ?::JSON", [value, camp, value])
         store.upsert("points", points, [c for c, _ in SCHEMA["points"]])
         store.upsert("campaign_points", links, [])
         store.upsert("runs", attempts, MANIFEST_RUN_COLUMNS, keep_when_null=True)

@@ -125,6 +125,10 @@ def sample_stats(store: Store, windows: Sequence[Mapping[str, Any]]) -> list[dic
     sample with no overlap not at all. ``samples`` (and ``mem_util_peak``, the highest single reading)
     are the samples whose time falls inside the window, its bounds included.
 
+    ``cpu_cover`` is the seconds of the window the rows with a ``cpu_pct`` cover (the sum of their weights);
+    ``foreign_max`` the most processes not the run's that a GPU's samples inside the window saw. A ``host`` row's
+    ``cpu_pct`` average is the host's other load over the window.
+
     Also the energy counter around the window's edges: ``energy_rows`` (rows with an ``energy_j``), and at
     each edge (``lo``, ``hi``) the last reading at or before it (``e_<edge>_t0``, ``e_<edge>_e0``) and the
     first at or after it (``e_<edge>_t1``, ``e_<edge>_e1``), for :func:`harness.collect.aggregate.energy_stats`."""
@@ -169,14 +173,15 @@ def sample_stats(store: Store, windows: Sequence[Mapping[str, Any]]) -> list[dic
                        {wsum("gpu_util", "gpu_util")}, {wsum(mem, "mem_util")},
                        max({mem}) AS mem_util_peak,
                        {wsum("power_w", "power_w")}, {wsum(pct, "power_pct")},
-                       {null_pairs(proc_names)}, NULL::DOUBLE AS rss_mb_max
+                       {null_pairs(proc_names)}, NULL::DOUBLE AS rss_mb_max,
+                       max(foreign_procs) AS foreign_max
                 FROM r
                 WHERE kind = 'gpu'
                 GROUP BY file_id, device, inw
                 UNION ALL
                 SELECT file_id, kind, device, inw, count(*) AS n,
                        {null_pairs(gpu_names[:2])}, NULL, {null_pairs(gpu_names[2:])},
-                       {wsum("cpu_pct", "cpu_pct")}, {wsum("mem_pct", "mem_pct")}, max(rss_mb)
+                       {wsum("cpu_pct", "cpu_pct")}, {wsum("mem_pct", "mem_pct")}, max(rss_mb), NULL::INTEGER
                 FROM r
                 WHERE kind <> 'gpu'
                 GROUP BY ALL),
@@ -186,7 +191,8 @@ def sample_stats(store: Store, windows: Sequence[Mapping[str, Any]]) -> list[dic
                        {wavg("gpu_util")}, {wavg("mem_util")},
                        max(mem_util_peak) FILTER (WHERE inw) AS mem_util_peak,
                        {wavg("power_w")}, {wavg("power_pct")}, {wavg("cpu_pct")}, {wavg("mem_pct")},
-                       max(rss_mb_max) AS rss_mb_max
+                       sum(cpu_pct_x) AS cpu_cover, max(rss_mb_max) AS rss_mb_max,
+                       max(foreign_max) FILTER (WHERE inw) AS foreign_max
                 FROM g GROUP BY file_id, kind, device),
                  e AS (
                 SELECT file_id, kind, device, count(*) AS energy_rows,
@@ -203,8 +209,8 @@ def sample_stats(store: Store, windows: Sequence[Mapping[str, Any]]) -> list[dic
                 GROUP BY file_id, kind, device)
             SELECT f.run_id, f.host, CAST(a.kind AS VARCHAR) AS kind, a.device, a.rows_all, a.samples,
                    a.gpu_util, a.mem_util, a.mem_util_peak, a.power_w, a.power_pct, a.cpu_pct, a.mem_pct,
-                   a.rss_mb_max, coalesce(e.energy_rows, 0) AS energy_rows, e.e_lo_t0, e.e_lo_e0, e.e_lo_t1,
-                   e.e_lo_e1, e.e_hi_t0, e.e_hi_e0, e.e_hi_t1, e.e_hi_e1
+                   a.cpu_cover, a.foreign_max, a.rss_mb_max, coalesce(e.energy_rows, 0) AS energy_rows,
+                   e.e_lo_t0, e.e_lo_e0, e.e_lo_t1, e.e_lo_e1, e.e_hi_t0, e.e_hi_e0, e.e_hi_t1, e.e_hi_e1
             FROM a JOIN sample_files f USING (file_id) LEFT JOIN e USING (file_id, kind, device)
             ORDER BY f.run_id, f.host, a.kind, a.device""")
     finally:

@@ -9,10 +9,10 @@ views ``samples``, ``latest_measurements``, ``run_summary``, ``stage_durations``
 
 Samples are stored compactly: ``sample_files`` has one row per loaded ``samples.<host>.csv``
 (``file_id``, ``run_id``, ``host``, its ``path`` and ``t0``, the run's training start); ``sample_rows``
-has the file's rows keyed by that small integer, ``kind`` as the ENUM ``sample_kind`` ('gpu', 'proc', 'cpu') and
+has the file's rows keyed by that small integer, ``kind`` as the ENUM ``sample_kind`` ('gpu', 'proc', 'cpu', 'host') and
 no per-row run id, host or derived column. The view ``samples`` joins them back into the documented
 columns (``run_id``, ``host``, ``kind``, ``device``, ``t_wall``, ``t_rel`` = ``t_wall - t0``, ``t_mono``,
-the metrics, ``nprocs``, ``energy_j``): query ``samples``; the two tables are storage.
+the metrics, ``nprocs``, ``energy_j``, ``foreign_procs``): query ``samples``; the two tables are storage.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # window_start_step, window_end_step, steady_step_time_cv, ci_rel_halfwidth); 12: measurements.gpu_energy_joules
 # (the GPUs' NVML counter over the window; NULL where energy_source is not nvml), step_time_mean and step_time_mad
 # (compare's robust per-run evidence); the measured window's exact dataset tokens and the image tokens among them
-# (measurements.dataset_tokens, dataset_image_tokens)
-SCHEMA_VERSION = 12
+# (measurements.dataset_tokens, dataset_image_tokens); 13: the host's other load (the 'host' sample kind,
+# sample_rows.foreign_procs; measurements.host_other_cpu_pct, gpu_foreign_processes, host_busy), which
+# point_stability leaves out like a shared host; campaigns.repeats_spec (the report's repeats per point)
+SCHEMA_VERSION = 13
 
 
 KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
@@ -73,6 +75,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("partition", "VARCHAR"), ("executor", "VARCHAR"), ("created_at", "TIMESTAMP"),
         ("sbench_version", "VARCHAR"), ("source", "VARCHAR"),
         ("references_spec", "JSON"),  # the sweep's references (harness.references), newest word
+        ("repeats_spec", "JSON"),  # the sweep's repeats: {min, max, cv} (NULL: a plain repeats: N), newest word
     ],
     "points": [("point_id", "VARCHAR"), ("experiment", "VARCHAR"), ("valid", "BOOLEAN"),
                ("reasons", "VARCHAR[]"), ("notes", "VARCHAR[]"), *ENTITY_COLUMNS, ("entity", "JSON")],
@@ -114,7 +117,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("file_id", "INTEGER"), ("kind", "sample_kind"), ("device", "INTEGER"), ("t_wall", "DOUBLE"),
         ("t_mono", "DOUBLE"), ("gpu_util", "DOUBLE"), ("mem_used_mb", "DOUBLE"), ("mem_total_mb", "DOUBLE"),
         ("power_w", "DOUBLE"), ("power_limit_w", "DOUBLE"), ("cpu_pct", "DOUBLE"), ("mem_pct", "DOUBLE"),
-        ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"), ("energy_j", "DOUBLE"),
+        ("rss_mb", "DOUBLE"), ("nprocs", "INTEGER"), ("energy_j", "DOUBLE"), ("foreign_procs", "INTEGER"),
     ],
     "ranks": [
         *_RUN_KEY, ("rank", "INTEGER"), ("host", "VARCHAR"), ("local_rank", "INTEGER"), ("world_size", "INTEGER"),
@@ -170,6 +173,10 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("dataset_tokens_per_joule", "DOUBLE"),
         ("slurm_consumed_energy_joules", "DOUBLE"),
         ("shared_host", "BOOLEAN"), ("overlapped_with", "VARCHAR[]"),  # runs.overlapped_with
+        # the host's other load over the window (the samples' host and gpu rows): the CPU share of the busiest
+        # host used outside the run (percent of its capacity), the most processes not the run's on one of its
+        # GPUs, and whether either passed runner.host_busy_cpu (or any such GPU process): a busy host
+        ("host_other_cpu_pct", "DOUBLE"), ("gpu_foreign_processes", "INTEGER"), ("host_busy", "BOOLEAN"),
         *ENTITY_COLUMNS,
     ],
     "environment": [
@@ -304,7 +311,7 @@ def point_stability_sql(measurements: str = "measurements") -> str:
         SELECT campaign, point_id, count({x}) AS repeats_measured, median({x}) AS throughput_median,
                {cv} AS throughput_cv, {rating_sql(cv)} AS throughput_stability
         FROM {measurements}
-        WHERE is_valid AND NOT coalesce(shared_host, false) AND {x} IS NOT NULL
+        WHERE is_valid AND NOT coalesce(shared_host, false) AND NOT coalesce(host_busy, false) AND {x} IS NOT NULL
         GROUP BY campaign, point_id"""
 
 
@@ -313,7 +320,7 @@ VIEWS: dict[str, str] = {
     "samples": """
         SELECT f.run_id, f.host, s.kind, s.device, s.t_wall, s.t_wall - f.t0 AS t_rel, s.t_mono, s.gpu_util,
                s.mem_used_mb, s.mem_total_mb, s.power_w, s.power_limit_w, s.cpu_pct, s.mem_pct, s.rss_mb, s.nprocs,
-               s.energy_j
+               s.energy_j, s.foreign_procs
         FROM sample_rows s JOIN sample_files f USING (file_id)""",
     # The latest valid measurement of each point (across campaigns): what most analyses want.
     "latest_measurements": """

@@ -6,15 +6,20 @@ A side is a campaign name, or filters over runs such as ``git_commit=3f2a1c`` or
 and the commit recorded on the nodes). Runs are paired by ``point_id``; each side's valid
 measurements of a point are its repeats.
 
-Per point and metric: the ratio of the medians (candidate / base), and Welch's t-test on the log values
-(:mod:`harness.report.stats`: exact Student-t quantiles), whose 95 % interval of the difference of the
-mean logs gives the interval of the ratio. For a metric measured over the training window (the rates,
-``train_runtime``, MFU) each run is judged robustly (:func:`run_evidence`): its value is the metric as if
-every step had taken rank 0's median step time, with the variance of the log median step time from the
-steps' median absolute deviation, so a few long steps of one run move neither. A side's spread is the
-larger of its runs' spread and that, so two runs a side that agree within their steps' spread decide
-with the steps' degrees of freedom; runs that differ by more decide with their own few. The verdict,
-``threshold`` being the smallest change that counts:
+**One method, one piece of evidence.** Each run brings one value, the log of its metric. For the metrics
+measured over the training window (the rates, ``train_runtime``, MFU) that metric is the window's *mean*
+(tokens over the window's seconds), so a stall counts for exactly the time it took; and each such run also
+brings its own variance from its steps, the variance of the log of a mean of ``steps_timed`` steps,
+``step_time_cv^2 / steps_timed`` (:func:`run_evidence`). Welch's test on the two sides' log values
+(:mod:`harness.report.stats`) gives the difference of the mean logs and its 95 % interval; the ratio shown is
+``exp`` of that difference (the ratio of the sides' geometric means, which are the ``base`` and ``cand``
+shown) and the interval is ``exp`` of its interval, so the ratio always lies inside its interval and the
+verdict reads both. A side's variance of one run's value is the larger of its runs' spread (``n - 1``
+degrees of freedom) and the mean within-run variance (the steps' degrees of freedom): when the runs agree
+within what their steps predict, two runs a side decide with the steps' degrees of freedom; when they
+differ by more, their own spread decides, with its few. ``bench/compare_power.py`` measures the false
+alarms and the power of this method (docs/performance.md). The verdict, ``threshold`` being the smallest
+change that counts:
 
 - ``regression``: worse by more than ``threshold`` (ratio below 1 - threshold for a
   higher-is-better metric, above 1 + threshold for a lower-is-better one) **and** the test finds the
@@ -25,9 +30,9 @@ with the steps' degrees of freedom; runs that differ by more decide with their o
   spread to judge by), or a change beyond the threshold the test does not find, or an interval that
   reaches past the threshold. The ratio still says which way it leans; more repeats decide.
 
-A run that shared a host with another sbench run (``measurements.shared_host``) measured noise, not its
-point: it is left out of its side, and :class:`Comparison` says how many were (``include_shared`` keeps
-them).
+A run that shared a host with another sbench run (``measurements.shared_host``), or that ran on a host busy
+with other work (``measurements.host_busy``), measured its neighbours too, not only its point: it is left
+out of its side, and :class:`Comparison` says how many were and why (``include_shared`` keeps them).
 """
 
 from __future__ import annotations
@@ -38,10 +43,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.contract.errors import InputError
+from harness.db.status import campaign_names
 from harness.db.store import Store
 from harness.spec.schema import is_name
 
-from .queries import compare_side
+from .queries import BUSY, SHARED, compare_side
 from .stats import welch
 
 # metric -> True when higher is better
@@ -71,9 +77,10 @@ class Verdict:
 
 @dataclass
 class Row:
-    """One point and metric: each side's repeats and median, the ratio of the medians, the test's 95 %
-    interval of the ratio (None without a test), its p-value and degrees of freedom, which spread each side
-    used (``runs`` or ``steps``; None without a test), and the verdict (:class:`Verdict`)."""
+    """One point and metric: each side's repeats and its centre (the geometric mean of its runs' values, which
+    the test compares), the ratio of the centres (candidate / base), the test's 95 % interval of that ratio
+    (None without a test), its p-value and degrees of freedom, which spread each side used (``runs`` or
+    ``steps``; None without a test), the verdict (:class:`Verdict`) and each side's median, for reading."""
 
     point_id: str
     metric: str
@@ -89,6 +96,8 @@ class Row:
     p_value: float | None = None
     df: float | None = None
     spread: dict[str, str] | None = None
+    base_median: float | None = None
+    cand_median: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,13 +121,11 @@ def parse_side(text: str) -> tuple[str | None, dict[str, str]]:
 
 
 def verdict(ratio: float, low: float | None, high: float | None, higher_better: bool, threshold: float) -> str:
-    """The verdict of a ratio of medians and the test's interval of the ratio (None: no test possible)."""
+    """The verdict of a ratio and the test's interval around it (None: no test possible)."""
     if low is None or high is None:
         return Verdict.INSUFFICIENT
     worse = ratio < 1 - threshold if higher_better else ratio > 1 + threshold
     better = ratio > 1 + threshold if higher_better else ratio < 1 - threshold
-    # the test finds the change only on the side the ratio says (the interval may rest on the runs' robust
-    # values, which a ratio of medians can disagree with)
     below, above = high < 1.0, low > 1.0
     if worse and (below if higher_better else above):
         return Verdict.REGRESSION
@@ -129,70 +136,51 @@ def verdict(ratio: float, low: float | None, high: float | None, higher_better: 
     return Verdict.INSUFFICIENT
 
 
-MAD_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
-MEDIAN_VAR = math.pi / 2  # the variance of the median of m normal values, in units of sigma^2 / m
-
-
-def _steps(r: dict[str, Any]) -> tuple[int, float, float, float] | None:
-    """A run's steps, median, mean and MAD of its step times, where collect stored them all (else None)."""
-    m, mid, mean, mad = (r.get(k) for k in ("steps_timed", "step_time_median", "step_time_mean", "step_time_mad"))
-    if m is None or mid is None or mean is None or mad is None or int(m) < 2:
-        return None
-    vals = (float(mid), float(mean), float(mad))
-    if not all(math.isfinite(v) for v in vals) or vals[0] <= 0 or vals[1] <= 0:
-        return None
-    return int(m), *vals
-
-
 def run_evidence(r: dict[str, Any], metric: str, steps: bool) -> tuple[float, tuple[float, int] | None]:
-    """One run's log value for the test, and its within-run variance with its step count (None: none).
+    """One run's log value for the test, and its within-run variance with its step count (None: none known).
 
-    For a metric measured over the training window (*steps*), where the run's step times are known, the
-    value is robust: the metric as if every step had taken the median step time (rates x mean/median,
-    ``train_runtime`` x median/mean), and its variance is that of the log median step time,
-    ``(pi/2) (1.4826 MAD / median)^2 / steps``. A few long steps (a busy neighbour's burst) move neither,
-    so they cannot make the runs of one configuration disagree. Otherwise the log value itself, and the
-    variance ``cv^2 / steps`` of its steps' coefficient of variation where known."""
+    The value is the log of the metric as measured: for a rate over the training window, the window's mean
+    (a stall counts for the time it took). For a metric measured over the training window (*steps*), where
+    the run's step times are known, its variance is that of the log of the mean of ``steps_timed`` step
+    times, ``step_time_cv^2 / steps_timed`` (the delta method; the steps taken as independent: neighbouring
+    steps that move together show as runs that disagree, and then the runs' spread decides)."""
     x = math.log(float(r[metric]))
     if not steps:
         return x, None
-    st = _steps(r)
-    if st is not None:
-        m, mid, mean, mad = st
-        shift = math.log(mean / mid)
-        return (x + shift if METRICS[metric] else x - shift), (MEDIAN_VAR * (MAD_SIGMA * mad / mid) ** 2 / m, m)
-    cv, m_ = r.get("step_time_cv"), r.get("steps_timed")
-    if cv is not None and m_ is not None and int(m_) >= 2 and math.isfinite(float(cv)):
-        return x, (float(cv) ** 2 / int(m_), int(m_))
-    return x, None
+    cv, m = r.get("step_time_cv"), r.get("steps_timed")
+    if cv is None or m is None or int(m) < 2 or not math.isfinite(float(cv)) or float(cv) < 0:
+        return x, None
+    return x, (float(cv) ** 2 / int(m), int(m))
 
 
 def compare_point(pid: str, metric: str, base: list[dict[str, Any]], cand: list[dict[str, Any]],
                   threshold: float) -> Row | None:
-    """The row of one point and metric from each side's measurement rows; None when a side has no value."""
-    b_rows = [r for r in base if r.get(metric) is not None]
-    c_rows = [r for r in cand if r.get(metric) is not None]
-    b, c = [float(r[metric]) for r in b_rows], [float(r[metric]) for r in c_rows]
-    if not b or not c or statistics.median(b) == 0:
+    """The row of one point and metric from each side's measurement rows; None when a side has no positive
+    value (a ratio of logs needs them)."""
+    b_rows = [r for r in base if r.get(metric) is not None and float(r[metric]) > 0]
+    c_rows = [r for r in cand if r.get(metric) is not None and float(r[metric]) > 0]
+    if not b_rows or not c_rows:
         return None
-    mb, mc = statistics.median(b), statistics.median(c)
-    ratio = mc / mb
+    steps = metric in WINDOW_METRICS
+    be = [run_evidence(r, metric, steps) for r in b_rows]
+    ce = [run_evidence(r, metric, steps) for r in c_rows]
+    lb, lc = statistics.fmean(v for v, _ in be), statistics.fmean(v for v, _ in ce)
+    # the ratio is the test's own estimate, exp(mean log cand - mean log base): its interval is around it
+    ratio = math.exp(lc - lb)
     low = high = p = df = None
     spread = None
-    if min(b + c) > 0:
-        steps = metric in WINDOW_METRICS
-        be = [run_evidence(r, metric, steps) for r in b_rows]
-        ce = [run_evidence(r, metric, steps) for r in c_rows]
-        test = welch([v for v, _ in be], [v for v, _ in ce], [w for _, w in be if w is not None],
-                     [w for _, w in ce if w is not None], 1 - SIGNIFICANCE)
-        if test is not None:
-            low, high, p, df = math.exp(test.low), math.exp(test.high), test.p, test.df
-            spread = {"base": test.base.source, "cand": test.cand.source}
+    test = welch([v for v, _ in be], [v for v, _ in ce], [w for _, w in be if w is not None],
+                 [w for _, w in ce if w is not None], 1 - SIGNIFICANCE)
+    if test is not None:
+        # the test's difference is lc - lb, computed alike: exp is monotone, so low <= ratio <= high
+        low, high, p, df = math.exp(test.low), math.exp(test.high), test.p, test.df
+        spread = {"base": test.base.source, "cand": test.cand.source}
     first = base[0]
     labels = {k: first.get(k) for k in ("model_name", "number_gpus", "number_nodes", "batch_size",
                                           "model_max_length", "experiment")}
-    return Row(pid, metric, len(b), len(c), mb, mc, ratio, low, high,
-               verdict(ratio, low, high, METRICS[metric], threshold), labels, p, df, spread)
+    return Row(pid, metric, len(b_rows), len(c_rows), math.exp(lb), math.exp(lc), ratio, low, high,
+               verdict(ratio, low, high, METRICS[metric], threshold), labels, p, df, spread,
+               statistics.median(float(r[metric]) for r in b_rows), statistics.median(float(r[metric]) for r in c_rows))
 
 
 def compare(base: dict[str, list[dict[str, Any]]], cand: dict[str, list[dict[str, Any]]], metrics: list[str],
@@ -214,37 +202,66 @@ def compare(base: dict[str, list[dict[str, Any]]], cand: dict[str, list[dict[str
 
 @dataclass
 class Comparison:
-    """The rows of one compare, and per side (``BASE``, ``CAND``) the runs left out for a shared host."""
+    """The rows of one compare, and per side (``BASE``, ``CAND``) the runs left out, each with why: ``shared
+    host`` (another sbench run held one of its hosts) or ``busy host`` (other work kept its host busy)."""
 
     rows: list[Row]
-    excluded: dict[str, list[str]]
+    left_out: dict[str, list[tuple[str, str]]]
+
+    @property
+    def excluded(self) -> dict[str, list[str]]:
+        """Per side, the run ids left out (whatever the reason)."""
+        return {side: [rid for rid, _ in out] for side, out in self.left_out.items()}
 
     @property
     def excluded_text(self) -> str:
-        """``excluded 2 run(s) measured on a shared host (BASE 0, CAND 2): ...``, or empty."""
-        n = sum(len(v) for v in self.excluded.values())
-        if not n:
-            return ""
-        ids = [r for v in self.excluded.values() for r in v]
-        return (f"excluded {n} run(s) measured on a host another sbench run used at the same time (BASE "
-                f"{len(self.excluded.get('BASE', []))}, CAND {len(self.excluded.get('CAND', []))}): "
-                f"{', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}; see runs.overlapped_with, or --include-shared")
+        """``excluded 2 run(s) (BASE 0, CAND 2): 1 measured on a host another sbench run used at the same time,
+        1 on a host busy with other work: ...``, or the line that says none was."""
+        every = [x for out in self.left_out.values() for x in out]
+        if not every:
+            return ("excluded 0 runs (none shared its host with another run, none ran on a host busy with other "
+                    "work)")
+        return excluded_text(self.left_out)
+
+
+def excluded_text(left_out: dict[str, list[tuple[str, str]]]) -> str:
+    every = [x for out in left_out.values() for x in out]
+    shared = [rid for rid, why in every if why == SHARED]
+    busy = [rid for rid, why in every if why == BUSY]
+    parts = ([f"{len(shared)} measured on a host another sbench run used at the same time (runs.overlapped_with)"]
+             if shared else []) + ([f"{len(busy)} measured on a host busy with other work (measurements.host_busy, "
+                                   "host_other_cpu_pct)"] if busy else [])
+    ids = [rid for rid, _ in every]
+    sides = ", ".join(f"{side} {len(out)}" for side, out in left_out.items())
+    return (f"excluded {len(every)} run(s) ({sides}): {'; '.join(parts)}: {', '.join(ids[:5])}"
+            f"{' ...' if len(ids) > 5 else ''}; --include-shared keeps them")
 
 
 def compare_in(store: Store, base: str, cand: str, metrics: list[str], threshold: float,
                include_shared: bool = False) -> Comparison:
     """:func:`compare` of two sides (campaign names or run filters) read from an open results store; runs
-    that shared a host are left out unless *include_shared*."""
+    that shared a host are left out unless *include_shared*. The same side twice is refused (a campaign
+    compared with itself says nothing), and a campaign the database does not hold is named with those it
+    does."""
     sides = [parse_side(base), parse_side(cand)]
+    if sides[0] == sides[1]:
+        raise InputError(f"BASE and CAND are the same ({base.strip()!r}): compare measures one campaign (or set of "
+                         "runs) against another; name two, e.g. sbench compare nightly-1122 nightly-1123")
+    known = campaign_names(store)
+    for name, (camp, _) in zip(("BASE", "CAND"), sides, strict=True):
+        if camp is not None and camp not in known:
+            listed = ", ".join(known[:20]) + (f" ... ({len(known)} in all)" if len(known) > 20 else "")
+            raise InputError(f"{name}: campaign {camp!r} is not in {store.path}; "
+                             + (f"its campaigns: {listed}" if known else "it holds no campaign yet (sbench collect "
+                                                                          "reads the work dir)"))
     (b, b_out), (c, c_out) = (compare_side(store, camp, filters, include_shared) for camp, filters in sides)
-    excluded = {"BASE": b_out, "CAND": c_out}
+    left_out = {"BASE": b_out, "CAND": c_out}
     for name, text, side, out in (("BASE", base, b, b_out), ("CAND", cand, c, c_out)):
         if not side:
-            why = (f" ({len(out)} were measured on a shared host and left out: see runs.overlapped_with, or pass "
-                   "--include-shared)" if out else "")
+            why = f" ({excluded_text({name: out})})" if out else ""
             raise InputError(f"{name} {text!r}: no valid measurements match{why}")
     rows = compare(b, c, metrics or list(DEFAULT_METRICS), threshold)
     if not rows:
         raise InputError(f"BASE and CAND share no measured point ({len(b)} and {len(c)} point(s)); compare pairs "
                          "runs by point_id")
-    return Comparison(rows, excluded)
+    return Comparison(rows, left_out)

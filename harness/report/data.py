@@ -9,8 +9,9 @@ needs in that scope, picks the run of the utilisation panels and averages its sa
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +20,13 @@ from harness.contract.paths import resolve_db
 from harness.db.checks import check_results, references_of
 from harness.db.store import Store
 from harness.spec.catalog import EXPERIMENTS
+from harness.spec.repeats import verdict
+from harness.spec.sweep import AdaptiveRepeats
 
 from . import queries
+from .charts import plural
 from .compare import compare_in
+from .queries import left_out_why
 
 MAX_TRACE_POINTS = 600  # per series: long runs are averaged into this many time buckets
 
@@ -36,7 +41,7 @@ class ReportData:
 
     db: str
     generated_at: _dt.datetime
-    campaign: str | None  # the campaign shown; None: every campaign (--all-campaigns)
+    campaign: str | None  # the campaign shown; None: every campaign (--all-campaigns), or those of ``shown``
     campaigns: list[dict[str, Any]]  # the campaigns rows in scope
     outcomes: dict[str, int]
     measurements: list[dict[str, Any]]  # every measurement in scope, with ``method`` and ``run_reason``,
@@ -57,15 +62,21 @@ class ReportData:
     shared: list[dict[str, Any]] = field(default_factory=list)  # measurements left out: shared_host true
     stability: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (campaign, point_id) ->
     # its point_stability row: the throughput's CV across repeats and its rating
+    shown: list[str] = field(default_factory=list)  # the campaigns of a page around two (report --compare A B)
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # every attempt: why it was sent, what it measured
+    repeats: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (campaign, point_id) -> its
+    # repeats: how many, the target, the state (point_repeats)
 
     @property
     def by_campaign(self) -> bool:
         """Every campaign on one page, more than one there: lines and rows are per campaign too."""
-        return self.scope == "all" and len(self.campaign_index) > 1
+        return (self.scope == "all" and len(self.campaign_index) > 1) or (self.scope == "compare"
+                                                                          and len(self.shown) > 1)
 
 
 SCOPES = {"latest": "the latest campaign by creation time", "chosen": "chosen with --campaign",
-          "run": "the campaign of --run", "all": "every campaign (--all-campaigns)"}
+          "run": "the campaign of --run", "all": "every campaign (--all-campaigns)",
+          "compare": "the two campaigns of --compare"}
 
 
 def method_of(experiment: str | None) -> str:
@@ -74,9 +85,11 @@ def method_of(experiment: str | None) -> str:
 
 
 def load_report_data(store: Store, campaign: str | None = None, run_id: str | None = None,
-                     now: _dt.datetime | None = None, all_campaigns: bool = False) -> ReportData:
+                     now: _dt.datetime | None = None, all_campaigns: bool = False,
+                     around: Sequence[str] = ()) -> ReportData:
     """Everything the page shows, from an open (read-only) store: *campaign*'s; without it, the campaign of
-    *run_id*, else the latest campaign (by creation time); with *all_campaigns*, every campaign's."""
+    *run_id*, else the campaigns *around* (``report --compare A B``: both), else the latest campaign (by
+    creation time); with *all_campaigns*, every campaign's."""
     index = queries.campaign_list(store)
     known = [c["campaign"] for c in index]
     if queries.run_total(store) == 0 and not known:
@@ -87,33 +100,85 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     if campaign is not None and campaign not in known:
         raise InputError(f"--campaign {campaign!r}: not in {store.path}; campaigns there: {', '.join(known)}")
     scope = "chosen" if campaign is not None else "all" if all_campaigns else "latest"
+    shown = [c for c in dict.fromkeys(around) if c in known]
     if scope == "latest" and run_id is not None and queries.run_campaign(store, run_id) is not None:
         campaign, scope = queries.run_campaign(store, run_id), "run"
+    elif scope == "latest" and len(shown) == 1:
+        campaign, scope = shown[0], "compare"
+    elif scope == "latest" and shown:
+        scope = "compare"
     elif scope == "latest":
         campaign = known[-1] if known else None
+    where: queries.Scope = shown if scope == "compare" and campaign is None else campaign
     measurements: list[dict[str, Any]] = []
     shared: list[dict[str, Any]] = []
-    for m in queries.measurement_rows(store, campaign):
+    for m in queries.measurement_rows(store, where):
         m["method"] = method_of(m["experiment"])
-        (shared if m.get("shared_host") else measurements).append(m)
+        (shared if left_out_why(m) else measurements).append(m)
     per_run: dict[str, dict[str, float]] = {}
-    for s in queries.stage_seconds(store, campaign):
+    for s in queries.stage_seconds(store, where):
         name = f"{s['stage']} (unfinished)" if s["unfinished"] else s["stage"]
         per_run.setdefault(s["run_id"], {})[name] = max(float(s["seconds"]), 0.0)
     stage_runs = [dict(r, method=method_of(r["experiment"]), stages=per_run[r["run_id"]])
-                  for r in queries.run_rows(store, campaign) if r["run_id"] in per_run]
+                  for r in queries.run_rows(store, where) if r["run_id"] in per_run]
     data = ReportData(db=str(store.path), generated_at=now or _dt.datetime.now(_dt.timezone.utc),
-                      campaign=campaign, campaigns=queries.campaign_rows(store, campaign),
-                      outcomes=queries.outcome_counts(store, campaign), measurements=measurements,
-                      stage_runs=stage_runs, gpu_samples=queries.gpu_sample_count(store, campaign),
+                      campaign=campaign, campaigns=queries.campaign_rows(store, where),
+                      outcomes=queries.outcome_counts(store, where), measurements=measurements,
+                      stage_runs=stage_runs, gpu_samples=queries.gpu_sample_count(store, where),
                       scope=scope, campaign_index=index, shared=shared,
                       db_option="" if store.path.resolve() == resolve_db() else f" --db {shlex.quote(str(store.path))}")
-    _load_run(store, data, campaign, run_id)
+    data.shown = shown if scope == "compare" else []
+    _load_run(store, data, where, run_id)
     data.fabric = queries.fabric_rows(store)
-    data.overhead = queries.overhead_rows(store, campaign)
-    data.stability = queries.stability_rows(store, campaign)
-    data.checks = {c: check_results(store, c) for c in sorted(references_of(store)) if campaign in (None, c)}
+    data.overhead = queries.overhead_rows(store, where)
+    data.stability = queries.stability_rows(store, where)
+    data.checks = {c: check_results(store, c) for c in sorted(references_of(store))
+                   if (campaign in (None, c) and not data.shown) or c in data.shown}
+    data.attempts = queries.attempt_rows(store, where)
+    data.repeats = point_repeats(data.campaigns, data.attempts, data.stability, queries.planned_repeats(store, where))
     return data
+
+
+def point_repeats(campaigns: Sequence[Mapping[str, Any]], attempts: Sequence[Mapping[str, Any]],
+                  stability: Mapping[tuple[str, str], Mapping[str, Any]],
+                  planned: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (campaign, point): its repeats (submitted, and of how many: ``repeats: N``'s, or adaptive repeats'
+    bounds and CV target), its state (adaptive: :func:`harness.spec.repeats.verdict`, as status says it; else
+    ``done``, ``waiting`` or ``failed``) and the verdict's words."""
+    specs: dict[str, AdaptiveRepeats] = {}
+    for c in campaigns:
+        doc = c.get("repeats_spec")
+        try:
+            d = json.loads(doc) if isinstance(doc, str) else doc
+            if isinstance(d, dict):
+                specs[str(c["campaign"])] = AdaptiveRepeats(int(d["min"]), int(d["max"]), float(d["cv"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    last: dict[tuple[str, str, int], Mapping[str, Any]] = {}
+    for a in attempts:
+        key = (str(a["campaign"]), str(a["point_id"]), int(a["repeat"]))
+        if key not in last or int(a["attempt"]) > int(last[key]["attempt"]):
+            last[key] = a
+    by_point: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for (camp, pid, _rep), a in last.items():
+        by_point.setdefault((camp, pid), []).append(a)
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for (camp, pid), runs in by_point.items():
+        in_flight = sum(1 for a in runs if a.get("outcome") is None)
+        failed = sum(1 for a in runs if a.get("outcome") == "failed")
+        st = stability.get((camp, pid)) or {}
+        spec = specs.get(camp)
+        if spec is not None:
+            v = verdict(spec, pid, {int(a["repeat"]) for a in runs}, in_flight, int(st.get("repeats_measured") or 0),
+                        st.get("throughput_cv"))
+            out[(camp, pid)] = {"repeats": f"{v.submitted} (min {spec.min}, max {spec.max})",
+                                "target": f"CV <= {100 * spec.cv:g} %", "state": v.state, "text": v.text()}
+        else:
+            n = planned.get((camp, pid), len(runs))
+            state = "waiting" if in_flight else "failed" if failed else "done"
+            out[(camp, pid)] = {"repeats": f"{len(runs)} of {n}", "target": plural(n, "repeat"), "state": state,
+                                "text": f"{in_flight} in flight, {failed} failed" if in_flight or failed else ""}
+    return out
 
 
 def load_compare(store: Store, base: str, cand: str, threshold: float,
@@ -121,10 +186,10 @@ def load_compare(store: Store, base: str, cand: str, threshold: float,
     """The compare section's data: ``sbench compare BASE CAND`` over the same store."""
     cmp = compare_in(store, base, cand, list(metrics), threshold)
     return {"base": base, "cand": cand, "threshold": threshold, "rows": [r.to_dict() for r in cmp.rows],
-            "excluded": cmp.excluded}
+            "excluded": cmp.excluded, "excluded_text": cmp.excluded_text if any(cmp.excluded.values()) else ""}
 
 
-def _load_run(store: Store, data: ReportData, campaign: str | None, run_id: str | None) -> None:
+def _load_run(store: Store, data: ReportData, campaign: queries.Scope, run_id: str | None) -> None:
     """Pick the run of the utilisation panels and load its samples, averaged into time buckets."""
     if run_id is not None:
         row = queries.utilisation_run(store, run_id)

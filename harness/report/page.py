@@ -29,8 +29,10 @@ from harness.contract.stability import bands_text
 from harness.db.store import open_store
 
 from .charts import esc, plural
+from .compare import parse_side
 from .data import SCOPES, ReportData, load_compare, load_report_data
 from .sections import (
+    attempts_table,
     checks_section,
     compare_section,
     efficiency_section,
@@ -60,6 +62,8 @@ class Report:
 
 def _scope_words(d: ReportData) -> str:
     """``campaign X (the latest of 3; the others: --campaign NAME or --all-campaigns)``, ``2 campaigns``."""
+    if d.campaign is None and d.shown:
+        return f"campaigns {' and '.join(d.shown)} (the two of --compare)"
     if d.campaign is None:
         return plural(len(d.campaign_index), "campaign")
     others = len(d.campaign_index) - 1
@@ -74,8 +78,10 @@ def build_report(db: str | Path, campaign: str | None = None, run_id: str | None
                  threshold: float = 0.10, all_campaigns: bool = False) -> Report:
     """Open *db* read-only, load and render; see the module docstring. *compare_to* (BASE, CAND) adds
     the compare section; *all_campaigns* shows every campaign."""
+    around = [c for c, _ in map(parse_side, compare_to) if c] if compare_to is not None else []
     with open_store(db, read_only=True) as store:
-        data = load_report_data(store, campaign, run_id, now, all_campaigns=all_campaigns)
+        # with --compare A B (campaigns) and no --campaign, the page is A's and B's, not the latest campaign's
+        data = load_report_data(store, campaign, run_id, now, all_campaigns=all_campaigns, around=around)
         if compare_to is not None:
             data.compare = load_compare(store, compare_to[0], compare_to[1], threshold)
     return Report(render_report(data), data)
@@ -145,6 +151,15 @@ def _header(data: ReportData) -> str:
             f"{esc(data.generated_at.strftime('%Y-%m-%d %H:%M:%S %Z'))}</div>{_campaign_choices(data)}")
 
 
+def _left_out(m: dict[str, object]) -> str:
+    """Why a measurement is left out of the page's plots: the runs it shared its host with, or its host's load."""
+    others = m.get("overlapped_with")
+    if isinstance(others, list) and others:
+        return f"shared with {', '.join(map(str, others))}"
+    load = m.get("host_other_cpu_pct")
+    return f"host busy with other work ({load:.0f} % of its CPU)" if isinstance(load, float) else "host busy"
+
+
 def render_report(data: ReportData) -> str:
     """The page for *data*: a pure function of it."""
     ms = data.measurements
@@ -156,11 +171,11 @@ def render_report(data: ReportData) -> str:
     per = data.by_campaign  # every campaign on one page: a line (and a table row) per campaign too
     stages, stage_note = stage_chart(data.stage_runs, word, by_campaign=per)
     shared = "" if not data.shared else (
-        f'<div class="banner"><b>{plural(len(data.shared), "measurement")} left out: measured on a shared host.</b> '
-        "Another sbench run held the same host at the same time, so these numbers are not those of the point "
-        "alone (measurements.shared_host, runs.overlapped_with): "
-        + "; ".join(f"<code>{esc(m['run_id'])}</code> with {esc(', '.join(m.get('overlapped_with') or []))}"
-                    for m in data.shared[:10])
+        f'<div class="banner"><b>{plural(len(data.shared), "measurement")} left out: measured on a shared or busy '
+        "host.</b> Another sbench run held the same host at the same time, or other work kept it busy, so these "
+        "numbers are not those of the point alone (measurements.shared_host, runs.overlapped_with, "
+        "measurements.host_busy): "
+        + "; ".join(f"<code>{esc(m['run_id'])}</code> {esc(_left_out(m))}" for m in data.shared[:10])
         + ("; ..." if len(data.shared) > 10 else "") + ". Measure them again on their own.</div>")
     memory = ('<div class="row"><div class="panel"><h3>GPU memory peak (% of device)</h3>'
               + metric_chart(ms, "gpu_memory_utilization_peak", "GPU memory peak (%)", "%", (0.0, 100.0), word,
@@ -169,7 +184,8 @@ def render_report(data: ReportData) -> str:
               + metric_chart(ms, "cpu_memory_utilization", "process memory (% of host)", "%", word=word,
                              by_campaign=per)
               + "</div></div>")
-    title = "sbench report — " + (esc(data.campaign) if data.campaign else "every campaign")
+    title = "sbench report — " + (esc(data.campaign) if data.campaign else esc(" vs ".join(data.shown))
+                                  if data.shown else "every campaign")
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -199,9 +215,19 @@ def render_report(data: ReportData) -> str:
                 "(gloo on CPU partitions).", fabric_charts(data.fabric)),
         memory_section(ms, word), efficiency_section(ms, word, by_campaign=per), checks_section(data.checks, word),
         compare_section(data.compare),
-        section("latest", "Latest measurement per point",
-                f"The newest measurement of each {'campaign’s ' if per else ''}point (OOM rows in red), how many "
-                "measurements the point has, and how stable its dataset tok/s is across the campaign's repeats: "
-                f"the coefficient of variation rated {bands_text()}.",
-                f'<div class="wide">{latest_table(ms, word, by_campaign=per, stability=data.stability)}</div>'),
+        section("latest", "Each point: its repeats, median and spread",
+                f"One row per {'campaign’s ' if per else ''}point (OOM rows in red): its repeats (submitted, of how "
+                "many; with repeats: {min, max, cv} the bounds, the CV target and the state sbench status gives), "
+                "the median of each figure over its valid measurements and their spread, the precision "
+                "interval (the precision auto-stop's relative half-width) and what stopped the runs, energy and "
+                "dataset tokens per joule where measured, and how stable its dataset tok/s is across the repeats: "
+                f"the coefficient of variation rated {bands_text()}. Runs measured on a shared or busy host do not "
+                "count here.",
+                '<div class="wide">' + latest_table(ms, word, by_campaign=per, stability=data.stability,
+                                                    repeats=data.repeats) + "</div>"),
+        section("repeats", "Every attempt, and why it was sent",
+                "Each attempt of the points above: why it was submitted (new, retry, force, or more repeats with "
+                "the CV that asked for it), how it ended, what it measured, and whether compare and the CV "
+                "exclude it (a shared or busy host).",
+                f'<div class="wide">{attempts_table(data.attempts, word, by_campaign=per)}</div>'),
         "</body></html>"])

@@ -7,24 +7,31 @@ The store owns the schema and the connection; the questions only the report asks
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.contract.errors import InputError
 from harness.db.schema import SCHEMA, point_stability_sql, q, run_overhead_sql
 from harness.db.store import Store
 
+Scope = str | Sequence[str] | None  # one campaign, several (report --compare A B), or every one (None)
 
-def _scope(column: str, campaign: str | None, word: str = "WHERE") -> tuple[str, list[Any]]:
-    """The SQL that keeps *campaign*'s rows (``WHERE column = ?`` or ``AND ...``), and its parameters."""
-    return (f" {word} {column} = ?", [campaign]) if campaign else ("", [])
+
+def _scope(column: str, campaign: Scope, word: str = "WHERE") -> tuple[str, list[Any]]:
+    """The SQL that keeps the rows of *campaign* (``WHERE column = ?``, or ``IN (...)`` for several; ``AND ...``
+    with *word*), and its parameters."""
+    if not campaign:
+        return "", []
+    if isinstance(campaign, str):
+        return f" {word} {column} = ?", [campaign]
+    return f" {word} {column} IN ({', '.join('?' for _ in campaign)})", list(campaign)
 
 
 def run_total(store: Store) -> int:
     return int(store.con.execute("SELECT count(*) FROM runs").fetchall()[0][0])
 
 
-def campaign_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+def campaign_rows(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
     where, params = _scope("campaign", campaign)
     return store.fetch_dicts(f"SELECT * FROM campaigns{where} ORDER BY campaign", params)
 
@@ -46,28 +53,28 @@ def run_campaign(store: Store, run_id: str) -> str | None:
     return str(rows[0][0]) if rows and rows[0][0] is not None else None
 
 
-def outcome_counts(store: Store, campaign: str | None = None) -> dict[str, int]:
+def outcome_counts(store: Store, campaign: Scope = None) -> dict[str, int]:
     where, params = _scope("campaign", campaign)
     return {r["o"]: int(r["n"]) for r in store.fetch_dicts(
         f"SELECT coalesce(outcome, 'pending') AS o, count(*) AS n FROM runs{where} GROUP BY 1", params)}
 
 
-def measurement_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+def measurement_rows(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
     """Every measurements row, with its run's reason, in the report's order."""
     where, params = _scope("m.campaign", campaign)
     return store.fetch_dicts(
-        f"""SELECT m.*, r.reason AS run_reason FROM measurements m JOIN runs r USING (run_id){where}
+        f"""SELECT m.*, r.reason AS run_reason, r.stopped_by FROM measurements m JOIN runs r USING (run_id){where}
             ORDER BY m.model_name, m.experiment, m.number_gpus, m.batch_size, m.ended_at, m.run_id""", params)
 
 
-def stability_rows(store: Store, campaign: str | None = None) -> dict[tuple[str, str], dict[str, Any]]:
+def stability_rows(store: Store, campaign: Scope = None) -> dict[tuple[str, str], dict[str, Any]]:
     """``point_stability`` per (campaign, point_id), read over *campaign*'s measurements only."""
     where, params = _scope("campaign", campaign)
     rows = store.fetch_dicts(point_stability_sql(f"(SELECT * FROM measurements{where})"), params)
     return {(r["campaign"], r["point_id"]): r for r in rows}
 
 
-def run_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+def run_rows(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
     """Every run with its point's labels, in the stage chart's order."""
     where, params = _scope("r.campaign", campaign)
     return store.fetch_dicts(
@@ -78,7 +85,7 @@ def run_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
         params)
 
 
-def stage_seconds(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+def stage_seconds(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
     """Per run and stage: the slowest host/rank, summed over trials. A stage that started and never
     ended (the run died in it) counts until that host's last sample and is marked unfinished (only those
     runs' samples are read)."""
@@ -99,7 +106,29 @@ def stage_seconds(store: Store, campaign: str | None = None) -> list[dict[str, A
             FROM per_trial GROUP BY ALL HAVING sum(seconds) IS NOT NULL""", params)
 
 
-def gpu_sample_count(store: Store, campaign: str | None = None) -> int:
+def attempt_rows(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
+    """Every attempt with why it was sent (``submit_reason``), how it ended, its point's labels and what it
+    measured (the report's repeats table), in point, repeat and attempt order."""
+    where, params = _scope("r.campaign", campaign)
+    return store.fetch_dicts(
+        f"""SELECT r.run_id, r.campaign, r.point_id, r.repeat, r.attempt, r.submit_reason, r.state, r.outcome,
+                   r.reason, r.stopped_by, p.model_name, p.batch_size, p.number_gpus, m.is_valid,
+                   m.dataset_tokens_per_second, m.ci_rel_halfwidth, m.energy_joules, m.energy_source,
+                   m.dataset_tokens_per_joule, m.host_busy, m.host_other_cpu_pct, m.shared_host
+            FROM runs r LEFT JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id){where}
+            ORDER BY r.campaign, p.model_name, p.number_gpus, p.batch_size, r.point_id, r.repeat, r.attempt""",
+        params)
+
+
+def planned_repeats(store: Store, campaign: Scope = None) -> dict[tuple[str, str], int]:
+    """How many repeats each (campaign, point) has: its ``campaign_points`` rows (a plain ``repeats: N`` lists
+    them all; adaptive repeats list those submitted)."""
+    where, params = _scope("campaign", campaign)
+    return {(r[0], r[1]): int(r[2]) for r in store.con.execute(
+        f"SELECT campaign, point_id, count(*) FROM campaign_points{where} GROUP BY 1, 2", params).fetchall()}
+
+
+def gpu_sample_count(store: Store, campaign: Scope = None) -> int:
     """GPU sample rows (of *campaign*'s runs): the rows of those runs' sample files only."""
     where, params = _scope("r.campaign", campaign)
     return int(store.con.execute(
@@ -114,7 +143,7 @@ _UTILISATION_RUN = (
     "FROM runs r LEFT JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id)")
 
 
-def utilisation_run(store: Store, run_id: str | None = None, *, campaign: str | None = None,
+def utilisation_run(store: Store, run_id: str | None = None, *, campaign: Scope = None,
                     pick: str = "longest_ok") -> dict[str, Any] | None:
     """One run for the utilisation panels: *run_id*; else the longest ok run (``longest_ok``) or the
     run with the most samples (``most_samples``), in *campaign* if given."""
@@ -161,7 +190,7 @@ def fabric_rows(store: Store, last: int = 20) -> list[dict[str, Any]]:
            ORDER BY fabric_id, op, bytes""", [last])
 
 
-def overhead_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+def overhead_rows(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
     """``run_overhead`` rows with the run's labels, most time outside training first (with *campaign*,
     computed from that campaign's stages only)."""
     where, params = _scope("r.campaign", campaign)
@@ -173,10 +202,11 @@ def overhead_rows(store: Store, campaign: str | None = None) -> list[dict[str, A
 
 
 def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str], include_shared: bool = False,
-                 ) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+                 ) -> tuple[dict[str, list[dict[str, Any]]], list[tuple[str, str]]]:
     """Valid measurements of ok runs selected by *campaign* and *filters*, by point_id (``sbench compare``),
-    and the run ids of those left out because another run shared a host with them (``runs.overlapped_with``),
-    unless *include_shared*.
+    and ``(run id, why)`` of those left out because another run shared a host with them
+    (``runs.overlapped_with``) or other work kept their host busy (``measurements.host_busy``), unless
+    *include_shared*.
 
     A filter names a column of ``measurements`` (the entity fields, ``experiment``...) or of
     ``environment`` (``git_commit``, ``torch``, ...: any host of the run matches)."""
@@ -198,10 +228,24 @@ def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str],
     rows = store.fetch_dicts(f"SELECT m.* FROM measurements m JOIN runs r USING (run_id) WHERE {' AND '.join(where)} "
                              "ORDER BY m.point_id, m.ended_at, m.run_id", params)
     out: dict[str, list[dict[str, Any]]] = {}
-    shared: list[str] = []
+    left_out: list[tuple[str, str]] = []
     for r in rows:
-        if r.get("overlapped_with") and not include_shared:
-            shared.append(r["run_id"])
+        why = left_out_why(r)
+        if why is not None and not include_shared:
+            left_out.append((r["run_id"], why))
             continue
         out.setdefault(r["point_id"], []).append(r)
-    return out, shared
+    return out, left_out
+
+
+SHARED, BUSY = "shared host", "busy host"  # why a measurement is left out of compare, check and the repeats' CV
+
+
+def left_out_why(m: Mapping[str, Any]) -> str | None:
+    """Why a measurement row measured its neighbours too: another sbench run held one of its hosts at the same
+    time (``overlapped_with``), or other work kept its host busy (``host_busy``); None when neither."""
+    if m.get("overlapped_with"):
+        return SHARED
+    if m.get("host_busy"):
+        return BUSY
+    return None

@@ -191,48 +191,111 @@ def utilisation_charts(data: ReportData) -> str:
     return "".join(out)
 
 
-TABLE_COLUMNS = (  # (header, key, format)
+def _pct(v: Any) -> str:
+    return "" if v is None else f"+-{100 * float(v):.1f} %"
+
+
+TABLE_COLUMNS = (  # (header, key, format): each number the median of the point's measurements
     ("model", "model_name", str), ("method", "method", str), ("GPUs", "number_gpus", str),
     ("nodes", "number_nodes", str), ("batch", "batch_size", str), ("max len", "model_max_length", str),
-    ("valid", "is_valid", lambda v: "yes" if v else "OOM"), ("dataset tok/s", "dataset_tokens_per_second", fmt),
+    ("valid", "is_valid", lambda v: "yes" if v else "OOM"),
+    ("repeats", "repeats", str), ("target", "target", str), ("state", "state", str),
+    ("dataset tok/s (median)", "dataset_tokens_per_second", fmt), ("spread (min-max)", "spread", str),
+    ("precision", "ci_rel_halfwidth", _pct), ("stopped by", "stopped_by", str),
     ("dataset tok/s per GPU", "dataset_tokens_per_second_per_gpu", fmt),
     ("train tok/s", "train_tokens_per_second", fmt), ("GPU util avg %", "gpu_compute_utilization_avg", fmt),
     ("GPU mem peak %", "gpu_memory_utilization_peak", fmt), ("CPU %", "cpu_compute_utilization", fmt),
     ("CPU mem %", "cpu_memory_utilization", fmt), ("runtime s", "train_runtime", fmt),
-    ("notes", "notes", lambda v: "; ".join(v)),  # what ran otherwise than asked, and the run's other notes
+    ("energy J", "energy_joules", fmt), ("tok/J", "dataset_tokens_per_joule", fmt),
+    ("notes", "notes", lambda v: "; ".join(v)),  # what ran otherwise than asked, and the runs' other notes
     ("# meas.", "n", str), ("stability", "stability", str), ("latest run", "run_id", str),
 )
+MEDIAN_KEYS = ("dataset_tokens_per_second", "ci_rel_halfwidth", "dataset_tokens_per_second_per_gpu",
+               "train_tokens_per_second", "gpu_compute_utilization_avg", "gpu_memory_utilization_peak",
+               "cpu_compute_utilization", "cpu_memory_utilization", "train_runtime", "energy_joules",
+               "dataset_tokens_per_joule")
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    if not xs:
+        return None
+    ys = sorted(xs)
+    mid = len(ys) // 2
+    return ys[mid] if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2
 
 
 def latest_table(measurements: Sequence[Mapping[str, Any]], word: str = "GPU", by_campaign: bool = False,
-                 stability: Mapping[tuple[str, str], Mapping[str, Any]] | None = None) -> str:
-    """The latest measurement of each point (valid or not; of each campaign's point with *by_campaign*),
-    with how many the point has and, from *stability* (``point_stability`` rows by campaign and point), how
-    stable its throughput is across repeats. *word* names what ``number_gpus`` counts."""
-    latest: dict[tuple[str, str], dict[str, Any]] = {}
-    counts: dict[tuple[str, str], int] = {}
-    epoch = _dt.datetime.min
+                 stability: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
+                 repeats: Mapping[tuple[str, str], Mapping[str, Any]] | None = None) -> str:
+    """One row per point (of each campaign with *by_campaign*): its repeats (how many, the target, the state:
+    *repeats*, :func:`harness.report.data.point_repeats`), the median of each figure over its valid
+    measurements and their spread, the precision interval and what stopped its runs, energy where measured,
+    every run's notes, how many measurements it has and, from *stability* (``point_stability`` rows by campaign
+    and point), how stable its throughput is across them. A point with no valid measurement is its latest
+    (invalid) one. *word* names what ``number_gpus`` counts."""
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for m in measurements:
-        key = (str(m.get("campaign")) if by_campaign else "", m["point_id"])
-        counts[key] = counts.get(key, 0) + 1
-        cur = latest.get(key)
-        if cur is None or ((m["ended_at"] or epoch), m["run_id"]) > ((cur["ended_at"] or epoch), cur["run_id"]):
-            latest[key] = dict(m, n=0)
-    if not latest:
+        groups.setdefault((str(m.get("campaign")) if by_campaign else "", m["point_id"]), []).append(m)
+    if not groups:
         return no_data("no measurements in this selection")
-    for key, m in latest.items():
-        m["n"] = counts[key]
-        st = (stability or {}).get((str(m.get("campaign")), str(m["point_id"]))) or {}
+    epoch = _dt.datetime.min
+    rows: list[dict[str, Any]] = []
+    for ms in groups.values():
+        latest = max(ms, key=lambda m: ((m["ended_at"] or epoch), m["run_id"]))
+        valid = [m for m in ms if m.get("is_valid")]
+        row = dict(latest, n=len(ms))
+        if valid:
+            row["is_valid"] = True
+            for k in MEDIAN_KEYS:
+                row[k] = _median([float(m[k]) for m in valid if m.get(k) is not None])
+            xs = [float(m["dataset_tokens_per_second"]) for m in valid if m.get("dataset_tokens_per_second")]
+            row["spread"] = f"{fmt(min(xs))}-{fmt(max(xs))}" if len(xs) > 1 else None
+            row["stopped_by"] = ", ".join(sorted({str(m["stopped_by"]) for m in valid if m.get("stopped_by")})) or None
+            row["notes"] = list(dict.fromkeys(n for m in ms for n in (m.get("notes") or []))) or None
+        camp = str(latest.get("campaign"))
+        row.update((repeats or {}).get((camp, str(latest["point_id"]))) or {})
+        st = (stability or {}).get((camp, str(latest["point_id"]))) or {}
         cv = st.get("throughput_cv")
-        m["stability"] = None if cv is None else f"{st.get('throughput_stability')} ({100 * cv:.1f} %)"
-    rows = sorted(latest.values(), key=lambda m: (_series_key(m, by_campaign), m.get("batch_size") or 0,
-                                                  m["run_id"]))
+        row["stability"] = None if cv is None else f"{st.get('throughput_stability')} ({100 * cv:.1f} %)"
+        rows.append(row)
+    rows.sort(key=lambda m: (_series_key(m, by_campaign), m.get("batch_size") or 0, m["run_id"]))
     columns: list[tuple[str, str, Callable[[Any], str]]] = [
         *([("campaign", "campaign", str)] if by_campaign else []), *TABLE_COLUMNS]
     head = [(h.replace("GPU", word) if k in ("number_gpus", "dataset_tokens_per_second_per_gpu") else h)
             for h, k, _ in columns]
     return table(head, [([None if m.get(k) is None and k != "is_valid" else fn(m.get(k)) for _, k, fn in columns],
                          "ok" if m.get("is_valid") else "oom") for m in rows], css="latest")
+
+
+ATTEMPT_COLUMNS = (  # (header, key, format)
+    ("model", "model_name", str), ("GPUs", "number_gpus", str), ("batch", "batch_size", str),
+    ("repeat", "repeat", str), ("attempt", "attempt", str), ("sent because", "submit_reason", str),
+    ("outcome", "outcome", str), ("dataset tok/s", "dataset_tokens_per_second", fmt),
+    ("precision", "ci_rel_halfwidth", _pct), ("stopped by", "stopped_by", str), ("energy J", "energy_joules", fmt),
+    ("tok/J", "dataset_tokens_per_joule", fmt), ("excluded", "left_out", str), ("reason", "reason", str),
+    ("run", "run_id", str),
+)
+
+
+def attempts_table(attempts: Sequence[Mapping[str, Any]], word: str = "GPU", by_campaign: bool = False) -> str:
+    """Every attempt of the points shown: why it was sent (``runs.submit_reason``: new, retry, ``more repeats:
+    CV ... > target``), how it ended and what it measured; a run compare and the CV exclude says why."""
+    if not attempts:
+        return no_data("no attempts in this selection")
+    rows = []
+    for a in attempts:
+        r = dict(a)
+        r["outcome"] = a.get("outcome") or (str(a.get("state") or "submitted").lower() + " (not over)")
+        r["left_out"] = ("shared host" if a.get("shared_host") else
+                         f"busy host ({fmt(a.get('host_other_cpu_pct'))} % other CPU)" if a.get("host_busy") else None)
+        r["reason"] = None if a.get("outcome") == "ok" else a.get("reason")
+        rows.append(r)
+    columns: list[tuple[str, str, Callable[[Any], str]]] = [
+        *([("campaign", "campaign", str)] if by_campaign else []), *ATTEMPT_COLUMNS]
+    head = [h.replace("GPU", word) if k == "number_gpus" else h for h, k, _ in columns]
+    return table(head, [([None if r.get(k) is None else fn(r.get(k)) for _, k, fn in columns],
+                         "ok" if r.get("outcome") in ("ok", None) else "oom" if r.get("outcome") == "invalid"
+                         else "fail") for r in rows])
 
 
 def utilisation_note(data: ReportData, word: str) -> str:
@@ -333,9 +396,8 @@ def compare_section(cmp: Mapping[str, Any] | None) -> str:
             "(shaded). A regression is worse by more than the threshold with an interval that does not reach 1.0; "
             "same: the interval lies inside the band; insufficient repeats (orange): the runs cannot decide. "
             f"{plural(len(rows), 'comparison')}, {n_und} with insufficient repeats, {plural(n_reg, 'regression')}.")
-    out = [r for v in (cmp.get("excluded") or {}).values() for r in v]
-    if out:
-        note += f" Left out: {plural(len(out), 'run')} measured on a shared host (runs.overlapped_with)."
+    if cmp.get("excluded_text"):
+        note += f" Left out: {cmp['excluded_text']}."
     chart = ratio_chart(ratio_rows(rows), cmp["threshold"], RATIO_AXIS) if rows else \
         no_data("BASE and CAND share no measured point")
     return section("compare", "Compare", note, f'<div class="wide">{chart}</div>')

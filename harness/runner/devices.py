@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import sysconfig
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from harness.spec.catalog import dtype_name
@@ -26,6 +29,34 @@ def device_info(local_rank: int) -> Any:
                  else (str(uuid) if uuid else None))
     return {"type": "cuda", "index": idx, "local_rank": local_rank, "name": props.name, "uuid": uuid_text,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def flash_attn_problem() -> str | None:
+    """Why flash-attention cannot run in this python, or None when its package imports. A flash_attn built for
+    another torch is found but fails to load, and the model would fail with it."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return "the flash_attn package is not installed in the trainer's python"
+    try:
+        import flash_attn  # noqa: F401  # optional: imported only to learn whether it loads against this torch
+    except Exception as exc:  # noqa: BLE001 - an ABI mismatch raises ImportError, OSError or a RuntimeError
+        return f"the flash_attn package does not load ({type(exc).__name__}: {exc})"[:300]
+    return None
+
+
+def triton_build_problem() -> str | None:
+    """Why Triton could not build a kernel here, or None when it can (or is not installed: nothing to build).
+    The first time a Triton kernel runs, Triton compiles its launcher with a C compiler (``$CC``, else gcc, else
+    clang) against this python's headers; a machine without either fails every kernel at its first call."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    cc = (os.environ.get("CC") or "").split()
+    if not (cc and shutil.which(cc[0])) and not shutil.which("gcc") and not shutil.which("clang"):
+        return "no C compiler ($CC, gcc or clang) for Triton to build its kernels' launcher with"
+    scheme = sysconfig.get_default_scheme() if hasattr(sysconfig, "get_default_scheme") else None
+    include = sysconfig.get_paths(scheme=scheme).get("include") if scheme else sysconfig.get_paths().get("include")
+    if not include or not (Path(include) / "Python.h").is_file():
+        return f"no Python.h in {include} (the python headers) for Triton to build its kernels' launcher against"
+    return None
 
 
 def backend_name() -> str | None:
@@ -78,9 +109,10 @@ def attention_of(model: Any) -> str | None:
 def _why(setting: str, asked: Any, cuda: bool) -> str:
     if not cuda:
         return "no CUDA device"  # the trainer loads float32 weights without mixed precision or flash-attention
-    if setting == "attn_implementation" and asked == "flash_attention_2" and \
-            importlib.util.find_spec("flash_attn") is None:
-        return "the flash_attn package is not installed in the trainer's python"
+    if setting == "attn_implementation" and asked == "flash_attention_2":
+        problem = flash_attn_problem()
+        if problem is not None:
+            return problem
     return "the trainer chose it"
 
 

@@ -19,15 +19,20 @@ Examples: ``oom@step=2``, ``error@step=1``, ``sigkill@step=2``, ``sleep@step=1:3
 
 from __future__ import annotations
 
+import difflib
 import os
 import signal
 import time
 from dataclasses import dataclass
 
 from harness.contract import envvars
+from harness.contract.formats import Stage
 
 KINDS = ("oom", "illegal", "error", "sigkill", "sleep", "exit")
 ENV = envvars.FAULT.name
+# the stages at whose start a trainer looks for a fault (both trainers; harness.runner.rank.fault_at_stage)
+FAULT_STAGES = (Stage.DATASET, Stage.TOKENS, Stage.MODEL_LOAD, Stage.TRAIN)
+MAX_SLEEP_S = 86400.0
 
 
 class FaultSpecError(ValueError):
@@ -106,14 +111,55 @@ def parse_faults(text: str | None) -> list[Fault]:
                     kw[k] = int(v)
                 except ValueError:
                     raise FaultSpecError(f"{ENV}: {k} must be an integer, got {v!r}") from None
-            elif k in ("stage", "job"):
+            elif k == "stage":
+                if v not in FAULT_STAGES:
+                    close = difflib.get_close_matches(v, FAULT_STAGES, n=1)
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    raise FaultSpecError(f"{ENV}: stage {v!r} is not a stage a trainer looks for faults at; use one "
+                                         f"of {', '.join(FAULT_STAGES)}{hint}")
+                kw[k] = v
+            elif k == "job":
+                if not v:
+                    raise FaultSpecError(f"{ENV}: job= needs the text of a job dir's name, e.g. job=<point_id>.r1.")
                 kw[k] = v
             else:
                 raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank, trial, job or batch")
         if ("step" in kw) == ("stage" in kw):
             raise FaultSpecError(f"{ENV}: {part!r} needs exactly one of step=N or stage=NAME")
-        faults.append(Fault(kind=kind, arg=arg, **kw))  # type: ignore[arg-type]
+        if "step" in kw and int(kw["step"]) < 1:  # type: ignore[call-overload]
+            raise FaultSpecError(f"{ENV}: step counts optimizer steps from 1, got {kw['step']}")
+        faults.append(Fault(kind=kind, arg=_arg(kind, arg, part), **kw))  # type: ignore[arg-type]
     return faults
+
+
+def _arg(kind: str, arg: str | None, part: str) -> str | None:
+    """A fault's ``:ARG``, checked: seconds for ``sleep`` (0 to a day), an exit code for ``exit`` (0-255); the
+    other kinds take none (an argument they would ignore is a mistake in the test that wrote it)."""
+    if arg is None:
+        return None
+    arg = arg.strip()
+    if kind == "sleep":
+        try:
+            secs = float(arg)
+        except ValueError:
+            raise FaultSpecError(f"{ENV}: {part!r}: sleep's :ARG is seconds, got {arg!r}") from None
+        if not 0 <= secs <= MAX_SLEEP_S:
+            raise FaultSpecError(f"{ENV}: {part!r}: sleep's :ARG must be 0 to {MAX_SLEEP_S:g} seconds, got {arg}")
+        return arg
+    if kind == "exit":
+        if not arg.isdigit() or not 0 <= int(arg) <= 255:
+            raise FaultSpecError(f"{ENV}: {part!r}: exit's :ARG is an exit code 0-255, got {arg!r}")
+        return arg
+    raise FaultSpecError(f"{ENV}: {part!r}: {kind} takes no :ARG (only sleep and exit do)")
+
+
+def check(text: str | None, where: str) -> None:
+    """Refuse a malformed ``SBENCH_FAULT`` before a job is submitted: ``plan`` and ``submit`` call it on the
+    value their environment and the inventory give the jobs. *where* names its source in the message."""
+    try:
+        parse_faults(text)
+    except FaultSpecError as exc:
+        raise FaultSpecError(f"{where}: {exc} (the syntax: harness/runner/faults.py)") from None
 
 
 def faults_from_env() -> list[Fault]:

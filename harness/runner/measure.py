@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -196,6 +197,33 @@ def _set_window(timeline: dict[str, Any], start: int) -> None:
     timeline["warm_step"] = timeline["start_step"] + start
 
 
+def timed_log_level(level: str) -> str | None:
+    """Make logging no more verbose than *level* (``runner.train_log_level``) from here on: the root logger,
+    every logger set more verbose, and transformers' own verbosity. Returns a note when that changed something
+    (the seed's ``--log_level debug`` holds for start-up; inside the timed steps a debug line per decoded image
+    costs time the throughput would count), else None."""
+    import transformers  # heavy: only where a model is trained
+
+    want = logging.getLevelName(level.upper())
+    if not isinstance(want, int):
+        return None
+    lowered: list[str] = []
+    loggers = [logging.getLogger(), *(x for x in list(logging.root.manager.loggerDict.values())
+                                      if isinstance(x, logging.Logger))]
+    for lg in loggers:
+        if lg.level != logging.NOTSET and lg.level < want:
+            lowered.append(lg.name)
+            lg.setLevel(want)
+    if transformers.utils.logging.get_verbosity() < want:
+        lowered.append("transformers")
+        transformers.utils.logging.set_verbosity(want)
+    if not lowered:
+        return None
+    return (f"logging at most {level} in the timed steps (runner.train_log_level), lowered from the command line's "
+            f"for {len(lowered)} logger(s): a line logged per step or per image costs time the throughput counts; "
+            "runner.train_log_level: debug keeps it")
+
+
 def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict[str, Any],
                    memory: MemoryRecorder | None = None) -> Any:
     import torch  # heavy: only where a model is built or trained
@@ -211,6 +239,9 @@ def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict
         memory snapshots (harness.runner.memsnap)."""
 
         def on_train_begin(self, args, state, control, **kw):
+            said = timed_log_level(ctx.runner.train_log_level)
+            if said is not None:
+                ctx.note(said)
             timeline["train_start_wall"], timeline["t0"] = time.time(), time.perf_counter()
             timeline["start_step"] = state.global_step
             timeline["start_counts"] = meter.snapshot()

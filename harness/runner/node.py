@@ -335,7 +335,7 @@ class NodeRunner:
         rc = self.proc.returncode
         cur = self.cur
         if cur.sampler is not None:
-            cur.sampler.set_root(None)
+            cur.sampler.end_tree()  # the tree's last CPU seconds, up to its end: the window's end has a sample
         tail = _log_tail(log_path, start_at)
         rank_docs = {r: d for r in self.expected_ranks if isinstance(d := _read_json(cur.paths.rank_result(r)), dict)}
         errors = [d for r in self.expected_ranks if isinstance(d := _read_json(cur.paths.error(r)), dict)]

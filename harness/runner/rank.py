@@ -202,13 +202,16 @@ def member_argv(job_dir: Path) -> list[str]:
 
 
 def _release_memory() -> None:
-    """Between a pack's points: what the point before held goes back (Python's garbage, the CUDA cache)."""
+    """Between a pack's points: what the point before held goes back (Python's garbage, the CUDA cache), and the
+    allocator's peak starts again, so that the next point's ``cuda_peak_bytes`` is its own, not the larger of its
+    peak and the points' before it."""
     gc.collect()
     try:
         import torch  # heavy: only where a model was trained
 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
     except ImportError:
         pass
 

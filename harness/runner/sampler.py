@@ -204,7 +204,7 @@ class GpuBackend:
     def devices(self) -> list[GpuDevice]:
         return []
 
-    def read(self) -> list[dict[str, float | None]]:
+    def read(self, own: set[int] | None = None) -> list[dict[str, float | None]]:
         return []
 
     def close(self) -> None:
@@ -261,9 +261,12 @@ class NvmlBackend(GpuBackend):
         except Exception:  # noqa: BLE001 - a field NVML cannot report is left empty
             return None
 
-    def read(self) -> list[dict[str, float | None]]:
+    def read(self, own: set[int] | None = None) -> list[dict[str, float | None]]:
+        """One reading per device in use; *own*: the run's processes (its tree and the node runner), so that
+        each row counts the processes on that GPU that are not the run's (``foreign_procs``)."""
         nv = self.nvml
         out = []
+        foreign = self._foreign(own or set())
         for dev in self.devices():
             h = self._handles[dev.index]
             util = self._field(nv.nvmlDeviceGetUtilizationRates, h)
@@ -278,8 +281,32 @@ class NvmlBackend(GpuBackend):
                 "power_w": None if power is None else power / 1000.0,  # NVML reports milliwatts
                 "power_limit_w": None if limit is None else limit / 1000.0,
                 "energy_j": energy,
+                "foreign_procs": foreign.get(dev.index),
             })
         return out
+
+    def _pids(self, handle: Any) -> set[int] | None:
+        """The pids NVML lists on a device (compute and graphics); None where it cannot say."""
+        found: set[int] = set()
+        answered = False
+        for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            if not hasattr(self.nvml, fn):
+                continue
+            procs = self._field(getattr(self.nvml, fn), handle)
+            if procs is not None:
+                answered = True
+                found |= {int(p.pid) for p in procs}
+        return found if answered else None
+
+    def _foreign(self, own: set[int]) -> dict[int, int | None]:
+        """Per device in use: the processes on it that are not in *own*. Unknown (None) on every device when the
+        run's processes are known but NVML lists none of them on any device while it lists others: its pids
+        are then another PID namespace's (a container's), and nobody can tell whose they are."""
+        pids = {dev.index: self._pids(self._handles[dev.index]) for dev in self.devices()}
+        listed: set[int] = set().union(*(p for p in pids.values() if p))
+        if len(own) > 1 and listed and not (listed & own):
+            return {i: None for i in pids}
+        return {i: None if p is None else len(p - own) for i, p in pids.items()}
 
     def close(self) -> None:
         try:
@@ -300,15 +327,18 @@ class FakeNvml:
     ``400+i`` W limit, and utilisation ``(10*i + 5*call) % 101``. Its energy counter reads
     ``1_000_000*(i+1) + (100+10*i)*1000*k`` mJ on its k-th call (as if one second of its power passed between
     calls); a GPU in *reset_after* (GPU -> k) starts counting again from 0 mJ after its k-th call, and one in
-    *no_energy* has no counter (NotSupported, as before Volta).
+    *no_energy* has no counter (NotSupported, as before Volta). *processes* (GPU -> pids) are the compute
+    processes NVML lists on each GPU.
     """
 
     class _Obj:
         def __init__(self, **kw: Any) -> None:
             self.__dict__.update(kw)
 
-    def __init__(self, n: int, *, no_energy: Iterable[int] = (), reset_after: dict[int, int] | None = None) -> None:
+    def __init__(self, n: int, *, no_energy: Iterable[int] = (), reset_after: dict[int, int] | None = None,
+                 processes: dict[int, list[int]] | None = None) -> None:
         self.n = n
+        self.processes = dict(processes or {})  # GPU -> the pids running on it (none by default)
         self.calls = [0] * n
         self.energy_calls = [0] * n
         self.no_energy = set(no_energy)
@@ -354,6 +384,9 @@ class FakeNvml:
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
         return (400 + h) * 1000
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        return [self._Obj(pid=pid, usedGpuMemory=0) for pid in self.processes.get(h, [])]
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
         if h in self.no_energy:
@@ -409,6 +442,12 @@ class ProcessTree:
         self._last_wall: float | None = None
         self._last_mono: float | None = None
         self._mem_total = psutil.virtual_memory().total
+        # For the reading at the tree's end (:meth:`final`): the CPU seconds of this process's reaped children
+        # before the tree's root is reaped, and each tree process's CPU seconds when last seen.
+        self._children_before = _children_cpu_s()
+        self._seen: dict[tuple[int, float], float] = {}
+        self.pids: set[int] = set()  # the tree's processes at the last reading
+        self.last_cpu_s: float | None = None  # the CPU seconds the last reading counted (None: it counted none)
 
     def _procs(self) -> list[psutil.Process]:
         try:
@@ -438,6 +477,7 @@ class ProcessTree:
             nprocs += 1
             rss += mem
             current[key] = total
+            self._seen[key] = total
             if key in self._prev:
                 cpu += max(0.0, total - self._prev[key])
                 counted += 1
@@ -446,6 +486,8 @@ class ProcessTree:
                 counted += 1
         last_mono = self._last_mono
         self._prev, self._last_wall, self._last_mono = current, now_wall, now_mono
+        self.pids = {pid for pid, _ in current}
+        self.last_cpu_s = cpu if last_mono is not None and counted else None
         if last_mono is None or counted == 0 or now_mono <= last_mono:
             return None  # priming only: there is no interval to divide by
         return {
@@ -454,6 +496,88 @@ class ProcessTree:
             "rss_mb": rss / 2**20,
             "nprocs": nprocs,
         }
+
+    def final(self) -> dict[str, float] | None:
+        """The reading at the tree's end, once its root has exited and been reaped by this process (the node
+        runner): the CPU seconds its processes used since they were last seen, from this process's reaped
+        children's total (``RUSAGE_CHILDREN``: the root's, which holds its reaped descendants'), over the time
+        since the last reading. So the window's last moments before the training process ended have a CPU
+        figure; what a process used between the last reading and an earlier exit lands here too (exact in
+        sum). None when nothing was read before, or the root is not reaped yet (a normal reading then)."""
+        now_mono = time.monotonic()
+        if self._last_mono is None or now_mono <= self._last_mono:
+            return None
+        try:
+            if self._root is not None and self._root.is_running() and self._root.status() != psutil.STATUS_ZOMBIE:
+                return None
+        except psutil.Error:
+            pass
+        left = _children_cpu_s() - self._children_before - sum(self._seen.values())
+        if left < 0:  # a child of this process other than the tree was reaped meanwhile: nothing can be said
+            return None
+        return {"cpu_pct": 100.0 * left / (now_mono - self._last_mono), "nprocs": 0}
+
+
+def _children_cpu_s() -> float:
+    """The CPU seconds of this process's children that ended and were reaped (and of their reaped descendants)."""
+    import resource  # POSIX only: where a job runs
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+# -- the host's other load --------------------------------------------------------------------------------
+
+def _proc_stat() -> tuple[float, float] | None:
+    """(busy, all) CPU seconds of the whole host since boot, from the ``cpu`` line of ``/proc/stat``
+    (``SBENCH_PROC_STAT``): busy is user, nice, system, irq, softirq and steal; all adds idle and iowait."""
+    try:
+        with open(envvars.PROC_STAT.get(), encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("cpu "):
+                    f = [int(x) for x in line.split()[1:]]
+                    break
+            else:
+                return None
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    f += [0] * (8 - len(f))
+    busy = f[0] + f[1] + f[2] + f[5] + f[6] + f[7]
+    return busy / tick, (busy + f[3] + f[4]) / tick
+
+
+class HostLoad:
+    """The CPU the host spends on everything that is not the run: the host's busy CPU time (``/proc/stat``)
+    over a sampler period, less the training process tree's and this process's own (the node runner and its
+    sampler), as a share of the host's capacity over that period (0-100: 100 = every core busy with other
+    work). None until two readings (the first primes), or where ``/proc/stat`` cannot be read."""
+
+    def __init__(self) -> None:
+        self._prev: tuple[float, float] | None = _proc_stat()
+        self._self = psutil.Process()
+        self._self_prev = self._own_s()
+
+    def _own_s(self) -> float:
+        try:
+            t = self._self.cpu_times()
+            return float(t.user + t.system)
+        except psutil.Error:
+            return 0.0
+
+    def read(self, tree_cpu_s: float | None) -> float | None:
+        """The other load since the last reading, the run's tree having used *tree_cpu_s* seconds in it (None:
+        no tree yet, or it counted nothing)."""
+        now, own = _proc_stat(), self._own_s()
+        prev, own_prev = self._prev, self._self_prev
+        self._prev, self._self_prev = now, own
+        if now is None or prev is None:
+            return None
+        busy, capacity = now[0] - prev[0], now[1] - prev[1]
+        if capacity <= 0:
+            return None
+        other = busy - (tree_cpu_s or 0.0) - max(0.0, own - own_prev)
+        return min(100.0, 100.0 * max(0.0, other) / capacity)
 
 
 # -- the sampler --------------------------------------------------------------------------------
@@ -481,6 +605,7 @@ class Sampler:
         self.backend = backend or GpuBackend()
         self.rapl = rapl
         self.tree = ProcessTree(root_pid) if root_pid else None
+        self.host = HostLoad()
         self.rows = 0
         self.ticks = 0
         self.errors = 0
@@ -502,19 +627,48 @@ class Sampler:
             if self.tree is not None:
                 self.tree.read()  # prime at once, so the next tick already has an interval
 
+    def end_tree(self) -> int:
+        """The training process tree ended (its root reaped): write its final process row (:meth:`ProcessTree.final`)
+        with the devices' readings at this moment, then stop following it; returns the rows written."""
+        with self._lock:
+            tree, self.tree = self.tree, None
+            p = tree.final() if tree is not None else None
+            if p is None or self._fh.closed:
+                return 0
+            wall, mono = time.time(), time.monotonic()
+            try:
+                rows = [*self._rows(wall, mono, proc=False),
+                        _row(t_wall=wall, t_mono=mono, kind="proc", device=-1, cpu_pct=p["cpu_pct"], nprocs=0)]
+            except Exception as exc:  # noqa: BLE001 - a failed reading must not stop the run
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                return 0
+            self._csv.writerows(rows)
+            self._fh.flush()
+            self.rows += len(rows)
+            self.ticks += 1
+            return len(rows)
+
     def _rows(self, wall: float, mono: float, proc: bool = True) -> Iterable[list[str]]:
-        for dev, r in zip(self.backend.devices(), self.backend.read()):
+        # the tree first: its processes are the run's own on the GPUs (rows still go out GPU, cpu, proc, host)
+        p = self.tree.read() if proc and self.tree is not None else None
+        tree_s = self.tree.last_cpu_s if proc and self.tree is not None else None
+        own = ({os.getpid()} | self.tree.pids) if self.tree is not None else set()
+        for dev, r in zip(self.backend.devices(), self.backend.read(own)):
             yield _row(t_wall=wall, t_mono=mono, kind="gpu", device=dev.index, gpu_util=r["gpu_util"],
                        mem_used_mb=r["mem_used_mb"], mem_total_mb=r["mem_total_mb"], power_w=r["power_w"],
-                       power_limit_w=r["power_limit_w"], energy_j=r.get("energy_j"))
+                       power_limit_w=r["power_limit_w"], energy_j=r.get("energy_j"),
+                       foreign_procs=r.get("foreign_procs"))
         if self.rapl is not None:
             for package, energy in self.rapl.read():
                 yield _row(t_wall=wall, t_mono=mono, kind="cpu", device=package, energy_j=energy)
-        if proc and self.tree is not None:
-            p = self.tree.read()
-            if p is not None:
-                yield _row(t_wall=wall, t_mono=mono, kind="proc", device=-1, cpu_pct=p["cpu_pct"],
-                           mem_pct=p["mem_pct"], rss_mb=p["rss_mb"], nprocs=p["nprocs"])
+        if p is not None:
+            yield _row(t_wall=wall, t_mono=mono, kind="proc", device=-1, cpu_pct=p["cpu_pct"],
+                       mem_pct=p["mem_pct"], rss_mb=p["rss_mb"], nprocs=p["nprocs"])
+        if proc:
+            other = self.host.read(tree_s)
+            if other is not None:
+                yield _row(t_wall=wall, t_mono=mono, kind="host", device=-1, cpu_pct=other)
 
     def tick(self, proc: bool = True) -> int:
         """Take one sample now (without the process row unless *proc*); returns the number of rows written."""
@@ -554,12 +708,13 @@ class Sampler:
 
     def stop(self) -> int:
         """Stop the thread, take a last reading of the devices (a started sampler: so that the energy
-        counters cover the end of training; no process row), close the file; returns the number of rows."""
+        counters cover the end of training) and of the process tree when it still runs (a pack's point that
+        ended while the training process goes on), close the file; returns the number of rows."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             if not self._thread.is_alive():
-                self.tick(proc=False)
+                self.tick(proc=self.tree is not None)
         with self._lock:
             if not self._fh.closed:
                 self._fh.close()

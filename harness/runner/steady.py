@@ -12,8 +12,10 @@
   ``t(0.975, m*b - 1) * s / sqrt(m*b)`` over the same steps: with few batches (a short window) the batch
   means can agree by chance while the steps themselves are spread wide, and a rule that looks after every
   step would stop on that chance. Correlated steps only widen the batch means' interval, so the floor
-  costs nothing when batching matters. Its relative half-width ``h / mean`` is the throughput's, to first order
-  (throughput is steps or tokens per second, the inverse of the mean step time).
+  costs nothing when batching matters. Its relative half-width is ``h`` over the mean of every step given (the
+  window's mean step time, not the batched steps' mean when a few oldest steps are left out of the batches):
+  the throughput's, to first order (throughput is steps or tokens per second, the inverse of the mean step
+  time).
 - :class:`PrecisionRule`: stop once the steady window holds ``min_steps`` steps and its interval is
   within ``rel_ci``, or once ``max_seconds`` have passed.
 
@@ -135,7 +137,7 @@ def mser5(times: Sequence[float]) -> int:
 class Interval:
     """Batch-means confidence interval of the mean step time."""
 
-    mean_s: float  # mean of the batch means
+    mean_s: float  # the mean step time of every step given (the window's: what measurements store beside it)
     half_s: float  # half-width (seconds)
     rel: float  # half_s / mean_s
     batches: int
@@ -149,12 +151,14 @@ def batch_means(times: Sequence[float], confidence: float = CONFIDENCE) -> Inter
     m = n // b
     if m < 2:
         return None
-    used = times[n - b * m:]  # the oldest leftover steps are dropped
+    used = times[n - b * m:]  # the oldest leftover steps are dropped from the batches
     means = [fmean(used[i * m:(i + 1) * m]) for i in range(b)]
-    mu = fmean(means)
     q = 0.5 + confidence / 2.0
     half = max(t_quantile(q, b - 1) * stdev(means) / math.sqrt(b),
                t_quantile(q, b * m - 1) * stdev(used) / math.sqrt(b * m))
+    # relative to the mean of every step given (the window's mean step time, which measurements store as
+    # step_time_mean and the throughput is the inverse of), not to the batched steps' own mean
+    mu = fmean(times)
     return Interval(mean_s=mu, half_s=half, rel=half / mu if mu > 0 else math.inf, batches=b, batch_size=m)
 
 

@@ -15,9 +15,11 @@ Per rank it writes, in the job directory (``--job_dir``):
   illegal memory access) or ``failed`` (see :mod:`harness.runner.classify`).
 
 On a machine without CUDA, bf16/fp16 and flash-attention are turned off and weights load as
-float32; without the flash_attn package attention is sdpa. ``rank.<rank>.json`` records what ran (``ran``:
-read off the loaded model and the Trainer) and each setting that differs from what the point asked
-(``adjustments``, each also a note); GPTQ-LoRA needs CUDA and fails with a clear reason.
+float32; where the flash_attn package is missing or does not load, attention is sdpa. ``rank.<rank>.json``
+records what ran (``ran``: read off the loaded model and the Trainer) and each setting that differs from what
+the point asked (``adjustments``, each also a note); GPTQ-LoRA needs CUDA and fails with a clear reason. On CUDA,
+where Triton cannot build a kernel (no C compiler or python headers), trl computes its loss with its torch path
+instead of its Triton kernels (a note says so).
 
 Measurements (``metrics``; all over the *measured window*: from the start of training, or under
 auto-stop from the end of warm-up, to the end of the last optimiser step): dataset tokens are
@@ -51,7 +53,7 @@ and what ran (:mod:`~harness.runner.devices`).
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import dataclasses
 import os
 import re
 import time
@@ -72,7 +74,7 @@ from harness.data.visionprep import VISION_TEXT, ensure_vision_prepared
 from harness.spec.flops import model_counts
 
 from . import rank
-from .devices import backend_name, device_info, what_ran, wrapping
+from .devices import backend_name, device_info, flash_attn_problem, triton_build_problem, what_ran, wrapping
 from .measure import CountingCollator, Meter, StopPolicy, make_callback, measurements, run_totals
 from .memsnap import MemoryRecorder
 from .rank import Context, launch_end, write_json
@@ -126,7 +128,7 @@ def resolve_settings(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
     # Each change shows in rank.<rank>.json's adjustments once the model is loaded (what_ran).
     if not cuda:
         s.update(torch_dtype="float32", bf16=False, fp16=False)
-    elif args.use_flash_attn and importlib.util.find_spec("flash_attn") is not None:
+    elif args.use_flash_attn and flash_attn_problem() is None:
         s["attn_implementation"] = "flash_attention_2"
     dtype = getattr(torch, s["torch_dtype"], None)
     if not isinstance(dtype, torch.dtype):
@@ -145,6 +147,28 @@ def qlora_kwargs(args: argparse.Namespace, dtype: Any) -> dict[str, Any]:
     return {"quantization_config": BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)}
+
+
+def trl_triton_off() -> bool:
+    """Make trl compute its loss (and entropy) with its torch tiles instead of its Triton kernels; True when it
+    had the switches this knows (trl 1.x: the kernels module's availability flag and the trainer utilities' check)."""
+    import trl.kernels.chunked_logprob as chunked  # heavy: only where a model is trained
+    import trl.trainer.utils as trl_utils  # heavy: as above
+
+    known = hasattr(chunked, "_TRITON_AVAILABLE") and hasattr(trl_utils, "is_triton_available")
+    if known:
+        chunked._TRITON_AVAILABLE = False
+        trl_utils.is_triton_available = lambda: False
+    return known
+
+
+def checkpointing_args(config_cls: Any, enabled: bool, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The Trainer's activation-checkpointing arguments, under the names *config_cls* (``SFTConfig``) has: since
+    transformers 5.2x ``activation_checkpointing`` (``gradient_checkpointing`` is its deprecated alias there),
+    before that ``gradient_checkpointing``, which those releases alone know."""
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    key = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return {key: enabled, f"{key}_kwargs": kwargs}
 
 
 def enable_cpu_fsdp(trainer: Any) -> bool:
@@ -350,6 +374,15 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
 
     doc["settings"] = {k: (str(v) if k == "dtype" else v) for k, v in settings.items()}
     doc["device"] = device_info(ctx.local_rank)
+    problem = triton_build_problem() if settings["cuda"] else None
+    if problem is not None:
+        # trl's fused loss runs Triton kernels on CUDA; one that cannot be built would fail every step.
+        doc["settings"]["trl_triton_kernels"] = False
+        if trl_triton_off():
+            ctx.note(f"trl's Triton loss kernels are off ({problem}); its torch path computes the same loss")
+        else:
+            ctx.note(f"{problem}; this trl has no switch sbench knows to use its torch path: its Triton kernels "
+                     "may fail")
     gc_kwargs = dict(args.gradient_checkpointing_kwargs or {})
 
     # Created first: everything below can then use the process group (gloo on CPU).
@@ -387,8 +420,9 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
             warmup_steps=args.warmup_ratio, lr_scheduler_type=args.lr_scheduler_type,
             logging_strategy="steps", logging_steps=args.logging_steps, save_strategy="no", eval_strategy="no",
             report_to="none", optim=args.optim, optim_args=args.optim_args, bf16=settings["bf16"],
-            fp16=settings["fp16"], use_cpu=not settings["cuda"], activation_checkpointing=args.gradient_checkpointing,
-            activation_checkpointing_kwargs=gc_kwargs or None, max_length=args.max_seq_length, packing=False,
+            fp16=settings["fp16"], use_cpu=not settings["cuda"],
+            **checkpointing_args(SFTConfig, args.gradient_checkpointing, gc_kwargs or None),
+            max_length=args.max_seq_length, packing=False,
             dataset_text_field=args.dataset_text_field, dataset_kwargs={"skip_prepare_dataset": True},
             log_level=args.log_level, disable_tqdm=True, seed=args.seed, dataloader_num_workers=0,
             include_num_input_tokens_seen="no",

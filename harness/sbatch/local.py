@@ -41,7 +41,7 @@ import submitit
 
 from harness.build.jobspec import JobSpec
 from harness.contract import envvars, jobstate, safefile
-from harness.contract.errors import InputError
+from harness.contract.errors import InputError, SbenchError
 from harness.contract.paths import CampaignPaths, JobPaths
 from harness.contract.records import (
     AttemptExtra,
@@ -62,7 +62,7 @@ from harness.spec.sweep import Sweep
 
 from .executors import SubmitOptions, Submitted
 from .fit import ClusterFit
-from .pack import in_process, make_packs
+from .pack import in_process, make_packs, requeued_locally
 
 NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNLIMITED
 GO = "go"
@@ -304,6 +304,10 @@ def _requeued(item: dict[str, Any], job: Any) -> list[dict[str, Any]]:
         if m["job_dir"] in rest:
             update_submitted(m["job_dir"], {"job_id": None, "requeued_at": now_iso(), "pack": None}, unless=SETTLED)
             out.append({k: v for k, v in m.items() if k != "pack"})
+    try:
+        requeued_locally([Path(m["job_dir"]) for m in out])
+    except SbenchError:
+        pass  # the manifest cannot be written: the points still run; their reason stays the first one
     return out
 
 

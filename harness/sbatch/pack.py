@@ -24,16 +24,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from harness.build.jobspec import JobSpec
 from harness.build.sbatch import job_name_of
-from harness.build.trainargs import pack_in_one_process
 from harness.contract import safefile
 from harness.contract.errors import SbenchError, SubmitError
 from harness.contract.paths import CampaignPaths, JobPaths
 from harness.contract.records import (
     AttemptExtra,
+    AttemptLine,
     ManifestLine,
     SubmittedInfo,
     append_manifest,
@@ -44,72 +43,20 @@ from harness.contract.records import (
 )
 from harness.slurm.client import Slurm
 from harness.spec.schema import slurm_time_minutes
-from harness.spec.sweep import PACK_AUTO
 
+from .grouping import (  # noqa: F401 - which points pack together lives in grouping; its callers import it here
+    AUTO_MAX,
+    batch_size,
+    in_process,
+    make_packs,
+    pack_key,
+    pack_labels,
+    pack_size,
+    packable,
+)
 from .lock import CampaignLocks, holding_campaign_locks
 
-AUTO_MAX = 8  # points per allocation with slurm.pack: auto
 REQUEUE_REASON = "requeued unpacked: an earlier point of its pack ran out of GPU memory"
-
-
-def pack_key(spec: JobSpec) -> tuple[Any, ...]:
-    """What points must share to share an allocation: resource shape, model, trainer, dtype (and method,
-    workload, launcher); None-free so it sorts."""
-    e = spec.entity
-    return (spec.shape(), str(e.get("model_name")), spec.trainer, str(e.get("torch_dtype")), bool(e.get("bf16")),
-            bool(e.get("fp16")), str(spec.compute_dtype), spec.method, spec.workload, spec.launcher, spec.dataset_id,
-            spec.model_source, spec.python, spec.trainer_python or "")
-
-
-def batch_size(spec: JobSpec) -> int:
-    try:
-        return int(spec.entity.get("batch_size") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def packable(spec: JobSpec) -> bool:
-    """The stability experiment runs trials in its own allocation; fabric jobs are not points."""
-    return spec.trials <= 1 and spec.workload in ("train", "idle")
-
-
-def in_process(spec: JobSpec) -> bool:
-    """Whether a pack of *spec*'s points runs in one training process (the node runner's rule)."""
-    return pack_in_one_process(spec.trainer, spec.workload, spec.trials)
-
-
-def pack_size(pack: int | str, spec: JobSpec, time_limit: str | None) -> int:
-    """How many points of *spec*'s group one allocation holds: N; with ``auto`` as many as the partition's
-    time limit holds at the points' own limits, at most :data:`AUTO_MAX` (and :data:`AUTO_MAX` when one point
-    alone asks for the partition's whole limit, as it does when the sweep sets no ``slurm.time``: the pack's
-    limit is then the partition's)."""
-    if pack != PACK_AUTO:
-        return max(1, int(pack))
-    point = slurm_time_minutes(str(spec.resources.get("time") or ""))
-    limit = slurm_time_minutes(time_limit) if time_limit else None
-    if point is None or point <= 0 or limit is None or limit < 2 * point:
-        return AUTO_MAX
-    return min(AUTO_MAX, int(limit // point))
-
-
-def make_packs(specs: Sequence[JobSpec], pack: int | str, time_limit: str | None = None) -> list[list[JobSpec]]:
-    """*specs* in packs: each a list of points that share one allocation, in ascending batch size (then point
-    id and repeat); a point that packs with nothing is a pack of one. Groups keep their first point's order."""
-    if pack == 1:
-        return [[s] for s in specs]
-    groups: dict[tuple[Any, ...], list[JobSpec]] = {}
-    alone: list[list[JobSpec]] = []
-    for s in specs:
-        if packable(s):
-            groups.setdefault(pack_key(s), []).append(s)
-        else:
-            alone.append([s])
-    out: list[list[JobSpec]] = []
-    for members in groups.values():
-        members = sorted(members, key=lambda s: (batch_size(s), s.point_id, s.repeat, s.attempt))
-        n = pack_size(pack, members[0], time_limit)
-        out += [members[i:i + n] for i in range(0, len(members), n)]
-    return out + alone
 
 
 def minutes_text(minutes: float) -> str:
@@ -148,6 +95,32 @@ def _attempt_of(job_dir: Path, campaign_dir: Path) -> tuple[str, str, int, int]:
     raise SubmitError(f"{job_dir}: spec.json is not a rendered job spec")
 
 
+def requeue_line(key: tuple[str, str, int, int], job_dir: Path, executor: str, job_id: str | None, stamp: str,
+                 extra: AttemptExtra) -> AttemptLine:
+    """The manifest's attempt line of a point its pack put back in the queue (*key*: :func:`_attempt_of`; its
+    reason says so: the point's ``runs.submit_reason`` is the last line's)."""
+    campaign, point_id, repeat, attempt = key
+    return attempt_line(campaign, point_id, repeat, attempt, str(job_dir), executor, job_id, stamp, REQUEUE_REASON,
+                        extra=extra)
+
+
+def requeued_locally(job_dirs: Sequence[Path]) -> None:
+    """Record the points a local pack put back in its queue: an attempt line each, with the requeue's reason
+    (the local queue process has no job id for them until it starts them)."""
+    stamp = now_iso()
+    by_campaign: dict[Path, list[ManifestLine]] = {}
+    for jd in map(Path, job_dirs):
+        campaign_dir = jd.parent
+        try:
+            key = _attempt_of(jd, campaign_dir)
+        except (OSError, SbenchError):
+            continue  # its spec.json is not readable: collect says why; the queue still runs it
+        by_campaign.setdefault(campaign_dir, []).append(
+            requeue_line(key, jd, "local", None, stamp, AttemptExtra(requeued_at=stamp)))
+    for campaign_dir, lines in by_campaign.items():
+        append_manifest(CampaignPaths(campaign_dir), lines)
+
+
 @holding_campaign_locks("requeue")
 def requeue(locks: CampaignLocks, campaign_dir: Path, job_dirs: Sequence[Path], slurm: Slurm | None = None,
             ) -> list[tuple[str, str]]:
@@ -166,15 +139,15 @@ def requeue(locks: CampaignLocks, campaign_dir: Path, job_dirs: Sequence[Path], 
         info = read_submitted(jd)
         if info.get("cancelled_at") or JobPaths(jd).stage_hosts():
             continue
-        campaign, point_id, repeat, attempt = _attempt_of(jd, campaign_dir)
+        key = _attempt_of(jd, campaign_dir)
         script = safefile.read_bytes(JobPaths(jd).sbatch, campaign_dir, safefile.SMALL_MAX).decode()
         job_id = slurm.sbatch(script, camp.submissions)
         stamp = now_iso()
         name = job_name_of(script)
         write_submitted(jd, SubmittedInfo(executor="slurm", job_id=job_id, submitted_at=stamp, job_name=name,
                                           requeued_from=info.get("job_id"), requeued_at=stamp))
-        lines.append(attempt_line(campaign, point_id, repeat, attempt, str(jd), "slurm", job_id, stamp, REQUEUE_REASON,
-                                  extra=AttemptExtra(job_name=name, requeued_from=info.get("job_id"))))
+        lines.append(requeue_line(key, jd, "slurm", job_id, stamp,
+                                  AttemptExtra(job_name=name, requeued_from=info.get("job_id"))))
         out.append((str(jd), job_id))
     append_manifest(camp, lines)
     return out

@@ -19,7 +19,7 @@ from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import SbenchError, StoreBusyError, SubmitError
 from harness.contract.paths import parse_job_dir_name, run_id
-from harness.contract.records import AttemptLine
+from harness.contract.records import AttemptLine, read_submitted
 from harness.db.status import attempt_rows, measured_runs, point_stability
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
@@ -36,6 +36,16 @@ class AttemptState:
     outcome: str | None  # ok | invalid | failed | None (queued/running)
     reason: str | None = None
     cancelled: bool = False  # the user cancelled it (sbench cancel): retry leaves it alone
+
+
+def with_submitted(history: PointHistory, campaign: str, attempts: Sequence[tuple[str, int, int, str | None]],
+                   ) -> PointHistory:
+    """*history* with *attempts* (``(point_id, repeat, attempt, job_id)``, just handed to the executor) added as
+    queued: what the campaign has right after a submission."""
+    by_run = {k: list(v) for k, v in history.by_run.items()}
+    for pid, repeat, attempt, job_id in attempts:
+        by_run.setdefault((campaign, pid, repeat), []).append(AttemptState(attempt, job_id, jobstate.INITIAL, None))
+    return PointHistory(by_run, history.elsewhere, history.stability)
 
 
 @dataclass(frozen=True)
@@ -89,8 +99,12 @@ def read_history(db: Path, campaign: str, point_ids: Sequence[str] = (), reuse: 
     with open_store(db, read_only=True) as st:
         for row in attempt_rows(st, campaign):
             key = (row["campaign"], row["point_id"], int(row["repeat"]))
+            job_id = row.get("job_id")
+            if job_id is None and row.get("outcome") is None and row.get("job_dir"):
+                # a local attempt's job id comes once its queue starts it: its submitted.json has it first
+                job_id = read_submitted(row["job_dir"]).get("job_id")
             history.by_run.setdefault(key, []).append(AttemptState(
-                attempt=int(row["attempt"]), job_id=row.get("job_id"), state=row.get("state"),
+                attempt=int(row["attempt"]), job_id=None if job_id is None else str(job_id), state=row.get("state"),
                 outcome=row.get("outcome"), reason=row.get("reason"),
                 cancelled=row.get("cancel_requested_at") is not None and row.get("outcome") == "failed"))
         history.stability = point_stability(st, campaign)

@@ -25,6 +25,7 @@ from harness.contract.records import (
     point_line,
     write_submitted,
 )
+from harness.data.lengths import length_warnings
 from harness.data.trainerenv import EnvBuildError, build
 from harness.db.cluster import record_fabric
 from harness.db.store import open_store
@@ -38,11 +39,12 @@ from . import manifest
 from .backends import get_backend, recorded_or
 from .executors import Backend, SubmitOptions, Submitted
 from .fabric import run_fabric
+from .faultcheck import check_faults
 from .fit import ClusterFit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import run_prepare, work_for
 from .repeats import MORE, RepeatsVerdict, point_verdicts
-from .state import MeasuredRun, PointHistory, campaign_history, read_history
+from .state import MeasuredRun, PointHistory, campaign_history, read_history, with_submitted
 
 MORE_REPEATS = "more repeats"  # the reason's head of an adaptive repeat's submission
 NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
@@ -72,8 +74,10 @@ class SubmitReport:
     prepare_job: str | None = None
     held_back: int = 0  # attempts sbench holds back for the campaign's feeder job (harness.sbatch.feed)
     feed: dict[str, Any] = field(default_factory=dict)  # the feeder job, the limits of the last wave
-    # repeats: {min, max, cv}: each point's verdict before this submission (harness.sbatch.repeats)
+    # repeats: {min, max, cv}: each point's verdict once this submission is made (harness.sbatch.repeats), and
+    # the verdicts it was decided on (before it)
     repeats: list[RepeatsVerdict] = field(default_factory=list)
+    repeats_before: list[RepeatsVerdict] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         by_key = {(s.spec.point_id, s.spec.repeat): s for s in self.submitted}
@@ -89,7 +93,8 @@ class SubmitReport:
                 "reused": sum(1 for d in self.decisions if d.reused),
                 "db_note": self.db_note, "warnings": self.warnings, "preflight": self.preflight,
                 "prepare": self.prepare, "prepare_job": self.prepare_job, "held_back": self.held_back,
-                "feed": self.feed, "repeats": [v.to_dict() for v in self.repeats]}
+                "feed": self.feed, "repeats": [v.to_dict() for v in self.repeats],
+                "repeats_before": [v.to_dict() for v in self.repeats_before]}
 
 
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
@@ -118,7 +123,8 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
         taken = history.reusable(p.point_id, p.repeat) if reuse else None
         if inflight and not force:
             a = inflight[-1]
-            out.append(Decision(p, "skip", f"attempt {a.attempt} is {a.state or 'in flight'} (job {a.job_id})"))
+            job = f"job {a.job_id}" if a.job_id else "no job id yet: its queue has not started it"
+            out.append(Decision(p, "skip", f"attempt {a.attempt} is {a.state or 'in flight'} ({job})"))
         elif force:
             out.append(Decision(p, "submit", "force", next_attempt))
         elif measured:
@@ -231,14 +237,20 @@ def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[st
     report = SubmitReport(sweep.campaign, plan.backend.name, campaign_dir, decisions, db_note=db_note,
                           warnings=plan_warnings(sweep, plan.inv, plan.points) + fit_notes, preflight=checked)
     if sweep.adaptive:
-        report.repeats = list(point_verdicts(sweep.adaptive, [p.point_id for p in plan.points if p.valid], history,
-                                             sweep.campaign).values())
+        report.repeats = report.repeats_before = list(point_verdicts(
+            sweep.adaptive, [p.point_id for p in plan.points if p.valid], history, sweep.campaign).values())
     todo = [d for d in decisions if d.action == "submit"]
     dependency = _prepare_before(req, plan, [d.point for d in todo], report, echo)
+    report.warnings += length_warnings(sweep, plan.inv, [d.point for d in todo])  # the files prepare just made
     events = append_manifest(CampaignPaths(campaign_dir), _campaign_lines(req, plan, decisions, exists))
     specs = _write_job_dirs(plan, todo)
     if specs:
         events += _hand_over(req, plan, todo, specs, dependency, report)
+        if sweep.adaptive:  # the summary says where the repeats stand now, with these in flight
+            now = with_submitted(history, sweep.campaign, [(s.spec.point_id, s.spec.repeat, s.spec.attempt, s.job_id)
+                                                           for s in report.submitted])
+            report.repeats = list(point_verdicts(sweep.adaptive, [p.point_id for p in plan.points if p.valid], now,
+                                                 sweep.campaign).values())
     report.feed = plan.backend.feed_summary(campaign_dir)
     report.db_note = manifest.record_events(plan.db, events) or report.db_note
     return report
@@ -250,6 +262,7 @@ def _plan(req: SubmitRequest, echo: Callable[[str], None], slurm: Slurm) -> Plan
     inv: Inventory = load_inventory(req.inventory)
     sweep = load_sweep(req.sweep, req.model_map, req.campaign)
     points = plan_sweep(sweep, inv, memory=req.skip_predicted_oom)
+    check_faults(inv, {p.partition for p in points})
     if req.prepare != "no" and build_trainer_envs(sweep, inv, points, echo):
         # Some rules read the environment (its accelerate, its plugins): decide them on what was built.
         points = plan_sweep(sweep, inv, memory=req.skip_predicted_oom)
@@ -269,6 +282,7 @@ def _decisions(req: SubmitRequest, plan: Planned, history: PointHistory, reuse: 
     sweep = plan.sweep
     decisions = decide(plan.points, history, sweep.campaign, req.force, req.retry_failed or req.only_failed, reuse,
                        sweep.adaptive)
+    refuse_all_invalid(sweep, plan.points)  # after the campaign's own files were read: what is wrong there comes first
     if req.only_failed:
         # (a repeat adaptive repeats would add is no failed one: retry leaves it out, unlisted)
         decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
@@ -353,6 +367,17 @@ def _hand_over(req: SubmitRequest, plan: Planned, todo: list[Decision], specs: l
         now_iso(), reasons[(s.spec.point_id, s.spec.repeat)], array_job_id=s.array_job_id,
         array_task_id=s.array_task_id, extra=s.extra) for s in report.submitted]
     return append_manifest(CampaignPaths(plan.campaign_dir), lines)
+
+
+def refuse_all_invalid(sweep: Sweep, points: list[PlannedPoint]) -> None:
+    """A sweep none of whose points can run is bad input (exit 2), not a submission of nothing."""
+    if not points or any(p.valid for p in points):
+        return
+    reasons = list(dict.fromkeys(r for p in points for r in p.reasons))
+    shown = "; ".join(reasons[:3]) + (f"; ... ({len(reasons)} reasons in all)" if len(reasons) > 3 else "")
+    raise SweepError(f"{sweep.source}: every point is invalid ({len({p.point_id for p in points})} point(s)): {shown}; "
+                     f"nothing was submitted. Fix the entity or grid (sbench plan {sweep.source} lists each point's "
+                     "reasons)")
 
 
 PREPARE_MODES = ("here", "slurm", "no")

@@ -1,5 +1,8 @@
-"""``submit --wait`` and ``retry --wait``: wait until every submitted attempt is over, then say what became
-of each (ok, invalid or failed, from a collect of those attempts).
+"""``submit --wait`` and ``retry --wait``: wait until every attempt of the campaign still queued or running is
+over (those this command submitted, and those an earlier command left in flight: a second ``submit --wait``
+after Ctrl-C resumes the wait), then say what became of each (ok, invalid or failed, from a collect of those
+attempts), and whether the campaign as a whole is done: every point's last attempt ended, none failed
+(:func:`campaign_outcome`).
 
 SIGINT or SIGTERM while waiting stops the waiting only: the attempts go on (the local queue runs detached,
 SLURM has its own), and :class:`~harness.contract.errors.Interrupted` (exit 130 or 143) lists those still
@@ -26,6 +29,7 @@ from harness.db.status import attempt_rows
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
 
+from . import manifest
 from .backends import get_backend, live_states
 from .executors import Submitted
 
@@ -35,18 +39,45 @@ OUTCOMES = ("ok", "invalid", "failed")
 SETTLE_TRIES, SETTLE_WAIT_S = 5, 2.0
 
 
+@dataclass(frozen=True)
+class AttemptRef:
+    """One attempt to wait for: its point, repeat and attempt, job dir, and the scheduler's handle on it
+    (executor, job id; a SLURM pack's fields, the feeder's held-back flag)."""
+
+    point_id: str
+    repeat: int
+    attempt: int
+    job_dir: str
+    executor: str
+    job_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    def live(self) -> dict[str, Any]:
+        """The attempt as :func:`harness.sbatch.backends.live_states` asks about it."""
+        return {**self.extra, "point_id": self.point_id, "repeat": self.repeat, "attempt": self.attempt,
+                "job_dir": self.job_dir, "executor": self.executor, "job_id": self.job_id}
+
+
+def refs(submitted: list[Submitted], executor: str) -> list[AttemptRef]:
+    return [AttemptRef(s.spec.point_id, s.spec.repeat, s.spec.attempt, s.spec.job_dir, executor, s.job_id,
+                       dict(s.extra)) for s in submitted]
+
+
 @dataclass
 class WaitSummary:
-    """What became of the attempts one submit waited for."""
+    """What became of the attempts one submit waited for, and of the campaign as a whole."""
 
     counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in (*OUTCOMES, "unknown")})
     runs: list[dict[str, Any]] = field(default_factory=list)  # run_id, point_id, repeat, attempt, outcome, ...
     note: str | None = None
+    campaign: CampaignOutcome | None = None  # every point's last attempt, once the waiting is over
 
     @property
     def all_fine(self) -> bool:
-        """No attempt failed, and every outcome is known (exit 0 of ``submit --wait``)."""
-        return self.counts["failed"] == 0 and self.counts["unknown"] == 0
+        """No attempt failed, every outcome is known, and every point of the campaign has a final outcome that
+        is not a failure (exit 0 of ``submit --wait``)."""
+        return self.counts["failed"] == 0 and self.counts["unknown"] == 0 and (
+            self.campaign is None or self.campaign.done)
 
     def add(self, other: WaitSummary) -> None:
         """Count *other*'s attempts in this summary too (a later wait of the same command)."""
@@ -56,7 +87,56 @@ class WaitSummary:
         self.note = "; ".join(n for n in (self.note, other.note) if n) or None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"counts": dict(self.counts), "runs": self.runs, "note": self.note}
+        return {"counts": dict(self.counts), "runs": self.runs, "note": self.note,
+                "campaign": self.campaign.to_dict() if self.campaign else None}
+
+
+@dataclass
+class CampaignOutcome:
+    """Every run (point and repeat) of a campaign by its last attempt: how many ended ok or invalid, which
+    failed, and which have not ended (or whose outcome is not known)."""
+
+    name: str
+    ended: dict[str, int] = field(default_factory=lambda: {"ok": 0, "invalid": 0})
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    open: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return not self.failed and not self.open
+
+    def text(self) -> str:
+        n = sum(self.ended.values()) + len(self.failed) + len(self.open)
+        head = (f"campaign {self.name}: {n} run(s) by their last attempt: {self.ended['ok']} ok, "
+                f"{self.ended['invalid']} invalid, {len(self.failed)} failed, {len(self.open)} not ended")
+        if self.failed:
+            head += f"; sbench retry {self.name} runs the failed ones again"
+        return head
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"campaign": self.name, "ended": dict(self.ended), "failed": self.failed, "open": self.open,
+                "done": self.done}
+
+
+def campaign_outcome(campaign: str, db: Path | None) -> CampaignOutcome:
+    """The campaign's runs by their last attempt, as the database has them (collect first)."""
+    out = CampaignOutcome(campaign)
+    last: dict[tuple[str, int], dict[str, Any]] = {}
+    with open_store(resolve_db(db), read_only=True) as st:
+        for r in attempt_rows(st, campaign):
+            key = (str(r["point_id"]), int(r["repeat"]))
+            if key not in last or int(r["attempt"]) > int(last[key]["attempt"]):
+                last[key] = r
+    for (pid, rep), r in sorted(last.items()):
+        row = {"run_id": r["run_id"], "point_id": pid, "repeat": rep, "attempt": r["attempt"], "state": r.get("state"),
+               "reason": r.get("reason")}
+        if r.get("outcome") in ("ok", "invalid"):
+            out.ended[str(r["outcome"])] += 1
+        elif r.get("outcome") == "failed" and (r.get("state") or "") != "GONE":
+            out.failed.append(row)
+        else:
+            out.open.append(row)
+    return out
 
 
 @contextlib.contextmanager
@@ -80,12 +160,6 @@ def interruptible() -> Iterator[None]:
             signal.signal(sig, h)
 
 
-def _attempt(s: Submitted, campaign: str, executor: str) -> dict[str, Any]:
-    return {"campaign": campaign, "point_id": s.spec.point_id, "repeat": s.spec.repeat, "attempt": s.spec.attempt,
-            "job_dir": s.spec.job_dir, "job_id": s.job_id, "executor": executor,
-            "submitted_at": s.extra.get("submitted_at"), "job_name": s.extra.get("job_name")}
-
-
 def cancel_command(campaign: str, workdir: Path | None, db: Path | None) -> str:
     """``sbench cancel --campaign X``, with ``--workdir`` / ``--db`` where they are not the defaults."""
     cmd = ["sbench", "cancel", "--campaign", campaign]
@@ -97,15 +171,15 @@ def cancel_command(campaign: str, workdir: Path | None, db: Path | None) -> str:
     return shlex.join(cmd)
 
 
-def still_queued(campaign: str, executor: str, submitted: list[Submitted], workdir: Path | None, db: Path | None,
+def still_queued(campaign: str, attempts_: list[AttemptRef], workdir: Path | None, db: Path | None,
                  slurm: Slurm) -> str:
-    """Which of *submitted* are still queued or running, and the command that cancels them."""
-    attempts = [_attempt(s, campaign, executor) for s in submitted]
+    """Which of *attempts_* are still queued or running, and the command that cancels them."""
+    attempts = [a.live() for a in attempts_]
     live = live_states(attempts, slurm)
     left = [(a, live[a["job_dir"]]) for a in attempts
             if a["job_dir"] in live and jobstate.lookup(live[a["job_dir"]]).phase in ("pending", "running")]
     if not left:
-        return "no submitted attempt is still queued or running"
+        return "no attempt is still queued or running"
     lines = [f"{len(left)} attempt(s) are still queued or running and go on without this command:"]
     lines += [f"  {a['point_id']} r{a['repeat']} a{a['attempt']}  {state.lower()}  "
               f"{'job ' + str(a['job_id']) if a.get('job_id') else a['job_dir']}" for a, state in left]
@@ -113,25 +187,80 @@ def still_queued(campaign: str, executor: str, submitted: list[Submitted], workd
     return "\n".join(lines)
 
 
+def in_flight(campaign: str, workdir: Path | None, slurm: Slurm,
+              exclude: frozenset[str] | set[str] = frozenset()) -> list[AttemptRef]:
+    """The campaign's attempts the scheduler says are still queued or running (its manifest's newest line of each
+    job dir), but those whose job dir is in *exclude*: what an earlier submit, retry or collect left in flight."""
+    lines = [a for a in manifest.attempts(resolve_workdir(workdir), campaign) if str(a["job_dir"]) not in exclude]
+    live = live_states(lines, slurm)
+    out = []
+    for a in lines:
+        state = live.get(a["job_dir"])
+        if state is None or jobstate.lookup(state).phase not in ("pending", "running"):
+            continue
+        try:
+            out.append(AttemptRef(str(a["point_id"]), int(a.get("repeat") or 0), int(a["attempt"]), str(a["job_dir"]),
+                                  str(a.get("executor") or "local"),
+                                  None if a.get("job_id") is None else str(a["job_id"]),
+                                  {k: v for k, v in a.items() if k.startswith("pack_") or k == "held_back"}))
+        except (KeyError, TypeError, ValueError):
+            continue  # a malformed line: collect says so
+    return out
+
+
+POLL_FIRST_S, POLL_MAX_S = 1.0, 10.0  # the poller's back-off for attempts another command submitted
+
+
+def wait_refs(attempts: list[AttemptRef], slurm: Slurm, progress: Callable[[int, int], None] | None = None) -> None:
+    """Until none of *attempts* is queued or running, asking the scheduler with a growing pause (one question
+    for all of them each time)."""
+    pause = POLL_FIRST_S
+    while True:
+        slurm.forget()
+        live = live_states([a.live() for a in attempts], slurm)
+        done = sum(1 for a in attempts if jobstate.lookup(live.get(a.job_dir) or "NOT_STARTED").phase
+                   not in ("pending", "running"))
+        if progress:
+            progress(done, len(attempts))
+        if done >= len(attempts):
+            return
+        time.sleep(pause)
+        pause = min(POLL_MAX_S, pause * 2)
+
+
 def wait_for(campaign: str, executor: str, submitted: list[Submitted], workdir: Path | None = None,
              db: Path | None = None, progress: Callable[[int, int], None] | None = None,
-             slurm: Slurm | None = None) -> WaitSummary:
-    """Wait for *submitted* (the attempts of one submit), then collect them and count their outcomes."""
+             slurm: Slurm | None = None, others: list[AttemptRef] | None = None) -> WaitSummary:
+    """Wait for *submitted* (the attempts of one submit) and *others* (the campaign's attempts an earlier command
+    left in flight), then collect them and count their outcomes."""
     slurm = slurm or Slurm()
     backend = get_backend(executor, slurm)
+    others = others or []
+    mine = refs(submitted, executor)
+    total = len(mine) + len(others)
+
+    def offset(base: int) -> Callable[[int, int], None] | None:
+        if progress is None:
+            return None
+        report = progress
+        return lambda done, _n: report(base + done, total)
+
     try:
         with interruptible():
-            backend.wait(submitted, progress)
+            if others:
+                wait_refs(others, slurm, offset(0))
+            if submitted:
+                backend.wait(submitted, offset(len(others)))
     except Interrupted as exc:
-        raise Interrupted(exc.signum, note=still_queued(campaign, executor, submitted, workdir, db, slurm)) from None
-    return summarise(campaign, submitted, workdir, db, slurm)
+        raise Interrupted(exc.signum, note=still_queued(campaign, mine + others, workdir, db, slurm)) from None
+    return summarise(campaign, mine + others, workdir, db, slurm)
 
 
-def summarise(campaign: str, submitted: list[Submitted], workdir: Path | None, db: Path | None,
+def summarise(campaign: str, attempts: list[AttemptRef], workdir: Path | None, db: Path | None,
               slurm: Slurm) -> WaitSummary:
-    """Collect the attempts of *submitted*, then each one's outcome and reason as the database has them."""
+    """Collect *attempts*, then each one's outcome and reason as the database has them."""
     wd, dbp = resolve_workdir(workdir), resolve_db(db)
-    ids = {run_id(campaign, s.spec.point_id, s.spec.repeat, s.spec.attempt): s for s in submitted}
+    ids = {run_id(campaign, a.point_id, a.repeat, a.attempt): a for a in attempts}
     out = WaitSummary()
     rows: dict[str, dict[str, Any]] = {}
     try:
@@ -150,14 +279,28 @@ def summarise(campaign: str, submitted: list[Submitted], workdir: Path | None, d
                     f"'sbench status --campaign {campaign}'")
     except Interrupted as exc:
         raise Interrupted(exc.signum, note="every attempt is over; 'sbench collect' records them") from None
-    for rid, s in sorted(ids.items()):
+    for rid, a in sorted(ids.items()):
         r = rows.get(rid, {})
         outcome = str(r["outcome"]) if r.get("outcome") in OUTCOMES else "unknown"
         out.counts[outcome] += 1
-        out.runs.append({"run_id": rid, "point_id": s.spec.point_id, "repeat": s.spec.repeat,
-                         "attempt": s.spec.attempt, "outcome": outcome, "state": r.get("state"),
-                         "reason": r.get("reason")})
+        out.runs.append({"run_id": rid, "point_id": a.point_id, "repeat": a.repeat, "attempt": a.attempt,
+                         "outcome": outcome, "state": r.get("state"), "reason": r.get("reason")})
     return out
 
 
-__all__ = ["WaitSummary", "cancel_command", "interruptible", "still_queued", "summarise", "wait_for"]
+def judge_campaign(summary: WaitSummary, campaign: str, workdir: Path | None, db: Path | None,
+                   slurm: Slurm) -> WaitSummary:
+    """Once the waiting is over: every run of the campaign by its last attempt (a collect of the campaign first,
+    so that what ended while nobody waited is read too), in *summary*."""
+    try:
+        with interruptible():
+            collect(resolve_db(db), resolve_workdir(workdir), campaign, slurm=slurm)
+        summary.campaign = campaign_outcome(campaign, db)
+    except SbenchError as exc:
+        summary.note = "; ".join(n for n in (summary.note, f"the campaign's state is not known: {exc}") if n)
+        summary.campaign = CampaignOutcome(campaign, open=[{"run_id": None, "reason": str(exc)}])
+    return summary
+
+
+__all__ = ["AttemptRef", "CampaignOutcome", "WaitSummary", "campaign_outcome", "cancel_command", "in_flight",
+           "interruptible", "judge_campaign", "refs", "still_queued", "summarise", "wait_for", "wait_refs"]

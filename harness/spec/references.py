@@ -17,7 +17,8 @@ the file on a tie, and a point no entry selects is not checked for that metric.
 
 Collect checks each point and repeat of the campaign, at its latest attempt, into the ``checks``
 table: ``pass``, ``fail``, ``missing`` (the run failed, is not over, or did not measure the
-metric), or ``shared`` (it measured while another sbench run held one of its hosts, ``runs.overlapped_with``:
+metric), or ``shared`` (it measured while another sbench run held one of its hosts, ``runs.overlapped_with``, or
+while other work kept a host busy, ``measurements.host_busy``:
 its value is noise, not judged). ``sbench check CAMPAIGN`` prints them and exits 1 on any fail (or
 missing or shared, unless ``--allow-missing``).
 """
@@ -136,7 +137,8 @@ def check_rows(campaign: str, refs: Sequence[Reference], points: Sequence[Mappin
 
     *points*: the campaign's point-repeats at their latest attempt, each with ``point_id``, ``repeat``,
     ``entity`` (dict), ``run_id``/``outcome`` (None when never run), ``overlapped_with`` (the runs that shared a
-    host with it) and ``values`` (metric -> value or None; empty without a measurements row)."""
+    host with it), ``host_busy`` and ``host_other_cpu_pct`` (other work kept its host busy) and ``values``
+    (metric -> value or None; empty without a measurements row)."""
     rows: list[dict[str, Any]] = []
     metrics = list(dict.fromkeys(r.metric for r in refs))
     for p in points:
@@ -161,6 +163,12 @@ def check_rows(campaign: str, refs: Sequence[Reference], points: Sequence[Mappin
                 status = "shared"
                 reason = (f"not judged: measured while {', '.join(others[:3])}{' ...' if len(others) > 3 else ''} "
                           "held the same host (runs.overlapped_with); measure it again on its own")
+            elif p.get("host_busy"):
+                status = "shared"
+                load = p.get("host_other_cpu_pct")
+                reason = ("not judged: measured on a host busy with other work (measurements.host_busy"
+                          + (f": {load:.0f} % of its CPU" if isinstance(load, (int, float)) else "")
+                          + "); measure it again on a quiet host")
             elif low is not None and value < low:
                 status, reason = "fail", f"{value:.6g} < {low:.6g} ({ref.value:.6g} - {ref.lower:.0%})"
             elif high is not None and value > high:

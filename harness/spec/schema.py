@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from harness.contract.errors import InputError
 
-from .yamlio import LineDict
+from .yamlio import LineDict, Scientific
 
 # -- limits: the one home of every input bound -------------------------------------------------------------
 INT_MAX = 2**31 - 1  # what an INTEGER column holds; the default ceiling of an integer key
@@ -256,6 +256,8 @@ class Checker:
             return default
         dotted = f"{key}.{name}" if key else name
         bound = f" >= {minimum}" if minimum is not None else ""
+        if isinstance(value, Scientific):  # 1e12 unquoted: a number in YAML 1.2
+            value = float(value.replace("_", ""))
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(dotted, f"must be a number{bound}, got {show(value)}", node, name)
         if isinstance(value, float) and not math.isfinite(value):

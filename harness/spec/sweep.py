@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import envvars
-from harness.contract.defaults import AUTO_STOP, MIN_SAMPLE_INTERVAL_S, STOP_METHODS, RunnerSettings
+from harness.contract.defaults import AUTO_STOP, MIN_SAMPLE_INTERVAL_S, STOP_METHODS, TRAIN_LOG_LEVELS, RunnerSettings
 from harness.contract.errors import CatalogError, InputError, SweepError
 
 from .catalog import EXPERIMENTS, Experiment, get_experiment
@@ -59,7 +59,7 @@ PACK_AUTO = "auto"
 
 
 RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds",
-               "memory_every_steps")
+               "memory_every_steps", "train_log_level", "host_busy_cpu")
 
 
 WORKLOADS = ("train", "idle")
@@ -77,6 +77,7 @@ MAX_REPEATS = 1000
 
 
 REPEATS_KEYS = ("min", "max", "cv")
+MAX_REL_CI = 0.5  # the precision auto-stop's widest target: +-50 % of the mean
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,21 @@ def load_sweep(path: str | Path, model_map_path: str | Path | None = None, campa
     return sweep
 
 
+def _host_busy_cpu(ck: Checker, runner_node: Any) -> float:
+    """``runner.host_busy_cpu``: a share of a host's CPU capacity in (0, 1]; default ``$SBENCH_HOST_BUSY_CPU``."""
+    try:
+        default = float(envvars.HOST_BUSY_CPU.get())
+    except ValueError:
+        raise InputError(f"{envvars.HOST_BUSY_CPU.name} must be a number in (0, 1], got "
+                         f"{envvars.HOST_BUSY_CPU.get()!r}") from None
+    value = float(ck.number(runner_node, "runner", "host_busy_cpu", default=default))
+    if not 0 < value <= 1:
+        ck.fail("runner.host_busy_cpu", f"must be a share of the host's CPU capacity above 0 and at most 1 (0.25: "
+                                        f"other work on a quarter of its cores; 1: never flagged), got {value:g}",
+                runner_node, "host_busy_cpu")
+    return value
+
+
 def parse_repeats(ck: Checker, doc: Any) -> AdaptiveRepeats | None:
     """``repeats: {min, max, cv}`` (None for a plain ``repeats: N`` or none)."""
     node = doc.get("repeats")
@@ -211,13 +227,17 @@ def parse_repeats(ck: Checker, doc: Any) -> AdaptiveRepeats | None:
     for k in REPEATS_KEYS:
         ck.require(node, "repeats", k, "repeats: {min: 2, max: 6, cv: 0.02} (or a plain repeats: N)")
     lo = ck.integer(node, "repeats", "min", minimum=1, maximum=MAX_REPEATS)
+    if lo < 2:
+        # a CV needs two measured repeats: with min 1 the point stops at one repeat with no CV, for good
+        ck.fail("repeats.min", f"must be >= 2 with cv: a coefficient of variation needs two measured repeats, got "
+                               f"{lo}; set min: 2 (or a plain repeats: {lo})", node, "min")
     hi = ck.integer(node, "repeats", "max", minimum=1, maximum=MAX_REPEATS)
     if hi < lo:
         ck.fail("repeats.max", f"must be >= repeats.min ({lo}), got {hi}; raise max or lower min", node, "max")
-    cv = float(ck.number(node, "repeats", "cv", minimum=0, maximum=1))
+    cv = float(ck.number(node, "repeats", "cv"))
     if not 0 < cv < 1:
-        ck.fail("repeats.cv", f"must be a fraction between 0 and 1 (e.g. 0.02 for a CV of 2 %), got {cv:g}", node,
-                "cv")
+        ck.fail("repeats.cv", f"must be a fraction between 0 and 1, both excluded (e.g. 0.02 for a CV of 2 %), got "
+                              f"{cv:g}", node, "cv")
     return AdaptiveRepeats(lo, hi, cv)
 
 
@@ -299,10 +319,11 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
             if other != method and k in auto:
                 ck.fail(f"runner.auto_stop.{k}", f"applies to method: {other}, not {method}; remove it or set "
                                                  f"runner.auto_stop.method: {other}", auto, k)
-    rel_ci = float(ck.number(auto, "runner.auto_stop", "rel_ci", default=d.rel_ci, minimum=0, maximum=1))
-    if not rel_ci > 0:
-        ck.fail("runner.auto_stop.rel_ci", f"must be a fraction > 0 of the mean (e.g. 0.02 for +-2 %), got {rel_ci:g}",
-                auto, "rel_ci")
+    rel_ci = float(ck.number(auto, "runner.auto_stop", "rel_ci", default=d.rel_ci))
+    if not 0 < rel_ci <= MAX_REL_CI:
+        ck.fail("runner.auto_stop.rel_ci", f"must be a fraction of the mean above 0 and at most {MAX_REL_CI:g} (e.g. "
+                                           f"0.02 for +-2 %; an interval wider than +-{MAX_REL_CI:.0%} measures "
+                                           f"nothing), got {rel_ci:g}", auto, "rel_ci")
     max_seconds = float(ck.number(auto, "runner.auto_stop", "max_seconds", default=d.max_seconds, minimum=0,
                                   maximum=day))
     if not max_seconds > 0:
@@ -330,6 +351,9 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
                                      maximum=day)),
         memory_every_steps=ck.integer(runner_node, "runner", "memory_every_steps", default=d.memory_every_steps,
                                       minimum=1, maximum=10**9),
+        train_log_level=ck.choice(runner_node, "runner", "train_log_level", TRAIN_LOG_LEVELS,
+                                  default=d.train_log_level),
+        host_busy_cpu=_host_busy_cpu(ck, runner_node),
     )
     if runner.workload not in WORKLOADS:
         ck.fail("runner.workload", f"must be one of: {', '.join(WORKLOADS)}; got {runner.workload!r}", runner_node,

@@ -6,6 +6,7 @@ PyYAML silently keeps the last of two equal keys; a cluster description where
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,23 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+class Scientific(str):
+    """A plain (unquoted) scalar in scientific notation without PyYAML's dot and signed exponent (``1e12``,
+    ``5E-3``): YAML 1.2 reads it as a number, PyYAML (YAML 1.1) as text. It stays text wherever text is
+    asked for (an env value, a name), and :meth:`harness.spec.schema.Checker.number` takes it as the number
+    it is, so ``max_seconds: 1e12`` is judged as 1e12 seconds, not refused as "not a number"."""
+
+
+SCIENTIFIC = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+SCIENTIFIC_TAG = "tag:sbench,2025:scientific"
+_Loader.add_implicit_resolver(SCIENTIFIC_TAG, SCIENTIFIC, list("-+0123456789."))
+
+
+def _construct_scientific(loader: _Loader, node: yaml.ScalarNode) -> Scientific:
+    return Scientific(loader.construct_scalar(node))
+
+
+_Loader.add_constructor(SCIENTIFIC_TAG, _construct_scientific)
 
 
 def _locate_duplicate(text: str, key: str, second_line: int) -> str:
