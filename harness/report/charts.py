@@ -1,4 +1,4 @@
-"""SVG chart primitives for the report: a line/scatter chart and a horizontal stacked bar chart.
+"""SVG chart primitives for the report: a line/scatter chart, a horizontal stacked bar chart and a ratio chart.
 
 Pure functions from series to SVG text, with the small helpers they share (escaping, short numbers,
 byte sizes, counted words, round ticks, the no-data panel). An axis ticks at values that exist (the
@@ -268,3 +268,47 @@ def bar_chart(rows: Sequence[tuple[str, Sequence[tuple[str, float]], str]], colo
              f"{esc(x_label)}</text></svg>")
     return "".join(o)
 
+
+@dataclass(frozen=True)
+class Ratio:
+    """One line of a ratio chart: its label, the ratio, its interval (None when there is none), colour and tip."""
+
+    label: str
+    ratio: float
+    low: float | None
+    high: float | None
+    color: str
+    tip: str
+
+
+def ratio_chart(rows: Sequence[Ratio], threshold: float, axis_label: str, width: int = 1100) -> str:
+    """One line per row: the ratio as a dot, its interval as a whisker, the ±*threshold* band around 1.0 shaded
+    and 1.0 marked. *rows* must not be empty (the caller says why there is nothing to draw)."""
+    lo = min([r.low if r.low is not None else r.ratio for r in rows] + [1 - threshold]) * 0.97
+    hi = max([r.high if r.high is not None else r.ratio for r in rows] + [1 + threshold]) * 1.03
+    ticks, lo, hi = nice_ticks(lo, hi)
+    left, right, top, row_h = 330, 30, 26, 22
+    height = top + row_h * len(rows) + 34
+    plot_w = width - left - right
+
+    def sx(v: float) -> float:
+        return left + (v - lo) / (hi - lo) * plot_w if hi > lo else left
+
+    out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">',
+           f'<rect x="{sx(1 - threshold):.1f}" y="{top - 6}" width="{sx(1 + threshold) - sx(1 - threshold):.1f}" '
+           f'height="{row_h * len(rows) + 6}" fill="#eeeeee"/>']
+    for t in ticks:
+        out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top - 6}" y2="{height - 30}" stroke="#ddd"/>'
+                   f'<text x="{sx(t):.1f}" y="{height - 14}" text-anchor="middle" class="tick">{fmt(t)}</text>')
+    out.append(f'<line x1="{sx(1):.1f}" x2="{sx(1):.1f}" y1="{top - 6}" y2="{height - 30}" stroke="#333"/>')
+    for i, r in enumerate(rows):
+        y = top + row_h * i + row_h / 2
+        whisker = "" if r.low is None or r.high is None else (
+            f'<line x1="{sx(r.low):.1f}" x2="{sx(r.high):.1f}" y1="{y:.1f}" y2="{y:.1f}" stroke="{r.color}" '
+            'stroke-width="2"/>')
+        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end" class="tick">{esc(r.label)}</text>'
+                   f'{whisker}<circle cx="{sx(r.ratio):.1f}" cy="{y:.1f}" r="4.5" fill="{r.color}">'
+                   f"<title>{esc(r.tip)}</title></circle>")
+    out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 1}" text-anchor="middle" class="tick">'
+               f"{html.escape(axis_label, quote=False)}</text></svg>")  # text, not an attribute: quotes stay
+    return "".join(out)

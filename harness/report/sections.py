@@ -14,7 +14,18 @@ from typing import Any
 
 from harness.contract.formats import Stage
 
-from .charts import Series, bar_chart, esc, fmt, human_bytes, line_chart, nice_ticks, no_data, plural
+from .charts import (
+    Ratio,
+    Series,
+    bar_chart,
+    esc,
+    fmt,
+    human_bytes,
+    line_chart,
+    no_data,
+    plural,
+    ratio_chart,
+)
 from .compare import Verdict
 from .data import ReportData, method_of
 
@@ -356,47 +367,23 @@ VERDICT_COLORS = {Verdict.REGRESSION: OOM_COLOR, Verdict.IMPROVEMENT: "#59a14f",
                   Verdict.INSUFFICIENT: "#f28e2b"}
 
 
-def ratio_chart(rows: Sequence[Mapping[str, Any]], threshold: float, width: int = 1100) -> str:
-    """One line per point and metric: the candidate/base ratio of medians, its 95 % interval as a
-    whisker, the ±threshold band shaded and 1.0 marked."""
-    if not rows:
-        return no_data("BASE and CAND share no measured point")
-    lo = min([r["low"] if r["low"] is not None else r["ratio"] for r in rows] + [1 - threshold]) * 0.97
-    hi = max([r["high"] if r["high"] is not None else r["ratio"] for r in rows] + [1 + threshold]) * 1.03
-    ticks, lo, hi = nice_ticks(lo, hi)
-    left, right, top, row_h = 330, 30, 26, 22
-    height = top + row_h * len(rows) + 34
-    plot_w = width - left - right
-
-    def sx(v: float) -> float:
-        return left + (v - lo) / (hi - lo) * plot_w if hi > lo else left
-
-    out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">',
-           f'<rect x="{sx(1 - threshold):.1f}" y="{top - 6}" width="{sx(1 + threshold) - sx(1 - threshold):.1f}" '
-           f'height="{row_h * len(rows) + 6}" fill="#eeeeee"/>']
-    for t in ticks:
-        out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top - 6}" y2="{height - 30}" stroke="#ddd"/>'
-                   f'<text x="{sx(t):.1f}" y="{height - 14}" text-anchor="middle" class="tick">{fmt(t)}</text>')
-    out.append(f'<line x1="{sx(1):.1f}" x2="{sx(1):.1f}" y1="{top - 6}" y2="{height - 30}" stroke="#333"/>')
-    for i, r in enumerate(rows):
-        y = top + row_h * i + row_h / 2
+def ratio_rows(rows: Sequence[Mapping[str, Any]]) -> list[Ratio]:
+    """Compare's rows (one per point and metric) as the lines of a ratio chart, coloured by verdict."""
+    out = []
+    for r in rows:
         lab = r.get("labels") or {}
         name = (f"{lab.get('model_name', '?')} ×{lab.get('number_gpus', '?')} b{lab.get('batch_size', '?')} "
                 f"{r['metric']}")
-        color = VERDICT_COLORS.get(str(r["verdict"]), "#7f7f7f")
         no_test = r["low"] is None or r["high"] is None
         interval = ("no interval (no test: a side has fewer than two runs)" if no_test
                     else f"[{r['low']:.3f}, {r['high']:.3f}]")
         tip = (f"{r['point_id']} {r['metric']}: ratio {r['ratio']:.3f} {interval}, "
                f"n {r['n_base']}/{r['n_cand']}, {r['verdict']}")
-        whisker = "" if no_test else (f'<line x1="{sx(r["low"]):.1f}" x2="{sx(r["high"]):.1f}" y1="{y:.1f}" '
-                                      f'y2="{y:.1f}" stroke="{color}" stroke-width="2"/>')
-        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end" class="tick">{esc(name)}</text>'
-                   f'{whisker}<circle cx="{sx(r["ratio"]):.1f}" cy="{y:.1f}" r="4.5" fill="{color}">'
-                   f"<title>{esc(tip)}</title></circle>")
-    out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 1}" text-anchor="middle" class="tick">'
-               "candidate / base (ratio of medians, 95 % interval of Welch's t on the logs)</text></svg>")
-    return "".join(out)
+        out.append(Ratio(name, r["ratio"], r["low"], r["high"], VERDICT_COLORS.get(str(r["verdict"]), "#7f7f7f"), tip))
+    return out
+
+
+RATIO_AXIS = "candidate / base (ratio of medians, 95 % interval of Welch's t on the logs)"
 
 
 def compare_section(cmp: Mapping[str, Any] | None) -> str:
@@ -411,7 +398,9 @@ def compare_section(cmp: Mapping[str, Any] | None) -> str:
             f"{plural(len(rows), 'comparison')}, {n_und} with insufficient repeats, {plural(n_reg, 'regression')}.")
     if cmp.get("excluded_text"):
         note += f" Left out: {cmp['excluded_text']}."
-    return section("compare", "Compare", note, f'<div class="wide">{ratio_chart(rows, cmp["threshold"])}</div>')
+    chart = ratio_chart(ratio_rows(rows), cmp["threshold"], RATIO_AXIS) if rows else \
+        no_data("BASE and CAND share no measured point")
+    return section("compare", "Compare", note, f'<div class="wide">{chart}</div>')
 
 
 def checks_section(checks: Mapping[str, Sequence[Mapping[str, Any]]], word: str = "GPU") -> str:

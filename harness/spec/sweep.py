@@ -17,14 +17,9 @@ from harness.contract import envvars
 from harness.contract.defaults import AUTO_STOP, MIN_SAMPLE_INTERVAL_S, STOP_METHODS, TRAIN_LOG_LEVELS, RunnerSettings
 from harness.contract.errors import CatalogError, InputError, SweepError
 
-from .catalog import (
-    EXPERIMENTS,
-    Experiment,
-    ModelMap,
-    get_experiment,
-    load_model_map,
-)
+from .catalog import EXPERIMENTS, Experiment, get_experiment
 from .inventory import shared_dir
+from .modelmap import ModelMap, load_model_map
 from .references import parse_references
 from .schema import (
     MAX_LIST,
