@@ -43,6 +43,7 @@ from harness.build.jobspec import JobSpec
 from harness.contract import envvars, jobstate, safefile
 from harness.contract.errors import InputError, SbenchError
 from harness.contract.paths import CampaignPaths, JobPaths
+from harness.contract.poll import Backoff
 from harness.contract.records import (
     AttemptExtra,
     SubmittedInfo,
@@ -68,6 +69,9 @@ NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNL
 GO = "go"
 # Fields that settle a job before the queue starts it: it is never started after one of them.
 SETTLED = ("pid", "ended_at", "cancelled_at", "not_started_at")
+# (first, cap) of the poller's pauses, in seconds (harness.contract.poll): --wait reads a few small files a look;
+# the queue looks for a free slot
+WAIT_POLL_S, QUEUE_POLL_S = (0.2, 5.0), (0.1, 1.0)
 
 
 def timeout_minutes(time_text: str) -> float:
@@ -234,6 +238,7 @@ def run_queue(queue_file: Path, handshake: IO[str] | None = None) -> int:
     running: list[tuple[dict[str, Any], submitit.Job[Any]]] = []
     signalled: set[str] = set()
     executor = submitit.LocalExecutor(folder=folder)
+    poll, ended = Backoff(*QUEUE_POLL_S), 0
     while (pending and stop["sig"] is None) or running:
         if stop["sig"] is not None:
             # A pack's points not started yet never start; a launch that has not recorded its pid yet is
@@ -257,13 +262,15 @@ def run_queue(queue_file: Path, handshake: IO[str] | None = None) -> int:
                 info.update(SubmittedInfo(job_id=job.job_id, queued_at=q["created_at"]))
                 write_submitted(item["job_dir"], info)
             running.append((item, job))
-        time.sleep(0.3)
+        poll.pause()
         still = []
         for i, j in running:
             if not j.done():
                 still.append((i, j))
             elif i.get("pack"):
                 pending[:0] = _requeued(i, j)  # after an OOM: the rest of the pack, each its own job, first
+        ended += len(running) - len(still)
+        poll.saw(ended)
         running = still
     if stop["sig"] is not None:
         _not_started(pending, f"not started: its local queue stopped on signal {stop['sig']} first")
@@ -402,7 +409,7 @@ class LocalBackend:
     def wait(self, submitted: list[Submitted], progress: Callable[[int, int], None] | None = None) -> None:
         """Until every attempt is over: ended, cancelled, lost or not started (a queue that died cannot leave
         this waiting for ever)."""
-        total = len(submitted)
+        total, poll = len(submitted), Backoff(*WAIT_POLL_S)
         while True:
             states = self.live_states([{"job_dir": s.spec.job_dir} for s in submitted])
             done = sum(1 for s in submitted if jobstate.is_done(states.get(s.spec.job_dir) or "NOT_STARTED"))
@@ -410,7 +417,8 @@ class LocalBackend:
                 progress(done, total)
             if done >= total:
                 return
-            time.sleep(1.0)
+            poll.saw(done)
+            poll.pause()
 
     def cancel(self, attempts: Sequence[Mapping[str, Any]]) -> list[str]:
         """Stop the attempts' running launches and mark the others so that their queue never starts them;

@@ -10,13 +10,13 @@ submits through submitit and answers what the jobs' states are.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.build.jobspec import JobSpec
 from harness.contract import jobstate
+from harness.contract.poll import Backoff
 from harness.contract.records import read_submitted
 from harness.slurm.client import Slurm
 from harness.slurm.held import held_states
@@ -30,6 +30,9 @@ from .executors import SubmitOptions, Submitted
 from .fit import ClusterFit, cluster_fit
 from .pack import make_packs
 from .prepare import live_prepare_job, record_prepare_job, submit_prepare_job
+
+# (first, cap) of the poller's pauses while it waits, in seconds (harness.contract.poll): each look asks SLURM
+WAIT_POLL_S = (0.5, 60.0)
 
 
 def group_by_shape(specs: list[JobSpec]) -> list[list[JobSpec]]:
@@ -91,7 +94,8 @@ class SlurmBackend:
         ids: list[tuple[str | None, str | None]] = [(s.spec.job_dir if s.spec is not None else None, s.job_id)
                                                     for s in submitted]
         self._learn([{"job_id": s.job_id, **s.extra} for s in submitted])
-        total = len(ids)
+        total, poll = len(ids), Backoff(*WAIT_POLL_S)
+        finished: dict[str, str] = {}  # a job over stays over: asked about once
         while True:
             self.slurm.forget()  # each poll asks afresh: the states move while it waits
             for k, (jd, jid) in enumerate(ids):
@@ -100,7 +104,9 @@ class SlurmBackend:
                     if info.get("job_id"):
                         self._learn([info])
                         ids[k] = (jd, str(info["job_id"]))
-            states = self._states([j for _jd, j in ids if j])  # a task gone without a record is done too
+            states = self._states([j for _jd, j in ids if j and j not in finished])  # gone, no record: done too
+            finished.update({j: st for j, st in states.items() if jobstate.is_done(st)})
+            states.update(finished)
             for k, (jd, jid) in enumerate(ids):
                 # a pack's point that its pack put back in the queue (harness.sbatch.pack): its own job now
                 if jd and jid and jobstate.is_done(states.get(jid)):
@@ -117,7 +123,8 @@ class SlurmBackend:
                 progress(done, total)
             if done >= total:
                 return
-            time.sleep(2.0)
+            poll.saw(done)
+            poll.pause()
 
     def cancel(self, attempts: Sequence[Mapping[str, Any]]) -> list[str]:
         """Stop the feeding of the attempts' campaigns first (nothing held is submitted after this), then

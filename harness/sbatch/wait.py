@@ -25,6 +25,7 @@ from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import Interrupted, SbenchError
 from harness.contract.paths import resolve_db, resolve_workdir, run_id
+from harness.contract.poll import Backoff
 from harness.db.status import attempt_rows
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
@@ -208,13 +209,13 @@ def in_flight(campaign: str, workdir: Path | None, slurm: Slurm,
     return out
 
 
-POLL_FIRST_S, POLL_MAX_S = 1.0, 10.0  # the poller's back-off for attempts another command submitted
+POLL_S = (1.0, 60.0)  # (first, cap) of the pauses for attempts another command submitted (harness.contract.poll)
 
 
 def wait_refs(attempts: list[AttemptRef], slurm: Slurm, progress: Callable[[int, int], None] | None = None) -> None:
     """Until none of *attempts* is queued or running, asking the scheduler with a growing pause (one question
     for all of them each time)."""
-    pause = POLL_FIRST_S
+    poll = Backoff(*POLL_S)
     while True:
         slurm.forget()
         live = live_states([a.live() for a in attempts], slurm)
@@ -224,8 +225,8 @@ def wait_refs(attempts: list[AttemptRef], slurm: Slurm, progress: Callable[[int,
             progress(done, len(attempts))
         if done >= len(attempts):
             return
-        time.sleep(pause)
-        pause = min(POLL_MAX_S, pause * 2)
+        poll.saw(done)
+        poll.pause()
 
 
 def wait_for(campaign: str, executor: str, submitted: list[Submitted], workdir: Path | None = None,
