@@ -31,7 +31,7 @@ demo: setup
 TEST_WORKERS ?= 4
 test: setup lint browser trainer-envs
 	bash tests/cluster/cluster.sh start
-	@t0=$$(date +%s); $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; \
+	@t0=$$(date +%s); $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25; rc=$$?; \
 	echo "make test: pytest took $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
 ## lint: import-linter's contracts (pyproject.toml: layers, the runner's limits, no cycles), ruff and mypy
