@@ -7,6 +7,7 @@ The store owns the schema and the connection; the questions only the report asks
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -249,3 +250,32 @@ def left_out_why(m: Mapping[str, Any]) -> str | None:
     if m.get("host_busy"):
         return BUSY
     return None
+
+
+def environment_of(store: Store, run_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each run's ``environment`` rows (one per host), with its ``job_dir``: what compare says changed."""
+    ids = sorted(set(run_ids))
+    if not ids:
+        return {}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in store.fetch_dicts(f"""SELECT e.*, r.job_dir FROM environment e JOIN runs r USING (run_id)
+                                  WHERE e.run_id IN ({', '.join('?' for _ in ids)}) ORDER BY e.run_id, e.host""", ids):
+        out.setdefault(r["run_id"], []).append(r)
+    return out
+
+
+def point_entities(store: Store, point_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each point's recorded entity (a published point's: the fields its file gives) with its ``experiment``."""
+    ids = sorted(set(point_ids))
+    if not ids:
+        return {}
+    out = {}
+    for pid, experiment, entity in store.con.execute(
+            f"SELECT point_id, experiment, entity FROM points WHERE point_id IN ({', '.join('?' for _ in ids)})",
+            ids).fetchall():
+        try:
+            doc = json.loads(entity) if entity else {}
+        except ValueError:
+            doc = {}
+        out[str(pid)] = {**(doc if isinstance(doc, dict) else {}), "experiment": experiment}
+    return out

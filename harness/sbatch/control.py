@@ -20,6 +20,7 @@ from .feed import feed_notes
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import failed_prepare_jobs
 from .repeats import RepeatsVerdict, verdict
+from .state import refuse_imported
 
 
 def _defaults(workdir: Path | None, db: Path | None) -> tuple[Path, Path]:
@@ -38,6 +39,7 @@ class StatusReport:
 def status(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None,
            slurm: Slurm | None = None) -> StatusReport:
     wd, dbp = _defaults(workdir, db)
+    refuse_imported(dbp, campaign, "status")
     slurm = slurm or Slurm()
     rows: list[dict[str, Any]] = []
     note = None
@@ -149,6 +151,7 @@ def cancel(locks: CampaignLocks, workdir: Path | None = None, db: Path | None = 
     so an attempt a submit is starting right now is cancelled too, not missed. A manifest or job dir that
     was not read is a line of *warnings*."""
     wd, dbp = _defaults(workdir, db)
+    refuse_imported(dbp, campaign, "cancel")
     slurm = slurm or Slurm()
     for cdir in [wd / campaign] if campaign else sorted(p.parent for p in wd.glob(f"*/{manifest.MANIFEST}")):
         if cdir.is_dir():

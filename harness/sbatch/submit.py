@@ -34,7 +34,7 @@ from .fit import ClusterFit, cluster_fit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
 from .repeats import MORE, RepeatsVerdict, point_verdicts
-from .state import MeasuredRun, PointHistory, campaign_history, read_history, with_submitted
+from .state import MeasuredRun, PointHistory, campaign_history, read_history, refuse_imported, with_submitted
 
 MORE_REPEATS = "more repeats"  # the reason's head of an adaptive repeat's submission
 NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
@@ -187,6 +187,7 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
         points = plan_sweep(sweep, inv, memory=skip_predicted_oom)
     name = resolve_executor(executor)
     workdir, db = resolve_workdir(workdir), resolve_db(db)
+    refuse_imported(db, sweep.campaign, "retry" if only_failed else "submit")
     campaign_dir = workdir / sweep.campaign
     fit = cluster_fit(inv, [p for p in points if p.valid], slurm) if name == "slurm" else ClusterFit()
     preview = prepare_points(sweep, inv, points, campaign_dir, exclude=fit.exclude)
@@ -231,6 +232,8 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
                        "sweep_campaign": sweep.campaign if campaign is None else load_sweep(sweep_path).campaign,
                        "inventory": inv.source, "cluster": inv.cluster,
                        "partition": points[0].partition if points else None, "executor": name,
+                       "partitions": {n: inv.partitions[n].public() for n in sorted({p.partition for p in points})
+                                      if n in inv.partitions},
                        "description": sweep.description, "created_at": manifest.now_iso(),
                        "sbench_version": __version__, "references": [r.to_dict() for r in sweep.references],
                        "repeats": sweep.adaptive.to_dict() if sweep.adaptive else None})
@@ -442,6 +445,7 @@ def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None =
                    max_parallel: int | None = None, slurm: Slurm | None = None) -> SubmitReport:
     """Resubmit a campaign's failed points (those that never started included) from the sweep and inventory
     it was submitted with; refused when that sweep now names another campaign."""
+    refuse_imported(resolve_db(db), campaign, "retry")
     sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, executor)
     return submit_sweep(sweep_path, inv_path, executor, workdir, db, only_failed=True,
                         max_parallel=max_parallel, slurm=slurm, campaign=campaign)
