@@ -279,3 +279,36 @@ def point_entities(store: Store, point_ids: Sequence[str]) -> dict[str, dict[str
             doc = {}
         out[str(pid)] = {**(doc if isinstance(doc, dict) else {}), "experiment": experiment}
     return out
+
+
+def across_campaigns(store: Store, point_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """The valid measurements of *point_ids* in every campaign (the report's view across clusters), with each
+    campaign's cluster and origin; runs on a shared or busy host left out."""
+    ids = sorted(set(point_ids))
+    if not ids:
+        return []
+    return store.fetch_dicts(
+        f"""SELECT m.campaign, m.point_id, m.experiment, m.model_name, m.number_gpus, m.number_nodes, m.batch_size,
+                   m.model_max_length, m.gpu_model, m.dataset_tokens_per_second, c.cluster, c.origin
+            FROM measurements m LEFT JOIN campaigns c USING (campaign)
+            WHERE m.is_valid AND m.dataset_tokens_per_second IS NOT NULL AND NOT coalesce(m.shared_host, false)
+              AND NOT coalesce(m.host_busy, false) AND m.point_id IN ({', '.join('?' for _ in ids)})
+            ORDER BY m.gpu_model, c.cluster, m.campaign, m.point_id, m.run_id""", ids)
+
+
+def published_measurements(store: Store) -> list[dict[str, Any]]:
+    """Every valid measurement of the reference campaigns (``origin = 'ado-csv'``) with its point's recorded
+    entity (``given``: the fields its file gives)."""
+    rows = store.fetch_dicts(
+        """SELECT m.campaign, m.point_id, m.experiment, m.gpu_model, m.dataset_tokens_per_second, p.entity,
+                  c.cluster, c.origin
+           FROM measurements m JOIN campaigns c USING (campaign) JOIN points p USING (point_id)
+           WHERE c.origin = 'ado-csv' AND m.is_valid AND m.dataset_tokens_per_second IS NOT NULL
+           ORDER BY m.campaign, m.point_id, m.run_id""")
+    for r in rows:
+        try:
+            given = json.loads(r.pop("entity") or "{}")
+        except ValueError:
+            given = {}
+        r["given"] = {**(given if isinstance(given, dict) else {}), "experiment": r["experiment"]}
+    return rows
