@@ -322,6 +322,12 @@ def test_a_published_csv_imports_as_a_campaign_of_one_measurement_per_row(tmp_pa
     again = sbench("import", "--format", "ado-csv", PUBLISHED, "--campaign", "ado-published", "--db", db)
     assert "unchanged" in again.stdout
     assert table_contents(db, TABLES) == before
+    # marked: status, retry and cancel never act on it
+    for args in (("status", "--campaign", "ado-published"), ("retry", "ado-published"),
+                 ("cancel", "--campaign", "ado-published")):
+        proc = sbench(*args, "--db", db, "--workdir", tmp_path / "runs", ok=(2,))
+        assert "an imported campaign (ado-csv" in proc.stderr, args
+    assert table_contents(db, TABLES) == before
     # another file under the name: refused without --replace
     other = tmp_path / "other.csv"
     other.write_text(PUBLISHED.read_text().replace("4000.0", "4100.0"))
