@@ -17,6 +17,7 @@ import yaml
 
 from harness.contract.exchange import PROVENANCE, SEAL_KEY, ExportPaths, seal, sha256_file, unseal
 from harness.db.schema import SCHEMA_VERSION, UPGRADE_FROM
+from harness.runner.envcapture import container
 from harness.spec.published import RENAMED
 
 from .conftest import sql_rows, table_contents
@@ -28,8 +29,6 @@ BAD_ROWS = FIXTURES / "ado-bad-rows.csv"
 CLUSTER = "secrets"  # the trained campaigns' inventory's cluster: their namespace once exported
 TABLES = ["campaigns", "points", "campaign_points", "runs", "measurements", "stages", "sample_files", "sample_rows",
           "environment", "checks", "fabric", "probes", "metadata"]
-
-pytestmark = pytest.mark.train
 
 
 def _ns(name: str) -> str:
@@ -68,6 +67,7 @@ def nothing_written(db: Path, before: dict[str, list[tuple]] | None) -> None:
 
 
 # -- export ----------------------------------------------------------------------------------------------------
+@pytest.mark.train
 def test_export_writes_parquet_and_a_sealed_provenance_the_same_bytes_every_time(trained: Trained, exported: Path,
                                                                                    tmp_path: Path) -> None:
     again = tmp_path / "again"
@@ -97,6 +97,7 @@ def test_export_writes_parquet_and_a_sealed_provenance_the_same_bytes_every_time
         assert not [s for s in NEVER if s.encode() in data], p.name
 
 
+@pytest.mark.train
 def test_export_refuses_an_unknown_campaign_and_a_used_directory(trained: Trained, exported: Path,
                                                                  tmp_path: Path) -> None:
     proc = sbench("export", "nightly-404", "-o", tmp_path / "x", "--db", trained.db, ok=(2,))
@@ -107,6 +108,7 @@ def test_export_refuses_an_unknown_campaign_and_a_used_directory(trained: Traine
 
 
 # -- import ----------------------------------------------------------------------------------------------------
+@pytest.mark.train
 def test_import_keeps_every_row_under_the_cluster_namespace_and_a_second_import_changes_nothing(
         trained: Trained, exported: Path, tmp_path: Path) -> None:
     db = tmp_path / "fresh.duckdb"
@@ -136,6 +138,7 @@ def test_import_keeps_every_row_under_the_cluster_namespace_and_a_second_import_
     assert table_contents(db, TABLES) == before
 
 
+@pytest.mark.train
 def test_compare_of_imported_campaigns_says_what_it_says_where_they_were_measured(trained: Trained, exported: Path,
                                                                                  tmp_path: Path) -> None:
     db = tmp_path / "fresh.duckdb"
@@ -154,6 +157,7 @@ def test_compare_of_imported_campaigns_says_what_it_says_where_they_were_measure
     assert mixed["rows"] == j_here["rows"]
 
 
+@pytest.mark.train
 def test_two_clusters_campaigns_of_the_same_name_do_not_collide(trained: Trained, exported: Path,
                                                                 tmp_path: Path) -> None:
     db = tmp_path / "fresh.duckdb"
@@ -165,6 +169,7 @@ def test_two_clusters_campaigns_of_the_same_name_do_not_collide(trained: Trained
     assert n["n"] == n["rows"] == 2 * len(sql_rows(trained.db, "SELECT run_id FROM measurements"))
 
 
+@pytest.mark.train
 def test_imported_campaigns_are_read_but_never_acted_on(trained: Trained, exported: Path, tmp_path: Path) -> None:
     db = tmp_path / "fresh.duckdb"
     sbench("import", exported, "--db", db)
@@ -183,6 +188,7 @@ def test_imported_campaigns_are_read_but_never_acted_on(trained: Trained, export
 
 
 # -- hostile exports: refused, the file named, nothing written ---------------------------------------------------
+@pytest.mark.train
 def test_an_export_with_one_byte_altered_is_refused_naming_the_file(exported: Path, tmp_path: Path) -> None:
     paths = copy_export(exported, tmp_path / "altered")
     target = paths.table("measurements")
@@ -201,6 +207,7 @@ def test_an_export_with_one_byte_altered_is_refused_naming_the_file(exported: Pa
     nothing_written(good, before)
 
 
+@pytest.mark.train
 def test_an_altered_provenance_is_refused(exported: Path, tmp_path: Path) -> None:
     paths = copy_export(exported, tmp_path / "altered")
     text = paths.provenance.read_text()
@@ -211,6 +218,7 @@ def test_an_altered_provenance_is_refused(exported: Path, tmp_path: Path) -> Non
     nothing_written(db, None)
 
 
+@pytest.mark.train
 def test_a_truncated_parquet_file_is_refused_even_with_matching_digests(exported: Path, tmp_path: Path) -> None:
     paths = copy_export(exported, tmp_path / "cut")
     target = paths.table("stages")
@@ -225,6 +233,7 @@ def test_a_truncated_parquet_file_is_refused_even_with_matching_digests(exported
     nothing_written(db, None)
 
 
+@pytest.mark.train
 def test_a_missing_file_is_refused(exported: Path, tmp_path: Path) -> None:
     paths = copy_export(exported, tmp_path / "gone")
     paths.table("runs").unlink()
@@ -234,6 +243,7 @@ def test_a_missing_file_is_refused(exported: Path, tmp_path: Path) -> None:
     nothing_written(db, None)
 
 
+@pytest.mark.train
 def test_an_export_of_a_newer_schema_is_refused_naming_the_version(exported: Path, tmp_path: Path) -> None:
     paths = copy_export(exported, tmp_path / "newer")
     reseal(paths, lambda doc: doc.update(schema_version=SCHEMA_VERSION + 1))
@@ -243,6 +253,7 @@ def test_an_export_of_a_newer_schema_is_refused_naming_the_version(exported: Pat
     nothing_written(db, None)
 
 
+@pytest.mark.train
 def test_an_export_of_an_older_schema_is_upgraded(exported: Path, tmp_path: Path) -> None:
     """An export as the previous schema wrote it (without the columns this one added): imported, those NULL."""
     import pyarrow.parquet as pq
@@ -261,6 +272,7 @@ def test_an_export_of_an_older_schema_is_upgraded(exported: Path, tmp_path: Path
     assert {r["origin"] for r in sql_rows(db, "SELECT origin FROM campaigns")} == {"export"}
 
 
+@pytest.mark.train
 def test_an_export_with_a_column_this_schema_lacks_is_refused(exported: Path, tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -381,6 +393,7 @@ def test_a_csv_without_the_published_columns_is_refused(tmp_path: Path) -> None:
     nothing_written(db, None)
 
 
+@pytest.mark.train
 def test_compare_against_published_measurements_pairs_on_entity_fields_and_says_single_measurement(
         trained: Trained, tmp_path: Path) -> None:
     db = tmp_path / "r.duckdb"
@@ -403,6 +416,7 @@ def test_compare_against_published_measurements_pairs_on_entity_fields_and_says_
     assert "single measurement" in text.stdout and "reference campaign" in text.stderr + text.stdout
 
 
+@pytest.mark.train
 def test_report_shows_the_points_across_clusters_with_the_reference_as_a_line(trained: Trained, exported: Path,
                                                                               tmp_path: Path) -> None:
     db = tmp_path / "r.duckdb"
@@ -418,6 +432,7 @@ def test_report_shows_the_points_across_clusters_with_the_reference_as_a_line(tr
 
 
 # -- check against a campaign's values, compare's environment differences (these change a copy) ------------------
+@pytest.mark.train
 @pytest.mark.slow(15)
 def test_check_takes_its_reference_values_from_a_published_campaign(trained: Trained, tmp_path: Path) -> None:
     t = trained.copy(tmp_path / "t")
@@ -440,6 +455,7 @@ def test_check_takes_its_reference_values_from_a_published_campaign(trained: Tra
         assert c["status"] == ("pass" if c["measured"] >= 0.9 * published[c["batch_size"]] else "fail")
 
 
+@pytest.mark.train
 @pytest.mark.slow(15)
 def test_compare_names_what_changed_in_the_recorded_environments(trained: Trained, tmp_path: Path) -> None:
     """nightly-2's nodes as if they had another transformers, another OMP_NUM_THREADS and an NCCL: their
@@ -475,3 +491,25 @@ def test_compare_names_what_changed_in_the_recorded_environments(trained: Traine
     # before the change: the same environments, nothing named
     same = json.loads(sbench("compare", *TRAINED_CAMPAIGNS, "--db", trained.db, "--json").stdout)
     assert same["environment"]["changes"] == []
+
+
+# -- the container a run ran in, recorded with its environment -------------------------------------------------
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize(("asked", "environ", "podman", "want"), [
+    (f"nvcr.io#nvidia/pytorch:24.05-py3@{DIGEST}", {}, None,
+     {"runtime": "pyxis", "image": f"nvcr.io#nvidia/pytorch:24.05-py3@{DIGEST}", "digest": DIGEST}),
+    (None, {"APPTAINER_CONTAINER": "/shared/images/train.sif"}, None,
+     {"runtime": "apptainer", "image": "/shared/images/train.sif", "digest": None}),
+    (None, {}, 'engine="podman-4.9"\nimage="quay.io/x/train:1"\nimageid="0123abcd"\n',
+     {"runtime": "podman", "image": "quay.io/x/train:1", "digest": "0123abcd"}),
+    (None, {}, None, {"runtime": None, "image": None, "digest": None}),
+])
+def test_the_container_is_recorded_from_pyxis_apptainer_or_podman(tmp_path: Path, asked: str | None,
+                                                                  environ: dict[str, str], podman: str | None,
+                                                                  want: dict[str, Any]) -> None:
+    containerenv = tmp_path / ".containerenv"
+    if podman is not None:
+        containerenv.write_text(podman)
+    assert container(asked, environ, containerenv, tmp_path / "no-dockerenv") == want
