@@ -414,6 +414,15 @@ def test_compare_against_published_measurements_pairs_on_entity_fields_and_says_
     assert out["environment"]["note"]  # the published side recorded no environment: said, not a difference
     text = sbench("compare", "nightly-1", "ado-published", "--db", db)
     assert "single measurement" in text.stdout and "reference campaign" in text.stderr + text.stdout
+    # exported (it names no cluster of its own: --cluster) and imported elsewhere, it stays a reference campaign
+    proc = sbench("export", "ado-published", "-o", tmp_path / "x", "--db", db, ok=(2,))
+    assert "--cluster" in proc.stderr
+    sbench("export", "ado-published", "-o", tmp_path / "x", "--db", db, "--cluster", "reference")
+    other = tmp_path / "other.duckdb"
+    shutil.copy(trained.db, other)
+    sbench("import", tmp_path / "x", "--db", other)
+    moved = json.loads(sbench("compare", "nightly-1", "reference/ado-published", "--db", other, "--json").stdout)
+    assert moved["rows"] == out["rows"] and moved["references"] == {"CAND": "reference/ado-published"}
 
 
 @pytest.mark.train

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from harness.contract.exchange import NAMESPACE_SEP, ORIGIN_EXPORT, ORIGINS
+from harness.contract.exchange import NAMESPACE_SEP, ORIGIN_ADO_CSV, ORIGIN_EXPORT, ORIGINS
 
 from .schema import COLUMN_NAMES, SCHEMA, q
 from .staging import frame
@@ -226,8 +226,9 @@ def _select(table: str, have: set[str], ns: str, file_offset: int) -> str:
     column the export lacks (written by an older schema)."""
     parts = []
     for col, dtype in SCHEMA[table]:
-        if table == "campaigns" and col == "origin":
-            expr = _lit(ORIGIN_EXPORT)
+        if table == "campaigns" and col == "origin":  # published measurements stay a reference campaign
+            expr = (f"CASE WHEN s.origin = {_lit(ORIGIN_ADO_CSV)} THEN s.origin ELSE {_lit(ORIGIN_EXPORT)} END"
+                    if "origin" in have else _lit(ORIGIN_EXPORT))
         elif table == "campaigns" and col == "imported":
             expr = "(SELECT m.imported FROM _x_meta m WHERE m.campaign = s.campaign)"
         elif col not in have:

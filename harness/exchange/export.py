@@ -21,7 +21,7 @@ from typing import Any
 
 from harness import __version__
 from harness.contract.errors import InputError
-from harness.contract.exchange import FORMAT, NAMESPACE_SEP, SEAL_KEY, ExportPaths, seal, sha256_file
+from harness.contract.exchange import FORMAT, NAMESPACE_SEP, ORIGIN_ADO_CSV, SEAL_KEY, ExportPaths, seal, sha256_file
 from harness.db.exchange import EXPORTED, CampaignRecord, campaign_records, export_table
 from harness.db.schema import SCHEMA_VERSION
 from harness.db.status import campaign_names
@@ -60,6 +60,10 @@ def namespace_of(records: Sequence[CampaignRecord], cluster: str | None) -> str:
     if len(found) > 1:
         raise InputError("the campaigns were measured on several clusters (" + ", ".join(
             f"{r.campaign}: {r.cluster}" for r in own if r.cluster) + "); export each cluster's campaigns apart")
+    published = [r.campaign for r in own if not r.cluster and r.origin == ORIGIN_ADO_CSV]
+    if published:
+        raise InputError(f"{', '.join(published)}: published measurements imported without --cluster; pass --cluster "
+                         "NAME to name the namespace they are exported under")
     unknown = [r.campaign for r in own if not r.cluster]
     if unknown:
         raise InputError(f"the database does not say which cluster ran {', '.join(unknown)} (it was recorded before "
