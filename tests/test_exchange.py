@@ -522,3 +522,23 @@ def test_the_container_is_recorded_from_pyxis_apptainer_or_podman(tmp_path: Path
     if podman is not None:
         containerenv.write_text(podman)
     assert container(asked, environ, containerenv, tmp_path / "no-dockerenv") == want
+
+
+@pytest.mark.train
+def test_a_campaign_recorded_without_its_cluster_is_exported_under_cluster(trained: Trained, tmp_path: Path) -> None:
+    """A database upgraded from the schema before clusters were recorded holds campaigns with no cluster: the
+    export asks for --cluster, and with it the campaigns import under that namespace."""
+    import duckdb
+
+    db = tmp_path / "old.duckdb"
+    shutil.copy(trained.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE campaigns SET cluster = NULL")
+    proc = sbench("export", "nightly-1", "-o", tmp_path / "x", "--db", db, ok=(2,))
+    assert "nightly-1" in proc.stderr and "--cluster" in proc.stderr
+    assert not (tmp_path / "x").exists()
+    proc = sbench("export", "nightly-1", "-o", tmp_path / "x", "--db", db, "--cluster", "vela", ok=(0,))
+    assert json.loads((tmp_path / "x" / PROVENANCE).read_text())["cluster"] == "vela"
+    fresh = tmp_path / "fresh.duckdb"
+    sbench("import", tmp_path / "x", "--db", fresh)
+    assert [r["campaign"] for r in sql_rows(fresh, "SELECT campaign FROM campaigns")] == ["vela/nightly-1"]
