@@ -18,7 +18,7 @@ import yaml
 from harness.contract.exchange import PROVENANCE, SEAL_KEY, ExportPaths, seal, sha256_file, unseal
 from harness.db.schema import SCHEMA_VERSION, UPGRADE_FROM
 from harness.runner.envcapture import container
-from harness.spec.published import RENAMED
+from harness.spec.published import RENAMED, matches, parse_row
 
 from .conftest import sql_rows, table_contents
 from .helpers import NEVER, TRAINED_CAMPAIGNS, Trained, sbench, write_yaml
@@ -542,3 +542,19 @@ def test_a_campaign_recorded_without_its_cluster_is_exported_under_cluster(train
     fresh = tmp_path / "fresh.duckdb"
     sbench("import", tmp_path / "x", "--db", fresh)
     assert [r["campaign"] for r in sql_rows(fresh, "SELECT campaign FROM campaigns")] == ["vela/nightly-1"]
+
+
+def test_a_published_row_pairs_on_the_fields_it_gives() -> None:
+    """Every field the row gives must equal the point's; the reference trainer's release only where the point ran
+    that trainer (sbench's own carries the field's default and runs no release of it)."""
+    row = parse_row(2, {"method": "full", "model_name": "tiny", "number_gpus": "1", "gpu_model": "cpu",
+                        "tokens_per_sample": "256", "batch_size": "4", "fms_hf_tuning_version": "2.0.1",
+                        "is_valid": "True", "dataset_tokens_per_second": "10.5"})
+    given = {**row.entity, "experiment": row.experiment}
+    point = {"experiment": row.experiment, "model_name": "tiny", "number_gpus": 1, "gpu_model": "cpu",
+             "model_max_length": 256, "batch_size": 4, "fms_hf_tuning_version": "2.1.2", "dataset_id": "any"}
+    assert matches(given, {**point, "trainer": "sbench"})
+    assert not matches(given, {**point, "trainer": "fms-hf-tuning"})
+    assert matches(given, {**point, "trainer": "fms-hf-tuning", "fms_hf_tuning_version": "2.0.1"})
+    assert not matches(given, {**point, "trainer": "sbench", "batch_size": 2})
+    assert not matches(given, {**point, "trainer": "sbench", "experiment": "finetune_lora_benchmark-v1.0.0"})

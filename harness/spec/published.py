@@ -10,7 +10,8 @@ method, a number or a boolean that is not spelled as :data:`METHODS`, a number o
 makes the row unreadable. An empty cell (or ``nan``, ``None``) is a value the row does not give.
 
 A published point has only the fields its file gives, so it is matched with a measured point on those
-(:func:`matches`): every field the row gives equals the point's value. ``compare`` and ``check``
+(:func:`matches`): every field the row gives equals the point's value (``fms_hf_tuning_version`` only where the
+point ran fms-hf-tuning: sbench's own trainer runs no release of it). ``compare`` and ``check``
 (``references: {from_campaign: NAME}``) pair points that way.
 """
 
@@ -170,7 +171,15 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+# The field that names the reference trainer's release: a point trained by another trainer (sbench's own) never
+# ran it, and carries only the field's default, so it is not paired on it.
+TRAINER_RELEASE = "fms_hf_tuning_version"
+REFERENCE_TRAINER = "fms-hf-tuning"
+
+
 def matches(given: Mapping[str, Any], entity: Mapping[str, Any]) -> bool:
     """Whether a point whose entity is *entity* is the point a published row with *given* fields measured:
-    every given field has the same value there (a field the point lacks is None)."""
-    return all(_same(v, entity.get(k)) for k, v in given.items())
+    every given field has the same value there (a field the point lacks is None); the reference trainer's
+    release (:data:`TRAINER_RELEASE`) only where the point ran that trainer."""
+    skip = TRAINER_RELEASE if entity.get("trainer") not in (None, REFERENCE_TRAINER) else None
+    return all(_same(v, entity.get(k)) for k, v in given.items() if k != skip)
