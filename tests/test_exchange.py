@@ -558,3 +558,28 @@ def test_a_published_row_pairs_on_the_fields_it_gives() -> None:
     assert matches(given, {**point, "trainer": "fms-hf-tuning", "fms_hf_tuning_version": "2.0.1"})
     assert not matches(given, {**point, "trainer": "sbench", "batch_size": 2})
     assert not matches(given, {**point, "trainer": "sbench", "experiment": "finetune_lora_benchmark-v1.0.0"})
+
+
+@pytest.mark.train
+@pytest.mark.slow(60)
+def test_a_variable_the_cluster_sets_is_recorded_and_compare_names_it(trained: Trained, tmp_path: Path) -> None:
+    """The inventory of a copy sets OMP_NUM_THREADS; a campaign submitted with it records the value its nodes
+    ran with, and compare against the campaign that ran without it names the variable and both values."""
+    t = trained.copy(tmp_path / "t")
+    sbench("collect", *t.common)
+    inv = yaml.safe_load(t.inventory.read_text())
+    inv.setdefault("defaults", {}).setdefault("env", {})["OMP_NUM_THREADS"] = "2"
+    write_yaml(t.inventory, inv)
+    sbench("submit", t.sweep, "--campaign", "nightly-3", "--wait", *t.local)
+    sbench("collect", *t.common)
+    ran = {json.loads(r["env"])["OMP_NUM_THREADS"] for r in sql_rows(
+        t.db, "SELECT env FROM environment JOIN runs USING (run_id) WHERE campaign = 'nightly-3'")}
+    assert ran == {"2"}
+    before = {json.loads(r["env"])["OMP_NUM_THREADS"] for r in sql_rows(
+        t.db, "SELECT env FROM environment JOIN runs USING (run_id) WHERE campaign = 'nightly-1'")}
+    (old,) = before
+    out = json.loads(sbench("compare", "nightly-1", "nightly-3", "--db", t.db, "--json", ok=(0, 1)).stdout)
+    changes = {(c["kind"], c["name"]): (c["base"], c["cand"]) for c in out["environment"]["changes"]}
+    assert changes[("env", "OMP_NUM_THREADS")] == ([old], ["2"])
+    text = sbench("compare", "nightly-1", "nightly-3", "--db", t.db, ok=(0, 1))
+    assert f"OMP_NUM_THREADS {old} -> 2" in text.stdout
