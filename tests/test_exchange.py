@@ -17,6 +17,7 @@ import yaml
 
 from harness.contract.exchange import PROVENANCE, SEAL_KEY, ExportPaths, seal, sha256_file, unseal
 from harness.db.schema import SCHEMA_VERSION, UPGRADE_FROM
+from harness.report import envdiff
 from harness.runner.envcapture import container
 from harness.spec.published import RENAMED, matches, parse_row
 
@@ -583,3 +584,30 @@ def test_a_variable_the_cluster_sets_is_recorded_and_compare_names_it(trained: T
     assert changes[("env", "OMP_NUM_THREADS")] == ([old], ["2"])
     text = sbench("compare", "nightly-1", "nightly-3", "--db", t.db, ok=(0, 1))
     assert f"OMP_NUM_THREADS {old} -> 2" in text.stdout
+
+
+
+def test_envdiff_names_what_differs_and_not_what_names_the_attempt() -> None:
+    """Packages (a column, or the packages JSON where the column is empty), drivers, variables, the container:
+    named when they differ; the variables that name the attempt (its campaign, its port) never; a side with no
+    recorded environment (published measurements) is said in a note, not counted as differences."""
+    def run(rid: str, job_dir: str, **env_row: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        return ({"run_id": rid, "effective_torch_dtype": "float32"},
+                {"host": "n1", "job_dir": job_dir, "torch": "2.8.0", **env_row})
+
+    b_m, b_env = run("a/p.r0.a1", "/w/a/p", packages=json.dumps({"transformers": "5.24.0", "peft": "0.17"}),
+                     nccl="2.27.3", env=json.dumps({"OMP_NUM_THREADS": "1", "SBENCH_CAMPAIGN": "a",
+                                                    "NCCL_TOPO_FILE": "/w/a/p/topo.xml"}))
+    c_m, c_env = run("b/p.r0.a1", "/w/b/p", packages=json.dumps({"transformers": "5.25.0", "peft": "0.17"}),
+                     nccl="2.28.1", container_runtime="pyxis", container_image="nvcr.io#x:1",
+                     env=json.dumps({"OMP_NUM_THREADS": "4", "SBENCH_CAMPAIGN": "b",
+                                     "NCCL_TOPO_FILE": "/w/b/p/topo.xml"}))
+    base = envdiff.side([b_m], {"a/p.r0.a1": [b_env]})
+    cand = envdiff.side([c_m], {"b/p.r0.a1": [c_env]})
+    got = {(c.kind, c.name): (c.base, c.cand) for c in envdiff.diff(base, cand).changes}
+    assert got == {("package", "transformers"): (["5.24.0"], ["5.25.0"]), ("driver", "NCCL"): (["2.27.3"], ["2.28.1"]),
+                   ("env", "OMP_NUM_THREADS"): (["1"], ["4"]), ("container", "container runtime"): ([], ["pyxis"]),
+                   ("container", "container image"): ([], ["nvcr.io#x:1"])}
+    published = envdiff.side([{"run_id": "ref/x"}], {})
+    one_sided = envdiff.diff(base, published)
+    assert one_sided.changes == [] and one_sided.note and "CAND" in one_sided.note

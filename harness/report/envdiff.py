@@ -103,7 +103,11 @@ def env_facts(row: Mapping[str, Any], job_dir: str | None) -> dict[Fact, str]:
     pk = _json(row.get("packages"))
     for name, version in (pk.items() if isinstance(pk, dict) else []):
         key = str(name).replace("-", "_").lower()
-        if version and key not in PACKAGE_COLUMNS and not key.startswith(_AS_DRIVER):
+        if key in PACKAGE_COLUMNS:  # a column's package: its column says it, the JSON where the column is empty
+            fact = ("package", key.replace("_", "-") if key == "nvidia_ml_py" else key)
+            if version and fact not in out:
+                out[fact] = str(version)
+        elif version and not key.startswith(_AS_DRIVER):
             out[("package", str(name))] = str(version)
     tp = _json(row.get("trainer_packages"))
     for name, version in (tp.items() if isinstance(tp, dict) else []):
