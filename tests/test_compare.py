@@ -193,7 +193,9 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
                                  ("slow", slow, 2)):
         inv = write_sweep(tmp_path / f"{name}-inv.yaml", {"cluster": "c", "partitions": {"cpu": {
             "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
-            "env": {"SBENCH_FAULT": fault} if fault else {}, "hosts": {"h1": {"address": "127.0.0.1"}}}}})
+            # the slow campaign's nodes also set an NCCL variable the others do not: compare names it beside
+            "env": {"SBENCH_FAULT": fault, "NCCL_ALGO": "Tree"} if fault else {},
+            "hosts": {"h1": {"address": "127.0.0.1"}}}}})
         sw = write_sweep(tmp_path / f"{name}.yaml", {
             "campaign": name, "experiment": "finetune_full_benchmark-v1.0.0", "repeats": repeats,
             "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "number_gpus": 1,
@@ -241,6 +243,13 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
     # where the load stretched one base run far from the other is the honest word "insufficient repeats",
     # never "same". Either way the ratio lies inside its interval.
     assert row["low"] <= row["ratio"] <= row["high"], row
+    # What changed under the numbers, beside the row: the slow side's recorded NCCL variable, and its fault.
+    beside = {c["name"]: (c["base"], c["cand"]) for c in row["changes"]}
+    assert beside["NCCL_ALGO"] == ([], ["Tree"]) and "SBENCH_FAULT" in beside, row["changes"]
+    text = sbench("compare", "base", "slow", "--db", db, ok=(0, 1))
+    if row["verdict"] == "regression":
+        (line,) = [ln for ln in text.stdout.splitlines() if ln.startswith("regression ")]
+        assert "changed under it:" in line and "NCCL_ALGO (not recorded) -> Tree" in line, text.stdout
     xs = [m["dataset_tokens_per_second"] for m in ms if m["campaign"] == "base"]
     base_cv = stdev(xs) / (sum(xs) / 2)
     if base_cv < 0.25:

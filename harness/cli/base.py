@@ -18,7 +18,7 @@ import click
 from harness import __version__
 from harness.contract import envvars
 from harness.contract.errors import Interrupted, SbenchError
-from harness.spec.schema import is_name
+from harness.spec.schema import is_campaign_ref, is_name
 
 # The module of harness.cli that defines each top-level command. A command's module is loaded when the
 # command runs, so each command starts with only what it needs: ``sbench status`` does not load what
@@ -28,7 +28,7 @@ COMMANDS = {"inventory": "inputs", "experiments": "inputs", "plan": "inputs", "r
             "submit": "jobs", "prepare": "prepare", "retry": "jobs", "status": "control", "cancel": "control",
             "collect": "collect", "query": "results", "check": "results", "compare": "results",
             "report": "report", "probe": "cluster", "fabric": "cluster",
-            "model": "data", "dataset": "data", "env": "envs"}
+            "model": "data", "dataset": "data", "env": "envs", "export": "exchange", "import": "exchange"}
 
 
 # Text from a job dir (a reason, an error message, a file or host name) may hold terminal control sequences:
@@ -150,9 +150,24 @@ def os_error_text(exc: OSError) -> str:
 
 def campaign_name(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
     """Click callback: a campaign name is an identifier (never a path such as ../x)."""
+    if value is not None and not is_name(value) and is_campaign_ref(value):
+        raise click.BadParameter(f"{value!r} is a campaign imported from another database (cluster/name): status, "
+                                 "retry, cancel and collect act on the campaigns submitted here; query, report, "
+                                 "compare and check read it")
     if value is not None and not is_name(value):
         shown = repr(value) if len(value) <= 80 else repr(value[:77] + "...")
         raise click.BadParameter(f"{shown} is not a campaign name (letters, digits, '.', '_', '-'; at most 100)")
+    return value
+
+
+def campaign_ref(ctx: click.Context | None, param: click.Parameter | None, value: Any) -> Any:
+    """Click callback of the readers' campaign arguments: a name, or ``cluster/name`` for an imported one (one
+    value, or a tuple of them)."""
+    for v in (value if isinstance(value, tuple) else [value]):
+        if v is not None and not is_campaign_ref(v):
+            shown = repr(v) if len(v) <= 80 else repr(v[:77] + "...")
+            raise click.BadParameter(f"{shown} is not a campaign name (letters, digits, '.', '_', '-'; "
+                                     "cluster/name for one imported from another database)")
     return value
 
 

@@ -9,12 +9,12 @@ import click
 from harness.contract.paths import resolve_db
 from harness.report.page import build_report
 
-from .base import campaign_name, db_option, main
+from .base import campaign_ref, db_option, main
 
 
 @main.command()
 @db_option
-@click.option("--campaign", default=None, callback=campaign_name,
+@click.option("--campaign", default=None, callback=campaign_ref,
               help="The campaign to show (default: the latest by creation time; the page lists the others).")
 @click.option("--all-campaigns", is_flag=True,
               help="Every campaign on one page, a line per campaign (not with --campaign).")

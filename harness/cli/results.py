@@ -20,8 +20,9 @@ from harness.db.checks import check_results, references_of
 from harness.db.status import campaign_names
 from harness.db.store import open_store
 from harness.report.compare import Verdict, compare_in
+from harness.report.envdiff import EnvDiff
 
-from .base import campaign_name, db_option, echo_json, json_option, main, table
+from .base import campaign_ref, db_option, echo_json, json_option, main, say, table
 
 
 def _cell(v: Any) -> Any:
@@ -148,36 +149,65 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
     rows = cmp.rows
     regressions = [r for r in rows if r.verdict == Verdict.REGRESSION]
     undecided = [r for r in rows if r.verdict == Verdict.INSUFFICIENT]
+    single = [r for r in rows if r.verdict == Verdict.SINGLE]
     if as_json:
         echo_json({"threshold": threshold, "rows": [r.to_dict() for r in rows], "regressions": len(regressions),
-                   "insufficient": len(undecided), "excluded_shared": cmp.excluded,
+                   "insufficient": len(undecided), "single_measurement": len(single),
+                   "excluded_shared": cmp.excluded,
                    "excluded": {side: [{"run_id": rid, "why": why} for rid, why in out]
-                                for side, out in cmp.left_out.items()}})
+                                for side, out in cmp.left_out.items()},
+                   "references": cmp.references, "environment": cmp.env.to_dict()})
     else:
         click.echo(table([{"point_id": r.point_id, "model": r.labels.get("model_name"),
                            "gpus": r.labels.get("number_gpus"), "batch": r.labels.get("batch_size"),
                            "metric": r.metric, "n": f"{r.n_base}/{r.n_cand}", "base": f"{r.base:.4g}",
                            "cand": f"{r.cand:.4g}", "ratio": f"{r.ratio:.3f}", "95% interval":
                            "-" if r.low is None or r.high is None else f"{r.low:.3f}-{r.high:.3f}",
-                           "verdict": r.verdict} for r in rows],
+                           "verdict": r.verdict, "changed": _changed(r.changes)} for r in rows],
                          ["point_id", "model", "gpus", "batch", "metric", "n", "base", "cand", "ratio",
-                          "95% interval", "verdict"]))
+                          "95% interval", "verdict", "changed"]))
         counts = {v: sum(1 for r in rows if r.verdict == v) for v in (Verdict.IMPROVEMENT, Verdict.SAME)}
         click.echo(f"\n{len(rows)} comparison(s): {len(regressions)} regression(s) beyond {threshold:.0%}, "
                    f"{counts[Verdict.IMPROVEMENT]} improvement(s), {counts[Verdict.SAME]} same, "
-                   f"{len(undecided)} {Verdict.INSUFFICIENT}")
+                   f"{len(undecided)} {Verdict.INSUFFICIENT}" + (f", {len(single)} {Verdict.SINGLE}" if single else ""))
+        for r in regressions:
+            said = "; ".join(c["text"] for c in r.changes) or "nothing in the recorded environments"
+            say(f"regression {r.point_id[:12]} {r.metric} ratio {r.ratio:.3f}: changed under it: {said}")
         if undecided:
             shown = ", ".join(f"{r.point_id[:12]} {r.metric} ratio {r.ratio:.3f} ({r.n_base}/{r.n_cand} runs)"
                               for r in undecided[:5])
             click.echo(f"{Verdict.INSUFFICIENT} to decide: {shown}{' ...' if len(undecided) > 5 else ''}; "
                        "measure more repeats (the sweep's repeats:) to tell a change from the runs' spread")
+        for side, camp in cmp.references.items():
+            say(f"{side} {camp} is a reference campaign (published measurements): its points are paired with the "
+                f"other side's on the entity fields it recorded, and with one measurement of a point and no spread "
+                f"a row says {Verdict.SINGLE} (the ratio stands, no verdict is drawn)")
         click.echo(cmp.excluded_text)
+        _print_changes(cmp.env)
     if regressions:
         click.get_current_context().exit(1)
 
 
+def _changed(changes: list[dict[str, Any]], n: int = 2) -> str:
+    names = [c["name"] for c in changes]
+    return ", ".join(names[:n]) + (f" +{len(names) - n}" if len(names) > n else "")
+
+
+def _print_changes(env: EnvDiff) -> None:
+    """What changed between the sides' recorded environments, one line each."""
+    if env.changes:
+        say(f"what changed under the numbers (BASE -> CAND, {len(env.changes)}):")
+        for c in env.changes:
+            say(f"  {c.kind:<15} {c.text()}")
+    else:
+        say("what changed under the numbers: nothing in the recorded environments (packages, drivers, NCCL, "
+            "firmware, variables, container, hosts, what ran)")
+    if env.note:
+        say(f"note: {env.note}")
+
+
 @main.command()
-@click.argument("campaign", callback=campaign_name)
+@click.argument("campaign", callback=campaign_ref)
 @db_option
 @click.option("--allow-missing", is_flag=True, help="Do not fail on points that have no value to check "
                                                     "(failed, pending or never run) or whose value was measured "

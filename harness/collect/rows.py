@@ -248,7 +248,9 @@ def environment_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
             "gpus": to_json(gpus), "cpu_count": doc.get("cpu_count"),
             "memory_total_mb": _f(doc.get("memory_total_mb")), "env": to_json(doc.get("env")),
             "packages": to_json(doc.get("packages")), **_provenance(doc.get("provenance")),
-            "trainer": _text(tr.get("name")) or "sbench", "trainer_packages": to_json(tr.get("packages"))})
+            "trainer": _text(tr.get("name")) or "sbench", "trainer_packages": to_json(tr.get("packages")),
+            **{f"container_{k}": _text(v) for k, v in as_dict(doc.get("container")).items()
+               if k in ("runtime", "image", "digest")}})
     return rows
 
 

@@ -117,6 +117,13 @@ COLLECT_PAUSE_S = Var("SBENCH_COLLECT_PAUSE_S", "60", "How long collect pauses a
 
 VARS: tuple[Var, ...] = tuple(v for v in globals().values() if isinstance(v, Var))
 RECORDED: frozenset[str] = frozenset(v.name for v in VARS if v.recorded)
+# Recorded variables that name the attempt, not how it ran: sbench's job variables, and what SLURM and the
+# launchers set for each job and process. Two runs of the same settings differ in these (compare leaves them out
+# of what changed between two campaigns' environments).
+PER_ATTEMPT: frozenset[str] = frozenset(v.name for v in VARS if v.kind == "job") | frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+    "NODE_RANK", "CUDA_VISIBLE_DEVICES"})
+PER_ATTEMPT_PREFIXES = ("SLURM_", "SLURMD_", "TORCHELASTIC_")
 
 
 def host(environ: Mapping[str, str] | None = None) -> str:

@@ -62,6 +62,7 @@ class CampaignLine(_CampaignKeys, total=False):
     inventory: str  # the inventory file, absolute ("<built-in ...>" for the built-in one)
     cluster: str | None
     partition: str | None
+    partitions: dict[str, Any]  # each partition's public description (Partition.public: never a secret)
     executor: str
     description: str | None
     created_at: str

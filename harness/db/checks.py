@@ -6,8 +6,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.spec.references import Reference, check_rows
+from harness.spec.published import matches
+from harness.spec.references import FROM_CAMPAIGN, Reference, check_rows
 
+from .exchange import imported_sql
 from .schema import COLUMN_NAMES, q
 from .store import Store
 from .values import to_json
@@ -37,7 +39,7 @@ def check_inputs(store: Store, campaign: str, metrics: Sequence[str]) -> list[di
         f"""WITH latest AS (
                 SELECT * FROM runs WHERE campaign = ?
                 QUALIFY row_number() OVER (PARTITION BY point_id, repeat ORDER BY attempt DESC) = 1)
-            SELECT cp.point_id, cp.repeat, p.entity, r.run_id, r.outcome, r.overlapped_with, m.host_busy,
+            SELECT cp.point_id, cp.repeat, p.experiment, p.entity, r.run_id, r.outcome, r.overlapped_with, m.host_busy,
                    m.host_other_cpu_pct{picked}
             FROM campaign_points cp JOIN points p USING (point_id)
                  LEFT JOIN latest r ON r.point_id = cp.point_id AND r.repeat = cp.repeat
@@ -51,6 +53,57 @@ def check_inputs(store: Store, campaign: str, metrics: Sequence[str]) -> list[di
             r["entity"] = {}
         r["values"] = {c: r.pop(c) for c in cols}
     return rows
+
+
+def reference_values(store: Store, campaign: str, metric: str) -> list[tuple[dict[str, Any], float]]:
+    """*campaign*'s valid measurements of *metric*, each with the entity fields its point recorded (a published
+    point's are those its file gave), leaving out those measured on a shared or busy host."""
+    if metric not in COLUMN_NAMES["measurements"]:
+        return []
+    rows = store.con.execute(
+        f"""SELECT p.entity, p.experiment, m.{q(metric)} FROM measurements m JOIN points p USING (point_id)
+            WHERE m.campaign = ? AND m.is_valid AND m.{q(metric)} IS NOT NULL
+              AND NOT coalesce(m.shared_host, false) AND NOT coalesce(m.host_busy, false)
+            ORDER BY m.run_id""", [campaign]).fetchall()
+    out = []
+    for entity, experiment, value in rows:
+        try:
+            given = json.loads(entity) if entity else {}
+        except ValueError:
+            continue
+        out.append(({**(given if isinstance(given, dict) else {}), "experiment": experiment}, float(value)))
+    return out
+
+
+class ReferenceValues:
+    """``check_rows``' *value_of*: the median of what a campaign measured of a point, found on the entity fields
+    the campaign recorded (:func:`harness.spec.published.matches`); read once per campaign and metric."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.cache: dict[tuple[str, str], list[tuple[dict[str, Any], float]]] = {}
+
+    def __call__(self, campaign: str, metric: str, entity: Mapping[str, Any]) -> float | None:
+        key = (campaign, metric)
+        if key not in self.cache:
+            self.cache[key] = reference_values(self.store, campaign, metric)
+        found = sorted(v for given, v in self.cache[key] if matches(given, entity))
+        if not found:
+            return None
+        mid = len(found) // 2
+        return found[mid] if len(found) % 2 else (found[mid - 1] + found[mid]) / 2
+
+
+def referencing(store: Store, campaigns: Sequence[str]) -> list[str]:
+    """The campaigns submitted here whose references take their values from one of *campaigns*."""
+    wanted = set(campaigns)
+    return sorted(c for c, refs in references_of(store).items() if c not in set(imported(store))
+                  and any(r.get(FROM_CAMPAIGN) in wanted for r in refs))
+
+
+def imported(store: Store) -> list[str]:
+    """The campaigns that came from elsewhere: their checks are those they came with."""
+    return [r[0] for r in store.con.execute(f"SELECT campaign FROM campaigns WHERE {imported_sql()}").fetchall()]
 
 
 def replace_checks(store: Store, campaign: str, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -72,17 +125,23 @@ def check_results(store: Store, campaign: str) -> list[dict[str, Any]]:
                     p.model_name, p.number_gpus, p.batch_size, c.point_id, c.repeat""", [campaign])
 
 
-def refresh_checks(store: Store, now: Any = None) -> int:
-    """Recompute the ``checks`` of every campaign that declares references (inside the caller's
-    transaction); returns the number of rows written."""
+def refresh_checks(store: Store, now: Any = None, campaigns: Sequence[str] | None = None) -> int:
+    """Recompute the ``checks`` of every campaign submitted here that declares references (of *campaigns* only,
+    when given), inside the caller's transaction; returns the number of rows written. An imported campaign
+    keeps the checks it came with."""
     recorded = references_of(store)
+    kept = imported(store)
+    value_of = ReferenceValues(store)
     n = 0
     for campaign, docs in recorded.items():
+        if campaign in kept or (campaigns is not None and campaign not in campaigns):
+            continue
         refs = [Reference.from_dict(d) for d in docs]
-        rows = check_rows(campaign, refs, check_inputs(store, campaign, [r.metric for r in refs]))
+        rows = check_rows(campaign, refs, check_inputs(store, campaign, [r.metric for r in refs]), value_of)
         for r in rows:
             r["checked_at"] = now
         replace_checks(store, campaign, rows)
         n += len(rows)
-    drop_checks_except(store, list(recorded))
+    if campaigns is None:
+        drop_checks_except(store, [*recorded, *kept])
     return n

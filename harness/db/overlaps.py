@@ -2,7 +2,8 @@
 
 Each run's ``run_hosts`` rows say when it held each host (``held_start_wall`` to ``held_end_wall``:
 sacct's start and end on its node list, else its stage events; NULL end while it runs). Two runs
-overlap when one of them started on a host before the other one left it. A run that overlapped
+overlap when one of them started on a host before the other one left it (runs imported from another database
+are not compared: their hosts are another cluster's). A run that overlapped
 another sbench run (any campaign) measured on shared hardware: its ``runs.overlapped_with`` names the other
 runs, ``runs.warnings`` says so in words, and its measurement carries the same list
 (``measurements.overlapped_with``) and ``shared_host = true``. The list is ``[]`` for a run
@@ -19,12 +20,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .exchange import imported_sql
 from .staging import frame
 from .store import Store
 
 WARNING_PREFIX = "shared host: "
 NAMED = 5  # other runs named in the warning; runs.overlapped_with lists them all
 
+# The hosts of the runs submitted here: an imported run held another cluster's hosts (a host of the same name there
+# is another machine), and keeps the lists it came with.
+_HOSTS = f"(SELECT * FROM run_hosts WHERE run_id NOT IN (SELECT run_id FROM runs WHERE {imported_sql()}))"
 _OVERLAP = ("a.host = b.host AND a.run_id <> b.run_id AND a.held_start_wall IS NOT NULL "
             "AND b.held_start_wall IS NOT NULL "
             "AND a.held_start_wall < coalesce(b.held_end_wall, 'infinity'::DOUBLE) "
@@ -50,7 +55,7 @@ def refresh_overlaps(store: Store, changed: Sequence[str]) -> int:
             CREATE OR REPLACE TEMP TABLE _sbench_affected AS
             SELECT run_id FROM _sbench_changed
             UNION
-            SELECT b.run_id FROM run_hosts a JOIN run_hosts b ON {_OVERLAP}
+            SELECT b.run_id FROM {_HOSTS} a JOIN {_HOSTS} b ON {_OVERLAP}
             WHERE a.run_id IN (SELECT run_id FROM _sbench_changed)
             UNION
             SELECT r.run_id FROM runs r, unnest(r.overlapped_with) AS u(other)
@@ -60,7 +65,7 @@ def refresh_overlaps(store: Store, changed: Sequence[str]) -> int:
     try:
         rows = store.fetch_dicts(f"""
             WITH pairs AS (
-                SELECT a.run_id, a.host, b.run_id AS other FROM run_hosts a JOIN run_hosts b ON {_OVERLAP}
+                SELECT a.run_id, a.host, b.run_id AS other FROM {_HOSTS} a JOIN {_HOSTS} b ON {_OVERLAP}
                 WHERE a.run_id IN (SELECT run_id FROM _sbench_affected)),
             found AS (
                 SELECT run_id, list_sort(list_distinct(list(other))) AS others,

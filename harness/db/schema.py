@@ -36,8 +36,18 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # (compare's robust per-run evidence); the measured window's exact dataset tokens and the image tokens among them
 # (measurements.dataset_tokens, dataset_image_tokens); 13: the host's other load (the 'host' sample kind,
 # sample_rows.foreign_procs; measurements.host_other_cpu_pct, gpu_foreign_processes, host_busy), which
-# point_stability leaves out like a shared host; campaigns.repeats_spec (the report's repeats per point)
-SCHEMA_VERSION = 13
+# point_stability leaves out like a shared host; campaigns.repeats_spec (the report's repeats per point).
+#
+# Schema step "exchange" (version 14; one step of its own, so that it can take another number when another step
+# takes 14 first: SCHEMA_VERSION below, the columns marked "step exchange", docs/exchange.md): campaigns beyond one
+# cluster (campaigns.cluster, partitions, origin and imported: sbench import's campaigns, exports and the
+# reference's published measurements; measurements.extra, a published file's columns sbench has none for) and the
+# container a run ran in (environment.container_runtime, container_image, container_digest). Every column is new
+# and NULL in an older database's rows, so a database of UPGRADE_FROM on is upgraded in place.
+SCHEMA_VERSION = 14
+# The oldest schema a database is upgraded from in place (by adding what it lacks: every change since is a new table
+# or column); an older one is refused with what to do.
+UPGRADE_FROM = 13
 
 
 KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
@@ -76,6 +86,11 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("sbench_version", "VARCHAR"), ("source", "VARCHAR"),
         ("references_spec", "JSON"),  # the sweep's references (harness.references), newest word
         ("repeats_spec", "JSON"),  # the sweep's repeats: {min, max, cv} (NULL: a plain repeats: N), newest word
+        # step exchange (these four): the inventory's cluster name (its namespace once exported)
+        ("cluster", "VARCHAR"),
+        ("partitions", "JSON"),  # what the campaign ran on: each partition's public description (no env, no setup)
+        # NULL: submitted here; ORIGINS: imported (sbench import), and from what (IMPORTED's keys)
+        ("origin", "VARCHAR"), ("imported", "JSON"),
     ],
     "points": [("point_id", "VARCHAR"), ("experiment", "VARCHAR"), ("valid", "BOOLEAN"),
                ("reasons", "VARCHAR[]"), ("notes", "VARCHAR[]"), *ENTITY_COLUMNS, ("entity", "JSON")],
@@ -178,6 +193,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         # GPUs, and whether either passed runner.host_busy_cpu (or any such GPU process): a busy host
         ("host_other_cpu_pct", "DOUBLE"), ("gpu_foreign_processes", "INTEGER"), ("host_busy", "BOOLEAN"),
         *ENTITY_COLUMNS,
+        ("extra", "JSON"),  # step exchange: an imported published file's columns sbench has none for (else NULL)
     ],
     "environment": [
         *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("python", "VARCHAR"), ("torch", "VARCHAR"),
@@ -189,6 +205,9 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("cuda_runtime", "VARCHAR"), ("nccl", "VARCHAR"), ("cudnn", "VARCHAR"), ("flash_attn", "VARCHAR"),
         ("hca_firmware", "JSON"),
         ("trainer", "VARCHAR"), ("trainer_packages", "JSON"),  # the training processes' packages (fms-hf-tuning)
+        # step exchange: the container the node runner ran in (runner.envcapture.container): pyxis/enroot,
+        # apptainer, podman, docker; the image as asked or found, and its digest where known without reading it
+        ("container_runtime", "VARCHAR"), ("container_image", "VARCHAR"), ("container_digest", "VARCHAR"),
     ],
     # harness.runner.memsnap: each rank's memory at fixed phases of recorded steps.
     "memory": [

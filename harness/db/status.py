@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .exchange import imported_sql
 from .schema import point_stability_sql, point_status_sql, run_overhead_sql
 from .store import Store
 
@@ -67,14 +68,15 @@ def attempt_rows(store: Store, campaign: str | None = None) -> list[dict[str, An
 
 
 def measured_runs(store: Store, point_ids: Iterable[str], exclude_campaign: str) -> list[dict[str, Any]]:
-    """The measured runs (outcome ``ok`` or ``invalid``) of *point_ids* in every campaign but
-    *exclude_campaign*, oldest first: what ``submit --reuse-measured`` may take instead of measuring."""
+    """The measured runs (outcome ``ok`` or ``invalid``) of *point_ids* in every campaign submitted here but
+    *exclude_campaign*, oldest first: what ``submit --reuse-measured`` may take instead of measuring (another
+    cluster's measurement, imported, is not this cluster's)."""
     ids = list(point_ids)
     if not ids:
         return []
     sql = (f"SELECT run_id, campaign, point_id, repeat, attempt, outcome, submitted_at FROM runs "
            f"WHERE outcome IN ('ok', 'invalid') AND campaign <> ? AND point_id IN ({', '.join('?' for _ in ids)}) "
-           "ORDER BY point_id, submitted_at NULLS LAST, run_id")
+           f"AND NOT {imported_sql()} ORDER BY point_id, submitted_at NULLS LAST, run_id")
     return store.fetch_dicts(sql, [exclude_campaign, *ids])
 
 
@@ -90,7 +92,9 @@ def status_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any
     (``point_stability``: ``throughput_cv``, ``throughput_stability``). With *campaign*, every part reads
     only that campaign's rows (not the views over every run: a history of many campaigns answers as fast
     as one)."""
-    where, params = (" WHERE campaign = ?", [campaign, campaign, campaign]) if campaign else ("", [])
+    # every campaign: those submitted here (an imported one is never in flight here, nor retried or cancelled)
+    where, params = (" WHERE campaign = ?", [campaign, campaign, campaign]) if campaign else (
+        f" WHERE NOT {imported_sql()}", [])
     latest_stages = "(SELECT * FROM stages WHERE run_id IN (SELECT run_id FROM latest))"
     sql = f"""
         WITH r0 AS (SELECT * FROM runs{where}),

@@ -30,7 +30,7 @@ import duckdb
 from harness.contract import envvars
 from harness.contract.errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
 
-from .schema import KIND_SQL, PRIMARY_KEYS, RUN_CHILD_TABLES, SCHEMA, SCHEMA_VERSION, TYPES, VIEWS, q
+from .schema import KIND_SQL, PRIMARY_KEYS, RUN_CHILD_TABLES, SCHEMA, SCHEMA_VERSION, TYPES, UPGRADE_FROM, VIEWS, q
 from .staging import Staged, check_keys, frame, stage, typed
 from .values import COERCE
 
@@ -81,10 +81,12 @@ def _is_lock_error(exc: Exception) -> bool:
     return "lock" in text.lower() and ("Could not set lock" in text or "Conflicting lock" in text)
 
 
-def create_schema(con: duckdb.DuckDBPyConnection) -> None:
-    """The types, tables and views of :mod:`harness.db.schema` in *con*'s database."""
+def create_schema(con: duckdb.DuckDBPyConnection, types: Iterable[str] = ()) -> None:
+    """The types (but those named in *types*: they exist), tables (those missing) and views of
+    :mod:`harness.db.schema` in *con*'s database."""
     for name, definition in TYPES.items():
-        con.execute(f"CREATE TYPE {q(name)} AS {definition}")
+        if name not in set(types):
+            con.execute(f"CREATE TYPE {q(name)} AS {definition}")
     for table, cols in SCHEMA.items():
         body = ", ".join(f"{q(c)} {t}" for c, t in cols)
         pk = PRIMARY_KEYS.get(table)
@@ -124,6 +126,14 @@ def view_definitions(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
         if found is not None:
             out[name] = _view_body(found[0])
     return out
+
+
+def upgradable(found: str | None) -> bool:
+    """Whether a database of schema version *found* is upgraded in place (from :data:`UPGRADE_FROM` on)."""
+    try:
+        return found is not None and UPGRADE_FROM <= int(found) < SCHEMA_VERSION
+    except ValueError:
+        return False
 
 
 def open_store(path: str | Path, *, read_only: bool = False, wait_s: float | None = None) -> Store:
@@ -205,6 +215,15 @@ class Store:
             except duckdb.Error:
                 rows = []
             found = rows[0][0] if rows else None
+            if upgradable(found):
+                if self.read_only:
+                    raise SchemaMismatchError(
+                        f"{self.path} has results schema version {found}; this sbench uses version {SCHEMA_VERSION} "
+                        f"and upgrades it in place (it adds what version {SCHEMA_VERSION} has more; nothing is "
+                        f"lost): run `sbench collect --db {self.path}` once (any command that writes the database "
+                        "does it), then this command again.")
+                self._upgrade(str(found))
+                found = str(SCHEMA_VERSION)
             if found != str(SCHEMA_VERSION):
                 raise SchemaMismatchError(
                     f"{self.path} has results schema version {found or '(none)'}, but this sbench uses version "
@@ -235,6 +254,28 @@ class Store:
             create_schema(self.con)
             self.con.execute("INSERT INTO metadata VALUES ('schema_version', ?), ('created_by', 'sbench')",
                              [str(SCHEMA_VERSION)])
+
+    def _upgrade(self, found: str) -> None:
+        """Bring a database of schema *found* (:func:`upgradable`) to :data:`SCHEMA_VERSION` in one transaction:
+        the types, tables and columns it lacks are added (a new column is NULL in the rows it already has) and
+        the views put back. The manifests' recorded fingerprints are forgotten, so that the next collect records
+        every campaign line again and fills what the new columns take from it (``campaigns.cluster``)."""
+        with self.transaction():
+            types = {r[0] for r in self.con.execute("SELECT type_name FROM duckdb_types() WHERE NOT internal "
+                                                    "AND schema_name = 'main'").fetchall()}
+            have: dict[str, set[str]] = {}
+            for table, col in self.con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                                               "WHERE table_schema = 'main'").fetchall():
+                have.setdefault(table, set()).add(col)
+            for table, cols in SCHEMA.items():
+                for col, dtype in cols:
+                    if table in have and col not in have[table]:
+                        self.con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(col)} {dtype}")
+            create_schema(self.con, types)  # the types and tables it lacks, and sbench's views
+            self.con.execute("DELETE FROM metadata WHERE starts_with(key, 'manifest:')")
+            self.con.execute("UPDATE metadata SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION)])
+            self.con.execute("INSERT INTO metadata SELECT 'upgraded_from', ? WHERE NOT EXISTS "
+                             "(SELECT 1 FROM metadata WHERE key = 'upgraded_from')", [found])
 
     def _changed_views(self) -> tuple[list[str], list[str]]:
         """(views that are missing, views whose definition is not sbench's), compared with

@@ -33,21 +33,36 @@ change that counts:
 A run that shared a host with another sbench run (``measurements.shared_host``), or that ran on a host busy
 with other work (``measurements.host_busy``), measured its neighbours too, not only its point: it is left
 out of its side, and :class:`Comparison` says how many were and why (``include_shared`` keeps them).
+
+**A reference campaign** (the reference's published measurements, ``sbench import --format ado-csv``) records
+only some entity fields of each point: its points are paired with the other side's on those fields
+(:func:`harness.spec.published.matches`), not by point id. It has one measurement per point and no spread: such
+a row's verdict is ``single measurement`` (:attr:`Verdict.SINGLE`), its ratio still shown; it never says
+regression.
+
+**What changed under the numbers** (:mod:`harness.report.envdiff`): the differences between the two sides'
+recorded environments, over every run compared (:attr:`Comparison.env`) and per point (:attr:`Row.changes`), so
+that a regression shows the NCCL version, the package or the variable that changed beside it.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.contract.errors import InputError
+from harness.contract.exchange import ORIGIN_ADO_CSV
+from harness.db.exchange import imported_campaigns
+from harness.db.schema import ENTITY_FIELDS
 from harness.db.status import campaign_names
 from harness.db.store import Store
-from harness.spec.schema import is_name
+from harness.spec.published import matches
+from harness.spec.schema import is_campaign_ref
 
-from .queries import BUSY, SHARED, compare_side
+from . import envdiff
+from .queries import BUSY, SHARED, compare_side, environment_of, point_entities
 from .stats import welch
 
 # metric -> True when higher is better
@@ -73,6 +88,7 @@ class Verdict:
     IMPROVEMENT = "improvement"
     SAME = "same"
     INSUFFICIENT = "insufficient repeats"
+    SINGLE = "single measurement"  # against a reference campaign's one measurement of the point: no spread
 
 
 @dataclass
@@ -98,6 +114,8 @@ class Row:
     spread: dict[str, str] | None = None
     base_median: float | None = None
     cand_median: float | None = None
+    changes: list[dict[str, Any]] = field(default_factory=list)  # envdiff.Change dicts of this point's runs
+    matched: list[str] | None = None  # a reference side's point ids paired with this one on their entity fields
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,7 +125,7 @@ def parse_side(text: str) -> tuple[str | None, dict[str, str]]:
     """``(campaign, filters)`` of one side; a bare word is a campaign name."""
     text = text.strip()
     if "=" not in text:
-        if not is_name(text):
+        if not is_campaign_ref(text):
             raise InputError(f"{text!r} is neither a campaign name nor filters like git_commit=abc,torch=2.13.0")
         return text, {}
     filters: dict[str, str] = {}
@@ -203,10 +221,14 @@ def compare(base: dict[str, list[dict[str, Any]]], cand: dict[str, list[dict[str
 @dataclass
 class Comparison:
     """The rows of one compare, and per side (``BASE``, ``CAND``) the runs left out, each with why: ``shared
-    host`` (another sbench run held one of its hosts) or ``busy host`` (other work kept its host busy)."""
+    host`` (another sbench run held one of its hosts) or ``busy host`` (other work kept its host busy); what
+    changed between the sides' recorded environments (*env*); and the sides that are reference campaigns
+    (*references*: ``BASE``/``CAND`` -> the campaign), paired on entity fields."""
 
     rows: list[Row]
     left_out: dict[str, list[tuple[str, str]]]
+    env: envdiff.EnvDiff = field(default_factory=envdiff.EnvDiff)
+    references: dict[str, str] = field(default_factory=dict)
 
     @property
     def excluded(self) -> dict[str, list[str]]:
@@ -260,8 +282,58 @@ def compare_in(store: Store, base: str, cand: str, metrics: list[str], threshold
         if not side:
             why = f" ({excluded_text({name: out})})" if out else ""
             raise InputError(f"{name} {text!r}: no valid measurements match{why}")
+    origins = {k: v.get("origin") for k, v in imported_campaigns(store).items()}
+    refs = {name: str(camp) for name, (camp, _) in zip(("BASE", "CAND"), sides, strict=True)
+            if camp is not None and origins.get(camp) == ORIGIN_ADO_CSV}
+    matched: dict[str, list[str]] = {}
+    if len(refs) == 1:  # a reference side: its points paired with the other side's on the fields it recorded
+        if "BASE" in refs:
+            b, matched = pair_on_entity(store, b, c)
+        else:
+            c, matched = pair_on_entity(store, c, b)
     rows = compare(b, c, metrics or list(DEFAULT_METRICS), threshold)
     if not rows:
+        how = ("on the entity fields the reference recorded" if len(refs) == 1 else "by point_id")
         raise InputError(f"BASE and CAND share no measured point ({len(b)} and {len(c)} point(s)); compare pairs "
-                         "runs by point_id")
-    return Comparison(rows, left_out)
+                         f"runs {how}")
+    for r in rows:
+        r.matched = matched.get(r.point_id)
+        if any((r.n_base if side == "BASE" else r.n_cand) == 1 for side in refs) and r.verdict in (
+                Verdict.INSUFFICIENT, Verdict.SAME):
+            r.verdict = Verdict.SINGLE
+    env = environment_changes(store, b, c, rows)
+    return Comparison(rows, left_out, env, refs)
+
+
+def pair_on_entity(store: Store, ref: dict[str, list[dict[str, Any]]], other: dict[str, list[dict[str, Any]]],
+                   ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[str]]]:
+    """A reference side's rows keyed by the other side's point ids: each of the other side's points takes the
+    rows of every reference point whose recorded entity fields all match it; and, per point, those reference
+    points' ids."""
+    given = point_entities(store, list(ref))
+    out: dict[str, list[dict[str, Any]]] = {}
+    which: dict[str, list[str]] = {}
+    for pid, rows in other.items():
+        entity = {**{k: rows[0].get(k) for k in ENTITY_FIELDS}, "experiment": rows[0].get("experiment")}
+        found = [rpid for rpid in sorted(ref) if rpid in given and matches(given[rpid], entity)]
+        if found:
+            out[pid] = [r for rpid in found for r in ref[rpid]]
+            which[pid] = found
+    return out, which
+
+
+def environment_changes(store: Store, base: dict[str, list[dict[str, Any]]], cand: dict[str, list[dict[str, Any]]],
+                        rows: list[Row]) -> envdiff.EnvDiff:
+    """What changed between the sides' recorded environments over the points compared, and on each *rows*'
+    point (written into its ``changes``)."""
+    pids = {r.point_id for r in rows}
+    b_runs = [m for pid in pids for m in base.get(pid, [])]
+    c_runs = [m for pid in pids for m in cand.get(pid, [])]
+    env = environment_of(store, [str(m["run_id"]) for m in b_runs + c_runs])
+    per_point: dict[str, list[dict[str, Any]]] = {}
+    for pid in pids:
+        changes = envdiff.differences(envdiff.side(base.get(pid, []), env), envdiff.side(cand.get(pid, []), env))
+        per_point[pid] = [ch.to_dict() for ch in changes]
+    for r in rows:
+        r.changes = per_point.get(r.point_id, [])
+    return envdiff.diff(envdiff.side(b_runs, env), envdiff.side(c_runs, env))

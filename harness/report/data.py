@@ -25,6 +25,7 @@ from harness.spec.sweep import AdaptiveRepeats
 
 from . import queries
 from .charts import plural
+from .clusters import load_clusters
 from .compare import compare_in
 from .queries import left_out_why
 
@@ -66,6 +67,7 @@ class ReportData:
     attempts: list[dict[str, Any]] = field(default_factory=list)  # every attempt: why it was sent, what it measured
     repeats: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (campaign, point_id) -> its
     # repeats: how many, the target, the state (point_repeats)
+    clusters: list[dict[str, Any]] = field(default_factory=list)  # the points across clusters (report.clusters)
 
     @property
     def by_campaign(self) -> bool:
@@ -136,6 +138,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
                    if (campaign in (None, c) and not data.shown) or c in data.shown}
     data.attempts = queries.attempt_rows(store, where)
     data.repeats = point_repeats(data.campaigns, data.attempts, data.stability, queries.planned_repeats(store, where))
+    data.clusters = load_clusters(store, measurements)
     return data
 
 
@@ -186,7 +189,8 @@ def load_compare(store: Store, base: str, cand: str, threshold: float,
     """The compare section's data: ``sbench compare BASE CAND`` over the same store."""
     cmp = compare_in(store, base, cand, list(metrics), threshold)
     return {"base": base, "cand": cand, "threshold": threshold, "rows": [r.to_dict() for r in cmp.rows],
-            "excluded": cmp.excluded, "excluded_text": cmp.excluded_text if any(cmp.excluded.values()) else ""}
+            "excluded": cmp.excluded, "excluded_text": cmp.excluded_text if any(cmp.excluded.values()) else "",
+            "environment": cmp.env.to_dict(), "references": cmp.references}
 
 
 def _load_run(store: Store, data: ReportData, campaign: queries.Scope, run_id: str | None) -> None:

@@ -7,6 +7,7 @@ The store owns the schema and the connection; the questions only the report asks
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -249,3 +250,65 @@ def left_out_why(m: Mapping[str, Any]) -> str | None:
     if m.get("host_busy"):
         return BUSY
     return None
+
+
+def environment_of(store: Store, run_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each run's ``environment`` rows (one per host), with its ``job_dir``: what compare says changed."""
+    ids = sorted(set(run_ids))
+    if not ids:
+        return {}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in store.fetch_dicts(f"""SELECT e.*, r.job_dir FROM environment e JOIN runs r USING (run_id)
+                                  WHERE e.run_id IN ({', '.join('?' for _ in ids)}) ORDER BY e.run_id, e.host""", ids):
+        out.setdefault(r["run_id"], []).append(r)
+    return out
+
+
+def point_entities(store: Store, point_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each point's recorded entity (a published point's: the fields its file gives) with its ``experiment``."""
+    ids = sorted(set(point_ids))
+    if not ids:
+        return {}
+    out = {}
+    for pid, experiment, entity in store.con.execute(
+            f"SELECT point_id, experiment, entity FROM points WHERE point_id IN ({', '.join('?' for _ in ids)})",
+            ids).fetchall():
+        try:
+            doc = json.loads(entity) if entity else {}
+        except ValueError:
+            doc = {}
+        out[str(pid)] = {**(doc if isinstance(doc, dict) else {}), "experiment": experiment}
+    return out
+
+
+def across_campaigns(store: Store, point_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """The valid measurements of *point_ids* in every campaign (the report's view across clusters), with each
+    campaign's cluster and origin; runs on a shared or busy host left out."""
+    ids = sorted(set(point_ids))
+    if not ids:
+        return []
+    return store.fetch_dicts(
+        f"""SELECT m.campaign, m.point_id, m.experiment, m.model_name, m.number_gpus, m.number_nodes, m.batch_size,
+                   m.model_max_length, m.gpu_model, m.dataset_tokens_per_second, c.cluster, c.origin
+            FROM measurements m LEFT JOIN campaigns c USING (campaign)
+            WHERE m.is_valid AND m.dataset_tokens_per_second IS NOT NULL AND NOT coalesce(m.shared_host, false)
+              AND NOT coalesce(m.host_busy, false) AND m.point_id IN ({', '.join('?' for _ in ids)})
+            ORDER BY m.gpu_model, c.cluster, m.campaign, m.point_id, m.run_id""", ids)
+
+
+def published_measurements(store: Store) -> list[dict[str, Any]]:
+    """Every valid measurement of the reference campaigns (``origin = 'ado-csv'``) with its point's recorded
+    entity (``given``: the fields its file gives)."""
+    rows = store.fetch_dicts(
+        """SELECT m.campaign, m.point_id, m.experiment, m.gpu_model, m.dataset_tokens_per_second, p.entity,
+                  c.cluster, c.origin
+           FROM measurements m JOIN campaigns c USING (campaign) JOIN points p USING (point_id)
+           WHERE c.origin = 'ado-csv' AND m.is_valid AND m.dataset_tokens_per_second IS NOT NULL
+           ORDER BY m.campaign, m.point_id, m.run_id""")
+    for r in rows:
+        try:
+            given = json.loads(r.pop("entity") or "{}")
+        except ValueError:
+            given = {}
+        r["given"] = {**(given if isinstance(given, dict) else {}), "experiment": r["experiment"]}
+    return rows

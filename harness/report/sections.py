@@ -26,6 +26,7 @@ from .charts import (
     plural,
     ratio_chart,
 )
+from .clusters import REFERENCE
 from .compare import Verdict
 from .data import ReportData, method_of
 
@@ -396,11 +397,33 @@ def compare_section(cmp: Mapping[str, Any] | None) -> str:
             "(shaded). A regression is worse by more than the threshold with an interval that does not reach 1.0; "
             "same: the interval lies inside the band; insufficient repeats (orange): the runs cannot decide. "
             f"{plural(len(rows), 'comparison')}, {n_und} with insufficient repeats, {plural(n_reg, 'regression')}.")
+    n_single = sum(1 for r in rows if r["verdict"] == Verdict.SINGLE)
+    if n_single:
+        note += (f" {n_single} against a reference's single measurement (published: one measurement a point, no "
+                 "spread), paired on the entity fields it recorded: the ratio stands, no verdict is drawn.")
     if cmp.get("excluded_text"):
         note += f" Left out: {cmp['excluded_text']}."
     chart = ratio_chart(ratio_rows(rows), cmp["threshold"], RATIO_AXIS) if rows else \
         no_data("BASE and CAND share no measured point")
-    return section("compare", "Compare", note, f'<div class="wide">{chart}</div>')
+    return section("compare", "Compare", note, f'<div class="wide">{chart}</div>'
+                   + changes_table(cmp.get("environment") or {}, rows))
+
+def changes_table(env: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+    """What changed under the numbers: the differences between the sides' recorded environments, and beside each
+    regression the changes on its point (harness.report.envdiff)."""
+    changes = env.get("changes") or []
+    head = ('<h3>What changed under the numbers (BASE → CAND)</h3>' if changes else
+            "<h3>What changed under the numbers: nothing in the recorded environments</h3>")
+    body = table(["kind", "what", "BASE", "CAND"], [((c["kind"], c["name"], ", ".join(c["base"]) or "(not recorded)",
+                                                     ", ".join(c["cand"]) or "(not recorded)"), "")
+                                                   for c in changes]) if changes else ""
+    regs = [r for r in rows if r["verdict"] == Verdict.REGRESSION]
+    beside = table(["regression", "metric", "ratio", "changed under it"], [(
+        (r["point_id"][:12], r["metric"], f"{r['ratio']:.3f}",
+         "; ".join(c["text"] for c in r.get("changes") or []) or "nothing recorded"), "fail") for r in regs]) \
+        if regs else ""
+    note = f'<p class="note">{esc(env["note"])}</p>' if env.get("note") else ""
+    return f'<div class="wide">{head}{body}{beside}{note}</div>'
 
 
 def checks_section(checks: Mapping[str, Sequence[Mapping[str, Any]]], word: str = "GPU") -> str:
@@ -486,3 +509,23 @@ def efficiency_section(ms: Sequence[Mapping[str, Any]], word: str, by_campaign: 
                    "per second per device. MFU divides by the device's peak dense TFLOP/s for the compute dtype "
                    "(harness/spec/gpu_peaks.yaml or the inventory's peak_tflops).", body)
 
+
+def clusters_section(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The section's HTML (empty without rows)."""
+    if not rows:
+        return ""
+    head = ["gpu_model", "cluster", "campaign", "model", "method", "GPUs", "nodes", "batch", "max len", "runs",
+            "dataset tok/s (median)", "vs reference"]
+    body = [((r["gpu_model"], r["cluster"], r["campaign"], r["model_name"], str(r["experiment"]).split("_")[1]
+              if "_" in str(r["experiment"]) else r["experiment"], r["number_gpus"], r["number_nodes"],
+              r["batch_size"], r["model_max_length"], r["n"], fmt(r["dataset_tokens_per_second"]),
+              "reference line" if r["cluster"] == REFERENCE else
+              ("" if r["vs_reference"] is None else f"{r['vs_reference']:.3f}")), "ok" if r["cluster"] == REFERENCE
+             else "") for r in rows]
+    note = ("The points of this page as every campaign in the database measured them, grouped by gpu_model and "
+            "cluster: this cluster's, campaigns imported from other clusters (sbench import: cluster/name), and "
+            "the reference's published measurements (sbench import --format ado-csv), each point's reference "
+            "first as its own line, the others' ratio to it beside. Campaigns share a point by its id, published "
+            "measurements by the entity fields their file gives. Medians over each campaign's valid runs; runs on "
+            "a shared or busy host left out.")
+    return section("clusters", "Across clusters", esc(note), f'<div class="wide">{table(head, body)}</div>')

@@ -312,8 +312,41 @@ def provenance(packages: dict[str, str | None]) -> dict[str, Any]:
             "hcas": hca_firmware()}
 
 
-def capture(host: str, machine_rank: int | None = None) -> dict[str, Any]:
-    """The body of ``environment.<host>.json``."""
+_DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})")
+_CONTAINERENV = Path("/run/.containerenv")  # podman writes it into every container it runs
+_DOCKERENV = Path("/.dockerenv")
+
+
+def container(asked: str | None = None, environ: Mapping[str, str] | None = None,
+              containerenv: Path = _CONTAINERENV, dockerenv: Path = _DOCKERENV) -> dict[str, str | None]:
+    """The container this process runs in: its runtime, image and digest (None where unknown).
+
+    Apptainer (or Singularity) says its image in ``APPTAINER_CONTAINER`` (``SINGULARITY_CONTAINER``); podman
+    writes ``/run/.containerenv`` (``image=``, ``imageid=``); docker leaves ``/.dockerenv`` and no name. With
+    pyxis/enroot the job asked for its image (*asked*: the sbatch option ``container-image``, from
+    ``slurm.extra``), which is recorded as asked. The digest is the image reference's ``@sha256:...`` or podman's
+    image id; an image file is not read to compute one (it can be gigabytes, read at every start)."""
+    env = os.environ if environ is None else environ
+    runtime = image = digest = None
+    if env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER"):
+        runtime = "apptainer" if env.get("APPTAINER_CONTAINER") else "singularity"
+        image = env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER")
+    elif asked:
+        runtime, image = "pyxis", str(asked)
+    elif containerenv.is_file():
+        runtime = "podman"
+        fields = dict(re.findall(r'^(\w+)="?(.*?)"?$', _read(containerenv) or "", re.M))
+        image, digest = fields.get("image") or None, fields.get("imageid") or None
+    elif dockerenv.exists():
+        runtime = "docker"
+    if image and digest is None:
+        m = _DIGEST.search(image)
+        digest = m.group(1) if m else None
+    return {"runtime": runtime, "image": image, "digest": digest}
+
+
+def capture(host: str, machine_rank: int | None = None, container_image: str | None = None) -> dict[str, Any]:
+    """The body of ``environment.<host>.json``; *container_image*: the image the job asked pyxis for."""
     gpu_list, note = gpus()
     return {
         "host": host,
@@ -334,4 +367,5 @@ def capture(host: str, machine_rank: int | None = None) -> dict[str, Any]:
         "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_total_mb": round(psutil.virtual_memory().total / 2**20, 1),
         "env": relevant_env(),
+        "container": container(container_image),
     }

@@ -236,7 +236,7 @@ class NodeRunner:
         with self.log.stage(Stage.SETUP) as info:
             if self.process_start_wall is not None:
                 info["runner_start_wall"] = self.process_start_wall
-            env = capture(self.host, self.machine_rank)
+            env = capture(self.host, self.machine_rank, (self.spec.get("resources") or {}).get("container_image"))
             self.env_doc = env
             _write_json(self.paths.environment(self.host), env)
             per_node = None if self.spec.get("cpu_partition") else len(self.expected_ranks)

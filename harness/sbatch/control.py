@@ -22,6 +22,7 @@ from .feed import feed_notes
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import failed_prepare_jobs
 from .repeats import RepeatsVerdict, verdict
+from .state import refuse_imported
 
 
 def _defaults(workdir: Path | None, db: Path | None) -> tuple[Path, Path]:
@@ -40,6 +41,7 @@ class StatusReport:
 def status(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None,
            slurm: Slurm | None = None) -> StatusReport:
     wd, dbp = _defaults(workdir, db)
+    refuse_imported(dbp, campaign, "status")
     slurm = slurm or Slurm()
     rows: list[dict[str, Any]] = []
     note = None
@@ -151,6 +153,7 @@ def cancel(locks: CampaignLocks, workdir: Path | None = None, db: Path | None = 
     so an attempt a submit is starting right now is cancelled too, not missed. A manifest or job dir that
     was not read is a line of *warnings*."""
     wd, dbp = _defaults(workdir, db)
+    refuse_imported(dbp, campaign, "cancel")
     slurm = slurm or Slurm()
     for cdir in CampaignPaths.listed(wd, campaign, submitted=campaign is None):
         locks.acquire(cdir.root)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from harness.collect.ingest import collect
 from harness.contract import jobstate
-from harness.contract.errors import SbenchError, StoreBusyError, SubmitError
+from harness.contract.errors import InputError, SbenchError, StoreBusyError, SubmitError
 from harness.contract.paths import parse_job_dir_name, run_id
 from harness.contract.records import AttemptLine, read_submitted
+from harness.db.exchange import imported_campaigns
 from harness.db.status import attempt_rows, measured_runs, point_stability
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
@@ -76,6 +77,23 @@ class PointHistory:
         measured runs elsewhere, oldest first, one per repeat (so the choice holds as new ones appear)."""
         runs = self.elsewhere.get(point_id, [])
         return runs[repeat] if 0 <= repeat < len(runs) else None
+
+
+def refuse_imported(db: Path, campaign: str | None, command: str) -> None:
+    """*command* (submit, retry, status, cancel) acts on the campaigns submitted here: one imported from another
+    database (sbench import) is refused, with what reads it."""
+    if campaign is None or not Path(db).is_file():
+        return
+    try:
+        with open_store(db, read_only=True) as st:
+            found = imported_campaigns(st).get(campaign)
+    except SbenchError:
+        return  # (the command says what is wrong with the database when it opens it)
+    if found is not None:
+        raise InputError(f"{command} {campaign}: an imported campaign ({found.get('origin')}: "
+                         f"{found.get('source')}); {command} acts on the campaigns submitted here, and query, "
+                         "report, compare and check read it" + (": submit the sweep under another campaign name"
+                                                                 if command == "submit" else ""))
 
 
 def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str],

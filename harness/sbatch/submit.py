@@ -45,7 +45,7 @@ from .fit import ClusterFit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import run_prepare, work_for
 from .repeats import MORE, RepeatsVerdict, point_verdicts
-from .state import MeasuredRun, PointHistory, campaign_history, read_history, with_submitted
+from .state import MeasuredRun, PointHistory, campaign_history, read_history, refuse_imported, with_submitted
 
 MORE_REPEATS = "more repeats"  # the reason's head of an adaptive repeat's submission
 NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
@@ -269,6 +269,7 @@ def _plan(req: SubmitRequest, echo: Callable[[str], None], slurm: Slurm) -> Plan
         points = plan_sweep(sweep, inv, memory=req.skip_predicted_oom)
     backend = get_backend(req.executor, slurm)
     workdir, db = resolve_workdir(req.workdir), resolve_db(req.db)
+    refuse_imported(db, sweep.campaign, "retry" if req.only_failed else "submit")
     fit = backend.fit(inv, [p for p in points if p.valid])
     preview = prepare_points(sweep, inv, points, workdir / sweep.campaign, exclude=fit.exclude)
     if req.prepare == "no":
@@ -309,6 +310,8 @@ def _campaign_lines(req: SubmitRequest, plan: Planned, decisions: list[Decision]
             # what the sweep's campaign: said (retry follows the sweep only while it still says so)
             sweep_campaign=sweep.campaign if req.campaign is None else load_sweep(req.sweep).campaign,
             inventory=plan.inv.source, cluster=plan.inv.cluster, partition=points[0].partition if points else None,
+            partitions={n: plan.inv.partitions[n].public() for n in sorted({p.partition for p in points})
+                        if n in plan.inv.partitions},
             executor=plan.backend.name, description=sweep.description, created_at=now_iso(),
             sbench_version=__version__, references=[r.to_dict() for r in sweep.references],
             repeats=sweep.adaptive.to_dict() if sweep.adaptive else None))
@@ -512,6 +515,7 @@ def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None =
                    max_parallel: int | None = None, slurm: Slurm | None = None) -> SubmitReport:
     """Resubmit a campaign's failed points (those that never started included) from the sweep and inventory
     it was submitted with; refused when that sweep now names another campaign."""
+    refuse_imported(resolve_db(db), campaign, "retry")
     sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, executor)
     return submit_sweep(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign, only_failed=True,
                                       max_parallel=max_parallel), slurm=slurm)

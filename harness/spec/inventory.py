@@ -105,6 +105,13 @@ class Partition:
     def is_cpu(self) -> bool:
         return self.gpu_model.lower() == CPU_MODEL
 
+    def public(self) -> dict[str, Any]:
+        """What the partition is, for others to read (a campaign's record, an export): its hardware and host
+        names; never its env, setup lines, interpreter, account or extra sbatch options."""
+        return {"slurm_partition": self.slurm_partition, "gpu_model": self.gpu_model,
+                "gpus_per_node": self.gpus_per_node, "cpus_per_node": self.cpus_per_node, "memory_gb": self.memory_gb,
+                "gpu_memory_gb": self.gpu_memory_gb, "peak_tflops": self.peak_tflops, "hosts": sorted(self.hosts)}
+
 
 @dataclass(frozen=True)
 class Inventory:

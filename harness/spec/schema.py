@@ -132,6 +132,15 @@ def is_name(text: Any) -> bool:
     return isinstance(text, str) and NAME.fullmatch(text) is not None
 
 
+def is_campaign_ref(text: Any) -> bool:
+    """A campaign as the readers name it: a name, or ``cluster/name`` for one imported from another database
+    (harness.contract.exchange.namespaced)."""
+    if not isinstance(text, str):
+        return False
+    head, sep, tail = text.partition("/")
+    return is_name(head) and (not sep or is_name(tail))
+
+
 def show(value: Any) -> str:
     """*value* for an error message: short, and safe for huge integers and containers."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
