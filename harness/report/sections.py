@@ -8,13 +8,27 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from harness.contract.formats import Stage
 
-from .charts import Series, bar_chart, esc, fmt, human_bytes, line_chart, nice_ticks, no_data, plural
+from .charts import (
+    HUMAN_BYTES_EXPR,
+    bars_spec,
+    clean,
+    embed,
+    esc,
+    fmt,
+    human_bytes,
+    log2_ticks,
+    no_data,
+    plural,
+    tooltip,
+    xy_spec,
+)
 from .compare import Verdict
 from .data import ReportData, method_of
 
@@ -71,39 +85,83 @@ def _is_pow2(v: Any) -> bool:
     return isinstance(v, int) and v > 0 and v & (v - 1) == 0
 
 
-def metric_chart(measurements: Sequence[Mapping[str, Any]], metric: str, y_label: str, unit: str = "",
-                 y_range: tuple[float, float] | None = None, word: str = "GPU", width: int = 660,
-                 height: int = 300, by_campaign: bool = False) -> str:
-    """One marker per valid measurement of *metric* vs batch size, lines through the means; OOM crosses.
-    *word* names what ``number_gpus`` counts (GPUs, or worker processes on a CPU-only run); *by_campaign*
-    draws one line per campaign too (a page of every campaign). The x axis ticks at the batch sizes drawn."""
-    colors: dict[SeriesKey, str] = {}
-    groups: dict[SeriesKey, list[tuple[float, float | None, str]]] = {}
-    ooms: list[tuple[float, float | None, str]] = []
+def rel_interval(m: Mapping[str, Any]) -> float | None:
+    """The relative half-width of a run's 95 % interval of its window rates: the precision auto-stop's own
+    (``ci_rel_halfwidth``), else from its steps (``1.96 · step_time_cv / sqrt(steps_timed)``, the interval compare's
+    within-run evidence gives); None when neither is known."""
+    if m.get("ci_rel_halfwidth") is not None:
+        return float(m["ci_rel_halfwidth"])
+    cv, n = m.get("step_time_cv"), m.get("steps_timed")
+    if cv is None or not n or int(n) < 2 or not math.isfinite(float(cv)):
+        return None
+    return 1.96 * float(cv) / math.sqrt(int(n))
+
+
+RATE_METRICS = ("dataset_tokens_per_second", "model_tflops_per_gpu", "mfu")  # measured over the window: an interval
+POINT_METRICS = (*RATE_METRICS, "gpu_memory_utilization_peak", "cpu_memory_utilization")
+
+
+def measurement_points(measurements: Sequence[Mapping[str, Any]], word: str = "GPU",
+                       by_campaign: bool = False) -> list[dict[str, Any]]:
+    """The page's shared rows of measurements (the dataset ``measurements`` every measurement chart reads): one per
+    measurement with a batch size: its run, series, entity fields, whether it is valid (an invalid run is out of
+    memory: its reason), its figures and the interval of its rates."""
+    rows = []
     for m in measurements:
         if m.get("batch_size") is None:
             continue
         key = _series_key(m, by_campaign)
-        name = _series_name(key, word)
-        if m.get("is_valid") is False:
-            ooms.append((m["batch_size"], None, f"OOM / invalid: {name}, batch {m['batch_size']}\n"
-                                              f"run {m['run_id']}\n{m.get('run_reason') or ''}".strip()))
-        elif m.get(metric) is not None:
-            groups.setdefault(key, []).append((m["batch_size"], float(m[metric]),
-                                               f"{name}, batch {m['batch_size']}: {fmt(m[metric])}{unit}\n"
-                                               f"run {m['run_id']}"))
-    for i, key in enumerate(sorted({*groups})):
-        colors[key] = PALETTE[i % len(PALETTE)]
-    series = [Series(_series_name(k, word), pts, colors[k], dash="" if i < len(PALETTE) else "5,3")
-              for i, (k, pts) in enumerate(sorted(groups.items()))]
-    if ooms:
-        series.append(Series("OOM (invalid run)", ooms, OOM_COLOR, marker="x", line=False, css="oom"))
-    xs = [x for s in series for x, _, _ in s.points]
-    log2 = bool(xs) and all(map(_is_pow2, xs))
-    return line_chart(series, x_label="batch size" + (" (log2 scale)" if log2 else ""), y_label=y_label,
-                      log2_x=log2, y_range=y_range, width=width, height=height, x_ticks=sorted(set(xs)),
-                      integer_x=True,
-                      empty=f"no measurement with {metric} and a batch size in this selection")
+        rel = rel_interval(m)
+        row: dict[str, Any] = {
+            "run": m["run_id"], "series": _series_name(key, word), "campaign": m.get("campaign"),
+            "model": m.get("model_name"), "method": m.get("method"), "devices": _count(m.get("number_gpus"), word),
+            "nodes": m.get("number_nodes"), "batch": m["batch_size"], "max_len": m.get("model_max_length"),
+            "trainer": m.get("trainer") or "sbench", "valid": m.get("is_valid") is not False,
+            "reason": None if m.get("is_valid") is not False else (m.get("run_reason") or "invalid run"),
+            "interval": "not known (no steps timed)" if rel is None else f"+-{100 * rel:.1f} % (95 %)",
+        }
+        row.update((k, clean(float(m[k])) if m.get(k) is not None else None) for k in POINT_METRICS)
+        rows.append(row)
+    return rows
+
+
+def series_colors(points: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Each series of valid rows, in order, with its colour (the palette in turn; red is kept for OOM)."""
+    names = sorted({p["series"] for p in points if p["valid"]})
+    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
+
+
+OOM_NAME = "OOM (invalid run)"
+
+
+def metric_chart(cid: str, points: Sequence[Mapping[str, Any]], metric: str, y_label: str, unit: str = "",
+                 y_range: tuple[float, float] | None = None, width: int = 560, height: int = 280) -> str:
+    """One marker per valid measurement of *metric* vs batch size (the page's ``measurements`` rows, *points*),
+    a line per series through the means; OOM runs as red crosses at the top edge. The x axis ticks at the batch
+    sizes drawn (log2 when they are all powers of two)."""
+    drawn = [p for p in points if (p["valid"] and p.get(metric) is not None) or not p["valid"]]
+    if not drawn:
+        return no_data(f"no measurement with {metric} and a batch size in this selection")
+    colors = series_colors([p for p in drawn if p["valid"]])
+    xs = sorted({p["batch"] for p in drawn})
+    log2 = all(map(_is_pow2, xs))
+    values = [float(p[metric]) for p in drawn if p["valid"]]
+    top = y_range[1] if y_range else (max(values) * 1.06 if values and max(values) > 0 else 1.0)
+    interval = [("interval", "interval")] if metric in RATE_METRICS else []
+    tips: list[Any] = [("run", "run"), ("series", "series"), ("batch", "batch size"),
+                       (metric, f"{y_label}", ",.4~g"), *interval, ("max_len", "max length"), ("nodes", "nodes"),
+                       ("trainer", "trainer")]
+    if any(not p["valid"] for p in drawn):
+        colors[OOM_NAME] = OOM_COLOR
+    crosses = {"filter": "!datum.valid", "y": clean(top), "name": OOM_NAME, "color": OOM_COLOR,
+               "tips": [("run", "run (out of memory)"), ("series", "series"), ("batch", "batch size"),
+                        ("reason", "reason")]} if OOM_NAME in colors else None
+    spec = xy_spec(data={"name": "measurements"}, x="batch", y=metric, series="series", colors=colors, tips=tips,
+                   keep="datum.valid", x_title="batch size" + (" (log2 scale)" if log2 else ""),
+                   y_title=y_label + (f" ({unit})" if unit and unit not in y_label else ""), log2_x=log2,
+                   x_values=xs, y_domain=y_range or (0.0, clean(top)), crosses=crosses, width=width, height=height)
+    spec["description"] = f"{metric} vs batch size"
+    return embed(cid, spec, ["measurements"])
 
 
 def _count(n: Any, word: str) -> str:
@@ -116,26 +174,44 @@ def _lighter(color: str, keep: float = 0.45) -> str:
     return "#" + "".join(f"{round(255 - (255 - c) * keep):02x}" for c in rgb)
 
 
+OUTCOME_LABEL_COLOR = ("indexof(datum.label, 'OOM ') == 0 ? '#d62728' : indexof(datum.label, 'FAILED ') == 0 ? "
+                       "'#e65100' : '#333'")  # a bar's label: OOM runs in red, failed runs in orange
+
+
 def stage_chart(stage_runs: Sequence[Mapping[str, Any]], word: str = "GPU",
                 by_campaign: bool = False) -> tuple[str, str]:
+    """One bar per run: its stages' wall seconds stacked (an unfinished stage lighter); OOM runs' labels in red,
+    failed runs' in orange."""
     seen = {s for r in stage_runs for s in r["stages"]}
     bases = list(dict.fromkeys([*STAGE_ORDER, *sorted({s.removesuffix(" (unfinished)") for s in seen})]))
     colors = dict(STAGE_COLORS)
     colors.update({n: PALETTE[(i + 3) % len(PALETTE)] for i, n in enumerate(n for n in bases if n not in colors)})
     names = [n for b in bases for n in (b, f"{b} (unfinished)")]
     colors.update({f"{b} (unfinished)": _lighter(colors[b]) for b in bases})
-    rows = []
+    rows, labels = [], []
     for r in stage_runs[:MAX_STAGE_BARS]:
         tag = {"invalid": "OOM ", "failed": "FAILED ", None: "PENDING "}.get(r["outcome"], "")
         label = (f"{tag}{r['campaign'] + ' · ' if by_campaign else ''}{r['model_name'] or '?'} · {r['method']} · "
                  f"{_count(r['number_gpus'], word)} · bs {r['batch_size']}"
                  f" · {str(r['point_id'])[:8]}.r{r['repeat']}a{r['attempt']}")
-        segs = [(n, r["stages"][n]) for n in names if n in r["stages"]]
-        rows.append((label, segs, r["outcome"] or "pending"))
+        labels.append(label)
+        for i, n in enumerate(names):
+            if n in r["stages"]:
+                rows.append({"label": label, "run": r["run_id"], "stage": n, "order": i,
+                             "seconds": clean(float(r["stages"][n])), "outcome": r["outcome"] or "pending"})
     note = (f"Showing the first {MAX_STAGE_BARS} of {len(stage_runs)} runs; narrow with --campaign."
             if len(stage_runs) > MAX_STAGE_BARS else "")
-    return bar_chart(rows, colors, x_label="seconds (per stage: the slowest host/rank, summed over trials)",
-                     empty="no stage timings recorded for these runs"), note
+    if not rows:
+        return no_data("no stage timings recorded for these runs"), note
+    used = {r["stage"] for r in rows}
+    spec = bars_spec(data={"values": rows}, label="label", value="seconds", segment="stage", order="order",
+                     colors={n: colors[n] for n in names if n in used}, labels=labels,
+                     tips=[("run", "run"), ("stage", "stage"), ("seconds", "seconds", ",.3~f"),
+                           ("outcome", "outcome")],
+                     x_title="seconds (per stage: the slowest host/rank, summed over trials)",
+                     label_color_expr=OUTCOME_LABEL_COLOR)
+    spec["description"] = "stage seconds per run"
+    return embed("chart-stages", spec), note
 
 
 def run_bands(run: Mapping[str, Any], offset: float) -> list[tuple[float, float, str, str]]:
@@ -151,32 +227,47 @@ def run_bands(run: Mapping[str, Any], offset: float) -> list[tuple[float, float,
     return bands
 
 
+def trace_points(data: ReportData) -> list[dict[str, Any]]:
+    """The page's shared rows of the utilisation run's samples (the dataset ``traces``): per time bucket, host,
+    kind and device its mean figures, and the series it belongs to."""
+    return [{"x": clean(t["x"]), "kind": t["kind"],
+             "name": f"{t['host']} gpu{t['device']}" if t["kind"] == "gpu" else f"{t['host']} process tree",
+             "gpu_util": clean(t["gpu_util"]), "gpu_mem_pct": clean(t["gpu_mem_pct"]), "cpu_pct": clean(t["cpu_pct"])}
+            for t in data.traces]
+
+
 def utilisation_charts(data: ReportData) -> str:
     run = data.run
     if run is None:
         return no_data("no run with samples in this selection")
     if not data.traces:
         return no_data(f"run {run['run_id']} has no samples")
-    bands = run_bands(run, data.run_offset or 0.0)
+    shaded = run_bands(run, data.run_offset or 0.0)
+    bands = [{"x0": clean(a), "x1": clean(b), "band": label} for a, b, label, _ in shaded]
+    band_colors = {label: color for _, _, label, color in shaded}
+    points = trace_points(data)
     out = []
-    for kind, metric, title, _unit, y_range in (
-            ("gpu", "gpu_util", "GPU utilisation (%)", "%", (0.0, 100.0)),
-            ("gpu", "gpu_mem_pct", "GPU memory used (% of device)", "%", (0.0, 100.0)),
-            ("proc", "cpu_pct", "process CPU (%; 100 = one core)", "%", None)):
-        keys = sorted({(t["host"], t["device"]) for t in data.traces if t["kind"] == kind})
-        series = []
-        for i, (host, dev) in enumerate(keys):
-            name = f"{host} gpu{dev}" if kind == "gpu" else f"{host} process tree"
-            pts = [(t["x"], t[metric], "") for t in data.traces
-                   if t["kind"] == kind and (t["host"], t["device"]) == (host, dev) and t[metric] is not None]
-            if pts:
-                series.append(Series(name, pts, PALETTE[i % len(PALETTE)], marker="",
-                                     dash="" if i < len(PALETTE) else "5,3"))
-        empty = ("no GPU samples for this run (no GPU was sampled)" if kind == "gpu"
-                 else "no process samples for this run")
-        out.append(f'<div class="panel"><h3>{esc(title)}</h3>'
-                   + line_chart(series, x_label="seconds since training start", y_label=title, y_range=y_range,
-                                bands=bands, width=1300, height=240, empty=empty) + "</div>")
+    for kind, metric, title, y_range in (
+            ("gpu", "gpu_util", "GPU utilisation (%)", (0.0, 100.0)),
+            ("gpu", "gpu_mem_pct", "GPU memory used (% of device)", (0.0, 100.0)),
+            ("proc", "cpu_pct", "process CPU (%; 100 = one core)", None)):
+        mine = [p for p in points if p["kind"] == kind and p[metric] is not None]
+        if not mine:
+            empty = ("no GPU samples for this run (no GPU was sampled)" if kind == "gpu"
+                     else "no process samples for this run")
+            out.append(f'<div class="panel"><h3>{esc(title)}</h3>{no_data(empty)}</div>')
+            continue
+        names = sorted({p["name"] for p in mine})
+        spec = xy_spec(data={"name": "traces"}, x="x", y=metric, series="name",
+                       colors={n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)},
+                       tips=[("name", "series"), ("x", "seconds since training start", ",.1f"),
+                             (metric, title, ",.1f")],
+                       keep=f"datum.kind === {json.dumps(kind)}", x_title="seconds since training start",
+                       y_title=title, y_domain=y_range, mean_line=True, points=False, bands=bands,
+                       band_colors=band_colors, width=1060, height=200)
+        spec["description"] = f"{metric} of run {run['run_id']} over time"
+        spec["usermeta"] = {"run": run["run_id"], "samples": len(mine)}
+        out.append(f'<div class="panel"><h3>{esc(title)}</h3>{embed(f"chart-util-{metric}", spec, ["traces"])}</div>')
     return "".join(out)
 
 
@@ -305,25 +396,34 @@ def fabric_charts(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return no_data("no fabric run yet: sbench fabric -i INVENTORY --partition P --nodes N")
     runs = sorted({r["fabric_id"] for r in rows})
-    colors = {f: PALETTE[i % len(PALETTE)] for i, f in enumerate(runs)}
+    names: dict[str, str] = {}
+    for f in runs:
+        first = next(r for r in rows if r["fabric_id"] == f)
+        tr = first.get("transport_by_host")
+        tr = json.loads(tr) if isinstance(tr, str) else (tr or {})
+        kinds = ",".join(sorted({t for t in tr.values() if t})) or first.get("backend") or "?"
+        names[f] = f"{first['partition']} x{first['nodes']} ({kinds}) {f[:15]}"
+    colors = {names[f]: PALETTE[i % len(PALETTE)] for i, f in enumerate(runs)}
     panels = []
     for op in ("all_reduce", "all_gather"):
-        series = []
-        for f in runs:
-            pts = [(float(r["bytes"]), r["busbw_gbps"],
-                    f"{f}: {op} {human_bytes(r['bytes'])}B ({int(r['bytes'])} bytes), {r['time_us']:.1f} us, "
-                    f"busbw {r['busbw_gbps']:.3f} GB/s")
-                   for r in rows if r["fabric_id"] == f and r["op"] == op and r.get("bytes") and r.get("busbw_gbps")]
-            if pts:
-                first = next(r for r in rows if r["fabric_id"] == f)
-                tr = first.get("transport_by_host")
-                tr = json.loads(tr) if isinstance(tr, str) else (tr or {})
-                kinds = ",".join(sorted({t for t in tr.values() if t})) or first.get("backend") or "?"
-                series.append(Series(f"{first['partition']} x{first['nodes']} ({kinds}) {f[:15]}", pts, colors[f]))
-        panels.append(f'<div class="panel"><h3>{op.replace("_", "-")} bus bandwidth</h3>'
-                      + line_chart(series, x_label="message size (log2 scale; 1K = 1024 bytes)",
-                                   y_label="busbw (GB/s)", log2_x=True, x_fmt=human_bytes, empty=f"no {op} rows")
-                      + "</div>")
+        pts = [{"run": r["fabric_id"], "series": names[r["fabric_id"]], "bytes": int(r["bytes"]),
+                "size": f"{human_bytes(r['bytes'])}B ({int(r['bytes'])} bytes)", "time_us": clean(r["time_us"]),
+                "busbw": clean(r["busbw_gbps"])}
+               for r in rows if r["op"] == op and r.get("bytes") and r.get("busbw_gbps")]
+        if not pts:
+            body = no_data(f"no {op} rows")
+        else:
+            sizes = sorted({p["bytes"] for p in pts})
+            ticks = [int(t) for t in log2_ticks(sizes[0], sizes[-1], 400)]  # the plot's width less its legend
+            spec = xy_spec(data={"values": pts}, x="bytes", y="busbw", series="series", colors=colors,
+                           tips=[("run", "fabric run"), ("series", "series"), ("size", "message size"),
+                                 ("time_us", "time (us)", ",.1f"), ("busbw", "busbw (GB/s)", ",.3f")],
+                           x_title="message size (log2 scale; 1K = 1024 bytes)", y_title="busbw (GB/s)", log2_x=True,
+                           x_values=ticks, x_extent=(sizes[0], sizes[-1]), x_label_expr=HUMAN_BYTES_EXPR,
+                           width=520)
+            spec["description"] = f"{op} bus bandwidth by message size"
+            body = embed(f"chart-fabric-{op}", spec)
+        panels.append(f'<div class="panel"><h3>{op.replace("_", "-")} bus bandwidth</h3>{body}</div>')
     return '<div class="row">' + "".join(panels) + "</div>"
 
 
@@ -356,47 +456,52 @@ VERDICT_COLORS = {Verdict.REGRESSION: OOM_COLOR, Verdict.IMPROVEMENT: "#59a14f",
                   Verdict.INSUFFICIENT: "#f28e2b"}
 
 
-def ratio_chart(rows: Sequence[Mapping[str, Any]], threshold: float, width: int = 1100) -> str:
-    """One line per point and metric: the candidate/base ratio of medians, its 95 % interval as a
-    whisker, the ±threshold band shaded and 1.0 marked."""
+def ratio_chart(rows: Sequence[Mapping[str, Any]], threshold: float, width: int = 900) -> str:
+    """One line per point and metric: the candidate/base ratio of its centres, its 95 % interval as a whisker,
+    the ±threshold band shaded and 1.0 marked; the verdict colours it."""
     if not rows:
         return no_data("BASE and CAND share no measured point")
-    lo = min([r["low"] if r["low"] is not None else r["ratio"] for r in rows] + [1 - threshold]) * 0.97
-    hi = max([r["high"] if r["high"] is not None else r["ratio"] for r in rows] + [1 + threshold]) * 1.03
-    ticks, lo, hi = nice_ticks(lo, hi)
-    left, right, top, row_h = 330, 30, 26, 22
-    height = top + row_h * len(rows) + 34
-    plot_w = width - left - right
-
-    def sx(v: float) -> float:
-        return left + (v - lo) / (hi - lo) * plot_w if hi > lo else left
-
-    out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">',
-           f'<rect x="{sx(1 - threshold):.1f}" y="{top - 6}" width="{sx(1 + threshold) - sx(1 - threshold):.1f}" '
-           f'height="{row_h * len(rows) + 6}" fill="#eeeeee"/>']
-    for t in ticks:
-        out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top - 6}" y2="{height - 30}" stroke="#ddd"/>'
-                   f'<text x="{sx(t):.1f}" y="{height - 14}" text-anchor="middle" class="tick">{fmt(t)}</text>')
-    out.append(f'<line x1="{sx(1):.1f}" x2="{sx(1):.1f}" y1="{top - 6}" y2="{height - 30}" stroke="#333"/>')
-    for i, r in enumerate(rows):
-        y = top + row_h * i + row_h / 2
+    pts = []
+    for r in rows:
         lab = r.get("labels") or {}
-        name = (f"{lab.get('model_name', '?')} ×{lab.get('number_gpus', '?')} b{lab.get('batch_size', '?')} "
-                f"{r['metric']}")
-        color = VERDICT_COLORS.get(str(r["verdict"]), "#7f7f7f")
         no_test = r["low"] is None or r["high"] is None
-        interval = ("no interval (no test: a side has fewer than two runs)" if no_test
-                    else f"[{r['low']:.3f}, {r['high']:.3f}]")
-        tip = (f"{r['point_id']} {r['metric']}: ratio {r['ratio']:.3f} {interval}, "
-               f"n {r['n_base']}/{r['n_cand']}, {r['verdict']}")
-        whisker = "" if no_test else (f'<line x1="{sx(r["low"]):.1f}" x2="{sx(r["high"]):.1f}" y1="{y:.1f}" '
-                                      f'y2="{y:.1f}" stroke="{color}" stroke-width="2"/>')
-        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end" class="tick">{esc(name)}</text>'
-                   f'{whisker}<circle cx="{sx(r["ratio"]):.1f}" cy="{y:.1f}" r="4.5" fill="{color}">'
-                   f"<title>{esc(tip)}</title></circle>")
-    out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 1}" text-anchor="middle" class="tick">'
-               "candidate / base (ratio of medians, 95 % interval of Welch's t on the logs)</text></svg>")
-    return "".join(out)
+        pts.append({"label": f"{lab.get('model_name', '?')} ×{lab.get('number_gpus', '?')} "
+                             f"b{lab.get('batch_size', '?')} {r['metric']} · {str(r['point_id'])[:8]}",
+                    "point": r["point_id"], "metric": r["metric"], "ratio": clean(r["ratio"]),
+                    "low": clean(r["low"]), "high": clean(r["high"]), "verdict": str(r["verdict"]),
+                    "interval": ("no interval (no test: a side has fewer than two runs)" if no_test
+                                 else f"[{r['low']:.3f}, {r['high']:.3f}] (95 %)"),
+                    "runs": f"{r['n_base']} base, {r['n_cand']} cand"})
+    labels = [p["label"] for p in pts]
+    y = {"field": "label", "type": "nominal", "sort": labels, "axis": {"title": None, "labelLimit": 380}}
+    x = {"type": "quantitative", "title": "candidate / base (ratio of centres, 95 % interval of Welch's t on the logs)",
+         "scale": {"zero": False}}
+    verdicts = [v for v in VERDICT_COLORS if any(p["verdict"] == v for p in pts)]
+    tips = tooltip([("point", "point"), ("metric", "metric"), ("ratio", "ratio", ".3f"), ("interval", "interval"),
+                    ("runs", "runs"), ("verdict", "verdict")])
+    spec = {"width": width, "height": {"step": 22}, "data": {"values": pts},
+            "layer": [
+                {"data": {"values": [{"lo": 1 - threshold, "hi": 1 + threshold}]},
+                 "mark": {"type": "rect", "color": "#eeeeee"},
+                 "encoding": {"x": {**x, "field": "lo"}, "x2": {"field": "hi"}}},
+                {"data": {"values": [{"one": 1.0}]}, "mark": {"type": "rule", "color": "#333"},
+                 "encoding": {"x": {**x, "field": "one"}}},
+                {"transform": [{"filter": "isValid(datum.low)"}], "mark": {"type": "rule", "strokeWidth": 2},
+                 "encoding": {"y": y, "x": {**x, "field": "low"}, "x2": {"field": "high"},
+                              "color": {"field": "verdict", "legend": None,
+                                        "scale": {"domain": verdicts, "range": [VERDICT_COLORS[v] for v in verdicts]}},
+                              "tooltip": tips}},
+                {"params": [{"name": "pick", "select": {"type": "point", "fields": ["verdict"]}, "bind": "legend"},
+                            {"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"}],
+                 "mark": {"type": "point", "filled": True, "size": 70},
+                 "encoding": {"y": y, "x": {**x, "field": "ratio"},
+                              "color": {"field": "verdict", "type": "nominal", "title": None,
+                                        "scale": {"domain": verdicts, "range": [VERDICT_COLORS[v] for v in verdicts]},
+                                        "legend": {"orient": "top"}},
+                              "opacity": {"condition": {"param": "pick", "value": 1, "empty": True}, "value": 0.1},
+                              "tooltip": tips}}],
+            "description": "compare: ratio per point and metric"}
+    return embed("chart-compare", spec)
 
 
 def compare_section(cmp: Mapping[str, Any] | None) -> str:
@@ -448,22 +553,31 @@ def memory_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
     top = max(max(m.get("predicted_total_bytes") or 0, (m.get("params_bytes") or 0) + (m.get("grads_bytes") or 0)
                   + (m.get("optimizer_bytes") or 0)) for m in latest.values())
     scale, unit = (1e9, "GB") if top >= 1e9 else (1e6, "MB")
-    rows = []
+    rows, labels = [], []
+    parts = list(MEMORY_COLORS)
     for m in list(latest.values())[:MAX_STAGE_BARS // 2]:
         label = (f"{m.get('model_name') or '?'} · {m.get('method')} · {_count(m.get('number_gpus'), word)} · "
                  f"bs {m.get('batch_size')} · {str(m['point_id'])[:8]}")
-        if m.get("params_bytes") is not None:
-            rows.append((f"{label} measured", [(n, (m.get(k) or 0) / scale) for n, k in (
-                ("parameters", "params_bytes"), ("gradients", "grads_bytes"),
-                ("optimizer state", "optimizer_bytes"))], "ok"))
-        if m.get("predicted_total_bytes") is not None:
-            css = "invalid" if m.get("predicted_oom") else "ok"
-            rows.append((f"{label} predicted", [(n, (m.get(k) or 0) / scale) for n, k in (
-                ("parameters", "predicted_params_bytes"), ("gradients", "predicted_grads_bytes"),
-                ("optimizer state", "predicted_optimizer_bytes"),
-                ("activations (predicted)", "predicted_activation_bytes"))], css))
-    chart = bar_chart(rows, MEMORY_COLORS, x_label=f"{unit} per device (rank 0)", unit=unit,
-                      empty="no memory snapshots")
+        for kind, keys, known in (
+                ("measured", (("parameters", "params_bytes"), ("gradients", "grads_bytes"),
+                              ("optimizer state", "optimizer_bytes")), m.get("params_bytes") is not None),
+                ("predicted", (("parameters", "predicted_params_bytes"), ("gradients", "predicted_grads_bytes"),
+                               ("optimizer state", "predicted_optimizer_bytes"),
+                               ("activations (predicted)", "predicted_activation_bytes")),
+                 m.get("predicted_total_bytes") is not None)):
+            if not known:
+                continue
+            bar = f"{'DOES NOT FIT ' if kind == 'predicted' and m.get('predicted_oom') else ''}{label} {kind}"
+            labels.append(bar)
+            rows += [{"label": bar, "run": m.get("run_id"), "part": n, "order": parts.index(n),
+                      "size": clean((m.get(k) or 0) / scale)} for n, k in keys]
+    spec = bars_spec(data={"values": rows}, label="label", value="size", segment="part", order="order",
+                     colors=MEMORY_COLORS, labels=labels,
+                     tips=[("run", "run"), ("label", "bar"), ("part", "part"), ("size", unit, ",.3~f")],
+                     x_title=f"{unit} per device (rank 0)",
+                     label_color_expr="indexof(datum.label, 'DOES NOT FIT ') == 0 ? '#d62728' : '#333'")
+    spec["description"] = "memory per device: measured and predicted"
+    chart = embed("chart-memory-breakdown", spec) if rows else no_data("no memory snapshots")
     measured = [m for m in latest.values() if m.get("activation_bytes")]
     if measured:
         acts = table(["point", "activations measured", "predicted", "estimate error"], [(
@@ -478,22 +592,22 @@ def memory_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
                    "Measured: rank 0's parameter, gradient and optimizer-state bytes after its last recorded "
                    "optimizer step, summed tensor by tensor (the local shard under FSDP, ZeRO's partitions under "
                    "DeepSpeed; the memory table has every phase). Predicted: harness/memory.py from the model's "
-                   "config.json, with its activation estimate; a red label is a point predicted not to fit.",
+                   "config.json, with its activation estimate; a red label (DOES NOT FIT) is a point predicted not to "
+                   "fit.",
                    f'<div class="wide">{chart}{acts}</div>')
 
 
-def efficiency_section(ms: Sequence[Mapping[str, Any]], word: str, by_campaign: bool = False) -> str:
-    if not any(m.get("model_tflops_per_gpu") is not None for m in ms):
+def efficiency_section(points: Sequence[Mapping[str, Any]], word: str) -> str:
+    if not any(p.get("model_tflops_per_gpu") is not None for p in points):
         return ""
-    has_mfu = any(m.get("mfu") is not None for m in ms)
+    has_mfu = any(p.get("mfu") is not None for p in points)
     body = ('<div class="row"><div class="panel"><h3>achieved model TFLOP/s per device</h3>'
-            + metric_chart(ms, "model_tflops_per_gpu", "model TFLOP/s per device", word=word, by_campaign=by_campaign)
+            + metric_chart("chart-tflops", points, "model_tflops_per_gpu", "model TFLOP/s per device")
             + '</div><div class="panel"><h3>MFU (model FLOPs / peak)</h3>'
-            + (metric_chart(ms, "mfu", "MFU", word=word, by_campaign=by_campaign) if has_mfu else
+            + (metric_chart("chart-mfu", points, "mfu", "MFU") if has_mfu else
                no_data("no peak TFLOP/s known for this hardware: set peak_tflops on the partition"))
             + "</div></div>")
     return section("efficiency", "Efficiency: achieved TFLOP/s and MFU",
                    "Model FLOPs per token from the model config (6·N plus attention; harness/flops.py) × train tokens "
                    "per second per device. MFU divides by the device's peak dense TFLOP/s for the compute dtype "
                    "(harness/spec/gpu_peaks.yaml or the inventory's peak_tflops).", body)
-
