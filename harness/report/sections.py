@@ -11,6 +11,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from harness.contract.formats import Stage
@@ -366,7 +367,7 @@ def attempts_table(attempts: Sequence[Mapping[str, Any]], word: str = "GPU", by_
     for a in attempts:
         r = dict(a)
         r["outcome"] = a.get("outcome") or (str(a.get("state") or "submitted").lower() + " (not over)")
-        r["left_out"] = ("shared host" if a.get("shared_host") else
+        r["left_out"] = ("profiled" if a.get("profiled") else "shared host" if a.get("shared_host") else
                          f"busy host ({fmt(a.get('host_other_cpu_pct'))} % other CPU)" if a.get("host_busy") else None)
         r["reason"] = None if a.get("outcome") == "ok" else a.get("reason")
         rows.append(r)
@@ -611,3 +612,54 @@ def efficiency_section(points: Sequence[Mapping[str, Any]], word: str) -> str:
                    "Model FLOPs per token from the model config (6·N plus attention; harness/flops.py) × train tokens "
                    "per second per device. MFU divides by the device's peak dense TFLOP/s for the compute dtype "
                    "(harness/spec/gpu_peaks.yaml or the inventory's peak_tflops).", body)
+
+
+PHASE_COLORS = {"data": "#76b7b2", "forward": "#4e79a7", "backward": "#f28e2b", "optimizer": "#59a14f",
+                "communication": "#b07aa1", "other": "#bab0ac"}
+PROFILE_TOP = 10  # operators shown per profiled run (sbench profile RUN --top N: more)
+
+
+def profile_section(profiles: Sequence[Mapping[str, Any]], word: str = "GPU") -> str:
+    """Per profiled run (``runner.profile``): where its steps' time went (rank by rank, the parts' shares adding up
+    to the step), its top operators by self time, and a link to each trace file."""
+    if not profiles:
+        return ""
+    rows, labels, parts = [], [], list(PHASE_COLORS)
+    tables = []
+    for p in profiles:
+        ranks = sorted({o["rank"] for o in p["ops"]})
+        for rank in ranks:
+            phases = [o for o in p["ops"] if o["rank"] == rank and o["kind"] == "phase"]
+            if not phases:
+                continue
+            label = (f"{p.get('model_name') or '?'} · {_count(p.get('number_gpus'), word)} · bs {p.get('batch_size')}"
+                     f" · {str(p['point_id'])[:8]}.r{p['repeat']} · rank {rank}")
+            labels.append(label)
+            rows += [{"label": label, "run": p["run_id"], "part": o["name"], "order": parts.index(o["name"]),
+                      "share": clean(100 * (o["share"] or 0)), "seconds": clean(o["self_s"] / max(o["steps"] or 1, 1)),
+                      "steps": o["steps"]} for o in phases if o["name"] in PHASE_COLORS]
+        ops = [o for o in p["ops"] if o["kind"] != "phase" and o["rank"] == (ranks[0] if ranks else 0)]
+        links = " ".join(f'<a href="{esc(_file_uri(p.get("job_dir"), f))}">{esc(f)}</a>'
+                         for f in p.get("profile_files") or [])
+        tables.append(f"<h3>{esc(p['run_id'])}: top operators of rank {ranks[0] if ranks else 0} by self time</h3>"
+                      f'<p class="note">Files: {links or "none collected"} (open a trace in chrome://tracing or '
+                      "Perfetto; sbench profile RUN prints more).</p>"
+                      + table(["kind", "operator", "calls", "self s", "total s", "share of the steps"],
+                              [((o["kind"], o["name"], o["calls"], f"{o['self_s']:.4f}", f"{o['total_s']:.4f}",
+                                 f"{100 * (o['share'] or 0):.1f} %"), "") for o in ops[:PROFILE_TOP]]))
+    chart = no_data("no profiled step in the collected traces") if not rows else embed("chart-profile", bars_spec(
+        data={"values": rows}, label="label", value="share", segment="part", order="order", colors=PHASE_COLORS,
+        labels=labels, tips=[("run", "run"), ("part", "part"), ("share", "share of the step (%)", ".1f"),
+                             ("seconds", "seconds per step", ",.4f"), ("steps", "steps profiled")],
+        x_title="share of the step (%)"))
+    return section("profile", "Profiled points: where a step's time went",
+                   "Runs profiled with runner.profile (or submit --profile): the last repeat of each point, its steps "
+                   "under torch.profiler. Each bar splits the profiled steps' time of one rank into data loading, "
+                   "forward, backward, optimizer, communication (a collective in flight: NCCL or gloo) and other; the "
+                   "parts add up to the step. These runs are left out of every plot above, of compare, check and the "
+                   "repeats' CV: the profiler slows them.", f'<div class="wide">{chart}{"".join(tables)}</div>')
+
+
+def _file_uri(job_dir: Any, name: str) -> str:
+    """A link to a file of a job dir (a ``file:`` URI: the page stays offline)."""
+    return (Path(str(job_dir)) / name).as_uri() if job_dir and str(job_dir).startswith("/") else name

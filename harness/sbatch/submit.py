@@ -168,18 +168,20 @@ def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | 
                  model_map: Path | None = None, only_failed: bool = False, preflight: bool = False,
                  prepare: str = "here", skip_predicted_oom: bool = False,
                  echo: Callable[[str], None] = lambda s: None, slurm: Slurm | None = None,
-                 reuse_measured: bool = False, campaign: str | None = None, only_more: bool = False) -> SubmitReport:
+                 reuse_measured: bool = False, campaign: str | None = None, only_more: bool = False,
+                 profile: bool = False) -> SubmitReport:
     """Submit a sweep's points that still need running (see :func:`decide`), as campaign *campaign* (default:
     the sweep's ``campaign:``); ``harness.sbatch.wait`` waits for them. From reading what the campaign has to
     recording what was submitted, the campaign's lock is held (``harness.sbatch.lock``): a second submit,
     retry or cancel of the campaign waits, so no attempt is started twice. *only_more*: submit nothing but
-    the next repeats adaptive repeats ask for (``sbench collect``)."""
+    the next repeats adaptive repeats ask for (``sbench collect``). *profile* (``--profile``): profile the last
+    repeat as the sweep's ``runner.profile`` says, or steps 3 to 5 of rank 0 where it says nothing."""
     # One scheduler client for the whole command: each question to SLURM is asked once.
     slurm = slurm or Slurm()
     # Everything that can be wrong with the input is found before the DB, the manifest or a job dir is
     # touched: load and plan, then build and render every valid point in memory.
     inv: Inventory = load_inventory(inventory_path)
-    sweep = load_sweep(sweep_path, model_map, campaign)
+    sweep = load_sweep(sweep_path, model_map, campaign, profile=profile)
     points = plan_sweep(sweep, inv, memory=skip_predicted_oom)
     check_faults(inv, {p.partition for p in points})
     if prepare != "no" and build_trainer_envs(sweep, inv, points, echo):
