@@ -114,15 +114,16 @@ def measurement_points(measurements: Sequence[Mapping[str, Any]], word: str = "G
         key = _series_key(m, by_campaign)
         rel = rel_interval(m)
         row: dict[str, Any] = {
-            "run": m["run_id"], "series": _series_name(key, word), "campaign": m.get("campaign"),
+            "run": m["run_id"], "series": _series_name(key, word),
+            "campaign": m.get("campaign") if by_campaign else None,
             "model": m.get("model_name"), "method": m.get("method"), "devices": _count(m.get("number_gpus"), word),
             "nodes": m.get("number_nodes"), "batch": m["batch_size"], "max_len": m.get("model_max_length"),
             "trainer": m.get("trainer") or "sbench", "valid": m.get("is_valid") is not False,
             "reason": None if m.get("is_valid") is not False else (m.get("run_reason") or "invalid run"),
-            "interval": "not known (no steps timed)" if rel is None else f"+-{100 * rel:.1f} % (95 %)",
+            "interval": "unknown" if rel is None else f"+-{100 * rel:.1f} % (95 %)",
         }
-        row.update((k, clean(float(m[k])) if m.get(k) is not None else None) for k in POINT_METRICS)
-        rows.append(row)
+        row.update((k, clean(float(m[k]))) for k in POINT_METRICS if m.get(k) is not None)
+        rows.append({k: v for k, v in row.items() if v is not None})  # a missing field is no value: the page's size
     return rows
 
 
