@@ -32,7 +32,7 @@ def main() -> None:
     if shutil.which("sbatch") is None:
         raise SystemExit("sbatch not found: start the test cluster (bash tests/cluster/cluster.sh start)")
     from harness.build.render import render_points
-    from harness.sbatch.submit import submit_sweep
+    from harness.sbatch.submit import SubmitRequest, submit_sweep
     from harness.spec.inventory import load_inventory
     from harness.spec.plan import plan_sweep
     from harness.spec.sweep import load_sweep
@@ -54,7 +54,7 @@ def main() -> None:
     render_points(load_sweep(sweep), inv, points, tmp / "preview")
     t_render = time.perf_counter() - t0
     t0 = time.perf_counter()
-    report = submit_sweep(sweep, INVENTORY, "slurm", tmp / "runs", tmp / "results.duckdb", hold=True)
+    report = submit_sweep(SubmitRequest(sweep, INVENTORY, "slurm", tmp / "runs", tmp / "results.duckdb", hold=True))
     t_submit = time.perf_counter() - t0
     ids = sorted({s.job_id.split("_")[0] for s in report.submitted if s.job_id})
     held = subprocess.run(["squeue", "-h", "-r", "-t", "PD", "-o", "%i %r", "-j", ",".join(ids)],

@@ -122,9 +122,13 @@ def test_measurements_agree_with_an_independent_recomputation(lora_campaign, lor
             spans = [(min(float(r["t_wall"]), end) - max(float(r["t_wall"]) - d, start), r) for r in rows]
             spans = [(w, r) for w, r in spans if w > 0]
             assert spans, "no process samples in the training window"
-            total = sum(w for w, _ in spans)
-            per_host.append((sum(w * float(r["cpu_pct"]) for w, r in spans) / total,
-                             sum(w * float(r["mem_pct"]) for w, r in spans) / total))
+
+            def wmean(col: str, spans=spans) -> float:
+                # a value a row lacks (the tree's final row has its CPU, no memory) weighs nothing
+                xs = [(w, float(r[col])) for w, r in spans if r[col] != ""]
+                return sum(w * v for w, v in xs) / sum(w for w, _ in xs)
+
+            per_host.append((wmean("cpu_pct"), wmean("mem_pct")))
         cpu = sum(c for c, _ in per_host) / len(per_host)
         mem = sum(x for _, x in per_host) / len(per_host)
         assert m["cpu_compute_utilization"] == pytest.approx(cpu, rel=1e-9)
@@ -666,8 +670,9 @@ def test_precision_auto_stop_measures_the_steady_window_and_records_its_interval
     sd = math.sqrt(sum((x - mu) ** 2 for x in means) / (b - 1))
     k = b * size  # never narrower than the interval of the steps taken as independent
     sd_steps = math.sqrt(sum((x - mu) ** 2 for x in used) / (k - 1))
+    # relative to the window's mean step time (every step of the window), the mean stored beside it
     rel = max(_t_quantile_by_integration(0.975, b - 1) * sd / math.sqrt(b),
-              _t_quantile_by_integration(0.975, k - 1) * sd_steps / math.sqrt(k)) / mu
+              _t_quantile_by_integration(0.975, k - 1) * sd_steps / math.sqrt(k)) / mean
     assert m["ci_rel_halfwidth"] == pytest.approx(rel, rel=1e-3) and rel <= 0.2
     assert st["ci_batches"] == b and st["ci_batch_size"] == size
     # the throughput over that window, exactly as for the whole-run window

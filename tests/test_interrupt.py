@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from harness.contract.errors import Interrupted
-from harness.contract.paths import JobPaths
+from harness.contract.paths import CampaignPaths, JobPaths
 from harness.runner import stages
 from harness.runner.node import NodeRunner
 from harness.runner.stages import read_stages
@@ -139,7 +139,7 @@ def test_a_forged_submitted_json_or_queue_pidfile_is_never_trusted(lab) -> None:
         qfile = camp / ".local" / "queue-1.json"
         qfile.parent.mkdir(parents=True)
         qfile.write_text("{}")
-        localjob.pidfile(qfile).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+        CampaignPaths.queue_pidfile(qfile).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
         events = [synth.manifest_events("forged", FULL, "local")]
         dirs = []
         for i, started in enumerate((True, False)):

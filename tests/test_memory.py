@@ -537,14 +537,15 @@ PRIVATE_MODELS = {"granite-3b-1.5", "granite-8b-japanese", "allam-1-13b"}
 
 
 def _catalogue_names() -> set[str]:
-    from harness.spec.catalog import BENCHMARK_MODELS, GPTQ_MODELS, builtin_model_map
+    from harness.spec.catalog import BENCHMARK_MODELS, GPTQ_MODELS
+    from harness.spec.modelmap import builtin_model_map
 
     return set(BENCHMARK_MODELS) | set(GPTQ_MODELS) | set(builtin_model_map().names())
 
 
 def test_every_catalogue_model_has_its_facts_or_is_a_private_one() -> None:
-    from harness.spec.catalog import catalogue_configs
     from harness.spec.memory import Unsupported
+    from harness.spec.modelconfig import catalogue_configs
 
     facts = catalogue_configs()
     assert set(facts) == _catalogue_names() - PRIVATE_MODELS
@@ -559,7 +560,7 @@ def test_every_catalogue_model_has_its_facts_or_is_a_private_one() -> None:
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMETERS))
 def test_catalogue_facts_give_the_published_parameter_count(name: str) -> None:
-    from harness.spec.catalog import catalogue_configs
+    from harness.spec.modelconfig import catalogue_configs
 
     cfg = catalogue_configs()[name]
     counted = sum(parameter_groups(shape_of(cfg)).values())
@@ -571,7 +572,7 @@ def test_catalogue_facts_give_the_published_parameter_count(name: str) -> None:
 
 def test_catalogue_facts_instantiate_the_architecture_they_name() -> None:
     """A few of them, built on the meta device by transformers itself: the same count as the formula."""
-    from harness.spec.catalog import catalogue_configs
+    from harness.spec.modelconfig import catalogue_configs
 
     for name in ("smollm2-135m", "granite-3b-code-base-128k", "granite-3.1-3b-a800m-instruct", "llama3.2-1b"):
         cfg = catalogue_configs()[name]

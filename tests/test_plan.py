@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.spec.catalog import EXPERIMENTS, LORA_TARGET_MODULES, builtin_model_map
+from harness.spec.catalog import EXPERIMENTS, LORA_TARGET_MODULES
+from harness.spec.modelmap import builtin_model_map
 
 from .conftest import SMALL_DATASET, write_sweep
 

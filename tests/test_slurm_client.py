@@ -100,15 +100,17 @@ def test_status_reads_a_task_slurm_forgot(tmp_path: Path, monkeypatch) -> None:
     """A task neither the queue nor sacct knows (both answered) left the scheduler without a record: status
     shows it gone, or cancelled when sbench cancel asked for it (as collect will record it); nothing is
     shown as SUBMITTED. When sacct cannot answer, nothing is inferred."""
-    from harness.sbatch import backends, control, manifest
+    from harness.contract.paths import CampaignPaths
+    from harness.contract.records import append_manifest
+    from harness.sbatch import backends, control
 
     monkeypatch.setattr(backends.shutil, "which", lambda name: f"/usr/bin/{name}")
     wd = tmp_path / "runs"
     dirs = [str(wd / "c" / f"{i:016x}.r0.a1") for i in range(3)]
-    manifest.append(wd / "c", [{"type": "attempt", "campaign": "c", "point_id": f"{i:016x}", "repeat": 0,
-                                "attempt": 1, "job_dir": d, "executor": "slurm", "job_id": f"50_{i}"}
-                               for i, d in enumerate(dirs)])
-    manifest.append(wd / "c", [{"type": "cancel", "campaign": "c", "job_ids": ["50_1"], "job_dirs": [dirs[1]]}])
+    camp = CampaignPaths(wd / "c")
+    append_manifest(camp, [{"type": "attempt", "campaign": "c", "point_id": f"{i:016x}", "repeat": 0, "attempt": 1,
+                            "job_dir": d, "executor": "slurm", "job_id": f"50_{i}"} for i, d in enumerate(dirs)])
+    append_manifest(camp, [{"type": "cancel", "campaign": "c", "job_ids": ["50_1"], "job_dirs": [dirs[1]]}])
     fake = Recorder(queue={"50_2": "PENDING"})
     rep = control.status(wd, tmp_path / "none.duckdb", "c", slurm=Slurm(fake))
     got = {r["job_dir"]: (r["phase"], r["live_state"]) for r in rep.rows}

@@ -150,8 +150,8 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
     import json
 
     from harness.collect import collect
+    from harness.contract.paths import CampaignPaths
     from harness.sbatch.state import runs_to_refresh
-    from harness.slurm import localjob
     from harness.slurm.client import Slurm
     from tests.synth import append_manifest, local_process, make_run, write_json
 
@@ -168,7 +168,7 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
     qfile.parent.mkdir(parents=True)
     queue = local_process(qfile, "queue")  # its live queue: collect sees it waiting
     try:
-        localjob.pidfile(qfile).write_text(json.dumps({"pid": queue.pid}))
+        CampaignPaths.queue_pidfile(qfile).write_text(json.dumps({"pid": queue.pid}))
         write_json(queued["paths"].submitted, {"executor": "local", "job_id": None, "queue": str(qfile)})
         collect(db, wd)
         from harness.contract.paths import run_id

@@ -43,7 +43,7 @@ def _load_5x(path: Path) -> dict:
 
 def test_tiny_vision_model_loads_under_transformers_5_and_4(tiny_vision, cli, tmp_path) -> None:
     from harness.data.tinymodel import VISION_IMAGE_SIZE, VISION_PATCH
-    from harness.spec.catalog import is_vision_config, model_config
+    from harness.spec.modelconfig import is_vision_config, model_config
 
     cfg = model_config(str(tiny_vision))
     assert cfg is not None and is_vision_config(cfg) and cfg["architectures"] == ["LlavaNextForConditionalGeneration"]

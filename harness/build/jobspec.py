@@ -21,7 +21,7 @@ from harness.spec.flops import compute_dtype, peak_tflops
 from harness.spec.inventory import Host, Inventory, Partition, shared_dir
 from harness.spec.memory import config_for, predict
 from harness.spec.plan import PlannedPoint
-from harness.spec.resources import Share, point_share, threads_per_rank
+from harness.spec.resources import Counts, Share, point_counts, point_share, threads_per_rank
 from harness.spec.sweep import Sweep, data_dir_for
 
 from .trainargs import for_fms_hf_tuning, train_argv
@@ -73,10 +73,10 @@ class JobSpec:
     notes: list[str] = field(default_factory=list)
     sbench_version: str = __version__
     workload: str = "train"  # train | idle (runner.workload) | fabric (sbench fabric); see ``module``
-    compute_dtype: str | None = None  # the dtype the peak is read for (harness.flops)
+    compute_dtype: str | None = None  # the dtype the peak is read for (harness.spec.flops)
     peak_tflops: float | None = None  # one device's peak dense TFLOP/s: MFU's denominator
     peak_source: str = "unknown"  # inventory | gpu_peaks.yaml | unknown
-    memory_prediction: dict[str, Any] | None = None  # harness.memory's per-device prediction, for collect
+    memory_prediction: dict[str, Any] | None = None  # harness.spec.memory's per-device prediction, for collect
     trainer: str = "sbench"  # sbench | fms-hf-tuning (the entity's trainer)
     # What the reference command line asks (Experiment.asked_settings), before a partition or an environment
     # changed it: the runner records what it used beside it.
@@ -121,16 +121,16 @@ def slurm_extra(sweep: Sweep, part: Partition) -> dict[str, Any]:
     return {key.replace("-", "_"): value for key, value in {**part.slurm_extra, **sweep.slurm.extra}.items()}
 
 
-def _resources(sweep: Sweep, part: Partition, e: dict[str, Any], share: Share, job_dir: str,
+def _resources(sweep: Sweep, part: Partition, counts: Counts, share: Share, job_dir: str,
                point: PlannedPoint, exclude: list[str] | None = None) -> dict[str, Any]:
-    nodes = e.get("number_nodes", 1)
+    nodes = counts.nodes
     res: dict[str, Any] = {
         "job_name": f"sbench.{sweep.campaign}.{point.point_id[:8]}",
         "partition": part.slurm_partition,
         "nodes": nodes,
         "ntasks_per_node": 1,
     }
-    if not part.is_cpu and e["number_gpus"] > 0:
+    if not part.is_cpu and counts.devices > 0:
         res["gpus_per_node"] = share.devices
     res["cpus_per_task"] = share.cpus
     res["mem"] = share.mem
@@ -330,9 +330,8 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
     exp = get_experiment(point.experiment)
     part = inv.partition(point.partition)
     e = dict(point.entity)
-    gpus, nodes = e["number_gpus"], e.get("number_nodes", 1)
-    devices = max(1, gpus)
-    per_node = devices // nodes
+    counts = point_counts(e)
+    nodes, devices, per_node = counts.nodes, counts.processes, counts.processes_per_node
     per_device_bs = e["batch_size"] // devices
     adjustments: list[str] = []
     deepspeed = e.get("distributed_backend") == "DEEPSPEED"
@@ -380,7 +379,7 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         cpu_partition=part.is_cpu, model_source=point.model_source or e["model_name"],
         dataset_id=e.get("dataset_id") or "news-tokens-16384plus-entries-4096", dataset_path=dataset_path,
         data_dir=str(data_dir),
-        resources=_resources(sweep, part, e, share, job_dir, point, exclude),
+        resources=_resources(sweep, part, counts, share, job_dir, point, exclude),
         launcher=launcher, num_machines=nodes, num_processes=devices, processes_per_node=per_node, port=port,
         accelerate_config=acc, deepspeed_config=ds, train_argv=argv,
         python=python or part.python or inv.python or sys.executable,

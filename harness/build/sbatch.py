@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract.errors import RenderError
+from harness.contract.paths import slurm_log_name
 from harness.spec.inventory import Inventory
 from harness.spec.plan import Sweep
 
@@ -82,6 +83,14 @@ def make_sbatch(script: Sbatch) -> str:
     lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in sbatch_directives(script.directives)),
              *(f"# {comment_text(c)}" if c else "#" for c in script.comments), *script.body]
     return "\n".join(lines) + "\n"
+
+
+def job_name_of(script: str) -> str | None:
+    """The job name a script :func:`make_sbatch` made asks for (``--job-name``), as sbatch reads it."""
+    for line in script.splitlines():
+        if line.startswith("#SBATCH --job-name="):
+            return line.split("=", 1)[1].strip().strip('"')
+    return None
 
 
 def _q(value: Any) -> str:
@@ -236,7 +245,7 @@ def feed_sbatch(sweep: Sweep, inv: Inventory, argv: list[str], cwd: str, out_dir
         "job_name": f"sbench.{sweep.campaign}.feed", "partition": slurm_partition or part.slurm_partition,
         "nodes": 1, "ntasks": 1, "cpus_per_task": 1, "mem": "1G", "time": FEED_TIME,
         **{k: v for k, v in scheduling(sweep, part).items() if k != "constraint"}}
-    options["output"] = f"{out_dir}/feed-%j.out"
+    options["output"] = f"{out_dir}/{slurm_log_name('feed', '%j')}"
     return make_sbatch(Sbatch(
         directives=options,
         comments=["sbench: submit the next wave of this campaign's held attempts when the submit quota has room,",
@@ -253,7 +262,7 @@ def prepare_sbatch(sweep: Sweep, inv: Inventory, argv: list[str], cwd: str, out_
         "cpus_per_task": max(2, min(PREPARE_CPUS, part.cpus_per_node)),
         "time": sweep.slurm.time or part.time_limit or PREPARE_TIME,
         **scheduling(sweep, part), **slurm_extra(sweep, part)}
-    options["output"] = f"{out_dir}/prepare-%j.out"
+    options["output"] = f"{out_dir}/{slurm_log_name('prepare', '%j')}"
     return make_sbatch(Sbatch(
         directives=options,
         comments=["sbench: prepare the campaign's datasets, models and training data on a compute node"],

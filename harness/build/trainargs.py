@@ -27,6 +27,14 @@ SMOKE_SEQ_LEN = 64
 SMOKE_BATCH = 2
 
 
+def pack_in_one_process(trainer: Any, workload: Any, trials: Any) -> bool:
+    """Whether the points of a pack (``slurm.pack``) of this trainer, workload and trials train in one training
+    process, one after another: the sbench trainer, training once per point (the stability experiment's trials
+    and fms-hf-tuning run one process per point). The node runner reads them from ``spec.json``, the
+    submission from the :class:`~harness.build.jobspec.JobSpec`."""
+    return (trainer or "sbench") == "sbench" and (workload or "train") == "train" and int(trials or 1) <= 1
+
+
 def _bool(v: Any) -> str:
     return "True" if v else "False"
 

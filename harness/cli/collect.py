@@ -11,8 +11,7 @@ import click
 
 from harness.collect import collect as run_collect
 from harness.contract.errors import InputError
-from harness.contract.paths import resolve_db, resolve_workdir
-from harness.sbatch import manifest
+from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
 from harness.sbatch.submit import SubmitReport, more_repeats
 
 from .base import Progress, campaign_name, db_option, echo_json, json_option, main, print_repeats, say, workdir_option
@@ -67,7 +66,7 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, no_more
 
 def _more_repeats(wd: Path, db: Path | None, campaign: str | None) -> list[SubmitReport]:
     """The next repeats of the adaptive campaigns' points that need them (``harness.sbatch.repeats``)."""
-    names = [campaign] if campaign else sorted(p.parent.name for p in wd.glob(f"*/{manifest.MANIFEST}"))
+    names = [campaign] if campaign else [c.name for c in CampaignPaths.listed(wd, submitted=True)]
     out = []
     for name in names:
         rep = more_repeats(name, wd, db)

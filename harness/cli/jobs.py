@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 import click
 
 from harness.contract.errors import Interrupted
-from harness.sbatch.submit import SubmitReport, more_repeats, retry_campaign, submit_sweep
+from harness.sbatch.submit import SubmitReport, SubmitRequest, more_repeats, retry_campaign, submit_sweep
 from harness.sbatch.wait import WaitSummary, in_flight, judge_campaign, refs, still_queued, wait_for
 from harness.slurm.client import Slurm
 
@@ -80,11 +80,11 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
     Example: sbench submit sweeps/demo-cpu.yaml --executor local --wait
     """
     try:
-        report = submit_sweep(sweep, inventory, executor, workdir, db, force=force,
-                              retry_failed=retry_failed, max_parallel=max_parallel, hold=hold, model_map=model_map,
-                              preflight=preflight, prepare="no" if no_prepare else prepare_on,
-                              skip_predicted_oom=skip_predicted_oom, reuse_measured=reuse_measured,
-                              campaign=campaign, echo=_stderr_echo(as_json), profile=profile)
+        report = submit_sweep(SubmitRequest(
+            sweep, inventory, executor, workdir, db, model_map=model_map, campaign=campaign, force=force,
+            retry_failed=retry_failed, max_parallel=max_parallel, hold=hold, preflight=preflight,
+            prepare="no" if no_prepare else prepare_on, skip_predicted_oom=skip_predicted_oom,
+            reuse_measured=reuse_measured, profile=profile), echo=_stderr_echo(as_json))
     except Interrupted as exc:
         _interrupted(exc, as_json, workdir, db)
     _finish(report, "submit", wait, as_json, workdir, db)

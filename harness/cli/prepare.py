@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from harness.contract.errors import RunnerError
-from harness.contract.paths import resolve_workdir
+from harness.contract.paths import CampaignPaths, resolve_workdir
 from harness.sbatch.prepare import prepare_sweep, record_prepare_job, submit_prepare_job
 from harness.spec.inventory import load_inventory
 from harness.spec.sweep import load_sweep
@@ -77,4 +77,4 @@ def prepare(sweep: Path, inventory: Path | None, model_map: Path | None, workdir
         echo_json({"job_id": job_id, "campaign_dir": str(campaign_dir), "submit": shlex.join(line)})
         return
     click.echo(f"prepare job {job_id} submitted; {shlex.join(line)} makes the job arrays wait for it (afterok). "
-               f"Log: {campaign_dir / '.slurm' / f'prepare-{job_id}.out'}")
+               f"Log: {CampaignPaths(campaign_dir).prepare_log(job_id)}")

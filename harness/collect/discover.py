@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.contract import safefile
-from harness.contract.paths import SPEC_SCHEMA, JobPaths, parse_job_dir_name, run_id
+from harness.contract import jobstate, records, safefile
+from harness.contract.paths import SPEC_SCHEMA, CampaignPaths, JobPaths, parse_job_dir_name, run_id
+from harness.contract.records import ManifestLine, SubmittedInfo, read_submitted
 from harness.db.manifest import attempt_row, point_row
 from harness.db.values import utc
 
-from .parse import read_json, read_jsonl
+from .parse import read_json
 
-MANIFEST = "manifest.jsonl"
 # spec.json's "schema" is SPEC_SCHEMA; files rendered before it existed are recognised by their shape.
 
 
@@ -63,7 +63,7 @@ class Attempt:
     repeat: int
     attempt: int
     job_dir: Path | None
-    manifest: dict[str, Any] | None = None  # the attempt line
+    manifest: Mapping[str, Any] | None = None  # the attempt line (a copy)
     fingerprint: str = "missing"
     files: list[str] | None = None  # names of the job dir's regular top-level files (from the fingerprint scan)
     # Its other top-level entries but directories: links, FIFOs, devices. :func:`verify` admits a link to a
@@ -107,9 +107,15 @@ def names_like(names: list[str], make: Callable[[str], Path]) -> list[str]:
 
 
 # -- discovery -------------------------------------------------------------------------------------------
-def read_manifest(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    events, problems = read_jsonl(path, ("type",), root=path.parent, limit=safefile.MANIFEST_MAX)
-    return [ev for _, ev in events], [f"{path.parent.name}/{p}" for p in problems]
+def read_manifest(path: Path) -> tuple[list[ManifestLine], list[str]]:
+    """The lines of the campaign manifest *path* and the problems of those refused, each naming the campaign,
+    the file and the line (``harness.contract.records``); a manifest not read is one problem."""
+    camp = CampaignPaths(path.parent)
+    try:
+        events, problems = records.read_manifest(camp)
+    except OSError as exc:
+        events, problems = [], [safefile.not_read_problem(path, exc)]
+    return events, [f"{camp.name}/{p}" for p in problems]
 
 
 def scan(job_dir: Path | None) -> tuple[str, list[str] | None, list[str]]:
@@ -266,7 +272,7 @@ class Manifest:
     fingerprint: str  # size:mtime_ns; an unchanged manifest need not be recorded again
     # Its events (of the campaign collected), or None while it is *unread*: its attempts came from the index
     # recorded at the last collect (:func:`discover`'s *indexed*) and :func:`hydrate` reads it when needed.
-    events: list[dict[str, Any]] | None
+    events: list[ManifestLine] | None
     campaign: str | None = None  # the campaign filter it was read with
     # The identity it was read at (device, inode, size, mtime) and every attempt it names, one row each
     # (:data:`INDEX_FIELDS`, the last line of a run winning): what the next collect needs to skip reading it.
@@ -315,16 +321,14 @@ def discover(workdir: Path, campaign: str | None,
     if not workdir.is_dir():
         return manifests, attempts, warnings
     known: set[str] = set()
-    # Dot dirs hold sbench's own jobs (.fabric, .probe), not campaigns.
-    camp_dirs = sorted(p for p in workdir.iterdir() if p.is_dir() and not p.name.startswith(".")
-                       and (campaign is None or p.name == campaign))
-    for cdir in camp_dirs:
+    for camp in CampaignPaths.listed(workdir, campaign):
+        cdir = camp.root
         try:  # a campaign directory that is a link leading out of the work dir is not read
             safefile.check_dir(cdir, workdir)
         except OSError as exc:
             warnings.append(f"{cdir}: not a campaign directory of this work dir ({getattr(exc, 'why', exc)}); ignored")
             continue
-        mpath = cdir / MANIFEST
+        mpath = camp.manifest
         root = os.path.abspath(cdir)
         cpath, base = Path(root), root + os.sep  # job dirs directly in it are made as children (cheaper)
         if os.path.lexists(mpath):
@@ -335,7 +339,7 @@ def discover(workdir: Path, campaign: str | None,
             key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
             index = indexed(os.path.abspath(mpath), key) if indexed is not None else None
             man = Manifest(mpath, f"{st.st_size}:{st.st_mtime_ns}", None, campaign, key)
-            lines: dict[str, dict[str, Any]] = {}
+            lines: dict[str, ManifestLine] = {}
             if index is None:
                 evs, probs = read_manifest(mpath)
                 warnings += probs
@@ -453,17 +457,13 @@ def spec_rows(att: Attempt) -> tuple[dict[str, Any], dict[str, Any], dict[str, A
     run = {"run_id": att.run_id, "campaign": att.campaign, "point_id": att.point_id, "repeat": att.repeat,
            "attempt": att.attempt, "experiment": exp, "job_dir": str(att.job_dir), "executor": sub.get("executor"),
            "job_id": None if sub.get("job_id") is None else str(sub.get("job_id")),
-           "submitted_at": utc(sub.get("submitted_at") or sub.get("submit_time")), "state": "SUBMITTED"}
+           "submitted_at": utc(sub.get("submitted_at") or sub.get("submit_time")), "state": jobstate.INITIAL}
     return camp, prow, link, run
 
 
-def spec_exec(att: Attempt) -> dict[str, Any]:
-    """The job dir's ``submitted.json`` (empty when missing, not read or not an object)."""
+def spec_exec(att: Attempt) -> SubmittedInfo:
+    """The job dir's ``submitted.json`` (empty when missing or not read: verify() and the job dir's reader say
+    why)."""
     if att.job_dir is None or att.refused is not None:
         return {}
-    try:
-        safefile.check_dir(att.job_dir, att.top or att.job_dir.parent)
-    except OSError:
-        return {}  # verify() says why when the run is read
-    sub, _ = read_json(JobPaths(att.job_dir).submitted, att.top, safefile.SMALL_MAX)
-    return sub if isinstance(sub, dict) else {}
+    return read_submitted(att.job_dir, att.top)

@@ -8,7 +8,7 @@ fingerprint without its dir being listed; a run that was still going is read aga
 replaced as a whole. Everything a collect writes is one DuckDB transaction: killed half-way, the database
 stays as it was.
 
-Runs come from ``<workdir>/*/manifest.jsonl`` (recorded again only when the file changed) and from
+Runs come from each campaign's manifest (``CampaignPaths.manifest``; recorded again only when it changed) and from
 ``<workdir>/<campaign>/*/spec.json`` (job dirs rendered and submitted by hand; a dir that was only
 rendered, with nothing submitted or run, is no run).
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from harness.contract import safefile
 from harness.contract.paths import JobPaths
+from harness.contract.records import SubmittedInfo, read_submitted
 from harness.spec.catalog import EXPERIMENTS
 
 from .discover import Attempt, named, names_like, scan
@@ -26,7 +27,7 @@ class JobFiles:
     jobspec: dict[str, Any] = field(default_factory=dict)  # spec.json's "jobspec"
     entity: dict[str, Any] = field(default_factory=dict)
     experiment: str | None = None
-    submitted: dict[str, Any] = field(default_factory=dict)  # submitted.json (the local executor's record)
+    submitted: SubmittedInfo = field(default_factory=lambda: SubmittedInfo())  # submitted.json
     num_machines: int = 1
     expected_trials: int = 1
     stage_logs: dict[str, StageLog] = field(default_factory=dict)  # host -> stages.<host>.jsonl
@@ -119,7 +120,7 @@ def read_job(att: Attempt, known_point: Mapping[str, Any] | None = None) -> JobF
     top = att.top
     if paths is not None:
         spec = att.spec if att.spec is not None else _object(paths.spec, f.warnings, top, safefile.SPEC_MAX) or {}
-        f.submitted = _object(paths.submitted, f.warnings, top, safefile.SMALL_MAX) or {}
+        f.submitted = read_submitted(paths.root, top, f.warnings)
     f.jobspec = as_dict(spec.get("jobspec"))
     point = as_dict(spec.get("point"))
     f.entity = dict(point.get("entity") or f.jobspec.get("entity") or kp.get("entity") or {})

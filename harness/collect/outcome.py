@@ -106,7 +106,7 @@ def _scheduler_failure(f: JobFiles, sched: Sched, cancel_requested: bool,
         verdict, why = jobstate.verdict(sched.state)
         if verdict != "failed":
             return None, None
-        if sched.state in ("NOT_STARTED", "CANCELLED") and sched.source == "executor" and sched.job is None:
+        if sched.state in jobstate.NEVER_RAN_STATES and sched.source == "executor" and sched.job is None:
             # a local job that never started: cancelled (sbench cancel) or stranded by its queue
             if cancel_requested or sched.state == "CANCELLED":
                 return "cancelled before it started", "CANCELLED"
@@ -163,7 +163,7 @@ def decide(f: JobFiles, sched: Sched, cancel_requested: bool) -> Verdict:
                           f"{', '.join(extra)}")
     if not over:
         if v.state is None:
-            v.state = "RUNNING" if hosts_all else "SUBMITTED"
+            v.state = "RUNNING" if hosts_all else jobstate.INITIAL
         v.warnings += f.problems
         return v
     missing = _missing(f, hosts_expected, over)
@@ -201,7 +201,7 @@ def decide(f: JobFiles, sched: Sched, cancel_requested: bool) -> Verdict:
         v.outcome = "failed"
     # A local job that never started: its one reason says why, and no file is missing.
     never_started = bool(sched_fail) and not hosts_all and not f.errors and sched.source == "executor" and \
-        sched.state in ("NOT_STARTED", "CANCELLED") and sched.job is None
+        sched.state in jobstate.NEVER_RAN_STATES and sched.job is None
     if v.outcome != "ok" and not never_started:
         reasons += [error_text(e) for e in failed_errs]
         reasons += [r for r in host_fail if r not in reasons]

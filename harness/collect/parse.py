@@ -3,24 +3,17 @@ values plus *problems* (precise, human-readable strings); they never raise on ba
 
 from __future__ import annotations
 
-import collections
-import json
-import operator
 import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from harness.contract import safefile
+from harness.contract.jsonfile import decode_json, decode_jsonl
 
 STAGE_KEYS = ("event", "stage", "t_wall")
 
-
-# orjson: a C parser, several times faster on the many small runner files; json decides anything it refuses.
-_fast_loads = orjson.loads
 
 MAX_FILE_BYTES = safefile.RUNNER_MAX  # a runner's JSON or JSON-lines file larger than this is not read
 
@@ -35,14 +28,7 @@ def read_file(path: str | os.PathLike[str], root: Root = None, limit: int = MAX_
               part: str = "all") -> tuple[bytes | None, str | None]:
     """(bytes, None); (None, problem) for a file that is not read (a FIFO, a device, a link leading out of
     *root*, larger than *limit*: see harness.contract.safefile) or unreadable; (None, None) when missing."""
-    try:
-        return safefile.read_bytes(path, root, limit, part=part), None
-    except FileNotFoundError:
-        return None, None
-    except safefile.Refused as exc:
-        return None, str(exc)
-    except OSError as exc:
-        return None, f"{_name(path)}: unreadable ({exc.strerror})"
+    return safefile.read_or_problem(path, root, limit, part=part)
 
 
 def read_json(path: str | os.PathLike[str], root: Root = None, limit: int = MAX_FILE_BYTES) -> tuple[Any, str | None]:
@@ -51,34 +37,7 @@ def read_json(path: str | os.PathLike[str], root: Root = None, limit: int = MAX_
     data, problem = read_file(path, root, limit)
     if data is None:
         return None, problem
-    try:
-        return _fast_loads(data), None  # the common case; NaN, huge integers or bad bytes go the slow way
-    except (ValueError, RecursionError, TypeError):
-        pass
-    text = data.decode("utf-8", errors="replace")
-    if not text.strip():
-        return None, f"{_name(path)}: empty file"
-    try:
-        return json.loads(text), None  # Python's parser: accepts NaN/Infinity (stored as NULL later)
-    except RecursionError:
-        return None, f"{_name(path)}: nested too deeply to be a runner file"
-    except json.JSONDecodeError as exc:
-        if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
-            return None, f"{_name(path)} line {exc.lineno}: truncated JSON"
-        return None, f"{_name(path)} line {exc.lineno}: invalid JSON ({exc.msg})"
-
-
-def _all_have(objs: list[Any], keys: tuple[str, ...]) -> bool:
-    """Whether every one of *objs* is a dict holding all *keys* (checked at C speed)."""
-    if set(map(type, objs)) - {dict}:
-        return False
-    if not keys:
-        return True
-    try:
-        collections.deque(map(operator.itemgetter(*keys), objs), maxlen=0)
-    except KeyError:
-        return False
-    return True
+    return decode_json(data, _name(path))
 
 
 def read_jsonl(path: str | os.PathLike[str], required: Iterable[str] = (), root: Root = None,
@@ -88,51 +47,10 @@ def read_jsonl(path: str | os.PathLike[str], required: Iterable[str] = (), root:
     A last line without its newline that does not parse is "truncated JSON" (the writer died or is
     still writing); any other line that does not parse is "invalid JSON".
     """
-    name = _name(path)
     data, problem = read_file(path, root, limit)
     if data is None:
         return [], [problem] if problem else []
-    out: list[tuple[int, dict[str, Any]]] = []
-    problems: list[str] = []
-    need = tuple(required)
-    if data.endswith(b"\n") and b"\n\n" not in data and not data.startswith(b"\n"):
-        # Fastest path, the usual file: no blank line, so line i is object i; any doubt -> the paths below.
-        try:
-            objs = _fast_loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
-        except (ValueError, RecursionError, TypeError):
-            objs = None
-        if objs is not None and data.count(b"\n") == len(objs) and _all_have(objs, need):
-            return list(enumerate(objs, 1)), []
-    lines = data.split(b"\n")
-    complete_last = data.endswith(b"\n")
-    numbered = [(i, raw) for i, raw in enumerate(lines, 1) if raw.strip()]
-    if complete_last:
-        # Fast path: the whole file as one JSON array (one parser call); any bad line -> line by line.
-        try:
-            objs = _fast_loads(b"[" + b",".join(raw for _, raw in numbered) + b"]")
-        except (ValueError, RecursionError, TypeError):
-            try:
-                objs = json.loads(b"[" + b",".join(raw for _, raw in numbered) + b"]")
-            except (ValueError, RecursionError):
-                objs = None
-        if objs is not None and len(objs) == len(numbered) and _all_have(objs, need):
-            return [(i, o) for (i, _), o in zip(numbered, objs)], []
-    for i, raw in numbered:
-        is_last_partial = i == len(lines) and not complete_last
-        try:
-            obj = json.loads(raw.decode("utf-8", errors="replace"))
-        except (json.JSONDecodeError, RecursionError):
-            problems.append(f"{name} line {i}: {'truncated' if is_last_partial else 'invalid'} JSON")
-            continue
-        if not isinstance(obj, dict):
-            problems.append(f"{name} line {i}: not a JSON object")
-            continue
-        missing = [k for k in need if k not in obj]
-        if missing:
-            problems.append(f"{name} line {i}: missing {', '.join(missing)}")
-            continue
-        out.append((i, obj))
-    return out, problems
+    return decode_jsonl(data, _name(path), required)
 
 
 # -- stages -----------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ class RunData:
     workload: str = "train"
     peak: float | None = None  # one device's peak TFLOP/s from spec.json (MFU's denominator)
     gpu_partition: bool | None = None  # from spec.json's cpu_partition; None when unknown
-    memory_prediction: dict[str, Any] | None = None  # spec.json's (harness.memory)
+    memory_prediction: dict[str, Any] | None = None  # spec.json's (harness.spec.memory)
     ran: dict[str, Any] = field(default_factory=dict)  # measurements' what-ran columns (aggregate.ran_properties)
     slurm_energy_j: float | None = None  # sacct's ConsumedEnergyRaw of the job (None: not recorded)
 

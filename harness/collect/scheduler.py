@@ -11,6 +11,7 @@ from typing import Any
 
 from harness.contract.jobstate import FINAL_STATES
 from harness.contract.paths import JobPaths
+from harness.contract.records import read_submitted
 from harness.slurm import localjob
 from harness.slurm.client import Slurm
 from harness.slurm.held import held_states
@@ -30,10 +31,10 @@ def local_sched(job_dir: Any) -> Sched:
     if state is None:
         return Sched("files")
     if state == "NOT_STARTED":
-        return Sched("executor", state, note=localjob.submitted(job_dir).get("not_started_reason"))
+        return Sched("executor", state, note=read_submitted(job_dir).get("not_started_reason"))
     if state in ("RUNNING", "PENDING", "UNKNOWN"):
         return Sched("executor", state)
-    if state == "CANCELLED" and not localjob.submitted(job_dir).get("ended_at"):
+    if state == "CANCELLED" and not read_submitted(job_dir).get("ended_at"):
         return Sched("executor", "CANCELLED")  # cancelled before it started
     return Sched("executor", None, gone=True)
 
@@ -96,7 +97,7 @@ def states(todo: list[tuple[Attempt, dict[str, Any]]], slurm: Slurm) -> tuple[di
             out[a.run_id] = local_sched(a.job_dir)
         elif info.get("executor") == "slurm" and a.job_dir is not None and not JobPaths(a.job_dir).stage_hosts():
             # rendered, and its submit stopped before sbatch gave it a job id: it never ran
-            why = localjob.submitted(a.job_dir).get("not_started_reason")
+            why = read_submitted(a.job_dir).get("not_started_reason")
             out[a.run_id] = Sched("executor", "NOT_STARTED", note=why)
         else:
             out[a.run_id] = Sched("files")

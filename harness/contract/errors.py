@@ -43,6 +43,11 @@ class CollectError(SbenchError):
     pass
 
 
+class RecordError(SbenchError):
+    """A manifest line or ``submitted.json`` that is not one sbench writes (``harness.contract.records``); the
+    message names the key."""
+
+
 class StoreBusyError(SbenchError):
     """Another sbench process holds the DuckDB write lock."""
 

@@ -9,7 +9,9 @@ Each state has
   longer executes; it may be released or requeued later, see ``final``);
 - ``verdict``: ``pending`` (no outcome yet), ``files`` (it ended on its own: the job dir's files
   say ok, invalid or failed) or ``failed`` (the scheduler ended it, for ``reason``);
-- ``final``: the state never changes again, so collect need not ask about it twice.
+- ``final``: the state never changes again, so collect need not ask about it twice;
+- ``requeue``: SLURM leaves a job's record in it when the job goes back to the queue: a later record with
+  the same id and name is the same job run again (``harness.slurm.sacct.pick``).
 
 A preempted job without requeue stays PREEMPTED (failed); with requeue it goes back to PENDING
 under the same job id and is the same attempt. SPECIAL_EXIT is a job held for requeue by an
@@ -20,7 +22,8 @@ end: the files decide) and NOT_STARTED (its queue ended before starting it: fail
 new attempt by ``retry`` and ``submit --retry-failed``).
 
 sbench itself adds HELD: an attempt it holds back from SLURM until the submit quota has room
-(``harness.slurm.held``); its feeder job submits it later, so it is pending.
+(``harness.slurm.held``); its feeder job submits it later, so it is pending; and SUBMITTED (:data:`INITIAL`):
+an attempt handed to its executor that nobody has seen since.
 """
 
 from __future__ import annotations
@@ -35,11 +38,16 @@ class JobState:
     verdict: str  # pending | files | failed
     reason: str | None = None
     final: bool = False
+    requeue: bool = False
+
+
+INITIAL = "SUBMITTED"  # the state of an attempt handed to its executor and not seen since (a new runs row's)
+REQUEUE = ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED", "NODE_FAIL")
 
 
 def _table() -> dict[str, JobState]:
-    rows = [JobState(s, "pending", "pending") for s in (
-        "PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUBMITTED",
+    rows = [JobState(s, "pending", "pending", requeue=s in REQUEUE) for s in (
+        "PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", INITIAL,
         "UNKNOWN", "HELD")]
     rows += [JobState(s, "running", "pending") for s in (
         "RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING", "STOPPED", "POWER_UP_NODE",
@@ -52,7 +60,7 @@ def _table() -> dict[str, JobState]:
     # the local executor: the queue that held it ended (signal, SIGKILL, an interrupted submit) before starting
     # it; nothing will start it now, and retry or submit --retry-failed runs it as a new attempt
     rows += [JobState("NOT_STARTED", "done", "failed", "not started: its local queue ended before starting it")]
-    rows += [JobState(s, "done", "failed", why, final=s != "PREEMPTED") for s, why in (
+    rows += [JobState(s, "done", "failed", why, final=s != "PREEMPTED", requeue=s in REQUEUE) for s, why in (
         ("CANCELLED", "cancelled"), ("TIMEOUT", "timeout"), ("NODE_FAIL", "node failure"),
         ("OUT_OF_MEMORY", "host OOM"), ("PREEMPTED", "preempted"), ("BOOT_FAIL", "node boot failure"),
         ("DEADLINE", "deadline reached"), ("REVOKED", "revoked"))]
@@ -91,3 +99,9 @@ FAILURE_STATES = {n: s.reason for n, s in STATES.items() if s.verdict == "failed
 ENDED_STATES = frozenset(n for n, s in STATES.items() if s.verdict == "files")
 FINAL_STATES = frozenset(n for n, s in STATES.items() if s.final)
 DONE_STATES = frozenset(n for n, s in STATES.items() if s.phase == "done")
+# The states a record of a job is left in when the job goes back to the queue: after any other state, a later
+# record with the same id is another job.
+REQUEUE_STATES = frozenset(n for n, s in STATES.items() if s.requeue)
+# The states in which an attempt that the executor itself answers for (no scheduler record of a job) never ran:
+# its local queue (or sbench's feed) ended before starting it, or sbench cancel marked it first.
+NEVER_RAN_STATES = frozenset({"NOT_STARTED", "CANCELLED"})

@@ -1,5 +1,7 @@
-"""Where sbench's files are: one class owns the layout of a job directory (the runner and collect both
-use it); beside it the login node's default DB and work dir, and a dataset's file name in the data dir."""
+"""Where sbench's files are: one class owns the layout of a job directory (:class:`JobPaths`: the runner and
+collect both use it), another the campaign directory around the job directories (:class:`CampaignPaths`: its
+manifest, lock, queue and log folders, and the one way campaigns are listed); beside them the login node's
+default DB and work dir, and a dataset's file name in the data dir."""
 
 from __future__ import annotations
 
@@ -26,10 +28,6 @@ def resolve_workdir(workdir: str | Path | None = None) -> Path:
 def resolve_db(db: str | Path | None = None) -> Path:
     """The results database: *db*, else $SBENCH_DB, else results/results.duckdb; absolute."""
     return Path(db or envvars.DB.get()).resolve()
-
-
-# A campaign directory's lock file: submit, retry and cancel of one campaign hold it in turn (harness.sbatch.lock).
-CAMPAIGN_LOCK = ".lock"
 
 
 def process_key_files() -> list[Path]:
@@ -211,6 +209,126 @@ class JobPaths:
 
     def slurm_outputs(self) -> list[Path]:
         return sorted(self.root.glob("slurm-*.out"))
+
+
+def slurm_log_name(kind: str, job_id: str) -> str:
+    """The name of a campaign's SLURM job output in its ``.slurm`` folder (*kind* ``prepare`` or ``feed``);
+    the job script names it with ``%j`` for *job_id*, a reader with the job's id."""
+    return f"{kind}-{job_id}.out"
+
+
+class CampaignPaths:
+    """Every file and folder of one campaign's directory, ``<work dir>/<campaign>/``, beside its job
+    directories (:meth:`job`), and the one way campaigns are listed (:meth:`listed`).
+
+    - :attr:`manifest`: the append-only record of what was submitted (``harness.contract.records`` reads
+      and writes its lines);
+    - :attr:`lock`: submit, retry, cancel, the feeder and a pack's requeue of one campaign hold it in turn
+      (``harness.sbatch.lock``);
+    - :attr:`prepare_job`: the ``--prepare-on slurm`` job the campaign's arrays depend on;
+    - :attr:`local`: the local executor's queue files, their pidfiles and logs, and submitit's folder
+      (:meth:`queue`, :meth:`queue_pidfile`, :attr:`local_submitit`);
+    - :attr:`slurm`: the SLURM jobs' output (arrays, the preparation job, the feeder job) and the feed of
+      the attempts sbench holds back (:attr:`feed`, :attr:`feed_script`);
+    - :attr:`submissions`: submitit's submission files of the campaign's SLURM jobs.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"CampaignPaths({str(self.root)!r})"
+
+    @classmethod
+    def of(cls, workdir: str | Path, campaign: str) -> CampaignPaths:
+        return cls(Path(workdir) / campaign)
+
+    @classmethod
+    def listed(cls, workdir: str | Path, campaign: str | None = None, *, submitted: bool = False,
+               ) -> list[CampaignPaths]:
+        """The campaigns of *workdir*, by name: its directories (only *campaign*'s, when named), less those whose
+        name begins with a dot, which hold sbench's own jobs (``.fabric``, ``.probe``). *submitted*: only those
+        with a manifest (a campaign ``submit`` wrote, not a folder of job dirs rendered by hand). A directory that
+        is a link is listed: its reader checks where it leads (``harness.contract.safefile``)."""
+        wd = Path(workdir)
+        if campaign is not None:
+            names = [campaign]
+        else:
+            try:
+                names = sorted(e.name for e in os.scandir(wd) if not e.name.startswith("."))
+            except OSError:
+                return []
+        out = [cls(wd / n) for n in names if not n.startswith(".") and (wd / n).is_dir()]
+        return [c for c in out if os.path.lexists(c.manifest)] if submitted else out
+
+    @property
+    def name(self) -> str:
+        """The campaign's name."""
+        return self.root.name
+
+    def job(self, point_id: str, repeat: int, attempt: int) -> JobPaths:
+        """The job directory of one attempt of the campaign."""
+        return JobPaths(self.root / job_dir_name(point_id, repeat, attempt))
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.jsonl"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def prepare_job(self) -> Path:
+        return self.root / "prepare-job.json"
+
+    # -- the local executor --------------------------------------------------
+    @property
+    def local(self) -> Path:
+        return self.root / ".local"
+
+    def queue(self, stamp: str) -> Path:
+        """A local queue's file (its jobs, as one submit queued them)."""
+        return self.local / f"queue-{stamp}.json"
+
+    def queue_log(self, stamp: str) -> Path:
+        return self.local / f"queue-{stamp}.log"
+
+    @staticmethod
+    def queue_pidfile(queue_file: str | Path) -> Path:
+        """A queue's pidfile: ``queue-<stamp>.pid`` beside its ``queue-<stamp>.json``."""
+        return Path(queue_file).with_suffix(".pid")
+
+    @staticmethod
+    def of_queue(queue_file: str | Path) -> CampaignPaths:
+        """The campaign directory a queue file (:meth:`queue`) lies in: every read of its files stays inside it."""
+        return CampaignPaths(Path(queue_file).parent.parent)
+
+    @property
+    def local_submitit(self) -> Path:
+        return self.local / "submitit"
+
+    # -- SLURM ----------------------------------------------------------------
+    @property
+    def slurm(self) -> Path:
+        return self.root / ".slurm"
+
+    @property
+    def feed(self) -> Path:
+        """The attempts sbench holds back from SLURM until the submit quota has room (``harness.slurm.held``)."""
+        return self.slurm / "feed.json"
+
+    @property
+    def feed_script(self) -> Path:
+        return self.slurm / "feed.sbatch"
+
+    def prepare_log(self, job_id: str) -> Path:
+        return self.slurm / slurm_log_name("prepare", job_id)
+
+    @property
+    def submissions(self) -> Path:
+        """submitit's folder of the campaign's SLURM submissions (their scripts and submitit's logs)."""
+        return self.root / ".submitit"
 
 
 def pack_dirs(value: str | None) -> list[str]:

@@ -26,8 +26,8 @@ from typing import Any
 # The size bound of each kind of file (bytes). A file larger than its bound is not read (logs: only their
 # last or first bytes are).
 SPEC_MAX = 16 << 20  # spec.json (a few KiB when rendered)
-SMALL_MAX = 1 << 20  # submitted.json, the local queue's files, prepare-job.json
-MANIFEST_MAX = 512 << 20  # a campaign's manifest.jsonl (about 1 KiB per attempt)
+SMALL_MAX = 1 << 20  # submitted.json, the local queue's files, CampaignPaths.prepare_job
+MANIFEST_MAX = 512 << 20  # a campaign's manifest (CampaignPaths.manifest: about 1 KiB per attempt)
 RUNNER_MAX = 256 << 20  # a runner's JSON or JSON-lines file (stages, result, rank, error, environment)
 LOG_TAIL = 4096  # the end of a batch output (slurm-<job>.out), read for its last line
 TRAIN_LOG_HEAD = 64 << 20  # the start of a training log, read for NCCL's transport lines (written at startup)
@@ -143,6 +143,25 @@ def read_bytes(path: str | os.PathLike[str], root: str | os.PathLike[str] | None
     return data
 
 
+def read_or_problem(path: str | os.PathLike[str], root: str | os.PathLike[str] | None, limit: int, *,
+                    part: str = "all") -> tuple[bytes | None, str | None]:
+    """:func:`read_bytes` for a reader that reports instead of raising: (bytes, None); (None, problem) for a
+    file that is not read (a FIFO, a device, a link leading out of *root*, larger than *limit*) or unreadable;
+    (None, None) when it is missing."""
+    try:
+        return read_bytes(path, root, limit, part=part), None
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, not_read_problem(path, exc)
+
+
+def not_read_problem(path: str | os.PathLike[str], exc: OSError) -> str:
+    """The problem line of a file that was not read: ``<name>: not read (<why>)`` for a file refused,
+    ``<name>: unreadable (<error>)`` otherwise."""
+    return str(exc) if isinstance(exc, Refused) else f"{os.path.basename(path)}: unreadable ({exc.strerror})"
+
+
 def regular_path(path: str | os.PathLike[str], root: str | os.PathLike[str] | None, limit: int) -> str:
     """*path* checked like :func:`open_regular`, for a reader that opens the file itself (the database's
     CSV reader): the path to give it, with a link inside *root* resolved."""
@@ -161,5 +180,5 @@ def read_json(path: str | os.PathLike[str], root: str | os.PathLike[str] | None,
 
 
 __all__ = ["LOG_TAIL", "MANIFEST_MAX", "RUNNER_MAX", "SAMPLES_MAX", "SMALL_MAX", "SPEC_MAX", "TRAIN_LOG_HEAD",
-           "Refused", "check_dir", "inside", "open_regular", "read_bytes", "read_fd", "read_json", "regular_path",
-           "size_text"]
+           "Refused", "check_dir", "inside", "open_regular", "read_bytes", "read_fd", "read_json", "read_or_problem",
+           "not_read_problem", "regular_path", "size_text"]

@@ -8,7 +8,9 @@ downloading it, so every node of every cluster trains on byte-identical data:
   ``<instruction>### Input:\\n<input>\\n\\n### Response:\\n<response>`` (the trainer runs with
   ``--dataset_text_field output --response_template "\\n### Response:"``);
 * vision ids -> Parquet with an ``images`` column (the same synthetic PNG, repeated) and the
-  same ``output`` text column.
+  same ``output`` text column (``visiongen``, with the picture of ``png``).
+
+The prose of both is ``newstext``'s.
 
 A sidecar ``<file>.meta.json`` records what was generated and how long entries were
 guaranteed to be. ``ensure_dataset`` uses it to decide whether a file is complete, so the
@@ -25,59 +27,27 @@ import os
 import random
 import re
 import socket
-import struct
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any
 
 from harness.contract.errors import InputError, SbenchError
-from harness.contract.formats import IMAGE_FIELD, MESSAGES_FIELD, RESPONSE_TEMPLATE, TEXT_FIELD
+from harness.contract.formats import RESPONSE_TEMPLATE, TEXT_FIELD
 from harness.contract.paths import dataset_filename, dataset_format
 from harness.spec.catalog import DATASET_IDS, VISION_ID_RE
 
-from .files import file_sha256, fsync, locked
+from .files import fsync, locked
+from .newstext import SCAFFOLD_CHARS, chars_text, entry, sentence_pool, words_text
 from .tokens import load_tokenizer, tokenizer_name
-from .vision import count_entry, entry_text, image_token_id, load_processor, vision_token_counts
+from .visiongen import write_vision_parquet
 
 GENERATOR_VERSION = 2  # 2: vision datasets carry their chat messages
-
-# The fixed scaffolding around input and response: 111 + 16 = 127 characters, the "+ 127
-# (prompt)" of the reference dataset descriptions. tests/test_data.py holds us to that number.
-PROMPT_HEAD = ("Below is the start of a news story. Write the next part of the story in the same style "
-               "and length.\n\n### Input:\n")
-PROMPT_MID = "\n" + RESPONSE_TEMPLATE + "\n"
-SCAFFOLD_CHARS = len(PROMPT_HEAD) + len(PROMPT_MID)
-IMAGE_TOKEN = "<image>"
-VISION_PROMPT = "Describe what these pictures show, as a news caption."
-
-
-def vision_messages(images: int, response: str) -> list[dict[str, Any]]:
-    """A vision entry's chat: the user turn's *images* image items and the prompt, the assistant's response.
-    Every item has both struct fields (Parquet's shape); ``text`` is None on an image item."""
-    return [{"role": "user", "content": [{"type": "image", "text": None}] * images
-             + [{"type": "text", "text": VISION_PROMPT}]},
-            {"role": "assistant", "content": [{"type": "text", "text": response}]}]
 
 # Input of the long (tokens) entries: a short lead, so the response template stays inside
 # any sensible max_seq_length and completion-only loss always has tokens to learn from.
 TOKENS_LEAD_CHARS = 512
-
-# Image tokens one copy of a 384-pixel-tile image costs in granite-vision-3.2-2b (LLaVA-NeXT
-# anyres, SigLIP 384/14 -> 27x27 = 729 features per tile): base image 729 + tiles (27 rows of
-# 27*cols features + one newline feature per row). This is an ESTIMATE from the model's
-# published geometry; sbench cannot load that processor offline, so meta.json says so.
-_TILE = 384
-_FEAT = 27
-
-
-def estimated_image_tokens(width: int, height: int) -> int:
-    """Image tokens granite-vision-3.2-2b spends on one image of this size (estimate, see above)."""
-    cols, rows = -(-width // _TILE), -(-height // _TILE)
-    return _FEAT * _FEAT + (_FEAT * rows) * (_FEAT * cols + 1)
 
 
 # -- dataset ids --------------------------------------------------------------------------------------------
@@ -122,147 +92,6 @@ def parse_dataset_id(dataset_id: str) -> DatasetSpec:
         return DatasetSpec(dataset_id, "vision", entries=int(m[4]), min_tokens=int(m[3]),
                            width=int(m[1]), height=int(m[2]))
     raise InputError(f"dataset id {dataset_id!r} is in the catalog but sbench cannot generate it")  # pragma: no cover
-
-
-# -- news prose ---------------------------------------------------------------------------------------------
-# Word source for the datasets and for the tiny model's tokenizer (harness.tinymodel trains on
-# news_corpus(), so its merges fit the data it will see).
-_CITIES = ("Springfield", "Riverton", "Lakeview", "Northbridge", "Port Ellis", "Millbrook", "Eastwood",
-           "Granite Falls", "Cedar Hill", "Westhaven", "Oakridge", "Fairmont", "Bayside", "Kingsford",
-           "Ashford", "Silver Bay", "Highland Park", "Clearwater", "Brookfield", "Stonegate")
-_TITLES = ("Mayor", "Senator", "Minister", "Professor", "Judge", "Governor", "Director", "Councillor",
-           "Chief Inspector", "Dr.", "Commissioner", "Chancellor")
-_SURNAMES = ("Alvarez", "Bennett", "Chen", "Dubois", "Evans", "Fischer", "Garcia", "Hughes", "Ivanova",
-             "Johnson", "Kowalski", "Lindqvist", "Morgan", "Nakamura", "Okafor", "Patel", "Quinn", "Rossi",
-             "Schmidt", "Tanaka", "Usman", "Varga", "Walsh", "Young", "Zhang")
-_ORGS = ("city council", "central bank", "health ministry", "transport authority", "school board",
-         "state legislature", "energy regulator", "planning committee", "finance ministry", "port authority",
-         "water utility", "police department", "county court", "trade union", "chamber of commerce")
-_COMPANIES = ("Northwind Energy", "Bluefield Motors", "Harbor Logistics", "Summit Foods", "Apex Telecom",
-              "Greenline Rail", "Ironclad Steel", "Brightway Pharma", "Crescent Airlines", "Vista Software")
-_SECTORS = ("energy", "housing", "transport", "education", "health care", "farming", "tourism", "technology",
-            "manufacturing", "retail", "shipping", "banking")
-_NOUNS = ("budget", "proposal", "report", "plan", "policy", "contract", "investigation", "reform", "project",
-          "agreement", "inquiry", "programme", "strategy", "review", "ruling", "deal", "scheme", "forecast")
-_VERBS = (("approve", "approved"), ("reject", "rejected"), ("announce", "announced"), ("delay", "delayed"),
-          ("review", "reviewed"), ("unveil", "unveiled"), ("defend", "defended"), ("expand", "expanded"),
-          ("suspend", "suspended"), ("revise", "revised"), ("fund", "funded"), ("challenge", "challenged"))
-_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
-_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-           "November", "December")
-_ADVERBIALS = ("after months of debate", "despite strong opposition", "amid rising costs",
-               "following a public consultation", "ahead of the election", "in a closed session",
-               "after a lengthy review", "under pressure from residents", "for the second time this year",
-               "without a formal vote", "in response to the findings")
-_SOURCES = ("officials familiar with the matter", "a spokesperson", "local media", "court documents",
-            "a statement released by the office", "people close to the negotiations", "the latest figures",
-            "an internal memo")
-_ISSUES = ("the shortage of affordable homes", "long waiting times", "rising energy bills", "traffic congestion",
-           "the lack of skilled workers", "flooding along the river", "falling school enrolment",
-           "air quality near the port")
-_INCIDENTS = ("a collision on the ring road", "a fire at a warehouse", "a gas leak near the station",
-              "a storm that struck overnight", "a power cut in the old town")
-
-_TEMPLATES = (
-    "{title} {surname} said on {day} that the {org} would {verb} the {sector} {noun} {adverbial}.",
-    "The {org} in {city} {verbed} a {money} {sector} {noun} on {day}, according to {sources}.",
-    "In {city}, {sources} said the {noun} had been {verbed} {adverbial}.",
-    "Analysts expect {sector} prices to rise by {pct} over the next {n} months.",
-    "\"We will {verb} this {noun} {adverbial},\" {title} {surname} told reporters in {city}.",
-    "Residents of {city} {verbed} the {org}'s {noun} at a public meeting on {day} evening.",
-    "The {noun} follows a {pct} fall in {sector} spending last year, {sources} said.",
-    "Shares in {company} rose {pct} on {day} after the firm {verbed} its annual {noun}.",
-    "Police in {city} said {n} people were treated in hospital after {incident} on {day}.",
-    "{company} said it would hire {count} workers in {city} by the end of {year}.",
-    "Critics argue that the {noun} does little to address {issue} in {city}.",
-    "The vote on the {sector} {noun} is expected in {month}, {sources} said.",
-    "{title} {surname}, who has led the {org} since {year}, declined to comment on the {noun}.",
-    "The {org} estimates that the {noun} will cost {money} over {n} years.",
-    "Figures published on {day} showed {sector} output grew by {pct} in {month}.",
-    "Opposition members called the {noun} {adj} and said the {org} had ignored {issue}.",
-)
-_ADJECTIVES = ("rushed", "unfair", "overdue", "costly", "reckless", "welcome", "modest", "ambitious", "vague")
-
-
-def _sentence(rng: random.Random) -> str:
-    verb, verbed = rng.choice(_VERBS)
-    slots = {
-        "title": rng.choice(_TITLES), "surname": rng.choice(_SURNAMES), "org": rng.choice(_ORGS),
-        "city": rng.choice(_CITIES), "company": rng.choice(_COMPANIES), "sector": rng.choice(_SECTORS),
-        "noun": rng.choice(_NOUNS), "verb": verb, "verbed": verbed, "day": rng.choice(_DAYS),
-        "month": rng.choice(_MONTHS), "adverbial": rng.choice(_ADVERBIALS), "sources": rng.choice(_SOURCES),
-        "issue": rng.choice(_ISSUES), "incident": rng.choice(_INCIDENTS), "adj": rng.choice(_ADJECTIVES),
-        "n": rng.randint(2, 40), "count": f"{rng.randint(1, 9)},{rng.randint(0, 999):03d}",
-        "pct": f"{rng.randint(1, 19)}.{rng.randint(0, 9)} percent", "year": rng.randint(1998, 2026),
-        "money": f"${rng.randint(2, 950)} million",
-    }
-    return rng.choice(_TEMPLATES).format(**slots)
-
-
-_POOL_SIZE = 8192
-
-
-@lru_cache(maxsize=4)
-def _sentence_pool(seed: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """A fixed pool of sentences and their whitespace-separated word counts.
-
-    Entries are drawn from a pool rather than built word by word: the long ids need ~67
-    million words, and picking whole sentences keeps generation to seconds.
-    """
-    rng = random.Random(f"sbench-news-pool:{seed}")
-    sentences = tuple(_sentence(rng) for _ in range(_POOL_SIZE))
-    return sentences, tuple(len(s.split()) for s in sentences)
-
-
-def news_corpus(n_chars: int, *, seed: int = 0) -> Iterator[str]:
-    """Yield whole dataset-style entries (scaffolding included) until ``n_chars`` characters."""
-    rng = random.Random(f"sbench-news-corpus:{seed}")
-    pool, _ = _sentence_pool(seed)
-    total = 0
-    while total < n_chars:
-        text = PROMPT_HEAD + _chars_text(rng, pool, 512) + PROMPT_MID + _chars_text(rng, pool, 1024)
-        total += len(text)
-        yield text
-
-
-def _chars_text(rng: random.Random, pool: tuple[str, ...], n: int) -> str:
-    """Exactly ``n`` characters of news prose: whole sentences, the last one cut at ``n``."""
-    parts: list[str] = []
-    length = -1
-    while length < n:
-        s = pool[rng.randrange(len(pool))]
-        parts.append(s)
-        length += len(s) + 1
-    text = " ".join(parts)[:n]
-    # A cut right after a word would leave a trailing blank; end the sentence instead.
-    return text[:-1] + "." if text.endswith(" ") else text
-
-
-_PARAGRAPH_RHYTHM = (5, 3, 7, 4, 6, 8, 4, 5)
-
-
-def _words_text(rng: random.Random, pool: tuple[str, ...], counts: tuple[int, ...], min_words: int) -> str:
-    """News paragraphs with at least ``min_words`` whitespace-separated words (counted exactly)."""
-    picks: list[str] = []
-    words = 0
-    size = len(pool)
-    while words < min_words:
-        # Draw in chunks: one rng call per ~16 words would dominate the run time otherwise.
-        for j in rng.choices(range(size), k=max(16, (min_words - words) // 14 + 1)):
-            picks.append(pool[j])
-            words += counts[j]
-            if words >= min_words:
-                break
-    paragraphs, i, k = [], 0, 0
-    while i < len(picks):
-        step = _PARAGRAPH_RHYTHM[k % len(_PARAGRAPH_RHYTHM)]
-        paragraphs.append(" ".join(picks[i:i + step]))
-        i, k = i + step, k + 1
-    return "\n\n".join(paragraphs)
-
-
-def _entry(input_text: str, response: str) -> str:
-    return PROMPT_HEAD + input_text + PROMPT_MID + response
 
 
 # -- results ------------------------------------------------------------------------------------------------
@@ -341,7 +170,7 @@ _MAX_EXTENSIONS = 64
 def _text_entries(spec: DatasetSpec, n: int, seed: int, lengths: _TokenLengths | None,
                   stats: dict[str, list[int]]) -> Iterator[str]:
     """Yield the ``output`` text of each entry, checked against the tokenizer when one is given."""
-    pool, counts = _sentence_pool(seed)
+    pool, counts = sentence_pool(seed)
     batch = 32 if spec.kind == "tokens" else 256
     for start in range(0, n, batch):
         texts = []
@@ -349,11 +178,11 @@ def _text_entries(spec: DatasetSpec, n: int, seed: int, lengths: _TokenLengths |
             # One rng per entry: an entry does not depend on how the ones before it were extended.
             rng = random.Random(f"sbench:{spec.dataset_id}:{seed}:{i}")
             if spec.kind == "chars":
-                texts.append(_entry(_chars_text(rng, pool, spec.chars), _chars_text(rng, pool, spec.chars)))
+                texts.append(entry(chars_text(rng, pool, spec.chars), chars_text(rng, pool, spec.chars)))
             else:
                 # The response alone has >= min_tokens words; _text_guarantee says why that suffices.
-                lead = _chars_text(rng, pool, TOKENS_LEAD_CHARS)
-                texts.append(_entry(lead, _words_text(rng, pool, counts, spec.min_tokens)))
+                lead = chars_text(rng, pool, TOKENS_LEAD_CHARS)
+                texts.append(entry(lead, words_text(rng, pool, counts, spec.min_tokens)))
         if lengths is not None:
             toks = lengths(texts)
             if spec.kind == "tokens":
@@ -381,7 +210,7 @@ def _extend_short(texts: list[str], toks: list[int], spec: DatasetSpec, seed: in
             # so even a tokenizer that merges across words converges in a few rounds.
             per_token = max(1.0, len(texts[j].split()) / max(1, n_tok))
             need = int((spec.min_tokens - n_tok) * per_token * 1.1) + 16
-            texts[j] += "\n\n" + _words_text(rng, pool, counts, need)
+            texts[j] += "\n\n" + words_text(rng, pool, counts, need)
             n_tok = lengths([texts[j]])[0]
         toks[j] = n_tok
     return texts, toks
@@ -411,150 +240,6 @@ def _write_jsonl(f: IO[bytes], texts: Iterator[str]) -> tuple[str, int, int]:
     if buf:
         out.write(("\n".join(buf) + "\n").encode())
     return out.sha.hexdigest(), out.size, n
-
-
-def _png(width: int, height: int, seed: int) -> bytes:
-    """An RGB PNG (written with zlib+struct: Pillow is not a dependency) of a simple synthetic scene.
-
-    A banded gradient with a few flat rectangles, stored with the PNG "Up" filter: rows that
-    repeat the one above compress to almost nothing, which keeps a 4096-row dataset of
-    repeated copies cheap to write.
-    """
-    import numpy as np  # heavy: only where arrays are built
-
-    rng = np.random.default_rng(seed)
-    x = np.arange(width)[None, :, None]
-    y = np.arange(height)[:, None, None]
-    img = np.zeros((height, width, 3), dtype=np.uint8)
-    img[...] = np.concatenate([np.broadcast_to((x // 16) * 16 * 255 // max(1, width), (height, width, 1)),
-                               np.broadcast_to((y // 16) * 16 * 255 // max(1, height), (height, width, 1)),
-                               np.full((height, width, 1), 96)], axis=-1).astype(np.uint8)
-    for _ in range(6):  # flat "objects" so the picture is not a pure gradient
-        w, h = int(rng.integers(16, max(17, width // 3))), int(rng.integers(16, max(17, height // 3)))
-        x0, y0 = int(rng.integers(0, max(1, width - w))), int(rng.integers(0, max(1, height - h)))
-        img[y0:y0 + h, x0:x0 + w] = rng.integers(0, 256, 3, dtype=np.uint8)
-    rows = img.reshape(height, width * 3)
-    up = rows.copy()
-    up[1:] = rows[1:] - rows[:-1]  # filter type 2 (Up): uint8 arithmetic wraps modulo 256 as PNG requires
-    raw = np.concatenate([np.full((height, 1), 2, dtype=np.uint8), up], axis=1).tobytes()
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, deflate, adaptive, no interlace
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
-
-
-def _processor_copies(spec: DatasetSpec, processor: Any, png: bytes, pool: Any, seed: int) -> tuple[int, int]:
-    """(image copies per entry, image tokens per copy) with the model's own processor: the copies that bring
-    the text of the shortest probe entry to ``min_tokens`` counting every token the model sees."""
-    import io
-
-    from PIL import Image  # heavy: only where images are decoded
-
-    image = Image.open(io.BytesIO(png)).convert("RGB")
-    image_id = image_token_id(processor)
-    response = _chars_text(random.Random(f"sbench:{spec.dataset_id}:{seed}:probe"), pool, 512)
-    one = count_entry(processor, entry_text(processor, {MESSAGES_FIELD: vision_messages(1, response)}), [image],
-                      image_id)
-    two = count_entry(processor, entry_text(processor, {MESSAGES_FIELD: vision_messages(2, response)}),
-                      [image, image], image_id)
-    per_image = two[0] - one[0]
-    if per_image <= 0 or two[1] - one[1] <= 0:
-        raise InputError(f"the processor adds no image tokens for a {spec.width}x{spec.height} image; it is not a "
-                         "vision-language model's processor")
-    text = one[0] - per_image
-    return max(1, -(-(spec.min_tokens - text) // per_image)), per_image
-
-
-def _write_parquet(tmp: Path, spec: DatasetSpec, n: int, seed: int, stats: dict[str, list[int]],
-                   processor_source: Any = None) -> tuple[str, int, int, dict[str, Any]]:
-    """The vision entries; with *processor_source* (a vision-language model's directory or processor) the
-    image copies per entry come from its exact count, and every entry is counted after it is written."""
-    import pyarrow as pa  # heavy: only where Arrow or Parquet data is read or written
-    import pyarrow.parquet as pq  # heavy: only where Arrow or Parquet data is read or written
-    from datasets import Features, Image, List, Value  # heavy: only where a dataset is opened
-
-    png = _png(spec.width, spec.height, seed)
-    pool, _ = _sentence_pool(seed)
-    processor = None
-    if processor_source is not None:
-        try:
-            processor = load_processor(processor_source)
-        except (OSError, ValueError, KeyError) as exc:
-            raise InputError(f"--tokenizer {processor_source}: a vision dataset is counted with a vision-language "
-                             f"model's processor, which could not be loaded from it ({exc})") from None
-        if getattr(processor, "image_processor", None) is None:
-            raise InputError(f"--tokenizer {processor_source}: a vision dataset is counted with a vision-language "
-                             "model's processor; this is a text tokenizer (no image processor)")
-        copies, per_image = _processor_copies(spec, processor, png, pool, seed)
-    else:
-        per_image = estimated_image_tokens(spec.width, spec.height)
-        copies = -(-spec.min_tokens // per_image)
-    # The Hugging Face feature types travel in the schema metadata, so datasets.load_dataset
-    # ("parquet") sees `images` as a list of Image() (decoded lazily, with Pillow, on access).
-    # MESSAGES_FIELD: the chat both trainers render with the processor's template (fms-hf-tuning finds the
-    # column by its name); TEXT_FIELD: the same entry flat, an <image> token per image.
-    item = {"type": Value("string"), "text": Value("string")}
-    schema = Features({IMAGE_FIELD: List(Image()), MESSAGES_FIELD: List({"role": Value("string"),
-                                                                          "content": List(item)}),
-                       TEXT_FIELD: Value("string"), "image_width": Value("int32"),
-                       "image_height": Value("int32")}).arrow_schema
-    image = {"bytes": png, "path": None}
-
-    def write(copies: int) -> list[int]:
-        chars: list[int] = []
-        # Every row holds the same PNG `copies` times; dictionary encoding stores it once per row group.
-        with pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=True) as writer:
-            for start in range(0, n, 256):
-                rows = range(start, min(n, start + 256))
-                texts, chats = [], []
-                for i in rows:
-                    rng = random.Random(f"sbench:{spec.dataset_id}:{seed}:{i}")
-                    response = _chars_text(rng, pool, 512)
-                    texts.append(_entry(IMAGE_TOKEN * copies + "\n" + VISION_PROMPT, response))
-                    chats.append(vision_messages(copies, response))
-                chars.extend(len(t) for t in texts)
-                writer.write_table(pa.table({
-                    IMAGE_FIELD: [[image] * copies for _ in rows], MESSAGES_FIELD: chats, TEXT_FIELD: texts,
-                    "image_width": [spec.width] * len(rows), "image_height": [spec.height] * len(rows)},
-                    schema=schema))
-        return chars
-
-    chars = write(copies)
-    sha, size = file_sha256(tmp), tmp.stat().st_size
-    if processor is not None:
-        name = str(processor_source) if isinstance(processor_source, (str, os.PathLike)) else type(processor).__name__
-        counted = vision_token_counts(processor, tmp, dataset_sha=sha)
-        low = min(counted.counts)
-        if low < spec.min_tokens:  # an entry whose text is shorter than the probe's: as many more copies as it lacks
-            copies += -(-(spec.min_tokens - low) // per_image)
-            chars = write(copies)
-            sha, size = file_sha256(tmp), tmp.stat().st_size
-            counted = vision_token_counts(processor, tmp, dataset_sha=sha)
-            low = min(counted.counts)
-        stats["chars"].extend(chars)
-        stats["tokens"].extend(counted.counts)
-        if low < spec.min_tokens:  # pragma: no cover - one more round covers any text-length difference
-            raise SbenchError(f"an entry has {low} tokens, below {spec.min_tokens}, with {name}'s processor")
-        guarantee = {
-            "method": "processor", "min_tokens": spec.min_tokens, "verified": True, "processor": name,
-            "copies_per_entry": copies, "tokens_per_image": per_image, "min_tokens_seen": low,
-            "image_tokens": sum(counted.image_tokens),
-            "detail": (f"{copies} copies x {per_image} image tokens per entry; every entry was counted with the "
-                       f"processor of {name} (its chat template on the messages, the images expanded): at least "
-                       f"{low} >= {spec.min_tokens} tokens, image tokens included")}
-        return sha, size, n, {"guarantee": guarantee, "png_bytes": len(png)}
-    stats["chars"].extend(chars)
-    guarantee = {
-        "method": "image-copies-estimate", "min_tokens": spec.min_tokens, "verified": False,
-        "copies_per_entry": copies, "estimated_tokens_per_image": per_image,
-        "detail": (f"{copies} copies x {per_image} estimated image tokens = {copies * per_image} >= "
-                   f"{spec.min_tokens}; the estimate follows granite-vision-3.2-2b's anyres geometry "
-                   "(384px tiles, 27x27 features) and was NOT checked with its processor (give --tokenizer "
-                   "MODEL_DIR of a vision-language model to count exactly); text tokens come on top"),
-    }
-    return sha, size, n, {"guarantee": guarantee, "png_bytes": len(png)}
 
 
 def _tmp_name(path: Path, what: str) -> Path:
@@ -625,7 +310,7 @@ def _generate_locked(spec: DatasetSpec, path: Path, *, tokenizer: Any, entries: 
     _remove_stale_temps(path)
     tok_name, lengths = None, None
     if tokenizer is not None and spec.kind == "vision":
-        tok_name = f"processor of {tokenizer}"  # counted with the model's processor (_write_parquet)
+        tok_name = f"processor of {tokenizer}"  # counted with the model's processor (visiongen)
     elif tokenizer is not None:
         tok = load_tokenizer(tokenizer)
         tok_name, lengths = tokenizer_name(tokenizer, tok), _TokenLengths(tok)
@@ -635,7 +320,7 @@ def _generate_locked(spec: DatasetSpec, path: Path, *, tokenizer: Any, entries: 
     extra: dict[str, Any] = {}
     try:
         if spec.kind == "vision":
-            sha, size, n, vis = _write_parquet(tmp, spec, n, seed, stats, tokenizer)
+            sha, size, n, vis = write_vision_parquet(tmp, spec, n, seed, stats, tokenizer)
             guarantee = vis.pop("guarantee")
             extra.update(vis)
             fsync(tmp)

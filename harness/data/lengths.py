@@ -18,7 +18,8 @@ from typing import Any
 from harness.contract.errors import SbenchError
 from harness.contract.formats import IMAGE_FIELD, MESSAGES_FIELD, TEXT_FIELD
 from harness.contract.paths import dataset_filename
-from harness.spec.catalog import is_local_source, is_vision_dataset
+from harness.spec.catalog import is_vision_dataset
+from harness.spec.modelmap import is_local_source
 from harness.spec.sweep import data_dir_for
 
 from .datagen import parse_dataset_id, read_meta

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from harness.contract.errors import InputError, SbenchError
-from harness.spec.catalog import is_local_source, mount_visible
+from harness.spec.modelmap import is_local_source, mount_visible
 
 MODEL_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "model.safetensors.index.json",
                  "pytorch_model.bin.index.json")

@@ -39,7 +39,7 @@ from typing import Any
 from harness.contract.errors import InputError, SbenchError
 from harness.contract.formats import RESPONSE_TEMPLATE_ARG, TEXT_FIELD
 from harness.contract.paths import dataset_filename
-from harness.spec.catalog import is_local_source
+from harness.spec.modelmap import is_local_source
 from harness.spec.sweep import data_dir_for
 
 from .datagen import read_meta

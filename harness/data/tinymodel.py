@@ -1,7 +1,7 @@
 """A tiny random causal LM with a locally trained tokenizer, for tests and CPU smoke runs.
 
 Nothing is downloaded: the byte-level BPE tokenizer is trained on sbench's own synthetic
-news corpus (``harness.datagen.news_corpus``), so it splits the benchmark datasets the way a
+news corpus (``harness.data.newstext.news_corpus``), so it splits the benchmark datasets the way a
 real tokenizer would, only with a much smaller vocabulary. The directory loads through the
 ordinary ``AutoTokenizer.from_pretrained`` / ``AutoModelForCausalLM.from_pretrained`` path.
 """
@@ -15,7 +15,8 @@ from typing import Any
 
 from harness.contract.errors import InputError, SbenchError
 
-from .datagen import news_corpus
+from .newstext import news_corpus
+from .visiongen import IMAGE_TOKEN
 
 ARCHS = ("llama", "mixtral", "qwen2")
 # Shapes ``sbench model tiny --size`` builds. ``tiny``: the test model (float32, trains in seconds on a CPU).
@@ -181,7 +182,6 @@ def _portable(out: Path) -> None:
 VISION_IMAGE_SIZE = 32
 VISION_PATCH = 8
 VISION_PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64]]
-IMAGE_TOKEN = "<image>"
 # Renders OpenAI-style messages (content a string, or a list of {"type": "image"} / {"type": "text", "text": ...}
 # items) with one image token per image item, as granite-vision's template does.
 VISION_CHAT_TEMPLATE = (

@@ -475,7 +475,7 @@ def encode_for_training(tokenizer: Any, dataset_path: str | os.PathLike[str], *,
     right after the first occurrence of the (decoded) ``response_template`` in each text.
     With ``cache_dir`` the row lengths are also stored as ``dataset_token_counts``'s cache
     entry, so counting after encoding is a hit instead of a second pass over the dataset.
-    (Jobs use :mod:`harness.prepared`, which writes the same batches to a shared,
+    (Jobs use :mod:`harness.data.prepared`, which writes the same batches to a shared,
     memory-mapped file instead.)
     """
     import pyarrow as pa  # heavy: only where Arrow or Parquet data is read or written

@@ -1,7 +1,7 @@
-"""What ``submit`` records: the campaign manifest's lines (docs/job-directory.md) as rows, idempotently.
+"""What ``submit`` records: the campaign manifest's lines (``harness.contract.records``) as rows, idempotently.
 
 ``record_manifest(store, events)``: ``campaign`` -> ``campaigns``, ``point`` -> ``points`` and
-``campaign_points``, ``attempt`` -> ``runs`` (a new row starts with ``state='SUBMITTED'`` and ``outcome``
+``campaign_points``, ``attempt`` -> ``runs`` (a new row starts in ``jobstate.INITIAL`` with ``outcome``
 NULL; an existing row keeps the state/outcome collect found, only its submission columns are refreshed),
 ``references`` -> the campaign's ``references_spec``, ``repeats`` -> its ``repeats_spec``, ``cancel`` ->
 ``runs.cancel_requested_at``. One
@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from harness.contract.errors import CollectError
+from harness.contract import jobstate
+from harness.contract.errors import CollectError, RecordError
 from harness.contract.paths import run_id
+from harness.contract.records import check_line
 
 from .schema import MANIFEST_RUN_COLUMNS, PRIMARY_KEYS, SCHEMA, q
 from .staging import frame
@@ -68,11 +70,13 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
             raise CollectError(text)
         problems.append(text)
 
-    for i, ev in enumerate(events, 1):
-        if not isinstance(ev, Mapping):
-            bad(i, "not a JSON object")
+    for i, raw in enumerate(events, 1):
+        try:
+            ev: Mapping[str, Any] = check_line(raw)
+        except RecordError as exc:
+            bad(i, str(exc))
             continue
-        kind = ev.get("type")
+        kind = ev["type"]
         try:
             if kind == "campaign":
                 campaigns.append({"campaign": str(ev["campaign"]), "experiment": ev.get("experiment"),
@@ -99,14 +103,12 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
                               "repeat": key_int(ev.get("repeat") or 0, "repeat")})
             elif kind == "repeats":
                 repeats[str(ev["campaign"])] = ev.get("repeats")  # repeats: changed: the newest word
-            elif kind == "cancel":
+            else:  # cancel
                 # SLURM attempts are named by job id, local ones (no job id when queued) by job dir.
                 ids, dirs = ev.get("job_ids") or [], ev.get("job_dirs") or []
                 if not isinstance(ids, list) or not isinstance(dirs, list):
                     raise TypeError("job_ids and job_dirs must be lists")
                 cancels.append((str(ev["campaign"]), [str(j) for j in ids + dirs], utc(ev.get("at"))))
-            else:
-                bad(i, f"unknown type {kind!r} (expected campaign, point, attempt, cancel, references or repeats)")
         except (KeyError, TypeError, ValueError) as exc:
             bad(i, f"{kind} line is malformed: {exc!r}")
     with store.transaction():
@@ -125,8 +127,8 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
         if new:
             store.con.register("_sbench_new", frame([("run_id", "VARCHAR")], [{"run_id": r} for r in new]))
             try:
-                store.con.execute("UPDATE runs SET state = 'SUBMITTED' WHERE state IS NULL AND outcome IS NULL "
-                                 "AND run_id IN (SELECT run_id FROM _sbench_new)")
+                store.con.execute("UPDATE runs SET state = ? WHERE state IS NULL AND outcome IS NULL "
+                                 "AND run_id IN (SELECT run_id FROM _sbench_new)", [jobstate.INITIAL])
             finally:
                 store.con.unregister("_sbench_new")
         for campaign, ids, at in cancels:

@@ -164,7 +164,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("effective_torch_dtype", "VARCHAR"), ("attn_implementation", "VARCHAR"), ("adjustments", "JSON"),
         *[(p, "DOUBLE") for p in DERIVED_PROPERTIES],
         # memory: measured (rank 0's tensors after its last recorded optimizer step; the device peak over
-        # ranks, CUDA only) beside harness.memory's prediction from spec.json
+        # ranks, CUDA only) beside harness.spec.memory's prediction from spec.json
         ("memory_peak_bytes", "BIGINT"), ("activation_bytes", "BIGINT"), ("activation_error", "DOUBLE"),
         ("params_bytes", "BIGINT"), ("grads_bytes", "BIGINT"),
         ("optimizer_bytes", "BIGINT"), ("predicted_params_bytes", "BIGINT"), ("predicted_grads_bytes", "BIGINT"),

@@ -1,6 +1,7 @@
 """The report's one way of drawing: Vega-Lite specs, drawn in the page by Vega, inlined from a PyPI package.
 
-The specs are pure functions from rows to JSON-able dicts (:func:`xy_spec`, :func:`bars_spec`); :func:`embed`
+The specs are pure functions from rows to JSON-able dicts (:func:`xy_spec`: a scatter with lines, :func:`bars_spec`:
+stacked horizontal bars, :func:`ratio_spec`: ratios with their intervals around 1.0); :func:`embed`
 places one in the page (a ``<div>`` and its spec as ``application/json``), and :func:`page_scripts` gives the
 page's scripts: the rows several charts share (``datasets``, once per page), Vega, Vega-Lite and Vega-Embed
 (:func:`vega_bundle`, from ``vl-convert-python``, which ships them), the few lines that embed every spec, and
@@ -255,6 +256,37 @@ def bars_spec(*, data: Mapping[str, Any], label: str, value: str, segment: str, 
         },
         "config": CONFIG,
     }
+
+
+def ratio_spec(*, data: Mapping[str, Any], label: str, ratio: str, low: str, high: str, group: str,
+               colors: Mapping[str, str], labels: Sequence[str], tips: Sequence[tuple[str, str] | tuple[str, str, str]],
+               threshold: float, x_title: str, width: int = 900) -> dict[str, Any]:
+    """One line per *label* (in the order *labels*): the *ratio* as a dot, its interval [*low*, *high*] as a
+    whisker (none where *low* is null), the ±*threshold* band around 1.0 shaded and 1.0 marked; *group* colours
+    each line (its order and colours: *colors*), and its legend shows one group (shift-click adds), zoom and pan
+    along the ratios, a tooltip of *tips*. The caller says why there is nothing to draw when there is nothing."""
+    names = list(colors)
+    y = {"field": label, "type": "nominal", "sort": list(labels), "axis": {"title": None, "labelLimit": 380}}
+    x = {"type": "quantitative", "title": x_title, "scale": {"zero": False}}
+    color = {"field": group, "type": "nominal", "title": None,
+             "scale": {"domain": names, "range": [colors[n] for n in names]}}
+    return {"width": width, "height": {"step": 22}, "data": dict(data),
+            "layer": [
+                {"data": {"values": [{"lo": 1 - threshold, "hi": 1 + threshold}]},
+                 "mark": {"type": "rect", "color": "#eeeeee"},
+                 "encoding": {"x": {**x, "field": "lo"}, "x2": {"field": "hi"}}},
+                {"data": {"values": [{"one": 1.0}]}, "mark": {"type": "rule", "color": "#333"},
+                 "encoding": {"x": {**x, "field": "one"}}},
+                {"transform": [{"filter": f"isValid(datum[{json.dumps(low)}])"}],
+                 "mark": {"type": "rule", "strokeWidth": 2},
+                 "encoding": {"y": y, "x": {**x, "field": low}, "x2": {"field": high},
+                              "color": {**color, "legend": None}, "opacity": PICKED, "tooltip": tooltip(tips)}},
+                {"params": [{"name": "pick", "select": {"type": "point", "fields": [group]}, "bind": "legend"},
+                            {"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"}],
+                 "mark": {"type": "point", "filled": True, "size": 70},
+                 "encoding": {"y": y, "x": {**x, "field": ratio}, "color": {**color, "legend": {"orient": "top"}},
+                              "opacity": PICKED, "tooltip": tooltip(tips)}}],
+            "config": CONFIG}
 
 
 CONFIG = {"font": "system-ui, -apple-system, Segoe UI, Roboto, DejaVu Sans, Arial, sans-serif",

@@ -27,7 +27,7 @@ from .charts import (
     log2_ticks,
     no_data,
     plural,
-    tooltip,
+    ratio_spec,
     xy_spec,
 )
 from .compare import Verdict
@@ -458,51 +458,36 @@ VERDICT_COLORS = {Verdict.REGRESSION: OOM_COLOR, Verdict.IMPROVEMENT: "#59a14f",
                   Verdict.INSUFFICIENT: "#f28e2b"}
 
 
-def ratio_chart(rows: Sequence[Mapping[str, Any]], threshold: float, width: int = 900) -> str:
-    """One line per point and metric: the candidate/base ratio of its centres, its 95 % interval as a whisker,
-    the ±threshold band shaded and 1.0 marked; the verdict colours it."""
-    if not rows:
-        return no_data("BASE and CAND share no measured point")
-    pts = []
+def ratio_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Compare's rows (one per point and metric) as the lines of a ratio chart: label, ratio, interval, verdict."""
+    out = []
     for r in rows:
         lab = r.get("labels") or {}
         no_test = r["low"] is None or r["high"] is None
-        pts.append({"label": f"{lab.get('model_name', '?')} ×{lab.get('number_gpus', '?')} "
+        out.append({"label": f"{lab.get('model_name', '?')} ×{lab.get('number_gpus', '?')} "
                              f"b{lab.get('batch_size', '?')} {r['metric']} · {str(r['point_id'])[:8]}",
                     "point": r["point_id"], "metric": r["metric"], "ratio": clean(r["ratio"]),
                     "low": clean(r["low"]), "high": clean(r["high"]), "verdict": str(r["verdict"]),
                     "interval": ("no interval (no test: a side has fewer than two runs)" if no_test
                                  else f"[{r['low']:.3f}, {r['high']:.3f}] (95 %)"),
                     "runs": f"{r['n_base']} base, {r['n_cand']} cand"})
-    labels = [p["label"] for p in pts]
-    y = {"field": "label", "type": "nominal", "sort": labels, "axis": {"title": None, "labelLimit": 380}}
-    x = {"type": "quantitative", "title": "candidate / base (ratio of centres, 95 % interval of Welch's t on the logs)",
-         "scale": {"zero": False}}
-    verdicts = [v for v in VERDICT_COLORS if any(p["verdict"] == v for p in pts)]
-    tips = tooltip([("point", "point"), ("metric", "metric"), ("ratio", "ratio", ".3f"), ("interval", "interval"),
-                    ("runs", "runs"), ("verdict", "verdict")])
-    spec = {"width": width, "height": {"step": 22}, "data": {"values": pts},
-            "layer": [
-                {"data": {"values": [{"lo": 1 - threshold, "hi": 1 + threshold}]},
-                 "mark": {"type": "rect", "color": "#eeeeee"},
-                 "encoding": {"x": {**x, "field": "lo"}, "x2": {"field": "hi"}}},
-                {"data": {"values": [{"one": 1.0}]}, "mark": {"type": "rule", "color": "#333"},
-                 "encoding": {"x": {**x, "field": "one"}}},
-                {"transform": [{"filter": "isValid(datum.low)"}], "mark": {"type": "rule", "strokeWidth": 2},
-                 "encoding": {"y": y, "x": {**x, "field": "low"}, "x2": {"field": "high"},
-                              "color": {"field": "verdict", "legend": None,
-                                        "scale": {"domain": verdicts, "range": [VERDICT_COLORS[v] for v in verdicts]}},
-                              "tooltip": tips}},
-                {"params": [{"name": "pick", "select": {"type": "point", "fields": ["verdict"]}, "bind": "legend"},
-                            {"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"}],
-                 "mark": {"type": "point", "filled": True, "size": 70},
-                 "encoding": {"y": y, "x": {**x, "field": "ratio"},
-                              "color": {"field": "verdict", "type": "nominal", "title": None,
-                                        "scale": {"domain": verdicts, "range": [VERDICT_COLORS[v] for v in verdicts]},
-                                        "legend": {"orient": "top"}},
-                              "opacity": {"condition": {"param": "pick", "value": 1, "empty": True}, "value": 0.1},
-                              "tooltip": tips}}],
-            "description": "compare: ratio per point and metric"}
+    return out
+
+
+RATIO_AXIS = "candidate / base (ratio of centres, 95 % interval of Welch's t on the logs)"
+
+
+def ratio_chart(rows: Sequence[Mapping[str, Any]], threshold: float) -> str:
+    """Compare's rows as a ratio chart (:func:`harness.report.charts.ratio_spec`), coloured by verdict."""
+    if not rows:
+        return no_data("BASE and CAND share no measured point")
+    pts = ratio_rows(rows)
+    spec = ratio_spec(data={"values": pts}, label="label", ratio="ratio", low="low", high="high", group="verdict",
+                      colors={str(v): c for v, c in VERDICT_COLORS.items() if any(p["verdict"] == v for p in pts)},
+                      labels=[p["label"] for p in pts], threshold=threshold, x_title=RATIO_AXIS,
+                      tips=[("point", "point"), ("metric", "metric"), ("ratio", "ratio", ".3f"),
+                            ("interval", "interval"), ("runs", "runs"), ("verdict", "verdict")])
+    spec["description"] = "compare: ratio per point and metric"
     return embed("chart-compare", spec)
 
 

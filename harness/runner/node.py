@@ -3,7 +3,7 @@
 One per node (``launch.sh`` execs it). In order it
 
 1. ``setup``: writes ``environment.<host>.json`` and starts the node's one sampler;
-2. ``dataset``: makes sure the dataset file exists (``harness.datagen.ensure_dataset``), with a
+2. ``dataset``: makes sure the dataset file exists (``harness.data.datagen.make_dataset``), with a
    note when the job had to generate it (``sbench prepare`` does that before submission);
 3. runs CMD (the training command) as a child in its own process group, with a parent-death
    signal (SIGTERM) so it cannot outlive a runner killed with SIGKILL, stdout and stderr
@@ -40,6 +40,7 @@ from typing import Any
 
 import psutil
 
+from harness.build.trainargs import pack_in_one_process
 from harness.contract import envvars
 from harness.contract.defaults import RunnerSettings
 from harness.contract.formats import Stage
@@ -54,13 +55,6 @@ from .stages import StageLog, Terminated, note_signal, open_stages, read_stages
 EXIT = {"ok": 0, "failed": 1, "invalid": 2}
 LOG_TAIL_BYTES = 256 * 1024
 PACK_POLL_S = 0.1  # how often a pack's runner looks for the end of the point being trained
-
-
-def in_process(spec: dict[str, Any]) -> bool:
-    """Whether a pack of this job spec's points runs in one training process: the sbench trainer, training
-    once per point (the stability experiment's trials and fms-hf-tuning run one process per point)."""
-    return (spec.get("trainer") or "sbench") == "sbench" and spec.get("workload", "train") == "train" and \
-        int(spec.get("trials") or 1) <= 1
 
 
 def _write_json(path: Path, doc: Any) -> None:
@@ -177,7 +171,8 @@ class NodeRunner:
         self.members: list[NodeRunner] = []
         self.env_doc: dict[str, Any] = {}
         dirs = pack_dirs(envvars.PACK.get()) if pack else []
-        if len(dirs) > 1 and os.path.abspath(dirs[0]) == os.path.abspath(self.paths.root) and in_process(self.spec):
+        if len(dirs) > 1 and os.path.abspath(dirs[0]) == os.path.abspath(self.paths.root) and \
+                pack_in_one_process(self.spec.get("trainer"), self.spec.get("workload"), self.spec.get("trials")):
             self.members = [NodeRunner.member(d, host, cmd) for d in dirs[1:]]
             self.result["pack"] = {"index": 0, "job_dirs": dirs}
 
@@ -261,7 +256,7 @@ class NodeRunner:
         with self.log.stage(Stage.DATASET) as info:
             status = dataset_status(dataset_id, path)
             # Tokenizer-free: the file is the same for every model, so one prepare serves them all (the
-            # length guarantee of news-tokens ids is by word count; see harness.datagen).
+            # length guarantee of news-tokens ids is by word count; see harness.data.datagen).
             _, made = make_dataset(dataset_id, path)
             info.update(dataset_id=dataset_id, path=str(path), status_before=status, generated=made)
             if status not in ("complete", "external"):

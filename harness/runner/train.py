@@ -462,7 +462,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         doc["model"] = {"source": args.model_name_or_path, "class": type(model).__name__, "parameters": params,
                         "trainable_parameters": trainable, "peft_method": args.peft_method}
-        # What the FLOPs formula needs (harness.flops): collect turns it into model TFLOP/s and MFU.
+        # What the FLOPs formula needs (harness.spec.flops): collect turns it into model TFLOP/s and MFU.
         doc["flops"] = {**model_counts(trainer.model, model.config),
                         "gradient_checkpointing": bool(args.gradient_checkpointing)}
         info.update(dist, parameters=params, trainable_parameters=trainable)

@@ -4,7 +4,7 @@ attempts right now."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from harness.contract import jobstate
@@ -31,11 +31,17 @@ def resolve_executor(name: str) -> str:
     return name
 
 
+def recorded_or(asked: str, recorded: str | None) -> str:
+    """The executor a command on an existing campaign uses: the one *asked* for, unless that is ``auto`` and
+    the campaign recorded the one it was submitted with."""
+    return recorded if asked == "auto" and recorded else asked
+
+
 def get_backend(name: str, slurm: Slurm) -> Backend:
     return BACKENDS[resolve_executor(name)](slurm)
 
 
-def live_states(attempts: list[dict[str, Any]], slurm: Slurm) -> dict[str, str]:
+def live_states(attempts: Sequence[Mapping[str, Any]], slurm: Slurm) -> dict[str, str]:
     """Keyed by job_dir: the scheduler's current word on each attempt."""
     out: dict[str, str] = {}
     for executor in ("slurm", "local"):
@@ -54,7 +60,7 @@ def live_states(attempts: list[dict[str, Any]], slurm: Slurm) -> dict[str, str]:
     return out
 
 
-def waiting_in_pack(attempt: dict[str, Any], state: str) -> str:
+def waiting_in_pack(attempt: Mapping[str, Any], state: str) -> str:
     """A point of a SLURM pack (``slurm.pack``) that its running pack has not started yet is pending."""
     if attempt.get("executor") == "slurm" and attempt.get("pack_size") and jobstate.lookup(state).phase == "running" \
             and attempt.get("job_dir") and not JobPaths(attempt["job_dir"]).stage_hosts():

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.contract import jobstate
 from harness.contract.errors import InputError
-from harness.contract.paths import resolve_db, resolve_workdir
+from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
+from harness.contract.records import AttemptLine, CancelLine, ManifestLine, append_manifest, now_iso
 from harness.db.status import job_dirs, status_rows
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
@@ -57,11 +59,11 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
     for a in attempts:
         if a["job_dir"] not in known:
             rows.append({"campaign": a.get("campaign"), "point_id": a.get("point_id"), "repeat": a.get("repeat"),
-                         "last_attempt": a.get("attempt"), "job_id": a.get("job_id"), "state": "SUBMITTED",
+                         "last_attempt": a.get("attempt"), "job_id": a.get("job_id"), "state": jobstate.INITIAL,
                          "outcome": None, "reason": "not collected yet", "job_dir": a["job_dir"], "valid": True})
-    pending = [by_dir.get(r["job_dir"], {"job_dir": r["job_dir"], "job_id": r.get("job_id"),
-                                         "executor": _executor_of(r)})
-               for r in rows if r.get("job_dir") and r.get("outcome") is None]
+    pending: list[Mapping[str, Any]] = [
+        by_dir.get(r["job_dir"]) or {"job_dir": r["job_dir"], "job_id": r.get("job_id"), "executor": _executor_of(r)}
+        for r in rows if r.get("job_dir") and r.get("outcome") is None]
     live = live_states([p for p in pending if p.get("executor")], slurm)
     if campaign and not rows:
         raise InputError(f"no campaign {campaign!r} in {dbp} or under {wd}")
@@ -123,7 +125,7 @@ GONE_REASON = ("left the queue without an accounting record (a pending array tas
 
 
 def _phase(live: str | None, db_state: str | None) -> str:
-    """pending / running / done (not collected), from the scheduler's live word (harness.jobstate); an
+    """pending / running / done (not collected), from the scheduler's live word (harness.contract.jobstate); an
     attempt the scheduler ended says how (``cancelled (not collected)``, ``timeout (not collected)``): its
     outcome is known before a collect reads its files. A local attempt its queue never started is ``not
     started`` (retry or submit --retry-failed runs it)."""
@@ -150,9 +152,8 @@ def cancel(locks: CampaignLocks, workdir: Path | None = None, db: Path | None = 
     was not read is a line of *warnings*."""
     wd, dbp = _defaults(workdir, db)
     slurm = slurm or Slurm()
-    for cdir in [wd / campaign] if campaign else sorted(p.parent for p in wd.glob(f"*/{manifest.MANIFEST}")):
-        if cdir.is_dir():
-            locks.acquire(cdir)
+    for cdir in CampaignPaths.listed(wd, campaign, submitted=campaign is None):
+        locks.acquire(cdir.root)
     attempts = manifest.attempts(wd, campaign, warnings if warnings is not None else [])
     if campaign and not attempts and not (wd / campaign).exists():
         raise InputError(f"no campaign {campaign!r} under {wd}")
@@ -164,14 +165,14 @@ def cancel(locks: CampaignLocks, workdir: Path | None = None, db: Path | None = 
         group = [a for a in active if a.get("executor") == executor]
         if group:
             done += get_backend(executor, slurm).cancel(group)
-    by_campaign: dict[str, list[dict[str, Any]]] = {}
+    by_campaign: dict[str, list[AttemptLine]] = {}
     for a in active:
         by_campaign.setdefault(a["campaign"], []).append(a)
-    events = []
+    events: list[ManifestLine] = []
     for camp, group in by_campaign.items():
-        events += manifest.append(wd / camp, [{
-            "type": "cancel", "campaign": camp, "job_ids": [str(a["job_id"]) for a in group if a.get("job_id")],
-            "job_dirs": [str(a["job_dir"]) for a in group], "at": manifest.now_iso()}])
+        events += append_manifest(CampaignPaths.of(wd, camp), [CancelLine(
+            type="cancel", campaign=camp, job_ids=[str(a["job_id"]) for a in group if a.get("job_id")],
+            job_dirs=[str(a["job_dir"]) for a in group], at=now_iso())])
 
     manifest.record_events(dbp, events)
     return done

@@ -1,13 +1,20 @@
-"""What every executor backend offers (``backends`` names them): submit, wait, cancel, and its word on attempts."""
+"""What every executor backend offers (``backends`` names them): submit, wait, cancel, its word on attempts, and
+the answers a submission asks of its executor (:class:`Backend`); a caller asks the backend, never its name."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from harness.build.jobspec import JobSpec
+from harness.contract.records import AttemptExtra
+from harness.spec.inventory import Inventory
+from harness.spec.plan import PlannedPoint
+from harness.spec.sweep import Sweep
+
+from .fit import ClusterFit
 
 
 @dataclass
@@ -18,7 +25,7 @@ class Submitted:
     job_id: str | None
     array_job_id: str | None = None
     array_task_id: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: AttemptExtra = field(default_factory=lambda: AttemptExtra())  # what its manifest line adds
 
 
 @dataclass
@@ -35,16 +42,37 @@ class SubmitOptions:
 
 
 class Backend(Protocol):
-    name: str
+    name: str  # what the manifest and the report call it
+    sbatch_calls: int  # how many times it ran sbatch for this command
 
-    def check(self, specs: list[JobSpec]) -> None: ...
+    def check(self, specs: list[JobSpec]) -> None:
+        """Refuse, before anything is written, what this executor cannot run."""
+
+    def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit:
+        """What the cluster says of the points' partition: the nodes to keep out of their requests, and what
+        does not fit (an empty fit where no scheduler places the jobs)."""
+
+    def complete(self, opts: SubmitOptions, sweep: Sweep, inv: Inventory, campaign_dir: Path) -> SubmitOptions:
+        """*opts* with what this executor adds for the campaign's submission (the SLURM feeder job's script,
+        the command a pack runs to put its points back in the queue)."""
+
+    def live_prepare_job(self, campaign_dir: Path) -> str | None:
+        """The campaign's preparation job while it is queued or running (the arrays then depend on it)."""
+
+    def prepare_job(self, sweep: Sweep, inv: Inventory, sweep_path: Path, inventory_path: Path | None,
+                    model_map: Path | None, campaign_dir: Path) -> str:
+        """Submit a job that prepares what the points read (``--prepare-on slurm``) and record it; its job id.
+        :class:`~harness.contract.errors.InputError` where the executor runs no such job."""
+
+    def feed_summary(self, campaign_dir: Path) -> dict[str, Any]:
+        """What this executor still holds back of the campaign and feeds in waves ({} when nothing)."""
 
     def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]: ...
 
     def wait(self, submitted: list[Submitted], progress: Callable[[int, int], None] | None = None) -> None: ...
 
-    def cancel(self, attempts: list[dict[str, Any]]) -> list[str]: ...
+    def cancel(self, attempts: Sequence[Mapping[str, Any]]) -> list[str]: ...
 
-    def live_states(self, attempts: list[dict[str, Any]]) -> dict[str, str]: ...
+    def live_states(self, attempts: Sequence[Mapping[str, Any]]) -> dict[str, str]: ...
 
 

@@ -6,7 +6,7 @@ shape starts after the one before it ended (``afterany``), so at most *max_paral
 
 **Waves within the submit quota.** Submit puts into the queue what the user's submit limit
 (``MaxSubmitJobs`` and its kin; each array task counts) leaves room for, keeping one job's room for a
-feeder job, and holds the rest back (:mod:`harness.slurm.held`: ``.slurm/feed.json``, each held job dir's
+feeder job, and holds the rest back (:mod:`harness.slurm.held`: ``CampaignPaths.feed``, each held job dir's
 ``submitted.json`` says ``held_back_at``). The feeder job (:func:`harness.build.sbatch.feed_sbatch`, one
 core on the sweep's partition or ``slurm.feed_partition``) runs this module: it takes the campaign's lock,
 submits the next wave that fits, records it (``submitted.json``, an attempt line per task in the
@@ -26,24 +26,32 @@ from pathlib import Path
 from typing import Any
 
 from harness.build.jobspec import JobSpec
-from harness.build.sbatch import array_name, array_script, array_shape, feed_sbatch, requeue_command
+from harness.build.sbatch import array_name, array_script, array_shape, feed_sbatch, job_name_of, requeue_command
 from harness.contract import envvars, jobstate, safefile
 from harness.contract.errors import SbenchError, SubmitError
+from harness.contract.paths import CampaignPaths, JobPaths
+from harness.contract.records import (
+    AttemptExtra,
+    PackInfo,
+    SubmittedInfo,
+    append_manifest,
+    attempt_line,
+    now_iso,
+    pack_extra,
+    pack_info,
+    write_submitted,
+)
 from harness.slurm.client import SbatchRefused, Slurm
-from harness.slurm.held import FEED_FILE, feeding_stopped, held_count, read_feed, write_feed
+from harness.slurm.held import feeding_stopped, held_count, read_feed, write_feed
 from harness.slurm.limits import SubmitLimits, refusal_kind
 from harness.spec.inventory import Inventory
 from harness.spec.sweep import Sweep
 
-from . import manifest
 from .executors import SubmitOptions, Submitted
 from .lock import CampaignLocks, holding_campaign_locks
 from .pack import in_process, pack_time
 
-FEED_SCRIPT = Path(".slurm") / "feed.sbatch"
 MAX_FAILED_TURNS = 10
-LOG_DIR = ".slurm"
-SUBMITIT_DIR = ".submitit"
 
 
 def interval_s() -> int:
@@ -93,12 +101,10 @@ def members(held: dict[str, Any]) -> list[dict[str, Any]]:
     return list(held.get("pack") or [held])
 
 
-def _pack_of(held: dict[str, Any], index: int) -> dict[str, Any]:
+def _pack_of(held: dict[str, Any], index: int) -> PackInfo | None:
     """A pack's record in each of its points' ``submitted.json`` (none for an entry that is no pack)."""
     ms = held.get("pack")
-    if not ms:
-        return {}
-    return {"pack": {"index": index, "size": len(ms), "job_dirs": [m["job_dir"] for m in ms]}}
+    return pack_info([m["job_dir"] for m in ms], index) if ms else None
 
 
 def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[dict[str, Any]],
@@ -110,7 +116,7 @@ def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[
     what was submitted must be recorded."""
     out: list[tuple[dict[str, Any], str, Any]] = []
     size = limits.max_array_size
-    logs = campaign_dir / LOG_DIR
+    logs = CampaignPaths(campaign_dir).slurm
     logs.mkdir(parents=True, exist_ok=True)
     stopped: str | None = None
     for g in groups:
@@ -120,9 +126,9 @@ def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[
             whole = g.get("single") and n == 1 and len(g["held"]) == 1 and g.get("last_array") is None
             name = g["name"]
             if whole:  # a shape of one point: its own job.sbatch, as rendered
-                script = safefile.read_bytes(Path(chunk[0]["job_dir"], "job.sbatch"), campaign_dir,
+                script = safefile.read_bytes(JobPaths(chunk[0]["job_dir"]).sbatch, campaign_dir,
                                              safefile.SMALL_MAX).decode()
-                name = _job_name(script) or name
+                name = job_name_of(script) or name
             else:
                 script = array_script(campaign, g["name"], g["shape"],
                                       [[m["job_dir"] for m in h["pack"]] if h.get("pack") else h["job_dir"]
@@ -130,7 +136,7 @@ def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[
                                       bool(g.get("in_process")))
             after_any = g.get("last_array") if g.get("max_parallel") else None
             try:
-                job_id = slurm.sbatch(script, campaign_dir / SUBMITIT_DIR, hold=bool(g.get("hold")),
+                job_id = slurm.sbatch(script, CampaignPaths(campaign_dir).submissions, hold=bool(g.get("hold")),
                                       after=g.get("after"), after_any=after_any)
             except SubmitError as exc:
                 kind = exc.kind if isinstance(exc, SbatchRefused) else None
@@ -156,20 +162,17 @@ def submit_groups(slurm: Slurm, campaign_dir: Path, campaign: str, groups: list[
     return out, stopped
 
 
-def _job_name(script: str) -> str | None:
-    for line in script.splitlines():
-        if line.startswith("#SBATCH --job-name="):
-            return line.split("=", 1)[1].strip().strip('"')
-    return None
-
-
 def record_submitted(done: list[tuple[dict[str, Any], str, Any]], stamp: str, fed: bool) -> None:
     for held, job_id, arr in done:
         for k, m in enumerate(members(held)):
-            manifest.write_submitted(Path(m["job_dir"]), {
-                "executor": "slurm", "job_id": job_id, "array_job_id": arr[0] if arr else None,
-                "array_task_id": arr[1] if arr else None, "submitted_at": stamp, "job_name": held.get("job_name"),
-                **({"fed_at": stamp} if fed else {}), **_pack_of(held, k)})
+            info = SubmittedInfo(executor="slurm", job_id=job_id, array_job_id=arr[0] if arr else None,
+                                 array_task_id=arr[1] if arr else None, submitted_at=stamp,
+                                 job_name=held.get("job_name"))
+            if fed:
+                info["fed_at"] = stamp
+            if (pack := _pack_of(held, k)) is not None:
+                info["pack"] = pack
+            write_submitted(m["job_dir"], info)
 
 
 def hold_back(groups: list[dict[str, Any]], stamp: str) -> None:
@@ -177,8 +180,7 @@ def hold_back(groups: list[dict[str, Any]], stamp: str) -> None:
     for g in groups:
         for h in g["held"]:
             for m in members(h):
-                manifest.write_submitted(Path(m["job_dir"]), {"executor": "slurm", "job_id": None,
-                                                              "held_back_at": stamp})
+                write_submitted(m["job_dir"], SubmittedInfo(executor="slurm", job_id=None, held_back_at=stamp))
 
 
 def budget_for(limits: SubmitLimits, total: int) -> int | None:
@@ -191,8 +193,9 @@ def budget_for(limits: SubmitLimits, total: int) -> int | None:
 
 def submit_feeder(slurm: Slurm, campaign_dir: Path, doc: dict[str, Any], delay_s: int) -> str:
     """Submit the campaign's feeder script to start *delay_s* seconds from now; its job id."""
-    script = safefile.read_bytes(campaign_dir / FEED_SCRIPT, campaign_dir, safefile.SMALL_MAX).decode()
-    return slurm.sbatch(script, campaign_dir / SUBMITIT_DIR, begin=_begin(delay_s))
+    camp = CampaignPaths(campaign_dir)
+    script = safefile.read_bytes(camp.feed_script, campaign_dir, safefile.SMALL_MAX).decode()
+    return slurm.sbatch(script, camp.submissions, begin=_begin(delay_s))
 
 
 def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec], by_shape: list[list[JobSpec]],
@@ -203,7 +206,7 @@ def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec],
     by_spec = {s.job_dir: s for s in specs}
     groups = new_groups(campaign, by_shape, opts, packs)
     limits = slurm.submit_limits({opts.qos} if opts.qos else None)
-    stamp = manifest.now_iso()
+    stamp = now_iso()
     done, stopped = submit_groups(slurm, campaign_dir, campaign, groups, limits,
                                   budget_for(limits, sum(len(g["held"]) for g in groups)))
     if stopped and not done and refusal_kind(stopped) is None:
@@ -211,8 +214,7 @@ def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec],
     record_submitted(done, stamp, fed=False)
     calls = len({arr[0] if arr else jid for _h, jid, arr in done})
     out = [Submitted(spec=by_spec[m["job_dir"]], job_id=jid, array_job_id=arr[0] if arr else None,
-                     array_task_id=arr[1] if arr else None,
-                     extra={"job_name": h.get("job_name"), "submitted_at": stamp, **_pack_line(h, k)})
+                     array_task_id=arr[1] if arr else None, extra=_extra(h, k, stamp))
            for h, jid, arr in done for k, m in enumerate(members(h))]
     held = [m for g in groups for h in g["held"] for m in members(h)]
     if not held:
@@ -221,8 +223,9 @@ def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec],
         raise SubmitError(f"{len(held)} attempt(s) do not fit the submit quota ({limits.describe()}) and no "
                           "feeder job can be made for them")
     hold_back(groups, stamp)
-    (campaign_dir / FEED_SCRIPT).parent.mkdir(parents=True, exist_ok=True)
-    (campaign_dir / FEED_SCRIPT).write_text(opts.feeder_script)
+    camp = CampaignPaths(campaign_dir)
+    camp.slurm.mkdir(parents=True, exist_ok=True)
+    camp.feed_script.write_text(opts.feeder_script)
     prior = read_feed(campaign_dir)
     # Attempts an earlier feed still holds stay in it while it feeds; a feeding that stopped left them
     # NOT_STARTED (harness.slurm.held), and retry runs them as new attempts: they are not taken back.
@@ -235,14 +238,17 @@ def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec],
                            "waves": (prior.get("waves") or []) + [_wave(stamp, done, held, limits, stopped)]}
     write_feed(campaign_dir, doc)
     ensure_feeder(slurm, campaign_dir, doc)
-    out += [Submitted(spec=by_spec[h["job_dir"]], job_id=None, extra={"held_back": True}) for h in held]
+    out += [Submitted(spec=by_spec[h["job_dir"]], job_id=None, extra=AttemptExtra(held_back=True)) for h in held]
     return out, calls
 
 
-def _pack_line(held: dict[str, Any], index: int) -> dict[str, Any]:
-    """What an attempt line of the manifest says of the point's pack (nothing for a point that is no pack's)."""
+def _extra(held: dict[str, Any], index: int, stamp: str) -> AttemptExtra:
+    """What an attempt line of the manifest adds for a task submitted: its job's name, when, and its pack."""
+    extra = AttemptExtra(job_name=held.get("job_name"), submitted_at=stamp)
     ms = held.get("pack")
-    return {"pack_index": index, "pack_size": len(ms), "pack_lead": ms[0]["job_dir"]} if ms else {}
+    if ms:
+        extra.update(pack_extra([m["job_dir"] for m in ms], index))
+    return extra
 
 
 def _wave(stamp: str, done: list[tuple[dict[str, Any], str, Any]], held: list[dict[str, Any]],
@@ -297,15 +303,14 @@ def feed(locks: CampaignLocks, campaign_dir: Path, slurm: Slurm | None = None) -
     limits = slurm.submit_limits(None)
     # This feeder counts against the quota while it runs; its successor needs one job's room.
     budget = None if limits.free is None else max(0, limits.free - 1)
-    stamp = manifest.now_iso()
+    stamp = now_iso()
     done, stopped = submit_groups(slurm, campaign_dir, str(doc.get("campaign")), groups, limits,
                                   None if budget is not None and budget >= total else budget)
     record_submitted(done, stamp, fed=True)
-    manifest.append(campaign_dir, [{
-        "type": "attempt", "campaign": doc.get("campaign"), "point_id": m["point_id"], "repeat": m["repeat"],
-        "attempt": m["attempt"], "job_dir": m["job_dir"], "executor": "slurm", "job_id": jid,
-        "array_job_id": arr[0] if arr else None, "array_task_id": arr[1] if arr else None, "submitted_at": stamp,
-        "reason": m.get("reason") or "fed", "job_name": h.get("job_name"), "fed": True, **_pack_line(h, k)}
+    append_manifest(CampaignPaths(campaign_dir), [
+        attempt_line(str(doc.get("campaign")), m["point_id"], m["repeat"], m["attempt"], m["job_dir"], "slurm", jid,
+                     stamp, m.get("reason") or "fed", array_job_id=arr[0] if arr else None,
+                     array_task_id=arr[1] if arr else None, extra=AttemptExtra(**_extra(h, k, stamp), fed=True))
         for h, jid, arr in done for k, m in enumerate(members(h))])
     held = [m for g in groups for h in g["held"] for m in members(h)]
     doc["groups"] = [g for g in groups if g["held"]]
@@ -334,7 +339,7 @@ def stop(slurm: Slurm, campaign_dir: Path) -> list[str]:
     doc = read_feed(campaign_dir)
     if not doc or doc.get("cancelled_at"):
         return []
-    stamp = manifest.now_iso()
+    stamp = now_iso()
     doc["cancelled_at"] = stamp
     held = [m for g in doc.get("groups") or [] for h in g.get("held") or [] for m in members(h)]
     write_feed(campaign_dir, doc)
@@ -344,8 +349,8 @@ def stop(slurm: Slurm, campaign_dir: Path) -> list[str]:
         except SubmitError:
             pass  # it ended meanwhile; a feeder that runs finds the feed cancelled and submits nothing
     for h in held:
-        manifest.write_submitted(Path(h["job_dir"]), {"executor": "slurm", "job_id": None, "held_back_at": stamp,
-                                                      "cancelled_at": stamp})
+        write_submitted(h["job_dir"], SubmittedInfo(executor="slurm", job_id=None, held_back_at=stamp,
+                                                    cancelled_at=stamp))
     return [str(h["job_dir"]) for h in held]
 
 
@@ -364,10 +369,9 @@ def feed_summary(slurm: Slurm, campaign_dir: Path) -> dict[str, Any]:
 def feed_notes(workdir: Path, campaign: str | None, slurm: Slurm) -> list[str]:
     """For ``status``: a line for each campaign sbench still feeds (how many attempts it holds back, its
     feeder job and that job's state), or whose feeding stopped with attempts held."""
-    files = [workdir / campaign / FEED_FILE] if campaign else sorted(workdir.glob(f"*/{FEED_FILE}"))
     out = []
-    for f in files:
-        cdir = f.parent.parent
+    for camp in CampaignPaths.listed(workdir, campaign):
+        cdir = camp.root
         doc = read_feed(cdir)
         n = held_count(doc)
         if not n or doc.get("cancelled_at"):
@@ -389,7 +393,7 @@ def feeder_script(sweep: Sweep, inv: Inventory, campaign_dir: Path) -> str:
     part = inv.partition(sweep.partition)
     python = part.python or inv.python or sys.executable
     argv = [python, "-m", "harness.sbatch.feed", str(Path(campaign_dir).resolve())]
-    return feed_sbatch(sweep, inv, argv, os.getcwd(), Path(campaign_dir).resolve() / LOG_DIR,
+    return feed_sbatch(sweep, inv, argv, os.getcwd(), CampaignPaths(Path(campaign_dir).resolve()).slurm,
                        sweep.slurm.feed_partition)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.build.jobspec import JobSpec
-from harness.runner.node import in_process as runs_in_process
+from harness.build.trainargs import pack_in_one_process
 from harness.spec.schema import slurm_time_minutes
 from harness.spec.sweep import PACK_AUTO
 
@@ -37,7 +37,7 @@ def packable(spec: JobSpec) -> bool:
 
 def in_process(spec: JobSpec) -> bool:
     """Whether a pack of *spec*'s points runs in one training process (the node runner's rule)."""
-    return runs_in_process(spec.to_dict())
+    return pack_in_one_process(spec.trainer, spec.workload, spec.trials)
 
 
 def pack_size(pack: int | str, spec: JobSpec, time_limit: str | None) -> int:

@@ -32,7 +32,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -42,17 +42,28 @@ import submitit
 from harness.build.jobspec import JobSpec
 from harness.contract import envvars, jobstate, safefile
 from harness.contract.errors import InputError, SbenchError
-from harness.contract.paths import JobPaths
+from harness.contract.paths import CampaignPaths, JobPaths
+from harness.contract.records import (
+    AttemptExtra,
+    SubmittedInfo,
+    now_iso,
+    pack_extra,
+    pack_info,
+    read_submitted,
+    write_submitted,
+)
 from harness.runner import pdeath
 from harness.slurm import localjob
 from harness.slurm.localjob import LAUNCH, QUEUE, job_lock
+from harness.spec.inventory import Inventory
+from harness.spec.plan import PlannedPoint
 from harness.spec.schema import slurm_time_minutes
+from harness.spec.sweep import Sweep
 
 from .executors import SubmitOptions, Submitted
-from .manifest import now_iso, write_submitted
-from .pack import in_process, make_packs, pack_info, requeued_locally
+from .fit import ClusterFit
+from .pack import in_process, make_packs, requeued_locally
 
-QUEUE_DIR = ".local"
 NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNLIMITED
 GO = "go"
 # Fields that settle a job before the queue starts it: it is never started after one of them.
@@ -64,14 +75,14 @@ def timeout_minutes(time_text: str) -> float:
     return NO_LIMIT_MIN if minutes is None else max(minutes, 1.0)
 
 
-def update_submitted(job_dir: str | Path, fields: dict[str, Any], unless: tuple[str, ...] = ()) -> dict[str, Any]:
+def update_submitted(job_dir: str | Path, fields: SubmittedInfo, unless: tuple[str, ...] = ()) -> SubmittedInfo:
     """Merge *fields* into the job's ``submitted.json`` under its lock, unless it already has one of the
     fields *unless*; returns what the file holds afterwards."""
     with job_lock(job_dir):
-        info = localjob.submitted(job_dir)
+        info = read_submitted(job_dir)
         if not any(info.get(k) for k in unless):
             info.update(fields)
-            write_submitted(Path(job_dir), info)
+            write_submitted(job_dir, info)
         return info
 
 
@@ -108,7 +119,7 @@ class LocalLaunch:
             env.pop("CUDA_VISIBLE_DEVICES", None)  # submitit sets "" when no GPUs were asked for
         with paths.slurm_out(f"local-{job_id}").open("ab") as out:
             with job_lock(self.job_dir):
-                info = localjob.submitted(self.job_dir)
+                info = read_submitted(self.job_dir)
                 settled = [k for k in SETTLED if info.get(k)]
                 if settled:  # cancelled before its turn, or started already: an attempt never runs twice
                     out.write(f"sbench: not starting {self.job_dir}: submitted.json has {settled[0]}\n".encode())
@@ -117,7 +128,7 @@ class LocalLaunch:
                 # parent-death signal: killing the local job process stops the node runner and its training.
                 proc = subprocess.Popen(pdeath.wrap(["bash", str(paths.launch)]), env=env, stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True)
-                info.update(pid=proc.pid, started_at=now_iso())
+                info.update(SubmittedInfo(pid=proc.pid, started_at=now_iso()))
                 write_submitted(paths.root, info)
 
             def forward(signum, _frame):  # noqa: ANN001 - signal handler signature
@@ -129,7 +140,7 @@ class LocalLaunch:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
                 signal.signal(sig, forward)
             rc = proc.wait()
-        fields: dict[str, Any] = {"exit_code": rc, "ended_at": now_iso()}
+        fields = SubmittedInfo(exit_code=rc, ended_at=now_iso())
         if rc < 0:
             fields["exit_signal"] = -rc
         elif rc > 128:
@@ -177,7 +188,7 @@ class LocalPack:
         lead, rest = self.launches[0], self.launches[1:]
         lead.extra_env = {envvars.PACK.name: json.dumps([x.job_dir for x in self.launches])}
         rc = lead.run()
-        started = localjob.submitted(lead.job_dir).get("started_at")
+        started = read_submitted(lead.job_dir).get("started_at")
         left = []
         for m in rest:  # each point the process reached ended with it; the others go back to the queue
             if JobPaths(m.job_dir).stage_hosts():
@@ -204,8 +215,8 @@ def run_queue(queue_file: Path, handshake: IO[str] | None = None) -> int:
     *handshake* (the queue's stdin) says ``go``. SIGTERM, SIGINT or SIGHUP stop it: the running launches are
     signalled (their runners record the signal), the jobs not started yet are marked not started, and the
     exit status is 128 + the signal."""
-    # Its file lies in <campaign>/.local/ (one entry of a few hundred bytes per job).
-    q = safefile.read_json(queue_file, queue_file.parent.parent, safefile.MANIFEST_MAX)
+    # Its file lies in its campaign's CampaignPaths.local (one entry of a few hundred bytes per job).
+    q = safefile.read_json(queue_file, CampaignPaths.of_queue(queue_file).root, safefile.MANIFEST_MAX)
     items: list[dict[str, Any]] = list(q["jobs"])
     stop: dict[str, int | None] = {"sig": None}
 
@@ -238,13 +249,13 @@ def run_queue(queue_file: Path, handshake: IO[str] | None = None) -> int:
                     running.append((item, job))
                 continue
             with job_lock(item["job_dir"]):
-                info = localjob.submitted(item["job_dir"])
+                info = read_submitted(item["job_dir"])
                 if any(info.get(k) for k in SETTLED):
                     continue  # cancelled before its turn
                 executor.update_parameters(timeout_min=item["timeout_min"], gpus_per_node=item["gpus"])
                 job = executor.submit(LocalLaunch(item["job_dir"], item["host"]))
-                info.update(job_id=job.job_id, queued_at=q["created_at"])
-                write_submitted(Path(item["job_dir"]), info)
+                info.update(SubmittedInfo(job_id=job.job_id, queued_at=q["created_at"]))
+                write_submitted(item["job_dir"], info)
             running.append((item, job))
         time.sleep(0.3)
         still = []
@@ -270,7 +281,7 @@ def _submit_pack(executor: Any, item: dict[str, Any], queued_at: str) -> Any:
     todo = []
     for m in item["pack"]:
         with job_lock(m["job_dir"]):
-            if not any(localjob.submitted(m["job_dir"]).get(k) for k in SETTLED):
+            if not any(read_submitted(m["job_dir"]).get(k) for k in SETTLED):
                 todo.append(m)
     if not todo:
         return None
@@ -303,7 +314,7 @@ def _requeued(item: dict[str, Any], job: Any) -> list[dict[str, Any]]:
 def kill_launch(job_dir: str) -> bool:
     """SIGTERM the process group of a running local launch.sh (the node runner records the signal), only
     once the recorded pid is verified to be that launch (:func:`localjob.verified`: its token)."""
-    proc = localjob.verified(localjob.submitted(job_dir).get("pid"), LAUNCH, job_dir)
+    proc = localjob.verified(read_submitted(job_dir).get("pid"), LAUNCH, job_dir)
     if proc is None:
         return False
     try:
@@ -314,7 +325,11 @@ def kill_launch(job_dir: str) -> bool:
 
 
 class LocalBackend:
+    """This machine's executor: a detached queue feeding submitit's LocalExecutor. No scheduler places its jobs,
+    it runs no preparation job and holds nothing back for later waves."""
+
     name = "local"
+    sbatch_calls = 0
 
     def check(self, specs: list[JobSpec]) -> None:
         """Refuse, before anything is written, what this executor cannot run."""
@@ -323,10 +338,26 @@ class LocalBackend:
             raise InputError(f"the local executor runs on one machine; {len(multi)} point(s) need several nodes "
                              f"(e.g. {multi[0]}); use --executor slurm or number_nodes: 1")
 
+    def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit:
+        return ClusterFit()
+
+    def complete(self, opts: SubmitOptions, sweep: Sweep, inv: Inventory, campaign_dir: Path) -> SubmitOptions:
+        return opts
+
+    def live_prepare_job(self, campaign_dir: Path) -> str | None:
+        return None
+
+    def prepare_job(self, sweep: Sweep, inv: Inventory, sweep_path: Path, inventory_path: Path | None,
+                    model_map: Path | None, campaign_dir: Path) -> str:
+        raise InputError("--prepare-on slurm needs the slurm executor; with the local executor prepare runs here")
+
+    def feed_summary(self, campaign_dir: Path) -> dict[str, Any]:
+        return {}
+
     def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]:
         self.check(specs)
-        qdir = campaign_dir / QUEUE_DIR
-        qdir.mkdir(parents=True, exist_ok=True)
+        camp = CampaignPaths(campaign_dir)
+        camp.local.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
 
         def item(s: JobSpec) -> dict[str, Any]:
@@ -338,29 +369,31 @@ class LocalBackend:
         pack_of = {s.job_dir: (k, p) for p in packs if len(p) > 1 for k, s in enumerate(p)}
         queue = {
             "created_at": now_iso(),
-            "submitit_folder": str(qdir / "submitit"),
+            "submitit_folder": str(camp.local_submitit),
             "max_parallel": opts.max_parallel or 1,
             "jobs": [{**item(p[0]), "pack": [item(s) for s in p], "in_process": in_process(p[0])} if len(p) > 1
                      else item(p[0]) for p in packs],
         }
-        qfile = qdir / f"queue-{stamp}.json"
+        qfile = camp.queue(stamp)
         qfile.write_text(json.dumps(queue, indent=2))
-        with (qdir / f"queue-{stamp}.log").open("ab") as log:
+        with camp.queue_log(stamp).open("ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "harness.sbatch.local", str(qfile)], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True,
                                     env={**os.environ, **localjob.environment(QUEUE, qfile)})
         assert proc.stdin is not None
         try:
-            localjob.pidfile(qfile).write_text(json.dumps({"pid": proc.pid, "host": socket.gethostname(),
+            CampaignPaths.queue_pidfile(qfile).write_text(json.dumps({"pid": proc.pid, "host": socket.gethostname(),
                                                            "started_at": now_iso()}))
             out = []
             for s in specs:
                 k, p = pack_of.get(s.job_dir, (0, []))
-                packed = {"pack": pack_info(p, k)} if p else {}
-                write_submitted(Path(s.job_dir), {"executor": "local", "job_id": None, "queue": str(qfile),
-                                                  "submitted_at": now_iso(), **packed})
-                line = {"pack_index": k, "pack_size": len(p), "pack_lead": p[0].job_dir} if p else {}
-                out.append(Submitted(spec=s, job_id=None, extra={"queue": str(qfile), **line}))
+                info = SubmittedInfo(executor="local", job_id=None, queue=str(qfile), submitted_at=now_iso())
+                extra = AttemptExtra(queue=str(qfile))
+                if p:
+                    info["pack"] = pack_info([x.job_dir for x in p], k)
+                    extra.update(pack_extra([x.job_dir for x in p], k))
+                write_submitted(s.job_dir, info)
+                out.append(Submitted(spec=s, job_id=None, extra=extra))
             proc.stdin.write(f"{GO}\n".encode())
         finally:
             proc.stdin.close()  # without "go" the queue marks its jobs not started and exits
@@ -379,7 +412,7 @@ class LocalBackend:
                 return
             time.sleep(1.0)
 
-    def cancel(self, attempts: list[dict[str, Any]]) -> list[str]:
+    def cancel(self, attempts: Sequence[Mapping[str, Any]]) -> list[str]:
         """Stop the attempts' running launches and mark the others so that their queue never starts them;
         returns the job dirs that were running or waiting. A pid not verified as the launch's own is never
         signalled."""
@@ -387,7 +420,7 @@ class LocalBackend:
         for a in attempts:
             jd = str(a["job_dir"])
             with job_lock(jd):
-                info = localjob.submitted(jd)
+                info = read_submitted(jd)
                 if not info or info.get("ended_at") or info.get("cancelled_at"):
                     continue
                 if info.get("pid"):
@@ -399,11 +432,11 @@ class LocalBackend:
                     except OSError:
                         continue
                 info["cancelled_at"] = now_iso()
-                write_submitted(Path(jd), info)
+                write_submitted(jd, info)
             done.append(jd)
         return done
 
-    def live_states(self, attempts: list[dict[str, Any]]) -> dict[str, str]:
+    def live_states(self, attempts: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         """Keyed by job dir: the state :func:`harness.slurm.localjob.job_state` gives each attempt."""
         out = {}
         for a in attempts:

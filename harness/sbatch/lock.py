@@ -1,10 +1,10 @@
 """The campaign lock: ``submit``, ``retry`` and ``cancel`` of one campaign run one at a time.
 
-Each holds ``<campaign dir>/.lock`` (``fcntl.flock``, exclusive) from the moment it reads what the campaign
-has until its attempts are written, handed to the executor and recorded, so two of them never both find
-"no attempt yet" and start the same attempt twice. The holder writes its PID, host and command into the
-file; another waits up to ``$SBENCH_CAMPAIGN_WAIT`` seconds (default 5), then exits 1 naming them. The
-kernel drops the lock when its holder dies, however it dies, so a lock is never left stale.
+Each holds the campaign directory's lock file (``CampaignPaths.lock``; ``fcntl.flock``, exclusive) from the
+moment it reads what the campaign has until its attempts are written, handed to the executor and recorded, so
+two of them never both find "no attempt yet" and start the same attempt twice. The holder writes its PID, host
+and command into the file; another waits up to ``$SBENCH_CAMPAIGN_WAIT`` seconds (default 5), then exits 1
+naming them. The kernel drops the lock when its holder dies, however it dies, so a lock is never left stale.
 
 While a command holds a campaign lock, SIGINT and SIGTERM are held back: the command finishes what it is
 writing (job dirs, the queue, the manifest lines), releases the lock, and only then stops with
@@ -29,10 +29,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from harness.contract import envvars
 from harness.contract.errors import CampaignBusyError, Interrupted, SubmitError
-from harness.contract.paths import CAMPAIGN_LOCK
+from harness.contract.paths import CampaignPaths
+from harness.contract.records import now_iso
 from harness.slurm.localjob import read_json
-
-from .manifest import now_iso
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,13 +45,9 @@ def wait_seconds() -> float:
         return float(envvars.CAMPAIGN_WAIT.default)
 
 
-def lock_path(campaign_dir: Path) -> Path:
-    return Path(campaign_dir) / CAMPAIGN_LOCK
-
-
 def holder(campaign_dir: Path) -> dict[str, Any]:
     """What the lock's holder wrote: pid, host, command, since ({} when nobody holds it or it has not yet)."""
-    return read_json(lock_path(campaign_dir), campaign_dir)
+    return read_json(CampaignPaths(campaign_dir).lock, campaign_dir)
 
 
 def _try_lock(fd: int) -> bool:
@@ -89,7 +84,7 @@ class CampaignLocks:
         campaign_dir = Path(campaign_dir)
         if campaign_dir in self.held:
             return
-        path = lock_path(campaign_dir)
+        path = CampaignPaths(campaign_dir).lock
         try:
             campaign_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
@@ -172,4 +167,4 @@ def holding_campaign_locks(command: str) -> Callable[[Callable[Concatenate[Campa
     return decorate
 
 
-__all__ = ["CampaignLocks", "holder", "holding_campaign_locks", "lock_path", "wait_seconds"]
+__all__ = ["CampaignLocks", "holder", "holding_campaign_locks", "wait_seconds"]

@@ -24,17 +24,26 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from harness.build.jobspec import JobSpec
+from harness.build.sbatch import job_name_of
 from harness.contract import safefile
 from harness.contract.errors import SbenchError, SubmitError
-from harness.contract.paths import JobPaths
-from harness.slurm import localjob
+from harness.contract.paths import CampaignPaths, JobPaths
+from harness.contract.records import (
+    AttemptExtra,
+    AttemptLine,
+    ManifestLine,
+    SubmittedInfo,
+    append_manifest,
+    attempt_line,
+    now_iso,
+    read_submitted,
+    write_submitted,
+)
 from harness.slurm.client import Slurm
 from harness.spec.schema import slurm_time_minutes
 
-from . import manifest
 from .grouping import (  # noqa: F401 - which points pack together lives in grouping; its callers import it here
     AUTO_MAX,
     batch_size,
@@ -72,52 +81,44 @@ def pack_time(members: Sequence[JobSpec], time_limit: str | None) -> str | None:
     return minutes_text(min(total, cap) if cap else total)
 
 
-def pack_info(members: Sequence[JobSpec], index: int) -> dict[str, Any]:
-    """What a packed job dir's ``submitted.json`` (``pack``) records."""
-    return {"index": index, "size": len(members), "job_dirs": [s.job_dir for s in members]}
-
-
 # -- on the node: the rest of a pack after an OOM -----------------------------------------------------------
 
-def _spec_of(job_dir: Path, campaign_dir: Path) -> dict[str, Any]:
+def _attempt_of(job_dir: Path, campaign_dir: Path) -> tuple[str, str, int, int]:
+    """(campaign, point id, repeat, attempt) of a job dir, as its ``spec.json`` says."""
     doc = safefile.read_json(JobPaths(job_dir).spec, campaign_dir, safefile.SPEC_MAX)
     js = doc.get("jobspec") if isinstance(doc, dict) else None
-    if not isinstance(js, dict):
-        raise SubmitError(f"{job_dir}: spec.json is not a rendered job spec")
-    return js
+    try:
+        if isinstance(js, dict):
+            return str(js["campaign"]), str(js["point_id"]), int(js["repeat"]), int(js["attempt"])
+    except (KeyError, TypeError, ValueError):
+        pass
+    raise SubmitError(f"{job_dir}: spec.json is not a rendered job spec")
 
 
-def _job_name(script: str) -> str | None:
-    for line in script.splitlines():
-        if line.startswith("#SBATCH --job-name="):
-            return line.split("=", 1)[1].strip().strip('"')
-    return None
-
-
-def requeue_line(js: dict[str, Any], job_dir: Path, executor: str, job_id: str | None, stamp: str,
-                 **extra: Any) -> dict[str, Any]:
-    """The manifest's attempt line of a point its pack put back in the queue (its reason says so: the
-    point's ``runs.submit_reason`` is the last line's)."""
-    return {"type": "attempt", "campaign": js.get("campaign"), "point_id": js.get("point_id"),
-            "repeat": js.get("repeat"), "attempt": js.get("attempt"), "job_dir": str(job_dir),
-            "executor": executor, "job_id": job_id, "array_job_id": None, "array_task_id": None,
-            "submitted_at": stamp, "reason": REQUEUE_REASON, **extra}
+def requeue_line(key: tuple[str, str, int, int], job_dir: Path, executor: str, job_id: str | None, stamp: str,
+                 extra: AttemptExtra) -> AttemptLine:
+    """The manifest's attempt line of a point its pack put back in the queue (*key*: :func:`_attempt_of`; its
+    reason says so: the point's ``runs.submit_reason`` is the last line's)."""
+    campaign, point_id, repeat, attempt = key
+    return attempt_line(campaign, point_id, repeat, attempt, str(job_dir), executor, job_id, stamp, REQUEUE_REASON,
+                        extra=extra)
 
 
 def requeued_locally(job_dirs: Sequence[Path]) -> None:
     """Record the points a local pack put back in its queue: an attempt line each, with the requeue's reason
     (the local queue process has no job id for them until it starts them)."""
-    stamp = manifest.now_iso()
-    by_campaign: dict[Path, list[dict[str, Any]]] = {}
+    stamp = now_iso()
+    by_campaign: dict[Path, list[ManifestLine]] = {}
     for jd in map(Path, job_dirs):
         campaign_dir = jd.parent
         try:
-            js = _spec_of(jd, campaign_dir)
+            key = _attempt_of(jd, campaign_dir)
         except (OSError, SbenchError):
             continue  # its spec.json is not readable: collect says why; the queue still runs it
-        by_campaign.setdefault(campaign_dir, []).append(requeue_line(js, jd, "local", None, stamp, requeued_at=stamp))
+        by_campaign.setdefault(campaign_dir, []).append(
+            requeue_line(key, jd, "local", None, stamp, AttemptExtra(requeued_at=stamp)))
     for campaign_dir, lines in by_campaign.items():
-        manifest.append(campaign_dir, lines)
+        append_manifest(CampaignPaths(campaign_dir), lines)
 
 
 @holding_campaign_locks("requeue")
@@ -130,24 +131,25 @@ def requeue(locks: CampaignLocks, campaign_dir: Path, job_dirs: Sequence[Path], 
     slurm = slurm or Slurm()
     campaign_dir = Path(campaign_dir)
     locks.acquire(campaign_dir, "requeue", wait_s=60.0)
+    camp = CampaignPaths(campaign_dir)
     out: list[tuple[str, str]] = []
-    lines: list[dict[str, Any]] = []
+    lines: list[ManifestLine] = []
     for jd in job_dirs:
         jd = Path(jd)
-        info = localjob.submitted(jd)
+        info = read_submitted(jd)
         if info.get("cancelled_at") or JobPaths(jd).stage_hosts():
             continue
-        js = _spec_of(jd, campaign_dir)
-        script = safefile.read_bytes(jd / "job.sbatch", campaign_dir, safefile.SMALL_MAX).decode()
-        job_id = slurm.sbatch(script, campaign_dir / ".submitit")
-        stamp = manifest.now_iso()
-        name = _job_name(script)
-        manifest.write_submitted(jd, {"executor": "slurm", "job_id": job_id, "submitted_at": stamp,
-                                      "job_name": name, "requeued_from": info.get("job_id"),
-                                      "requeued_at": stamp})
-        lines.append(requeue_line(js, jd, "slurm", job_id, stamp, job_name=name, requeued_from=info.get("job_id")))
+        key = _attempt_of(jd, campaign_dir)
+        script = safefile.read_bytes(JobPaths(jd).sbatch, campaign_dir, safefile.SMALL_MAX).decode()
+        job_id = slurm.sbatch(script, camp.submissions)
+        stamp = now_iso()
+        name = job_name_of(script)
+        write_submitted(jd, SubmittedInfo(executor="slurm", job_id=job_id, submitted_at=stamp, job_name=name,
+                                          requeued_from=info.get("job_id"), requeued_at=stamp))
+        lines.append(requeue_line(key, jd, "slurm", job_id, stamp,
+                                  AttemptExtra(job_name=name, requeued_from=info.get("job_id"))))
         out.append((str(jd), job_id))
-    manifest.append(campaign_dir, lines)
+    append_manifest(camp, lines)
     return out
 
 

@@ -2,7 +2,7 @@
 
 For the valid training points of a sweep (as ``submit`` would render them):
 
-1. **dataset files**: generated into the sweep's ``data_dir`` (``harness.datagen``: locked,
+1. **dataset files**: generated into the sweep's ``data_dir`` (``harness.data.datagen``: locked,
    atomic, tokenizer-free, so one file serves every model);
 2. **model weights**: a local directory must hold a config, a tokenizer and weights; an HF id
    must be in the shared model cache (inventory ``defaults.models_dir``, else the HF cache),
@@ -10,7 +10,7 @@ For the valid training points of a sweep (as ``submit`` would render them):
    only the compute nodes have) is left to the job, with a note;
 3. **training data and token counts**: for every (tokenizer, dataset, max length, text field,
    response template) the sweep uses, the tokenized rows the trainer consumes and their exact
-   token counts (``harness.prepared``), stored read-only under ``<data_dir>/.prepared`` and
+   token counts (``harness.data.prepared``), stored read-only under ``<data_dir>/.prepared`` and
    ``<data_dir>/.token-counts`` and memory-mapped by the jobs.
 
 Re-running is cheap: what is ready is only checked (a corrupted entry is rebuilt). ``--on
@@ -33,6 +33,8 @@ from harness.build.jobspec import build_jobspec
 from harness.build.sbatch import prepare_sbatch
 from harness.contract import jobstate, safefile
 from harness.contract.formats import IMAGE_FIELD
+from harness.contract.paths import CampaignPaths
+from harness.contract.records import now_iso
 from harness.data.datagen import make_dataset
 from harness.data.models import resolve_model
 from harness.data.prepared import (
@@ -54,8 +56,6 @@ from harness.spec.envs import envs_root, needed
 from harness.spec.inventory import load_inventory, shared_dir
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import data_dir_for, load_sweep
-
-from . import manifest
 
 
 @dataclass(frozen=True)
@@ -305,25 +305,23 @@ def prepare_script(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path 
 def submit_prepare_job(sweep: Any, inv: Any, sweep_path: Path, inventory_path: Path | None, model_map: Path | None,
                        campaign_dir: Path, slurm: Slurm | None = None) -> str:
     """Submit the preparation job; returns its SLURM job id."""
-    logs = campaign_dir / ".slurm"
-    logs.mkdir(parents=True, exist_ok=True)
-    script = prepare_script(sweep, inv, sweep_path, inventory_path, model_map, logs)
-    return (slurm or Slurm()).sbatch(script, campaign_dir / ".submitit")
-
-
-PREPARE_JOB_FILE = "prepare-job.json"
+    camp = CampaignPaths(campaign_dir)
+    camp.slurm.mkdir(parents=True, exist_ok=True)
+    script = prepare_script(sweep, inv, sweep_path, inventory_path, model_map, camp.slurm)
+    return (slurm or Slurm()).sbatch(script, camp.submissions)
 
 
 def record_prepare_job(campaign_dir: Path, job_id: str) -> None:
     campaign_dir.mkdir(parents=True, exist_ok=True)
-    (campaign_dir / PREPARE_JOB_FILE).write_text(json.dumps({"job_id": job_id, "submitted_at": manifest.now_iso()})
-                                                 + "\n")
+    CampaignPaths(campaign_dir).prepare_job.write_text(
+        json.dumps({"job_id": job_id, "submitted_at": now_iso()}) + "\n")
 
 
 def live_prepare_job(campaign_dir: Path, slurm: Slurm) -> str | None:
     """The campaign's recorded preparation job when SLURM still has it queued or running."""
     try:
-        job_id = str(safefile.read_json(campaign_dir / PREPARE_JOB_FILE, campaign_dir, safefile.SMALL_MAX)["job_id"])
+        job_id = str(safefile.read_json(CampaignPaths(campaign_dir).prepare_job, campaign_dir,
+                                        safefile.SMALL_MAX)["job_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     state = slurm.states([job_id]).get(job_id)
@@ -332,22 +330,21 @@ def live_prepare_job(campaign_dir: Path, slurm: Slurm) -> str | None:
 
 def failed_prepare_jobs(workdir: Path, campaign: str | None, slurm: Slurm) -> list[str]:
     """A line for each campaign whose ``--prepare-on slurm`` job did not complete (its arrays were cancelled)."""
-    files = [workdir / campaign / PREPARE_JOB_FILE] if campaign else sorted(workdir.glob(f"*/{PREPARE_JOB_FILE}"))
     records = []
-    for f in files:
+    for camp in CampaignPaths.listed(workdir, campaign):
         try:
-            safefile.check_dir(f.parent, workdir)
-            records.append((f.parent, str(safefile.read_json(f, f.parent, safefile.SMALL_MAX)["job_id"])))
+            safefile.check_dir(camp.root, workdir)
+            records.append((camp, str(safefile.read_json(camp.prepare_job, camp.root, safefile.SMALL_MAX)["job_id"])))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     if not records:
         return []
     states = slurm.states([job for _, job in records])
     out = []
-    for cdir, job in records:
+    for camp, job in records:
         st = states.get(job)
         if st and jobstate.is_done(st) and jobstate.normalise(st) != "COMPLETED":
-            log = cdir / ".slurm" / f"prepare-{job}.out"
-            out.append(f"campaign {cdir.name}: prepare job {job} ended {jobstate.normalise(st)}, so its arrays were "
-                       f"cancelled; see {log}, fix it, then sbench retry {cdir.name}")
+            log = camp.prepare_log(job)
+            out.append(f"campaign {camp.name}: prepare job {job} ended {jobstate.normalise(st)}, so its arrays were "
+                       f"cancelled; see {log}, fix it, then sbench retry {camp.name}")
     return out

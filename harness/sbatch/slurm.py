@@ -9,21 +9,27 @@ submits through submitit and answers what the jobs' states are.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.build.jobspec import JobSpec
 from harness.contract import jobstate
-from harness.slurm import localjob
+from harness.contract.records import read_submitted
 from harness.slurm.client import Slurm
 from harness.slurm.held import held_states
 from harness.slurm.sacct import JobKey
+from harness.spec.inventory import Inventory
+from harness.spec.plan import PlannedPoint
+from harness.spec.sweep import Sweep
 
 from . import feed
 from .executors import SubmitOptions, Submitted
+from .fit import ClusterFit, cluster_fit
 from .pack import make_packs
+from .prepare import live_prepare_job, record_prepare_job, submit_prepare_job
 
 
 def group_by_shape(specs: list[JobSpec]) -> list[list[JobSpec]]:
@@ -43,6 +49,29 @@ class SlurmBackend:
 
     def check(self, specs: list[JobSpec]) -> None:
         """Nothing beyond what plan and render checked: SLURM places multi-node points itself."""
+
+    def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit:
+        """The partition as its controller describes it (``harness.sbatch.fit``)."""
+        return cluster_fit(inv, points, self.slurm)
+
+    def complete(self, opts: SubmitOptions, sweep: Sweep, inv: Inventory, campaign_dir: Path) -> SubmitOptions:
+        """The feeder job's script (what the submit quota holds back, ``harness.sbatch.feed``) and the command a
+        pack runs after an OOM (``harness.sbatch.pack``)."""
+        return dataclasses.replace(opts, feeder_script=feed.feeder_script(sweep, inv, campaign_dir),
+                                   requeue_command=feed.pack_requeue(sweep, inv, campaign_dir))
+
+    def live_prepare_job(self, campaign_dir: Path) -> str | None:
+        return live_prepare_job(campaign_dir, self.slurm)
+
+    def prepare_job(self, sweep: Sweep, inv: Inventory, sweep_path: Path, inventory_path: Path | None,
+                    model_map: Path | None, campaign_dir: Path) -> str:
+        job_id = submit_prepare_job(sweep, inv, sweep_path, inventory_path, model_map, campaign_dir, self.slurm)
+        record_prepare_job(campaign_dir, job_id)
+        return job_id
+
+    def feed_summary(self, campaign_dir: Path) -> dict[str, Any]:
+        """What the feeder job submits in waves; a feeding that stopped (its feeder job gone) starts again here."""
+        return feed.feed_summary(self.slurm, campaign_dir)
 
     def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]:
         """One array per resource shape, split to fit ``MaxArraySize``, within the submit quota; what does not
@@ -67,7 +96,7 @@ class SlurmBackend:
             self.slurm.forget()  # each poll asks afresh: the states move while it waits
             for k, (jd, jid) in enumerate(ids):
                 if not jid and jd:  # held back: the feeder writes its job id, name and submit time there
-                    info = localjob.submitted(jd)
+                    info = read_submitted(jd)
                     if info.get("job_id"):
                         self._learn([info])
                         ids[k] = (jd, str(info["job_id"]))
@@ -75,7 +104,7 @@ class SlurmBackend:
             for k, (jd, jid) in enumerate(ids):
                 # a pack's point that its pack put back in the queue (harness.sbatch.pack): its own job now
                 if jd and jid and jobstate.is_done(states.get(jid)):
-                    info = localjob.submitted(jd)
+                    info = read_submitted(jd)
                     if info.get("requeued_at") and info.get("job_id") and str(info["job_id"]) != jid:
                         self._learn([info])
                         ids[k] = (jd, str(info["job_id"]))
@@ -90,7 +119,7 @@ class SlurmBackend:
                 return
             time.sleep(2.0)
 
-    def cancel(self, attempts: list[dict[str, Any]]) -> list[str]:
+    def cancel(self, attempts: Sequence[Mapping[str, Any]]) -> list[str]:
         """Stop the feeding of the attempts' campaigns first (nothing held is submitted after this), then
         cancel the jobs; returns the job ids and the held job dirs cancelled."""
         held: list[str] = []
@@ -101,7 +130,7 @@ class SlurmBackend:
             self.slurm.cancel(ids)
         return ids + held
 
-    def live_states(self, attempts: list[dict[str, Any]]) -> dict[str, str]:
+    def live_states(self, attempts: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         """Job id -> SLURM state, from squeue for live jobs and sacct for finished ones; ``GONE`` for a job
         neither knows when both answered: it left the scheduler without an accounting record, as an array
         task cancelled while pending does (SLURM drops it from its array's one record of queued tasks).
@@ -113,7 +142,7 @@ class SlurmBackend:
         out.update({jd: st for jd, (st, _why) in held_states(waiting, self.slurm).items()})
         return out
 
-    def _learn(self, attempts: list[dict[str, Any]]) -> None:
+    def _learn(self, attempts: Sequence[Mapping[str, Any]]) -> None:
         """Keep what *attempts* (manifest attempt lines, what submit returned) say of each job: its name and
         when it was submitted, which tell its accounting from another job's that had its id."""
         for a in attempts:

@@ -14,15 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import SbenchError, StoreBusyError, SubmitError
 from harness.contract.paths import parse_job_dir_name, run_id
+from harness.contract.records import AttemptLine, read_submitted
 from harness.db.status import attempt_rows, measured_runs, point_stability
 from harness.db.store import open_store
-from harness.slurm import localjob
 from harness.slurm.client import Slurm
 
 from . import manifest
@@ -45,7 +44,7 @@ def with_submitted(history: PointHistory, campaign: str, attempts: Sequence[tupl
     queued: what the campaign has right after a submission."""
     by_run = {k: list(v) for k, v in history.by_run.items()}
     for pid, repeat, attempt, job_id in attempts:
-        by_run.setdefault((campaign, pid, repeat), []).append(AttemptState(attempt, job_id, "SUBMITTED", None))
+        by_run.setdefault((campaign, pid, repeat), []).append(AttemptState(attempt, job_id, jobstate.INITIAL, None))
     return PointHistory(by_run, history.elsewhere, history.stability)
 
 
@@ -103,7 +102,7 @@ def read_history(db: Path, campaign: str, point_ids: Sequence[str] = (), reuse: 
             job_id = row.get("job_id")
             if job_id is None and row.get("outcome") is None and row.get("job_dir"):
                 # a local attempt's job id comes once its queue starts it: its submitted.json has it first
-                job_id = localjob.submitted(row["job_dir"]).get("job_id")
+                job_id = read_submitted(row["job_dir"]).get("job_id")
             history.by_run.setdefault(key, []).append(AttemptState(
                 attempt=int(row["attempt"]), job_id=None if job_id is None else str(job_id), state=row.get("state"),
                 outcome=row.get("outcome"), reason=row.get("reason"),
@@ -128,7 +127,7 @@ def runs_to_refresh(db: Path, workdir: Path, campaign: str, slurm: Slurm) -> lis
     except SbenchError:
         return None
     out: list[str] = []
-    unsettled: list[dict[str, Any]] = []
+    unsettled: list[tuple[str, AttemptLine]] = []  # run id, attempt line
     for a in manifest.attempts(workdir, campaign, outside=True):
         try:
             rid = run_id(campaign, str(a["point_id"]), int(a.get("repeat") or 0), int(a["attempt"]))
@@ -142,12 +141,12 @@ def runs_to_refresh(db: Path, workdir: Path, campaign: str, slurm: Slurm) -> lis
         elif row is None or row.get("job_id") is None and a.get("job_id"):
             out.append(rid)
         elif row.get("outcome") is None or row.get("state") not in jobstate.FINAL_STATES:
-            unsettled.append({**a, "run_id": rid})
-    live = live_states(unsettled, slurm) if unsettled else {}
-    for a in unsettled:
-        word = live.get(a["job_dir"])
+            unsettled.append((rid, a))
+    live = live_states([a for _, a in unsettled], slurm) if unsettled else {}
+    for rid, a in unsettled:
+        word = live.get(str(a.get("job_dir")))
         if word is None or jobstate.lookup(word).phase not in ("pending", "running"):
-            out.append(a["run_id"])
+            out.append(rid)
     # Job dirs of the campaign the manifest does not name (a submit killed between writing them and
     # recording them): collect finds them by their spec.json, so that no attempt number is used twice.
     for spec in (Path(workdir) / campaign).glob("*/spec.json"):

@@ -10,9 +10,21 @@ from typing import Any
 
 from harness import __version__
 from harness.build.jobspec import JobSpec
-from harness.build.render import prepare_points, write_files
+from harness.build.render import Rendered, prepare_points, write_files
 from harness.contract.errors import InputError, SbenchError, SubmitError, SweepError
-from harness.contract.paths import resolve_db, resolve_workdir
+from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
+from harness.contract.records import (
+    CampaignLine,
+    ManifestLine,
+    ReferencesLine,
+    RepeatsLine,
+    SubmittedInfo,
+    append_manifest,
+    attempt_line,
+    now_iso,
+    point_line,
+    write_submitted,
+)
 from harness.data.lengths import length_warnings
 from harness.data.prepared import masked_warnings
 from harness.data.trainerenv import EnvBuildError, build
@@ -25,14 +37,13 @@ from harness.spec.plan import PlannedPoint, counted_warnings, plan_sweep, plan_w
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
 from . import manifest
-from .backends import get_backend, resolve_executor
-from .executors import SubmitOptions, Submitted
+from .backends import get_backend, recorded_or
+from .executors import Backend, SubmitOptions, Submitted
 from .fabric import run_fabric
 from .faultcheck import check_faults
-from .feed import feed_summary, feeder_script, pack_requeue
-from .fit import ClusterFit, cluster_fit
+from .fit import ClusterFit
 from .lock import CampaignLocks, holding_campaign_locks
-from .prepare import live_prepare_job, record_prepare_job, run_prepare, submit_prepare_job, work_for
+from .prepare import run_prepare, work_for
 from .repeats import MORE, RepeatsVerdict, point_verdicts
 from .state import MeasuredRun, PointHistory, campaign_history, read_history, with_submitted
 
@@ -145,15 +156,16 @@ def _recorded_references(campaign_dir: Path) -> list[dict[str, Any]]:
     """The references the manifest holds now: the campaign line's, or the last references line's."""
     refs: list[dict[str, Any]] = []
     for ev in manifest.read(campaign_dir):
-        if ev.get("type") in ("campaign", "references") and isinstance(ev.get("references"), list):
-            refs = ev["references"]
+        if ev["type"] == "campaign" or ev["type"] == "references":
+            if isinstance(ev.get("references"), list):
+                refs = ev["references"]
     return refs
 
 
 def _check_campaign(campaign_dir: Path, sweep: Sweep) -> bool:
     """True when the campaign already exists; refuse reusing a name for another experiment."""
     for ev in manifest.read(campaign_dir):
-        if ev.get("type") == "campaign":
+        if ev["type"] == "campaign":
             if ev.get("experiment") != sweep.experiment.id:
                 raise SweepError(f"{sweep.source}: campaign {sweep.campaign!r} already exists for experiment "
                                  f"{ev.get('experiment')}; choose another campaign name")
@@ -161,143 +173,202 @@ def _check_campaign(campaign_dir: Path, sweep: Sweep) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class SubmitRequest:
+    """What one submission asks for: ``sbench submit``'s options, or what ``retry`` and collect's next repeats
+    ask of the campaign's own sweep."""
+
+    sweep: Path
+    inventory: Path | None = None  # None: $SBENCH_INVENTORY, else the built-in local inventory
+    executor: str = "auto"  # auto | local | slurm (harness.sbatch.backends)
+    workdir: Path | None = None
+    db: Path | None = None
+    model_map: Path | None = None
+    campaign: str | None = None  # submit as this campaign (default: the sweep's campaign:)
+    force: bool = False  # run points again that this campaign measured
+    retry_failed: bool = False  # resubmit points whose last attempt failed
+    only_failed: bool = False  # retry: nothing but those (a retry holds the lock as "retry")
+    only_more: bool = False  # nothing but the next repeats adaptive repeats ask for (sbench collect)
+    max_parallel: int | None = None
+    hold: bool = False
+    preflight: bool = False  # a fabric job per multi-node shape first (run_preflight)
+    prepare: str = "here"  # here | slurm | no (PREPARE_MODES)
+    skip_predicted_oom: bool = False
+    reuse_measured: bool = False  # take other campaigns' measured runs (also the sweep's reuse: measured)
+    profile: bool = False  # --profile: the last repeat as the sweep's runner.profile says, else steps 3-5 of rank 0
+
+
+@dataclass
+class Planned:
+    """A submission's inputs, loaded, planned and rendered in memory before anything is touched."""
+
+    inv: Inventory
+    sweep: Sweep
+    points: list[PlannedPoint]
+    backend: Backend
+    fit: ClusterFit
+    preview: list[tuple[JobSpec, Rendered]]
+    workdir: Path
+    db: Path
+
+    @property
+    def campaign_dir(self) -> Path:
+        return self.workdir / self.sweep.campaign
+
+
 @holding_campaign_locks("submit")
-def submit_sweep(locks: CampaignLocks, sweep_path: Path, inventory_path: Path | None = None, executor: str = "auto",
-                 workdir: Path | None = None, db: Path | None = None, *, force: bool = False,
-                 retry_failed: bool = False, max_parallel: int | None = None, hold: bool = False,
-                 model_map: Path | None = None, only_failed: bool = False, preflight: bool = False,
-                 prepare: str = "here", skip_predicted_oom: bool = False,
-                 echo: Callable[[str], None] = lambda s: None, slurm: Slurm | None = None,
-                 reuse_measured: bool = False, campaign: str | None = None, only_more: bool = False,
-                 profile: bool = False) -> SubmitReport:
-    """Submit a sweep's points that still need running (see :func:`decide`), as campaign *campaign* (default:
-    the sweep's ``campaign:``); ``harness.sbatch.wait`` waits for them. From reading what the campaign has to
-    recording what was submitted, the campaign's lock is held (``harness.sbatch.lock``): a second submit,
-    retry or cancel of the campaign waits, so no attempt is started twice. *only_more*: submit nothing but
-    the next repeats adaptive repeats ask for (``sbench collect``). *profile* (``--profile``): profile the last
-    repeat as the sweep's ``runner.profile`` says, or steps 3 to 5 of rank 0 where it says nothing."""
+def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[str], None] = lambda s: None,
+                 slurm: Slurm | None = None) -> SubmitReport:
+    """Submit a sweep's points that still need running (see :func:`decide`), as the campaign *req* names
+    (default: the sweep's ``campaign:``); ``harness.sbatch.wait`` waits for them. From reading what the campaign
+    has to recording what was submitted, the campaign's lock is held (``harness.sbatch.lock``): a second
+    submit, retry or cancel of the campaign waits, so no attempt is started twice."""
     # One scheduler client for the whole command: each question to SLURM is asked once.
     slurm = slurm or Slurm()
-    # Everything that can be wrong with the input is found before the DB, the manifest or a job dir is
-    # touched: load and plan, then build and render every valid point in memory.
-    inv: Inventory = load_inventory(inventory_path)
-    sweep = load_sweep(sweep_path, model_map, campaign, profile=profile)
-    points = plan_sweep(sweep, inv, memory=skip_predicted_oom)
-    check_faults(inv, {p.partition for p in points})
-    if prepare != "no" and build_trainer_envs(sweep, inv, points, echo):
-        # Some rules read the environment (its accelerate, its plugins): decide them on what was built.
-        points = plan_sweep(sweep, inv, memory=skip_predicted_oom)
-    name = resolve_executor(executor)
-    workdir, db = resolve_workdir(workdir), resolve_db(db)
-    campaign_dir = workdir / sweep.campaign
-    fit = cluster_fit(inv, [p for p in points if p.valid], slurm) if name == "slurm" else ClusterFit()
-    preview = prepare_points(sweep, inv, points, campaign_dir, exclude=fit.exclude)
-    if prepare == "no":
-        _check_trainer_envs(sweep, inv, points)
-    backend = get_backend(name, slurm)
-    backend.check([spec for spec, _ in preview])
-    fit_notes = fit.check([spec for spec, _ in preview], inv)
-    checked = run_preflight(inv, points, workdir, db, slurm=slurm) if preflight else []
-    locks.acquire(campaign_dir, "retry" if only_failed else "submit")
+    plan = _plan(req, echo, slurm)
+    fit_notes = plan.fit.check([spec for spec, _ in plan.preview], plan.inv)
+    checked = run_preflight(plan.inv, plan.points, plan.workdir, plan.db, slurm=slurm) if req.preflight else []
+    sweep, campaign_dir = plan.sweep, plan.campaign_dir
+    locks.acquire(campaign_dir, "retry" if req.only_failed else "submit")
     exists = _check_campaign(campaign_dir, sweep)
     # A campaign measures its own points; it takes other campaigns' measurements only when asked to.
-    reuse = reuse_measured or sweep.reuse == "measured"
-    history, db_note = campaign_history(db, workdir, sweep.campaign, [p.point_id for p in points], slurm, reuse)
-    decisions = decide(points, history, sweep.campaign, force, retry_failed or only_failed, reuse, sweep.adaptive)
-    refuse_all_invalid(sweep, points)  # after the campaign's own files were read: what is wrong there is said first
-    if only_failed:
+    reuse = req.reuse_measured or sweep.reuse == "measured"
+    history, db_note = campaign_history(plan.db, plan.workdir, sweep.campaign, [p.point_id for p in plan.points],
+                                        slurm, reuse)
+    decisions = _decisions(req, plan, history, reuse)
+    report = SubmitReport(sweep.campaign, plan.backend.name, campaign_dir, decisions, db_note=db_note,
+                          warnings=plan_warnings(sweep, plan.inv, plan.points) + fit_notes, preflight=checked)
+    if sweep.adaptive:
+        report.repeats = report.repeats_before = list(point_verdicts(
+            sweep.adaptive, [p.point_id for p in plan.points if p.valid], history, sweep.campaign).values())
+    todo = [d for d in decisions if d.action == "submit"]
+    dependency = _prepare_before(req, plan, [d.point for d in todo], report, echo)
+    report.warnings += length_warnings(sweep, plan.inv, [d.point for d in todo])  # the files prepare just made
+    events = append_manifest(CampaignPaths(campaign_dir), _campaign_lines(req, plan, decisions, exists))
+    specs = _write_job_dirs(plan, todo)
+    if specs:
+        events += _hand_over(req, plan, todo, specs, dependency, report)
+        if sweep.adaptive:  # the summary says where the repeats stand now, with these in flight
+            now = with_submitted(history, sweep.campaign, [(s.spec.point_id, s.spec.repeat, s.spec.attempt, s.job_id)
+                                                           for s in report.submitted])
+            report.repeats = list(point_verdicts(sweep.adaptive, [p.point_id for p in plan.points if p.valid], now,
+                                                 sweep.campaign).values())
+    report.feed = plan.backend.feed_summary(campaign_dir)
+    report.db_note = manifest.record_events(plan.db, events) or report.db_note
+    return report
+
+
+def _plan(req: SubmitRequest, echo: Callable[[str], None], slurm: Slurm) -> Planned:
+    """Load and plan the sweep, then build and render every valid point in memory: everything that can be wrong
+    with the input is found before the database, the manifest or a job dir is touched."""
+    inv: Inventory = load_inventory(req.inventory)
+    sweep = load_sweep(req.sweep, req.model_map, req.campaign, profile=req.profile)
+    points = plan_sweep(sweep, inv, memory=req.skip_predicted_oom)
+    check_faults(inv, {p.partition for p in points})
+    if req.prepare != "no" and build_trainer_envs(sweep, inv, points, echo):
+        # Some rules read the environment (its accelerate, its plugins): decide them on what was built.
+        points = plan_sweep(sweep, inv, memory=req.skip_predicted_oom)
+    backend = get_backend(req.executor, slurm)
+    workdir, db = resolve_workdir(req.workdir), resolve_db(req.db)
+    fit = backend.fit(inv, [p for p in points if p.valid])
+    preview = prepare_points(sweep, inv, points, workdir / sweep.campaign, exclude=fit.exclude)
+    if req.prepare == "no":
+        _check_trainer_envs(sweep, inv, points)
+    backend.check([spec for spec, _ in preview])
+    return Planned(inv, sweep, points, backend, fit, preview, workdir, db)
+
+
+def _decisions(req: SubmitRequest, plan: Planned, history: PointHistory, reuse: bool) -> list[Decision]:
+    """:func:`decide`, narrowed to what *req* asks: only the failed points (retry), only the next repeats
+    (collect), and no point predicted not to fit (``--skip-predicted-oom``)."""
+    sweep = plan.sweep
+    decisions = decide(plan.points, history, sweep.campaign, req.force, req.retry_failed or req.only_failed, reuse,
+                       sweep.adaptive)
+    refuse_all_invalid(sweep, plan.points)  # after the campaign's own files were read: what is wrong there comes first
+    if req.only_failed:
         # (a repeat adaptive repeats would add is no failed one: retry leaves it out, unlisted)
         decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
                      for d in decisions if not d.reason.startswith(MORE_REPEATS)]
-    if only_more:
+    if req.only_more:
         decisions = [d for d in decisions if d.action == "submit" and d.reason.startswith(MORE_REPEATS)]
-    if skip_predicted_oom:
-        # An allocation is not spent on a point that will not fit (harness.memory says why, per point).
+    if req.skip_predicted_oom:
+        # An allocation is not spent on a point that will not fit (harness.spec.memory says why, per point).
         decisions = [Decision(d.point, "skip", _predicted_oom(d.point.memory))
                      if d.action == "submit" and d.point.predicted_oom and d.point.memory else d for d in decisions]
-    report = SubmitReport(sweep.campaign, name, campaign_dir, decisions, db_note=db_note,
-                          warnings=plan_warnings(sweep, inv, points) + fit_notes,
-                          preflight=checked)
-    if sweep.adaptive:
-        report.repeats = report.repeats_before = list(point_verdicts(
-            sweep.adaptive, [p.point_id for p in points if p.valid], history, sweep.campaign).values())
-    todo = [d for d in decisions if d.action == "submit"]
-    dependency = _prepare_before(prepare, name, sweep, inv, [d.point for d in todo], Path(sweep_path), inventory_path,
-                                 model_map, campaign_dir, report, echo, slurm)
-    report.warnings += length_warnings(sweep, inv, [d.point for d in todo])  # the files prepare just made
-    events: list[dict[str, Any]] = []
+    return decisions
+
+
+def _campaign_lines(req: SubmitRequest, plan: Planned, decisions: list[Decision], exists: bool) -> list[ManifestLine]:
+    """The manifest lines of the campaign before its attempts: the campaign line (or the references and repeats
+    that changed since), and a line for each of its points the manifest does not name yet."""
+    sweep, campaign_dir, points = plan.sweep, plan.campaign_dir, plan.points
+    events: list[ManifestLine] = []
     if not exists:
-        events.append({"type": "campaign", "campaign": sweep.campaign, "experiment": sweep.experiment.id,
-                       "sweep": str(Path(sweep_path).resolve()),
-                       # what the sweep's campaign: said (retry follows the sweep only while it still says so)
-                       "sweep_campaign": sweep.campaign if campaign is None else load_sweep(sweep_path).campaign,
-                       "inventory": inv.source, "cluster": inv.cluster,
-                       "partition": points[0].partition if points else None, "executor": name,
-                       "description": sweep.description, "created_at": manifest.now_iso(),
-                       "sbench_version": __version__, "references": [r.to_dict() for r in sweep.references],
-                       "repeats": sweep.adaptive.to_dict() if sweep.adaptive else None})
+        events.append(CampaignLine(
+            type="campaign", campaign=sweep.campaign, experiment=sweep.experiment.id,
+            sweep=str(Path(req.sweep).resolve()),
+            # what the sweep's campaign: said (retry follows the sweep only while it still says so)
+            sweep_campaign=sweep.campaign if req.campaign is None else load_sweep(req.sweep).campaign,
+            inventory=plan.inv.source, cluster=plan.inv.cluster, partition=points[0].partition if points else None,
+            executor=plan.backend.name, description=sweep.description, created_at=now_iso(),
+            sbench_version=__version__, references=[r.to_dict() for r in sweep.references],
+            repeats=sweep.adaptive.to_dict() if sweep.adaptive else None))
     else:
         if _recorded_references(campaign_dir) != [r.to_dict() for r in sweep.references]:
             # The sweep's expectations changed (tightened, added): the checks follow the newest word.
-            events.append({"type": "references", "campaign": sweep.campaign, "at": manifest.now_iso(),
-                           "references": [r.to_dict() for r in sweep.references]})
+            events.append(ReferencesLine(type="references", campaign=sweep.campaign, at=now_iso(),
+                                         references=[r.to_dict() for r in sweep.references]))
         if manifest.adaptive_repeats(campaign_dir) != (sweep.adaptive.to_dict() if sweep.adaptive else None):
             # repeats: changed (adaptive now, or other bounds): collect and status follow the newest word
-            events.append({"type": "repeats", "campaign": sweep.campaign, "at": manifest.now_iso(),
-                           "repeats": sweep.adaptive.to_dict() if sweep.adaptive else None})
-    known = {(e.get("point_id"), e.get("repeat")) for e in manifest.read(campaign_dir) if e.get("type") == "point"}
+            events.append(RepeatsLine(type="repeats", campaign=sweep.campaign, at=now_iso(),
+                                      repeats=sweep.adaptive.to_dict() if sweep.adaptive else None))
+    known = {(e.get("point_id"), e.get("repeat")) for e in manifest.read(campaign_dir) if e["type"] == "point"}
     # A repeat adaptive repeats have not asked for is no run of the campaign (yet): status does not list it.
     listed = {(d.point.point_id, d.point.repeat) for d in decisions}
     for p in points:
         if (p.point_id, p.repeat) not in known and (p.point_id, p.repeat) in listed:
-            events.append({"type": "point", "campaign": sweep.campaign, **p.to_dict()})
-    manifest.append(campaign_dir, events)
-    # The preview rendered every valid point as attempt 1: new points reuse it; only later attempts (retry,
-    # force) are rendered again, under their own job dirs.
-    first = {(spec.point_id, spec.repeat): (spec, files) for spec, files in preview}
+            events.append(point_line(sweep.campaign, p.to_dict()))
+    return events
+
+
+def _write_job_dirs(plan: Planned, todo: list[Decision]) -> list[JobSpec]:
+    """Write the job dir of each attempt to submit. The preview rendered every valid point as attempt 1: new
+    points reuse it; only later attempts (retry, force) are rendered again, under their own job dirs."""
+    first = {(spec.point_id, spec.repeat): (spec, files) for spec, files in plan.preview}
     later = [d for d in todo if d.attempt != 1]
     again = {(spec.point_id, spec.repeat): (spec, files) for spec, files in prepare_points(
-        sweep, inv, [d.point for d in later], campaign_dir,
-        {(d.point.point_id, d.point.repeat): d.attempt for d in later}, exclude=fit.exclude)} if later else {}
+        plan.sweep, plan.inv, [d.point for d in later], plan.campaign_dir,
+        {(d.point.point_id, d.point.repeat): d.attempt for d in later}, exclude=plan.fit.exclude)} if later else {}
     specs: list[JobSpec] = []
     for d in todo:
         spec, files = (first if d.attempt == 1 else again)[(d.point.point_id, d.point.repeat)]
         write_files(spec.job_dir, files)
         # Until the backend replaces it: should this submit die (SIGKILL) before handing the job dir over,
         # status, collect and retry see an attempt that never started, not one queued for ever.
-        manifest.write_submitted(Path(spec.job_dir), {"executor": name, "job_id": None,
-                                                      "rendered_at": manifest.now_iso(),
-                                                      "not_started_reason": NOT_HANDED_OVER})
+        write_submitted(spec.job_dir, SubmittedInfo(executor=plan.backend.name, job_id=None, rendered_at=now_iso(),
+                                                     not_started_reason=NOT_HANDED_OVER))
         specs.append(spec)
-    if specs:
-        opts = SubmitOptions(max_parallel=max_parallel or sweep.slurm.max_parallel, hold=hold,
-                             dependency=dependency, qos=sweep.slurm.qos or inv.partition(sweep.partition).qos,
-                             feeder_script=feeder_script(sweep, inv, campaign_dir) if name == "slurm" else None,
-                             reasons={spec.job_dir: d.reason for d, spec in zip(todo, specs, strict=True)},
-                             pack=sweep.slurm.pack, pack_time_limit=inv.partition(sweep.partition).time_limit,
-                             requeue_command=pack_requeue(sweep, inv, campaign_dir) if name == "slurm" else None)
-        report.submitted = backend.submit(campaign_dir, specs, opts)
-        report.sbatch_calls = getattr(backend, "sbatch_calls", 0)
-        report.held_back = sum(1 for s in report.submitted if s.extra.get("held_back"))
-        reasons = {(d.point.point_id, d.point.repeat): d.reason for d in todo}
-        attempt_events = [{
-            "type": "attempt", "campaign": sweep.campaign, "point_id": s.spec.point_id, "repeat": s.spec.repeat,
-            "attempt": s.spec.attempt, "job_dir": s.spec.job_dir, "executor": name, "job_id": s.job_id,
-            "array_job_id": s.array_job_id, "array_task_id": s.array_task_id, "submitted_at": manifest.now_iso(),
-            "reason": reasons[(s.spec.point_id, s.spec.repeat)], **s.extra,
-        } for s in report.submitted]
-        manifest.append(campaign_dir, attempt_events)
-        events += attempt_events
-        if sweep.adaptive:  # the summary says where the repeats stand now, with these in flight
-            now = with_submitted(history, sweep.campaign, [(s.spec.point_id, s.spec.repeat, s.spec.attempt, s.job_id)
-                                                           for s in report.submitted])
-            report.repeats = list(point_verdicts(sweep.adaptive, [p.point_id for p in points if p.valid], now,
-                                                 sweep.campaign).values())
-    if name == "slurm":
-        # What a feeder job submits in waves; a feeding that stopped (its feeder job gone) starts again here.
-        report.feed = feed_summary(slurm, campaign_dir)
-    report.db_note = manifest.record_events(db, events) or report.db_note
-    return report
+    return specs
+
+
+def _hand_over(req: SubmitRequest, plan: Planned, todo: list[Decision], specs: list[JobSpec], dependency: str | None,
+               report: SubmitReport) -> list[ManifestLine]:
+    """Hand the written job dirs to the backend and append an attempt line for each; returns those lines."""
+    sweep, inv, backend = plan.sweep, plan.inv, plan.backend
+    opts = backend.complete(SubmitOptions(
+        max_parallel=req.max_parallel or sweep.slurm.max_parallel, hold=req.hold, dependency=dependency,
+        qos=sweep.slurm.qos or inv.partition(sweep.partition).qos,
+        reasons={spec.job_dir: d.reason for d, spec in zip(todo, specs, strict=True)}, pack=sweep.slurm.pack,
+        pack_time_limit=inv.partition(sweep.partition).time_limit), sweep, inv, plan.campaign_dir)
+    report.submitted = backend.submit(plan.campaign_dir, specs, opts)
+    report.sbatch_calls = backend.sbatch_calls
+    report.held_back = sum(1 for s in report.submitted if s.extra.get("held_back"))
+    reasons = {(d.point.point_id, d.point.repeat): d.reason for d in todo}
+    lines: list[ManifestLine] = [attempt_line(
+        sweep.campaign, s.spec.point_id, s.spec.repeat, s.spec.attempt, s.spec.job_dir, backend.name, s.job_id,
+        now_iso(), reasons[(s.spec.point_id, s.spec.repeat)], array_job_id=s.array_job_id,
+        array_task_id=s.array_task_id, extra=s.extra) for s in report.submitted]
+    return append_manifest(CampaignPaths(plan.campaign_dir), lines)
 
 
 def refuse_all_invalid(sweep: Sweep, points: list[PlannedPoint]) -> None:
@@ -314,21 +385,21 @@ def refuse_all_invalid(sweep: Sweep, points: list[PlannedPoint]) -> None:
 PREPARE_MODES = ("here", "slurm", "no")
 
 
-def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points: list[PlannedPoint],
-                    sweep_path: Path, inventory_path: Path | None, model_map: Path | None, campaign_dir: Path,
-                    report: SubmitReport, echo: Callable[[str], None], slurm: Slurm) -> str | None:
-    """Prepare what the points to submit read (``harness.prepare``); returns an ``afterok`` job id or None.
+def _prepare_before(req: SubmitRequest, plan: Planned, points: list[PlannedPoint], report: SubmitReport,
+                    echo: Callable[[str], None]) -> str | None:
+    """Prepare what the points to submit read (``harness.sbatch.prepare``); returns an ``afterok`` job id or None.
 
     ``here`` prepares in this process, unless a preparation job of this campaign (``sbench prepare
-    --on slurm``) is still queued or running: then the arrays depend on it. ``slurm`` submits one.
+    --on slurm``) is still queued or running: then the arrays depend on it. ``slurm`` submits one (the backend
+    does, or refuses).
     """
+    mode = req.prepare
     if mode not in PREPARE_MODES:
         raise InputError(f"prepare must be one of {', '.join(PREPARE_MODES)}, got {mode!r}")
     if mode == "no" or not points:
         return None
-    if mode == "slurm" and executor != "slurm":
-        raise InputError("--prepare-on slurm needs the slurm executor; with the local executor prepare runs here")
-    pending = live_prepare_job(campaign_dir, slurm) if executor == "slurm" else None
+    sweep, inv, backend = plan.sweep, plan.inv, plan.backend
+    pending = backend.live_prepare_job(plan.campaign_dir)
     if mode == "here" and pending is None:
         report.prepare = [i.to_dict() for i in run_prepare(work_for(sweep, inv, points), echo)]
         # Now that the training data is prepared, what plan says of it once it is: entries the trainer masks.
@@ -343,8 +414,7 @@ def _prepare_before(mode: str, executor: str, sweep: Any, inv: Inventory, points
                 "compute node first")
         return None
     if pending is None:
-        pending = submit_prepare_job(sweep, inv, sweep_path, inventory_path, model_map, campaign_dir, slurm)
-        record_prepare_job(campaign_dir, pending)
+        pending = backend.prepare_job(sweep, inv, Path(req.sweep), req.inventory, req.model_map, plan.campaign_dir)
         echo(f"prepare: SLURM job {pending}; the arrays start after it succeeds (afterok)")
     else:
         echo(f"prepare: SLURM job {pending} of this campaign is still queued or running; the arrays depend on it")
@@ -411,13 +481,13 @@ def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db:
     return out
 
 
-def campaign_record(workdir: Path | None, campaign: str) -> dict[str, Any]:
+def campaign_record(workdir: Path | None, campaign: str) -> CampaignLine:
     workdir = resolve_workdir(workdir)
     for ev in manifest.read(workdir / campaign):
-        if ev.get("type") == "campaign":
+        if ev["type"] == "campaign":
             return ev
 
-    raise InputError(f"no campaign {campaign!r} under {workdir} (no {workdir / campaign / manifest.MANIFEST})")
+    raise InputError(f"no campaign {campaign!r} under {workdir} (no {CampaignPaths.of(workdir, campaign).manifest})")
 
 
 def _recorded_sweep(campaign: str, workdir: Path | None, executor: str) -> tuple[Path, Path | None, str]:
@@ -426,8 +496,7 @@ def _recorded_sweep(campaign: str, workdir: Path | None, executor: str) -> tuple
     rec = campaign_record(workdir, campaign)
     inv = rec.get("inventory")
     inv_path = None if not inv or inv.startswith("<") else Path(inv)
-    if executor == "auto" and rec.get("executor"):
-        executor = rec["executor"]
+    executor = recorded_or(executor, rec.get("executor"))
     # The campaign's own name: the sweep's campaign: key may name another (submit --campaign). What the key
     # said at submission is recorded; a sweep edited since to name another campaign is not followed.
     sweep_path = Path(rec["sweep"])
@@ -445,8 +514,8 @@ def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None =
     """Resubmit a campaign's failed points (those that never started included) from the sweep and inventory
     it was submitted with; refused when that sweep now names another campaign."""
     sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, executor)
-    return submit_sweep(sweep_path, inv_path, executor, workdir, db, only_failed=True,
-                        max_parallel=max_parallel, slurm=slurm, campaign=campaign)
+    return submit_sweep(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign, only_failed=True,
+                                      max_parallel=max_parallel), slurm=slurm)
 
 
 def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = None, *,
@@ -470,4 +539,5 @@ def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = N
             return SubmitReport(campaign, str(rec.get("executor") or ""), campaign_dir, [],
                                 repeats=list(verdicts.values()))
     sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, "auto")
-    return submit_sweep(sweep_path, inv_path, executor, workdir, db, only_more=True, slurm=slurm, campaign=campaign)
+    return submit_sweep(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign, only_more=True),
+                        slurm=slurm)

@@ -59,8 +59,8 @@ class AttemptRef:
 
 
 def refs(submitted: list[Submitted], executor: str) -> list[AttemptRef]:
-    return [AttemptRef(s.spec.point_id, s.spec.repeat, s.spec.attempt, s.spec.job_dir, executor, s.job_id, s.extra)
-            for s in submitted]
+    return [AttemptRef(s.spec.point_id, s.spec.repeat, s.spec.attempt, s.spec.job_dir, executor, s.job_id,
+                       dict(s.extra)) for s in submitted]
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Attempts sbench holds back from SLURM: the part of a campaign that did not fit the submit quota yet.
 
 ``sbench submit`` submits what the cluster's limits allow (:mod:`harness.slurm.limits`) and writes the rest
-into the campaign's feed file, ``.slurm/feed.json``; a small feeder job (``harness.sbatch.feed``) submits
+into the campaign's feed file (``CampaignPaths.feed``); a small feeder job (``harness.sbatch.feed``) submits
 the next wave when there is room, then submits itself again, until nothing is held. No process on the login
 node has to stay alive. Each held job dir's ``submitted.json`` says ``held_back_at`` and has no job id.
 
@@ -29,28 +29,23 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import jobstate, safefile
-from harness.contract.paths import JobPaths
+from harness.contract.paths import CampaignPaths
+from harness.contract.records import read_submitted
 
 from .client import Slurm
-
-FEED_FILE = Path(".slurm") / "feed.json"
-
-
-def feed_path(campaign_dir: str | Path) -> Path:
-    return Path(campaign_dir) / FEED_FILE
 
 
 def read_feed(campaign_dir: str | Path) -> dict[str, Any]:
     """The campaign's feed file; {} when there is none (or it is not read: harness.contract.safefile)."""
     try:
-        doc = safefile.read_json(feed_path(campaign_dir), campaign_dir, safefile.MANIFEST_MAX)
+        doc = safefile.read_json(CampaignPaths(campaign_dir).feed, campaign_dir, safefile.MANIFEST_MAX)
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
 
 
 def write_feed(campaign_dir: str | Path, doc: dict[str, Any]) -> None:
-    path = feed_path(campaign_dir)
+    path = CampaignPaths(campaign_dir).feed
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".feed.json.tmp{os.getpid()}")
     tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -95,12 +90,8 @@ def held_states(job_dirs: Sequence[str | Path], slurm: Slurm) -> dict[str, tuple
     members: dict[str, set[str]] = {}  # the job dirs each campaign's feed still holds
     for job_dir in job_dirs:
         jd = Path(job_dir)
-        try:
-            safefile.check_dir(jd, jd.parent)
-            info = safefile.read_json(JobPaths(jd).submitted, jd.parent, safefile.SMALL_MAX)
-        except (OSError, ValueError):
-            continue
-        if not isinstance(info, dict) or info.get("job_id") or not info.get("held_back_at"):
+        info = read_submitted(jd)
+        if info.get("job_id") or not info.get("held_back_at"):
             continue
         if info.get("cancelled_at"):
             out[str(job_dir)] = ("CANCELLED", "cancelled with sbench cancel before it was submitted")
@@ -119,4 +110,4 @@ def held_states(job_dirs: Sequence[str | Path], slurm: Slurm) -> dict[str, tuple
     return out
 
 
-__all__ = ["FEED_FILE", "feed_path", "feeding_stopped", "held_count", "held_states", "read_feed", "write_feed"]
+__all__ = ["feeding_stopped", "held_count", "held_states", "read_feed", "write_feed"]

@@ -41,11 +41,12 @@ import psutil
 
 from harness.contract import envvars, safefile
 from harness.contract.errors import SbenchError
-from harness.contract.paths import JobPaths, process_key_files
+from harness.contract.paths import CampaignPaths, JobPaths, process_key_files
+from harness.contract.records import SubmittedInfo, read_submitted
 
 LAUNCH = "launch"
 QUEUE = "queue"
-MAX_BYTES = 1 << 20  # submitted.json and pidfiles are a few hundred bytes
+MAX_BYTES = 1 << 20  # pidfiles and the campaign lock are a few hundred bytes
 # /proc/<pid>/environ reads empty for an instant while the process execs: read it again, this often.
 EMPTY_READS = 10
 
@@ -150,22 +151,6 @@ def read_json(path: str | Path, root: str | Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def submitted(job_dir: str | Path) -> dict[str, Any]:
-    """``submitted.json`` of a job dir; {} when it is missing or not read (the job dir must lie in its
-    campaign directory: a job dir replaced by a link elsewhere is not read)."""
-    jd = Path(job_dir)
-    try:
-        safefile.check_dir(jd, jd.parent)
-    except OSError:
-        return {}
-    return read_json(JobPaths(jd).submitted, jd.parent)
-
-
-def pidfile(queue_file: str | Path) -> Path:
-    """A queue's pidfile: ``queue-<stamp>.pid`` beside its ``queue-<stamp>.json``."""
-    return Path(queue_file).with_suffix(".pid")
-
-
 @contextlib.contextmanager
 def job_lock(job_dir: str | Path) -> Iterator[None]:
     """Hold the job dir's lock (flock on the directory itself) while ``submitted.json`` is read and rewritten:
@@ -192,8 +177,9 @@ def queue_alive(queue_file: str | Path | None) -> bool | None:
     """Whether the queue process of *queue_file* runs (None: another user's, so this user cannot tell)."""
     if not queue_file:
         return False
-    # A queue's files lie in <campaign>/.local/: the pidfile is read inside that campaign directory.
-    return carries(read_json(pidfile(queue_file), Path(queue_file).parent.parent).get("pid"), QUEUE, queue_file)
+    # A queue's files lie in its campaign's CampaignPaths.local: the pidfile is read inside that campaign directory.
+    doc = read_json(CampaignPaths.queue_pidfile(queue_file), CampaignPaths.of_queue(queue_file).root)
+    return carries(doc.get("pid"), QUEUE, queue_file)
 
 
 def _foreign(job_dir: str | Path) -> bool:
@@ -203,9 +189,9 @@ def _foreign(job_dir: str | Path) -> bool:
         return False
 
 
-def job_state(job_dir: str | Path, info: dict[str, Any] | None = None) -> str | None:
+def job_state(job_dir: str | Path, info: SubmittedInfo | None = None) -> str | None:
     """The state of the local job in *job_dir* (module docstring); None when it has no ``submitted.json``."""
-    info = submitted(job_dir) if info is None else info
+    info = read_submitted(job_dir) if info is None else info
     if not info:
         return None
     if info.get("ended_at"):
@@ -236,5 +222,5 @@ def job_state(job_dir: str | Path, info: dict[str, Any] | None = None) -> str | 
     return "LOST" if JobPaths(job_dir).stage_hosts() else "NOT_STARTED"
 
 
-__all__ = ["LAUNCH", "QUEUE", "carries", "environment", "job_lock", "job_state", "pidfile", "process_key",
-           "queue_alive", "read_json", "submitted", "token", "verified"]
+__all__ = ["LAUNCH", "QUEUE", "carries", "environment", "job_lock", "job_state", "process_key",
+           "queue_alive", "read_json", "token", "verified"]

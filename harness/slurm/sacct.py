@@ -22,9 +22,6 @@ _FIELDS = SACCT_FORMAT.count(",") + 1
 # How long before sbench recorded a submission SLURM may have stamped it: sbatch's own time, and the clocks
 # of this host and the controller apart. A record submitted earlier is another job that had the same id.
 SUBMIT_SLACK = _dt.timedelta(hours=1)
-# The states a record of a job is left in when the job goes back to the queue: a later record with the same
-# id and name is the same job run again. After any other state, a later record is another job.
-REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED", "NODE_FAIL"})
 SQUEUE_FORMAT = "%i|%T|%r|%N|%j"  # job id, state, why it waits, its nodes, its name (last: a name may hold "|")
 
 
@@ -231,7 +228,7 @@ def pick(records: Sequence[JobAccounting], key: JobKey | None = None) -> JobAcco
     A record of another name (but an array's record of its queued tasks, matched on time alone), or
     submitted before the job was (less :data:`SUBMIT_SLACK`), is another job's. Of the rest, ordered by
     submit, start and end time: the first is the job's own submission, and a later one is the same job
-    only as a requeue, after a record left in a :data:`REQUEUE_STATES` state; the last of that chain is
+    only as a requeue, after a record left in one of ``jobstate.REQUEUE_STATES``; the last of that chain is
     the job's state now. A task's own record wins over its array's record of the tasks still queued.
     Without a submit time (older answers) the latest record wins.
     """
@@ -248,7 +245,7 @@ def pick(records: Sequence[JobAccounting], key: JobKey | None = None) -> JobAcco
         if key is None or key.since is None:
             return mine[order[-1]]
         for i in order[1:]:
-            if cur.state not in REQUEUE_STATES:
+            if cur.state not in jobstate.REQUEUE_STATES:
                 break
             cur = mine[i]
         return cur

@@ -7,25 +7,19 @@ values are allowed, and the per-model LoRA ``target_modules``.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
-from harness.contract import envvars
 from harness.contract.defaults import AUTO_STOP  # noqa: F401 - re-exported
 from harness.contract.errors import CatalogError, InputError
 from harness.contract.formats import RESPONSE_TEMPLATE, TEXT_FIELD
 from harness.contract.paths import VISION_PREFIX
 
+from .modelmap import ModelMap
 from .schema import INT_MAX, MAX_NUMBER, show, text_problem
-from .yamlio import load_yaml, loads_yaml
 
 BENCHMARK_MODELS = (
     "granite-3b-1.5", "hf-tiny-model-private/tiny-random-BloomForCausalLM", "llama-7b", "granite-13b-v2",
@@ -162,7 +156,7 @@ STABILITY_PROPERTIES = ("f_gpu_oom", "f_other_error", "f_no_error", "is_valid")
 #                                   reference's figure is world size x rank 0's rate);
 #   cpu_compute_utilization_rank0   rank 0's own process CPU time / its measured window, in percent
 #                                   (cpu_compute_utilization is the node's whole process tree);
-#   peak_tflops .. mfu              harness.flops: the peak used, model FLOPs per token, achieved model
+#   peak_tflops .. mfu              harness.spec.flops: the peak used, model FLOPs per token, achieved model
 #                                   and hardware TFLOP/s per device, MFU.
 DERIVED_PROPERTIES = ("train_tokens_per_second_exact", "cpu_compute_utilization_rank0", "peak_tflops",
                       "model_flops_per_token", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu")
@@ -487,268 +481,6 @@ def get_experiment(exp_id: str) -> Experiment:
     raise CatalogError(f"unknown experiment {exp_id!r}; known experiments: {', '.join(EXPERIMENTS)}")
 
 
-# -- model map ---------------------------------------------------------------------------------------------
-
-VARIANTS = ("Vanilla", "GPTQ-Quantized")
-MODEL_ENTRY_KEYS = VARIANTS + ("target_modules", "path", "id")
-
-
-@dataclass
-class ModelMap:
-    """Model name -> weights source per variant, plus optional per-model LoRA target modules."""
-
-    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
-    origins: dict[str, str] = field(default_factory=dict)
-
-    def names(self) -> list[str]:
-        return sorted(self.entries)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.entries
-
-    def source(self, name: str, variant: str = "Vanilla") -> str | None:
-        entry = self.entries.get(name)
-        if not entry:
-            return None
-        return entry.get(variant) or (entry.get("Vanilla") if variant == "Vanilla" else None)
-
-    def target_modules(self, name: str) -> tuple[str, ...] | None:
-        entry = self.entries.get(name) or {}
-        tm = entry.get("target_modules")
-        return tuple(tm) if tm else None
-
-    def merged(self, doc: Any, source: str, base_dir: Path | None) -> ModelMap:
-        """A copy with *doc* (name -> id/path, or name -> {Vanilla:, GPTQ-Quantized:, target_modules:}) on top."""
-        out = ModelMap({k: dict(v) for k, v in self.entries.items()}, dict(self.origins))
-        if doc is None:
-            return out
-        if not isinstance(doc, Mapping):
-            raise InputError(f"{source}: model_map must be a mapping of model name -> HF id or local path")
-        for name, value in doc.items():
-            name = str(name)
-            _check_text(source, f"model_map.{name}", name, 256)
-            for k, v in (value.items() if isinstance(value, Mapping) else [("", value)]):
-                for item in (v if isinstance(v, list) else [v]):
-                    if isinstance(item, str):
-                        _check_text(source, f"model_map.{name}" + (f".{k}" if k else ""), item, 1024)
-            if isinstance(value, (str, Path)):
-                entry: dict[str, Any] = {"Vanilla": _resolve_source(str(value), base_dir)}
-            elif isinstance(value, Mapping):
-                unknown = [k for k in value if k not in MODEL_ENTRY_KEYS]
-                if unknown:
-                    raise InputError(
-                        f"{source}: model_map.{name}.{unknown[0]} is not a known key; valid keys: "
-                        f"{', '.join(MODEL_ENTRY_KEYS)}")
-                entry = {}
-                for k, v in value.items():
-                    if k in ("path", "id"):
-                        k = "Vanilla"
-                    if k == "target_modules":
-                        if isinstance(v, str):
-                            v = v.split()
-                        if not isinstance(v, list) or not v:
-                            raise InputError(f"{source}: model_map.{name}.target_modules must be a non-empty list")
-                        entry[k] = [str(x) for x in v]
-                    elif not isinstance(v, str) or not v.strip():
-                        raise InputError(f"{source}: model_map.{name}.{k} must be a HF id or a path, got {v!r}")
-                    else:
-                        entry[k] = _resolve_source(v, base_dir)
-            else:
-                raise InputError(f"{source}: model_map.{name} must be a HF id, a path, or a mapping; got {value!r}")
-            merged_entry = dict(out.entries.get(name, {}))
-            merged_entry.update(entry)
-            out.entries[name] = merged_entry
-            out.origins[name] = source
-        return out
-
-
-def _check_text(source: str, key: str, text: str, max_len: int) -> None:
-    problem = text_problem(text, max_len)
-    if problem:
-        raise InputError(f"{source}: {key} {problem}")
-
-
-def is_local_source(src: str) -> bool:
-    return src.startswith(("/", "./", "../", "~")) or os.path.isdir(src)
-
-
-def _resolve_source(src: str, base_dir: Path | None) -> str:
-    src = src.strip()
-    if src.startswith("~"):
-        return str(Path(src).expanduser())
-    if src.startswith(("./", "../")) and base_dir is not None:
-        return str((base_dir / src).resolve())
-    return src
-
-
-def builtin_model_map() -> ModelMap:
-    text = resources.files("harness.spec").joinpath("models.yaml").read_text(encoding="utf-8")
-    doc = loads_yaml(text, "<built-in model map>", CatalogError)
-    mm = ModelMap().merged(doc, "<built-in model map>", None)
-    for name in mm.entries:
-        mm.origins[name] = "built-in"
-    return mm
-
-
-def load_model_map(path: str | Path | None = None) -> ModelMap:
-    """Built-in map, then ``$SBENCH_MODEL_MAP`` or *path* on top."""
-    mm = builtin_model_map()
-    p = path or envvars.MODEL_MAP.get()
-    if p:
-        p = Path(p)
-        mm = mm.merged(load_yaml(p, InputError, "model map"), str(p), p.parent.resolve())
-    return mm
-
-
-MAX_CONFIG_BYTES = 16 << 20  # a model's config.json is a few KiB; a larger one is not a config
-# The counts of a config.json that sbench reads (memory prediction, the MoE rules): (smallest, largest).
-CONFIG_COUNTS: dict[str, tuple[int, int]] = {
-    "hidden_size": (1, 1 << 20), "intermediate_size": (1, 1 << 22), "num_attention_heads": (1, 1 << 14),
-    "num_key_value_heads": (1, 1 << 14), "head_dim": (1, 1 << 14), "num_hidden_layers": (1, 1 << 14),
-    "vocab_size": (1, 1 << 27), "num_local_experts": (0, 1 << 16), "num_experts": (0, 1 << 16),
-    "n_routed_experts": (0, 1 << 16)}
-CONFIG_FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
-
-
-def check_model_config(doc: Any, source: str, prefix: str = "") -> dict[str, Any]:
-    """*doc* (a parsed config.json) when every key sbench reads from it holds a value it can use; else an
-    :class:`InputError` naming *source* and the key. A count is a whole number in :data:`CONFIG_COUNTS`'s
-    range (a negative layer count or a hidden size of 1e308 is refused, never computed with)."""
-    if not isinstance(doc, dict):
-        kind = "a list" if isinstance(doc, list) else type(doc).__name__ if doc is not None else "null"
-        raise InputError(f"{source}: {prefix.rstrip('.') or 'the document'} is {kind}, not a JSON object; a model's "
-                         "config.json maps keys such as model_type and hidden_size to values")
-    for key, (lo, hi) in CONFIG_COUNTS.items():
-        value = doc.get(key)
-        if value is None:
-            continue
-        ok = (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, float) and math.isfinite(value) and value.is_integer())
-        if not ok or not lo <= value <= hi:
-            raise InputError(f"{source}: {prefix}{key} is {show(value)}; a model config needs a whole number from "
-                             f"{lo} to {hi:,} here - fix the file or point model_map at the model's real config")
-        doc[key] = int(value)
-    for key in CONFIG_FLAGS:
-        if doc.get(key) is not None and not isinstance(doc[key], bool):
-            raise InputError(f"{source}: {prefix}{key} is {show(doc[key])}; expected true or false")
-    if doc.get("model_type") is not None and not isinstance(doc["model_type"], str):
-        raise InputError(f"{source}: {prefix}model_type is {show(doc['model_type'])}; expected a name such as "
-                         "'llama'")
-    quant = doc.get("quantization_config")
-    if quant is not None:
-        if not isinstance(quant, dict):
-            raise InputError(f"{source}: {prefix}quantization_config is {show(quant)}; expected a JSON object")
-        if quant.get("quant_method") is not None and not isinstance(quant["quant_method"], str):
-            raise InputError(f"{source}: {prefix}quantization_config.quant_method is {show(quant['quant_method'])}; "
-                             "expected a name such as 'gptq'")
-    if doc.get("text_config") is not None:
-        check_model_config(doc["text_config"], source, f"{prefix}text_config.")
-    return doc
-
-
-def read_model_config(path: str | Path) -> dict[str, Any]:
-    """A config.json read and checked (:func:`check_model_config`): a regular file of at most
-    :data:`MAX_CONFIG_BYTES`, one JSON object; every problem is an :class:`InputError` naming the file."""
-    p = Path(path)
-    try:
-        if not p.is_file():
-            raise InputError(f"{p}: is not a regular file; a model's config.json is one")
-        with p.open("rb") as fh:
-            data = fh.read(MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:
-            raise InputError(f"{p}: is larger than {MAX_CONFIG_BYTES} bytes; a model's config.json is a few KiB")
-        doc = json.loads(data.decode("utf-8"))
-    except OSError as exc:
-        raise InputError(f"{p}: cannot be read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{p}: is not UTF-8 text ({exc.reason} at byte {exc.start}); a config.json is JSON") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{p}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
-    except RecursionError:
-        raise InputError(f"{p}: invalid config.json: nested too deeply to be a model config") from None
-    except ValueError as exc:  # a number too long to convert
-        raise InputError(f"{p}: invalid JSON: {exc}") from None
-    return check_model_config(doc, str(p))
-
-
-def model_config(source: str) -> dict[str, Any] | None:
-    """The model's config.json when it can be found locally (a directory, or the HF cache), checked
-    (:func:`read_model_config`: a damaged one is an :class:`InputError` naming the file and key); else None."""
-    cand = Path(source).expanduser()
-    if cand.is_dir():
-        cfg = cand / "config.json"
-        return read_model_config(cfg) if cfg.exists() else None
-    try:
-        from huggingface_hub import try_to_load_from_cache  # heavy: only to find or fetch a model
-    except ImportError:  # pragma: no cover - transformers depends on it
-        return None
-    try:
-        hit = try_to_load_from_cache(source, "config.json")
-    except Exception:  # noqa: BLE001 - an invalid repo id is simply "not found locally"
-        return None
-    if isinstance(hit, str) and os.path.exists(hit):
-        return read_model_config(hit)
-    return None
-
-
-@lru_cache(maxsize=1)
-def catalogue_configs() -> dict[str, dict[str, Any]]:
-    """Catalogue model name -> its architecture facts (``model_configs.yaml``: config.json's own keys)."""
-    text = resources.files("harness.spec").joinpath("model_configs.yaml").read_text(encoding="utf-8")
-    doc = loads_yaml(text, "<built-in model configs>", CatalogError) or {}
-    return {str(k): dict(v) for k, v in doc.items()}
-
-
-CATALOGUE_CONFIG = "sbench's catalogue (harness/spec/model_configs.yaml)"
-
-
-def architecture(model_name: str, source: str | None) -> tuple[dict[str, Any] | None, str | None]:
-    """(config, where it comes from) of a model: its own config.json when readable here (a local directory
-    or the HF cache), else the architecture facts sbench ships for a catalogue model name, else (None, None)."""
-    cfg = model_config(source) if source else None
-    if cfg is not None:
-        return cfg, f"{source}/config.json"
-    facts = catalogue_configs().get(model_name)
-    return (dict(facts), CATALOGUE_CONFIG) if facts is not None else (None, None)
-
-
-# config.json model_type values of vision-language architectures (image + text in, text out) that the
-# trainers can load: transformers' AutoModelForImageTextToText (fms-hf-tuning: AutoModelForVision2Seq).
-VISION_MODEL_TYPES = frozenset({
-    "llava", "llava_next", "llava_onevision", "llava_next_video", "mllama", "qwen2_vl", "qwen2_5_vl", "idefics2",
-    "idefics3", "paligemma", "smolvlm", "gemma3", "mistral3", "pixtral", "aya_vision", "granite_speech",
-    "internvl", "chameleon", "blip-2", "instructblip", "fuyu", "kosmos-2", "llama4", "janus"})
-
-
-def is_vision_config(config: Mapping[str, Any]) -> bool:
-    """Whether a config.json is a vision-language model's: a known vision-language model_type, or a
-    ``*ForConditionalGeneration`` architecture with a ``vision_config`` (LLaVA, LLaVA-NeXT and kin)."""
-    if str(config.get("model_type") or "") in VISION_MODEL_TYPES:
-        return True
-    archs = config.get("architectures") or []
-    return isinstance(config.get("vision_config"), Mapping) and (
-        not archs or any(str(a).endswith("ForConditionalGeneration") for a in archs))
-
-
 def is_vision_dataset(dataset_id: Any) -> bool:
     """A vision (image + text) dataset id: the catalogue's two, or any id of the generator's vision grammar."""
     return str(dataset_id or "") in VISION_DATASETS or str(dataset_id or "").startswith(VISION_PREFIX)
-
-
-def num_local_experts(config: Mapping[str, Any]) -> int | None:
-    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
-        value = config.get(key)
-        if isinstance(value, int) and value > 0:
-            return value
-    text_cfg = config.get("text_config")
-    if isinstance(text_cfg, Mapping):
-        return num_local_experts(text_cfg)
-    return None
-
-
-def mount_visible(src: str) -> bool:
-    """Whether this machine sees the file system *src* lives on: its top-level directory exists (a
-    missing model under a visible /shared is a typo; a missing /models may be mounted on compute nodes)."""
-    p = Path(src).expanduser()
-    parts = p.parts
-    return len(parts) < 2 or Path(parts[0], parts[1]).exists()

@@ -98,8 +98,8 @@ class Partition:
     python: str | None = None
     exclusive: bool = False
     slurm_extra: dict[str, Any] = field(default_factory=dict)
-    peak_tflops: float | dict[str, float] | None = None  # per device; a number, or per dtype (harness.flops)
-    gpu_memory_gb: float | None = None  # one device's memory (harness.memory; default: gpu_memory.yaml)
+    peak_tflops: float | dict[str, float] | None = None  # per device; a number, or per dtype (harness.spec.flops)
+    gpu_memory_gb: float | None = None  # one device's memory (harness.spec.memory; default: gpu_memory.yaml)
 
     @property
     def is_cpu(self) -> bool:

@@ -58,8 +58,10 @@ import yaml
 
 from harness.contract.defaults import DEEPSPEED_BUCKET, ZERO3_PERSISTENCE
 
-from .catalog import CATALOGUE_CONFIG, VISION_ID_RE, architecture, is_vision_config, optim_args
+from .catalog import VISION_ID_RE, optim_args
 from .inventory import BYTES_PER_GB
+from .modelconfig import CATALOGUE_CONFIG, architecture, is_vision_config
+from .resources import point_counts
 
 RESERVE_GB = 1.0
 # bitsandbytes NF4 with double quantisation: 4 bits per weight, one 8-bit scale per 64-weight block and
@@ -360,7 +362,7 @@ def vision_tokens(dataset_id: Any, model_max_length: int) -> int | None:
 @lru_cache(maxsize=256)
 def config_for(model_name: str, source: str | None) -> tuple[dict[str, Any] | None, str | None]:
     """(architecture, where it comes from) of a model, once per name and source: its config.json when
-    readable here, else sbench's catalogue facts (``catalog.architecture``)."""
+    readable here, else sbench's catalogue facts (``modelconfig.architecture``)."""
     return architecture(model_name, source)
 
 
@@ -398,7 +400,7 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
             target_modules: tuple[str, ...] = (), num_virtual_tokens: int = 20,
             attention: str = "sdpa", config_source: str | None = None) -> MemoryPrediction:
     """The per-device memory of one point (see the module docstring). *config_source* says where *cfg*
-    came from (a config.json, or :data:`catalog.CATALOGUE_CONFIG`)."""
+    came from (a config.json, or :data:`modelconfig.CATALOGUE_CONFIG`)."""
     if cfg is None:
         return MemoryPrediction("unknown", f"the config.json of {entity.get('model_name') or 'the model'} is not "
                                            "readable here and sbench ships no architecture facts for it (run sbench "
@@ -416,9 +418,8 @@ def predict(entity: dict[str, Any], method: str, cfg: dict[str, Any] | None, par
             s = shape_of(cfg)
     except Unsupported as exc:
         return MemoryPrediction("unknown", str(exc), config_source=config_source)
-    devices = max(1, int(entity.get("number_gpus") or 1))
-    nodes = max(1, int(entity.get("number_nodes") or 1))
-    per_node = max(1, devices // nodes)
+    counts = point_counts(entity)
+    devices, per_node = counts.processes, counts.processes_per_node  # each process holds one device's share
     cpu = partition.is_cpu
     dtype = "float32" if cpu else str(entity.get("torch_dtype") or "bfloat16")
     vb = DTYPE_BYTES.get(dtype, 2)

@@ -18,15 +18,12 @@ from typing import Any
 
 from harness.contract.errors import InputError, SweepError
 
-from .catalog import (
-    EXPERIMENTS,
-    architecture,
-    is_local_source,
-    model_config,
-    mount_visible,
-)
+from .catalog import EXPERIMENTS
 from .inventory import Inventory, Partition
 from .memory import config_for, predict
+from .modelconfig import architecture, model_config
+from .modelmap import is_local_source, mount_visible
+from .resources import point_counts
 from .rules import (
     change_warnings,
     placement_reasons,
@@ -49,7 +46,7 @@ class PlannedPoint:
     notes: list[str]
     partition: str
     model_source: str | None
-    memory: dict[str, Any] | None = None  # harness.memory's prediction (plan --memory)
+    memory: dict[str, Any] | None = None  # harness.spec.memory's prediction (plan --memory)
     # Settings the trainer will change (rules.change_warnings, and the data layer's masked entries), one
     # text per cause.
     warnings: list[str] = field(default_factory=list)
@@ -119,9 +116,10 @@ def resolve_entity(sweep: Sweep, raw: Mapping[str, Any], partition: Partition,
             f"sweep's model_map: (name: HF id or local path) or use one of: {', '.join(exp.models)}")
     # Single-device runs use no distributed backend (the trainer runs directly).
     if "distributed_backend" in entity:
-        if entity["number_gpus"] <= 1 and entity["distributed_backend"] == "DEEPSPEED":
+        single = point_counts(entity).single
+        if single and entity["distributed_backend"] == "DEEPSPEED":
             pass  # ZeRO-Offload on one device is a memory technique of its own: keep it
-        elif entity["number_gpus"] <= 1:
+        elif single:
             if entity["distributed_backend"] is not None:
                 notes.append(f"distributed_backend {entity['distributed_backend']} ignored: single-device run")
             entity["distributed_backend"] = None
@@ -145,7 +143,7 @@ def _combos(sweep: Sweep) -> list[tuple[dict[str, Any], dict[str, int]]]:
 
 def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> list[PlannedPoint]:
     """Every point x repeat of the sweep, with validity and reasons; with *memory*, each valid point's
-    predicted per-device memory (harness.memory)."""
+    predicted per-device memory (harness.spec.memory)."""
     try:
         partition = inventory.partition(sweep.partition)
     except InputError as exc:

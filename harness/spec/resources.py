@@ -1,9 +1,9 @@
-"""How much of a node one point asks for: its share of the devices, cores and memory, and whether it
-owns its nodes.
+"""How much of a node one point asks for: its nodes, devices and training processes (:func:`point_counts`, the
+one place they are counted), its share of the devices, cores and memory, and whether it owns its nodes.
 
-``plan`` checks that a point fits its partition with these and shows the share, and ``build`` renders
-the same numbers as sbatch options (``--cpus-per-task``, ``--mem``, ``--exclusive``) and
-``OMP_NUM_THREADS``.
+``plan`` checks that a point fits its partition with these and shows the share, ``memory`` predicts per process
+with them, and ``build`` renders the same numbers as sbatch options (``--nodes``, ``--gpus-per-node``,
+``--cpus-per-task``, ``--mem``, ``--exclusive``), the launch's process counts and ``OMP_NUM_THREADS``.
 
 Isolation by default: a point that uses whole nodes is ``--exclusive`` on every partition (no other
 job shares its nodes, whatever cores and memory SLURM knows of beyond the inventory's), and so is a
@@ -16,6 +16,7 @@ memory instead of ``--mem=0``, so that SLURM can place another job beside it).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
@@ -29,6 +30,35 @@ MEM_RESERVE = 0.05  # of a partial node's memory share, left to the OS and other
 
 
 MB_PER_GB = 1000  # inventory GB -> SLURM MB, rounding down: SLURM's RealMemory is often a little below spec
+
+
+@dataclass(frozen=True)
+class Counts:
+    """How many nodes, devices and training processes one point asks for.
+
+    A point without devices (``number_gpus: 0``) still trains: one process, on a CPU, asking SLURM for no GPU.
+    When ``number_gpus`` is not a multiple of ``number_nodes`` (the point is invalid, rule 2), a node holds at
+    most :attr:`devices_per_node` of them."""
+
+    nodes: int  # number_nodes, at least 1
+    devices: int  # number_gpus: GPUs in all, or CPU worker processes on a CPU partition; 0 asks for none
+    devices_per_node: int  # the most devices one node holds: devices / nodes, rounded up; 0 without devices
+    processes: int  # training processes in all: one per device, one without devices
+    processes_per_node: int  # training processes on each node: processes / nodes, at least 1
+
+    @property
+    def single(self) -> bool:
+        """One training process: the trainer runs directly, with no distributed backend."""
+        return self.processes <= 1
+
+
+def point_counts(entity: Mapping[str, Any]) -> Counts:
+    """The counts of a point's resolved *entity* (its ``number_nodes`` and ``number_gpus``)."""
+    nodes = max(1, int(entity.get("number_nodes") or 1))
+    devices = max(0, int(entity.get("number_gpus") or 0))
+    processes = max(1, devices)
+    return Counts(nodes=nodes, devices=devices, devices_per_node=-(-devices // nodes), processes=processes,
+                  processes_per_node=max(1, processes // nodes))
 
 
 def node_share(part: Partition, per_node: int) -> float:
@@ -118,13 +148,12 @@ class Share:
         return {**asdict(self), "text": self.text}
 
 
-def point_share(part: Partition, entity: dict[str, Any], sweep_exclusive: bool | None,
+def point_share(part: Partition, entity: Mapping[str, Any], sweep_exclusive: bool | None,
                 mem_gb: float | None) -> Share:
     """The share of each node one point (its resolved *entity*) asks for on *part*."""
-    nodes = max(1, int(entity.get("number_nodes") or 1))
-    gpus = int(entity.get("number_gpus") or 0)
-    per_node = max(1, gpus) // nodes if gpus > 0 else 0
-    excl, why = exclusive(part, per_node, nodes, bool(entity.get("enable_roce")), sweep_exclusive)
+    counts = point_counts(entity)
+    per_node = counts.devices_per_node
+    excl, why = exclusive(part, per_node, counts.nodes, bool(entity.get("enable_roce")), sweep_exclusive)
     return Share(fraction=node_share(part, per_node), devices=per_node, node_devices=part.gpus_per_node,
                  cpus=cpus_per_task(part, per_node), node_cpus=part.cpus_per_node,
                  mem=memory_request(part, per_node, mem_gb, excl), exclusive=excl, why=why,

@@ -8,16 +8,7 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
-from .catalog import (
-    OPTIMIZER_NEEDS,
-    OPTIMIZERS_GONE,
-    VISION_ID_RE,
-    Experiment,
-    dtype_name,
-    is_vision_config,
-    is_vision_dataset,
-    num_local_experts,
-)
+from .catalog import OPTIMIZER_NEEDS, OPTIMIZERS_GONE, VISION_ID_RE, Experiment, dtype_name, is_vision_dataset
 from .envs import (
     CPU_FSDP_ACCELERATE,
     FAST_MOE_SINCE,
@@ -33,7 +24,8 @@ from .envs import (
     release_of,
 )
 from .inventory import Partition
-from .resources import cpus_per_task
+from .modelconfig import is_vision_config, num_local_experts
+from .resources import cpus_per_task, point_counts
 
 
 def validity_reasons(exp: Experiment, e: Mapping[str, Any], model_cfg: Mapping[str, Any] | None,
@@ -234,7 +226,7 @@ def trainer_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition, inv:
                        "environment, which the release does not install; use FSDP or DDP (or install deepspeed into "
                        f"{env.path} and run sbench env build fms-hf-tuning=={version} --refresh)")
     accelerate = env_version(env, "accelerate")
-    if (part.is_cpu and e.get("distributed_backend") == "FSDP" and max(1, e["number_gpus"]) > 1 and accelerate
+    if (part.is_cpu and e.get("distributed_backend") == "FSDP" and not point_counts(e).single and accelerate
             and release_of(accelerate) < CPU_FSDP_ACCELERATE):
         reasons.append(f"trainer: FSDP on a CPU partition needs FSDP v2 (accelerate 1.6 or later); the "
                        f"fms-hf-tuning=={version} environment has accelerate {accelerate}; use DDP")
@@ -280,7 +272,7 @@ def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) ->
     if nodes > len(part.hosts):
         reasons.append(f"placement: number_nodes {nodes} exceeds the {len(part.hosts)} host(s) of partition "
                        f"{part.name!r}")
-    per_node = gpus // nodes if nodes and gpus % nodes == 0 else -(-gpus // max(nodes, 1))
+    per_node = point_counts(e).devices_per_node
     if per_node > part.gpus_per_node:
         unit = "worker processes" if part.is_cpu else "GPUs"
         reasons.append(f"placement: {per_node} {unit} per node requested; partition {part.name!r} has "
@@ -297,7 +289,7 @@ def placement_reasons(exp: Experiment, e: Mapping[str, Any], part: Partition) ->
         if part.is_cpu:
             reasons.append(f"placement: fsdp_offload_params moves GPU memory to the host; partition {part.name!r} is "
                            "a CPU partition")
-        elif e.get("distributed_backend") != "FSDP" or max(1, gpus) < 2:
+        elif e.get("distributed_backend") != "FSDP" or point_counts(e).single:
             reasons.append("placement: fsdp_offload_params needs distributed_backend FSDP over 2 or more GPUs")
     reasons += _deepspeed_reasons(e, part, notes)
     reasons += _qlora_reasons(exp, e, part, notes)

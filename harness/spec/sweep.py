@@ -27,14 +27,9 @@ from harness.contract.defaults import (
 )
 from harness.contract.errors import CatalogError, InputError, SweepError
 
-from .catalog import (
-    EXPERIMENTS,
-    Experiment,
-    ModelMap,
-    get_experiment,
-    load_model_map,
-)
+from .catalog import EXPERIMENTS, Experiment, get_experiment
 from .inventory import shared_dir
+from .modelmap import ModelMap, load_model_map
 from .references import parse_references
 from .schema import (
     MAX_LIST,
