@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import random
 import re
 import shutil
-import struct
 import subprocess
 import tempfile
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +26,9 @@ from harness.contract.paths import JobPaths, job_dir_name
 from harness.slurm.client import Slurm
 from harness.spec.plan import point_id as make_point_id
 from tests import synth
+from tests.browser import CHROMIUM, FLAGS, hover_tooltip, open_report, png_pixels, screenshot, settle
 
 LORA, FULL = "finetune_lora_benchmark-v1.0.0", "finetune_full_benchmark-v1.0.0"
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 
 
 class FakeSacct:
@@ -569,58 +568,52 @@ def test_a_campaign_without_measurements_gets_no_data_panels(tmp_path, cli):
     assert len(specs(util)) == 3
 
 
-# -- the page as pixels ----------------------------------------------------------------------------------------
-def png_pixels(data: bytes) -> tuple[int, int, set[bytes]]:
-    """Width, height and the distinct pixel values of an 8-bit RGB/RGBA PNG (no Pillow)."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, width = 8, b"", 0
-    while pos < len(data):
-        (length,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
-        body = data[pos + 8:pos + 8 + length]
-        if kind == b"IHDR":
-            width, height, depth, color = struct.unpack(">IIBB", body[:10])
-            assert depth == 8 and color in (2, 6), (depth, color)
-            bpp = 3 if color == 2 else 4
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    raw, stride = zlib.decompress(idat), width * bpp
-    prev, values = bytearray(stride), set()
-    for y in range(height):
-        ftype, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
-        for i in range(stride):
-            a = line[i - bpp] if i >= bpp else 0
-            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
-            if ftype == 1:
-                line[i] = (line[i] + a) & 255
-            elif ftype == 2:
-                line[i] = (line[i] + b) & 255
-            elif ftype == 3:
-                line[i] = (line[i] + (a + b) // 2) & 255
-            elif ftype == 4:
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        values.update(bytes(line[i:i + 3]) for i in range(0, stride, bpp * 7))  # every 7th pixel
-        prev = line
-    return width, height, values
+# -- the page in a browser -------------------------------------------------------------------------------------
+SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "report.png"  # the README's picture of the report
+RUN_ID = re.compile(r"[\w.-]+/[0-9a-f]{16}\.r\d+\.a\d+")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-def test_page_renders_in_a_real_browser(gpu_page, tmp_path):
-    _, html_path = gpu_page
-    png = tmp_path / "report.png"
-    with tempfile.TemporaryDirectory() as profile:
-        proc = subprocess.run(
-            [CHROMIUM, *BROWSER_FLAGS, f"--user-data-dir={profile}", "--window-size=1400,2600",
-             "--virtual-time-budget=30000", f"--screenshot={png}", html_path.as_uri()],
-            capture_output=True, text=True, timeout=120)
-    assert png.exists(), proc.stderr[-2000:]
-    width, height, values = png_pixels(png.read_bytes())
-    assert (width, height) == (1400, 2600)
-    # a blank or error page has a handful of colours; plots, anti-aliased text and the table have many
+def test_in_a_browser_with_the_network_blocked_the_page_draws_every_chart_and_a_hover_names_the_run(gpu_page, gpu_db):
+    """Headless Chromium over the DevTools protocol, every remote URL blocked: the page asks for nothing but itself,
+    logs no error, draws every chart, and a mouse over a throughput marker shows its tooltip with the run's id.
+    The screenshot (the tooltip in it) must be a real picture; SBENCH_UPDATE_SCREENSHOT=1 writes it to
+    docs/report.png."""
+    page, html_path = gpu_page
+    runs = {r["run_id"] for r in gpu_db[1]}
+    with open_report(html_path, width=1400, height=1000) as (browser, check):
+        drawn = browser.evaluate("[Number(document.body.getAttribute('data-charts')), "
+                                 "document.querySelectorAll('.vchart svg.marks').length]")
+        tip = hover_tooltip(browser, "chart-throughput")
+        shot = screenshot(browser)
+        settle(browser, check)
+    assert check.requests == [html_path.as_uri()]  # the page itself; no script, style, font or image from elsewhere
+    assert check.errors == []
+    assert drawn == [len(specs(page)), len(specs(page))] and drawn[0] >= 5
+    found = RUN_ID.findall(tip)
+    assert len(found) == 1 and found[0] in runs, tip  # the run under the mouse, one of the campaign's
+    for field in ("series", "batch size", "dataset tokens / s", "interval", "max length", "nodes", "trainer"):
+        assert field in tip, tip
+    width, height, values = png_pixels(shot)
+    assert (width, height) == (1400, 1000) and len(shot) > 20_000
+    # a blank or error page has a handful of colours; plots, anti-aliased text and the tooltip have many
     assert len(values) > 200, len(values)
-    assert bytes.fromhex("d62728") in values or any(v[0] > 200 and v[1] < 80 and v[2] < 80 for v in values)
+    if os.environ.get("SBENCH_UPDATE_SCREENSHOT") == "1":
+        SCREENSHOT.write_bytes(shot)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_the_browser_check_sees_a_remote_script_and_a_console_error(gpu_page, tmp_path):
+    """The check above can fail: a page that asks for a remote script and logs an error is caught on both."""
+    page, _ = gpu_page
+    bad = tmp_path / "bad.html"
+    head, tail = page.rsplit("</body>", 1)
+    bad.write_text(f'{head}<script src="https://cdn.example.org/x.js"></script>'
+                   f"<script>console.error('boom')</script></body>{tail}")
+    with open_report(bad) as (browser, check):
+        settle(browser, check, 0.5)
+    assert "https://cdn.example.org/x.js" in check.requests
+    assert any("boom" in e for e in check.errors) and any("cdn.example.org" in e for e in check.errors), check.errors
 
 
 # -- one campaign by default -----------------------------------------------------------------------------------
@@ -838,10 +831,6 @@ function measure() {
 measure();
 """
 
-BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND"]  # no network at all
-
 
 def browser_measure(page: str, tmp_path: Path) -> dict[str, Any]:
     """Lay the page out in headless Chromium once its charts are drawn, with a script added to measure it: each x
@@ -853,7 +842,7 @@ def browser_measure(page: str, tmp_path: Path) -> dict[str, Any]:
     probe.write_text(f"{head}<script>{MEASURE_JS}</script></body>{tail}")
     with tempfile.TemporaryDirectory() as profile:
         proc = subprocess.run(
-            [CHROMIUM, *BROWSER_FLAGS, f"--user-data-dir={profile}", "--window-size=1400,2600",
+            [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--window-size=1400,2600",
              "--virtual-time-budget=30000", "--dump-dom", probe.as_uri()],
             capture_output=True, text=True, timeout=120)
     m = re.search(r'data-measured="([^"]*)"', proc.stdout)

@@ -246,7 +246,8 @@ def bars_spec(*, data: Mapping[str, Any], label: str, value: str, segment: str, 
         "mark": {"type": "bar", "height": bar_h},
         "encoding": {
             "y": {"field": label, "type": "nominal", "sort": list(labels), "axis": y_axis},
-            "x": {"field": value, "type": "quantitative", "aggregate": "sum", "title": x_title, "stack": "zero"},
+            # each row its own segment, stacked (no aggregate: zoom and pan project on x, which a sum forbids)
+            "x": {"field": value, "type": "quantitative", "title": x_title, "stack": "zero"},
             "color": {"field": segment, "type": "nominal", "title": None,
                       "scale": {"domain": names, "range": [colors[n] for n in names]},
                       "legend": {"orient": "top", "columns": 8, "labelLimit": 200}},
