@@ -41,6 +41,11 @@ BLOCKED = ["http://*", "https://*", "ws://*", "wss://*", "ftp://*"]  # Network.s
 READY_JS = "typeof window.sbenchReady === 'number' ? window.sbenchReady : null"
 
 
+# What the page's main thread spent until every chart was drawn (Performance.getMetrics: seconds of CPU work,
+# steadier than the wall clock on a shared machine), and the elements it holds.
+MAIN_THREAD = ("TaskDuration", "ScriptDuration", "LayoutDuration", "RecalcStyleDuration", "Nodes")
+
+
 class BrowserError(RuntimeError):
     pass
 
@@ -180,13 +185,15 @@ class Chromium:
 @dataclass
 class PageCheck:
     """What loading one page saw: every URL it requested, the console's errors (messages, exceptions, log
-    entries), and the milliseconds until every chart was drawn (``window.sbenchReady``)."""
+    entries), the milliseconds until every chart was drawn (``window.sbenchReady``) and what the main thread spent
+    until then."""
 
     requests: list[str] = field(default_factory=list)
     request_ids: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     ready_ms: float = 0.0
     wall_s: float = 0.0
+    main_thread: dict[str, float] = field(default_factory=dict)  # seconds of MAIN_THREAD until then; Nodes
 
 
 def _collect(browser: Chromium, check: PageCheck) -> None:
@@ -218,7 +225,7 @@ def open_report(page: Path, width: int = 1400, height: int = 1000, timeout: floa
     browser = Chromium(CHROMIUM, width, height, timeout)
     check = PageCheck()
     try:
-        for domain in ("Page", "Runtime", "Log", "Network"):
+        for domain in ("Page", "Runtime", "Log", "Network", "Performance"):
             browser.send(f"{domain}.enable")
         browser.send("Network.setBlockedURLs", {"urls": BLOCKED})
         browser.send("Network.setCacheDisabled", {"cacheDisabled": True})
@@ -226,6 +233,8 @@ def open_report(page: Path, width: int = 1400, height: int = 1000, timeout: floa
         browser.send("Page.navigate", {"url": page.resolve().as_uri()})
         check.ready_ms = float(browser.wait_for(READY_JS, timeout=timeout))
         check.wall_s = time.perf_counter() - t
+        metrics = {m["name"]: m["value"] for m in browser.send("Performance.getMetrics")["metrics"]}
+        check.main_thread = {k: metrics.get(k, 0.0) for k in MAIN_THREAD}
         browser.pump(0.2)
         _collect(browser, check)
         yield browser, check

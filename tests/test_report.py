@@ -224,7 +224,9 @@ def shared(page: str) -> dict[str, list[dict[str, Any]]]:
     """The rows the page's charts share (its ``sbench-data`` script)."""
     m = re.search(r'<script type="application/json" id="sbench-data">(.*?)</script>', page, re.S)
     assert m, "no shared data"
-    return json.loads(m.group(1))
+    packed = json.loads(m.group(1))  # by columns (charts.pack_rows): the rows as the page's script makes them again
+    return {name: [{f: v for f, v in zip(p["fields"], r) if v is not None} for r in p["rows"]]
+            for name, p in packed.items()}
 
 
 def rows(page: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -568,6 +570,18 @@ def test_a_campaign_without_measurements_gets_no_data_panels(tmp_path, cli):
     assert len(specs(util)) == 3
 
 
+def test_shared_rows_are_packed_by_column_and_come_back_whole(gpu_page, gpu_db):
+    from harness.report.charts import pack_rows
+
+    rows_in = [{"run": "a", "batch": 2, "x": None}, {"run": "b", "valid": False}, {"batch": 4}]
+    packed = pack_rows(rows_in)
+    assert packed == {"fields": ["run", "batch", "x", "valid"], "rows": [["a", 2], ["b", None, None, False], [None, 4]]}
+    page, _ = gpu_page
+    raw = re.search(r'id="sbench-data">(.*?)</script>', page, re.S)
+    assert raw and raw.group(1).count('"dataset_tokens_per_second"') == 1  # a field's name once, not once a row
+    assert len(shared(page)["measurements"]) == sql(gpu_db[0], "SELECT count(*) FROM measurements")[0][0]
+
+
 # -- the page in a browser -------------------------------------------------------------------------------------
 SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "report.png"  # the README's picture of the report
 RUN_ID = re.compile(r"[\w.-]+/[0-9a-f]{16}\.r\d+\.a\d+")
@@ -614,6 +628,37 @@ def test_the_browser_check_sees_a_remote_script_and_a_console_error(gpu_page, tm
         settle(browser, check, 0.5)
     assert "https://cdn.example.org/x.js" in check.requests
     assert any("boom" in e for e in check.errors) and any("cdn.example.org" in e for e in check.errors), check.errors
+
+
+ROWS_JS = "[...document.querySelectorAll('#latest table.tbl, #repeats table.tbl')].map(t => t.tBodies[0].rows.length)"
+FILTER_JS = """(function (q) {
+  const box = document.querySelector('#latest input.tfilter');
+  box.value = q; box.dispatchEvent(new Event('input'));
+  return [...document.querySelectorAll('#latest table.tbl tbody tr')].filter(r => r.style.display !== 'none').length;
+})"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_in_a_browser_rows_past_the_first_join_their_table_when_it_is_filtered_or_comes_into_view(
+        cli, gpu_db, tmp_path, monkeypatch):
+    import harness.report.sections as sections
+
+    monkeypatch.setattr(sections, "TABLE_FIRST_ROWS", 3)
+    page, _ = render(cli, gpu_db[0], tmp_path / "r.html")
+    total = [section(page, sid).count("<tr") - 1 for sid in ("latest", "repeats")]  # less the header row
+    assert min(total) > 3 and all(section(page, sid).count('<template class="more-rows">') == 1
+                                  for sid in ("latest", "repeats"))
+    granite = sum(">granite-3b-1.5<" in r for r in section(page, "latest").split("<tr")[1:])
+    assert 3 < granite < total[0]
+    with open_report(tmp_path / "r.html", height=700) as (browser, check):
+        assert browser.evaluate(ROWS_JS) == [3, 3]  # both tables far below the window: three rows each
+        # a filter searches every row: the kept-back ones join first
+        assert browser.evaluate(f"{FILTER_JS}('granite-3b-1.5')") == granite
+        assert browser.evaluate(ROWS_JS)[0] == total[0]
+        browser.evaluate("document.querySelector('#repeats table.tbl').scrollIntoView()")
+        assert browser.wait_for(f"({ROWS_JS})[1] === {total[1]}")  # in view: all of its rows
+        settle(browser, check)
+    assert check.errors == []
 
 
 # -- one campaign by default -----------------------------------------------------------------------------------

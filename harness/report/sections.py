@@ -51,10 +51,17 @@ TABLE_CLASS = "tbl"  # every table of the page has it: one style (the page's CSS
 _NUMBER = re.compile(r"[−+-]?\d[\d.,]*\s*(?:[kKMGT%]|[KMG]?B|s)?")  # a cell read as a number: right-aligned
 
 
+# The rows a table shows as the page opens; the rest wait in a <template> (parsed, but not styled or laid out)
+# until the table comes near the window or its filter or sort is used (the page's TABLE_JS). A 1,000-run page's
+# tables are 50,000 elements: laid out at once they took as long as every chart together.
+TABLE_FIRST_ROWS = 40
+
+
 def table(head: Sequence[str], rows: Sequence[tuple[Sequence[Any], str]], css: str = "") -> str:
     """One table in the page's shared style: *head*, and rows of (cells, the row's class: "", ``ok``, or
     ``oom``/``fail`` for a row that reads in red). Cells are text (escaped here; None is empty). *css*
-    adds a class to the table (``latest``: the wide table of measurements). Numbers are right-aligned."""
+    adds a class to the table (``latest``: the wide table of measurements). Numbers are right-aligned. Rows past
+    the first :data:`TABLE_FIRST_ROWS` join the table when it comes into view."""
     def td(c: Any) -> str:
         text = "" if c is None else str(c)
         return f'<td class="n">{esc(text)}</td>' if _NUMBER.fullmatch(text) else f"<td>{esc(text)}</td>"
@@ -64,8 +71,10 @@ def table(head: Sequence[str], rows: Sequence[tuple[Sequence[Any], str]], css: s
         return f"<tr{attr}>" + "".join(td(c) for c in cells) + "</tr>"
 
     classes = f"{TABLE_CLASS} {css}".strip()
+    shown, later = rows[:TABLE_FIRST_ROWS], rows[TABLE_FIRST_ROWS:]
+    more = f"<template class=\"more-rows\">{''.join(tr(c, rc) for c, rc in later)}</template>" if later else ""
     return (f'<table class="{classes}"><thead><tr>' + "".join(f"<th>{esc(h)}</th>" for h in head)
-            + f"</tr></thead><tbody>{''.join(tr(c, rc) for c, rc in rows)}</tbody></table>")
+            + f"</tr></thead><tbody>{''.join(tr(c, rc) for c, rc in shown)}{more}</tbody></table>")
 
 
 SeriesKey = tuple[str, str, str, int, str]  # campaign ("" on a one-campaign page), model, method, number_gpus, trainer
