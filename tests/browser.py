@@ -249,14 +249,14 @@ def settle(browser: Chromium, check: PageCheck, seconds: float = 0.2) -> PageChe
     return check
 
 
-# A point of a chart that has a tooltip: the centre of the first drawn symbol of the chart *cid*, after
-# scrolling it into view (viewport coordinates), or null.
+# A point of a chart that has a tooltip: the centre of the first drawn mark (*marks*: a CSS selector of Vega's
+# SVG) of the chart *cid*, after scrolling it into view (viewport coordinates), or null.
 MARK_JS = """
-(function (cid) {
+(function (cid, marks) {
   const el = document.getElementById(cid);
   if (!el) return null;
   el.scrollIntoView({block: 'center'});
-  for (const p of el.querySelectorAll('g.mark-symbol path')) {
+  for (const p of el.querySelectorAll(marks)) {
     const r = p.getBoundingClientRect();
     if (r.width > 2 && r.height > 2) return [r.left + r.width / 2, r.top + r.height / 2];
   }
@@ -274,9 +274,12 @@ TOOLTIP_JS = """
 """
 
 
-def hover_tooltip(browser: Chromium, chart_id: str, timeout: float = 10.0) -> str:
-    """Move the mouse over a mark of the chart *chart_id* and return the text of the tooltip it shows."""
-    where = browser.wait_for(f"{MARK_JS}({json.dumps(chart_id)})", timeout=timeout)
+SYMBOLS, BARS = "g.mark-symbol path", "g.mark-rect path"  # Vega's SVG: a scatter's points, a bar chart's bars
+
+
+def hover_tooltip(browser: Chromium, chart_id: str, marks: str = SYMBOLS, timeout: float = 10.0) -> str:
+    """Move the mouse over a mark (*marks*) of the chart *chart_id* and return the text of the tooltip it shows."""
+    where = browser.wait_for(f"{MARK_JS}({json.dumps(chart_id)}, {json.dumps(marks)})", timeout=timeout)
     x, y = where
     for dx in (-1.0, 0.0):  # two moves: Vega shows a tooltip on a pointer move over the mark
         browser.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x + dx, "y": y})

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from harness.collect.profile import PHASES, summarise
+from harness.contract.paths import JobPaths
 from harness.runner.faults import FaultSpecError, parse_faults
+from tests.browser import BARS, CHROMIUM, hover_tooltip, open_report, settle
 from tests.conftest import sql_rows
 from tests.helpers import SMALL_DATASET, sbench, write_yaml
 
@@ -125,3 +128,61 @@ def test_a_profiled_ddp_point_shows_gloo_and_a_slow_optimizer(tmp_path, tiny_mod
     text = page.read_text()
     assert 'id="profile"' in text and prof["run_id"] + "</h3>" not in text.split('id="profile"')[0]
     assert (Path(prof["job_dir"]) / prof["profile_files"][0]).as_uri() in text
+
+
+@pytest.mark.train
+@pytest.mark.slow(30)
+def test_a_packed_campaign_with_repeats_and_profiled_points_reports_offline_and_compares_without_them(
+        tmp_path, tiny_model, small_data_dir):
+    """Two points of two repeats, packed two by two (slurm.pack, run by the local executor), the last repeat of each
+    profiled: every profiled run has its trace in its job dir and parts that add up to its step; compare counts
+    only the other repeat; the report loads in headless Chromium with the network blocked, logs no error, and a
+    hover over a throughput marker and over a profile bar shows the run."""
+    inv = write_yaml(tmp_path / "inv.yaml", {
+        "cluster": "packed", "defaults": {"env": {"OMP_NUM_THREADS": "1"}},
+        "partitions": {"cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 2, "memory_gb": 16,
+                               "hosts": {"h1": {"address": "127.0.0.1"}}}}})
+    sweep = write_yaml(tmp_path / "s.yaml", {
+        "campaign": "packed", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "cpu",
+        "entity": {"model_name": "tiny", "model_max_length": 128, "dataset_id": SMALL_DATASET, "number_gpus": 1,
+                   "gradient_accumulation_steps": 1, "max_steps": 4},
+        "grid": {"batch_size": [2, 4]}, "repeats": 2, "slurm": {"pack": 2},
+        "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir),
+        "runner": {"sample_interval_s": 0.1, "profile": {"steps": [2, 3], "ranks": [0]}}})
+    db = tmp_path / "r.duckdb"
+    common = ["--workdir", tmp_path / "runs", "--db", db]
+    sbench("submit", sweep, "-i", inv, "--executor", "local", "--wait", *common, timeout=600)
+    runs = sql_rows(db, "SELECT run_id, point_id, repeat, outcome, profiled, profile_files, job_dir FROM runs "
+                        "ORDER BY point_id, repeat")
+    assert [(r["repeat"], r["outcome"], r["profiled"]) for r in runs] == [(0, "ok", False), (1, "ok", True)] * 2
+    packs = [json.loads(JobPaths(r["job_dir"]).submitted.read_text())["pack"] for r in runs]
+    assert all(p["size"] == 2 for p in packs)  # two allocations of two runs each
+    profiled = [r for r in runs if r["profiled"]]
+    for r in profiled:
+        (trace,) = r["profile_files"]
+        assert (Path(r["job_dir"]) / trace).stat().st_size > 1000
+        parts = sql_rows(db, "SELECT * FROM profile_ops WHERE run_id = ? AND kind = 'phase'", [r["run_id"]])
+        assert {p["name"] for p in parts} == set(PHASES)
+        assert sum(p["share"] for p in parts) == pytest.approx(1.0, abs=1e-6)
+        assert sum(p["self_s"] for p in parts) == pytest.approx(parts[0]["step_s"] * parts[0]["steps"], rel=1e-6)
+    # compare (the same runs on both sides, named two ways): one run a side per point, the profiled one left out;
+    # --include-shared, so that a host made busy by other work on this machine leaves the unprofiled run in
+    res = json.loads(sbench("compare", "campaign=packed", "campaign=packed,trainer=sbench", "--include-shared",
+                            "--json", "--db", db).stdout)
+    assert sorted((x["n_base"], x["n_cand"]) for x in res["rows"]) == [(1, 1), (1, 1)]
+    assert sorted(x["run_id"] for x in res["excluded"]["BASE"]) == sorted(r["run_id"] for r in profiled)
+    assert {x["why"] for x in res["excluded"]["BASE"]} == {"profiled"}
+    page = tmp_path / "r.html"
+    sbench("report", "--db", db, "-o", page)
+    text = page.read_text()
+    assert len(text.encode()) < 2 * 2 ** 20 and re.findall(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", text) == []
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    with open_report(page) as (browser, check):
+        throughput = hover_tooltip(browser, "chart-throughput")
+        bars = hover_tooltip(browser, "chart-profile", BARS)
+        settle(browser, check)
+    assert check.requests == [page.as_uri()] and check.errors == []
+    unprofiled = {r["run_id"] for r in runs if not r["profiled"]}
+    assert any(rid in throughput for rid in unprofiled), throughput  # the plots show the unprofiled runs only
+    assert any(r["run_id"] in bars for r in profiled) and "share of the step" in bars, bars
