@@ -286,6 +286,22 @@ def hover_tooltip(browser: Chromium, chart_id: str, marks: str = SYMBOLS, timeou
     return str(browser.wait_for(TOOLTIP_JS, timeout=timeout))
 
 
+def click(browser: Chromium, x: float, y: float) -> None:
+    """A left click at (*x*, *y*) of the viewport."""
+    browser.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
+    for kind in ("mousePressed", "mouseReleased"):
+        browser.send("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1})
+
+
+LEGEND = "g.role-legend-symbol path"  # Vega's SVG: a legend entry's symbol
+
+
+def click_legend(browser: Chromium, chart_id: str, timeout: float = 10.0) -> None:
+    """Click the first entry of the legend of the chart *chart_id*."""
+    x, y = browser.wait_for(f"{MARK_JS}({json.dumps(chart_id)}, {json.dumps(LEGEND)})", timeout=timeout)
+    click(browser, x, y)
+
+
 def screenshot(browser: Chromium) -> bytes:
     """The viewport as PNG."""
     return base64.b64decode(browser.send("Page.captureScreenshot", {"format": "png"})["data"])

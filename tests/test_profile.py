@@ -178,11 +178,16 @@ def test_a_packed_campaign_with_repeats_and_profiled_points_reports_offline_and_
     assert len(text.encode()) < 2 * 2 ** 20 and re.findall(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", text) == []
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (apt-get install chromium)")
+    # The throughput plot leaves out a run measured on a host busy with other work, which this shared machine may
+    # be: hovered only where it is drawn; the stage and profile bars are always there.
+    plotted = 'id="chart-throughput"' in text
     with open_report(page) as (browser, check):
-        throughput = hover_tooltip(browser, "chart-throughput")
+        throughput = hover_tooltip(browser, "chart-throughput") if plotted else ""
+        stages = hover_tooltip(browser, "chart-stages", BARS)
         bars = hover_tooltip(browser, "chart-profile", BARS)
         settle(browser, check)
     assert check.requests == [page.as_uri()] and check.errors == []
-    unprofiled = {r["run_id"] for r in runs if not r["profiled"]}
-    assert any(rid in throughput for rid in unprofiled), throughput  # the plots show the unprofiled runs only
+    assert any(r["run_id"] in stages for r in runs) and "seconds" in stages, stages
     assert any(r["run_id"] in bars for r in profiled) and "share of the step" in bars, bars
+    if plotted:  # the plots show the unprofiled runs only
+        assert any(r["run_id"] in throughput for r in runs if not r["profiled"]), throughput

@@ -26,7 +26,16 @@ from harness.contract.paths import JobPaths, job_dir_name
 from harness.slurm.client import Slurm
 from harness.spec.plan import point_id as make_point_id
 from tests import synth
-from tests.browser import CHROMIUM, FLAGS, hover_tooltip, open_report, png_pixels, screenshot, settle
+from tests.browser import (
+    CHROMIUM,
+    FLAGS,
+    click_legend,
+    hover_tooltip,
+    open_report,
+    png_pixels,
+    screenshot,
+    settle,
+)
 
 LORA, FULL = "finetune_lora_benchmark-v1.0.0", "finetune_full_benchmark-v1.0.0"
 
@@ -582,9 +591,40 @@ def test_shared_rows_are_packed_by_column_and_come_back_whole(gpu_page, gpu_db):
     assert len(shared(page)["measurements"]) == sql(gpu_db[0], "SELECT count(*) FROM measurements")[0][0]
 
 
+def _legends(vega: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every legend of a compiled Vega spec, its nested groups' too."""
+    return list(vega.get("legends") or []) + [x for m in vega.get("marks") or [] for x in _legends(m)]
+
+
+def test_every_chart_with_a_series_has_a_legend_that_clicks(gpu_page, two_db, cli, tmp_path):
+    """Vega-Lite makes a layered chart's legend clickable only from the first layer that draws it, and a layer
+    that hides it hides it for all: each spec, compiled as the page's library compiles it, has legends and every
+    one of them is interactive (the browser test clicks one)."""
+    import vl_convert
+
+    compared, _ = render(cli, two_db, tmp_path / "c.html", "--compare", OLDER, NEWER)
+    assert 'id="chart-compare"' in compared
+    for page in (gpu_page[0], compared):
+        data = shared(page)
+        for spec in specs(page):
+            names = spec.pop("_datasets")
+            if names:
+                spec["datasets"] = {n: data[n] for n in names}
+            views = [spec, *spec.get("layer", [])]
+            picks = [p for x in views for p in x.get("params", []) if p.get("bind") == "legend"]
+            legends = _legends(vl_convert.vegalite_to_vega(spec))
+            assert len(picks) == 1 and legends, spec.get("description")
+            assert all(leg["encode"]["symbols"].get("interactive") for leg in legends), spec.get("description")
+
+
 # -- the page in a browser -------------------------------------------------------------------------------------
 SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "report.png"  # the README's picture of the report
 RUN_ID = re.compile(r"[\w.-]+/[0-9a-f]{16}\.r\d+\.a\d+")
+
+
+# The opacity of each valid-measurement marker of the throughput chart (its filled points, not the OOM crosses)
+OPACITY_JS = ("[...document.querySelectorAll('#chart-throughput g.mark-symbol.role-mark path')]"
+              ".filter(p => p.getAttribute('opacity') !== '0.7').map(p => p.getAttribute('opacity'))")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
@@ -595,15 +635,23 @@ def test_in_a_browser_with_the_network_blocked_the_page_draws_every_chart_and_a_
     docs/report.png."""
     page, html_path = gpu_page
     runs = {r["run_id"] for r in gpu_db[1]}
+    (spec,) = specs(section(page, "throughput"))
+    first = spec["layer"][0]["encoding"]["color"]["scale"]["domain"][0]  # the legend's first entry
+    markers = [r["series"] for r in drawn(page, spec, "dataset_tokens_per_second")]
     with open_report(html_path, width=1400, height=1000) as (browser, check):
-        drawn = browser.evaluate("[Number(document.body.getAttribute('data-charts')), "
-                                 "document.querySelectorAll('.vchart svg.marks').length]")
+        charts = browser.evaluate("[Number(document.body.getAttribute('data-charts')), "
+                                  "document.querySelectorAll('.vchart svg.marks').length]")
         tip = hover_tooltip(browser, "chart-throughput")
         shot = screenshot(browser)
+        assert sorted(browser.evaluate(OPACITY_JS)) == ["1"] * len(markers)  # every series shown
+        click_legend(browser, "chart-throughput")  # shows that series alone: the others' markers fade
+        shown = browser.wait_for(f"(function () {{ const o = {OPACITY_JS}; "
+                                 "return o.includes('0.07') ? o.filter(x => x === '1').length : null; })()")
         settle(browser, check)
+    assert shown == markers.count(first) > 0
     assert check.requests == [html_path.as_uri()]  # the page itself; no script, style, font or image from elsewhere
     assert check.errors == []
-    assert drawn == [len(specs(page)), len(specs(page))] and drawn[0] >= 5
+    assert charts == [len(specs(page)), len(specs(page))] and charts[0] >= 5
     found = RUN_ID.findall(tip)
     assert len(found) == 1 and found[0] in runs, tip  # the run under the mouse, one of the campaign's
     for field in ("series", "batch size", "dataset tokens / s", "interval", "max length", "nodes", "trainer"):

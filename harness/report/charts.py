@@ -206,11 +206,13 @@ def xy_spec(*, data: Mapping[str, Any], x: str, y: str, series: str, colors: Map
                                                                  "fill": "#555", "fontSize": 10.5},
                        "encoding": {"x": {"field": "x0", "type": "quantitative"}, "y": {"value": 0},
                                     "text": {"field": "band"}}})
+    # Vega-Lite makes the legend clickable only from the first layer that draws it: the legend's selection sits there
+    pick, zoom = legend_params(series)
     if mean_line:
-        layers.append({"transform": kept, "mark": {"type": "line", "strokeWidth": 1.8},
+        layers.append({"transform": kept, "params": [pick], "mark": {"type": "line", "strokeWidth": 1.8},
                        "encoding": {"x": enc_x, "y": {**enc_y, "aggregate": "mean"}, "color": color,
                                     "opacity": PICKED}})
-    layers.append({"transform": kept, "params": legend_params(series),
+    layers.append({"transform": kept, "params": [zoom] if mean_line else [pick, zoom],
                    "mark": {"type": "point", "filled": True, "size": 48 if points else 12, "stroke": "#fff",
                             "strokeWidth": 0.6 if points else 0},
                    "encoding": {"x": enc_x, "y": enc_y, "color": color, "tooltip": tooltip(tips),
@@ -270,7 +272,9 @@ def ratio_spec(*, data: Mapping[str, Any], label: str, ratio: str, low: str, hig
     y = {"field": label, "type": "nominal", "sort": list(labels), "axis": {"title": None, "labelLimit": 380}}
     x = {"type": "quantitative", "title": x_title, "scale": {"zero": False}}
     color = {"field": group, "type": "nominal", "title": None,
-             "scale": {"domain": names, "range": [colors[n] for n in names]}}
+             "scale": {"domain": names, "range": [colors[n] for n in names]}, "legend": {"orient": "top"}}
+    # the legend's selection sits on the first layer that draws the legend (the whiskers): Vega-Lite makes the
+    # legend clickable only from there; a layer without a legend would leave the chart with none
     return {"width": width, "height": {"step": 22}, "data": dict(data),
             "layer": [
                 {"data": {"values": [{"lo": 1 - threshold, "hi": 1 + threshold}]},
@@ -279,13 +283,13 @@ def ratio_spec(*, data: Mapping[str, Any], label: str, ratio: str, low: str, hig
                 {"data": {"values": [{"one": 1.0}]}, "mark": {"type": "rule", "color": "#333"},
                  "encoding": {"x": {**x, "field": "one"}}},
                 {"transform": [{"filter": f"isValid(datum[{json.dumps(low)}])"}],
+                 "params": [{"name": "pick", "select": {"type": "point", "fields": [group]}, "bind": "legend"}],
                  "mark": {"type": "rule", "strokeWidth": 2},
                  "encoding": {"y": y, "x": {**x, "field": low}, "x2": {"field": high},
-                              "color": {**color, "legend": None}, "opacity": PICKED, "tooltip": tooltip(tips)}},
-                {"params": [{"name": "pick", "select": {"type": "point", "fields": [group]}, "bind": "legend"},
-                            {"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"}],
+                              "color": color, "opacity": PICKED, "tooltip": tooltip(tips)}},
+                {"params": [{"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"}],
                  "mark": {"type": "point", "filled": True, "size": 70},
-                 "encoding": {"y": y, "x": {**x, "field": ratio}, "color": {**color, "legend": {"orient": "top"}},
+                 "encoding": {"y": y, "x": {**x, "field": ratio}, "color": color,
                               "opacity": PICKED, "tooltip": tooltip(tips)}}],
             "config": CONFIG}
 
