@@ -29,6 +29,8 @@ from tests import synth
 from tests.browser import (
     CHROMIUM,
     FLAGS,
+    MARK_JS,
+    SYMBOLS,
     click_legend,
     hover_tooltip,
     open_report,
@@ -622,6 +624,7 @@ SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "report.png"  # the 
 RUN_ID = re.compile(r"[\w.-]+/[0-9a-f]{16}\.r\d+\.a\d+")
 
 
+DOMAINS_JS = "['x', 'y'].map(a => document.getElementById('chart-throughput').vegaView.scale(a).domain())"
 # The opacity of each valid-measurement marker of the throughput chart (its filled points, not the OOM crosses)
 OPACITY_JS = ("[...document.querySelectorAll('#chart-throughput g.mark-symbol.role-mark path')]"
               ".filter(p => p.getAttribute('opacity') !== '0.7').map(p => p.getAttribute('opacity'))")
@@ -644,6 +647,16 @@ def test_in_a_browser_with_the_network_blocked_the_page_draws_every_chart_and_a_
         tip = hover_tooltip(browser, "chart-throughput")
         shot = screenshot(browser)
         assert sorted(browser.evaluate(OPACITY_JS)) == ["1"] * len(markers)  # every series shown
+        # the wheel zooms in on both axes (the mouse is on the plot, where the tooltip's marker was)
+        before = browser.evaluate(DOMAINS_JS)
+        x, y = browser.evaluate(f"{MARK_JS}('chart-throughput', '{SYMBOLS}')")
+        browser.send("Input.dispatchMouseEvent", {"type": "mouseWheel", "x": x + 60, "y": y - 40, "deltaX": 0,
+                                                  "deltaY": -300})
+        after = browser.wait_for(f"(function (b) {{ const d = {DOMAINS_JS}; "
+                                 "return d.flat().every((v, i) => v === b.flat()[i]) ? null : d; })"
+                                 f"({json.dumps(before)})")
+        for (lo0, hi0), (lo1, hi1) in zip(before, after):
+            assert lo0 < lo1 < hi1 < hi0, (before, after)
         click_legend(browser, "chart-throughput")  # shows that series alone: the others' markers fade
         shown = browser.wait_for(f"(function () {{ const o = {OPACITY_JS}; "
                                  "return o.includes('0.07') ? o.filter(x => x === '1').length : null; })()")
