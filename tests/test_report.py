@@ -541,8 +541,13 @@ def test_xy_spec_scales_log2_ticks_where_asked_and_pins_crosses_to_the_top():
     assert cross["transform"] == [{"filter": "!datum.ok"}, {"calculate": '"oom"', "as": "s"},
                                   {"calculate": "100.0", "as": "_top"}]
     assert spec["layer"][0]["encoding"]["y"]["scale"] == {"domain": [0.0, 100.0]}
-    assert {p["name"] for p in layer(spec, "point", filled=True, size=48)["params"]} == {"pick", "zoom"}
-    assert layer(spec, "point", filled=True, size=48)["params"][0]["bind"] == "legend"
+    # the legend's selection on the first layer that draws the legend (the mean line), zoom on the markers
+    assert [(p["name"], p["bind"]) for p in layer(spec, "line")["params"]] == [("pick", "legend")]
+    assert [(p["name"], p["bind"]) for p in layer(spec, "point", filled=True, size=48)["params"]] == [
+        ("zoom", "scales")]
+    no_line = xy_spec(data={"values": values}, x="b", y="v", series="s", colors={"a": "#123456"}, tips=[],
+                      x_title="b", y_title="v", mean_line=False)
+    assert [p["name"] for p in no_line["layer"][0]["params"]] == ["pick", "zoom"]  # no line: both on the markers
 
 
 def test_empty_charts_are_no_data_panels():
