@@ -60,13 +60,14 @@ cluster:
 cluster-stop:
 	bash tests/cluster/cluster.sh stop
 
-bench: setup
+bench: setup browser
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/collect.py
 	$(BIN)/python bench/submit.py
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/trainers.py
 	$(BIN)/python bench/prepare_check.py
+	$(BIN)/python bench/report_page.py
 
 ## gpu-wheels: what bench/gpu_check.sh installs on a GPU machine without network: the wheels of sbench's
 ## dependencies that machine lacks (CPython 3.12, manylinux x86_64; never torch) in .wheels/, checked, with the

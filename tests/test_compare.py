@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from statistics import median, stdev
 
@@ -288,7 +289,12 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
     page = sbench("report", "--db", db, "--compare", "base", "slow", "-o", "-").stdout
     assert 'id="checks"' in page and "slow: 2 pass, 2 fail, 0 missing" in page
     assert 'id="compare"' in page
-    if row["verdict"] == "regression":
-        assert "1 regression." in page and 'fill="#d62728"' in page.split('id="compare"')[1]
+    if row["verdict"] == "regression":  # the chart's spec: the point's dot in the regression's red
+        assert "1 regression." in page
+        (spec,) = [json.loads(x) for x in re.findall(r'class="vl-spec" data-for="chart-compare"[^>]*>(.*?)</script>',
+                                                     page, re.S)]
+        scale = spec["layer"][-1]["encoding"]["color"]["scale"]
+        assert dict(zip(scale["domain"], scale["range"]))["regression"] == "#d62728"
+        assert [p["verdict"] for p in spec["data"]["values"]].count("regression") == 1
     # and the latest table rates each point's stability across its repeats
     assert "<th>stability</th>" in page and f"{stab['slow'][2]} ({100 * stab['slow'][1]:.1f} %)" in page

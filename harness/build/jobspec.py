@@ -386,7 +386,8 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         setup=list(inv.setup) + list(part.setup), env=env, host_env=host_env,
         compute_dtype=cdtype, peak_tflops=peak, peak_source=peak_src, memory_prediction=mem,
         host_addresses={h.name: h.address for h in part.hosts.values() if h.address},
-        trials=exp.trials, runner=sweep.runner.to_dict(), adjustments=adjustments, notes=list(point.notes),
+        trials=exp.trials, runner=sweep.runner.for_repeat(point.repeat).to_dict(), adjustments=adjustments,
+        notes=list(point.notes),
         workload=sweep.runner.workload, trainer=trainer, trainer_python=tpython, trainer_path=tpath,
         trainer_env=tinfo, node_share=share.to_dict(), asked=exp.asked_settings(e),
     )

@@ -64,11 +64,14 @@ def executor_option(f: Any) -> Any:
               help="Submit as this campaign instead of the sweep's campaign: (one sweep, a campaign per night).")
 @click.option("--reuse-measured", is_flag=True, help="Do not measure a point again that another campaign measured: "
               "take its run (named in the reason). Also the sweep's 'reuse: measured'.")
+@click.option("--profile", is_flag=True, help="Profile the last repeat of each point (a second repeat when the sweep "
+              "has one) with torch.profiler: the sweep's runner.profile, else steps 3-5 of rank 0. A profiled run is "
+              "left out of compare, check and the repeats' CV.")
 @json_option
 def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | None, db: Path | None,
            model_map: Path | None, wait: bool, force: bool, retry_failed: bool, max_parallel: int | None,
            hold: bool, preflight: bool, prepare_on: str, no_prepare: bool, skip_predicted_oom: bool,
-           campaign: str | None, reuse_measured: bool, as_json: bool) -> None:
+           campaign: str | None, reuse_measured: bool, profile: bool, as_json: bool) -> None:
     """Submit a sweep: one job array per resource shape on SLURM, or a local queue.
 
     A campaign measures every valid point it has not measured or queued itself; --reuse-measured takes
@@ -81,7 +84,7 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
             sweep, inventory, executor, workdir, db, model_map=model_map, campaign=campaign, force=force,
             retry_failed=retry_failed, max_parallel=max_parallel, hold=hold, preflight=preflight,
             prepare="no" if no_prepare else prepare_on, skip_predicted_oom=skip_predicted_oom,
-            reuse_measured=reuse_measured), echo=_stderr_echo(as_json))
+            reuse_measured=reuse_measured, profile=profile), echo=_stderr_echo(as_json))
     except Interrupted as exc:
         _interrupted(exc, as_json, workdir, db)
     _finish(report, "submit", wait, as_json, workdir, db)

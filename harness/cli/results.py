@@ -21,6 +21,7 @@ from harness.db.status import campaign_names
 from harness.db.store import open_store
 from harness.report.compare import Verdict, compare_in
 from harness.report.envdiff import EnvDiff
+from harness.report.queries import run_profile
 
 from .base import campaign_ref, db_option, echo_json, json_option, main, say, table
 
@@ -250,3 +251,42 @@ def check(campaign: str, db: Path | None, allow_missing: bool, as_json: bool) ->
 
 def _bound(v: float | None) -> str:
     return "" if v is None else f"{v:.4g}"
+
+
+@main.command()
+@click.argument("run_id", metavar="RUN")
+@db_option
+@click.option("--top", type=click.IntRange(1, 1000), default=15, show_default=True,
+              help="Operators (and kernels) shown per rank, by self time.")
+@json_option
+def profile(run_id: str, db: Path | None, top: int, as_json: bool) -> None:
+    """Print where a profiled run's steps went (data, forward, backward, optimizer, communication, other) and its
+    top operators by self time.
+
+    Example: sbench profile demo-cpu/6b1c0e6f2a9d4e17.r1.a1
+    """
+    with open_store(resolve_db(db), read_only=True) as st:
+        run = run_profile(st, run_id)
+    if as_json:
+        echo_json(run)
+        return
+    if not run["ops"]:
+        click.echo(f"{run_id}: profiled, but no trace was summarised (outcome {run['outcome'] or 'pending'}; "
+                   f"files: {', '.join(run['profile_files'] or []) or 'none'})")
+        return
+    for rank in sorted({o["rank"] for o in run["ops"]}):
+        ops = [o for o in run["ops"] if o["rank"] == rank]
+        steps, step_s = ops[0]["steps"], ops[0]["step_s"]
+        click.echo(f"{run_id} rank {rank} ({ops[0]['host']}): {steps} profiled steps, "
+                   f"{(step_s or 0) * 1000:.1f} ms per step")
+        click.echo(table([{"part": o["name"], "share": f"{100 * (o['share'] or 0):.1f} %",
+                           "ms/step": f"{1000 * o['self_s'] / max(steps or 1, 1):.2f}"}
+                          for o in ops if o["kind"] == "phase"], ["part", "share", "ms/step"]))
+        click.echo("")
+        click.echo(table([{"kind": o["kind"], "operator": o["name"][:70], "calls": o["calls"],
+                           "self ms": f"{1000 * o['self_s']:.2f}", "total ms": f"{1000 * o['total_s']:.2f}",
+                           "share": f"{100 * (o['share'] or 0):.1f} %"}
+                          for o in ops if o["kind"] != "phase"][:top],
+                         ["kind", "operator", "calls", "self ms", "total ms", "share"]))
+        click.echo("")
+    click.echo(f"trace files (in {run['job_dir']}): {', '.join(run['profile_files'] or []) or 'none'}")

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.contract.defaults import RunnerSettings, sample_interval
 from harness.contract.formats import Stage
+from harness.contract.paths import JobPaths
 from harness.db.values import entity_values, to_json, utc
 from harness.spec.catalog import EXPERIMENTS
 from harness.spec.flops import run_flops
@@ -20,7 +22,10 @@ from . import aggregate
 from .discover import Attempt
 from .jobdir import JobFiles, as_dict, as_list, count, first_line
 from .outcome import Sched, Verdict
-from .parse import summarize_transports
+from .parse import read_file, summarize_transports
+from .profile import profile_rows, read_trace, summarise
+
+PROFILE_MAX = 1 << 30  # a gzipped trace larger than this is not read (profile fewer steps)
 
 _f = aggregate._f
 _PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "submitit", "duckdb")
@@ -40,6 +45,7 @@ class RunData:
     trials: list[dict[str, Any]] = field(default_factory=list)
     environment: list[dict[str, Any]] = field(default_factory=list)
     memory: list[dict[str, Any]] = field(default_factory=list)
+    profile_ops: list[dict[str, Any]] = field(default_factory=list)  # runner.profile's traces (collect.profile)
     sample_files: list[tuple[str, Path]] = field(default_factory=list)
     samples_written: dict[str, int | None] = field(default_factory=dict)  # host -> rows its sampler recorded
     rank0: dict[str, Any] | None = None
@@ -319,7 +325,9 @@ def build(f: JobFiles, v: Verdict) -> RunData:
                 else not f.jobspec["cpu_partition"],
                 ran={**ran, "adjustments": to_json(ran["adjustments"] or None), "notes": ran["notes"] or None},
                 slurm_energy_j=v.sched.job.consumed_energy_j if v.sched.job else None)
+    run["profiled"] = RunnerSettings.from_dict(as_dict(f.jobspec.get("runner"))).profiled
     if f.paths is not None:
+        profile_data(d, f.paths)
         d.sample_files = [(h, f.paths.samples(h)) for h in f.sample_hosts]
         d.samples_written = {h: count(r.get("samples"), 0) for h, r in f.results.items()}
     drawn = [i for r in f.ranks.values() if isinstance(r.get("entries_consumed"), list) for i in r["entries_consumed"]]
@@ -350,6 +358,31 @@ def failed_unread(att: Attempt, sched: Sched, why: str) -> RunData:
     return RunData(run=run, over=True)
 
 
+TRACE_NAME = re.compile(r"profile\.(.+)\.rank(\d+)\.pt\.trace\.json\.gz")
+
+
+def profile_data(d: RunData, paths: JobPaths) -> None:
+    """A profiled run's files (``runs.profile_files``) and each rank trace's summary (``profile_ops``)."""
+    files = paths.profile_files()
+    d.run["profile_files"] = [p.name for p in files] or None
+    for p in files:
+        m = TRACE_NAME.fullmatch(p.name)
+        if m is None:
+            continue
+        data, problem = read_file(p, paths.root, PROFILE_MAX)
+        if data is None:
+            d.warn(problem or f"{p.name}: missing")
+            continue
+        try:
+            summary = summarise(read_trace(data))
+        except (ValueError, OSError, EOFError) as exc:
+            d.warn(f"{p.name}: not a readable trace ({exc})")
+            continue
+        if not summary.steps:
+            d.warn(f"{p.name}: no profiled step (sbench:step range) in the trace")
+        d.profile_ops += profile_rows(d.run["run_id"], m.group(1), int(m.group(2)), summary)
+
+
 def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The measurements row of an ok or invalid run (None otherwise)."""
     run = d.run
@@ -363,6 +396,7 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     row.update(entity_values(d.entity))
     row["transport"] = run["transport"]
     row["world_size"] = d.world_size
+    row["profiled"] = bool(run.get("profiled"))
     row.update(d.ran)  # what ran beside what was asked (torch_dtype is the point's), and the runner's notes
     if run["outcome"] == "invalid":
         # An invalid run (GPU OOM / illegal memory access) is a measurement of the point: is_valid=false

@@ -47,9 +47,31 @@ class RunnerSettings:
     # a host is busy when other work (outside the run's processes) used more than this share of its CPU capacity
     # over the measured window, or another process ran on one of its GPUs: the run is flagged host_busy
     host_busy_cpu: float = 0.25
+    # runner.profile: optimizer steps profile_start..profile_end (1-based, both included; 0: no profile) of the
+    # repeat profile_repeat only (-1: none), on the global ranks profile_ranks ("0,1"), with profile_tool (one of
+    # PROFILE_TOOLS); harness.runner.profile. A job's spec.json carries them only when it is that repeat.
+    profile_start: int = 0
+    profile_end: int = 0
+    profile_ranks: str = "0"
+    profile_tool: str = "torch"
+    profile_repeat: int = -1
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def profiled(self) -> bool:
+        """Whether a job with these settings profiles some of its steps."""
+        return self.profile_start > 0 and self.profile_end >= self.profile_start
+
+    def for_repeat(self, repeat: int) -> RunnerSettings:
+        """The settings one repeat's job runs with: the profile only on the repeat it is for."""
+        if self.profiled and repeat == self.profile_repeat:
+            return self
+        return dataclasses.replace(self, profile_start=0, profile_end=0)
+
+    def profile_rank_list(self) -> list[int]:
+        return [int(r) for r in self.profile_ranks.split(",") if r.strip().isdigit()]
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any] | None) -> RunnerSettings:
@@ -66,6 +88,11 @@ class RunnerSettings:
             except (TypeError, ValueError):
                 continue
         return cls(**values)
+
+
+PROFILE_TOOLS = ("torch", "nsys")  # runner.profile.tool: torch.profiler in the trainer, or Nsight Systems around it
+DEFAULT_PROFILE_STEPS = (3, 5)  # sbench submit --profile without a runner.profile of the sweep's
+MAX_PROFILE_STEPS = 50  # a trace of more steps is too large to read, and the steps it covers are alike
 
 
 # The sampler's shortest period (the sweep's lower bound; the sampler never ticks faster).

@@ -86,6 +86,9 @@ PACK = Var("SBENCH_PACK", "",
 LAUNCHED_WALL = Var("SBENCH_LAUNCHED_WALL", "",
                     "When the node runner started the training command (wall clock): where each rank's launch "
                     "stage begins; unset: when the rank's process started", "job")
+PROFILE_TOOL = Var("SBENCH_PROFILE_TOOL", "torch",
+                   "Set by the node runner for a profiled job: the profiler the trainer drives (nsys when the job runs "
+                   "under Nsight Systems, else torch)", "job")
 LOCAL_TOKEN = Var("SBENCH_LOCAL_TOKEN", "",
                   "Set by the local executor on each launch and on its queue process: a keyed digest of the job dir "
                   "(or queue file) under this user's key; status and cancel trust a process only when its "

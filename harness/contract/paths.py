@@ -141,6 +141,18 @@ class JobPaths:
     def environment(self, host: str) -> Path:
         return self.root / f"environment.{safe_name(host)}.json"
 
+    def profile_trace(self, host: str, rank: int) -> Path:
+        """torch.profiler's Chrome trace of one rank's profiled steps, gzipped (runner.profile)."""
+        return self.root / f"profile.{safe_name(host)}.rank{rank}.pt.trace.json.gz"
+
+    def profile_nsys(self, host: str) -> Path:
+        """Nsight Systems' report of one host's training (runner.profile.tool: nsys); nsys adds ``.nsys-rep``."""
+        return self.root / f"profile.{safe_name(host)}"
+
+    def profile_files(self) -> list[Path]:
+        """Every profile file of the job dir: traces and Nsight reports, in name order."""
+        return sorted(p for p in self.root.glob("profile.*") if p.name.endswith((".pt.trace.json.gz", ".nsys-rep")))
+
     def train_log(self, host: str) -> Path:
         return self.root / f"train.{safe_name(host)}.log"
 

@@ -32,7 +32,8 @@ def references_of(store: Store) -> dict[str, list[dict[str, Any]]]:
 
 def check_inputs(store: Store, campaign: str, metrics: Sequence[str]) -> list[dict[str, Any]]:
     """The campaign's valid point-repeats at their latest attempt: entity, run, outcome, the runs that shared
-    a host with it (``overlapped_with``) and the measured *metrics* (see harness.references.check_rows)."""
+    a host with it (``overlapped_with``) and the measured *metrics* (see harness.references.check_rows); a
+    profiled repeat (``runs.profiled``) is no input."""
     cols = [m for m in dict.fromkeys(metrics) if m in COLUMN_NAMES["measurements"]]
     picked = "".join(f", m.{q(c)}" for c in cols)
     rows = store.fetch_dicts(
@@ -45,6 +46,7 @@ def check_inputs(store: Store, campaign: str, metrics: Sequence[str]) -> list[di
                  LEFT JOIN latest r ON r.point_id = cp.point_id AND r.repeat = cp.repeat
                  LEFT JOIN measurements m ON m.run_id = r.run_id
             WHERE cp.campaign = ? AND p.valid IS DISTINCT FROM false
+                  AND NOT coalesce(r.profiled, false)  -- a profiled repeat measured the profiler too: never checked
             ORDER BY cp.point_id, cp.repeat""", [campaign, campaign])
     for r in rows:
         try:

@@ -3,7 +3,8 @@ schema version a database must carry (``metadata.schema_version``).
 
 Tables: ``metadata``, ``campaigns``, ``points`` (entity fields as typed columns), ``campaign_points``,
 ``runs`` (one per attempt), ``run_hosts``, ``stages``, ``sample_files``, ``sample_rows``, ``ranks``,
-``errors``, ``trials``, ``measurements``, ``environment``, ``memory``, ``checks``, ``probes``, ``fabric``;
+``errors``, ``trials``, ``measurements``, ``environment``, ``memory``, ``profile_ops``, ``checks``, ``probes``,
+``fabric``;
 views ``samples``, ``latest_measurements``, ``run_summary``, ``stage_durations``, ``run_overhead``,
 ``point_status``, ``point_stability``.
 
@@ -36,15 +37,16 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # (compare's robust per-run evidence); the measured window's exact dataset tokens and the image tokens among them
 # (measurements.dataset_tokens, dataset_image_tokens); 13: the host's other load (the 'host' sample kind,
 # sample_rows.foreign_procs; measurements.host_other_cpu_pct, gpu_foreign_processes, host_busy), which
-# point_stability leaves out like a shared host; campaigns.repeats_spec (the report's repeats per point).
+# point_stability leaves out like a shared host; campaigns.repeats_spec (the report's repeats per point);
+# 14: profiled runs (runner.profile: runs.profiled, runs.profile_files, measurements.profiled, which compare, check
+# and point_stability leave out) and the profile_ops table (their step breakdown and top operators)
 #
-# Schema step "exchange" (version 14; one step of its own, so that it can take another number when another step
-# takes 14 first: SCHEMA_VERSION below, the columns marked "step exchange", docs/exchange.md): campaigns beyond one
-# cluster (campaigns.cluster, partitions, origin and imported: sbench import's campaigns, exports and the
-# reference's published measurements; measurements.extra, a published file's columns sbench has none for) and the
-# container a run ran in (environment.container_runtime, container_image, container_digest). Every column is new
-# and NULL in an older database's rows, so a database of UPGRADE_FROM on is upgraded in place.
-SCHEMA_VERSION = 14
+# Schema step "exchange" (version 15): campaigns beyond one cluster (campaigns.cluster, partitions, origin and
+# imported: sbench import's campaigns, exports and the reference's published measurements; measurements.extra, a
+# published file's columns sbench has none for) and the container a run ran in (environment.container_runtime,
+# container_image, container_digest; the columns marked "step exchange", docs/exchange.md). Every column and table
+# since 13 is new and NULL in an older database's rows, so a database of UPGRADE_FROM on is upgraded in place.
+SCHEMA_VERSION = 15
 # The oldest schema a database is upgraded from in place (by adding what it lacks: every change since is a new table
 # or column); an older one is refused with what to do.
 UPGRADE_FROM = 13
@@ -110,6 +112,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("train_start_wall", "DOUBLE"), ("train_end_wall", "DOUBLE"), ("warmup_end_wall", "DOUBLE"),
         ("global_step", "BIGINT"), ("stopped_by", "VARCHAR"), ("sample_rows", "BIGINT"),
         ("fingerprint", "VARCHAR"), ("collected_at", "TIMESTAMP"),
+        ("profiled", "BOOLEAN"), ("profile_files", "VARCHAR[]"),  # runner.profile: this run was profiled; its files
     ],
     "run_hosts": [
         *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("expected", "BOOLEAN"),
@@ -192,6 +195,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         # host used outside the run (percent of its capacity), the most processes not the run's on one of its
         # GPUs, and whether either passed runner.host_busy_cpu (or any such GPU process): a busy host
         ("host_other_cpu_pct", "DOUBLE"), ("gpu_foreign_processes", "INTEGER"), ("host_busy", "BOOLEAN"),
+        ("profiled", "BOOLEAN"),  # measured under the profiler (runner.profile): never compared, checked or in a CV
         *ENTITY_COLUMNS,
         ("extra", "JSON"),  # step exchange: an imported published file's columns sbench has none for (else NULL)
     ],
@@ -215,6 +219,14 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("t_wall", "DOUBLE"), ("params_bytes", "BIGINT"), ("trainable_bytes", "BIGINT"), ("grads_bytes", "BIGINT"),
         ("optimizer_bytes", "BIGINT"), ("cuda_allocated_bytes", "BIGINT"), ("cuda_peak_bytes", "BIGINT"),
         ("cuda_reserved_bytes", "BIGINT"), ("rss_bytes", "BIGINT"),
+    ],
+    # A profiled run's trace per rank (harness.collect.profile): kind 'phase' rows split its steps' time into data,
+    # forward, backward, optimizer, communication and other (their shares add up to 1); kind 'op' (CPU) and
+    # 'kernel' (GPU) rows are its top operators by self time. Seconds are summed over the profiled steps.
+    "profile_ops": [
+        *_RUN_KEY, ("host", "VARCHAR"), ("rank", "INTEGER"), ("kind", "VARCHAR"), ("name", "VARCHAR"),
+        ("calls", "BIGINT"), ("self_s", "DOUBLE"), ("total_s", "DOUBLE"), ("share", "DOUBLE"), ("steps", "INTEGER"),
+        ("step_s", "DOUBLE"),
     ],
     # Collect's check of each point-repeat (latest attempt) against the campaign's references.
     "checks": [
@@ -253,7 +265,7 @@ COLUMN_NAMES = {t: frozenset(c for c, _ in cols) for t, cols in SCHEMA.items()}
 # Tables whose rows belong to one run and are replaced as a whole when the run changes
 # (``sample_rows`` go with their ``sample_files`` row).
 RUN_CHILD_TABLES = ("run_hosts", "stages", "sample_files", "ranks", "errors", "trials", "measurements",
-                    "environment", "memory")
+                    "environment", "memory", "profile_ops")
 
 
 # Types created before the tables.
@@ -330,7 +342,8 @@ def point_stability_sql(measurements: str = "measurements") -> str:
         SELECT campaign, point_id, count({x}) AS repeats_measured, median({x}) AS throughput_median,
                {cv} AS throughput_cv, {rating_sql(cv)} AS throughput_stability
         FROM {measurements}
-        WHERE is_valid AND NOT coalesce(shared_host, false) AND NOT coalesce(host_busy, false) AND {x} IS NOT NULL
+        WHERE is_valid AND NOT coalesce(shared_host, false) AND NOT coalesce(host_busy, false)
+              AND NOT coalesce(profiled, false) AND {x} IS NOT NULL
         GROUP BY campaign, point_id"""
 
 

@@ -1,31 +1,53 @@
-"""SVG chart primitives for the report: a line/scatter chart, a horizontal stacked bar chart and a ratio chart.
+"""The report's one way of drawing: Vega-Lite specs, drawn in the page by Vega, inlined from a PyPI package.
 
-Pure functions from series to SVG text, with the small helpers they share (escaping, short numbers,
-byte sizes, counted words, round ticks, the no-data panel). An axis ticks at values that exist (the
-caller's, powers of two, or round numbers) and labels only as many as fit without overlapping. They know
-nothing of sbench: colours, labels and tooltips come from the caller (harness.report.sections).
+The specs are pure functions from rows to JSON-able dicts (:func:`xy_spec`: a scatter with lines, :func:`bars_spec`:
+stacked horizontal bars, :func:`ratio_spec`: ratios with their intervals around 1.0); :func:`embed`
+places one in the page (a ``<div>`` and its spec as ``application/json``), and :func:`page_scripts` gives the
+page's scripts: the rows several charts share (``datasets``, once per page), Vega, Vega-Lite and Vega-Embed
+(:func:`vega_bundle`, from ``vl-convert-python``, which ships them), the few lines that embed every spec, and
+the tables' sorting and filtering. Nothing is fetched: the page works with the network off.
+
+Every chart has a tooltip (the caller names its fields), zoom and pan on dense axes (drag and wheel; a double
+click resets) and, where it has series, a legend whose click shows one series (shift-click adds more, a
+double click on the plot shows all again). The helpers the report's text shares (escaping, short numbers, byte
+sizes, counted words, the no-data panel) live here too. Nothing here knows of sbench: colours, titles and
+tooltips come from the caller (:mod:`harness.report.sections`).
 """
 
 from __future__ import annotations
 
+import functools
 import html
+import json
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+# The JavaScript's own strings that name a web address without ever fetching it; the page carries none of them
+# (vega-embed's editor link, which actions: false never shows, the compiled spec's schema, an error's issue link).
+# What stays are XML namespace names (http://www.w3.org/2000/svg...), which a browser never loads.
+_UNUSED_URLS = ("https://vega.github.io/editor/", "https://vega.github.io/schema/vega/v6.json",
+                "https://github.com/vega/vega-lite/issues/2415")
 
-@dataclass
-class Series:
-    """One legend entry. ``points`` are (x, y, tooltip); y None is drawn pinned to the top edge."""
 
-    name: str
-    points: list[tuple[float, float | None, str]]
-    color: str
-    marker: str = "o"  # "o" circle, "x" cross, "" none
-    line: bool = True  # through the mean y at each x, in x order
-    css: str = "pt"  # class of each marker
-    dash: str = ""
+@functools.lru_cache(maxsize=1)
+def vega_bundle() -> str:
+    """Vega, Vega-Lite and Vega-Embed (with vega-tooltip) as one script that defines ``vegaEmbed``: the bundle
+    vl-convert-python ships (its versions: ``vl_convert.get_vega_version()``...), made once per process."""
+    import vl_convert  # heavy (an 80 MB native module): only when a report is drawn
+
+    text = vl_convert.javascript_bundle("window.vegaEmbed = vegaEmbed;")
+    for url in _UNUSED_URLS:
+        text = text.replace(url, "")
+    return text.replace("</script", "<\\/script")
+
+
+def library_versions() -> dict[str, str]:
+    """The versions of the drawing library inlined into the page (the page's footer names them)."""
+    import vl_convert  # heavy: as in vega_bundle
+
+    return {"vega": vl_convert.get_vega_version(), "vega-lite": vl_convert.get_vegalite_versions()[-1],
+            "vega-embed": vl_convert.get_vega_embed_version()}
 
 
 def esc(value: Any) -> str:
@@ -59,256 +81,338 @@ def human_bytes(v: float) -> str:
     return fmt(v)
 
 
-def nice_ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> tuple[list[float], float, float]:
-    """About *n* round ticks covering [lo, hi], and the widened domain they span; with *integer*, whole
-    numbers only (a step of at least 1, never 2.5)."""
-    if not hi > lo:
-        lo, hi = (lo - 1, hi + 1) if lo != 0 else (0.0, 1.0)
-    raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
-    steps = [m * mag for m in (1, 2, 2.5, 5, 10)]
-    if integer:
-        steps = sorted({*[s for s in steps if float(s).is_integer()], 1.0})
-    step = next(s for s in steps if s >= raw * 0.999)
-    first, last = math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step
-    count = int(round((last - first) / step))
-    return [first + i * step for i in range(count + 1)], first, last
-
-
-def no_data(message: str) -> str:
-    return f'<div class="nodata">No data: {esc(message)}</div>'
-
-
-def _legend(entries: Sequence[tuple[str, str, str, str]], x: float, y: float) -> str:
-    """Entries (name, colour, marker, dash) in a column starting at (x, y)."""
-    out = []
-    for i, (name, color, marker, dash) in enumerate(entries):
-        yy = y + i * 18
-        short = name if len(name) <= 34 else name[:33] + "…"
-        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        sym = "" if marker == "x" else (f'<line x1="{x}" y1="{yy}" x2="{x + 22}" y2="{yy}" stroke="{color}" '
-                                        f'stroke-width="2"{dash_attr}/>')
-        sym += _marker(marker, x + 11, yy, color, "")
-        out.append(f'<g class="legend-item">{sym}<text x="{x + 28}" y="{yy + 4}"><title>{esc(name)}</title>'
-                   f"{esc(short)}</text></g>")
-    return "".join(out)
-
-
-def _marker(kind: str, cx: float, cy: float, color: str, css: str, tip: str = "") -> str:
-    title = f"<title>{esc(tip)}</title>" if tip else ""
-    cls = f' class="{css}"' if css else ""
-    if kind == "o":
-        return (f'<circle{cls} cx="{cx:.1f}" cy="{cy:.1f}" r="3.6" fill="{color}" stroke="#fff" '
-                f'stroke-width="1">{title}</circle>')
-    if kind == "x":
-        a, b, c, d_ = cx - 4.5, cx + 4.5, cy - 4.5, cy + 4.5
-        d = f"M{a:.1f},{c:.1f}L{b:.1f},{d_:.1f}M{a:.1f},{d_:.1f}L{b:.1f},{c:.1f}"
-        return f'<path{cls} d="{d}" stroke="{color}" stroke-width="2.4" fill="none">{title}</path>'
-    return ""
+# A byte axis's labels in the page, as human_bytes writes them (Vega's expression language).
+HUMAN_BYTES_EXPR = ("datum.value >= 1099511627776 ? format(datum.value / 1099511627776, '.3~g') + 'T' : "
+                    "datum.value >= 1073741824 ? format(datum.value / 1073741824, '.3~g') + 'G' : "
+                    "datum.value >= 1048576 ? format(datum.value / 1048576, '.3~g') + 'M' : "
+                    "datum.value >= 1024 ? format(datum.value / 1024, '.3~g') + 'K' : format(datum.value, '~g')")
 
 
 TICK_CHAR_PX = 6.6  # a tick label's width per character at the charts' 11 px font (digits are ~6.1 px)
 TICK_GAP_PX = 6.0  # the least space between two tick labels
 
 
-def spaced_ticks(ticks: Sequence[float], pos: Callable[[float], float],
-                 label: Callable[[float], str]) -> list[float]:
-    """The ticks, left to right, whose labels do not overlap those kept before them (the first is kept)."""
-    kept: list[float] = []
-    right = -math.inf
-    for t in sorted(ticks):
-        half = TICK_CHAR_PX * len(label(t)) / 2
-        if pos(t) - half >= right + TICK_GAP_PX:
-            kept.append(t)
-            right = pos(t) + half
-    return kept
-
-
-def log2_ticks(lo: float, hi: float, pos: Callable[[float], float], label: Callable[[float], str]) -> list[float]:
-    """Powers of two in [2**lo, 2**hi], every 1st, 2nd, 5th or 10th power: the densest whose labels fit
-    side by side (each keeps 1K and 1M: 1K, 4K, 16K, ... or 32, 1K, 32K, ...)."""
-    exps = range(math.ceil(lo), math.floor(hi) + 1)
+def log2_ticks(lo: float, hi: float, width: float, label_chars: int = 4) -> list[float]:
+    """Powers of two in [lo, hi] for a log2 axis *width* pixels wide: every 1st, 2nd, 5th or 10th power, the
+    densest whose labels (about *label_chars* wide) stand apart; each keeps 1K and 1M (2^10, 2^20)."""
+    exps = range(math.ceil(math.log2(lo)), math.floor(math.log2(hi)) + 1)
+    span = max(math.log2(hi) - math.log2(lo), 1e-9)
     ticks: list[float] = []
     for stride in (1, 2, 5, 10):
         ticks = [float(2 ** e) for e in exps if e % stride == 0]
-        if len(spaced_ticks(ticks, pos, label)) == len(ticks):
+        step_px = width * stride / span
+        if step_px >= TICK_CHAR_PX * label_chars + TICK_GAP_PX:
             return ticks
-    return spaced_ticks(ticks, pos, label)
+    return ticks
 
 
-def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, log2_x: bool = False,
-               y_range: tuple[float, float] | None = None, bands: Sequence[tuple[float, float, str, str]] = (),
-               width: int = 660, height: int = 300, empty: str = "nothing to plot",
-               x_ticks: Sequence[float] | None = None, x_fmt: Callable[[float], str] = fmt,
-               integer_x: bool = False) -> str:
-    """An SVG line/scatter chart with axes, ticks, optional shaded x bands (x0, x1, label, colour)
-    and a legend on the right. Markers carry their tooltip as <title>.
-
-    X ticks: *x_ticks* if given (e.g. the values measured), else powers of two (*log2_x*) or round numbers
-    (whole ones with *integer_x*); labelled with *x_fmt*, and thinned so that no two labels overlap. Each
-    x tick label carries its value as ``data-x``."""
-    pts = [(x, y) for s in series for x, y, _ in s.points]
-    if not pts:
-        return no_data(empty)
-    legend_w = 230
-    ml, mr, mt, mb = 62, legend_w, 14, 46
-    height = max(height, mt + 18 * len(series) + 24)
-    pw, ph = width - ml - mr, height - mt - mb
-    f = (lambda v: math.log2(v)) if log2_x else (lambda v: float(v))
-    fx = [f(x) for x, _ in pts]
-    if log2_x:
-        lo, hi = min(fx) - 0.35, max(fx) + 0.35
-    else:
-        fx += [v for b in bands for v in b[:2]]
-        round_ticks, lo, hi = nice_ticks(min(fx), max(fx), 8, integer=integer_x)
-        if x_ticks is not None:  # the data and the given ticks, with a margin so that no marker sits on the axis
-            lo, hi = min([*fx, *map(f, x_ticks)]), max([*fx, *map(f, x_ticks)])
-            pad = (hi - lo) * 0.04 or 0.5
-            lo, hi = lo - pad, hi + pad
-    ys = [y for _, y in pts if y is not None]
-    if y_range is not None:
-        yticks, ylo, yhi = nice_ticks(*y_range, 5)
-    else:
-        yticks, ylo, yhi = nice_ticks(0.0, max(ys) if ys and max(ys) > 0 else 1.0, 5)
-
-    def sx(v: float) -> float:
-        return ml + (f(v) - lo) / (hi - lo) * pw
-
-    def sy(v: float | None) -> float:
-        return mt + 7 if v is None else mt + ph - (v - ylo) / (yhi - ylo) * ph
-
-    if x_ticks is not None:
-        xticks = spaced_ticks([float(t) for t in x_ticks if (t > 0 or not log2_x) and lo <= f(t) <= hi], sx, x_fmt)
-    elif log2_x:
-        xticks = log2_ticks(lo, hi, sx, x_fmt)
-    else:
-        xticks = spaced_ticks(round_ticks, sx, x_fmt)
-
-    o = [f'<svg class="chart" viewBox="0 0 {width} {height}" '
-         f'width="{width}" height="{height}" role="img" aria-label="{esc(y_label)} vs {esc(x_label)}">']
-    labels = []
-    for i, (x0, x1, label, color) in enumerate(bands):  # later bands on top, labels above all, one per line
-        a, b = max(sx(x0), ml), min(sx(x1), ml + pw)
-        if b > a:
-            o.append(f'<rect class="band" x="{a:.1f}" y="{mt}" width="{b - a:.1f}" height="{ph}" fill="{color}">'
-                     f"<title>{esc(label)}</title></rect>")
-            labels.append(f'<text class="band-label" x="{a + 4:.1f}" y="{mt + 12 + 13 * i}">{esc(label)}</text>')
-    o += labels
-    for t in yticks:
-        y = sy(t)
-        o.append(f'<line class="grid" x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}"/>'
-                 f'<text class="tick" x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{fmt(t)}</text>')
-    for t in xticks:
-        x = sx(t)
-        o.append(f'<line class="tickmark" x1="{x:.1f}" x2="{x:.1f}" y1="{mt + ph}" y2="{mt + ph + 5}"/>'
-                 f'<text class="tick xtick" data-x="{int(t) if float(t).is_integer() else t}" x="{x:.1f}" '
-                 f'y="{mt + ph + 17}" text-anchor="middle">{esc(x_fmt(t))}</text>')
-    o.append(f'<path class="axis" d="M{ml},{mt}V{mt + ph}H{ml + pw}"/>'
-             f'<text class="label" x="{ml + pw / 2:.1f}" y="{height - 8}" text-anchor="middle">{esc(x_label)}</text>'
-             f'<text class="label" transform="translate(14,{mt + ph / 2:.1f}) rotate(-90)" text-anchor="middle">'
-             f"{esc(y_label)}</text>")
-    for s in series:
-        if s.line and len(s.points) > 1:
-            by_x: dict[float, list[float]] = {}
-            for px, py, _ in s.points:
-                if py is not None:
-                    by_x.setdefault(px, []).append(py)
-            line = " ".join(f"{sx(x):.1f},{sy(sum(v) / len(v)):.1f}" for x, v in sorted(by_x.items()))
-            dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
-            o.append(f'<polyline class="trace" data-n="{len(by_x)}" points="{line}" fill="none" '
-                     f'stroke="{s.color}" stroke-width="1.8"{dash}><title>{esc(s.name)}</title></polyline>')
-        o += [_marker(s.marker, sx(x), sy(y), s.color, s.css, tip) for x, y, tip in s.points]
-    o.append(_legend([(s.name, s.color, s.marker, s.dash) for s in series], ml + pw + 18, mt + 8))
-    o.append("</svg>")
-    return "".join(o)
+def no_data(message: str) -> str:
+    return f'<div class="nodata">No data: {esc(message)}</div>'
 
 
-def bar_chart(rows: Sequence[tuple[str, Sequence[tuple[str, float]], str]], colors: Mapping[str, str], *,
-              x_label: str, width: int = 1300, bar_h: int = 15, label_w: int = 380,
-              empty: str = "nothing to plot", unit: str = "s") -> str:
-    """Horizontal stacked bars: rows of (label, [(segment, value)], label css class); a legend on top."""
-    rows = [r for r in rows if r[1]]
-    if not rows:
-        return no_data(empty)
-    names = list(dict.fromkeys(n for _, segs, _ in rows for n, _ in segs))
-    mt, mb, mr, gap = 30, 40, 60, 5
-    pw = width - label_w - mr
-    height = mt + len(rows) * (bar_h + gap) + mb
-    ticks, _, hi = nice_ticks(0.0, max(sum(v for _, v in segs) for _, segs, _ in rows) or 1.0, 8)
-
-    def sx(v: float) -> float:
-        return label_w + v / hi * pw
-
-    o = [f'<svg class="chart" viewBox="0 0 {width} {height}" '
-         f'width="{width}" height="{height}" role="img" aria-label="{esc(x_label)}">']
-    x = label_w
-    for n in names:  # legend
-        o.append(f'<rect x="{x}" y="6" width="12" height="12" fill="{colors.get(n, "#999")}"/>'
-                 f'<text x="{x + 16}" y="16">{esc(n)}</text>')
-        x += 28 + 7 * len(n)
-    base = mt + len(rows) * (bar_h + gap)
-    for t in ticks:
-        o.append(f'<line class="grid" x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{mt - 4}" y2="{base}"/>'
-                 f'<text class="tick" x="{sx(t):.1f}" y="{base + 15}" text-anchor="middle">{fmt(t)}</text>')
-    for i, (label, segs, css) in enumerate(rows):
-        y = mt + i * (bar_h + gap)
-        short = label if len(label) <= 62 else label[:61] + "…"
-        o.append(f'<text class="rowlabel {esc(css)}" x="{label_w - 8}" y="{y + bar_h - 3}" text-anchor="end">'
-                 f"<title>{esc(label)}</title>{esc(short)}</text>")
-        acc = 0.0
-        for n, v in segs:
-            w = max(sx(acc + v) - sx(acc), 0.0)
-            o.append(f'<rect class="seg" data-seg="{esc(n)}" x="{sx(acc):.2f}" y="{y}" width="{w:.2f}" '
-                     f'height="{bar_h}" fill="{colors.get(n, "#999")}"><title>{esc(label)}: {esc(n)} '
-                     f"{v:.3g} {esc(unit)}</title></rect>")
-            acc += v
-        o.append(f'<text class="tick" x="{sx(acc) + 4:.1f}" y="{y + bar_h - 3}">{fmt(round(acc, 1))}</text>')
-    o.append(f'<path class="axis" d="M{label_w},{mt - 4}V{base}H{label_w + pw}"/>'
-             f'<text class="label" x="{label_w + pw / 2:.1f}" y="{height - 6}" text-anchor="middle">'
-             f"{esc(x_label)}</text></svg>")
-    return "".join(o)
+def json_text(doc: Any) -> str:
+    """*doc* as JSON that can sit inside a ``<script>`` element: no ``<`` (so no ``</script>``, no ``<!--``)."""
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                      default=str).replace("<", "\\u003c")
 
 
-@dataclass(frozen=True)
-class Ratio:
-    """One line of a ratio chart: its label, the ratio, its interval (None when there is none), colour and tip."""
-
-    label: str
-    ratio: float
-    low: float | None
-    high: float | None
-    color: str
-    tip: str
+def clean(value: Any) -> Any:
+    """A value JSON can carry: NaN and infinities become None (null), other floats are rounded to 6 significant
+    digits (the page's size), the rest unchanged."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return float(f"{value:.6g}")
+    return value
 
 
-def ratio_chart(rows: Sequence[Ratio], threshold: float, axis_label: str, width: int = 1100) -> str:
-    """One line per row: the ratio as a dot, its interval as a whisker, the ±*threshold* band around 1.0 shaded
-    and 1.0 marked. *rows* must not be empty (the caller says why there is nothing to draw)."""
-    lo = min([r.low if r.low is not None else r.ratio for r in rows] + [1 - threshold]) * 0.97
-    hi = max([r.high if r.high is not None else r.ratio for r in rows] + [1 + threshold]) * 1.03
-    ticks, lo, hi = nice_ticks(lo, hi)
-    left, right, top, row_h = 330, 30, 26, 22
-    height = top + row_h * len(rows) + 34
-    plot_w = width - left - right
+def embed(cid: str, spec: Mapping[str, Any], datasets: Sequence[str] = (), css: str = "") -> str:
+    """One chart in the page: its ``<div>`` and its spec (``application/json``, read by the page's script);
+    *datasets* names the page's shared rows (:func:`page_scripts`) the spec reads by name."""
+    names = " ".join(datasets)
+    return (f'<div class="vchart{" " + esc(css) if css else ""}" id="{esc(cid)}"></div>'
+            f'<script type="application/json" class="vl-spec" data-for="{esc(cid)}" data-datasets="{esc(names)}">'
+            f"{json_text(spec)}</script>")
 
-    def sx(v: float) -> float:
-        return left + (v - lo) / (hi - lo) * plot_w if hi > lo else left
 
-    out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">',
-           f'<rect x="{sx(1 - threshold):.1f}" y="{top - 6}" width="{sx(1 + threshold) - sx(1 - threshold):.1f}" '
-           f'height="{row_h * len(rows) + 6}" fill="#eeeeee"/>']
-    for t in ticks:
-        out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top - 6}" y2="{height - 30}" stroke="#ddd"/>'
-                   f'<text x="{sx(t):.1f}" y="{height - 14}" text-anchor="middle" class="tick">{fmt(t)}</text>')
-    out.append(f'<line x1="{sx(1):.1f}" x2="{sx(1):.1f}" y1="{top - 6}" y2="{height - 30}" stroke="#333"/>')
-    for i, r in enumerate(rows):
-        y = top + row_h * i + row_h / 2
-        whisker = "" if r.low is None or r.high is None else (
-            f'<line x1="{sx(r.low):.1f}" x2="{sx(r.high):.1f}" y1="{y:.1f}" y2="{y:.1f}" stroke="{r.color}" '
-            'stroke-width="2"/>')
-        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end" class="tick">{esc(r.label)}</text>'
-                   f'{whisker}<circle cx="{sx(r.ratio):.1f}" cy="{y:.1f}" r="4.5" fill="{r.color}">'
-                   f"<title>{esc(r.tip)}</title></circle>")
-    out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 1}" text-anchor="middle" class="tick">'
-               f"{html.escape(axis_label, quote=False)}</text></svg>")  # text, not an attribute: quotes stay
-    return "".join(out)
+def legend_params(field: str) -> list[dict[str, Any]]:
+    """A legend bound to *field*: a click shows that series alone (shift-click adds), a double click on the plot
+    shows every series again; and zoom and pan on both axes (drag, wheel)."""
+    return [{"name": "pick", "select": {"type": "point", "fields": [field]}, "bind": "legend"},
+            {"name": "zoom", "select": "interval", "bind": "scales"}]
+
+
+PICKED = {"condition": {"param": "pick", "value": 1, "empty": True}, "value": 0.07}  # a series not shown fades out
+
+
+def tooltip(fields: Sequence[tuple[str, str] | tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """The tooltip of a mark: (field, title) or (field, title, d3 number format) per line."""
+    out = []
+    for f in fields:
+        item: dict[str, Any] = {"field": f[0], "title": f[1]}
+        if len(f) > 2:
+            item.update(type="quantitative", format=f[2])
+        out.append(item)
+    return out
+
+
+def xy_spec(*, data: Mapping[str, Any], x: str, y: str, series: str, colors: Mapping[str, str],
+            tips: Sequence[tuple[str, str] | tuple[str, str, str]], x_title: str, y_title: str,
+            keep: str = "true", log2_x: bool = False, x_values: Sequence[float] | None = None,
+            x_label_expr: str | None = None, x_extent: tuple[float, float] | None = None,
+            y_domain: tuple[float, float] | None = None,
+            mean_line: bool = True, points: bool = True, crosses: Mapping[str, Any] | None = None,
+            bands: Sequence[Mapping[str, Any]] = (), band_colors: Mapping[str, str] | None = None,
+            width: int = 600, height: int = 280) -> dict[str, Any]:
+    """A scatter of *y* against *x* (rows of *data* for which the expression *keep* holds), coloured by
+    *series* (its order and colours: *colors*), with a line per series through the mean *y* at each *x*
+    (*mean_line*) and a tooltip of *tips*.
+
+    *crosses* (``{"filter": EXPR, "y": VALUE, "name": LEGEND, "color": C, "tips": [...]}``): rows drawn as
+    crosses at the height VALUE (the top of the plot: runs with no value, such as out of memory).
+    *bands* (``{"x0", "x1", "band"}``): shaded spans of x behind the data, coloured by *band_colors*.
+    The x axis: log2 (*log2_x*), its ticks at *x_values* (e.g. the values measured), labelled by
+    *x_label_expr*, over *x_extent* (default: the ticks'), with a margin; labels that would overlap are left out."""
+    x_axis: dict[str, Any] = {"title": x_title, "labelOverlap": True, "grid": False}
+    if x_values is not None:
+        x_axis["values"] = list(x_values)
+    if x_label_expr:
+        x_axis["labelExpr"] = x_label_expr
+    elif x_values is not None:
+        x_axis["format"] = "~g"
+    x_scale: dict[str, Any] = {"type": "log", "base": 2} if log2_x else {"zero": False, "nice": False}
+    extent = x_extent or ((min(x_values), max(x_values)) if x_values else None)
+    if extent and not log2_x:  # a margin, so that no marker sits on an axis
+        pad = (extent[1] - extent[0]) * 0.04 or 0.5
+        x_scale["domain"] = [extent[0] - pad, extent[1] + pad]
+    if extent and log2_x:
+        x_scale["domain"] = [extent[0] / 2 ** 0.35, extent[1] * 2 ** 0.35]
+    y_scale: dict[str, Any] = {"domain": list(y_domain)} if y_domain else {"zero": True}
+    names = list(colors)
+    enc_x = {"field": x, "type": "quantitative", "scale": x_scale, "axis": x_axis}
+    enc_y = {"field": y, "type": "quantitative", "title": y_title, "scale": y_scale}
+    color = {"field": series, "type": "nominal", "title": None,
+             "scale": {"domain": names, "range": [colors[n] for n in names]},
+             "legend": {"orient": "right", "labelLimit": 260, "symbolType": "circle"}}
+    kept = [{"filter": keep}, {"filter": f"isValid(datum[{json.dumps(y)}]) && isValid(datum[{json.dumps(x)}])"}]
+    layers: list[dict[str, Any]] = []
+    for i, b in enumerate(bands):  # behind everything, each band's label on its own line
+        layers.append({"data": {"values": [dict(b)]},
+                       "mark": {"type": "rect", "opacity": 0.55, "color": (band_colors or {}).get(b["band"], "#eee")},
+                       "encoding": {"x": {"field": "x0", "type": "quantitative"}, "x2": {"field": "x1"},
+                                    "tooltip": [{"field": "band", "title": "shaded"}]}})
+        layers.append({"data": {"values": [dict(b)]}, "mark": {"type": "text", "align": "left", "baseline": "top",
+                                                                 "dx": 4, "dy": 4 + 13 * i,
+                                                                 "fill": "#555", "fontSize": 10.5},
+                       "encoding": {"x": {"field": "x0", "type": "quantitative"}, "y": {"value": 0},
+                                    "text": {"field": "band"}}})
+    # Vega-Lite makes the legend clickable only from the first layer that draws it: the legend's selection sits there
+    pick, zoom = legend_params(series)
+    if mean_line:
+        layers.append({"transform": kept, "params": [pick], "mark": {"type": "line", "strokeWidth": 1.8},
+                       "encoding": {"x": enc_x, "y": {**enc_y, "aggregate": "mean"}, "color": color,
+                                    "opacity": PICKED}})
+    layers.append({"transform": kept, "params": [zoom] if mean_line else [pick, zoom],
+                   "mark": {"type": "point", "filled": True, "size": 48 if points else 12, "stroke": "#fff",
+                            "strokeWidth": 0.6 if points else 0},
+                   "encoding": {"x": enc_x, "y": enc_y, "color": color, "tooltip": tooltip(tips),
+                                "opacity": PICKED}})
+    if crosses:
+        layers.append({"transform": [{"filter": crosses["filter"]},
+                                     {"calculate": json.dumps(crosses["name"]), "as": series},
+                                     {"calculate": json.dumps(crosses["y"]), "as": "_top"}],
+                       "mark": {"type": "point", "shape": "cross", "angle": 45, "filled": True, "size": 110,
+                                "color": crosses["color"]},
+                       "encoding": {"x": enc_x, "y": {"field": "_top", "type": "quantitative"},
+                                    "color": color, "tooltip": tooltip(crosses["tips"])}})
+    return {"width": width, "height": height, "data": dict(data), "layer": layers,
+            "config": CONFIG}
+
+
+def bars_spec(*, data: Mapping[str, Any], label: str, value: str, segment: str, order: str,
+              colors: Mapping[str, str], labels: Sequence[str], tips: Sequence[tuple[str, str] | tuple[str, str, str]],
+              x_title: str, label_color_expr: str | None = None, width: int = 900,
+              bar_h: int = 16) -> dict[str, Any]:
+    """Horizontal stacked bars: one bar per *label* (in the order *labels*), its segments (*segment*, stacked
+    by *order*, coloured by *colors*) of length *value*; a legend of the segments that toggles them, zoom and
+    pan along the values, a tooltip of *tips*. *label_color_expr* colours a bar's label (Vega's expression
+    language, ``datum.label`` is its text)."""
+    y_axis: dict[str, Any] = {"title": None, "labelLimit": 420}
+    if label_color_expr:
+        y_axis["labelColor"] = {"expr": label_color_expr}
+    names = list(colors)
+    return {
+        "width": width, "height": {"step": bar_h + 4}, "data": dict(data),
+        "params": [{"name": "pick", "select": {"type": "point", "fields": [segment]}, "bind": "legend"},
+                   {"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"}],
+        "mark": {"type": "bar", "height": bar_h},
+        "encoding": {
+            "y": {"field": label, "type": "nominal", "sort": list(labels), "axis": y_axis},
+            # each row its own segment, stacked (no aggregate: zoom and pan project on x, which a sum forbids)
+            "x": {"field": value, "type": "quantitative", "title": x_title, "stack": "zero"},
+            "color": {"field": segment, "type": "nominal", "title": None,
+                      "scale": {"domain": names, "range": [colors[n] for n in names]},
+                      "legend": {"orient": "top", "columns": 8, "labelLimit": 200}},
+            "order": {"field": order, "type": "quantitative"},
+            "opacity": PICKED,
+            "tooltip": tooltip(tips),
+        },
+        "config": CONFIG,
+    }
+
+
+def ratio_spec(*, data: Mapping[str, Any], label: str, ratio: str, low: str, high: str, group: str,
+               colors: Mapping[str, str], labels: Sequence[str], tips: Sequence[tuple[str, str] | tuple[str, str, str]],
+               threshold: float, x_title: str, width: int = 900) -> dict[str, Any]:
+    """One line per *label* (in the order *labels*): the *ratio* as a dot, its interval [*low*, *high*] as a
+    whisker (none where *low* is null), the ±*threshold* band around 1.0 shaded and 1.0 marked; *group* colours
+    each line (its order and colours: *colors*), and its legend shows one group (shift-click adds), zoom and pan
+    along the ratios, a tooltip of *tips*. The caller says why there is nothing to draw when there is nothing."""
+    names = list(colors)
+    y = {"field": label, "type": "nominal", "sort": list(labels), "axis": {"title": None, "labelLimit": 380}}
+    x = {"type": "quantitative", "title": x_title, "scale": {"zero": False}}
+    color = {"field": group, "type": "nominal", "title": None,
+             "scale": {"domain": names, "range": [colors[n] for n in names]}, "legend": {"orient": "top"}}
+    # the legend's selection sits on the first layer that draws the legend (the whiskers): Vega-Lite makes the
+    # legend clickable only from there; a layer without a legend would leave the chart with none
+    return {"width": width, "height": {"step": 22}, "data": dict(data),
+            "layer": [
+                {"data": {"values": [{"lo": 1 - threshold, "hi": 1 + threshold}]},
+                 "mark": {"type": "rect", "color": "#eeeeee"},
+                 "encoding": {"x": {**x, "field": "lo"}, "x2": {"field": "hi"}}},
+                {"data": {"values": [{"one": 1.0}]}, "mark": {"type": "rule", "color": "#333"},
+                 "encoding": {"x": {**x, "field": "one"}}},
+                {"transform": [{"filter": f"isValid(datum[{json.dumps(low)}])"}],
+                 "params": [{"name": "pick", "select": {"type": "point", "fields": [group]}, "bind": "legend"}],
+                 "mark": {"type": "rule", "strokeWidth": 2},
+                 "encoding": {"y": y, "x": {**x, "field": low}, "x2": {"field": high},
+                              "color": color, "opacity": PICKED, "tooltip": tooltip(tips)}},
+                {"params": [{"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"}],
+                 "mark": {"type": "point", "filled": True, "size": 70},
+                 "encoding": {"y": y, "x": {**x, "field": ratio}, "color": color,
+                              "opacity": PICKED, "tooltip": tooltip(tips)}}],
+            "config": CONFIG}
+
+
+CONFIG = {"font": "system-ui, -apple-system, Segoe UI, Roboto, DejaVu Sans, Arial, sans-serif",
+          "axis": {"labelFontSize": 11, "titleFontSize": 12, "titleFontWeight": "normal", "gridColor": "#e6e6e6"},
+          "legend": {"labelFontSize": 11}, "view": {"stroke": "#ccc"}}
+
+
+# The page's script after the library: embed every spec (the shared rows put in by name), then say when every
+# chart is drawn (``window.sbenchReady``: milliseconds since the page started; ``data-charts`` on <body>).
+EMBED_JS = """
+(function () {
+  // the shared rows come as columns (pack_rows): each row is made again, its null fields left out
+  const packed = JSON.parse(document.getElementById('sbench-data').textContent);
+  const shared = {};
+  for (const n in packed) {
+    const f = packed[n].fields;
+    shared[n] = packed[n].rows.map(function (r) {
+      const o = {};
+      for (let i = 0; i < f.length; i++) if (r[i] !== null && r[i] !== undefined) o[f[i]] = r[i];
+      return o;
+    });
+  }
+  const drawn = [];
+  for (const s of document.querySelectorAll('script.vl-spec')) {
+    const spec = JSON.parse(s.textContent);
+    const names = (s.dataset.datasets || '').split(' ').filter(Boolean);
+    if (names.length) {
+      spec.datasets = {};
+      for (const n of names) spec.datasets[n] = shared[n] || [];
+    }
+    const el = document.getElementById(s.dataset.for);
+    drawn.push(vegaEmbed(el, spec, {actions: false, renderer: 'svg', tooltip: {theme: 'light'}})
+      .then(function (r) { el.vegaView = r.view; }));
+  }
+  Promise.all(drawn).then(function () {
+    window.sbenchReady = performance.now();
+    document.body.setAttribute('data-charts', String(drawn.length));
+  }, function (e) { console.error('sbench report: a chart could not be drawn: ' + e); });
+})();
+"""
+
+# Sort a table by a column (click its header; again: the other way) and filter its rows (the box above it).
+# A cell that reads as a number (1.2k, 45 %, 3M, 12 s) sorts as that number; empty cells go last.
+TABLE_JS = """
+(function () {
+  const mult = {k: 1e3, K: 1e3, M: 1e6, G: 1e9, T: 1e12};
+  function key(cell) {
+    const t = cell.textContent.trim().replace(/\\u2212/g, '-').replace(/^\\+-/, '');
+    const m = t.match(/^([-+]?\\d[\\d,]*(?:\\.\\d+)?)\\s*([kKMGT])?/);
+    if (m && /^[-+]?\\d[\\d,]*(?:\\.\\d+)?\\s*(?:[kKMGT%]|[KMG]?B|s)?(?:\\s.*)?$/.test(t))
+      return [0, parseFloat(m[1].replace(/,/g, '')) * (m[2] ? mult[m[2]] : 1), t];
+    return [t === '' ? 2 : 1, 0, t.toLowerCase()];
+  }
+  // the rows kept back in a <template> (sections.table) join the table when it comes near the window, or
+  // before its filter or sort runs
+  function whole(body) {
+    const more = body.querySelector('template.more-rows');
+    if (more) { body.appendChild(more.content); more.remove(); }
+  }
+  const near = 'IntersectionObserver' in window ? new IntersectionObserver(function (seen) {
+    for (const e of seen) if (e.isIntersecting) { whole(e.target.tBodies[0]); near.unobserve(e.target); }
+  }, {rootMargin: '600px 0px'}) : null;
+  for (const table of document.querySelectorAll('table.tbl')) {
+    const body = table.tBodies[0];
+    if (!body || !table.tHead) continue;
+    if (body.querySelector('template.more-rows')) {
+      if (near) near.observe(table); else whole(body);
+    }
+    const box = document.createElement('input');
+    box.type = 'search'; box.className = 'tfilter'; box.placeholder = 'filter rows';
+    box.setAttribute('aria-label', 'filter the rows of the table below');
+    table.parentNode.insertBefore(box, table);
+    box.addEventListener('input', function () {
+      whole(body);
+      const q = box.value.toLowerCase();
+      for (const r of body.rows) r.style.display = r.textContent.toLowerCase().includes(q) ? '' : 'none';
+    });
+    const heads = table.tHead.rows[0].cells;
+    for (let i = 0; i < heads.length; i++) {
+      const th = heads[i];
+      th.classList.add('sortable'); th.title = 'sort by this column';
+      th.addEventListener('click', function () {
+        whole(body);
+        const down = th.getAttribute('aria-sort') === 'ascending';
+        for (const h of heads) h.removeAttribute('aria-sort');
+        th.setAttribute('aria-sort', down ? 'descending' : 'ascending');
+        const rows = Array.from(body.rows).map(function (r) { return [key(r.cells[i] || r), r]; });
+        rows.sort(function (a, b) {
+          const x = a[0], y = b[0];
+          if (x[0] !== y[0]) return x[0] - y[0];
+          const c = x[0] === 0 ? x[1] - y[1] : (x[2] < y[2] ? -1 : x[2] > y[2] ? 1 : 0);
+          return down ? -c : c;
+        });
+        for (const r of rows) body.appendChild(r[1]);
+      });
+    }
+  }
+})();
+"""
+
+
+def pack_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Rows as ``{"fields": [names], "rows": [[values]]}``: each field's name once, not once per row (a
+    1,000-run page's shared rows: 0.38 -> 0.2 MB); a field a row lacks is null, and trailing nulls are left out.
+    The page's script (:data:`EMBED_JS`) makes the rows again, without their null fields."""
+    fields: dict[str, None] = {}
+    for r in rows:
+        fields.update(dict.fromkeys(r))
+    names = list(fields)
+    out = []
+    for r in rows:
+        values = [r.get(n) for n in names]
+        while values and values[-1] is None:
+            values.pop()
+        out.append(values)
+    return {"fields": names, "rows": out}
+
+
+def page_scripts(datasets: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """The page's scripts, all inline: the shared rows (by name, packed: :func:`pack_rows`), the drawing library,
+    the embedding, the tables."""
+    packed = {name: pack_rows(rows) for name, rows in datasets.items()}
+    return (f'<script type="application/json" id="sbench-data">{json_text(packed)}</script>\n'
+            f"<script>{vega_bundle()}</script>\n<script>{EMBED_JS}</script>\n<script>{TABLE_JS}</script>")

@@ -62,7 +62,7 @@ from harness.spec.published import matches
 from harness.spec.schema import is_campaign_ref
 
 from . import envdiff
-from .queries import BUSY, SHARED, compare_side, environment_of, point_entities
+from .queries import BUSY, PROFILED, SHARED, compare_side, environment_of, point_entities
 from .stats import welch
 
 # metric -> True when higher is better
@@ -250,9 +250,11 @@ def excluded_text(left_out: dict[str, list[tuple[str, str]]]) -> str:
     every = [x for out in left_out.values() for x in out]
     shared = [rid for rid, why in every if why == SHARED]
     busy = [rid for rid, why in every if why == BUSY]
+    profiled = [rid for rid, why in every if why == PROFILED]
     parts = ([f"{len(shared)} measured on a host another sbench run used at the same time (runs.overlapped_with)"]
              if shared else []) + ([f"{len(busy)} measured on a host busy with other work (measurements.host_busy, "
-                                   "host_other_cpu_pct)"] if busy else [])
+                                   "host_other_cpu_pct)"] if busy else []) + (
+        [f"{len(profiled)} measured under the profiler (measurements.profiled)"] if profiled else [])
     ids = [rid for rid, _ in every]
     sides = ", ".join(f"{side} {len(out)}" for side, out in left_out.items())
     return (f"excluded {len(every)} run(s) ({sides}): {'; '.join(parts)}: {', '.join(ids[:5])}"

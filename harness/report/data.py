@@ -27,7 +27,7 @@ from . import queries
 from .charts import plural
 from .clusters import load_clusters
 from .compare import compare_in
-from .queries import left_out_why
+from .queries import PROFILED, left_out_why
 
 MAX_TRACE_POINTS = 600  # per series: long runs are averaged into this many time buckets
 
@@ -68,6 +68,7 @@ class ReportData:
     repeats: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (campaign, point_id) -> its
     # repeats: how many, the target, the state (point_repeats)
     clusters: list[dict[str, Any]] = field(default_factory=list)  # the points across clusters (report.clusters)
+    profiles: list[dict[str, Any]] = field(default_factory=list)  # profiled runs with their profile_ops rows
 
     @property
     def by_campaign(self) -> bool:
@@ -116,7 +117,9 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     shared: list[dict[str, Any]] = []
     for m in queries.measurement_rows(store, where):
         m["method"] = method_of(m["experiment"])
-        (shared if left_out_why(m) else measurements).append(m)
+        why = left_out_why(m)
+        if why != PROFILED:  # a profiled run's figures measured the profiler too: the profile section shows it
+            (shared if why else measurements).append(m)
     per_run: dict[str, dict[str, float]] = {}
     for s in queries.stage_seconds(store, where):
         name = f"{s['stage']} (unfinished)" if s["unfinished"] else s["stage"]
@@ -137,6 +140,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     data.checks = {c: check_results(store, c) for c in sorted(references_of(store))
                    if (campaign in (None, c) and not data.shown) or c in data.shown}
     data.attempts = queries.attempt_rows(store, where)
+    data.profiles = queries.profile_runs(store, where)
     data.repeats = point_repeats(data.campaigns, data.attempts, data.stability, queries.planned_repeats(store, where))
     data.clusters = load_clusters(store, measurements)
     return data

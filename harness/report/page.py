@@ -1,4 +1,5 @@
-"""The HTML report: one self-contained page (inline CSS and SVG, no scripts, fonts or network).
+"""The HTML report: one self-contained, interactive page (inline CSS, data and scripts; no font, style or script
+from the network: it works offline).
 
 ``build_report(db, campaign=None, run_id=None)`` reads the results database read-only and returns a
 :class:`Report` whose ``html`` is the page. The page is one campaign's: *campaign*, else the campaign of
@@ -13,10 +14,13 @@ campaign). It shows, in this order:
 4. GPU utilisation / memory per device and process CPU over time for one run (``--run``, default
    the longest ok run), the warm-up and the measured window shaded;
 
-then the latest measurement of every point as a table. Loading (:func:`harness.report.data.load_report_data`)
-and rendering (:func:`render_report`, a pure function of the data) are separate. This module is the page
-itself (header, style, the order of the sections); the sections are :mod:`harness.report.sections` and the
-generic SVG charts they draw with are :mod:`harness.report.charts`.
+then the latest measurement of every point as a table. Every chart has a tooltip (the run, its point's fields,
+the value and its interval), zoom and pan, and a legend that shows one series (campaign, model, method, size)
+alone; every table sorts by a click on its header and filters its rows. Loading
+(:func:`harness.report.data.load_report_data`) and rendering (:func:`render_report`, a pure function of the data
+and the inlined drawing library) are separate. This module is the page itself (header, style, the order of the
+sections, the rows several charts share); the sections are :mod:`harness.report.sections` and the Vega-Lite
+charts they draw with are :mod:`harness.report.charts`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 from harness.contract.stability import bands_text
 from harness.db.store import open_store
 
-from .charts import esc, plural
+from .charts import esc, library_versions, page_scripts, plural
 from .compare import parse_side
 from .data import SCOPES, ReportData, load_compare, load_report_data
 from .sections import (
@@ -39,11 +43,14 @@ from .sections import (
     efficiency_section,
     fabric_charts,
     latest_table,
+    measurement_points,
     memory_section,
     metric_chart,
     overhead_table,
+    profile_section,
     section,
     stage_chart,
+    trace_points,
     utilisation_charts,
     utilisation_note,
 )
@@ -97,11 +104,11 @@ h3{font-size:13px;margin:8px 0 2px;color:#444}p.note{color:#555;font-size:12.5px
 .c-ok{color:#2e7d32}.c-invalid{color:#d62728}.c-failed{color:#e65100}.c-pending{color:#666}
 .banner{background:#fff4e5;border:1px solid #f0b35a;border-radius:4px;padding:8px 12px;margin:10px 0;font-size:13.5px}
 .row{display:flex;flex-wrap:wrap;gap:10px}.panel{flex:1 1 640px}
-svg.chart{max-width:100%;height:auto;font-size:11px;display:block}
-svg .grid{stroke:#e6e6e6;stroke-width:1}svg .axis{stroke:#555;fill:none}svg .tickmark{stroke:#555}
-svg .tick{fill:#444}svg .label{fill:#222;font-size:12px}svg text{fill:#333}
-svg .band-label{fill:#555;font-size:10.5px;paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-opacity:.8}
-svg .rowlabel.invalid{fill:#d62728}svg .rowlabel.failed{fill:#e65100}
+.vchart{max-width:100%;overflow-x:auto;margin:4px 0}.vchart svg{display:block}
+.tfilter{font-size:12px;margin:6px 0 0;padding:2px 6px;width:260px;border:1px solid #ccc;border-radius:3px}
+th.sortable{cursor:pointer}
+th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
+.foot{font-size:11.5px;color:#777;margin:28px 0 0}
 .nodata{border:1px dashed #bbb;background:#fafafa;color:#666;padding:28px;text-align:center;font-size:14px;
 margin:6px 0;border-radius:4px}
 table.tbl{border-collapse:collapse;font-size:11.5px;margin:6px 0}
@@ -170,6 +177,7 @@ def render_report(data: ReportData) -> str:
         "(a CPU-only run, or no NVML): every GPU metric is reported as 0.0 and the GPU plots show those zeros. "
         "Process memory and CPU are shown beside them.</div>")
     per = data.by_campaign  # every campaign on one page: a line (and a table row) per campaign too
+    points = measurement_points(ms, word, by_campaign=per)  # the rows every measurement chart reads, once
     stages, stage_note = stage_chart(data.stage_runs, word, by_campaign=per)
     shared = "" if not data.shared else (
         f'<div class="banner"><b>{plural(len(data.shared), "measurement")} left out: measured on a shared or busy '
@@ -179,11 +187,11 @@ def render_report(data: ReportData) -> str:
         + "; ".join(f"<code>{esc(m['run_id'])}</code> {esc(_left_out(m))}" for m in data.shared[:10])
         + ("; ..." if len(data.shared) > 10 else "") + ". Measure them again on their own.</div>")
     memory = ('<div class="row"><div class="panel"><h3>GPU memory peak (% of device)</h3>'
-              + metric_chart(ms, "gpu_memory_utilization_peak", "GPU memory peak (%)", "%", (0.0, 100.0), word,
-                             by_campaign=per)
+              + metric_chart("chart-gpu-memory", points, "gpu_memory_utilization_peak", "GPU memory peak (%)", "%",
+                             (0.0, 100.0))
               + '</div><div class="panel"><h3>process memory (% of host)</h3>'
-              + metric_chart(ms, "cpu_memory_utilization", "process memory (% of host)", "%", word=word,
-                             by_campaign=per)
+              + metric_chart("chart-process-memory", points, "cpu_memory_utilization", "process memory (% of host)",
+                             "%")
               + "</div></div>")
     title = "sbench report — " + (esc(data.campaign) if data.campaign else esc(" vs ".join(data.shown))
                                   if data.shown else "every campaign")
@@ -194,9 +202,10 @@ def render_report(data: ReportData) -> str:
         section("throughput", "1. Throughput vs batch size",
                 "dataset_tokens_per_second of every valid measurement (one marker each); the line joins the mean "
                 f"at each batch size, one line per {'campaign × ' if per else ''}model × method × number of "
-                f"{word}s. Red × = out of GPU memory (invalid run, no throughput), drawn at the top edge.",
-                metric_chart(ms, "dataset_tokens_per_second", "dataset tokens / s", word=word, width=1300,
-                             height=360, by_campaign=per)),
+                f"{word}s. Red × = out of GPU memory (invalid run, no throughput), drawn at the top edge. "
+                + CHART_HELP,
+                metric_chart("chart-throughput", points, "dataset_tokens_per_second", "dataset tokens / s",
+                             width=1020, height=340)),
         section("memory", "2. Memory vs batch size",
                 "Left: gpu_memory_utilization_peak, the highest GPU memory sample of any device in the measured "
                 "window. Right: cpu_memory_utilization, the training process tree's share of host memory. "
@@ -214,8 +223,9 @@ def render_report(data: ReportData) -> str:
                 "sbench fabric runs: bus bandwidth of all-reduce (algbw × 2(n−1)/n) and all-gather (algbw × (n−1)/n) "
                 "by message size, one line per run, labelled partition × nodes and the transport NCCL chose "
                 "(gloo on CPU partitions).", fabric_charts(data.fabric)),
-        memory_section(ms, word), efficiency_section(ms, word, by_campaign=per), checks_section(data.checks, word),
-        compare_section(data.compare), clusters_section(data.clusters),
+        memory_section(ms, word), efficiency_section(points, word), checks_section(data.checks, word),
+        compare_section(data.compare), profile_section(data.profiles, word),
+        clusters_section(data.clusters),
         section("latest", "Each point: its repeats, median and spread",
                 f"One row per {'campaign’s ' if per else ''}point (OOM rows in red): its repeats (submitted, of how "
                 "many; with repeats: {min, max, cv} the bounds, the CV target and the state sbench status gives), "
@@ -231,4 +241,17 @@ def render_report(data: ReportData) -> str:
                 "the CV that asked for it), how it ended, what it measured, and whether compare and the CV "
                 "exclude it (a shared or busy host).",
                 f'<div class="wide">{attempts_table(data.attempts, word, by_campaign=per)}</div>'),
+        _footer(), page_scripts({"measurements": points, "traces": trace_points(data)}),
         "</body></html>"])
+
+
+CHART_HELP = ("Hover a marker for its run, its point and its value with the interval; drag or scroll to pan and "
+              "zoom (double click: back); click a legend entry to show that line alone (shift-click adds one).")
+
+
+def _footer() -> str:
+    """What drew the charts: the library inlined into this page, with its versions."""
+    v = library_versions()
+    return (f'<div class="foot">Charts: Vega {esc(v["vega"])}, Vega-Lite {esc(v["vega-lite"])} and Vega-Embed '
+            f'{esc(v["vega-embed"])} (BSD-3-Clause), inlined from the vl-convert-python package: this page loads '
+            "nothing from the network. Tables: click a header to sort, type in the box above to filter.</div>")

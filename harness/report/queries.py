@@ -115,7 +115,7 @@ def attempt_rows(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
         f"""SELECT r.run_id, r.campaign, r.point_id, r.repeat, r.attempt, r.submit_reason, r.state, r.outcome,
                    r.reason, r.stopped_by, p.model_name, p.batch_size, p.number_gpus, m.is_valid,
                    m.dataset_tokens_per_second, m.ci_rel_halfwidth, m.energy_joules, m.energy_source,
-                   m.dataset_tokens_per_joule, m.host_busy, m.host_other_cpu_pct, m.shared_host
+                   m.dataset_tokens_per_joule, m.host_busy, m.host_other_cpu_pct, m.shared_host, r.profiled
             FROM runs r LEFT JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id){where}
             ORDER BY r.campaign, p.model_name, p.number_gpus, p.batch_size, r.point_id, r.repeat, r.attempt""",
         params)
@@ -202,6 +202,39 @@ def overhead_rows(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
     return store.fetch_dicts(sql + " ORDER BY o.outside_train_s DESC NULLS LAST, o.run_id, o.host", params)
 
 
+def profile_runs(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
+    """The profiled runs (of *campaign*) with their point's labels and files, and their ``profile_ops`` rows."""
+    where, params = _scope("r.campaign", campaign, "AND")
+    runs = store.fetch_dicts(
+        f"""SELECT r.run_id, r.campaign, r.point_id, r.repeat, r.job_dir, r.profile_files, r.outcome,
+                   p.model_name, p.number_gpus, p.batch_size, r.experiment
+            FROM runs r LEFT JOIN points p USING (point_id) WHERE r.profiled{where}
+            ORDER BY p.model_name, p.number_gpus, p.batch_size, r.run_id""", params)
+    ops = store.fetch_dicts(
+        f"""SELECT o.* FROM profile_ops o JOIN runs r USING (run_id) WHERE r.profiled{where}
+            ORDER BY o.run_id, o.rank, o.kind, o.self_s DESC""", params)
+    for r in runs:
+        r["ops"] = [o for o in ops if o["run_id"] == r["run_id"]]
+    return runs
+
+
+def run_profile(store: Store, run_id: str) -> dict[str, Any]:
+    """One run's profile (``sbench profile RUN``): the run, its files and its ``profile_ops`` rows; an input error
+    names what is wrong (no such run; a run not profiled, or not collected since)."""
+    runs = store.fetch_dicts("SELECT run_id, campaign, profiled, profile_files, outcome, job_dir FROM runs "
+                             "WHERE run_id = ?", [run_id])
+    if not runs:
+        raise InputError(f"RUN {run_id!r}: no such run in {store.path}; profiled runs: sbench query \"SELECT run_id "
+                         "FROM runs WHERE profiled\"")
+    run = runs[0]
+    if not run["profiled"]:
+        raise InputError(f"RUN {run_id!r} was not profiled: submit with --profile (or runner.profile in the sweep); "
+                         "its last repeat is profiled")
+    run["ops"] = store.fetch_dicts("SELECT * FROM profile_ops WHERE run_id = ? ORDER BY rank, kind, self_s DESC",
+                                   [run_id])
+    return run
+
+
 def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str], include_shared: bool = False,
                  ) -> tuple[dict[str, list[dict[str, Any]]], list[tuple[str, str]]]:
     """Valid measurements of ok runs selected by *campaign* and *filters*, by point_id (``sbench compare``),
@@ -232,19 +265,23 @@ def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str],
     left_out: list[tuple[str, str]] = []
     for r in rows:
         why = left_out_why(r)
-        if why is not None and not include_shared:
+        if why is not None and (not include_shared or why == PROFILED):  # a profiled run never counts
             left_out.append((r["run_id"], why))
             continue
         out.setdefault(r["point_id"], []).append(r)
     return out, left_out
 
 
-SHARED, BUSY = "shared host", "busy host"  # why a measurement is left out of compare, check and the repeats' CV
+SHARED, BUSY, PROFILED = "shared host", "busy host", "profiled"  # why a measurement is left out of compare, check
+# and the repeats' CV
 
 
 def left_out_why(m: Mapping[str, Any]) -> str | None:
-    """Why a measurement row measured its neighbours too: another sbench run held one of its hosts at the same
-    time (``overlapped_with``), or other work kept its host busy (``host_busy``); None when neither."""
+    """Why a measurement row measured more than its point: it ran under the profiler (``profiled``: runner.profile),
+    another sbench run held one of its hosts at the same time (``overlapped_with``), or other work kept its host
+    busy (``host_busy``); None when none did."""
+    if m.get("profiled"):
+        return PROFILED
     if m.get("overlapped_with"):
         return SHARED
     if m.get("host_busy"):

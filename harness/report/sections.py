@@ -8,23 +8,27 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from harness.contract.formats import Stage
 
 from .charts import (
-    Ratio,
-    Series,
-    bar_chart,
+    HUMAN_BYTES_EXPR,
+    bars_spec,
+    clean,
+    embed,
     esc,
     fmt,
     human_bytes,
-    line_chart,
+    log2_ticks,
     no_data,
     plural,
-    ratio_chart,
+    ratio_spec,
+    xy_spec,
 )
 from .clusters import REFERENCE
 from .compare import Verdict
@@ -48,10 +52,17 @@ TABLE_CLASS = "tbl"  # every table of the page has it: one style (the page's CSS
 _NUMBER = re.compile(r"[−+-]?\d[\d.,]*\s*(?:[kKMGT%]|[KMG]?B|s)?")  # a cell read as a number: right-aligned
 
 
+# The rows a table shows as the page opens; the rest wait in a <template> (parsed, but not styled or laid out)
+# until the table comes near the window or its filter or sort is used (the page's TABLE_JS). A 1,000-run page's
+# tables are 50,000 elements: laid out at once they took as long as every chart together.
+TABLE_FIRST_ROWS = 40
+
+
 def table(head: Sequence[str], rows: Sequence[tuple[Sequence[Any], str]], css: str = "") -> str:
     """One table in the page's shared style: *head*, and rows of (cells, the row's class: "", ``ok``, or
     ``oom``/``fail`` for a row that reads in red). Cells are text (escaped here; None is empty). *css*
-    adds a class to the table (``latest``: the wide table of measurements). Numbers are right-aligned."""
+    adds a class to the table (``latest``: the wide table of measurements). Numbers are right-aligned. Rows past
+    the first :data:`TABLE_FIRST_ROWS` join the table when it comes into view."""
     def td(c: Any) -> str:
         text = "" if c is None else str(c)
         return f'<td class="n">{esc(text)}</td>' if _NUMBER.fullmatch(text) else f"<td>{esc(text)}</td>"
@@ -61,8 +72,10 @@ def table(head: Sequence[str], rows: Sequence[tuple[Sequence[Any], str]], css: s
         return f"<tr{attr}>" + "".join(td(c) for c in cells) + "</tr>"
 
     classes = f"{TABLE_CLASS} {css}".strip()
+    shown, later = rows[:TABLE_FIRST_ROWS], rows[TABLE_FIRST_ROWS:]
+    more = f"<template class=\"more-rows\">{''.join(tr(c, rc) for c, rc in later)}</template>" if later else ""
     return (f'<table class="{classes}"><thead><tr>' + "".join(f"<th>{esc(h)}</th>" for h in head)
-            + f"</tr></thead><tbody>{''.join(tr(c, rc) for c, rc in rows)}</tbody></table>")
+            + f"</tr></thead><tbody>{''.join(tr(c, rc) for c, rc in shown)}{more}</tbody></table>")
 
 
 SeriesKey = tuple[str, str, str, int, str]  # campaign ("" on a one-campaign page), model, method, number_gpus, trainer
@@ -83,39 +96,84 @@ def _is_pow2(v: Any) -> bool:
     return isinstance(v, int) and v > 0 and v & (v - 1) == 0
 
 
-def metric_chart(measurements: Sequence[Mapping[str, Any]], metric: str, y_label: str, unit: str = "",
-                 y_range: tuple[float, float] | None = None, word: str = "GPU", width: int = 660,
-                 height: int = 300, by_campaign: bool = False) -> str:
-    """One marker per valid measurement of *metric* vs batch size, lines through the means; OOM crosses.
-    *word* names what ``number_gpus`` counts (GPUs, or worker processes on a CPU-only run); *by_campaign*
-    draws one line per campaign too (a page of every campaign). The x axis ticks at the batch sizes drawn."""
-    colors: dict[SeriesKey, str] = {}
-    groups: dict[SeriesKey, list[tuple[float, float | None, str]]] = {}
-    ooms: list[tuple[float, float | None, str]] = []
+def rel_interval(m: Mapping[str, Any]) -> float | None:
+    """The relative half-width of a run's 95 % interval of its window rates: the precision auto-stop's own
+    (``ci_rel_halfwidth``), else from its steps (``1.96 · step_time_cv / sqrt(steps_timed)``, the interval compare's
+    within-run evidence gives); None when neither is known."""
+    if m.get("ci_rel_halfwidth") is not None:
+        return float(m["ci_rel_halfwidth"])
+    cv, n = m.get("step_time_cv"), m.get("steps_timed")
+    if cv is None or not n or int(n) < 2 or not math.isfinite(float(cv)):
+        return None
+    return 1.96 * float(cv) / math.sqrt(int(n))
+
+
+RATE_METRICS = ("dataset_tokens_per_second", "model_tflops_per_gpu", "mfu")  # measured over the window: an interval
+POINT_METRICS = (*RATE_METRICS, "gpu_memory_utilization_peak", "cpu_memory_utilization")
+
+
+def measurement_points(measurements: Sequence[Mapping[str, Any]], word: str = "GPU",
+                       by_campaign: bool = False) -> list[dict[str, Any]]:
+    """The page's shared rows of measurements (the dataset ``measurements`` every measurement chart reads): one per
+    measurement with a batch size: its run, series, entity fields, whether it is valid (an invalid run is out of
+    memory: its reason), its figures and the interval of its rates."""
+    rows = []
     for m in measurements:
         if m.get("batch_size") is None:
             continue
         key = _series_key(m, by_campaign)
-        name = _series_name(key, word)
-        if m.get("is_valid") is False:
-            ooms.append((m["batch_size"], None, f"OOM / invalid: {name}, batch {m['batch_size']}\n"
-                                              f"run {m['run_id']}\n{m.get('run_reason') or ''}".strip()))
-        elif m.get(metric) is not None:
-            groups.setdefault(key, []).append((m["batch_size"], float(m[metric]),
-                                               f"{name}, batch {m['batch_size']}: {fmt(m[metric])}{unit}\n"
-                                               f"run {m['run_id']}"))
-    for i, key in enumerate(sorted({*groups})):
-        colors[key] = PALETTE[i % len(PALETTE)]
-    series = [Series(_series_name(k, word), pts, colors[k], dash="" if i < len(PALETTE) else "5,3")
-              for i, (k, pts) in enumerate(sorted(groups.items()))]
-    if ooms:
-        series.append(Series("OOM (invalid run)", ooms, OOM_COLOR, marker="x", line=False, css="oom"))
-    xs = [x for s in series for x, _, _ in s.points]
-    log2 = bool(xs) and all(map(_is_pow2, xs))
-    return line_chart(series, x_label="batch size" + (" (log2 scale)" if log2 else ""), y_label=y_label,
-                      log2_x=log2, y_range=y_range, width=width, height=height, x_ticks=sorted(set(xs)),
-                      integer_x=True,
-                      empty=f"no measurement with {metric} and a batch size in this selection")
+        rel = rel_interval(m)
+        row: dict[str, Any] = {
+            "run": m["run_id"], "series": _series_name(key, word),
+            "campaign": m.get("campaign") if by_campaign else None,
+            "model": m.get("model_name"), "method": m.get("method"), "devices": _count(m.get("number_gpus"), word),
+            "nodes": m.get("number_nodes"), "batch": m["batch_size"], "max_len": m.get("model_max_length"),
+            "trainer": m.get("trainer") or "sbench", "valid": m.get("is_valid") is not False,
+            "reason": None if m.get("is_valid") is not False else (m.get("run_reason") or "invalid run"),
+            "interval": "unknown" if rel is None else f"+-{100 * rel:.1f} % (95 %)",
+        }
+        row.update((k, clean(float(m[k]))) for k in POINT_METRICS if m.get(k) is not None)
+        rows.append({k: v for k, v in row.items() if v is not None})  # a missing field is no value: the page's size
+    return rows
+
+
+def series_colors(points: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Each series of valid rows, in order, with its colour (the palette in turn; red is kept for OOM)."""
+    names = sorted({p["series"] for p in points if p["valid"]})
+    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
+
+
+OOM_NAME = "OOM (invalid run)"
+
+
+def metric_chart(cid: str, points: Sequence[Mapping[str, Any]], metric: str, y_label: str, unit: str = "",
+                 y_range: tuple[float, float] | None = None, width: int = 560, height: int = 280) -> str:
+    """One marker per valid measurement of *metric* vs batch size (the page's ``measurements`` rows, *points*),
+    a line per series through the means; OOM runs as red crosses at the top edge. The x axis ticks at the batch
+    sizes drawn (log2 when they are all powers of two)."""
+    drawn = [p for p in points if (p["valid"] and p.get(metric) is not None) or not p["valid"]]
+    if not drawn:
+        return no_data(f"no measurement with {metric} and a batch size in this selection")
+    colors = series_colors([p for p in drawn if p["valid"]])
+    xs = sorted({p["batch"] for p in drawn})
+    log2 = all(map(_is_pow2, xs))
+    values = [float(p[metric]) for p in drawn if p["valid"]]
+    top = y_range[1] if y_range else (max(values) * 1.06 if values and max(values) > 0 else 1.0)
+    interval = [("interval", "interval")] if metric in RATE_METRICS else []
+    tips: list[Any] = [("run", "run"), ("series", "series"), ("batch", "batch size"),
+                       (metric, f"{y_label}", ",.4~g"), *interval, ("max_len", "max length"), ("nodes", "nodes"),
+                       ("trainer", "trainer")]
+    if any(not p["valid"] for p in drawn):
+        colors[OOM_NAME] = OOM_COLOR
+    crosses = {"filter": "!datum.valid", "y": clean(top), "name": OOM_NAME, "color": OOM_COLOR,
+               "tips": [("run", "run (out of memory)"), ("series", "series"), ("batch", "batch size"),
+                        ("reason", "reason")]} if OOM_NAME in colors else None
+    spec = xy_spec(data={"name": "measurements"}, x="batch", y=metric, series="series", colors=colors, tips=tips,
+                   keep="datum.valid", x_title="batch size" + (" (log2 scale)" if log2 else ""),
+                   y_title=y_label + (f" ({unit})" if unit and unit not in y_label else ""), log2_x=log2,
+                   x_values=xs, y_domain=y_range or (0.0, clean(top)), crosses=crosses, width=width, height=height)
+    spec["description"] = f"{metric} vs batch size"
+    return embed(cid, spec, ["measurements"])
 
 
 def _count(n: Any, word: str) -> str:
@@ -128,26 +186,44 @@ def _lighter(color: str, keep: float = 0.45) -> str:
     return "#" + "".join(f"{round(255 - (255 - c) * keep):02x}" for c in rgb)
 
 
+OUTCOME_LABEL_COLOR = ("indexof(datum.label, 'OOM ') == 0 ? '#d62728' : indexof(datum.label, 'FAILED ') == 0 ? "
+                       "'#e65100' : '#333'")  # a bar's label: OOM runs in red, failed runs in orange
+
+
 def stage_chart(stage_runs: Sequence[Mapping[str, Any]], word: str = "GPU",
                 by_campaign: bool = False) -> tuple[str, str]:
+    """One bar per run: its stages' wall seconds stacked (an unfinished stage lighter); OOM runs' labels in red,
+    failed runs' in orange."""
     seen = {s for r in stage_runs for s in r["stages"]}
     bases = list(dict.fromkeys([*STAGE_ORDER, *sorted({s.removesuffix(" (unfinished)") for s in seen})]))
     colors = dict(STAGE_COLORS)
     colors.update({n: PALETTE[(i + 3) % len(PALETTE)] for i, n in enumerate(n for n in bases if n not in colors)})
     names = [n for b in bases for n in (b, f"{b} (unfinished)")]
     colors.update({f"{b} (unfinished)": _lighter(colors[b]) for b in bases})
-    rows = []
+    rows, labels = [], []
     for r in stage_runs[:MAX_STAGE_BARS]:
         tag = {"invalid": "OOM ", "failed": "FAILED ", None: "PENDING "}.get(r["outcome"], "")
         label = (f"{tag}{r['campaign'] + ' · ' if by_campaign else ''}{r['model_name'] or '?'} · {r['method']} · "
                  f"{_count(r['number_gpus'], word)} · bs {r['batch_size']}"
                  f" · {str(r['point_id'])[:8]}.r{r['repeat']}a{r['attempt']}")
-        segs = [(n, r["stages"][n]) for n in names if n in r["stages"]]
-        rows.append((label, segs, r["outcome"] or "pending"))
+        labels.append(label)
+        for i, n in enumerate(names):
+            if n in r["stages"]:
+                rows.append({"label": label, "run": r["run_id"], "stage": n, "order": i,
+                             "seconds": clean(float(r["stages"][n])), "outcome": r["outcome"] or "pending"})
     note = (f"Showing the first {MAX_STAGE_BARS} of {len(stage_runs)} runs; narrow with --campaign."
             if len(stage_runs) > MAX_STAGE_BARS else "")
-    return bar_chart(rows, colors, x_label="seconds (per stage: the slowest host/rank, summed over trials)",
-                     empty="no stage timings recorded for these runs"), note
+    if not rows:
+        return no_data("no stage timings recorded for these runs"), note
+    used = {r["stage"] for r in rows}
+    spec = bars_spec(data={"values": rows}, label="label", value="seconds", segment="stage", order="order",
+                     colors={n: colors[n] for n in names if n in used}, labels=labels,
+                     tips=[("run", "run"), ("stage", "stage"), ("seconds", "seconds", ",.3~f"),
+                           ("outcome", "outcome")],
+                     x_title="seconds (per stage: the slowest host/rank, summed over trials)",
+                     label_color_expr=OUTCOME_LABEL_COLOR)
+    spec["description"] = "stage seconds per run"
+    return embed("chart-stages", spec), note
 
 
 def run_bands(run: Mapping[str, Any], offset: float) -> list[tuple[float, float, str, str]]:
@@ -163,32 +239,47 @@ def run_bands(run: Mapping[str, Any], offset: float) -> list[tuple[float, float,
     return bands
 
 
+def trace_points(data: ReportData) -> list[dict[str, Any]]:
+    """The page's shared rows of the utilisation run's samples (the dataset ``traces``): per time bucket, host,
+    kind and device its mean figures, and the series it belongs to."""
+    return [{"x": clean(t["x"]), "kind": t["kind"],
+             "name": f"{t['host']} gpu{t['device']}" if t["kind"] == "gpu" else f"{t['host']} process tree",
+             "gpu_util": clean(t["gpu_util"]), "gpu_mem_pct": clean(t["gpu_mem_pct"]), "cpu_pct": clean(t["cpu_pct"])}
+            for t in data.traces]
+
+
 def utilisation_charts(data: ReportData) -> str:
     run = data.run
     if run is None:
         return no_data("no run with samples in this selection")
     if not data.traces:
         return no_data(f"run {run['run_id']} has no samples")
-    bands = run_bands(run, data.run_offset or 0.0)
+    shaded = run_bands(run, data.run_offset or 0.0)
+    bands = [{"x0": clean(a), "x1": clean(b), "band": label} for a, b, label, _ in shaded]
+    band_colors = {label: color for _, _, label, color in shaded}
+    points = trace_points(data)
     out = []
-    for kind, metric, title, _unit, y_range in (
-            ("gpu", "gpu_util", "GPU utilisation (%)", "%", (0.0, 100.0)),
-            ("gpu", "gpu_mem_pct", "GPU memory used (% of device)", "%", (0.0, 100.0)),
-            ("proc", "cpu_pct", "process CPU (%; 100 = one core)", "%", None)):
-        keys = sorted({(t["host"], t["device"]) for t in data.traces if t["kind"] == kind})
-        series = []
-        for i, (host, dev) in enumerate(keys):
-            name = f"{host} gpu{dev}" if kind == "gpu" else f"{host} process tree"
-            pts = [(t["x"], t[metric], "") for t in data.traces
-                   if t["kind"] == kind and (t["host"], t["device"]) == (host, dev) and t[metric] is not None]
-            if pts:
-                series.append(Series(name, pts, PALETTE[i % len(PALETTE)], marker="",
-                                     dash="" if i < len(PALETTE) else "5,3"))
-        empty = ("no GPU samples for this run (no GPU was sampled)" if kind == "gpu"
-                 else "no process samples for this run")
-        out.append(f'<div class="panel"><h3>{esc(title)}</h3>'
-                   + line_chart(series, x_label="seconds since training start", y_label=title, y_range=y_range,
-                                bands=bands, width=1300, height=240, empty=empty) + "</div>")
+    for kind, metric, title, y_range in (
+            ("gpu", "gpu_util", "GPU utilisation (%)", (0.0, 100.0)),
+            ("gpu", "gpu_mem_pct", "GPU memory used (% of device)", (0.0, 100.0)),
+            ("proc", "cpu_pct", "process CPU (%; 100 = one core)", None)):
+        mine = [p for p in points if p["kind"] == kind and p[metric] is not None]
+        if not mine:
+            empty = ("no GPU samples for this run (no GPU was sampled)" if kind == "gpu"
+                     else "no process samples for this run")
+            out.append(f'<div class="panel"><h3>{esc(title)}</h3>{no_data(empty)}</div>')
+            continue
+        names = sorted({p["name"] for p in mine})
+        spec = xy_spec(data={"name": "traces"}, x="x", y=metric, series="name",
+                       colors={n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)},
+                       tips=[("name", "series"), ("x", "seconds since training start", ",.1f"),
+                             (metric, title, ",.1f")],
+                       keep=f"datum.kind === {json.dumps(kind)}", x_title="seconds since training start",
+                       y_title=title, y_domain=y_range, mean_line=True, points=False, bands=bands,
+                       band_colors=band_colors, width=1060, height=200)
+        spec["description"] = f"{metric} of run {run['run_id']} over time"
+        spec["usermeta"] = {"run": run["run_id"], "samples": len(mine)}
+        out.append(f'<div class="panel"><h3>{esc(title)}</h3>{embed(f"chart-util-{metric}", spec, ["traces"])}</div>')
     return "".join(out)
 
 
@@ -287,7 +378,7 @@ def attempts_table(attempts: Sequence[Mapping[str, Any]], word: str = "GPU", by_
     for a in attempts:
         r = dict(a)
         r["outcome"] = a.get("outcome") or (str(a.get("state") or "submitted").lower() + " (not over)")
-        r["left_out"] = ("shared host" if a.get("shared_host") else
+        r["left_out"] = ("profiled" if a.get("profiled") else "shared host" if a.get("shared_host") else
                          f"busy host ({fmt(a.get('host_other_cpu_pct'))} % other CPU)" if a.get("host_busy") else None)
         r["reason"] = None if a.get("outcome") == "ok" else a.get("reason")
         rows.append(r)
@@ -317,25 +408,34 @@ def fabric_charts(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return no_data("no fabric run yet: sbench fabric -i INVENTORY --partition P --nodes N")
     runs = sorted({r["fabric_id"] for r in rows})
-    colors = {f: PALETTE[i % len(PALETTE)] for i, f in enumerate(runs)}
+    names: dict[str, str] = {}
+    for f in runs:
+        first = next(r for r in rows if r["fabric_id"] == f)
+        tr = first.get("transport_by_host")
+        tr = json.loads(tr) if isinstance(tr, str) else (tr or {})
+        kinds = ",".join(sorted({t for t in tr.values() if t})) or first.get("backend") or "?"
+        names[f] = f"{first['partition']} x{first['nodes']} ({kinds}) {f[:15]}"
+    colors = {names[f]: PALETTE[i % len(PALETTE)] for i, f in enumerate(runs)}
     panels = []
     for op in ("all_reduce", "all_gather"):
-        series = []
-        for f in runs:
-            pts = [(float(r["bytes"]), r["busbw_gbps"],
-                    f"{f}: {op} {human_bytes(r['bytes'])}B ({int(r['bytes'])} bytes), {r['time_us']:.1f} us, "
-                    f"busbw {r['busbw_gbps']:.3f} GB/s")
-                   for r in rows if r["fabric_id"] == f and r["op"] == op and r.get("bytes") and r.get("busbw_gbps")]
-            if pts:
-                first = next(r for r in rows if r["fabric_id"] == f)
-                tr = first.get("transport_by_host")
-                tr = json.loads(tr) if isinstance(tr, str) else (tr or {})
-                kinds = ",".join(sorted({t for t in tr.values() if t})) or first.get("backend") or "?"
-                series.append(Series(f"{first['partition']} x{first['nodes']} ({kinds}) {f[:15]}", pts, colors[f]))
-        panels.append(f'<div class="panel"><h3>{op.replace("_", "-")} bus bandwidth</h3>'
-                      + line_chart(series, x_label="message size (log2 scale; 1K = 1024 bytes)",
-                                   y_label="busbw (GB/s)", log2_x=True, x_fmt=human_bytes, empty=f"no {op} rows")
-                      + "</div>")
+        pts = [{"run": r["fabric_id"], "series": names[r["fabric_id"]], "bytes": int(r["bytes"]),
+                "size": f"{human_bytes(r['bytes'])}B ({int(r['bytes'])} bytes)", "time_us": clean(r["time_us"]),
+                "busbw": clean(r["busbw_gbps"])}
+               for r in rows if r["op"] == op and r.get("bytes") and r.get("busbw_gbps")]
+        if not pts:
+            body = no_data(f"no {op} rows")
+        else:
+            sizes = sorted({p["bytes"] for p in pts})
+            ticks = [int(t) for t in log2_ticks(sizes[0], sizes[-1], 400)]  # the plot's width less its legend
+            spec = xy_spec(data={"values": pts}, x="bytes", y="busbw", series="series", colors=colors,
+                           tips=[("run", "fabric run"), ("series", "series"), ("size", "message size"),
+                                 ("time_us", "time (us)", ",.1f"), ("busbw", "busbw (GB/s)", ",.3f")],
+                           x_title="message size (log2 scale; 1K = 1024 bytes)", y_title="busbw (GB/s)", log2_x=True,
+                           x_values=ticks, x_extent=(sizes[0], sizes[-1]), x_label_expr=HUMAN_BYTES_EXPR,
+                           width=520)
+            spec["description"] = f"{op} bus bandwidth by message size"
+            body = embed(f"chart-fabric-{op}", spec)
+        panels.append(f'<div class="panel"><h3>{op.replace("_", "-")} bus bandwidth</h3>{body}</div>')
     return '<div class="row">' + "".join(panels) + "</div>"
 
 
@@ -368,23 +468,37 @@ VERDICT_COLORS = {Verdict.REGRESSION: OOM_COLOR, Verdict.IMPROVEMENT: "#59a14f",
                   Verdict.INSUFFICIENT: "#f28e2b"}
 
 
-def ratio_rows(rows: Sequence[Mapping[str, Any]]) -> list[Ratio]:
-    """Compare's rows (one per point and metric) as the lines of a ratio chart, coloured by verdict."""
+def ratio_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Compare's rows (one per point and metric) as the lines of a ratio chart: label, ratio, interval, verdict."""
     out = []
     for r in rows:
         lab = r.get("labels") or {}
-        name = (f"{lab.get('model_name', '?')} ×{lab.get('number_gpus', '?')} b{lab.get('batch_size', '?')} "
-                f"{r['metric']}")
         no_test = r["low"] is None or r["high"] is None
-        interval = ("no interval (no test: a side has fewer than two runs)" if no_test
-                    else f"[{r['low']:.3f}, {r['high']:.3f}]")
-        tip = (f"{r['point_id']} {r['metric']}: ratio {r['ratio']:.3f} {interval}, "
-               f"n {r['n_base']}/{r['n_cand']}, {r['verdict']}")
-        out.append(Ratio(name, r["ratio"], r["low"], r["high"], VERDICT_COLORS.get(str(r["verdict"]), "#7f7f7f"), tip))
+        out.append({"label": f"{lab.get('model_name', '?')} ×{lab.get('number_gpus', '?')} "
+                             f"b{lab.get('batch_size', '?')} {r['metric']} · {str(r['point_id'])[:8]}",
+                    "point": r["point_id"], "metric": r["metric"], "ratio": clean(r["ratio"]),
+                    "low": clean(r["low"]), "high": clean(r["high"]), "verdict": str(r["verdict"]),
+                    "interval": ("no interval (no test: a side has fewer than two runs)" if no_test
+                                 else f"[{r['low']:.3f}, {r['high']:.3f}] (95 %)"),
+                    "runs": f"{r['n_base']} base, {r['n_cand']} cand"})
     return out
 
 
-RATIO_AXIS = "candidate / base (ratio of medians, 95 % interval of Welch's t on the logs)"
+RATIO_AXIS = "candidate / base (ratio of centres, 95 % interval of Welch's t on the logs)"
+
+
+def ratio_chart(rows: Sequence[Mapping[str, Any]], threshold: float) -> str:
+    """Compare's rows as a ratio chart (:func:`harness.report.charts.ratio_spec`), coloured by verdict."""
+    if not rows:
+        return no_data("BASE and CAND share no measured point")
+    pts = ratio_rows(rows)
+    spec = ratio_spec(data={"values": pts}, label="label", ratio="ratio", low="low", high="high", group="verdict",
+                      colors={str(v): c for v, c in VERDICT_COLORS.items() if any(p["verdict"] == v for p in pts)},
+                      labels=[p["label"] for p in pts], threshold=threshold, x_title=RATIO_AXIS,
+                      tips=[("point", "point"), ("metric", "metric"), ("ratio", "ratio", ".3f"),
+                            ("interval", "interval"), ("runs", "runs"), ("verdict", "verdict")])
+    spec["description"] = "compare: ratio per point and metric"
+    return embed("chart-compare", spec)
 
 
 def compare_section(cmp: Mapping[str, Any] | None) -> str:
@@ -403,10 +517,9 @@ def compare_section(cmp: Mapping[str, Any] | None) -> str:
                  "spread), paired on the entity fields it recorded: the ratio stands, no verdict is drawn.")
     if cmp.get("excluded_text"):
         note += f" Left out: {cmp['excluded_text']}."
-    chart = ratio_chart(ratio_rows(rows), cmp["threshold"], RATIO_AXIS) if rows else \
-        no_data("BASE and CAND share no measured point")
-    return section("compare", "Compare", note, f'<div class="wide">{chart}</div>'
+    return section("compare", "Compare", note, f'<div class="wide">{ratio_chart(rows, cmp["threshold"])}</div>'
                    + changes_table(cmp.get("environment") or {}, rows))
+
 
 def changes_table(env: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     """What changed under the numbers: the differences between the sides' recorded environments, and beside each
@@ -460,22 +573,31 @@ def memory_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
     top = max(max(m.get("predicted_total_bytes") or 0, (m.get("params_bytes") or 0) + (m.get("grads_bytes") or 0)
                   + (m.get("optimizer_bytes") or 0)) for m in latest.values())
     scale, unit = (1e9, "GB") if top >= 1e9 else (1e6, "MB")
-    rows = []
+    rows, labels = [], []
+    parts = list(MEMORY_COLORS)
     for m in list(latest.values())[:MAX_STAGE_BARS // 2]:
         label = (f"{m.get('model_name') or '?'} · {m.get('method')} · {_count(m.get('number_gpus'), word)} · "
                  f"bs {m.get('batch_size')} · {str(m['point_id'])[:8]}")
-        if m.get("params_bytes") is not None:
-            rows.append((f"{label} measured", [(n, (m.get(k) or 0) / scale) for n, k in (
-                ("parameters", "params_bytes"), ("gradients", "grads_bytes"),
-                ("optimizer state", "optimizer_bytes"))], "ok"))
-        if m.get("predicted_total_bytes") is not None:
-            css = "invalid" if m.get("predicted_oom") else "ok"
-            rows.append((f"{label} predicted", [(n, (m.get(k) or 0) / scale) for n, k in (
-                ("parameters", "predicted_params_bytes"), ("gradients", "predicted_grads_bytes"),
-                ("optimizer state", "predicted_optimizer_bytes"),
-                ("activations (predicted)", "predicted_activation_bytes"))], css))
-    chart = bar_chart(rows, MEMORY_COLORS, x_label=f"{unit} per device (rank 0)", unit=unit,
-                      empty="no memory snapshots")
+        for kind, keys, known in (
+                ("measured", (("parameters", "params_bytes"), ("gradients", "grads_bytes"),
+                              ("optimizer state", "optimizer_bytes")), m.get("params_bytes") is not None),
+                ("predicted", (("parameters", "predicted_params_bytes"), ("gradients", "predicted_grads_bytes"),
+                               ("optimizer state", "predicted_optimizer_bytes"),
+                               ("activations (predicted)", "predicted_activation_bytes")),
+                 m.get("predicted_total_bytes") is not None)):
+            if not known:
+                continue
+            bar = f"{'DOES NOT FIT ' if kind == 'predicted' and m.get('predicted_oom') else ''}{label} {kind}"
+            labels.append(bar)
+            rows += [{"label": bar, "run": m.get("run_id"), "part": n, "order": parts.index(n),
+                      "size": clean((m.get(k) or 0) / scale)} for n, k in keys]
+    spec = bars_spec(data={"values": rows}, label="label", value="size", segment="part", order="order",
+                     colors=MEMORY_COLORS, labels=labels,
+                     tips=[("run", "run"), ("label", "bar"), ("part", "part"), ("size", unit, ",.3~f")],
+                     x_title=f"{unit} per device (rank 0)",
+                     label_color_expr="indexof(datum.label, 'DOES NOT FIT ') == 0 ? '#d62728' : '#333'")
+    spec["description"] = "memory per device: measured and predicted"
+    chart = embed("chart-memory-breakdown", spec) if rows else no_data("no memory snapshots")
     measured = [m for m in latest.values() if m.get("activation_bytes")]
     if measured:
         acts = table(["point", "activations measured", "predicted", "estimate error"], [(
@@ -490,18 +612,19 @@ def memory_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
                    "Measured: rank 0's parameter, gradient and optimizer-state bytes after its last recorded "
                    "optimizer step, summed tensor by tensor (the local shard under FSDP, ZeRO's partitions under "
                    "DeepSpeed; the memory table has every phase). Predicted: harness/memory.py from the model's "
-                   "config.json, with its activation estimate; a red label is a point predicted not to fit.",
+                   "config.json, with its activation estimate; a red label (DOES NOT FIT) is a point predicted not to "
+                   "fit.",
                    f'<div class="wide">{chart}{acts}</div>')
 
 
-def efficiency_section(ms: Sequence[Mapping[str, Any]], word: str, by_campaign: bool = False) -> str:
-    if not any(m.get("model_tflops_per_gpu") is not None for m in ms):
+def efficiency_section(points: Sequence[Mapping[str, Any]], word: str) -> str:
+    if not any(p.get("model_tflops_per_gpu") is not None for p in points):
         return ""
-    has_mfu = any(m.get("mfu") is not None for m in ms)
+    has_mfu = any(p.get("mfu") is not None for p in points)
     body = ('<div class="row"><div class="panel"><h3>achieved model TFLOP/s per device</h3>'
-            + metric_chart(ms, "model_tflops_per_gpu", "model TFLOP/s per device", word=word, by_campaign=by_campaign)
+            + metric_chart("chart-tflops", points, "model_tflops_per_gpu", "model TFLOP/s per device")
             + '</div><div class="panel"><h3>MFU (model FLOPs / peak)</h3>'
-            + (metric_chart(ms, "mfu", "MFU", word=word, by_campaign=by_campaign) if has_mfu else
+            + (metric_chart("chart-mfu", points, "mfu", "MFU") if has_mfu else
                no_data("no peak TFLOP/s known for this hardware: set peak_tflops on the partition"))
             + "</div></div>")
     return section("efficiency", "Efficiency: achieved TFLOP/s and MFU",
@@ -529,3 +652,54 @@ def clusters_section(rows: Sequence[Mapping[str, Any]]) -> str:
             "measurements by the entity fields their file gives. Medians over each campaign's valid runs; runs on "
             "a shared or busy host left out.")
     return section("clusters", "Across clusters", esc(note), f'<div class="wide">{table(head, body)}</div>')
+
+
+PHASE_COLORS = {"data": "#76b7b2", "forward": "#4e79a7", "backward": "#f28e2b", "optimizer": "#59a14f",
+                "communication": "#b07aa1", "other": "#bab0ac"}
+PROFILE_TOP = 10  # operators shown per profiled run (sbench profile RUN --top N: more)
+
+
+def profile_section(profiles: Sequence[Mapping[str, Any]], word: str = "GPU") -> str:
+    """Per profiled run (``runner.profile``): where its steps' time went (rank by rank, the parts' shares adding up
+    to the step), its top operators by self time, and a link to each trace file."""
+    if not profiles:
+        return ""
+    rows, labels, parts = [], [], list(PHASE_COLORS)
+    tables = []
+    for p in profiles:
+        ranks = sorted({o["rank"] for o in p["ops"]})
+        for rank in ranks:
+            phases = [o for o in p["ops"] if o["rank"] == rank and o["kind"] == "phase"]
+            if not phases:
+                continue
+            label = (f"{p.get('model_name') or '?'} · {_count(p.get('number_gpus'), word)} · bs {p.get('batch_size')}"
+                     f" · {str(p['point_id'])[:8]}.r{p['repeat']} · rank {rank}")
+            labels.append(label)
+            rows += [{"label": label, "run": p["run_id"], "part": o["name"], "order": parts.index(o["name"]),
+                      "share": clean(100 * (o["share"] or 0)), "seconds": clean(o["self_s"] / max(o["steps"] or 1, 1)),
+                      "steps": o["steps"]} for o in phases if o["name"] in PHASE_COLORS]
+        ops = [o for o in p["ops"] if o["kind"] != "phase" and o["rank"] == (ranks[0] if ranks else 0)]
+        links = " ".join(f'<a href="{esc(_file_uri(p.get("job_dir"), f))}">{esc(f)}</a>'
+                         for f in p.get("profile_files") or [])
+        tables.append(f"<h3>{esc(p['run_id'])}: top operators of rank {ranks[0] if ranks else 0} by self time</h3>"
+                      f'<p class="note">Files: {links or "none collected"} (open a trace in chrome://tracing or '
+                      "Perfetto; sbench profile RUN prints more).</p>"
+                      + table(["kind", "operator", "calls", "self s", "total s", "share of the steps"],
+                              [((o["kind"], o["name"], o["calls"], f"{o['self_s']:.4f}", f"{o['total_s']:.4f}",
+                                 f"{100 * (o['share'] or 0):.1f} %"), "") for o in ops[:PROFILE_TOP]]))
+    chart = no_data("no profiled step in the collected traces") if not rows else embed("chart-profile", bars_spec(
+        data={"values": rows}, label="label", value="share", segment="part", order="order", colors=PHASE_COLORS,
+        labels=labels, tips=[("run", "run"), ("part", "part"), ("share", "share of the step (%)", ".1f"),
+                             ("seconds", "seconds per step", ",.4f"), ("steps", "steps profiled")],
+        x_title="share of the step (%)"))
+    return section("profile", "Profiled points: where a step's time went",
+                   "Runs profiled with runner.profile (or submit --profile): the last repeat of each point, its steps "
+                   "under torch.profiler. Each bar splits the profiled steps' time of one rank into data loading, "
+                   "forward, backward, optimizer, communication (a collective in flight: NCCL or gloo) and other; the "
+                   "parts add up to the step. These runs are left out of every plot above, of compare, check and the "
+                   "repeats' CV: the profiler slows them.", f'<div class="wide">{chart}{"".join(tables)}</div>')
+
+
+def _file_uri(job_dir: Any, name: str) -> str:
+    """A link to a file of a job dir (a ``file:`` URI: the page stays offline)."""
+    return (Path(str(job_dir)) / name).as_uri() if job_dir and str(job_dir).startswith("/") else name

@@ -6,15 +6,16 @@ Syntax: one or more faults separated by ``;``, each ``KIND@COND[,COND...][:ARG]`
   memory access was encountered" ``RuntimeError``), ``error`` (raise ``RuntimeError``),
   ``sigkill`` (``os.kill(os.getpid(), SIGKILL)``: a crash nothing can catch), ``sleep``
   (hang for ARG seconds, default 3600), ``exit`` (``os._exit(ARG)``, default 1).
-- ``COND``: ``step=N`` (at the end of optimiser step N) or ``stage=NAME`` (at the start of a
-  trainer stage: dataset, tokens, model_load, train), optionally restricted with ``rank=R``
+- ``COND``: ``step=N`` (at the end of optimiser step N; with ``before=optimizer``, just before its optimizer
+  step: a slow optimizer) or ``stage=NAME`` (at the start of a trainer stage: dataset, tokens, model_load, train),
+  optionally restricted with ``rank=R``
   (global rank), ``trial=T`` (stability trial), ``job=TEXT`` (a job dir whose name contains TEXT,
   e.g. ``job=<point_id>.r1.``: one repeat of one point) and ``batch=B`` (the point's per-device batch
   size: one point of a pack, ``slurm.pack``).
 
 Examples: ``oom@step=2``, ``error@step=1``, ``sigkill@step=2``, ``sleep@step=1:30``,
 ``oom@step=2,rank=1``, ``error@stage=model_load``, ``oom@step=1,trial=2``, ``sleep@step=3,job=.r1.:2``,
-``oom@step=1,batch=4``.
+``oom@step=1,batch=4``, ``sleep@step=3,before=optimizer:0.5``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ ENV = envvars.FAULT.name
 # the stages at whose start a trainer looks for a fault (both trainers; harness.runner.rank.fault_at_stage)
 FAULT_STAGES = (Stage.DATASET, Stage.TOKENS, Stage.MODEL_LOAD, Stage.TRAIN)
 MAX_SLEEP_S = 86400.0
+BEFORE = ("optimizer",)  # where in a step a before= fault fires (harness.runner.measure: on_pre_optimizer_step)
 
 
 class FaultSpecError(ValueError):
@@ -49,9 +51,10 @@ class Fault:
     arg: str | None = None
     job: str | None = None
     batch: int | None = None
+    before: str | None = None
 
     def applies(self, *, rank: int, trial: int | None, step: int | None = None, stage: str | None = None,
-                job: str = "", batch: int | None = None) -> bool:
+                job: str = "", batch: int | None = None, before: str | None = None) -> bool:
         if self.rank is not None and self.rank != rank:
             return False
         if self.job is not None and self.job not in job:
@@ -61,7 +64,7 @@ class Fault:
         if self.trial is not None and self.trial != trial:
             return False
         if step is not None:
-            return self.step == step
+            return self.step == step and self.before == before
         return stage is not None and self.stage == stage
 
     def fire(self, where: str) -> None:
@@ -104,7 +107,7 @@ def parse_faults(text: str | None) -> list[Fault]:
         for cond in rest.split(","):
             if "=" not in cond:
                 raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value "
-                                     "(step, stage, rank, trial, job, batch)")
+                                     "(step, stage, rank, trial, job, batch, before)")
             k, v = (x.strip() for x in cond.split("=", 1))
             if k in ("step", "rank", "trial", "batch"):
                 try:
@@ -118,14 +121,22 @@ def parse_faults(text: str | None) -> list[Fault]:
                     raise FaultSpecError(f"{ENV}: stage {v!r} is not a stage a trainer looks for faults at; use one "
                                          f"of {', '.join(FAULT_STAGES)}{hint}")
                 kw[k] = v
+            elif k == "before":
+                if v not in BEFORE:
+                    raise FaultSpecError(f"{ENV}: before={v!r}: a fault fires before {', '.join(BEFORE)} only "
+                                         "(e.g. sleep@step=3,before=optimizer:0.5)")
+                kw[k] = v
             elif k == "job":
                 if not v:
                     raise FaultSpecError(f"{ENV}: job= needs the text of a job dir's name, e.g. job=<point_id>.r1.")
                 kw[k] = v
             else:
-                raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank, trial, job or batch")
+                raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank, trial, job, batch or "
+                                     "before")
         if ("step" in kw) == ("stage" in kw):
             raise FaultSpecError(f"{ENV}: {part!r} needs exactly one of step=N or stage=NAME")
+        if "before" in kw and "step" not in kw:
+            raise FaultSpecError(f"{ENV}: {part!r}: before= needs step=N (the step whose optimizer it delays)")
         if "step" in kw and int(kw["step"]) < 1:  # type: ignore[call-overload]
             raise FaultSpecError(f"{ENV}: step counts optimizer steps from 1, got {kw['step']}")
         faults.append(Fault(kind=kind, arg=_arg(kind, arg, part), **kw))  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from typing import Any
 from harness.contract.defaults import AUTO_STOP, RunnerSettings
 
 from .memsnap import MemoryRecorder
+from .profile import StepProfiler
 from .rank import Context
 from .steady import PrecisionRule, Steady, steady_state, window_stats
 
@@ -230,6 +231,7 @@ def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict
     from transformers import TrainerCallback  # heavy: only where a model is built or trained
 
     rule = policy.precision
+    profiler = StepProfiler(ctx)  # runner.profile: a few steps of one repeat, on the ranks it names
 
     def distributed() -> bool:
         return bool(ctx.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized())
@@ -249,8 +251,10 @@ def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict
                 memory.device, memory.optimizer = args.device, kw.get("optimizer")
                 memory.hook(kw.get("model"), lambda: state.global_step)
                 memory.attach_deepspeed(kw.get("model"), lambda: state.global_step)
+            profiler.train_begin()
 
         def on_step_begin(self, args, state, control, **kw):
+            profiler.step_begin()
             if memory is not None:
                 memory.take(kw.get("model"), state.global_step, "before_forward")
 
@@ -258,12 +262,20 @@ def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict
             if memory is not None and not memory.deepspeed:
                 memory.optimizer = kw.get("optimizer") or memory.optimizer
                 memory.take(kw.get("model"), state.global_step, "after_backward")
+            profiler.before_optimizer()
+            ctx.fault_before_optimizer(state.global_step + 1)  # the step whose optimizer runs next
 
         def on_optimizer_step(self, args, state, control, **kw):
             if memory is not None and not memory.deepspeed:
                 memory.take(kw.get("model"), state.global_step, "after_optimizer")
+            profiler.after_optimizer()
 
         def on_step_end(self, args, state, control, **kw):
+            self._step_end(args, state, control)
+            profiler.step_end(state.global_step)  # after the stop decision: its broadcast is the step's too
+            return control
+
+        def _step_end(self, args, state, control):
             now_wall, now = time.time(), time.perf_counter()
             timeline["end_wall"], timeline["t_end"], timeline["end_step"] = now_wall, now, state.global_step
             timeline.setdefault("step_end_wall", []).append(now_wall)  # step-time distribution, stragglers
@@ -302,6 +314,7 @@ def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict
             return control
 
         def on_train_end(self, args, state, control, **kw):
+            profiler.train_end()
             # Training ended without the precision rule stopping it (max_steps, epochs): the window is still
             # MSER-5's, found by rank 0 and shared, as every rank reaches this point.
             if rule is None or "window_start" in timeline or not timeline.get("step_t"):

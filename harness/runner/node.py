@@ -30,6 +30,7 @@ import argparse
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -401,10 +402,23 @@ class NodeRunner:
                         sample_interval_s=self.sampler.interval_s, note=note, pack_index=index,
                         pack_lead=str(lead.paths.root))
 
+    def profiled_cmd(self, env: dict[str, str]) -> list[str]:
+        """The training command, under Nsight Systems when this job profiles with ``runner.profile.tool: nsys``
+        and the node has ``nsys`` (its capture range is the profiled steps: the trainer calls cudaProfilerStart and
+        Stop); else as it is (the trainer then profiles with torch.profiler, and says so)."""
+        s = self.settings
+        nsys = shutil.which("nsys") if s.profiled and s.profile_tool == "nsys" else None
+        if nsys is None:
+            return self.cmd
+        env[envvars.PROFILE_TOOL.name] = "nsys"
+        return [nsys, "profile", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+                "--trace=cuda,nvtx,osrt", "--force-overwrite=true", "-o", str(self.paths.profile_nsys(self.host)),
+                *self.cmd]
+
     def train(self) -> dict[str, Any]:
         env = dict(os.environ)
         if self.trials <= 1:
-            return self.run_child(self.cmd, env)
+            return self.run_child(self.profiled_cmd(env), env)
         base = cmd_port(self.cmd) or int(envvars.MAIN_PORT.get())
         last: dict[str, Any] = {}
         for i in range(self.trials):

@@ -113,6 +113,13 @@ class Context:
             if f.applies(rank=self.rank, trial=self.trial, step=step, job=self.job_name, batch=self.batch):
                 f.fire(f"at the end of step {step}")
 
+    def fault_before_optimizer(self, step: int) -> None:
+        """The faults of ``before=optimizer`` for step *step* (the step whose optimizer is about to run)."""
+        for f in self.faults:
+            if f.applies(rank=self.rank, trial=self.trial, step=step, job=self.job_name, batch=self.batch,
+                         before="optimizer"):
+                f.fire(f"before the optimizer step of step {step}")
+
 
 def write_json(path: Path, doc: Any) -> None:
     """Write *doc* whole or not at all (a temporary file renamed into place): readers never see half of it."""

@@ -195,6 +195,7 @@ class SubmitRequest:
     prepare: str = "here"  # here | slurm | no (PREPARE_MODES)
     skip_predicted_oom: bool = False
     reuse_measured: bool = False  # take other campaigns' measured runs (also the sweep's reuse: measured)
+    profile: bool = False  # --profile: the last repeat as the sweep's runner.profile says, else steps 3-5 of rank 0
 
 
 @dataclass
@@ -261,7 +262,7 @@ def _plan(req: SubmitRequest, echo: Callable[[str], None], slurm: Slurm) -> Plan
     """Load and plan the sweep, then build and render every valid point in memory: everything that can be wrong
     with the input is found before the database, the manifest or a job dir is touched."""
     inv: Inventory = load_inventory(req.inventory)
-    sweep = load_sweep(req.sweep, req.model_map, req.campaign)
+    sweep = load_sweep(req.sweep, req.model_map, req.campaign, profile=req.profile)
     points = plan_sweep(sweep, inv, memory=req.skip_predicted_oom)
     check_faults(inv, {p.partition for p in points})
     if req.prepare != "no" and build_trainer_envs(sweep, inv, points, echo):

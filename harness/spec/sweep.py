@@ -6,6 +6,7 @@ before the whole file is checked.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from collections.abc import Mapping
@@ -14,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import envvars
-from harness.contract.defaults import AUTO_STOP, MIN_SAMPLE_INTERVAL_S, STOP_METHODS, TRAIN_LOG_LEVELS, RunnerSettings
+from harness.contract.defaults import (
+    AUTO_STOP,
+    DEFAULT_PROFILE_STEPS,
+    MAX_PROFILE_STEPS,
+    MIN_SAMPLE_INTERVAL_S,
+    PROFILE_TOOLS,
+    STOP_METHODS,
+    TRAIN_LOG_LEVELS,
+    RunnerSettings,
+)
 from harness.contract.errors import CatalogError, InputError, SweepError
 
 from .catalog import EXPERIMENTS, Experiment, get_experiment
@@ -59,7 +69,8 @@ PACK_AUTO = "auto"
 
 
 RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds",
-               "memory_every_steps", "train_log_level", "host_busy_cpu")
+               "memory_every_steps", "train_log_level", "host_busy_cpu", "profile")
+PROFILE_KEYS = ("steps", "ranks", "tool")
 
 
 WORKLOADS = ("train", "idle")
@@ -190,12 +201,13 @@ def _yaml_value(value: Any) -> str:
     return text if len(text) <= 40 else "..."
 
 
-def load_sweep(path: str | Path, model_map_path: str | Path | None = None, campaign: str | None = None) -> Sweep:
+def load_sweep(path: str | Path, model_map_path: str | Path | None = None, campaign: str | None = None,
+               profile: bool = False) -> Sweep:
     """The sweep in *path*; *campaign* (``submit --campaign``) names its campaign in place of its ``campaign:``,
     so that one sweep file serves a series of campaigns (``nightly-1122``, ``nightly-1123``)."""
     p = Path(path)
     doc = load_yaml(p, SweepError, "sweep")
-    sweep = parse_sweep(doc, str(p), p.parent.resolve(), model_map_path)
+    sweep = parse_sweep(doc, str(p), p.parent.resolve(), model_map_path, profile=profile)
     if campaign is not None:
         if not CAMPAIGN_NAME.fullmatch(campaign):
             raise InputError(f"--campaign must use letters, digits, '.', '_' or '-' (max 100), got {campaign!r}")
@@ -216,6 +228,31 @@ def _host_busy_cpu(ck: Checker, runner_node: Any) -> float:
                                         f"other work on a quarter of its cores; 1: never flagged), got {value:g}",
                 runner_node, "host_busy_cpu")
     return value
+
+
+def parse_profile(ck: Checker, runner_node: Mapping[str, Any], profile_flag: bool) -> dict[str, Any]:
+    """``runner.profile: {steps: [a, b], ranks: [0], tool: torch | nsys}`` as RunnerSettings' fields (without the
+    repeat, which the repeats decide); *profile_flag* (``submit --profile``) profiles steps
+    :data:`DEFAULT_PROFILE_STEPS` when the sweep names none."""
+    if runner_node.get("profile") is None and not profile_flag:
+        return {}
+    node = ck.mapping(runner_node.get("profile"), "runner.profile", runner_node, "profile")
+    ck.known_keys(node, "runner.profile", PROFILE_KEYS)
+    steps = node.get("steps", list(DEFAULT_PROFILE_STEPS))
+    if (not isinstance(steps, list) or len(steps) != 2 or any(isinstance(x, bool) or not isinstance(x, int)
+                                                              for x in steps)
+            or not 1 <= steps[0] <= steps[1] or steps[1] - steps[0] >= MAX_PROFILE_STEPS):
+        ck.fail("runner.profile.steps", f"must be [first, last]: optimizer steps counted from 1, first <= last, at "
+                                        f"most {MAX_PROFILE_STEPS} steps (e.g. steps: [45, 50]); got {steps!r}",
+                node, "steps")
+    ranks = node.get("ranks", [0])
+    if (not isinstance(ranks, list) or not ranks or any(isinstance(r, bool) or not isinstance(r, int) or r < 0
+                                                        for r in ranks)):
+        ck.fail("runner.profile.ranks", f"must be a list of global ranks (whole numbers >= 0), e.g. ranks: [0]; got "
+                                        f"{ranks!r}", node, "ranks")
+    tool = ck.choice(node, "runner.profile", "tool", PROFILE_TOOLS, default="torch")
+    return {"profile_start": int(steps[0]), "profile_end": int(steps[1]),
+            "profile_ranks": ",".join(str(r) for r in dict.fromkeys(ranks)), "profile_tool": tool}
 
 
 def parse_repeats(ck: Checker, doc: Any) -> AdaptiveRepeats | None:
@@ -241,7 +278,8 @@ def parse_repeats(ck: Checker, doc: Any) -> AdaptiveRepeats | None:
     return AdaptiveRepeats(lo, hi, cv)
 
 
-def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Path | None = None) -> Sweep:
+def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Path | None = None,
+                profile: bool = False) -> Sweep:
     ck = Checker(source, SweepError)
     if doc is None:
         ck.fail("(document)", "is empty; expected campaign:, experiment: and entity:")
@@ -354,7 +392,18 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         train_log_level=ck.choice(runner_node, "runner", "train_log_level", TRAIN_LOG_LEVELS,
                                   default=d.train_log_level),
         host_busy_cpu=_host_busy_cpu(ck, runner_node),
+        **parse_profile(ck, runner_node, profile),
     )
+    if runner.profiled:
+        # The last repeat is profiled, so the profiler's cost never reaches a measured repeat; with one repeat, a
+        # second one is added for it. Adaptive repeats know their last only once the CV has decided.
+        if adaptive is not None:
+            ck.fail("runner.profile", "cannot profile with repeats: {min, max, cv}: which repeat is the last is known "
+                                      "only once the CV decides; use repeats: N (the last of the N is profiled)",
+                    runner_node, "profile")
+        if repeats == 1:
+            repeats = 2
+        runner = dataclasses.replace(runner, profile_repeat=repeats - 1)
     if runner.workload not in WORKLOADS:
         ck.fail("runner.workload", f"must be one of: {', '.join(WORKLOADS)}; got {runner.workload!r}", runner_node,
                 "workload")
