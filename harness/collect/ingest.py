@@ -86,7 +86,8 @@ MANIFEST_KEY = "manifest:"  # metadata: + a manifest's absolute path -> its size
 INDEX_KEY = "manifest-index:"  # metadata: + a manifest's absolute path -> JSON {key, rows}: discover's index
 STAMPS_KEY = "stamps:"  # metadata: + a campaign directory's absolute path -> JSON {run id: [fingerprint, stamp]}
 CHILD_ROWS = (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"), ("errors", "errors"),
-              ("trials", "trials"), ("environment", "environment"), ("memory", "memory"))
+              ("trials", "trials"), ("environment", "environment"), ("memory", "memory"),
+              ("rank_scores", "rank_scores"))
 
 
 @dataclass

@@ -47,6 +47,11 @@ class RunnerSettings:
     # a host is busy when other work (outside the run's processes) used more than this share of its CPU capacity
     # over the measured window, or another process ran on one of its GPUs: the run is flagged host_busy
     host_busy_cpu: float = 0.25
+    # each rank of a multi-process run times its own work per step (its forward pass, and its optimizer step and
+    # step-end callbacks after the gradient synchronisation): collect scores the ranks against each other
+    rank_timing: bool = True
+    # a rank whose relative or individual score (0 to 1) is below this is a straggler (collect.aggregate)
+    straggler_score: float = 0.7
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -110,6 +110,9 @@ HOST_BUSY_CPU = Var("SBENCH_HOST_BUSY_CPU", "0.25",
                     "runner.host_busy_cpu when the sweep does not set it: the share of a host's CPU capacity that "
                     "other work may use during a run's window before the run is flagged host_busy (1 = never)",
                     "login")
+STRAGGLER_SCORE = Var("SBENCH_STRAGGLER_SCORE", "0.7",
+                       "runner.straggler_score when the sweep does not set it: a rank whose relative or individual "
+                       "score is below it is flagged a straggler (rank_scores, measurements.straggler)", "login")
 COLLECT_PAUSE_AT = Var("SBENCH_COLLECT_PAUSE_AT", "",
                        "A collect phase to pause at, inside its transaction, so that a test can kill it there",
                        "tests")

@@ -37,7 +37,13 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # (measurements.dataset_tokens, dataset_image_tokens); 13: the host's other load (the 'host' sample kind,
 # sample_rows.foreign_procs; measurements.host_other_cpu_pct, gpu_foreign_processes, host_busy), which
 # point_stability leaves out like a shared host; campaigns.repeats_spec (the report's repeats per point)
-SCHEMA_VERSION = 13
+SCHEMA_VERSION_BASE = 13
+# ---- schema step: cluster health (stragglers, hosts, preflight) ----------------------------------------------
+# One step on top of SCHEMA_VERSION_BASE, kept apart (CLUSTER_HEALTH_* below) so that a merge renumbers it in one
+# place: the rank_scores table, measurements.straggler and straggler_ranks, point_stability leaving straggler
+# runs out.
+CLUSTER_HEALTH_STEP = 1
+SCHEMA_VERSION = SCHEMA_VERSION_BASE + CLUSTER_HEALTH_STEP
 
 
 KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
@@ -178,6 +184,9 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         # GPUs, and whether either passed runner.host_busy_cpu (or any such GPU process): a busy host
         ("host_other_cpu_pct", "DOUBLE"), ("gpu_foreign_processes", "INTEGER"), ("host_busy", "BOOLEAN"),
         *ENTITY_COLUMNS,
+        # (schema step: cluster health) a rank scored under runner.straggler_score (rank_scores): the run is a
+        # straggler run, and which ranks were flagged, as host:rank
+        ("straggler", "BOOLEAN"), ("straggler_ranks", "VARCHAR[]"),
     ],
     "environment": [
         *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("python", "VARCHAR"), ("torch", "VARCHAR"),
@@ -221,6 +230,17 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
     ],
 }
 
+# ---- schema step: cluster health: tables -----------------------------------------------------------------------
+CLUSTER_HEALTH_TABLES: dict[str, list[tuple[str, str]]] = {
+    # collect.stragglers: one row per rank of a multi-process run whose ranks timed their own steps.
+    "rank_scores": [
+        *_RUN_KEY, ("campaign", "VARCHAR"), ("host", "VARCHAR"), ("rank", "INTEGER"), ("steps", "INTEGER"),
+        ("own_step_s", "DOUBLE"), ("best_step_s", "DOUBLE"), ("current_step_s", "DOUBLE"),
+        ("relative_score", "DOUBLE"), ("individual_score", "DOUBLE"), ("threshold", "DOUBLE"), ("flagged", "BOOLEAN"),
+    ],
+}
+SCHEMA.update(CLUSTER_HEALTH_TABLES)
+
 
 PRIMARY_KEYS = {"metadata": ("key",), "probes": ("probe_id", "host"), "campaigns": ("campaign",),
                 "points": ("point_id",),
@@ -234,7 +254,7 @@ COLUMN_NAMES = {t: frozenset(c for c, _ in cols) for t, cols in SCHEMA.items()}
 # Tables whose rows belong to one run and are replaced as a whole when the run changes
 # (``sample_rows`` go with their ``sample_files`` row).
 RUN_CHILD_TABLES = ("run_hosts", "stages", "sample_files", "ranks", "errors", "trials", "measurements",
-                    "environment", "memory")
+                    "environment", "memory", "rank_scores")
 
 
 # Types created before the tables.
@@ -311,7 +331,8 @@ def point_stability_sql(measurements: str = "measurements") -> str:
         SELECT campaign, point_id, count({x}) AS repeats_measured, median({x}) AS throughput_median,
                {cv} AS throughput_cv, {rating_sql(cv)} AS throughput_stability
         FROM {measurements}
-        WHERE is_valid AND NOT coalesce(shared_host, false) AND NOT coalesce(host_busy, false) AND {x} IS NOT NULL
+        WHERE is_valid AND NOT coalesce(shared_host, false) AND NOT coalesce(host_busy, false)
+              AND NOT coalesce(straggler, false) AND {x} IS NOT NULL
         GROUP BY campaign, point_id"""
 
 

@@ -47,7 +47,7 @@ from harness.db.status import campaign_names
 from harness.db.store import Store
 from harness.spec.schema import is_name
 
-from .queries import BUSY, SHARED, compare_side
+from .queries import BUSY, SHARED, STRAGGLER, compare_side
 from .stats import welch
 
 # metric -> True when higher is better
@@ -220,7 +220,7 @@ class Comparison:
         every = [x for out in self.left_out.values() for x in out]
         if not every:
             return ("excluded 0 runs (none shared its host with another run, none ran on a host busy with other "
-                    "work)")
+                    "work, none had a straggler rank)")
         return excluded_text(self.left_out)
 
 
@@ -228,9 +228,11 @@ def excluded_text(left_out: dict[str, list[tuple[str, str]]]) -> str:
     every = [x for out in left_out.values() for x in out]
     shared = [rid for rid, why in every if why == SHARED]
     busy = [rid for rid, why in every if why == BUSY]
+    slow = [rid for rid, why in every if why == STRAGGLER]
     parts = ([f"{len(shared)} measured on a host another sbench run used at the same time (runs.overlapped_with)"]
              if shared else []) + ([f"{len(busy)} measured on a host busy with other work (measurements.host_busy, "
-                                   "host_other_cpu_pct)"] if busy else [])
+                                   "host_other_cpu_pct)"] if busy else []) + (
+        [f"{len(slow)} with a straggler rank (measurements.straggler, rank_scores)"] if slow else [])
     ids = [rid for rid, _ in every]
     sides = ", ".join(f"{side} {len(out)}" for side, out in left_out.items())
     return (f"excluded {len(every)} run(s) ({sides}): {'; '.join(parts)}: {', '.join(ids[:5])}"

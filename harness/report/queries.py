@@ -114,7 +114,7 @@ def attempt_rows(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
         f"""SELECT r.run_id, r.campaign, r.point_id, r.repeat, r.attempt, r.submit_reason, r.state, r.outcome,
                    r.reason, r.stopped_by, p.model_name, p.batch_size, p.number_gpus, m.is_valid,
                    m.dataset_tokens_per_second, m.ci_rel_halfwidth, m.energy_joules, m.energy_source,
-                   m.dataset_tokens_per_joule, m.host_busy, m.host_other_cpu_pct, m.shared_host
+                   m.dataset_tokens_per_joule, m.host_busy, m.host_other_cpu_pct, m.shared_host, m.straggler
             FROM runs r LEFT JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id){where}
             ORDER BY r.campaign, p.model_name, p.number_gpus, p.batch_size, r.point_id, r.repeat, r.attempt""",
         params)
@@ -238,14 +238,18 @@ def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str],
     return out, left_out
 
 
-SHARED, BUSY = "shared host", "busy host"  # why a measurement is left out of compare, check and the repeats' CV
+# why a measurement is left out of compare, check and the repeats' CV
+SHARED, BUSY, STRAGGLER = "shared host", "busy host", "straggler"
 
 
 def left_out_why(m: Mapping[str, Any]) -> str | None:
     """Why a measurement row measured its neighbours too: another sbench run held one of its hosts at the same
-    time (``overlapped_with``), or other work kept its host busy (``host_busy``); None when neither."""
+    time (``overlapped_with``), other work kept its host busy (``host_busy``), or one of its ranks was a straggler
+    (``straggler``: the run measured its slowest rank, not its point); None when none of these."""
     if m.get("overlapped_with"):
         return SHARED
     if m.get("host_busy"):
         return BUSY
+    if m.get("straggler"):
+        return STRAGGLER
     return None

@@ -59,7 +59,7 @@ PACK_AUTO = "auto"
 
 
 RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds",
-               "memory_every_steps", "train_log_level", "host_busy_cpu")
+               "memory_every_steps", "train_log_level", "host_busy_cpu", "rank_timing", "straggler_score")
 
 
 WORKLOADS = ("train", "idle")
@@ -218,6 +218,23 @@ def _host_busy_cpu(ck: Checker, runner_node: Any) -> float:
     return value
 
 
+def _straggler_score(ck: Checker, runner_node: Any) -> float:
+    """``runner.straggler_score``: a score in (0, 1); default ``$SBENCH_STRAGGLER_SCORE``."""
+    try:
+        default = float(envvars.STRAGGLER_SCORE.get())
+    except ValueError:
+        default = -1.0
+    if not 0 < default < 1:
+        raise InputError(f"{envvars.STRAGGLER_SCORE.name} must be a number between 0 and 1 (both excluded), got "
+                         f"{envvars.STRAGGLER_SCORE.get()!r}")
+    value = float(ck.number(runner_node, "runner", "straggler_score", default=default))
+    if not 0 < value < 1:
+        ck.fail("runner.straggler_score", f"must be a score between 0 and 1, both excluded (0.7: a rank that takes "
+                                          f"more than 1/0.7 = 1.43 times the fastest rank's time), got {value:g}",
+                runner_node, "straggler_score")
+    return value
+
+
 def parse_repeats(ck: Checker, doc: Any) -> AdaptiveRepeats | None:
     """``repeats: {min, max, cv}`` (None for a plain ``repeats: N`` or none)."""
     node = doc.get("repeats")
@@ -354,6 +371,8 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         train_log_level=ck.choice(runner_node, "runner", "train_log_level", TRAIN_LOG_LEVELS,
                                   default=d.train_log_level),
         host_busy_cpu=_host_busy_cpu(ck, runner_node),
+        rank_timing=ck.boolean(runner_node, "runner", "rank_timing", default=d.rank_timing),
+        straggler_score=_straggler_score(ck, runner_node),
     )
     if runner.workload not in WORKLOADS:
         ck.fail("runner.workload", f"must be one of: {', '.join(WORKLOADS)}; got {runner.workload!r}", runner_node,
