@@ -93,3 +93,12 @@ def sample_interval(value: Any) -> float:
 # communication bucket sizes (elements), and the size under which ZeRO-3 keeps a parameter whole.
 DEEPSPEED_BUCKET = 50_000_000
 ZERO3_PERSISTENCE = 100_000
+
+
+# sbench preflight: a device whose figure is under this share of its partition's median is slow; the seconds each
+# figure takes per device. sbench hosts: a host flagged (a straggler run or a slow preflight) at least this many
+# times, in at least this share of the runs and preflights that judged it, is a drain candidate.
+PREFLIGHT_THRESHOLD = 0.9
+PREFLIGHT_SECONDS = 2.0
+DRAIN_MIN_FLAGS = 2
+DRAIN_MIN_SHARE = 0.5

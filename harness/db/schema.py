@@ -3,9 +3,9 @@ schema version a database must carry (``metadata.schema_version``).
 
 Tables: ``metadata``, ``campaigns``, ``points`` (entity fields as typed columns), ``campaign_points``,
 ``runs`` (one per attempt), ``run_hosts``, ``stages``, ``sample_files``, ``sample_rows``, ``ranks``,
-``errors``, ``trials``, ``measurements``, ``environment``, ``memory``, ``checks``, ``probes``, ``fabric``;
-views ``samples``, ``latest_measurements``, ``run_summary``, ``stage_durations``, ``run_overhead``,
-``point_status``, ``point_stability``.
+``errors``, ``trials``, ``measurements``, ``environment``, ``memory``, ``checks``, ``probes``, ``fabric``,
+``rank_scores``, ``preflight``; views ``samples``, ``latest_measurements``, ``run_summary``, ``stage_durations``,
+``run_overhead``, ``point_status``, ``point_stability``, ``host_health``, ``measured_peaks``.
 
 Samples are stored compactly: ``sample_files`` has one row per loaded ``samples.<host>.csv``
 (``file_id``, ``run_id``, ``host``, its ``path`` and ``t0``, the run's training start); ``sample_rows``
@@ -40,8 +40,8 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 SCHEMA_VERSION_BASE = 13
 # ---- schema step: cluster health (stragglers, hosts, preflight) ----------------------------------------------
 # One step on top of SCHEMA_VERSION_BASE, kept apart (CLUSTER_HEALTH_* below) so that a merge renumbers it in one
-# place: the rank_scores table, measurements.straggler and straggler_ranks, point_stability leaving straggler
-# runs out.
+# place: the rank_scores and preflight tables, measurements.straggler and straggler_ranks, point_stability leaving
+# straggler runs out, the host_health and measured_peaks views.
 CLUSTER_HEALTH_STEP = 1
 SCHEMA_VERSION = SCHEMA_VERSION_BASE + CLUSTER_HEALTH_STEP
 
@@ -238,6 +238,15 @@ CLUSTER_HEALTH_TABLES: dict[str, list[tuple[str, str]]] = {
         ("own_step_s", "DOUBLE"), ("best_step_s", "DOUBLE"), ("current_step_s", "DOUBLE"),
         ("relative_score", "DOUBLE"), ("individual_score", "DOUBLE"), ("threshold", "DOUBLE"), ("flagged", "BOOLEAN"),
     ],
+    # sbench preflight (harness.sbatch.preflight): one row per (preflight, host, device, figure); ratio is the
+    # value over the partition's median of that figure, flagged when under the threshold.
+    "preflight": [
+        ("preflight_id", "VARCHAR"), ("cluster", "VARCHAR"), ("partition", "VARCHAR"), ("host", "VARCHAR"),
+        ("device", "VARCHAR"), ("device_name", "VARCHAR"), ("dtype", "VARCHAR"), ("figure", "VARCHAR"),
+        ("unit", "VARCHAR"), ("value", "DOUBLE"), ("spread", "DOUBLE"), ("reps", "JSON"),
+        ("partition_median", "DOUBLE"), ("ratio", "DOUBLE"), ("threshold", "DOUBLE"), ("flagged", "BOOLEAN"),
+        ("elapsed_s", "DOUBLE"), ("measured_at", "TIMESTAMP"),
+    ],
 }
 SCHEMA.update(CLUSTER_HEALTH_TABLES)
 
@@ -372,6 +381,43 @@ VIEWS: dict[str, str] = {
     # Per campaign and point: how stable its throughput is across its repeats.
     "point_stability": point_stability_sql(),
 }
+
+# ---- schema step: cluster health: views ------------------------------------------------------------------------
+CLUSTER_HEALTH_VIEWS: dict[str, str] = {
+    # Per host, across campaigns: the runs that held it, the scored runs (a rank of it in rank_scores), how often
+    # a rank of it was a straggler, the median of its ranks' relative scores, and its preflights: figures
+    # measured, how many under their threshold (a slow device), the lowest ratio to the partition's median.
+    "host_health": """
+        WITH held AS (SELECT h.host, count(DISTINCT h.run_id) AS runs, count(DISTINCT r.campaign) AS campaigns
+                      FROM run_hosts h JOIN runs r USING (run_id) WHERE h.seen GROUP BY h.host),
+        per_run AS (SELECT host, run_id, bool_or(flagged) AS flagged, min(relative_score) AS relative_score,
+                           min(individual_score) AS individual_score
+                    FROM rank_scores GROUP BY host, run_id),
+        scored AS (SELECT host, count(*) AS runs_scored, count(*) FILTER (WHERE flagged) AS straggler_runs,
+                          median(relative_score) AS median_relative_score,
+                          median(individual_score) AS median_individual_score
+                   FROM per_run GROUP BY host),
+        checked AS (SELECT host, count(DISTINCT preflight_id) AS preflights,
+                           count(DISTINCT preflight_id) FILTER (WHERE flagged) AS slow_preflights,
+                           count(*) FILTER (WHERE flagged) AS slow_figures, min(ratio) AS min_preflight_ratio
+                    FROM preflight GROUP BY host),
+        hosts AS (SELECT host FROM held UNION SELECT host FROM scored UNION SELECT host FROM checked)
+        SELECT hosts.host, coalesce(held.runs, 0) AS runs, coalesce(held.campaigns, 0) AS campaigns,
+               coalesce(scored.runs_scored, 0) AS runs_scored, coalesce(scored.straggler_runs, 0) AS straggler_runs,
+               scored.median_relative_score, scored.median_individual_score,
+               coalesce(checked.preflights, 0) AS preflights, coalesce(checked.slow_preflights, 0) AS slow_preflights,
+               coalesce(checked.slow_figures, 0) AS slow_figures, checked.min_preflight_ratio,
+               coalesce(scored.straggler_runs, 0) + coalesce(checked.slow_preflights, 0) AS flags
+        FROM hosts LEFT JOIN held USING (host) LEFT JOIN scored USING (host) LEFT JOIN checked USING (host)
+        WHERE hosts.host IS NOT NULL""",
+    # Each device's latest preflight matmul figure: its measured peak TFLOP/s at the partition's dtype.
+    "measured_peaks": """
+        SELECT cluster, partition, host, device, device_name, dtype, value AS peak_tflops, measured_at
+        FROM preflight WHERE figure = 'matmul_tflops'
+        QUALIFY row_number() OVER (PARTITION BY cluster, partition, host, device
+                                   ORDER BY measured_at DESC, preflight_id DESC) = 1""",
+}
+VIEWS.update(CLUSTER_HEALTH_VIEWS)
 
 
 def q(name: str) -> str:
