@@ -163,6 +163,34 @@ def test_collect_scores_ranks_and_flags_a_straggler_run(tc_wd: Path, tmp_path: P
     # status shows the straggler among the run's notes
     out = cli("status", "--db", db, "--workdir", tc_wd).output
     assert "straggler: rank 1 on node2" in out
+    # host_health: node2's rank was the straggler of one of its three scored runs
+    health = {h["host"]: h for h in sql_rows(db, "SELECT * FROM host_health")}
+    assert (health["node2"]["runs_scored"], health["node2"]["straggler_runs"]) == (3, 1)
+    assert health["node1"]["straggler_runs"] == 0 and health["node2"]["runs"] == 3
+    assert health["node2"]["median_relative_score"] == pytest.approx(median(
+        s["relative_score"] for (_, rk), s in scores.items() if rk == 1))
+    # the report's host section: a bar per scored host, and the evidence
+    page = tmp_path / "report.html"
+    assert cli("report", "--db", db, "-o", page).exit_code == 0
+    html = page.read_text()
+    assert 'id="hosts"' in html and "node2 (1/3 straggler)" in html and "no preflight yet" in html
+
+
+def test_hosts_names_a_host_slow_again_and_again(tc_wd: Path, tmp_path: Path, cli) -> None:
+    runs = [two_node_run(tc_wd, 90 + i, 4.0 if i < 2 else 1.0) for i in range(3)]
+    db = tmp_path / "r.duckdb"
+    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node[1-2]") for r in runs})))
+    res = cli("hosts", "--db", db, "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    (cand,) = doc["drain_candidates"]
+    assert cand["host"] == "node2" and cand["straggler_runs"] == 2 and cand["runs_scored"] == 3
+    assert cand["why"].startswith("a straggler in 2 of 3 scored run(s) (median relative score")
+    assert {h["host"] for h in doc["hosts"]} == {"node1", "node2"}
+    text = cli("hosts", "--db", db).output
+    assert "drain candidate: node2: a straggler in 2 of 3" in text
+    # three flags asked: two are not enough
+    assert "no drain candidate among 2 host(s)" in cli("hosts", "--db", db, "--min-flags", "3").output
 
 
 def test_check_does_not_judge_a_straggler_run() -> None:

@@ -144,14 +144,15 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
 @click.option("--on", "where", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
               help="local: this machine, as one host of the partition; slurm: one task on every inventory host.")
 @click.option("--host", default=None, help="With --on local: the inventory host this machine is.")
-@click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=PREFLIGHT_THRESHOLD,
-              show_default=True, help="A device under this share of the partition's median of a figure is slow.")
+@click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+              help=f"A device under this share of the partition's median of a figure is slow (default "
+              f"$SBENCH_PREFLIGHT_THRESHOLD, else {PREFLIGHT_THRESHOLD}).")
 @click.option("--seconds", type=click.FloatRange(min=0.1, max=60), default=PREFLIGHT_SECONDS, show_default=True,
               help="Time per figure and device.")
 @workdir_option
 @db_option
 @json_option
-def preflight(inventory: Path | None, partition: str | None, where: str, host: str | None, threshold: float,
+def preflight(inventory: Path | None, partition: str | None, where: str, host: str | None, threshold: float | None,
               seconds: float, workdir: Path | None, db: Path | None, as_json: bool) -> None:
     """Time a matmul (TFLOP/s) and a memory copy (GB/s) on every device; flag those under the partition's median.
 

@@ -181,6 +181,14 @@ def run_traces(store: Store, run_id: str, buckets: int) -> list[dict[str, Any]]:
            ORDER BY host, kind, device, x""", [run_id, buckets, buckets])
 
 
+def preflight_rows(store: Store, last: int = 3) -> list[dict[str, Any]]:
+    """The rows of the *last* sbench preflight runs, newest first, slowest device first within each."""
+    return store.fetch_dicts(
+        """SELECT * FROM preflight WHERE preflight_id IN (
+               SELECT preflight_id FROM preflight GROUP BY preflight_id ORDER BY max(measured_at) DESC LIMIT ?)
+           ORDER BY measured_at DESC, preflight_id DESC, figure, ratio, host, device""", [last])
+
+
 def fabric_rows(store: Store, last: int = 20) -> list[dict[str, Any]]:
     """The rows of the *last* fabric runs that measured something, oldest run first."""
     return store.fetch_dicts(

@@ -24,7 +24,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from harness.contract import safefile
+from harness.contract import envvars, safefile
 from harness.contract.defaults import PREFLIGHT_SECONDS, PREFLIGHT_THRESHOLD
 from harness.contract.errors import InputError, RunnerError
 from harness.contract.paths import package_dir
@@ -56,6 +56,21 @@ class PreflightResult:
         return "\n".join(f"slow: {r['host']} {r['device']} {r['figure']} {r['value']:.4g} {r['unit']} is "
                          f"{r['ratio']:.2f} of the partition's median {r['partition_median']:.4g} (under "
                          f"{r['threshold']:g})" for r in self.slow)
+
+
+def default_threshold() -> float:
+    """``$SBENCH_PREFLIGHT_THRESHOLD``, else :data:`PREFLIGHT_THRESHOLD`."""
+    raw = envvars.PREFLIGHT_THRESHOLD.get()
+    if not raw:
+        return PREFLIGHT_THRESHOLD
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise InputError(f"{envvars.PREFLIGHT_THRESHOLD.name} must be a share of the partition's median in (0, 1], "
+                         f"got {raw!r}")
+    return value
 
 
 def rank(docs: dict[str, dict[str, Any]], preflight_id: str, cluster: str | None, partition: str,
@@ -123,9 +138,11 @@ def _run_slurm(inv: Inventory, part: Partition, workdir: Path, seconds: float,
 
 
 def run_preflight(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Path, *,
-                  threshold: float = PREFLIGHT_THRESHOLD, seconds: float = PREFLIGHT_SECONDS,
+                  threshold: float | None = None, seconds: float = PREFLIGHT_SECONDS,
                   host: str | None = None, slurm: Slurm | None = None) -> PreflightResult:
-    """Measure the partition's devices (through SLURM, or this machine as *host*) and rank them."""
+    """Measure the partition's devices (through SLURM, or this machine as *host*) and rank them against
+    *threshold* (None: :func:`default_threshold`)."""
+    threshold = default_threshold() if threshold is None else threshold
     if not 0 < threshold <= 1:
         raise InputError(f"preflight: the threshold is a share of the partition's median in (0, 1], got {threshold:g}")
     part = inv.partition(partition, choose="--partition")
