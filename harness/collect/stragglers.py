@@ -10,7 +10,10 @@ waits for the other ranks). Over the measured window's steps (rank 0's ``window_
   consecutive parts, its best is the lowest part median and its current is the last part's median (1 = as
   fast now as it ever was in the window; a part's median, not one step, so that one slow step is no trend);
 * **flagged**: either score below ``runner.straggler_score`` (default 0.7: a rank that takes more than
-  1 / 0.7 = 1.43 times as long).
+  1 / 0.7 = 1.43 times as long), by more than the noise: the two medians that score compares differ by more than
+  :data:`NOISE_SE` standard errors of their difference, each median's standard error taken from the rank's own
+  steps (1.2533 x 1.4826 x their median absolute deviation / sqrt(steps in it)). A few milliseconds of scheduler
+  noise on a step of a few milliseconds is no straggler; a rank that sleeps half a second a step is.
 
 A run with a flagged rank is a straggler run (``measurements.straggler``): ``compare``, ``check`` and the
 repeats' CV leave it out and say why, as they do a run on a shared or busy host.
@@ -24,6 +27,8 @@ from statistics import median
 from typing import Any
 
 PARTS = 4  # the individual score's parts of the window
+NOISE_SE = 3.0  # how many standard errors apart two medians must be for a score under the threshold to flag
+_MEDIAN_SE = 1.2533 * 1.4826  # a median's standard error over sigma/sqrt(n), and sigma over the MAD (normal)
 
 
 @dataclass(frozen=True)
@@ -66,12 +71,23 @@ def _own_times(doc: Mapping[str, Any], first: int | None, last: int | None) -> l
     return [t for i, t in enumerate(times, start=start + 1) if first < i <= last]
 
 
-def _parts(times: list[float]) -> tuple[float, float]:
-    """(best, current): the lowest and the last of the medians of up to PARTS consecutive parts."""
+def _parts(times: list[float]) -> tuple[float, float, int]:
+    """(best, current, steps a part): the lowest and the last of the medians of up to PARTS consecutive parts."""
     n = min(PARTS, len(times))
     size = len(times) / n
     meds = [median(times[round(i * size):round((i + 1) * size)]) for i in range(n)]
-    return min(meds), meds[-1]
+    return min(meds), meds[-1], max(1, len(times) // n)
+
+
+def _se(times: list[float], n: int) -> float:
+    """The standard error of a median of *n* of these steps, from their median absolute deviation."""
+    mid = median(times)
+    return _MEDIAN_SE * median(abs(t - mid) for t in times) / n ** 0.5
+
+
+def _apart(slow: float, fast: float, se_slow: float, se_fast: float) -> bool:
+    """Whether *slow* is above *fast* by more than NOISE_SE standard errors of their difference."""
+    return slow - fast > NOISE_SE * (se_slow**2 + se_fast**2) ** 0.5
 
 
 def rank_scores(ranks: Mapping[int, Mapping[str, Any]], first: int | None, last: int | None,
@@ -82,16 +98,19 @@ def rank_scores(ranks: Mapping[int, Mapping[str, Any]], first: int | None, last:
     if len(timed) < 2:
         return []
     meds = {rk: median(t) for rk, (_, t) in timed.items()}
-    fastest = min(meds.values())
+    first = min(meds, key=lambda rk: meds[rk])
+    fastest, fast_se = meds[first], _se(timed[first][1], len(timed[first][1]))
     out = []
     for rk, (doc, times) in timed.items():
-        best, current = _parts(times)
+        best, current, part = _parts(times)
         relative = fastest / meds[rk] if meds[rk] > 0 else 1.0
         individual = best / current if current > 0 else 1.0
+        slow_rel = relative < threshold and _apart(meds[rk], fastest, _se(times, len(times)), fast_se)
+        slow_ind = individual < threshold and _apart(current, best, _se(times, part), _se(times, part))
         host = doc.get("host")
         out.append(RankScore(rank=rk, host=str(host) if host is not None else None, steps=len(times),
                              own_step_s=meds[rk], best_step_s=best, current_step_s=current, relative=relative,
-                             individual=individual, flagged=relative < threshold or individual < threshold))
+                             individual=individual, flagged=slow_rel or slow_ind))
     return out
 
 
