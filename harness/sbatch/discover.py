@@ -30,6 +30,7 @@ from harness.spec.schema import SLURM_TIME
 
 from .probe import probe_hosts, roce_v2_ipv4
 
+
 def _names(nodes: list[str] | tuple[str, ...], most: int = 8) -> str:
     return ",".join(nodes[:most]) + (f",... ({len(nodes)} in all)" if len(nodes) > most else "")
 
@@ -271,6 +272,6 @@ def _host_changes(part: str, host: str, roce: Any, d: Discovered) -> list[str]:
     now = _roce(probe)
     if now is not None and now["gid_index"] != roce.gid_index:
         out.append(f"{part}/{host}: RoCE v2 IPv4 GID index moved {roce.gid_index} -> {now['gid_index']}")
-    elif now is None and roce.hcas:
+    elif now is None and roce.hcas and not out:
         out.append(f"{part}/{host}: no active RoCE v2 port left (the inventory has {', '.join(roce.hcas)})")
     return out
