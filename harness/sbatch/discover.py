@@ -121,14 +121,19 @@ class PartitionDoc:
     doc: dict[str, Any]  # the inventory's partition block
     notes: dict[str, str]  # key of doc -> the comment that says where its value came from
     host_notes: dict[str, list[str]]  # host -> its comment lines
+    left_out: list[str] = field(default_factory=list)  # a comment line per node left out (not probed)
 
 
 def partition_doc(d: Discovered, name: str) -> PartitionDoc:
     part = d.partitions[name]
-    nodes = [d.nodes[n] for n in part.nodes if n in d.nodes]
-    if not nodes:
+    every = [d.nodes[n] for n in part.nodes if n in d.nodes]
+    if not every:
         raise InputError(f"partition {name}: scontrol shows none of its nodes ({_names(part.nodes)})")
-    probes = {n.name: d.probes[n.name] for n in nodes if n.name in d.probes}
+    probes = {n.name: d.probes[n.name] for n in every if n.name in d.probes}
+    # A node the probe could not reach (down, drained) is left out, named in a comment: its RoCE ports are
+    # unknown, and a RoCE point needs them on every host. Without any probe, SLURM's word is all there is.
+    nodes = [n for n in every if n.name in probes] if probes else every
+    left_out = [n for n in every if n not in nodes]
     notes: dict[str, str] = {}
     seen = [_gpus(p) for p in probes.values()]
     gres_gpus = _most([n.gpus or 0 for n in nodes])
@@ -186,7 +191,9 @@ def partition_doc(d: Discovered, name: str) -> PartitionDoc:
             said.append(f"DIFFERS from the rest of partition {name}: {'; '.join(odd)}")
         host_notes[n.name] = said
     doc["hosts"] = hosts
-    return PartitionDoc(doc, notes, host_notes)
+    return PartitionDoc(doc, notes, host_notes, [f"{n.name} left out (not probed: {d.not_probed.get(n.name)}): "
+                                                 f"SLURM {n.cpus} CPUs, {n.memory_mb} MB, GRES {n.gres}"
+                                                 for n in left_out])
 
 
 # -- the text -------------------------------------------------------------------------------------------------
@@ -221,6 +228,7 @@ def render(d: Discovered, now: _dt.datetime | None = None) -> str:
             note = f"  # {pd.notes[k]}" if k in pd.notes else ""
             lines.append(f"    {k}: {_value(v)}{note}")
         lines.append("    hosts:")
+        lines += [f"      # {x}" for x in pd.left_out]
         for h, entry in pd.doc["hosts"].items():
             lines += [f"      # {x}" for x in pd.host_notes.get(h, [])]
             if not entry:
