@@ -13,6 +13,8 @@ import pytest
 
 from harness.collect import collect
 from harness.collect.stragglers import rank_scores
+from harness.report.compare import excluded_text
+from harness.report.queries import STRAGGLER, left_out_why
 from harness.contract.errors import InputError
 from harness.runner.faults import FaultSpecError, parse_faults
 from harness.slurm.client import Slurm
@@ -215,3 +217,12 @@ def test_check_does_not_judge_a_straggler_run() -> None:
     assert row["status"] == "shared" and "straggler rank" in row["reason"] and "node2:1" in row["reason"]
     (ok,) = check_rows("c", [ref], [{**point, "straggler": False}])
     assert ok["status"] == "fail"
+
+
+def test_compare_leaves_a_straggler_run_out_and_says_why() -> None:
+    assert left_out_why({"straggler": True}) == STRAGGLER
+    assert left_out_why({"straggler": False}) is None and left_out_why({}) is None
+    assert left_out_why({"straggler": True, "host_busy": True}) == "busy host"  # the first reason found
+    text = excluded_text({"BASE": [], "CAND": [("c/p.r0.a1", STRAGGLER)]})
+    assert text.startswith("excluded 1 run(s) (BASE 0, CAND 1): 1 with a straggler rank (measurements.straggler")
+    assert "c/p.r0.a1" in text
