@@ -13,9 +13,9 @@ import pytest
 
 from harness.collect import collect
 from harness.collect.stragglers import rank_scores
+from harness.contract.errors import InputError
 from harness.report.compare import excluded_text
 from harness.report.queries import STRAGGLER, left_out_why
-from harness.contract.errors import InputError
 from harness.runner.faults import FaultSpecError, parse_faults
 from harness.slurm.client import Slurm
 from harness.spec.references import Reference, check_rows
