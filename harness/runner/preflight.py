@@ -1,7 +1,8 @@
 """``python -m harness.runner.preflight --out-dir DIR``: how fast each device of this node computes and copies
 memory (see ``sbench preflight``).
 
-Per device (each GPU at bf16; the CPU at fp32 on a CPU partition or a node without GPUs): a dense square
+Per device (each GPU at bf16, all at once, one thread each; the CPU at fp32 on a CPU partition or a node without
+GPUs): a dense square
 matmul, timed in :data:`REPS` repetitions that together take about ``--seconds`` (TFLOP/s: 2 n^3 per matmul),
 and a device memory copy of one buffer into another (GB/s: the bytes read plus the bytes written), each figure
 the median of its repetitions with their spread ((max - min) / median). ``harness.sbatch.preflight`` ranks them
@@ -19,6 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -107,7 +109,10 @@ def preflight_node(host: str | None = None, gpu: bool = True, budget_s: float = 
         devs, dtype = [f"cuda:{i}" for i in range(torch.cuda.device_count())], "bf16"
     else:
         devs, dtype = ["cpu"], "fp32"
-    out = [measure_device(d, dtype, budget_s, factor) for d in devs]
+    # the GPUs side by side, one thread each (their kernels release the GIL): a node's check takes about as long
+    # as one device's, and the devices work as they do in a run, together
+    with ThreadPoolExecutor(max_workers=len(devs)) as pool:
+        out = list(pool.map(lambda d: measure_device(d, dtype, budget_s, factor), devs))
     return {"host": me, "t_wall": t0, "elapsed_s": round(time.time() - t0, 3), "dtype": dtype, "devices": out,
             **({"slow_fault": factor} if factor > 1 else {})}
 
