@@ -14,9 +14,12 @@ import pytest
 from harness.collect import collect
 from harness.collect.stragglers import rank_scores
 from harness.contract.errors import InputError
+from harness.db.cluster import record_preflight
+from harness.db.store import open_store
 from harness.report.compare import excluded_text
 from harness.report.queries import STRAGGLER, left_out_why
 from harness.runner.faults import FaultSpecError, parse_faults
+from harness.sbatch.preflight import rank_devices
 from harness.slurm.client import Slurm
 from harness.spec.references import Reference, check_rows
 from harness.spec.sweep import load_sweep
@@ -226,3 +229,31 @@ def test_compare_leaves_a_straggler_run_out_and_says_why() -> None:
     text = excluded_text({"BASE": [], "CAND": [("c/p.r0.a1", STRAGGLER)]})
     assert text.startswith("excluded 1 run(s) (BASE 0, CAND 1): 1 with a straggler rank (measurements.straggler")
     assert "c/p.r0.a1" in text
+
+
+def test_preflight_rows_give_measured_peaks_mfu_and_host_health(tc_wd: Path, tmp_path: Path, cli) -> None:
+    run = two_node_run(tc_wd, 95, 1.0)
+    db = tmp_path / "r.duckdb"
+    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
+    docs = {h: {"host": h, "t_wall": synth.T0 + k, "elapsed_s": 3.0, "devices": [
+        {"device": "cuda:0", "name": "NVIDIA H100", "dtype": "bf16",
+         "figures": {"matmul_tflops": {"value": v, "reps": [v, v], "spread": 0.0},
+                     "memcpy_gbps": {"value": 3000.0, "reps": [3000.0], "spread": 0.0}}}]}
+        for k, (h, v) in enumerate((("node1", 600.0), ("node2", 200.0), ("node3", 580.0)))}
+    rows = rank_devices(docs, "pf1", "c", "gpu", 0.9)
+    with open_store(db) as st:
+        record_preflight(st, rows)
+        st.con.execute("UPDATE measurements SET model_tflops_per_gpu = 100.0 WHERE run_id = ?", [run["run_id"]])
+    mm = {r["host"]: r for r in rows if r["figure"] == "matmul_tflops"}
+    assert mm["node2"]["flagged"] and mm["node2"]["ratio"] == pytest.approx(200.0 / 580.0)
+    assert not mm["node1"]["flagged"] and not any(r["flagged"] for r in rows if r["figure"] == "memcpy_gbps")
+    (mfu,) = sql_rows(db, "SELECT measured_peak_tflops, mfu_measured FROM measured_mfu")
+    # the run held node1 and node2: the median of their measured peaks
+    assert mfu["measured_peak_tflops"] == pytest.approx(400.0) and mfu["mfu_measured"] == pytest.approx(0.25)
+    health = {h["host"]: h for h in sql_rows(db, "SELECT * FROM host_health")}
+    assert (health["node2"]["preflights"], health["node2"]["slow_preflights"], health["node2"]["flags"]) == (1, 1, 1)
+    assert health["node3"]["runs"] == 0 and health["node3"]["slow_preflights"] == 0
+    doc = json.loads(cli("hosts", "--db", db, "--json", "--min-flags", "1").output)
+    (cand,) = doc["drain_candidates"]
+    assert cand["host"] == "node2" and "slow in 1 of 1 preflight(s) (lowest ratio to its partition's median 0.34)" \
+        in cand["why"]

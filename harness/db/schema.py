@@ -5,7 +5,7 @@ Tables: ``metadata``, ``campaigns``, ``points`` (entity fields as typed columns)
 ``runs`` (one per attempt), ``run_hosts``, ``stages``, ``sample_files``, ``sample_rows``, ``ranks``,
 ``errors``, ``trials``, ``measurements``, ``environment``, ``memory``, ``checks``, ``probes``, ``fabric``,
 ``rank_scores``, ``preflight``; views ``samples``, ``latest_measurements``, ``run_summary``, ``stage_durations``,
-``run_overhead``, ``point_status``, ``point_stability``, ``host_health``, ``measured_peaks``.
+``run_overhead``, ``point_status``, ``point_stability``, ``host_health``, ``measured_peaks``, ``measured_mfu``.
 
 Samples are stored compactly: ``sample_files`` has one row per loaded ``samples.<host>.csv``
 (``file_id``, ``run_id``, ``host``, its ``path`` and ``t0``, the run's training start); ``sample_rows``
@@ -41,7 +41,7 @@ SCHEMA_VERSION_BASE = 13
 # ---- schema step: cluster health (stragglers, hosts, preflight) ----------------------------------------------
 # One step on top of SCHEMA_VERSION_BASE, kept apart (CLUSTER_HEALTH_* below) so that a merge renumbers it in one
 # place: the rank_scores and preflight tables, measurements.straggler and straggler_ranks, point_stability leaving
-# straggler runs out, the host_health and measured_peaks views.
+# straggler runs out, the host_health, measured_peaks and measured_mfu views.
 CLUSTER_HEALTH_STEP = 1
 SCHEMA_VERSION = SCHEMA_VERSION_BASE + CLUSTER_HEALTH_STEP
 
@@ -416,6 +416,16 @@ CLUSTER_HEALTH_VIEWS: dict[str, str] = {
         FROM preflight WHERE figure = 'matmul_tflops'
         QUALIFY row_number() OVER (PARTITION BY cluster, partition, host, device
                                    ORDER BY measured_at DESC, preflight_id DESC) = 1""",
+    # Each measured run's MFU against its hosts' measured peak (the median of measured_peaks over the devices of
+    # the hosts it ran on) beside the datasheet's (measurements.mfu).
+    "measured_mfu": """
+        SELECT m.run_id, m.campaign, m.point_id, m.model_tflops_per_gpu, m.mfu,
+               median(p.peak_tflops) AS measured_peak_tflops,
+               m.model_tflops_per_gpu / nullif(median(p.peak_tflops), 0) AS mfu_measured
+        FROM measurements m JOIN run_hosts h ON h.run_id = m.run_id AND h.seen
+             JOIN measured_peaks p ON p.host = h.host
+        WHERE m.model_tflops_per_gpu IS NOT NULL
+        GROUP BY m.run_id, m.campaign, m.point_id, m.model_tflops_per_gpu, m.mfu""",
 }
 VIEWS.update(CLUSTER_HEALTH_VIEWS)
 

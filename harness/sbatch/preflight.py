@@ -73,7 +73,7 @@ def default_threshold() -> float:
     return value
 
 
-def rank(docs: dict[str, dict[str, Any]], preflight_id: str, cluster: str | None, partition: str,
+def rank_devices(docs: dict[str, dict[str, Any]], preflight_id: str, cluster: str | None, partition: str,
          threshold: float = PREFLIGHT_THRESHOLD) -> list[dict[str, Any]]:
     """The ``preflight`` rows of the nodes' results (host -> preflight.<host>.json): each device's figure over
     the partition's median of that figure, flagged under *threshold*."""
@@ -148,5 +148,5 @@ def run_preflight(inv: Inventory, partition: str | None, on_slurm: bool, workdir
     part = inv.partition(partition, choose="--partition")
     docs = _run_slurm(inv, part, workdir, seconds, slurm) if on_slurm else _run_local(part, host, seconds)
     pid = time.strftime("%Y%m%dT%H%M%S") + f"-{part.name}"
-    return PreflightResult(pid, part.name, rank(docs, pid, inv.cluster, part.name, threshold),
+    return PreflightResult(pid, part.name, rank_devices(docs, pid, inv.cluster, part.name, threshold),
                            missing=sorted(set(part.hosts) - set(docs)) if on_slurm else [])
