@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.contract.errors import InputError
 from harness.runner.envcapture import read_hcas
 from harness.sbatch.discover import changes, discover, render
 from harness.slurm.client import Slurm
@@ -154,9 +155,13 @@ def test_against_says_what_changed(tmp_path: Path) -> None:
     assert changes(load_inventory(tmp_path / "same.yaml"), d) == []
 
 
-def test_an_unknown_partition_is_an_input_error(tmp_path: Path, cli, monkeypatch) -> None:
-    with pytest.raises(Exception, match="SLURM has no such partition; it has a100, debug"):
+def test_an_unknown_partition_is_an_input_error_and_no_slurm_a_runtime_error(tmp_path: Path, cli,
+                                                                             monkeypatch) -> None:
+    with pytest.raises(InputError, match="--partition h100: SLURM has no such partition; it has a100, debug"):
         discover(Slurm(Runner()), ["h100"], False, tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo here
+    res = cli("inventory", "discover", "--on", "none")
+    assert res.exit_code == 1 and "sinfo failed" in res.output and "Traceback" not in res.output
 
 
 @pytest.mark.slurm

@@ -242,17 +242,18 @@ class Slurm:
     def cluster_nodes(self) -> tuple[dict[str, SlurmPartition], dict[str, SlurmNode]]:
         """Every partition (``sinfo``) and every node (``scontrol show node``), one call each; a command that
         cannot answer is a :class:`RunnerError` that says which."""
-        out = []
-        for argv, parse in ((PARTITIONS_ARGV, parse_partitions), (NODES_ARGV, parse_nodes)):
-            try:
-                res = self._call(argv, ASK_TIMEOUT_S)
-            except (OSError, subprocess.SubprocessError) as exc:
-                raise RunnerError(f"{argv[0]} failed: {exc}; run on a SLURM login node") from None
-            if res.returncode != 0:
-                why = (res.stderr or "").strip()[:300]
-                raise RunnerError(f"{' '.join(argv)} failed (exit {res.returncode}): {why}")
-            out.append(parse(res.stdout))
-        return out[0], out[1]  # type: ignore[return-value]  # (partitions, nodes), in that order
+        return parse_partitions(self._read(PARTITIONS_ARGV)), parse_nodes(self._read(NODES_ARGV))
+
+    def _read(self, argv: list[str]) -> str:
+        """The output of *argv*, or a :class:`RunnerError` naming it."""
+        try:
+            res = self._call(argv, ASK_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise RunnerError(f"{argv[0]} failed: {exc}; run on a SLURM login node") from None
+        if res.returncode != 0:
+            why = (res.stderr or "").strip()[:300]
+            raise RunnerError(f"{' '.join(argv)} failed (exit {res.returncode}): {why}")
+        return res.stdout
 
     # -- commands (never remembered) -----------------------------------------------------------------------
     def sbatch(self, script: str, folder: Path, *, hold: bool = False, after: str | None = None,
