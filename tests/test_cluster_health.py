@@ -45,6 +45,26 @@ def sweep(env, name: str, entity: dict, repeats: int = 1) -> Path:
 
 
 @pytest.mark.train
+@pytest.mark.slow(60)
+def test_a_slowed_rank_is_a_straggler_under_fsdp_too(cli, env, monkeypatch) -> None:
+    """Under FSDP the ranks gather the parameters in the forward pass; the straggler's delay is waited for
+    before it (the batch's token count is gathered across ranks first), outside every rank's own time."""
+    path = sweep(env, "stragf", {"number_gpus": 2, "number_nodes": 2, "distributed_backend": "FSDP",
+                                 "max_steps": 12})
+    monkeypatch.setenv("SBENCH_FAULT", f"sleep@step=1..,host=node1:{SLEEP_S}")
+    sb(cli, env, "submit", path, "-i", TEST_INVENTORY, "--executor", "slurm", "--wait")
+    monkeypatch.delenv("SBENCH_FAULT")
+    time.sleep(2)
+    sb(cli, env, "collect")
+    got = {s["host"]: s for s in sql_rows(env["db"], "SELECT * FROM rank_scores")}
+    assert set(got) == {"node1", "node2"}
+    assert got["node1"]["flagged"] is True and got["node2"]["flagged"] is False
+    assert got["node1"]["own_step_s"] > SLEEP_S and got["node2"]["own_step_s"] < SLEEP_S / 2
+    (m,) = sql_rows(env["db"], "SELECT straggler, straggler_ranks FROM measurements")
+    assert m == {"straggler": True, "straggler_ranks": ["node1:0"]}
+
+
+@pytest.mark.train
 @pytest.mark.slow(120)
 def test_a_slowed_rank_is_a_straggler_and_the_clean_repeat_is_not(cli, env, monkeypatch) -> None:
     path = sweep(env, "strag", {"number_gpus": 2, "number_nodes": 2, "distributed_backend": "DDP",

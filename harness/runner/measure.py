@@ -187,9 +187,10 @@ class RankClock:
     decision's broadcast. What it leaves out is where a rank waits for the others: the batch's token count
     gathered across ranks, the backward pass (the gradient all-reduce), gradient clipping and the broadcast. In
     a synchronous run every rank's step takes as long as the slowest rank's; its own time does not, so a rank
-    that is slow stands out against the others (``collect.aggregate.rank_scores``). Under FSDP the forward
-    pass gathers the parameters, so part of a straggler's delay is in every rank's forward time too, and the
-    scores understate it."""
+    that is slow stands out against the others (``collect.stragglers``). A straggler's delay is waited for where
+    the ranks first meet in the next step, the token count gathered across ranks (the Trainer's
+    ``average_tokens_across_devices``, on by default), which is outside; without it, FSDP's parameter gathers in
+    the forward pass wait for the straggler inside the others' forward time, and the scores understate it."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
