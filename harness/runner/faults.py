@@ -6,7 +6,8 @@ Syntax: one or more faults separated by ``;``, each ``KIND@COND[,COND...][:ARG]`
   memory access was encountered" ``RuntimeError``), ``error`` (raise ``RuntimeError``),
   ``sigkill`` (``os.kill(os.getpid(), SIGKILL)``: a crash nothing can catch), ``sleep``
   (hang for ARG seconds, default 3600), ``exit`` (``os._exit(ARG)``, default 1), ``slow`` (only with
-  ``stage=preflight``: the device check's matmul takes ARG times as long, default 4: a slow device).
+  ``stage=preflight``: the device check's matmul and memory copy take ARG times as long, default 4: a
+  slow device).
 - ``COND``: ``step=N`` (at the end of optimiser step N), ``step=N..M`` or ``step=N..`` (at the end of
   every step from N to M, or from N on: a rank that is slow again and again, a straggler) or
   ``stage=NAME`` (at the start of a trainer stage: dataset, tokens, model_load, train; or ``preflight``,
@@ -35,7 +36,7 @@ from harness.contract.formats import Stage
 KINDS = ("oom", "illegal", "error", "sigkill", "sleep", "exit", "slow")
 ENV = envvars.FAULT.name
 # the stages at whose start a trainer looks for a fault (both trainers; harness.runner.rank.fault_at_stage), and
-# the preflight's device check (harness.runner.preflight: a slow fault there scales its matmul's time)
+# the preflight's device check (harness.runner.preflight: a slow fault there scales its figures' time)
 FAULT_STAGES = (Stage.DATASET, Stage.TOKENS, Stage.MODEL_LOAD, Stage.TRAIN, Stage.PREFLIGHT)
 MAX_SLEEP_S = 86400.0
 MAX_SLOW = 1000.0

@@ -1,15 +1,14 @@
 """``python -m harness.runner.preflight --out-dir DIR``: how fast each device of this node computes and copies
 memory (see ``sbench preflight``).
 
-Per device (each GPU at bf16, all at once, one thread each; the CPU at fp32 on a CPU partition or a node without
-GPUs): a dense square
-matmul, timed in :data:`REPS` repetitions that together take about ``--seconds`` (TFLOP/s: 2 n^3 per matmul),
-and a device memory copy of one buffer into another (GB/s: the bytes read plus the bytes written), each figure
-the median of its repetitions with their spread ((max - min) / median). ``harness.sbatch.preflight`` ranks them
-against the partition's median. It writes ``DIR/preflight.<node>.json``.
+Per device (each GPU at bf16, all at once, one thread each; the CPU at fp32, on one core, on a CPU partition or a
+node without GPUs): a dense square matmul (TFLOP/s: 2 n^3 per matmul) and a device memory copy of one buffer into
+another (GB/s: the bytes read plus the bytes written), each timed in :data:`REPS` repetitions that together take
+about ``--seconds``; a figure is the median of its repetitions, with their spread ((max - min) / median).
+``harness.sbatch.preflight`` ranks them against the partition's median. It writes ``DIR/preflight.<node>.json``.
 
-``SBENCH_FAULT slow@stage=preflight[,host=NAME][:FACTOR]`` makes this node's matmuls take FACTOR times as long
-(each timed repetition waits the extra time): a slow device, for tests.
+``SBENCH_FAULT slow@stage=preflight[,host=NAME][:FACTOR]`` makes this node's matmuls and copies take FACTOR times
+as long (each timed repetition waits the extra time): a slow device, for tests.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ SIZES = {"cuda": (8192, 1 << 30), "cpu": (512, 64 << 20)}
 
 
 def slow_factor(host: str) -> float:
-    """The factor an injected ``slow`` fault puts on this node's matmuls (1: none)."""
+    """The factor an injected ``slow`` fault puts on this node's figures (1: none)."""
     factor = 1.0
     for f in faults_from_env():
         if f.kind == "slow" and f.applies(rank=0, trial=None, stage=Stage.PREFLIGHT, host=host):
@@ -78,6 +77,10 @@ def measure_device(device: str, dtype: str, budget_s: float, factor: float) -> d
     import torch  # heavy: only the preflight's own process measures
 
     kind = "cuda" if device.startswith("cuda") else "cpu"
+    if kind == "cpu":
+        # one core: a CPU partition's device is one worker process; threads that wait for each other on a busy
+        # host measure the other work, not the core
+        torch.set_num_threads(1)
     n, nbytes = SIZES[kind]
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     dev = torch.device(device)
@@ -90,7 +93,7 @@ def measure_device(device: str, dtype: str, budget_s: float, factor: float) -> d
     mm = _timed(lambda: torch.mm(held["a"], held["b"]), sync, budget_s, factor)
     held = {"src": torch.empty(nbytes // 4, device=dev, dtype=torch.float32)}  # the matrices' memory goes back
     held["dst"] = torch.empty_like(held["src"])
-    cp = _timed(lambda: held["dst"].copy_(held["src"]), sync, budget_s)
+    cp = _timed(lambda: held["dst"].copy_(held["src"]), sync, budget_s, factor)
     held.clear()
     name = torch.cuda.get_device_name(dev) if kind == "cuda" else "cpu"
     return {"device": device, "name": name, "dtype": dtype, "matmul_n": n, "copy_bytes": nbytes,
