@@ -576,7 +576,9 @@ def test_a_campaign_without_measurements_gets_no_data_panels(tmp_path, cli):
     out = tmp_path / "r.html"
     assert cli("report", "--db", tmp_path / "r.duckdb", "-o", out).exit_code == 0
     page = out.read_text()
-    assert page.count('<div class="nodata">') == 5  # plots 1, 2 (GPU and process), the table, and no fabric run
+    # plots 1, 2 (GPU and process), the table, no fabric run, and in the hosts section no rank score, no preflight
+    assert page.count('<div class="nodata">') == 7
+    assert "no rank scores yet" in section(page, "hosts") and "no preflight yet" in section(page, "hosts")
     assert "no fabric run yet" in section(page, "fabric")
     assert "No data: no measurement with dataset_tokens_per_second" in section(page, "throughput")
     assert "No data: no measurements in this selection" in section(page, "latest")
@@ -891,9 +893,9 @@ def test_every_table_has_the_shared_style(cli, two_db, gpu_page, tmp_path):
 
     page, _ = render(cli, two_db, tmp_path / "r.html")
     assert 'id="checks"' in page and "<table" in section(page, "checks")
-    for p, n in ((page, 4), (gpu_page[0], 3)):
+    for p, n in ((page, 5), (gpu_page[0], 4)):
         tags = re.findall(r"<table\b[^>]*>", html_only(p))
-        assert len(tags) == n  # the overhead, checks (two_db only), points and attempts tables
+        assert len(tags) == n  # the overhead, checks (two_db only), host health, points and attempts tables
         assert all(re.fullmatch(rf'<table class="{TABLE_CLASS}( [\w-]+)*">', t) for t in tags), tags
     assert f"table.{TABLE_CLASS} th,table.{TABLE_CLASS} td{{" in CSS
     # a failed check reads in red like an OOM row

@@ -142,7 +142,8 @@ def _resources(sweep: Sweep, part: Partition, counts: Counts, share: Share, job_
         res["exclusive"] = True
     # Only inventory hosts: when the point needs every host, name them; otherwise the submit-time view of
     # the SLURM partition (if a controller answers) excludes its other nodes (harness.sbatch.fit).
-    if nodes == len(part.hosts):
+    # A host excluded for itself (a slow device, submit --exclude-slow) is never named.
+    if nodes == len(part.hosts) and not set(exclude or ()) & set(part.hosts):
         res["nodelist"] = ",".join(sorted(part.hosts))
     elif exclude:
         res["exclude"] = ",".join(sorted(exclude))

@@ -27,7 +27,7 @@ from harness.spec.schema import is_campaign_ref, is_name
 COMMANDS = {"inventory": "inputs", "experiments": "inputs", "plan": "inputs", "render": "inputs",
             "submit": "jobs", "prepare": "prepare", "retry": "jobs", "status": "control", "cancel": "control",
             "collect": "collect", "query": "results", "check": "results", "compare": "results", "profile": "results",
-            "report": "report", "probe": "cluster", "fabric": "cluster",
+            "report": "report", "probe": "cluster", "fabric": "cluster", "preflight": "cluster", "hosts": "cluster",
             "model": "data", "dataset": "data", "env": "envs", "export": "exchange", "import": "exchange"}
 
 

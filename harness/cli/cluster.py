@@ -1,4 +1,5 @@
-"""CLI: probe the cluster's nodes and compare them with the inventory."""
+"""CLI: probe the cluster's nodes and compare them with the inventory; measure its fabric and its devices
+(preflight); say which hosts are slow again and again (hosts)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from typing import Any
 import click
 import yaml
 
+from harness.contract.defaults import DRAIN_MIN_FLAGS, DRAIN_MIN_SHARE, PREFLIGHT_SECONDS, PREFLIGHT_THRESHOLD
 from harness.contract.errors import RunnerError
 from harness.contract.paths import resolve_db, resolve_workdir
-from harness.db.cluster import record_fabric, record_probes
+from harness.db.cluster import record_fabric, record_preflight, record_probes
+from harness.db.hosts import drain_candidates, host_health
 from harness.db.store import open_store
 from harness.db.values import to_json, utc
 from harness.runner.fabric import parse_size
 from harness.sbatch.backends import resolve_executor
 from harness.sbatch.fabric import run_fabric
+from harness.sbatch.preflight import run_preflight
 from harness.sbatch.probe import compare, fragment, run_probe
 from harness.spec.inventory import load_inventory
 
@@ -132,3 +136,77 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
         raise RunnerError(f"fabric failed: {res.reason}")
 
 
+
+
+@main.command()
+@inventory_option
+@click.option("--partition", default=None, help="Partition to measure (default: the inventory's only one).")
+@click.option("--on", "where", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
+              help="local: this machine, as one host of the partition; slurm: one task on every inventory host.")
+@click.option("--host", default=None, help="With --on local: the inventory host this machine is.")
+@click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+              help=f"A device under this share of the partition's median of a figure is slow (default "
+              f"$SBENCH_PREFLIGHT_THRESHOLD, else {PREFLIGHT_THRESHOLD}).")
+@click.option("--seconds", type=click.FloatRange(min=0.1, max=60), default=PREFLIGHT_SECONDS, show_default=True,
+              help="Time per figure and device.")
+@workdir_option
+@db_option
+@json_option
+def preflight(inventory: Path | None, partition: str | None, where: str, host: str | None, threshold: float | None,
+              seconds: float, workdir: Path | None, db: Path | None, as_json: bool) -> None:
+    """Time a matmul (TFLOP/s) and a memory copy (GB/s) on every device; flag those under the partition's median.
+
+    Exit 1 when a device is slow. Example: sbench preflight -i cluster.yaml --partition a100 --on slurm
+    """
+    inv = load_inventory(inventory)
+    res = run_preflight(inv, partition, where == "slurm", resolve_workdir(workdir), threshold=threshold,
+                        seconds=seconds, host=host)
+    with open_store(resolve_db(db)) as st:
+        record_preflight(st, res.rows)
+    if as_json:
+        echo_json({"preflight_id": res.preflight_id, "partition": res.partition, "rows": res.rows,
+                   "slow_hosts": res.slow_hosts, "missing": res.missing})
+    else:
+        out = [{"host": r["host"], "device": r["device"], "figure": r["figure"], "value": f"{r['value']:.4g}",
+                "unit": r["unit"], "spread": f"{r['spread']:.0%}" if r["spread"] is not None else "-",
+                "ratio": f"{r['ratio']:.2f}", "slow": "SLOW" if r["flagged"] else ""} for r in res.rows]
+        click.echo(table(out, list(out[0])) if out else "no device measured")
+        say(f"\n{res.summary()}; recorded in {resolve_db(db)}")
+        for h in res.missing:
+            say(f"missing: {h} wrote no result")
+    if res.slow or res.missing:
+        raise RunnerError(f"preflight: slow device(s) on {', '.join(res.slow_hosts) or '-'}"
+                          + (f"; no result from {', '.join(res.missing)}" if res.missing else ""))
+
+
+@main.command()
+@click.option("--min-flags", type=click.IntRange(min=1), default=DRAIN_MIN_FLAGS, show_default=True,
+              help="A drain candidate was flagged (a straggler run or a slow preflight) at least this many times.")
+@click.option("--min-share", type=click.FloatRange(min=0, max=1), default=DRAIN_MIN_SHARE, show_default=True,
+              help="... in at least this share of the runs and preflights that judged it.")
+@click.option("--all", "show_all", is_flag=True, help="List every host, not only the drain candidates.")
+@db_option
+@json_option
+def hosts(min_flags: int, min_share: float, show_all: bool, db: Path | None, as_json: bool) -> None:
+    """Hosts slow again and again across campaigns (host_health): drain candidates with the evidence.
+
+    Example: sbench hosts --json
+    """
+    with open_store(resolve_db(db), read_only=True) as st:
+        rows = host_health(st)
+    drain = drain_candidates(rows, min_flags, min_share)
+    if as_json:
+        echo_json({"drain_candidates": drain, "hosts": rows})
+        return
+    shown = rows if show_all else drain
+    if shown:
+        why = {d["host"]: d["why"] for d in drain}
+        out = [{"host": h["host"], "runs": h["runs"], "scored": h["runs_scored"], "straggler": h["straggler_runs"],
+                "median_score": f"{h['median_relative_score']:.2f}" if h["median_relative_score"] is not None
+                else "-", "preflights": h["preflights"], "slow": h["slow_preflights"],
+                "drain": "yes" if h["host"] in why else ""} for h in shown]
+        click.echo(table(out, list(out[0])))
+    for d in drain:
+        say(f"drain candidate: {d['host']}: {d['why']}")
+    if not drain:
+        click.echo(f"no drain candidate among {len(rows)} host(s)")

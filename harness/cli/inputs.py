@@ -1,4 +1,4 @@
-"""Commands that read the inputs: inventory check, experiments, plan, render."""
+"""Commands that read the inputs: inventory check and discover, experiments, plan, render."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import click
 
 from harness.build.jobspec import JobSpec
 from harness.build.render import prepare_points, render_points
+from harness.contract.errors import RunnerError
+from harness.contract.paths import resolve_workdir
 from harness.data.lengths import length_warnings
 from harness.data.prepared import masked_warnings
+from harness.sbatch import discover as discovery
 from harness.sbatch.faultcheck import check_faults
 from harness.sbatch.fit import ClusterFit, cluster_fit
 from harness.sbatch.grouping import make_packs, pack_labels
@@ -21,7 +24,17 @@ from harness.spec.plan import PlannedPoint, plan_sweep, plan_warnings
 from harness.spec.resources import Share, point_share
 from harness.spec.sweep import Sweep, load_sweep
 
-from .base import echo_json, inventory_option, json_option, main, model_map_option, sweep_argument, table
+from .base import (
+    echo_json,
+    inventory_option,
+    json_option,
+    main,
+    model_map_option,
+    say,
+    sweep_argument,
+    table,
+    workdir_option,
+)
 
 
 @main.group()
@@ -62,6 +75,44 @@ def inventory_check(inventory: Path | None, as_json: bool) -> None:
         click.echo(table(rows, list(rows[0])))
     for w in desc["warnings"]:
         click.echo(f"warning: {w}", err=True)
+
+
+@inventory.command("discover")
+@click.option("--partition", "partitions", multiple=True, help="A SLURM partition to describe (repeatable; default: "
+              "every partition sinfo lists).")
+@click.option("--on", "where", type=click.Choice(["slurm", "none"]), default="slurm", show_default=True,
+              help="slurm: probe every usable node through srun (GPUs by NVML, HCAs, GID tables); none: SLURM's "
+              "word only.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the inventory here (default: print it).")
+@click.option("--against", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="An earlier inventory: print what changed (hosts gone or new, HCAs down, GID indices moved).")
+@workdir_option
+def inventory_discover(partitions: tuple[str, ...], where: str, output: Path | None, against: Path | None,
+                       workdir: Path | None) -> None:
+    """Write an inventory from sinfo, scontrol show node and a probe of every node.
+
+    Example: sbench inventory discover --on slurm -o cluster.yaml --against old.yaml
+    """
+    old = load_inventory(against) if against is not None else None
+    found = discovery.discover(Slurm(), list(partitions), where == "slurm", resolve_workdir(workdir))
+    text = discovery.render(found)
+    if output is not None:
+        output.write_text(text)
+        say(f"wrote {output}: {len(found.partitions)} partition(s), "
+            f"{len({n for p in found.partitions.values() for n in p.nodes})} node(s), {len(found.probes)} probed"
+            + (f"; not probed: {', '.join(f'{n} ({why})' for n, why in sorted(found.not_probed.items()))}"
+               if found.not_probed else ""), err=True)
+    else:
+        click.echo(text, nl=False)
+    if old is not None:
+        moved = discovery.changes(old, found)
+        for line in moved:
+            say(f"changed: {line}", err=True)
+        if not moved:
+            say(f"no change against {against}", err=True)
+    if where == "slurm" and not found.probes:
+        raise RunnerError("no node could be probed")
 
 
 # -- experiments -------------------------------------------------------------------------------------------

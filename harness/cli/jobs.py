@@ -53,7 +53,10 @@ def executor_option(f: Any) -> Any:
               help="At most this many attempts of one array run at once (SLURM %-limit; local queue width).")
 @click.option("--hold", is_flag=True, help="Submit held (sbatch --hold); release with scontrol release.")
 @click.option("--preflight", is_flag=True, help="First run sbench fabric for each partition and node count of the "
-              "multi-node points; refuse to submit when it fails or RoCE points would run over Socket.")
+              "multi-node points, and sbench preflight on each partition's devices; refuse to submit when the "
+              "fabric fails, RoCE points would run over Socket, or a device is slow.")
+@click.option("--exclude-slow", is_flag=True, help="With --preflight: leave the hosts of slow devices out (sbatch "
+              "--exclude) instead of refusing.")
 @click.option("--prepare-on", "prepare_on", type=click.Choice(["here", "slurm"]), default="here", show_default=True,
               help="Where the points' datasets, models and training data are prepared before they run: here (this "
               "machine, before submitting) or slurm (one CPU job the arrays depend on).")
@@ -70,7 +73,7 @@ def executor_option(f: Any) -> Any:
 @json_option
 def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | None, db: Path | None,
            model_map: Path | None, wait: bool, force: bool, retry_failed: bool, max_parallel: int | None,
-           hold: bool, preflight: bool, prepare_on: str, no_prepare: bool, skip_predicted_oom: bool,
+           hold: bool, preflight: bool, exclude_slow: bool, prepare_on: str, no_prepare: bool, skip_predicted_oom: bool,
            campaign: str | None, reuse_measured: bool, profile: bool, as_json: bool) -> None:
     """Submit a sweep: one job array per resource shape on SLURM, or a local queue.
 
@@ -79,12 +82,15 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
 
     Example: sbench submit sweeps/demo-cpu.yaml --executor local --wait
     """
+    if exclude_slow and not preflight:
+        raise click.UsageError("--exclude-slow leaves out the hosts that --preflight finds slow: add --preflight")
     try:
         report = submit_sweep(SubmitRequest(
             sweep, inventory, executor, workdir, db, model_map=model_map, campaign=campaign, force=force,
             retry_failed=retry_failed, max_parallel=max_parallel, hold=hold, preflight=preflight,
-            prepare="no" if no_prepare else prepare_on, skip_predicted_oom=skip_predicted_oom,
-            reuse_measured=reuse_measured, profile=profile), echo=_stderr_echo(as_json))
+            exclude_slow=exclude_slow, prepare="no" if no_prepare else prepare_on,
+            skip_predicted_oom=skip_predicted_oom, reuse_measured=reuse_measured, profile=profile),
+            echo=_stderr_echo(as_json))
     except Interrupted as exc:
         _interrupted(exc, as_json, workdir, db)
     _finish(report, "submit", wait, as_json, workdir, db)
@@ -207,6 +213,10 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
     for f in d.get("preflight") or []:
         click.echo(f"preflight: fabric {f['fabric_id']} on {f['partition']} x{f['nodes']} ok "
                    f"({', '.join(f'{h}={t or chr(45)}' for h, t in f['transports'].items())})", err=True)
+    for dev in d.get("devices") or []:
+        click.echo(f"preflight: {dev['summary']}", err=True)
+    if d.get("excluded_slow"):
+        say(f"excluded: {', '.join(d['excluded_slow'])} (a slow device; sbatch --exclude)", err=True)
 
 
 @main.command()

@@ -87,7 +87,7 @@ INDEX_KEY = "manifest-index:"  # metadata: + a manifest's absolute path -> JSON 
 STAMPS_KEY = "stamps:"  # metadata: + a campaign directory's absolute path -> JSON {run id: [fingerprint, stamp]}
 CHILD_ROWS = (("run_hosts", "hosts"), ("stages", "stages"), ("ranks", "ranks"), ("errors", "errors"),
               ("trials", "trials"), ("environment", "environment"), ("memory", "memory"),
-              ("profile_ops", "profile_ops"))
+              ("profile_ops", "profile_ops"), ("rank_scores", "rank_scores"))
 
 
 @dataclass

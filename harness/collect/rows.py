@@ -18,7 +18,7 @@ from harness.db.values import entity_values, to_json, utc
 from harness.spec.catalog import EXPERIMENTS
 from harness.spec.flops import run_flops
 
-from . import aggregate
+from . import aggregate, stragglers
 from .discover import Attempt
 from .jobdir import JobFiles, as_dict, as_list, count, first_line
 from .outcome import Sched, Verdict
@@ -46,6 +46,9 @@ class RunData:
     environment: list[dict[str, Any]] = field(default_factory=list)
     memory: list[dict[str, Any]] = field(default_factory=list)
     profile_ops: list[dict[str, Any]] = field(default_factory=list)  # runner.profile's traces (collect.profile)
+    rank_scores: list[dict[str, Any]] = field(default_factory=list)
+    stragglers: list[str] = field(default_factory=list)  # a note per flagged rank (stragglers.RankScore.why)
+    straggler_ranks: list[str] = field(default_factory=list)  # host:rank of each flagged rank
     sample_files: list[tuple[str, Path]] = field(default_factory=list)
     samples_written: dict[str, int | None] = field(default_factory=dict)  # host -> rows its sampler recorded
     rank0: dict[str, Any] | None = None
@@ -163,6 +166,19 @@ def rank_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
             "notes": [str(n) for n in as_list(doc.get("notes"))] if isinstance(doc.get("notes"), list) else None,
             "metrics": to_json(m or None)})
     return rows
+
+
+def score_rows(f: JobFiles, run_id: str, campaign: str | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """The ``rank_scores`` rows of a multi-process run, and a note per straggler (:mod:`.stragglers`)."""
+    threshold = RunnerSettings.from_dict(as_dict(f.jobspec.get("runner"))).straggler_score
+    win = aggregate.window_properties(f.rank0)
+    scores = stragglers.rank_scores(f.ranks, win["window_start_step"], win["window_end_step"], threshold)
+    rows = [{"run_id": run_id, "campaign": campaign, "host": s.host, "rank": s.rank, "steps": s.steps,
+             "own_step_s": s.own_step_s, "best_step_s": s.best_step_s, "current_step_s": s.current_step_s,
+             "relative_score": s.relative, "individual_score": s.individual, "threshold": threshold,
+             "flagged": s.flagged} for s in scores]
+    notes = [s.why(stragglers.fastest_s(scores), threshold) for s in scores if s.flagged]
+    return rows, notes
 
 
 def error_rows(f: JobFiles, run_id: str) -> list[dict[str, Any]]:
@@ -326,6 +342,8 @@ def build(f: JobFiles, v: Verdict) -> RunData:
                 ran={**ran, "adjustments": to_json(ran["adjustments"] or None), "notes": ran["notes"] or None},
                 slurm_energy_j=v.sched.job.consumed_energy_j if v.sched.job else None)
     run["profiled"] = RunnerSettings.from_dict(as_dict(f.jobspec.get("runner"))).profiled
+    d.rank_scores, d.stragglers = score_rows(f, rid, run.get("campaign"))
+    d.straggler_ranks = [f"{r['host']}:{r['rank']}" for r in d.rank_scores if r["flagged"]]
     if f.paths is not None:
         profile_data(d, f.paths)
         d.sample_files = [(h, f.paths.samples(h)) for h in f.sample_hosts]
@@ -447,6 +465,9 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     load, why = aggregate.host_load(stats, run["run_id"], d.host_busy_cpu)
     row.update(load)
     notes += why
+    if d.rank_scores:
+        row["straggler"], row["straggler_ranks"] = bool(d.straggler_ranks), d.straggler_ranks or None
+        notes += d.stragglers
     row.update({"window_start_wall": start, "window_end_wall": end,
                 "window_s": end - start if start is not None and end is not None else None,
                 "gpu_devices": len(devices), "gpu_samples": sum(x.samples for x in devices),

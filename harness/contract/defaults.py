@@ -55,6 +55,11 @@ class RunnerSettings:
     profile_ranks: str = "0"
     profile_tool: str = "torch"
     profile_repeat: int = -1
+    # each rank of a multi-process run times its own work per step (its forward pass, and its optimizer step and
+    # step-end callbacks after the gradient synchronisation): collect scores the ranks against each other
+    rank_timing: bool = True
+    # a rank whose relative or individual score (0 to 1) is below this is a straggler (collect.aggregate)
+    straggler_score: float = 0.7
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -115,3 +120,12 @@ def sample_interval(value: Any) -> float:
 # communication bucket sizes (elements), and the size under which ZeRO-3 keeps a parameter whole.
 DEEPSPEED_BUCKET = 50_000_000
 ZERO3_PERSISTENCE = 100_000
+
+
+# sbench preflight: a device whose figure is under this share of its partition's median is slow; the seconds each
+# figure takes per device. sbench hosts: a host flagged (a straggler run or a slow preflight) at least this many
+# times, in at least this share of the runs and preflights that judged it, is a drain candidate.
+PREFLIGHT_THRESHOLD = 0.9
+PREFLIGHT_SECONDS = 2.0
+DRAIN_MIN_FLAGS = 2
+DRAIN_MIN_SHARE = 0.5

@@ -113,6 +113,13 @@ HOST_BUSY_CPU = Var("SBENCH_HOST_BUSY_CPU", "0.25",
                     "runner.host_busy_cpu when the sweep does not set it: the share of a host's CPU capacity that "
                     "other work may use during a run's window before the run is flagged host_busy (1 = never)",
                     "login")
+STRAGGLER_SCORE = Var("SBENCH_STRAGGLER_SCORE", "0.7",
+                       "runner.straggler_score when the sweep does not set it: a rank whose relative or individual "
+                       "score is below it is flagged a straggler (rank_scores, measurements.straggler)", "login")
+PREFLIGHT_THRESHOLD = Var("SBENCH_PREFLIGHT_THRESHOLD", "",
+                           "sbench preflight's and submit --preflight's threshold when --threshold is not given: a "
+                           "device under this share of its partition's median is slow; unset: "
+                           "harness.contract.defaults.PREFLIGHT_THRESHOLD (0.9)", "login")
 COLLECT_PAUSE_AT = Var("SBENCH_COLLECT_PAUSE_AT", "",
                        "A collect phase to pause at, inside its transaction, so that a test can kill it there",
                        "tests")

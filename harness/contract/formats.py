@@ -30,10 +30,13 @@ class Stage:
     TRAIN = "train"
     # The one stage of the sbench fabric workload's ranks.
     FABRIC = "fabric"
+    # The one stage of the sbench preflight workload's ranks (a device's matmul and memory copy).
+    PREFLIGHT = "preflight"
 
 
 STAGES: tuple[str, ...] = (Stage.SETUP, Stage.LAUNCH, Stage.DATASET, Stage.TOKENS, Stage.MODEL_LOAD,
-                           Stage.TRAINER_INIT, Stage.TRAIN, Stage.TEARDOWN, Stage.TRIAL, Stage.FABRIC)
+                           Stage.TRAINER_INIT, Stage.TRAIN, Stage.TEARDOWN, Stage.TRIAL, Stage.FABRIC,
+                           Stage.PREFLIGHT)
 
 # samples.<host>.csv: its columns in file order, each with the SQL type the store reads it as. ``kind`` is
 # gpu (one row per device per tick), proc (one row per tick for the training process tree) or cpu (one row

@@ -41,7 +41,7 @@ def check_inputs(store: Store, campaign: str, metrics: Sequence[str]) -> list[di
                 SELECT * FROM runs WHERE campaign = ?
                 QUALIFY row_number() OVER (PARTITION BY point_id, repeat ORDER BY attempt DESC) = 1)
             SELECT cp.point_id, cp.repeat, p.experiment, p.entity, r.run_id, r.outcome, r.overlapped_with, m.host_busy,
-                   m.host_other_cpu_pct{picked}
+                   m.host_other_cpu_pct, m.straggler, m.straggler_ranks{picked}
             FROM campaign_points cp JOIN points p USING (point_id)
                  LEFT JOIN latest r ON r.point_id = cp.point_id AND r.repeat = cp.repeat
                  LEFT JOIN measurements m ON m.run_id = r.run_id

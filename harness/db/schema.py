@@ -4,9 +4,9 @@ schema version a database must carry (``metadata.schema_version``).
 Tables: ``metadata``, ``campaigns``, ``points`` (entity fields as typed columns), ``campaign_points``,
 ``runs`` (one per attempt), ``run_hosts``, ``stages``, ``sample_files``, ``sample_rows``, ``ranks``,
 ``errors``, ``trials``, ``measurements``, ``environment``, ``memory``, ``profile_ops``, ``checks``, ``probes``,
-``fabric``;
-views ``samples``, ``latest_measurements``, ``run_summary``, ``stage_durations``, ``run_overhead``,
-``point_status``, ``point_stability``.
+``fabric``, ``rank_scores``, ``preflight``; views ``samples``, ``latest_measurements``, ``run_summary``,
+``stage_durations``, ``run_overhead``, ``point_status``, ``point_stability``, ``host_health``, ``measured_peaks``,
+``measured_mfu``.
 
 Samples are stored compactly: ``sample_files`` has one row per loaded ``samples.<host>.csv``
 (``file_id``, ``run_id``, ``host``, its ``path`` and ``t0``, the run's training start); ``sample_rows``
@@ -39,14 +39,17 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # sample_rows.foreign_procs; measurements.host_other_cpu_pct, gpu_foreign_processes, host_busy), which
 # point_stability leaves out like a shared host; campaigns.repeats_spec (the report's repeats per point);
 # 14: profiled runs (runner.profile: runs.profiled, runs.profile_files, measurements.profiled, which compare, check
-# and point_stability leave out) and the profile_ops table (their step breakdown and top operators)
-#
-# Schema step "exchange" (version 15): campaigns beyond one cluster (campaigns.cluster, partitions, origin and
-# imported: sbench import's campaigns, exports and the reference's published measurements; measurements.extra, a
-# published file's columns sbench has none for) and the container a run ran in (environment.container_runtime,
-# container_image, container_digest; the columns marked "step exchange", docs/exchange.md). Every column and table
-# since 13 is new and NULL in an older database's rows, so a database of UPGRADE_FROM on is upgraded in place.
-SCHEMA_VERSION = 15
+# and point_stability leave out) and the profile_ops table (their step breakdown and top operators);
+# 15: campaigns beyond one cluster (campaigns.cluster, partitions, origin and imported: sbench import's campaigns,
+# exports and the reference's published measurements; measurements.extra, a published file's columns sbench has
+# none for) and the container a run ran in (environment.container_runtime, container_image, container_digest; the
+# columns marked "step exchange", docs/exchange.md);
+# 16: cluster health (CLUSTER_HEALTH_* below): the rank_scores and preflight tables, measurements.straggler and
+# straggler_ranks, point_stability leaving straggler runs out, the host_health, measured_peaks and measured_mfu
+# views.
+# Every column and table since 13 is new and NULL in an older database's rows, so a database of UPGRADE_FROM on is
+# upgraded in place.
+SCHEMA_VERSION = 16
 # The oldest schema a database is upgraded from in place (by adding what it lacks: every change since is a new table
 # or column); an older one is refused with what to do.
 UPGRADE_FROM = 13
@@ -198,6 +201,9 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("profiled", "BOOLEAN"),  # measured under the profiler (runner.profile): never compared, checked or in a CV
         *ENTITY_COLUMNS,
         ("extra", "JSON"),  # step exchange: an imported published file's columns sbench has none for (else NULL)
+        # (schema step: cluster health) a rank scored under runner.straggler_score (rank_scores): the run is a
+        # straggler run, and which ranks were flagged, as host:rank
+        ("straggler", "BOOLEAN"), ("straggler_ranks", "VARCHAR[]"),
     ],
     "environment": [
         *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("python", "VARCHAR"), ("torch", "VARCHAR"),
@@ -252,6 +258,26 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
     ],
 }
 
+# ---- schema step: cluster health: tables -----------------------------------------------------------------------
+CLUSTER_HEALTH_TABLES: dict[str, list[tuple[str, str]]] = {
+    # collect.stragglers: one row per rank of a multi-process run whose ranks timed their own steps.
+    "rank_scores": [
+        *_RUN_KEY, ("campaign", "VARCHAR"), ("host", "VARCHAR"), ("rank", "INTEGER"), ("steps", "INTEGER"),
+        ("own_step_s", "DOUBLE"), ("best_step_s", "DOUBLE"), ("current_step_s", "DOUBLE"),
+        ("relative_score", "DOUBLE"), ("individual_score", "DOUBLE"), ("threshold", "DOUBLE"), ("flagged", "BOOLEAN"),
+    ],
+    # sbench preflight (harness.sbatch.preflight): one row per (preflight, host, device, figure); ratio is the
+    # value over the partition's median of that figure, flagged when under the threshold.
+    "preflight": [
+        ("preflight_id", "VARCHAR"), ("cluster", "VARCHAR"), ("partition", "VARCHAR"), ("host", "VARCHAR"),
+        ("device", "VARCHAR"), ("device_name", "VARCHAR"), ("dtype", "VARCHAR"), ("figure", "VARCHAR"),
+        ("unit", "VARCHAR"), ("value", "DOUBLE"), ("spread", "DOUBLE"), ("reps", "JSON"),
+        ("partition_median", "DOUBLE"), ("ratio", "DOUBLE"), ("threshold", "DOUBLE"), ("flagged", "BOOLEAN"),
+        ("elapsed_s", "DOUBLE"), ("measured_at", "TIMESTAMP"),
+    ],
+}
+SCHEMA.update(CLUSTER_HEALTH_TABLES)
+
 
 PRIMARY_KEYS = {"metadata": ("key",), "probes": ("probe_id", "host"), "campaigns": ("campaign",),
                 "points": ("point_id",),
@@ -265,7 +291,7 @@ COLUMN_NAMES = {t: frozenset(c for c, _ in cols) for t, cols in SCHEMA.items()}
 # Tables whose rows belong to one run and are replaced as a whole when the run changes
 # (``sample_rows`` go with their ``sample_files`` row).
 RUN_CHILD_TABLES = ("run_hosts", "stages", "sample_files", "ranks", "errors", "trials", "measurements",
-                    "environment", "memory", "profile_ops")
+                    "environment", "memory", "profile_ops", "rank_scores")
 
 
 # Types created before the tables.
@@ -343,7 +369,7 @@ def point_stability_sql(measurements: str = "measurements") -> str:
                {cv} AS throughput_cv, {rating_sql(cv)} AS throughput_stability
         FROM {measurements}
         WHERE is_valid AND NOT coalesce(shared_host, false) AND NOT coalesce(host_busy, false)
-              AND NOT coalesce(profiled, false) AND {x} IS NOT NULL
+              AND NOT coalesce(profiled, false) AND NOT coalesce(straggler, false) AND {x} IS NOT NULL
         GROUP BY campaign, point_id"""
 
 
@@ -383,6 +409,53 @@ VIEWS: dict[str, str] = {
     # Per campaign and point: how stable its throughput is across its repeats.
     "point_stability": point_stability_sql(),
 }
+
+# ---- schema step: cluster health: views ------------------------------------------------------------------------
+CLUSTER_HEALTH_VIEWS: dict[str, str] = {
+    # Per host, across campaigns: the runs that held it, the scored runs (a rank of it in rank_scores), how often
+    # a rank of it was a straggler, the median of its ranks' relative scores, and its preflights: figures
+    # measured, how many under their threshold (a slow device), the lowest ratio to the partition's median.
+    "host_health": """
+        WITH held AS (SELECT h.host, count(DISTINCT h.run_id) AS runs, count(DISTINCT r.campaign) AS campaigns
+                      FROM run_hosts h JOIN runs r USING (run_id) WHERE h.seen GROUP BY h.host),
+        per_run AS (SELECT host, run_id, bool_or(flagged) AS flagged, min(relative_score) AS relative_score,
+                           min(individual_score) AS individual_score
+                    FROM rank_scores GROUP BY host, run_id),
+        scored AS (SELECT host, count(*) AS runs_scored, count(*) FILTER (WHERE flagged) AS straggler_runs,
+                          median(relative_score) AS median_relative_score,
+                          median(individual_score) AS median_individual_score
+                   FROM per_run GROUP BY host),
+        checked AS (SELECT host, count(DISTINCT preflight_id) AS preflights,
+                           count(DISTINCT preflight_id) FILTER (WHERE flagged) AS slow_preflights,
+                           count(*) FILTER (WHERE flagged) AS slow_figures, min(ratio) AS min_preflight_ratio
+                    FROM preflight GROUP BY host),
+        hosts AS (SELECT host FROM held UNION SELECT host FROM scored UNION SELECT host FROM checked)
+        SELECT hosts.host, coalesce(held.runs, 0) AS runs, coalesce(held.campaigns, 0) AS campaigns,
+               coalesce(scored.runs_scored, 0) AS runs_scored, coalesce(scored.straggler_runs, 0) AS straggler_runs,
+               scored.median_relative_score, scored.median_individual_score,
+               coalesce(checked.preflights, 0) AS preflights, coalesce(checked.slow_preflights, 0) AS slow_preflights,
+               coalesce(checked.slow_figures, 0) AS slow_figures, checked.min_preflight_ratio,
+               coalesce(scored.straggler_runs, 0) + coalesce(checked.slow_preflights, 0) AS flags
+        FROM hosts LEFT JOIN held USING (host) LEFT JOIN scored USING (host) LEFT JOIN checked USING (host)
+        WHERE hosts.host IS NOT NULL""",
+    # Each device's latest preflight matmul figure: its measured peak TFLOP/s at the partition's dtype.
+    "measured_peaks": """
+        SELECT cluster, partition, host, device, device_name, dtype, value AS peak_tflops, measured_at
+        FROM preflight WHERE figure = 'matmul_tflops'
+        QUALIFY row_number() OVER (PARTITION BY cluster, partition, host, device
+                                   ORDER BY measured_at DESC, preflight_id DESC) = 1""",
+    # Each measured run's MFU against its hosts' measured peak (the median of measured_peaks over the devices of
+    # the hosts it ran on) beside the datasheet's (measurements.mfu).
+    "measured_mfu": """
+        SELECT m.run_id, m.campaign, m.point_id, m.model_tflops_per_gpu, m.mfu,
+               median(p.peak_tflops) AS measured_peak_tflops,
+               m.model_tflops_per_gpu / nullif(median(p.peak_tflops), 0) AS mfu_measured
+        FROM measurements m JOIN run_hosts h ON h.run_id = m.run_id AND h.seen
+             JOIN measured_peaks p ON p.host = h.host
+        WHERE m.model_tflops_per_gpu IS NOT NULL
+        GROUP BY m.run_id, m.campaign, m.point_id, m.model_tflops_per_gpu, m.mfu""",
+}
+VIEWS.update(CLUSTER_HEALTH_VIEWS)
 
 
 def q(name: str) -> str:

@@ -62,7 +62,7 @@ from harness.spec.published import matches
 from harness.spec.schema import is_campaign_ref
 
 from . import envdiff
-from .queries import BUSY, PROFILED, SHARED, compare_side, environment_of, point_entities
+from .queries import BUSY, PROFILED, SHARED, STRAGGLER, compare_side, environment_of, point_entities
 from .stats import welch
 
 # metric -> True when higher is better
@@ -242,7 +242,7 @@ class Comparison:
         every = [x for out in self.left_out.values() for x in out]
         if not every:
             return ("excluded 0 runs (none shared its host with another run, none ran on a host busy with other "
-                    "work)")
+                    "work, none had a straggler rank)")
         return excluded_text(self.left_out)
 
 
@@ -251,10 +251,12 @@ def excluded_text(left_out: dict[str, list[tuple[str, str]]]) -> str:
     shared = [rid for rid, why in every if why == SHARED]
     busy = [rid for rid, why in every if why == BUSY]
     profiled = [rid for rid, why in every if why == PROFILED]
+    slow = [rid for rid, why in every if why == STRAGGLER]
     parts = ([f"{len(shared)} measured on a host another sbench run used at the same time (runs.overlapped_with)"]
              if shared else []) + ([f"{len(busy)} measured on a host busy with other work (measurements.host_busy, "
                                    "host_other_cpu_pct)"] if busy else []) + (
-        [f"{len(profiled)} measured under the profiler (measurements.profiled)"] if profiled else [])
+        [f"{len(profiled)} measured under the profiler (measurements.profiled)"] if profiled else []) + (
+        [f"{len(slow)} with a straggler rank (measurements.straggler, rank_scores)"] if slow else [])
     ids = [rid for rid, _ in every]
     sides = ", ".join(f"{side} {len(out)}" for side, out in left_out.items())
     return (f"excluded {len(every)} run(s) ({sides}): {'; '.join(parts)}: {', '.join(ids[:5])}"

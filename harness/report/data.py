@@ -18,6 +18,7 @@ from typing import Any
 from harness.contract.errors import InputError, SbenchError
 from harness.contract.paths import resolve_db
 from harness.db.checks import check_results, references_of
+from harness.db.hosts import drain_reason, host_health
 from harness.db.store import Store
 from harness.spec.catalog import EXPERIMENTS
 from harness.spec.repeats import verdict
@@ -54,6 +55,8 @@ class ReportData:
     traces: list[dict[str, Any]] = field(default_factory=list)  # bucketed samples of that run
     run_offset: float | None = None  # t_wall - x of the traces (to place window bounds)
     fabric: list[dict[str, Any]] = field(default_factory=list)  # rows of the latest sbench fabric runs
+    hosts: list[dict[str, Any]] = field(default_factory=list)  # host_health, across campaigns, with drain reasons
+    preflight: list[dict[str, Any]] = field(default_factory=list)  # rows of the latest sbench preflight runs
     overhead: list[dict[str, Any]] = field(default_factory=list)  # run_overhead rows, most outside-train first
     checks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # campaign -> its checks rows
     compare: dict[str, Any] | None = None  # base, cand, threshold, rows (harness.report.compare.Row dicts)
@@ -135,6 +138,8 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     data.shown = shown if scope == "compare" else []
     _load_run(store, data, where, run_id)
     data.fabric = queries.fabric_rows(store)
+    data.hosts = [{**h, "why": drain_reason(h)} for h in host_health(store)]
+    data.preflight = queries.preflight_rows(store)
     data.overhead = queries.overhead_rows(store, where)
     data.stability = queries.stability_rows(store, where)
     data.checks = {c: check_results(store, c) for c in sorted(references_of(store))

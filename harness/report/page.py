@@ -42,6 +42,7 @@ from .sections import (
     compare_section,
     efficiency_section,
     fabric_charts,
+    hosts_section,
     latest_table,
     measurement_points,
     memory_section,
@@ -225,7 +226,7 @@ def render_report(data: ReportData) -> str:
                 "(gloo on CPU partitions).", fabric_charts(data.fabric)),
         memory_section(ms, word), efficiency_section(points, word), checks_section(data.checks, word),
         compare_section(data.compare), profile_section(data.profiles, word),
-        clusters_section(data.clusters),
+        clusters_section(data.clusters), hosts_section(data.hosts, data.preflight),
         section("latest", "Each point: its repeats, median and spread",
                 f"One row per {'campaign’s ' if per else ''}point (OOM rows in red): its repeats (submitted, of how "
                 "many; with repeats: {min, max, cv} the bounds, the CV target and the state sbench status gives), "

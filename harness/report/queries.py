@@ -115,7 +115,8 @@ def attempt_rows(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
         f"""SELECT r.run_id, r.campaign, r.point_id, r.repeat, r.attempt, r.submit_reason, r.state, r.outcome,
                    r.reason, r.stopped_by, p.model_name, p.batch_size, p.number_gpus, m.is_valid,
                    m.dataset_tokens_per_second, m.ci_rel_halfwidth, m.energy_joules, m.energy_source,
-                   m.dataset_tokens_per_joule, m.host_busy, m.host_other_cpu_pct, m.shared_host, r.profiled
+                   m.dataset_tokens_per_joule, m.host_busy, m.host_other_cpu_pct, m.shared_host, r.profiled,
+                   m.straggler
             FROM runs r LEFT JOIN points p USING (point_id) LEFT JOIN measurements m USING (run_id){where}
             ORDER BY r.campaign, p.model_name, p.number_gpus, p.batch_size, r.point_id, r.repeat, r.attempt""",
         params)
@@ -180,6 +181,14 @@ def run_traces(store: Store, run_id: str, buckets: int) -> list[dict[str, Any]]:
            FROM s, span
            GROUP BY host, kind, device, least(floor((x - lo) / width * ?), ? - 1)
            ORDER BY host, kind, device, x""", [run_id, buckets, buckets])
+
+
+def preflight_rows(store: Store, last: int = 3) -> list[dict[str, Any]]:
+    """The rows of the *last* sbench preflight runs, newest first, slowest device first within each."""
+    return store.fetch_dicts(
+        """SELECT * FROM preflight WHERE preflight_id IN (
+               SELECT preflight_id FROM preflight GROUP BY preflight_id ORDER BY max(measured_at) DESC LIMIT ?)
+           ORDER BY measured_at DESC, preflight_id DESC, figure, ratio, host, device""", [last])
 
 
 def fabric_rows(store: Store, last: int = 20) -> list[dict[str, Any]]:
@@ -272,20 +281,23 @@ def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str],
     return out, left_out
 
 
-SHARED, BUSY, PROFILED = "shared host", "busy host", "profiled"  # why a measurement is left out of compare, check
-# and the repeats' CV
+# why a measurement is left out of compare, check and the repeats' CV
+SHARED, BUSY, PROFILED, STRAGGLER = "shared host", "busy host", "profiled", "straggler"
 
 
 def left_out_why(m: Mapping[str, Any]) -> str | None:
     """Why a measurement row measured more than its point: it ran under the profiler (``profiled``: runner.profile),
-    another sbench run held one of its hosts at the same time (``overlapped_with``), or other work kept its host
-    busy (``host_busy``); None when none did."""
+    another sbench run held one of its hosts at the same time (``overlapped_with``), other work kept its host
+    busy (``host_busy``), or one of its ranks was a straggler (``straggler``: the run measured its slowest rank,
+    not its point); None when none of these."""
     if m.get("profiled"):
         return PROFILED
     if m.get("overlapped_with"):
         return SHARED
     if m.get("host_busy"):
         return BUSY
+    if m.get("straggler"):
+        return STRAGGLER
     return None
 
 

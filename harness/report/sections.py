@@ -439,6 +439,40 @@ def fabric_charts(rows: Sequence[Mapping[str, Any]]) -> str:
     return '<div class="row">' + "".join(panels) + "</div>"
 
 
+def hosts_section(hosts: Sequence[Mapping[str, Any]], preflight: Sequence[Mapping[str, Any]]) -> str:
+    """Per host (every campaign): the median relative score of its ranks as a bar, the evidence, and the latest
+    preflights' devices."""
+    scored = [h for h in hosts if h.get("median_relative_score") is not None]
+    bars = [{"label": f"{h['host']} ({h['straggler_runs']}/{h['runs_scored']} straggler)", "host": h["host"],
+             "state": "drain candidate" if h.get("why") else "not flagged", "order": 0,
+             "score": clean(float(h["median_relative_score"])), "runs": h["runs_scored"],
+             "stragglers": h["straggler_runs"]} for h in scored]
+    chart = no_data("no rank scores yet: a run of more than one process records them") if not bars else embed(
+        "chart-hosts", bars_spec(
+            data={"values": bars}, label="label", value="score", segment="state", order="order",
+            colors={"not flagged": PALETTE[0], "drain candidate": OOM_COLOR}, labels=[b["label"] for b in bars],
+            tips=[("host", "host"), ("score", "median relative score", ".3f"), ("runs", "runs scored"),
+                  ("stragglers", "straggler runs")],
+            x_title="median relative score of the host's ranks (1 = as fast as the run's fastest rank)"))
+    rows = [([h["host"], h["runs"], h["campaigns"], h["runs_scored"], h["straggler_runs"],
+              fmt(h.get("median_relative_score")), h["preflights"], h["slow_preflights"],
+              fmt(h.get("min_preflight_ratio")), h.get("why") or ""], "fail" if h.get("why") else "") for h in hosts]
+    health = table(["host", "runs", "campaigns", "scored", "straggler", "median score", "preflights", "slow",
+                    "lowest ratio", "drain candidate"], rows) if rows else no_data("no host seen yet")
+    pf = table(["preflight", "host", "device", "figure", "value", "unit", "spread", "ratio to median", "slow"],
+               [([r["preflight_id"], r["host"], r["device"], r["figure"], fmt(r["value"]), r["unit"],
+                  f"{100 * r['spread']:.0f} %" if r.get("spread") is not None else "", fmt(r.get("ratio")),
+                  "slow" if r["flagged"] else ""], "fail" if r["flagged"] else "") for r in preflight]
+               ) if preflight else no_data("no preflight yet: sbench preflight -i INVENTORY --partition P")
+    return section("hosts", "Hosts: stragglers and slow devices",
+                   "Across every campaign: each host's ranks scored against the fastest rank of their run "
+                   "(rank_scores; a rank under runner.straggler_score is a straggler), and its devices against "
+                   "the partition's median (preflight). A drain candidate was flagged again and again "
+                   "(sbench hosts).",
+                   f'<div class="wide">{chart}</div><div class="wide">{health}</div><h3>Latest preflights</h3>'
+                   f'<div class="wide">{pf}</div>')
+
+
 OVERHEAD_ROWS = 20
 
 

@@ -5,17 +5,22 @@ Syntax: one or more faults separated by ``;``, each ``KIND@COND[,COND...][:ARG]`
 - ``KIND``: ``oom`` (raise ``torch.OutOfMemoryError``), ``illegal`` (raise the CUDA "an illegal
   memory access was encountered" ``RuntimeError``), ``error`` (raise ``RuntimeError``),
   ``sigkill`` (``os.kill(os.getpid(), SIGKILL)``: a crash nothing can catch), ``sleep``
-  (hang for ARG seconds, default 3600), ``exit`` (``os._exit(ARG)``, default 1).
+  (hang for ARG seconds, default 3600), ``exit`` (``os._exit(ARG)``, default 1), ``slow`` (only with
+  ``stage=preflight``: the device check's matmul and memory copy take ARG times as long, default 4: a
+  slow device).
 - ``COND``: ``step=N`` (at the end of optimiser step N; with ``before=optimizer``, just before its optimizer
-  step: a slow optimizer) or ``stage=NAME`` (at the start of a trainer stage: dataset, tokens, model_load, train),
-  optionally restricted with ``rank=R``
-  (global rank), ``trial=T`` (stability trial), ``job=TEXT`` (a job dir whose name contains TEXT,
-  e.g. ``job=<point_id>.r1.``: one repeat of one point) and ``batch=B`` (the point's per-device batch
-  size: one point of a pack, ``slurm.pack``).
+  step: a slow optimizer), ``step=N..M`` or ``step=N..`` (at the end of every step from N to M, or from N on:
+  a rank that is slow again and again, a straggler) or ``stage=NAME`` (at the start of a trainer stage: dataset,
+  tokens, model_load, train; or ``preflight``, the device check of ``sbench preflight``), optionally restricted
+  with ``rank=R`` (global rank), ``host=NAME`` (the SLURM node name), ``trial=T`` (stability trial),
+  ``job=TEXT`` (a job dir whose name contains TEXT, e.g. ``job=<point_id>.r1.``: one repeat of one point) and
+  ``batch=B`` (the point's per-device batch size: one point of a pack, ``slurm.pack``).
 
 Examples: ``oom@step=2``, ``error@step=1``, ``sigkill@step=2``, ``sleep@step=1:30``,
 ``oom@step=2,rank=1``, ``error@stage=model_load``, ``oom@step=1,trial=2``, ``sleep@step=3,job=.r1.:2``,
-``oom@step=1,batch=4``, ``sleep@step=3,before=optimizer:0.5``.
+``oom@step=1,batch=4``, ``sleep@step=3,before=optimizer:0.5``, ``sleep@step=1..,rank=1:0.5`` (rank 1 half a
+second late at every step: a straggler), ``slow@stage=preflight,host=node2:4`` (node2's devices compute at a
+quarter of their speed).
 """
 
 from __future__ import annotations
@@ -29,12 +34,15 @@ from dataclasses import dataclass
 from harness.contract import envvars
 from harness.contract.formats import Stage
 
-KINDS = ("oom", "illegal", "error", "sigkill", "sleep", "exit")
+KINDS = ("oom", "illegal", "error", "sigkill", "sleep", "exit", "slow")
 ENV = envvars.FAULT.name
-# the stages at whose start a trainer looks for a fault (both trainers; harness.runner.rank.fault_at_stage)
-FAULT_STAGES = (Stage.DATASET, Stage.TOKENS, Stage.MODEL_LOAD, Stage.TRAIN)
+# the stages at whose start a trainer looks for a fault (both trainers; harness.runner.rank.fault_at_stage), and
+# the preflight's device check (harness.runner.preflight: a slow fault there scales its figures' time)
+FAULT_STAGES = (Stage.DATASET, Stage.TOKENS, Stage.MODEL_LOAD, Stage.TRAIN, Stage.PREFLIGHT)
 MAX_SLEEP_S = 86400.0
 BEFORE = ("optimizer",)  # where in a step a before= fault fires (harness.runner.measure: on_pre_optimizer_step)
+MAX_SLOW = 1000.0
+DEFAULT_SLOW = 4.0
 
 
 class FaultSpecError(ValueError):
@@ -52,10 +60,16 @@ class Fault:
     job: str | None = None
     batch: int | None = None
     before: str | None = None
+    host: str | None = None
+    step_range: bool = False  # step=N..M or step=N..: every step from step to step_last
+    step_last: int | None = None  # None with step_range: no last step
 
     def applies(self, *, rank: int, trial: int | None, step: int | None = None, stage: str | None = None,
-                job: str = "", batch: int | None = None, before: str | None = None) -> bool:
+                job: str = "", batch: int | None = None, before: str | None = None,
+                host: str | None = None) -> bool:
         if self.rank is not None and self.rank != rank:
+            return False
+        if self.host is not None and self.host != host:
             return False
         if self.job is not None and self.job not in job:
             return False
@@ -64,8 +78,17 @@ class Fault:
         if self.trial is not None and self.trial != trial:
             return False
         if step is not None:
-            return self.step == step and self.before == before
+            if self.step is None or self.before != before:
+                return False
+            if self.step_range:
+                return self.step <= step and (self.step_last is None or step <= self.step_last)
+            return self.step == step
         return stage is not None and self.stage == stage
+
+    @property
+    def factor(self) -> float:
+        """A ``slow`` fault's factor: how many times as long the slowed work takes."""
+        return float(self.arg or DEFAULT_SLOW)
 
     def fire(self, where: str) -> None:
         msg = f"{ENV} {self.kind} injected {where}"
@@ -85,6 +108,7 @@ class Fault:
             return
         if self.kind == "exit":
             os._exit(int(self.arg or 1))
+        # slow: the work it slows asks for its factor (harness.runner.preflight); firing it does nothing
 
 
 def parse_faults(text: str | None) -> list[Fault]:
@@ -107,9 +131,11 @@ def parse_faults(text: str | None) -> list[Fault]:
         for cond in rest.split(","):
             if "=" not in cond:
                 raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value "
-                                     "(step, stage, rank, trial, job, batch, before)")
+                                     "(step, stage, rank, host, trial, job, batch, before)")
             k, v = (x.strip() for x in cond.split("=", 1))
-            if k in ("step", "rank", "trial", "batch"):
+            if k == "step" and ".." in v:
+                kw.update(_step_range(v))
+            elif k in ("step", "rank", "trial", "batch"):
                 try:
                     kw[k] = int(v)
                 except ValueError:
@@ -126,21 +152,36 @@ def parse_faults(text: str | None) -> list[Fault]:
                     raise FaultSpecError(f"{ENV}: before={v!r}: a fault fires before {', '.join(BEFORE)} only "
                                          "(e.g. sleep@step=3,before=optimizer:0.5)")
                 kw[k] = v
-            elif k == "job":
+            elif k in ("job", "host"):
                 if not v:
-                    raise FaultSpecError(f"{ENV}: job= needs the text of a job dir's name, e.g. job=<point_id>.r1.")
+                    raise FaultSpecError(f"{ENV}: {k}= needs a value, e.g. job=<point_id>.r1. or host=node2")
                 kw[k] = v
             else:
-                raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank, trial, job, batch or "
-                                     "before")
+                raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank, host, trial, job, "
+                                     "batch or before")
         if ("step" in kw) == ("stage" in kw):
-            raise FaultSpecError(f"{ENV}: {part!r} needs exactly one of step=N or stage=NAME")
+            raise FaultSpecError(f"{ENV}: {part!r} needs exactly one of step=N (or N..M, N..) or stage=NAME")
         if "before" in kw and "step" not in kw:
             raise FaultSpecError(f"{ENV}: {part!r}: before= needs step=N (the step whose optimizer it delays)")
         if "step" in kw and int(kw["step"]) < 1:  # type: ignore[call-overload]
             raise FaultSpecError(f"{ENV}: step counts optimizer steps from 1, got {kw['step']}")
+        if kind == "slow" and kw.get("stage") != Stage.PREFLIGHT:
+            raise FaultSpecError(f"{ENV}: {part!r}: slow only slows the preflight's device check: "
+                                 "slow@stage=preflight[,host=NAME][:FACTOR]")
         faults.append(Fault(kind=kind, arg=_arg(kind, arg, part), **kw))  # type: ignore[arg-type]
     return faults
+
+
+def _step_range(v: str) -> dict[str, object]:
+    """``N..M`` or ``N..``: the steps from N to M (or on)."""
+    first, _, last = (x.strip() for x in v.partition(".."))
+    try:
+        start, end = int(first), (int(last) if last else None)
+    except ValueError:
+        raise FaultSpecError(f"{ENV}: step={v!r}: a range is N..M or N.. (whole numbers)") from None
+    if end is not None and end < start:
+        raise FaultSpecError(f"{ENV}: step={v!r}: the range ends before it starts")
+    return {"step": start, "step_range": True, "step_last": end}
 
 
 def _arg(kind: str, arg: str | None, part: str) -> str | None:
@@ -161,7 +202,15 @@ def _arg(kind: str, arg: str | None, part: str) -> str | None:
         if not arg.isdigit() or not 0 <= int(arg) <= 255:
             raise FaultSpecError(f"{ENV}: {part!r}: exit's :ARG is an exit code 0-255, got {arg!r}")
         return arg
-    raise FaultSpecError(f"{ENV}: {part!r}: {kind} takes no :ARG (only sleep and exit do)")
+    if kind == "slow":
+        try:
+            factor = float(arg)
+        except ValueError:
+            raise FaultSpecError(f"{ENV}: {part!r}: slow's :ARG is a factor, got {arg!r}") from None
+        if not 1 <= factor <= MAX_SLOW:
+            raise FaultSpecError(f"{ENV}: {part!r}: slow's :ARG must be a factor from 1 to {MAX_SLOW:g}, got {arg}")
+        return arg
+    raise FaultSpecError(f"{ENV}: {part!r}: {kind} takes no :ARG (only sleep, exit and slow do)")
 
 
 def check(text: str | None, where: str) -> None:

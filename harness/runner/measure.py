@@ -9,6 +9,8 @@
 - :func:`make_callback`: the Trainer callback that times the steps, takes the stop decision (rank 0 decides
   and broadcasts it every step, with the precision window's first step, so all ranks stop together and
   measure the same steps), fires injected faults and takes the memory snapshots;
+- :class:`RankClock`: this rank's own time per optimizer step (``runner.rank_timing``), which collect scores
+  the ranks by (stragglers);
 - :func:`measurements` and :func:`run_totals`: the rank's numbers over the measured window, and the run's.
 """
 
@@ -179,6 +181,55 @@ class StopPolicy:
         return stop, reason, found.start if found is not None else -1
 
 
+class RankClock:
+    """This rank's own time per optimizer step: the time of its forward passes (hooks on the top module, inside
+    DDP's wrapper, so its buffer broadcast is outside) plus the time from its optimizer step to the end of its
+    step-end callbacks (the optimizer, the scheduler, zeroing the gradients, injected faults), before the stop
+    decision's broadcast. What it leaves out is where a rank waits for the others: the batch's token count
+    gathered across ranks, the backward pass (the gradient all-reduce), gradient clipping and the broadcast. In
+    a synchronous run every rank's step takes as long as the slowest rank's; its own time does not, so a rank
+    that is slow stands out against the others (``collect.stragglers``). A straggler's delay is waited for where
+    the ranks first meet in the next step, the token count gathered across ranks (the Trainer's
+    ``average_tokens_across_devices``, on by default), which is outside; without it, FSDP's parameter gathers in
+    the forward pass wait for the straggler inside the others' forward time, and the scores understate it."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.own: list[float] = []  # per optimizer step, in step order
+        self._forward_s = 0.0
+        self._forward_t: float | None = None
+        self._local_t: float | None = None
+        self._hooked = False
+
+    def hook(self, model: Any) -> None:
+        if not self.enabled or self._hooked or model is None:
+            return
+        self._hooked = True
+
+        def before(module: Any, args: Any) -> None:
+            self._forward_t = time.perf_counter()
+
+        def after(module: Any, args: Any, output: Any) -> None:
+            if self._forward_t is not None and module.training:
+                self._forward_s += time.perf_counter() - self._forward_t
+            self._forward_t = None
+
+        model.register_forward_pre_hook(before)
+        model.register_forward_hook(after)
+
+    def optimizer_begins(self) -> None:
+        if self.enabled:
+            self._local_t = time.perf_counter()
+
+    def step_ends(self) -> None:
+        """The step's local work is done (call it after the faults, before any collective)."""
+        if not self.enabled:
+            return
+        local = time.perf_counter() - self._local_t if self._local_t is not None else 0.0
+        self.own.append(round(self._forward_s + local, 6))
+        self._forward_s, self._local_t = 0.0, None
+
+
 def step_times(timeline: dict[str, Any]) -> list[float]:
     """Each step's duration (perf_counter): from the previous step's end, the first from the start of training."""
     ends = timeline.get("step_t", [])
@@ -232,6 +283,8 @@ def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict
 
     rule = policy.precision
     profiler = StepProfiler(ctx)  # runner.profile: a few steps of one repeat, on the ranks it names
+    clock = RankClock(ctx.runner.rank_timing)
+    timeline["clock"] = clock
 
     def distributed() -> bool:
         return bool(ctx.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized())
@@ -247,6 +300,7 @@ def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict
             timeline["train_start_wall"], timeline["t0"] = time.time(), time.perf_counter()
             timeline["start_step"] = state.global_step
             timeline["start_counts"] = meter.snapshot()
+            clock.hook(kw.get("model"))  # before the memory recorder's hook: its snapshots are not the rank's work
             if memory is not None:
                 memory.device, memory.optimizer = args.device, kw.get("optimizer")
                 memory.hook(kw.get("model"), lambda: state.global_step)
@@ -259,6 +313,7 @@ def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict
                 memory.take(kw.get("model"), state.global_step, "before_forward")
 
         def on_pre_optimizer_step(self, args, state, control, **kw):
+            clock.optimizer_begins()
             if memory is not None and not memory.deepspeed:
                 memory.optimizer = kw.get("optimizer") or memory.optimizer
                 memory.take(kw.get("model"), state.global_step, "after_backward")
@@ -284,6 +339,7 @@ def make_callback(ctx: Context, meter: Meter, policy: StopPolicy, timeline: dict
                 timeline.setdefault("step_t", []).append(now)
                 timeline.setdefault("step_counts", []).append(timeline["end_counts"])
             ctx.fault_at_step(state.global_step)
+            clock.step_ends()
             if not policy.active:
                 return control
             warm = timeline.get("warm_t") is not None
@@ -346,6 +402,9 @@ def measurements(timeline: dict[str, Any], policy: StopPolicy, max_steps: int) -
     out["stopped_by"] = stopped
     out["global_step"] = end_step
     out["step_end_wall"] = timeline.get("step_end_wall", [])
+    clock = timeline.get("clock")
+    if isinstance(clock, RankClock) and clock.enabled:
+        out["step_own_s"] = list(clock.own)  # aligned with step_end_wall (collect.aggregate.rank_scores)
     if "t_end" not in timeline:
         out["metrics"] = None
         return out

@@ -105,12 +105,14 @@ class Context:
 
     def fault_at_stage(self, stage: str) -> None:
         for f in self.faults:
-            if f.applies(rank=self.rank, trial=self.trial, stage=stage, job=self.job_name, batch=self.batch):
+            if f.applies(rank=self.rank, trial=self.trial, stage=stage, job=self.job_name, batch=self.batch,
+                         host=self.host):
                 f.fire(f"at the start of stage {stage}")
 
     def fault_at_step(self, step: int) -> None:
         for f in self.faults:
-            if f.applies(rank=self.rank, trial=self.trial, step=step, job=self.job_name, batch=self.batch):
+            if f.applies(rank=self.rank, trial=self.trial, step=step, job=self.job_name, batch=self.batch,
+                         host=self.host):
                 f.fire(f"at the end of step {step}")
 
     def fault_before_optimizer(self, step: int) -> None:

@@ -44,6 +44,7 @@ class SubmitOptions:
 class Backend(Protocol):
     name: str  # what the manifest and the report call it
     sbatch_calls: int  # how many times it ran sbatch for this command
+    on_nodes: bool  # its jobs run on the scheduler's nodes: a check of them (preflight) runs there through srun
 
     def check(self, specs: list[JobSpec]) -> None:
         """Refuse, before anything is written, what this executor cannot run."""

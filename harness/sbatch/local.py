@@ -337,6 +337,7 @@ class LocalBackend:
 
     name = "local"
     sbatch_calls = 0
+    on_nodes = False
 
     def check(self, specs: list[JobSpec]) -> None:
         """Refuse, before anything is written, what this executor cannot run."""

@@ -171,16 +171,22 @@ def run_probe(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Pa
                 raise InputError(f"this machine ({me}) is not a host of partition {part.name!r} "
                                  f"({', '.join(part.hosts)}); pass --host NAME or use --on slurm")
         return {me: probe_node(me)}
+    return probe_hosts(sorted(part.hosts), part.slurm_partition, part.python or inv.python or sys.executable,
+                       workdir, account=part.account, qos=part.qos, slurm=slurm)
+
+
+def probe_hosts(hosts: list[str], slurm_partition: str, python: str, workdir: Path, *, account: str | None = None,
+                qos: str | None = None, slurm: Slurm | None = None) -> dict[str, dict[str, Any]]:
+    """Probe *hosts* of a SLURM partition through ``srun``: one allocation, one task on each; host -> its probe
+    (a host that wrote nothing is missing)."""
     if shutil.which("srun") is None:
         raise RunnerError("--on slurm: srun is not on PATH; run on a SLURM login node")
     out_dir = (workdir / ".probe" / time.strftime("%Y%m%dT%H%M%S")).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    hosts = sorted(part.hosts)
-    py = part.python or inv.python or sys.executable
-    argv = [f"--partition={part.slurm_partition}", f"--nodes={len(hosts)}", f"--nodelist={','.join(hosts)}",
+    argv = [f"--partition={slurm_partition}", f"--nodes={len(hosts)}", f"--nodelist={','.join(hosts)}",
             "--ntasks-per-node=1", "--job-name=sbench.probe", "--time=00:10:00", "--mem=100M",
-            *([f"--account={part.account}"] if part.account else []), *([f"--qos={part.qos}"] if part.qos else []),
-            py, "-m", "harness.runner.probe", "--out-dir", str(out_dir)]
+            *([f"--account={account}"] if account else []), *([f"--qos={qos}"] if qos else []),
+            python, "-m", "harness.runner.probe", "--out-dir", str(out_dir)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_dir().parent),
                                                         os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     proc = (slurm or Slurm()).srun(argv, env=env, timeout=1800)

@@ -44,6 +44,7 @@ def group_by_shape(specs: list[JobSpec]) -> list[list[JobSpec]]:
 
 class SlurmBackend:
     name = "slurm"
+    on_nodes = True
 
     def __init__(self, slurm: Slurm) -> None:
         self.slurm = slurm

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from harness.contract.records import (
 from harness.data.lengths import length_warnings
 from harness.data.prepared import masked_warnings
 from harness.data.trainerenv import EnvBuildError, build
-from harness.db.cluster import record_fabric
+from harness.db.cluster import record_fabric, record_preflight
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
@@ -43,6 +44,7 @@ from .fabric import run_fabric
 from .faultcheck import check_faults
 from .fit import ClusterFit
 from .lock import CampaignLocks, holding_campaign_locks
+from .preflight import run_preflight as run_device_preflight
 from .prepare import run_prepare, work_for
 from .repeats import MORE, RepeatsVerdict, point_verdicts
 from .state import MeasuredRun, PointHistory, campaign_history, read_history, refuse_imported, with_submitted
@@ -71,6 +73,8 @@ class SubmitReport:
     db_note: str | None = None
     warnings: list[str] = field(default_factory=list)
     preflight: list[dict[str, Any]] = field(default_factory=list)
+    devices: list[dict[str, Any]] = field(default_factory=list)  # submit --preflight: each partition's device check
+    excluded_slow: list[str] = field(default_factory=list)  # hosts left out for a slow device (--exclude-slow)
     prepare: list[dict[str, Any]] = field(default_factory=list)
     prepare_job: str | None = None
     held_back: int = 0  # attempts sbench holds back for the campaign's feeder job (harness.sbatch.feed)
@@ -93,6 +97,7 @@ class SubmitReport:
                 "sbatch_calls": self.sbatch_calls, "submitted": len(self.submitted), "points": rows,
                 "reused": sum(1 for d in self.decisions if d.reused),
                 "db_note": self.db_note, "warnings": self.warnings, "preflight": self.preflight,
+                "devices": self.devices, "excluded_slow": self.excluded_slow,
                 "prepare": self.prepare, "prepare_job": self.prepare_job, "held_back": self.held_back,
                 "feed": self.feed, "repeats": [v.to_dict() for v in self.repeats],
                 "repeats_before": [v.to_dict() for v in self.repeats_before]}
@@ -191,7 +196,8 @@ class SubmitRequest:
     only_more: bool = False  # nothing but the next repeats adaptive repeats ask for (sbench collect)
     max_parallel: int | None = None
     hold: bool = False
-    preflight: bool = False  # a fabric job per multi-node shape first (run_preflight)
+    preflight: bool = False  # a fabric job per multi-node shape first (run_preflight), and each device measured
+    exclude_slow: bool = False  # with preflight: leave a slow device's host out (sbatch --exclude) instead of refusing
     prepare: str = "here"  # here | slurm | no (PREPARE_MODES)
     skip_predicted_oom: bool = False
     reuse_measured: bool = False  # take other campaigns' measured runs (also the sweep's reuse: measured)
@@ -228,6 +234,9 @@ def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[st
     plan = _plan(req, echo, slurm)
     fit_notes = plan.fit.check([spec for spec, _ in plan.preview], plan.inv)
     checked = run_preflight(plan.inv, plan.points, plan.workdir, plan.db, slurm=slurm) if req.preflight else []
+    devices, slow = device_preflight(req, plan, slurm) if req.preflight else ([], [])
+    if slow:
+        plan = _without_hosts(plan, slow)
     sweep, campaign_dir = plan.sweep, plan.campaign_dir
     locks.acquire(campaign_dir, "retry" if req.only_failed else "submit")
     exists = _check_campaign(campaign_dir, sweep)
@@ -237,7 +246,8 @@ def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[st
                                         slurm, reuse)
     decisions = _decisions(req, plan, history, reuse)
     report = SubmitReport(sweep.campaign, plan.backend.name, campaign_dir, decisions, db_note=db_note,
-                          warnings=plan_warnings(sweep, plan.inv, plan.points) + fit_notes, preflight=checked)
+                          warnings=plan_warnings(sweep, plan.inv, plan.points) + fit_notes, preflight=checked,
+                          devices=devices, excluded_slow=slow)
     if sweep.adaptive:
         report.repeats = report.repeats_before = list(point_verdicts(
             sweep.adaptive, [p.point_id for p in plan.points if p.valid], history, sweep.campaign).values())
@@ -482,6 +492,43 @@ def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db:
                               f"(NCCL chose Socket on {', '.join(res.socket_hosts)}); check the hosts' roce: HCAs and "
                               f"GID index (sbench probe), nothing was submitted")
     return out
+
+
+def device_preflight(req: SubmitRequest, plan: Planned, slurm: Slurm) -> tuple[list[dict[str, Any]], list[str]]:
+    """``--preflight``: each device of the valid points' partitions measured (``harness.sbatch.preflight``), before
+    anything is submitted. A slow device refuses the submission (SubmitError), or with ``--exclude-slow`` its host
+    is left out of every request. Returns each partition's check and the hosts to leave out."""
+    out: list[dict[str, Any]] = []
+    slow: list[str] = []
+    for part in sorted({p.partition for p in plan.points if p.valid}):
+        res = run_device_preflight(plan.inv, part, plan.backend.on_nodes, plan.workdir, slurm=slurm)
+        try:
+            with open_store(plan.db) as st:
+                record_preflight(st, res.rows)
+        except SbenchError:  # a busy or foreign DB must not hide the verdict
+            pass
+        out.append({"partition": part, "preflight_id": res.preflight_id, "slow_hosts": res.slow_hosts,
+                    "missing": res.missing, "summary": res.summary()})
+        if res.slow and not req.exclude_slow:
+            raise SubmitError(f"preflight: {res.summary()}\nnothing was submitted; --exclude-slow leaves "
+                              f"{', '.join(res.slow_hosts)} out (sbatch --exclude), or drain it")
+        slow += res.slow_hosts
+    return out, sorted(set(slow))
+
+
+def _without_hosts(plan: Planned, hosts: list[str]) -> Planned:
+    """The plan rendered again with *hosts* excluded from every request; a point that needs more nodes than its
+    partition has left is refused (SubmitError)."""
+    for p in plan.points:
+        left = set(plan.inv.partitions[p.partition].hosts) - set(hosts)
+        if p.valid and int(p.entity.get("number_nodes") or 1) > len(left):
+            raise SubmitError(f"--exclude-slow: point {p.point_id} needs {p.entity.get('number_nodes')} node(s) of "
+                              f"partition {p.partition}, but leaving out {', '.join(hosts)} leaves {len(left)}; "
+                              "nothing was submitted")
+    exclude = sorted({*(plan.fit.exclude or []), *hosts})
+    preview = prepare_points(plan.sweep, plan.inv, plan.points, plan.campaign_dir, exclude=exclude)
+    plan.backend.check([spec for spec, _ in preview])
+    return dataclasses.replace(plan, fit=dataclasses.replace(plan.fit, exclude=exclude), preview=preview)
 
 
 def campaign_record(workdir: Path | None, campaign: str) -> CampaignLine:

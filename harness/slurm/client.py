@@ -34,9 +34,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness.contract.errors import SubmitError
+from harness.contract.errors import RunnerError, SubmitError
 
 from .limits import SubmitLimits, max_array_size, parse_assoc_mgr, parse_config, refusal_kind
+from .nodes import NODES_ARGV, PARTITIONS_ARGV, SlurmNode, SlurmPartition, parse_nodes, parse_partitions
 from .sacct import JobAccounting, JobKey, Queued, parse_sacct_records, parse_squeue, pick, sacct_argv, squeue_argv
 from .sinfo import NodeInfo, parse_sinfo, sinfo_argv
 
@@ -237,6 +238,22 @@ class Slurm:
         if not nodes:
             return None, f"SLURM partition {slurm_partition!r} has no nodes (or does not exist)"
         return nodes, ""
+
+    def cluster_nodes(self) -> tuple[dict[str, SlurmPartition], dict[str, SlurmNode]]:
+        """Every partition (``sinfo``) and every node (``scontrol show node``), one call each; a command that
+        cannot answer is a :class:`RunnerError` that says which."""
+        return parse_partitions(self._read(PARTITIONS_ARGV)), parse_nodes(self._read(NODES_ARGV))
+
+    def _read(self, argv: list[str]) -> str:
+        """The output of *argv*, or a :class:`RunnerError` naming it."""
+        try:
+            res = self._call(argv, ASK_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise RunnerError(f"{argv[0]} failed: {exc}; run on a SLURM login node") from None
+        if res.returncode != 0:
+            why = (res.stderr or "").strip()[:300]
+            raise RunnerError(f"{' '.join(argv)} failed (exit {res.returncode}): {why}")
+        return res.stdout
 
     # -- commands (never remembered) -----------------------------------------------------------------------
     def sbatch(self, script: str, folder: Path, *, hold: bool = False, after: str | None = None,

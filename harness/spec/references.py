@@ -31,9 +31,9 @@ its valid measurements. ``from_campaign`` alone checks ``dataset_tokens_per_seco
 Collect checks each point and repeat of the campaign, at its latest attempt, into the ``checks``
 table: ``pass``, ``fail``, ``missing`` (the run failed, is not over, or did not measure the
 metric), or ``shared`` (it measured while another sbench run held one of its hosts, ``runs.overlapped_with``, or
-while other work kept a host busy, ``measurements.host_busy``:
-its value is noise, not judged). ``sbench check CAMPAIGN`` prints them and exits 1 on any fail (or
-missing or shared, unless ``--allow-missing``).
+while other work kept a host busy, ``measurements.host_busy``, or while one of its ranks straggled,
+``measurements.straggler``: its value is noise, not judged). ``sbench check CAMPAIGN`` prints them and exits 1
+on any fail (or missing or shared, unless ``--allow-missing``).
 """
 
 from __future__ import annotations
@@ -186,7 +186,8 @@ def check_rows(campaign: str, refs: Sequence[Reference], points: Sequence[Mappin
 
     *points*: the campaign's point-repeats at their latest attempt, each with ``point_id``, ``repeat``,
     ``experiment``, ``entity`` (dict), ``run_id``/``outcome`` (None when never run), ``overlapped_with`` (the runs
-    that shared a host with it), ``host_busy`` and ``host_other_cpu_pct`` (other work kept its host busy) and ``values``
+    that shared a host with it), ``host_busy`` and ``host_other_cpu_pct`` (other work kept its host busy),
+    ``straggler`` and ``straggler_ranks`` (a rank held the run back) and ``values``
     (metric -> value or None; empty without a measurements row)."""
     rows: list[dict[str, Any]] = []
     metrics = list(dict.fromkeys(r.metric for r in refs))
@@ -225,6 +226,12 @@ def check_rows(campaign: str, refs: Sequence[Reference], points: Sequence[Mappin
                 reason = ("not judged: measured on a host busy with other work (measurements.host_busy"
                           + (f": {load:.0f} % of its CPU" if isinstance(load, (int, float)) else "")
                           + "); measure it again on a quiet host")
+            elif p.get("straggler"):
+                status = "shared"
+                slow = list(p.get("straggler_ranks") or [])
+                reason = ("not judged: a straggler rank (measurements.straggler"
+                          + (f": {', '.join(slow[:3])}" if slow else "")
+                          + "; rank_scores) held the run back; drain the host or measure it again without it")
             elif low is not None and value < low:
                 status, reason = "fail", f"{value:.6g} < {low:.6g} ({expected:.6g} - {ref.lower:.0%})"
             elif high is not None and value > high:

@@ -69,7 +69,7 @@ PACK_AUTO = "auto"
 
 
 RUNNER_KEYS = ("sample_interval_s", "auto_stop", "stop_grace_s", "token_cache", "workload", "idle_seconds",
-               "memory_every_steps", "train_log_level", "host_busy_cpu", "profile")
+               "memory_every_steps", "train_log_level", "host_busy_cpu", "profile", "rank_timing", "straggler_score")
 PROFILE_KEYS = ("steps", "ranks", "tool")
 
 
@@ -253,6 +253,21 @@ def parse_profile(ck: Checker, runner_node: Mapping[str, Any], profile_flag: boo
     tool = ck.choice(node, "runner.profile", "tool", PROFILE_TOOLS, default="torch")
     return {"profile_start": int(steps[0]), "profile_end": int(steps[1]),
             "profile_ranks": ",".join(str(r) for r in dict.fromkeys(ranks)), "profile_tool": tool}
+def _straggler_score(ck: Checker, runner_node: Any) -> float:
+    """``runner.straggler_score``: a score in (0, 1); default ``$SBENCH_STRAGGLER_SCORE``."""
+    try:
+        default = float(envvars.STRAGGLER_SCORE.get())
+    except ValueError:
+        default = -1.0
+    if not 0 < default < 1:
+        raise InputError(f"{envvars.STRAGGLER_SCORE.name} must be a number between 0 and 1 (both excluded), got "
+                         f"{envvars.STRAGGLER_SCORE.get()!r}")
+    value = float(ck.number(runner_node, "runner", "straggler_score", default=default))
+    if not 0 < value < 1:
+        ck.fail("runner.straggler_score", f"must be a score between 0 and 1, both excluded (0.7: a rank that takes "
+                                          f"more than 1/0.7 = 1.43 times the fastest rank's time), got {value:g}",
+                runner_node, "straggler_score")
+    return value
 
 
 def parse_repeats(ck: Checker, doc: Any) -> AdaptiveRepeats | None:
@@ -393,6 +408,8 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
                                   default=d.train_log_level),
         host_busy_cpu=_host_busy_cpu(ck, runner_node),
         **parse_profile(ck, runner_node, profile),
+        rank_timing=ck.boolean(runner_node, "runner", "rank_timing", default=d.rank_timing),
+        straggler_score=_straggler_score(ck, runner_node),
     )
     if runner.profiled:
         # The last repeat is profiled, so the profiler's cost never reaches a measured repeat; with one repeat, a

@@ -1,0 +1,147 @@
+"""Cluster health on the project's test SLURM cluster: a rank slowed with SBENCH_FAULT on one node of a 2-node
+run is a straggler (rank_scores, measurements.straggler, status, host_health, sbench hosts) while the same point
+run clean is not; a preflight with one node's devices slowed flags that node alone, submit --preflight refuses,
+and with --exclude-slow the run goes to the other node (sbatch --exclude)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.contract.paths import JobPaths
+
+from .conftest import SMALL_DATASET, TEST_INVENTORY, sql_rows, write_sweep
+
+pytestmark = [pytest.mark.slurm]
+
+SLEEP_S = 0.6  # rank 1's extra time at the end of every step of the slowed repeat: many times a step's own time
+
+
+@pytest.fixture
+def env(tmp_path_factory, tiny_model, small_data_dir, slurm_cluster):
+    root = tmp_path_factory.mktemp("cluster-health")
+    return {"root": root, "workdir": root / "runs", "db": root / "results.duckdb", "model": tiny_model,
+            "data": small_data_dir}
+
+
+def sb(cli, env, *args, ok: bool = True, db_only: bool = False):
+    extra = ["--db", env["db"]] if db_only else ["--workdir", env["workdir"], "--db", env["db"]]
+    res = cli(*[str(a) for a in args], *[str(x) for x in extra])
+    if ok:
+        assert res.exit_code == 0, res.output
+    return res
+
+
+def sweep(env, name: str, entity: dict, repeats: int = 1) -> Path:
+    doc = {"campaign": name, "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
+           "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET,
+                      "gradient_accumulation_steps": 1, "batch_size": 2, **entity},
+           "repeats": repeats, "model_map": {"tiny": str(env["model"])}, "data_dir": str(env["data"]),
+           "runner": {"sample_interval_s": 0.5}}
+    return write_sweep(env["root"] / f"{name}.yaml", doc)
+
+
+@pytest.mark.train
+@pytest.mark.slow(60)
+def test_a_slowed_rank_is_a_straggler_under_fsdp_too(cli, env, monkeypatch) -> None:
+    """Under FSDP the ranks gather the parameters in the forward pass; the straggler's delay is waited for
+    before it (the batch's token count is gathered across ranks first), outside every rank's own time."""
+    path = sweep(env, "stragf", {"number_gpus": 2, "number_nodes": 2, "distributed_backend": "FSDP",
+                                 "max_steps": 12})
+    monkeypatch.setenv("SBENCH_FAULT", f"sleep@step=1..,host=node1:{SLEEP_S}")
+    sb(cli, env, "submit", path, "-i", TEST_INVENTORY, "--executor", "slurm", "--wait")
+    monkeypatch.delenv("SBENCH_FAULT")
+    time.sleep(2)
+    sb(cli, env, "collect")
+    got = {s["host"]: s for s in sql_rows(env["db"], "SELECT * FROM rank_scores")}
+    assert set(got) == {"node1", "node2"}
+    assert got["node1"]["flagged"] is True and got["node2"]["flagged"] is False
+    assert got["node1"]["own_step_s"] > SLEEP_S and got["node2"]["own_step_s"] < SLEEP_S / 2
+    (m,) = sql_rows(env["db"], "SELECT straggler, straggler_ranks FROM measurements")
+    assert m == {"straggler": True, "straggler_ranks": ["node1:0"]}
+
+
+@pytest.mark.train
+@pytest.mark.slow(120)
+def test_a_slowed_rank_is_a_straggler_and_the_clean_repeat_is_not(cli, env, monkeypatch) -> None:
+    path = sweep(env, "strag", {"number_gpus": 2, "number_nodes": 2, "distributed_backend": "DDP",
+                                "max_steps": 16}, repeats=2)
+    # repeat 1 only: node2's rank sleeps at the end of every step from the first on
+    monkeypatch.setenv("SBENCH_FAULT", f"sleep@step=1..,host=node2,job=.r1.:{SLEEP_S}")
+    sb(cli, env, "submit", path, "-i", TEST_INVENTORY, "--executor", "slurm", "--wait")
+    monkeypatch.delenv("SBENCH_FAULT")
+    time.sleep(2)  # sacct trails slurmctld
+    sb(cli, env, "collect")
+    runs = {r["repeat"]: r for r in sql_rows(env["db"], "SELECT run_id, repeat, outcome, reason, job_dir FROM runs "
+                                                        "WHERE campaign = 'strag'")}
+    assert {k: r["outcome"] for k, r in runs.items()} == {0: "ok", 1: "ok"}, runs
+    scores = {(s["repeat"], s["host"]): s for s in sql_rows(
+        env["db"], "SELECT r.repeat, s.* FROM rank_scores s JOIN runs r USING (run_id) WHERE r.campaign = 'strag'")}
+    assert set(scores) == {(0, "node1"), (0, "node2"), (1, "node1"), (1, "node2")}
+    slow, fast = scores[(1, "node2")], scores[(1, "node1")]
+    # the score is what the ranks' own step times say: recompute it from rank.<r>.json
+    docs = {d["host"]: d for d in (json.loads(JobPaths(runs[1]["job_dir"]).rank_result(r).read_text())
+                                   for r in (0, 1))}
+    assert all(len(d["step_own_s"]) == d["global_step"] == 16 for d in docs.values())
+    assert slow["own_step_s"] > SLEEP_S and fast["own_step_s"] < SLEEP_S / 2
+    assert slow["relative_score"] == pytest.approx(fast["own_step_s"] / slow["own_step_s"])
+    assert slow["flagged"] is True and fast["flagged"] is False
+    assert not any(s["flagged"] for (rep, _), s in scores.items() if rep == 0)  # the clean repeat
+    m = {r["repeat"]: r for r in sql_rows(env["db"], "SELECT r.repeat, m.straggler, m.straggler_ranks, m.notes "
+                                                     "FROM measurements m JOIN runs r USING (run_id) "
+                                                     "WHERE r.campaign = 'strag'")}
+    assert m[1]["straggler"] is True and m[1]["straggler_ranks"] == ["node2:1"]
+    assert m[0]["straggler"] is False and not any("straggler" in n for n in m[0]["notes"] or [])
+    status = sb(cli, env, "status", "--campaign", "strag").output
+    assert "straggler: rank 1 on node2" in status
+    health = {h["host"]: h for h in sql_rows(env["db"], "SELECT * FROM host_health")}
+    assert health["node2"]["straggler_runs"] == 1 and health["node1"]["straggler_runs"] == 0
+    assert health["node2"]["runs_scored"] == 2 and health["node2"]["runs"] == 2
+    hosts = json.loads(sb(cli, env, "hosts", "--json", "--min-flags", "1", db_only=True).output)
+    assert [d["host"] for d in hosts["drain_candidates"]] == ["node2"]
+    assert "a straggler in 1 of 2 scored run(s)" in hosts["drain_candidates"][0]["why"]
+    # the default asks for two flags: one slow run is no pattern yet
+    assert json.loads(sb(cli, env, "hosts", "--json", db_only=True).output)["drain_candidates"] == []
+
+
+@pytest.mark.train
+@pytest.mark.slow(90)
+def test_a_slowed_node_fails_preflight_and_submit_leaves_it_out(cli, env, monkeypatch) -> None:
+    monkeypatch.setenv("SBENCH_FAULT", "slow@stage=preflight,host=node2:4")
+    # two nodes: the median is their mean, so a clean node sits near 1 and the slowed one near 2/5; the threshold
+    # leaves room for the noise of a shared machine
+    monkeypatch.setenv("SBENCH_PREFLIGHT_THRESHOLD", "0.6")
+    res = sb(cli, env, "preflight", "-i", TEST_INVENTORY, "--partition", "cpu", "--on", "slurm", "--seconds", "0.5",
+             "--json", ok=False)
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)
+    mm = {r["host"]: r for r in doc["rows"] if r["figure"] == "matmul_tflops"}
+    assert set(mm) == {"node1", "node2"} and doc["slow_hosts"] == ["node2"]
+    assert mm["node2"]["flagged"] is True and mm["node1"]["flagged"] is False
+    assert mm["node2"]["ratio"] == pytest.approx(mm["node2"]["value"] / mm["node2"]["partition_median"])
+    assert mm["node1"]["value"] > 2 * mm["node2"]["value"]
+    # the fault slows node2's copies too: node1 is the faster in both figures, flagged in neither
+    assert not any(r["flagged"] for r in doc["rows"] if r["host"] == "node1")
+    assert sql_rows(env["db"], "SELECT count(*) AS n FROM preflight WHERE flagged AND host = 'node2'")[0]["n"] >= 1
+    peaks = sql_rows(env["db"], "SELECT host, peak_tflops FROM measured_peaks ORDER BY host")
+    assert [p["host"] for p in peaks] == ["node1", "node2"] and peaks[0]["peak_tflops"] == mm["node1"]["value"]
+    path = sweep(env, "pf", {"number_gpus": 1, "number_nodes": 1, "max_steps": 2})
+    refused = sb(cli, env, "submit", path, "-i", TEST_INVENTORY, "--executor", "slurm", "--preflight", ok=False)
+    assert refused.exit_code == 1 and "slow: node2 cpu matmul_tflops" in refused.output
+    assert "nothing was submitted; --exclude-slow" in refused.output
+    assert not (env["workdir"] / "pf").exists() or not list((env["workdir"] / "pf").glob("*/job.sbatch"))
+    out = sb(cli, env, "submit", path, "-i", TEST_INVENTORY, "--executor", "slurm", "--preflight", "--exclude-slow",
+             "--wait")
+    assert "excluded: node2 (a slow device; sbatch --exclude)" in out.output
+    monkeypatch.delenv("SBENCH_FAULT")
+    (job_dir,) = [p.parent for p in (env["workdir"] / "pf").glob("*/job.sbatch")]
+    assert "--exclude=node2" in (job_dir / "job.sbatch").read_text()
+    time.sleep(2)
+    sb(cli, env, "collect")
+    (run,) = sql_rows(env["db"], "SELECT outcome, node_list FROM runs WHERE campaign = 'pf'")
+    assert run == {"outcome": "ok", "node_list": "node1"}
+    health = {h["host"]: h for h in sql_rows(env["db"], "SELECT * FROM host_health")}
+    assert health["node2"]["slow_preflights"] >= 2 and health["node1"]["slow_preflights"] == 0
