@@ -39,7 +39,7 @@ sb preflight --seconds 1 --workdir "$RUNS" --db "$DB" --json > "$OUT/preflight.j
 cat "$OUT/preflight.json"
 echo "preflight exit $rc_pf"
 
-MODEL="$WORK/model-${SBENCH_GPU_MORE_SIZE:-1b}"
+MODEL="${SBENCH_GPU_MORE_MODEL:-$WORK/model-${SBENCH_GPU_MORE_SIZE:-1b}}"  # an existing one is kept (--if-missing)
 sb model tiny --size "${SBENCH_GPU_MORE_SIZE:-1b}" --device "${SBENCH_GPU_MORE_DEVICE:-cuda}" -o "$MODEL" --if-missing
 DSID="${SBENCH_GPU_MORE_DATASET:-news-chars-2048-entries-4096}"
 SEQ="${SBENCH_GPU_MORE_SEQ:-768}"

@@ -95,10 +95,18 @@ def requirements_of(lines: Iterable[str], env: dict[str, str] | None) -> list[Re
     return out
 
 
+# Runtime requirements a GPU node of the check never imports, so never carried: sbench imports them only where it
+# draws a report (harness.report.charts), which the check does not; the wheel alone would take the folder past
+# MAX_BYTES.
+NOT_CARRIED = {"vl-convert-python": "the report's chart library (about 30 MB): the GPU check draws no report"}
+
+
 def sbench_requirements(env: dict[str, str] | None = None) -> list[Requirement]:
-    """sbench's runtime requirements (``pyproject.toml``'s ``[project] dependencies``)."""
+    """sbench's runtime requirements (``pyproject.toml``'s ``[project] dependencies``) that a GPU node of the check
+    imports: all but :data:`NOT_CARRIED`."""
     doc = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    return requirements_of(doc["project"]["dependencies"], env)
+    return [r for r in requirements_of(doc["project"]["dependencies"], env)
+            if canonicalize_name(r.name) not in NOT_CARRIED]
 
 
 @dataclass(frozen=True)
