@@ -32,7 +32,7 @@ fi
 export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 DB="$OUT/results.duckdb"
 RUNS="$WORK/runs"
-sb() { echo "[$(( $(date +%s) - START )) s] \$ sbench $*"; (cd "$ROOT" && "$PY" -m harness "$@"); }
+sb() { echo "[$(( $(date +%s) - START )) s] \$ sbench $*" >&2; (cd "$ROOT" && "$PY" -m harness "$@"); }
 
 rc_pf=0
 sb preflight --seconds 1 --workdir "$RUNS" --db "$DB" --json > "$OUT/preflight.json" || rc_pf=$?
