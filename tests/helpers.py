@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -188,3 +189,8 @@ def build_trained(root: Path, model: Path, data_dir: Path) -> None:
                                                                                 "stderr": proc.stderr}
         sbench("collect", *t.common)
     (root / "submits.json").write_text(json.dumps(submits, indent=1))
+
+
+def html_only(page: str) -> str:
+    """The page without its scripts' text (the inlined library holds HTML of its own, e.g. its tooltip's tables)."""
+    return re.sub(r"<script\b[^>]*>.*?</script>", "<script></script>", page, flags=re.S)

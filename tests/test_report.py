@@ -38,6 +38,7 @@ from tests.browser import (
     screenshot,
     settle,
 )
+from tests.helpers import html_only
 
 LORA, FULL = "finetune_lora_benchmark-v1.0.0", "finetune_full_benchmark-v1.0.0"
 
@@ -206,11 +207,6 @@ def sql(db: Path, query: str, params: list[Any] | None = None) -> list[tuple[Any
         return con.execute(query, params or []).fetchall()
     finally:
         con.close()
-
-
-def html_only(page: str) -> str:
-    """The page without its scripts' text (the inlined library holds HTML of its own, e.g. its tooltip's tables)."""
-    return re.sub(r"<script\b[^>]*>.*?</script>", "<script></script>", page, flags=re.S)
 
 
 def section(page: str, name: str) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.contract import poll
 from harness.sbatch import slurm as slurm_backend
 from harness.sbatch.executors import Submitted
 from harness.slurm.client import Slurm
@@ -165,7 +166,7 @@ def test_wait_asks_afresh_at_every_poll(monkeypatch) -> None:
             fake.queue.clear()
             fake.acct.update({"30": "COMPLETED", "31": "FAILED"})
 
-    monkeypatch.setattr(slurm_backend.time, "sleep", sleep)
+    monkeypatch.setattr(poll.Backoff, "pause", lambda self: sleep(self.next_pause()))
     backend = slurm_backend.SlurmBackend(Slurm(fake))
     seen = []
     waited = [Submitted(spec=None, job_id=j) for j in ("30", "31")]  # wait reads only the job ids
