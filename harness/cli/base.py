@@ -26,7 +26,7 @@ from harness.spec.schema import is_name
 # --help, which shows every command, loads them all.
 COMMANDS = {"inventory": "inputs", "experiments": "inputs", "plan": "inputs", "render": "inputs",
             "submit": "jobs", "prepare": "prepare", "retry": "jobs", "status": "control", "cancel": "control",
-            "collect": "collect", "query": "results", "check": "results", "compare": "results",
+            "collect": "collect", "query": "results", "best": "results", "check": "results", "compare": "results",
             "report": "report", "probe": "cluster", "fabric": "cluster",
             "model": "data", "dataset": "data", "env": "envs"}
 

@@ -3,7 +3,8 @@ schema version a database must carry (``metadata.schema_version``).
 
 Tables: ``metadata``, ``campaigns``, ``points`` (entity fields as typed columns), ``campaign_points``,
 ``runs`` (one per attempt), ``run_hosts``, ``stages``, ``sample_files``, ``sample_rows``, ``ranks``,
-``errors``, ``trials``, ``measurements``, ``environment``, ``memory``, ``checks``, ``probes``, ``fabric``;
+``errors``, ``trials``, ``measurements``, ``environment``, ``memory``, ``checks``, ``probes``, ``fabric``,
+``search_decisions``;
 views ``samples``, ``latest_measurements``, ``run_summary``, ``stage_durations``, ``run_overhead``,
 ``point_status``, ``point_stability``.
 
@@ -37,7 +38,9 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # (measurements.dataset_tokens, dataset_image_tokens); 13: the host's other load (the 'host' sample kind,
 # sample_rows.foreign_procs; measurements.host_other_cpu_pct, gpu_foreign_processes, host_busy), which
 # point_stability leaves out like a shared host; campaigns.repeats_spec (the report's repeats per point)
-SCHEMA_VERSION = 13
+# --- migration step (search): the search_decisions table. Its own number so that merging renumbers it: it is the
+# step after whatever the base branch's last one is ---
+SCHEMA_VERSION = 14
 
 
 KIND_SQL = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR", "list": "VARCHAR[]"}
@@ -212,6 +215,11 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("memlock", "VARCHAR"), ("hcas", "JSON"), ("differences", "VARCHAR[]"), ("doc", "JSON"),
     ],
     # sbench fabric: one row per (fabric run, collective, message size).
+    # a search's newest decision about each point of its campaign (the manifest's search lines; harness.spec.search)
+    "search_decisions": [
+        ("campaign", "VARCHAR"), ("point_id", "VARCHAR"), ("phase", "VARCHAR"), ("action", "VARCHAR"),
+        ("reason", "VARCHAR"), ("repeat", "INTEGER"), ("decided_at", "TIMESTAMP"),
+    ],
     "fabric": [
         ("fabric_id", "VARCHAR"), ("cluster", "VARCHAR"), ("partition", "VARCHAR"), ("nodes", "INTEGER"),
         ("world_size", "INTEGER"), ("backend", "VARCHAR"), ("enable_roce", "BOOLEAN"), ("op", "VARCHAR"),
@@ -225,7 +233,8 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
 PRIMARY_KEYS = {"metadata": ("key",), "probes": ("probe_id", "host"), "campaigns": ("campaign",),
                 "points": ("point_id",),
                 "campaign_points": ("campaign", "point_id", "repeat"), "runs": ("run_id",),
-                "measurements": ("run_id",), "sample_files": ("file_id",)}
+                "measurements": ("run_id",), "sample_files": ("file_id",),
+                "search_decisions": ("campaign", "point_id")}
 
 
 COLUMN_NAMES = {t: frozenset(c for c, _ in cols) for t, cols in SCHEMA.items()}

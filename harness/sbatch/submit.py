@@ -34,6 +34,7 @@ from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, counted_warnings, plan_sweep, plan_warnings
+from harness.spec.search import SearchState
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
 from . import manifest
@@ -45,9 +46,11 @@ from .fit import ClusterFit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import run_prepare, work_for
 from .repeats import MORE, RepeatsVerdict, point_verdicts
+from .search import record_decisions, search_state
 from .state import MeasuredRun, PointHistory, campaign_history, read_history, with_submitted
 
 MORE_REPEATS = "more repeats"  # the reason's head of an adaptive repeat's submission
+SEARCH = "search"  # the reason's head of a run a search asked for
 NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
 
 
@@ -79,6 +82,7 @@ class SubmitReport:
     # the verdicts it was decided on (before it)
     repeats: list[RepeatsVerdict] = field(default_factory=list)
     repeats_before: list[RepeatsVerdict] = field(default_factory=list)
+    search: dict[str, Any] = field(default_factory=dict)  # search: what it decided before this submission
 
     def to_dict(self) -> dict[str, Any]:
         by_key = {(s.spec.point_id, s.spec.repeat): s for s in self.submitted}
@@ -95,20 +99,26 @@ class SubmitReport:
                 "db_note": self.db_note, "warnings": self.warnings, "preflight": self.preflight,
                 "prepare": self.prepare, "prepare_job": self.prepare_job, "held_back": self.held_back,
                 "feed": self.feed, "repeats": [v.to_dict() for v in self.repeats],
-                "repeats_before": [v.to_dict() for v in self.repeats_before]}
+                "repeats_before": [v.to_dict() for v in self.repeats_before], "search": self.search}
 
 
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
-           retry_failed: bool, reuse: bool = False, adaptive: AdaptiveRepeats | None = None) -> list[Decision]:
+           retry_failed: bool, reuse: bool = False, adaptive: AdaptiveRepeats | None = None,
+           search: SearchState | None = None) -> list[Decision]:
     """Skip what this campaign measured or has in flight; resubmit failures only when asked. With *reuse*,
     a point another campaign measured is not measured again: it takes that run, and says which. With
     *adaptive* (``repeats: {min, max, cv}``), a repeat beyond *min* that was never submitted is submitted
     only when it is its point's next one and the point's CV asks for it (``harness.sbatch.repeats``);
-    otherwise it has no decision at all (it is not a run of the campaign until then)."""
+    otherwise it has no decision at all (it is not a run of the campaign until then). With *search* (a sweep's
+    ``search:``), a run is a run of the campaign only once the search asks for it (``harness.spec.search``)."""
+    asked = {pr: search.decisions[pr[0]].reason for pr in search.todo} if search else {}
     verdicts = point_verdicts(adaptive, [p.point_id for p in points if p.valid], history, campaign) \
         if adaptive else {}
     out = []
     for p in points:
+        if search is not None and (p.point_id, p.repeat) not in asked and not (
+                history.attempts(campaign, p.point_id, p.repeat) or (not p.valid and p.repeat == 0)):
+            continue
         if adaptive and p.repeat >= adaptive.min and not history.attempts(campaign, p.point_id, p.repeat):
             v = verdicts.get(p.point_id)
             if v is not None and v.state == MORE and v.next_repeat == p.repeat:
@@ -144,7 +154,8 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
                 out.append(Decision(p, "skip", f"attempt {attempts[-1].attempt} failed "
                                                f"({attempts[-1].reason or 'see its job dir'}); use --retry-failed"))
         else:
-            out.append(Decision(p, "submit", "new", next_attempt))
+            why = asked.get((p.point_id, p.repeat))
+            out.append(Decision(p, "submit", f"{SEARCH}: {why}" if why else "new", next_attempt))
     return out
 
 
@@ -234,7 +245,9 @@ def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[st
     reuse = req.reuse_measured or sweep.reuse == "measured"
     history, db_note = campaign_history(plan.db, plan.workdir, sweep.campaign, [p.point_id for p in plan.points],
                                         slurm, reuse)
-    decisions = _decisions(req, plan, history, reuse)
+    search = search_state(plan.db, sweep.campaign, sweep.search, plan.points, list(sweep.grid),
+                          sweep.search_repeats) if sweep.search else None
+    decisions = _decisions(req, plan, history, reuse, search)
     report = SubmitReport(sweep.campaign, plan.backend.name, campaign_dir, decisions, db_note=db_note,
                           warnings=plan_warnings(sweep, plan.inv, plan.points) + fit_notes, preflight=checked)
     if sweep.adaptive:
@@ -244,6 +257,10 @@ def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[st
     dependency = _prepare_before(req, plan, [d.point for d in todo], report, echo)
     report.warnings += length_warnings(sweep, plan.inv, [d.point for d in todo])  # the files prepare just made
     events = append_manifest(CampaignPaths(campaign_dir), _campaign_lines(req, plan, decisions, exists))
+    if search is not None:  # every decision of the search, with its reason, before the runs it asks for
+        events += record_decisions(campaign_dir, sweep.campaign, search)
+        report.search = {"done": search.done, "todo": [list(t) for t in search.todo], "stuck": search.stuck,
+                         "best": search.best, "decisions": {k: d.to_dict() for k, d in search.decisions.items()}}
     specs = _write_job_dirs(plan, todo)
     if specs:
         events += _hand_over(req, plan, todo, specs, dependency, report)
@@ -262,11 +279,13 @@ def _plan(req: SubmitRequest, echo: Callable[[str], None], slurm: Slurm) -> Plan
     with the input is found before the database, the manifest or a job dir is touched."""
     inv: Inventory = load_inventory(req.inventory)
     sweep = load_sweep(req.sweep, req.model_map, req.campaign)
-    points = plan_sweep(sweep, inv, memory=req.skip_predicted_oom)
+    # a search starts each shape's bisection at the largest batch predicted to fit (harness.spec.search)
+    memory = req.skip_predicted_oom or sweep.search is not None
+    points = plan_sweep(sweep, inv, memory=memory)
     check_faults(inv, {p.partition for p in points})
     if req.prepare != "no" and build_trainer_envs(sweep, inv, points, echo):
         # Some rules read the environment (its accelerate, its plugins): decide them on what was built.
-        points = plan_sweep(sweep, inv, memory=req.skip_predicted_oom)
+        points = plan_sweep(sweep, inv, memory=memory)
     backend = get_backend(req.executor, slurm)
     workdir, db = resolve_workdir(req.workdir), resolve_db(req.db)
     fit = backend.fit(inv, [p for p in points if p.valid])
@@ -277,19 +296,20 @@ def _plan(req: SubmitRequest, echo: Callable[[str], None], slurm: Slurm) -> Plan
     return Planned(inv, sweep, points, backend, fit, preview, workdir, db)
 
 
-def _decisions(req: SubmitRequest, plan: Planned, history: PointHistory, reuse: bool) -> list[Decision]:
+def _decisions(req: SubmitRequest, plan: Planned, history: PointHistory, reuse: bool,
+               search: SearchState | None = None) -> list[Decision]:
     """:func:`decide`, narrowed to what *req* asks: only the failed points (retry), only the next repeats
     (collect), and no point predicted not to fit (``--skip-predicted-oom``)."""
     sweep = plan.sweep
     decisions = decide(plan.points, history, sweep.campaign, req.force, req.retry_failed or req.only_failed, reuse,
-                       sweep.adaptive)
+                       sweep.adaptive, search)
     refuse_all_invalid(sweep, plan.points)  # after the campaign's own files were read: what is wrong there comes first
     if req.only_failed:
         # (a repeat adaptive repeats would add is no failed one: retry leaves it out, unlisted)
         decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
                      for d in decisions if not d.reason.startswith(MORE_REPEATS)]
     if req.only_more:
-        decisions = [d for d in decisions if d.action == "submit" and d.reason.startswith(MORE_REPEATS)]
+        decisions = [d for d in decisions if d.action == "submit" and d.reason.startswith((MORE_REPEATS, SEARCH))]
     if req.skip_predicted_oom:
         # An allocation is not spent on a point that will not fit (harness.spec.memory says why, per point).
         decisions = [Decision(d.point, "skip", _predicted_oom(d.point.memory))
@@ -311,7 +331,9 @@ def _campaign_lines(req: SubmitRequest, plan: Planned, decisions: list[Decision]
             inventory=plan.inv.source, cluster=plan.inv.cluster, partition=points[0].partition if points else None,
             executor=plan.backend.name, description=sweep.description, created_at=now_iso(),
             sbench_version=__version__, references=[r.to_dict() for r in sweep.references],
-            repeats=sweep.adaptive.to_dict() if sweep.adaptive else None))
+            repeats=sweep.adaptive.to_dict() if sweep.adaptive else None,
+            search=None if sweep.search is None else {**sweep.search.to_dict(), "grid_fields": list(sweep.grid),
+                                                      "repeats": sweep.search_repeats}))
     else:
         if _recorded_references(campaign_dir) != [r.to_dict() for r in sweep.references]:
             # The sweep's expectations changed (tightened, added): the checks follow the newest word.
@@ -524,6 +546,11 @@ def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = N
     the campaign's repeats are not adaptive. ``sbench collect`` calls it after collecting."""
     campaign_dir = resolve_workdir(workdir) / campaign
     spec = manifest.adaptive_repeats(campaign_dir)
+    if manifest.search_spec(campaign_dir) is not None:
+        # a search's next runs: the bisection's, the next rung's, the best point's repeats (harness.spec.search)
+        sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, "auto")
+        return submit_sweep(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign,
+                                          only_more=True), slurm=slurm)
     if spec is None:
         return None
     # What the database has now (collect just read it): when no point's next repeat is due, nothing is planned,
