@@ -6,7 +6,8 @@ Syntax: one or more faults separated by ``;``, each ``KIND@COND[,COND...][:ARG]`
   memory access was encountered" ``RuntimeError``), ``error`` (raise ``RuntimeError``),
   ``sigkill`` (``os.kill(os.getpid(), SIGKILL)``: a crash nothing can catch), ``sleep``
   (hang for ARG seconds, default 3600), ``exit`` (``os._exit(ARG)``, default 1).
-- ``COND``: ``step=N`` (at the end of optimiser step N) or ``stage=NAME`` (at the start of a
+- ``COND``: ``step=N`` (at the end of optimiser step N), ``step=*`` (at the end of every step: with
+  ``sleep``, a point made slower by a known amount) or ``stage=NAME`` (at the start of a
   trainer stage: dataset, tokens, model_load, train), optionally restricted with ``rank=R``
   (global rank), ``trial=T`` (stability trial), ``job=TEXT`` (a job dir whose name contains TEXT,
   e.g. ``job=<point_id>.r1.``: one repeat of one point) and ``batch=B`` (the point's per-device batch
@@ -14,7 +15,7 @@ Syntax: one or more faults separated by ``;``, each ``KIND@COND[,COND...][:ARG]`
 
 Examples: ``oom@step=2``, ``error@step=1``, ``sigkill@step=2``, ``sleep@step=1:30``,
 ``oom@step=2,rank=1``, ``error@stage=model_load``, ``oom@step=1,trial=2``, ``sleep@step=3,job=.r1.:2``,
-``oom@step=1,batch=4``.
+``oom@step=1,batch=4``, ``sleep@step=*,job=<point_id>.:0.3``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Fault:
     arg: str | None = None
     job: str | None = None
     batch: int | None = None
+    every_step: bool = False  # step=*
 
     def applies(self, *, rank: int, trial: int | None, step: int | None = None, stage: str | None = None,
                 job: str = "", batch: int | None = None) -> bool:
@@ -61,7 +63,7 @@ class Fault:
         if self.trial is not None and self.trial != trial:
             return False
         if step is not None:
-            return self.step == step
+            return self.every_step or self.step == step
         return stage is not None and self.stage == stage
 
     def fire(self, where: str) -> None:
@@ -106,7 +108,9 @@ def parse_faults(text: str | None) -> list[Fault]:
                 raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value "
                                      "(step, stage, rank, trial, job, batch)")
             k, v = (x.strip() for x in cond.split("=", 1))
-            if k in ("step", "rank", "trial", "batch"):
+            if k == "step" and v == "*":
+                kw["every_step"] = True
+            elif k in ("step", "rank", "trial", "batch"):
                 try:
                     kw[k] = int(v)
                 except ValueError:
@@ -124,8 +128,8 @@ def parse_faults(text: str | None) -> list[Fault]:
                 kw[k] = v
             else:
                 raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank, trial, job or batch")
-        if ("step" in kw) == ("stage" in kw):
-            raise FaultSpecError(f"{ENV}: {part!r} needs exactly one of step=N or stage=NAME")
+        if ("step" in kw or "every_step" in kw) == ("stage" in kw) or ("step" in kw and "every_step" in kw):
+            raise FaultSpecError(f"{ENV}: {part!r} needs exactly one of step=N, step=* or stage=NAME")
         if "step" in kw and int(kw["step"]) < 1:  # type: ignore[call-overload]
             raise FaultSpecError(f"{ENV}: step counts optimizer steps from 1, got {kw['step']}")
         faults.append(Fault(kind=kind, arg=_arg(kind, arg, part), **kw))  # type: ignore[arg-type]
