@@ -199,8 +199,8 @@ def test_the_best_points_failed_repeat_leaves_the_answer_from_its_runs():
     cands = grid(["a", "b"], [4])
     spec = SearchSpec("dataset_tokens_per_second", "maximize", None, "halving", 3)
     st, made, _ = simulate(spec, cands, lambda c: True, lambda c: 2000.0 if c.entity["model_name"] == "a" else 1000,
-                           repeats=1, fail={("a-b4", 2)})
-    assert ("a-b4", 2) in made and st.best == "a-b4" and st.stuck == ["a-b4"]
+                           repeats=1, fail={("a-b4", 1)})
+    assert ("a-b4", 1) in made and st.best == "a-b4" and st.stuck == ["a-b4"]
     assert st.decisions["a-b4"].action in (KEEP, RUN) and "sbench retry" in st.decisions["a-b4"].reason
 
 

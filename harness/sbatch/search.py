@@ -43,6 +43,16 @@ def candidates(points: Sequence[PlannedPoint], grid_fields: Sequence[str]) -> li
     return out
 
 
+def recorded(spec: SearchSpec, points: Sequence[PlannedPoint], grid_fields: Sequence[str],
+             repeats: int) -> dict[str, Any]:
+    """What the campaign line records of a search: the spec, the grid's fields, the campaign's repeats, and the
+    valid points as the search sees them (``sbench best`` answers from these and the database alone)."""
+    return {**spec.to_dict(), "grid_fields": list(grid_fields), "repeats": repeats,
+            "points": [{"point_id": c.point_id, "entity": dict(c.entity), "total_bytes": c.total_bytes,
+                        "device_bytes": c.device_bytes, "predicted_oom": c.predicted_oom}
+                       for c in candidates(points, grid_fields)]}
+
+
 def history_runs(db: Path, campaign: str, metric: str) -> dict[str, list[RunSeen]]:
     """Each point's repeats as the database has them (none without a database yet)."""
     if not Path(db).is_file():
@@ -92,30 +102,28 @@ def best(campaign: str, workdir: Path | None = None, db: Path | None = None) -> 
     if not dbp.is_file():
         raise InputError(f"{dbp}: no results database; run sbench collect --campaign {campaign} first")
     spec = spec_of(recorded)
-    points = [ev for ev in manifest.read(campaign_dir) if ev["type"] == "point" and not ev.get("repeat")]
     grid_fields = list(recorded.get("grid_fields") or [])
-    planned = [PlannedPoint(str(ev["point_id"]), 0, str(ev.get("experiment") or ""), dict(ev.get("entity") or {}),
-                            bool(ev.get("valid")), [], [], str(ev.get("partition") or ""), None,
-                            ev.get("memory")) for ev in points]
+    cands = [Candidate(str(c["point_id"]), dict(c.get("entity") or {}), c.get("total_bytes"), c.get("device_bytes"),
+                       c.get("predicted_oom")) for c in recorded.get("points") or []]
     repeats = int(recorded.get("repeats") or 1)
-    state = search_state(dbp, campaign, spec, planned, grid_fields, repeats)
+    state = step(spec, cands, history_runs(dbp, campaign, spec.metric), repeats)
     with open_store(dbp, read_only=True) as st:
         spent = campaign_seconds(st, campaign)
         decisions = search_decisions(st, campaign)
-    entity = {p.point_id: p.entity for p in planned}
+    entity = {c.point_id: c.entity for c in cands}
     iv = state.best_interval
     # The full grid, estimated from what this campaign measured: each valid point once, a point at or below its
     # shape's largest fitting batch at the mean of the ok runs, one above it at the mean of the OOM runs.
-    valid = [p for p in planned if p.valid]
+    valid = cands
     limit = {tuple(sorted((k, repr(v)) for k, v in f.shape.items() if k != BATCH_FIELD)): f for f in state.fits}
 
-    def fits(p: PlannedPoint) -> bool:
-        f = limit.get(tuple(sorted((k, repr(p.entity.get(k))) for k in grid_fields if k != BATCH_FIELD)))
+    def fits(c: Candidate) -> bool:
+        f = limit.get(tuple(sorted((k, repr(c.entity.get(k))) for k in grid_fields if k != BATCH_FIELD)))
         if f is None:  # no batch_size: fit: every valid point runs
             return True
-        return f.batch_size is not None and int(p.entity.get(BATCH_FIELD) or 0) <= f.batch_size
+        return f.batch_size is not None and c.batch <= f.batch_size
 
-    n_fit = sum(1 for p in valid if fits(p))
+    n_fit = sum(1 for c in valid if fits(c))
     n_oom = len(valid) - n_fit
     return {
         "campaign": campaign, "goal": {spec.sense: spec.metric}, "done": state.done, "stuck": state.stuck,

@@ -47,6 +47,7 @@ from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import run_prepare, work_for
 from .repeats import MORE, RepeatsVerdict, point_verdicts
 from .search import record_decisions, search_state
+from .search import recorded as recorded_search
 from .state import MeasuredRun, PointHistory, campaign_history, read_history, with_submitted
 
 MORE_REPEATS = "more repeats"  # the reason's head of an adaptive repeat's submission
@@ -332,8 +333,8 @@ def _campaign_lines(req: SubmitRequest, plan: Planned, decisions: list[Decision]
             executor=plan.backend.name, description=sweep.description, created_at=now_iso(),
             sbench_version=__version__, references=[r.to_dict() for r in sweep.references],
             repeats=sweep.adaptive.to_dict() if sweep.adaptive else None,
-            search=None if sweep.search is None else {**sweep.search.to_dict(), "grid_fields": list(sweep.grid),
-                                                      "repeats": sweep.search_repeats}))
+            search=None if sweep.search is None else recorded_search(sweep.search, points, list(sweep.grid),
+                                                                     sweep.search_repeats)))
     else:
         if _recorded_references(campaign_dir) != [r.to_dict() for r in sweep.references]:
             # The sweep's expectations changed (tightened, added): the checks follow the newest word.

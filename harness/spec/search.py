@@ -403,11 +403,13 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
             else:
                 kept.append(c)
         alive = kept
+        if len(alive) == 1:  # the one left needs no longer look to be told from the others: its repeats are next
+            break
         rung += 1
     best = ranked[0]
     final = [best] + [c for c in ranked[1:] if not _beaten(spec, seen[c.point_id], top)]  # type: ignore[arg-type]
     for c in ranked[1:]:
-        if c not in final:
+        if c not in final and c in alive:  # (those halved out earlier keep their reason)
             iv = seen[c.point_id]
             assert iv is not None
             st.decisions[c.point_id] = Decision(c.point_id, HALVING, STOP, f"out at the last rung {rung}: "

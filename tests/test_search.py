@@ -1,0 +1,121 @@
+"""An adaptive campaign (``search:``): the sweep's checks, and searches on the local executor with the tiny model,
+where the answer is known by construction (SBENCH_FAULT: OOM above a chosen batch, sleeps on every step of every
+point but one), compared with what the campaign measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from harness.spec.inventory import load_inventory
+from harness.spec.plan import plan_sweep
+from harness.spec.sweep import load_sweep
+
+from .conftest import SMALL_DATASET, write_sweep
+from .helpers import sbench
+
+BASE = {"campaign": "s", "experiment": "finetune_full_benchmark-v1.0.0",
+        "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 1, "max_steps": 4},
+        "grid": {"batch_size": [1, 2, 4], "gradient_accumulation_steps": [1, 2]},
+        "search": {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving"}}
+
+
+@pytest.mark.parametrize("search,grid,key,fix", [
+    ({"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "budget": 3}, None, "search.budget",
+     "valid keys"),
+    ({"goal": {"maximize": "tokens"}, "method": "halving"}, None, "search.goal.maximize",
+     "must be a numeric measurements column"),
+    ({"goal": {"largest": "dataset_tokens_per_second"}, "method": "halving"}, None, "search.goal.largest",
+     "valid keys: maximize, minimize"),
+    ({"goal": {"maximize": "dataset_tokens_per_second"}, "method": "annealing"}, None, "search.method", "halving"),
+    ({"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit"}, {"gradient_accumulation_steps": [1, 2]},
+     "search.batch_size", "grid.batch_size two or more values"),
+    ({"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving"},
+     {"batch_size": [1, 2]}, "search.method", "the grid has one shape"),
+    ({"goal": {"maximize": "dataset_tokens_per_second"}}, None, "search", "asks for nothing"),
+    ({"batch_size": "fit"}, None, "search.goal", "required"),
+])
+def test_bad_search_exits_2_naming_the_key(tmp_path: Path, cli, search, grid, key, fix) -> None:
+    sw = write_sweep(tmp_path / "sweep.yaml", {**BASE, "search": search, "grid": grid or BASE["grid"]})
+    res = cli("plan", sw)
+    assert res.exit_code == 2, res.output
+    assert str(sw) in res.output and key in res.output and fix in res.output and "Traceback" not in res.output
+
+
+def test_a_search_sweep_plans_a_repeat_per_rung_and_the_campaigns_repeats(tmp_path: Path) -> None:
+    sw = load_sweep(write_sweep(tmp_path / "a.yaml", {**BASE, "repeats": 2}))
+    assert sw.search is not None and sw.search.metric == "dataset_tokens_per_second" and sw.search.eta == 3
+    # two shapes: one halving rung after rung 0, then the campaign's 2 repeats
+    assert sw.search_repeats == 2 and sw.repeats == 1 + 1 + 2
+    plain = load_sweep(write_sweep(tmp_path / "p.yaml", {k: v for k, v in BASE.items() if k != "search"}))
+    assert plain.search is None and plain.repeats == 1
+
+
+def test_search_and_adaptive_repeats_do_not_mix(tmp_path: Path, cli) -> None:
+    sw = write_sweep(tmp_path / "a.yaml", {**BASE, "repeats": {"min": 2, "max": 3, "cv": 0.1}})
+    res = cli("plan", sw)
+    assert res.exit_code == 2 and "repeats" in res.output and "search:" in res.output
+
+
+def test_best_refuses_a_campaign_without_a_search(tmp_path: Path, cli) -> None:
+    res = cli("best", "nothing", "--workdir", str(tmp_path), "--db", str(tmp_path / "r.duckdb"))
+    assert res.exit_code == 2 and "no search" in res.output
+
+
+@pytest.mark.train
+@pytest.mark.slow(420)
+def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny_model: Path, small_data_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    runs, db = tmp_path / "runs", tmp_path / "r.duckdb"
+    common = ["--workdir", str(runs), "--db", str(db)]
+    # Two shapes (gradient accumulation 1 and 2) x batches 1, 2, 4, 8. Batch 8 "OOMs" in both shapes and batch 4
+    # too with accumulation 2 (oom@step=1 faults); every point but one sleeps 1 s after each step.
+    doc = {"campaign": "srch", "experiment": "finetune_full_benchmark-v1.0.0",
+           "entity": {"model_name": "tiny", "model_max_length": 32, "dataset_id": SMALL_DATASET, "number_gpus": 1,
+                      "max_steps": 3},
+           "grid": {"batch_size": [1, 2, 4, 8], "gradient_accumulation_steps": [1, 2]},
+           "search": {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving"},
+           "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)}
+    sw = write_sweep(tmp_path / "sweep.yaml", doc)
+    inv_doc = {"cluster": "c", "partitions": {"cpu": {
+        "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
+        "hosts": {"h1": {"address": "127.0.0.1"}}}}}
+    inv = write_sweep(tmp_path / "inv.yaml", inv_doc)
+    points = {(p.entity["gradient_accumulation_steps"], p.entity["batch_size"]): p.point_id
+              for p in plan_sweep(load_sweep(sw), load_inventory(inv)) if p.repeat == 0}
+    fast = points[(1, 4)]
+    ooms = [points[(1, 8)], points[(2, 8)], points[(2, 4)]]
+    inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": ";".join(
+        [f"oom@step=1,job={pid}." for pid in ooms]
+        + [f"sleep@step=*,job={pid}.:1" for pid in points.values() if pid != fast and pid not in ooms])}
+    write_sweep(inv, inv_doc)
+
+    # one submit --wait: the bisection, the halving rung and the best point's repeat, wave after wave
+    out = json.loads(sbench("submit", sw, "-i", inv, "--executor", "local", "--wait", "--json", *common,
+                            timeout=900).stdout)
+    assert out["summary"]["counts"].get("failed", 0) == 0, out["summary"]
+    ans = json.loads(sbench("best", "srch", "--json", *common).stdout)
+    assert ans["done"] and ans["best"]["point_id"] == fast
+    assert ans["best"]["batch_size"] == 4 and ans["best"]["gradient_accumulation_steps"] == 1
+    fits = {m["shape"]["gradient_accumulation_steps"]: m for m in ans["max_batch_size"]}
+    assert (fits[1]["batch_size"], fits[1]["smallest_oom"]) == (4, 8)
+    assert (fits[2]["batch_size"], fits[2]["largest_ok"], fits[2]["smallest_oom"]) == (2, 2, 4)
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        ran = {r[0] for r in con.execute("SELECT DISTINCT point_id FROM runs WHERE campaign = 'srch'").fetchall()}
+        rows = con.execute("SELECT point_id, action, reason FROM search_decisions WHERE campaign = 'srch'").fetchall()
+        best_value = con.execute("SELECT avg(dataset_tokens_per_second) FROM measurements WHERE point_id = ? AND "
+                                 "is_valid", [fast]).fetchone()[0]
+    # not every point ran; every point of the grid has a decision with its reason
+    assert len(ran) < len(points)
+    assert {r[0] for r in rows} == set(points.values()) and all(r[2] for r in rows)
+    assert ans["best"]["value"] == pytest.approx(best_value, rel=1e-9)
+    never = set(points.values()) - ran
+    assert never and all(dict((r[0], r[1]) for r in rows)[p] == "skipped" for p in never)
+    assert ans["runs"] >= len(ran) and ans["grid_points"] == len(points)
+
+    text = sbench("best", "srch", *common).stdout
+    assert f"best: {fast}" in text and "largest ok" in text
