@@ -5,6 +5,7 @@ point but one), compared with what the campaign measured."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import duckdb
@@ -90,15 +91,34 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
     ooms = [points[(1, 8)], points[(2, 8)], points[(2, 4)]]
     inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": ";".join(
         [f"oom@step=1,job={pid}." for pid in ooms]
-        + [f"sleep@step=*,job={pid}.:1" for pid in points.values() if pid != fast and pid not in ooms])}
+        + [f"sleep@step=*,job={pid}.:1" for pid in points.values() if pid != fast and pid not in ooms]
+        # the best point's first repeat after the rungs fails once (its first attempt): retry runs it again
+        + [f"error@step=1,job={fast}.r1.a1"])}
     write_sweep(inv, inv_doc)
 
-    # one submit --wait: the bisection, the halving rung and the best point's repeat, wave after wave
+    # submit with no --wait: the first wave of the bisection (each shape's batch 8); collect, once it has read what
+    # ended, submits the next wave by itself
+    first = json.loads(sbench("submit", sw, "-i", inv, "--executor", "local", "--json", *common).stdout)
+    assert sorted(p["point_id"] for p in first["points"] if p["action"] == "submit") == sorted(
+        [points[(1, 8)], points[(2, 8)]])
+    deadline, sent = time.monotonic() + 300, []
+    # (each shape's bisection goes on by itself: the first to end sends its shape's next run first)
+    while time.monotonic() < deadline and len(sent) < 2:
+        time.sleep(3)
+        out = json.loads(sbench("collect", "--campaign", "srch", "--json", *common).stdout)
+        sent += [(p["point_id"], p["repeat"]) for m in out["more_repeats"] for p in m["points"]
+                 if p["action"] == "submit"]
+    assert sorted(sent) == sorted([(points[(1, 2)], 0), (points[(2, 2)], 0)])
+    # interrupted here, between waves (no process of the search is left): submit --wait goes on from the database
     out = json.loads(sbench("submit", sw, "-i", inv, "--executor", "local", "--wait", "--json", *common,
-                            timeout=900).stdout)
-    assert out["summary"]["counts"].get("failed", 0) == 0, out["summary"]
+                            timeout=900, ok=(0, 1)).stdout)
+    assert out["summary"]["counts"].get("failed", 0) == 1, out["summary"]  # the best point's failed repeat
     ans = json.loads(sbench("best", "srch", "--json", *common).stdout)
-    assert ans["done"] and ans["best"]["point_id"] == fast
+    assert ans["best"]["point_id"] == fast and ans["stuck"] == [fast]
+    # retry runs the failed repeat again, and the search is over
+    sbench("retry", "srch", "--executor", "local", "--wait", *common, timeout=600)
+    ans = json.loads(sbench("best", "srch", "--json", *common).stdout)
+    assert ans["done"] and not ans["stuck"] and ans["best"]["point_id"] == fast and ans["best"]["runs"] == 2
     assert ans["best"]["batch_size"] == 4 and ans["best"]["gradient_accumulation_steps"] == 1
     fits = {m["shape"]["gradient_accumulation_steps"]: m for m in ans["max_batch_size"]}
     assert (fits[1]["batch_size"], fits[1]["smallest_oom"]) == (4, 8)
@@ -115,7 +135,17 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
     assert ans["best"]["value"] == pytest.approx(best_value, rel=1e-9)
     never = set(points.values()) - ran
     assert never and all(dict((r[0], r[1]) for r in rows)[p] == "skipped" for p in never)
-    assert ans["runs"] >= len(ran) and ans["grid_points"] == len(points)
+    assert ans["grid_points"] == len(points)
+    with duckdb.connect(str(db), read_only=True) as con:
+        attempts = con.execute("SELECT point_id, repeat, count(*) AS n, max(attempt) FROM runs WHERE campaign = "
+                               "'srch' GROUP BY ALL").fetchall()
+    # no decided point ran again: one attempt per (point, repeat), but the retried one
+    assert all(n == 1 for pid, rep, n, _ in attempts if (pid, rep) != (fast, 1))
+    assert [(n, a) for pid, rep, n, a in attempts if (pid, rep) == (fast, 1)] == [(2, 2)]
+    assert ans["runs"] == sum(n for *_, n, _ in attempts)
+    # the halving's decision about the slower shape says why it left
+    slow = dict((r[0], r[2]) for r in rows)[points[(2, 2)]]
+    assert slow.startswith("halved out at rung 0: ") and "< best" in slow
 
     text = sbench("best", "srch", *common).stdout
     assert f"best: {fast}" in text and "largest ok" in text

@@ -381,7 +381,8 @@ def _hand_over(req: SubmitRequest, plan: Planned, todo: list[Decision], specs: l
         max_parallel=req.max_parallel or sweep.slurm.max_parallel, hold=req.hold, dependency=dependency,
         qos=sweep.slurm.qos or inv.partition(sweep.partition).qos,
         reasons={spec.job_dir: d.reason for d, spec in zip(todo, specs, strict=True)}, pack=sweep.slurm.pack,
-        pack_time_limit=inv.partition(sweep.partition).time_limit), sweep, inv, plan.campaign_dir)
+        pack_time_limit=inv.partition(sweep.partition).time_limit,
+        search_db=str(plan.db.resolve()) if sweep.search else None), sweep, inv, plan.campaign_dir)
     report.submitted = backend.submit(plan.campaign_dir, specs, opts)
     report.sbatch_calls = backend.sbatch_calls
     report.held_back = sum(1 for s in report.submitted if s.extra.get("held_back"))
