@@ -39,7 +39,8 @@ def test_a_search_submitted_once_finishes_by_its_feeder(tmp_path: Path, tiny_mod
 
     sw = write_sweep(tmp_path / "s.yaml", {
         "campaign": camp, "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
-        "entity": {"model_name": "tiny", "model_max_length": 32, "dataset_id": SMALL_DATASET, "max_steps": 3},
+        "entity": {"model_name": "tiny", "model_max_length": 32, "dataset_id": SMALL_DATASET, "max_steps": 3,
+                   "number_gpus": 1},
         "grid": {"batch_size": [1, 2, 4], "gradient_accumulation_steps": [1, 2]},
         "search": {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving"},
         "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir),

@@ -330,7 +330,8 @@ def feed(locks: CampaignLocks, campaign_dir: Path, slurm: Slurm | None = None) -
         ensure_feeder(slurm, campaign_dir, doc)
     else:
         doc["feeder_job"] = None
-        doc["finished_at"] = stamp
+        if not doc.get("search_db"):  # a search's feed ends when the search does (keep_feeding)
+            doc["finished_at"] = stamp
         write_feed(campaign_dir, doc)
     return doc
 
@@ -380,14 +381,15 @@ def stop(slurm: Slurm, campaign_dir: Path) -> list[str]:
 
 def feed_summary(slurm: Slurm, campaign_dir: Path) -> dict[str, Any]:
     """For ``submit``: the campaign's feed as it stands (what it holds, its feeder job, the limits of its last
-    wave, why it stopped); {} when it holds nothing."""
+    wave, why it stopped, and ``search`` for a search's feeder); {} when it holds nothing and feeds no search."""
     doc = read_feed(campaign_dir)
-    if not held_count(doc) or doc.get("cancelled_at"):
+    if doc.get("cancelled_at") or not held_count(doc) and not (doc.get("search_db") and not doc.get("finished_at")):
         return {}
     waves = doc.get("waves") or []
     why = feeding_stopped(doc, slurm)
     return {"held": held_count(doc), "feeder_job": doc.get("feeder_job") if why is None else None,
-            "stopped": why, "limits": waves[-1].get("limits") if waves else None, "waves": len(waves)}
+            "stopped": why, "limits": waves[-1].get("limits") if waves else None, "waves": len(waves),
+            "search": bool(doc.get("search_db"))}
 
 
 def feed_notes(workdir: Path, campaign: str | None, slurm: Slurm) -> list[str]:
