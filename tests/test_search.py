@@ -149,3 +149,17 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
 
     text = sbench("best", "srch", *common).stdout
     assert f"best: {fast}" in text and "largest ok" in text
+
+
+def test_a_rungs_short_run_has_its_share_of_the_run_length(tmp_path: Path) -> None:
+    from harness.sbatch.search import MIN_STEPS, scaled_sweep
+
+    sw = load_sweep(write_sweep(tmp_path / "a.yaml", {
+        **BASE, "entity": {**BASE["entity"], "auto_stop_method": "WARMUP_60S_STABLE_120S_OR_10_STEPS"},
+        "runner": {"auto_stop": {"method": "precision", "rel_ci": 0.02, "min_steps": 18, "max_seconds": 90}}}))
+    short = scaled_sweep(sw, 1 / 9)
+    assert short.runner.max_seconds == pytest.approx(10) and short.runner.min_steps == MIN_STEPS  # 18 / 9 < 3
+    assert scaled_sweep(sw, 1 / 3).runner.min_steps == 6
+    assert short.runner.rel_ci == pytest.approx(0.06) and short.runner.sample_interval_s == sw.runner.sample_interval_s
+    assert scaled_sweep(sw, 1 / 10000).runner.rel_ci == 0.5  # the widest interval a sweep may ask
+    assert sw.runner.max_seconds == 90  # the sweep itself is left as it was

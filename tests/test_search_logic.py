@@ -225,3 +225,14 @@ def test_first_step_runs_rung_zero_of_every_entrant_without_fit():
     st = step(spec, cands, {}, 1)
     assert sorted(st.todo) == sorted((c.point_id, 0) for c in cands)
     assert all(d.action == RUN for d in st.decisions.values())
+
+
+def test_rung_runs_are_short_and_the_final_repeats_full():
+    cands = grid(list(LIMIT), BATCHES)
+    st, made, _ = simulate(SPEC, cands, fits_of, lambda c: 100.0 * c.batch, repeats=1)
+    # four shapes: two rungs of halving at most, so a bisection's (first rung's) run is 1/9 of the full length
+    assert SPEC.rungs(4) == 2
+    assert {st.scale[(p, r)] for p, r in made if r == 0} == {1 / 9}
+    assert {st.scale[(p, r)] for p, r in made if r > 0 and st.decisions[p].phase == FINAL} == {1.0}
+    first = step(SPEC, cands, {}, 1)
+    assert all("0.11 of the campaign's run length" in first.decisions[p].reason for p, _ in first.todo)

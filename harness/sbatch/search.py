@@ -9,6 +9,8 @@ database, so an interrupted search goes on where it stopped and a decided point 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,11 @@ from harness.db.search import campaign_seconds, search_decisions, search_runs
 from harness.db.store import open_store
 from harness.spec.plan import PlannedPoint
 from harness.spec.search import BATCH_FIELD, Candidate, RunSeen, SearchSpec, SearchState, step
+from harness.spec.sweep import MAX_REL_CI, Sweep
 
 from . import manifest
+
+MIN_STEPS = 3  # a short run's fewest auto-stop steps: an interval needs a few
 
 
 def spec_of(recorded: dict[str, Any]) -> SearchSpec:
@@ -51,6 +56,18 @@ def recorded(spec: SearchSpec, points: Sequence[PlannedPoint], grid_fields: Sequ
             "points": [{"point_id": c.point_id, "entity": dict(c.entity), "total_bytes": c.total_bytes,
                         "device_bytes": c.device_bytes, "predicted_oom": c.predicted_oom}
                        for c in candidates(points, grid_fields)]}
+
+
+def scaled_sweep(sweep: Sweep, scale: float) -> Sweep:
+    """*sweep* with its runner settings for a run *scale* of its length (a rung's short run): the auto-stop's
+    warm-up, window and time limit shortened by it, its steps too (at least MIN_STEPS), and the precision
+    method's interval widened as a shorter run's is (by 1 / sqrt(scale), at most MAX_REL_CI)."""
+    r = sweep.runner
+    short = dataclasses.replace(
+        r, warmup_seconds=r.warmup_seconds * scale, stable_seconds=r.stable_seconds * scale,
+        max_seconds=r.max_seconds * scale, min_steps=max(MIN_STEPS, round(r.min_steps * scale)),
+        rel_ci=min(MAX_REL_CI, r.rel_ci / math.sqrt(scale)))
+    return dataclasses.replace(sweep, runner=short)
 
 
 def history_runs(db: Path, campaign: str, metric: str) -> dict[str, list[RunSeen]]:

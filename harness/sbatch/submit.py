@@ -46,7 +46,7 @@ from .fit import ClusterFit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import run_prepare, work_for
 from .repeats import MORE, RepeatsVerdict, point_verdicts
-from .search import record_decisions, search_state
+from .search import record_decisions, scaled_sweep, search_state
 from .search import recorded as recorded_search
 from .state import MeasuredRun, PointHistory, campaign_history, read_history, with_submitted
 
@@ -62,6 +62,7 @@ class Decision:
     reason: str
     attempt: int = 0
     reused: MeasuredRun | None = None  # skipped because it takes this run of another campaign (reuse)
+    scale: float = 1.0  # a search's short run: this share of the sweep's run length (harness.spec.search)
 
 
 @dataclass
@@ -157,6 +158,8 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
         else:
             why = asked.get((p.point_id, p.repeat))
             out.append(Decision(p, "submit", f"{SEARCH}: {why}" if why else "new", next_attempt))
+        if search is not None and out and out[-1].point is p and out[-1].action == "submit":
+            out[-1].scale = search.scale.get((p.point_id, p.repeat), 1.0)
     return out
 
 
@@ -357,13 +360,17 @@ def _write_job_dirs(plan: Planned, todo: list[Decision]) -> list[JobSpec]:
     """Write the job dir of each attempt to submit. The preview rendered every valid point as attempt 1: new
     points reuse it; only later attempts (retry, force) are rendered again, under their own job dirs."""
     first = {(spec.point_id, spec.repeat): (spec, files) for spec, files in plan.preview}
-    later = [d for d in todo if d.attempt != 1]
-    again = {(spec.point_id, spec.repeat): (spec, files) for spec, files in prepare_points(
-        plan.sweep, plan.inv, [d.point for d in later], plan.campaign_dir,
-        {(d.point.point_id, d.point.repeat): d.attempt for d in later}, exclude=plan.fit.exclude)} if later else {}
+    later = [d for d in todo if d.attempt != 1 or d.scale != 1.0]
+    again: dict[tuple[str, int], tuple[JobSpec, Rendered]] = {}
+    for scale in sorted({d.scale for d in later}):  # a search's short runs: their own runner settings
+        group = [d for d in later if d.scale == scale]
+        sweep = plan.sweep if scale == 1.0 else scaled_sweep(plan.sweep, scale)
+        again.update({(spec.point_id, spec.repeat): (spec, files) for spec, files in prepare_points(
+            sweep, plan.inv, [d.point for d in group], plan.campaign_dir,
+            {(d.point.point_id, d.point.repeat): d.attempt for d in group}, exclude=plan.fit.exclude)})
     specs: list[JobSpec] = []
     for d in todo:
-        spec, files = (first if d.attempt == 1 else again)[(d.point.point_id, d.point.repeat)]
+        spec, files = (first if d.attempt == 1 and d.scale == 1.0 else again)[(d.point.point_id, d.point.repeat)]
         write_files(spec.job_dir, files)
         # Until the backend replaces it: should this submit die (SIGKILL) before handing the job dir over,
         # status, collect and retry see an attempt that never started, not one queued for ever.

@@ -226,6 +226,8 @@ class SearchState:
     runners_up: list[str] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)  # points whose failed run waits for sbench retry
     waiting: bool = False
+    # (point_id, repeat) -> the share of the campaign's run length that run gets (a rung's short run; 1: full)
+    scale: dict[tuple[str, int], float] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
@@ -259,7 +261,7 @@ def _fits(c: Candidate, runs: Mapping[str, Sequence[RunSeen]]) -> str | None:
 
 
 def _bisect(shape: list[Candidate], runs: Mapping[str, Sequence[RunSeen]], st: SearchState,
-            fit: bool) -> Candidate | None:
+            fit: bool, scale: float) -> Candidate | None:
     """Bisect one shape (candidates by ascending batch); its largest fitting point, or None (none fits, or
     undecided: ``st`` says which)."""
     seen = [_fits(c, runs) for c in shape]
@@ -280,6 +282,8 @@ def _bisect(shape: list[Candidate], runs: Mapping[str, Sequence[RunSeen]], st: S
     decided = not pending and not untried
     for i, c in enumerate(shape):
         pid, s = c.point_id, seen[i]
+        if s is not None:
+            st.scale[(pid, 0)] = scale
         if s == "ok" and i == lo:
             st.decisions[pid] = Decision(pid, FIT, KEEP, f"largest batch that fits so far: batch {c.batch} ran ok "
                                                           f"({c.prediction()})", 0)
@@ -315,10 +319,12 @@ def _bisect(shape: list[Candidate], runs: Mapping[str, Sequence[RunSeen]], st: S
             probe = untried[len(untried) // 2]
         c = shape[probe]
         st.todo.append((c.point_id, 0))
+        st.scale[(c.point_id, 0)] = scale
         low = f"batch {shape[lo].batch} ok" if lo is not None else "nothing known to fit"
         high = f"batch {shape[hi].batch} OOM" if hi < len(shape) else "no OOM seen"
         st.decisions[c.point_id] = Decision(c.point_id, FIT, RUN, f"bisection: {low}, {high}; runs batch "
-                                                                  f"{c.batch} ({c.prediction()})", 0)
+                                                                  f"{c.batch} ({c.prediction()}){_share(scale)}",
+                                                     0)
     for i in untried:
         if shape[i].point_id not in st.decisions:
             st.decisions[shape[i].point_id] = Decision(shape[i].point_id, FIT, WAIT, "not decided yet: the "
@@ -341,8 +347,10 @@ def step(spec: SearchSpec, candidates: Sequence[Candidate], runs: Mapping[str, S
         shapes: dict[tuple[tuple[str, str], ...], list[Candidate]] = {}
         for c in candidates:
             shapes.setdefault(c.shape(True), []).append(c)
+        # a bisection's run is a first rung's: as short as the halving's first rung over every shape
+        scale = float(spec.eta) ** -spec.rungs(len(shapes))
         for shape in shapes.values():
-            best = _bisect(sorted(shape, key=lambda c: c.batch), runs, st, True)
+            best = _bisect(sorted(shape, key=lambda c: c.batch), runs, st, True, scale)
             if best is not None:
                 entrants.append(best)
         if st.todo or st.waiting or st.stuck or any(not f.decided for f in st.fits):
@@ -362,12 +370,14 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
     rung = 0
     while True:
         blocked = False
+        share = float(spec.eta) ** -(rungs - rung)
         for c in list(alive):
             r = _run(runs, c.point_id, rung)
             phase = HALVING if rungs else FINAL
+            st.scale.setdefault((c.point_id, rung), share)  # (a bisection's run keeps its own)
             if r is None:
                 st.todo.append((c.point_id, rung))
-                st.decisions[c.point_id] = Decision(c.point_id, phase, RUN, f"rung {rung} run", rung)
+                st.decisions[c.point_id] = Decision(c.point_id, phase, RUN, f"rung {rung} run{_share(share)}", rung)
                 blocked = True
             elif r.outcome is None:
                 st.decisions[c.point_id] = Decision(c.point_id, phase, WAIT, f"rung {rung} run queued or running",
@@ -420,6 +430,7 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
         role = "best" if c is best else "runner-up (its interval overlaps the best's)"
         todo = []
         for rep in range(rung + 1, rung + 1 + repeats):
+            st.scale[(c.point_id, rep)] = 1.0
             r = _run(runs, c.point_id, rep)
             if r is None:
                 todo.append(rep)
@@ -442,6 +453,10 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
     if answer:
         st.best, st.best_interval = answer[0].point_id, final_iv[answer[0].point_id]
         st.runners_up = [c.point_id for c in answer[1:]]
+
+
+def _share(scale: float) -> str:
+    return "" if scale >= 1 else f", {scale:.2g} of the campaign's run length"
 
 
 def _beaten(spec: SearchSpec, iv: Interval, best: Interval) -> bool:
