@@ -149,6 +149,11 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
 
     text = sbench("best", "srch", *common).stdout
     assert f"best: {fast}" in text and "largest ok" in text
+    # the report's section says the same answer, with the time saved
+    sbench("report", "--campaign", "srch", "-o", tmp_path / "r.html", "--db", db)
+    page = (tmp_path / "r.html").read_text()
+    assert "Search: the best point and the largest batch that fits" in page and f"Best: <b>{fast}: " in page
+    assert "hours saved" in page and "halved out at rung 0" in page
 
 
 def test_a_rungs_short_run_has_its_share_of_the_run_length(tmp_path: Path) -> None:

@@ -86,7 +86,8 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
                                   "created_at": utc(ev.get("created_at")),
                                   "sbench_version": ev.get("sbench_version"), "source": "manifest",
                                   "references_spec": to_json(ev.get("references") or []),
-                                  "repeats_spec": to_json(ev.get("repeats")) if ev.get("repeats") else None})
+                                  "repeats_spec": to_json(ev.get("repeats")) if ev.get("repeats") else None,
+                                  "search_spec": to_json(ev.get("search")) if ev.get("search") else None})
                 references[str(ev["campaign"])] = ev.get("references") or []
                 repeats[str(ev["campaign"])] = ev.get("repeats")
             elif kind == "references":

@@ -38,8 +38,8 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # (measurements.dataset_tokens, dataset_image_tokens); 13: the host's other load (the 'host' sample kind,
 # sample_rows.foreign_procs; measurements.host_other_cpu_pct, gpu_foreign_processes, host_busy), which
 # point_stability leaves out like a shared host; campaigns.repeats_spec (the report's repeats per point)
-# --- migration step (search): the search_decisions table. Its own number so that merging renumbers it: it is the
-# step after whatever the base branch's last one is ---
+# --- migration step (search): the search_decisions table and campaigns.search_spec. Its own number so that a
+# merge renumbers it: it is the step after whatever the base branch's last one is ---
 SCHEMA_VERSION = 14
 
 
@@ -79,6 +79,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("sbench_version", "VARCHAR"), ("source", "VARCHAR"),
         ("references_spec", "JSON"),  # the sweep's references (harness.references), newest word
         ("repeats_spec", "JSON"),  # the sweep's repeats: {min, max, cv} (NULL: a plain repeats: N), newest word
+        ("search_spec", "JSON"),  # the sweep's search: and its grid's points as the search sees them (NULL: none)
     ],
     "points": [("point_id", "VARCHAR"), ("experiment", "VARCHAR"), ("valid", "BOOLEAN"),
                ("reasons", "VARCHAR[]"), ("notes", "VARCHAR[]"), *ENTITY_COLUMNS, ("entity", "JSON")],

@@ -18,6 +18,7 @@ from typing import Any
 from harness.contract.errors import InputError, SbenchError
 from harness.contract.paths import resolve_db
 from harness.db.checks import check_results, references_of
+from harness.db.search import search_answer
 from harness.db.store import Store
 from harness.spec.catalog import EXPERIMENTS
 from harness.spec.repeats import verdict
@@ -66,6 +67,7 @@ class ReportData:
     attempts: list[dict[str, Any]] = field(default_factory=list)  # every attempt: why it was sent, what it measured
     repeats: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (campaign, point_id) -> its
     # repeats: how many, the target, the state (point_repeats)
+    searches: list[dict[str, Any]] = field(default_factory=list)  # each search campaign's answer (sbench best's)
 
     @property
     def by_campaign(self) -> bool:
@@ -136,6 +138,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
                    if (campaign in (None, c) and not data.shown) or c in data.shown}
     data.attempts = queries.attempt_rows(store, where)
     data.repeats = point_repeats(data.campaigns, data.attempts, data.stability, queries.planned_repeats(store, where))
+    data.searches = [a for a in (search_answer(store, c["campaign"]) for c in data.campaigns) if a is not None]
     return data
 
 

@@ -41,6 +41,7 @@ from .sections import (
     memory_section,
     metric_chart,
     overhead_table,
+    search_section,
     section,
     stage_chart,
     utilisation_charts,
@@ -214,7 +215,7 @@ def render_report(data: ReportData) -> str:
                 "by message size, one line per run, labelled partition × nodes and the transport NCCL chose "
                 "(gloo on CPU partitions).", fabric_charts(data.fabric)),
         memory_section(ms, word), efficiency_section(ms, word, by_campaign=per), checks_section(data.checks, word),
-        compare_section(data.compare),
+        compare_section(data.compare), search_section(data.searches, word),
         section("latest", "Each point: its repeats, median and spread",
                 f"One row per {'campaign’s ' if per else ''}point (OOM rows in red): its repeats (submitted, of how "
                 "many; with repeats: {min, max, cv} the bounds, the CV target and the state sbench status gives), "

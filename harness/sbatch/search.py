@@ -18,22 +18,15 @@ from typing import Any
 from harness.contract.errors import InputError
 from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
 from harness.contract.records import ManifestLine, SearchLine, append_manifest, now_iso
-from harness.db.search import campaign_seconds, search_decisions, search_runs
+from harness.db.search import runs_seen, search_answer
 from harness.db.store import open_store
 from harness.spec.plan import PlannedPoint
-from harness.spec.search import BATCH_FIELD, Candidate, RunSeen, SearchSpec, SearchState, step
+from harness.spec.search import Candidate, RunSeen, SearchSpec, SearchState, step
 from harness.spec.sweep import MAX_REL_CI, Sweep
 
 from . import manifest
 
 MIN_STEPS = 3  # a short run's fewest auto-stop steps: an interval needs a few
-
-
-def spec_of(recorded: dict[str, Any]) -> SearchSpec:
-    """A campaign line's ``search`` back as the spec."""
-    sense, metric = next(iter(recorded["goal"].items()))
-    return SearchSpec(str(metric), str(sense), recorded.get("batch_size"), recorded.get("method"),
-                      int(recorded.get("eta") or 3))
 
 
 def candidates(points: Sequence[PlannedPoint], grid_fields: Sequence[str]) -> list[Candidate]:
@@ -74,13 +67,8 @@ def history_runs(db: Path, campaign: str, metric: str) -> dict[str, list[RunSeen
     """Each point's repeats as the database has them (none without a database yet)."""
     if not Path(db).is_file():
         return {}
-    out: dict[str, list[RunSeen]] = {}
     with open_store(db, read_only=True) as st:
-        for r in search_runs(st, campaign, metric):
-            out.setdefault(r["point_id"], []).append(RunSeen(
-                int(r["repeat"]), r["outcome"], None if r["value"] is None else float(r["value"]),
-                None if r["rel_ci"] is None else float(r["rel_ci"]), r["reason"]))
-    return out
+        return runs_seen(st, campaign, metric)
 
 
 def search_state(db: Path, campaign: str, spec: SearchSpec, points: Sequence[PlannedPoint],
@@ -107,54 +95,16 @@ def record_decisions(campaign_dir: Path, campaign: str, state: SearchState) -> l
 
 
 def best(campaign: str, workdir: Path | None = None, db: Path | None = None) -> dict[str, Any]:
-    """``sbench best``: the search's answer from the database: the best point with its goal value and interval,
-    the largest batch that fits per shape with its evidence, the decisions, and what the campaign spent beside
-    what the full grid would have."""
+    """``sbench best``: the search's answer from the database (``harness.db.search.search_answer``)."""
     wd, dbp = resolve_workdir(workdir), resolve_db(db)
-    campaign_dir = wd / campaign
-    recorded = manifest.search_spec(campaign_dir)
-    if recorded is None:
+    if manifest.search_spec(wd / campaign) is None:
         raise InputError(f"campaign {campaign!r}: no search (its sweep has no search: section, or there is no "
-                         f"manifest {CampaignPaths(campaign_dir).manifest}); sbench best answers a search campaign")
+                         f"manifest {CampaignPaths(wd / campaign).manifest}); sbench best answers a search campaign")
     if not dbp.is_file():
         raise InputError(f"{dbp}: no results database; run sbench collect --campaign {campaign} first")
-    spec = spec_of(recorded)
-    grid_fields = list(recorded.get("grid_fields") or [])
-    cands = [Candidate(str(c["point_id"]), dict(c.get("entity") or {}), c.get("total_bytes"), c.get("device_bytes"),
-                       c.get("predicted_oom")) for c in recorded.get("points") or []]
-    repeats = int(recorded.get("repeats") or 1)
-    state = step(spec, cands, history_runs(dbp, campaign, spec.metric), repeats)
     with open_store(dbp, read_only=True) as st:
-        spent = campaign_seconds(st, campaign)
-        decisions = search_decisions(st, campaign)
-    entity = {c.point_id: c.entity for c in cands}
-    iv = state.best_interval
-    # The full grid, estimated from what this campaign measured: each valid point once, a point at or below its
-    # shape's largest fitting batch at the mean of the ok runs, one above it at the mean of the OOM runs.
-    valid = cands
-    limit = {tuple(sorted((k, repr(v)) for k, v in f.shape.items() if k != BATCH_FIELD)): f for f in state.fits}
-
-    def fits(c: Candidate) -> bool:
-        f = limit.get(tuple(sorted((k, repr(c.entity.get(k))) for k in grid_fields if k != BATCH_FIELD)))
-        if f is None:  # no batch_size: fit: every valid point runs
-            return True
-        return f.batch_size is not None and c.batch <= f.batch_size
-
-    n_fit = sum(1 for c in valid if fits(c))
-    n_oom = len(valid) - n_fit
-    return {
-        "campaign": campaign, "goal": {spec.sense: spec.metric}, "done": state.done, "stuck": state.stuck,
-        "best": None if state.best is None or iv is None else {
-            "point_id": state.best, **{k: entity[state.best].get(k) for k in grid_fields}, "value": iv.mean,
-            "interval": [iv.lo, iv.hi], "runs": iv.runs},
-        "runners_up": state.runners_up,
-        "max_batch_size": [{"shape": {k: v for k, v in f.shape.items() if k != BATCH_FIELD},
-                            "batch_size": f.batch_size, "largest_ok": f.largest_ok, "smallest_oom": f.smallest_oom,
-                            "decided": f.decided} for f in state.fits],
-        "runs": int(spent["runs"]), "grid_points": len(valid), "train_s": spent["train_s"],
-        "allocation_s": spent["allocation_s"],
-        "grid_train_s_estimate": n_fit * spent["ok_train_s"] + n_oom * spent["invalid_train_s"],
-        "grid_allocation_s_estimate": n_fit * spent["ok_allocation_s"] + n_oom * spent["invalid_allocation_s"],
-        "decisions": [{k: (str(v) if k == "decided_at" and v is not None else v) for k, v in d.items()}
-                      for d in decisions],
-    }
+        ans = search_answer(st, campaign)
+    if ans is None:
+        raise InputError(f"{dbp}: campaign {campaign!r} has no search recorded yet; run sbench collect --campaign "
+                         f"{campaign} first")
+    return ans
