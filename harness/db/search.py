@@ -79,13 +79,16 @@ def search_answer(store: Store, campaign: str) -> dict[str, Any] | None:
             return True
         return f.batch_size is not None and c.batch <= f.batch_size
 
+    full = store.fetch_dicts("SELECT entity FROM points WHERE point_id = ?", [state.best]) if state.best else []
+    best_entity = json.loads(full[0]["entity"]) if full and isinstance(full[0]["entity"], str) else (
+        dict(full[0]["entity"]) if full and full[0]["entity"] else {})
     n_fit = sum(1 for c in cands if fits(c))
     n_oom = len(cands) - n_fit
     return {
         "campaign": campaign, "goal": {spec.sense: spec.metric}, "done": state.done, "stuck": state.stuck,
         "best": None if state.best is None or iv is None else {
             "point_id": state.best, **{k: entity[state.best].get(k) for k in grid_fields}, "value": iv.mean,
-            "interval": [iv.lo, iv.hi], "runs": iv.runs},
+            "interval": [iv.lo, iv.hi], "runs": iv.runs, "entity": best_entity},
         "runners_up": state.runners_up,
         "max_batch_size": [{"shape": {k: v for k, v in f.shape.items() if k != BATCH_FIELD},
                             "batch_size": f.batch_size, "largest_ok": f.largest_ok, "smallest_oom": f.smallest_oom,

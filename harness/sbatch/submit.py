@@ -34,7 +34,8 @@ from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, counted_warnings, plan_sweep, plan_warnings
-from harness.spec.search import SearchState
+from harness.spec.search import PLAN, SKIP, SearchState
+from harness.spec.search import Decision as SearchDecision
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
 from . import manifest
@@ -262,6 +263,10 @@ def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[st
     report.warnings += length_warnings(sweep, plan.inv, [d.point for d in todo])  # the files prepare just made
     events = append_manifest(CampaignPaths(campaign_dir), _campaign_lines(req, plan, decisions, exists))
     if search is not None:  # every decision of the search, with its reason, before the runs it asks for
+        for p in plan.points:  # a point the plan found invalid is none of the search's: it says why
+            if not p.valid and p.repeat == 0:
+                search.decisions[p.point_id] = SearchDecision(p.point_id, PLAN, SKIP, "invalid: "
+                                                              + "; ".join(p.reasons))
         events += record_decisions(campaign_dir, sweep.campaign, search)
         report.search = {"done": search.done, "todo": [list(t) for t in search.todo], "stuck": search.stuck,
                          "best": search.best, "decisions": {k: d.to_dict() for k, d in search.decisions.items()}}

@@ -52,6 +52,7 @@ WIDE_MARGIN = 1.25
 
 # A decision's phase and action, as the search_decisions table and sbench best say them.
 FIT, HALVING, FINAL = "fit", "halving", "final"
+PLAN = "plan"  # a point the plan found invalid: none of the search's, recorded with the plan's reasons
 RUN, SKIP, STOP, WAIT, KEEP = "run", "skipped", "stopped", "waiting", "kept"
 
 
