@@ -168,3 +168,29 @@ def test_a_rungs_short_run_has_its_share_of_the_run_length(tmp_path: Path) -> No
     assert short.runner.rel_ci == pytest.approx(0.06) and short.runner.sample_interval_s == sw.runner.sample_interval_s
     assert scaled_sweep(sw, 1 / 10000).runner.rel_ci == 0.5  # the widest interval a sweep may ask
     assert sw.runner.max_seconds == 90  # the sweep itself is left as it was
+
+
+def test_search_lines_become_the_newest_decision_per_point(tmp_path: Path) -> None:
+    from harness.db.manifest import record_manifest
+    from harness.db.search import search_answer
+    from harness.db.store import open_store
+
+    spec = {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": None, "eta": 3,
+            "grid_fields": ["batch_size"], "repeats": 1,
+            "points": [{"point_id": f"p{b}", "entity": {"batch_size": b}, "total_bytes": None, "device_bytes": None,
+                        "predicted_oom": None} for b in (1, 2)]}
+    lines = [{"type": "campaign", "campaign": "c", "experiment": "e", "search": spec},
+             {"type": "search", "campaign": "c", "point_id": "p1", "at": "2026-01-01T00:00:00+0000", "phase": "fit",
+              "action": "waiting", "reason": "not decided yet", "repeat": None},
+             {"type": "search", "campaign": "c", "point_id": "p2", "at": "2026-01-01T00:00:00+0000", "phase": "fit",
+              "action": "run", "reason": "bisection: runs batch 2", "repeat": 0},
+             {"type": "search", "campaign": "c", "point_id": "p1", "at": "2026-01-01T00:01:00+0000", "phase": "fit",
+              "action": "skipped", "reason": "bounded below by batch 2 ok", "repeat": None}]
+    with open_store(tmp_path / "r.duckdb") as st:
+        assert record_manifest(st, lines) == []
+        rows = st.fetch_dicts("SELECT point_id, action, reason FROM search_decisions ORDER BY point_id")
+        ans = search_answer(st, "c")
+        assert search_answer(st, "other") is None
+    assert [(r["point_id"], r["action"]) for r in rows] == [("p1", "skipped"), ("p2", "run")]
+    assert ans is not None and ans["grid_points"] == 2 and ans["runs"] == 0 and not ans["done"]
+    assert [d["reason"] for d in ans["decisions"]] == ["bounded below by batch 2 ok", "bisection: runs batch 2"]
