@@ -194,3 +194,23 @@ def test_search_lines_become_the_newest_decision_per_point(tmp_path: Path) -> No
     assert [(r["point_id"], r["action"]) for r in rows] == [("p1", "skipped"), ("p2", "run")]
     assert ans is not None and ans["grid_points"] == 2 and ans["runs"] == 0 and not ans["done"]
     assert [d["reason"] for d in ans["decisions"]] == ["bounded below by batch 2 ok", "bisection: runs batch 2"]
+
+
+def test_a_short_runs_step_cap_stops_training_under_either_auto_stop_method(tmp_path: Path) -> None:
+    from harness.runner.measure import StopPolicy
+    from harness.sbatch.search import MIN_STEPS, scaled_sweep
+
+    capped = StopPolicy(max_run_steps=4)
+    assert capped.active and not StopPolicy().active
+    assert capped.decide(elapsed=1.0, step=3, warm=False, warm_elapsed=None, warm_step=None)[0] is False
+    assert capped.decide(elapsed=1.0, step=4, warm=False, warm_elapsed=None, warm_step=None) == (True, False,
+                                                                                                "run_steps")
+    precise = StopPolicy(auto_stop=True, stop_method="precision", rel_ci=1e-9, max_run_steps=5)
+    assert precise.decide_precision([0.1] * 4, 0.4)[0] is False
+    stop, reason, _ = precise.decide_precision([0.1] * 5, 0.5)
+    assert stop and reason == "run_steps"
+    # the sweep's points stop at max_steps 30: a ninth of a run is 4 steps, a short run at least MIN_STEPS
+    sw = load_sweep(write_sweep(tmp_path / "a.yaml", {**BASE, "entity": {**BASE["entity"], "max_steps": 30}}))
+    assert sw.runner.max_run_steps == 0
+    assert scaled_sweep(sw, 1 / 9).runner.max_run_steps == 4
+    assert scaled_sweep(sw, 1 / 27).runner.max_run_steps == MIN_STEPS

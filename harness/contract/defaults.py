@@ -47,6 +47,8 @@ class RunnerSettings:
     # a host is busy when other work (outside the run's processes) used more than this share of its CPU capacity
     # over the measured window, or another process ran on one of its GPUs: the run is flagged host_busy
     host_busy_cpu: float = 0.25
+    # a search's short run (harness.spec.search: a rung's): stop after this many optimizer steps; 0: no such cap
+    max_run_steps: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -54,12 +54,16 @@ def recorded(spec: SearchSpec, points: Sequence[PlannedPoint], grid_fields: Sequ
 def scaled_sweep(sweep: Sweep, scale: float) -> Sweep:
     """*sweep* with its runner settings for a run *scale* of its length (a rung's short run): the auto-stop's
     warm-up, window and time limit shortened by it, its steps too (at least MIN_STEPS), and the precision
-    method's interval widened as a shorter run's is (by 1 / sqrt(scale), at most MAX_REL_CI)."""
+    method's interval widened as a shorter run's is (by 1 / sqrt(scale), at most MAX_REL_CI); where the sweep's
+    entity sets max_steps, the run stops after that share of them (``runner.max_run_steps``, at least MIN_STEPS)."""
     r = sweep.runner
+    steps = int(sweep.entity.get("max_steps") or 0)
     short = dataclasses.replace(
         r, warmup_seconds=r.warmup_seconds * scale, stable_seconds=r.stable_seconds * scale,
         max_seconds=r.max_seconds * scale, min_steps=max(MIN_STEPS, round(r.min_steps * scale)),
-        rel_ci=min(MAX_REL_CI, r.rel_ci / math.sqrt(scale)))
+        rel_ci=min(MAX_REL_CI, r.rel_ci / math.sqrt(scale)),
+        # a point's own max_steps ends its run before any auto-stop: its share of them, then
+        max_run_steps=max(MIN_STEPS, math.ceil(steps * scale)) if steps > 0 else 0)
     return dataclasses.replace(sweep, runner=short)
 
 
