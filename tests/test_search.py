@@ -163,7 +163,7 @@ def test_a_rungs_short_run_has_its_share_of_the_run_length(tmp_path: Path) -> No
         **BASE, "entity": {**BASE["entity"], "auto_stop_method": "WARMUP_60S_STABLE_120S_OR_10_STEPS"},
         "runner": {"auto_stop": {"method": "precision", "rel_ci": 0.02, "min_steps": 18, "max_seconds": 90}}}))
     short = scaled_sweep(sw, 1 / 9)
-    assert short.runner.max_seconds == pytest.approx(10) and short.runner.min_steps == MIN_STEPS  # 18 / 9 < 3
+    assert short.runner.max_seconds == pytest.approx(10) and short.runner.min_steps == MIN_STEPS  # 18 / 9 = 2
     assert scaled_sweep(sw, 1 / 3).runner.min_steps == 6
     assert short.runner.rel_ci == pytest.approx(0.06) and short.runner.sample_interval_s == sw.runner.sample_interval_s
     assert scaled_sweep(sw, 1 / 10000).runner.rel_ci == 0.5  # the widest interval a sweep may ask

@@ -26,7 +26,7 @@ from harness.spec.sweep import MAX_REL_CI, Sweep
 
 from . import manifest
 
-MIN_STEPS = 3  # a short run's fewest auto-stop steps: an interval needs a few
+MIN_STEPS = 2  # a short run's fewest steps: a step time, and a second to tell its spread
 
 
 def candidates(points: Sequence[PlannedPoint], grid_fields: Sequence[str]) -> list[Candidate]:
