@@ -11,8 +11,17 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from harness.db.manifest import record_manifest
+from harness.db.search import search_answer
+from harness.db.store import open_store
+from harness.runner.measure import StopPolicy
+from harness.sbatch.search import MIN_STEPS, scaled_sweep
+from harness.sbatch.state import AttemptState, PointHistory
+from harness.sbatch.submit import SEARCH, decide
 from harness.spec.inventory import load_inventory
-from harness.spec.plan import plan_sweep
+from harness.spec.plan import PlannedPoint, plan_sweep
+from harness.spec.search import Decision as SearchDecision
+from harness.spec.search import SearchState
 from harness.spec.sweep import load_sweep
 
 from .conftest import SMALL_DATASET, write_sweep
@@ -157,8 +166,6 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
 
 
 def test_a_rungs_short_run_has_its_share_of_the_run_length(tmp_path: Path) -> None:
-    from harness.sbatch.search import MIN_STEPS, scaled_sweep
-
     sw = load_sweep(write_sweep(tmp_path / "a.yaml", {
         **BASE, "entity": {**BASE["entity"], "auto_stop_method": "WARMUP_60S_STABLE_120S_OR_10_STEPS"},
         "runner": {"auto_stop": {"method": "precision", "rel_ci": 0.02, "min_steps": 18, "max_seconds": 90}}}))
@@ -171,10 +178,6 @@ def test_a_rungs_short_run_has_its_share_of_the_run_length(tmp_path: Path) -> No
 
 
 def test_search_lines_become_the_newest_decision_per_point(tmp_path: Path) -> None:
-    from harness.db.manifest import record_manifest
-    from harness.db.search import search_answer
-    from harness.db.store import open_store
-
     spec = {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": None, "eta": 3,
             "grid_fields": ["batch_size"], "repeats": 1,
             "points": [{"point_id": f"p{b}", "entity": {"batch_size": b}, "total_bytes": None, "device_bytes": None,
@@ -197,9 +200,6 @@ def test_search_lines_become_the_newest_decision_per_point(tmp_path: Path) -> No
 
 
 def test_a_short_runs_step_cap_stops_training_under_either_auto_stop_method(tmp_path: Path) -> None:
-    from harness.runner.measure import StopPolicy
-    from harness.sbatch.search import MIN_STEPS, scaled_sweep
-
     capped = StopPolicy(max_run_steps=4)
     assert capped.active and not StopPolicy().active
     assert capped.decide(elapsed=1.0, step=3, warm=False, warm_elapsed=None, warm_step=None)[0] is False
@@ -214,3 +214,21 @@ def test_a_short_runs_step_cap_stops_training_under_either_auto_stop_method(tmp_
     assert sw.runner.max_run_steps == 0
     assert scaled_sweep(sw, 1 / 9).runner.max_run_steps == 4
     assert scaled_sweep(sw, 1 / 27).runner.max_run_steps == MIN_STEPS
+
+
+def test_decide_submits_only_what_the_search_asks_and_retry_takes_its_cancelled_runs() -> None:
+    def pt(pid: str, repeat: int) -> PlannedPoint:
+        return PlannedPoint(point_id=pid, repeat=repeat, experiment="e", entity={}, valid=True, reasons=[],
+                            notes=[], partition="p", model_source="m")
+
+    pts = [pt(pid, r) for pid in ("a", "b", "c") for r in range(3)]
+    h = PointHistory()
+    h.by_run[("s", "b", 0)] = [AttemptState(1, "j", "CANCELLED", "failed", "cancelled", cancelled=True)]
+    st = SearchState(todo=[("a", 0)], decisions={"a": SearchDecision("a", "fit", "run", "bisection: runs batch 4", 0)},
+                     scale={("a", 0): 1 / 9})
+    got = decide(pts, h, "s", force=False, retry_failed=False, search=st)
+    # the run the search asks for, with its reason and short length; the cancelled one stays; nothing else listed
+    assert [(d.point.point_id, d.point.repeat, d.action) for d in got] == [("a", 0, "submit"), ("b", 0, "skip")]
+    assert got[0].reason == f"{SEARCH}: bisection: runs batch 4" and got[0].scale == pytest.approx(1 / 9)
+    retried = decide(pts, h, "s", force=False, retry_failed=True, search=SearchState())
+    assert [(d.point.point_id, d.action, d.reason, d.attempt) for d in retried] == [("b", "submit", "retry", 2)]

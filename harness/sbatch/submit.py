@@ -147,7 +147,8 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
         elif taken is not None:
             out.append(Decision(p, "skip", f"reused run {taken.run_id} of campaign {taken.campaign} "
                                            f"({taken.outcome}); measure it here with --force", reused=taken))
-        elif attempts and attempts[-1].outcome == "failed" and attempts[-1].cancelled:
+        elif attempts and attempts[-1].outcome == "failed" and attempts[-1].cancelled and not (
+                search is not None and retry_failed):  # (a search's cancelled run is one retry goes on with)
             out.append(Decision(p, "skip", f"attempt {attempts[-1].attempt} was cancelled with sbench cancel; "
                                            "use --force to run it again"))
         elif attempts and attempts[-1].outcome == "failed":
