@@ -232,3 +232,10 @@ def test_decide_submits_only_what_the_search_asks_and_retry_takes_its_cancelled_
     assert got[0].reason == f"{SEARCH}: bisection: runs batch 4" and got[0].scale == pytest.approx(1 / 9)
     retried = decide(pts, h, "s", force=False, retry_failed=True, search=SearchState())
     assert [(d.point.point_id, d.action, d.reason, d.attempt) for d in retried] == [("b", "submit", "retry", 2)]
+
+
+def test_plan_says_what_the_search_runs(tmp_path: Path, cli) -> None:
+    res = cli("plan", write_sweep(tmp_path / "a.yaml", {**BASE, "repeats": 2}))
+    assert res.exit_code == 0, res.output
+    assert ("search: maximize dataset_tokens_per_second; the largest batch that fits per shape by bisection; "
+            "successive halving (eta 3); the best point gets 2 repeat(s)") in res.output
