@@ -18,7 +18,7 @@ from typing import Any
 from harness.contract.errors import InputError
 from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
 from harness.contract.records import ManifestLine, SearchLine, append_manifest, now_iso
-from harness.db.search import runs_seen, search_answer
+from harness.db.search import recorded_candidates, runs_seen, search_answer, search_spec_of
 from harness.db.store import open_store
 from harness.spec.plan import PlannedPoint
 from harness.spec.search import Candidate, RunSeen, SearchSpec, SearchState, step
@@ -92,6 +92,19 @@ def decision_lines(campaign_dir: Path, campaign: str, state: SearchState) -> lis
         out.append(SearchLine(type="search", campaign=campaign, point_id=pid, at=now_iso(), phase=d.phase,
                               action=d.action, reason=d.reason, repeat=d.repeat))
     return out
+
+
+def recorded_state(recorded: dict[str, Any], db: Path, campaign: str) -> SearchState:
+    """The search's state from what the campaign line recorded of it and what the database holds."""
+    spec = search_spec_of(recorded)
+    return step(spec, recorded_candidates(recorded), history_runs(db, campaign, spec.metric),
+                int(recorded.get("repeats") or 1))
+
+
+def summary(state: SearchState) -> dict[str, Any]:
+    """What a submission says of the search it decided on (``SubmitReport.search``)."""
+    return {"done": state.done, "todo": [list(t) for t in state.todo], "stuck": state.stuck, "best": state.best,
+            "decisions": {k: d.to_dict() for k, d in state.decisions.items()}}
 
 
 def record_decisions(campaign_dir: Path, campaign: str, state: SearchState) -> list[ManifestLine]:

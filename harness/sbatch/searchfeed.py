@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 from harness.contract.errors import SbenchError
+from harness.slurm.client import Slurm
 
 from . import feed
+from .state import campaign_history
 from .submit import more_repeats
 
 
@@ -24,7 +26,10 @@ def turn(campaign_dir: Path) -> str:
         return "nothing to do (no feed, a cancelled one, or no search)"
     if any(g.get("held") for g in doc.get("groups") or []) or doc.get("feeder_job"):
         return "attempts are still held back, or another turn is queued: it goes on with the search"
-    rep = more_repeats(campaign_dir.name, campaign_dir.parent, Path(str(doc["search_db"])))
+    db = Path(str(doc["search_db"]))
+    # what ended since the last turn, into the database (incremental: the runs that may have moved)
+    campaign_history(db, campaign_dir.parent, campaign_dir.name, [], Slurm())
+    rep = more_repeats(campaign_dir.name, campaign_dir.parent, db)
     open_ = rep is not None and (bool(rep.submitted) or not rep.search.get("done", True))
     feed.keep_feeding(campaign_dir, open_)
     sent = len(rep.submitted) if rep else 0

@@ -47,8 +47,9 @@ from .fit import ClusterFit
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import run_prepare, work_for
 from .repeats import MORE, RepeatsVerdict, point_verdicts
-from .search import record_decisions, scaled_sweep, search_state
+from .search import record_decisions, recorded_state, scaled_sweep, search_state
 from .search import recorded as recorded_search
+from .search import summary as search_summary
 from .state import MeasuredRun, PointHistory, campaign_history, read_history, with_submitted
 
 MORE_REPEATS = "more repeats"  # the reason's head of an adaptive repeat's submission
@@ -269,8 +270,7 @@ def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[st
                 search.decisions[p.point_id] = SearchDecision(p.point_id, PLAN, SKIP, "invalid: "
                                                               + "; ".join(p.reasons))
         events += record_decisions(campaign_dir, sweep.campaign, search)
-        report.search = {"done": search.done, "todo": [list(t) for t in search.todo], "stuck": search.stuck,
-                         "best": search.best, "decisions": {k: d.to_dict() for k, d in search.decisions.items()}}
+        report.search = search_summary(search)
     specs = _write_job_dirs(plan, todo)
     if specs:
         events += _hand_over(req, plan, todo, specs, dependency, report)
@@ -561,8 +561,19 @@ def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = N
     the campaign's repeats are not adaptive. ``sbench collect`` calls it after collecting."""
     campaign_dir = resolve_workdir(workdir) / campaign
     spec = manifest.adaptive_repeats(campaign_dir)
-    if manifest.search_spec(campaign_dir) is not None:
-        # a search's next runs: the bisection's, the next rung's, the best point's repeats (harness.spec.search)
+    recorded = manifest.search_spec(campaign_dir)
+    if recorded is not None:
+        # a search's next runs: the bisection's, the next rung's, the best point's repeats (harness.spec.search).
+        # When it asks for none (runs in flight, over, or waiting for retry), nothing is planned or locked: its
+        # decisions are recorded as they stand now.
+        dbp = resolve_db(db)
+        state = recorded_state(recorded, dbp, campaign)
+        if not state.todo:
+            events = record_decisions(campaign_dir, campaign, state)
+            rec = campaign_record(workdir, campaign)
+            return SubmitReport(campaign, str(rec.get("executor") or ""), campaign_dir, [],
+                                db_note=manifest.record_events(dbp, events) if events else None,
+                                search=search_summary(state))
         sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, "auto")
         return submit_sweep(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign,
                                           only_more=True), slurm=slurm)
