@@ -1,10 +1,11 @@
 """An adaptive campaign (``search:``) against the full grid of the same sweep, side by side in one bench run.
 
-The tiny model on the local executor, one sweep of four shapes (gradient accumulation 1 to 4) x six batch sizes
-(1 to 32), run twice: as a GRID (every point, ``search:`` left out) and as a SEARCH (``batch_size: fit``, ``method:
+The tiny model on the local executor, one sweep of three shapes (gradient accumulation 1 to 3) x five batch sizes
+(1 to 16), run twice: as a GRID (every point, ``search:`` left out) and as a SEARCH (``batch_size: fit``, ``method:
 halving``). The answer is known by construction, from the inventory's ``SBENCH_FAULT``: ``oom@step=1`` on every
 batch above a chosen limit per shape (one shape has none), and ``sleep@step=*`` on every step of every point but
-one (the fastest, at its shape's largest fitting batch). The search does not read the faults.
+one (the fastest, at its shape's largest fitting batch). The sleep must dominate a step (on two loaded cores a
+step of the tiny model takes up to a second or two): 2 s by default. The search does not read the faults.
 
 Reported: each campaign's best point (``sbench best`` for the search; the fastest ok point of the grid, from its
 measurements) and its largest batch per shape (the grid's largest ok batch); the training seconds of each (the
@@ -12,7 +13,7 @@ sum of its runs' train stages) and their ratio (goal: the search at most 35 % of
 seconds (the runs' elapsed time) beside.
 
     .venv/bin/python bench/search.py                      # about 10 minutes on two loaded cores
-    .venv/bin/python bench/search.py --out /tmp/search.json --sleep 0.3
+    .venv/bin/python bench/search.py --out /tmp/search.json --sleep 3
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ sys.path.insert(0, str(ROOT))
 
 DATASET = "news-chars-512-entries-4096"
 AUTO = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
-SHAPES = [1, 2, 3, 4]  # gradient_accumulation_steps
-BATCHES = [1, 2, 4, 8, 16, 32]
-LIMITS = {1: 8, 2: 16, 3: 4, 4: 32}  # the largest batch that fits, per shape (32: none OOMs)
-FAST = (2, 16)  # the one point without sleeps
+SHAPES = [1, 2, 3]  # gradient_accumulation_steps
+BATCHES = [1, 2, 4, 8, 16]
+LIMITS = {1: 4, 2: 8, 3: 16}  # the largest batch that fits, per shape (16: none OOMs)
+FAST = (2, 8)  # the one point without sleeps
 
 
 def prepare(work: Path) -> tuple[Path, Path]:
@@ -55,11 +56,11 @@ def prepare(work: Path) -> tuple[Path, Path]:
 def sweep_doc(campaign: str, model: Path, data: Path, search: bool) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "campaign": campaign, "experiment": "finetune_full_benchmark-v1.0.0",
-        "entity": {"model_name": "tiny", "model_max_length": 32, "dataset_id": DATASET, "number_gpus": 1,
+        "entity": {"model_name": "tiny", "model_max_length": 16, "dataset_id": DATASET, "number_gpus": 1,
                    "max_steps": 400, "auto_stop_method": AUTO},
         "grid": {"batch_size": BATCHES, "gradient_accumulation_steps": SHAPES},
         "runner": {"sample_interval_s": 0.5,
-                   "auto_stop": {"method": "precision", "rel_ci": 0.05, "min_steps": 12, "max_seconds": 30}},
+                   "auto_stop": {"method": "precision", "rel_ci": 0.05, "min_steps": 6, "max_seconds": 20}},
         "model_map": {"tiny": str(model)}, "data_dir": str(data)}
     if search:
         doc["search"] = {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving"}
@@ -103,7 +104,7 @@ def grid_answer(db: Path, campaign: str) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sleep", type=float, default=0.3, help="seconds slept after each step of the slow points")
+    ap.add_argument("--sleep", type=float, default=2.0, help="seconds slept after each step of the slow points")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here too")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
