@@ -21,6 +21,7 @@ from harness.spec.search import (
     RunSeen,
     SearchSpec,
     interval,
+    spread_rel_ci,
     step,
 )
 
@@ -236,3 +237,8 @@ def test_rung_runs_are_short_and_the_final_repeats_full():
     assert {st.scale[(p, r)] for p, r in made if r > 0 and st.decisions[p].phase == FINAL} == {1.0}
     first = step(SPEC, cands, {}, 1)
     assert all("0.11 of the campaign's run length" in first.decisions[p].reason for p, _ in first.todo)
+
+
+def test_a_run_without_a_precision_interval_gets_one_from_its_step_times():
+    assert spread_rel_ci(0.1, 4) == pytest.approx(0.1)  # 2 x 0.1 / sqrt(4)
+    assert spread_rel_ci(0.1, 1) is None and spread_rel_ci(None, 9) is None

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from harness.contract.formats import Stage
-from harness.spec.search import BATCH_FIELD, Candidate, RunSeen, SearchSpec, step
+from harness.spec.search import BATCH_FIELD, Candidate, RunSeen, SearchSpec, spread_rel_ci, step
 
 from .schema import COLUMN_NAMES, q
 from .store import Store
@@ -20,7 +20,8 @@ def search_runs(store: Store, campaign: str, metric: str) -> list[dict[str, Any]
     if metric not in COLUMN_NAMES["measurements"]:  # the sweep's check names the key; this one guards the SQL
         raise ValueError(f"{metric!r} is not a measurements column")
     sql = (f"SELECT r.point_id, r.repeat, r.attempt, r.outcome, r.reason, m.{q(metric)} AS value, "
-           "m.ci_rel_halfwidth AS rel_ci FROM runs r LEFT JOIN measurements m ON m.run_id = r.run_id "
+           "m.ci_rel_halfwidth AS rel_ci, m.step_time_cv, m.steps_timed FROM runs r "
+           "LEFT JOIN measurements m ON m.run_id = r.run_id "
            "WHERE r.campaign = ? QUALIFY row_number() OVER (PARTITION BY r.point_id, r.repeat "
            "ORDER BY r.attempt DESC) = 1 ORDER BY r.point_id, r.repeat")
     return store.fetch_dicts(sql, [campaign])
@@ -45,12 +46,14 @@ def recorded_candidates(recorded: dict[str, Any]) -> list[Candidate]:
 
 
 def runs_seen(store: Store, campaign: str, metric: str) -> dict[str, list[RunSeen]]:
-    """Each point's repeats as the search sees them (:func:`search_runs`)."""
+    """Each point's repeats as the search sees them (:func:`search_runs`): the precision auto-stop's interval,
+    else one from the run's own step times (``harness.spec.search.spread_rel_ci``)."""
     out: dict[str, list[RunSeen]] = {}
     for r in search_runs(store, campaign, metric):
+        rel = float(r["rel_ci"]) if r["rel_ci"] is not None else spread_rel_ci(
+            None if r["step_time_cv"] is None else float(r["step_time_cv"]), r["steps_timed"])
         out.setdefault(r["point_id"], []).append(RunSeen(
-            int(r["repeat"]), r["outcome"], None if r["value"] is None else float(r["value"]),
-            None if r["rel_ci"] is None else float(r["rel_ci"]), r["reason"]))
+            int(r["repeat"]), r["outcome"], None if r["value"] is None else float(r["value"]), rel, r["reason"]))
     return out
 
 

@@ -235,6 +235,15 @@ class SearchState:
         return not self.todo and not self.waiting
 
 
+def spread_rel_ci(step_time_cv: float | None, steps: int | None) -> float | None:
+    """A run's relative 95 % half-width from its own steps when the precision auto-stop recorded none (another
+    stop method, or a short run stopped before its window): about 2 x the step times' CV / sqrt(steps); None
+    with fewer than two steps timed."""
+    if step_time_cv is None or not steps or steps < 2:
+        return None
+    return 2.0 * step_time_cv / math.sqrt(steps)
+
+
 def interval(runs: Sequence[RunSeen]) -> Interval | None:
     """The mean of the ok runs' goal values ± their half-widths combined (independent runs: root sum of squares
     over n); None without an ok run with a value."""
