@@ -127,7 +127,8 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
     # retry runs the failed repeat again, and the search is over
     sbench("retry", "srch", "--executor", "local", "--wait", *common, timeout=600)
     ans = json.loads(sbench("best", "srch", "--json", *common).stdout)
-    assert ans["done"] and not ans["stuck"] and ans["best"]["point_id"] == fast and ans["best"]["runs"] == 2
+    # (its rung 0 run and the repeat after the rungs; a rung 1 run too if the slower shape's interval overlapped)
+    assert ans["done"] and not ans["stuck"] and ans["best"]["point_id"] == fast and ans["best"]["runs"] >= 2
     assert ans["best"]["batch_size"] == 4 and ans["best"]["gradient_accumulation_steps"] == 1
     fits = {m["shape"]["gradient_accumulation_steps"]: m for m in ans["max_batch_size"]}
     assert (fits[1]["batch_size"], fits[1]["smallest_oom"]) == (4, 8)
@@ -154,7 +155,7 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
     assert ans["runs"] == sum(n for *_, n, _ in attempts)
     # the halving's decision about the slower shape says why it left
     slow = dict((r[0], r[2]) for r in rows)[points[(2, 2)]]
-    assert slow.startswith("halved out at rung 0: ") and "< best" in slow
+    assert slow.startswith(("halved out at rung 0: ", "out at the last rung")) and " best " in slow, slow
 
     text = sbench("best", "srch", *common).stdout
     assert f"best: {fast}" in text and "largest ok" in text
