@@ -197,7 +197,12 @@ class Interval:
         return self.mean + self.half
 
     def text(self) -> str:
-        return f"{self.mean:,.4g} ± {self.half:,.2g}"
+        return f"{_num(self.mean, 4)} ± {_num(self.half, 2)}"
+
+
+def _num(x: float, digits: int) -> str:
+    """A figure as a reader takes it: *digits* significant (1,204; 9.1), whole where it has more (11,776; 512)."""
+    return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:,.{digits}g}"
 
 
 @dataclass(frozen=True)
