@@ -128,7 +128,7 @@ def test_malformed_manifest_events(tmp_path):
             record_manifest(st, [{"type": "attempt", "campaign": "x"}])
         problems = record_manifest(st, [{"type": "bogus"}, {"type": "campaign", "campaign": "ok"}], strict=False)
         assert problems == ["manifest event 1: unknown type 'bogus' (expected campaign, point, attempt, cancel, "
-                            "references or repeats)"]
+                            "references, repeats or search)"]
         assert st.con.execute("SELECT campaign FROM campaigns").fetchall() == [("ok",)]
 
 

@@ -78,6 +78,18 @@ WRITTEN = [
      "job_id": "77"},
     {"type": "cancel", "campaign": "scan", "job_ids": ["1234_5"], "job_dirs": [JD], "at": "2026-01-02T03:04:05+0000"},
     {"type": "cancel", "campaign": "scan", "job_ids": ["1234_5"], "job_dirs": [JD]},
+    # a search's decision about a point (search:)
+    {"type": "search", "campaign": "scan", "point_id": PID, "at": "2026-01-02T03:04:05+0000", "phase": "fit",
+     "action": "skipped", "reason": "bounded above by batch 8 OOM", "repeat": None},
+    # a search campaign's line: its search: and the grid's points as the search sees them
+    {"type": "campaign", "campaign": "scan", "experiment": "finetune_lora_benchmark-v1.0.0",
+     "sweep": "/abs/sweeps/lora.yaml", "sweep_campaign": "scan", "inventory": "/abs/inventory/x.yaml",
+     "cluster": "vela", "partition": "a100", "executor": "slurm", "description": None,
+     "created_at": "2026-01-02T03:04:05+0000", "sbench_version": "0.1.0", "references": [], "repeats": None,
+     "search": {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving",
+                "eta": 3, "grid_fields": ["batch_size"], "repeats": 1,
+                "points": [{"point_id": PID, "entity": {"batch_size": 4}, "total_bytes": 1e9, "device_bytes": 8e10,
+                            "predicted_oom": False}]}},
 ]
 
 # submitted.json as each of its writers wrote it, and as older releases did
@@ -145,8 +157,8 @@ def test_a_key_no_line_lists_and_a_missing_key_are_problems_naming_the_file_line
         "array_task_id, attempt, campaign, executor, fed, held_back, job_dir, job_id, job_name, pack_index, "
         "pack_lead, pack_size, point_id, queue, reason, repeat, requeued_at, requeued_from, submitted_at, type)",
         "manifest.jsonl line 3: point line is malformed: it lacks the key 'point_id'",
-        "manifest.jsonl line 4: unknown type 'bogus' (expected campaign, point, attempt, cancel, references or "
-        "repeats)",
+        "manifest.jsonl line 4: unknown type 'bogus' (expected campaign, point, attempt, cancel, references, "
+        "repeats or search)",
     ]
     with pytest.raises(RecordError, match="not a JSON object"):
         check_line([1])

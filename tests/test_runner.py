@@ -436,9 +436,18 @@ def test_fault_spec_parsing():
     assert not f[0].applies(rank=1, trial=None, step=3)
     assert f[2].applies(rank=0, trial=3, stage="model_load") and not f[2].applies(rank=0, trial=2, stage="model_load")
     assert parse_faults(None) == [] and parse_faults("") == []
-    for bad in ("oom", "boom@step=1", "oom@step=x", "oom@when=1", "oom@rank=1", "oom@step=1,stage=train"):
+    for bad in ("oom", "boom@step=1", "oom@step=x", "oom@when=1", "oom@rank=1", "oom@step=1,stage=train",
+                "sleep@step=*,stage=train", "sleep@step=*,step=2:1"):
         with pytest.raises(FaultSpecError):
             parse_faults(bad)
+
+
+def test_a_fault_on_every_step_applies_at_each_step_of_its_job_only():
+    (f,) = parse_faults("sleep@step=*,job=p-7.:0.3")
+    assert f.every_step and f.arg == "0.3"
+    assert all(f.applies(rank=0, trial=None, step=s, job="p-7.r0.a1") for s in (1, 2, 50))
+    assert not f.applies(rank=0, trial=None, step=1, job="p-8.r0.a1")
+    assert not f.applies(rank=0, trial=None, stage="train", job="p-7.r0.a1")
 
 
 def test_fault_fire_raises_the_classified_errors():

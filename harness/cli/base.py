@@ -26,9 +26,10 @@ from harness.spec.schema import is_campaign_ref, is_name
 # --help, which shows every command, loads them all.
 COMMANDS = {"inventory": "inputs", "experiments": "inputs", "plan": "inputs", "render": "inputs",
             "submit": "jobs", "prepare": "prepare", "retry": "jobs", "status": "control", "cancel": "control",
-            "collect": "collect", "query": "results", "check": "results", "compare": "results", "profile": "results",
-            "report": "report", "probe": "cluster", "fabric": "cluster", "preflight": "cluster", "hosts": "cluster",
-            "model": "data", "dataset": "data", "env": "envs", "export": "exchange", "import": "exchange"}
+            "collect": "collect", "query": "results", "best": "results", "check": "results", "compare": "results",
+            "profile": "results", "report": "report", "probe": "cluster", "fabric": "cluster", "preflight": "cluster",
+            "hosts": "cluster", "model": "data", "dataset": "data", "env": "envs", "export": "exchange",
+            "import": "exchange"}
 
 
 # Text from a job dir (a reason, an error message, a file or host name) may hold terminal control sequences:

@@ -283,6 +283,14 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
         a = sw.adaptive
         click.echo(f"repeats: {a.min} per point, then one more at a time while its throughput CV is above "
                    f"{100 * a.cv:g} %, up to {a.max} (listed: every repeat a point may get)")
+    if sw.search:
+        sr = sw.search
+        (sense, metric), = sr.to_dict()["goal"].items()
+        click.echo(f"search: {sense} {metric}; "
+                   + ("the largest batch that fits per shape by bisection; " if sr.batch_size else "")
+                   + (f"successive halving (eta {sr.eta}); " if sr.method else "")
+                   + f"the best point gets {sw.search_repeats} repeat(s) (listed: every repeat a point may get; "
+                   "the search runs only those it needs)")
     for line in share_summary([shares[p.point_id] for p in points if p.valid]):
         click.echo(line)
     if packs:

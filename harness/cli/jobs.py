@@ -135,7 +135,11 @@ def _finish(report: SubmitReport, command: str, wait: bool, as_json: bool, workd
             more.append(nxt)
             progress.close()
             progress = Progress(command, {"wait": "repeats finished"}, quiet=as_json)
-            if not as_json:
+            if not as_json and nxt.search:
+                click.echo(f"\nsearch: {len(nxt.submitted)} more run(s) submitted ("
+                           f"{', '.join(f'{s.spec.point_id} r{s.spec.repeat}' for s in nxt.submitted)}); waiting for "
+                           "them", err=True)
+            elif not as_json:
                 click.echo(f"\nrepeats: {len(nxt.submitted)} more repeat(s) of point(s) above the CV target "
                            f"submitted ({', '.join(f'{s.spec.point_id} r{s.spec.repeat}' for s in nxt.submitted)});"
                            " waiting for them", err=True)
@@ -203,6 +207,13 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
         click.echo(f"reused {len(reused)} measured run(s) of campaign(s) {', '.join(sources)} instead of measuring "
                    "them again (each named in its reason; --force measures them in this campaign)")
     print_repeats(d["campaign"], d.get("repeats") or [])
+    search = d.get("search") or {}
+    if search:
+        state = ("over: sbench best " + d["campaign"] + " answers" if search.get("done") else
+                 "goes on as runs end (submit --wait, collect, or on SLURM the feeder job"
+                 + (f" {fed['feeder_job']}" if fed.get("feeder_job") else "") + ")")
+        stuck = f"; failed runs wait for sbench retry: {', '.join(search['stuck'])}" if search.get("stuck") else ""
+        click.echo(f"search: {len(search.get('todo') or [])} run(s) asked for now; the search {state}{stuck}")
     if d.get("db_note"):
         say(f"note: {d['db_note']}", err=True)
     for w in d.get("warnings") or []:

@@ -22,8 +22,20 @@ from harness.db.store import open_store
 from harness.report.compare import Verdict, compare_in
 from harness.report.envdiff import EnvDiff
 from harness.report.queries import run_profile
+from harness.sbatch.search import best as search_best
 
-from .base import campaign_ref, db_option, echo_json, json_option, main, say, table
+from .base import (
+    campaign_name,
+    campaign_ref,
+    db_option,
+    echo_json,
+    json_option,
+    main,
+    printable,
+    say,
+    table,
+    workdir_option,
+)
 
 
 def _cell(v: Any) -> Any:
@@ -290,3 +302,42 @@ def profile(run_id: str, db: Path | None, top: int, as_json: bool) -> None:
                          ["kind", "operator", "calls", "self ms", "total ms", "share"]))
         click.echo("")
     click.echo(f"trace files (in {run['job_dir']}): {', '.join(run['profile_files'] or []) or 'none'}")
+
+
+@main.command()
+@click.argument("campaign", callback=campaign_name)
+@db_option
+@workdir_option
+@json_option
+def best(campaign: str, db: Path | None, workdir: Path | None, as_json: bool) -> None:
+    """Say what a search campaign found: its best point and the largest batch that fits per shape.
+
+    The campaign's sweep has a search: section; the answer is read from the results database (collect first),
+    with the evidence of each decision and the seconds the search spent beside the full grid's estimate.
+
+    Example: sbench best lora-search --json
+    """
+    ans = search_best(campaign, workdir, db)
+    if as_json:
+        echo_json(ans)
+        return
+    b = ans["best"]
+    (metric_sense, metric), = ans["goal"].items()
+    state = "done" if ans["done"] else "still running (collect goes on with it)"
+    click.echo(f"search {printable(campaign)}: {state}; goal {metric_sense} {metric}")
+    if b:
+        lo, hi = b["interval"]
+        click.echo(f"best: {printable(b['point_id'])}  {metric} {b['value']:,.4g} (95 % interval {lo:,.4g} .. "
+                   f"{hi:,.4g}, {b['runs']} run(s))")
+    else:
+        click.echo("best: none yet")
+    if ans["max_batch_size"]:
+        rows = [{"shape": ", ".join(f"{k}={v}" for k, v in m["shape"].items()), "batch_size": m["batch_size"],
+                 "largest ok": m["largest_ok"], "smallest OOM": m["smallest_oom"],
+                 "decided": "yes" if m["decided"] else "no"} for m in ans["max_batch_size"]]
+        click.echo(table(rows, ["shape", "batch_size", "largest ok", "smallest OOM", "decided"]))
+    click.echo(f"{ans['runs']} run(s) of {ans['grid_points']} grid point(s); training {ans['train_s']:.1f} s "
+               f"(the grid: about {ans['grid_train_s_estimate']:.1f} s), allocations {ans['allocation_s']:.1f} s "
+               f"(the grid: about {ans['grid_allocation_s_estimate']:.1f} s)")
+    if ans["stuck"]:
+        click.echo(f"failed runs wait for sbench retry {printable(campaign)}: {', '.join(ans['stuck'])}", err=True)

@@ -60,6 +60,8 @@ class RunnerSettings:
     rank_timing: bool = True
     # a rank whose relative or individual score (0 to 1) is below this is a straggler (collect.aggregate)
     straggler_score: float = 0.7
+    # a search's short run (harness.spec.search: a rung's): stop after this many optimizer steps; 0: no such cap
+    max_run_steps: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

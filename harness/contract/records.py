@@ -8,7 +8,8 @@ the database. A line's ``type`` says which record it is:
 - :class:`ReferencesLine`, :class:`RepeatsLine`: the sweep's ``references:`` or ``repeats:`` changed since;
 - :class:`PointLine` (``point``): a planned point, valid or not, with its entity;
 - :class:`AttemptLine` (``attempt``): an attempt handed to an executor: its job dir and the scheduler's ids;
-- :class:`CancelLine` (``cancel``): what ``sbench cancel`` cancelled.
+- :class:`CancelLine` (``cancel``): what ``sbench cancel`` cancelled;
+- :class:`SearchLine` (``search``): a search's decision about one point (``search:``), when it changes.
 
 Each type lists its keys: those of its ``_...Keys`` base are required, the others optional. :func:`check_line`
 refuses a line of another type, one without a required key, and one with a key its type does not list, naming
@@ -69,6 +70,7 @@ class CampaignLine(_CampaignKeys, total=False):
     sbench_version: str
     references: list[dict[str, Any]]
     repeats: dict[str, Any] | None  # repeats: {min, max, cv}; None for a plain repeats: N
+    search: dict[str, Any] | None  # the sweep's search: (harness.spec.search); absent or None: a plain campaign
 
 
 class _ReferencesKeys(TypedDict):
@@ -154,10 +156,28 @@ class CancelLine(_CancelKeys, total=False):
     at: str
 
 
-ManifestLine = Union[CampaignLine, ReferencesLine, RepeatsLine, PointLine, AttemptLine, CancelLine]  # noqa: UP007
+class _SearchKeys(TypedDict):
+    type: Literal["search"]
+    campaign: str
+    point_id: str
+
+
+class SearchLine(_SearchKeys, total=False):
+    """A search's decision about one point (harness.spec.search): written when it changes, newest last."""
+
+    at: str
+    phase: str  # fit | halving | final
+    action: str  # run | skipped | stopped | waiting | kept
+    reason: str
+    repeat: int | None
+
+
+ManifestLine = Union[CampaignLine, ReferencesLine, RepeatsLine, PointLine, AttemptLine, CancelLine,  # noqa: UP007
+                     SearchLine]
 
 LINE_TYPES: dict[str, Any] = {"campaign": CampaignLine, "point": PointLine, "attempt": AttemptLine,
-                              "cancel": CancelLine, "references": ReferencesLine, "repeats": RepeatsLine}
+                              "cancel": CancelLine, "references": ReferencesLine, "repeats": RepeatsLine,
+                              "search": SearchLine}
 # type -> (its required keys, every key it may have)
 _KEYS = {kind: (frozenset(t.__required_keys__), frozenset(t.__required_keys__ | t.__optional_keys__))
          for kind, t in LINE_TYPES.items()}
@@ -391,6 +411,6 @@ def read_submitted(job_dir: str | os.PathLike[str], root: str | os.PathLike[str]
 
 
 __all__ = ["LINE_TYPES", "SUBMITTED_KEYS", "AttemptExtra", "AttemptLine", "CampaignLine", "CancelLine",
-           "ManifestLine", "PackInfo", "PointLine", "ReferencesLine", "RepeatsLine", "SubmittedInfo",
+           "ManifestLine", "PackInfo", "PointLine", "ReferencesLine", "RepeatsLine", "SearchLine", "SubmittedInfo",
            "append_manifest", "attempt_line", "check_line", "check_submitted", "not_read", "now_iso", "pack_extra",
            "pack_info", "parse_manifest", "point_line", "read_manifest", "read_submitted", "write_submitted"]

@@ -4,7 +4,7 @@
 ``campaign_points``, ``attempt`` -> ``runs`` (a new row starts in ``jobstate.INITIAL`` with ``outcome``
 NULL; an existing row keeps the state/outcome collect found, only its submission columns are refreshed),
 ``references`` -> the campaign's ``references_spec``, ``repeats`` -> its ``repeats_spec``, ``cancel`` ->
-``runs.cancel_requested_at``. One
+``runs.cancel_requested_at``, ``search`` -> ``search_decisions`` (the newest per point). One
 transaction; returns the problems found in malformed events (``strict=True`` raises :class:`CollectError`
 on the first instead). Collect records them too, from the manifests it finds, and adds the job dirs that
 were submitted by hand (``ensure_spec_rows``).
@@ -62,6 +62,7 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
     cancels: list[tuple[str, list[str], Any]] = []
     references: dict[str, list[Any]] = {}  # campaign -> the newest references line's
     repeats: dict[str, Any] = {}  # campaign -> the newest repeats: {min, max, cv} (None: a plain repeats: N)
+    decisions: list[dict[str, Any]] = []
     problems: list[str] = []
 
     def bad(i: int, msg: str) -> None:
@@ -88,7 +89,8 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
                                   "repeats_spec": to_json(ev.get("repeats")) if ev.get("repeats") else None,
                                   "cluster": None if ev.get("cluster") is None else str(ev["cluster"]),
                                   "partitions": to_json(ev["partitions"]) if isinstance(ev.get("partitions"), dict)
-                                  else None})
+                                  else None,
+                                  "search_spec": to_json(ev.get("search")) if ev.get("search") else None})
                 references[str(ev["campaign"])] = ev.get("references") or []
                 repeats[str(ev["campaign"])] = ev.get("repeats")
             elif kind == "references":
@@ -106,6 +108,12 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
                               "repeat": key_int(ev.get("repeat") or 0, "repeat")})
             elif kind == "repeats":
                 repeats[str(ev["campaign"])] = ev.get("repeats")  # repeats: changed: the newest word
+            elif kind == "search":
+                rep = ev.get("repeat")
+                decisions.append({"campaign": str(ev["campaign"]), "point_id": str(ev["point_id"]),
+                                  "phase": ev.get("phase"), "action": ev.get("action"), "reason": ev.get("reason"),
+                                  "repeat": None if rep is None else key_int(rep, "repeat"),
+                                  "decided_at": utc(ev.get("at"))})
             else:  # cancel
                 # SLURM attempts are named by job id, local ones (no job id when queued) by job dir.
                 ids, dirs = ev.get("job_ids") or [], ev.get("job_dirs") or []
@@ -125,6 +133,7 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
                              "repeats_spec IS DISTINCT FROM ?::JSON", [value, camp, value])
         store.upsert("points", points, [c for c, _ in SCHEMA["points"]])
         store.upsert("campaign_points", links, [])
+        store.upsert("search_decisions", decisions, [c for c, _ in SCHEMA["search_decisions"]])
         store.upsert("runs", attempts, MANIFEST_RUN_COLUMNS, keep_when_null=True)
         new = [a["run_id"] for a in attempts]
         if new:

@@ -4,9 +4,9 @@ schema version a database must carry (``metadata.schema_version``).
 Tables: ``metadata``, ``campaigns``, ``points`` (entity fields as typed columns), ``campaign_points``,
 ``runs`` (one per attempt), ``run_hosts``, ``stages``, ``sample_files``, ``sample_rows``, ``ranks``,
 ``errors``, ``trials``, ``measurements``, ``environment``, ``memory``, ``profile_ops``, ``checks``, ``probes``,
-``fabric``, ``rank_scores``, ``preflight``; views ``samples``, ``latest_measurements``, ``run_summary``,
-``stage_durations``, ``run_overhead``, ``point_status``, ``point_stability``, ``host_health``, ``measured_peaks``,
-``measured_mfu``.
+``fabric``, ``rank_scores``, ``preflight``, ``search_decisions``; views ``samples``, ``latest_measurements``,
+``run_summary``, ``stage_durations``, ``run_overhead``, ``point_status``, ``point_stability``, ``host_health``,
+``measured_peaks``, ``measured_mfu``.
 
 Samples are stored compactly: ``sample_files`` has one row per loaded ``samples.<host>.csv``
 (``file_id``, ``run_id``, ``host``, its ``path`` and ``t0``, the run's training start); ``sample_rows``
@@ -46,10 +46,11 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # columns marked "step exchange", docs/exchange.md);
 # 16: cluster health (CLUSTER_HEALTH_* below): the rank_scores and preflight tables, measurements.straggler and
 # straggler_ranks, point_stability leaving straggler runs out, the host_health, measured_peaks and measured_mfu
-# views.
+# views;
+# 17: adaptive campaigns (search:): the search_decisions table and campaigns.search_spec.
 # Every column and table since 13 is new and NULL in an older database's rows, so a database of UPGRADE_FROM on is
 # upgraded in place.
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 # The oldest schema a database is upgraded from in place (by adding what it lacks: every change since is a new table
 # or column); an older one is refused with what to do.
 UPGRADE_FROM = 13
@@ -96,6 +97,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("partitions", "JSON"),  # what the campaign ran on: each partition's public description (no env, no setup)
         # NULL: submitted here; ORIGINS: imported (sbench import), and from what (IMPORTED's keys)
         ("origin", "VARCHAR"), ("imported", "JSON"),
+        ("search_spec", "JSON"),  # the sweep's search: and its grid's points as the search sees them (NULL: none)
     ],
     "points": [("point_id", "VARCHAR"), ("experiment", "VARCHAR"), ("valid", "BOOLEAN"),
                ("reasons", "VARCHAR[]"), ("notes", "VARCHAR[]"), *ENTITY_COLUMNS, ("entity", "JSON")],
@@ -249,6 +251,11 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("memlock", "VARCHAR"), ("hcas", "JSON"), ("differences", "VARCHAR[]"), ("doc", "JSON"),
     ],
     # sbench fabric: one row per (fabric run, collective, message size).
+    # a search's newest decision about each point of its campaign (the manifest's search lines; harness.spec.search)
+    "search_decisions": [
+        ("campaign", "VARCHAR"), ("point_id", "VARCHAR"), ("phase", "VARCHAR"), ("action", "VARCHAR"),
+        ("reason", "VARCHAR"), ("repeat", "INTEGER"), ("decided_at", "TIMESTAMP"),
+    ],
     "fabric": [
         ("fabric_id", "VARCHAR"), ("cluster", "VARCHAR"), ("partition", "VARCHAR"), ("nodes", "INTEGER"),
         ("world_size", "INTEGER"), ("backend", "VARCHAR"), ("enable_roce", "BOOLEAN"), ("op", "VARCHAR"),
@@ -282,7 +289,8 @@ SCHEMA.update(CLUSTER_HEALTH_TABLES)
 PRIMARY_KEYS = {"metadata": ("key",), "probes": ("probe_id", "host"), "campaigns": ("campaign",),
                 "points": ("point_id",),
                 "campaign_points": ("campaign", "point_id", "repeat"), "runs": ("run_id",),
-                "measurements": ("run_id",), "sample_files": ("file_id",)}
+                "measurements": ("run_id",), "sample_files": ("file_id",),
+                "search_decisions": ("campaign", "point_id")}
 
 
 COLUMN_NAMES = {t: frozenset(c for c, _ in cols) for t, cols in SCHEMA.items()}

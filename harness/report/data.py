@@ -19,6 +19,7 @@ from harness.contract.errors import InputError, SbenchError
 from harness.contract.paths import resolve_db
 from harness.db.checks import check_results, references_of
 from harness.db.hosts import drain_reason, host_health
+from harness.db.search import search_answer
 from harness.db.store import Store
 from harness.spec.catalog import EXPERIMENTS
 from harness.spec.repeats import verdict
@@ -72,6 +73,7 @@ class ReportData:
     # repeats: how many, the target, the state (point_repeats)
     clusters: list[dict[str, Any]] = field(default_factory=list)  # the points across clusters (report.clusters)
     profiles: list[dict[str, Any]] = field(default_factory=list)  # profiled runs with their profile_ops rows
+    searches: list[dict[str, Any]] = field(default_factory=list)  # each search campaign's answer (sbench best's)
 
     @property
     def by_campaign(self) -> bool:
@@ -148,6 +150,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     data.profiles = queries.profile_runs(store, where)
     data.repeats = point_repeats(data.campaigns, data.attempts, data.stability, queries.planned_repeats(store, where))
     data.clusters = load_clusters(store, measurements)
+    data.searches = [a for a in (search_answer(store, c["campaign"]) for c in data.campaigns) if a is not None]
     return data
 
 

@@ -737,3 +737,35 @@ def profile_section(profiles: Sequence[Mapping[str, Any]], word: str = "GPU") ->
 def _file_uri(job_dir: Any, name: str) -> str:
     """A link to a file of a job dir (a ``file:`` URI: the page stays offline)."""
     return (Path(str(job_dir)) / name).as_uri() if job_dir and str(job_dir).startswith("/") else name
+
+def search_section(searches: Sequence[Mapping[str, Any]], word: str = "GPU") -> str:
+    """A search campaign's answer (``search:``; ``sbench best`` says the same): its best point with the goal's
+    interval, the largest batch that fits per shape with its evidence, and the allocation time it saved beside the
+    full grid's estimate."""
+    if not searches:
+        return ""
+    parts = []
+    for a in searches:
+        (sense, metric), = a["goal"].items()
+        b = a["best"]
+        best = ("none yet" if not b else f"{b['point_id']}: {metric} {b['value']:,.4g} (95 % interval "
+                f"{b['interval'][0]:,.4g} .. {b['interval'][1]:,.4g}, {plural(int(b['runs']), 'run')})")
+        saved_h = (float(a["grid_gpu_s_estimate"]) - float(a["gpu_s"])) / 3600
+        fits = table(["shape", "largest batch that fits", "largest ok", "smallest OOM", "decided"],
+                     [([", ".join(f"{k}={v}" for k, v in m["shape"].items()), m["batch_size"], m["largest_ok"],
+                        m["smallest_oom"], "yes" if m["decided"] else "no"], "" if m["batch_size"] else "oom")
+                      for m in a["max_batch_size"]])
+        decisions = table(["point", "phase", "action", "reason"],
+                          [([d["point_id"], d["phase"], d["action"], d["reason"]], "")
+                           for d in a["decisions"]])
+        parts.append(
+            f"<h3>{esc(a['campaign'])}: {esc(sense)} {esc(metric)}{'' if a['done'] else ' (still running)'}</h3>"
+            f"<p>Best: <b>{esc(best)}</b>. {esc(plural(int(a['runs']), 'run'))} for {a['grid_points']} grid "
+            f"points; training {float(a['train_s']):.1f} s (the grid: about {float(a['grid_train_s_estimate']):.1f} "
+            f"s); allocations {float(a['allocation_s']):.1f} s (the grid: about "
+            f"{float(a['grid_allocation_s_estimate']):.1f} s): about {saved_h:.3g} {word}-hours saved.</p>"
+            f'<div class="wide">{fits}</div><div class="wide">{decisions}</div>')
+    return section("search", "Search: the best point and the largest batch that fits",
+                   "What each search campaign (a sweep with search:) found, as sbench best says it, and every "
+                   "point's decision with its reason; the grid's figures are estimates (each valid point once, at "
+                   "the mean of the campaign's ok or OOM runs).", "".join(parts))

@@ -10,7 +10,8 @@ Syntax: one or more faults separated by ``;``, each ``KIND@COND[,COND...][:ARG]`
   slow device).
 - ``COND``: ``step=N`` (at the end of optimiser step N; with ``before=optimizer``, just before its optimizer
   step: a slow optimizer), ``step=N..M`` or ``step=N..`` (at the end of every step from N to M, or from N on:
-  a rank that is slow again and again, a straggler) or ``stage=NAME`` (at the start of a trainer stage: dataset,
+  a rank that is slow again and again, a straggler), ``step=*`` (at the end of every step, as ``step=1..``: with
+  ``sleep``, a point made slower by a known amount) or ``stage=NAME`` (at the start of a trainer stage: dataset,
   tokens, model_load, train; or ``preflight``, the device check of ``sbench preflight``), optionally restricted
   with ``rank=R`` (global rank), ``host=NAME`` (the SLURM node name), ``trial=T`` (stability trial),
   ``job=TEXT`` (a job dir whose name contains TEXT, e.g. ``job=<point_id>.r1.``: one repeat of one point) and
@@ -19,8 +20,8 @@ Syntax: one or more faults separated by ``;``, each ``KIND@COND[,COND...][:ARG]`
 Examples: ``oom@step=2``, ``error@step=1``, ``sigkill@step=2``, ``sleep@step=1:30``,
 ``oom@step=2,rank=1``, ``error@stage=model_load``, ``oom@step=1,trial=2``, ``sleep@step=3,job=.r1.:2``,
 ``oom@step=1,batch=4``, ``sleep@step=3,before=optimizer:0.5``, ``sleep@step=1..,rank=1:0.5`` (rank 1 half a
-second late at every step: a straggler), ``slow@stage=preflight,host=node2:4`` (node2's devices compute at a
-quarter of their speed).
+second late at every step: a straggler), ``sleep@step=*,job=<point_id>.:0.3``, ``slow@stage=preflight,host=node2:4``
+(node2's devices compute at a quarter of their speed).
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ class Fault:
     host: str | None = None
     step_range: bool = False  # step=N..M or step=N..: every step from step to step_last
     step_last: int | None = None  # None with step_range: no last step
+
+    @property
+    def every_step(self) -> bool:
+        """``step=*`` (the same as ``step=1..``): at the end of every step."""
+        return self.step_range and self.step == 1 and self.step_last is None
 
     def applies(self, *, rank: int, trial: int | None, step: int | None = None, stage: str | None = None,
                 job: str = "", batch: int | None = None, before: str | None = None,
@@ -133,7 +139,11 @@ def parse_faults(text: str | None) -> list[Fault]:
                 raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value "
                                      "(step, stage, rank, host, trial, job, batch, before)")
             k, v = (x.strip() for x in cond.split("=", 1))
-            if k == "step" and ".." in v:
+            if k == "step" and "step" in kw:
+                raise FaultSpecError(f"{ENV}: {part!r} names step twice")
+            if k == "step" and v == "*":
+                kw.update(_step_range("1.."))
+            elif k == "step" and ".." in v:
                 kw.update(_step_range(v))
             elif k in ("step", "rank", "trial", "batch"):
                 try:

@@ -31,7 +31,7 @@ from .rank import Context
 from .steady import PrecisionRule, Steady, steady_state, window_stats
 
 # index = the code rank 0 broadcasts; "precision" and "max_seconds" are the precision method's
-STOP_REASONS = (None, "stop_after_seconds", "auto_stop", "precision", "max_seconds")
+STOP_REASONS = (None, "stop_after_seconds", "auto_stop", "precision", "max_seconds", "run_steps")
 
 
 class Meter:
@@ -107,6 +107,7 @@ class StopPolicy:
     stop_method: str = RunnerSettings.stop_method
     rel_ci: float = RunnerSettings.rel_ci
     max_seconds: float = RunnerSettings.max_seconds
+    max_run_steps: int = RunnerSettings.max_run_steps  # a search's short run: stop after this many steps
 
     @classmethod
     def of(cls, args: argparse.Namespace, runner: RunnerSettings) -> StopPolicy:
@@ -114,7 +115,7 @@ class StopPolicy:
         return cls(stop_after_seconds=args.stop_after_seconds, auto_stop=args.auto_stop_method == AUTO_STOP,
                    warmup_seconds=runner.warmup_seconds, stable_seconds=runner.stable_seconds,
                    min_steps=runner.min_steps, stop_method=runner.stop_method, rel_ci=runner.rel_ci,
-                   max_seconds=runner.max_seconds)
+                   max_seconds=runner.max_seconds, max_run_steps=runner.max_run_steps)
 
     @property
     def precision(self) -> PrecisionRule | None:
@@ -151,13 +152,15 @@ class StopPolicy:
 
     @property
     def active(self) -> bool:
-        return self.auto_stop or self.stop_after_seconds > 0
+        return self.auto_stop or self.stop_after_seconds > 0 or self.max_run_steps > 0
 
     def decide(self, *, elapsed: float, step: int, warm: bool, warm_elapsed: float | None,
                warm_step: int | None) -> tuple[bool, bool, str | None]:
         """``(stop, warm, reason)`` after a step that ended ``elapsed`` seconds into training."""
         if self.stop_after_seconds > 0 and elapsed >= self.stop_after_seconds:
             return True, warm, "stop_after_seconds"
+        if 0 < self.max_run_steps <= step:
+            return True, warm, "run_steps"
         if self.auto_stop:
             if not warm:
                 if elapsed >= self.warmup_seconds:
@@ -177,6 +180,9 @@ class StopPolicy:
         if self.stop_after_seconds > 0 and elapsed >= self.stop_after_seconds:
             found = steady_state(times)
             return True, "stop_after_seconds", found.start if found is not None else -1
+        if 0 < self.max_run_steps <= len(times):
+            found = steady_state(times)
+            return True, "run_steps", found.start if found is not None else -1
         stop, reason, found = rule.decide(times, elapsed)
         return stop, reason, found.start if found is not None else -1
 

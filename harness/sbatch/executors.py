@@ -39,6 +39,9 @@ class SubmitOptions:
     pack: int | str = 1  # the sweep's slurm.pack: points per allocation (harness.sbatch.pack)
     pack_time_limit: str | None = None  # the partition's time limit, which a pack's time stays within
     requeue_command: str | None = None  # the shell function a SLURM pack calls after an OOM
+    # a search campaign (search:): its results database; on SLURM its feeder job goes on with the search
+    # (harness.sbatch.searchfeed) until it is over, with nothing held back too
+    search_db: str | None = None
 
 
 class Backend(Protocol):

@@ -217,15 +217,15 @@ def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec],
                      array_task_id=arr[1] if arr else None, extra=_extra(h, k, stamp))
            for h, jid, arr in done for k, m in enumerate(members(h))]
     held = [m for g in groups for h in g["held"] for m in members(h)]
-    if not held:
+    if not held and not (opts.search_db and opts.feeder_script):
         return out, calls
-    if not opts.feeder_script:
+    if held and not opts.feeder_script:
         raise SubmitError(f"{len(held)} attempt(s) do not fit the submit quota ({limits.describe()}) and no "
                           "feeder job can be made for them")
     hold_back(groups, stamp)
     camp = CampaignPaths(campaign_dir)
     camp.slurm.mkdir(parents=True, exist_ok=True)
-    camp.feed_script.write_text(opts.feeder_script)
+    camp.feed_script.write_text(opts.feeder_script or "")  # (set: a held attempt or a search needs it)
     prior = read_feed(campaign_dir)
     # Attempts an earlier feed still holds stay in it while it feeds; a feeding that stopped left them
     # NOT_STARTED (harness.slurm.held), and retry runs them as new attempts: they are not taken back.
@@ -236,6 +236,8 @@ def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec],
                            "interval_s": interval_s(), "cancelled_at": None, "stopped": None,
                            "feeder_job": prior.get("feeder_job") if alive else None,
                            "waves": (prior.get("waves") or []) + [_wave(stamp, done, held, limits, stopped)]}
+    if opts.search_db:  # the feeder goes on with the search, held attempts or not (harness.sbatch.searchfeed)
+        doc["search_db"] = opts.search_db
     write_feed(campaign_dir, doc)
     ensure_feeder(slurm, campaign_dir, doc)
     out += [Submitted(spec=by_spec[h["job_dir"]], job_id=None, extra=AttemptExtra(held_back=True)) for h in held]
@@ -328,7 +330,30 @@ def feed(locks: CampaignLocks, campaign_dir: Path, slurm: Slurm | None = None) -
         ensure_feeder(slurm, campaign_dir, doc)
     else:
         doc["feeder_job"] = None
-        doc["finished_at"] = stamp
+        if not doc.get("search_db"):  # a search's feed ends when the search does (keep_feeding)
+            doc["finished_at"] = stamp
+        write_feed(campaign_dir, doc)
+    return doc
+
+
+@holding_campaign_locks("feed")
+def keep_feeding(locks: CampaignLocks, campaign_dir: Path, search_open: bool,
+                 slurm: Slurm | None = None) -> dict[str, Any]:
+    """After a search's turn (``harness.sbatch.searchfeed``): the next turn while the search is open, else the
+    feed's end. Nothing is started for a cancelled feed, nor beside a later turn already queued."""
+    slurm = slurm or Slurm()
+    campaign_dir = Path(campaign_dir)
+    locks.acquire(campaign_dir, "feed", wait_s=max(60.0, float(envvars.CAMPAIGN_WAIT.default)))
+    doc = read_feed(campaign_dir)
+    if not doc or doc.get("cancelled_at"):
+        return doc
+    if str(doc.get("feeder_job")) == os.environ.get("SLURM_JOB_ID"):
+        doc["feeder_job"] = None  # this turn, ending now
+    if search_open:
+        doc["finished_at"] = None
+        ensure_feeder(slurm, campaign_dir, doc)
+    elif not doc.get("feeder_job"):
+        doc["finished_at"] = now_iso()
         write_feed(campaign_dir, doc)
     return doc
 
@@ -356,14 +381,15 @@ def stop(slurm: Slurm, campaign_dir: Path) -> list[str]:
 
 def feed_summary(slurm: Slurm, campaign_dir: Path) -> dict[str, Any]:
     """For ``submit``: the campaign's feed as it stands (what it holds, its feeder job, the limits of its last
-    wave, why it stopped); {} when it holds nothing."""
+    wave, why it stopped, and ``search`` for a search's feeder); {} when it holds nothing and feeds no search."""
     doc = read_feed(campaign_dir)
-    if not held_count(doc) or doc.get("cancelled_at"):
+    if doc.get("cancelled_at") or not held_count(doc) and not (doc.get("search_db") and not doc.get("finished_at")):
         return {}
     waves = doc.get("waves") or []
     why = feeding_stopped(doc, slurm)
     return {"held": held_count(doc), "feeder_job": doc.get("feeder_job") if why is None else None,
-            "stopped": why, "limits": waves[-1].get("limits") if waves else None, "waves": len(waves)}
+            "stopped": why, "limits": waves[-1].get("limits") if waves else None, "waves": len(waves),
+            "search": bool(doc.get("search_db"))}
 
 
 def feed_notes(workdir: Path, campaign: str | None, slurm: Slurm) -> list[str]:
@@ -392,7 +418,9 @@ def feeder_script(sweep: Sweep, inv: Inventory, campaign_dir: Path) -> str:
     this one), on the sweep's ``slurm.feed_partition`` or its partition."""
     part = inv.partition(sweep.partition)
     python = part.python or inv.python or sys.executable
-    argv = [python, "-m", "harness.sbatch.feed", str(Path(campaign_dir).resolve())]
+    # a search's feeder also goes on with the search once nothing is held (harness.sbatch.searchfeed)
+    module = "harness.sbatch.searchfeed" if sweep.search is not None else "harness.sbatch.feed"
+    argv = [python, "-m", module, str(Path(campaign_dir).resolve())]
     return feed_sbatch(sweep, inv, argv, os.getcwd(), CampaignPaths(Path(campaign_dir).resolve()).slurm,
                        sweep.slurm.feed_partition)
 

@@ -15,7 +15,7 @@ from typing import Any
 from harness.contract import safefile
 from harness.contract.errors import StoreBusyError, SubmitError
 from harness.contract.paths import CampaignPaths
-from harness.contract.records import AttemptLine, ManifestLine, not_read, read_manifest
+from harness.contract.records import AttemptLine, ManifestLine, SearchLine, not_read, read_manifest
 from harness.db.manifest import record_manifest
 from harness.db.store import open_store
 
@@ -76,6 +76,25 @@ def attempts(workdir: Path, campaign: str | None, problems: list[str] | None = N
                     continue
                 out[jd] = ev
     return list(out.values())
+
+
+def search_spec(campaign_dir: Path) -> dict[str, Any] | None:
+    """The campaign's ``search:`` as its campaign line recorded it (None: no search, or no manifest read)."""
+    try:
+        lines = read_manifest(CampaignPaths(campaign_dir), ("campaign",))[0]
+    except OSError:
+        return None
+    spec = next((ev.get("search") for ev in lines if ev["type"] == "campaign"), None)
+    return spec if isinstance(spec, dict) else None
+
+
+def search_lines(campaign_dir: Path) -> dict[str, SearchLine]:
+    """The newest search line about each point of the campaign (what the search decided last)."""
+    try:
+        lines = read_manifest(CampaignPaths(campaign_dir), ("search",))[0]
+    except OSError:
+        return {}
+    return {ev["point_id"]: ev for ev in lines if ev["type"] == "search"}
 
 
 def adaptive_repeats(campaign_dir: Path) -> dict[str, Any] | None:

@@ -35,6 +35,8 @@ from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, counted_warnings, plan_sweep, plan_warnings
+from harness.spec.search import PLAN, SKIP, SearchState
+from harness.spec.search import Decision as SearchDecision
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
 from . import manifest
@@ -47,9 +49,13 @@ from .lock import CampaignLocks, holding_campaign_locks
 from .preflight import run_preflight as run_device_preflight
 from .prepare import run_prepare, work_for
 from .repeats import MORE, RepeatsVerdict, point_verdicts
+from .search import record_decisions, recorded_state, scaled_sweep, search_state
+from .search import recorded as recorded_search
+from .search import summary as search_summary
 from .state import MeasuredRun, PointHistory, campaign_history, read_history, refuse_imported, with_submitted
 
 MORE_REPEATS = "more repeats"  # the reason's head of an adaptive repeat's submission
+SEARCH = "search"  # the reason's head of a run a search asked for
 NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
 
 
@@ -60,6 +66,7 @@ class Decision:
     reason: str
     attempt: int = 0
     reused: MeasuredRun | None = None  # skipped because it takes this run of another campaign (reuse)
+    scale: float = 1.0  # a search's short run: this share of the sweep's run length (harness.spec.search)
 
 
 @dataclass
@@ -83,6 +90,7 @@ class SubmitReport:
     # the verdicts it was decided on (before it)
     repeats: list[RepeatsVerdict] = field(default_factory=list)
     repeats_before: list[RepeatsVerdict] = field(default_factory=list)
+    search: dict[str, Any] = field(default_factory=dict)  # search: what it decided before this submission
 
     def to_dict(self) -> dict[str, Any]:
         by_key = {(s.spec.point_id, s.spec.repeat): s for s in self.submitted}
@@ -100,20 +108,26 @@ class SubmitReport:
                 "devices": self.devices, "excluded_slow": self.excluded_slow,
                 "prepare": self.prepare, "prepare_job": self.prepare_job, "held_back": self.held_back,
                 "feed": self.feed, "repeats": [v.to_dict() for v in self.repeats],
-                "repeats_before": [v.to_dict() for v in self.repeats_before]}
+                "repeats_before": [v.to_dict() for v in self.repeats_before], "search": self.search}
 
 
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
-           retry_failed: bool, reuse: bool = False, adaptive: AdaptiveRepeats | None = None) -> list[Decision]:
+           retry_failed: bool, reuse: bool = False, adaptive: AdaptiveRepeats | None = None,
+           search: SearchState | None = None) -> list[Decision]:
     """Skip what this campaign measured or has in flight; resubmit failures only when asked. With *reuse*,
     a point another campaign measured is not measured again: it takes that run, and says which. With
     *adaptive* (``repeats: {min, max, cv}``), a repeat beyond *min* that was never submitted is submitted
     only when it is its point's next one and the point's CV asks for it (``harness.sbatch.repeats``);
-    otherwise it has no decision at all (it is not a run of the campaign until then)."""
+    otherwise it has no decision at all (it is not a run of the campaign until then). With *search* (a sweep's
+    ``search:``), a run is a run of the campaign only once the search asks for it (``harness.spec.search``)."""
+    asked = {pr: search.decisions[pr[0]].reason for pr in search.todo} if search else {}
     verdicts = point_verdicts(adaptive, [p.point_id for p in points if p.valid], history, campaign) \
         if adaptive else {}
     out = []
     for p in points:
+        if search is not None and (p.point_id, p.repeat) not in asked and not (
+                history.attempts(campaign, p.point_id, p.repeat) or (not p.valid and p.repeat == 0)):
+            continue
         if adaptive and p.repeat >= adaptive.min and not history.attempts(campaign, p.point_id, p.repeat):
             v = verdicts.get(p.point_id)
             if v is not None and v.state == MORE and v.next_repeat == p.repeat:
@@ -139,7 +153,8 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
         elif taken is not None:
             out.append(Decision(p, "skip", f"reused run {taken.run_id} of campaign {taken.campaign} "
                                            f"({taken.outcome}); measure it here with --force", reused=taken))
-        elif attempts and attempts[-1].outcome == "failed" and attempts[-1].cancelled:
+        elif attempts and attempts[-1].outcome == "failed" and attempts[-1].cancelled and not (
+                search is not None and retry_failed):  # (a search's cancelled run is one retry goes on with)
             out.append(Decision(p, "skip", f"attempt {attempts[-1].attempt} was cancelled with sbench cancel; "
                                            "use --force to run it again"))
         elif attempts and attempts[-1].outcome == "failed":
@@ -149,7 +164,10 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
                 out.append(Decision(p, "skip", f"attempt {attempts[-1].attempt} failed "
                                                f"({attempts[-1].reason or 'see its job dir'}); use --retry-failed"))
         else:
-            out.append(Decision(p, "submit", "new", next_attempt))
+            why = asked.get((p.point_id, p.repeat))
+            out.append(Decision(p, "submit", f"{SEARCH}: {why}" if why else "new", next_attempt))
+        if search is not None and out and out[-1].point is p and out[-1].action == "submit":
+            out[-1].scale = search.scale.get((p.point_id, p.repeat), 1.0)
     return out
 
 
@@ -244,7 +262,9 @@ def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[st
     reuse = req.reuse_measured or sweep.reuse == "measured"
     history, db_note = campaign_history(plan.db, plan.workdir, sweep.campaign, [p.point_id for p in plan.points],
                                         slurm, reuse)
-    decisions = _decisions(req, plan, history, reuse)
+    search = search_state(plan.db, sweep.campaign, sweep.search, plan.points, list(sweep.grid),
+                          sweep.search_repeats) if sweep.search else None
+    decisions = _decisions(req, plan, history, reuse, search)
     report = SubmitReport(sweep.campaign, plan.backend.name, campaign_dir, decisions, db_note=db_note,
                           warnings=plan_warnings(sweep, plan.inv, plan.points) + fit_notes, preflight=checked,
                           devices=devices, excluded_slow=slow)
@@ -255,6 +275,13 @@ def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[st
     dependency = _prepare_before(req, plan, [d.point for d in todo], report, echo)
     report.warnings += length_warnings(sweep, plan.inv, [d.point for d in todo])  # the files prepare just made
     events = append_manifest(CampaignPaths(campaign_dir), _campaign_lines(req, plan, decisions, exists))
+    if search is not None:  # every decision of the search, with its reason, before the runs it asks for
+        for p in plan.points:  # a point the plan found invalid is none of the search's: it says why
+            if not p.valid and p.repeat == 0:
+                search.decisions[p.point_id] = SearchDecision(p.point_id, PLAN, SKIP, "invalid: "
+                                                              + "; ".join(p.reasons))
+        events += record_decisions(campaign_dir, sweep.campaign, search)
+        report.search = search_summary(search)
     specs = _write_job_dirs(plan, todo)
     if specs:
         events += _hand_over(req, plan, todo, specs, dependency, report)
@@ -273,11 +300,13 @@ def _plan(req: SubmitRequest, echo: Callable[[str], None], slurm: Slurm) -> Plan
     with the input is found before the database, the manifest or a job dir is touched."""
     inv: Inventory = load_inventory(req.inventory)
     sweep = load_sweep(req.sweep, req.model_map, req.campaign, profile=req.profile)
-    points = plan_sweep(sweep, inv, memory=req.skip_predicted_oom)
+    # a search starts each shape's bisection at the largest batch predicted to fit (harness.spec.search)
+    memory = req.skip_predicted_oom or sweep.search is not None
+    points = plan_sweep(sweep, inv, memory=memory)
     check_faults(inv, {p.partition for p in points})
     if req.prepare != "no" and build_trainer_envs(sweep, inv, points, echo):
         # Some rules read the environment (its accelerate, its plugins): decide them on what was built.
-        points = plan_sweep(sweep, inv, memory=req.skip_predicted_oom)
+        points = plan_sweep(sweep, inv, memory=memory)
     backend = get_backend(req.executor, slurm)
     workdir, db = resolve_workdir(req.workdir), resolve_db(req.db)
     refuse_imported(db, sweep.campaign, "retry" if req.only_failed else "submit")
@@ -289,19 +318,20 @@ def _plan(req: SubmitRequest, echo: Callable[[str], None], slurm: Slurm) -> Plan
     return Planned(inv, sweep, points, backend, fit, preview, workdir, db)
 
 
-def _decisions(req: SubmitRequest, plan: Planned, history: PointHistory, reuse: bool) -> list[Decision]:
+def _decisions(req: SubmitRequest, plan: Planned, history: PointHistory, reuse: bool,
+               search: SearchState | None = None) -> list[Decision]:
     """:func:`decide`, narrowed to what *req* asks: only the failed points (retry), only the next repeats
     (collect), and no point predicted not to fit (``--skip-predicted-oom``)."""
     sweep = plan.sweep
     decisions = decide(plan.points, history, sweep.campaign, req.force, req.retry_failed or req.only_failed, reuse,
-                       sweep.adaptive)
+                       sweep.adaptive, search)
     refuse_all_invalid(sweep, plan.points)  # after the campaign's own files were read: what is wrong there comes first
     if req.only_failed:
         # (a repeat adaptive repeats would add is no failed one: retry leaves it out, unlisted)
         decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
                      for d in decisions if not d.reason.startswith(MORE_REPEATS)]
     if req.only_more:
-        decisions = [d for d in decisions if d.action == "submit" and d.reason.startswith(MORE_REPEATS)]
+        decisions = [d for d in decisions if d.action == "submit" and d.reason.startswith((MORE_REPEATS, SEARCH))]
     if req.skip_predicted_oom:
         # An allocation is not spent on a point that will not fit (harness.spec.memory says why, per point).
         decisions = [Decision(d.point, "skip", _predicted_oom(d.point.memory))
@@ -325,7 +355,9 @@ def _campaign_lines(req: SubmitRequest, plan: Planned, decisions: list[Decision]
                         if n in plan.inv.partitions},
             executor=plan.backend.name, description=sweep.description, created_at=now_iso(),
             sbench_version=__version__, references=[r.to_dict() for r in sweep.references],
-            repeats=sweep.adaptive.to_dict() if sweep.adaptive else None))
+            repeats=sweep.adaptive.to_dict() if sweep.adaptive else None,
+            search=None if sweep.search is None else recorded_search(sweep.search, points, list(sweep.grid),
+                                                                     sweep.search_repeats)))
     else:
         if _recorded_references(campaign_dir) != [r.to_dict() for r in sweep.references]:
             # The sweep's expectations changed (tightened, added): the checks follow the newest word.
@@ -348,13 +380,17 @@ def _write_job_dirs(plan: Planned, todo: list[Decision]) -> list[JobSpec]:
     """Write the job dir of each attempt to submit. The preview rendered every valid point as attempt 1: new
     points reuse it; only later attempts (retry, force) are rendered again, under their own job dirs."""
     first = {(spec.point_id, spec.repeat): (spec, files) for spec, files in plan.preview}
-    later = [d for d in todo if d.attempt != 1]
-    again = {(spec.point_id, spec.repeat): (spec, files) for spec, files in prepare_points(
-        plan.sweep, plan.inv, [d.point for d in later], plan.campaign_dir,
-        {(d.point.point_id, d.point.repeat): d.attempt for d in later}, exclude=plan.fit.exclude)} if later else {}
+    later = [d for d in todo if d.attempt != 1 or d.scale != 1.0]
+    again: dict[tuple[str, int], tuple[JobSpec, Rendered]] = {}
+    for scale in sorted({d.scale for d in later}):  # a search's short runs: their own runner settings
+        group = [d for d in later if d.scale == scale]
+        sweep = plan.sweep if scale == 1.0 else scaled_sweep(plan.sweep, scale)
+        again.update({(spec.point_id, spec.repeat): (spec, files) for spec, files in prepare_points(
+            sweep, plan.inv, [d.point for d in group], plan.campaign_dir,
+            {(d.point.point_id, d.point.repeat): d.attempt for d in group}, exclude=plan.fit.exclude)})
     specs: list[JobSpec] = []
     for d in todo:
-        spec, files = (first if d.attempt == 1 else again)[(d.point.point_id, d.point.repeat)]
+        spec, files = (first if d.attempt == 1 and d.scale == 1.0 else again)[(d.point.point_id, d.point.repeat)]
         write_files(spec.job_dir, files)
         # Until the backend replaces it: should this submit die (SIGKILL) before handing the job dir over,
         # status, collect and retry see an attempt that never started, not one queued for ever.
@@ -372,7 +408,8 @@ def _hand_over(req: SubmitRequest, plan: Planned, todo: list[Decision], specs: l
         max_parallel=req.max_parallel or sweep.slurm.max_parallel, hold=req.hold, dependency=dependency,
         qos=sweep.slurm.qos or inv.partition(sweep.partition).qos,
         reasons={spec.job_dir: d.reason for d, spec in zip(todo, specs, strict=True)}, pack=sweep.slurm.pack,
-        pack_time_limit=inv.partition(sweep.partition).time_limit), sweep, inv, plan.campaign_dir)
+        pack_time_limit=inv.partition(sweep.partition).time_limit,
+        search_db=str(plan.db.resolve()) if sweep.search else None), sweep, inv, plan.campaign_dir)
     report.submitted = backend.submit(plan.campaign_dir, specs, opts)
     report.sbatch_calls = backend.sbatch_calls
     report.held_back = sum(1 for s in report.submitted if s.extra.get("held_back"))
@@ -576,6 +613,22 @@ def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = N
     the campaign's repeats are not adaptive. ``sbench collect`` calls it after collecting."""
     campaign_dir = resolve_workdir(workdir) / campaign
     spec = manifest.adaptive_repeats(campaign_dir)
+    recorded = manifest.search_spec(campaign_dir)
+    if recorded is not None:
+        # a search's next runs: the bisection's, the next rung's, the best point's repeats (harness.spec.search).
+        # When it asks for none (runs in flight, over, or waiting for retry), nothing is planned or locked: its
+        # decisions are recorded as they stand now.
+        dbp = resolve_db(db)
+        state = recorded_state(recorded, dbp, campaign)
+        if not state.todo:
+            events = record_decisions(campaign_dir, campaign, state)
+            rec = campaign_record(workdir, campaign)
+            return SubmitReport(campaign, str(rec.get("executor") or ""), campaign_dir, [],
+                                db_note=manifest.record_events(dbp, events) if events else None,
+                                search=search_summary(state))
+        sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, "auto")
+        return submit_sweep(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign,
+                                          only_more=True), slurm=slurm)
     if spec is None:
         return None
     # What the database has now (collect just read it): when no point's next repeat is due, nothing is planned,

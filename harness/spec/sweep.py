@@ -43,10 +43,11 @@ from .schema import (
     Checker,
     sbatch_extra,
 )
+from .search import SearchSpec, parse_search, planned_repeats
 from .yamlio import LineDict, load_yaml
 
 SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
-              "model_map", "data_dir", "runner", "references", "reuse")
+              "model_map", "data_dir", "runner", "references", "reuse", "search")
 
 
 # What a campaign may take from other campaigns instead of measuring it again: nothing (every campaign
@@ -57,7 +58,7 @@ _SCALAR = (str, int, float)
 SWEEP_KINDS: dict[str, type | tuple[type, ...]] = {
     "campaign": _SCALAR, "experiment": str, "partition": _SCALAR, "description": str, "entity": dict, "grid": dict,
     "repeats": (int, dict), "slurm": dict, "model_map": dict, "data_dir": str, "runner": dict, "references": dict,
-    "reuse": str}
+    "reuse": str, "search": dict}
 
 
 SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue", "extra",
@@ -162,6 +163,10 @@ class Sweep:
     references: list[Any] = field(default_factory=list)  # harness.references.Reference, in file order
     reuse: str = "none"  # one of REUSE_MODES
     adaptive: AdaptiveRepeats | None = None  # repeats: {min, max, cv}; None for a plain repeats: N
+    # search: (harness.spec.search): repeats above is then the rungs plus search_repeats, the campaign's repeats:
+    # N that its best point and runners-up get
+    search: SearchSpec | None = None
+    search_repeats: int = 0
     lines: dict[str, int] = field(default_factory=dict)
 
 
@@ -338,6 +343,13 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         ck.fail(f"grid.{both[0]}", "is set in both entity: and grid:; keep it in one place", grid_node, both[0])
     adaptive = parse_repeats(ck, doc)
     repeats = adaptive.max if adaptive else ck.integer(doc, "", "repeats", default=1, minimum=1, maximum=MAX_REPEATS)
+    search = parse_search(ck, doc, grid, entity)
+    if search is not None:
+        if adaptive:
+            ck.fail("repeats", "a search gives its best point a plain repeats: N (its rungs are its own repeats); "
+                               "repeats: {min, max, cv} does not go with search:", doc, "repeats")
+        # rung r is repeat r of a point; the campaign's repeats come after the last rung
+        search_repeats, repeats = repeats, planned_repeats(search, grid, repeats)
     if combos * repeats > MAX_RUNS:
         ck.fail("grid", f"expands to {combos} grid combinations x {repeats} repeat(s) = {combos * repeats} runs; at "
                         f"most {MAX_RUNS} are allowed in one sweep - split it into several campaigns",
@@ -446,6 +458,7 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         references=references, reuse=ck.choice(doc, "", "reuse", REUSE_MODES, default="none"),
         campaign=campaign, experiment=experiment, source=source, base_dir=base_dir,
         partition=partition, entity=entity, grid=grid, repeats=repeats, adaptive=adaptive, slurm=slurm,
+        search=search, search_repeats=search_repeats if search is not None else 0,
         model_map=mm, data_dir=data_dir, runner=runner, data_dir_set=bool(data_dir_raw),
         description=ck.string(doc, "", "description", default="", nonempty=False, multiline=True) or "",
         lines=dict(doc.lines) if isinstance(doc, LineDict) else {},

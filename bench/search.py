@@ -1,0 +1,172 @@
+"""An adaptive campaign (``search:``) against the full grid of the same sweep, side by side in one bench run.
+
+The tiny model on the local executor, one sweep of three shapes (gradient accumulation 1 to 3) x five batch sizes
+(1 to 16), run twice: as a GRID (every point, ``search:`` left out) and as a SEARCH (``batch_size: fit``, ``method:
+halving``). The answer is known by construction, from the inventory's ``SBENCH_FAULT``: ``oom@step=1`` on every
+batch above a chosen limit per shape (one shape has none), and ``sleep@step=*`` on every step of every point but
+one (the fastest, at its shape's largest fitting batch). The sleep must dominate a step (on two loaded cores a
+step of the tiny model takes up to a second or two): 2 s by default. The search does not read the faults.
+
+Reported: each campaign's best point (``sbench best`` for the search; the fastest ok point of the grid, from its
+measurements) and its largest batch per shape (the grid's largest ok batch); the training seconds of each (the
+sum of its runs' train stages) and their ratio (goal: the search at most 35 % of the grid), with the allocation
+seconds (the runs' elapsed time) beside.
+
+    .venv/bin/python bench/search.py                      # about 10 minutes on two loaded cores
+    .venv/bin/python bench/search.py --out /tmp/search.json --sleep 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DATASET = "news-chars-512-entries-4096"
+AUTO = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
+SHAPES = [1, 2, 3]  # gradient_accumulation_steps
+BATCHES = [1, 2, 4, 8, 16]
+LIMITS = {1: 4, 2: 8, 3: 16}  # the largest batch that fits, per shape (16: none OOMs)
+FAST = (2, 8)  # the one point without sleeps
+
+
+def prepare(work: Path) -> tuple[Path, Path]:
+    from harness.data.datagen import generate_dataset
+    from harness.data.tinymodel import make_tiny_model
+
+    model = make_tiny_model(work / "model")
+    gen = work / "gen" / f"{DATASET}.jsonl"
+    generate_dataset(DATASET, gen, entries=256)
+    data = work / "data"
+    data.mkdir()
+    shutil.copy(gen, data / gen.name)  # no sidecar: used as is
+    return model, data
+
+
+def sweep_doc(campaign: str, model: Path, data: Path, search: bool) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "campaign": campaign, "experiment": "finetune_full_benchmark-v1.0.0",
+        "entity": {"model_name": "tiny", "model_max_length": 16, "dataset_id": DATASET, "number_gpus": 1,
+                   "max_steps": 400, "auto_stop_method": AUTO},
+        "grid": {"batch_size": BATCHES, "gradient_accumulation_steps": SHAPES},
+        "runner": {"sample_interval_s": 0.5,
+                   "auto_stop": {"method": "precision", "rel_ci": 0.05, "min_steps": 6, "max_seconds": 20}},
+        "model_map": {"tiny": str(model)}, "data_dir": str(data)}
+    if search:
+        doc["search"] = {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving"}
+    return doc
+
+
+def sbench(*args: Any) -> str:
+    proc = subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"sbench {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+def spent(db: Path, campaign: str) -> dict[str, float]:
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        train = con.execute("SELECT coalesce(sum(d), 0) FROM (SELECT max(s.duration_s) AS d FROM stages s JOIN runs r "
+                            "USING (run_id) WHERE r.campaign = ? AND s.stage = 'train' GROUP BY s.run_id)",
+                            [campaign]).fetchone()[0]
+        alloc, runs = con.execute("SELECT coalesce(sum(elapsed_s), 0), count(*) FROM runs WHERE campaign = ?",
+                                  [campaign]).fetchone()
+    return {"train_s": float(train), "allocation_s": float(alloc), "runs": int(runs)}
+
+
+def grid_answer(db: Path, campaign: str) -> dict[str, Any]:
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT r.point_id, p.gradient_accumulation_steps, p.batch_size, r.outcome, "
+                           "m.dataset_tokens_per_second FROM runs r JOIN points p USING (point_id) LEFT JOIN "
+                           "measurements m USING (run_id) WHERE r.campaign = ?", [campaign]).fetchall()
+    ok = [r for r in rows if r[3] == "ok" and r[4] is not None]
+    best = max(ok, key=lambda r: r[4])
+    fits: dict[int, int | None] = {g: None for g in SHAPES}
+    for r in ok:
+        fits[r[1]] = max(fits[r[1]] or 0, r[2])
+    return {"best": best[0], "best_value": best[4], "max_batch_size": fits}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sleep", type=float, default=2.0, help="seconds slept after each step of the slow points")
+    ap.add_argument("--out", type=Path, help="write the figures as JSON here too")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+    from harness.spec.inventory import load_inventory
+    from harness.spec.plan import plan_sweep
+    from harness.spec.sweep import load_sweep
+
+    work = Path(tempfile.mkdtemp(prefix="sbench-search-bench-"))
+    try:
+        model, data = prepare(work)
+        runs, db = work / "runs", work / "results.duckdb"
+        common = ["--workdir", runs, "--db", db]
+        inv_doc: dict[str, Any] = {"cluster": "bench", "partitions": {"cpu": {
+            "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
+            "hosts": {"h1": {"address": "127.0.0.1"}}}}}
+        inv = work / "inventory.yaml"
+        inv.write_text(yaml.safe_dump(inv_doc))
+        sweeps = {}
+        for name, search in (("grid", False), ("search", True)):
+            sweeps[name] = work / f"{name}.yaml"
+            sweeps[name].write_text(yaml.safe_dump(sweep_doc(name, model, data, search), sort_keys=False))
+        points = {(p.entity["gradient_accumulation_steps"], p.entity["batch_size"]): p.point_id
+                  for p in plan_sweep(load_sweep(sweeps["grid"]), load_inventory(inv)) if p.repeat == 0}
+        faults = [f"oom@step=1,job={pid}." for (g, b), pid in points.items() if b > LIMITS[g]]
+        faults += [f"sleep@step=*,job={pid}.:{args.sleep:g}" for (g, b), pid in points.items()
+                   if (g, b) != FAST and b <= LIMITS[g]]
+        inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": ";".join(faults)}
+        inv.write_text(yaml.safe_dump(inv_doc))
+
+        for name in ("grid", "search"):
+            print(f"{name}: submit --wait ...", flush=True)
+            sbench("submit", sweeps[name], "-i", inv, "--executor", "local", "--wait", *common)
+        grid = grid_answer(db, "grid")
+        best = json.loads(sbench("best", "search", "--json", *common))
+        search_fits = {m["shape"]["gradient_accumulation_steps"]: m["batch_size"] for m in best["max_batch_size"]}
+        cost = {name: spent(db, name) for name in ("grid", "search")}
+        out = {
+            "truth": {"best": points[FAST], "max_batch_size": LIMITS},
+            "grid": {**grid, **cost["grid"]},
+            "search": {"best": best["best"]["point_id"] if best["best"] else None,
+                       "best_value": best["best"]["value"] if best["best"] else None,
+                       "max_batch_size": search_fits, "done": best["done"], **cost["search"]},
+            "same_best": best["best"] is not None and best["best"]["point_id"] == grid["best"] == points[FAST],
+            "same_max_batch_size": search_fits == grid["max_batch_size"],
+            "train_ratio": cost["search"]["train_s"] / cost["grid"]["train_s"] if cost["grid"]["train_s"] else None,
+            "allocation_ratio": (cost["search"]["allocation_s"] / cost["grid"]["allocation_s"]
+                                 if cost["grid"]["allocation_s"] else None),
+        }
+        print(json.dumps(out, indent=2, default=str))
+        ratio = out["train_ratio"]
+        print(f"\nsame best point: {out['same_best']}; same largest batch per shape: {out['same_max_batch_size']}; "
+              f"training {cost['search']['train_s']:.1f} s (search) vs {cost['grid']['train_s']:.1f} s (grid) = "
+              f"{100 * (ratio or 0):.1f} % (goal <= 35 %); allocations {cost['search']['allocation_s']:.1f} s vs "
+              f"{cost['grid']['allocation_s']:.1f} s; runs {cost['search']['runs']} vs {cost['grid']['runs']}")
+        if args.out:
+            args.out.write_text(json.dumps(out, indent=2, default=str))
+    finally:
+        if args.keep:
+            print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""An adaptive campaign (``search:``): the sweep's checks, and searches on the local executor with the tiny model,
+where the answer is known by construction (SBENCH_FAULT: OOM above a chosen batch, sleeps on every step of every
+point but one), compared with what the campaign measured."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from harness.db.manifest import record_manifest
+from harness.db.search import search_answer
+from harness.db.store import open_store
+from harness.runner.measure import StopPolicy
+from harness.sbatch.search import MIN_STEPS, scaled_sweep
+from harness.sbatch.state import AttemptState, PointHistory
+from harness.sbatch.submit import SEARCH, decide
+from harness.spec.inventory import load_inventory
+from harness.spec.plan import PlannedPoint, plan_sweep
+from harness.spec.search import Decision as SearchDecision
+from harness.spec.search import SearchState
+from harness.spec.sweep import load_sweep
+
+from .conftest import SMALL_DATASET, write_sweep
+from .helpers import sbench
+
+BASE = {"campaign": "s", "experiment": "finetune_full_benchmark-v1.0.0",
+        "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 1, "max_steps": 4},
+        "grid": {"batch_size": [1, 2, 4], "gradient_accumulation_steps": [1, 2]},
+        "search": {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving"}}
+
+
+@pytest.mark.parametrize("search,grid,key,fix", [
+    ({"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "budget": 3}, None, "search.budget",
+     "valid keys"),
+    ({"goal": {"maximize": "tokens"}, "method": "halving"}, None, "search.goal.maximize",
+     "must be a numeric measurements column"),
+    ({"goal": {"largest": "dataset_tokens_per_second"}, "method": "halving"}, None, "search.goal.largest",
+     "valid keys: maximize, minimize"),
+    ({"goal": {"maximize": "dataset_tokens_per_second"}, "method": "annealing"}, None, "search.method", "halving"),
+    ({"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit"}, {"gradient_accumulation_steps": [1, 2]},
+     "search.batch_size", "grid.batch_size two or more values"),
+    ({"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving"},
+     {"batch_size": [1, 2]}, "search.method", "the grid has one shape"),
+    ({"goal": {"maximize": "dataset_tokens_per_second"}}, None, "search", "asks for nothing"),
+    ({"batch_size": "fit"}, None, "search.goal", "required"),
+])
+def test_bad_search_exits_2_naming_the_key(tmp_path: Path, cli, search, grid, key, fix) -> None:
+    sw = write_sweep(tmp_path / "sweep.yaml", {**BASE, "search": search, "grid": grid or BASE["grid"]})
+    res = cli("plan", sw)
+    assert res.exit_code == 2, res.output
+    assert str(sw) in res.output and key in res.output and fix in res.output and "Traceback" not in res.output
+
+
+def test_a_search_sweep_plans_a_repeat_per_rung_and_the_campaigns_repeats(tmp_path: Path) -> None:
+    sw = load_sweep(write_sweep(tmp_path / "a.yaml", {**BASE, "repeats": 2}))
+    assert sw.search is not None and sw.search.metric == "dataset_tokens_per_second" and sw.search.eta == 3
+    # two shapes: one halving rung after rung 0, then the campaign's 2 repeats
+    assert sw.search_repeats == 2 and sw.repeats == 1 + 1 + 2
+    plain = load_sweep(write_sweep(tmp_path / "p.yaml", {k: v for k, v in BASE.items() if k != "search"}))
+    assert plain.search is None and plain.repeats == 1
+
+
+def test_search_and_adaptive_repeats_do_not_mix(tmp_path: Path, cli) -> None:
+    sw = write_sweep(tmp_path / "a.yaml", {**BASE, "repeats": {"min": 2, "max": 3, "cv": 0.1}})
+    res = cli("plan", sw)
+    assert res.exit_code == 2 and "repeats" in res.output and "search:" in res.output
+
+
+def test_best_refuses_a_campaign_without_a_search(tmp_path: Path, cli) -> None:
+    res = cli("best", "nothing", "--workdir", str(tmp_path), "--db", str(tmp_path / "r.duckdb"))
+    assert res.exit_code == 2 and "no search" in res.output
+
+
+@pytest.mark.train
+@pytest.mark.slow(420)
+def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny_model: Path, small_data_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    runs, db = tmp_path / "runs", tmp_path / "r.duckdb"
+    common = ["--workdir", str(runs), "--db", str(db)]
+    # Two shapes (gradient accumulation 1 and 2) x batches 1, 2, 4, 8. Batch 8 "OOMs" in both shapes and batch 4
+    # too with accumulation 2 (oom@step=1 faults); every point but one sleeps 1 s after each step.
+    doc = {"campaign": "srch", "experiment": "finetune_full_benchmark-v1.0.0",
+           "entity": {"model_name": "tiny", "model_max_length": 32, "dataset_id": SMALL_DATASET, "number_gpus": 1,
+                      "max_steps": 3},
+           "grid": {"batch_size": [1, 2, 4, 8], "gradient_accumulation_steps": [1, 2]},
+           "search": {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving"},
+           "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)}
+    sw = write_sweep(tmp_path / "sweep.yaml", doc)
+    inv_doc = {"cluster": "c", "partitions": {"cpu": {
+        "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
+        "hosts": {"h1": {"address": "127.0.0.1"}}}}}
+    inv = write_sweep(tmp_path / "inv.yaml", inv_doc)
+    points = {(p.entity["gradient_accumulation_steps"], p.entity["batch_size"]): p.point_id
+              for p in plan_sweep(load_sweep(sw), load_inventory(inv)) if p.repeat == 0}
+    fast = points[(1, 4)]
+    ooms = [points[(1, 8)], points[(2, 8)], points[(2, 4)]]
+    inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": ";".join(
+        [f"oom@step=1,job={pid}." for pid in ooms]
+        + [f"sleep@step=*,job={pid}.:1" for pid in points.values() if pid != fast and pid not in ooms]
+        # the best point's first repeat after the rungs fails once (its first attempt): retry runs it again
+        + [f"error@step=1,job={fast}.r1.a1"])}
+    write_sweep(inv, inv_doc)
+
+    # submit with no --wait: the first wave of the bisection (each shape's batch 8); collect, once it has read what
+    # ended, submits the next wave by itself
+    first = json.loads(sbench("submit", sw, "-i", inv, "--executor", "local", "--json", *common).stdout)
+    assert sorted(p["point_id"] for p in first["points"] if p["action"] == "submit") == sorted(
+        [points[(1, 8)], points[(2, 8)]])
+    deadline, sent = time.monotonic() + 300, []
+    # (each shape's bisection goes on by itself: the first to end sends its shape's next run first)
+    while time.monotonic() < deadline and len(sent) < 2:
+        time.sleep(3)
+        out = json.loads(sbench("collect", "--campaign", "srch", "--json", *common).stdout)
+        sent += [(p["point_id"], p["repeat"]) for m in out["more_repeats"] for p in m["points"]
+                 if p["action"] == "submit"]
+    assert sorted(sent) == sorted([(points[(1, 2)], 0), (points[(2, 2)], 0)])
+    # interrupted here, between waves (no process of the search is left): submit --wait goes on from the database
+    out = json.loads(sbench("submit", sw, "-i", inv, "--executor", "local", "--wait", "--json", *common,
+                            timeout=900, ok=(0, 1)).stdout)
+    assert out["summary"]["counts"].get("failed", 0) == 1, out["summary"]  # the best point's failed repeat
+    ans = json.loads(sbench("best", "srch", "--json", *common).stdout)
+    assert ans["best"]["point_id"] == fast and ans["stuck"] == [fast]
+    # retry runs the failed repeat again, and the search is over
+    sbench("retry", "srch", "--executor", "local", "--wait", *common, timeout=600)
+    ans = json.loads(sbench("best", "srch", "--json", *common).stdout)
+    # (its rung 0 run and the repeat after the rungs; a rung 1 run too if the slower shape's interval overlapped)
+    assert ans["done"] and not ans["stuck"] and ans["best"]["point_id"] == fast and ans["best"]["runs"] >= 2
+    assert ans["best"]["batch_size"] == 4 and ans["best"]["gradient_accumulation_steps"] == 1
+    fits = {m["shape"]["gradient_accumulation_steps"]: m for m in ans["max_batch_size"]}
+    assert (fits[1]["batch_size"], fits[1]["smallest_oom"]) == (4, 8)
+    assert (fits[2]["batch_size"], fits[2]["largest_ok"], fits[2]["smallest_oom"]) == (2, 2, 4)
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        ran = {r[0] for r in con.execute("SELECT DISTINCT point_id FROM runs WHERE campaign = 'srch'").fetchall()}
+        rows = con.execute("SELECT point_id, action, reason FROM search_decisions WHERE campaign = 'srch'").fetchall()
+        best_value = con.execute("SELECT avg(dataset_tokens_per_second) FROM measurements WHERE point_id = ? AND "
+                                 "is_valid", [fast]).fetchone()[0]
+    # not every point ran; every point of the grid has a decision with its reason
+    assert len(ran) < len(points)
+    assert {r[0] for r in rows} == set(points.values()) and all(r[2] for r in rows)
+    assert ans["best"]["value"] == pytest.approx(best_value, rel=1e-9)
+    never = set(points.values()) - ran
+    assert never and all(dict((r[0], r[1]) for r in rows)[p] == "skipped" for p in never)
+    assert ans["grid_points"] == len(points)
+    with duckdb.connect(str(db), read_only=True) as con:
+        attempts = con.execute("SELECT point_id, repeat, count(*) AS n, max(attempt) FROM runs WHERE campaign = "
+                               "'srch' GROUP BY ALL").fetchall()
+    # no decided point ran again: one attempt per (point, repeat), but the retried one
+    assert all(n == 1 for pid, rep, n, _ in attempts if (pid, rep) != (fast, 1))
+    assert [(n, a) for pid, rep, n, a in attempts if (pid, rep) == (fast, 1)] == [(2, 2)]
+    assert ans["runs"] == sum(n for *_, n, _ in attempts)
+    # the halving's decision about the slower shape says why it left
+    slow = dict((r[0], r[2]) for r in rows)[points[(2, 2)]]
+    assert slow.startswith(("halved out at rung 0: ", "out at the last rung")) and " best " in slow, slow
+
+    text = sbench("best", "srch", *common).stdout
+    assert f"best: {fast}" in text and "largest ok" in text
+    # the report's section says the same answer, with the time saved
+    sbench("report", "--campaign", "srch", "-o", tmp_path / "r.html", "--db", db)
+    page = (tmp_path / "r.html").read_text()
+    assert "Search: the best point and the largest batch that fits" in page and f"Best: <b>{fast}: " in page
+    assert "hours saved" in page and "halved out at rung 0" in page
+
+
+def test_a_rungs_short_run_has_its_share_of_the_run_length(tmp_path: Path) -> None:
+    sw = load_sweep(write_sweep(tmp_path / "a.yaml", {
+        **BASE, "entity": {**BASE["entity"], "auto_stop_method": "WARMUP_60S_STABLE_120S_OR_10_STEPS"},
+        "runner": {"auto_stop": {"method": "precision", "rel_ci": 0.02, "min_steps": 18, "max_seconds": 90}}}))
+    short = scaled_sweep(sw, 1 / 9)
+    assert short.runner.max_seconds == pytest.approx(10) and short.runner.min_steps == MIN_STEPS  # 18 / 9 = 2
+    assert scaled_sweep(sw, 1 / 3).runner.min_steps == 6
+    assert short.runner.rel_ci == pytest.approx(0.06) and short.runner.sample_interval_s == sw.runner.sample_interval_s
+    assert scaled_sweep(sw, 1 / 10000).runner.rel_ci == 0.5  # the widest interval a sweep may ask
+    assert sw.runner.max_seconds == 90  # the sweep itself is left as it was
+
+
+def test_search_lines_become_the_newest_decision_per_point(tmp_path: Path) -> None:
+    spec = {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": None, "eta": 3,
+            "grid_fields": ["batch_size"], "repeats": 1,
+            "points": [{"point_id": f"p{b}", "entity": {"batch_size": b}, "total_bytes": None, "device_bytes": None,
+                        "predicted_oom": None} for b in (1, 2)]}
+    lines = [{"type": "campaign", "campaign": "c", "experiment": "e", "search": spec},
+             {"type": "search", "campaign": "c", "point_id": "p1", "at": "2026-01-01T00:00:00+0000", "phase": "fit",
+              "action": "waiting", "reason": "not decided yet", "repeat": None},
+             {"type": "search", "campaign": "c", "point_id": "p2", "at": "2026-01-01T00:00:00+0000", "phase": "fit",
+              "action": "run", "reason": "bisection: runs batch 2", "repeat": 0},
+             {"type": "search", "campaign": "c", "point_id": "p1", "at": "2026-01-01T00:01:00+0000", "phase": "fit",
+              "action": "skipped", "reason": "bounded below by batch 2 ok", "repeat": None}]
+    with open_store(tmp_path / "r.duckdb") as st:
+        assert record_manifest(st, lines) == []
+        rows = st.fetch_dicts("SELECT point_id, action, reason FROM search_decisions ORDER BY point_id")
+        ans = search_answer(st, "c")
+        assert search_answer(st, "other") is None
+    assert [(r["point_id"], r["action"]) for r in rows] == [("p1", "skipped"), ("p2", "run")]
+    assert ans is not None and ans["grid_points"] == 2 and ans["runs"] == 0 and not ans["done"]
+    assert [d["reason"] for d in ans["decisions"]] == ["bounded below by batch 2 ok", "bisection: runs batch 2"]
+
+
+def test_a_short_runs_step_cap_stops_training_under_either_auto_stop_method(tmp_path: Path) -> None:
+    capped = StopPolicy(max_run_steps=4)
+    assert capped.active and not StopPolicy().active
+    assert capped.decide(elapsed=1.0, step=3, warm=False, warm_elapsed=None, warm_step=None)[0] is False
+    assert capped.decide(elapsed=1.0, step=4, warm=False, warm_elapsed=None, warm_step=None) == (True, False,
+                                                                                                "run_steps")
+    precise = StopPolicy(auto_stop=True, stop_method="precision", rel_ci=1e-9, max_run_steps=5)
+    assert precise.decide_precision([0.1] * 4, 0.4)[0] is False
+    stop, reason, _ = precise.decide_precision([0.1] * 5, 0.5)
+    assert stop and reason == "run_steps"
+    # the sweep's points stop at max_steps 30: a ninth of a run is 4 steps, a short run at least MIN_STEPS
+    sw = load_sweep(write_sweep(tmp_path / "a.yaml", {**BASE, "entity": {**BASE["entity"], "max_steps": 30}}))
+    assert sw.runner.max_run_steps == 0
+    assert scaled_sweep(sw, 1 / 9).runner.max_run_steps == 4
+    assert scaled_sweep(sw, 1 / 27).runner.max_run_steps == MIN_STEPS
+
+
+def test_decide_submits_only_what_the_search_asks_and_retry_takes_its_cancelled_runs() -> None:
+    def pt(pid: str, repeat: int) -> PlannedPoint:
+        return PlannedPoint(point_id=pid, repeat=repeat, experiment="e", entity={}, valid=True, reasons=[],
+                            notes=[], partition="p", model_source="m")
+
+    pts = [pt(pid, r) for pid in ("a", "b", "c") for r in range(3)]
+    h = PointHistory()
+    h.by_run[("s", "b", 0)] = [AttemptState(1, "j", "CANCELLED", "failed", "cancelled", cancelled=True)]
+    st = SearchState(todo=[("a", 0)], decisions={"a": SearchDecision("a", "fit", "run", "bisection: runs batch 4", 0)},
+                     scale={("a", 0): 1 / 9})
+    got = decide(pts, h, "s", force=False, retry_failed=False, search=st)
+    # the run the search asks for, with its reason and short length; the cancelled one stays; nothing else listed
+    assert [(d.point.point_id, d.point.repeat, d.action) for d in got] == [("a", 0, "submit"), ("b", 0, "skip")]
+    assert got[0].reason == f"{SEARCH}: bisection: runs batch 4" and got[0].scale == pytest.approx(1 / 9)
+    retried = decide(pts, h, "s", force=False, retry_failed=True, search=SearchState())
+    assert [(d.point.point_id, d.action, d.reason, d.attempt) for d in retried] == [("b", "submit", "retry", 2)]
+
+
+def test_plan_says_what_the_search_runs(tmp_path: Path, cli) -> None:
+    res = cli("plan", write_sweep(tmp_path / "a.yaml", {**BASE, "repeats": 2}))
+    assert res.exit_code == 0, res.output
+    assert ("search: maximize dataset_tokens_per_second; the largest batch that fits per shape by bisection; "
+            "successive halving (eta 3); the best point gets 2 repeat(s)") in res.output
