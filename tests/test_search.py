@@ -123,6 +123,8 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
                             timeout=900, ok=(0, 1)).stdout)
     assert out["summary"]["counts"].get("failed", 0) == 1, out["summary"]  # the best point's failed repeat
     ans = json.loads(sbench("best", "srch", "--json", *common).stdout)
+    # (under load the halving may need a rung 1: the repeat that fails is then a rung's run, and best names the
+    # point ahead so far)
     assert ans["best"]["point_id"] == fast and ans["stuck"] == [fast]
     # retry runs the failed repeat again, and the search is over
     sbench("retry", "srch", "--executor", "local", "--wait", *common, timeout=600)
@@ -163,7 +165,7 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
     sbench("report", "--campaign", "srch", "-o", tmp_path / "r.html", "--db", db)
     page = (tmp_path / "r.html").read_text()
     assert "Search: the best point and the largest batch that fits" in page and f"Best: <b>{fast}: " in page
-    assert "hours saved" in page and "halved out at rung 0" in page
+    assert "hours saved" in page and ("halved out at rung 0" in page or "out at the last rung" in page)
 
 
 def test_a_rungs_short_run_has_its_share_of_the_run_length(tmp_path: Path) -> None:

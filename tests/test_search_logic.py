@@ -242,3 +242,17 @@ def test_rung_runs_are_short_and_the_final_repeats_full():
 def test_a_run_without_a_precision_interval_gets_one_from_its_step_times():
     assert spread_rel_ci(0.1, 4) == pytest.approx(0.1)  # 2 x 0.1 / sqrt(4)
     assert spread_rel_ci(0.1, 1) is None and spread_rel_ci(None, 9) is None
+
+
+def test_while_a_rungs_run_waits_for_retry_best_names_the_point_ahead_so_far():
+    # nine points, the fastest's rung 1 run fails: the halving waits for sbench retry, and best says who leads
+    models = [f"m{i}" for i in range(9)]
+    cands = grid(models, [4])
+    spec = SearchSpec("dataset_tokens_per_second", "maximize", None, "halving", 3)
+    st, made, runs = simulate(spec, cands, lambda c: True, lambda c: 100.0 + 100 * int(c.entity["model_name"][1:]),
+                              fail={("m8-b4", 1)})
+    assert ("m8-b4", 1) in made and st.stuck == ["m8-b4"] and not st.todo
+    assert st.best == "m8-b4" and st.best_interval is not None and st.best_interval.runs == 1
+    assert "sbench retry" in st.decisions["m8-b4"].reason
+    # nothing ran yet: no point is ahead
+    assert step(spec, cands, {}, 1).best is None

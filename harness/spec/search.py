@@ -409,6 +409,7 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
                                                     f"with no {spec.metric}", rung)
                 alive.remove(c)
         if blocked or not alive:
+            _leader(st, spec, alive, runs, rung)
             return
         seen = {c.point_id: interval([x for x in runs.get(c.point_id, ()) if x.repeat <= rung]) for c in alive}
         ranked = sorted(alive, key=lambda c: seen[c.point_id].mean,  # type: ignore[union-attr]
@@ -472,6 +473,18 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
 
 def _share(scale: float) -> str:
     return "" if scale >= 1 else f", {scale:.2g} of the campaign's run length"
+
+
+def _leader(st: SearchState, spec: SearchSpec, alive: Sequence[Candidate], runs: Mapping[str, Sequence[RunSeen]],
+            rung: int) -> None:
+    """While a rung waits (a run queued, running, or failed until sbench retry runs it again), the point ahead so
+    far by its ok runs: sbench best names it, with the search not over or the failed runs it waits on."""
+    seen = {c.point_id: interval([x for x in runs.get(c.point_id, ()) if x.repeat <= rung]) for c in alive}
+    ahead = sorted((c for c in alive if seen[c.point_id] is not None),
+                   key=lambda c: seen[c.point_id].mean,  # type: ignore[union-attr]
+                   reverse=spec.sense == "maximize")
+    if ahead:
+        st.best, st.best_interval = ahead[0].point_id, seen[ahead[0].point_id]
 
 
 def _beaten(spec: SearchSpec, iv: Interval, best: Interval) -> bool:
