@@ -4,6 +4,7 @@ PEFT's adapters, and the gradients and optimizer state of a real training step."
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -356,6 +357,13 @@ print(json.dumps({"distributed_type": str(acc.distributed_type), "stage": ds.zer
 """
 
 
+def _free_port() -> int:
+    """A TCP port no process listens on now (other workers' jobs rendezvous on fixed ports too)."""
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
 @pytest.mark.parametrize("part", ["cpu", "gpu"])
 @pytest.mark.slow(15)
 def test_deepspeed_configs_are_accepted_by_deepspeed_and_accelerate(tmp_path: Path, part: str) -> None:
@@ -374,9 +382,9 @@ def test_deepspeed_configs_are_accepted_by_deepspeed_and_accelerate(tmp_path: Pa
     assert len(valid) == 8 and len(invalid) == 4  # offload_params only with stage 3
     assert all("needs deepspeed_zero_stage 3" in p.reasons[0] for p in invalid)
     specs = render_points(sweep, inv, valid, tmp_path / "jobs")
-    for i, (p, spec) in enumerate(zip(valid, specs)):
+    for p, spec in zip(valid, specs):
         assert spec.launcher == "accelerate" and "mixed_precision" not in spec.accelerate_config
-        proc = subprocess.run([sys.executable, "-c", _DS_CHECK, str(spec.paths.accelerate), "2", str(29400 + i)],
+        proc = subprocess.run([sys.executable, "-c", _DS_CHECK, str(spec.paths.accelerate), "2", str(_free_port())],
                               capture_output=True, text=True, cwd=ROOT, env={**__import__("os").environ,
                                                                              "DS_ACCELERATOR": "cpu"})
         assert proc.returncode == 0, proc.stderr[-3000:]
