@@ -157,7 +157,10 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
     assert ans["runs"] == sum(n for *_, n, _ in attempts)
     # the halving's decision about the slower shape says why it left
     slow = dict((r[0], r[2]) for r in rows)[points[(2, 2)]]
-    assert slow.startswith(("halved out at rung 0: ", "out at the last rung")) and " best " in slow, slow
+    # (under load its interval may still overlap the best's at the last rung: it is then a runner-up, and ran
+    # the campaign's repeats too)
+    assert slow.startswith(("halved out at rung 0: ", "out at the last rung", "runner-up")), slow
+    assert " best" in slow, slow
 
     text = sbench("best", "srch", *common).stdout
     assert f"best: {fast}" in text and "largest ok" in text
@@ -165,7 +168,7 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
     sbench("report", "--campaign", "srch", "-o", tmp_path / "r.html", "--db", db)
     page = (tmp_path / "r.html").read_text()
     assert "Search: the best point and the largest batch that fits" in page and f"Best: <b>{fast}: " in page
-    assert "hours saved" in page and ("halved out at rung 0" in page or "out at the last rung" in page)
+    assert "hours saved" in page and slow[:18] in page
 
 
 def test_a_rungs_short_run_has_its_share_of_the_run_length(tmp_path: Path) -> None:

@@ -31,6 +31,12 @@ def _wait(cond, what: str, timeout: float = 60) -> None:
         time.sleep(1)
 
 
+def _left_queue(job_id: str) -> bool:
+    """squeue answered and does not list *job_id* (a loaded controller that did not answer is no answer)."""
+    res = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True)
+    return res.returncode == 0 and job_id not in res.stdout.split()
+
+
 def test_cancelled_while_pending_shows_cancelled_without_a_collect(slurm_cluster, tmp_path: Path) -> None:
     from click.testing import CliRunner
 
@@ -71,8 +77,7 @@ def test_cancelled_while_pending_shows_cancelled_without_a_collect(slurm_cluster
         for array in (scancelled, *arrays["sbcancelled"]):
             _wait(lambda a=array: _sacct_states(a) and all(s == "CANCELLED" for s in _sacct_states(a)),
                   f"sacct to record array {array} cancelled")
-        _wait(lambda: not subprocess.run(["squeue", "-h", "-r", "-j", one], capture_output=True,
-                                         text=True).stdout.strip(), f"{one} to leave the queue")
+        _wait(lambda: _left_queue(one), f"{one} to leave the queue")
         st = json.loads(sb("status", "--json").stdout)
         rows = {r["job_id"]: r for r in st["rows"] if r["campaign"] in arrays}
         assert len(rows) == 6
