@@ -319,7 +319,8 @@ def test_a_dead_feeder_leaves_not_started_attempts_that_retry_finishes(quota_15,
     assert len(rows) == 30 + held
     ok = [r for r in rows if r["outcome"] == "ok"]
     assert len(ok) == 30 and len({r["point_id"] for r in ok}) == 30, [
-        (r["point_id"], r["attempt"], r["state"], r["reason"]) for r in rows if r["attempt"] == 2 and r["outcome"] != "ok"]
+        (r["point_id"], r["attempt"], r["state"], r["reason"]) for r in rows
+        if r["attempt"] == 2 and r["outcome"] != "ok"]
     # status shows each point by its latest attempt: all measured
     assert json.loads(sb("status", "--campaign", camp, "--json").stdout)["counts"] == {"ok": 30}
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict, Union, cast
 
 from . import safefile
+from .atomic import write_json
 from .errors import RecordError, SubmitError
 from .jsonfile import decode_json, decode_jsonl
 from .paths import CampaignPaths, JobPaths
@@ -373,10 +374,7 @@ def write_submitted(job_dir: str | Path, info: SubmittedInfo) -> None:
     """Write the job dir's ``submitted.json`` whole (a temporary file renamed into place); a record
     :func:`check_submitted` refuses is never written."""
     check_submitted(info)
-    path = JobPaths(job_dir).submitted
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(info, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    write_json(JobPaths(job_dir).submitted, info)
 
 
 _SUBMITTED_NAME = JobPaths("").submitted.name

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 import time
 from typing import Any
 
 from harness.contract import envvars
+from harness.contract.atomic import write_json
 from harness.contract.formats import Stage
 from harness.contract.paths import JobPaths
 
@@ -101,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         res = _bench(sizes, args.iters, args.warmup)
         info.update(backend=res["backend"], sizes=len(sizes))
     doc.update(status="ok", world_size=res["world_size"], fabric=res if rank == 0 else {"backend": res["backend"]})
-    tmp = paths.rank_result(rank).with_name(f".rank.{rank}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, paths.rank_result(rank))
+    write_json(paths.rank_result(rank), doc, indent=1)
     return 0
 
 

@@ -30,6 +30,7 @@ from collections import deque
 from typing import Any
 
 from harness.build.trainargs import OWN_FLAGS
+from harness.contract.atomic import write_json
 from harness.contract.formats import Stage
 from harness.data.prepared import TOKEN_CACHE_DIR
 from harness.data.tokens import dataset_token_counts
@@ -41,7 +42,7 @@ from . import train as base
 from .devices import backend_name, device_info, what_ran, wrapping
 from .measure import Meter, StopPolicy, make_callback, measurements, run_totals
 from .memsnap import MemoryRecorder
-from .rank import Context, launch_end, write_json
+from .rank import Context, launch_end
 from .stages import Terminated, signalled
 
 TRAINER_PACKAGES = ("fms-hf-tuning", "torch", "transformers", "trl", "peft", "accelerate", "datasets",

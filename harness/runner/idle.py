@@ -11,12 +11,12 @@ its own, so it never stands for a trained point).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 from harness.contract import envvars
+from harness.contract.atomic import write_json
 from harness.contract.formats import Stage
 from harness.contract.paths import JobPaths
 
@@ -41,9 +41,7 @@ def main(argv: list[str] | None = None) -> int:
            "world_size": int(os.environ.get("WORLD_SIZE", "1")), "status": "ok", "global_step": 1,
            "train_start_wall": t0, "train_end_wall": t1, "stopped_by": "idle", "workload": "idle",
            "metrics": {"train_runtime": t1 - t0}}
-    tmp = paths.rank_result(rank).with_name(f".rank.{rank}.tmp")
-    tmp.write_text(json.dumps(doc) + "\n")
-    os.replace(tmp, paths.rank_result(rank))
+    write_json(paths.rank_result(rank), doc, indent=None)
     return 0
 
 

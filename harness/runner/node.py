@@ -42,6 +42,7 @@ import psutil
 
 from harness.build.trainargs import pack_in_one_process
 from harness.contract import envvars
+from harness.contract.atomic import write_json
 from harness.contract.defaults import RunnerSettings
 from harness.contract.formats import Stage
 from harness.contract.paths import JobPaths, pack_dirs
@@ -55,12 +56,6 @@ from .stages import StageLog, Terminated, note_signal, open_stages, read_stages
 EXIT = {"ok": 0, "failed": 1, "invalid": 2}
 LOG_TAIL_BYTES = 256 * 1024
 PACK_POLL_S = 0.1  # how often a pack's runner looks for the end of the point being trained
-
-
-def _write_json(path: Path, doc: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _become_subreaper() -> bool:
@@ -224,7 +219,7 @@ class NodeRunner:
                 cur.result.update(outcome="failed", signal=None, ended_wall=time.time(),
                                   reason=classify.cancelled(signum, "stopping training"))
                 cur.result["samples"] = cur.sampler.rows if cur.sampler else 0
-                _write_json(cur.paths.result(cur.host), cur.result)
+                write_json(cur.paths.result(cur.host), cur.result)
             else:
                 self._signal_tree(signal.SIGKILL)  # a second signal: no more grace
             return
@@ -239,7 +234,7 @@ class NodeRunner:
                 info["runner_start_wall"] = self.process_start_wall
             env = capture(self.host, self.machine_rank, (self.spec.get("resources") or {}).get("container_image"))
             self.env_doc = env
-            _write_json(self.paths.environment(self.host), env)
+            write_json(self.paths.environment(self.host), env)
             per_node = None if self.spec.get("cpu_partition") else len(self.expected_ranks)
             backend, note = open_backend(max_devices=per_node)
             # CPU partitions: the packages' RAPL counters give the energy (GPU partitions: NVML's, per GPU).
@@ -390,7 +385,7 @@ class NodeRunner:
         self.result["pack"] = {"index": index, "job_dirs": [str(lead.paths.root)] + [str(m.paths.root)
                                                                                     for m in lead.members]}
         with self.log.stage(Stage.SETUP) as info:
-            _write_json(self.paths.environment(self.host), lead.env_doc)
+            write_json(self.paths.environment(self.host), lead.env_doc)
             per_node = None if self.spec.get("cpu_partition") else len(self.expected_ranks)
             backend, note = open_backend(max_devices=per_node)
             rapl = RaplReader() if self.spec.get("cpu_partition") else None
@@ -472,7 +467,7 @@ class NodeRunner:
                 res["training"] = {k: docs[0].get(k) for k in TRAINING_KEYS}
                 res["log_history"] = _read_json(self.paths.log_history)
             res["ended_wall"] = time.time()
-            _write_json(self.paths.result(self.host), res)
+            write_json(self.paths.result(self.host), res)
             info.update(outcome=res["outcome"], samples=res["samples"])
         return res
 

@@ -14,8 +14,6 @@ as long (each timed repetition waits the extra time): a slow device, for tests.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -25,6 +23,7 @@ from statistics import median
 from typing import Any
 
 from harness.contract import envvars
+from harness.contract.atomic import write_json
 from harness.contract.formats import Stage
 
 from .faults import faults_from_env
@@ -129,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=2.0, help="time per figure and device")
     args = ap.parse_args(argv)
     doc = preflight_node(args.host, gpu=not args.cpu, budget_s=args.seconds)
-    out = Path(args.out_dir) / f"preflight.{doc['host']}.json"
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, out)
+    write_json(Path(args.out_dir) / f"preflight.{doc['host']}.json", doc, indent=1)
     return 0
 
 

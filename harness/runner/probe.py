@@ -10,7 +10,6 @@ each node (one task per inventory host with ``--on slurm``) and writes ``DIR/pro
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import socket
@@ -21,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from harness.contract.atomic import write_json
 from harness.runner.envcapture import nvml_versions, read_hcas
 from harness.spec.inventory import detect_gpus
 
@@ -68,10 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default=None)
     args = ap.parse_args(argv)
     doc = probe_node(args.host)
-    out = Path(args.out_dir) / f"probe.{doc['host']}.json"
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, out)
+    write_json(Path(args.out_dir) / f"probe.{doc['host']}.json", doc, indent=1)
     return 0
 
 

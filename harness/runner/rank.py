@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import envvars
+from harness.contract.atomic import write_json
 from harness.contract.defaults import RunnerSettings
 from harness.contract.formats import Stage
 from harness.contract.paths import JobPaths, pack_dirs
@@ -121,13 +122,6 @@ class Context:
             if f.applies(rank=self.rank, trial=self.trial, step=step, job=self.job_name, batch=self.batch,
                          before="optimizer"):
                 f.fire(f"before the optimizer step of step {step}")
-
-
-def write_json(path: Path, doc: Any) -> None:
-    """Write *doc* whole or not at all (a temporary file renamed into place): readers never see half of it."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # -- the launch stage ---------------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ import re
 import time
 from typing import Any
 
+from harness.contract.atomic import write_json
 from harness.contract.formats import Stage
 from harness.data.prepared import PREP_DIR, TOKEN_CACHE_DIR, Prepared, ensure_prepared, lengths_and_empty
 from harness.data.tokens import dataset_token_counts, encode_for_training
@@ -77,7 +78,7 @@ from . import rank
 from .devices import backend_name, device_info, flash_attn_problem, triton_build_problem, what_ran, wrapping
 from .measure import CountingCollator, Meter, StopPolicy, make_callback, measurements, run_totals
 from .memsnap import MemoryRecorder
-from .rank import Context, launch_end, write_json
+from .rank import Context, launch_end
 
 
 # Defined in the entry module: error.<rank>.json names an exception by its module (classify.error_type), and

@@ -22,13 +22,12 @@ feeder job is gone, or failed turn after turn). A NOT_STARTED attempt is failed 
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.contract import jobstate, safefile
+from harness.contract.atomic import write_json
 from harness.contract.paths import CampaignPaths
 from harness.contract.records import read_submitted
 
@@ -47,9 +46,7 @@ def read_feed(campaign_dir: str | Path) -> dict[str, Any]:
 def write_feed(campaign_dir: str | Path, doc: dict[str, Any]) -> None:
     path = CampaignPaths(campaign_dir).feed
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".feed.json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    write_json(path, doc, indent=1)
 
 
 def _held_dirs(h: dict[str, Any]) -> list[str]:
