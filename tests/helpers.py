@@ -59,6 +59,16 @@ def write_yaml(path: Path, doc: Any) -> Path:
     return path
 
 
+def one_host_inventory(cluster: str = "c", *, gpus: int = 1, memory_gb: int = 8, env: dict[str, str] | None = None,
+                       defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An inventory of this machine alone: partition cpu, host h1 (127.0.0.1) with *gpus* CPU "devices"."""
+    part: dict[str, Any] = {"gpu_model": "cpu", "gpus_per_node": gpus, "cpus_per_node": 2, "memory_gb": memory_gb}
+    if env is not None:
+        part["env"] = env
+    part["hosts"] = {"h1": {"address": "127.0.0.1"}}
+    return {"cluster": cluster, **({"defaults": defaults} if defaults else {}), "partitions": {"cpu": part}}
+
+
 # -- secrets the trained campaigns' inventory carries (tests/test_secrets.py checks where they go) -----------------
 JWT = ".".join(base64.urlsafe_b64encode(part).decode().rstrip("=") for part in (
     b'{"alg":"HS256","typ":"JWT"}', b'{"sub":"bench","exp":1893456000}', bytes(range(32))))

@@ -148,12 +148,17 @@ def rows_of(db: Path, sql: str, params=()) -> list[tuple]:
         con.close()
 
 
-@pytest.fixture()
-def wd(tmp_path):
+def campaign_workdir(tmp_path: Path) -> Path:
+    """A work dir whose manifest has campaign c1 (full fine-tuning), for write_attempt's runs."""
     d = tmp_path / "runs"
     d.mkdir()
     synth.append_manifest(d, CAMPAIGN, [synth.manifest_events(CAMPAIGN, FULL)])
     return d
+
+
+@pytest.fixture()
+def wd(tmp_path):
+    return campaign_workdir(tmp_path)
 
 
 # -- aggregation --------------------------------------------------------------------------------------------

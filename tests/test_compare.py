@@ -19,7 +19,7 @@ from harness.report.compare import compare, parse_side
 from harness.report.stats import t_quantile, t_sf
 
 from .conftest import SMALL_DATASET, write_sweep
-from .helpers import sbench
+from .helpers import one_host_inventory, sbench
 
 
 def side(values: dict[str, list[float]], metric: str = "dataset_tokens_per_second", step_cv: float | None = None,
@@ -192,11 +192,9 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
     slow = ";".join(f"sleep@step={k}:3" for k in range(1, 16))
     for name, fault, repeats in (("base", None, 1), ("same", None, 1), ("base", None, 2), ("same", None, 2),
                                  ("slow", slow, 2)):
-        inv = write_sweep(tmp_path / f"{name}-inv.yaml", {"cluster": "c", "partitions": {"cpu": {
-            "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
-            # the slow campaign's nodes also set an NCCL variable the others do not: compare names it beside
-            "env": {"SBENCH_FAULT": fault, "NCCL_ALGO": "Tree"} if fault else {},
-            "hosts": {"h1": {"address": "127.0.0.1"}}}}})
+        # the slow campaign's nodes also set an NCCL variable the others do not: compare names it beside
+        inv = write_sweep(tmp_path / f"{name}-inv.yaml", one_host_inventory(
+            env={"SBENCH_FAULT": fault, "NCCL_ALGO": "Tree"} if fault else {}))
         sw = write_sweep(tmp_path / f"{name}.yaml", {
             "campaign": name, "experiment": "finetune_full_benchmark-v1.0.0", "repeats": repeats,
             "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "number_gpus": 1,

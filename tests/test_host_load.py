@@ -23,6 +23,7 @@ from harness.spec.references import Reference, check_rows
 from . import synth
 from . import test_collect as tc
 from .conftest import ROOT, SMALL_DATASET, sql_rows, write_sweep
+from .helpers import one_host_inventory
 
 
 def stat_line(busy: int, idle: int) -> str:
@@ -99,10 +100,7 @@ def busy_rows(other_pct: float, foreign: int | None = None) -> list[dict]:
 
 @pytest.fixture()
 def tc_wd(tmp_path: Path) -> Path:
-    d = tmp_path / "runs"
-    d.mkdir()
-    synth.append_manifest(d, tc.CAMPAIGN, [synth.manifest_events(tc.CAMPAIGN, tc.FULL)])
-    return d
+    return tc.campaign_workdir(tmp_path)
 
 
 def with_threshold(run: dict, share: float) -> None:
@@ -170,9 +168,7 @@ def test_a_real_run_beside_two_cpu_burners_is_flagged_and_a_stuck_rapl_counter_i
     pc.mkdir(parents=True)
     (pc / "name").write_text("package-0\n")
     (pc / "energy_uj").write_text("123456\n")  # a counter that never moves
-    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"cpu": {
-        "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
-        "env": {"SBENCH_POWERCAP": str(tmp_path / "powercap")}, "hosts": {"h1": {"address": "127.0.0.1"}}}}})
+    inv = write_sweep(tmp_path / "inv.yaml", one_host_inventory(env={"SBENCH_POWERCAP": str(tmp_path / "powercap")}))
     common = ["--workdir", str(tmp_path / "runs"), "--db", str(tmp_path / "r.duckdb")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     sw = write_sweep(tmp_path / "loud.yaml", {

@@ -18,6 +18,7 @@ from harness.sbatch.state import AttemptState, PointHistory, with_submitted
 from harness.spec.sweep import AdaptiveRepeats
 
 from .conftest import sql_rows, write_sweep
+from .helpers import one_host_inventory
 from .synth import append_manifest, make_run, manifest_events, write_spec
 
 BASE = {"campaign": "lows", "experiment": "finetune_full_benchmark-v1.0.0",
@@ -91,9 +92,7 @@ def test_compare_of_one_campaign_with_itself_or_with_one_not_there_says_so(cli, 
 
 
 def test_a_sweep_without_a_valid_point_is_refused(cli, tmp_path: Path) -> None:
-    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"cpu": {
-        "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
-        "hosts": {"h1": {"address": "127.0.0.1"}}}}})
+    inv = write_sweep(tmp_path / "inv.yaml", one_host_inventory())
     sw = write_sweep(tmp_path / "sweep.yaml", {**BASE, "entity": {**BASE["entity"], "number_gpus": 4}})
     res = cli("submit", sw, "-i", inv, "--executor", "local", "--workdir", tmp_path / "runs", "--db",
               tmp_path / "r.duckdb")
@@ -147,9 +146,7 @@ def test_plan_and_render_show_which_points_share_a_pack(cli, tmp_path: Path) -> 
     ("oom@step=1:3", "oom takes no :ARG"),
 ])
 def test_a_malformed_fault_is_refused_by_plan_and_submit(cli, tmp_path: Path, monkeypatch, fault, says) -> None:
-    inv_doc = {"cluster": "c", "partitions": {"cpu": {
-        "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
-        "hosts": {"h1": {"address": "127.0.0.1"}}}}}
+    inv_doc = one_host_inventory()
     inv = write_sweep(tmp_path / "inv.yaml", inv_doc)
     sw = write_sweep(tmp_path / "sweep.yaml", BASE)
     common = ["--workdir", tmp_path / "runs", "--db", tmp_path / "r.duckdb"]

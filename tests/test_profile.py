@@ -15,7 +15,7 @@ from harness.contract.paths import JobPaths
 from harness.runner.faults import FaultSpecError, parse_faults
 from tests.browser import BARS, CHROMIUM, hover_tooltip, open_report, settle
 from tests.conftest import sql_rows
-from tests.helpers import SMALL_DATASET, sbench, write_yaml
+from tests.helpers import SMALL_DATASET, one_host_inventory, sbench, write_yaml
 
 
 def X(name: str, ts: float, dur: float, tid: int = 1, cat: str = "cpu_op") -> dict:
@@ -82,10 +82,8 @@ def test_profile_settings_are_checked_and_one_repeat_gets_a_second(tmp_path, cli
 @pytest.mark.train
 @pytest.mark.slow(120)
 def test_a_profiled_ddp_point_shows_gloo_and_a_slow_optimizer(tmp_path, tiny_model, small_data_dir):
-    inv = write_yaml(tmp_path / "inv.yaml", {
-        "cluster": "prof", "defaults": {"env": {"OMP_NUM_THREADS": "1"}},
-        "partitions": {"cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 2, "memory_gb": 16,
-                               "hosts": {"h1": {"address": "127.0.0.1"}}}}})
+    inv = write_yaml(tmp_path / "inv.yaml", one_host_inventory("prof", gpus=2, memory_gb=16,
+                                                               defaults={"env": {"OMP_NUM_THREADS": "1"}}))
     sweep = write_yaml(tmp_path / "s.yaml", {
         "campaign": "prof", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "cpu",
         "entity": {"model_name": "tiny", "model_max_length": 128, "dataset_id": SMALL_DATASET, "number_gpus": 2,
@@ -141,10 +139,8 @@ def test_a_packed_campaign_with_repeats_and_profiled_points_reports_offline_and_
     profiled: every profiled run has its trace in its job dir and parts that add up to its step; compare counts
     only the other repeat; the report loads in headless Chromium with the network blocked, logs no error, and a
     hover over a throughput marker and over a profile bar shows the run."""
-    inv = write_yaml(tmp_path / "inv.yaml", {
-        "cluster": "packed", "defaults": {"env": {"OMP_NUM_THREADS": "1"}},
-        "partitions": {"cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 2, "memory_gb": 16,
-                               "hosts": {"h1": {"address": "127.0.0.1"}}}}})
+    inv = write_yaml(tmp_path / "inv.yaml", one_host_inventory("packed", gpus=2, memory_gb=16,
+                                                               defaults={"env": {"OMP_NUM_THREADS": "1"}}))
     sweep = write_yaml(tmp_path / "s.yaml", {
         "campaign": "packed", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "cpu",
         "entity": {"model_name": "tiny", "model_max_length": 128, "dataset_id": SMALL_DATASET, "number_gpus": 1,

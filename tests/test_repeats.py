@@ -22,7 +22,7 @@ from harness.spec.plan import PlannedPoint, plan_sweep
 from harness.spec.sweep import AdaptiveRepeats, load_sweep
 
 from .conftest import SMALL_DATASET, write_sweep
-from .helpers import sbench
+from .helpers import one_host_inventory, sbench
 
 SPEC = AdaptiveRepeats(min=2, max=4, cv=0.02)
 
@@ -149,9 +149,7 @@ def test_a_noisy_point_gets_more_repeats_and_a_steady_one_does_not(tiny_model: P
            "grid": {"batch_size": [2, 4]},
            "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)}
     sw = write_sweep(tmp_path / "sweep.yaml", doc)
-    inv_doc = {"cluster": "c", "partitions": {"cpu": {
-        "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
-        "hosts": {"h1": {"address": "127.0.0.1"}}}}}
+    inv_doc = one_host_inventory()
     inv = write_sweep(tmp_path / "inv.yaml", inv_doc)
     sweep = load_sweep(sw)
     ids = sorted({p.point_id: p.entity["batch_size"] for p in plan_sweep(sweep, load_inventory(inv))}.items(),

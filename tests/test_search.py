@@ -25,7 +25,7 @@ from harness.spec.search import SearchState
 from harness.spec.sweep import load_sweep
 
 from .conftest import SMALL_DATASET, write_sweep
-from .helpers import sbench
+from .helpers import one_host_inventory, sbench
 
 BASE = {"campaign": "s", "experiment": "finetune_full_benchmark-v1.0.0",
         "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 1, "max_steps": 4},
@@ -90,9 +90,7 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
            "search": {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving"},
            "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)}
     sw = write_sweep(tmp_path / "sweep.yaml", doc)
-    inv_doc = {"cluster": "c", "partitions": {"cpu": {
-        "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
-        "hosts": {"h1": {"address": "127.0.0.1"}}}}}
+    inv_doc = one_host_inventory()
     inv = write_sweep(tmp_path / "inv.yaml", inv_doc)
     points = {(p.entity["gradient_accumulation_steps"], p.entity["batch_size"]): p.point_id
               for p in plan_sweep(load_sweep(sw), load_inventory(inv)) if p.repeat == 0}

@@ -149,10 +149,7 @@ def two_node_run(wd: Path, idx: int, slow_factor: float, threshold: float | None
 
 @pytest.fixture()
 def tc_wd(tmp_path: Path) -> Path:
-    d = tmp_path / "runs"
-    d.mkdir()
-    synth.append_manifest(d, tc.CAMPAIGN, [synth.manifest_events(tc.CAMPAIGN, tc.FULL)])
-    return d
+    return tc.campaign_workdir(tmp_path)
 
 
 def test_collect_scores_ranks_and_flags_a_straggler_run(tc_wd: Path, tmp_path: Path, cli) -> None:

@@ -194,31 +194,29 @@ def _step_range(v: str) -> dict[str, object]:
     return {"step": start, "step_range": True, "step_last": end}
 
 
+# The kinds whose :ARG is a number: (what it is, its least and greatest value, how the range reads).
+_NUMBER_ARGS = {"sleep": ("seconds", 0.0, MAX_SLEEP_S, "{low:g} to {high:g} seconds"),
+                "slow": ("a factor", 1.0, MAX_SLOW, "a factor from {low:g} to {high:g}")}
+
+
 def _arg(kind: str, arg: str | None, part: str) -> str | None:
     """A fault's ``:ARG``, checked: seconds for ``sleep`` (0 to a day), an exit code for ``exit`` (0-255); the
     other kinds take none (an argument they would ignore is a mistake in the test that wrote it)."""
     if arg is None:
         return None
     arg = arg.strip()
-    if kind == "sleep":
-        try:
-            secs = float(arg)
-        except ValueError:
-            raise FaultSpecError(f"{ENV}: {part!r}: sleep's :ARG is seconds, got {arg!r}") from None
-        if not 0 <= secs <= MAX_SLEEP_S:
-            raise FaultSpecError(f"{ENV}: {part!r}: sleep's :ARG must be 0 to {MAX_SLEEP_S:g} seconds, got {arg}")
-        return arg
     if kind == "exit":
         if not arg.isdigit() or not 0 <= int(arg) <= 255:
             raise FaultSpecError(f"{ENV}: {part!r}: exit's :ARG is an exit code 0-255, got {arg!r}")
         return arg
-    if kind == "slow":
+    if kind in _NUMBER_ARGS:
+        what, low, high, unit = _NUMBER_ARGS[kind]
         try:
-            factor = float(arg)
+            value = float(arg)
         except ValueError:
-            raise FaultSpecError(f"{ENV}: {part!r}: slow's :ARG is a factor, got {arg!r}") from None
-        if not 1 <= factor <= MAX_SLOW:
-            raise FaultSpecError(f"{ENV}: {part!r}: slow's :ARG must be a factor from 1 to {MAX_SLOW:g}, got {arg}")
+            raise FaultSpecError(f"{ENV}: {part!r}: {kind}'s :ARG is {what}, got {arg!r}") from None
+        if not low <= value <= high:
+            raise FaultSpecError(f"{ENV}: {part!r}: {kind}'s :ARG must be {unit.format(low=low, high=high)}, got {arg}")
         return arg
     raise FaultSpecError(f"{ENV}: {part!r}: {kind} takes no :ARG (only sleep, exit and slow do)")
 

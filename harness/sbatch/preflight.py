@@ -14,9 +14,6 @@ partition (one allocation); locally it measures this machine as the partition's 
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,13 +21,14 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from harness.contract import envvars, safefile
+from harness.contract import envvars
 from harness.contract.defaults import PREFLIGHT_SECONDS, PREFLIGHT_THRESHOLD
-from harness.contract.errors import InputError, RunnerError
-from harness.contract.paths import package_dir
+from harness.contract.errors import InputError
 from harness.runner.preflight import UNITS, preflight_node
 from harness.slurm.client import Slurm
 from harness.spec.inventory import Inventory, Partition
+
+from .probe import local_host, on_each_host
 
 
 @dataclass
@@ -99,42 +97,16 @@ def rank_devices(docs: dict[str, dict[str, Any]], preflight_id: str, cluster: st
 
 
 def _run_local(part: Partition, host: str | None, seconds: float) -> dict[str, dict[str, Any]]:
-    me = host or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    if me not in part.hosts:
-        if len(part.hosts) == 1 and host is None:
-            me = next(iter(part.hosts))
-        else:
-            raise InputError(f"this machine ({me}) is not a host of partition {part.name!r} "
-                             f"({', '.join(part.hosts)}); pass --host NAME or use --on slurm")
+    me = local_host(part, host)
     return {me: preflight_node(me, gpu=not part.is_cpu, budget_s=seconds)}
 
 
 def _run_slurm(inv: Inventory, part: Partition, workdir: Path, seconds: float,
                slurm: Slurm | None) -> dict[str, dict[str, Any]]:
-    if shutil.which("srun") is None:
-        raise RunnerError("--on slurm: srun is not on PATH; run on a SLURM login node")
-    out_dir = (workdir / ".preflight" / time.strftime("%Y%m%dT%H%M%S")).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hosts = sorted(part.hosts)
-    py = part.python or inv.python or sys.executable
-    gres = [] if part.is_cpu else [f"--gpus-per-node={part.gpus_per_node}"]
-    argv = [f"--partition={part.slurm_partition}", f"--nodes={len(hosts)}", f"--nodelist={','.join(hosts)}",
-            "--ntasks-per-node=1", "--job-name=sbench.preflight", "--time=00:10:00", *gres,
-            *([f"--account={part.account}"] if part.account else []), *([f"--qos={part.qos}"] if part.qos else []),
-            py, "-m", "harness.runner.preflight", "--out-dir", str(out_dir), "--seconds", f"{seconds:g}",
-            *(["--cpu"] if part.is_cpu else [])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_dir().parent),
-                                                        os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    proc = (slurm or Slurm()).srun(argv, env=env, timeout=1800)
-    docs = {}
-    for h in hosts:
-        try:
-            docs[h] = safefile.read_json(out_dir / f"preflight.{h}.json", out_dir, safefile.RUNNER_MAX)
-        except (OSError, ValueError):
-            continue
-    if not docs:
-        raise RunnerError(f"preflight job wrote nothing (srun exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return docs
+    opts = [f"--partition={part.slurm_partition}", *([] if part.is_cpu else [f"--gpus-per-node={part.gpus_per_node}"]),
+            *([f"--account={part.account}"] if part.account else []), *([f"--qos={part.qos}"] if part.qos else [])]
+    return on_each_host("preflight", sorted(part.hosts), opts, part.python or inv.python or sys.executable,
+                        ["--seconds", f"{seconds:g}", *(["--cpu"] if part.is_cpu else [])], workdir, slurm)
 
 
 def run_preflight(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Path, *,

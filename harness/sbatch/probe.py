@@ -163,13 +163,7 @@ def run_probe(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Pa
     """Probe the partition's hosts: each through SLURM (one task per host), or this machine as *host*."""
     part = inv.partition(partition)
     if not on_slurm:
-        me = host or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-        if me not in part.hosts:
-            if len(part.hosts) == 1 and host is None:
-                me = next(iter(part.hosts))
-            else:
-                raise InputError(f"this machine ({me}) is not a host of partition {part.name!r} "
-                                 f"({', '.join(part.hosts)}); pass --host NAME or use --on slurm")
+        me = local_host(part, host)
         return {me: probe_node(me)}
     return probe_hosts(sorted(part.hosts), part.slurm_partition, part.python or inv.python or sys.executable,
                        workdir, account=part.account, qos=part.qos, slurm=slurm)
@@ -179,24 +173,45 @@ def probe_hosts(hosts: list[str], slurm_partition: str, python: str, workdir: Pa
                 qos: str | None = None, slurm: Slurm | None = None) -> dict[str, dict[str, Any]]:
     """Probe *hosts* of a SLURM partition through ``srun``: one allocation, one task on each; host -> its probe
     (a host that wrote nothing is missing)."""
+    opts = [f"--partition={slurm_partition}", "--mem=100M", *([f"--account={account}"] if account else []),
+            *([f"--qos={qos}"] if qos else [])]
+    return on_each_host("probe", hosts, opts, python, [], workdir, slurm)
+
+
+def local_host(part: Partition, host: str | None) -> str:
+    """The inventory host this machine is in *part*: *host* if given, else SLURM's name for this node or its
+    short host name (a partition of one host: that host). An InputError says how to name it."""
+    me = host or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    if me in part.hosts:
+        return me
+    if len(part.hosts) == 1 and host is None:
+        return next(iter(part.hosts))
+    raise InputError(f"this machine ({me}) is not a host of partition {part.name!r} "
+                     f"({', '.join(part.hosts)}); pass --host NAME or use --on slurm")
+
+
+def on_each_host(kind: str, hosts: list[str], srun_opts: list[str], python: str, args: list[str], workdir: Path,
+                 slurm: Slurm | None) -> dict[str, dict[str, Any]]:
+    """Run ``python -m harness.runner.<kind> --out-dir D *args*`` once on each of *hosts* (one ``srun``
+    allocation, one task per host; *srun_opts*: the partition, account, qos, resources); host -> the
+    ``<kind>.<host>.json`` it wrote in D (``workdir/.<kind>/<time>``). A host that wrote nothing is missing;
+    none at all is a RunnerError with srun's last words."""
     if shutil.which("srun") is None:
         raise RunnerError("--on slurm: srun is not on PATH; run on a SLURM login node")
-    out_dir = (workdir / ".probe" / time.strftime("%Y%m%dT%H%M%S")).resolve()
+    out_dir = (workdir / f".{kind}" / time.strftime("%Y%m%dT%H%M%S")).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    argv = [f"--partition={slurm_partition}", f"--nodes={len(hosts)}", f"--nodelist={','.join(hosts)}",
-            "--ntasks-per-node=1", "--job-name=sbench.probe", "--time=00:10:00", "--mem=100M",
-            *([f"--account={account}"] if account else []), *([f"--qos={qos}"] if qos else []),
-            python, "-m", "harness.runner.probe", "--out-dir", str(out_dir)]
+    argv = [*srun_opts, f"--nodes={len(hosts)}", f"--nodelist={','.join(hosts)}", "--ntasks-per-node=1",
+            f"--job-name=sbench.{kind}", "--time=00:10:00",
+            python, "-m", f"harness.runner.{kind}", "--out-dir", str(out_dir), *args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_dir().parent),
                                                         os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     proc = (slurm or Slurm()).srun(argv, env=env, timeout=1800)
-    probes = {}
+    docs = {}
     for h in hosts:
-        f = out_dir / f"probe.{h}.json"
         try:
-            probes[h] = safefile.read_json(f, out_dir, safefile.RUNNER_MAX)
+            docs[h] = safefile.read_json(out_dir / f"{kind}.{h}.json", out_dir, safefile.RUNNER_MAX)
         except (OSError, ValueError):
             continue
-    if not probes:
-        raise RunnerError(f"probe job wrote nothing (srun exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return probes
+    if not docs:
+        raise RunnerError(f"{kind} job wrote nothing (srun exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return docs
