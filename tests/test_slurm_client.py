@@ -129,6 +129,21 @@ def test_status_reads_a_task_slurm_forgot(tmp_path: Path, monkeypatch) -> None:
     assert [r["phase"] for r in rep.rows] == ["submitted", "submitted", "pending"]
 
 
+def test_a_pending_record_of_a_job_the_queue_no_longer_holds_is_stale() -> None:
+    # An array task cancelled while pending: the queue that answered no longer lists it, and accounting still
+    # has its array's pending record. It is not pending; nobody knows it (status: gone), and a finished
+    # record is taken as it is.
+    fake = Recorder(queue={"60_1": "PENDING"}, acct={"60_0": "PENDING", "61": "COMPLETED"})
+    slurm = Slurm(fake)
+    assert slurm.states(["60_0", "60_1", "61"]) == {"60_1": "PENDING (Resources)", "61": "COMPLETED"}
+    assert slurm_backend.SlurmBackend(slurm).live_states([{"job_id": "60_0"}, {"job_id": "61"}]) == {
+        "60_0": "GONE", "61": "COMPLETED"}
+    # a queue that did not answer leaves accounting's word standing
+    down = Slurm(lambda argv: subprocess.CompletedProcess(argv, 1, "", "timeout") if argv[0] == "squeue"
+                 else fake(argv))
+    assert down.states(["60_0"]) == {"60_0": "PENDING"}
+
+
 def test_sacct_that_cannot_answer_is_not_asked_again() -> None:
     calls = []
 

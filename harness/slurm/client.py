@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from harness.contract import jobstate
 from harness.contract.errors import RunnerError, SubmitError
 
 from .limits import SubmitLimits, max_array_size, parse_assoc_mgr, parse_config, refusal_kind
@@ -187,12 +188,22 @@ class Slurm:
         ids = [str(j) for j in job_ids if j]
         if not ids:
             return {}
-        queue = self.queue() or {}
+        answered = self.queue()
+        queue = answered or {}
         out = {j: queue[j].word for j in ids if j in queue and queue[j].belongs((keys or {}).get(j))}
         gone = [j for j in ids if j not in out]
         if gone:
             acct, _why = self.accounting(gone, keys)
-            out.update({j: acct[j].state for j in gone if acct is not None and j in acct})
+            for j in gone:
+                if acct is None or j not in acct:
+                    continue
+                # A queue that answered without the job has no pending job of that id: a pending record is
+                # accounting that has not caught up (slurmdbd trails slurmctld; an array task cancelled while
+                # pending keeps its array's pending record a while). Nobody knows the job then.
+                known = jobstate.STATES.get(acct[j].state)
+                if answered is not None and known is not None and known.phase == "pending":
+                    continue
+                out[j] = acct[j].state
         return {j: out[j] for j in ids if j in out}
 
     def config(self) -> dict[str, str]:
