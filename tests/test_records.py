@@ -217,4 +217,6 @@ def test_reading_a_campaign_of_ten_thousand_runs_costs_about_what_decoding_it_do
     decode = best(lambda: decode_jsonl(text, "manifest.jsonl"))
     parse = best(lambda: parse_manifest(text, "manifest.jsonl"))
     assert len(parse_manifest(text, "manifest.jsonl")[0]) == len(lines)
-    assert parse < decode * 1.5 + 0.02, (parse, decode)
+    # (what this guards is the order of growth: reading that went quadratic would take seconds here; a loaded
+    # machine stretches one timing against the other by far less than 4x)
+    assert parse < decode * 4 + 0.05, (parse, decode)
