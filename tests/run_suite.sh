@@ -8,6 +8,7 @@ BIN=${BIN:-.venv/bin}
 RERUN_MAX=${RERUN_MAX:-6}   # more failures than this is no load: the run fails without rerunning
 LASTFAILED=.pytest_cache/v/cache/lastfailed
 
+rm -f "$LASTFAILED"  # only this run's failures are rerun
 t0=$(date +%s)
 "$BIN/pytest" -q -n "${TEST_WORKERS:-4}" --dist loadgroup --durations=25
 rc=$?

@@ -26,8 +26,11 @@ EXPECTED = {
     "5012": "pending",
     "6001": "done", "6002": "done", "6003": "done", "6004": "done", "6005": "done", "6006": "done", "6007": "done",
     "6008": "done", "6009": "done", "6010": "done", "6011": "done", "6012": "pending", "6013": "done",
-    "6014": "running", "6015": "pending",
+    "6014": "running",
 }
+# A PENDING accounting record of a job the queue (which answered) does not hold: accounting that has not caught
+# up with the controller (a job cancelled while pending); nobody knows it, so status shows it gone
+STALE = "6015"
 FAILED_BY_SCHEDULER = {"6003": "cancelled", "6004": "timeout", "6005": "node failure", "6006": "host OOM",
                        "6007": "preempted", "6008": "node boot failure", "6009": "deadline reached",
                        "6010": "revoked"}
@@ -46,11 +49,11 @@ def recorded():
             return subprocess.CompletedProcess(argv, 0, out, "")
         raise AssertionError(argv)
 
-    return Slurm(fake_run).states(list(EXPECTED))
+    return Slurm(fake_run).states([*EXPECTED, STALE])
 
 
 def test_every_recorded_job_is_seen(recorded) -> None:
-    assert set(recorded) == set(EXPECTED)
+    assert set(recorded) == set(EXPECTED)  # the stale one left out
 
 
 @pytest.mark.parametrize("job_id", sorted(EXPECTED))
@@ -78,7 +81,8 @@ def test_collect_reads_the_same_states_from_full_sacct_records() -> None:
     jobs = parse_sacct(SACCT_FULL)
     for job_id, acct in jobs.items():
         verdict, _ = jobstate.verdict(acct.state)
-        assert (verdict != "pending") == (EXPECTED[job_id] == "done"), job_id
+        # (the stale record alone, as collect reads it when the queue does not answer: pending)
+        assert (verdict != "pending") == (EXPECTED.get(job_id, "pending") == "done"), job_id
         assert jobstate.is_done(acct.state_raw) == jobstate.is_done(acct.state)
     assert jobs["6003"].state == "CANCELLED" and jobs["6013"].state == "COMPLETED"
 

@@ -34,7 +34,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness.contract import jobstate
 from harness.contract.errors import RunnerError, SubmitError
 
 from .limits import SubmitLimits, max_array_size, parse_assoc_mgr, parse_config, refusal_kind
@@ -197,11 +196,11 @@ class Slurm:
             for j in gone:
                 if acct is None or j not in acct:
                     continue
-                # A queue that answered without the job has no pending job of that id: a pending record is
-                # accounting that has not caught up (slurmdbd trails slurmctld; an array task cancelled while
-                # pending keeps its array's pending record a while). Nobody knows the job then.
-                known = jobstate.STATES.get(acct[j].state)
-                if answered is not None and known is not None and known.phase == "pending":
+                # A queue that answered without the job (every partition's, hidden ones too) has no pending job
+                # of that id: a PENDING record is accounting that has not caught up (slurmdbd trails slurmctld;
+                # an array task cancelled while pending keeps its array's pending record a while). Nobody knows
+                # the job then. (A REQUEUED record stands: the job's own run before it went back.)
+                if answered is not None and acct[j].state == "PENDING":
                     continue
                 out[j] = acct[j].state
         return {j: out[j] for j in ids if j in out}

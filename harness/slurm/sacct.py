@@ -277,8 +277,9 @@ def sacct_argv(job_ids: Sequence[str], since: _dt.datetime | None = None) -> lis
 
 
 def squeue_argv() -> list[str]:
-    """The queue question: every job it holds, one line per array task."""
-    return ["squeue", "-h", "-r", "-o", SQUEUE_FORMAT]
+    """The queue question: every job it holds, one line per array task, in every partition (``-a``: hidden
+    ones and those of other groups too, so that a job missing from the answer has left the queue)."""
+    return ["squeue", "-a", "-h", "-r", "-o", SQUEUE_FORMAT]
 
 
 class Queued(NamedTuple):
