@@ -36,6 +36,7 @@ class Recorder:
         self.queue = dict(queue or {})
         self.acct = dict(acct or {})
         self.arrays = False
+        self.unran: set[str] = set()  # ids whose records name no node (cancelled before they ran)
         self.calls: list[list[str]] = []
 
     def __call__(self, argv):
@@ -45,7 +46,8 @@ class Recorder:
         elif argv[0] == "sacct":
             ids = argv[argv.index("-j") + 1].split(",")
             # a question about an array (when self.arrays) returns every record of it, as sacct does
-            out = "".join(SACCT_LINE.format(j, s) + "\n" for j, s in self.acct.items()
+            node = {j: "|None assigned|" if j in self.unran else "|node1|" for j in self.acct}
+            out = "".join(SACCT_LINE.format(j, s).replace("|node1|", node[j]) + "\n" for j, s in self.acct.items()
                           if j in ids or self.arrays and j.split("_")[0] in ids)
         elif argv[0] == "sinfo":
             out = "node[1-2]|96|1000000|(null)\n"
@@ -86,7 +88,7 @@ def test_array_tasks_cancelled_while_pending_read_cancelled() -> None:
     """sacct keeps an array's tasks that never left the queue as one record of the array, which only a
     question about the array returns: each such task takes it; a task's own record wins over it."""
     fake = Recorder(acct={"40_0": "COMPLETED", "40_[0-3]": "CANCELLED by 0", "41": "CANCELLED by 0"})
-    fake.arrays = True
+    fake.arrays, fake.unran = True, {"40_[0-3]", "41"}
     slurm = Slurm(fake)
     assert slurm.states(["40_0", "40_2", "41_0", "41_1", "42_0"]) == {
         "40_0": "COMPLETED", "40_2": "CANCELLED", "41_0": "CANCELLED", "41_1": "CANCELLED"}
@@ -142,6 +144,26 @@ def test_a_pending_record_of_a_job_the_queue_no_longer_holds_is_stale() -> None:
     down = Slurm(lambda argv: subprocess.CompletedProcess(argv, 1, "", "timeout") if argv[0] == "squeue"
                  else fake(argv))
     assert down.states(["60_0"]) == {"60_0": "PENDING"}
+
+
+def test_an_array_task_never_takes_the_record_of_the_task_that_ran_as_the_array() -> None:
+    # A loaded slurmdbd: task 0 (its own job id 81) has no record yet, and the array's record (80, the job that
+    # ran as task 1 on node2) does not name its task yet. Task 0 must not read node2's run as its own; a
+    # cancelled pending array's record (no node) still speaks for its tasks.
+    lines = {"80": "80|COMPLETED|0:0|00:00:01||node2|2026-11-22T00:00:00|2026-11-22T00:00:01|2026-11-22T00:00:00|",
+             "90": "90|CANCELLED by 0|0:0|00:00:00||None assigned|Unknown|2026-11-22T00:00:01|"
+                   "2026-11-22T00:00:00|"}
+
+    def run(argv):
+        if argv[0] == "squeue":
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        ids = argv[argv.index("-j") + 1].split(",")
+        return subprocess.CompletedProcess(argv, 0, "".join(lines[j] + "\n" for j in ids if j in lines), "")
+
+    slurm = Slurm(run)
+    found, why = slurm.accounting(["80_0", "90_0", "90_1"])
+    assert why is None and "80_0" not in found
+    assert found["90_0"].state == found["90_1"].state == "CANCELLED"
 
 
 def test_sacct_that_cannot_answer_is_not_asked_again() -> None:

@@ -144,7 +144,8 @@ class Slurm:
         """Array tasks sacct has no record of by their own ids: the tasks that never left the queue are one
         record of their array (``123_[2-4]``, or ``123`` just after the array was cancelled), which sacct
         gives only to a question about the array. Asks about each such array once; each task takes its
-        array's records, so a task cancelled while pending reads CANCELLED, not unknown."""
+        array's records that never ran, so a task cancelled while pending reads CANCELLED, not unknown; a
+        task whose own record accounting has not written yet stays unknown (the queue and its files speak)."""
         arrays: dict[str, list[str]] = {}
         for j in tasks:
             base, sep, task = j.partition("_")
@@ -165,7 +166,10 @@ class Slurm:
                 if not self._records.get(k):
                     self._records[k] = recs
         for base, members in arrays.items():
-            whole = [r for r in self._records.get(base, []) if not r.ranged]
+            # The array's own record speaks for its tasks only while it never ran (cancelled pending: no node).
+            # One that ran is one task's (the array's first job, before accounting names its task): another
+            # task that took it would read that task's nodes and state.
+            whole = [r for r in self._records.get(base, []) if not r.ranged and r.node_list is None]
             for j in members:
                 if not self._records.get(j) and whole:
                     self._records[j] = [replace(r, job_id=j, steps=[], ranged=True) for r in whole]
