@@ -82,7 +82,8 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
     runs, db = tmp_path / "runs", tmp_path / "r.duckdb"
     common = ["--workdir", str(runs), "--db", str(db)]
     # Two shapes (gradient accumulation 1 and 2) x batches 1, 2, 4, 8. Batch 8 "OOMs" in both shapes and batch 4
-    # too with accumulation 2 (oom@step=1 faults); every point but one sleeps 1 s after each step.
+    # too with accumulation 2 (oom@step=1 faults); every point but one sleeps 3 s after each step
+    # (1 s was not enough: at load 6 the unslept point's own steps can take as long).
     doc = {"campaign": "srch", "experiment": "finetune_full_benchmark-v1.0.0",
            "entity": {"model_name": "tiny", "model_max_length": 32, "dataset_id": SMALL_DATASET, "number_gpus": 1,
                       "max_steps": 3},
@@ -98,7 +99,7 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
     ooms = [points[(1, 8)], points[(2, 8)], points[(2, 4)]]
     inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": ";".join(
         [f"oom@step=1,job={pid}." for pid in ooms]
-        + [f"sleep@step=*,job={pid}.:1" for pid in points.values() if pid != fast and pid not in ooms]
+        + [f"sleep@step=*,job={pid}.:3" for pid in points.values() if pid != fast and pid not in ooms]
         # the best point's first repeat after the rungs fails once (its first attempt): retry runs it again
         + [f"error@step=1,job={fast}.r1.a1"])}
     write_sweep(inv, inv_doc)
