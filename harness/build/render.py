@@ -19,6 +19,7 @@ import yaml
 
 from harness import __version__
 from harness.contract import envvars
+from harness.contract.atomic import write_text
 from harness.contract.errors import InputError, RenderError
 from harness.contract.paths import SPEC_SCHEMA, JobPaths, job_dir_name, package_dir
 from harness.spec.inventory import ENV_NAME, Inventory
@@ -135,22 +136,6 @@ SECRET_MODE = 0o600  # env/<host>.sh: the one file that holds the inventory's en
 SECRET_DIR_MODE = 0o700
 
 
-def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write *path* whole: a temporary file created with *mode* from the start (a 0600 file is never
-    readable by others, not even while it is written), then renamed over the old one."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode & 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            os.fchmod(fh.fileno(), mode)  # beyond the umask, as rendered (launch.sh is executable)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
 Rendered = dict  # Path -> (text, mode): every file of one job directory, not yet on disk
 
 
@@ -193,7 +178,7 @@ def write_files(job_dir: str | Path, files: Rendered) -> JobPaths:
                 os.symlink(text, tmp)
                 os.replace(tmp, path)
                 continue
-            _atomic_write(path, text, mode)
+            write_text(path, text, mode)
     except OSError as exc:
         raise RenderError(f"cannot write job directory {paths.root}: {exc}") from None
     return paths

@@ -11,10 +11,21 @@ from pathlib import Path
 from typing import Any
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write *text* to *path* whole (UTF-8)."""
+def write_text(path: Path, text: str, mode: int | None = None) -> None:
+    """Write *text* to *path* whole (UTF-8). *mode*: the file's permissions exactly (beyond the umask), and the
+    temporary file is created no more open than 0600, so a secret file is never readable by others, not even
+    while it is written; None: as the umask gives."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode & 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
