@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from harness.contract import safefile
+from harness.contract import envvars, safefile
 from harness.contract.errors import InputError, RunnerError
 from harness.contract.paths import package_dir
 from harness.runner.probe import probe_node
@@ -179,9 +178,10 @@ def probe_hosts(hosts: list[str], slurm_partition: str, python: str, workdir: Pa
 
 
 def local_host(part: Partition, host: str | None) -> str:
-    """The inventory host this machine is in *part*: *host* if given, else SLURM's name for this node or its
-    short host name (a partition of one host: that host). An InputError says how to name it."""
-    me = host or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    """The inventory host this machine is in *part*: *host* if given, else this node's name by launch.sh's rule
+    (:func:`harness.contract.envvars.host`; a partition of one host: that host). An InputError says how to
+    name it."""
+    me = host or envvars.host()
     if me in part.hosts:
         return me
     if len(part.hosts) == 1 and host is None:
