@@ -260,6 +260,10 @@ def test_a_job_without_preparation_builds_it_notes_it_and_the_next_one_maps_it(t
     (launch,) = sql_rows(db, "SELECT * FROM stages WHERE run_id = ? AND stage = 'launch'", [first["run_id"]])
     li = json.loads(launch["info"])
     assert launch["status"] == "ok" and li["imports_s"] > 0 and li["launcher_s"] >= 0 and li["rendezvous_s"] >= 0
+    # its parts (launcher, interpreter, sbench's imports, the training libraries', the process group) add up to it
+    parts = ("launcher_s", "interpreter_s", "runner_imports_s", "imports_s", "rendezvous_s")
+    assert all(li[p] >= 0 for p in parts) and li["interpreter_s"] > 0 and li["runner_imports_s"] > 0, li
+    assert sum(li[p] for p in parts) == pytest.approx(launch["duration_s"], abs=0.02), li
     assert launch["end_wall"] <= sql_rows(db, "SELECT min(start_wall) AS t FROM stages WHERE run_id = ? AND rank = 0 "
                                               "AND stage = 'dataset'", [first["run_id"]])[0]["t"]
     (ov,) = sql_rows(db, "SELECT * FROM run_overhead WHERE run_id = ?", [first["run_id"]])

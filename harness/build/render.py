@@ -7,6 +7,7 @@ through ``shlex.quote``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -14,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import yaml
 
 from harness import __version__
@@ -29,17 +29,6 @@ from harness.spec.sweep import Sweep
 from .jobspec import PORT_BASE, PORT_SPAN, JobSpec, build_jobspec
 from .sbatch import comment_text, job_sbatch
 
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("harness", "templates"),
-    undefined=jinja2.StrictUndefined,
-    autoescape=False,  # noqa: S701 - shell and YAML, not HTML; values are shell-quoted explicitly
-    keep_trailing_newline=True,
-)
-_ENV.filters["q"] = lambda v: shlex.quote(str(v))
-# Env files always single-quote, so a value such as NCCL_IB_HCA's '=mlx5_0' reads unambiguously.
-_ENV.filters["sq"] = lambda v: "'" + str(v).replace("'", "'\"'\"'") + "'"
-_ENV.filters["c"] = comment_text
-
 
 def _envname(v: Any) -> str:
     if not ENV_NAME.fullmatch(str(v)):
@@ -47,7 +36,35 @@ def _envname(v: Any) -> str:
     return str(v)
 
 
-_ENV.filters["envname"] = _envname
+@functools.cache
+def _environment() -> Any:
+    """The templates' Jinja2 environment, made on the first render: Jinja2 is imported only by the commands
+    that render (submit, render, retry), not by every command that merely loads this module."""
+    import jinja2  # 0.015 s of imports that only a render needs, kept off the readers' start-up
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("harness", "templates"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # noqa: S701 - shell and YAML, not HTML; values are shell-quoted explicitly
+        keep_trailing_newline=True,
+    )
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    # Env files always single-quote, so a value such as NCCL_IB_HCA's '=mlx5_0' reads unambiguously.
+    env.filters["sq"] = lambda v: "'" + str(v).replace("'", "'\"'\"'") + "'"
+    env.filters["c"] = comment_text
+    env.filters["envname"] = _envname
+    return env
+
+
+def _render(template: str, **values: Any) -> str:
+    """*template* rendered with *values*; a template error is a :class:`RenderError`."""
+    import jinja2
+
+    try:
+        return str(_environment().get_template(template).render(**values))
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"{template}: {exc}") from exc
+
 
 def _arg_pairs(argv: list[str]) -> list[tuple[str, str | None]]:
     pairs: list[tuple[str, str | None]] = []
@@ -62,8 +79,8 @@ def _arg_pairs(argv: list[str]) -> list[tuple[str, str | None]]:
 
 
 def render_launch(spec: JobSpec) -> str:
-    return _ENV.get_template("launch.sh.j2").render(
-        spec=spec, hosts=sorted(spec.host_env), arg_pairs=_arg_pairs(spec.train_argv),
+    return _render(
+        "launch.sh.j2", spec=spec, hosts=sorted(spec.host_env), arg_pairs=_arg_pairs(spec.train_argv),
         port_base=PORT_BASE, port_span=PORT_SPAN,
     )
 
@@ -82,7 +99,7 @@ def host_environment(spec: JobSpec, host: str) -> dict[str, str]:
 
 
 def render_env(spec: JobSpec, host: str) -> str:
-    return _ENV.get_template("env.sh.j2").render(spec=spec, host=host, env=host_environment(spec, host))
+    return _render("env.sh.j2", spec=spec, host=host, env=host_environment(spec, host))
 
 
 def render_accelerate(spec: JobSpec) -> str | None:
@@ -208,7 +225,7 @@ def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out
         try:
             spec = build_jobspec(sweep, inv, p, attempt, job_dir, python=python, exclude=exclude)
             files = render_files(spec, inv, p, sweep)
-        except (RenderError, KeyError, ValueError, TypeError, jinja2.TemplateError) as exc:
+        except (RenderError, KeyError, ValueError, TypeError) as exc:
             raise InputError(f"{sweep.source}: point {p.point_id} (repeat {p.repeat}) cannot be rendered: {exc}; "
                              "nothing was written") from None
         done.append((spec, files))

@@ -20,16 +20,38 @@ from harness.contract import envvars
 from harness.contract.errors import Interrupted, SbenchError
 from harness.spec.schema import is_campaign_ref, is_name
 
-# The module of harness.cli that defines each top-level command. A command's module is loaded when the
-# command runs, so each command starts with only what it needs: ``sbench status`` does not load what
-# ``sbench render`` needs (the build layer, Jinja2), nor ``render`` what ``status`` needs (DuckDB, submitit).
-# --help, which shows every command, loads them all.
-COMMANDS = {"inventory": "inputs", "experiments": "inputs", "plan": "inputs", "render": "inputs",
-            "submit": "jobs", "prepare": "prepare", "retry": "jobs", "status": "control", "cancel": "control",
-            "collect": "collect", "query": "results", "best": "results", "check": "results", "compare": "results",
-            "profile": "results", "report": "report", "probe": "cluster", "fabric": "cluster", "preflight": "cluster",
-            "hosts": "cluster", "model": "data", "dataset": "data", "env": "envs", "export": "exchange",
-            "import": "exchange"}
+# Each top-level command: the module of harness.cli that defines it, and its one line in ``sbench --help``. A
+# command's module is loaded when the command runs, so each command starts with only what it needs: ``sbench
+# status`` does not load what ``sbench render`` needs, nor ``render`` what ``status`` needs. ``sbench --help``
+# lists the commands from this table and loads none of them (tests/test_startup.py holds every command to its
+# import budget); a command's own --help loads its module.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "inventory": ("inputs", "Inspect and discover the cluster description."),
+    "experiments": ("inputs", "The experiment catalog."),
+    "plan": ("inputs", "Expand a sweep into points; say which are valid and why not."),
+    "render": ("inputs", "Dry run: write the job files submit would use."),
+    "prepare": ("prepare", "Make a sweep's datasets, models and token counts ready."),
+    "submit": ("jobs", "Submit a sweep: job arrays on SLURM, or a local queue."),
+    "retry": ("jobs", "Resubmit a campaign's failed points as new attempts."),
+    "status": ("control", "Where every point and attempt of a campaign stands."),
+    "cancel": ("control", "Cancel every attempt still queued or running."),
+    "collect": ("collect", "Read job dirs and SLURM accounting into the results DB."),
+    "query": ("results", "Run read-only SQL against the results database."),
+    "best": ("results", "What a search campaign found: its best point."),
+    "check": ("results", "Check a campaign against its references (exit 1: failed)."),
+    "compare": ("results", "Compare two campaigns point by point (exit 1: regression)."),
+    "profile": ("results", "Where a profiled run's steps went, and its top operators."),
+    "report": ("report", "Write one self-contained HTML page of plots and tables."),
+    "probe": ("cluster", "Probe GPUs, RDMA and GIDs against the inventory."),
+    "fabric": ("cluster", "All-reduce and all-gather bandwidth across nodes."),
+    "preflight": ("cluster", "Time a matmul and a memory copy on every device."),
+    "hosts": ("cluster", "Hosts slow again and again: drain candidates, with evidence."),
+    "model": ("data", "Test models built locally (nothing is downloaded)."),
+    "dataset": ("data", "Synthetic benchmark datasets and their token counts."),
+    "env": ("envs", "Trainer environments: fms-hf-tuning releases, each its own."),
+    "export": ("exchange", "Export campaigns as Parquet and a provenance.json."),
+    "import": ("exchange", "Import an export, or published measurements."),
+}
 
 
 # Text from a job dir (a reason, an error message, a file or host name) may hold terminal control sequences:
@@ -70,7 +92,7 @@ class SbenchGroup(click.Group):
     def commands(self) -> dict[str, click.Command]:
         """Every command, their modules loaded (what a look at the whole command line expects)."""
         if not self._loading:
-            self._load(set(COMMANDS.values()))
+            self._load({module for module, _ in COMMANDS.values()})
         return self._commands
 
     @commands.setter
@@ -88,6 +110,8 @@ class SbenchGroup(click.Group):
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         """What a command module's decorators call while it loads."""
         loading, self._loading = self._loading, True
+        if (name or cmd.name) in COMMANDS:
+            cmd.short_help = COMMANDS[name or cmd.name or ""][1]
         try:
             super().add_command(cmd, name)
         finally:
@@ -96,9 +120,14 @@ class SbenchGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``sbench --help``, from :data:`COMMANDS`: no command module is loaded for it."""
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, COMMANDS[name][1]) for name in self.list_commands(ctx)])
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in COMMANDS and cmd_name not in self._commands:
-            self._load({COMMANDS[cmd_name]})
+            self._load({COMMANDS[cmd_name][0]})
         return self._commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:

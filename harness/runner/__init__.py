@@ -11,3 +11,9 @@
 Every file they write is described in ``docs/job-directory.md`` and named by
 :class:`harness.contract.paths.JobPaths`.
 """
+
+import time
+
+# When this package started loading: in a rank, the end of the interpreter's own start-up (site, the
+# environment's .pth files) and the start of sbench's imports, as the launch stage splits them.
+LOADED_WALL = time.time()

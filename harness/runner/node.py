@@ -51,7 +51,7 @@ from harness.data.datagen import dataset_status, make_dataset
 from . import classify, pdeath
 from .envcapture import capture
 from .sampler import RaplReader, Sampler, open_backend
-from .stages import StageLog, Terminated, note_signal, open_stages, read_stages
+from .stages import StageLog, Terminated, note_signal, open_stages, process_start_wall, read_stages
 
 EXIT = {"ok": 0, "failed": 1, "invalid": 2}
 LOG_TAIL_BYTES = 256 * 1024
@@ -65,20 +65,6 @@ def _become_subreaper() -> bool:
         return libc.prctl(36, 1, 0, 0, 0) == 0  # 36 = PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
         return False
-
-
-def process_start_wall() -> float | None:
-    """When this process started, on the wall clock: Linux's start time of the process (clock ticks since
-    boot, ``/proc/self/stat``) against ``CLOCK_BOOTTIME``, to a tick (10 ms). ``launch.sh`` execs the node
-    runner, so this is when the node's task started: launch.sh's lines, the interpreter and its imports
-    come before the runner's first stage. None where the system cannot say."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(fields[19])  # field 22, starttime; fields[0] is field 3
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-    return time.time() - age if age >= 0 else None
 
 
 def _read_json(path: Path) -> Any:

@@ -3,7 +3,8 @@
 - :class:`Context`: who the process is (rank, host, trial), its job dir, the spec's runner settings, its
   stage log and the faults injected into it;
 - the ``launch`` stage: from the moment the node runner started the training command to the end of the
-  rendezvous (launcher, imports and process group, each timed);
+  rendezvous (the launcher, the interpreter, sbench's imports, the training libraries' imports and the
+  process group, each timed);
 - :func:`main`: runs a trainer's ``run(args, ctx)`` inside signal handling and error classification, and
   writes ``rank.<rank>.json`` (and ``error.<rank>.json`` when it failed).
 """
@@ -29,13 +30,12 @@ from harness.contract.defaults import RunnerSettings
 from harness.contract.formats import Stage
 from harness.contract.paths import JobPaths, pack_dirs
 
+from . import LOADED_WALL
 from .classify import error_record
 from .cmdline import parse_args
 from .envcapture import relevant_env
 from .faults import Fault, faults_from_env
-from .stages import StageLog, Terminated, note_signal
-
-MODULE_START_WALL = time.time()  # this process's start as the launch stage sees it (the heavy imports come later)
+from .stages import StageLog, Terminated, note_signal, process_start_wall
 
 Runner = Callable[[argparse.Namespace, "Context"], dict[str, Any]]
 
@@ -128,24 +128,35 @@ class Context:
 
 def launch_start(ctx: Context) -> None:
     """Open the rank's ``launch`` stage at the moment the node runner started the training command
-    (``SBENCH_LAUNCHED_WALL``), else when this module started loading: launcher, imports and the
-    rendezvous are start-up time like any other, and the stages should say where it went."""
+    (``SBENCH_LAUNCHED_WALL``), else when this process started: the launcher, the interpreter, the imports
+    and the rendezvous are start-up time like any other, and the stages should say where it went. Called
+    when sbench's own modules are loaded, before the training libraries are imported."""
+    now = time.time()
+    born = min(process_start_wall() or LOADED_WALL, LOADED_WALL)
     try:
         launched = float(envvars.LAUNCHED_WALL.get())
     except ValueError:
-        launched = MODULE_START_WALL
-    ctx.launch = {"launched_wall": min(launched, MODULE_START_WALL), "process_start_wall": MODULE_START_WALL}
+        launched = born
+    ctx.launch = {"launched_wall": min(launched, born), "process_start_wall": born, "loaded_wall": LOADED_WALL,
+                  "frame_wall": now}
     ctx.log.start(Stage.LAUNCH, at=ctx.launch["launched_wall"])
 
 
 def launch_end(ctx: Context, imported_wall: float) -> None:
+    """Close the launch stage once the process group is up; *imported_wall*: when the training libraries
+    (torch, transformers, accelerate, trl, peft) were imported. Its ``info`` splits the stage into parts that
+    add up to it: ``launcher_s`` (the launcher, until it had this rank's process started), ``interpreter_s``
+    (Python's own start-up), ``runner_imports_s`` (sbench's modules), ``imports_s`` (the training libraries,
+    and the settings resolved before them) and ``rendezvous_s`` (the process group)."""
     if not ctx.launch:
         return
     now = time.time()
-    born, launched = ctx.launch["process_start_wall"], ctx.launch["launched_wall"]
-    ctx.log.end(Stage.LAUNCH, info={"launcher_s": round(max(0.0, born - launched), 3),
-                                    "imports_s": round(imported_wall - born, 3),
-                                    "rendezvous_s": round(now - imported_wall, 3)})
+    c = ctx.launch
+    marks = [c["launched_wall"], c["process_start_wall"], c["loaded_wall"], c["frame_wall"], imported_wall, now]
+    for k in range(1, len(marks)):  # clocks read in order; a 10 ms process start tick may round past the next
+        marks[k] = max(marks[k], marks[k - 1])
+    parts = ("launcher_s", "interpreter_s", "runner_imports_s", "imports_s", "rendezvous_s")
+    ctx.log.end(Stage.LAUNCH, info={p: round(marks[k + 1] - marks[k], 3) for k, p in enumerate(parts)})
     ctx.launch = {}
 
 
@@ -233,7 +244,7 @@ def _one(run: Runner, argv: list[str] | None, first: bool) -> int:
         launch_start(ctx)
     else:
         now = time.time()
-        ctx.launch = {"launched_wall": now, "process_start_wall": now}
+        ctx.launch = {"launched_wall": now, "process_start_wall": now, "loaded_wall": now, "frame_wall": now}
         ctx.log.start(Stage.LAUNCH, at=now)
     try:
         try:

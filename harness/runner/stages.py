@@ -45,6 +45,21 @@ def restart_count() -> int:
         return 0
 
 
+def process_start_wall() -> float | None:
+    """When this process started, on the wall clock: Linux's start time of the process (clock ticks since
+    boot, ``/proc/self/stat``) against ``CLOCK_BOOTTIME``, to a tick (10 ms). ``launch.sh`` execs the node
+    runner, so for the node runner this is when the node's task started: launch.sh's lines, the interpreter
+    and its imports come before the runner's first stage; for a rank, when the launcher had its process
+    started. None where the system cannot say."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, starttime; fields[0] is field 3
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - age if age >= 0 else None
+
+
 def append_line(path: Path, obj: dict[str, Any]) -> None:
     """Append one JSON line with one ``write()`` on an ``O_APPEND`` descriptor.
 
