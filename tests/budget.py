@@ -34,6 +34,7 @@ FORBIDDEN: tuple[str, ...] = ("torch", "transformers", "trl", "peft", "accelerat
 _CHILD = r"""
 import atexit, json, os, sys, traceback
 _forbidden = set(sys.argv[1].split(","))
+_watched = [m for m in os.environ.get("SBENCH_WATCH_MODULES", "").split(",") if m]
 _out = sys.argv[2]
 _root = os.path.realpath(sys.argv[3]) + os.sep
 _own = os.path.join(_root, "harness") + os.sep
@@ -51,8 +52,9 @@ class _Watch:
 sys.meta_path.insert(0, _Watch())
 
 def _dump():
+    executed = [m for m in _watched if m in sys.modules and type(sys.modules[m]).__name__ != "_LazyModule"]
     with open(_out, "w") as fh:
-        json.dump({"hits": _hits, "loaded": sorted(m for m in _forbidden if m in sys.modules)}, fh)
+        json.dump({"hits": _hits, "executed": executed}, fh)
 
 atexit.register(_dump)
 sys.argv = ["sbench", *sys.argv[4:]]
@@ -73,6 +75,7 @@ class Watched:
     wall_s: float
     cpu_s: float
     hits: dict[str, list[str]] = field(default_factory=dict)
+    executed: list[str] = field(default_factory=list)  # those of *watch* whose code ran (a lazy one not read: not)
 
     def broken(self) -> str:
         """The budget's breaches as text (empty when it holds): each module and the chain that imported it."""
@@ -84,18 +87,19 @@ class Watched:
 
 
 def run(argv: list[str], *, env: dict[str, str] | None = None, root: Path = ROOT, cwd: Path | None = None,
-        forbidden: tuple[str, ...] = FORBIDDEN) -> Watched:
+        forbidden: tuple[str, ...] = FORBIDDEN, watch: tuple[str, ...] = ()) -> Watched:
     """Run ``sbench ARGV`` in a fresh interpreter with *root*'s ``harness`` (another checkout's, to compare),
-    watching its imports."""
+    watching its imports; *watch*: modules (of sbench's own) to say whether their code ran."""
     with tempfile.TemporaryDirectory(prefix="sbench-imports-") as tmp:
         out = Path(tmp) / "imports.json"
-        child_env = {**os.environ, **(env or {}), "PYTHONPATH": str(root)}
+        child_env = {**os.environ, **(env or {}), "PYTHONPATH": str(root), "SBENCH_WATCH_MODULES": ",".join(watch)}
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         res = subprocess.run([sys.executable, "-c", _CHILD, ",".join(forbidden), str(out), str(root), *map(str, argv)],
                              capture_output=True, text=True, cwd=cwd or root, env=child_env, stdin=subprocess.DEVNULL)
         wall = time.perf_counter() - t
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        seen = json.loads(out.read_text()) if out.exists() else {"hits": {}}
+        seen = json.loads(out.read_text()) if out.exists() else {"hits": {}, "executed": []}
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return Watched([str(a) for a in argv], res.returncode, res.stdout, res.stderr, wall, cpu, seen["hits"])
+    return Watched([str(a) for a in argv], res.returncode, res.stdout, res.stderr, wall, cpu, seen["hits"],
+                   seen["executed"])

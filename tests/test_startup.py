@@ -7,15 +7,19 @@ command takes is measured by ``bench/startup.py``, not asserted here: this machi
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
+
+from harness.contract.lazy import lazy_module
 
 from .budget import FORBIDDEN, run
 from .conftest import sql_rows
 from .helpers import Trained, invoke
 
-pytestmark = pytest.mark.train  # reads the session's trained campaigns (trained once, shared)
+# What only a submission runs: planning, rendering, the executors' queues.
+SUBMIT_PATH = ("harness.sbatch.submit", "harness.build.render", "harness.sbatch.executors", "harness.sbatch.refresh")
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +30,12 @@ def copied(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> Traine
     return copy
 
 
-def _held(argv: list[str], ok: tuple[int, ...] = (0,)) -> str:
-    """Run ``sbench ARGV`` watched; the budget must hold and the exit code be one of *ok*. Its stdout."""
-    w = run(argv)
+def _held(argv: list[str], ok: tuple[int, ...] = (0,),
+          not_ran: tuple[str, ...] = ()) -> str:
+    """Run ``sbench ARGV`` watched; the budget must hold and the exit code be one of *ok*; the code of every
+    module of *not_ran* must not have run. Its stdout."""
+    w = run(argv, watch=not_ran)
+    assert not w.executed, f"sbench {' '.join(w.argv)} ran {w.executed}"
     assert w.returncode in ok, f"sbench {' '.join(w.argv)}: exit {w.returncode}\n{w.stdout}\n{w.stderr}"
     assert "Traceback" not in w.stderr, w.stderr
     assert not w.hits, w.broken()
@@ -48,10 +55,11 @@ def test_a_read_commands_help_imports_nothing_of_the_budget(command: str) -> Non
     assert "Example:" in _held([command, "--help"])
 
 
+@pytest.mark.train  # reads the session's trained campaigns (trained once, shared)
 def test_every_read_command_and_a_no_op_collect_import_nothing_of_the_budget(copied: Trained) -> None:
     db, wd = ["--db", str(copied.db)], ["--workdir", str(copied.workdir)]
     run_id = sql_rows(copied.db, "SELECT run_id FROM runs WHERE campaign = 'nightly-1' ORDER BY run_id")[0]["run_id"]
-    assert "nightly-1" in _held(["status", "--campaign", "nightly-1", *wd, *db])
+    assert "nightly-1" in _held(["status", "--campaign", "nightly-1", *wd, *db], not_ran=("harness.collect.ingest",))
     _held(["status", *wd, *db, "--json"])
     assert json.loads(_held(["query", "SELECT count(*) AS n FROM runs", *db, "--format", "json"]))[0]["n"] == 4
     _held(["compare", "nightly-1", "nightly-2", *db, "--json"], ok=(0, 1))
@@ -61,7 +69,7 @@ def test_every_read_command_and_a_no_op_collect_import_nothing_of_the_budget(cop
     _held(["profile", run_id, *db], ok=(0, 2))  # these runs were not profiled: an answer that says so
     _held(["best", "nightly-1", *db, *wd], ok=(0, 2))  # not a search: an answer that says so
     # a collect that finds nothing to do: nothing new, nothing sent, and no submit machinery loaded
-    noop = json.loads(_held(["collect", *db, *wd, "--json"]))
+    noop = json.loads(_held(["collect", *db, *wd, "--json"], not_ran=SUBMIT_PATH))
     assert (noop["new"], noop["updated"], noop["more_repeats"]) == (0, 0, [])
 
 
@@ -74,3 +82,30 @@ def test_the_watch_names_the_module_and_the_chain_that_imported_it(tmp_path: Pat
     assert chain[0].startswith("harness/cli/base.py:") and any("harness/cli/inputs.py:" in c for c in chain)
     assert chain[-1].startswith("harness/build/render.py:"), chain
     assert "imported jinja2, by:\n    harness/cli/base.py:" in w.broken()
+
+
+def test_a_lazy_module_runs_its_code_at_the_first_read_and_is_the_module_every_import_gets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "lazypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "heavy.py").write_text("import builtins\nbuiltins.lazy_ran = getattr(builtins, 'lazy_ran', 0) + 1\n"
+                                  "VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import builtins
+
+    try:
+        mod = lazy_module("lazypkg.heavy")
+        assert getattr(builtins, "lazy_ran", 0) == 0 and sys.modules["lazypkg.heavy"] is mod
+        from lazypkg import heavy  # an ordinary import elsewhere gets the same module, still not run
+
+        assert heavy is mod and getattr(builtins, "lazy_ran", 0) == 0
+        assert mod.VALUE == 42 and builtins.lazy_ran == 1  # the first read ran it, once
+        assert heavy.VALUE == 42 and builtins.lazy_ran == 1 and lazy_module("lazypkg.heavy") is mod
+        with pytest.raises(ImportError, match="no module named"):
+            lazy_module("lazypkg.no_such_module")
+    finally:
+        for name in ("lazypkg.heavy", "lazypkg"):
+            sys.modules.pop(name, None)
+        if hasattr(builtins, "lazy_ran"):
+            del builtins.lazy_ran

@@ -151,7 +151,7 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
 
     from harness.collect import collect
     from harness.contract.paths import CampaignPaths
-    from harness.sbatch.state import runs_to_refresh
+    from harness.sbatch.refresh import runs_to_refresh
     from harness.slurm.client import Slurm
     from tests.synth import append_manifest, local_process, make_run, write_json
 

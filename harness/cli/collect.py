@@ -1,18 +1,26 @@
 """CLI: collect (job directories and the scheduler's accounting into the results database).
 
 Its own module, apart from the readers': ``sbench query``, ``compare`` and ``check`` start without the
-collect layer."""
+collect layer; and a collect that has no next runs to send starts and ends without the submit path."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from harness.collect import collect as run_collect
 from harness.contract.errors import InputError
+from harness.contract.lazy import lazy_module
 from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
-from harness.sbatch.submit import SubmitReport, more_repeats
+from harness.sbatch import nextruns
+from harness.sbatch.decisions import SubmitReport
+
+if TYPE_CHECKING:
+    from harness.sbatch import submit
+else:  # the submit path loads only when a campaign's next runs are due (harness.contract.lazy)
+    submit = lazy_module("harness.sbatch.submit")
 
 from .base import Progress, campaign_name, db_option, echo_json, json_option, main, print_repeats, say, workdir_option
 
@@ -69,7 +77,9 @@ def _more_repeats(wd: Path, db: Path | None, campaign: str | None) -> list[Submi
     names = [campaign] if campaign else [c.name for c in CampaignPaths.listed(wd, submitted=True)]
     out = []
     for name in names:
-        rep = more_repeats(name, wd, db)
+        rep = nextruns.settled(name, wd, db)
+        if rep is nextruns.DUE:
+            rep = submit.more_repeats(name, wd, db)
         if rep is not None:
             out.append(rep)
     return out

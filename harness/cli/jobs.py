@@ -9,7 +9,8 @@ from typing import Any, NoReturn
 import click
 
 from harness.contract.errors import Interrupted
-from harness.sbatch.submit import SubmitReport, SubmitRequest, more_repeats, retry_campaign, submit_sweep
+from harness.sbatch.decisions import SubmitReport
+from harness.sbatch.submit import SubmitRequest, more_repeats, retry_campaign, submit_sweep
 from harness.sbatch.wait import WaitSummary, in_flight, judge_campaign, refs, still_queued, wait_for
 from harness.slurm.client import Slurm
 

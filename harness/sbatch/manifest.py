@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import safefile
-from harness.contract.errors import StoreBusyError, SubmitError
-from harness.contract.paths import CampaignPaths
-from harness.contract.records import AttemptLine, ManifestLine, SearchLine, not_read, read_manifest
+from harness.contract.errors import InputError, StoreBusyError, SubmitError
+from harness.contract.paths import CampaignPaths, resolve_workdir
+from harness.contract.records import AttemptLine, CampaignLine, ManifestLine, SearchLine, not_read, read_manifest
 from harness.db.manifest import record_manifest
 from harness.db.store import open_store
 
@@ -130,3 +130,13 @@ def record_events(db: Path, events: list[ManifestLine]) -> str | None:
     except StoreBusyError as exc:
         return f"{exc}; the submission is in the campaign manifest and the next 'sbench collect' records it"
     return None
+
+
+def campaign_record(workdir: Path | None, campaign: str) -> CampaignLine:
+    """The line a campaign's first submission wrote: its sweep, inventory and executor."""
+    workdir = resolve_workdir(workdir)
+    for ev in read(workdir / campaign):
+        if ev["type"] == "campaign":
+            return ev
+
+    raise InputError(f"no campaign {campaign!r} under {workdir} (no {CampaignPaths.of(workdir, campaign).manifest})")

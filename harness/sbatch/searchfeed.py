@@ -15,7 +15,7 @@ from harness.contract.errors import SbenchError
 from harness.slurm.client import Slurm
 
 from . import feed
-from .state import campaign_history
+from .refresh import campaign_history
 from .submit import more_repeats
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,76 +39,26 @@ from harness.spec.search import PLAN, SKIP, SearchState
 from harness.spec.search import Decision as SearchDecision
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
-from . import manifest
+from . import manifest, nextruns
 from .backends import get_backend, recorded_or
-from .executors import Backend, SubmitOptions, Submitted
+from .decisions import Decision, SubmitReport
+from .executors import Backend, SubmitOptions
 from .fabric import run_fabric
 from .faultcheck import check_faults
 from .fit import ClusterFit
 from .lock import CampaignLocks, holding_campaign_locks
 from .preflight import run_preflight as run_device_preflight
 from .prepare import run_prepare, work_for
-from .repeats import MORE, RepeatsVerdict, point_verdicts
-from .search import record_decisions, recorded_state, scaled_sweep, search_state
+from .refresh import campaign_history
+from .repeats import MORE, point_verdicts
+from .search import record_decisions, scaled_sweep, search_state
 from .search import recorded as recorded_search
 from .search import summary as search_summary
-from .state import MeasuredRun, PointHistory, campaign_history, read_history, refuse_imported, with_submitted
+from .state import PointHistory, refuse_imported, with_submitted
 
 MORE_REPEATS = "more repeats"  # the reason's head of an adaptive repeat's submission
 SEARCH = "search"  # the reason's head of a run a search asked for
 NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
-
-
-@dataclass
-class Decision:
-    point: PlannedPoint
-    action: str  # submit | skip
-    reason: str
-    attempt: int = 0
-    reused: MeasuredRun | None = None  # skipped because it takes this run of another campaign (reuse)
-    scale: float = 1.0  # a search's short run: this share of the sweep's run length (harness.spec.search)
-
-
-@dataclass
-class SubmitReport:
-    campaign: str
-    executor: str
-    campaign_dir: Path
-    decisions: list[Decision]
-    submitted: list[Submitted] = field(default_factory=list)
-    sbatch_calls: int = 0
-    db_note: str | None = None
-    warnings: list[str] = field(default_factory=list)
-    preflight: list[dict[str, Any]] = field(default_factory=list)
-    devices: list[dict[str, Any]] = field(default_factory=list)  # submit --preflight: each partition's device check
-    excluded_slow: list[str] = field(default_factory=list)  # hosts left out for a slow device (--exclude-slow)
-    prepare: list[dict[str, Any]] = field(default_factory=list)
-    prepare_job: str | None = None
-    held_back: int = 0  # attempts sbench holds back for the campaign's feeder job (harness.sbatch.feed)
-    feed: dict[str, Any] = field(default_factory=dict)  # the feeder job, the limits of the last wave
-    # repeats: {min, max, cv}: each point's verdict once this submission is made (harness.sbatch.repeats), and
-    # the verdicts it was decided on (before it)
-    repeats: list[RepeatsVerdict] = field(default_factory=list)
-    repeats_before: list[RepeatsVerdict] = field(default_factory=list)
-    search: dict[str, Any] = field(default_factory=dict)  # search: what it decided before this submission
-
-    def to_dict(self) -> dict[str, Any]:
-        by_key = {(s.spec.point_id, s.spec.repeat): s for s in self.submitted}
-        rows = []
-        for d in self.decisions:
-            sub = by_key.get((d.point.point_id, d.point.repeat))
-            rows.append({"point_id": d.point.point_id, "repeat": d.point.repeat, "action": d.action,
-                         "reason": d.reason, "attempt": d.attempt or None,
-                         "job_id": sub.job_id if sub else None, "job_dir": sub.spec.job_dir if sub else None,
-                         "reused_from": d.reused.to_dict() if d.reused else None})
-        return {"campaign": self.campaign, "executor": self.executor, "campaign_dir": str(self.campaign_dir),
-                "sbatch_calls": self.sbatch_calls, "submitted": len(self.submitted), "points": rows,
-                "reused": sum(1 for d in self.decisions if d.reused),
-                "db_note": self.db_note, "warnings": self.warnings, "preflight": self.preflight,
-                "devices": self.devices, "excluded_slow": self.excluded_slow,
-                "prepare": self.prepare, "prepare_job": self.prepare_job, "held_back": self.held_back,
-                "feed": self.feed, "repeats": [v.to_dict() for v in self.repeats],
-                "repeats_before": [v.to_dict() for v in self.repeats_before], "search": self.search}
 
 
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
@@ -568,19 +518,10 @@ def _without_hosts(plan: Planned, hosts: list[str]) -> Planned:
     return dataclasses.replace(plan, fit=dataclasses.replace(plan.fit, exclude=exclude), preview=preview)
 
 
-def campaign_record(workdir: Path | None, campaign: str) -> CampaignLine:
-    workdir = resolve_workdir(workdir)
-    for ev in manifest.read(workdir / campaign):
-        if ev["type"] == "campaign":
-            return ev
-
-    raise InputError(f"no campaign {campaign!r} under {workdir} (no {CampaignPaths.of(workdir, campaign).manifest})")
-
-
 def _recorded_sweep(campaign: str, workdir: Path | None, executor: str) -> tuple[Path, Path | None, str]:
     """The sweep, inventory and executor *campaign* was submitted with; refused when that sweep now names
     another campaign."""
-    rec = campaign_record(workdir, campaign)
+    rec = manifest.campaign_record(workdir, campaign)
     inv = rec.get("inventory")
     inv_path = None if not inv or inv.startswith("<") else Path(inv)
     executor = recorded_or(executor, rec.get("executor"))
@@ -609,39 +550,13 @@ def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None =
 def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = None, *,
                  slurm: Slurm | None = None) -> SubmitReport | None:
     """Submit the next repeat of each point of *campaign* whose CV is still above its ``repeats: {min, max,
-    cv}`` target (``harness.sbatch.repeats``), from the sweep and inventory it was submitted with; None when
-    the campaign's repeats are not adaptive. ``sbench collect`` calls it after collecting."""
-    campaign_dir = resolve_workdir(workdir) / campaign
-    spec = manifest.adaptive_repeats(campaign_dir)
-    recorded = manifest.search_spec(campaign_dir)
-    if recorded is not None:
-        # a search's next runs: the bisection's, the next rung's, the best point's repeats (harness.spec.search).
-        # When it asks for none (runs in flight, over, or waiting for retry), nothing is planned or locked: its
-        # decisions are recorded as they stand now.
-        dbp = resolve_db(db)
-        state = recorded_state(recorded, dbp, campaign)
-        if not state.todo:
-            events = record_decisions(campaign_dir, campaign, state)
-            rec = campaign_record(workdir, campaign)
-            return SubmitReport(campaign, str(rec.get("executor") or ""), campaign_dir, [],
-                                db_note=manifest.record_events(dbp, events) if events else None,
-                                search=search_summary(state))
-        sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, "auto")
-        return submit_sweep(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign,
-                                          only_more=True), slurm=slurm)
-    if spec is None:
-        return None
-    # What the database has now (collect just read it): when no point's next repeat is due, nothing is planned,
-    # rendered or locked.
-    dbp = resolve_db(db)
-    if dbp.is_file():
-        history = read_history(dbp, campaign)
-        verdicts = point_verdicts(AdaptiveRepeats(int(spec["min"]), int(spec["max"]), float(spec["cv"])),
-                                  sorted({p for c, p, _ in history.by_run if c == campaign}), history, campaign)
-        if not any(v.state == MORE for v in verdicts.values()):
-            rec = campaign_record(workdir, campaign)
-            return SubmitReport(campaign, str(rec.get("executor") or ""), campaign_dir, [],
-                                repeats=list(verdicts.values()))
+    cv}`` target (``harness.sbatch.repeats``), or a search's next runs, from the sweep and inventory it was
+    submitted with; None when the campaign's repeats are not adaptive and it is no search. When nothing is due
+    (:func:`harness.sbatch.nextruns.settled`), nothing is planned, rendered or locked. ``sbench collect`` calls
+    it after collecting."""
+    settled = nextruns.settled(campaign, workdir, db)
+    if settled is not nextruns.DUE:
+        return settled
     sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, "auto")
     return submit_sweep(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign, only_more=True),
                         slurm=slurm)
