@@ -63,6 +63,7 @@ cluster-stop:
 bench: setup browser
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/collect.py
+	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/submit.py
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/trainers.py

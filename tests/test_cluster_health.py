@@ -147,3 +147,28 @@ def test_a_slowed_node_fails_preflight_and_submit_leaves_it_out(cli, env, monkey
     assert run == {"outcome": "ok", "node_list": "node1"}
     health = {h["host"]: h for h in sql_rows(env["db"], "SELECT * FROM host_health")}
     assert health["node2"]["slow_preflights"] >= 2 and health["node1"]["slow_preflights"] == 0
+
+
+def test_hosts_and_preflight_answer_bad_input_and_an_empty_history_consistently(tmp_path: Path, cli) -> None:
+    import duckdb
+
+    from harness.db.store import open_store
+
+    missing, empty, hostless = tmp_path / "missing.duckdb", tmp_path / "empty.duckdb", tmp_path / "hostless.duckdb"
+    duckdb.connect(str(empty)).close()  # a file with no sbench schema: no database yet, like a missing one
+    open_store(hostless).close()  # the schema, no run
+    for db in (missing, empty):
+        for args in (["hosts", "--json"], ["hosts"]):
+            res = cli(*args, "--db", db)
+            assert res.exit_code == 2 and "run `sbench collect` first" in res.output and "{" not in res.output, \
+                res.output
+    res = cli("hosts", "--json", "--db", hostless)
+    assert res.exit_code == 0 and json.loads(res.output) == {"drain_candidates": [], "hosts": []}
+    assert "no drain candidate among 0 host(s)" in cli("hosts", "--db", hostless).output
+    # a figure that is no number is an input error naming the option, not an internal error
+    for args in (["preflight", "--seconds", "nan"], ["preflight", "--threshold", "nan"],
+                 ["hosts", "--min-share", "nan"], ["compare", "a", "b", "--threshold", "inf"],
+                 ["report", "--threshold", "nan"]):
+        res = cli(*args, "--db", hostless)
+        assert res.exit_code == 2 and "is not a finite number" in res.output and "internal error" not in res.output, \
+            (args, res.output)

@@ -79,6 +79,29 @@ def test_profile_settings_are_checked_and_one_repeat_gets_a_second(tmp_path, cli
     assert sw.repeats == 3 and not sw.runner.profiled
 
 
+def test_profile_steps_past_max_steps_and_ranks_past_the_processes_are_refused_before_anything_runs(tmp_path, cli):
+    # a profiled repeat that could profile nothing is an input error at plan and submit time, naming the key
+    base = {"campaign": "p", "experiment": "finetune_lora_benchmark-v1.0.0",
+            "entity": {"model_name": "smollm2-135m", "model_max_length": 256, "max_steps": 8},
+            "grid": {"batch_size": [2], "number_gpus": [1, 2]}}
+    cases = (({"steps": [9, 10]}, ["runner.profile.steps: [9, 10] goes past max_steps: 8", "profile nothing"]),
+             ({"steps": [7, 9]}, ["runner.profile.steps: [7, 9] goes past max_steps: 8", "fewer steps"]),
+             ({"steps": [1, 2], "ranks": [0, 2]}, ["runner.profile.ranks: [2] is past the 1 process(es)",
+                                                   "global ranks 0 to 0"]))
+    for profile, said in cases:
+        sweep = write_yaml(tmp_path / "s.yaml", {**base, "runner": {"profile": profile}})
+        for command in (["plan", sweep], ["submit", sweep, "--executor", "local", "--workdir", tmp_path / "runs",
+                                           "--db", tmp_path / "r.duckdb"]):
+            res = cli(*command)
+            assert res.exit_code == 2 and all(w in res.output for w in said), res.output
+            assert "Traceback" not in res.output
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "r.duckdb").exists()  # nothing written
+    # within both: planned; the 2-process point may profile rank 1
+    ok = write_yaml(tmp_path / "s.yaml", {**base, "grid": {"batch_size": [2], "number_gpus": [2]},
+                                          "runner": {"profile": {"steps": [7, 8], "ranks": [0, 1]}}})
+    assert cli("plan", ok).exit_code == 0
+
+
 @pytest.mark.train
 @pytest.mark.slow(120)
 def test_a_profiled_ddp_point_shows_gloo_and_a_slow_optimizer(tmp_path, tiny_model, small_data_dir):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import importlib
 import json
+import math
 import os
 import signal
 import sys
@@ -199,6 +200,19 @@ def campaign_ref(ctx: click.Context | None, param: click.Parameter | None, value
             raise click.BadParameter(f"{shown} is not a campaign name (letters, digits, '.', '_', '-'; "
                                      "cluster/name for one imported from another database)")
     return value
+
+
+class FiniteFloat(click.FloatRange):
+    """A number within its range (if any), given as a finite number: ``nan`` passes every range's comparisons
+    and ``inf`` an open-ended one, so both are refused here, as the input errors they are."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def inventory_option(f: Any) -> Any:

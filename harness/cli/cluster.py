@@ -24,7 +24,7 @@ from harness.sbatch.preflight import run_preflight
 from harness.sbatch.probe import compare, fragment, run_probe
 from harness.spec.inventory import load_inventory
 
-from .base import db_option, echo_json, inventory_option, json_option, main, say, table, workdir_option
+from .base import FiniteFloat, db_option, echo_json, inventory_option, json_option, main, say, table, workdir_option
 
 
 @main.command()
@@ -144,10 +144,10 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
 @click.option("--on", "where", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
               help="local: this machine, as one host of the partition; slurm: one task on every inventory host.")
 @click.option("--host", default=None, help="With --on local: the inventory host this machine is.")
-@click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+@click.option("--threshold", type=FiniteFloat(min=0, max=1, min_open=True), default=None,
               help=f"A device under this share of the partition's median of a figure is slow (default "
               f"$SBENCH_PREFLIGHT_THRESHOLD, else {PREFLIGHT_THRESHOLD}).")
-@click.option("--seconds", type=click.FloatRange(min=0.1, max=60), default=PREFLIGHT_SECONDS, show_default=True,
+@click.option("--seconds", type=FiniteFloat(min=0.1, max=60), default=PREFLIGHT_SECONDS, show_default=True,
               help="Time per figure and device.")
 @workdir_option
 @db_option
@@ -182,7 +182,7 @@ def preflight(inventory: Path | None, partition: str | None, where: str, host: s
 @main.command()
 @click.option("--min-flags", type=click.IntRange(min=1), default=DRAIN_MIN_FLAGS, show_default=True,
               help="A drain candidate was flagged (a straggler run or a slow preflight) at least this many times.")
-@click.option("--min-share", type=click.FloatRange(min=0, max=1), default=DRAIN_MIN_SHARE, show_default=True,
+@click.option("--min-share", type=FiniteFloat(min=0, max=1), default=DRAIN_MIN_SHARE, show_default=True,
               help="... in at least this share of the runs and preflights that judged it.")
 @click.option("--all", "show_all", is_flag=True, help="List every host, not only the drain candidates.")
 @db_option

@@ -9,7 +9,7 @@ import click
 from harness.contract.paths import resolve_db
 from harness.report.page import build_report
 
-from .base import campaign_ref, db_option, main
+from .base import FiniteFloat, campaign_ref, db_option, main
 
 
 @main.command()
@@ -25,7 +25,7 @@ from .base import campaign_ref, db_option, main
               show_default=True, help="HTML file to write ('-' for stdout).")
 @click.option("--compare", "compare_to", nargs=2, default=None, metavar="BASE CAND",
               help="Add a compare section: BASE and CAND as for sbench compare.")
-@click.option("--threshold", type=float, default=0.10, show_default=True,
+@click.option("--threshold", type=FiniteFloat(), default=0.10, show_default=True,
               help="The compare section's regression threshold (fraction).")
 def report(db: Path | None, campaign: str | None, all_campaigns: bool, run_id: str | None, out: Path,
            compare_to: tuple[str, str] | None, threshold: float) -> None:

@@ -25,6 +25,7 @@ from harness.report.queries import run_profile
 from harness.sbatch.search import best as search_best
 
 from .base import (
+    FiniteFloat,
     campaign_name,
     campaign_ref,
     db_option,
@@ -138,7 +139,7 @@ def _line(row: dict[str, Any], cols: list[str], widths: list[int]) -> str:
 @db_option
 @click.option("--metric", "metrics", multiple=True, help="Metric to compare (repeatable; default "
               "dataset_tokens_per_second).")
-@click.option("--threshold", type=float, default=0.10, show_default=True,
+@click.option("--threshold", type=FiniteFloat(), default=0.10, show_default=True,
               help="Smallest change that counts, as a fraction (0.05 = 5 %).")
 @click.option("--include-shared", is_flag=True, help="Keep runs that shared a host with another sbench run at the "
                                                     "same time (measurements.shared_host) or ran on a host busy "

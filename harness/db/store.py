@@ -248,8 +248,9 @@ class Store:
             raise SchemaMismatchError(
                 f"{self.path} is not an sbench results database (it has tables {', '.join(sorted(tables))} but "
                 f"no metadata table with a schema_version); pass another --db or move it aside.")
-        if self.read_only:
-            raise SchemaMismatchError(f"{self.path} is empty: no sbench schema; run `sbench collect` first")
+        if self.read_only:  # as good as no database yet: the same input error as a missing file (exit 2)
+            raise InputError(f"{self.path}: an empty file, no results database yet; run `sbench collect` first "
+                             "(or pass --db)")
         with self.transaction():
             create_schema(self.con)
             self.con.execute("INSERT INTO metadata VALUES ('schema_version', ?), ('created_by', 'sbench')",

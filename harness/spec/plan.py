@@ -221,7 +221,34 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
                 reasons=reasons + preasons, notes=notes + vnotes + pnotes, partition=partition.name,
                 model_source=src, memory=mem, warnings=list(warnings),
             ))
+    check_profile(sweep, points)
     return points
+
+
+def check_profile(sweep: Sweep, points: list[PlannedPoint]) -> None:
+    """``runner.profile`` must name steps and ranks each valid point has: a step past its ``max_steps`` or a
+    rank past its processes would add a profiled repeat that profiles nothing (refused, exit 2, naming the key)."""
+    rs = sweep.runner
+    if not rs.profiled:
+        return
+    for p in points:
+        if not p.valid or p.repeat != 0:
+            continue
+        max_steps = int(p.entity.get("max_steps") or -1)
+        if max_steps > 0 and rs.profile_end > max_steps:
+            raise SweepError(
+                f"{sweep.source}: runner.profile.steps: [{rs.profile_start}, {rs.profile_end}] goes past max_steps: "
+                f"{max_steps} of point {p.point_id}, so its profiled repeat would profile "
+                f"{'nothing' if rs.profile_start > max_steps else 'fewer steps than asked'}; profile steps within "
+                f"it (for example steps: [{max(1, min(rs.profile_start, max_steps - 1))}, {max_steps}]) or raise "
+                "max_steps")
+        processes = point_counts(p.entity).processes
+        beyond = [r for r in rs.profile_rank_list() if r >= processes]
+        if beyond:
+            raise SweepError(
+                f"{sweep.source}: runner.profile.ranks: {beyond} is past the {processes} process(es) of point "
+                f"{p.point_id} (global ranks 0 to {processes - 1}), so no trace would be written for "
+                f"{'it' if len(beyond) == 1 else 'them'}; name ranks below {processes}, for example ranks: [0]")
 
 
 def plan_warnings(sweep: Sweep, inventory: Inventory, points: list[PlannedPoint]) -> list[str]:
