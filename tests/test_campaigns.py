@@ -51,6 +51,12 @@ def test_a_second_campaign_of_one_sweep_measures_every_point(trained) -> None:
     assert [c["campaign"] for c in camps] == ["nightly-1", "nightly-2"]
 
 
+def test_every_runs_host_samples_cover_its_measured_window(trained) -> None:
+    # the sampler's final host row at the training tree's end: host_other_cpu_pct averages the whole window
+    got = sql_rows(trained.db, "SELECT run_id, host_window_coverage, window_s FROM measurements")
+    assert len(got) == 4 and all(m["host_window_coverage"] >= 0.98 for m in got), got
+
+
 def test_compare_the_two_nights(trained) -> None:
     # exit 0 or 1: whether this loaded machine's noise crosses 10 % is not what is tested here
     res = sbench("compare", "nightly-1", "nightly-2", "--db", trained.db, "--json", code=(0, 1))

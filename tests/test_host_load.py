@@ -189,9 +189,10 @@ def test_a_real_run_beside_two_cpu_burners_is_flagged_and_a_stuck_rapl_counter_i
             p.wait()
     assert sub.returncode == 0, sub.stdout + sub.stderr
     (m,) = sql_rows(tmp_path / "r.duckdb", "SELECT m.run_id, host_other_cpu_pct, host_busy, energy_joules, "
-                                           "energy_source, m.notes, r.warnings FROM measurements m JOIN runs r "
-                                           "USING (run_id)")
+                                           "energy_source, host_window_coverage, m.notes, r.warnings "
+                                           "FROM measurements m JOIN runs r USING (run_id)")
     assert m["host_busy"] is True and m["host_other_cpu_pct"] > 25, m
+    assert m["host_window_coverage"] >= 0.98, m  # the host's rows reach the window's end (the final row)
     assert any(n.startswith("host busy: other work used") for n in m["warnings"])
     assert m["energy_source"] == "rapl" and m["energy_joules"] is None
     assert any("the RAPL counter did not move" in n for n in m["notes"])

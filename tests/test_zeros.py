@@ -23,6 +23,7 @@ from harness.slurm.client import Slurm
 
 from . import synth
 from . import test_collect as tc
+from .conftest import sql_rows
 
 
 @pytest.fixture()
@@ -95,6 +96,29 @@ def test_process_samples_that_leave_the_windows_end_uncovered_are_said(tc_wd: Pa
     assert m["cpu_compute_utilization"] == pytest.approx(100.0)
 
 
+def test_host_samples_that_leave_the_windows_end_uncovered_give_the_coverage_and_say_so(tc_wd: Path,
+                                                                                      tmp_path: Path) -> None:
+    # host rows every second to 14 s (as the sampler's last tick before the tree ended), the window 2 s to 17 s
+    rows = cpu_rows(20, 40.0) + [{"t_wall": synth.T0 + i, "t_mono": 5000.0 + i, "kind": "host", "device": -1,
+                                  "cpu_pct": 10.0} for i in range(15)]
+    short = tc.write_attempt(tc_wd, 95, gpus_per_host=1, samples={"node1": rows},
+                             t_train0=synth.T0 + 2.0, t_train1=synth.T0 + 17.0)
+    # and a run whose host rows reach the window's end (the sampler's final host row at the tree's end)
+    whole = tc.write_attempt(tc_wd, 96, gpus_per_host=1, samples={"node1": cpu_rows(20, 40.0) + [
+        {"t_wall": synth.T0 + i, "t_mono": 5000.0 + i, "kind": "host", "device": -1, "cpu_pct": 10.0}
+        for i in range(20)]}, t_train0=synth.T0 + 2.0, t_train1=synth.T0 + 17.0)
+    db = tmp_path / "r.duckdb"
+    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1") for r in (short, whole)})))
+    got = {m["job_id"]: m for m in sql_rows(db, "SELECT r.job_id, m.host_window_coverage, m.host_other_cpu_pct, "
+                                                "m.notes FROM measurements m JOIN runs r USING (run_id)")}
+    m = got[short["job_id"]]
+    assert m["host_window_coverage"] == pytest.approx(12.0 / 15.0) and m["host_other_cpu_pct"] == pytest.approx(10.0)
+    assert "host samples cover 80.0 % of node1's measured window of 15.00 s: host_other_cpu_pct averages what they " \
+           "cover" in " ".join(m["notes"])
+    m = got[whole["job_id"]]
+    assert m["host_window_coverage"] == pytest.approx(1.0) and not any("host samples" in n for n in m["notes"] or [])
+
+
 def test_the_tree_s_last_cpu_seconds_are_sampled_when_it_ends(tmp_path: Path) -> None:
     # a process that burns CPU, read while it runs and once after it ended and was reaped: the readings
     # account for all of its CPU time (its own rusage), the last one for what it used after the reading before
@@ -111,10 +135,14 @@ def test_the_tree_s_last_cpu_seconds_are_sampled_when_it_ends(tmp_path: Path) ->
     proc.returncode = status
     total = usage.ru_utime + usage.ru_stime
     last = tree._last_mono
-    assert s.end_tree() == 1 and s.tree is None
+    assert s.end_tree() == 2 and s.tree is None  # the tree's final row and the host's
     s.stop()
-    rows = [r for r in csv.DictReader((tmp_path / "samples.h.csv").open()) if r["kind"] == "proc"]
+    every = list(csv.DictReader((tmp_path / "samples.h.csv").open()))
+    rows = [r for r in every if r["kind"] == "proc"]
     assert len(rows) == 2 and rows[-1]["nprocs"] == "0"
+    # the host's rows reach the tree's end too: its final one at the same moment as the tree's final one
+    host = [r for r in every if r["kind"] == "host"]
+    assert len(host) == 2 and host[-1]["t_mono"] == rows[-1]["t_mono"] and 0 <= float(host[-1]["cpu_pct"]) <= 100
     left_s = float(rows[-1]["cpu_pct"]) / 100 * (float(rows[-1]["t_mono"]) - last)
     assert left_s == pytest.approx(total - seen, abs=0.02) and left_s > 0.1
 

@@ -253,20 +253,36 @@ def coverage_notes(stats: Iterable[Mapping[str, Any]], run_id: str, start: float
     return out
 
 
-def host_load(stats: Iterable[Mapping[str, Any]], run_id: str, threshold: float) -> tuple[dict[str, Any], list[str]]:
+def host_load(stats: Iterable[Mapping[str, Any]], run_id: str, threshold: float, start: float | None = None,
+              end: float | None = None) -> tuple[dict[str, Any], list[str]]:
     """``host_other_cpu_pct`` (the busiest host's other load over the window, percent of its CPU capacity: the
-    time average of its ``host`` rows), ``gpu_foreign_processes`` (the most processes not the run's that one of
-    its GPUs' samples in the window saw) and ``host_busy`` (the first above ``100 * threshold``, or the second
-    above 0), with the note that says why a run is flagged. None each where the samples do not say."""
+    time average of its ``host`` rows), ``host_window_coverage`` (the share of the window ``[start, end]`` the
+    host rows cover, the least of the hosts': each row stands for the sampler's period before it), and
+    ``gpu_foreign_processes`` (the most processes not the run's that one of its GPUs' samples in the window saw)
+    and ``host_busy`` (the first above ``100 * threshold``, or the second above 0), with the note that says why a
+    run is flagged, and one when the host rows leave part of the window uncovered. None each where the samples
+    do not say."""
     mine = [s for s in stats if s["run_id"] == run_id]
     other = {str(s["host"]): v for s in mine if s["kind"] == "host" and (v := _f(s.get("cpu_pct"))) is not None}
     foreign = {f"{s['host']}:{s['device']}": int(v) for s in mine
                if s["kind"] == "gpu" and (v := _f(s.get("foreign_max"))) is not None}
     out: dict[str, Any] = {"host_other_cpu_pct": max(other.values()) if other else None,
-                           "gpu_foreign_processes": max(foreign.values()) if foreign else None, "host_busy": None}
+                           "gpu_foreign_processes": max(foreign.values()) if foreign else None, "host_busy": None,
+                           "host_window_coverage": None}
     if not other and not foreign:
         return out, []
     notes = []
+    span = (end - start) if start is not None and end is not None else None
+    if other and span is not None and span > 0:
+        covers = {str(s["host"]): min(1.0, (_f(s.get("cpu_cover")) or 0.0) / span)
+                  for s in mine if s["kind"] == "host" and str(s["host"]) in other}
+        out["host_window_coverage"] = min(covers.values())
+        short = {h: c for h, c in covers.items() if span * (1.0 - c) > max(COVER_SLACK_S, 0.01 * span)}
+        if short:
+            notes.append("host samples cover " + ", ".join(f"{100 * c:.1f} % of {h}'s" for h, c in
+                                                           sorted(short.items()))
+                         + f" measured window of {span:.2f} s: host_other_cpu_pct averages what they cover "
+                           "(measurements.host_window_coverage)")
     loud = {h: v for h, v in other.items() if v > 100.0 * threshold}
     if loud:
         notes.append(f"host busy: other work used {', '.join(f'{v:.0f} % of {h}' for h, v in sorted(loud.items()))}'s "

@@ -462,7 +462,7 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
         if energy["energy_source"] is None and d.gpu_partition is False:
             notes.append("no readable RAPL energy counter on the hosts: energy_joules NULL")
         notes += aggregate.coverage_notes(stats, run["run_id"], start, end, d.sample_interval_s)
-    load, why = aggregate.host_load(stats, run["run_id"], d.host_busy_cpu)
+    load, why = aggregate.host_load(stats, run["run_id"], d.host_busy_cpu, start, end)
     row.update(load)
     notes += why
     if d.rank_scores:

@@ -47,10 +47,11 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # 16: cluster health (CLUSTER_HEALTH_* below): the rank_scores and preflight tables, measurements.straggler and
 # straggler_ranks, point_stability leaving straggler runs out, the host_health, measured_peaks and measured_mfu
 # views;
-# 17: adaptive campaigns (search:): the search_decisions table and campaigns.search_spec.
+# 17: adaptive campaigns (search:): the search_decisions table and campaigns.search_spec;
+# 18: measurements.host_window_coverage (the share of the measured window the host samples cover).
 # Every column and table since 13 is new and NULL in an older database's rows, so a database of UPGRADE_FROM on is
 # upgraded in place.
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 # The oldest schema a database is upgraded from in place (by adding what it lacks: every change since is a new table
 # or column); an older one is refused with what to do.
 UPGRADE_FROM = 13
@@ -206,6 +207,9 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         # (schema step: cluster health) a rank scored under runner.straggler_score (rank_scores): the run is a
         # straggler run, and which ranks were flagged, as host:rank
         ("straggler", "BOOLEAN"), ("straggler_ranks", "VARCHAR[]"),
+        # (schema 18) the share of the measured window the host rows cover (the least of the hosts'), which
+        # host_other_cpu_pct averages
+        ("host_window_coverage", "DOUBLE"),
     ],
     "environment": [
         *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("python", "VARCHAR"), ("torch", "VARCHAR"),

@@ -503,7 +503,8 @@ class ProcessTree:
         children's total (``RUSAGE_CHILDREN``: the root's, which holds its reaped descendants'), over the time
         since the last reading. So the window's last moments before the training process ended have a CPU
         figure; what a process used between the last reading and an earlier exit lands here too (exact in
-        sum). None when nothing was read before, or the root is not reaped yet (a normal reading then)."""
+        sum); ``cpu_s``: those CPU seconds. None when nothing was read before, or the root is not reaped yet (a
+        normal reading then)."""
         now_mono = time.monotonic()
         if self._last_mono is None or now_mono <= self._last_mono:
             return None
@@ -515,7 +516,7 @@ class ProcessTree:
         left = _children_cpu_s() - self._children_before - sum(self._seen.values())
         if left < 0:  # a child of this process other than the tree was reaped meanwhile: nothing can be said
             return None
-        return {"cpu_pct": 100.0 * left / (now_mono - self._last_mono), "nprocs": 0}
+        return {"cpu_pct": 100.0 * left / (now_mono - self._last_mono), "nprocs": 0, "cpu_s": left}
 
 
 def _children_cpu_s() -> float:
@@ -629,7 +630,9 @@ class Sampler:
 
     def end_tree(self) -> int:
         """The training process tree ended (its root reaped): write its final process row (:meth:`ProcessTree.final`)
-        with the devices' readings at this moment, then stop following it; returns the rows written."""
+        and the host's final other-load row (the host's CPU since the last tick less the tree's final share), with
+        the devices' readings at this moment, then stop following it; returns the rows written. So the process
+        and host rows cover the measured window to its end, not to the last tick before it."""
         with self._lock:
             tree, self.tree = self.tree, None
             p = tree.final() if tree is not None else None
@@ -639,6 +642,9 @@ class Sampler:
             try:
                 rows = [*self._rows(wall, mono, proc=False),
                         _row(t_wall=wall, t_mono=mono, kind="proc", device=-1, cpu_pct=p["cpu_pct"], nprocs=0)]
+                other = self.host.read(p["cpu_s"])
+                if other is not None:
+                    rows.append(_row(t_wall=wall, t_mono=mono, kind="host", device=-1, cpu_pct=other))
             except Exception as exc:  # noqa: BLE001 - a failed reading must not stop the run
                 self.errors += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
