@@ -114,10 +114,30 @@ def test_a_slowed_node_fails_preflight_and_submit_leaves_it_out(cli, env, monkey
     # two nodes: the median is their mean, so a clean node sits near 1 and the slowed one near 2/5; the threshold
     # leaves room for the noise of a shared machine
     monkeypatch.setenv("SBENCH_PREFLIGHT_THRESHOLD", "0.6")
+    # a burst at the first look only (a neighbour's, gone by the second look): node2 looks slow, is measured again
+    # in a fresh srun after the pause, and is not condemned; both looks are recorded
+    monkeypatch.setenv("SBENCH_FAULT", "slow@stage=preflight,host=node2,look=1:4")
+    res = sb(cli, env, "preflight", "-i", TEST_INVENTORY, "--partition", "cpu", "--on", "slurm", "--seconds", "0.5",
+             "--json")
+    doc = json.loads(res.stdout)
+    first = {r["host"]: r for r in doc["rows"] if r["figure"] == "matmul_tflops"}
+    again = [r for r in doc["second_look"] if r["figure"] == "matmul_tflops"]
+    assert doc["slow_hosts"] == [] and not any(r["flagged"] for r in doc["rows"] + doc["second_look"]), doc
+    assert first["node1"]["value"] > 2 * first["node2"]["value"]  # it did look slow at first
+    assert [r["host"] for r in again] == ["node2"] and again[0]["preflight_id"] == f"{doc['preflight_id']}-again"
+    assert again[0]["partition_median"] == first["node2"]["partition_median"] and again[0]["ratio"] > 0.6
+    looks = sql_rows(env["db"], "SELECT preflight_id, count(*) AS n FROM preflight WHERE host = 'node2' "
+                                "AND figure = 'matmul_tflops' GROUP BY 1 ORDER BY 1")
+    assert [r["preflight_id"] for r in looks] == [doc["preflight_id"], f"{doc['preflight_id']}-again"]
+    health = {h["host"]: h for h in sql_rows(env["db"], "SELECT * FROM host_health")}
+    assert health["node2"]["slow_preflights"] == 0  # one burst is no flag
+    # slow at both looks: condemned
+    monkeypatch.setenv("SBENCH_FAULT", "slow@stage=preflight,host=node2:4")
     res = sb(cli, env, "preflight", "-i", TEST_INVENTORY, "--partition", "cpu", "--on", "slurm", "--seconds", "0.5",
              "--json", ok=False)
     assert res.exit_code == 1, res.output
     doc = json.loads(res.stdout)
+    assert [r["host"] for r in doc["second_look"] if r["flagged"]][:1] == ["node2"], doc
     mm = {r["host"]: r for r in doc["rows"] if r["figure"] == "matmul_tflops"}
     assert set(mm) == {"node1", "node2"} and doc["slow_hosts"] == ["node2"]
     assert mm["node2"]["flagged"] is True and mm["node1"]["flagged"] is False
@@ -147,28 +167,4 @@ def test_a_slowed_node_fails_preflight_and_submit_leaves_it_out(cli, env, monkey
     assert run == {"outcome": "ok", "node_list": "node1"}
     health = {h["host"]: h for h in sql_rows(env["db"], "SELECT * FROM host_health")}
     assert health["node2"]["slow_preflights"] >= 2 and health["node1"]["slow_preflights"] == 0
-
-
-def test_hosts_and_preflight_answer_bad_input_and_an_empty_history_consistently(tmp_path: Path, cli) -> None:
-    import duckdb
-
-    from harness.db.store import open_store
-
-    missing, empty, hostless = tmp_path / "missing.duckdb", tmp_path / "empty.duckdb", tmp_path / "hostless.duckdb"
-    duckdb.connect(str(empty)).close()  # a file with no sbench schema: no database yet, like a missing one
-    open_store(hostless).close()  # the schema, no run
-    for db in (missing, empty):
-        for args in (["hosts", "--json"], ["hosts"]):
-            res = cli(*args, "--db", db)
-            assert res.exit_code == 2 and "run `sbench collect` first" in res.output and "{" not in res.output, \
-                res.output
-    res = cli("hosts", "--json", "--db", hostless)
-    assert res.exit_code == 0 and json.loads(res.output) == {"drain_candidates": [], "hosts": []}
-    assert "no drain candidate among 0 host(s)" in cli("hosts", "--db", hostless).output
-    # a figure that is no number is an input error naming the option, not an internal error
-    for args in (["preflight", "--seconds", "nan"], ["preflight", "--threshold", "nan"],
-                 ["hosts", "--min-share", "nan"], ["compare", "a", "b", "--threshold", "inf"],
-                 ["report", "--threshold", "nan"]):
-        res = cli(*args, "--db", hostless)
-        assert res.exit_code == 2 and "is not a finite number" in res.output and "internal error" not in res.output, \
-            (args, res.output)
+    assert health["node2"]["preflights"] >= 5  # every look of each preflight is recorded

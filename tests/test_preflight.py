@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from harness.contract.errors import InputError
+from harness.db.store import open_store
+from harness.runner.faults import FaultSpecError, parse_faults
 from harness.runner.preflight import MATMUL, MEMCPY, preflight_node
-from harness.sbatch.preflight import default_threshold, rank_devices
+from harness.sbatch import preflight as pf
+from harness.sbatch.preflight import PreflightResult, confirm, default_threshold, rank_devices
 
 
 def test_a_slowed_node_is_flagged_against_the_median(monkeypatch) -> None:
@@ -68,3 +72,65 @@ def test_exclude_slow_needs_preflight(cli, tmp_path: Path) -> None:
     sweep.write_text("campaign: c\n")
     res = cli("submit", sweep, "--exclude-slow")
     assert res.exit_code == 2 and "--exclude-slow leaves out the hosts that --preflight finds slow" in res.output
+
+
+def test_hosts_and_preflight_answer_bad_input_and_an_empty_history_consistently(tmp_path: Path, cli) -> None:
+    missing, empty, hostless = tmp_path / "missing.duckdb", tmp_path / "empty.duckdb", tmp_path / "hostless.duckdb"
+    duckdb.connect(str(empty)).close()  # a file with no sbench schema: no database yet, like a missing one
+    open_store(hostless).close()  # the schema, no run
+    for db in (missing, empty):
+        for args in (["hosts", "--json"], ["hosts"]):
+            res = cli(*args, "--db", db)
+            assert res.exit_code == 2 and "run `sbench collect` first" in res.output and "{" not in res.output, \
+                res.output
+    res = cli("hosts", "--json", "--db", hostless)
+    assert res.exit_code == 0 and json.loads(res.output) == {"drain_candidates": [], "hosts": []}
+    assert "no drain candidate among 0 host(s)" in cli("hosts", "--db", hostless).output
+    # a figure that is no number is an input error naming the option, not an internal error
+    for args in (["preflight", "--seconds", "nan"], ["preflight", "--threshold", "nan"],
+                 ["hosts", "--min-share", "nan"], ["compare", "a", "b", "--threshold", "inf"],
+                 ["report", "--threshold", "nan"]):
+        res = cli(*args, "--db", hostless)
+        assert res.exit_code == 2 and "is not a finite number" in res.output and "internal error" not in res.output, \
+            (args, res.output)
+
+
+def test_only_a_device_slow_at_both_looks_is_condemned(monkeypatch) -> None:
+    # five hosts, b slowed at the first look only (a neighbour's burst), c at both: the second look at b and c is
+    # ranked against the first look's medians (a clean host's), and only c stays flagged
+    monkeypatch.setenv("SBENCH_FAULT", "slow@stage=preflight,host=b,look=1:10;slow@stage=preflight,host=c:10")
+    docs = {h: preflight_node(h, gpu=False, budget_s=0.2) for h in "abcde"}
+    assert docs["b"]["slow_fault"] == 10.0 and docs["b"]["look"] == 1
+    first = rank_devices(docs, "p1", None, "cpu", 0.9)
+    medians = {r["figure"]: r["partition_median"] for r in first}
+    assert {r["host"] for r in first if r["flagged"]} == {"b", "c"}
+    again_docs = {h: preflight_node(h, gpu=False, budget_s=0.2, look=2) for h in "bc"}
+    assert "slow_fault" not in again_docs["b"] and again_docs["c"]["slow_fault"] == 10.0
+    again = rank_devices(again_docs, "p1-again", None, "cpu", 0.9, medians=medians)
+    assert all(r["partition_median"] == medians[r["figure"]] for r in again)
+    confirm(first, again)
+    res = PreflightResult("p1", "cpu", first, again=again)
+    assert res.slow_hosts == ["c"] and {r["host"] for r in res.cleared} == {"b"}
+    assert len(res.recorded) == len(first) + len(again) == 14
+    text = res.summary()
+    assert "slow: c cpu matmul_tflops" in text and "at the second look" in text
+    assert "cleared by a second look: b cpu matmul_tflops" in text
+    # a device the second look has no figure of (its host wrote nothing) is not cleared by that
+    first2 = rank_devices(docs, "p2", None, "cpu", 0.9)
+    confirm(first2, [r for r in again if r["host"] == "b"])
+    assert {r["host"] for r in first2 if r["flagged"]} == {"c"}
+
+
+def test_the_second_look_on_this_machine_is_a_fresh_process(monkeypatch, tmp_path: Path) -> None:
+    # what a multi-GPU node's second look runs: python -m harness.runner.preflight --look 2, its own process
+    from harness.spec.inventory import load_inventory
+
+    monkeypatch.setenv("SBENCH_FAULT", "slow@stage=preflight,look=2:3")
+    part = load_inventory(None).partition(None)
+    host = pf.local_host(part, None)
+    docs = pf._look_again_local(part, host, 0.2)  # noqa: SLF001 - the second look's own path
+    assert docs[host]["look"] == 2 and docs[host]["slow_fault"] == 3.0 and docs[host]["devices"]
+    with pytest.raises(FaultSpecError, match="look= names the preflight's first or second look"):
+        parse_faults("slow@stage=preflight,look=3:2")
+    with pytest.raises(FaultSpecError, match="look= names"):
+        parse_faults("sleep@step=1,look=1:2")

@@ -156,20 +156,26 @@ def preflight(inventory: Path | None, partition: str | None, where: str, host: s
               seconds: float, workdir: Path | None, db: Path | None, as_json: bool) -> None:
     """Time a matmul (TFLOP/s) and a memory copy (GB/s) on every device; flag those under the partition's median.
 
-    Exit 1 when a device is slow. Example: sbench preflight -i cluster.yaml --partition a100 --on slurm
+    A device under it is measured again, in a fresh process after a pause (the second look, look 2), and is slow
+    only when it is under it at both looks: exit 1 when a device is slow.
+
+    Example: sbench preflight -i cluster.yaml --partition a100 --on slurm
     """
     inv = load_inventory(inventory)
     res = run_preflight(inv, partition, where == "slurm", resolve_workdir(workdir), threshold=threshold,
                         seconds=seconds, host=host)
     with open_store(resolve_db(db)) as st:
-        record_preflight(st, res.rows)
+        record_preflight(st, res.recorded)
     if as_json:
         echo_json({"preflight_id": res.preflight_id, "partition": res.partition, "rows": res.rows,
-                   "slow_hosts": res.slow_hosts, "missing": res.missing})
+                   "second_look": res.again, "slow_hosts": res.slow_hosts, "missing": res.missing})
     else:
-        out = [{"host": r["host"], "device": r["device"], "figure": r["figure"], "value": f"{r['value']:.4g}",
-                "unit": r["unit"], "spread": f"{r['spread']:.0%}" if r["spread"] is not None else "-",
-                "ratio": f"{r['ratio']:.2f}", "slow": "SLOW" if r["flagged"] else ""} for r in res.rows]
+        out = [{"look": look, "host": r["host"], "device": r["device"], "figure": r["figure"],
+                "value": f"{r['value']:.4g}", "unit": r["unit"],
+                "spread": f"{r['spread']:.0%}" if r["spread"] is not None else "-",
+                "ratio": f"{r['ratio']:.2f}" if r["ratio"] is not None else "-",
+                "slow": "SLOW" if r["flagged"] else ""} for look, rows in (("1", res.rows), ("2", res.again))
+               for r in rows]
         click.echo(table(out, list(out[0])) if out else "no device measured")
         say(f"\n{res.summary()}; recorded in {resolve_db(db)}")
         for h in res.missing:

@@ -129,5 +129,8 @@ ZERO3_PERSISTENCE = 100_000
 # times, in at least this share of the runs and preflights that judged it, is a drain candidate.
 PREFLIGHT_THRESHOLD = 0.9
 PREFLIGHT_SECONDS = 2.0
+# a device preflight finds slow is measured again, in a fresh process, after this pause (a neighbour's burst passes)
+# before it is condemned: only a device slow at both looks is
+PREFLIGHT_SECOND_LOOK_PAUSE_S = 3.0
 DRAIN_MIN_FLAGS = 2
 DRAIN_MIN_SHARE = 0.5

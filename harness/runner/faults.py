@@ -15,13 +15,16 @@ Syntax: one or more faults separated by ``;``, each ``KIND@COND[,COND...][:ARG]`
   tokens, model_load, train; or ``preflight``, the device check of ``sbench preflight``), optionally restricted
   with ``rank=R`` (global rank), ``host=NAME`` (the SLURM node name), ``trial=T`` (stability trial),
   ``job=TEXT`` (a job dir whose name contains TEXT, e.g. ``job=<point_id>.r1.``: one repeat of one point) and
-  ``batch=B`` (the point's per-device batch size: one point of a pack, ``slurm.pack``).
+  ``batch=B`` (the point's per-device batch size: one point of a pack, ``slurm.pack``); with ``stage=preflight``,
+  ``look=1`` or ``look=2`` (the device check's first look, or the second look it takes at a device found slow:
+  a burst from a neighbour that has passed by then).
 
 Examples: ``oom@step=2``, ``error@step=1``, ``sigkill@step=2``, ``sleep@step=1:30``,
 ``oom@step=2,rank=1``, ``error@stage=model_load``, ``oom@step=1,trial=2``, ``sleep@step=3,job=.r1.:2``,
 ``oom@step=1,batch=4``, ``sleep@step=3,before=optimizer:0.5``, ``sleep@step=1..,rank=1:0.5`` (rank 1 half a
 second late at every step: a straggler), ``sleep@step=*,job=<point_id>.:0.3``, ``slow@stage=preflight,host=node2:4``
-(node2's devices compute at a quarter of their speed).
+(node2's devices compute at a quarter of their speed), ``slow@stage=preflight,host=node2,look=1:4`` (node2 slow at the
+first look only: the second look clears it).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Fault:
     batch: int | None = None
     before: str | None = None
     host: str | None = None
+    look: int | None = None  # stage=preflight: the device check's first look (1) or its second look (2) only
     step_range: bool = False  # step=N..M or step=N..: every step from step to step_last
     step_last: int | None = None  # None with step_range: no last step
 
@@ -72,7 +76,7 @@ class Fault:
 
     def applies(self, *, rank: int, trial: int | None, step: int | None = None, stage: str | None = None,
                 job: str = "", batch: int | None = None, before: str | None = None,
-                host: str | None = None) -> bool:
+                host: str | None = None, look: int | None = None) -> bool:
         if self.rank is not None and self.rank != rank:
             return False
         if self.host is not None and self.host != host:
@@ -82,6 +86,8 @@ class Fault:
         if self.batch is not None and self.batch != batch:
             return False
         if self.trial is not None and self.trial != trial:
+            return False
+        if self.look is not None and self.look != look:
             return False
         if step is not None:
             if self.step is None or self.before != before:
@@ -137,7 +143,7 @@ def parse_faults(text: str | None) -> list[Fault]:
         for cond in rest.split(","):
             if "=" not in cond:
                 raise FaultSpecError(f"{ENV}: condition {cond!r} must be key=value "
-                                     "(step, stage, rank, host, trial, job, batch, before)")
+                                     "(step, stage, rank, host, trial, job, batch, before, look)")
             k, v = (x.strip() for x in cond.split("=", 1))
             if k == "step" and "step" in kw:
                 raise FaultSpecError(f"{ENV}: {part!r} names step twice")
@@ -145,7 +151,7 @@ def parse_faults(text: str | None) -> list[Fault]:
                 kw.update(_step_range("1.."))
             elif k == "step" and ".." in v:
                 kw.update(_step_range(v))
-            elif k in ("step", "rank", "trial", "batch"):
+            elif k in ("step", "rank", "trial", "batch", "look"):
                 try:
                     kw[k] = int(v)
                 except ValueError:
@@ -168,7 +174,7 @@ def parse_faults(text: str | None) -> list[Fault]:
                 kw[k] = v
             else:
                 raise FaultSpecError(f"{ENV}: unknown condition {k!r}; use step, stage, rank, host, trial, job, "
-                                     "batch or before")
+                                     "batch, before or look")
         if ("step" in kw) == ("stage" in kw):
             raise FaultSpecError(f"{ENV}: {part!r} needs exactly one of step=N (or N..M, N..) or stage=NAME")
         if "before" in kw and "step" not in kw:
@@ -178,6 +184,9 @@ def parse_faults(text: str | None) -> list[Fault]:
         if kind == "slow" and kw.get("stage") != Stage.PREFLIGHT:
             raise FaultSpecError(f"{ENV}: {part!r}: slow only slows the preflight's device check: "
                                  "slow@stage=preflight[,host=NAME][:FACTOR]")
+        if "look" in kw and (kw.get("stage") != Stage.PREFLIGHT or kw["look"] not in (1, 2)):
+            raise FaultSpecError(f"{ENV}: {part!r}: look= names the preflight's first or second look: "
+                                 "slow@stage=preflight,look=1 or look=2")
         faults.append(Fault(kind=kind, arg=_arg(kind, arg, part), **kw))  # type: ignore[arg-type]
     return faults
 

@@ -7,8 +7,10 @@ another (GB/s: the bytes read plus the bytes written), each timed in :data:`REPS
 about ``--seconds``; a figure is the median of its repetitions, with their spread ((max - min) / median).
 ``harness.sbatch.preflight`` ranks them against the partition's median. It writes ``DIR/preflight.<node>.json``.
 
-``SBENCH_FAULT slow@stage=preflight[,host=NAME][:FACTOR]`` makes this node's matmuls and copies take FACTOR times
-as long (each timed repetition waits the extra time): a slow device, for tests.
+``SBENCH_FAULT slow@stage=preflight[,host=NAME][,look=1|2][:FACTOR]`` makes this node's matmuls and copies take
+FACTOR times as long (each timed repetition waits the extra time): a slow device, for tests; with ``look=``, only
+at that look (``--look``: the first measurement, or the second look ``harness.sbatch.preflight`` takes at a device
+found slow).
 """
 
 from __future__ import annotations
@@ -35,11 +37,11 @@ UNITS = {MATMUL: "TFLOP/s", MEMCPY: "GB/s"}
 SIZES = {"cuda": (8192, 1 << 30), "cpu": (512, 64 << 20)}
 
 
-def slow_factor(host: str) -> float:
-    """The factor an injected ``slow`` fault puts on this node's figures (1: none)."""
+def slow_factor(host: str, look: int = 1) -> float:
+    """The factor an injected ``slow`` fault puts on this node's figures at this *look* (1: none)."""
     factor = 1.0
     for f in faults_from_env():
-        if f.kind == "slow" and f.applies(rank=0, trial=None, stage=Stage.PREFLIGHT, host=host):
+        if f.kind == "slow" and f.applies(rank=0, trial=None, stage=Stage.PREFLIGHT, host=host, look=look):
             factor = max(factor, f.factor)
     return factor
 
@@ -100,13 +102,14 @@ def measure_device(device: str, dtype: str, budget_s: float, factor: float) -> d
                         MEMCPY: figure([2 * nbytes / t / 1e9 for t in cp])}}
 
 
-def preflight_node(host: str | None = None, gpu: bool = True, budget_s: float = 2.0) -> dict[str, Any]:
-    """Measure every device of this node: its GPUs (bf16) when *gpu* and CUDA sees any, else the CPU (fp32)."""
+def preflight_node(host: str | None = None, gpu: bool = True, budget_s: float = 2.0, look: int = 1) -> dict[str, Any]:
+    """Measure every device of this node: its GPUs (bf16) when *gpu* and CUDA sees any, else the CPU (fp32).
+    *look*: 1, or 2 for the second look at a node found slow (what a ``look=`` fault matches)."""
     import torch  # heavy: only the preflight's own process measures
 
     me = host or envvars.host()
     t0 = time.time()
-    factor = slow_factor(me)
+    factor = slow_factor(me, look)
     if gpu and torch.cuda.is_available():
         devs, dtype = [f"cuda:{i}" for i in range(torch.cuda.device_count())], "bf16"
     else:
@@ -116,6 +119,7 @@ def preflight_node(host: str | None = None, gpu: bool = True, budget_s: float = 
     with ThreadPoolExecutor(max_workers=len(devs)) as pool:
         out = list(pool.map(lambda d: measure_device(d, dtype, budget_s, factor), devs))
     return {"host": me, "t_wall": t0, "elapsed_s": round(time.time() - t0, 3), "dtype": dtype, "devices": out,
+            "look": look,
             **({"slow_fault": factor} if factor > 1 else {})}
 
 
@@ -126,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default=None)
     ap.add_argument("--cpu", action="store_true", help="measure the CPU (a CPU partition), not the GPUs")
     ap.add_argument("--seconds", type=float, default=2.0, help="time per figure and device")
+    ap.add_argument("--look", type=int, choices=(1, 2), default=1, help="2: the second look at a node found slow")
     args = ap.parse_args(argv)
-    doc = preflight_node(args.host, gpu=not args.cpu, budget_s=args.seconds)
+    doc = preflight_node(args.host, gpu=not args.cpu, budget_s=args.seconds, look=args.look)
     write_json(Path(args.out_dir) / f"preflight.{doc['host']}.json", doc, indent=1)
     return 0
 

@@ -3,10 +3,14 @@
 On each node :mod:`harness.runner.preflight` times a dense matmul at the partition's dtype (bf16 on GPUs, fp32
 on a CPU partition) and a device memory copy, a few seconds each, in repetitions (their spread is kept). Here
 each figure of each device is divided by the partition's median of that figure; a device under the threshold
-(default :data:`~harness.contract.defaults.PREFLIGHT_THRESHOLD`) is slow. The rows land in the ``preflight``
-table; a device's matmul figure is its measured peak (the ``measured_peaks`` view). ``sbench submit
---preflight`` runs it first and refuses to submit while a device is slow, or with ``--exclude-slow`` leaves
-the slow devices' hosts out (sbatch ``--exclude``).
+(default :data:`~harness.contract.defaults.PREFLIGHT_THRESHOLD`) looks slow. One measurement never condemns a
+node: the hosts of the devices that look slow are measured again, in a fresh process, after a pause
+(:data:`~harness.contract.defaults.PREFLIGHT_SECOND_LOOK_PAUSE_S`: a neighbour's burst passes), and each second
+figure is divided by the first look's median; a device is slow (``flagged``) only when it is under the threshold
+at both looks. Both looks' rows land in the ``preflight`` table (the second's ``preflight_id`` ends in
+``-again``); a device's matmul figure is its measured peak (the ``measured_peaks`` view: its latest). ``sbench
+submit --preflight`` runs it first and refuses to submit while a device is slow, or with ``--exclude-slow``
+leaves the slow devices' hosts out (sbatch ``--exclude``).
 
 With ``--on slurm`` the scheduler client runs the workload with ``srun``, one task on every inventory host of the
 partition (one allocation); locally it measures this machine as the partition's one host.
@@ -14,16 +18,20 @@ partition (one allocation); locally it measures this machine as the partition's 
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-from harness.contract import envvars
-from harness.contract.defaults import PREFLIGHT_SECONDS, PREFLIGHT_THRESHOLD
-from harness.contract.errors import InputError
+from harness.contract import envvars, safefile
+from harness.contract.defaults import PREFLIGHT_SECOND_LOOK_PAUSE_S, PREFLIGHT_SECONDS, PREFLIGHT_THRESHOLD
+from harness.contract.errors import InputError, RunnerError
+from harness.contract.paths import package_dir
 from harness.runner.preflight import UNITS, preflight_node
 from harness.slurm.client import Slurm
 from harness.spec.inventory import Inventory, Partition
@@ -35,25 +43,47 @@ from .probe import local_host, on_each_host
 class PreflightResult:
     preflight_id: str
     partition: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # the first look: every device
     missing: list[str] = field(default_factory=list)  # inventory hosts that wrote no result
+    again: list[dict[str, Any]] = field(default_factory=list)  # the second look: the hosts that looked slow
+
+    @property
+    def recorded(self) -> list[dict[str, Any]]:
+        """The ``preflight`` table's rows: both looks."""
+        return [*self.rows, *self.again]
 
     @property
     def slow(self) -> list[dict[str, Any]]:
+        """The first look's rows of the devices slow at both looks."""
         return [r for r in self.rows if r["flagged"]]
 
     @property
     def slow_hosts(self) -> list[str]:
         return sorted({r["host"] for r in self.slow})
 
+    @property
+    def cleared(self) -> list[dict[str, Any]]:
+        """The first look's rows under the threshold whose device the second look found within it."""
+        return [r for r in self.rows if not r["flagged"] and r["ratio"] is not None and r["ratio"] < r["threshold"]]
+
     def summary(self) -> str:
-        """One line per slow device, or the line that says none is."""
+        """One line per slow device figure (both looks' figures) and per one the second look cleared, or the line
+        that says none is slow."""
+        second = {(r["host"], r["device"], r["figure"]): r for r in self.again}
+
+        def then(r: dict[str, Any]) -> str:
+            a = second.get((r["host"], r["device"], r["figure"]))
+            return f", then {a['ratio']:.2f} at the second look" if a and a["ratio"] is not None else ""
+
+        lines = [f"slow: {r['host']} {r['device']} {r['figure']} {r['value']:.4g} {r['unit']} is {r['ratio']:.2f} of "
+                 f"the partition's median {r['partition_median']:.4g}{then(r)} (under {r['threshold']:g})"
+                 for r in self.slow]
+        lines += [f"cleared by a second look: {r['host']} {r['device']} {r['figure']} was {r['ratio']:.2f} of the "
+                  f"partition's median{then(r)}" for r in self.cleared]
         if not self.slow:
-            return (f"preflight {self.preflight_id}: {len({r['host'] for r in self.rows})} host(s), "
-                    f"{len({(r['host'], r['device']) for r in self.rows})} device(s), none slow")
-        return "\n".join(f"slow: {r['host']} {r['device']} {r['figure']} {r['value']:.4g} {r['unit']} is "
-                         f"{r['ratio']:.2f} of the partition's median {r['partition_median']:.4g} (under "
-                         f"{r['threshold']:g})" for r in self.slow)
+            lines.insert(0, f"preflight {self.preflight_id}: {len({r['host'] for r in self.rows})} host(s), "
+                            f"{len({(r['host'], r['device']) for r in self.rows})} device(s), none slow")
+        return "\n".join(lines)
 
 
 def default_threshold() -> float:
@@ -72,9 +102,11 @@ def default_threshold() -> float:
 
 
 def rank_devices(docs: dict[str, dict[str, Any]], preflight_id: str, cluster: str | None, partition: str,
-         threshold: float = PREFLIGHT_THRESHOLD) -> list[dict[str, Any]]:
+                 threshold: float = PREFLIGHT_THRESHOLD,
+                 medians: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """The ``preflight`` rows of the nodes' results (host -> preflight.<host>.json): each device's figure over
-    the partition's median of that figure, flagged under *threshold*."""
+    the partition's median of that figure (*medians*: the first look's, for a second look at a few hosts),
+    flagged under *threshold*."""
     rows: list[dict[str, Any]] = []
     for host, doc in sorted(docs.items()):
         for dev in doc.get("devices") or []:
@@ -87,13 +119,24 @@ def rank_devices(docs: dict[str, dict[str, Any]], preflight_id: str, cluster: st
                              "dtype": dev.get("dtype"), "figure": fig, "unit": UNITS.get(fig), "value": float(value),
                              "spread": f.get("spread"), "reps": [float(x) for x in f.get("reps") or []],
                              "elapsed_s": doc.get("elapsed_s"), "measured_at": doc.get("t_wall")})
-    medians = {fig: median(r["value"] for r in rows if r["figure"] == fig) for fig in {r["figure"] for r in rows}}
+    if medians is None:
+        medians = {fig: median(r["value"] for r in rows if r["figure"] == fig) for fig in {r["figure"] for r in rows}}
     for r in rows:
-        mid = medians[r["figure"]]
+        mid = medians.get(r["figure"])
         r["partition_median"], r["threshold"] = mid, threshold
         r["ratio"] = r["value"] / mid if mid else None
         r["flagged"] = r["ratio"] is not None and r["ratio"] < threshold
     return rows
+
+
+def confirm(first: list[dict[str, Any]], again: list[dict[str, Any]]) -> None:
+    """Condemn only a device slow at both looks: a first-look row stays flagged only when the second look found
+    its device under the threshold too (in any figure)."""
+    slow_again = {(r["host"], r["device"]) for r in again if r["flagged"]}
+    looked = {(r["host"], r["device"]) for r in again}  # a device the second look has no figure of stays as it was
+    for r in first:
+        key = (r["host"], r["device"])
+        r["flagged"] = bool(r["flagged"] and (key in slow_again or key not in looked))
 
 
 def _run_local(part: Partition, host: str | None, seconds: float) -> dict[str, dict[str, Any]]:
@@ -101,12 +144,28 @@ def _run_local(part: Partition, host: str | None, seconds: float) -> dict[str, d
     return {me: preflight_node(me, gpu=not part.is_cpu, budget_s=seconds)}
 
 
-def _run_slurm(inv: Inventory, part: Partition, workdir: Path, seconds: float,
-               slurm: Slurm | None) -> dict[str, dict[str, Any]]:
+def _look_again_local(part: Partition, host: str, seconds: float) -> dict[str, dict[str, Any]]:
+    """The second look at this machine: a fresh process (nothing of the first look's process state carries over)."""
+    with tempfile.TemporaryDirectory(prefix="sbench-preflight-") as out:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_dir().parent),
+                                                            os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        proc = subprocess.run([sys.executable, "-m", "harness.runner.preflight", "--out-dir", out, "--host", host,
+                               "--seconds", f"{seconds:g}", "--look", "2", *(["--cpu"] if part.is_cpu else [])],
+                              env=env, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+        try:
+            return {host: safefile.read_json(Path(out) / f"preflight.{host}.json", Path(out), safefile.RUNNER_MAX)}
+        except (OSError, ValueError):
+            raise RunnerError(f"preflight: the second look at {host} wrote nothing (exit {proc.returncode}): "
+                              f"{proc.stderr.strip()[-500:]}") from None
+
+
+def _run_slurm(inv: Inventory, part: Partition, workdir: Path, seconds: float, slurm: Slurm | None,
+               hosts: list[str] | None = None, look: int = 1) -> dict[str, dict[str, Any]]:
     opts = [f"--partition={part.slurm_partition}", *([] if part.is_cpu else [f"--gpus-per-node={part.gpus_per_node}"]),
             *([f"--account={part.account}"] if part.account else []), *([f"--qos={part.qos}"] if part.qos else [])]
-    return on_each_host("preflight", sorted(part.hosts), opts, part.python or inv.python or sys.executable,
-                        ["--seconds", f"{seconds:g}", *(["--cpu"] if part.is_cpu else [])], workdir, slurm)
+    return on_each_host("preflight", sorted(hosts or part.hosts), opts, part.python or inv.python or sys.executable,
+                        ["--seconds", f"{seconds:g}", "--look", str(look), *(["--cpu"] if part.is_cpu else [])],
+                        workdir, slurm)
 
 
 def run_preflight(inv: Inventory, partition: str | None, on_slurm: bool, workdir: Path, *,
@@ -120,5 +179,14 @@ def run_preflight(inv: Inventory, partition: str | None, on_slurm: bool, workdir
     part = inv.partition(partition, choose="--partition")
     docs = _run_slurm(inv, part, workdir, seconds, slurm) if on_slurm else _run_local(part, host, seconds)
     pid = time.strftime("%Y%m%dT%H%M%S") + f"-{part.name}"
-    return PreflightResult(pid, part.name, rank_devices(docs, pid, inv.cluster, part.name, threshold),
-                           missing=sorted(set(part.hosts) - set(docs)) if on_slurm else [])
+    rows = rank_devices(docs, pid, inv.cluster, part.name, threshold)
+    res = PreflightResult(pid, part.name, rows, missing=sorted(set(part.hosts) - set(docs)) if on_slurm else [])
+    looked_slow = sorted({r["host"] for r in rows if r["flagged"]})
+    if looked_slow:
+        time.sleep(PREFLIGHT_SECOND_LOOK_PAUSE_S)
+        docs2 = (_run_slurm(inv, part, workdir, seconds, slurm, hosts=looked_slow, look=2) if on_slurm
+                 else _look_again_local(part, looked_slow[0], seconds))
+        medians = {r["figure"]: r["partition_median"] for r in rows}
+        res.again = rank_devices(docs2, f"{pid}-again", inv.cluster, part.name, threshold, medians=medians)
+        confirm(rows, res.again)
+    return res

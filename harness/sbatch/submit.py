@@ -491,7 +491,7 @@ def device_preflight(req: SubmitRequest, plan: Planned, slurm: Slurm) -> tuple[l
         res = run_device_preflight(plan.inv, part, plan.backend.on_nodes, plan.workdir, slurm=slurm)
         try:
             with open_store(plan.db) as st:
-                record_preflight(st, res.rows)
+                record_preflight(st, res.recorded)
         except SbenchError:  # a busy or foreign DB must not hide the verdict
             pass
         out.append({"partition": part, "preflight_id": res.preflight_id, "slow_hosts": res.slow_hosts,
