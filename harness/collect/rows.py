@@ -468,6 +468,9 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     if d.rank_scores:
         row["straggler"], row["straggler_ranks"] = bool(d.straggler_ranks), d.straggler_ranks or None
         notes += d.stragglers
+        if d.stragglers and row.get("host_busy"):
+            notes.append("straggler measured on a host busy with other work: its neighbours may have slowed it, so "
+                         "it does not count toward drain candidates (sbench hosts, host_health)")
     row.update({"window_start_wall": start, "window_end_wall": end,
                 "window_s": end - start if start is not None and end is not None else None,
                 "gpu_devices": len(devices), "gpu_samples": sum(x.samples for x in devices),

@@ -6,14 +6,17 @@ waits for the other ranks). Over the measured window's steps (rank 0's ``window_
 ``window_end_step``; every step when the window is unknown):
 
 * **relative score**: the fastest rank's median own step time / this rank's (1 = as fast as the fastest);
-* **individual score**: the rank's best / its current, where the window's steps are cut into up to four
-  consecutive parts, its best is the lowest part median and its current is the last part's median (1 = as
-  fast now as it ever was in the window; a part's median, not one step, so that one slow step is no trend);
+* **individual score**: the rank's usual / its current, where the window's steps are cut into up to four
+  consecutive parts of at least :data:`MIN_PART_STEPS` steps, its current is the last part's median and its
+  usual the median of the earlier parts' medians (1 = as fast now as it was in the window before; medians of
+  parts on both sides, like with like: one slow step is no trend, and one fast step is no baseline). A window
+  too short for two such parts is not judged (1);
 * **flagged**: either score below ``runner.straggler_score`` (default 0.7: a rank that takes more than
   1 / 0.7 = 1.43 times as long), by more than the noise: the two medians that score compares differ by more than
   :data:`NOISE_SE` standard errors of their difference, each median's standard error taken from the rank's own
-  steps (1.2533 x 1.4826 x their median absolute deviation / sqrt(steps in it)). A few milliseconds of scheduler
-  noise on a step of a few milliseconds is no straggler; a rank that sleeps half a second a step is.
+  steps (1.2533 x 1.4826 x their median absolute deviation / sqrt(steps it is the median of)). A few
+  milliseconds of scheduler noise on a step of a few milliseconds is no straggler; a rank that sleeps half a
+  second a step is.
 
 A run with a flagged rank is a straggler run (``measurements.straggler``): ``compare``, ``check`` and the
 repeats' CV leave it out and say why, as they do a run on a shared or busy host.
@@ -26,7 +29,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-PARTS = 4  # the individual score's parts of the window
+PARTS = 4  # the individual score's parts of the window (at most)
+MIN_PART_STEPS = 3  # the fewest steps of one part: a median of fewer is one step's noise
 NOISE_SE = 3.0  # how many standard errors apart two medians must be for a score under the threshold to flag
 _MEDIAN_SE = 1.2533 * 1.4826  # a median's standard error over sigma/sqrt(n), and sigma over the MAD (normal)
 
@@ -37,7 +41,7 @@ class RankScore:
     host: str | None
     steps: int  # the window's steps this rank timed
     own_step_s: float  # its median own step time over them
-    best_step_s: float  # its lowest part median
+    best_step_s: float  # its usual step: the median of its earlier parts' medians (its current when not judged)
     current_step_s: float  # its last part's median
     relative: float
     individual: float
@@ -51,7 +55,7 @@ class RankScore:
                          f"against the fastest rank's {fastest_s:.3g} s")
         if self.individual < threshold:
             parts.append(f"individual score {self.individual:.2f}: {self.current_step_s:.3g} s a step at the end "
-                         f"of the window against its best {self.best_step_s:.3g} s")
+                         f"of the window against its usual {self.best_step_s:.3g} s before")
         return (f"straggler: rank {self.rank} on {self.host or '?'} ({'; '.join(parts)}; under "
                 f"runner.straggler_score {threshold:g}; rank_scores)")
 
@@ -71,12 +75,16 @@ def _own_times(doc: Mapping[str, Any], first: int | None, last: int | None) -> l
     return [t for i, t in enumerate(times, start=start + 1) if first < i <= last]
 
 
-def _parts(times: list[float]) -> tuple[float, float, int]:
-    """(best, current, steps a part): the lowest and the last of the medians of up to PARTS consecutive parts."""
-    n = min(PARTS, len(times))
+def _parts(times: list[float]) -> tuple[float, float, int, int] | None:
+    """(usual, current, steps of the earlier parts, steps of the last part): the median of the earlier parts'
+    medians and the last part's median, of up to PARTS consecutive parts of at least MIN_PART_STEPS steps; None
+    when the window holds fewer than two such parts."""
+    n = min(PARTS, len(times) // MIN_PART_STEPS)
+    if n < 2:
+        return None
     size = len(times) / n
-    meds = [median(times[round(i * size):round((i + 1) * size)]) for i in range(n)]
-    return min(meds), meds[-1], max(1, len(times) // n)
+    chunks = [times[round(i * size):round((i + 1) * size)] for i in range(n)]
+    return median(median(c) for c in chunks[:-1]), median(chunks[-1]), sum(map(len, chunks[:-1])), len(chunks[-1])
 
 
 def _se(times: list[float], n: int) -> float:
@@ -102,11 +110,16 @@ def rank_scores(ranks: Mapping[int, Mapping[str, Any]], first: int | None, last:
     fastest, fast_se = meds[first], _se(timed[first][1], len(timed[first][1]))
     out = []
     for rk, (doc, times) in timed.items():
-        best, current, part = _parts(times)
+        parts = _parts(times)
         relative = fastest / meds[rk] if meds[rk] > 0 else 1.0
-        individual = best / current if current > 0 else 1.0
         slow_rel = relative < threshold and _apart(meds[rk], fastest, _se(times, len(times)), fast_se)
-        slow_ind = individual < threshold and _apart(current, best, _se(times, part), _se(times, part))
+        if parts is None:  # too few steps to tell a trend from noise: not judged
+            best = current = meds[rk]
+            individual, slow_ind = 1.0, False
+        else:
+            best, current, n_before, n_last = parts
+            individual = best / current if current > 0 else 1.0
+            slow_ind = individual < threshold and _apart(current, best, _se(times, n_last), _se(times, n_before))
         host = doc.get("host")
         out.append(RankScore(rank=rk, host=str(host) if host is not None else None, steps=len(times),
                              own_step_s=meds[rk], best_step_s=best, current_step_s=current, relative=relative,

@@ -48,7 +48,8 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # straggler_ranks, point_stability leaving straggler runs out, the host_health, measured_peaks and measured_mfu
 # views;
 # 17: adaptive campaigns (search:): the search_decisions table and campaigns.search_spec;
-# 18: measurements.host_window_coverage (the share of the measured window the host samples cover).
+# 18: measurements.host_window_coverage (the share of the measured window the host samples cover); host_health
+# leaves the rank scores of runs on a busy host out (a straggler there is no evidence against the host).
 # Every column and table since 13 is new and NULL in an older database's rows, so a database of UPGRADE_FROM on is
 # upgraded in place.
 SCHEMA_VERSION = 18
@@ -430,9 +431,11 @@ CLUSTER_HEALTH_VIEWS: dict[str, str] = {
     "host_health": """
         WITH held AS (SELECT h.host, count(DISTINCT h.run_id) AS runs, count(DISTINCT r.campaign) AS campaigns
                       FROM run_hosts h JOIN runs r USING (run_id) WHERE h.seen GROUP BY h.host),
-        per_run AS (SELECT host, run_id, bool_or(flagged) AS flagged, min(relative_score) AS relative_score,
-                           min(individual_score) AS individual_score
-                    FROM rank_scores GROUP BY host, run_id),
+        per_run AS (SELECT s.host, s.run_id, bool_or(s.flagged) AS flagged, min(s.relative_score) AS relative_score,
+                           min(s.individual_score) AS individual_score
+                    FROM rank_scores s LEFT JOIN measurements m USING (run_id)
+                    WHERE NOT coalesce(m.host_busy, false)
+                    GROUP BY s.host, s.run_id),
         scored AS (SELECT host, count(*) AS runs_scored, count(*) FILTER (WHERE flagged) AS straggler_runs,
                           median(relative_score) AS median_relative_score,
                           median(individual_score) AS median_individual_score
