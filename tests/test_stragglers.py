@@ -275,6 +275,58 @@ def test_compare_leaves_a_straggler_run_out_and_says_why() -> None:
     assert "c/p.r0.a1" in text
 
 
+def _flops_run(wd: Path, idx: int) -> dict:
+    """A 2-node run whose rank 0 counted its FLOPs (model TFLOP/s per device: 4e9 FLOPs/token x 25,000 tokens/s
+    = 100) and whose spec.json read a bf16 datasheet peak of 989 TFLOP/s."""
+    r = two_node_run(wd, idx, 1.0)
+    path = r["paths"].rank_result(0)
+    d = json.loads(path.read_text())
+    d["flops"] = {"matmul_params": 1e9, "trainable_matmul_params": 0.0, "layers": 1, "attn_dim": 1,
+                  "gradient_checkpointing": False}
+    d["metrics"].update(rank_train_samples=10, train_tokens=10, train_tokens_per_second=25000.0)
+    path.write_text(json.dumps(d))
+    spec = json.loads(r["paths"].spec.read_text())
+    spec["jobspec"].update(compute_dtype="bf16", peak_tflops=989.0, peak_source="gpu_peaks.yaml")
+    r["paths"].spec.write_text(json.dumps(spec))
+    return r
+
+
+def test_mfu_is_set_against_the_hosts_measured_peak_where_preflight_measured_them(tc_wd: Path, tmp_path: Path,
+                                                                                   cli) -> None:
+    db = tmp_path / "r.duckdb"
+    before = _flops_run(tc_wd, 98)
+    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({before["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
+    (m,) = sql_rows(db, "SELECT model_tflops_per_gpu, peak_tflops, mfu, mfu_peak_source FROM measurements")
+    tflops = m["model_tflops_per_gpu"]
+    assert tflops == pytest.approx(100.0, rel=1e-3)
+    assert (m["peak_tflops"], m["mfu_peak_source"]) == (989.0, "datasheet") and m["mfu"] == pytest.approx(tflops / 989)
+    # node1 and node2 measured at bf16 (600 and 200 TFLOP/s), node3 too, and at fp32 (never the run's dtype)
+    docs = {h: {"host": h, "t_wall": synth.T0 + k, "elapsed_s": 3.0, "devices": [
+        {"device": "cuda:0", "name": "NVIDIA H100", "dtype": dtype,
+         "figures": {"matmul_tflops": {"value": v, "reps": [v], "spread": 0.0}}}]}
+        for k, (h, v, dtype) in enumerate((("node1", 600.0, "bf16"), ("node2", 200.0, "bf16"),
+                                            ("node3", 580.0, "bf16")))}
+    with open_store(db) as st:
+        record_preflight(st, rank_devices(docs, "pf1", None, "gpu", 0.1))
+        record_preflight(st, rank_devices({"node1": {**docs["node1"], "devices": [
+            {**docs["node1"]["devices"][0], "device": "cpu", "dtype": "fp32"}]}}, "pf2", None, "cpu", 0.1))
+    after = _flops_run(tc_wd, 99)
+    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({after["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
+    got = {r["job_id"]: r for r in sql_rows(db, "SELECT r.job_id, m.peak_tflops, m.mfu, m.mfu_peak_source "
+                                                "FROM measurements m JOIN runs r USING (run_id)")}
+    # the run held node1 and node2: the median of their measured bf16 peaks
+    a = got[after["job_id"]]
+    assert (a["peak_tflops"], a["mfu_peak_source"]) == (400.0, "measured") and a["mfu"] == pytest.approx(tflops / 400)
+    assert got[before["job_id"]]["mfu_peak_source"] == "datasheet"  # collected before: as it was
+    (view,) = [r for r in sql_rows(db, "SELECT run_id, mfu, mfu_measured FROM measured_mfu")
+               if r["run_id"] == after["run_id"]]
+    assert view["mfu"] == pytest.approx(view["mfu_measured"])  # the view's figure and the column agree
+    page = tmp_path / "r.html"
+    assert cli("report", "--db", db, "-o", page).exit_code == 0
+    html = page.read_text()
+    assert "MFU here: 1 run(s) against the datasheet" in html and "1 run(s) against its hosts' measured peak" in html
+
+
 def test_preflight_rows_give_measured_peaks_mfu_and_host_health(tc_wd: Path, tmp_path: Path, cli) -> None:
     run = two_node_run(tc_wd, 95, 1.0)
     db = tmp_path / "r.duckdb"

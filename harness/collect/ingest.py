@@ -50,6 +50,7 @@ from harness.contract.errors import CollectError
 from harness.contract.jobstate import FINAL_STATES
 from harness.contract.paths import JobPaths
 from harness.db.checks import refresh_checks
+from harness.db.hosts import measured_peaks_by_host
 from harness.db.manifest import ensure_spec_rows, record_manifest
 from harness.db.overlaps import refresh_overlaps
 from harness.db.runs import replace_runs, run_counts, run_index
@@ -324,7 +325,7 @@ def _collect(store: Store, report: CollectReport, manifests: list[Manifest], att
     if again:
         loader.recheck(again)
     loader.warn(by_run)
-    measurements = _measure(datas, stats)
+    measurements = _measure(datas, stats, measured_peaks_by_host(store))
     clock.lap("measure")
     now = utc(time.time())
     for d in datas:
@@ -395,8 +396,10 @@ def _read(report: CollectReport, manifests: list[Manifest], attempts: Mapping[st
     return datas, staged
 
 
-def _measure(datas: list[RunData], stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each run's sample counts, its peak RSS when the scheduler gave none, and its measurements row."""
+def _measure(datas: list[RunData], stats: list[dict[str, Any]],
+             peaks: dict[tuple[str, str], list[float]]) -> list[dict[str, Any]]:
+    """Each run's sample counts, its peak RSS when the scheduler gave none, and its measurements row (MFU against
+    its hosts' measured *peaks* where there are)."""
     stats_by_run: dict[str, list[dict[str, Any]]] = {}
     for s in stats:
         stats_by_run.setdefault(s["run_id"], []).append(s)
@@ -406,6 +409,7 @@ def _measure(datas: list[RunData], stats: list[dict[str, Any]]) -> list[dict[str
         d.run["sample_rows"] = sum(int(s["rows_all"]) for s in mine)
         if d.run["max_rss_mb"] is None:
             d.run["max_rss_mb"] = max((s["rss_mb_max"] for s in mine if s["rss_mb_max"] is not None), default=None)
+        d.measured_peak = rows.mfu_peak(d, peaks)
         m = rows.measurement_row(d, mine)
         if m is not None:
             measurements.append(m)

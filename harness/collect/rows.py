@@ -9,6 +9,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from harness.contract.defaults import RunnerSettings, sample_interval
@@ -60,7 +61,11 @@ class RunData:
     host_busy_cpu: float = RunnerSettings().host_busy_cpu  # spec.json's runner block: when a host is busy
     over: bool = False
     workload: str = "train"
-    peak: float | None = None  # one device's peak TFLOP/s from spec.json (MFU's denominator)
+    peak: float | None = None  # one device's peak TFLOP/s from spec.json (the datasheet's or the inventory's)
+    peak_source: str | None = None  # spec.json's: inventory | gpu_peaks.yaml | unknown
+    compute_dtype: str | None = None  # spec.json's: the dtype the peak is read for (bf16, fp16, fp32)
+    seen_hosts: list[str] = field(default_factory=list)  # the hosts the run was seen on
+    measured_peak: float | None = None  # its hosts' measured peak at that dtype (preflight), where there is one
     gpu_partition: bool | None = None  # from spec.json's cpu_partition; None when unknown
     memory_prediction: dict[str, Any] | None = None  # spec.json's (harness.spec.memory)
     ran: dict[str, Any] = field(default_factory=dict)  # measurements' what-ran columns (aggregate.ran_properties)
@@ -317,6 +322,27 @@ def run_row(f: JobFiles, v: Verdict, stages: list[dict[str, Any]]) -> dict[str, 
     }
 
 
+# What measurements.mfu_peak_source says of the peak MFU is set against (spec.json's peak_source, or a preflight's)
+PEAK_SOURCES = {"inventory": "inventory", "gpu_peaks.yaml": "datasheet"}
+
+
+def mfu_peak(d: RunData, measured: dict[tuple[str, str], list[float]]) -> float | None:
+    """The median of the measured peaks of the devices of the hosts *d* ran on, at its compute dtype (the
+    ``measured_peaks`` view, as ``measured_mfu`` reads it); None where none of its hosts was measured."""
+    got = [p for h in d.seen_hosts for p in measured.get((h, d.compute_dtype or ""), [])]
+    return median(got) if got else None
+
+
+def mfu_properties(d: RunData) -> dict[str, Any]:
+    """The FLOP columns of a run, MFU set against its hosts' measured peak where ``sbench preflight`` measured
+    them at the run's dtype (``mfu_peak_source`` measured), else the inventory's or the datasheet's peak."""
+    if d.measured_peak is not None:
+        return {**run_flops(d.rank0, d.measured_peak), "mfu_peak_source": "measured", "mfu_peak_dtype": d.compute_dtype}
+    out = run_flops(d.rank0, d.peak)
+    return {**out, "mfu_peak_source": PEAK_SOURCES.get(d.peak_source or "") if d.peak else None,
+            "mfu_peak_dtype": d.compute_dtype}
+
+
 def build(f: JobFiles, v: Verdict) -> RunData:
     """The run's rows from its files and verdict."""
     rid = f.attempt.run_id
@@ -337,11 +363,13 @@ def build(f: JobFiles, v: Verdict) -> RunData:
                 sample_interval_s=sample_interval(as_dict(f.jobspec.get("runner")).get("sample_interval_s")),
                 host_busy_cpu=RunnerSettings.from_dict(as_dict(f.jobspec.get("runner"))).host_busy_cpu,
                 workload=str(f.jobspec.get("workload") or "train"), peak=_f(f.jobspec.get("peak_tflops")),
+                peak_source=_text(f.jobspec.get("peak_source")), compute_dtype=_text(f.jobspec.get("compute_dtype")),
                 gpu_partition=None if not isinstance(f.jobspec.get("cpu_partition"), bool)
                 else not f.jobspec["cpu_partition"],
                 ran={**ran, "adjustments": to_json(ran["adjustments"] or None), "notes": ran["notes"] or None},
                 slurm_energy_j=v.sched.job.consumed_energy_j if v.sched.job else None)
     run["profiled"] = RunnerSettings.from_dict(as_dict(f.jobspec.get("runner"))).profiled
+    d.seen_hosts = sorted(h["host"] for h in d.hosts if h.get("seen"))
     d.rank_scores, d.stragglers = score_rows(f, rid, run.get("campaign"))
     d.straggler_ranks = [f"{r['host']}:{r['rank']}" for r in d.rank_scores if r["flagged"]]
     if f.paths is not None:
@@ -432,7 +460,7 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     devices, procs, had_gpu = aggregate.run_stats(stats, run["run_id"])
     stop_after = _f(d.entity.get("stop_after_seconds"))
     row.update(aggregate.benchmark_properties(devices, procs, had_gpu, d.rank0, d.world_size, stop_after))
-    row.update(run_flops(d.rank0, d.peak))
+    row.update(mfu_properties(d))
     row.update(aggregate.exact_properties(d.rank0))
     row.update(aggregate.token_counts(d.rank0))
     row.update(aggregate.step_time_properties(d.rank0, start, end))

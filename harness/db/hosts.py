@@ -42,3 +42,13 @@ def drain_candidates(rows: list[dict[str, Any]], min_flags: int = DRAIN_MIN_FLAG
         if why is not None:
             out.append({**h, "why": why})
     return out
+
+
+def measured_peaks_by_host(store: Store) -> dict[tuple[str, str], list[float]]:
+    """(host, dtype) -> each of its devices' measured peak TFLOP/s (the ``measured_peaks`` view: every device's
+    latest ``sbench preflight`` matmul figure): what a run's MFU is set against where its hosts were measured."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for host, dtype, peak in store.con.execute(
+            "SELECT host, dtype, peak_tflops FROM measured_peaks WHERE peak_tflops > 0 ORDER BY ALL").fetchall():
+        out.setdefault((str(host), str(dtype)), []).append(float(peak))
+    return out

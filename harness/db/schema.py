@@ -48,7 +48,8 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # straggler_ranks, point_stability leaving straggler runs out, the host_health, measured_peaks and measured_mfu
 # views;
 # 17: adaptive campaigns (search:): the search_decisions table and campaigns.search_spec;
-# 18: measurements.host_window_coverage (the share of the measured window the host samples cover); host_health
+# 18: measurements.host_window_coverage (the share of the measured window the host samples cover) and
+# mfu_peak_source (MFU against the hosts' measured peak where preflight measured them); host_health
 # leaves the rank scores of runs on a busy host out (a straggler there is no evidence against the host).
 # Every column and table since 13 is new and NULL in an older database's rows, so a database of UPGRADE_FROM on is
 # upgraded in place.
@@ -211,6 +212,9 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         # (schema 18) the share of the measured window the host rows cover (the least of the hosts'), which
         # host_other_cpu_pct averages
         ("host_window_coverage", "DOUBLE"),
+        # (schema 18) what mfu (and peak_tflops) is set against: measured (the run's hosts' sbench preflight at its
+        # dtype, the measured_peaks view), inventory (the partition's peak_tflops) or datasheet (gpu_peaks.yaml)
+        ("mfu_peak_source", "VARCHAR"), ("mfu_peak_dtype", "VARCHAR"),  # and the dtype that peak is read for
     ],
     "environment": [
         *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("python", "VARCHAR"), ("torch", "VARCHAR"),
@@ -460,13 +464,14 @@ CLUSTER_HEALTH_VIEWS: dict[str, str] = {
         QUALIFY row_number() OVER (PARTITION BY cluster, partition, host, device
                                    ORDER BY measured_at DESC, preflight_id DESC) = 1""",
     # Each measured run's MFU against its hosts' measured peak (the median of measured_peaks over the devices of
-    # the hosts it ran on) beside the datasheet's (measurements.mfu).
+    # the hosts it ran on, at the dtype its peak is read for where known) beside measurements.mfu (which is this
+    # figure where the hosts were measured when the run was collected, mfu_peak_source measured).
     "measured_mfu": """
         SELECT m.run_id, m.campaign, m.point_id, m.model_tflops_per_gpu, m.mfu,
                median(p.peak_tflops) AS measured_peak_tflops,
                m.model_tflops_per_gpu / nullif(median(p.peak_tflops), 0) AS mfu_measured
         FROM measurements m JOIN run_hosts h ON h.run_id = m.run_id AND h.seen
-             JOIN measured_peaks p ON p.host = h.host
+             JOIN measured_peaks p ON p.host = h.host AND (m.mfu_peak_dtype IS NULL OR p.dtype = m.mfu_peak_dtype)
         WHERE m.model_tflops_per_gpu IS NOT NULL
         GROUP BY m.run_id, m.campaign, m.point_id, m.model_tflops_per_gpu, m.mfu""",
 }

@@ -225,7 +225,7 @@ def render_report(data: ReportData) -> str:
                 "sbench fabric runs: bus bandwidth of all-reduce (algbw × 2(n−1)/n) and all-gather (algbw × (n−1)/n) "
                 "by message size, one line per run, labelled partition × nodes and the transport NCCL chose "
                 "(gloo on CPU partitions).", fabric_charts(data.fabric)),
-        memory_section(ms, word), efficiency_section(points, word), checks_section(data.checks, word),
+        memory_section(ms, word), efficiency_section(points, word, ms), checks_section(data.checks, word),
         compare_section(data.compare), search_section(data.searches, word), profile_section(data.profiles, word),
         clusters_section(data.clusters), hosts_section(data.hosts, data.preflight),
         section("latest", "Each point: its repeats, median and spread",

@@ -651,7 +651,26 @@ def memory_section(ms: Sequence[Mapping[str, Any]], word: str) -> str:
                    f'<div class="wide">{chart}{acts}</div>')
 
 
-def efficiency_section(points: Sequence[Mapping[str, Any]], word: str) -> str:
+PEAK_SOURCE_TEXT = {"measured": "its hosts' measured peak (sbench preflight, the measured_peaks view)",
+                    "inventory": "the inventory's peak_tflops", "datasheet": "the datasheet's (gpu_peaks.yaml)"}
+
+
+def peak_sources_text(measurements: Sequence[Mapping[str, Any]]) -> str:
+    """Which peak the runs' MFU was set against (measurements.mfu_peak_source), with how many runs each."""
+    counts: dict[str, int] = {}
+    for m in measurements:
+        if m.get("mfu") is not None:
+            src = str(m.get("mfu_peak_source") or "unrecorded")
+            counts[src] = counts.get(src, 0) + 1
+    if not counts:
+        return ""
+    parts = [f"{n} run(s) against {PEAK_SOURCE_TEXT.get(src, 'a peak of unrecorded source')}"
+             for src, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return " MFU here: " + "; ".join(parts) + " (measurements.mfu_peak_source)."
+
+
+def efficiency_section(points: Sequence[Mapping[str, Any]], word: str,
+                       measurements: Sequence[Mapping[str, Any]] = ()) -> str:
     if not any(p.get("model_tflops_per_gpu") is not None for p in points):
         return ""
     has_mfu = any(p.get("mfu") is not None for p in points)
@@ -663,8 +682,10 @@ def efficiency_section(points: Sequence[Mapping[str, Any]], word: str) -> str:
             + "</div></div>")
     return section("efficiency", "Efficiency: achieved TFLOP/s and MFU",
                    "Model FLOPs per token from the model config (6·N plus attention; harness/flops.py) × train tokens "
-                   "per second per device. MFU divides by the device's peak dense TFLOP/s for the compute dtype "
-                   "(harness/spec/gpu_peaks.yaml or the inventory's peak_tflops).", body)
+                   "per second per device. MFU divides by the device's peak dense TFLOP/s for the compute dtype: "
+                   "its hosts' measured peak where sbench preflight measured them at that dtype, else the "
+                   "inventory's peak_tflops or harness/spec/gpu_peaks.yaml." + peak_sources_text(measurements),
+                   body)
 
 
 def clusters_section(rows: Sequence[Mapping[str, Any]]) -> str:
