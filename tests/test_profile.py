@@ -35,16 +35,61 @@ def test_a_step_is_split_into_parts_that_add_up_and_ops_by_self_time():
         X("not in a step", 200, 50)]}
     s = summarise(doc)
     assert s.steps == 1 and s.step_s == pytest.approx(100e-6)
-    # compute 10..70: backward 20..40 (then the collective takes 40..55, and backward again until 50 is under it),
-    # forward 10..20 and 55..70
+    # compute 10..70: backward 20..40; the collective 40..55 on gloo's thread, hidden behind the step thread's
+    # backward until 50 (overlapped), then waited for (exposed: the step thread runs nothing until 55); forward
+    # 10..20 and 55..70
     assert s.phases == pytest.approx({"data": 10e-6, "forward": 25e-6, "backward": 20e-6, "optimizer": 20e-6,
-                                      "communication": 15e-6, "other": 10e-6})
+                                      "communication_exposed": 5e-6, "communication_overlapped": 10e-6,
+                                      "idle": 0.0, "other": 10e-6})
     assert sum(s.phases.values()) == pytest.approx(s.step_s)
     ops = {o["name"]: o for o in s.ops}
     assert ops["aten::linear"]["self_s"] == pytest.approx(2e-6)
     assert ops["aten::linear"]["total_s"] == pytest.approx(8e-6)
     assert ops["aten::addmm"]["self_s"] == pytest.approx(6e-6) and "not in a step" not in ops
     assert ops["gloo:all_reduce"]["kind"] == "collective" and ops["gloo:all_reduce"]["calls"] == 1
+
+
+def test_communication_is_exposed_where_the_step_waits_and_overlapped_where_it_works():
+    # one 100 us step, all compute: the step thread runs a backward function 0..40, then waits in a c10d wait 40..60
+    # (exposed, though a gloo range is in flight on another thread 30..60: 30..40 is overlapped), computes 60..80
+    # while an FSDP-style copy-out runs (a local copy: no communication), and is between its ranges 90..100 (idle)
+    doc = {"traceEvents": [
+        X("sbench:step", 0, 100, cat="user_annotation"), X("sbench:compute", 0, 90, cat="user_annotation"),
+        X("autograd::engine::evaluate_function: MmBackward0", 0, 40),
+        X("gloo:all_reduce", 30, 30, tid=2, cat="user_annotation"),
+        X("_c10d_functional::wait_tensor", 40, 20), X("aten::mm", 60, 20),
+        X("FSDP::all_gather_copy_out", 60, 10), X("fsdp::all_gather_copy_in", 70, 5, tid=3),
+        X("aten::broadcast_tensors", 80, 5)]}
+    s = summarise(doc)
+    assert s.phases == pytest.approx({"data": 0.0, "forward": 30e-6, "backward": 30e-6, "optimizer": 0.0,
+                                      "communication_exposed": 20e-6, "communication_overlapped": 10e-6,
+                                      "idle": 10e-6, "other": 0.0}), s.phases
+    assert sum(s.phases.values()) == pytest.approx(s.step_s)
+
+
+def test_the_name_rule_counts_waits_and_collectives_not_copies_or_broadcast_tensors():
+    from harness.collect.profile import is_comm
+
+    for name in ("nccl:all_reduce", "gloo:all_reduce", "c10d::allreduce_", "_c10d_functional::wait_tensor",
+                 "ncclDevKernel_AllGather_RING_LL", "record_param_comms", "c10d::broadcast_", "nccl:broadcast",
+                 "ProcessGroupGloo::allgather", "c10d::reduce_scatter_tensor_coalesced_", "barrier"):
+        assert is_comm(name), name
+    for name in ("FSDP::all_gather_copy_out", "fsdp::all_gather_copy_in", "aten::broadcast_tensors", "aten::mm",
+                 "sbench:compute", "aten::copy_", "Optimizer.step#AdamW.step"):
+        assert not is_comm(name), name
+
+
+def test_a_gpu_trace_splits_communication_on_the_device_as_holistic_trace_analysis_does():
+    # kernels on streams 7 (compute) and 8 (NCCL): the all-reduce kernel 40..70 runs beside a GEMM until 55
+    doc = {"traceEvents": [
+        X("sbench:step", 0, 100, cat="user_annotation"), X("sbench:compute", 0, 100, cat="user_annotation"),
+        X("aten::mm", 0, 5), X("ampere_sgemm_128x64_nn", 10, 45, tid=7, cat="kernel"),
+        X("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 40, 30, tid=8, cat="kernel"),
+        X("nccl:all_reduce", 38, 3, cat="user_annotation")]}
+    s = summarise(doc)
+    assert s.phases["communication_overlapped"] == pytest.approx(15e-6)  # 40..55 under the GEMM
+    assert s.phases["communication_exposed"] == pytest.approx(15e-6)  # 55..70: the device only communicates
+    assert sum(s.phases.values()) == pytest.approx(s.step_s)
 
 
 def test_before_optimizer_faults_are_checked_like_the_others():
@@ -134,7 +179,8 @@ def test_a_profiled_ddp_point_shows_gloo_and_a_slow_optimizer(tmp_path, tiny_mod
         assert set(parts) == set(PHASES) and all(p["steps"] == 2 for p in parts.values())
         assert sum(p["share"] for p in parts.values()) == pytest.approx(1.0, abs=1e-6)
         assert sum(p["self_s"] for p in parts.values()) == pytest.approx(parts["data"]["step_s"] * 2, rel=1e-6)
-        assert parts["communication"]["share"] > 0  # DDP's gradient all-reduce over gloo
+        comm = parts["communication_exposed"]["share"] + parts["communication_overlapped"]["share"]
+        assert comm > 0  # DDP's gradient all-reduce over gloo
         if rank == 0:  # the slow optimizer: 0.3 s of each step, the largest part
             assert parts["optimizer"]["self_s"] / 2 >= 0.28
             assert max(parts.values(), key=lambda p: p["share"])["name"] == "optimizer"

@@ -273,8 +273,8 @@ def _bound(v: float | None) -> str:
               help="Operators (and kernels) shown per rank, by self time.")
 @json_option
 def profile(run_id: str, db: Path | None, top: int, as_json: bool) -> None:
-    """Print where a profiled run's steps went (data, forward, backward, optimizer, communication, other) and its
-    top operators by self time.
+    """Print where a profiled run's steps went (data, forward, backward, optimizer, exposed and overlapped
+    communication, idle, other) and its top operators by self time.
 
     Example: sbench profile demo-cpu/6b1c0e6f2a9d4e17.r1.a1
     """

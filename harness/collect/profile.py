@@ -4,11 +4,18 @@
 and returns, for the steps it covers (the ``sbench:step`` ranges):
 
 - the **step breakdown** (``kind = 'phase'``): every instant of a step goes to exactly one part, so the parts'
-  shares add up to the step. ``communication``: a collective was in flight (NCCL or gloo kernels and ops, c10d
-  collectives, on any thread of the rank: whether or not compute hid it); else ``backward``: an autograd
-  backward function ran; else the range of the step it lies in: ``data`` (loading the step's batches),
-  ``forward`` (the rest of the forward and backward pass: the forward, the loss), ``optimizer`` (its step), and
-  ``other`` (gradient clipping, the scheduler, zeroing, the callbacks, and anything outside the ranges);
+  shares add up to the step. While a collective is in flight (a communication event: NCCL or gloo kernels and
+  ops, c10d collectives and their waits, on any thread or stream of the rank; a local copy around one, such as
+  FSDP's ``all_gather_copy_in``/``copy_out``, is not communication), the instant is
+  ``communication_exposed`` when the step waited for it: its own thread is inside a communication op, or does
+  no recorded work at all; and ``communication_overlapped`` when the step's own thread computes meanwhile (the
+  collective is hidden behind its work). On a GPU trace the same split follows Holistic Trace Analysis's
+  definition on the device: a communication kernel's time is overlapped where a compute kernel runs at the same
+  time, exposed where none does. Otherwise ``backward``: an autograd backward function ran; else the range of
+  the step it lies in: ``data`` (loading the step's batches), ``forward`` (the rest of the forward and backward
+  pass: the forward, the loss), ``optimizer`` (its step) and ``other`` (gradient clipping, the scheduler,
+  zeroing, the callbacks); and ``idle``: inside the step but in none of its ranges (the step thread between
+  them);
 - the **top operators and kernels** by self time (``kind = 'op'`` on the CPU, ``'kernel'`` on the GPU, and
   ``'collective'``: the communication backend's own range of each collective, ``gloo:all_reduce`` or
   ``nccl:all_reduce``): calls, self time, total time (with what it called) and self time's share of the steps'
@@ -25,12 +32,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-PHASES = ("data", "forward", "backward", "optimizer", "communication", "other")
+PHASES = ("data", "forward", "backward", "optimizer", "communication_exposed", "communication_overlapped", "idle",
+          "other")
+EXPOSED, OVERLAPPED = "communication_exposed", "communication_overlapped"
 REGIONS = {"sbench:data": "data", "sbench:compute": "forward", "sbench:optimizer": "optimizer",
            "sbench:other": "other"}
 STEP = "sbench:step"
-COMM = re.compile(r"nccl|gloo|c10d::|allreduce|all_reduce|allgather|all_gather|reduce_scatter|reducescatter|"
-                  r"broadcast|all_to_all|alltoall|barrier", re.I)
+# A communication event's name (a collective, its backend's kernel or range, or a wait for one) ...
+COMM = re.compile(r"nccl|gloo|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|\bbroadcast\b|barrier|"
+                  r"wait_tensor|record_param_comms", re.I)
+# ... unless it is a local copy around a collective, or an elementwise op that merely shares a word with one
+NOT_COMM = re.compile(r"copy_in|copy_out|_copy\b|broadcast_tensors", re.I)
 BACKWARD = "autograd::engine::evaluate_function"
 TOP = 25  # operators (and kernels) kept per rank
 TRACE_MAX = 2 << 30  # a trace larger than this (uncompressed) is not read: profile fewer steps
@@ -66,24 +78,42 @@ def _covered(merged: list[tuple[float, float]], a: float, b: float) -> bool:
     return lo < len(merged) and merged[lo][0] <= a and b <= merged[lo][1]
 
 
+def is_comm(name: str) -> bool:
+    """Whether an event of this name is communication (:data:`COMM`, not :data:`NOT_COMM`, not sbench's own)."""
+    return not name.startswith("sbench:") and bool(COMM.search(name)) and not NOT_COMM.search(name)
+
+
+def _span(e: dict[str, Any]) -> tuple[float, float]:
+    return float(e["ts"]), float(e["ts"]) + float(e["dur"])
+
+
 def summarise(doc: dict[str, Any]) -> Summary:
     """The step breakdown and the top operators of one rank's trace (a Chrome trace document)."""
     events = [e for e in doc.get("traceEvents") or [] if isinstance(e, dict) and e.get("ph") == "X"
               and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
-    steps = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events if e.get("name") == STEP)
-    regions = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), REGIONS[e["name"]]) for e in events
-               if e.get("name") in REGIONS]
-    comm = _merge((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
-                  if COMM.search(str(e.get("name", ""))) and not str(e.get("name", "")).startswith("sbench:"))
-    back = _merge((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
-                  if str(e.get("name", "")).startswith(BACKWARD))
+    step_events = [e for e in events if e.get("name") == STEP]
+    steps = sorted(_span(e) for e in step_events)
+    step_thread = {(e.get("pid"), e.get("tid")) for e in step_events}
+    regions = [(*_span(e), REGIONS[e["name"]]) for e in events if e.get("name") in REGIONS]
+    kernels = [e for e in events if str(e.get("cat", "")) == "kernel"]
+    comm_events = [e for e in events if is_comm(str(e.get("name", "")))]
+    comm = _merge(_span(e) for e in comm_events)
+    back = _merge(_span(e) for e in events if str(e.get("name", "")).startswith(BACKWARD))
+    if kernels:  # a GPU trace: the device's own timeline decides (Holistic Trace Analysis's definition)
+        waiting = _merge(_span(e) for e in kernels if is_comm(str(e.get("name", ""))))
+        working = _merge(_span(e) for e in kernels if not is_comm(str(e.get("name", ""))))
+        comm = waiting
+    else:  # the step's own thread: inside a collective (or a wait for one), or running an operator meanwhile
+        mine = [e for e in events if (e.get("pid"), e.get("tid")) in step_thread and str(e.get("cat", "")) == "cpu_op"]
+        waiting = _merge(_span(e) for e in mine if is_comm(str(e.get("name", ""))))
+        working = _merge(_span(e) for e in mine if not is_comm(str(e.get("name", ""))))
     phases = dict.fromkeys(PHASES, 0.0)
     for s0, s1 in steps:
         bounds = {s0, s1}
-        mine = [(a, b, n) for a, b, n in regions if a < s1 and b > s0]
-        for a, b, _ in mine:
+        inside = [(a, b, n) for a, b, n in regions if a < s1 and b > s0]
+        for a, b, _ in inside:
             bounds.update((max(a, s0), min(b, s1)))
-        for merged in (comm, back):
+        for merged in (comm, back, waiting, working):
             for a, b in merged:
                 if a < s1 and b > s0:
                     bounds.update((max(a, s0), min(b, s1)))
@@ -91,12 +121,13 @@ def summarise(doc: dict[str, Any]) -> Summary:
         for a, b in zip(cuts, cuts[1:]):
             if b <= a:
                 continue
-            if _covered(comm, a, b):
-                part = "communication"
+            if _covered(comm, a, b) or (not kernels and _covered(waiting, a, b)):
+                hidden = _covered(working, a, b) and not (not kernels and _covered(waiting, a, b))
+                part = OVERLAPPED if hidden else EXPOSED
             elif _covered(back, a, b):
                 part = "backward"
             else:
-                part = next((n for x, y, n in mine if x <= a and b <= y), "other")
+                part = next((n for x, y, n in inside if x <= a and b <= y), "idle")
             phases[part] += (b - a) / 1e6
     step_s = sum(b - a for a, b in steps) / 1e6
     return Summary(len(steps), step_s, phases, _top_ops(events, steps))
@@ -120,8 +151,7 @@ def _top_ops(events: list[dict[str, Any]], steps: list[tuple[float, float]]) -> 
                 a[2] += float(e["dur"])
         elif cat == "cpu_op":
             by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-        elif cat.endswith("user_annotation") and COMM.search(str(e.get("name", ""))) \
-                and not str(e.get("name", "")).startswith("sbench:") and in_steps(float(e["ts"])):
+        elif cat.endswith("user_annotation") and is_comm(str(e.get("name", ""))) and in_steps(float(e["ts"])):
             # a backend's own range of one collective (gloo:all_reduce on gloo's threads, nccl:all_reduce)
             a = agg.setdefault(("collective", str(e["name"])), [0, 0.0, 0.0])
             a[0] += 1

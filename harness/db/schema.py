@@ -238,7 +238,8 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("cuda_reserved_bytes", "BIGINT"), ("rss_bytes", "BIGINT"),
     ],
     # A profiled run's trace per rank (harness.collect.profile): kind 'phase' rows split its steps' time into data,
-    # forward, backward, optimizer, communication and other (their shares add up to 1); kind 'op' (CPU) and
+    # forward, backward, optimizer, communication_exposed, communication_overlapped, idle and other (their shares
+    # add up to 1; before schema 18 one communication row stood for both); kind 'op' (CPU) and
     # 'kernel' (GPU) rows are its top operators by self time. Seconds are summed over the profiled steps.
     "profile_ops": [
         *_RUN_KEY, ("host", "VARCHAR"), ("rank", "INTEGER"), ("kind", "VARCHAR"), ("name", "VARCHAR"),

@@ -710,7 +710,8 @@ def clusters_section(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 PHASE_COLORS = {"data": "#76b7b2", "forward": "#4e79a7", "backward": "#f28e2b", "optimizer": "#59a14f",
-                "communication": "#b07aa1", "other": "#bab0ac"}
+                "communication_exposed": "#e15759", "communication_overlapped": "#b07aa1", "idle": "#d4d4d4",
+                "other": "#bab0ac", "communication": "#9c755f"}  # (communication: a database before schema 18)
 PROFILE_TOP = 10  # operators shown per profiled run (sbench profile RUN --top N: more)
 
 
@@ -750,8 +751,10 @@ def profile_section(profiles: Sequence[Mapping[str, Any]], word: str = "GPU") ->
     return section("profile", "Profiled points: where a step's time went",
                    "Runs profiled with runner.profile (or submit --profile): the last repeat of each point, its steps "
                    "under torch.profiler. Each bar splits the profiled steps' time of one rank into data loading, "
-                   "forward, backward, optimizer, communication (a collective in flight: NCCL or gloo) and other; the "
-                   "parts add up to the step. These runs are left out of every plot above, of compare, check and the "
+                   "forward, backward, optimizer, exposed communication (a collective in flight that the step waited "
+                   "for: its own thread inside the collective or idle; on a GPU, no compute kernel beside the "
+                   "communication kernel), overlapped communication (hidden behind the step's own work), idle "
+                   "(between the step's ranges) and other; the parts add up to the step. These runs are left out of every plot above, of compare, check and the "
                    "repeats' CV: the profiler slows them.", f'<div class="wide">{chart}{"".join(tables)}</div>')
 
 
