@@ -754,7 +754,8 @@ def profile_section(profiles: Sequence[Mapping[str, Any]], word: str = "GPU") ->
                    "forward, backward, optimizer, exposed communication (a collective in flight that the step waited "
                    "for: its own thread inside the collective or idle; on a GPU, no compute kernel beside the "
                    "communication kernel), overlapped communication (hidden behind the step's own work), idle "
-                   "(between the step's ranges) and other; the parts add up to the step. These runs are left out of every plot above, of compare, check and the "
+                   "(between the step's ranges) and other; the parts add up to the step. These runs are left out of "
+                   "every plot above, of compare, check and the "
                    "repeats' CV: the profiler slows them.", f'<div class="wide">{chart}{"".join(tables)}</div>')
 
 
