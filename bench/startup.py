@@ -52,6 +52,7 @@ def commands(db: Path, campaigns: int, collect_db: Path, collect_wd: Path, empty
         "compare": ["compare", prev, last, *d],
         "check": ["check", last, "--allow-missing", *d],
         "profile": ["profile", run_id, *d],
+        "scaling": ["scaling", last, *d],
         "collect (no-op)": ["collect", "--db", str(collect_db), "--workdir", str(collect_wd), "--json"],
     }
 

@@ -175,3 +175,32 @@ def test_a_slowed_node_fails_preflight_and_submit_leaves_it_out(cli, env, monkey
     health = {h["host"]: h for h in sql_rows(env["db"], "SELECT * FROM host_health")}
     assert health["node2"]["slow_preflights"] >= 2 and health["node1"]["slow_preflights"] == 0
     assert health["node2"]["preflights"] >= 5  # every look of each preflight is recorded
+
+
+@pytest.mark.train
+@pytest.mark.slow(90)
+def test_sbench_scaling_names_the_straggler_behind_a_slowed_two_node_shape(cli, env, monkeypatch) -> None:
+    # one and two CPU workers on one node, two on two nodes; node2's rank of the 2-node shape sleeps at every step
+    path = write_sweep(env["root"] / "scale.yaml", {
+        "campaign": "scale", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
+        "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET,
+                   "gradient_accumulation_steps": 1, "batch_size": 2, "max_steps": 8},
+        "grid": {"number_gpus": [1, 2], "number_nodes": [1, 2]},
+        "model_map": {"tiny": str(env["model"])}, "data_dir": str(env["data"]), "runner": {"sample_interval_s": 0.5}})
+    plan = json.loads(sb(cli, env, "plan", path, "-i", TEST_INVENTORY, "--json", db_only=True).output)
+    points = [p for p in plan["points"] if p["valid"]]
+    (two_nodes,) = [p["point_id"] for p in points if p["entity"]["number_nodes"] == 2]
+    monkeypatch.setenv("SBENCH_FAULT", f"sleep@step=1..,host=node2,job={two_nodes}.:{DELAY_S}")
+    sb(cli, env, "submit", path, "-i", TEST_INVENTORY, "--executor", "slurm", "--wait")
+    monkeypatch.delenv("SBENCH_FAULT")
+    time.sleep(2)
+    sb(cli, env, "collect")
+    doc = json.loads(sb(cli, env, "scaling", "scale", "--json", db_only=True).output)
+    rows = {(r["number_gpus"], r["number_nodes"]): r for r in doc["rows"]}
+    assert set(rows) == {(1, 1), (2, 1), (2, 2)} and rows[(1, 1)]["efficiency"] == 1.0, doc
+    slowed = rows[(2, 2)]
+    assert slowed["efficiency"] < 0.5 and slowed["explained_by"] in ("straggler", "communication"), slowed
+    assert slowed["explained_by"] == "straggler" and slowed["stragglers"] == ["node2:1"], slowed
+    assert {"dataset_tokens_per_second", "low", "high", "efficiency", "explained_by", "mfu"} <= set(slowed)
+    text = sb(cli, env, "scaling", "scale", db_only=True).output
+    assert "2 device(s) on 2 node(s)" in text and "explained by straggler" in text

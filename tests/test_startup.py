@@ -50,7 +50,8 @@ def test_help_and_version_import_nothing_of_the_budget_and_list_every_command() 
     assert _held(["--version"]).startswith("sbench, version ")
 
 
-@pytest.mark.parametrize("command", ["status", "query", "best", "hosts", "compare", "check", "profile", "collect"])
+@pytest.mark.parametrize("command", ["status", "query", "best", "hosts", "compare", "check", "profile", "scaling",
+                                     "collect"])
 def test_a_read_commands_help_imports_nothing_of_the_budget(command: str) -> None:
     assert "Example:" in _held([command, "--help"])
 
@@ -68,6 +69,7 @@ def test_every_read_command_and_a_no_op_collect_import_nothing_of_the_budget(cop
     assert "hosts" in json.loads(_held(["hosts", *db, "--json"]))
     _held(["profile", run_id, *db], ok=(0, 2))  # these runs were not profiled: an answer that says so
     _held(["best", "nightly-1", *db, *wd], ok=(0, 2))  # not a search: an answer that says so
+    assert json.loads(_held(["scaling", "nightly-1", *db, "--json"]))["rows"]
     # a collect that finds nothing to do: nothing new, nothing sent, and no submit machinery loaded
     noop = json.loads(_held(["collect", *db, *wd, "--json"], not_ran=SUBMIT_PATH))
     assert (noop["new"], noop["updated"], noop["more_repeats"]) == (0, 0, [])

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("results", "Check a campaign against its references (exit 1: failed)."),
     "compare": ("results", "Compare two campaigns point by point (exit 1: regression)."),
     "profile": ("results", "Where a profiled run's steps went, and its top operators."),
+    "scaling": ("results", "Why N devices are not N times faster: efficiency by shape."),
     "report": ("report", "Write one self-contained HTML page of plots and tables."),
     "probe": ("cluster", "Probe GPUs, RDMA and GIDs against the inventory."),
     "fabric": ("cluster", "All-reduce and all-gather bandwidth across nodes."),

@@ -17,11 +17,13 @@ import click
 from harness.contract.errors import InputError
 from harness.contract.paths import resolve_db
 from harness.db.checks import check_results, references_of
+from harness.db.scaling import exposed_communication, fabric_busbw, scaling_runs
 from harness.db.status import campaign_names
 from harness.db.store import open_store
 from harness.report.compare import Verdict, compare_in
 from harness.report.envdiff import EnvDiff
 from harness.report.queries import run_profile
+from harness.report.scaling import EFFICIENCY_THRESHOLD, scaling_rows
 from harness.sbatch.search import best as search_best
 
 from .base import (
@@ -264,6 +266,56 @@ def check(campaign: str, db: Path | None, allow_missing: bool, as_json: bool) ->
 
 def _bound(v: float | None) -> str:
     return "" if v is None else f"{v:.4g}"
+
+
+@main.command()
+@click.argument("campaign", callback=campaign_ref)
+@db_option
+@click.option("--threshold", type=FiniteFloat(min=0, max=1, min_open=True), default=EFFICIENCY_THRESHOLD,
+              show_default=True, help="A shape under this share of linear scaling gets an explanation.")
+@json_option
+def scaling(campaign: str, db: Path | None, threshold: float, as_json: bool) -> None:
+    """Why N devices are not N times faster: each shape's throughput, its efficiency against linear scaling
+    from the smallest shape, and what accounts for a loss (stragglers, exposed communication, or unexplained).
+
+    One row per model x experiment x per-device batch x shape (devices, nodes), from the campaign's valid runs
+    (profiled runs left out), with the exposed communication's share where the point was profiled, the fabric's
+    all-reduce bus bandwidth at that node count (sbench fabric) and the MFU beside it.
+
+    Example: sbench scaling lora-scan --json
+    """
+    with open_store(resolve_db(db), read_only=True) as st:
+        if campaign not in campaign_names(st):
+            raise InputError(f"campaign {campaign!r} is not in {st.path}; run `sbench collect` first")
+        rows = scaling_rows(scaling_runs(st, campaign), exposed_communication(st, campaign), fabric_busbw(st),
+                            threshold)
+    if as_json:
+        echo_json({"campaign": campaign, "threshold": threshold, "rows": rows})
+        return
+    if not rows:
+        click.echo(f"{campaign}: no valid measured run to set side by side")
+        return
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.1f} %"
+
+    click.echo(table([{"model": r["model_name"], "experiment": r["experiment"], "bs/dev": r["per_device_batch_size"],
+                       "gpus": r["number_gpus"], "nodes": r["number_nodes"], "runs": r["runs"],
+                       "tok/s": f"{r['dataset_tokens_per_second']:,.1f}",
+                       "95 % interval": "-" if r["low"] is None else f"{r['low']:,.1f}..{r['high']:,.1f}",
+                       "efficiency": pct(r["efficiency"]), "exposed comm": pct(r["exposed_communication_share"]),
+                       "busbw GB/s": "-" if r["fabric_busbw_gbps"] is None else f"{r['fabric_busbw_gbps']:.3g}",
+                       "stragglers": ", ".join(r["stragglers"]) or "-", "mfu": pct(r["mfu"]),
+                       "explained by": r["explained_by"] or ""} for r in rows],
+                     ["model", "experiment", "bs/dev", "gpus", "nodes", "runs", "tok/s", "95 % interval", "efficiency",
+                      "exposed comm", "busbw GB/s", "stragglers", "mfu", "explained by"]))
+    lost = [r for r in rows if r["explained_by"]]
+    click.echo(f"\n{len(lost)} shape(s) under {threshold:.0%} of linear scaling"
+               + "".join(f"\n  {r['number_gpus']} device(s) on {r['number_nodes']} node(s): "
+                         f"{pct(r['efficiency'])} of linear: "
+                         + ("no measured cause (unexplained: profile the shape, or measure the fabric)"
+                            if r["explained_by"] == "unexplained" else f"explained by {r['explained_by']}")
+                         for r in lost))
 
 
 @main.command()

@@ -19,6 +19,7 @@ from harness.contract.errors import InputError, SbenchError
 from harness.contract.paths import resolve_db
 from harness.db.checks import check_results, references_of
 from harness.db.hosts import drain_reason, host_health
+from harness.db.scaling import exposed_communication, fabric_busbw, scaling_runs
 from harness.db.search import search_answer
 from harness.db.store import Store
 from harness.spec.catalog import EXPERIMENTS
@@ -30,6 +31,7 @@ from .charts import plural
 from .clusters import load_clusters
 from .compare import compare_in
 from .queries import PROFILED, left_out_why
+from .scaling import scaling_rows
 
 MAX_TRACE_POINTS = 600  # per series: long runs are averaged into this many time buckets
 
@@ -74,6 +76,8 @@ class ReportData:
     clusters: list[dict[str, Any]] = field(default_factory=list)  # the points across clusters (report.clusters)
     profiles: list[dict[str, Any]] = field(default_factory=list)  # profiled runs with their profile_ops rows
     searches: list[dict[str, Any]] = field(default_factory=list)  # each search campaign's answer (sbench best's)
+    # each campaign's scaling view (sbench scaling's rows), for those with more than one shape of a group
+    scaling: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def by_campaign(self) -> bool:
@@ -151,6 +155,12 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     data.repeats = point_repeats(data.campaigns, data.attempts, data.stability, queries.planned_repeats(store, where))
     data.clusters = load_clusters(store, measurements)
     data.searches = [a for a in (search_answer(store, c["campaign"]) for c in data.campaigns) if a is not None]
+    for c in data.campaigns:
+        rows = scaling_rows(scaling_runs(store, c["campaign"]), exposed_communication(store, c["campaign"]),
+                            fabric_busbw(store))
+        groups = {(r["model_name"], r["experiment"], r["per_device_batch_size"]) for r in rows}
+        if len(rows) > len(groups):  # some group has more than one shape: something to set side by side
+            data.scaling[str(c["campaign"])] = rows
     return data
 
 

@@ -49,6 +49,7 @@ from .sections import (
     metric_chart,
     overhead_table,
     profile_section,
+    scaling_section,
     search_section,
     section,
     stage_chart,
@@ -226,7 +227,8 @@ def render_report(data: ReportData) -> str:
                 "by message size, one line per run, labelled partition × nodes and the transport NCCL chose "
                 "(gloo on CPU partitions).", fabric_charts(data.fabric)),
         memory_section(ms, word), efficiency_section(points, word, ms), checks_section(data.checks, word),
-        compare_section(data.compare), search_section(data.searches, word), profile_section(data.profiles, word),
+        compare_section(data.compare), search_section(data.searches, word),
+        scaling_section(data.scaling, word), profile_section(data.profiles, word),
         clusters_section(data.clusters), hosts_section(data.hosts, data.preflight),
         section("latest", "Each point: its repeats, median and spread",
                 f"One row per {'campaign’s ' if per else ''}point (OOM rows in red): its repeats (submitted, of how "

@@ -763,6 +763,37 @@ def _file_uri(job_dir: Any, name: str) -> str:
     """A link to a file of a job dir (a ``file:`` URI: the page stays offline)."""
     return (Path(str(job_dir)) / name).as_uri() if job_dir and str(job_dir).startswith("/") else name
 
+def scaling_section(scaling: Mapping[str, Sequence[Mapping[str, Any]]], word: str = "GPU") -> str:
+    """Per campaign with more than one shape of a model, method and per-device batch: sbench scaling's rows."""
+    if not scaling:
+        return ""
+
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{100 * v:.1f} %"
+
+    tables = []
+    for campaign, rows in scaling.items():
+        body = [((r["model_name"], r["experiment"], r["per_device_batch_size"], _count(r["number_gpus"], word),
+                  r["number_nodes"], r["runs"], f"{r['dataset_tokens_per_second']:,.1f}",
+                  "-" if r["low"] is None else f"{r['low']:,.1f} .. {r['high']:,.1f}", pct(r["efficiency"]),
+                  pct(r["exposed_communication_share"]),
+                  "-" if r["fabric_busbw_gbps"] is None else f"{r['fabric_busbw_gbps']:.3g}",
+                  ", ".join(r["stragglers"]) or "-", pct(r["mfu"]), r["explained_by"] or ""),
+                 "bad" if r["explained_by"] else "") for r in rows]
+        tables.append(f"<h3>{esc(campaign)}</h3>" + table(
+            ["model", "experiment", "batch / device", word + "s", "nodes", "runs", "dataset tok/s", "95 % interval",
+             "efficiency", "exposed communication", "fabric busbw GB/s", "stragglers", "MFU", "explained by"], body))
+    return section("scaling", "Scaling: why N devices are not N times faster",
+                   "Each shape's dataset tokens per second (the mean of its valid, unprofiled runs, with a 95 % "
+                   "interval from their spread) and its efficiency: its throughput over the smallest shape's times "
+                   "the ratio of devices (100 % = linear). Beside it: the exposed communication's share of the step "
+                   "where a point of the shape was profiled, the fabric's all-reduce bus bandwidth at that node "
+                   "count (sbench fabric), the straggler ranks and the MFU. A shape under 90 % of linear is "
+                   "explained by a straggler, by communication (without the exposed communication it would be back "
+                   "above 90 %), or unexplained. sbench scaling CAMPAIGN prints the same.",
+                   f'<div class="wide">{"".join(tables)}</div>')
+
+
 def search_section(searches: Sequence[Mapping[str, Any]], word: str = "GPU") -> str:
     """A search campaign's answer (``search:``; ``sbench best`` says the same): its best point with the goal's
     interval, the largest batch that fits per shape with its evidence, and the allocation time it saved beside the
