@@ -132,13 +132,14 @@ def launch_start(ctx: Context) -> None:
     and the rendezvous are start-up time like any other, and the stages should say where it went. Called
     when sbench's own modules are loaded, before the training libraries are imported."""
     now = time.time()
-    born = min(process_start_wall() or LOADED_WALL, LOADED_WALL)
+    born = process_start_wall() or LOADED_WALL
     try:
-        launched = float(envvars.LAUNCHED_WALL.get())
+        launched = min(float(envvars.LAUNCHED_WALL.get()), LOADED_WALL)
     except ValueError:
-        launched = born
-    ctx.launch = {"launched_wall": min(launched, born), "process_start_wall": born, "loaded_wall": LOADED_WALL,
-                  "frame_wall": now}
+        launched = min(born, LOADED_WALL)
+    # the process start is read to a 10 ms clock tick: it is kept between the launch and the package's loading
+    ctx.launch = {"launched_wall": launched, "process_start_wall": min(max(born, launched), LOADED_WALL),
+                  "loaded_wall": LOADED_WALL, "frame_wall": now}
     ctx.log.start(Stage.LAUNCH, at=ctx.launch["launched_wall"])
 
 
