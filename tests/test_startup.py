@@ -16,7 +16,7 @@ from harness.contract.lazy import lazy_module
 
 from .budget import FORBIDDEN, run
 from .conftest import sql_rows
-from .helpers import Trained, invoke
+from .helpers import Trained, invoke, write_yaml
 
 # What only a submission runs: planning, rendering, the executors' queues.
 SUBMIT_PATH = ("harness.sbatch.submit", "harness.build.render", "harness.sbatch.executors", "harness.sbatch.refresh")
@@ -77,7 +77,11 @@ def test_every_read_command_and_a_no_op_collect_import_nothing_of_the_budget(cop
 
 def test_the_watch_names_the_module_and_the_chain_that_imported_it(tmp_path: Path) -> None:
     # the budget's detector, on a command that must import one: render draws its files with Jinja2
-    w = run(["render", "sweeps/demo-cpu.yaml", "-o", str(tmp_path / "rendered")])
+    sweep = write_yaml(tmp_path / "s.yaml", {"campaign": "w", "experiment": "finetune_lora_benchmark-v1.0.0",
+                                             "entity": {"model_name": "smollm2-135m", "model_max_length": 256,
+                                                        "number_gpus": 1},
+                                             "grid": {"batch_size": [2]}})
+    w = run(["render", str(sweep), "-o", str(tmp_path / "rendered")])
     assert w.returncode == 0, w.stderr
     assert set(w.hits) == {"jinja2"} and "jinja2" in FORBIDDEN
     chain = w.hits["jinja2"]
