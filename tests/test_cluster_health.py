@@ -91,25 +91,36 @@ def test_a_slowed_rank_is_a_straggler_and_the_clean_repeats_are_not(cli, env, mo
     assert slow["own_step_s"] > DELAY_S and fast["own_step_s"] < DELAY_S / 2
     assert slow["relative_score"] == pytest.approx(fast["own_step_s"] / slow["own_step_s"])
     assert slow["flagged"] is True and fast["flagged"] is False
-    clean = {k: s for k, s in scores.items() if k[0] < 5}
-    assert not any(s["flagged"] for s in clean.values()), clean  # no clean repeat's rank, on either node
-    m = {r["repeat"]: r for r in sql_rows(env["db"], "SELECT r.repeat, m.straggler, m.straggler_ranks, m.notes "
-                                                     "FROM measurements m JOIN runs r USING (run_id) "
+    m = {r["repeat"]: r for r in sql_rows(env["db"], "SELECT r.repeat, m.straggler, m.straggler_ranks, m.notes, "
+                                                     "m.host_busy FROM measurements m JOIN runs r USING (run_id) "
                                                      "WHERE r.campaign = 'strag'")}
     assert m[5]["straggler"] is True and m[5]["straggler_ranks"] == ["node2:1"]
+    # no clean repeat's rank is flagged on a quiet host; on a host busy with other work (the parallel suite's load
+    # on the test cluster's shared cores) a flag may stand, and then it says so and is no evidence against the host
+    busy = {rep for rep, r in m.items() if r["host_busy"]}
+    for (rep, _), s in scores.items():
+        if rep < 5 and rep not in busy:
+            assert s["flagged"] is False, (rep, s)
     for rep in range(5):
-        assert m[rep]["straggler"] is False and not any("straggler" in n for n in m[rep]["notes"] or []), m[rep]
+        notes = m[rep]["notes"] or []
+        if rep in busy and m[rep]["straggler"]:
+            assert any("straggler measured on a host busy with other work" in n for n in notes), notes
+        else:
+            assert m[rep]["straggler"] is False and not any("straggler" in n for n in notes), m[rep]
     status = sb(cli, env, "status", "--campaign", "strag", "--json").output  # (the table shows a few warnings)
     assert "straggler: rank 1 on node2" in status
     health = {h["host"]: h for h in sql_rows(env["db"], "SELECT * FROM host_health")}
-    busy = sum(1 for r in sql_rows(env["db"], "SELECT host_busy FROM measurements WHERE campaign = 'strag'")
-               if r["host_busy"])  # a run on a host busy with other work is no evidence either way
-    assert health["node2"]["straggler_runs"] == 1 and health["node1"]["straggler_runs"] == 0
-    assert health["node2"]["runs_scored"] == 6 - busy and health["node2"]["runs"] == 6
+    counted = 6 - len(busy)  # a run on a host busy with other work is no evidence either way
+    slowed_counts = 5 not in busy
+    assert health["node2"]["straggler_runs"] == int(slowed_counts) and health["node1"]["straggler_runs"] == 0
+    assert health["node2"]["runs_scored"] == counted and health["node2"]["runs"] == 6
     hosts = json.loads(sb(cli, env, "hosts", "--json", "--min-flags", "1", "--min-share", "0.1",
                           db_only=True).output)
-    assert [d["host"] for d in hosts["drain_candidates"]] == ["node2"]
-    assert f"a straggler in 1 of {6 - busy} scored run(s)" in hosts["drain_candidates"][0]["why"]
+    if slowed_counts:
+        assert [d["host"] for d in hosts["drain_candidates"]] == ["node2"]
+        assert f"a straggler in 1 of {counted} scored run(s)" in hosts["drain_candidates"][0]["why"]
+    else:
+        assert hosts["drain_candidates"] == []
     # the default asks for two flags: one slow run is no pattern yet
     assert json.loads(sb(cli, env, "hosts", "--json", db_only=True).output)["drain_candidates"] == []
 

@@ -889,9 +889,11 @@ def test_every_table_has_the_shared_style(cli, two_db, gpu_page, tmp_path):
 
     page, _ = render(cli, two_db, tmp_path / "r.html")
     assert 'id="checks"' in page and "<table" in section(page, "checks")
-    for p, n in ((page, 5), (gpu_page[0], 4)):
+    for p, n in ((page, 6), (gpu_page[0], 4)):
         tags = re.findall(r"<table\b[^>]*>", html_only(p))
-        assert len(tags) == n  # the overhead, checks (two_db only), host health, points and attempts tables
+        # the overhead, checks and scaling (two_db only: its campaign has shapes of 1 and 2 devices), host health,
+        # points and attempts tables
+        assert len(tags) == n, tags
         assert all(re.fullmatch(rf'<table class="{TABLE_CLASS}( [\w-]+)*">', t) for t in tags), tags
     assert f"table.{TABLE_CLASS} th,table.{TABLE_CLASS} td{{" in CSS
     # a failed check reads in red like an OOM row
