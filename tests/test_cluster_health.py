@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.slurm]
 
 SLEEP_S = 0.6  # rank 1's extra time at the end of every step of the slowed repeat: many times a step's own time
 DELAY_S = 1.0  # the clean-and-slowed repeats' delay: 1 s a step on one rank
+CLEAN = 2  # clean repeats before the slowed one
 
 
 @pytest.fixture
@@ -66,26 +67,26 @@ def test_a_slowed_rank_is_a_straggler_under_fsdp_too(cli, env, monkeypatch) -> N
 
 
 @pytest.mark.train
-@pytest.mark.slow(180)
+@pytest.mark.slow(120)
 def test_a_slowed_rank_is_a_straggler_and_the_clean_repeats_are_not(cli, env, monkeypatch) -> None:
-    # five clean repeats of a 12-step 2-node run on the loaded test cluster (its two nodes share this machine's
-    # cores), then one whose node2 rank sleeps 1 s at the end of every step: only that one is flagged
+    # two clean repeats of a 12-step 2-node run on the loaded test cluster (its two nodes share this machine's
+    # cores), then one whose node2 rank sleeps 1 s at the end of every step: that one is flagged
     path = sweep(env, "strag", {"number_gpus": 2, "number_nodes": 2, "distributed_backend": "DDP",
-                                "max_steps": 12}, repeats=6)
-    monkeypatch.setenv("SBENCH_FAULT", f"sleep@step=1..,host=node2,job=.r5.:{DELAY_S}")
+                                "max_steps": 12}, repeats=CLEAN + 1)
+    monkeypatch.setenv("SBENCH_FAULT", f"sleep@step=1..,host=node2,job=.r{CLEAN}.:{DELAY_S}")
     sb(cli, env, "submit", path, "-i", TEST_INVENTORY, "--executor", "slurm", "--wait")
     monkeypatch.delenv("SBENCH_FAULT")
     time.sleep(2)  # sacct trails slurmctld
     sb(cli, env, "collect")
     runs = {r["repeat"]: r for r in sql_rows(env["db"], "SELECT run_id, repeat, outcome, reason, job_dir FROM runs "
                                                         "WHERE campaign = 'strag'")}
-    assert {k: r["outcome"] for k, r in runs.items()} == dict.fromkeys(range(6), "ok"), runs
+    assert {k: r["outcome"] for k, r in runs.items()} == dict.fromkeys(range(CLEAN + 1), "ok"), runs
     scores = {(s["repeat"], s["host"]): s for s in sql_rows(
         env["db"], "SELECT r.repeat, s.* FROM rank_scores s JOIN runs r USING (run_id) WHERE r.campaign = 'strag'")}
-    assert set(scores) == {(rep, h) for rep in range(6) for h in ("node1", "node2")}
-    slow, fast = scores[(5, "node2")], scores[(5, "node1")]
+    assert set(scores) == {(rep, h) for rep in range(CLEAN + 1) for h in ("node1", "node2")}
+    slow, fast = scores[(CLEAN, "node2")], scores[(CLEAN, "node1")]
     # the score is what the ranks' own step times say: recompute it from rank.<r>.json
-    docs = {d["host"]: d for d in (json.loads(JobPaths(runs[5]["job_dir"]).rank_result(r).read_text())
+    docs = {d["host"]: d for d in (json.loads(JobPaths(runs[CLEAN]["job_dir"]).rank_result(r).read_text())
                                    for r in (0, 1))}
     assert all(len(d["step_own_s"]) == d["global_step"] == 12 for d in docs.values())
     assert slow["own_step_s"] > DELAY_S and fast["own_step_s"] < DELAY_S / 2
@@ -94,14 +95,14 @@ def test_a_slowed_rank_is_a_straggler_and_the_clean_repeats_are_not(cli, env, mo
     m = {r["repeat"]: r for r in sql_rows(env["db"], "SELECT r.repeat, m.straggler, m.straggler_ranks, m.notes, "
                                                      "m.host_busy FROM measurements m JOIN runs r USING (run_id) "
                                                      "WHERE r.campaign = 'strag'")}
-    assert m[5]["straggler"] is True and m[5]["straggler_ranks"] == ["node2:1"]
+    assert m[CLEAN]["straggler"] is True and m[CLEAN]["straggler_ranks"] == ["node2:1"]
     # no clean repeat's rank is flagged on a quiet host; on a host busy with other work (the parallel suite's load
     # on the test cluster's shared cores) a flag may stand, and then it says so and is no evidence against the host
     busy = {rep for rep, r in m.items() if r["host_busy"]}
     for (rep, _), s in scores.items():
-        if rep < 5 and rep not in busy:
+        if rep < CLEAN and rep not in busy:
             assert s["flagged"] is False, (rep, s)
-    for rep in range(5):
+    for rep in range(CLEAN):
         notes = m[rep]["notes"] or []
         if rep in busy and m[rep]["straggler"]:
             assert any("straggler measured on a host busy with other work" in n for n in notes), notes
@@ -110,10 +111,10 @@ def test_a_slowed_rank_is_a_straggler_and_the_clean_repeats_are_not(cli, env, mo
     status = sb(cli, env, "status", "--campaign", "strag", "--json").output  # (the table shows a few warnings)
     assert "straggler: rank 1 on node2" in status
     health = {h["host"]: h for h in sql_rows(env["db"], "SELECT * FROM host_health")}
-    counted = 6 - len(busy)  # a run on a host busy with other work is no evidence either way
-    slowed_counts = 5 not in busy
+    counted = CLEAN + 1 - len(busy)  # a run on a host busy with other work is no evidence either way
+    slowed_counts = CLEAN not in busy
     assert health["node2"]["straggler_runs"] == int(slowed_counts) and health["node1"]["straggler_runs"] == 0
-    assert health["node2"]["runs_scored"] == counted and health["node2"]["runs"] == 6
+    assert health["node2"]["runs_scored"] == counted and health["node2"]["runs"] == CLEAN + 1
     hosts = json.loads(sb(cli, env, "hosts", "--json", "--min-flags", "1", "--min-share", "0.1",
                           db_only=True).output)
     if slowed_counts:
@@ -142,8 +143,9 @@ def test_a_slowed_node_fails_preflight_and_submit_leaves_it_out(cli, env, monkey
     again = [r for r in doc["second_look"] if r["figure"] == "matmul_tflops"]
     assert doc["slow_hosts"] == [] and not any(r["flagged"] for r in doc["rows"] + doc["second_look"]), doc
     assert first["node1"]["value"] > 2 * first["node2"]["value"]  # it did look slow at first
-    assert [r["host"] for r in again] == ["node2"] and again[0]["preflight_id"] == f"{doc['preflight_id']}-again"
-    assert again[0]["partition_median"] == first["node2"]["partition_median"] and again[0]["ratio"] > 0.6
+    assert sorted(r["host"] for r in again) == ["node1", "node2"]  # every host again, together
+    assert {r["preflight_id"] for r in again} == {f"{doc['preflight_id']}-again"}
+    assert all(r["ratio"] > 0.6 for r in again)
     looks = sql_rows(env["db"], "SELECT preflight_id, count(*) AS n FROM preflight WHERE host = 'node2' "
                                 "AND figure = 'matmul_tflops' GROUP BY 1 ORDER BY 1")
     assert [r["preflight_id"] for r in looks] == [doc["preflight_id"], f"{doc['preflight_id']}-again"]
@@ -165,7 +167,9 @@ def test_a_slowed_node_fails_preflight_and_submit_leaves_it_out(cli, env, monkey
     assert not any(r["flagged"] for r in doc["rows"] if r["host"] == "node1")
     assert sql_rows(env["db"], "SELECT count(*) AS n FROM preflight WHERE flagged AND host = 'node2'")[0]["n"] >= 1
     peaks = sql_rows(env["db"], "SELECT host, peak_tflops FROM measured_peaks ORDER BY host")
-    assert [p["host"] for p in peaks] == ["node1", "node2"] and peaks[0]["peak_tflops"] == mm["node1"]["value"]
+    # a device's measured peak is its latest figure: the second look's, which measured every host again
+    again = {r["host"]: r for r in doc["second_look"] if r["figure"] == "matmul_tflops"}
+    assert [p["host"] for p in peaks] == ["node1", "node2"] and peaks[0]["peak_tflops"] == again["node1"]["value"]
     path = sweep(env, "pf", {"number_gpus": 1, "number_nodes": 1, "max_steps": 2})
     refused = sb(cli, env, "submit", path, "-i", TEST_INVENTORY, "--executor", "slurm", "--preflight", ok=False)
     # (its own measurement: either of node2's figures may be the one under the threshold this time)

@@ -4,13 +4,13 @@ On each node :mod:`harness.runner.preflight` times a dense matmul at the partiti
 on a CPU partition) and a device memory copy, a few seconds each, in repetitions (their spread is kept). Here
 each figure of each device is divided by the partition's median of that figure; a device under the threshold
 (default :data:`~harness.contract.defaults.PREFLIGHT_THRESHOLD`) looks slow. One measurement never condemns a
-node: the hosts of the devices that look slow are measured again, in a fresh process, after a pause
-(:data:`~harness.contract.defaults.PREFLIGHT_SECOND_LOOK_PAUSE_S`: a neighbour's burst passes), and each second
-figure is divided by the first look's median; a device is slow (``flagged``) only when it is under the threshold
-at both looks. Both looks' rows land in the ``preflight`` table (the second's ``preflight_id`` ends in
-``-again``); a device's matmul figure is its measured peak (the ``measured_peaks`` view: its latest). ``sbench
-submit --preflight`` runs it first and refuses to submit while a device is slow, or with ``--exclude-slow``
-leaves the slow devices' hosts out (sbatch ``--exclude``).
+node: when a device looks slow, every host is measured again, in a fresh process, after a pause
+(:data:`~harness.contract.defaults.PREFLIGHT_SECOND_LOOK_PAUSE_S`: a neighbour's burst passes), and the second
+look's figures are ranked among themselves as the first's were; a device is slow (``flagged``) only when it is
+under the threshold at both looks. Both looks' rows land in the ``preflight`` table (the second's
+``preflight_id`` ends in ``-again``); a device's matmul figure is its measured peak (the ``measured_peaks`` view:
+its latest). ``sbench submit --preflight`` runs it first and refuses to submit while a device is slow, or with
+``--exclude-slow`` leaves the slow devices' hosts out (sbatch ``--exclude``).
 
 With ``--on slurm`` the scheduler client runs the workload with ``srun``, one task on every inventory host of the
 partition (one allocation); locally it measures this machine as the partition's one host.
@@ -183,10 +183,11 @@ def run_preflight(inv: Inventory, partition: str | None, on_slurm: bool, workdir
     res = PreflightResult(pid, part.name, rows, missing=sorted(set(part.hosts) - set(docs)) if on_slurm else [])
     looked_slow = sorted({r["host"] for r in rows if r["flagged"]})
     if looked_slow:
+        # the second look measures every host again, together as the first did, and ranks them among themselves:
+        # a host measured alone would have the cores to itself and look faster than the first look's median
         time.sleep(PREFLIGHT_SECOND_LOOK_PAUSE_S)
-        docs2 = (_run_slurm(inv, part, workdir, seconds, slurm, hosts=looked_slow, look=2) if on_slurm
+        docs2 = (_run_slurm(inv, part, workdir, seconds, slurm, hosts=sorted(docs), look=2) if on_slurm
                  else _look_again_local(part, looked_slow[0], seconds))
-        medians = {r["figure"]: r["partition_median"] for r in rows}
-        res.again = rank_devices(docs2, f"{pid}-again", inv.cluster, part.name, threshold, medians=medians)
+        res.again = rank_devices(docs2, f"{pid}-again", inv.cluster, part.name, threshold)
         confirm(rows, res.again)
     return res
