@@ -21,7 +21,7 @@ from harness.spec.flops import compute_dtype, peak_tflops
 from harness.spec.inventory import Host, Inventory, Partition, shared_dir
 from harness.spec.memory import config_for, predict
 from harness.spec.plan import PlannedPoint
-from harness.spec.resources import Counts, Share, point_counts, point_share, threads_per_rank
+from harness.spec.resources import Counts, Share, per_device_batch, point_counts, point_share, threads_per_rank
 from harness.spec.sweep import Sweep, data_dir_for
 
 from .trainargs import for_fms_hf_tuning, train_argv
@@ -333,7 +333,7 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
     e = dict(point.entity)
     counts = point_counts(e)
     nodes, devices, per_node = counts.nodes, counts.processes, counts.processes_per_node
-    per_device_bs = e["batch_size"] // devices
+    per_device_bs = per_device_batch(e)
     adjustments: list[str] = []
     deepspeed = e.get("distributed_backend") == "DEEPSPEED"
     launcher = "accelerate" if devices > 1 or deepspeed else "python"

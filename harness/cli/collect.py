@@ -79,7 +79,7 @@ def _more_repeats(wd: Path, db: Path | None, campaign: str | None) -> list[Submi
     for name in names:
         rep = nextruns.settled(name, wd, db)
         if rep is nextruns.DUE:
-            rep = submit.more_repeats(name, wd, db)
+            rep = submit.send_due(name, wd, db)
         if rep is not None:
             out.append(rep)
     return out

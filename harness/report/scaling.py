@@ -25,6 +25,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.spec.resources import per_device_batch
+
 from .stats import t_quantile
 
 EFFICIENCY_THRESHOLD = 0.9  # a shape under this share of linear scaling gets an explanation
@@ -39,11 +41,6 @@ def _interval(values: Sequence[float]) -> tuple[float | None, float | None]:
     return mean - half, mean + half
 
 
-def _per_device_batch(run: Mapping[str, Any]) -> int | None:
-    bs = run.get("batch_size")
-    return None if bs is None else int(bs) // max(1, int(run.get("number_gpus") or 0))
-
-
 def scaling_rows(runs: Sequence[Mapping[str, Any]], exposed: Sequence[Mapping[str, Any]],
                  fabric: Sequence[Mapping[str, Any]], threshold: float = EFFICIENCY_THRESHOLD) -> list[dict[str, Any]]:
     """One row per group and shape, groups in order, shapes by devices then nodes (see the module doc)."""
@@ -51,7 +48,7 @@ def scaling_rows(runs: Sequence[Mapping[str, Any]], exposed: Sequence[Mapping[st
     bw = {(f.get("partition"), int(f["nodes"])): f.get("busbw_gbps") for f in fabric if f.get("nodes") is not None}
     groups: dict[tuple[Any, ...], dict[tuple[int, int], list[Mapping[str, Any]]]] = {}
     for r in runs:
-        key = (r.get("model_name"), r.get("experiment"), _per_device_batch(r))
+        key = (r.get("model_name"), r.get("experiment"), None if r.get("batch_size") is None else per_device_batch(r))
         shape = (max(1, int(r.get("number_gpus") or 0)), max(1, int(r.get("number_nodes") or 1)))
         groups.setdefault(key, {}).setdefault(shape, []).append(r)
     out: list[dict[str, Any]] = []

@@ -18,7 +18,6 @@ partition (one allocation); locally it measures this machine as the partition's 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -31,12 +30,11 @@ from typing import Any
 from harness.contract import envvars, safefile
 from harness.contract.defaults import PREFLIGHT_SECOND_LOOK_PAUSE_S, PREFLIGHT_SECONDS, PREFLIGHT_THRESHOLD
 from harness.contract.errors import InputError, RunnerError
-from harness.contract.paths import package_dir
 from harness.runner.preflight import UNITS, preflight_node
 from harness.slurm.client import Slurm
 from harness.spec.inventory import Inventory, Partition
 
-from .probe import local_host, on_each_host
+from .probe import local_host, on_each_host, runner_env
 
 
 @dataclass
@@ -102,11 +100,9 @@ def default_threshold() -> float:
 
 
 def rank_devices(docs: dict[str, dict[str, Any]], preflight_id: str, cluster: str | None, partition: str,
-                 threshold: float = PREFLIGHT_THRESHOLD,
-                 medians: dict[str, float] | None = None) -> list[dict[str, Any]]:
+                 threshold: float = PREFLIGHT_THRESHOLD) -> list[dict[str, Any]]:
     """The ``preflight`` rows of the nodes' results (host -> preflight.<host>.json): each device's figure over
-    the partition's median of that figure (*medians*: the first look's, for a second look at a few hosts),
-    flagged under *threshold*."""
+    the partition's median of that figure, flagged under *threshold*."""
     rows: list[dict[str, Any]] = []
     for host, doc in sorted(docs.items()):
         for dev in doc.get("devices") or []:
@@ -119,10 +115,9 @@ def rank_devices(docs: dict[str, dict[str, Any]], preflight_id: str, cluster: st
                              "dtype": dev.get("dtype"), "figure": fig, "unit": UNITS.get(fig), "value": float(value),
                              "spread": f.get("spread"), "reps": [float(x) for x in f.get("reps") or []],
                              "elapsed_s": doc.get("elapsed_s"), "measured_at": doc.get("t_wall")})
-    if medians is None:
-        medians = {fig: median(r["value"] for r in rows if r["figure"] == fig) for fig in {r["figure"] for r in rows}}
+    medians = {fig: median(r["value"] for r in rows if r["figure"] == fig) for fig in {r["figure"] for r in rows}}
     for r in rows:
-        mid = medians.get(r["figure"])
+        mid = medians[r["figure"]]
         r["partition_median"], r["threshold"] = mid, threshold
         r["ratio"] = r["value"] / mid if mid else None
         r["flagged"] = r["ratio"] is not None and r["ratio"] < threshold
@@ -147,11 +142,9 @@ def _run_local(part: Partition, host: str | None, seconds: float) -> dict[str, d
 def _look_again_local(part: Partition, host: str, seconds: float) -> dict[str, dict[str, Any]]:
     """The second look at this machine: a fresh process (nothing of the first look's process state carries over)."""
     with tempfile.TemporaryDirectory(prefix="sbench-preflight-") as out:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_dir().parent),
-                                                            os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         proc = subprocess.run([sys.executable, "-m", "harness.runner.preflight", "--out-dir", out, "--host", host,
                                "--seconds", f"{seconds:g}", "--look", "2", *(["--cpu"] if part.is_cpu else [])],
-                              env=env, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+                              env=runner_env(), capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
         try:
             return {host: safefile.read_json(Path(out) / f"preflight.{host}.json", Path(out), safefile.RUNNER_MAX)}
         except (OSError, ValueError):

@@ -190,6 +190,13 @@ def local_host(part: Partition, host: str | None) -> str:
                      f"({', '.join(part.hosts)}); pass --host NAME or use --on slurm")
 
 
+def runner_env() -> dict[str, str]:
+    """This environment, with this sbench first on ``PYTHONPATH``: what a process running ``harness.runner.*``
+    (through srun, or on this machine) needs to import the same sbench."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_dir().parent),
+                                                         os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
 def on_each_host(kind: str, hosts: list[str], srun_opts: list[str], python: str, args: list[str], workdir: Path,
                  slurm: Slurm | None) -> dict[str, dict[str, Any]]:
     """Run ``python -m harness.runner.<kind> --out-dir D *args*`` once on each of *hosts* (one ``srun``
@@ -203,8 +210,7 @@ def on_each_host(kind: str, hosts: list[str], srun_opts: list[str], python: str,
     argv = [*srun_opts, f"--nodes={len(hosts)}", f"--nodelist={','.join(hosts)}", "--ntasks-per-node=1",
             f"--job-name=sbench.{kind}", "--time=00:10:00",
             python, "-m", f"harness.runner.{kind}", "--out-dir", str(out_dir), *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_dir().parent),
-                                                        os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = runner_env()
     proc = (slurm or Slurm()).srun(argv, env=env, timeout=1800)
     docs = {}
     for h in hosts:

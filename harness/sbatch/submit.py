@@ -557,6 +557,13 @@ def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = N
     settled = nextruns.settled(campaign, workdir, db)
     if settled is not nextruns.DUE:
         return settled
+    return send_due(campaign, workdir, db, slurm=slurm)
+
+
+def send_due(campaign: str, workdir: Path | None = None, db: Path | None = None, *,
+             slurm: Slurm | None = None) -> SubmitReport:
+    """Submit *campaign*'s next runs that :func:`harness.sbatch.nextruns.settled` found due, from the sweep and
+    inventory it was submitted with."""
     sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, "auto")
     return submit_sweep(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign, only_more=True),
                         slurm=slurm)

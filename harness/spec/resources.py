@@ -61,6 +61,11 @@ def point_counts(entity: Mapping[str, Any]) -> Counts:
                   processes_per_node=max(1, processes // nodes))
 
 
+def per_device_batch(entity: Mapping[str, Any]) -> int:
+    """A point's per-device batch size: its ``batch_size`` (the whole step's) over its training processes."""
+    return int(entity.get("batch_size") or 0) // point_counts(entity).processes
+
+
 def node_share(part: Partition, per_node: int) -> float:
     """The fraction of a node one point uses: its devices (CPU workers) over the node's."""
     if part.gpus_per_node <= 0:
