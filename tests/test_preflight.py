@@ -112,8 +112,8 @@ def test_only_a_device_slow_at_both_looks_is_condemned(monkeypatch) -> None:
     assert res.slow_hosts == ["c"] and {r["host"] for r in res.cleared} == {"b"}
     assert len(res.recorded) == len(first) + len(again) == 20
     text = res.summary()
-    assert "slow: c cpu matmul_tflops" in text and "at the second look" in text
-    assert "cleared by a second look: b cpu matmul_tflops" in text
+    assert "slow: c cpu " in text and "at the second look" in text  # either figure may be the one under it
+    assert "cleared by a second look: b cpu " in text
     # a device the second look has no figure of (its host wrote nothing) is not cleared by that
     first2 = rank_devices(docs, "p2", None, "cpu", 0.9)
     confirm(first2, [r for r in again if r["host"] == "b"])
