@@ -32,7 +32,7 @@ def main() -> None:
     if shutil.which("sbatch") is None:
         raise SystemExit("sbatch not found: start the test cluster (bash tests/cluster/cluster.sh start)")
     from harness.build.render import render_points
-    from harness.sbatch.submit import SubmitRequest, submit_sweep
+    from harness.campaign.submit import SubmitRequest, submit_sweep
     from harness.spec.inventory import load_inventory
     from harness.spec.plan import plan_sweep
     from harness.spec.sweep import load_sweep

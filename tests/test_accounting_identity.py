@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.campaign.executors.slurm import SlurmBackend
 from harness.collect import collect
-from harness.sbatch.slurm import SlurmBackend
 from harness.slurm.client import Slurm
 from harness.slurm.sacct import (
     SACCT_FORMAT,

@@ -9,9 +9,9 @@ import os
 import re
 from pathlib import Path
 
+from harness.campaign.executors.registry import BACKENDS
 from harness.contract import jobstate
 from harness.contract.paths import CampaignPaths, JobPaths
-from harness.sbatch.backends import BACKENDS
 
 PACKAGE = Path(__file__).resolve().parent.parent / "harness"
 
@@ -70,7 +70,7 @@ def test_the_job_states_of_requeue_start_and_never_running_live_in_the_state_tab
 
 
 def test_submit_asks_its_backend_and_never_compares_an_executors_name() -> None:
-    tree = ast.parse((PACKAGE / "sbatch" / "submit.py").read_text(encoding="utf-8"))
+    tree = ast.parse((PACKAGE / "campaign" / "submit.py").read_text(encoding="utf-8"))
     names = set(BACKENDS) | {"auto"}
     compared = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Compare)
                 and any(isinstance(c, ast.Constant) and c.value in names for c in [node.left, *node.comparators])]
@@ -78,6 +78,6 @@ def test_submit_asks_its_backend_and_never_compares_an_executors_name() -> None:
 
 
 def test_a_pack_asks_build_about_the_job_spec_not_the_node_runner() -> None:
-    tree = ast.parse((PACKAGE / "sbatch" / "pack.py").read_text(encoding="utf-8"))
+    tree = ast.parse((PACKAGE / "campaign" / "executors" / "pack.py").read_text(encoding="utf-8"))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not any(m.startswith("harness.runner") for m in imported), imported

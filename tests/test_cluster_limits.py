@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from harness.campaign.executors import feed
 from harness.cli import main
-from harness.sbatch import feed
 from harness.slurm.client import SbatchRefused
 from harness.slurm.held import read_feed
 from harness.slurm.limits import SubmitLimits, max_array_size, parse_assoc_mgr, parse_config, refusal_kind

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.cluster.discover import changes, discover, render
 from harness.contract.errors import InputError
 from harness.runner.envcapture import read_hcas
-from harness.sbatch.discover import changes, discover, render
 from harness.slurm.client import Slurm
 from harness.slurm.nodes import parse_nodes, parse_partitions
 from harness.spec.inventory import load_inventory

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.cluster.fabric import FabricResult
+from harness.cluster.preflight import check_fabric
 from harness.contract.errors import SubmitError
-from harness.sbatch.fabric import FabricResult
-from harness.sbatch.submit import run_preflight
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import parse_sweep
@@ -129,7 +129,7 @@ def test_submit_preflight_runs_fabric_first_then_submits(cli, slurm_cluster, tin
 def _fake(ok: bool, transports: dict):
     calls = []
 
-    def fabric(inv, part, n, workdir, executor="slurm", roce=None):
+    def fabric(inv, part, n, workdir, runner, roce=None):
         calls.append((part, n, roce))
         return FabricResult(f"f-{part}-{n}", part, n, "/jd", ok, None if ok else "rank 1: connect refused", "nccl",
                             n * 8, transports, [])
@@ -145,17 +145,17 @@ def test_preflight_refuses_roce_points_over_socket_and_failed_fabric(tmp_path: P
                         "x.yaml", tmp_path)
     points = plan_sweep(sweep, inv)
     fabric, calls = _fake(True, {"node1": "roce", "node2": "roce"})
-    out = run_preflight(inv, points, tmp_path, tmp_path / "r.duckdb", fabric=fabric)
+    out = check_fabric(inv, points, tmp_path, tmp_path / "r.duckdb", None, fabric=fabric)
     assert calls == [("gpu", 2, True)] and out[0]["ok"]  # one fabric per partition and node count, RoCE on
     fabric, _ = _fake(True, {"node1": "roce", "node2": "socket"})
     with pytest.raises(SubmitError, match="would run over Socket .*node2"):
-        run_preflight(inv, points, tmp_path, tmp_path / "r.duckdb", fabric=fabric)
+        check_fabric(inv, points, tmp_path, tmp_path / "r.duckdb", None, fabric=fabric)
     fabric, _ = _fake(False, {})
     with pytest.raises(SubmitError, match="failed: rank 1: connect refused; nothing was submitted"):
-        run_preflight(inv, points, tmp_path, tmp_path / "r.duckdb", fabric=fabric)
+        check_fabric(inv, points, tmp_path, tmp_path / "r.duckdb", None, fabric=fabric)
     no_roce = [p for p in points if not p.entity.get("enable_roce")]
     fabric, _ = _fake(True, {"node1": "socket", "node2": "socket"})
-    assert run_preflight(inv, no_roce, tmp_path, tmp_path / "r.duckdb", fabric=fabric)[0]["ok"]
+    assert check_fabric(inv, no_roce, tmp_path, tmp_path / "r.duckdb", None, fabric=fabric)[0]["ok"]
 
 
 def test_idle_workload_runs_the_whole_harness_and_measures_nothing(cli, tmp_path: Path) -> None:

@@ -25,9 +25,9 @@ import yaml
 from harness.build.jobspec import build_jobspec
 from harness.build.render import render_env, render_files, render_launch
 from harness.build.sbatch import job_sbatch
+from harness.campaign.executors.local import LocalBackend, kill_launch, timeout_minutes
 from harness.collect import collect
 from harness.contract.paths import JobPaths
-from harness.sbatch.local import LocalBackend, kill_launch, timeout_minutes
 from harness.slurm import localjob
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep

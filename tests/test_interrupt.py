@@ -22,12 +22,12 @@ import psutil
 import pytest
 import yaml
 
+from harness.campaign.lock import CampaignLocks, holding_campaign_locks
 from harness.contract.errors import Interrupted
 from harness.contract.paths import CampaignPaths, JobPaths
 from harness.runner import stages
 from harness.runner.node import NodeRunner
 from harness.runner.stages import read_stages
-from harness.sbatch.lock import CampaignLocks, holding_campaign_locks
 from harness.slurm import localjob
 from tests import synth
 
@@ -248,7 +248,7 @@ def test_a_submit_killed_before_it_hands_its_job_dirs_over_leaves_them_visibly_n
                                                              "batch_size": 2, "number_gpus": 1},
         "model_map": {"tiny": str(lab["root"] / "model")}})
     code = ("import os, signal, sys\n"
-            "from harness.sbatch import local\n"
+            "from harness.campaign.executors import local\n"
             "local.LocalBackend.submit = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
             "from harness.cli import main\n"
             "main(sys.argv[1:], prog_name='sbench')\n")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.campaign import control
 from harness.contract import jobstate
 from harness.contract.jobstate import FINAL_STATES
-from harness.sbatch import control
 from harness.slurm.client import Slurm
 from harness.slurm.sacct import parse_sacct
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.campaign.executors.pack import REQUEUE_REASON, requeued_locally
+from harness.campaign.manifest import read as read_manifest
+from harness.campaign.repeats import MORE, WAITING, point_verdicts
+from harness.campaign.state import AttemptState, PointHistory, with_submitted
 from harness.collect.ingest import collect
 from harness.contract.paths import JobPaths, job_dir_name
-from harness.sbatch.manifest import read as read_manifest
-from harness.sbatch.pack import REQUEUE_REASON, requeued_locally
-from harness.sbatch.repeats import MORE, WAITING, point_verdicts
-from harness.sbatch.state import AttemptState, PointHistory, with_submitted
 from harness.spec.sweep import AdaptiveRepeats
 
 from .conftest import sql_rows, write_sweep

@@ -14,9 +14,9 @@ import pytest
 
 from harness.build.jobspec import JobSpec
 from harness.build.sbatch import pack_lines
+from harness.campaign.executors.pack import AUTO_MAX, make_packs, pack_time
 from harness.contract.errors import SweepError
 from harness.contract.paths import JobPaths
-from harness.sbatch.pack import AUTO_MAX, make_packs, pack_time
 from harness.spec.sweep import load_sweep
 
 from .conftest import SMALL_DATASET, TEST_INVENTORY, sql_rows, write_sweep
@@ -368,8 +368,8 @@ class QuotaSlurm:
 
 
 def test_packs_that_do_not_fit_the_submit_quota_are_held_and_fed_as_packs(tmp_path: Path) -> None:
-    from harness.sbatch import feed
-    from harness.sbatch.executors import SubmitOptions
+    from harness.campaign.executors import feed
+    from harness.campaign.executors.base import SubmitOptions
     from harness.slurm.held import held_count, read_feed
 
     cdir = tmp_path / "c"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from harness.campaign import wait
+from harness.campaign.executors import local, slurm
 from harness.contract import poll
 from harness.contract.poll import Backoff
-from harness.sbatch import local, slurm, wait
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from harness.cluster import preflight as pf
+from harness.cluster.preflight import PreflightResult, confirm, default_threshold, rank_devices
 from harness.contract.errors import InputError
 from harness.db.store import open_store
 from harness.runner.faults import FaultSpecError, parse_faults
 from harness.runner.preflight import MATMUL, MEMCPY, preflight_node
-from harness.sbatch import preflight as pf
-from harness.sbatch.preflight import PreflightResult, confirm, default_threshold, rank_devices
 
 
 def test_a_slowed_node_is_flagged_against_the_median(monkeypatch) -> None:

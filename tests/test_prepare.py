@@ -386,9 +386,9 @@ def test_prepare_with_nothing_to_prepare_says_why(tiny_model, tmp_path) -> None:
 def test_a_recheck_trusts_the_stamp_until_an_input_changes(tiny_model, small, tmp_path, monkeypatch) -> None:
     """Unchanged sizes and mtimes: ready without loading the tokenizer or hashing a byte. A changed mtime: the
     full check again (hashes, same key, ready). Changed content: a new entry is built."""
+    import harness.campaign.prepare as prepare_mod
     import harness.data.prepared as prepared_mod
     import harness.data.tokens as tokens_mod
-    import harness.sbatch.prepare as prepare_mod
     from harness.data.files import file_sha256
     from harness.spec.inventory import load_inventory
     from harness.spec.plan import plan_sweep

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.cluster.probe import compare, fragment
 from harness.runner.envcapture import hca_firmware, ipv4_of_gid, read_hcas
-from harness.sbatch.probe import compare, fragment
 from harness.spec.inventory import load_inventory, parse_inventory
 
 from .conftest import TEST_INVENTORY, sql_rows

@@ -22,8 +22,8 @@ import yaml
 from harness import __version__
 from harness.build.render import render_points
 from harness.build.sbatch import array_sbatch
-from harness.sbatch.prepare import prepare_script
-from harness.sbatch.slurm import group_by_shape
+from harness.campaign.executors.slurm import group_by_shape
+from harness.campaign.prepare import prepare_script
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import parse_sweep

@@ -13,10 +13,10 @@ import duckdb
 import pytest
 import yaml
 
+from harness.campaign.repeats import AT_MAX, MORE, NO_CV, PRECISE, WAITING, verdict
+from harness.campaign.state import AttemptState, PointHistory
+from harness.campaign.submit import decide
 from harness.runner.faults import parse_faults
-from harness.sbatch.repeats import AT_MAX, MORE, NO_CV, PRECISE, WAITING, verdict
-from harness.sbatch.state import AttemptState, PointHistory
-from harness.sbatch.submit import decide
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep
 from harness.spec.sweep import AdaptiveRepeats, load_sweep

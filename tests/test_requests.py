@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from harness.build.render import render_points
-from harness.sbatch.fit import ClusterFit, cluster_fit
+from harness.cluster.fit import ClusterFit, cluster_fit
 from harness.slurm.client import Slurm
 from harness.slurm.sinfo import misfits, parse_sinfo
 from harness.spec.inventory import load_inventory

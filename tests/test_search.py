@@ -4,6 +4,7 @@ point but one), compared with what the campaign measured."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -11,13 +12,14 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from harness.campaign.executors.feed import FEEDER
+from harness.campaign.search import MIN_STEPS, scaled_sweep
+from harness.campaign.state import AttemptState, PointHistory
+from harness.campaign.submit import SEARCH, SEARCH_FEEDER, decide
 from harness.db.manifest import record_manifest
 from harness.db.search import search_answer
 from harness.db.store import open_store
 from harness.runner.measure import StopPolicy
-from harness.sbatch.search import MIN_STEPS, scaled_sweep
-from harness.sbatch.state import AttemptState, PointHistory
-from harness.sbatch.submit import SEARCH, decide
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep
 from harness.spec.search import Decision as SearchDecision
@@ -247,3 +249,10 @@ def test_plan_says_what_the_search_runs(tmp_path: Path, cli) -> None:
     assert res.exit_code == 0, res.output
     assert ("search: maximize dataset_tokens_per_second; the largest batch that fits per shape by bisection; "
             "successive halving (eta 3); the best point gets 2 repeat(s)") in res.output
+
+
+def test_the_search_feeder_is_named_where_it_is() -> None:
+    """The SLURM feeder job of a search runs ``python -m SEARCH_FEEDER``; the name must be a module that runs."""
+    spec = importlib.util.find_spec(SEARCH_FEEDER)
+    assert spec is not None and spec.origin and spec.origin.endswith("searchfeed.py")
+    assert FEEDER == "harness.campaign.executors.feed" and importlib.util.find_spec(FEEDER) is not None

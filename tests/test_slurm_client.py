@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.campaign.executors import slurm as slurm_backend
+from harness.campaign.executors.base import Submitted
 from harness.contract import poll
-from harness.sbatch import slurm as slurm_backend
-from harness.sbatch.executors import Submitted
 from harness.slurm.client import Slurm
 
 from .conftest import ROOT, TEST_INVENTORY
@@ -103,9 +103,10 @@ def test_status_reads_a_task_slurm_forgot(tmp_path: Path, monkeypatch) -> None:
     """A task neither the queue nor sacct knows (both answered) left the scheduler without a record: status
     shows it gone, or cancelled when sbench cancel asked for it (as collect will record it); nothing is
     shown as SUBMITTED. When sacct cannot answer, nothing is inferred."""
+    from harness.campaign import control
+    from harness.campaign.executors import registry as backends
     from harness.contract.paths import CampaignPaths
     from harness.contract.records import append_manifest
-    from harness.sbatch import backends, control
 
     monkeypatch.setattr(backends.shutil, "which", lambda name: f"/usr/bin/{name}")
     wd = tmp_path / "runs"

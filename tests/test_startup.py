@@ -19,7 +19,8 @@ from .conftest import sql_rows
 from .helpers import Trained, invoke, write_yaml
 
 # What only a submission runs: planning, rendering, the executors' queues.
-SUBMIT_PATH = ("harness.sbatch.submit", "harness.build.render", "harness.sbatch.executors", "harness.sbatch.refresh")
+SUBMIT_PATH = ("harness.campaign.submit", "harness.build.render", "harness.campaign.executors.base",
+               "harness.campaign.refresh")
 
 
 @pytest.fixture(scope="module")

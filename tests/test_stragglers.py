@@ -11,6 +11,7 @@ from statistics import median
 
 import pytest
 
+from harness.cluster.preflight import rank_devices
 from harness.collect import collect
 from harness.collect.stragglers import rank_scores
 from harness.contract.errors import InputError
@@ -19,7 +20,6 @@ from harness.db.store import open_store
 from harness.report.compare import excluded_text
 from harness.report.queries import STRAGGLER, left_out_why
 from harness.runner.faults import FaultSpecError, parse_faults
-from harness.sbatch.preflight import rank_devices
 from harness.slurm.client import Slurm
 from harness.spec.references import Reference, check_rows
 from harness.spec.sweep import load_sweep

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.sbatch.state import AttemptState, MeasuredRun, PointHistory
-from harness.sbatch.submit import decide
+from harness.campaign.state import AttemptState, MeasuredRun, PointHistory
+from harness.campaign.submit import decide
 from harness.spec.plan import PlannedPoint
 
 
@@ -88,7 +88,7 @@ def test_repeats_count_measurements() -> None:
 def test_array_script_runs_each_points_own_job_sbatch(tmp_path: Path) -> None:
     from harness.build.render import render_points
     from harness.build.sbatch import array_sbatch
-    from harness.sbatch.slurm import group_by_shape
+    from harness.campaign.executors.slurm import group_by_shape
     from harness.spec.inventory import load_inventory
     from harness.spec.plan import plan_sweep
     from harness.spec.sweep import parse_sweep
@@ -139,7 +139,7 @@ def test_local_inventory_reads_gpus_through_nvml(monkeypatch) -> None:
 
 @pytest.mark.parametrize("text,minutes", [("90", 90), ("01:30:00", 90), ("1-00:00:00", 1440), ("10:30", 10.5)])
 def test_slurm_time(text: str, minutes: float) -> None:
-    from harness.sbatch.local import slurm_time_minutes
+    from harness.campaign.executors.local import slurm_time_minutes
 
     assert slurm_time_minutes(text) == minutes
 
@@ -149,9 +149,9 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
     database lacks, or that the executor no longer reports queued or running, otherwise."""
     import json
 
+    from harness.campaign.refresh import runs_to_refresh
     from harness.collect import collect
     from harness.contract.paths import CampaignPaths
-    from harness.sbatch.refresh import runs_to_refresh
     from harness.slurm.client import Slurm
     from tests.synth import append_manifest, local_process, make_run, write_json
 

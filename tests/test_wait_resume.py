@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.campaign.wait import campaign_outcome
 from harness.collect.ingest import collect
 from harness.contract.paths import JobPaths
-from harness.sbatch.wait import campaign_outcome
 from harness.slurm import localjob
 
 from .conftest import ROOT, write_sweep

@@ -141,7 +141,7 @@ def _resources(sweep: Sweep, part: Partition, counts: Counts, share: Share, job_
     if share.exclusive:
         res["exclusive"] = True
     # Only inventory hosts: when the point needs every host, name them; otherwise the submit-time view of
-    # the SLURM partition (if a controller answers) excludes its other nodes (harness.sbatch.fit).
+    # the SLURM partition (if a controller answers) excludes its other nodes (harness.cluster.fit).
     # A host excluded for itself (a slow device, submit --exclude-slow) is never named.
     if nodes == len(part.hosts) and not set(exclude or ()) & set(part.hosts):
         res["nodelist"] = ",".join(sorted(part.hosts))

@@ -212,7 +212,7 @@ def prepare_points(sweep: Sweep, inv: Inventory, points: list[PlannedPoint], out
     """Build and render (in memory) every valid point's job directory under *out_dir*: everything that
     can fail on a value fails here, before anything is written. *attempts* gives the attempt number per
     (point_id, repeat) (default 1); points not in it are skipped when it is given. *exclude*: nodes of the
-    SLURM partition that are not inventory hosts (``harness.sbatch.fit``)."""
+    SLURM partition that are not inventory hosts (``harness.cluster.fit``)."""
     out = Path(out_dir).expanduser().resolve()
     done = []
     for p in points:

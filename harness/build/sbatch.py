@@ -9,7 +9,7 @@ end its line); the body as given. The three scripts are specs for it:
 - :func:`array_sbatch` / :func:`array_script`: the array wrapper for points that share one resource shape
   (several arrays when the shape has more points than one array may hold); a task may run a pack of points
   one after another (``slurm.pack``, :func:`pack_lines`);
-- :func:`feed_sbatch`: the feeder job of a campaign larger than the submit quota (``harness.sbatch.feed``);
+- :func:`feed_sbatch`: the feeder job of a campaign larger than the submit quota (``harness.campaign.executors.feed``);
 - :func:`prepare_sbatch`: the preparation job of ``sbench prepare --on slurm``.
 
 Every value these put on a shell line goes through ``shlex.quote``. Nothing here reads the disk,
@@ -170,7 +170,8 @@ def array_script(campaign: str, name: str, shape: dict[str, Any], job_dirs: Sequ
 
 
 def pack_lines(packs: Sequence[Sequence[str]], requeue: str | None, in_process: bool = False) -> list[str]:
-    """The body of a pack array (``harness.sbatch.pack``): task i runs the job dirs of ``packs[i]`` in order.
+    """The body of a pack array (``harness.campaign.executors.pack``): task i runs the job dirs of ``packs[i]``
+    in order.
 
     *in_process* (the sbench trainer): the first job dir's ``job.sbatch`` runs with ``SBENCH_PACK`` naming them
     all, and its node runner and training processes run every point in turn in one training process; the
@@ -223,12 +224,13 @@ def pack_lines(packs: Sequence[Sequence[str]], requeue: str | None, in_process: 
     ]
 
 
-def requeue_command(inv: Inventory, sweep: Sweep, python: str, cwd: str, campaign_dir: str | Path) -> str:
+def requeue_command(inv: Inventory, sweep: Sweep, python: str, cwd: str, campaign_dir: str | Path, module: str) -> str:
     """The shell function ``sbench_requeue JOB_DIR...`` a pack calls to put its points still to run back in the
-    queue: ``harness.sbatch.pack`` under the inventory's and the partition's setup lines, in a subshell."""
+    queue: ``python -m MODULE requeue`` (the executor's pack module names itself) under the inventory's and the
+    partition's setup lines, in a subshell."""
     part = inv.partition(sweep.partition)
     lines = ["sbench_requeue() (", f"  cd {_q(cwd)}", *(f"  {line}" for line in (*inv.setup, *part.setup)),
-             f'  exec {_q(python)} -m harness.sbatch.pack requeue {_q(campaign_dir)} "$@"', ")"]
+             f'  exec {_q(python)} -m {module} requeue {_q(campaign_dir)} "$@"', ")"]
     return "\n".join(lines)
 
 
@@ -237,8 +239,8 @@ FEED_TIME = "00:10:00"  # the feeder job's time limit: it submits a wave and res
 
 def feed_sbatch(sweep: Sweep, inv: Inventory, argv: list[str], cwd: str, out_dir: str | Path,
                 slurm_partition: str | None = None) -> str:
-    """The feeder job: one small task (one core) that runs *argv* (``harness.sbatch.feed``) to submit the next
-    wave of a campaign larger than the submit quota. It runs on *slurm_partition* (the sweep's
+    """The feeder job: one small task (one core) that runs *argv* (``harness.campaign.executors.feed``) to submit
+    the next wave of a campaign larger than the submit quota. It runs on *slurm_partition* (the sweep's
     ``slurm.feed_partition``), else on the sweep's partition, under the sweep's account and QOS."""
     part = inv.partition(sweep.partition)
     options: dict[str, Any] = {

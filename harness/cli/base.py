@@ -300,7 +300,7 @@ REPEATS_LINES = 20  # points below their CV target printed at most
 
 
 def print_repeats(campaign: str, verdicts: list[dict[str, Any]], submitted: int | None = None) -> None:
-    """The adaptive repeats of a campaign (``harness.sbatch.repeats`` verdicts as dicts): how many points are
+    """The adaptive repeats of a campaign (``harness.campaign.repeats`` verdicts as dicts): how many points are
     within the CV target, and each one still below it with its repeats and what comes next."""
     if not verdicts:
         return

@@ -10,6 +10,10 @@ from typing import Any
 import click
 import yaml
 
+from harness.campaign.executors.registry import job_runner
+from harness.cluster.fabric import run_fabric
+from harness.cluster.preflight import run_preflight
+from harness.cluster.probe import compare, fragment, run_probe
 from harness.contract.defaults import DRAIN_MIN_FLAGS, DRAIN_MIN_SHARE, PREFLIGHT_SECONDS, PREFLIGHT_THRESHOLD
 from harness.contract.errors import RunnerError
 from harness.contract.paths import resolve_db, resolve_workdir
@@ -18,10 +22,7 @@ from harness.db.hosts import drain_candidates, host_health
 from harness.db.store import open_store
 from harness.db.values import to_json, utc
 from harness.runner.fabric import parse_size
-from harness.sbatch.backends import resolve_executor
-from harness.sbatch.fabric import run_fabric
-from harness.sbatch.preflight import run_preflight
-from harness.sbatch.probe import compare, fragment, run_probe
+from harness.slurm.client import Slurm
 from harness.spec.inventory import load_inventory
 
 from .base import FiniteFloat, db_option, echo_json, inventory_option, json_option, main, say, table, workdir_option
@@ -117,7 +118,7 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
     """
     inv = load_inventory(inventory)
     partition = inv.partition(partition, choose="--partition").name
-    res = run_fabric(inv, partition, nodes, resolve_workdir(workdir), executor=resolve_executor(executor),
+    res = run_fabric(inv, partition, nodes, resolve_workdir(workdir), job_runner(executor, Slurm()),
                      roce=roce, sizes=sizes, iters=iters)
     with open_store(resolve_db(db)) as st:
         record_fabric(st, res.rows)

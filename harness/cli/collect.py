@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING
 
 import click
 
+from harness.campaign import nextruns
+from harness.campaign.decisions import SubmitReport
 from harness.collect import collect as run_collect
 from harness.contract.errors import InputError
 from harness.contract.lazy import lazy_module
 from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
-from harness.sbatch import nextruns
-from harness.sbatch.decisions import SubmitReport
 
 if TYPE_CHECKING:
-    from harness.sbatch import submit
+    from harness.campaign import submit
 else:  # the submit path loads only when a campaign's next runs are due (harness.contract.lazy)
-    submit = lazy_module("harness.sbatch.submit")
+    submit = lazy_module("harness.campaign.submit")
 
 from .base import Progress, campaign_name, db_option, echo_json, json_option, main, print_repeats, say, workdir_option
 
@@ -73,7 +73,7 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, no_more
 
 
 def _more_repeats(wd: Path, db: Path | None, campaign: str | None) -> list[SubmitReport]:
-    """The next repeats of the adaptive campaigns' points that need them (``harness.sbatch.repeats``)."""
+    """The next repeats of the adaptive campaigns' points that need them (``harness.campaign.repeats``)."""
     names = [campaign] if campaign else [c.name for c in CampaignPaths.listed(wd, submitted=True)]
     out = []
     for name in names:

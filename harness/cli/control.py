@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from harness.sbatch.control import cancel as cancel_attempts
-from harness.sbatch.control import status as status_report
+from harness.campaign.control import cancel as cancel_attempts
+from harness.campaign.control import status as status_report
 
 from .base import (
     campaign_name,

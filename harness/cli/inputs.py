@@ -9,14 +9,14 @@ import click
 
 from harness.build.jobspec import JobSpec
 from harness.build.render import prepare_points, render_points
+from harness.campaign.grouping import make_packs, pack_labels
+from harness.cluster import discover as discovery
+from harness.cluster.faultcheck import check_faults
+from harness.cluster.fit import ClusterFit, cluster_fit
 from harness.contract.errors import RunnerError
 from harness.contract.paths import resolve_workdir
 from harness.data.lengths import length_warnings
 from harness.data.prepared import masked_warnings
-from harness.sbatch import discover as discovery
-from harness.sbatch.faultcheck import check_faults
-from harness.sbatch.fit import ClusterFit, cluster_fit
-from harness.sbatch.grouping import make_packs, pack_labels
 from harness.slurm.client import Slurm
 from harness.spec.catalog import EXPERIMENTS, get_experiment
 from harness.spec.inventory import Inventory, describe, load_inventory

@@ -8,10 +8,10 @@ from typing import Any, NoReturn
 
 import click
 
+from harness.campaign.decisions import SubmitReport
+from harness.campaign.submit import SubmitRequest, more_repeats, retry_campaign, submit_sweep
+from harness.campaign.wait import WaitSummary, in_flight, judge_campaign, refs, still_queued, wait_for
 from harness.contract.errors import Interrupted
-from harness.sbatch.decisions import SubmitReport
-from harness.sbatch.submit import SubmitRequest, more_repeats, retry_campaign, submit_sweep
-from harness.sbatch.wait import WaitSummary, in_flight, judge_campaign, refs, still_queued, wait_for
 from harness.slurm.client import Slurm
 
 from .base import (

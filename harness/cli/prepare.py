@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
+from harness.campaign.prepare import prepare_sweep, record_prepare_job, submit_prepare_job
 from harness.contract.errors import RunnerError
 from harness.contract.paths import CampaignPaths, resolve_workdir
-from harness.sbatch.prepare import prepare_sweep, record_prepare_job, submit_prepare_job
 from harness.spec.inventory import load_inventory
 from harness.spec.sweep import load_sweep
 

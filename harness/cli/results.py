@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from harness.campaign.search import best as search_best
 from harness.contract.errors import InputError
 from harness.contract.paths import resolve_db
 from harness.db.checks import check_results, references_of
@@ -24,7 +25,6 @@ from harness.report.compare import Verdict, compare_in
 from harness.report.envdiff import EnvDiff
 from harness.report.queries import run_profile
 from harness.report.scaling import EFFICIENCY_THRESHOLD, scaling_rows
-from harness.sbatch.search import best as search_best
 
 from .base import (
     FiniteFloat,

@@ -82,7 +82,7 @@ TRIAL = Var("SBENCH_TRIAL", "", "The stability trial a training process belongs 
 PACK = Var("SBENCH_PACK", "",
            "The job dirs of a pack (slurm.pack), as a JSON list, the first being the one launched: the node runner "
            "and the sbench trainer's processes run each point in turn, in one training process "
-           "(harness.sbatch.pack)", "job")
+           "(harness.campaign.executors.pack)", "job")
 LAUNCHED_WALL = Var("SBENCH_LAUNCHED_WALL", "",
                     "When the node runner started the training command (wall clock): where each rank's launch "
                     "stage begins; unset: when the rank's process started", "job")

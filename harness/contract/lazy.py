@@ -6,9 +6,9 @@ top, beside the same import under ``TYPE_CHECKING`` (so the type checker and the
 as an ordinary import); the module's code runs at the first attribute read, only when runs are due::
 
     if TYPE_CHECKING:
-        from harness.sbatch import submit
+        from harness.campaign import submit
     else:
-        submit = lazy_module("harness.sbatch.submit")
+        submit = lazy_module("harness.campaign.submit")
 """
 
 from __future__ import annotations

@@ -224,7 +224,7 @@ class CampaignPaths:
     - :attr:`manifest`: the append-only record of what was submitted (``harness.contract.records`` reads
       and writes its lines);
     - :attr:`lock`: submit, retry, cancel, the feeder and a pack's requeue of one campaign hold it in turn
-      (``harness.sbatch.lock``);
+      (``harness.campaign.lock``);
     - :attr:`prepare_job`: the ``--prepare-on slurm`` job the campaign's arrays depend on;
     - :attr:`local`: the local executor's queue files, their pidfiles and logs, and submitit's folder
       (:meth:`queue`, :meth:`queue_pidfile`, :attr:`local_submitit`);

@@ -115,7 +115,7 @@ class PointLine(_PointKeys, total=False):
 
 
 class AttemptExtra(TypedDict, total=False):
-    """What an executor adds to an attempt's line (``harness.sbatch.executors.Submitted.extra``)."""
+    """What an executor adds to an attempt's line (``harness.campaign.executors.base.Submitted.extra``)."""
 
     submitted_at: str  # when the scheduler took it, when the executor knows it better than submit does
     job_name: str | None  # its SLURM job's name: tells its accounting from another job's that had its id

@@ -283,7 +283,7 @@ CLUSTER_HEALTH_TABLES: dict[str, list[tuple[str, str]]] = {
         ("own_step_s", "DOUBLE"), ("best_step_s", "DOUBLE"), ("current_step_s", "DOUBLE"),
         ("relative_score", "DOUBLE"), ("individual_score", "DOUBLE"), ("threshold", "DOUBLE"), ("flagged", "BOOLEAN"),
     ],
-    # sbench preflight (harness.sbatch.preflight): one row per (preflight, host, device, figure); ratio is the
+    # sbench preflight (harness.cluster.preflight): one row per (preflight, host, device, figure); ratio is the
     # value over the partition's median of that figure, flagged when under the threshold.
     "preflight": [
         ("preflight_id", "VARCHAR"), ("cluster", "VARCHAR"), ("partition", "VARCHAR"), ("host", "VARCHAR"),

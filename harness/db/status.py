@@ -124,7 +124,7 @@ def status_rows(store: Store, campaign: str | None = None) -> list[dict[str, Any
 
 def point_stability(store: Store, campaign: str) -> dict[str, tuple[int, float | None]]:
     """Per point of *campaign*: how many valid repeats its ``point_stability`` row counts, and their throughput
-    CV (None with fewer than two); what adaptive repeats (``harness.sbatch.repeats``) decide on."""
+    CV (None with fewer than two); what adaptive repeats (``harness.campaign.repeats``) decide on."""
     rows = point_stability_sql("(SELECT * FROM measurements WHERE campaign = ?)")
     sql = f"SELECT point_id, repeats_measured, throughput_cv FROM ({rows})"
     return {r[0]: (int(r[1]), None if r[2] is None else float(r[2]))

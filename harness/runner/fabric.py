@@ -4,7 +4,7 @@ One process per device, started by accelerate like a training run: ``torch.distr
 all-gather over a range of message sizes, NCCL on GPUs and gloo on CPU partitions. Rank 0 records per size
 the time, the algorithm bandwidth (bytes / time) and the bus bandwidth (all-reduce: algbw x 2(n-1)/n;
 all-gather: algbw x (n-1)/n, with bytes the gathered total, as nccl-tests reports them) in its
-``rank.0.json``; ``harness.sbatch.fabric`` submits the job and reads the results.
+``rank.0.json``; ``harness.cluster.fabric`` submits the job and reads the results.
 """
 
 from __future__ import annotations

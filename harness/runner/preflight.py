@@ -5,11 +5,11 @@ Per device (each GPU at bf16, all at once, one thread each; the CPU at fp32, on 
 node without GPUs): a dense square matmul (TFLOP/s: 2 n^3 per matmul) and a device memory copy of one buffer into
 another (GB/s: the bytes read plus the bytes written), each timed in :data:`REPS` repetitions that together take
 about ``--seconds``; a figure is the median of its repetitions, with their spread ((max - min) / median).
-``harness.sbatch.preflight`` ranks them against the partition's median. It writes ``DIR/preflight.<node>.json``.
+``harness.cluster.preflight`` ranks them against the partition's median. It writes ``DIR/preflight.<node>.json``.
 
 ``SBENCH_FAULT slow@stage=preflight[,host=NAME][,look=1|2][:FACTOR]`` makes this node's matmuls and copies take
 FACTOR times as long (each timed repetition waits the extra time): a slow device, for tests; with ``look=``, only
-at that look (``--look``: the first measurement, or the second look ``harness.sbatch.preflight`` takes at a device
+at that look (``--look``: the first measurement, or the second look ``harness.cluster.preflight`` takes at a device
 found slow).
 """
 

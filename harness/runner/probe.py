@@ -4,7 +4,7 @@
 ``/sys/class/infiniband`` (ports, state, link layer, rate, and the GID table with each entry's type, so
 which indices are RoCE v2 with an IPv4-mapped address), the memlock limit, cores and memory. It runs on
 each node (one task per inventory host with ``--on slurm``) and writes ``DIR/probe.<node>.json``;
-``harness.sbatch.probe`` compares what it found with the inventory.
+``harness.cluster.probe`` compares what it found with the inventory.
 """
 
 from __future__ import annotations

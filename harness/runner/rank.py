@@ -195,7 +195,7 @@ def main(run: Runner, argv: list[str] | None = None) -> int:
     sbench trainer) the process trains each of the pack's points in turn, each with its own command line (its
     job dir's ``spec.json``), context, stages and ``rank.<r>.json``; the imports, the launcher and the process
     group are the first point's. It stops at the first point that does not end ok: the points after it go
-    back to the queue as their own jobs (``harness.sbatch.pack``)."""
+    back to the queue as their own jobs (``harness.campaign.executors.pack``)."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _Signals.handler)
     pack = pack_dirs(envvars.PACK.get())

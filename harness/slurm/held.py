@@ -1,7 +1,7 @@
 """Attempts sbench holds back from SLURM: the part of a campaign that did not fit the submit quota yet.
 
 ``sbench submit`` submits what the cluster's limits allow (:mod:`harness.slurm.limits`) and writes the rest
-into the campaign's feed file (``CampaignPaths.feed``); a small feeder job (``harness.sbatch.feed``) submits
+into the campaign's feed file (``CampaignPaths.feed``); a small feeder job (``harness.campaign.executors.feed``) submits
 the next wave when there is room, then submits itself again, until nothing is held. No process on the login
 node has to stay alive. Each held job dir's ``submitted.json`` says ``held_back_at`` and has no job id.
 

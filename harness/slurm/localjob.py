@@ -1,5 +1,6 @@
 """The local executor's jobs, as the scheduler layer sees them: which process is whose, and what state
-each job is in. ``harness.sbatch.local`` starts them; status, cancel, ``submit --wait`` and collect ask here.
+each job is in. ``harness.campaign.executors.local`` starts them; status, cancel, ``submit --wait`` and collect
+ask here.
 
 **Process identity.** A pid written in a file of the work dir (``submitted.json``, a queue's pidfile) names
 a process; it never vouches for it. Every launch (the process that becomes the job's node runner) and every

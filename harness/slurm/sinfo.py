@@ -1,6 +1,6 @@
 """What ``sinfo`` says about a partition's nodes, read, and which requests do not fit them.
 
-:mod:`harness.slurm.client` asks; ``harness.sbatch.fit`` uses the answer to keep allocations on
+:mod:`harness.slurm.client` asks; ``harness.cluster.fit`` uses the answer to keep allocations on
 inventory hosts and to name the rendered requests that do not fit the nodes as SLURM configured them
 (cores, memory, GPUs).
 """

@@ -1,6 +1,6 @@
 """The verdict of one point under ``repeats: {min, max, cv}`` (:class:`harness.spec.sweep.AdaptiveRepeats`): its
 state and its next repeat, from how many of its repeats were submitted, are in flight and were measured, and
-their throughput's CV. Pure: ``sbatch.repeats`` decides what to submit with it, the report shows it."""
+their throughput's CV. Pure: ``campaign.repeats`` decides what to submit with it, the report shows it."""
 
 from __future__ import annotations
 

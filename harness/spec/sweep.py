@@ -96,7 +96,7 @@ MAX_REL_CI = 0.5  # the precision auto-stop's widest target: +-50 % of the mean
 class AdaptiveRepeats:
     """``repeats: {min, max, cv}``: each point runs *min* repeats; one more is submitted (by ``sbench submit``
     run again on the sweep, or ``sbench collect``) while the coefficient of variation of its throughput
-    across its measured repeats is above *cv*, up to *max* repeats (``harness.sbatch.repeats``)."""
+    across its measured repeats is above *cv*, up to *max* repeats (``harness.campaign.repeats``)."""
 
     min: int
     max: int
@@ -137,10 +137,11 @@ class SlurmOverrides:
     max_parallel: int | None = None
     requeue: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
-    # the SLURM partition of the feeder job that submits what the submit quota held back (harness.sbatch.feed)
+    # the SLURM partition of the feeder job that submits what the submit quota held back
+    # (harness.campaign.executors.feed)
     feed_partition: str | None = None
     # points of one resource shape, model, trainer and dtype run one after another in one allocation:
-    # 1 (the default) each point its own job, N at most N per allocation, "auto" (harness.sbatch.pack)
+    # 1 (the default) each point its own job, N at most N per allocation, "auto" (harness.campaign.executors.pack)
     pack: int | str = 1
 
 

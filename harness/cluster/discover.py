@@ -4,7 +4,7 @@ SLURM is asked once each: ``sinfo`` (the partitions, their nodes and time limits
 (each node's CPUs, memory, GRES, features, address, state). With ``--on slurm`` the node probe
 (:mod:`harness.runner.probe`: GPUs through NVML, HCAs, their ports, link layers and GID tables) runs on every
 usable node through ``srun``, one task per node, one allocation per partition, each node probed once
-(:func:`harness.sbatch.probe.probe_hosts`). :func:`render` writes a complete, commented inventory that
+(:func:`harness.cluster.probe.probe_hosts`). :func:`render` writes a complete, commented inventory that
 ``sbench inventory check`` accepts as it is: each partition's figures (the smallest node's CPUs and memory, the
 GPUs NVML sees, else SLURM's GRES), each host with its address and RoCE ports (the active Ethernet ports' RoCE v2
 IPv4 GID index), a comment with what SLURM and the probe say of it, and a comment on every host that differs

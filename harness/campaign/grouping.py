@@ -1,6 +1,6 @@
-"""Which points share an allocation under ``slurm.pack`` (:mod:`harness.sbatch.pack` runs them): pure functions of
-the points' JobSpecs, with nothing of the database or the scheduler, so ``plan`` and ``render`` show the packs
-without loading either."""
+"""Which points share an allocation under ``slurm.pack`` (:mod:`harness.campaign.executors.pack` runs them):
+pure functions of the points' JobSpecs, with nothing of the database or the scheduler, so ``plan`` and
+``render`` show the packs without loading either."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SLURM submission: job arrays per resource shape, within the cluster's limits (``harness.sbatch.feed``),
+"""SLURM submission: job arrays per resource shape, within the cluster's limits (``harness.campaign.executors.feed``),
 submitted through the scheduler client.
 
 Each array task runs one point's own ``job.sbatch`` (the file ``render`` wrote), so what was rendered
@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.build.jobspec import JobSpec
+from harness.campaign.prepare import live_prepare_job, record_prepare_job, submit_prepare_job
+from harness.cluster.fit import ClusterFit, cluster_fit
 from harness.contract import jobstate
 from harness.contract.poll import Backoff
 from harness.contract.records import read_submitted
@@ -26,10 +28,8 @@ from harness.spec.plan import PlannedPoint
 from harness.spec.sweep import Sweep
 
 from . import feed
-from .executors import SubmitOptions, Submitted
-from .fit import ClusterFit, cluster_fit
+from .base import SubmitOptions, Submitted
 from .pack import make_packs
-from .prepare import live_prepare_job, record_prepare_job, submit_prepare_job
 
 # (first, cap) of the poller's pauses while it waits, in seconds (harness.contract.poll): each look asks SLURM
 WAIT_POLL_S = (0.5, 60.0)
@@ -55,13 +55,14 @@ class SlurmBackend:
         """Nothing beyond what plan and render checked: SLURM places multi-node points itself."""
 
     def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit:
-        """The partition as its controller describes it (``harness.sbatch.fit``)."""
+        """The partition as its controller describes it (``harness.cluster.fit``)."""
         return cluster_fit(inv, points, self.slurm)
 
     def complete(self, opts: SubmitOptions, sweep: Sweep, inv: Inventory, campaign_dir: Path) -> SubmitOptions:
-        """The feeder job's script (what the submit quota holds back, ``harness.sbatch.feed``) and the command a
-        pack runs after an OOM (``harness.sbatch.pack``)."""
-        return dataclasses.replace(opts, feeder_script=feed.feeder_script(sweep, inv, campaign_dir),
+        """The feeder job's script (what the submit quota holds back, ``feed``) and the command a pack runs after an
+        OOM (``pack``)."""
+        return dataclasses.replace(opts, feeder_script=feed.feeder_script(sweep, inv, campaign_dir,
+                                                                                  opts.feeder_module),
                                    requeue_command=feed.pack_requeue(sweep, inv, campaign_dir))
 
     def live_prepare_job(self, campaign_dir: Path) -> str | None:
@@ -79,8 +80,8 @@ class SlurmBackend:
 
     def submit(self, campaign_dir: Path, specs: list[JobSpec], opts: SubmitOptions) -> list[Submitted]:
         """One array per resource shape, split to fit ``MaxArraySize``, within the submit quota; what does not
-        fit is held back for the campaign's feeder job (``harness.sbatch.feed``). With ``slurm.pack``, the
-        points that pack together (``harness.sbatch.pack``) are one array task each pack."""
+        fit is held back for the campaign's feeder job (``harness.campaign.executors.feed``). With ``slurm.pack``, the
+        points that pack together (``harness.campaign.executors.pack``) are one array task each pack."""
         packs = make_packs(specs, opts.pack, opts.pack_time_limit)
         alone = [p[0] for p in packs if len(p) == 1]
         out, calls = feed.start(self.slurm, campaign_dir, specs[0].campaign if specs else "", specs,
@@ -109,7 +110,7 @@ class SlurmBackend:
             finished.update({j: st for j, st in states.items() if jobstate.is_done(st)})
             states.update(finished)
             for k, (jd, jid) in enumerate(ids):
-                # a pack's point that its pack put back in the queue (harness.sbatch.pack): its own job now
+                # a pack's point that its pack put back in the queue (harness.campaign.executors.pack): its own job now
                 if jd and jid and jobstate.is_done(states.get(jid)):
                     info = read_submitted(jd)
                     if info.get("requeued_at") and info.get("job_id") and str(info["job_id"]) != jid:

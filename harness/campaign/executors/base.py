@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness.build.jobspec import JobSpec
+from harness.cluster.fit import ClusterFit
 from harness.contract.records import AttemptExtra
 from harness.spec.inventory import Inventory
 from harness.spec.plan import PlannedPoint
 from harness.spec.sweep import Sweep
-
-from .fit import ClusterFit
 
 
 @dataclass
@@ -34,13 +33,15 @@ class SubmitOptions:
     hold: bool = False
     dependency: str | None = None  # a SLURM job id every submitted job waits for (afterok)
     qos: str | None = None  # the QOS the jobs ask for: its submit limits count (harness.slurm.limits)
-    feeder_script: str | None = None  # the feeder job of what the submit quota holds back (harness.sbatch.feed)
+    # the feeder job of what the submit quota holds back (harness.campaign.executors.feed)
+    feeder_script: str | None = None
+    feeder_module: str | None = None  # the module the feeder job runs, where not feed (a search's: its caller names it)
     reasons: dict[str, str] = field(default_factory=dict)  # job dir -> why it is submitted (new, retry, force)
-    pack: int | str = 1  # the sweep's slurm.pack: points per allocation (harness.sbatch.pack)
+    pack: int | str = 1  # the sweep's slurm.pack: points per allocation (harness.campaign.executors.pack)
     pack_time_limit: str | None = None  # the partition's time limit, which a pack's time stays within
     requeue_command: str | None = None  # the shell function a SLURM pack calls after an OOM
     # a search campaign (search:): its results database; on SLURM its feeder job goes on with the search
-    # (harness.sbatch.searchfeed) until it is over, with nothing held back too
+    # (harness.campaign.searchfeed) until it is over, with nothing held back too
     search_db: str | None = None
 
 

@@ -31,7 +31,7 @@ from .state import PointHistory
 
 def point_verdicts(spec: AdaptiveRepeats, point_ids: list[str], history: PointHistory,
                    campaign: str) -> dict[str, RepeatsVerdict]:
-    """The verdict of each of *point_ids* from what *history* (``harness.sbatch.state``) has of *campaign*."""
+    """The verdict of each of *point_ids* from what *history* (``harness.campaign.state``) has of *campaign*."""
     submitted: dict[str, set[int]] = {}
     in_flight: dict[str, int] = {}
     for (c, p, r), attempts in history.by_run.items():

@@ -11,7 +11,7 @@ of every point but the first. Its job's time limit is the sum of its points' (wi
 cancel`` marked it (``cancelled_at`` in its ``submitted.json``), it runs that job dir's ``job.sbatch`` in the
 allocation. When a point's node runner ends ``invalid`` (GPU out of memory, exit status 2), the points still
 to run go back to the queue as their own jobs (:func:`requeue`, this module run on the node as
-``python -m harness.sbatch.pack``): none is measured on memory a failed step left fragmented. A point that
+``python -m harness.campaign.executors.pack``): none is measured on memory a failed step left fragmented. A point that
 fails otherwise does not stop the others. The pack job ends 0 once its points ran, so SLURM's word on the job
 never overrides a point's own files (:mod:`harness.collect.outcome`).
 
@@ -27,6 +27,17 @@ from pathlib import Path
 
 from harness.build.jobspec import JobSpec
 from harness.build.sbatch import job_name_of
+from harness.campaign.grouping import (  # noqa: F401 - which points pack together lives in grouping; its callers import it here
+    AUTO_MAX,
+    batch_size,
+    in_process,
+    make_packs,
+    pack_key,
+    pack_labels,
+    pack_size,
+    packable,
+)
+from harness.campaign.lock import CampaignLocks, holding_campaign_locks
 from harness.contract import safefile
 from harness.contract.errors import SbenchError, SubmitError
 from harness.contract.paths import CampaignPaths, JobPaths
@@ -43,18 +54,6 @@ from harness.contract.records import (
 )
 from harness.slurm.client import Slurm
 from harness.spec.schema import slurm_time_minutes
-
-from .grouping import (  # noqa: F401 - which points pack together lives in grouping; its callers import it here
-    AUTO_MAX,
-    batch_size,
-    in_process,
-    make_packs,
-    pack_key,
-    pack_labels,
-    pack_size,
-    packable,
-)
-from .lock import CampaignLocks, holding_campaign_locks
 
 REQUEUE_REASON = "requeued unpacked: an earlier point of its pack ran out of GPU memory"
 
@@ -155,7 +154,7 @@ def requeue(locks: CampaignLocks, campaign_dir: Path, job_dirs: Sequence[Path], 
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[0] != "requeue":
-        sys.stderr.write("usage: python -m harness.sbatch.pack requeue CAMPAIGN_DIR JOB_DIR...\n")
+        sys.stderr.write("usage: python -m harness.campaign.executors.pack requeue CAMPAIGN_DIR JOB_DIR...\n")
         return 2
     try:
         done = requeue(Path(argv[1]), [Path(a) for a in argv[2:]])

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.campaign.executors.base import Submitted
+from harness.campaign.executors.registry import get_backend, live_states
 from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import Interrupted, SbenchError
@@ -31,8 +33,6 @@ from harness.db.store import open_store
 from harness.slurm.client import Slurm
 
 from . import manifest
-from .backends import get_backend, live_states
-from .executors import Submitted
 
 OUTCOMES = ("ok", "invalid", "failed")
 # An attempt the scheduler reports over may lack its final accounting for a moment (sacct trails
@@ -54,7 +54,7 @@ class AttemptRef:
     extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     def live(self) -> dict[str, Any]:
-        """The attempt as :func:`harness.sbatch.backends.live_states` asks about it."""
+        """The attempt as :func:`harness.campaign.executors.registry.live_states` asks about it."""
         return {**self.extra, "point_id": self.point_id, "repeat": self.repeat, "attempt": self.attempt,
                 "job_dir": self.job_dir, "executor": self.executor, "job_id": self.job_id}
 

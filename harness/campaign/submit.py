@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,12 @@ from typing import Any
 from harness import __version__
 from harness.build.jobspec import JobSpec
 from harness.build.render import Rendered, prepare_points, write_files
-from harness.contract.errors import InputError, SbenchError, SubmitError, SweepError
+from harness.campaign.executors.base import Backend, SubmitOptions
+from harness.campaign.executors.registry import get_backend, job_runner, recorded_or
+from harness.cluster.faultcheck import check_faults
+from harness.cluster.fit import ClusterFit
+from harness.cluster.preflight import check_devices, check_fabric
+from harness.contract.errors import InputError, SubmitError, SweepError
 from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
 from harness.contract.records import (
     CampaignLine,
@@ -29,8 +33,6 @@ from harness.contract.records import (
 from harness.data.lengths import length_warnings
 from harness.data.prepared import masked_warnings
 from harness.data.trainerenv import EnvBuildError, build
-from harness.db.cluster import record_fabric, record_preflight
-from harness.db.store import open_store
 from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
@@ -40,14 +42,8 @@ from harness.spec.search import Decision as SearchDecision
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
 from . import manifest, nextruns
-from .backends import get_backend, recorded_or
 from .decisions import Decision, SubmitReport
-from .executors import Backend, SubmitOptions
-from .fabric import run_fabric
-from .faultcheck import check_faults
-from .fit import ClusterFit
 from .lock import CampaignLocks, holding_campaign_locks
-from .preflight import run_preflight as run_device_preflight
 from .prepare import run_prepare, work_for
 from .refresh import campaign_history
 from .repeats import MORE, point_verdicts
@@ -61,13 +57,18 @@ SEARCH = "search"  # the reason's head of a run a search asked for
 NOT_HANDED_OVER = "not started: the submit that rendered it stopped before handing it to the executor"
 
 
+# A search's feeder job goes on with the search (its turn calls more_repeats here, so it is named, not imported;
+# tests/test_search.py checks the name).
+SEARCH_FEEDER = f"{__package__}.searchfeed"
+
+
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
            retry_failed: bool, reuse: bool = False, adaptive: AdaptiveRepeats | None = None,
            search: SearchState | None = None) -> list[Decision]:
     """Skip what this campaign measured or has in flight; resubmit failures only when asked. With *reuse*,
     a point another campaign measured is not measured again: it takes that run, and says which. With
     *adaptive* (``repeats: {min, max, cv}``), a repeat beyond *min* that was never submitted is submitted
-    only when it is its point's next one and the point's CV asks for it (``harness.sbatch.repeats``);
+    only when it is its point's next one and the point's CV asks for it (``harness.campaign.repeats``);
     otherwise it has no decision at all (it is not a run of the campaign until then). With *search* (a sweep's
     ``search:``), a run is a run of the campaign only once the search asks for it (``harness.spec.search``)."""
     asked = {pr: search.decisions[pr[0]].reason for pr in search.todo} if search else {}
@@ -153,7 +154,7 @@ class SubmitRequest:
 
     sweep: Path
     inventory: Path | None = None  # None: $SBENCH_INVENTORY, else the built-in local inventory
-    executor: str = "auto"  # auto | local | slurm (harness.sbatch.backends)
+    executor: str = "auto"  # auto | local | slurm (harness.campaign.executors.registry)
     workdir: Path | None = None
     db: Path | None = None
     model_map: Path | None = None
@@ -164,7 +165,7 @@ class SubmitRequest:
     only_more: bool = False  # nothing but the next repeats adaptive repeats ask for (sbench collect)
     max_parallel: int | None = None
     hold: bool = False
-    preflight: bool = False  # a fabric job per multi-node shape first (run_preflight), and each device measured
+    preflight: bool = False  # a fabric job per multi-node shape first (check_fabric), and each device measured
     exclude_slow: bool = False  # with preflight: leave a slow device's host out (sbatch --exclude) instead of refusing
     prepare: str = "here"  # here | slurm | no (PREPARE_MODES)
     skip_predicted_oom: bool = False
@@ -194,15 +195,20 @@ class Planned:
 def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[str], None] = lambda s: None,
                  slurm: Slurm | None = None) -> SubmitReport:
     """Submit a sweep's points that still need running (see :func:`decide`), as the campaign *req* names
-    (default: the sweep's ``campaign:``); ``harness.sbatch.wait`` waits for them. From reading what the campaign
-    has to recording what was submitted, the campaign's lock is held (``harness.sbatch.lock``): a second
+    (default: the sweep's ``campaign:``); ``harness.campaign.wait`` waits for them. From reading what the campaign
+    has to recording what was submitted, the campaign's lock is held (``harness.campaign.lock``): a second
     submit, retry or cancel of the campaign waits, so no attempt is started twice."""
     # One scheduler client for the whole command: each question to SLURM is asked once.
     slurm = slurm or Slurm()
     plan = _plan(req, echo, slurm)
     fit_notes = plan.fit.check([spec for spec, _ in plan.preview], plan.inv)
-    checked = run_preflight(plan.inv, plan.points, plan.workdir, plan.db, slurm=slurm) if req.preflight else []
-    devices, slow = device_preflight(req, plan, slurm) if req.preflight else ([], [])
+    checked: list[dict[str, Any]] = []
+    devices: list[dict[str, Any]] = []
+    slow: list[str] = []
+    if req.preflight:
+        checked = check_fabric(plan.inv, plan.points, plan.workdir, plan.db, job_runner("slurm", slurm))
+        devices, slow = check_devices(plan.inv, plan.points, plan.backend.on_nodes, plan.workdir, plan.db,
+                                      req.exclude_slow, slurm)
     if slow:
         plan = _without_hosts(plan, slow)
     sweep, campaign_dir = plan.sweep, plan.campaign_dir
@@ -359,7 +365,8 @@ def _hand_over(req: SubmitRequest, plan: Planned, todo: list[Decision], specs: l
         qos=sweep.slurm.qos or inv.partition(sweep.partition).qos,
         reasons={spec.job_dir: d.reason for d, spec in zip(todo, specs, strict=True)}, pack=sweep.slurm.pack,
         pack_time_limit=inv.partition(sweep.partition).time_limit,
-        search_db=str(plan.db.resolve()) if sweep.search else None), sweep, inv, plan.campaign_dir)
+        search_db=str(plan.db.resolve()) if sweep.search else None,
+        feeder_module=SEARCH_FEEDER if sweep.search else None), sweep, inv, plan.campaign_dir)
     report.submitted = backend.submit(plan.campaign_dir, specs, opts)
     report.sbatch_calls = backend.sbatch_calls
     report.held_back = sum(1 for s in report.submitted if s.extra.get("held_back"))
@@ -387,7 +394,7 @@ PREPARE_MODES = ("here", "slurm", "no")
 
 def _prepare_before(req: SubmitRequest, plan: Planned, points: list[PlannedPoint], report: SubmitReport,
                     echo: Callable[[str], None]) -> str | None:
-    """Prepare what the points to submit read (``harness.sbatch.prepare``); returns an ``afterok`` job id or None.
+    """Prepare what the points to submit read (``harness.campaign.prepare``); returns an ``afterok`` job id or None.
 
     ``here`` prepares in this process, unless a preparation job of this campaign (``sbench prepare
     --on slurm``) is still queued or running: then the arrays depend on it. ``slurm`` submits one (the backend
@@ -450,59 +457,6 @@ def _check_trainer_envs(sweep: Any, inv: Inventory, points: list[PlannedPoint]) 
                              f"{' --extras fms-accel' if extras else ''}), or submit without --no-prepare")
 
 
-def run_preflight(inv: Inventory, points: list[PlannedPoint], workdir: Path, db: Path,
-                  fabric: Callable[..., Any] | None = None, slurm: Slurm | None = None) -> list[dict[str, Any]]:
-    """``--preflight``: one fabric job per partition and node count of the sweep's multi-node points,
-    before anything is submitted. Refuses (SubmitError) when one fails, or when RoCE points would run
-    over Socket. Each fabric run lands in the ``fabric`` table."""
-    fabric = fabric or functools.partial(run_fabric, slurm=slurm or Slurm())
-    shapes: dict[tuple[str, int], bool] = {}
-    for p in points:
-        n = int(p.entity.get("number_nodes") or 1)
-        if p.valid and n > 1:
-            shapes[(p.partition, n)] = shapes.get((p.partition, n), False) or bool(p.entity.get("enable_roce"))
-    out = []
-    for (part, n), roce in sorted(shapes.items()):
-        res = fabric(inv, part, n, workdir, executor="slurm", roce=True if roce else None)
-        try:
-            with open_store(db) as st:
-                record_fabric(st, res.rows)
-        except SbenchError:  # a busy or foreign DB must not hide the verdict; the job dir keeps the files
-            pass
-        out.append({"partition": part, "nodes": n, "fabric_id": res.fabric_id, "ok": res.ok,
-                    "transports": res.transports})
-        if not res.ok:
-            raise SubmitError(f"preflight: fabric on partition {part} over {n} nodes failed: {res.reason}; "
-                              f"nothing was submitted (job dir {res.job_dir})")
-        if roce and res.socket_hosts:
-            raise SubmitError(f"preflight: RoCE points on partition {part} over {n} nodes would run over Socket "
-                              f"(NCCL chose Socket on {', '.join(res.socket_hosts)}); check the hosts' roce: HCAs and "
-                              f"GID index (sbench probe), nothing was submitted")
-    return out
-
-
-def device_preflight(req: SubmitRequest, plan: Planned, slurm: Slurm) -> tuple[list[dict[str, Any]], list[str]]:
-    """``--preflight``: each device of the valid points' partitions measured (``harness.sbatch.preflight``), before
-    anything is submitted. A slow device refuses the submission (SubmitError), or with ``--exclude-slow`` its host
-    is left out of every request. Returns each partition's check and the hosts to leave out."""
-    out: list[dict[str, Any]] = []
-    slow: list[str] = []
-    for part in sorted({p.partition for p in plan.points if p.valid}):
-        res = run_device_preflight(plan.inv, part, plan.backend.on_nodes, plan.workdir, slurm=slurm)
-        try:
-            with open_store(plan.db) as st:
-                record_preflight(st, res.recorded)
-        except SbenchError:  # a busy or foreign DB must not hide the verdict
-            pass
-        out.append({"partition": part, "preflight_id": res.preflight_id, "slow_hosts": res.slow_hosts,
-                    "missing": res.missing, "summary": res.summary()})
-        if res.slow and not req.exclude_slow:
-            raise SubmitError(f"preflight: {res.summary()}\nnothing was submitted; --exclude-slow leaves "
-                              f"{', '.join(res.slow_hosts)} out (sbatch --exclude), or drain it")
-        slow += res.slow_hosts
-    return out, sorted(set(slow))
-
-
 def _without_hosts(plan: Planned, hosts: list[str]) -> Planned:
     """The plan rendered again with *hosts* excluded from every request; a point that needs more nodes than its
     partition has left is refused (SubmitError)."""
@@ -550,9 +504,9 @@ def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None =
 def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = None, *,
                  slurm: Slurm | None = None) -> SubmitReport | None:
     """Submit the next repeat of each point of *campaign* whose CV is still above its ``repeats: {min, max,
-    cv}`` target (``harness.sbatch.repeats``), or a search's next runs, from the sweep and inventory it was
+    cv}`` target (``harness.campaign.repeats``), or a search's next runs, from the sweep and inventory it was
     submitted with; None when the campaign's repeats are not adaptive and it is no search. When nothing is due
-    (:func:`harness.sbatch.nextruns.settled`), nothing is planned, rendered or locked. ``sbench collect`` calls
+    (:func:`harness.campaign.nextruns.settled`), nothing is planned, rendered or locked. ``sbench collect`` calls
     it after collecting."""
     settled = nextruns.settled(campaign, workdir, db)
     if settled is not nextruns.DUE:
@@ -562,7 +516,7 @@ def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = N
 
 def send_due(campaign: str, workdir: Path | None = None, db: Path | None = None, *,
              slurm: Slurm | None = None) -> SubmitReport:
-    """Submit *campaign*'s next runs that :func:`harness.sbatch.nextruns.settled` found due, from the sweep and
+    """Submit *campaign*'s next runs that :func:`harness.campaign.nextruns.settled` found due, from the sweep and
     inventory it was submitted with."""
     sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, "auto")
     return submit_sweep(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign, only_more=True),

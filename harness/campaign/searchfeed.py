@@ -1,8 +1,8 @@
-"""The feeder job of a search campaign (``search:``, harness.spec.search): one turn submits what the submit quota
-held back (``harness.sbatch.feed``), then, once nothing is held, collects what ended and submits the search's next
-runs (the bisection's, the next rung's, the best point's repeats: ``harness.sbatch.submit.more_repeats``), and
-submits the next turn ``$SBENCH_FEED_INTERVAL`` seconds later while the search is open. So a search submitted with
-one ``sbench submit`` finishes with no further command; ``sbench cancel`` ends the feeding, and ``submit`` or
+"""The feeder job of a search campaign (``search:``, harness.spec.search): one turn submits what the submit quota held
+back (``harness.campaign.executors.feed``), then, once nothing is held, collects what ended and submits the search's
+next runs (the bisection's, the next rung's, the best point's repeats: ``harness.campaign.submit.more_repeats``),
+and submits the next turn ``$SBENCH_FEED_INTERVAL`` seconds later while the search is open. So a search submitted
+with one ``sbench submit`` finishes with no further command; ``sbench cancel`` ends the feeding, and ``submit`` or
 ``retry`` starts it again, from what the database holds.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from harness.campaign.executors import feed
 from harness.contract.errors import SbenchError
 from harness.slurm.client import Slurm
 
-from . import feed
 from .refresh import campaign_history
 from .submit import more_repeats
 
@@ -38,7 +38,7 @@ def turn(campaign_dir: Path) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        sys.stderr.write("usage: python -m harness.sbatch.searchfeed CAMPAIGN_DIR\n")
+        sys.stderr.write("usage: python -m harness.campaign.searchfeed CAMPAIGN_DIR\n")
         return 2
     try:
         print(f"sbench feed: {turn(Path(argv[0]))}")

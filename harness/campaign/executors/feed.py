@@ -27,6 +27,7 @@ from typing import Any
 
 from harness.build.jobspec import JobSpec
 from harness.build.sbatch import array_name, array_script, array_shape, feed_sbatch, job_name_of, requeue_command
+from harness.campaign.lock import CampaignLocks, holding_campaign_locks
 from harness.contract import envvars, jobstate, safefile
 from harness.contract.errors import SbenchError, SubmitError
 from harness.contract.paths import CampaignPaths, JobPaths
@@ -47,8 +48,8 @@ from harness.slurm.limits import SubmitLimits, refusal_kind
 from harness.spec.inventory import Inventory
 from harness.spec.sweep import Sweep
 
-from .executors import SubmitOptions, Submitted
-from .lock import CampaignLocks, holding_campaign_locks
+from . import pack
+from .base import SubmitOptions, Submitted
 from .pack import in_process, pack_time
 
 MAX_FAILED_TURNS = 10
@@ -236,7 +237,7 @@ def start(slurm: Slurm, campaign_dir: Path, campaign: str, specs: list[JobSpec],
                            "interval_s": interval_s(), "cancelled_at": None, "stopped": None,
                            "feeder_job": prior.get("feeder_job") if alive else None,
                            "waves": (prior.get("waves") or []) + [_wave(stamp, done, held, limits, stopped)]}
-    if opts.search_db:  # the feeder goes on with the search, held attempts or not (harness.sbatch.searchfeed)
+    if opts.search_db:  # the feeder goes on with the search, held attempts or not (harness.campaign.searchfeed)
         doc["search_db"] = opts.search_db
     write_feed(campaign_dir, doc)
     ensure_feeder(slurm, campaign_dir, doc)
@@ -339,7 +340,7 @@ def feed(locks: CampaignLocks, campaign_dir: Path, slurm: Slurm | None = None) -
 @holding_campaign_locks("feed")
 def keep_feeding(locks: CampaignLocks, campaign_dir: Path, search_open: bool,
                  slurm: Slurm | None = None) -> dict[str, Any]:
-    """After a search's turn (``harness.sbatch.searchfeed``): the next turn while the search is open, else the
+    """After a search's turn (``harness.campaign.searchfeed``): the next turn while the search is open, else the
     feed's end. Nothing is started for a cancelled feed, nor beside a later turn already queued."""
     slurm = slurm or Slurm()
     campaign_dir = Path(campaign_dir)
@@ -413,28 +414,31 @@ def feed_notes(workdir: Path, campaign: str | None, slurm: Slurm) -> list[str]:
     return out
 
 
-def feeder_script(sweep: Sweep, inv: Inventory, campaign_dir: Path) -> str:
+FEEDER = __spec__.name  # this module, as the feeder job runs it (python -m), also when it runs as __main__
+
+
+def feeder_script(sweep: Sweep, inv: Inventory, campaign_dir: Path, module: str | None = None) -> str:
     """The campaign's feeder job script: this module, with the partition's Python (else the inventory's, else
     this one), on the sweep's ``slurm.feed_partition`` or its partition."""
     part = inv.partition(sweep.partition)
     python = part.python or inv.python or sys.executable
-    # a search's feeder also goes on with the search once nothing is held (harness.sbatch.searchfeed)
-    module = "harness.sbatch.searchfeed" if sweep.search is not None else "harness.sbatch.feed"
+    # the caller may name another feeder: a search's goes on with the search once nothing is held
+    module = module or FEEDER
     argv = [python, "-m", module, str(Path(campaign_dir).resolve())]
     return feed_sbatch(sweep, inv, argv, os.getcwd(), CampaignPaths(Path(campaign_dir).resolve()).slurm,
                        sweep.slurm.feed_partition)
 
 
 def pack_requeue(sweep: Sweep, inv: Inventory, campaign_dir: Path) -> str:
-    """The shell function a pack calls after an OOM (``harness.sbatch.pack``), with the feeder's Python."""
+    """The shell function a pack calls after an OOM (``harness.campaign.executors.pack``), with the feeder's Python."""
     part = inv.partition(sweep.partition)
     return requeue_command(inv, sweep, part.python or inv.python or sys.executable, os.getcwd(),
-                           Path(campaign_dir).resolve())
+                           Path(campaign_dir).resolve(), pack.__name__)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        sys.stderr.write("usage: python -m harness.sbatch.feed CAMPAIGN_DIR\n")
+        sys.stderr.write("usage: python -m harness.campaign.executors.feed CAMPAIGN_DIR\n")
         return 2
     try:
         doc = feed(Path(argv[0]))

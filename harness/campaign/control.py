@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.campaign.executors.feed import feed_notes
+from harness.campaign.executors.registry import get_backend, live_states
 from harness.contract import jobstate
 from harness.contract.errors import InputError
 from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
@@ -17,8 +19,6 @@ from harness.slurm.client import Slurm
 from harness.spec.sweep import AdaptiveRepeats
 
 from . import manifest
-from .backends import get_backend, live_states
-from .feed import feed_notes
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import failed_prepare_jobs
 from .repeats import RepeatsVerdict, verdict
@@ -34,7 +34,7 @@ class StatusReport:
     rows: list[dict[str, Any]]
     counts: dict[str, int] = field(default_factory=dict)
     note: str | None = None
-    # campaign -> its points' adaptive-repeats verdicts (repeats: {min, max, cv}; harness.sbatch.repeats)
+    # campaign -> its points' adaptive-repeats verdicts (repeats: {min, max, cv}; harness.campaign.repeats)
     repeats: dict[str, list[RepeatsVerdict]] = field(default_factory=dict)
 
 
@@ -134,7 +134,7 @@ def _phase(live: str | None, db_state: str | None) -> str:
     if live == "NOT_STARTED":
         return "not started"
     if live == "HELD":
-        return "held"  # sbench holds it back until the submit quota has room (harness.sbatch.feed)
+        return "held"  # sbench holds it back until the submit quota has room (harness.campaign.executors.feed)
     if live:
         st = jobstate.lookup(live)
         if st.name in ("GONE", "LOST"):
@@ -149,7 +149,7 @@ def _phase(live: str | None, db_state: str | None) -> str:
 def cancel(locks: CampaignLocks, workdir: Path | None = None, db: Path | None = None, campaign: str | None = None,
            slurm: Slurm | None = None, warnings: list[str] | None = None) -> list[str]:
     """Cancel every attempt still queued or running (all campaigns, or one), and every local attempt its
-    queue left not started; returns what was cancelled. Holds each campaign's lock (``harness.sbatch.lock``),
+    queue left not started; returns what was cancelled. Holds each campaign's lock (``harness.campaign.lock``),
     so an attempt a submit is starting right now is cancelled too, not missed. A manifest or job dir that
     was not read is a line of *warnings*."""
     wd, dbp = _defaults(workdir, db)

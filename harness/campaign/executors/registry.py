@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from harness.build.jobspec import JobSpec
+from harness.cluster.fit import ClusterFit
 from harness.contract import jobstate
 from harness.contract.errors import InputError, SubmitError
 from harness.contract.paths import JobPaths
 from harness.slurm.client import Slurm
+from harness.spec.inventory import Inventory
+from harness.spec.plan import PlannedPoint
 
-from .executors import Backend
+from .base import Backend, SubmitOptions
 from .local import LocalBackend
 from .slurm import SlurmBackend
 
@@ -39,6 +45,24 @@ def recorded_or(asked: str, recorded: str | None) -> str:
 
 def get_backend(name: str, slurm: Slurm) -> Backend:
     return BACKENDS[resolve_executor(name)](slurm)
+
+
+@dataclass
+class OneJob:
+    """A backend as a check of the cluster uses it (``harness.cluster.fabric.JobRunner``): one job, to its end."""
+
+    backend: Backend
+
+    def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit:
+        return self.backend.fit(inv, points)
+
+    def run(self, out: Path, spec: JobSpec) -> None:
+        self.backend.check([spec])
+        self.backend.wait(self.backend.submit(out, [spec], SubmitOptions()))
+
+
+def job_runner(name: str, slurm: Slurm) -> OneJob:
+    return OneJob(get_backend(name, slurm))
 
 
 def live_states(attempts: Sequence[Mapping[str, Any]], slurm: Slurm) -> dict[str, str]:

@@ -15,7 +15,7 @@ from .repeats import RepeatsVerdict
 from .state import MeasuredRun
 
 if TYPE_CHECKING:
-    from .executors import Submitted
+    from harness.campaign.executors.base import Submitted
 
 
 @dataclass
@@ -43,9 +43,9 @@ class SubmitReport:
     excluded_slow: list[str] = field(default_factory=list)  # hosts left out for a slow device (--exclude-slow)
     prepare: list[dict[str, Any]] = field(default_factory=list)
     prepare_job: str | None = None
-    held_back: int = 0  # attempts sbench holds back for the campaign's feeder job (harness.sbatch.feed)
+    held_back: int = 0  # attempts sbench holds back for the campaign's feeder job (harness.campaign.executors.feed)
     feed: dict[str, Any] = field(default_factory=dict)  # the feeder job, the limits of the last wave
-    # repeats: {min, max, cv}: each point's verdict once this submission is made (harness.sbatch.repeats), and
+    # repeats: {min, max, cv}: each point's verdict once this submission is made (harness.campaign.repeats), and
     # the verdicts it was decided on (before it)
     repeats: list[RepeatsVerdict] = field(default_factory=list)
     repeats_before: list[RepeatsVerdict] = field(default_factory=list)

@@ -1,9 +1,9 @@
 """Whether a collected campaign has next runs to send: an adaptive campaign's next repeats (``repeats: {min, max,
-cv}``, :mod:`harness.sbatch.repeats`) or a search's next runs (:mod:`harness.sbatch.search`).
+cv}``, :mod:`harness.campaign.repeats`) or a search's next runs (:mod:`harness.campaign.search`).
 
 :func:`settled` answers from the manifest and the database alone. When nothing is due it says so with the report
 a collect prints (the repeats' verdicts, the search's decisions, recorded as they stand); only a campaign with
-runs due goes on to the submit path (``harness.sbatch.submit.more_repeats``): so a collect that finds nothing to
+runs due goes on to the submit path (``harness.campaign.submit.more_repeats``): so a collect that finds nothing to
 send starts and ends without the planning, rendering and executors of a submission.
 """
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -29,11 +30,15 @@ from typing import Any
 
 from harness.contract import envvars, safefile
 from harness.contract.defaults import PREFLIGHT_SECOND_LOOK_PAUSE_S, PREFLIGHT_SECONDS, PREFLIGHT_THRESHOLD
-from harness.contract.errors import InputError, RunnerError
+from harness.contract.errors import InputError, RunnerError, SbenchError, SubmitError
+from harness.db.cluster import record_fabric, record_preflight
+from harness.db.store import open_store
 from harness.runner.preflight import UNITS, preflight_node
 from harness.slurm.client import Slurm
 from harness.spec.inventory import Inventory, Partition
+from harness.spec.plan import PlannedPoint
 
+from .fabric import FabricResult, JobRunner, run_fabric
 from .probe import local_host, on_each_host, runner_env
 
 
@@ -184,3 +189,57 @@ def run_preflight(inv: Inventory, partition: str | None, on_slurm: bool, workdir
         res.again = rank_devices(docs2, f"{pid}-again", inv.cluster, part.name, threshold)
         confirm(rows, res.again)
     return res
+
+
+# -- sbench submit --preflight: the gate before anything is submitted -------------------------------------------
+def check_fabric(inv: Inventory, points: list[PlannedPoint], workdir: Path, db: Path, runner: JobRunner,
+                 fabric: Callable[..., FabricResult] = run_fabric) -> list[dict[str, Any]]:
+    """``--preflight``: one fabric job per partition and node count of the sweep's multi-node points,
+    before anything is submitted. Refuses (SubmitError) when one fails, or when RoCE points would run
+    over Socket. Each fabric run lands in the ``fabric`` table."""
+    shapes: dict[tuple[str, int], bool] = {}
+    for p in points:
+        n = int(p.entity.get("number_nodes") or 1)
+        if p.valid and n > 1:
+            shapes[(p.partition, n)] = shapes.get((p.partition, n), False) or bool(p.entity.get("enable_roce"))
+    out = []
+    for (part, n), roce in sorted(shapes.items()):
+        res = fabric(inv, part, n, workdir, runner, roce=True if roce else None)
+        try:
+            with open_store(db) as st:
+                record_fabric(st, res.rows)
+        except SbenchError:  # a busy or foreign DB must not hide the verdict; the job dir keeps the files
+            pass
+        out.append({"partition": part, "nodes": n, "fabric_id": res.fabric_id, "ok": res.ok,
+                    "transports": res.transports})
+        if not res.ok:
+            raise SubmitError(f"preflight: fabric on partition {part} over {n} nodes failed: {res.reason}; "
+                              f"nothing was submitted (job dir {res.job_dir})")
+        if roce and res.socket_hosts:
+            raise SubmitError(f"preflight: RoCE points on partition {part} over {n} nodes would run over Socket "
+                              f"(NCCL chose Socket on {', '.join(res.socket_hosts)}); check the hosts' roce: HCAs and "
+                              f"GID index (sbench probe), nothing was submitted")
+    return out
+
+
+def check_devices(inv: Inventory, points: list[PlannedPoint], on_nodes: bool, workdir: Path, db: Path,
+                  exclude_slow: bool, slurm: Slurm) -> tuple[list[dict[str, Any]], list[str]]:
+    """``--preflight``: each device of the valid points' partitions measured (:func:`run_preflight`), before
+    anything is submitted. A slow device refuses the submission (SubmitError), or with ``--exclude-slow`` its host
+    is left out of every request. Returns each partition's check and the hosts to leave out."""
+    out: list[dict[str, Any]] = []
+    slow: list[str] = []
+    for part in sorted({p.partition for p in points if p.valid}):
+        res = run_preflight(inv, part, on_nodes, workdir, slurm=slurm)
+        try:
+            with open_store(db) as st:
+                record_preflight(st, res.recorded)
+        except SbenchError:  # a busy or foreign DB must not hide the verdict
+            pass
+        out.append({"partition": part, "preflight_id": res.preflight_id, "slow_hosts": res.slow_hosts,
+                    "missing": res.missing, "summary": res.summary()})
+        if res.slow and not exclude_slow:
+            raise SubmitError(f"preflight: {res.summary()}\nnothing was submitted; --exclude-slow leaves "
+                              f"{', '.join(res.slow_hosts)} out (sbatch --exclude), or drain it")
+        slow += res.slow_hosts
+    return out, sorted(set(slow))

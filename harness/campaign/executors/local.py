@@ -59,11 +59,11 @@ from harness.spec.plan import PlannedPoint
 
 if TYPE_CHECKING:
     import submitit
+from harness.cluster.fit import ClusterFit
 from harness.spec.schema import slurm_time_minutes
 from harness.spec.sweep import Sweep
 
-from .executors import SubmitOptions, Submitted
-from .fit import ClusterFit
+from .base import SubmitOptions, Submitted
 from .pack import in_process, make_packs, requeued_locally
 
 NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNLIMITED
@@ -169,7 +169,7 @@ def ended_invalid(job_dir: str) -> bool:
 
 @dataclass
 class LocalPack:
-    """What submitit runs for a pack (``slurm.pack``, :mod:`harness.sbatch.pack`). *in_process* (the sbench
+    """What submitit runs for a pack (``slurm.pack``, :mod:`harness.campaign.executors.pack`). *in_process* (the sbench
     trainer): the first point's launch with ``SBENCH_PACK`` naming them all: its node runner trains every
     point in turn in one training process; the points it did not reach (a point before them did not end ok)
     are returned. Otherwise the points' launches one after another, each a :class:`LocalLaunch` with its own
@@ -388,7 +388,7 @@ class LocalBackend:
         qfile = camp.queue(stamp)
         qfile.write_text(json.dumps(queue, indent=2))
         with camp.queue_log(stamp).open("ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "harness.sbatch.local", str(qfile)], stdout=log,
+            proc = subprocess.Popen([sys.executable, "-m", "harness.campaign.executors.local", str(qfile)], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True,
                                     env={**os.environ, **localjob.environment(QUEUE, qfile)})
         assert proc.stdin is not None

@@ -19,22 +19,29 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from harness.build.jobspec import build_jobspec
+from harness.build.jobspec import JobSpec, build_jobspec
 from harness.build.render import write_job_dir
 from harness.collect.parse import nccl_transport
 from harness.contract import safefile
 from harness.contract.errors import InputError
 from harness.contract.paths import JobPaths
 from harness.runner.fabric import CPU_SIZES, DEFAULT_SIZES
-from harness.slurm.client import Slurm
-from harness.spec.plan import plan_sweep
+from harness.spec.inventory import Inventory
+from harness.spec.plan import PlannedPoint, plan_sweep
 from harness.spec.sweep import parse_sweep
 
-from .backends import get_backend
-from .executors import SubmitOptions
-from .fit import cluster_fit
+from .fit import ClusterFit
+
+
+class JobRunner(Protocol):
+    """What a check of the cluster asks of an executor (``harness.campaign.executors.registry.job_runner`` makes
+    one): where its jobs may go, and one job run to its end."""
+
+    def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit: ...
+
+    def run(self, out: Path, spec: JobSpec) -> None: ...
 
 
 # -- on the login node ---------------------------------------------------------------------------------------
@@ -75,29 +82,24 @@ def fabric_sweep(inv: Any, partition: str, nodes: int, roce: bool, out: Path) ->
     return sweep, point
 
 
-def run_fabric(inv: Any, partition: str | None, nodes: int, workdir: Path, *, executor: str = "slurm",
-               roce: bool | None = None, sizes: list[int] | None = None, iters: int = 20,
-               slurm: Slurm | None = None) -> FabricResult:
-    """Render, submit and wait for one fabric job; its results as :class:`FabricResult` rows."""
-    slurm = slurm or Slurm()
+def run_fabric(inv: Any, partition: str | None, nodes: int, workdir: Path, runner: JobRunner, *,
+               roce: bool | None = None, sizes: list[int] | None = None, iters: int = 20) -> FabricResult:
+    """Render one fabric job and run it with *runner*; its results as :class:`FabricResult` rows."""
     part = inv.partition(partition)
     if roce is None:
         roce = nodes > 1 and all(h.roce is not None for h in part.hosts.values())
     fabric_id = time.strftime("%Y%m%dT%H%M%S") + f"-{part.name}-{nodes}n"
     out = (workdir / ".fabric" / fabric_id).resolve()
     sweep, point = fabric_sweep(inv, part.name, nodes, roce, out)
-    fit = cluster_fit(inv, [point], slurm) if executor == "slurm" else None
+    fit = runner.fit(inv, [point])
     job_dir = out / f"{point.point_id}.r0.a1"
-    spec = build_jobspec(sweep, inv, point, 1, str(job_dir), exclude=fit.exclude if fit else None)
+    spec = build_jobspec(sweep, inv, point, 1, str(job_dir), exclude=fit.exclude)
     sizes = sizes or list(CPU_SIZES if part.is_cpu else DEFAULT_SIZES)
     spec.workload = "fabric"
     spec.train_argv = ["--job-dir", str(job_dir), "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters)]
     spec.resources["job_name"] = f"sbench.fabric.{part.name}.{nodes}n"
     write_job_dir(spec, inv, point, sweep)
-    backend = get_backend(executor, slurm)
-    backend.check([spec])
-    submitted = backend.submit(out, [spec], SubmitOptions())
-    backend.wait(submitted)
+    runner.run(out, spec)
     paths = JobPaths(job_dir)
     results = {}
     for h in paths.result_hosts():

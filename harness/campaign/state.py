@@ -3,7 +3,7 @@ the measured runs of its points in other campaigns.
 
 The results database is the index (collect classifies every attempt from its
 files and SLURM accounting); submit brings it up to date for the campaign
-first (:mod:`harness.sbatch.refresh`), so decisions never rest on a stale view.
+first (:mod:`harness.campaign.refresh`), so decisions never rest on a stale view.
 It does so without a full collect: the scheduler is asked about the attempts
 the database has not seen end (``refresh.runs_to_refresh``), and only those that
 ended since (and attempts the database does not know yet) are read. This module

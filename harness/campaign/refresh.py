@@ -1,12 +1,13 @@
 """A campaign's history brought up to date before a decision: the runs whose state may have moved since the
 last collect are collected (incremental: a no-op when nothing changed), then the history is read
-(:mod:`harness.sbatch.state`). Its own module, so that the readers of a history (``status``, a collect deciding
+(:mod:`harness.campaign.state`). Its own module, so that the readers of a history (``status``, a collect deciding
 an adaptive campaign's next repeats) start without the collect layer's refresh and the executors' queues."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from harness.campaign.executors.registry import live_states
 from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import SbenchError, StoreBusyError, SubmitError
@@ -17,7 +18,6 @@ from harness.db.store import open_store
 from harness.slurm.client import Slurm
 
 from . import manifest
-from .backends import live_states
 from .state import PointHistory, read_history
 
 
