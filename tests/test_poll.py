@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from harness.campaign import wait
 from harness.campaign.executors import local, slurm
 from harness.contract import poll
-from harness.contract.poll import Backoff
+from harness.contract.poll import Backoff, poll_until
 
 
 @pytest.fixture
@@ -53,3 +55,13 @@ def test_an_attempt_that_ends_starts_the_growth_again(clock) -> None:
 def test_the_wait_loops_use_it() -> None:
     for first, cap in (local.WAIT_POLL_S, local.QUEUE_POLL_S, slurm.WAIT_POLL_S, wait.POLL_S):
         assert 0 < first < cap <= 60
+
+
+def test_one_loop_waits_until_every_attempt_is_over(clock) -> None:
+    """poll_until asks until the count reaches the total, tells progress each time, and its pause starts again
+    when something ends (the three waits, local, SLURM and --wait of others' attempts, all use it)."""
+    counts, seen = iter([0, 0, 1, 3]), []
+    poll_until(lambda: next(counts), 3, (0.5, 60.0), lambda done, total: seen.append((done, total)))
+    assert seen == [(0, 3), (0, 3), (1, 3), (3, 3)]
+    for mod in (local, slurm, wait):
+        assert "poll_until(" in inspect.getsource(mod), mod.__name__

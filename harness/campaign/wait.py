@@ -27,7 +27,7 @@ from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import Interrupted, SbenchError
 from harness.contract.paths import resolve_db, resolve_workdir, run_id
-from harness.contract.poll import Backoff
+from harness.contract.poll import poll_until
 from harness.db.status import attempt_rows
 from harness.db.store import open_store
 from harness.slurm.client import Slurm
@@ -215,18 +215,13 @@ POLL_S = (1.0, 60.0)  # (first, cap) of the pauses for attempts another command 
 def wait_refs(attempts: list[AttemptRef], slurm: Slurm, progress: Callable[[int, int], None] | None = None) -> None:
     """Until none of *attempts* is queued or running, asking the scheduler with a growing pause (one question
     for all of them each time)."""
-    poll = Backoff(*POLL_S)
-    while True:
+    def over() -> int:
         slurm.forget()
         live = live_states([a.live() for a in attempts], slurm)
-        done = sum(1 for a in attempts if jobstate.lookup(live.get(a.job_dir) or "NOT_STARTED").phase
+        return sum(1 for a in attempts if jobstate.lookup(live.get(a.job_dir) or "NOT_STARTED").phase
                    not in ("pending", "running"))
-        if progress:
-            progress(done, len(attempts))
-        if done >= len(attempts):
-            return
-        poll.saw(done)
-        poll.pause()
+
+    poll_until(over, len(attempts), POLL_S, progress)
 
 
 def wait_for(campaign: str, executor: str, submitted: list[Submitted], workdir: Path | None = None,

@@ -28,7 +28,7 @@ from harness.slurm.nodes import SlurmNode, SlurmPartition
 from harness.spec.inventory import CPU_MODEL, Inventory, gpu_label
 from harness.spec.schema import SLURM_TIME
 
-from .probe import probe_hosts, roce_v2_ipv4
+from .probe import probe_hosts, roce_block
 
 
 def _names(nodes: list[str] | tuple[str, ...], most: int = 8) -> str:
@@ -89,26 +89,10 @@ def _gpus(probe: dict[str, Any] | None) -> tuple[str | None, int]:
     return (gpu_label(gpus[0]["name"]) if gpus else None), int((probe or {}).get("gpu_count") or len(gpus))
 
 
-def _roce(probe: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The host's RoCE block from its probe: its active Ethernet ports with a RoCE v2 IPv4 GID, and that GID's
-    index and interface (as ``sbench probe --write`` proposes)."""
-    hcas, gid, ifname = [], None, None
-    for d in (probe or {}).get("hcas") or []:
-        for p in d["ports"]:
-            v2 = roce_v2_ipv4(p)
-            if "ACTIVE" in (p.get("state") or "") and (p.get("link_layer") or "").lower() == "ethernet" and v2:
-                hcas.append(f"{d['name']}:{p['port']}")
-                gid = v2[0]["index"] if gid is None else gid
-                ifname = ifname or v2[0].get("ndev")
-    if not hcas:
-        return None
-    return {"hcas": hcas, "gid_index": gid, **({"socket_ifname": ifname} if ifname else {})}
-
-
 def _facts(node: SlurmNode, probe: dict[str, Any] | None) -> dict[str, Any]:
     """What a host's comparison with its partition looks at."""
     model, count = _gpus(probe)
-    roce = _roce(probe)
+    roce = roce_block(probe)
     return {"CPUs": node.cpus, "memory MB": node.memory_mb, "GRES": node.gres,
             "features": ",".join(node.features) or "(none)",
             **({"GPUs (NVML)": f"{count} x {model}" if count else "none"} if probe is not None else {}),
@@ -170,7 +154,7 @@ def partition_doc(d: Discovered, name: str) -> PartitionDoc:
         entry: dict[str, Any] = {}
         if n.address and n.address != n.name:
             entry["address"] = n.address
-        roce = _roce(probes.get(n.name))
+        roce = roce_block(probes.get(n.name))
         if roce:
             entry["roce"] = roce
         hosts[n.name] = entry
@@ -277,7 +261,7 @@ def _host_changes(part: str, host: str, roce: Any, d: Discovered) -> list[str]:
             out.append(f"{part}/{host}: HCA {hca} gone (the node has {', '.join(sorted(ports)) or 'no RDMA port'})")
         elif "ACTIVE" not in (port.get("state") or ""):
             out.append(f"{part}/{host}: HCA {hca} down ({port.get('state') or 'state unknown'})")
-    now = _roce(probe)
+    now = roce_block(probe)
     if now is not None and now["gid_index"] != roce.gid_index:
         out.append(f"{part}/{host}: RoCE v2 IPv4 GID index moved {roce.gid_index} -> {now['gid_index']}")
     elif now is None and roce.hcas and not out:

@@ -30,6 +30,26 @@ def roce_v2_ipv4(port: dict[str, Any]) -> list[dict[str, Any]]:
     return [g for g in port.get("gids") or [] if (g.get("type") or "").lower() == "roce v2" and g.get("ipv4")]
 
 
+def roce_ports(probe: dict[str, Any] | None, active: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """The host's RoCE ports from its probe, as ``("mlx5_0:1", port)``: Ethernet ports with a RoCE v2 IPv4 GID
+    (and, with *active*, in state ACTIVE)."""
+    return [(f"{d['name']}:{p['port']}", p) for d in (probe or {}).get("hcas") or [] for p in d["ports"]
+            if (p.get("link_layer") or "").lower() == "ethernet" and roce_v2_ipv4(p)
+            and (not active or "ACTIVE" in (p.get("state") or ""))]
+
+
+def roce_block(probe: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The inventory's ``roce:`` block a host's probe proposes (``probe --write``, ``discover``): its active RoCE
+    ports, the first one's RoCE v2 IPv4 GID index and network interface; None without one."""
+    ports = roce_ports(probe)
+    if not ports:
+        return None
+    first = roce_v2_ipv4(ports[0][1])[0]
+    ifname = next((g.get("ndev") for _, p in ports for g in roce_v2_ipv4(p)[:1] if g.get("ndev")), None)
+    return {"hcas": [name for name, _ in ports], "gid_index": first["index"],
+            **({"socket_ifname": ifname} if ifname else {})}
+
+
 SLOW_DNS_S = 1.0  # a reverse lookup slower than this holds up every rendezvous
 
 
@@ -94,8 +114,7 @@ def compare(part: Partition, host: Host, probe: dict[str, Any]) -> list[str]:
                    "to save even that")
     hkey = f"{key}.hosts.{host.name}.roce"
     if host.roce is None:
-        usable = [f"{d['name']}:{p['port']}" for d in probe.get("hcas") or [] for p in d["ports"]
-                  if (p.get("link_layer") or "").lower() == "ethernet" and roce_v2_ipv4(p)]
+        usable = [name for name, _ in roce_ports(probe, active=False)]
         if usable:
             out.append(f"{host.name}: has RoCE ports {', '.join(usable)} but the inventory has no roce: for it; "
                        "sbench probe --write FILE proposes one")
@@ -143,16 +162,9 @@ def fragment(part_name: str, probes: dict[str, dict[str, Any]], addresses: dict[
         entry: dict[str, Any] = {}
         if addresses.get(name):
             entry["address"] = addresses[name]
-        hcas, gid, ifname = [], None, None
-        for d in pr.get("hcas") or []:
-            for p in d["ports"]:
-                v2 = roce_v2_ipv4(p)
-                if "ACTIVE" in (p.get("state") or "") and (p.get("link_layer") or "").lower() == "ethernet" and v2:
-                    hcas.append(f"{d['name']}:{p['port']}")
-                    gid = v2[0]["index"] if gid is None else gid
-                    ifname = ifname or v2[0].get("ndev")
-        if hcas:
-            entry["roce"] = {"hcas": hcas, "gid_index": gid, **({"socket_ifname": ifname} if ifname else {})}
+        roce = roce_block(pr)
+        if roce:
+            entry["roce"] = roce
         part["hosts"][name] = entry
     return {"partitions": {part_name: part}}
 

@@ -9,6 +9,7 @@ and the scheduler is not asked every second through a night. An attempt that end
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -33,3 +34,18 @@ class Backoff:
 
     def pause(self) -> None:
         time.sleep(self.next_pause())
+
+
+def poll_until(over: Callable[[], int], total: int, pauses: tuple[float, float],
+               progress: Callable[[int, int], None] | None = None) -> None:
+    """The one wait loop: ask *over* how many of *total* attempts are over, tell *progress*, and until all are,
+    ask again after a :class:`Backoff` pause of *pauses* (first, cap)."""
+    poll = Backoff(*pauses)
+    while True:
+        done = over()
+        if progress:
+            progress(done, total)
+        if done >= total:
+            return
+        poll.saw(done)
+        poll.pause()

@@ -94,13 +94,14 @@ class RepeatsLine(_RepeatsKeys, total=False):
     repeats: dict[str, Any] | None
 
 
-class _PointKeys(TypedDict):
-    type: Literal["point"]
-    campaign: str
+class _PointId(TypedDict):
     point_id: str
 
 
-class PointLine(_PointKeys, total=False):
+class PointFields(_PointId, total=False):
+    """A planned point as the manifest keeps it: ``harness.spec.plan.PlannedPoint.to_dict()``, its one writer
+    (tests/test_manifest_lines.py holds the two to the same fields)."""
+
     repeat: int
     experiment: str
     entity: dict[str, Any]
@@ -112,6 +113,15 @@ class PointLine(_PointKeys, total=False):
     warnings: list[str]
     memory: dict[str, Any] | None  # plan --memory's prediction
     predicted_oom: bool | None
+
+
+class _PointKeys(TypedDict):
+    type: Literal["point"]
+    campaign: str
+
+
+class PointLine(PointFields, _PointKeys):
+    """The manifest's ``point`` line: the campaign's name and the planned point."""
 
 
 class AttemptExtra(TypedDict, total=False):
@@ -219,9 +229,9 @@ def attempt_line(campaign: str, point_id: str, repeat: int, attempt: int, job_di
     return line
 
 
-def point_line(campaign: str, point: Mapping[str, Any]) -> PointLine:
+def point_line(campaign: str, point: PointFields) -> PointLine:
     """The line of a planned point (*point*: ``PlannedPoint.to_dict()``, valid or not)."""
-    return cast(PointLine, {"type": "point", "campaign": campaign, **point})
+    return {"type": "point", "campaign": campaign, **point}
 
 
 def pack_extra(job_dirs: Sequence[str], index: int) -> AttemptExtra:
@@ -409,6 +419,7 @@ def read_submitted(job_dir: str | os.PathLike[str], root: str | os.PathLike[str]
 
 
 __all__ = ["LINE_TYPES", "SUBMITTED_KEYS", "AttemptExtra", "AttemptLine", "CampaignLine", "CancelLine",
-           "ManifestLine", "PackInfo", "PointLine", "ReferencesLine", "RepeatsLine", "SearchLine", "SubmittedInfo",
+           "ManifestLine", "PackInfo", "PointFields", "PointLine", "ReferencesLine", "RepeatsLine", "SearchLine",
+           "SubmittedInfo",
            "append_manifest", "attempt_line", "check_line", "check_submitted", "not_read", "now_iso", "pack_extra",
            "pack_info", "parse_manifest", "point_line", "read_manifest", "read_submitted", "write_submitted"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract.errors import InputError, SweepError
+from harness.contract.records import PointFields
 
 from .catalog import EXPERIMENTS
 from .inventory import Inventory, Partition
@@ -55,8 +56,8 @@ class PlannedPoint:
     def predicted_oom(self) -> bool:
         return bool(self.memory and self.memory.get("predicted_oom"))
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {
+    def to_dict(self) -> PointFields:
+        out: PointFields = {
             "point_id": self.point_id, "repeat": self.repeat, "experiment": self.experiment,
             "entity": self.entity, "valid": self.valid, "reasons": self.reasons, "notes": self.notes,
             "partition": self.partition, "model_source": self.model_source, "warnings": self.warnings,

@@ -41,7 +41,7 @@ from harness.build.jobspec import JobSpec
 from harness.contract import envvars, jobstate, safefile
 from harness.contract.errors import InputError, SbenchError
 from harness.contract.paths import CampaignPaths, JobPaths
-from harness.contract.poll import Backoff
+from harness.contract.poll import Backoff, poll_until
 from harness.contract.records import (
     AttemptExtra,
     SubmittedInfo,
@@ -413,16 +413,11 @@ class LocalBackend:
     def wait(self, submitted: list[Submitted], progress: Callable[[int, int], None] | None = None) -> None:
         """Until every attempt is over: ended, cancelled, lost or not started (a queue that died cannot leave
         this waiting for ever)."""
-        total, poll = len(submitted), Backoff(*WAIT_POLL_S)
-        while True:
+        def over() -> int:
             states = self.live_states([{"job_dir": s.spec.job_dir} for s in submitted])
-            done = sum(1 for s in submitted if jobstate.is_done(states.get(s.spec.job_dir) or "NOT_STARTED"))
-            if progress:
-                progress(done, total)
-            if done >= total:
-                return
-            poll.saw(done)
-            poll.pause()
+            return sum(1 for s in submitted if jobstate.is_done(states.get(s.spec.job_dir) or "NOT_STARTED"))
+
+        poll_until(over, len(submitted), WAIT_POLL_S, progress)
 
     def cancel(self, attempts: Sequence[Mapping[str, Any]]) -> list[str]:
         """Stop the attempts' running launches and mark the others so that their queue never starts them;

@@ -18,7 +18,7 @@ from harness.build.jobspec import JobSpec
 from harness.campaign.prepare import live_prepare_job, record_prepare_job, submit_prepare_job
 from harness.cluster.fit import ClusterFit, cluster_fit
 from harness.contract import jobstate
-from harness.contract.poll import Backoff
+from harness.contract.poll import poll_until
 from harness.contract.records import read_submitted
 from harness.slurm.client import Slurm
 from harness.slurm.held import held_states
@@ -96,9 +96,9 @@ class SlurmBackend:
         ids: list[tuple[str | None, str | None]] = [(s.spec.job_dir if s.spec is not None else None, s.job_id)
                                                     for s in submitted]
         self._learn([{"job_id": s.job_id, **s.extra} for s in submitted])
-        total, poll = len(ids), Backoff(*WAIT_POLL_S)
         finished: dict[str, str] = {}  # a job over stays over: asked about once
-        while True:
+
+        def over() -> int:
             self.slurm.forget()  # each poll asks afresh: the states move while it waits
             for k, (jd, jid) in enumerate(ids):
                 if not jid and jd:  # held back: the feeder writes its job id, name and submit time there
@@ -120,13 +120,9 @@ class SlurmBackend:
             waiting = [jd for jd, j in ids if not j and jd]
             held = held_states(waiting, self.slurm)
             done = sum(1 for _jd, j in ids if j and jobstate.is_done(states.get(j)))
-            done += sum(1 for jd in waiting if jd not in held or held[jd][0] != "HELD")
-            if progress:
-                progress(done, total)
-            if done >= total:
-                return
-            poll.saw(done)
-            poll.pause()
+            return done + sum(1 for jd in waiting if jd not in held or held[jd][0] != "HELD")
+
+        poll_until(over, len(ids), WAIT_POLL_S, progress)
 
     def cancel(self, attempts: Sequence[Mapping[str, Any]]) -> list[str]:
         """Stop the feeding of the attempts' campaigns first (nothing held is submitted after this), then
