@@ -8,7 +8,7 @@ import click
 
 from harness.contract.errors import InputError
 from harness.contract.paths import resolve_db
-from harness.exchange.adocsv import import_ado_csv
+from harness.exchange.adocsv import REPORTED, import_ado_csv
 from harness.exchange.export import export_campaigns
 from harness.exchange.importer import import_export
 
@@ -85,12 +85,14 @@ def import_(source: Path, db: Path | None, fmt: str, campaign: str | None, names
         else:
             say(f"{rep.status} {rep.imported} of {rep.rows} row(s) of {source} as campaign {rep.campaign} "
                 f"({rep.points} point(s), one measurement a row) into {dbp}")
-        if rep.skipped:
-            say(f"skipped {len(rep.skipped)} row(s) that do not parse (nothing guessed):", err=True)
+        if rep.skipped_count:
+            say(f"skipped {rep.skipped_count} row(s) that do not parse or do not pass sbench's checks (nothing "
+                "guessed):", err=True)
             for b in rep.skipped[:SKIPPED_SHOWN]:
                 say(f"  line {b['line']}: {b['reason']}", err=True)
-            if len(rep.skipped) > SKIPPED_SHOWN:
-                say(f"  ... and {len(rep.skipped) - SKIPPED_SHOWN} more (--json lists them all)", err=True)
+            if rep.skipped_count > SKIPPED_SHOWN:
+                say(f"  ... and {rep.skipped_count - SKIPPED_SHOWN} more (--json lists the first {REPORTED})",
+                    err=True)
         if rep.checks:
             say(f"checked again: {rep.checks} check(s) of campaigns whose references come from {rep.campaign}")
         return

@@ -36,6 +36,10 @@ ORIGIN_ADO_CSV = "ado-csv"  # sbench import --format ado-csv FILE: the reference
 ORIGINS = (ORIGIN_EXPORT, ORIGIN_ADO_CSV)
 
 
+CSV_MAX = 16 << 30  # a published CSV (the reference's file is a few MiB; a million rows about 50 MiB)
+PROVENANCE_MAX = 16 << 20  # an export's provenance.json (about 1 KiB per campaign and table)
+TABLE_MAX = 256 << 30  # one exported table's Parquet file, streamed: its sha256, then Arrow reads it
+
 def namespaced(namespace: str, name: str) -> str:
     """*name* under *namespace* (``clusterA/nightly-1123``); a name that already has one keeps it."""
     return name if NAMESPACE_SEP in name else f"{namespace}{NAMESPACE_SEP}{name}"

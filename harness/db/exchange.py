@@ -315,13 +315,12 @@ def import_tables(store: Store, tables: Mapping[str, pa.Table], plan: ImportPlan
     return written
 
 
+def point_ids(store: Store) -> set[str]:
+    """Every point id the database has."""
+    return {r[0] for r in store.con.execute("SELECT point_id FROM points").fetchall()}
+
+
 def insert_rows(store: Store, rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, int]:
-    """Rows of several tables (a published file's campaign), inside the caller's transaction; points the
-    database has already are kept."""
-    written = {}
-    for table, items in rows.items():
-        if table == "points":
-            have = {r[0] for r in store.con.execute("SELECT point_id FROM points").fetchall()}
-            items = [r for r in items if r["point_id"] not in have]
-        written[table] = store.insert(table, list(items))
-    return written
+    """Rows of several tables (a published file's campaign), inside the caller's transaction; the caller leaves
+    out the points the database has already (:func:`point_ids`)."""
+    return {table: store.insert(table, list(items)) for table, items in rows.items()}

@@ -54,6 +54,8 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # Every column and table since 13 is new and NULL in an older database's rows, so a database of UPGRADE_FROM on is
 # upgraded in place.
 SCHEMA_VERSION = 18
+# The tables a schema added after UPGRADE_FROM (every other table is in every schema sbench reads).
+TABLE_SINCE = {"profile_ops": 14, "rank_scores": 16, "preflight": 16, "search_decisions": 17}
 # The oldest schema a database is upgraded from in place (by adding what it lacks: every change since is a new table
 # or column); an older one is refused with what to do.
 UPGRADE_FROM = 13
@@ -482,3 +484,8 @@ VIEWS.update(CLUSTER_HEALTH_VIEWS)
 def q(name: str) -> str:
     """A quoted SQL identifier."""
     return '"' + name.replace('"', '""') + '"'
+
+
+def tables_of(version: int) -> list[str]:
+    """The tables a database (or an export) of schema *version* has."""
+    return [t for t in SCHEMA if TABLE_SINCE.get(t, UPGRADE_FROM) <= version]

@@ -366,12 +366,11 @@ class Store:
         staged = rows if isinstance(rows, Staged) else stage(table, rows)
         if not staged.rows:
             return 0
-        self.con.register("_sbench_stage", staged.columns)
-        try:
-            cols = ", ".join(f"CAST({q(c)} AS {t}) AS {q(c)}" for c, t in SCHEMA[table])
-            self.con.execute(f"INSERT INTO {q(table)} BY NAME SELECT {cols} FROM _sbench_stage")
-        finally:
-            self.con.unregister("_sbench_stage")
+        # Read by DuckDB's scan of this frame's local (not register(): a view registered and dropped inside a
+        # transaction keeps its Python objects until the commit, so a long import or collect grew by every row).
+        _sbench_stage = staged.columns  # noqa: F841 - named in the statement
+        cols = ", ".join(f"CAST({q(c)} AS {t}) AS {q(c)}" for c, t in SCHEMA[table])
+        self.con.execute(f"INSERT INTO {q(table)} BY NAME SELECT {cols} FROM _sbench_stage")
         return staged.rows
 
     def delete_runs(self, run_ids: Sequence[str], tables: Iterable[str] = RUN_CHILD_TABLES) -> None:

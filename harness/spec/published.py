@@ -18,6 +18,7 @@ point ran fms-hf-tuning: sbench's own trainer runs no release of it). ``compare`
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -114,6 +115,23 @@ def _typed(kind: str, text: str, column: str) -> Any:
     return text
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _cell(experiment: str, name: str, column: str, text: str) -> Any:
+    spec = EXPERIMENTS[experiment].field(name)
+    assert spec is not None
+    try:
+        return spec.coerce(_typed(spec.kind, text, column), column)
+    except InputError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _entity_cell(experiment: str, name: str, column: str, text: str) -> Any:
+    """A cell of an entity field as its value (``ValueError`` says why not). A file of a million rows repeats
+    the same few cells: each is checked once (a list, which a caller could change, is made anew each time)."""
+    value = _cell(experiment, name, column, text)
+    return list(value) if isinstance(value, list) else value
+
+
 def _extra(text: str) -> Any:
     """Another column's cell as JSON keeps it: a finite number as a number, else the text."""
     try:
@@ -141,12 +159,7 @@ def parse_row(line: int, row: Mapping[str, str | None]) -> PublishedRow:
         if name in names:
             if text in MISSING:
                 continue
-            spec = exp.field(name)
-            assert spec is not None
-            try:
-                entity[name] = spec.coerce(_typed(spec.kind, text, column), column)
-            except InputError as exc:
-                raise ValueError(str(exc)) from None
+            entity[name] = _entity_cell(exp.id, name, column, text)
         elif name in PROPERTIES:
             values[name] = None if text in MISSING else _number(text, column)
         elif text not in MISSING:
