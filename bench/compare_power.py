@@ -275,10 +275,10 @@ def markdown(results: dict[str, dict[str, Any]], trials: int) -> str:
 
 
 def blend_spread(values: Sequence[float], within: Sequence[tuple[float, int]] = ()) -> Any:
-    """The *blend* variant of :func:`harness.report.stats.side_spread` (see the module's docstring)."""
+    """The *blend* variant of :func:`harness.contract.stats.side_spread` (see the module's docstring)."""
     import statistics
 
-    from harness.report.stats import SideSpread
+    from harness.contract.stats import SideSpread
 
     n = len(values)
     s2 = statistics.variance(values)
@@ -308,7 +308,7 @@ def main() -> int:
                     help="compare's method (default) or the blend it was weighed against")
     args = ap.parse_args()
     if args.variant == "blend":
-        from harness.report import stats
+        from harness.contract import stats
 
         stats.side_spread = blend_spread  # welch() looks it up in its module at each call
 

@@ -15,8 +15,8 @@ import pytest
 
 from harness.contract.errors import InputError
 from harness.contract.stability import rating, rating_sql
+from harness.contract.stats import t_quantile, t_sf
 from harness.report.compare import compare, parse_side
-from harness.report.stats import t_quantile, t_sf
 
 from .conftest import SMALL_DATASET, write_sweep
 from .helpers import one_host_inventory, sbench

@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
+from harness.contract.stats import t_quantile
 from harness.report.scaling import scaling_rows
-from harness.report.stats import t_quantile
 
 
 def test_the_scaling_view_sets_shapes_side_by_side_and_names_what_explains_a_loss() -> None:

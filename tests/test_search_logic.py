@@ -215,7 +215,7 @@ def test_minimize_picks_the_smallest():
 
 def test_interval_combines_the_runs_half_widths():
     iv = interval([RunSeen(0, "ok", 100.0, 0.1), RunSeen(1, "ok", 300.0, 0.1), RunSeen(2, "failed")])
-    assert iv is not None and iv.mean == 200.0 and iv.runs == 2
+    assert iv is not None and iv.mean == 200.0 and iv.n == 2
     assert iv.half == pytest.approx(math.sqrt(10.0 ** 2 + 30.0 ** 2) / 2)
     assert interval([RunSeen(0, "invalid")]) is None
 
@@ -252,7 +252,7 @@ def test_while_a_rungs_run_waits_for_retry_best_names_the_point_ahead_so_far():
     st, made, runs = simulate(spec, cands, lambda c: True, lambda c: 100.0 + 100 * int(c.entity["model_name"][1:]),
                               fail={("m8-b4", 1)})
     assert ("m8-b4", 1) in made and st.stuck == ["m8-b4"] and not st.todo
-    assert st.best == "m8-b4" and st.best_interval is not None and st.best_interval.runs == 1
+    assert st.best == "m8-b4" and st.best_interval is not None and st.best_interval.n == 1
     assert "sbench retry" in st.decisions["m8-b4"].reason
     # nothing ran yet: no point is ahead
     assert step(spec, cands, {}, 1).best is None

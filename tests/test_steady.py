@@ -21,14 +21,13 @@ from harness.cli import main
 from harness.collect.aggregate import measured_window, window_properties
 from harness.contract.defaults import AUTO_STOP, RunnerSettings
 from harness.contract.errors import SweepError
+from harness.contract.stats import t_cdf, t_quantile
 from harness.runner.measure import StopPolicy, _set_window, measurements, step_times
 from harness.runner.steady import (
     PrecisionRule,
     batch_means,
     mser5,
     steady_state,
-    t_cdf,
-    t_quantile,
     window_stats,
 )
 from harness.spec.sweep import parse_sweep
@@ -112,10 +111,10 @@ def test_batch_means_are_not_fooled_by_correlated_steps() -> None:
     for seed in range(reps):
         xs = ar1(n, 0.9, seed)
         ci = batch_means(xs)
-        assert ci is not None and ci.batches == 30 and ci.batch_size == 30
+        assert ci is not None and ci.n == 30 and ci.batch_size == 30
         naive = 1.96 * stdev(xs) / math.sqrt(n)
-        wider += ci.half_s > 2 * naive
-        covered += abs(ci.mean_s - 0.1) <= ci.half_s
+        wider += ci.half > 2 * naive
+        covered += abs(ci.mean - 0.1) <= ci.half
     assert wider >= 0.9 * reps
     assert 0.85 * reps <= covered <= reps
 
@@ -123,18 +122,18 @@ def test_batch_means_are_not_fooled_by_correlated_steps() -> None:
 def test_batch_means_interval_by_hand_on_a_tiny_sequence() -> None:
     xs = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]  # isqrt 3 batches of 3; the oldest step dropped
     ci = batch_means(xs)
-    assert ci is not None and (ci.batches, ci.batch_size) == (3, 3)
+    assert ci is not None and (ci.n, ci.batch_size) == (3, 3)
     means = [3.0, 6.0, 9.0]
     # the interval is relative to the mean of every step (the window's, stored beside it), not the batched ones'
-    assert ci.mean_s == fmean(xs) != fmean(means) and ci.rel == ci.half_s / fmean(xs)
+    assert ci.mean == fmean(xs) != fmean(means) and ci.rel == ci.half / fmean(xs)
     batched = t_quantile(0.975, 2) * stdev(means) / math.sqrt(3)
     steps = t_quantile(0.975, 8) * stdev(xs[1:]) / math.sqrt(9)
-    assert ci.half_s == pytest.approx(max(batched, steps), rel=1e-15) and batched > steps
+    assert ci.half == pytest.approx(max(batched, steps), rel=1e-15) and batched > steps
     # batch means that agree by chance while the steps are spread: the interval of the steps is the floor
     spread = [1.0, 3.0, 2.0, 2.0, 3.0, 1.0, 3.0, 1.0, 2.0]
     ci = batch_means(spread)
-    assert ci is not None and ci.half_s == pytest.approx(t_quantile(0.975, 8) * stdev(spread) / 3, rel=1e-15)
-    assert ci.rel == ci.half_s / ci.mean_s
+    assert ci is not None and ci.half == pytest.approx(t_quantile(0.975, 8) * stdev(spread) / 3, rel=1e-15)
+    assert ci.rel == ci.half / ci.mean
     assert batch_means([1.0, 2.0, 3.0]) is None
     w = window_stats(xs, 4)
     assert w is not None and w.steps == 6 and w.cv == pytest.approx(stdev(xs[4:]) / fmean(xs[4:]), rel=1e-15)
@@ -151,7 +150,7 @@ def test_a_ramp_then_a_steady_plateau_stops_by_precision_after_the_ramp() -> Non
     assert 25 <= window.start <= 40 and window.steps == n - window.start >= 10
     assert window.rel <= 0.02
     # the interval it stopped with holds the plateau's true mean step time (0.1 s)
-    assert abs(window.interval.mean_s - 0.1) <= window.interval.half_s
+    assert abs(window.interval.mean - 0.1) <= window.interval.half
 
 
 def test_min_steps_holds_the_stop_back() -> None:

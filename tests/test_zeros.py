@@ -17,8 +17,9 @@ from statistics import fmean, stdev
 import pytest
 
 from harness.collect import collect
+from harness.contract.stats import t_quantile
 from harness.runner.sampler import ProcessTree, Sampler
-from harness.runner.steady import batch_means, t_quantile
+from harness.runner.steady import batch_means
 from harness.slurm.client import Slurm
 
 from . import synth
@@ -162,8 +163,8 @@ def test_the_precision_interval_is_relative_to_the_windows_mean() -> None:
     # 11 steps: 3 batches of 3 leave the 2 oldest out of the batches, not out of the window's mean
     xs = [5.0, 4.0, 1.0, 1.2, 0.9, 1.1, 1.0, 1.3, 0.8, 1.0, 1.1]
     ci = batch_means(xs)
-    assert ci is not None and ci.batches * ci.batch_size == 9
-    assert ci.mean_s == pytest.approx(fmean(xs)) and ci.rel == pytest.approx(ci.half_s / fmean(xs))
-    assert not math.isclose(ci.mean_s, fmean(xs[2:]))
+    assert ci is not None and ci.n * ci.batch_size == 9
+    assert ci.mean == pytest.approx(fmean(xs)) and ci.rel == pytest.approx(ci.half / fmean(xs))
+    assert not math.isclose(ci.mean, fmean(xs[2:]))
     steps = t_quantile(0.975, 8) * stdev(xs[2:]) / 3
-    assert ci.half_s >= steps
+    assert ci.half >= steps

@@ -91,7 +91,7 @@ def search_answer(store: Store, campaign: str) -> dict[str, Any] | None:
         "campaign": campaign, "goal": {spec.sense: spec.metric}, "done": state.done, "stuck": state.stuck,
         "best": None if state.best is None or iv is None else {
             "point_id": state.best, **{k: entity[state.best].get(k) for k in grid_fields}, "value": iv.mean,
-            "interval": [iv.lo, iv.hi], "runs": iv.runs, "entity": best_entity},
+            "interval": [iv.lo, iv.hi], "runs": iv.n, "entity": best_entity},
         "runners_up": state.runners_up,
         "max_batch_size": [{"shape": {k: v for k, v in f.shape.items() if k != BATCH_FIELD},
                             "batch_size": f.batch_size, "largest_ok": f.largest_ok, "smallest_oom": f.smallest_oom,

@@ -11,7 +11,7 @@ measured over the training window (the rates, ``train_runtime``, MFU) that metri
 (tokens over the window's seconds), so a stall counts for exactly the time it took; and each such run also
 brings its own variance from its steps, the variance of the log of a mean of ``steps_timed`` steps,
 ``step_time_cv^2 / steps_timed`` (:func:`run_evidence`). Welch's test on the two sides' log values
-(:mod:`harness.report.stats`) gives the difference of the mean logs and its 95 % interval; the ratio shown is
+(:func:`harness.contract.stats.welch`) gives the difference of the mean logs and its 95 % interval; the ratio shown is
 ``exp`` of that difference (the ratio of the sides' geometric means, which are the ``base`` and ``cand``
 shown) and the interval is ``exp`` of its interval, so the ratio always lies inside its interval and the
 verdict reads both. A side's variance of one run's value is the larger of its runs' spread (``n - 1``
@@ -54,6 +54,7 @@ from typing import Any
 
 from harness.contract.errors import InputError
 from harness.contract.exchange import ORIGIN_ADO_CSV
+from harness.contract.stats import welch
 from harness.db.exchange import imported_campaigns
 from harness.db.schema import ENTITY_FIELDS
 from harness.db.status import campaign_names
@@ -63,7 +64,6 @@ from harness.spec.schema import is_campaign_ref
 
 from . import envdiff
 from .queries import BUSY, PROFILED, SHARED, STRAGGLER, compare_side, environment_of, point_entities
-from .stats import welch
 
 # metric -> True when higher is better
 METRICS: dict[str, bool] = {

@@ -20,14 +20,12 @@ A shape at or above the threshold has none; the smallest shape is the baseline.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.contract.stats import mean_half_width
 from harness.spec.resources import per_device_batch
-
-from .stats import t_quantile
 
 EFFICIENCY_THRESHOLD = 0.9  # a shape under this share of linear scaling gets an explanation
 
@@ -36,8 +34,7 @@ def _interval(values: Sequence[float]) -> tuple[float | None, float | None]:
     """The 95 % Student-t interval of the mean of *values* (None, None for fewer than two)."""
     if len(values) < 2:
         return None, None
-    mean, sd = statistics.fmean(values), statistics.stdev(values)
-    half = t_quantile(0.975, len(values) - 1) * sd / math.sqrt(len(values))
+    mean, half = statistics.fmean(values), mean_half_width(values)
     return mean - half, mean + half
 
 

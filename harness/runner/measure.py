@@ -462,8 +462,8 @@ def steady_record(times: list[float], start: int, start_step: int) -> dict[str, 
     ci = st.interval if st is not None else None
     return {"start_step": start_step + start, "end_step": start_step + len(times), "steps": len(times) - start,
             "warmup_steps": start, "step_time_mean_s": st.mean_s if st else None, "step_time_cv": st.cv if st else None,
-            "ci_half_s": ci.half_s if ci else None, "ci_rel_halfwidth": ci.rel if ci else None,
-            "ci_batches": ci.batches if ci else None, "ci_batch_size": ci.batch_size if ci else None}
+            "ci_half_s": ci.half if ci else None, "ci_rel_halfwidth": ci.rel if ci else None,
+            "ci_batches": ci.n if ci else None, "ci_batch_size": ci.batch_size if ci else None}
 
 
 def run_totals(metrics: dict[str, Any], world_size: int, device: Any) -> None:

@@ -8,7 +8,7 @@
   means (``b = isqrt(n)`` batches, between 2 and 30, of ``n // b`` steps; the oldest steps left over
   are dropped), so correlated neighbouring steps do not make the interval look narrower than it is.
   The half-width is ``t(0.975, b - 1) * s_b / sqrt(b)`` with the exact Student-t quantile
-  (:func:`t_quantile`), and never less than the interval of independent steps,
+  (:func:`harness.contract.stats.t_quantile`), and never less than the interval of independent steps,
   ``t(0.975, m*b - 1) * s / sqrt(m*b)`` over the same steps: with few batches (a short window) the batch
   means can agree by chance while the steps themselves are spread wide, and a rule that looks after every
   step would stop on that chance. Correlated steps only widen the batch means' interval, so the floor
@@ -24,88 +24,18 @@ Pure Python (no numpy, no scipy): the in-job runner of every trainer environment
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean, stdev
+
+from harness.contract.stats import Interval, mean_half_width
 
 MSER_BATCH = 5  # MSER-5
 MIN_BATCHES = 2  # batch means need two batches for a variance
 MAX_BATCHES = 30  # enough degrees of freedom; beyond it, longer batches decorrelate better
 CONFIDENCE = 0.95
 EVERY_STEP_UNTIL = 200  # below this many steps the rule is evaluated after every step, then at ~1 % growth
-
-
-# -- the Student-t quantile -----------------------------------------------------------------------
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
-    tiny, eps = 1e-300, 1e-16
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 10_000):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with *df* degrees of freedom."""
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-@functools.lru_cache(maxsize=256)
-def t_quantile(p: float, df: float) -> float:
-    """The *p* quantile of Student's t with *df* > 0 degrees of freedom (bisection of :func:`t_cdf` to the last
-    representable digit)."""
-    if not 0.0 < p < 1.0 or df <= 0:
-        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    if p == 0.5:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        lo, hi = hi, hi * 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid in (lo, hi):
-            break
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
 
 
 # -- steady state --------------------------------------------------------------------------------
@@ -133,17 +63,6 @@ def mser5(times: Sequence[float]) -> int:
     return best_d * MSER_BATCH
 
 
-@dataclass(frozen=True)
-class Interval:
-    """Batch-means confidence interval of the mean step time."""
-
-    mean_s: float  # the mean step time of every step given (the window's: what measurements store beside it)
-    half_s: float  # half-width (seconds)
-    rel: float  # half_s / mean_s
-    batches: int
-    batch_size: int
-
-
 def batch_means(times: Sequence[float], confidence: float = CONFIDENCE) -> Interval | None:
     """The interval of the mean of *times* by non-overlapping batch means; None with fewer than 4 times."""
     n = len(times)
@@ -153,13 +72,11 @@ def batch_means(times: Sequence[float], confidence: float = CONFIDENCE) -> Inter
         return None
     used = times[n - b * m:]  # the oldest leftover steps are dropped from the batches
     means = [fmean(used[i * m:(i + 1) * m]) for i in range(b)]
-    q = 0.5 + confidence / 2.0
-    half = max(t_quantile(q, b - 1) * stdev(means) / math.sqrt(b),
-               t_quantile(q, b * m - 1) * stdev(used) / math.sqrt(b * m))
+    half = max(mean_half_width(means, confidence), mean_half_width(used, confidence))
     # relative to the mean of every step given (the window's mean step time, which measurements store as
     # step_time_mean and the throughput is the inverse of), not to the batched steps' own mean
     mu = fmean(times)
-    return Interval(mean_s=mu, half_s=half, rel=half / mu if mu > 0 else math.inf, batches=b, batch_size=m)
+    return Interval(mean=mu, half=half, n=b, batch_size=m)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.contract.stats import Interval
+
 from .catalog import METRICS
 from .schema import Checker
 
@@ -180,29 +182,6 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class Interval:
-    mean: float
-    half: float
-    runs: int
-
-    @property
-    def lo(self) -> float:
-        return self.mean - self.half
-
-    @property
-    def hi(self) -> float:
-        return self.mean + self.half
-
-    def text(self) -> str:
-        return f"{_num(self.mean, 4)} ± {_num(self.half, 2)}"
-
-
-def _num(x: float, digits: int) -> str:
-    """A figure as a reader takes it: *digits* significant (1,204; 9.1), whole where it has more (11,776; 512)."""
-    return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:,.{digits}g}"
 
 
 @dataclass(frozen=True)
