@@ -9,7 +9,6 @@ report makes of the rows (which measurements it leaves out and why, the verdicts
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ from harness.contract.errors import InputError
 
 from .schema import SCHEMA, point_stability_sql, q, run_overhead_sql
 from .store import Store
+from .values import from_json
 
 Scope = str | Sequence[str] | None  # one campaign, several (report --compare A B), or every one (None)
 
@@ -293,10 +293,7 @@ def point_entities(store: Store, point_ids: Sequence[str]) -> dict[str, dict[str
     for pid, experiment, entity in store.con.execute(
             f"SELECT point_id, experiment, entity FROM points WHERE point_id IN ({', '.join('?' for _ in ids)})",
             ids).fetchall():
-        try:
-            doc = json.loads(entity) if entity else {}
-        except ValueError:
-            doc = {}
+        doc = from_json(entity, {})
         out[str(pid)] = {**(doc if isinstance(doc, dict) else {}), "experiment": experiment}
     return out
 
@@ -326,9 +323,6 @@ def published_measurements(store: Store) -> list[dict[str, Any]]:
            WHERE c.origin = 'ado-csv' AND m.is_valid AND m.dataset_tokens_per_second IS NOT NULL
            ORDER BY m.campaign, m.point_id, m.run_id""")
     for r in rows:
-        try:
-            given = json.loads(r.pop("entity") or "{}")
-        except ValueError:
-            given = {}
+        given = from_json(r.pop("entity"), {})
         r["given"] = {**(given if isinstance(given, dict) else {}), "experiment": r["experiment"]}
     return rows

@@ -9,7 +9,6 @@ needs in that scope, picks the run of the utilisation panels and averages its sa
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from harness.db.hosts import drain_reason, host_health
 from harness.db.scaling import exposed_communication, fabric_busbw, scaling_runs
 from harness.db.search import search_answer
 from harness.db.store import Store
+from harness.db.values import from_json
 from harness.spec.catalog import EXPERIMENTS
 from harness.spec.repeats import verdict
 from harness.spec.sweep import AdaptiveRepeats
@@ -174,7 +174,7 @@ def point_repeats(campaigns: Sequence[Mapping[str, Any]], attempts: Sequence[Map
     for c in campaigns:
         doc = c.get("repeats_spec")
         try:
-            d = json.loads(doc) if isinstance(doc, str) else doc
+            d = from_json(doc)
             if isinstance(d, dict):
                 specs[str(c["campaign"])] = AdaptiveRepeats(int(d["min"]), int(d["max"]), float(d["cv"]))
         except (ValueError, KeyError, TypeError):
