@@ -20,11 +20,12 @@ from harness.db import reportdata
 from harness.db.checks import check_results, references_of
 from harness.db.hosts import drain_reason, host_health
 from harness.db.scaling import exposed_communication, fabric_busbw, scaling_runs
-from harness.db.search import search_answer
+from harness.db.search import search_evidence
 from harness.db.store import Store
 from harness.db.values import from_json
 from harness.spec.catalog import EXPERIMENTS
 from harness.spec.repeats import verdict
+from harness.spec.search import answer as search_answer
 from harness.spec.sweep import AdaptiveRepeats
 
 from .charts import plural
@@ -154,7 +155,8 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     data.repeats = point_repeats(data.campaigns, data.attempts, data.stability,
                                  reportdata.planned_repeats(store, where))
     data.clusters = load_clusters(store, measurements)
-    data.searches = [a for a in (search_answer(store, c["campaign"]) for c in data.campaigns) if a is not None]
+    data.searches = [search_answer(ev) for ev in (search_evidence(store, c["campaign"]) for c in data.campaigns)
+                     if ev is not None]
     for c in data.campaigns:
         rows = scaling_rows(scaling_runs(store, c["campaign"]), exposed_communication(store, c["campaign"]),
                             fabric_busbw(store))
