@@ -15,6 +15,7 @@ from harness.db.runs import replace_runs
 from harness.db.schema import ENTITY_COLUMNS, SCHEMA_VERSION
 from harness.db.status import attempt_rows, next_attempt, point_status, status_rows
 from harness.db.store import open_store
+from harness.db.values import from_json, to_json
 from tests import synth
 
 EXP = "finetune_lora_benchmark-v1.0.0"
@@ -313,6 +314,21 @@ def test_staged_columns_hold_what_one_by_one_conversion_makes(tmp_path) -> None:
             assert store.insert(table, staged) == 4
             store.con.execute(f"DELETE FROM {table}")
     store.close()
+
+
+def test_a_json_column_is_read_back_by_one_reader(tmp_path) -> None:
+    # harness.db.values.from_json: what to_json wrote comes back equal (an integer of any size an integer), a value
+    # DuckDB already decoded as it is, and NULL, empty text and text that is no JSON as the caller's default
+    for value in ({"a": [1, 2.5, None, "ü"]}, [2**80, -(2**70)], "s", 0, True):
+        assert from_json(to_json(value)) == value
+    decoded = {"k": 1}
+    assert from_json(decoded) is decoded
+    assert [from_json(v, {}) for v in (None, "", "not json {", b"\xff")] == [{}, {}, {}, {}]
+    assert from_json(None) is None and from_json("null", {}) is None
+    with open_store(tmp_path / "j.duckdb") as st:
+        st.con.execute("CREATE TABLE j (doc JSON)")
+        st.con.execute("INSERT INTO j VALUES (?), (NULL)", [to_json({"x": [1, 2]})])
+        assert [from_json(v, {}) for (v,) in st.con.execute("SELECT doc FROM j").fetchall()] == [{"x": [1, 2]}, {}]
 
 
 def test_a_collect_does_not_import_pandas_yet_arrow_still_gives_pandas_output(tmp_path):

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from bench.history import build, campaign_name, factor
+from harness.db import reportdata
 from harness.db.status import status_rows
 from harness.db.store import open_store
-from harness.report import queries
 from harness.report.data import load_report_data
 
 CAMPAIGNS, POINTS = 80, 250  # 20,000 runs
@@ -99,7 +99,7 @@ def test_report_reads_one_campaign_and_its_values_equal_the_whole_database_s(his
                SELECT run_id, stage, sum(seconds) AS seconds, bool_or(unfinished) AS unfinished
                FROM per_trial GROUP BY ALL ORDER BY 1, 2""", [camp])
         key = lambda r: (r["run_id"], r["stage"])  # noqa: E731
-        assert sorted(queries.stage_seconds(st, camp), key=key) == whole and len(whole) >= POINTS
+        assert sorted(reportdata.stage_seconds(st, camp), key=key) == whole and len(whole) >= POINTS
     out = tmp_path / "report.html"
     res = cli("report", "--db", history["db"], "-o", out)  # the latest campaign: the last one copied
     assert res.exit_code == 0, res.output

@@ -17,13 +17,13 @@ from harness.campaign.search import MIN_STEPS, scaled_sweep
 from harness.campaign.state import AttemptState, PointHistory
 from harness.campaign.submit import SEARCH, SEARCH_FEEDER, decide
 from harness.db.manifest import record_manifest
-from harness.db.search import search_answer
+from harness.db.search import search_evidence
 from harness.db.store import open_store
 from harness.runner.measure import StopPolicy
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep
+from harness.spec.search import DEFAULT_ETA, RecordedSearch, SearchSpec, SearchState, answer
 from harness.spec.search import Decision as SearchDecision
-from harness.spec.search import SearchState
 from harness.spec.sweep import load_sweep
 
 from .conftest import SMALL_DATASET, write_sweep
@@ -202,11 +202,24 @@ def test_search_lines_become_the_newest_decision_per_point(tmp_path: Path) -> No
     with open_store(tmp_path / "r.duckdb") as st:
         assert record_manifest(st, lines) == []
         rows = st.fetch_dicts("SELECT point_id, action, reason FROM search_decisions ORDER BY point_id")
-        ans = search_answer(st, "c")
-        assert search_answer(st, "other") is None
+        ev = search_evidence(st, "c")
+        assert search_evidence(st, "other") is None
+    assert ev is not None
+    ans = answer(ev)
     assert [(r["point_id"], r["action"]) for r in rows] == [("p1", "skipped"), ("p2", "run")]
     assert ans is not None and ans["grid_points"] == 2 and ans["runs"] == 0 and not ans["done"]
     assert [d["reason"] for d in ans["decisions"]] == ["bounded below by batch 2 ok", "bisection: runs batch 2"]
+    # the recorded search is read back as it was written, in one place (harness.spec.search.RecordedSearch)
+    assert RecordedSearch.from_dict(spec).to_dict() == spec == ev.recorded.to_dict()
+
+
+def test_a_recorded_search_without_eta_or_repeats_reads_the_defaults() -> None:
+    doc = {"goal": {"minimize": "train_runtime"}, "method": "halving", "points": [{"point_id": "p", "entity": None}]}
+    rec = RecordedSearch.from_dict(doc)
+    assert rec.spec == SearchSpec("train_runtime", "minimize", None, "halving", DEFAULT_ETA)
+    assert SearchSpec.from_dict(rec.spec.to_dict()) == rec.spec
+    assert (rec.repeats, rec.grid_fields) == (1, ())
+    assert [(c.point_id, dict(c.entity)) for c in rec.candidates] == [("p", {})]
 
 
 def test_a_short_runs_step_cap_stops_training_under_either_auto_stop_method(tmp_path: Path) -> None:

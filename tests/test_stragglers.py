@@ -17,8 +17,7 @@ from harness.collect.stragglers import rank_scores
 from harness.contract.errors import InputError
 from harness.db.cluster import record_preflight
 from harness.db.store import open_store
-from harness.report.compare import excluded_text
-from harness.report.queries import STRAGGLER, left_out_why
+from harness.report.compare import STRAGGLER, excluded_text, left_out_why
 from harness.runner.faults import FaultSpecError, parse_faults
 from harness.slurm.client import Slurm
 from harness.spec.references import Reference, check_rows

@@ -18,10 +18,10 @@ from typing import Any
 from harness.contract.errors import InputError
 from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
 from harness.contract.records import ManifestLine, SearchLine, append_manifest, now_iso
-from harness.db.search import recorded_candidates, runs_seen, search_answer, search_spec_of
+from harness.db.search import runs_seen, search_evidence
 from harness.db.store import open_store
 from harness.spec.plan import PlannedPoint
-from harness.spec.search import Candidate, RunSeen, SearchSpec, SearchState, step
+from harness.spec.search import Candidate, RecordedSearch, RunSeen, SearchSpec, SearchState, answer, step
 from harness.spec.sweep import MAX_REL_CI, Sweep
 
 from . import manifest
@@ -45,10 +45,7 @@ def recorded(spec: SearchSpec, points: Sequence[PlannedPoint], grid_fields: Sequ
              repeats: int) -> dict[str, Any]:
     """What the campaign line records of a search: the spec, the grid's fields, the campaign's repeats, and the
     valid points as the search sees them (``sbench best`` answers from these and the database alone)."""
-    return {**spec.to_dict(), "grid_fields": list(grid_fields), "repeats": repeats,
-            "points": [{"point_id": c.point_id, "entity": dict(c.entity), "total_bytes": c.total_bytes,
-                        "device_bytes": c.device_bytes, "predicted_oom": c.predicted_oom}
-                       for c in candidates(points, grid_fields)]}
+    return RecordedSearch(spec, tuple(grid_fields), repeats, tuple(candidates(points, grid_fields))).to_dict()
 
 
 def scaled_sweep(sweep: Sweep, scale: float) -> Sweep:
@@ -96,9 +93,8 @@ def decision_lines(campaign_dir: Path, campaign: str, state: SearchState) -> lis
 
 def recorded_state(recorded: dict[str, Any], db: Path, campaign: str) -> SearchState:
     """The search's state from what the campaign line recorded of it and what the database holds."""
-    spec = search_spec_of(recorded)
-    return step(spec, recorded_candidates(recorded), history_runs(db, campaign, spec.metric),
-                int(recorded.get("repeats") or 1))
+    rec = RecordedSearch.from_dict(recorded)
+    return step(rec.spec, list(rec.candidates), history_runs(db, campaign, rec.spec.metric), rec.repeats)
 
 
 def summary(state: SearchState) -> dict[str, Any]:
@@ -112,7 +108,8 @@ def record_decisions(campaign_dir: Path, campaign: str, state: SearchState) -> l
 
 
 def best(campaign: str, workdir: Path | None = None, db: Path | None = None) -> dict[str, Any]:
-    """``sbench best``: the search's answer from the database (``harness.db.search.search_answer``)."""
+    """``sbench best``: the search's answer (``harness.spec.search.answer``) from what the database holds of it
+    (``harness.db.search.search_evidence``)."""
     wd, dbp = resolve_workdir(workdir), resolve_db(db)
     if manifest.search_spec(wd / campaign) is None:
         raise InputError(f"campaign {campaign!r}: no search (its sweep has no search: section, or there is no "
@@ -120,8 +117,8 @@ def best(campaign: str, workdir: Path | None = None, db: Path | None = None) -> 
     if not dbp.is_file():
         raise InputError(f"{dbp}: no results database; run sbench collect --campaign {campaign} first")
     with open_store(dbp, read_only=True) as st:
-        ans = search_answer(st, campaign)
-    if ans is None:
+        ev = search_evidence(st, campaign)
+    if ev is None:
         raise InputError(f"{dbp}: campaign {campaign!r} has no search recorded yet; run sbench collect --campaign "
                          f"{campaign} first")
-    return ans
+    return answer(ev)

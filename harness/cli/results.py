@@ -18,12 +18,12 @@ from harness.campaign.search import best as search_best
 from harness.contract.errors import InputError
 from harness.contract.paths import resolve_db
 from harness.db.checks import check_results, references_of
+from harness.db.reportdata import run_profile
 from harness.db.scaling import exposed_communication, fabric_busbw, scaling_runs
 from harness.db.status import campaign_names
 from harness.db.store import open_store
 from harness.report.compare import Verdict, compare_in
 from harness.report.envdiff import EnvDiff
-from harness.report.queries import run_profile
 from harness.report.scaling import EFFICIENCY_THRESHOLD, scaling_rows
 
 from .base import (

@@ -58,7 +58,7 @@ from harness.db.samples import next_sample_file_id, sample_stats
 from harness.db.schema import RUN_CHILD_TABLES
 from harness.db.staging import Staged, stage
 from harness.db.store import Store, open_store
-from harness.db.values import utc
+from harness.db.values import from_json, utc
 from harness.slurm.client import Slurm
 
 from . import rows, scheduler
@@ -226,13 +226,7 @@ def _record(store: Store, manifests: list[Manifest], attempts: Mapping[str, Atte
 def _indexed(store: Store, path: str, key: str) -> list[list[Any]] | None:
     """The index of the manifest at *path* recorded when it had identity *key* (see :func:`_record`), or
     None when it has not been recorded so."""
-    raw = store.get_metadata(INDEX_KEY + path)
-    if not raw:
-        return None
-    try:
-        doc = orjson.loads(raw)
-    except ValueError:
-        return None
+    doc = from_json(store.get_metadata(INDEX_KEY + path))
     if not isinstance(doc, dict) or doc.get("key") != key or not isinstance(doc.get("rows"), list):
         return None
     rows = doc["rows"]
@@ -246,11 +240,7 @@ def _load_stamps(store: Store, roots: Collection[str]) -> dict[str, dict[str, An
     """The stamps recorded per campaign directory: run id -> [fingerprint, stamp] (see :func:`_scan`)."""
     out: dict[str, dict[str, Any]] = {}
     for root in roots:
-        raw = store.get_metadata(STAMPS_KEY + root)
-        try:
-            doc = orjson.loads(raw) if raw else {}
-        except ValueError:
-            doc = {}
+        doc = from_json(store.get_metadata(STAMPS_KEY + root))
         out[root] = doc if isinstance(doc, dict) else {}
     return out
 

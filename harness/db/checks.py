@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,7 +11,7 @@ from harness.spec.references import FROM_CAMPAIGN, Reference, check_rows
 from .exchange import imported_sql
 from .schema import COLUMN_NAMES, q
 from .store import Store
-from .values import to_json
+from .values import from_json, to_json
 
 
 # -- references and checks ---------------------------------------------------------------------------
@@ -21,10 +20,7 @@ def references_of(store: Store) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for camp, spec in store.con.execute("SELECT campaign, references_spec FROM campaigns "
                                        "WHERE references_spec IS NOT NULL").fetchall():
-        try:
-            refs = json.loads(spec)
-        except ValueError:
-            continue
+        refs = from_json(spec)
         if isinstance(refs, list) and refs:
             out[camp] = [r for r in refs if isinstance(r, dict)]
     return out
@@ -49,10 +45,7 @@ def check_inputs(store: Store, campaign: str, metrics: Sequence[str]) -> list[di
                   AND NOT coalesce(r.profiled, false)  -- a profiled repeat measured the profiler too: never checked
             ORDER BY cp.point_id, cp.repeat""", [campaign, campaign])
     for r in rows:
-        try:
-            r["entity"] = json.loads(r["entity"]) if r["entity"] else {}
-        except ValueError:
-            r["entity"] = {}
+        r["entity"] = from_json(r["entity"], {})
         r["values"] = {c: r.pop(c) for c in cols}
     return rows
 
@@ -69,10 +62,7 @@ def reference_values(store: Store, campaign: str, metric: str) -> list[tuple[dic
             ORDER BY m.run_id""", [campaign]).fetchall()
     out = []
     for entity, experiment, value in rows:
-        try:
-            given = json.loads(entity) if entity else {}
-        except ValueError:
-            continue
+        given = from_json(entity, {})
         out.append(({**(given if isinstance(given, dict) else {}), "experiment": experiment}, float(value)))
     return out
 

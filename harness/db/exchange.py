@@ -30,7 +30,7 @@ from harness.contract.exchange import NAMESPACE_SEP, ORIGIN_ADO_CSV, ORIGIN_EXPO
 from .schema import COLUMN_NAMES, SCHEMA, q
 from .staging import frame
 from .store import Store
-from .values import to_json
+from .values import from_json, to_json
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -99,7 +99,7 @@ def campaign_records(store: Store, campaigns: Sequence[str]) -> list[CampaignRec
         ends = [r["ended_at"] for r in runs if r["ended_at"] is not None]
         partitions = c.get("partitions")
         out.append(CampaignRecord(
-            name, c.get("cluster"), json.loads(partitions) if isinstance(partitions, str) else partitions,
+            name, c.get("cluster"), from_json(partitions),
             c.get("partition"), c.get("experiment"), c.get("sweep"), c.get("origin"),
             _iso(c.get("created_at")), _iso(min(subs, default=None)), _iso(max(ends, default=None)), len(runs),
             hashlib.sha256(blob.encode()).hexdigest()))
@@ -172,10 +172,7 @@ def imported_campaigns(store: Store) -> dict[str, dict[str, Any]]:
     out = {}
     for name, origin, doc in store.con.execute(
             "SELECT campaign, origin, imported FROM campaigns WHERE origin IS NOT NULL ORDER BY campaign").fetchall():
-        try:
-            meta = json.loads(doc) if doc else {}
-        except ValueError:
-            meta = {}
+        meta = from_json(doc, {})
         out[str(name)] = {**(meta if isinstance(meta, dict) else {}), "origin": origin}
     return out
 

@@ -1,17 +1,19 @@
 """What a search (``search:``, harness.spec.search) reads of its campaign: each repeat's last attempt with its goal
 value and interval, the decisions recorded, the seconds the campaign spent training and holding allocations, and
-the search's answer (``sbench best`` and the report's section say it alike)."""
+all of it at once with the search its campaign line recorded (:func:`search_evidence`, from which
+harness.spec.search.answer says what the search found: ``sbench best`` and the report's section say it alike)."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from typing import Any
 
 from harness.contract.formats import Stage
-from harness.spec.search import BATCH_FIELD, Candidate, RunSeen, SearchSpec, spread_rel_ci, step
+from harness.spec.search import RecordedSearch, RunSeen, SearchEvidence, spread_rel_ci
 
 from .schema import COLUMN_NAMES, q
 from .store import Store
+from .values import from_json
 
 
 def search_runs(store: Store, campaign: str, metric: str) -> list[dict[str, Any]]:
@@ -33,18 +35,6 @@ def search_decisions(store: Store, campaign: str) -> list[dict[str, Any]]:
                              "WHERE campaign = ? ORDER BY point_id", [campaign])
 
 
-def search_spec_of(recorded: dict[str, Any]) -> SearchSpec:
-    """A recorded ``search`` (the campaign line's, ``campaigns.search_spec``) back as the spec."""
-    sense, metric = next(iter(recorded["goal"].items()))
-    return SearchSpec(str(metric), str(sense), recorded.get("batch_size"), recorded.get("method"),
-                      int(recorded.get("eta") or 3))
-
-
-def recorded_candidates(recorded: dict[str, Any]) -> list[Candidate]:
-    return [Candidate(str(c["point_id"]), dict(c.get("entity") or {}), c.get("total_bytes"), c.get("device_bytes"),
-                      c.get("predicted_oom")) for c in recorded.get("points") or []]
-
-
 def runs_seen(store: Store, campaign: str, metric: str) -> dict[str, list[RunSeen]]:
     """Each point's repeats as the search sees them (:func:`search_runs`): the precision auto-stop's interval,
     else one from the run's own step times (``harness.spec.search.spread_rel_ci``)."""
@@ -57,53 +47,28 @@ def runs_seen(store: Store, campaign: str, metric: str) -> dict[str, list[RunSee
     return out
 
 
-def search_answer(store: Store, campaign: str) -> dict[str, Any] | None:
-    """What a search campaign found (None: the campaign has no search): the best point with its goal value and
-    interval, the largest batch that fits per shape with its evidence, the decisions recorded, and what the
-    campaign spent beside the full grid's estimate (each valid point once: one at or below its shape's largest
-    fitting batch at the mean of the campaign's ok runs, one above it at the mean of its OOM runs)."""
+def search_evidence(store: Store, campaign: str) -> SearchEvidence | None:
+    """What *campaign* holds of its search (None: the campaign has no search): the search its campaign line
+    recorded, each point's repeats, the seconds spent, the decisions recorded and its points' entities, from which
+    :func:`harness.spec.search.answer` says what the search found."""
     row = store.fetch_dicts("SELECT search_spec FROM campaigns WHERE campaign = ?", [campaign])
-    raw = row[0]["search_spec"] if row else None
-    if not raw:
+    doc = from_json(row[0]["search_spec"]) if row else None
+    if not doc:
         return None
-    recorded = json.loads(raw) if isinstance(raw, str) else dict(raw)
-    spec = search_spec_of(recorded)
-    grid_fields = list(recorded.get("grid_fields") or [])
-    cands = recorded_candidates(recorded)
-    state = step(spec, cands, runs_seen(store, campaign, spec.metric), int(recorded.get("repeats") or 1))
-    spent = campaign_seconds(store, campaign)
-    entity = {c.point_id: c.entity for c in cands}
-    iv = state.best_interval
-    limit = {tuple(sorted((k, repr(v)) for k, v in f.shape.items() if k != BATCH_FIELD)): f for f in state.fits}
+    recorded = RecordedSearch.from_dict(doc)
+    return SearchEvidence(campaign, recorded, runs_seen(store, campaign, recorded.spec.metric),
+                          campaign_seconds(store, campaign), search_decisions(store, campaign),
+                          entities_of(store, [c.point_id for c in recorded.candidates]))
 
-    def fits(c: Candidate) -> bool:
-        f = limit.get(tuple(sorted((k, repr(c.entity.get(k))) for k in grid_fields if k != BATCH_FIELD)))
-        if f is None:  # no batch_size: fit: every valid point runs
-            return True
-        return f.batch_size is not None and c.batch <= f.batch_size
 
-    full = store.fetch_dicts("SELECT entity FROM points WHERE point_id = ?", [state.best]) if state.best else []
-    best_entity = json.loads(full[0]["entity"]) if full and isinstance(full[0]["entity"], str) else (
-        dict(full[0]["entity"]) if full and full[0]["entity"] else {})
-    n_fit = sum(1 for c in cands if fits(c))
-    n_oom = len(cands) - n_fit
-    return {
-        "campaign": campaign, "goal": {spec.sense: spec.metric}, "done": state.done, "stuck": state.stuck,
-        "best": None if state.best is None or iv is None else {
-            "point_id": state.best, **{k: entity[state.best].get(k) for k in grid_fields}, "value": iv.mean,
-            "interval": [iv.lo, iv.hi], "runs": iv.n, "entity": best_entity},
-        "runners_up": state.runners_up,
-        "max_batch_size": [{"shape": {k: v for k, v in f.shape.items() if k != BATCH_FIELD},
-                            "batch_size": f.batch_size, "largest_ok": f.largest_ok, "smallest_oom": f.smallest_oom,
-                            "decided": f.decided} for f in state.fits],
-        "runs": int(spent["runs"]), "grid_points": len(cands), "train_s": spent["train_s"],
-        "allocation_s": spent["allocation_s"], "gpu_s": spent["gpu_s"],
-        "grid_train_s_estimate": n_fit * spent["ok_train_s"] + n_oom * spent["invalid_train_s"],
-        "grid_allocation_s_estimate": n_fit * spent["ok_allocation_s"] + n_oom * spent["invalid_allocation_s"],
-        "grid_gpu_s_estimate": n_fit * spent["ok_gpu_s"] + n_oom * spent["invalid_gpu_s"],
-        "decisions": [{k: (str(v) if k == "decided_at" and v is not None else v) for k, v in d.items()}
-                      for d in search_decisions(store, campaign)],
-    }
+def entities_of(store: Store, point_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The recorded entity (``points.entity``) of each of *point_ids* that has one."""
+    ids = sorted(set(point_ids))
+    if not ids:
+        return {}
+    rows = store.con.execute(f"SELECT point_id, entity FROM points WHERE point_id IN ({', '.join('?' for _ in ids)})",
+                             ids).fetchall()
+    return {str(pid): doc for pid, entity in rows if isinstance(doc := from_json(entity), dict) and doc}
 
 
 def campaign_seconds(store: Store, campaign: str) -> dict[str, float]:

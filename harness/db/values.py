@@ -1,6 +1,6 @@
 """Python values as the results database stores them: each column type's conversion (NULL for a value that
-does not fit, never an error), epoch seconds and ISO text as UTC timestamps, JSON text DuckDB accepts, and
-entity values as their typed columns."""
+does not fit, never an error), epoch seconds and ISO text as UTC timestamps, JSON text DuckDB accepts (and a JSON
+column's value read back: :func:`from_json`), and entity values as their typed columns."""
 
 from __future__ import annotations
 
@@ -198,6 +198,20 @@ def to_json(value: Any) -> str | None:
         return JsonText(to_str(json.dumps(_finite(value), sort_keys=True, default=str, allow_nan=False)))
     except (TypeError, RecursionError):
         return None
+
+
+def from_json(value: Any, default: Any = None) -> Any:
+    """A JSON column's value as Python, the one reader of every JSON value the database holds: its text decoded
+    (Python's parser, which keeps an integer of any size an integer, as :func:`to_json` wrote it); a value DuckDB
+    already decoded (a dict, a list) as it is; *default* for NULL, empty text and text that is no JSON."""
+    if value is None:
+        return default
+    if not isinstance(value, (str, bytes)):
+        return value
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError):
+        return default
 
 
 def key_int(value: Any, name: str) -> int:

@@ -14,11 +14,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.contract.exchange import ORIGIN_ADO_CSV
+from harness.db.reportdata import across_campaigns, published_measurements
 from harness.db.schema import ENTITY_FIELDS
 from harness.db.store import Store
 from harness.spec.published import matches
-
-from . import queries
 
 REFERENCE = "reference"  # the cluster column's word for a published measurement
 
@@ -34,10 +33,10 @@ def load_clusters(store: Store, measurements: Sequence[Mapping[str, Any]]) -> li
     if not points:
         return []
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in queries.across_campaigns(store, list(points)):
+    for r in across_campaigns(store, list(points)):
         if r.get("origin") != ORIGIN_ADO_CSV:
             groups.setdefault((str(r["point_id"]), str(r["campaign"])), []).append(r)
-    for ref in queries.published_measurements(store):
+    for ref in published_measurements(store):
         for pid, entity in points.items():
             if matches(ref["given"], entity):
                 groups.setdefault((pid, str(ref["campaign"])), []).append({**ref, "cluster": REFERENCE})

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -56,6 +57,7 @@ from harness.contract.errors import InputError
 from harness.contract.exchange import ORIGIN_ADO_CSV
 from harness.contract.stats import welch
 from harness.db.exchange import imported_campaigns
+from harness.db.reportdata import compare_rows, environment_of, point_entities
 from harness.db.schema import ENTITY_FIELDS
 from harness.db.status import campaign_names
 from harness.db.store import Store
@@ -63,7 +65,6 @@ from harness.spec.published import matches
 from harness.spec.schema import is_campaign_ref
 
 from . import envdiff
-from .queries import BUSY, PROFILED, SHARED, STRAGGLER, compare_side, environment_of, point_entities
 
 # metric -> True when higher is better
 METRICS: dict[str, bool] = {
@@ -244,6 +245,43 @@ class Comparison:
             return ("excluded 0 runs (none shared its host with another run, none ran on a host busy with other "
                     "work, none had a straggler rank)")
         return excluded_text(self.left_out)
+
+
+# why a measurement is left out of compare, check and the repeats' CV
+SHARED, BUSY, PROFILED, STRAGGLER = "shared host", "busy host", "profiled", "straggler"
+
+
+def left_out_why(m: Mapping[str, Any]) -> str | None:
+    """Why a measurement row measured more than its point: it ran under the profiler (``profiled``: runner.profile),
+    another sbench run held one of its hosts at the same time (``overlapped_with``), other work kept its host
+    busy (``host_busy``), or one of its ranks was a straggler (``straggler``: the run measured its slowest rank,
+    not its point); None when none of these."""
+    if m.get("profiled"):
+        return PROFILED
+    if m.get("overlapped_with"):
+        return SHARED
+    if m.get("host_busy"):
+        return BUSY
+    if m.get("straggler"):
+        return STRAGGLER
+    return None
+
+
+def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str], include_shared: bool = False,
+                 ) -> tuple[dict[str, list[dict[str, Any]]], list[tuple[str, str]]]:
+    """Valid measurements of ok runs selected by *campaign* and *filters*, by point_id
+    (:func:`harness.db.reportdata.compare_rows`), and ``(run id, why)`` of those left out because another run
+    shared a host with them (``runs.overlapped_with``) or other work kept their host busy
+    (``measurements.host_busy``), unless *include_shared*."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    left_out: list[tuple[str, str]] = []
+    for r in compare_rows(store, campaign, filters):
+        why = left_out_why(r)
+        if why is not None and (not include_shared or why == PROFILED):  # a profiled run never counts
+            left_out.append((r["run_id"], why))
+            continue
+        out.setdefault(r["point_id"], []).append(r)
+    return out, left_out
 
 
 def excluded_text(left_out: dict[str, list[tuple[str, str]]]) -> str:

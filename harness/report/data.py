@@ -1,7 +1,7 @@
 """What the report shows, read from the results database: :class:`ReportData` and its loaders.
 
 :func:`load_report_data` picks the campaign the page shows (the one asked for, the one of ``--run``, else
-the latest by creation time; or every campaign), asks :mod:`harness.report.queries` for every row the page
+the latest by creation time; or every campaign), asks :mod:`harness.db.reportdata` for every row the page
 needs in that scope, picks the run of the utilisation panels and averages its samples into time buckets;
 :func:`load_compare` adds the compare section's rows. Nothing here writes HTML.
 """
@@ -9,7 +9,6 @@ needs in that scope, picks the run of the utilisation panels and averages its sa
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,20 +16,21 @@ from typing import Any
 
 from harness.contract.errors import InputError, SbenchError
 from harness.contract.paths import resolve_db
+from harness.db import reportdata
 from harness.db.checks import check_results, references_of
 from harness.db.hosts import drain_reason, host_health
 from harness.db.scaling import exposed_communication, fabric_busbw, scaling_runs
-from harness.db.search import search_answer
+from harness.db.search import search_evidence
 from harness.db.store import Store
+from harness.db.values import from_json
 from harness.spec.catalog import EXPERIMENTS
 from harness.spec.repeats import verdict
+from harness.spec.search import answer as search_answer
 from harness.spec.sweep import AdaptiveRepeats
 
-from . import queries
 from .charts import plural
 from .clusters import load_clusters
-from .compare import compare_in
-from .queries import PROFILED, left_out_why
+from .compare import PROFILED, compare_in, left_out_why
 from .scaling import scaling_rows
 
 MAX_TRACE_POINTS = 600  # per series: long runs are averaged into this many time buckets
@@ -102,9 +102,9 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
     """Everything the page shows, from an open (read-only) store: *campaign*'s; without it, the campaign of
     *run_id*, else the campaigns *around* (``report --compare A B``: both), else the latest campaign (by
     creation time); with *all_campaigns*, every campaign's."""
-    index = queries.campaign_list(store)
+    index = reportdata.campaign_list(store)
     known = [c["campaign"] for c in index]
-    if queries.run_total(store) == 0 and not known:
+    if reportdata.run_total(store) == 0 and not known:
         raise ReportError(f"{store.path} has no runs: nothing to report. Run `sbench collect` first "
                           f"(or pass --db with another results database).")
     if campaign is not None and all_campaigns:
@@ -113,48 +113,50 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
         raise InputError(f"--campaign {campaign!r}: not in {store.path}; campaigns there: {', '.join(known)}")
     scope = "chosen" if campaign is not None else "all" if all_campaigns else "latest"
     shown = [c for c in dict.fromkeys(around) if c in known]
-    if scope == "latest" and run_id is not None and queries.run_campaign(store, run_id) is not None:
-        campaign, scope = queries.run_campaign(store, run_id), "run"
+    if scope == "latest" and run_id is not None and reportdata.run_campaign(store, run_id) is not None:
+        campaign, scope = reportdata.run_campaign(store, run_id), "run"
     elif scope == "latest" and len(shown) == 1:
         campaign, scope = shown[0], "compare"
     elif scope == "latest" and shown:
         scope = "compare"
     elif scope == "latest":
         campaign = known[-1] if known else None
-    where: queries.Scope = shown if scope == "compare" and campaign is None else campaign
+    where: reportdata.Scope = shown if scope == "compare" and campaign is None else campaign
     measurements: list[dict[str, Any]] = []
     shared: list[dict[str, Any]] = []
-    for m in queries.measurement_rows(store, where):
+    for m in reportdata.measurement_rows(store, where):
         m["method"] = method_of(m["experiment"])
         why = left_out_why(m)
         if why != PROFILED:  # a profiled run's figures measured the profiler too: the profile section shows it
             (shared if why else measurements).append(m)
     per_run: dict[str, dict[str, float]] = {}
-    for s in queries.stage_seconds(store, where):
+    for s in reportdata.stage_seconds(store, where):
         name = f"{s['stage']} (unfinished)" if s["unfinished"] else s["stage"]
         per_run.setdefault(s["run_id"], {})[name] = max(float(s["seconds"]), 0.0)
     stage_runs = [dict(r, method=method_of(r["experiment"]), stages=per_run[r["run_id"]])
-                  for r in queries.run_rows(store, where) if r["run_id"] in per_run]
+                  for r in reportdata.run_rows(store, where) if r["run_id"] in per_run]
     data = ReportData(db=str(store.path), generated_at=now or _dt.datetime.now(_dt.timezone.utc),
-                      campaign=campaign, campaigns=queries.campaign_rows(store, where),
-                      outcomes=queries.outcome_counts(store, where), measurements=measurements,
-                      stage_runs=stage_runs, gpu_samples=queries.gpu_sample_count(store, where),
+                      campaign=campaign, campaigns=reportdata.campaign_rows(store, where),
+                      outcomes=reportdata.outcome_counts(store, where), measurements=measurements,
+                      stage_runs=stage_runs, gpu_samples=reportdata.gpu_sample_count(store, where),
                       scope=scope, campaign_index=index, shared=shared,
                       db_option="" if store.path.resolve() == resolve_db() else f" --db {shlex.quote(str(store.path))}")
     data.shown = shown if scope == "compare" else []
     _load_run(store, data, where, run_id)
-    data.fabric = queries.fabric_rows(store)
+    data.fabric = reportdata.fabric_rows(store)
     data.hosts = [{**h, "why": drain_reason(h)} for h in host_health(store)]
-    data.preflight = queries.preflight_rows(store)
-    data.overhead = queries.overhead_rows(store, where)
-    data.stability = queries.stability_rows(store, where)
+    data.preflight = reportdata.preflight_rows(store)
+    data.overhead = reportdata.overhead_rows(store, where)
+    data.stability = reportdata.stability_rows(store, where)
     data.checks = {c: check_results(store, c) for c in sorted(references_of(store))
                    if (campaign in (None, c) and not data.shown) or c in data.shown}
-    data.attempts = queries.attempt_rows(store, where)
-    data.profiles = queries.profile_runs(store, where)
-    data.repeats = point_repeats(data.campaigns, data.attempts, data.stability, queries.planned_repeats(store, where))
+    data.attempts = reportdata.attempt_rows(store, where)
+    data.profiles = reportdata.profile_runs(store, where)
+    data.repeats = point_repeats(data.campaigns, data.attempts, data.stability,
+                                 reportdata.planned_repeats(store, where))
     data.clusters = load_clusters(store, measurements)
-    data.searches = [a for a in (search_answer(store, c["campaign"]) for c in data.campaigns) if a is not None]
+    data.searches = [search_answer(ev) for ev in (search_evidence(store, c["campaign"]) for c in data.campaigns)
+                     if ev is not None]
     for c in data.campaigns:
         rows = scaling_rows(scaling_runs(store, c["campaign"]), exposed_communication(store, c["campaign"]),
                             fabric_busbw(store))
@@ -174,7 +176,7 @@ def point_repeats(campaigns: Sequence[Mapping[str, Any]], attempts: Sequence[Map
     for c in campaigns:
         doc = c.get("repeats_spec")
         try:
-            d = json.loads(doc) if isinstance(doc, str) else doc
+            d = from_json(doc)
             if isinstance(d, dict):
                 specs[str(c["campaign"])] = AdaptiveRepeats(int(d["min"]), int(d["max"]), float(d["cv"]))
         except (ValueError, KeyError, TypeError):
@@ -215,25 +217,25 @@ def load_compare(store: Store, base: str, cand: str, threshold: float,
             "environment": cmp.env.to_dict(), "references": cmp.references}
 
 
-def _load_run(store: Store, data: ReportData, campaign: queries.Scope, run_id: str | None) -> None:
+def _load_run(store: Store, data: ReportData, campaign: reportdata.Scope, run_id: str | None) -> None:
     """Pick the run of the utilisation panels and load its samples, averaged into time buckets."""
     if run_id is not None:
-        row = queries.utilisation_run(store, run_id)
+        row = reportdata.utilisation_run(store, run_id)
         if row is None:
-            some = queries.some_run_ids(store, 3)
+            some = reportdata.some_run_ids(store, 3)
             raise InputError(f"--run {run_id!r}: no such run in {store.path}; run ids look like "
                              f"{', '.join(some)} (list them: sbench query \"SELECT run_id FROM runs\")")
         choice = "chosen with --run"
     else:
-        row = queries.utilisation_run(store, campaign=campaign, pick="longest_ok")
+        row = reportdata.utilisation_run(store, campaign=campaign, pick="longest_ok")
         choice = "the longest ok run; pick another with --run RUN_ID"
         if row is None:  # no ok run: the one with the most samples, if any has samples
-            row = queries.utilisation_run(store, campaign=campaign, pick="most_samples")
+            row = reportdata.utilisation_run(store, campaign=campaign, pick="most_samples")
             choice = "no ok run: the run with the most samples; pick another with --run RUN_ID"
     if row is None:
         return
     data.run, data.run_choice = row, choice
-    data.traces = queries.run_traces(store, row["run_id"], MAX_TRACE_POINTS)
+    data.traces = reportdata.run_traces(store, row["run_id"], MAX_TRACE_POINTS)
     offsets = [t["offset"] for t in data.traces if t["offset"] is not None]
     data.run_offset = sum(offsets) / len(offsets) if offsets else None
 

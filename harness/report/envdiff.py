@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.contract.envvars import PER_ATTEMPT, PER_ATTEMPT_PREFIXES
+from harness.db.values import from_json
 
 PACKAGE_COLUMNS = ("python", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "submitit", "duckdb",
                    "nvidia_ml_py")
@@ -77,15 +78,6 @@ class EnvDiff:
         return {"changes": [c.to_dict() for c in self.changes], "note": self.note}
 
 
-def _json(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return None
-    return value
-
-
 def _per_attempt(name: str) -> bool:
     return name in PER_ATTEMPT or name.startswith(PER_ATTEMPT_PREFIXES)
 
@@ -100,7 +92,7 @@ def env_facts(row: Mapping[str, Any], job_dir: str | None) -> dict[Fact, str]:
     for col in PACKAGE_COLUMNS:
         if row.get(col):
             out[("package", col.replace("_", "-") if col == "nvidia_ml_py" else col)] = str(row[col])
-    pk = _json(row.get("packages"))
+    pk = from_json(row.get("packages"))
     for name, version in (pk.items() if isinstance(pk, dict) else []):
         key = str(name).replace("-", "_").lower()
         if key in PACKAGE_COLUMNS:  # a column's package: its column says it, the JSON where the column is empty
@@ -109,17 +101,17 @@ def env_facts(row: Mapping[str, Any], job_dir: str | None) -> dict[Fact, str]:
                 out[fact] = str(version)
         elif version and not key.startswith(_AS_DRIVER):
             out[("package", str(name))] = str(version)
-    tp = _json(row.get("trainer_packages"))
+    tp = from_json(row.get("trainer_packages"))
     for name, version in (tp.items() if isinstance(tp, dict) else []):
         if version:
             out[("trainer package", str(name))] = str(version)
     for col, name in DRIVER_COLUMNS.items():
         if row.get(col):
             out[("driver", name)] = str(row[col])
-    for hca in (_json(row.get("hca_firmware")) or []):
+    for hca in (from_json(row.get("hca_firmware")) or []):
         if isinstance(hca, dict) and hca.get("name"):
             out[("firmware", f"HCA {hca['name']} firmware")] = str(hca.get("fw_ver"))
-    env = _json(row.get("env"))
+    env = from_json(row.get("env"))
     for name, value in (env.items() if isinstance(env, dict) else []):
         if not _per_attempt(str(name)):
             text = _text(value)
@@ -142,7 +134,7 @@ def env_facts(row: Mapping[str, Any], job_dir: str | None) -> dict[Fact, str]:
 def ran_facts(m: Mapping[str, Any]) -> dict[Fact, str]:
     """What a measurement says the run did of the sweep's settings."""
     out = {("ran", name): str(m[col]) for col, name in RAN_COLUMNS.items() if m.get(col)}
-    for adj in (_json(m.get("adjustments")) or []):
+    for adj in (from_json(m.get("adjustments")) or []):
         if isinstance(adj, dict) and adj.get("setting"):
             out[("ran", f"{adj['setting']} adjusted")] = f"{adj.get('asked')} -> {adj.get('used')}"
     return out

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract.formats import Stage
+from harness.db.values import from_json
 
 from .charts import (
     HUMAN_BYTES_EXPR,
@@ -411,8 +412,7 @@ def fabric_charts(rows: Sequence[Mapping[str, Any]]) -> str:
     names: dict[str, str] = {}
     for f in runs:
         first = next(r for r in rows if r["fabric_id"] == f)
-        tr = first.get("transport_by_host")
-        tr = json.loads(tr) if isinstance(tr, str) else (tr or {})
+        tr = from_json(first.get("transport_by_host")) or {}
         kinds = ",".join(sorted({t for t in tr.values() if t})) or first.get("backend") or "?"
         names[f] = f"{first['partition']} x{first['nodes']} ({kinds}) {f[:15]}"
     colors = {names[f]: PALETTE[i % len(PALETTE)] for i, f in enumerate(runs)}

@@ -12,7 +12,9 @@ Pure: :func:`step` takes the grid's points (with the memory predictions ``harnes
 the database holds of each point's runs, and returns the runs to start now and one decision per point, with the
 reason. Nothing here remembers anything between calls: the same history gives the same decisions, so a search
 that was interrupted (Ctrl-C, a dead feeder, a cancelled job) goes on from the database with ``submit`` or
-``retry``, and a point that was decided is never run again.
+``retry``, and a point that was decided is never run again. What a campaign records of its search
+(:class:`RecordedSearch`) is written and read back here, and the search's answer (:func:`answer`) is said from what
+the database holds of it (:class:`SearchEvidence`).
 
 **Largest batch that fits** (``batch_size: fit``): each shape's batch sizes are bisected. The first run is the
 largest batch predicted to fit (where there is a prediction), else the middle one. A real OOM (an ``invalid``
@@ -72,6 +74,13 @@ class SearchSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"goal": {self.sense: self.metric}, "batch_size": self.batch_size, "method": self.method,
                 "eta": self.eta}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> SearchSpec:
+        """The spec :meth:`to_dict` recorded (an eta not recorded: :data:`DEFAULT_ETA`)."""
+        sense, metric = next(iter(doc["goal"].items()))
+        return cls(str(metric), str(sense), doc.get("batch_size"), doc.get("method"),
+                   int(doc.get("eta") or DEFAULT_ETA))
 
     def rungs(self, entrants: int) -> int:
         """How many halving rungs *entrants* points go through before the final repeats (0: one point, or no
@@ -469,3 +478,84 @@ def _leader(st: SearchState, spec: SearchSpec, alive: Sequence[Candidate], runs:
 def _beaten(spec: SearchSpec, iv: Interval, best: Interval) -> bool:
     """*iv* lies wholly on the wrong side of *best*: its upper end below the best's lower end (maximize)."""
     return iv.hi < best.lo if spec.sense == "maximize" else iv.lo > best.hi
+
+
+# -- what a campaign records of its search, and the search's answer ---------------------------------------------
+@dataclass(frozen=True)
+class RecordedSearch:
+    """What a search campaign's campaign line records of its search (and ``campaigns.search_spec`` holds): the spec,
+    the grid's fields, the campaign's repeats and the valid points as the search sees them, so that ``sbench best``
+    and the report answer from these and the database alone. :meth:`to_dict` writes it; :meth:`from_dict` reads
+    it back."""
+
+    spec: SearchSpec
+    grid_fields: tuple[str, ...]
+    repeats: int
+    candidates: tuple[Candidate, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.spec.to_dict(), "grid_fields": list(self.grid_fields), "repeats": self.repeats,
+                "points": [{"point_id": c.point_id, "entity": dict(c.entity), "total_bytes": c.total_bytes,
+                            "device_bytes": c.device_bytes, "predicted_oom": c.predicted_oom}
+                           for c in self.candidates]}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> RecordedSearch:
+        """What :meth:`to_dict` wrote (repeats not recorded: 1)."""
+        return cls(SearchSpec.from_dict(doc), tuple(doc.get("grid_fields") or ()), int(doc.get("repeats") or 1),
+                   tuple(Candidate(str(c["point_id"]), dict(c.get("entity") or {}), c.get("total_bytes"),
+                                   c.get("device_bytes"), c.get("predicted_oom")) for c in doc.get("points") or []))
+
+
+@dataclass(frozen=True)
+class SearchEvidence:
+    """What the results database holds of a search campaign (``harness.db.search.search_evidence`` reads it): the
+    search it recorded, each point's repeats, the seconds it spent (``harness.db.search.campaign_seconds``), the
+    decisions recorded (newest per point) and the recorded entity of each of its points."""
+
+    campaign: str
+    recorded: RecordedSearch
+    runs: Mapping[str, Sequence[RunSeen]]
+    spent: Mapping[str, float]
+    decisions: Sequence[Mapping[str, Any]]
+    entities: Mapping[str, Mapping[str, Any]]
+
+
+def answer(ev: SearchEvidence) -> dict[str, Any]:
+    """What a search campaign found (``sbench best`` and the report's section say it alike): the best point with its
+    goal value and interval, the largest batch that fits per shape with its evidence, the decisions recorded, and
+    what the campaign spent beside the full grid's estimate (each valid point once: one at or below its shape's
+    largest fitting batch at the mean of the campaign's ok runs, one above it at the mean of its OOM runs)."""
+    spec, grid_fields, cands = ev.recorded.spec, list(ev.recorded.grid_fields), list(ev.recorded.candidates)
+    state = step(spec, cands, ev.runs, ev.recorded.repeats)
+    spent = ev.spent
+    entity = {c.point_id: c.entity for c in cands}
+    iv = state.best_interval
+    limit = {tuple(sorted((k, repr(v)) for k, v in f.shape.items() if k != BATCH_FIELD)): f for f in state.fits}
+
+    def fits(c: Candidate) -> bool:
+        f = limit.get(tuple(sorted((k, repr(c.entity.get(k))) for k in grid_fields if k != BATCH_FIELD)))
+        if f is None:  # no batch_size: fit: every valid point runs
+            return True
+        return f.batch_size is not None and c.batch <= f.batch_size
+
+    best_entity = dict(ev.entities.get(state.best) or {}) if state.best else {}
+    n_fit = sum(1 for c in cands if fits(c))
+    n_oom = len(cands) - n_fit
+    return {
+        "campaign": ev.campaign, "goal": {spec.sense: spec.metric}, "done": state.done, "stuck": state.stuck,
+        "best": None if state.best is None or iv is None else {
+            "point_id": state.best, **{k: entity[state.best].get(k) for k in grid_fields}, "value": iv.mean,
+            "interval": [iv.lo, iv.hi], "runs": iv.n, "entity": best_entity},
+        "runners_up": state.runners_up,
+        "max_batch_size": [{"shape": {k: v for k, v in f.shape.items() if k != BATCH_FIELD},
+                            "batch_size": f.batch_size, "largest_ok": f.largest_ok, "smallest_oom": f.smallest_oom,
+                            "decided": f.decided} for f in state.fits],
+        "runs": int(spent["runs"]), "grid_points": len(cands), "train_s": spent["train_s"],
+        "allocation_s": spent["allocation_s"], "gpu_s": spent["gpu_s"],
+        "grid_train_s_estimate": n_fit * spent["ok_train_s"] + n_oom * spent["invalid_train_s"],
+        "grid_allocation_s_estimate": n_fit * spent["ok_allocation_s"] + n_oom * spent["invalid_allocation_s"],
+        "grid_gpu_s_estimate": n_fit * spent["ok_gpu_s"] + n_oom * spent["invalid_gpu_s"],
+        "decisions": [{k: (str(v) if k == "decided_at" and v is not None else v) for k, v in d.items()}
+                      for d in ev.decisions],
+    }

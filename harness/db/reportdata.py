@@ -1,19 +1,22 @@
-"""The report's SQL: what the page and ``sbench compare`` read from the results database.
+"""What the report reads: the rows of the HTML page (harness.report.data), of ``sbench compare`` and of
+``sbench profile``, from the results database.
 
 Each function takes an open :class:`~harness.db.store.Store` (read-only is enough) and returns plain
 rows (dicts) or counts. With *campaign*, a query keeps that campaign's rows; without, every campaign's.
-The store owns the schema and the connection; the questions only the report asks live here.
+The store owns the schema and the connection; the questions only the report asks live here, and what the
+report makes of the rows (which measurements it leaves out and why, the verdicts) lives in harness.report.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.contract.errors import InputError
-from harness.db.schema import SCHEMA, point_stability_sql, q, run_overhead_sql
-from harness.db.store import Store
+
+from .schema import SCHEMA, point_stability_sql, q, run_overhead_sql
+from .store import Store
+from .values import from_json
 
 Scope = str | Sequence[str] | None  # one campaign, several (report --compare A B), or every one (None)
 
@@ -244,12 +247,9 @@ def run_profile(store: Store, run_id: str) -> dict[str, Any]:
     return run
 
 
-def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str], include_shared: bool = False,
-                 ) -> tuple[dict[str, list[dict[str, Any]]], list[tuple[str, str]]]:
-    """Valid measurements of ok runs selected by *campaign* and *filters*, by point_id (``sbench compare``),
-    and ``(run id, why)`` of those left out because another run shared a host with them
-    (``runs.overlapped_with``) or other work kept their host busy (``measurements.host_busy``), unless
-    *include_shared*.
+def compare_rows(store: Store, campaign: str | None, filters: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Valid measurements of ok runs selected by *campaign* and *filters* (a side of ``sbench compare``), by
+    point_id, then as they ended.
 
     A filter names a column of ``measurements`` (the entity fields, ``experiment``...) or of
     ``environment`` (``git_commit``, ``torch``, ...: any host of the run matches)."""
@@ -268,37 +268,8 @@ def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str],
             raise InputError(f"compare: unknown filter {key!r}; use campaign, a point field (model_name, "
                              f"number_gpus, ...) or an environment column ({', '.join(sorted(env_cols))})")
         params.append(value)
-    rows = store.fetch_dicts(f"SELECT m.* FROM measurements m JOIN runs r USING (run_id) WHERE {' AND '.join(where)} "
+    return store.fetch_dicts(f"SELECT m.* FROM measurements m JOIN runs r USING (run_id) WHERE {' AND '.join(where)} "
                              "ORDER BY m.point_id, m.ended_at, m.run_id", params)
-    out: dict[str, list[dict[str, Any]]] = {}
-    left_out: list[tuple[str, str]] = []
-    for r in rows:
-        why = left_out_why(r)
-        if why is not None and (not include_shared or why == PROFILED):  # a profiled run never counts
-            left_out.append((r["run_id"], why))
-            continue
-        out.setdefault(r["point_id"], []).append(r)
-    return out, left_out
-
-
-# why a measurement is left out of compare, check and the repeats' CV
-SHARED, BUSY, PROFILED, STRAGGLER = "shared host", "busy host", "profiled", "straggler"
-
-
-def left_out_why(m: Mapping[str, Any]) -> str | None:
-    """Why a measurement row measured more than its point: it ran under the profiler (``profiled``: runner.profile),
-    another sbench run held one of its hosts at the same time (``overlapped_with``), other work kept its host
-    busy (``host_busy``), or one of its ranks was a straggler (``straggler``: the run measured its slowest rank,
-    not its point); None when none of these."""
-    if m.get("profiled"):
-        return PROFILED
-    if m.get("overlapped_with"):
-        return SHARED
-    if m.get("host_busy"):
-        return BUSY
-    if m.get("straggler"):
-        return STRAGGLER
-    return None
 
 
 def environment_of(store: Store, run_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
@@ -322,10 +293,7 @@ def point_entities(store: Store, point_ids: Sequence[str]) -> dict[str, dict[str
     for pid, experiment, entity in store.con.execute(
             f"SELECT point_id, experiment, entity FROM points WHERE point_id IN ({', '.join('?' for _ in ids)})",
             ids).fetchall():
-        try:
-            doc = json.loads(entity) if entity else {}
-        except ValueError:
-            doc = {}
+        doc = from_json(entity, {})
         out[str(pid)] = {**(doc if isinstance(doc, dict) else {}), "experiment": experiment}
     return out
 
@@ -355,9 +323,6 @@ def published_measurements(store: Store) -> list[dict[str, Any]]:
            WHERE c.origin = 'ado-csv' AND m.is_valid AND m.dataset_tokens_per_second IS NOT NULL
            ORDER BY m.campaign, m.point_id, m.run_id""")
     for r in rows:
-        try:
-            given = json.loads(r.pop("entity") or "{}")
-        except ValueError:
-            given = {}
+        given = from_json(r.pop("entity"), {})
         r["given"] = {**(given if isinstance(given, dict) else {}), "experiment": r["experiment"]}
     return rows
