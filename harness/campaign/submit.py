@@ -37,8 +37,7 @@ from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, counted_warnings, plan_sweep, plan_warnings
-from harness.spec.search import PLAN, SKIP, SearchState
-from harness.spec.search import Decision as SearchDecision
+from harness.spec.search import PLAN, SKIP, SearchDecision, SearchState
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
 from . import manifest, nextruns
