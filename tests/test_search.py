@@ -22,8 +22,7 @@ from harness.db.store import open_store
 from harness.runner.measure import StopPolicy
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep
-from harness.spec.search import DEFAULT_ETA, RecordedSearch, SearchSpec, SearchState, answer
-from harness.spec.search import Decision as SearchDecision
+from harness.spec.search import DEFAULT_ETA, RecordedSearch, SearchDecision, SearchSpec, SearchState, answer
 from harness.spec.sweep import load_sweep
 
 from .conftest import SMALL_DATASET, write_sweep

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from pathlib import Path
 
 import pytest
 
+from harness.campaign.decisions import Decision, DecisionKind
+from harness.campaign.repeats import MORE, PRECISE, RepeatsVerdict
 from harness.campaign.state import AttemptState, MeasuredRun, PointHistory
-from harness.campaign.submit import decide
+from harness.campaign.submit import (
+    Mode,
+    SubmitRequest,
+    _decisions,
+    decide,
+    plain_policy,
+    repeats_policy,
+    search_policy,
+)
 from harness.spec.plan import PlannedPoint
+from harness.spec.search import SearchDecision, SearchState
+from harness.spec.sweep import AdaptiveRepeats
 
 
 def point(pid: str, repeat: int = 0, valid: bool = True) -> PlannedPoint:
@@ -83,6 +96,116 @@ def test_repeats_count_measurements() -> None:
     d = decide(pts, h, "c", force=False, retry_failed=False, reuse=True)
     assert [x.action for x in d] == ["skip", "skip", "submit"]
     assert d[0].reused is None and d[1].reused is not None and d[1].reused.campaign == "b"
+
+
+K = DecisionKind
+
+
+def attempts(*rows: tuple) -> list[AttemptState]:
+    return [AttemptState(a, f"j{a}", s, o, r, cancelled=c) for a, s, o, r, c in rows]
+
+
+def test_plain_policy_reads_a_points_attempts_only() -> None:
+    p = point("p")
+    taken = MeasuredRun("other", "other/p.r0.a1", "ok")
+    failed = attempts((1, "FAILED", "failed", "boom", False))
+    cancelled = attempts((1, "CANCELLED", "failed", "cancelled", True))
+    cases = [  # (attempts, keywords) -> (kind, action, attempt, reason)
+        ([], {}, (K.NEW, "submit", 1, "new")),
+        ([], {"taken": taken}, (K.REUSED, "skip", 0, "reused run other/p.r0.a1 of campaign other (ok); measure it "
+                                                   "here with --force")),
+        (attempts((1, "RUNNING", None, None, False)), {}, (K.IN_FLIGHT, "skip", 0, "attempt 1 is RUNNING (job j1)")),
+        (attempts((1, "RUNNING", None, None, False)), {"force": True}, (K.FORCE, "submit", 2, "force")),
+        (attempts((1, "COMPLETED", "ok", None, False)), {}, (
+            K.MEASURED, "skip", 0, "already measured in this campaign (attempt 1 ended ok); use --force to measure it "
+                                   "again")),
+        (failed, {}, (K.FAILED, "skip", 0, "attempt 1 failed (boom); use --retry-failed")),
+        (failed, {"retry_failed": True}, (K.RETRY, "submit", 2, "retry")),
+        (cancelled, {"retry_failed": True}, (
+            K.CANCELLED, "skip", 0, "attempt 1 was cancelled with sbench cancel; use --force to run it again")),
+        (cancelled, {"retry_failed": True, "retry_cancelled": True}, (K.RETRY, "submit", 2, "retry")),
+    ]
+    for rows, kw, want in cases:
+        d = plain_policy(p, rows, **{"force": False, "retry_failed": False, **kw})
+        assert (d.kind, d.action, d.attempt, d.reason) == want, (rows, kw)
+    bad = plain_policy(point("bad", valid=False), [], force=True, retry_failed=True)
+    assert (bad.kind, bad.reason) == (K.INVALID, "invalid: rule 1: x")  # force never runs what the rules reject
+
+
+def test_repeats_policy_adds_only_the_repeat_the_cv_asks_for() -> None:
+    spec = AdaptiveRepeats(2, 4, 0.02)
+    more = RepeatsVerdict("p", 2, 0, 2, 0.2, 0.02, 4, MORE, next_repeat=2)
+    d = repeats_policy(point("p", 2), [], spec, more, force=False, retry_failed=False)
+    assert d is not None and (d.kind, d.action, d.attempt) == (K.MORE_REPEATS, "submit", 1)
+    assert d.reason == f"more repeats: {more.text()}"
+    # not its next repeat, or a precise point: no decision (no run of the campaign yet)
+    assert repeats_policy(point("p", 3), [], spec, more, force=False, retry_failed=False) is None
+    precise = RepeatsVerdict("p", 2, 0, 2, 0.001, 0.02, 4, PRECISE)
+    assert repeats_policy(point("p", 2), [], spec, precise, force=False, retry_failed=False) is None
+    # within min, or a repeat with attempts: the plain policy
+    assert repeats_policy(point("p", 0), [], spec, None, force=False, retry_failed=False).kind is K.NEW
+    rows = attempts((1, "FAILED", "failed", "x", False))
+    assert repeats_policy(point("p", 2), rows, spec, more, force=False, retry_failed=True).kind is K.RETRY
+
+
+def test_search_policy_runs_what_the_search_asks_for() -> None:
+    d = search_policy(point("a"), [], "bisection: runs batch 4", 1 / 9, force=False, retry_failed=False)
+    assert d is not None and (d.kind, d.reason, d.attempt) == (K.SEARCH, "search: bisection: runs batch 4", 1)
+    assert d.scale == pytest.approx(1 / 9)
+    assert search_policy(point("b"), [], None, 1.0, force=False, retry_failed=False) is None  # not asked for
+    bad = search_policy(point("bad", valid=False), [], None, 1.0, force=False, retry_failed=False)
+    assert bad is not None and bad.kind is K.INVALID  # an invalid point's first repeat says why it is none
+    assert search_policy(point("bad", 1, valid=False), [], None, 1.0, force=False, retry_failed=False) is None
+    # a search's cancelled run: retry goes on with it, at the length the search gives it
+    cancelled = attempts((1, "CANCELLED", "failed", "cancelled", True))
+    assert search_policy(point("c"), cancelled, None, 1.0, force=False, retry_failed=False).kind is K.CANCELLED
+    r = search_policy(point("c"), cancelled, None, 1 / 3, force=False, retry_failed=True)
+    assert r is not None and (r.kind, r.reason, r.attempt, r.scale) == (K.RETRY, "retry", 2, pytest.approx(1 / 3))
+
+
+def test_decide_dispatches_to_the_sweeps_policy() -> None:
+    pts = [point("p", r) for r in range(3)]
+    h = history({("p", 0): [(1, "COMPLETED", "ok", None)], ("p", 1): [(1, "COMPLETED", "ok", None)]})
+    h.stability["p"] = (2, 0.2)
+    assert [d.kind for d in decide(pts, h, "c", force=False, retry_failed=False)] == [K.MEASURED, K.MEASURED, K.NEW]
+    adaptive = decide(pts, h, "c", force=False, retry_failed=False, adaptive=AdaptiveRepeats(2, 3, 0.02))
+    assert [d.kind for d in adaptive] == [K.MEASURED, K.MEASURED, K.MORE_REPEATS]
+    st = SearchState(todo=[("p", 2)], decisions={"p": SearchDecision("p", "final", "run", "best", 2)})
+    assert [d.kind for d in decide(pts, h, "c", force=False, retry_failed=False, search=st)] == \
+        [K.MEASURED, K.MEASURED, K.SEARCH]
+
+
+def test_the_kinds_that_submit() -> None:
+    assert {k for k in K if k.submits} == {K.NEW, K.RETRY, K.FORCE, K.MORE_REPEATS, K.SEARCH}
+    assert Decision(point("p"), K.NOT_FAILED, "not failed").action == "skip"
+    assert Decision(point("p"), K.MORE_REPEATS, "more repeats: x", 1).action == "submit"
+
+
+def test_retry_and_next_runs_choose_by_kind() -> None:
+    """retry sends only the failed runs (another submission becomes "not failed"; an adaptive repeat is left out);
+    collect's next runs send only what adaptive repeats or a search ask for."""
+    pts = [point("failed"), point("new"), point("done"), point("noisy", 0), point("noisy", 1), point("noisy", 2)]
+    h = history({("failed", 0): [(1, "FAILED", "failed", "x")], ("done", 0): [(1, "COMPLETED", "ok", None)],
+                 ("noisy", 0): [(1, "COMPLETED", "ok", None)], ("noisy", 1): [(1, "COMPLETED", "ok", None)]})
+    h.stability["noisy"] = (2, 0.2)
+    sweep = types.SimpleNamespace(campaign="c", adaptive=AdaptiveRepeats(2, 3, 0.02), source="s.yaml")
+    plan = types.SimpleNamespace(sweep=sweep, points=pts)
+    req = SubmitRequest(Path("s.yaml"))
+
+    def chosen(mode: Mode) -> list[tuple[str, int, DecisionKind, str]]:
+        return [(d.point.point_id, d.point.repeat, d.kind, d.reason)
+                for d in _decisions(req, mode, plan, h, False)]  # (of the plan, only its sweep and points are read)
+
+    everything = chosen(Mode.SUBMIT)
+    assert [(k[0], k[2]) for k in everything] == [("failed", K.FAILED), ("new", K.NEW), ("done", K.MEASURED),
+                                                  ("noisy", K.MEASURED), ("noisy", K.MEASURED),
+                                                  ("noisy", K.MORE_REPEATS)]
+    retry = chosen(Mode.RETRY)
+    assert [(k[0], k[2], k[3]) for k in retry if k[2].submits] == [("failed", K.RETRY, "retry")]
+    assert ("new", 0, K.NOT_FAILED, "not failed") in retry and not any(k[2] is K.MORE_REPEATS for k in retry)
+    assert len(retry) == 5
+    assert [(k[0], k[1], k[2]) for k in chosen(Mode.DUE)] == [("noisy", 2, K.MORE_REPEATS)]
+    assert not {"only_failed", "only_more"} & {f.name for f in dataclasses.fields(SubmitRequest)}
 
 
 def test_array_script_runs_each_points_own_job_sbatch(tmp_path: Path) -> None:

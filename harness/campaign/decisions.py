@@ -1,10 +1,11 @@
-"""What a submission decided and did: a :class:`Decision` per point (submit or skip, and why) and the
-:class:`SubmitReport` that ``submit``, ``retry`` and ``collect``'s next runs return. Its own module, apart from
-the submit path (rendering, executors), so that a command that only reads a report (``collect`` finding nothing
-to send) starts without that path."""
+"""What a submission decided and did: a :class:`Decision` per point (its :class:`DecisionKind`: submit or skip, and
+why) and the :class:`SubmitReport` that ``submit``, ``retry`` and ``collect``'s next runs return. Its own module,
+apart from the submit path (rendering, executors), so that a command that only reads a report (``collect`` finding
+nothing to send) starts without that path."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,14 +19,48 @@ if TYPE_CHECKING:
     from harness.campaign.executors.base import Submitted
 
 
+class DecisionKind(enum.Enum):
+    """What a decision is, for the code that filters decisions (retry, collect's next runs): the reason says it
+    to a reader, and is never compared."""
+
+    # submitted
+    NEW = "new"  # never run in this campaign
+    RETRY = "retry"  # its last attempt failed (--retry-failed, sbench retry)
+    FORCE = "force"  # run again although measured or in flight (--force)
+    MORE_REPEATS = "more repeats"  # the next repeat adaptive repeats ask for (harness.campaign.repeats)
+    SEARCH = "search"  # a run the search asks for (harness.spec.search)
+    # skipped
+    INVALID = "invalid"  # the plan's rules reject the point
+    IN_FLIGHT = "in flight"  # an attempt is queued or running
+    MEASURED = "measured"  # this campaign measured it (ok or invalid)
+    REUSED = "reused"  # it takes another campaign's measured run (reuse)
+    CANCELLED = "cancelled"  # its last attempt was cancelled with sbench cancel
+    FAILED = "failed"  # its last attempt failed, and retrying was not asked for
+    NOT_FAILED = "not failed"  # sbench retry: a run that would be submitted, but never failed
+    PREDICTED_OOM = "predicted oom"  # --skip-predicted-oom: predicted not to fit
+
+    @property
+    def submits(self) -> bool:
+        return self in SUBMITTING
+
+
+SUBMITTING = frozenset({DecisionKind.NEW, DecisionKind.RETRY, DecisionKind.FORCE, DecisionKind.MORE_REPEATS,
+                        DecisionKind.SEARCH})
+
+
 @dataclass
 class Decision:
     point: PlannedPoint
-    action: str  # submit | skip
-    reason: str
+    kind: DecisionKind
+    reason: str  # what the manifest, the report and the CLI show
     attempt: int = 0
     reused: MeasuredRun | None = None  # skipped because it takes this run of another campaign (reuse)
     scale: float = 1.0  # a search's short run: this share of the sweep's run length (harness.spec.search)
+
+    @property
+    def action(self) -> str:
+        """submit | skip"""
+        return "submit" if self.kind.submits else "skip"
 
 
 @dataclass

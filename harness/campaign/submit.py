@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,20 +38,19 @@ from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, counted_warnings, plan_sweep, plan_warnings
-from harness.spec.search import PLAN, SKIP, SearchState
-from harness.spec.search import Decision as SearchDecision
+from harness.spec.search import PLAN, SKIP, SearchDecision, SearchState
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
 from . import manifest, nextruns
-from .decisions import Decision, SubmitReport
+from .decisions import Decision, DecisionKind, SubmitReport
 from .lock import CampaignLocks, holding_campaign_locks
 from .prepare import run_prepare, work_for
 from .refresh import campaign_history
-from .repeats import MORE, point_verdicts
+from .repeats import MORE, RepeatsVerdict, point_verdicts
 from .search import record_decisions, scaled_sweep, search_state
 from .search import recorded as recorded_search
 from .search import summary as search_summary
-from .state import PointHistory, refuse_imported, with_submitted
+from .state import AttemptState, MeasuredRun, PointHistory, refuse_imported, with_submitted
 
 MORE_REPEATS = "more repeats"  # the reason's head of an adaptive repeat's submission
 SEARCH = "search"  # the reason's head of a run a search asked for
@@ -65,61 +65,94 @@ SEARCH_FEEDER = f"{__package__}.searchfeed"
 def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, force: bool,
            retry_failed: bool, reuse: bool = False, adaptive: AdaptiveRepeats | None = None,
            search: SearchState | None = None) -> list[Decision]:
-    """Skip what this campaign measured or has in flight; resubmit failures only when asked. With *reuse*,
-    a point another campaign measured is not measured again: it takes that run, and says which. With
-    *adaptive* (``repeats: {min, max, cv}``), a repeat beyond *min* that was never submitted is submitted
-    only when it is its point's next one and the point's CV asks for it (``harness.campaign.repeats``);
-    otherwise it has no decision at all (it is not a run of the campaign until then). With *search* (a sweep's
-    ``search:``), a run is a run of the campaign only once the search asks for it (``harness.spec.search``)."""
+    """Each point's decision, by its sweep's policy: :func:`search_policy` for a sweep's ``search:``,
+    :func:`repeats_policy` for adaptive repeats (``repeats: {min, max, cv}``), else :func:`plain_policy` (a
+    sweep has one or neither: ``harness.spec.sweep`` refuses both). A point with no decision is no run of the
+    campaign (yet). With *reuse*, a point another campaign measured is not measured again: it takes that run."""
     asked = {pr: search.decisions[pr[0]].reason for pr in search.todo} if search else {}
     verdicts = point_verdicts(adaptive, [p.point_id for p in points if p.valid], history, campaign) \
         if adaptive else {}
     out = []
     for p in points:
-        if search is not None and (p.point_id, p.repeat) not in asked and not (
-                history.attempts(campaign, p.point_id, p.repeat) or (not p.valid and p.repeat == 0)):
-            continue
-        if adaptive and p.repeat >= adaptive.min and not history.attempts(campaign, p.point_id, p.repeat):
-            v = verdicts.get(p.point_id)
-            if v is not None and v.state == MORE and v.next_repeat == p.repeat:
-                out.append(Decision(p, "submit", f"{MORE_REPEATS}: {v.text()}", 1))
-            continue
-        if not p.valid:
-            out.append(Decision(p, "skip", "invalid: " + "; ".join(p.reasons)))
-            continue
         attempts = history.attempts(campaign, p.point_id, p.repeat)
-        next_attempt = max((a.attempt for a in attempts), default=0) + 1
-        inflight = [a for a in attempts if a.outcome is None]
-        measured = [a for a in attempts if a.outcome in ("ok", "invalid")]
         taken = history.reusable(p.point_id, p.repeat) if reuse else None
-        if inflight and not force:
-            a = inflight[-1]
-            job = f"job {a.job_id}" if a.job_id else "no job id yet: its queue has not started it"
-            out.append(Decision(p, "skip", f"attempt {a.attempt} is {a.state or 'in flight'} ({job})"))
-        elif force:
-            out.append(Decision(p, "submit", "force", next_attempt))
-        elif measured:
-            out.append(Decision(p, "skip", f"already measured in this campaign (attempt {measured[-1].attempt} "
-                                           f"ended {measured[-1].outcome}); use --force to measure it again"))
-        elif taken is not None:
-            out.append(Decision(p, "skip", f"reused run {taken.run_id} of campaign {taken.campaign} "
-                                           f"({taken.outcome}); measure it here with --force", reused=taken))
-        elif attempts and attempts[-1].outcome == "failed" and attempts[-1].cancelled and not (
-                search is not None and retry_failed):  # (a search's cancelled run is one retry goes on with)
-            out.append(Decision(p, "skip", f"attempt {attempts[-1].attempt} was cancelled with sbench cancel; "
-                                           "use --force to run it again"))
-        elif attempts and attempts[-1].outcome == "failed":
-            if retry_failed:
-                out.append(Decision(p, "submit", "retry", next_attempt))
-            else:
-                out.append(Decision(p, "skip", f"attempt {attempts[-1].attempt} failed "
-                                               f"({attempts[-1].reason or 'see its job dir'}); use --retry-failed"))
+        if search is not None:
+            key = (p.point_id, p.repeat)
+            d = search_policy(p, attempts, asked.get(key), search.scale.get(key, 1.0), force=force,
+                              retry_failed=retry_failed, taken=taken)
+        elif adaptive is not None:
+            d = repeats_policy(p, attempts, adaptive, verdicts.get(p.point_id), force=force,
+                               retry_failed=retry_failed, taken=taken)
         else:
-            why = asked.get((p.point_id, p.repeat))
-            out.append(Decision(p, "submit", f"{SEARCH}: {why}" if why else "new", next_attempt))
-        if search is not None and out and out[-1].point is p and out[-1].action == "submit":
-            out[-1].scale = search.scale.get((p.point_id, p.repeat), 1.0)
+            d = plain_policy(p, attempts, force=force, retry_failed=retry_failed, taken=taken)
+        if d is not None:
+            out.append(d)
     return out
+
+
+def plain_policy(p: PlannedPoint, attempts: list[AttemptState], *, force: bool, retry_failed: bool,
+                 taken: MeasuredRun | None = None, retry_cancelled: bool = False) -> Decision:
+    """One run of a point from its *attempts* in this campaign (oldest first): skip what the campaign measured or
+    has in flight; resubmit a failure only when *retry_failed* (one cancelled with ``sbench cancel`` only when
+    *retry_cancelled* too); with *taken* (another campaign's run of it, reuse), skip it and say which."""
+    if not p.valid:
+        return Decision(p, DecisionKind.INVALID, "invalid: " + "; ".join(p.reasons))
+    next_attempt = max((a.attempt for a in attempts), default=0) + 1
+    inflight = [a for a in attempts if a.outcome is None]
+    measured = [a for a in attempts if a.outcome in ("ok", "invalid")]
+    if inflight and not force:
+        a = inflight[-1]
+        job = f"job {a.job_id}" if a.job_id else "no job id yet: its queue has not started it"
+        return Decision(p, DecisionKind.IN_FLIGHT, f"attempt {a.attempt} is {a.state or 'in flight'} ({job})")
+    if force:
+        return Decision(p, DecisionKind.FORCE, "force", next_attempt)
+    if measured:
+        return Decision(p, DecisionKind.MEASURED, f"already measured in this campaign (attempt "
+                                                  f"{measured[-1].attempt} ended {measured[-1].outcome}); use "
+                                                  "--force to measure it again")
+    if taken is not None:
+        return Decision(p, DecisionKind.REUSED, f"reused run {taken.run_id} of campaign {taken.campaign} "
+                                                f"({taken.outcome}); measure it here with --force", reused=taken)
+    last = attempts[-1] if attempts else None
+    if last is not None and last.outcome == "failed" and last.cancelled and not retry_cancelled:
+        return Decision(p, DecisionKind.CANCELLED, f"attempt {last.attempt} was cancelled with sbench cancel; use "
+                                                   "--force to run it again")
+    if last is not None and last.outcome == "failed":
+        if retry_failed:
+            return Decision(p, DecisionKind.RETRY, "retry", next_attempt)
+        return Decision(p, DecisionKind.FAILED, f"attempt {last.attempt} failed ({last.reason or 'see its job dir'}); "
+                                                "use --retry-failed")
+    return Decision(p, DecisionKind.NEW, "new", next_attempt)
+
+
+def repeats_policy(p: PlannedPoint, attempts: list[AttemptState], adaptive: AdaptiveRepeats,
+                   verdict: RepeatsVerdict | None, *, force: bool, retry_failed: bool,
+                   taken: MeasuredRun | None = None) -> Decision | None:
+    """Adaptive repeats (``repeats: {min, max, cv}``): a repeat beyond *min* that was never submitted is submitted
+    (as attempt 1) only when it is its point's next one and the point's *verdict* asks for it
+    (``harness.campaign.repeats``); otherwise it has no decision at all (it is not a run of the campaign until
+    then). Every other repeat: :func:`plain_policy`."""
+    if p.repeat >= adaptive.min and not attempts:
+        if verdict is not None and verdict.state == MORE and verdict.next_repeat == p.repeat:
+            return Decision(p, DecisionKind.MORE_REPEATS, f"{MORE_REPEATS}: {verdict.text()}", 1)
+        return None
+    return plain_policy(p, attempts, force=force, retry_failed=retry_failed, taken=taken)
+
+
+def search_policy(p: PlannedPoint, attempts: list[AttemptState], asked: str | None, scale: float, *, force: bool,
+                  retry_failed: bool, taken: MeasuredRun | None = None) -> Decision | None:
+    """A sweep's ``search:`` (``harness.spec.search``): a run is a run of the campaign only once the search asks
+    for it (*asked*: the search's reason; None: it does not ask) or it has attempts (an invalid point's first
+    repeat says why it is none). Then :func:`plain_policy`, where retry also goes on with a cancelled run; a new
+    run says why the search asks for it, and a submitted one runs *scale* of the sweep's run length."""
+    if asked is None and not (attempts or (not p.valid and p.repeat == 0)):
+        return None
+    d = plain_policy(p, attempts, force=force, retry_failed=retry_failed, taken=taken, retry_cancelled=retry_failed)
+    if d.kind is DecisionKind.NEW and asked:
+        d = Decision(p, DecisionKind.SEARCH, f"{SEARCH}: {asked}", d.attempt)
+    if d.kind.submits:
+        d.scale = scale
+    return d
 
 
 def _predicted_oom(memory: dict[str, Any]) -> str:
@@ -161,8 +194,6 @@ class SubmitRequest:
     campaign: str | None = None  # submit as this campaign (default: the sweep's campaign:)
     force: bool = False  # run points again that this campaign measured
     retry_failed: bool = False  # resubmit points whose last attempt failed
-    only_failed: bool = False  # retry: nothing but those (a retry holds the lock as "retry")
-    only_more: bool = False  # nothing but the next repeats adaptive repeats ask for (sbench collect)
     max_parallel: int | None = None
     hold: bool = False
     preflight: bool = False  # a fabric job per multi-node shape first (check_fabric), and each device measured
@@ -171,6 +202,20 @@ class SubmitRequest:
     skip_predicted_oom: bool = False
     reuse_measured: bool = False  # take other campaigns' measured runs (also the sweep's reuse: measured)
     profile: bool = False  # --profile: the last repeat as the sweep's runner.profile says, else steps 3-5 of rank 0
+
+
+class Mode(enum.Enum):
+    """Which command submits, and so which decisions it sends (the internal entry points say it; a
+    :class:`SubmitRequest` does not)."""
+
+    SUBMIT = "submit"  # sbench submit: what the request asks
+    RETRY = "retry"  # sbench retry: the failed runs again (DecisionKind.RETRY), nothing else
+    DUE = "due"  # collect's next runs: what adaptive repeats or a search ask for now, nothing else listed
+
+    @property
+    def command(self) -> str:
+        """What the campaign lock and a refusal name it (a retry holds the lock as "retry")."""
+        return "retry" if self is Mode.RETRY else "submit"
 
 
 @dataclass
@@ -191,16 +236,22 @@ class Planned:
         return self.workdir / self.sweep.campaign
 
 
-@holding_campaign_locks("submit")
-def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[str], None] = lambda s: None,
+def submit_sweep(req: SubmitRequest, *, echo: Callable[[str], None] = lambda s: None,
                  slurm: Slurm | None = None) -> SubmitReport:
     """Submit a sweep's points that still need running (see :func:`decide`), as the campaign *req* names
     (default: the sweep's ``campaign:``); ``harness.campaign.wait`` waits for them. From reading what the campaign
     has to recording what was submitted, the campaign's lock is held (``harness.campaign.lock``): a second
     submit, retry or cancel of the campaign waits, so no attempt is started twice."""
+    return _submit(req, Mode.SUBMIT, echo=echo, slurm=slurm)
+
+
+@holding_campaign_locks("submit")
+def _submit(locks: CampaignLocks, req: SubmitRequest, mode: Mode, *, echo: Callable[[str], None] = lambda s: None,
+            slurm: Slurm | None = None) -> SubmitReport:
+    """:func:`submit_sweep`, sending what *mode* sends."""
     # One scheduler client for the whole command: each question to SLURM is asked once.
     slurm = slurm or Slurm()
-    plan = _plan(req, echo, slurm)
+    plan = _plan(req, mode, echo, slurm)
     fit_notes = plan.fit.check([spec for spec, _ in plan.preview], plan.inv)
     checked: list[dict[str, Any]] = []
     devices: list[dict[str, Any]] = []
@@ -212,7 +263,7 @@ def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[st
     if slow:
         plan = _without_hosts(plan, slow)
     sweep, campaign_dir = plan.sweep, plan.campaign_dir
-    locks.acquire(campaign_dir, "retry" if req.only_failed else "submit")
+    locks.acquire(campaign_dir, mode.command)
     exists = _check_campaign(campaign_dir, sweep)
     # A campaign measures its own points; it takes other campaigns' measurements only when asked to.
     reuse = req.reuse_measured or sweep.reuse == "measured"
@@ -220,14 +271,14 @@ def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[st
                                         slurm, reuse)
     search = search_state(plan.db, sweep.campaign, sweep.search, plan.points, list(sweep.grid),
                           sweep.search_repeats) if sweep.search else None
-    decisions = _decisions(req, plan, history, reuse, search)
+    decisions = _decisions(req, mode, plan, history, reuse, search)
     report = SubmitReport(sweep.campaign, plan.backend.name, campaign_dir, decisions, db_note=db_note,
                           warnings=plan_warnings(sweep, plan.inv, plan.points) + fit_notes, preflight=checked,
                           devices=devices, excluded_slow=slow)
     if sweep.adaptive:
         report.repeats = report.repeats_before = list(point_verdicts(
             sweep.adaptive, [p.point_id for p in plan.points if p.valid], history, sweep.campaign).values())
-    todo = [d for d in decisions if d.action == "submit"]
+    todo = [d for d in decisions if d.kind.submits]
     dependency = _prepare_before(req, plan, [d.point for d in todo], report, echo)
     report.warnings += length_warnings(sweep, plan.inv, [d.point for d in todo])  # the files prepare just made
     events = append_manifest(CampaignPaths(campaign_dir), _campaign_lines(req, plan, decisions, exists))
@@ -251,7 +302,7 @@ def submit_sweep(locks: CampaignLocks, req: SubmitRequest, *, echo: Callable[[st
     return report
 
 
-def _plan(req: SubmitRequest, echo: Callable[[str], None], slurm: Slurm) -> Planned:
+def _plan(req: SubmitRequest, mode: Mode, echo: Callable[[str], None], slurm: Slurm) -> Planned:
     """Load and plan the sweep, then build and render every valid point in memory: everything that can be wrong
     with the input is found before the database, the manifest or a job dir is touched."""
     inv: Inventory = load_inventory(req.inventory)
@@ -265,7 +316,7 @@ def _plan(req: SubmitRequest, echo: Callable[[str], None], slurm: Slurm) -> Plan
         points = plan_sweep(sweep, inv, memory=memory)
     backend = get_backend(req.executor, slurm)
     workdir, db = resolve_workdir(req.workdir), resolve_db(req.db)
-    refuse_imported(db, sweep.campaign, "retry" if req.only_failed else "submit")
+    refuse_imported(db, sweep.campaign, mode.command)
     fit = backend.fit(inv, [p for p in points if p.valid])
     preview = prepare_points(sweep, inv, points, workdir / sweep.campaign, exclude=fit.exclude)
     if req.prepare == "no":
@@ -274,24 +325,25 @@ def _plan(req: SubmitRequest, echo: Callable[[str], None], slurm: Slurm) -> Plan
     return Planned(inv, sweep, points, backend, fit, preview, workdir, db)
 
 
-def _decisions(req: SubmitRequest, plan: Planned, history: PointHistory, reuse: bool,
+def _decisions(req: SubmitRequest, mode: Mode, plan: Planned, history: PointHistory, reuse: bool,
                search: SearchState | None = None) -> list[Decision]:
-    """:func:`decide`, narrowed to what *req* asks: only the failed points (retry), only the next repeats
-    (collect), and no point predicted not to fit (``--skip-predicted-oom``)."""
+    """:func:`decide`, narrowed to what *mode* sends: only the failed points (retry), only the next runs
+    (collect); and no point predicted not to fit (``--skip-predicted-oom``)."""
     sweep = plan.sweep
-    decisions = decide(plan.points, history, sweep.campaign, req.force, req.retry_failed or req.only_failed, reuse,
-                       sweep.adaptive, search)
+    decisions = decide(plan.points, history, sweep.campaign, req.force, req.retry_failed or mode is Mode.RETRY,
+                       reuse, sweep.adaptive, search)
     refuse_all_invalid(sweep, plan.points)  # after the campaign's own files were read: what is wrong there comes first
-    if req.only_failed:
+    if mode is Mode.RETRY:
         # (a repeat adaptive repeats would add is no failed one: retry leaves it out, unlisted)
-        decisions = [d if d.reason == "retry" or d.action == "skip" else Decision(d.point, "skip", "not failed")
-                     for d in decisions if not d.reason.startswith(MORE_REPEATS)]
-    if req.only_more:
-        decisions = [d for d in decisions if d.action == "submit" and d.reason.startswith((MORE_REPEATS, SEARCH))]
+        decisions = [d if d.kind is DecisionKind.RETRY or not d.kind.submits
+                     else Decision(d.point, DecisionKind.NOT_FAILED, "not failed")
+                     for d in decisions if d.kind is not DecisionKind.MORE_REPEATS]
+    if mode is Mode.DUE:
+        decisions = [d for d in decisions if d.kind in (DecisionKind.MORE_REPEATS, DecisionKind.SEARCH)]
     if req.skip_predicted_oom:
         # An allocation is not spent on a point that will not fit (harness.spec.memory says why, per point).
-        decisions = [Decision(d.point, "skip", _predicted_oom(d.point.memory))
-                     if d.action == "submit" and d.point.predicted_oom and d.point.memory else d for d in decisions]
+        decisions = [Decision(d.point, DecisionKind.PREDICTED_OOM, _predicted_oom(d.point.memory))
+                     if d.kind.submits and d.point.predicted_oom and d.point.memory else d for d in decisions]
     return decisions
 
 
@@ -495,10 +547,10 @@ def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None =
                    max_parallel: int | None = None, slurm: Slurm | None = None) -> SubmitReport:
     """Resubmit a campaign's failed points (those that never started included) from the sweep and inventory
     it was submitted with; refused when that sweep now names another campaign."""
-    refuse_imported(resolve_db(db), campaign, "retry")
+    refuse_imported(resolve_db(db), campaign, Mode.RETRY.command)
     sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, executor)
-    return submit_sweep(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign, only_failed=True,
-                                      max_parallel=max_parallel), slurm=slurm)
+    return _submit(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign,
+                                 max_parallel=max_parallel), Mode.RETRY, slurm=slurm)
 
 
 def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = None, *,
@@ -519,5 +571,5 @@ def send_due(campaign: str, workdir: Path | None = None, db: Path | None = None,
     """Submit *campaign*'s next runs that :func:`harness.campaign.nextruns.settled` found due, from the sweep and
     inventory it was submitted with."""
     sweep_path, inv_path, executor = _recorded_sweep(campaign, workdir, "auto")
-    return submit_sweep(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign, only_more=True),
-                        slurm=slurm)
+    return _submit(SubmitRequest(sweep_path, inv_path, executor, workdir, db, campaign=campaign), Mode.DUE,
+                   slurm=slurm)

@@ -180,7 +180,7 @@ class RunSeen:
 
 
 @dataclass(frozen=True)
-class Decision:
+class SearchDecision:
     """What the search decided about one point, and why."""
 
     point_id: str
@@ -213,7 +213,7 @@ class SearchState:
     fit, the best point with its interval, and whether the search is over (nothing to run or waited for)."""
 
     todo: list[tuple[str, int]] = field(default_factory=list)
-    decisions: dict[str, Decision] = field(default_factory=dict)
+    decisions: dict[str, SearchDecision] = field(default_factory=dict)
     fits: list[ShapeFit] = field(default_factory=list)
     best: str | None = None
     best_interval: Interval | None = None
@@ -288,31 +288,32 @@ def _bisect(shape: list[Candidate], runs: Mapping[str, Sequence[RunSeen]], st: S
         if s is not None:
             st.scale[(pid, 0)] = scale
         if s == "ok" and i == lo:
-            st.decisions[pid] = Decision(pid, FIT, KEEP, f"largest batch that fits so far: batch {c.batch} ran ok "
-                                                          f"({c.prediction()})", 0)
+            st.decisions[pid] = SearchDecision(pid, FIT, KEEP, f"largest batch that fits so far: batch {c.batch} "
+                                                               f"ran ok ({c.prediction()})", 0)
         elif s == "ok":
-            st.decisions[pid] = Decision(pid, FIT, STOP, f"ran ok, below batch {shape[lo].batch} that also fits "
+            st.decisions[pid] = SearchDecision(pid, FIT, STOP, f"ran ok, below batch {shape[lo].batch} that also fits "
                                                          f"({c.prediction()})" if lo is not None else "ran ok", 0)
         elif s == "oom":
-            st.decisions[pid] = Decision(pid, FIT, STOP, f"OOM at batch {c.batch} (invalid run; {c.prediction()})",
-                                         0)
+            st.decisions[pid] = SearchDecision(pid, FIT, STOP, f"OOM at batch {c.batch} (invalid run; "
+                                                               f"{c.prediction()})", 0)
         elif s == "waiting":
-            st.decisions[pid] = Decision(pid, FIT, WAIT, f"bisection run of batch {c.batch} queued or running", 0)
+            st.decisions[pid] = SearchDecision(pid, FIT, WAIT, f"bisection run of batch {c.batch} queued or running", 0)
             st.waiting = True
         elif s == "failed":
             reason = _run(runs, pid, 0)
-            st.decisions[pid] = Decision(pid, FIT, WAIT, f"bisection run failed ({reason.reason if reason else '?'});"
-                                                         " sbench retry runs it again", 0)
+            st.decisions[pid] = SearchDecision(pid, FIT, WAIT, "bisection run failed "
+                                                               f"({reason.reason if reason else '?'}); sbench retry "
+                                                               "runs it again", 0)
             st.stuck.append(pid)
         elif i >= hi:
-            st.decisions[pid] = Decision(pid, FIT, SKIP, f"bounded above by batch {shape[hi].batch} OOM "
+            st.decisions[pid] = SearchDecision(pid, FIT, SKIP, f"bounded above by batch {shape[hi].batch} OOM "
                                                          f"({c.prediction()})")
         elif i >= eff_hi:
-            st.decisions[pid] = Decision(pid, FIT, SKIP, "predicted OOM (" + c.prediction().removeprefix(
+            st.decisions[pid] = SearchDecision(pid, FIT, SKIP, "predicted OOM (" + c.prediction().removeprefix(
                 "predicted ") + f", over {WIDE_MARGIN:g}x): not run")
         elif lo is not None and i < lo:
-            st.decisions[pid] = Decision(pid, FIT, SKIP, f"bounded below by batch {shape[lo].batch} ok: a smaller "
-                                                         "batch of the shape is not run")
+            st.decisions[pid] = SearchDecision(pid, FIT, SKIP, f"bounded below by batch {shape[lo].batch} ok: a "
+                                                               "smaller batch of the shape is not run")
     if not pending and untried:
         if not ok and not any(s == "oom" for s in seen) and any(c.total_bytes is not None for c in shape):
             # the first run of the shape: the largest batch predicted to fit
@@ -325,12 +326,12 @@ def _bisect(shape: list[Candidate], runs: Mapping[str, Sequence[RunSeen]], st: S
         st.scale[(c.point_id, 0)] = scale
         low = f"batch {shape[lo].batch} ok" if lo is not None else "nothing known to fit"
         high = f"batch {shape[hi].batch} OOM" if hi < len(shape) else "no OOM seen"
-        st.decisions[c.point_id] = Decision(c.point_id, FIT, RUN, f"bisection: {low}, {high}; runs batch "
+        st.decisions[c.point_id] = SearchDecision(c.point_id, FIT, RUN, f"bisection: {low}, {high}; runs batch "
                                                                   f"{c.batch} ({c.prediction()}){_share(scale)}",
                                                      0)
     for i in untried:
         if shape[i].point_id not in st.decisions:
-            st.decisions[shape[i].point_id] = Decision(shape[i].point_id, FIT, WAIT, "not decided yet: the "
+            st.decisions[shape[i].point_id] = SearchDecision(shape[i].point_id, FIT, WAIT, "not decided yet: the "
                                                                                      "bisection goes on")
     shape_fields = {k: v for k, v in shape[0].entity.items() if not (fit and k == BATCH_FIELD)}
     st.fits.append(ShapeFit(shape_fields, shape[lo].batch if decided and lo is not None else None,
@@ -380,20 +381,21 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
             st.scale.setdefault((c.point_id, rung), share)  # (a bisection's run keeps its own)
             if r is None:
                 st.todo.append((c.point_id, rung))
-                st.decisions[c.point_id] = Decision(c.point_id, phase, RUN, f"rung {rung} run{_share(share)}", rung)
+                st.decisions[c.point_id] = SearchDecision(c.point_id, phase, RUN, f"rung {rung} run{_share(share)}",
+                                                          rung)
                 blocked = True
             elif r.outcome is None:
-                st.decisions[c.point_id] = Decision(c.point_id, phase, WAIT, f"rung {rung} run queued or running",
+                st.decisions[c.point_id] = SearchDecision(c.point_id, phase, WAIT, f"rung {rung} run queued or running",
                                                     rung)
                 st.waiting = blocked = True
             elif r.outcome == "failed":
-                st.decisions[c.point_id] = Decision(c.point_id, phase, WAIT, f"rung {rung} run failed "
+                st.decisions[c.point_id] = SearchDecision(c.point_id, phase, WAIT, f"rung {rung} run failed "
                                                     f"({r.reason or 'see its job dir'}); sbench retry runs it again",
                                                     rung)
                 st.stuck.append(c.point_id)
                 blocked = True
             elif r.outcome != "ok" or r.value is None:
-                st.decisions[c.point_id] = Decision(c.point_id, phase, STOP, f"rung {rung} run ended {r.outcome} "
+                st.decisions[c.point_id] = SearchDecision(c.point_id, phase, STOP, f"rung {rung} run ended {r.outcome} "
                                                     f"with no {spec.metric}", rung)
                 alive.remove(c)
         if blocked or not alive:
@@ -412,7 +414,7 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
             assert iv is not None
             if c is not ranked[0] and _beaten(spec, iv, top):
                 word = "<" if spec.sense == "maximize" else ">"
-                st.decisions[c.point_id] = Decision(c.point_id, HALVING, STOP, f"halved out at rung {rung}: "
+                st.decisions[c.point_id] = SearchDecision(c.point_id, HALVING, STOP, f"halved out at rung {rung}: "
                                                     f"{iv.text()} {word} best {top.text()} ({spec.metric})", rung)
             else:
                 kept.append(c)
@@ -426,7 +428,7 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
         if c not in final and c in alive:  # (those halved out earlier keep their reason)
             iv = seen[c.point_id]
             assert iv is not None
-            st.decisions[c.point_id] = Decision(c.point_id, HALVING, STOP, f"out at the last rung {rung}: "
+            st.decisions[c.point_id] = SearchDecision(c.point_id, HALVING, STOP, f"out at the last rung {rung}: "
                                                 f"{iv.text()} does not overlap best {top.text()} ({spec.metric})",
                                                 rung)
     waiting = False
@@ -443,7 +445,7 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
             elif r.outcome == "failed":
                 st.stuck.append(c.point_id)
         st.todo += [(c.point_id, rep) for rep in todo]
-        st.decisions[c.point_id] = Decision(
+        st.decisions[c.point_id] = SearchDecision(
             c.point_id, FINAL, RUN if todo else (WAIT if waiting else KEEP),
             f"{role} after rung {rung}: the campaign's {repeats} repeat(s)"
             + (f" {', '.join(map(str, todo))} submitted" if todo else "")
