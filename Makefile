@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint browser trainer-envs cluster cluster-stop bench gpu-wheels gpu-check clean
+.PHONY: setup demo test test-fast lint docs browser trainer-envs cluster cluster-stop bench gpu-wheels gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,11 @@ lint: setup
 	$(BIN)/lint-imports
 	$(BIN)/ruff check harness tests bench
 	$(BIN)/mypy
+
+## docs: docs/cli.md, the command-line reference, written again from the command tree (harness/cli/reference.py);
+## tests/test_docs.py fails until it matches
+docs: setup
+	$(BIN)/python -m harness.cli.reference > docs/cli.md.tmp && mv docs/cli.md.tmp docs/cli.md
 
 ## trainer-envs: the fms-hf-tuning release the tests run, in its own environment (built once; cached in
 ## ~/.cache/sbench/envs or $$SBENCH_ENVS_DIR, so later runs find it ready)

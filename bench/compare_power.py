@@ -38,7 +38,7 @@ Reported per trace source:
     .venv/bin/python bench/compare_power.py --traces /tmp/traces.json --trials 2000 --out /tmp/power.json
     .venv/bin/python bench/compare_power.py --traces /tmp/traces.json --variant blend   # the method not chosen
 
-``--variant blend`` measures the alternative the README weighs against compare's method: a side's variance
+``--variant blend`` measures the alternative docs/results.md weighs against compare's method: a side's variance
 of one run the between-run variance ``max(0, s^2 - mean w^2)`` plus the mean within-run ``w^2``, with
 Satterthwaite's degrees of freedom for that sum (compare takes the larger of ``s^2`` and ``mean w^2``, each
 with its own degrees of freedom).

@@ -623,7 +623,7 @@ def test_every_chart_with_a_series_has_a_legend_that_clicks(gpu_page, two_db, cl
 
 
 # -- the page in a browser -------------------------------------------------------------------------------------
-SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "report.png"  # the README's picture of the report
+SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "report.png"  # the picture of the report in docs/results.md
 RUN_ID = re.compile(r"[\w.-]+/[0-9a-f]{16}\.r\d+\.a\d+")
 
 

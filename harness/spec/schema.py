@@ -76,7 +76,8 @@ def sbatch_extra(ck: Checker, node: Mapping[str, Any], key: str, name: str) -> d
             close = difflib.get_close_matches(opt, sorted(SBATCH_EXTRA_OPTIONS), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             ck.fail(f"{dotted}.{opt}", f"is not an sbatch option sbench passes through; {hint}sbench sets nodes, "
-                                       "tasks, CPUs, memory, time and placement itself (see the README)", value, opt)
+                                       "tasks, CPUs, memory, time and placement itself (see docs/inventory.md)",
+                    value, opt)
         if v is True:
             out[opt] = True
         elif v is False or v is None:
