@@ -190,8 +190,11 @@ def test_compare_leaves_shared_runs_out_and_says_how_many(cli, tmp_path: Path) -
     assert "excluded 1 run(s)" in text and r["c2"]["run_id"] in text and "--include-shared" in text
     both = json.loads(cli("compare", "base", "cand", "--db", db, "--json", "--include-shared").stdout)
     assert len(both["rows"]) == 2 and both["excluded_shared"] == {"BASE": [], "CAND": []}
-    clean = cli("compare", "base", "cand", "--db", db, "--include-shared").stdout
-    assert "excluded 0 runs" in clean
+    assert both["kept"] == {"CAND": [{"run_id": r["c2"]["run_id"], "why": "shared host"}]}
+    kept = cli("compare", "base", "cand", "--db", db, "--include-shared").stdout
+    # what it kept is said, never "none shared its host" about runs that did
+    assert "--include-shared kept 1 run(s)" in kept and "(CAND 1)" in kept and "none shared" not in kept
+    assert "1 on a host another sbench run used at the same time" in kept
     # a side left with nothing says why
     res = cli("compare", "base", "noise", "--db", db)
     assert res.exit_code == 2 and "1 measured on a host another sbench run used at the same time" in res.output

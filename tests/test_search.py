@@ -71,9 +71,18 @@ def test_search_and_adaptive_repeats_do_not_mix(tmp_path: Path, cli) -> None:
     assert res.exit_code == 2 and "repeats" in res.output and "search:" in res.output
 
 
-def test_best_refuses_a_campaign_without_a_search(tmp_path: Path, cli) -> None:
-    res = cli("best", "nothing", "--workdir", str(tmp_path), "--db", str(tmp_path / "r.duckdb"))
-    assert res.exit_code == 2 and "no search" in res.output
+def test_best_names_a_missing_database_a_missing_campaign_and_one_without_a_search(tmp_path: Path, cli) -> None:
+    """best reads the database, wherever it runs from: a campaign it does not hold is named as missing, one without
+    a search as such (here a published campaign, imported: no manifest anywhere)."""
+    db = tmp_path / "r.duckdb"
+    res = cli("best", "nothing", "--workdir", str(tmp_path), "--db", str(db))
+    assert res.exit_code == 2 and "no results database" in res.output
+    published = Path(__file__).parent / "fixtures" / "published" / "ado-small.csv"
+    assert cli("import", "--format", "ado-csv", str(published), "--campaign", "pub", "--db", str(db)).exit_code == 0
+    res = cli("best", "nothing", "--workdir", str(tmp_path), "--db", str(db))
+    assert res.exit_code == 2 and "no campaign 'nothing'" in res.output and "pub" in res.output
+    res = cli("best", "pub", "--workdir", str(tmp_path / "elsewhere"), "--db", str(db))
+    assert res.exit_code == 2 and "no search" in res.output and "manifest" not in res.output
 
 
 @pytest.mark.train

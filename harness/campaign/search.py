@@ -19,6 +19,7 @@ from harness.contract.errors import InputError
 from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
 from harness.contract.records import ManifestLine, SearchLine, append_manifest, now_iso
 from harness.db.search import runs_seen, search_evidence
+from harness.db.status import campaign_names
 from harness.db.store import open_store
 from harness.spec.plan import PlannedPoint
 from harness.spec.search import Candidate, RecordedSearch, RunSeen, SearchSpec, SearchState, answer, step
@@ -111,14 +112,20 @@ def best(campaign: str, workdir: Path | None = None, db: Path | None = None) -> 
     """``sbench best``: the search's answer (``harness.spec.search.answer``) from what the database holds of it
     (``harness.db.search.search_evidence``)."""
     wd, dbp = resolve_workdir(workdir), resolve_db(db)
-    if manifest.search_spec(wd / campaign) is None:
-        raise InputError(f"campaign {campaign!r}: no search (its sweep has no search: section, or there is no "
-                         f"manifest {CampaignPaths(wd / campaign).manifest}); sbench best answers a search campaign")
     if not dbp.is_file():
-        raise InputError(f"{dbp}: no results database; run sbench collect --campaign {campaign} first")
-    with open_store(dbp, read_only=True) as st:
-        ev = search_evidence(st, campaign)
-    if ev is None:
+        raise InputError(f"{dbp}: no results database; run sbench collect --campaign {campaign} first (or name "
+                         "the database with --db)")
+    with open_store(dbp, read_only=True) as st:  # the database answers, wherever it was made or imported from
+        known = campaign_names(st)
+        ev = search_evidence(st, campaign) if campaign in known else None
+    if ev is not None:
+        return answer(ev)
+    if manifest.search_spec(wd / campaign) is not None:  # submitted here, not collected yet
         raise InputError(f"{dbp}: campaign {campaign!r} has no search recorded yet; run sbench collect --campaign "
                          f"{campaign} first")
-    return answer(ev)
+    if campaign not in known:
+        near = ", ".join(known[:8]) + (" ..." if len(known) > 8 else "")
+        raise InputError(f"{dbp}: no campaign {campaign!r} (it has: {near or 'none'}); name a search campaign "
+                         "of this database, or another database with --db")
+    raise InputError(f"campaign {campaign!r} in {dbp}: no search (its sweep has no search: section); sbench best "
+                     "answers a search campaign")

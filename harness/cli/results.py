@@ -172,6 +172,7 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
                    "excluded_shared": cmp.excluded,
                    "excluded": {side: [{"run_id": rid, "why": why} for rid, why in out]
                                 for side, out in cmp.left_out.items()},
+                   "kept": {side: [{"run_id": rid, "why": why} for rid, why in out] for side, out in cmp.kept.items()},
                    "references": cmp.references, "environment": cmp.env.to_dict()})
     else:
         click.echo(table([{"point_id": r.point_id, "model": r.labels.get("model_name"),
@@ -380,8 +381,10 @@ def best(campaign: str, db: Path | None, workdir: Path | None, as_json: bool) ->
     click.echo(f"search {printable(campaign)}: {state}; goal {metric_sense} {metric}")
     if b:
         lo, hi = b["interval"]
-        click.echo(f"best: {printable(b['point_id'])}  {metric} {b['value']:,.4g} (95 % interval {lo:,.4g} .. "
-                   f"{hi:,.4g}, {b['runs']} run(s))")
+        fields = {k: v for k, v in b.items() if k not in ("point_id", "value", "interval", "runs", "entity")}
+        named = f" ({', '.join(f'{k}={printable(str(v))}' for k, v in fields.items())})" if fields else ""
+        click.echo(f"best: {printable(b['point_id'])}{named}  {metric} {b['value']:,.4g} (95 % interval {lo:,.4g} "
+                   f".. {hi:,.4g}, {b['runs']} run(s))")
     else:
         click.echo("best: none yet")
     if ans["max_batch_size"]:
@@ -389,8 +392,12 @@ def best(campaign: str, db: Path | None, workdir: Path | None, as_json: bool) ->
                  "largest ok": m["largest_ok"], "smallest OOM": m["smallest_oom"],
                  "decided": "yes" if m["decided"] else "no"} for m in ans["max_batch_size"]]
         click.echo(table(rows, ["shape", "batch_size", "largest ok", "smallest OOM", "decided"]))
-    click.echo(f"{ans['runs']} run(s) of {ans['grid_points']} grid point(s); training {ans['train_s']:.1f} s "
-               f"(the grid: about {ans['grid_train_s_estimate']:.1f} s), allocations {ans['allocation_s']:.1f} s "
-               f"(the grid: about {ans['grid_allocation_s_estimate']:.1f} s)")
+    if ans["grid_train_s_estimate"] > 0:
+        click.echo(f"{ans['runs']} run(s) of {ans['grid_points']} grid point(s); training {ans['train_s']:.1f} s "
+                   f"(the grid: about {ans['grid_train_s_estimate']:.1f} s), allocations {ans['allocation_s']:.1f} s "
+                   f"(the grid: about {ans['grid_allocation_s_estimate']:.1f} s)")
+    else:  # no run has ended with a measurement: nothing to estimate the grid from
+        click.echo(f"{ans['runs']} run(s) of {ans['grid_points']} grid point(s); training {ans['train_s']:.1f} s, "
+                   f"allocations {ans['allocation_s']:.1f} s (the grid's cost: not estimated until a run ends)")
     if ans["stuck"]:
         click.echo(f"failed runs wait for sbench retry {printable(campaign)}: {', '.join(ans['stuck'])}", err=True)

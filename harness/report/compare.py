@@ -230,6 +230,7 @@ class Comparison:
     left_out: dict[str, list[tuple[str, str]]]
     env: envdiff.EnvDiff = field(default_factory=envdiff.EnvDiff)
     references: dict[str, str] = field(default_factory=dict)
+    kept: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # (run id, why) --include-shared kept
 
     @property
     def excluded(self) -> dict[str, list[str]]:
@@ -241,6 +242,14 @@ class Comparison:
         """``excluded 2 run(s) (BASE 0, CAND 2): 1 measured on a host another sbench run used at the same time,
         1 on a host busy with other work: ...``, or the line that says none was."""
         every = [x for out in self.left_out.values() for x in out]
+        kept = [x for out in self.kept.values() for x in out]
+        if kept:
+            sides = ", ".join(f"{side} {len(out)}" for side, out in self.kept.items())
+            counts = {why: sum(1 for _, w in kept if w == why) for why in dict.fromkeys(w for _, w in kept)}
+            said = (f"{'excluded ' + str(len(every)) + ' profiled run(s); ' if every else ''}--include-shared kept "
+                    f"{len(kept)} run(s) compare would leave out ({sides}): "
+                    + ", ".join(f"{n} {KEPT_WORDS.get(why, why)}" for why, n in counts.items()))
+            return said
         if not every:
             return ("excluded 0 runs (none shared its host with another run, none ran on a host busy with other "
                     "work, none had a straggler rank)")
@@ -280,8 +289,14 @@ def compare_side(store: Store, campaign: str | None, filters: Mapping[str, str],
         if why is not None and (not include_shared or why == PROFILED):  # a profiled run never counts
             left_out.append((r["run_id"], why))
             continue
+        if why is not None:  # kept by include_shared: said so, with why it would have been left out
+            r = {**r, "kept_why": why}
         out.setdefault(r["point_id"], []).append(r)
     return out, left_out
+
+
+KEPT_WORDS = {SHARED: "on a host another sbench run used at the same time", BUSY: "on a host busy with other work",
+              STRAGGLER: "with a straggler rank"}
 
 
 def excluded_text(left_out: dict[str, list[tuple[str, str]]]) -> str:
@@ -344,7 +359,9 @@ def compare_in(store: Store, base: str, cand: str, metrics: list[str], threshold
                 Verdict.INSUFFICIENT, Verdict.SAME):
             r.verdict = Verdict.SINGLE
     env = environment_changes(store, b, c, rows)
-    return Comparison(rows, left_out, env, refs)
+    kept = {name: [(r["run_id"], r["kept_why"]) for rows_ in side.values() for r in rows_ if r.get("kept_why")]
+            for name, side in (("BASE", b), ("CAND", c))}
+    return Comparison(rows, left_out, env, refs, {k: v for k, v in kept.items() if v})
 
 
 def pair_on_entity(store: Store, ref: dict[str, list[dict[str, Any]]], other: dict[str, list[dict[str, Any]]],
