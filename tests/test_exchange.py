@@ -21,8 +21,8 @@ from harness.report import envdiff
 from harness.runner.envcapture import container
 from harness.spec.published import RENAMED, matches, parse_row
 
-from .conftest import sql_rows, table_contents
-from .helpers import NEVER, TRAINED_CAMPAIGNS, Trained, sbench, write_yaml
+from .kit import TRAINED_CAMPAIGNS, Trained, sbench, sql_rows, table_contents, write_yaml
+from .kit.secrets import NEVER
 
 FIXTURES = Path(__file__).parent / "fixtures" / "published"
 PUBLISHED = FIXTURES / "ado-small.csv"  # the published column names, made-up values
@@ -116,7 +116,7 @@ def test_import_keeps_every_row_under_the_cluster_namespace_and_a_second_import_
     first = sbench("import", exported, "--db", db)
     assert f"{_ns('nightly-1')}  imported" in first.stdout
     for camp in TRAINED_CAMPAIGNS:
-        here = sql_rows(trained.db, "SELECT * FROM measurements WHERE campaign = ? ORDER BY run_id", [camp])
+        here = trained.campaign(camp).measurements()
         there = sql_rows(db, "SELECT * FROM measurements WHERE campaign = ? ORDER BY run_id", [_ns(camp)])
         assert here and len(here) == len(there)
         for a, b in zip(here, there, strict=True):
