@@ -41,7 +41,7 @@ import duckdb  # noqa: E402
 from harness.collect import collect
 from harness.contract.formats import SAMPLE_CSV_COLUMNS  # noqa: E402
 from harness.slurm.client import Slurm  # noqa: E402
-from tests import synth  # noqa: E402
+from tests.kit import jobdirs  # noqa: E402
 
 CAMPAIGN = "bench"
 
@@ -52,17 +52,17 @@ def generate(workdir: Path, runs: int, hosts: int, gpus: int, ticks: int, campai
     for v in range(4):
         texts = {}
         for m, h in enumerate(names):
-            rows = synth.gen_samples(synth.T0, ticks, gpus, seed=v * 10 + m)
-            texts[h] = "\n".join([synth.SAMPLE_HEADER, *(synth.sample_line(r) for r in rows)]) + "\n"
+            rows = jobdirs.gen_samples(jobdirs.T0, ticks, gpus, seed=v * 10 + m)
+            texts[h] = "\n".join([jobdirs.SAMPLE_HEADER, *(jobdirs.sample_line(r) for r in rows)]) + "\n"
         variants.append(texts)
-    events = [synth.manifest_events(campaign, "finetune_full_benchmark-v1.0.0")]
+    events = [jobdirs.manifest_events(campaign, "finetune_full_benchmark-v1.0.0")]
     files = []
     for i in range(runs):
-        r = synth.make_run(workdir, campaign, i, hosts=names, gpus_per_host=gpus, ticks=ticks,
-                           samples_text=variants[i % len(variants)])
+        r = jobdirs.make_run(workdir, campaign, i, hosts=names, gpus_per_host=gpus, ticks=ticks,
+                             samples_text=variants[i % len(variants)])
         events += r["events"]
         files += [str(r["paths"].samples(h)) for h in names]
-    synth.append_manifest(workdir, campaign, events)
+    jobdirs.append_manifest(workdir, campaign, events)
     return files
 
 

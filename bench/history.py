@@ -1,7 +1,7 @@
 """Results at the scale of a real history: status, report, compare and query on a 100,000-run database.
 
 ``build(db, campaigns, points, ...)`` makes a results database shaped exactly as ``sbench collect`` writes
-it: one campaign of *points* runs is written as job directories (``tests/synth``, the files of
+it: one campaign of *points* runs is written as job directories (``tests/kit/jobdirs.py``, the files of
 docs/job-directory.md, samples included) and collected for real; the database's rows are then repeated
 for the other campaigns with SQL (``INSERT ... SELECT``), each copy with its own campaign, run ids, job
 dirs, sample file ids, and times one day later than the one before, its throughput scaled by a fixed

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.collect import child_collect  # noqa: E402
 from harness.contract.paths import JobPaths  # noqa: E402
-from tests import synth  # noqa: E402
+from tests.kit import jobdirs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = "bench"
@@ -68,11 +68,11 @@ def time_slurm(inventory: str, partition: str, seconds: float) -> dict[str, Any]
 
 def generate(workdir: Path, runs: int, steps: int) -> None:
     hosts = ("node1", "node2")
-    events = [synth.manifest_events(CAMPAIGN, "finetune_full_benchmark-v1.0.0")]
+    events = [jobdirs.manifest_events(CAMPAIGN, "finetune_full_benchmark-v1.0.0")]
     for i in range(runs):
-        r = synth.make_run(workdir, CAMPAIGN, i, hosts=hosts, gpus_per_host=1, ticks=20)
+        r = jobdirs.make_run(workdir, CAMPAIGN, i, hosts=hosts, gpus_per_host=1, ticks=20)
         events += r["events"]
-    synth.append_manifest(workdir, CAMPAIGN, events)
+    jobdirs.append_manifest(workdir, CAMPAIGN, events)
 
 
 def add_own_times(workdir: Path, steps: int) -> int:

@@ -2,9 +2,9 @@
 
 Builds one campaign of POINTS points x REPEATS repeats (two models, LoRA and full, 1 to 8 GPUs, batch sizes 1 and
 up; the runs that the modelled GPU memory does not hold run out of it) as job directories in the
-job-directory format (``tests/test_report.py``'s writer, ``tests/synth``), collects them for real (a fake
+job-directory format (``tests/kit/report.py``'s writer, ``tests/kit/jobdirs.py``), collects them for real (a fake
 sacct), renders ``sbench report`` and opens the page ROUNDS times in headless Chromium with the network blocked
-(``tests/browser.py``, the DevTools protocol): the milliseconds from navigation until every chart is drawn
+(``tests/kit/browser.py``, the DevTools protocol): the milliseconds from navigation until every chart is drawn
 (``window.sbenchReady``, set once every Vega view has rendered) and the wall seconds of the same, the median kept;
 and whether the console logged an error. The page must stay under 2 MB and open in under 2 s.
 
@@ -28,9 +28,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests import synth  # noqa: E402
-from tests.browser import MAIN_THREAD, open_report, settle  # noqa: E402
-from tests.test_report import DEVICE_MB, FULL, LORA, collect_into, gpu_memory, write_run  # noqa: E402
+from tests.kit import FULL, LORA, jobdirs  # noqa: E402
+from tests.kit.browser import MAIN_THREAD, open_report, settle  # noqa: E402
+from tests.kit.report import DEVICE_MB, collect_into, gpu_memory, write_run  # noqa: E402
 
 MODELS = ("smollm2-135m", "granite-3b-1.5")
 GPUS = (1, 2, 4, 8)
@@ -43,7 +43,7 @@ def build(base: Path, points: int, repeats: int) -> Path:
     shutil.rmtree(workdir, ignore_errors=True)
     for p in (db, Path(f"{db}.wal")):
         p.unlink(missing_ok=True)
-    synth.append_manifest(workdir, "scale", [synth.manifest_events("scale", LORA)])  # the campaign's line
+    jobdirs.append_manifest(workdir, "scale", [jobdirs.manifest_events("scale", LORA)])  # the campaign's line
     runs: list[dict[str, Any]] = []
     shapes = itertools.product(range(1, 10 ** 6), MODELS, (LORA, FULL), GPUS)
     for seed, (bs, model, exp, g) in enumerate(itertools.islice(shapes, points)):

@@ -3,10 +3,10 @@
 On a results database of a long history (``bench/history.py``'s 100 campaigns x 1,000 runs, samples included)
 and a collected campaign of ``--collect-runs`` job dirs, each built by the tree's own code (so trees of different
 results schemas are compared, each on a database it reads), it runs each command as a user does, a fresh
-interpreter each time (``tests/budget.py``: start-up and imports included, the imports watched), ``--repeat``
+interpreter each time (``tests/kit/budget.py``: start-up and imports included, the imports watched), ``--repeat``
 times, the trees alternated in every round so that both see the same load. Per command and tree: the median
 wall and CPU seconds (user + system, every thread) and the packages of the import budget
-(``tests/budget.py``'s ``FORBIDDEN``) it imported.
+(``tests/kit/budget.py``'s ``FORBIDDEN``) it imported.
 
 The goals on a 2-core machine: every read command and a no-op ``collect`` under 1 s; ``--help`` and
 ``--version`` under 0.3 s.
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.history import campaign_name  # noqa: E402
-from tests.budget import run  # noqa: E402
+from tests.kit.budget import run  # noqa: E402
 
 GOALS_S = {"--help": 0.3, "--version": 0.3}  # every other command: READ_GOAL_S
 READ_GOAL_S = 1.0

@@ -31,7 +31,8 @@ from harness.slurm.sacct import (
     sacct_time,
 )
 
-from .test_collect import CAMPAIGN, one, write_attempt
+from .kit import one
+from .kit.jobdirs import CAMPAIGN, write_attempt
 
 SACCT = Path(__file__).parent / "fixtures" / "collect" / "sacct"
 

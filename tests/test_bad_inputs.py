@@ -12,6 +12,7 @@ import pty
 import select
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,19 +28,13 @@ from harness.spec.memory import predict
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import load_sweep
 from harness.spec.yamlio import loads_yaml
-from tests.synth import append_manifest, make_run
 
-from .conftest import ROOT
-from .helpers import invoke
+from . import kit
+from .kit import ROOT, command, sbench
+from .kit.jobdirs import append_manifest, make_run
 
-PY = str(ROOT / ".venv" / "bin" / "python")
-
-INVENTORY: dict[str, Any] = {
-    "cluster": "lab",
-    "defaults": {"env": {"OMP_NUM_THREADS": "1"}},
-    "partitions": {"cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 8, "memory_gb": 16,
-                           "time_limit": "00:30:00", "hosts": {"h1": {"address": "127.0.0.1"}}}},
-}
+INVENTORY = kit.inventory("lab", gpus=2, cpus=8, memory_gb=16, time_limit="00:30:00",
+                          defaults={"env": {"OMP_NUM_THREADS": "1"}})
 SWEEP: dict[str, Any] = {
     "campaign": "bad", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
     "entity": {"model_name": "tiny", "model_max_length": 64, "max_steps": 2, "batch_size": 2},
@@ -88,7 +83,7 @@ def test_a_bad_model_config_is_exit_2_naming_the_file_and_key(lab, text: str, na
                  ["render", lab["sweep"], "-i", lab["inv"], "-o", lab["out"]],
                  ["submit", lab["sweep"], "-i", lab["inv"], "--executor", "local", "--no-prepare",
                   "--workdir", lab["workdir"], "--db", lab["db"]]):
-        res = invoke(*args)
+        res = sbench(*args, in_process=True, ok=None)
         assert res.exit_code == 2, (args[0], res.output)
         assert str(lab["config"]) in res.output and named in res.output, res.output
         assert "internal error" not in res.output and "Traceback" not in res.output
@@ -98,17 +93,17 @@ def test_a_bad_model_config_is_exit_2_naming_the_file_and_key(lab, text: str, na
 def test_a_config_that_is_a_fifo_or_a_device_is_refused_without_reading_it(lab) -> None:
     os.mkfifo(lab["config"])
     t0 = time.monotonic()
-    res = invoke("plan", lab["sweep"], "-i", lab["inv"], "--memory")
+    res = sbench("plan", lab["sweep"], "-i", lab["inv"], "--memory", in_process=True, ok=None)
     assert res.exit_code == 2 and "not a regular file" in res.output and time.monotonic() - t0 < 20
     lab["config"].unlink()
     lab["config"].symlink_to("/dev/zero")
-    res = invoke("plan", lab["sweep"], "-i", lab["inv"], "--memory")
+    res = sbench("plan", lab["sweep"], "-i", lab["inv"], "--memory", in_process=True, ok=None)
     assert res.exit_code == 2 and "not a regular file" in res.output
 
 
 def test_a_good_config_still_predicts_and_a_negative_size_never_fits(lab) -> None:
     lab["config"].write_text(json.dumps(LLAMA))
-    res = invoke("plan", lab["sweep"], "-i", lab["inv"], "--memory", "--json")
+    res = sbench("plan", lab["sweep"], "-i", lab["inv"], "--memory", "--json", in_process=True, ok=None)
     assert res.exit_code == 0, res.output
     (point,) = json.loads(res.stdout)
     assert point["memory"]["status"] == "ok" and point["memory"]["total_bytes"] > 0
@@ -129,12 +124,12 @@ def _read_only(path: Path, argv: list[str]) -> subprocess.CompletedProcess:
     if os.geteuid() != 0:
         path.chmod(0o555)
         try:
-            return subprocess.run([PY, "-m", "harness", *argv], capture_output=True, text=True, env=env, timeout=120)
+            return subprocess.run(command(*argv), capture_output=True, text=True, env=env, timeout=120)
         finally:
             path.chmod(0o755)
     script = ('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" || exit 99; shift; '
               'touch "$0/probe" 2>/dev/null && exit 98; exec "$@"')
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, str(path), str(path), PY, "-m", "harness", *argv],
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, str(path), str(path), *command(*argv)],
                           capture_output=True, text=True, env=env, timeout=120)
     if proc.returncode in (98, 99):
         pytest.skip("no read-only bind mount here (unshare/mount not permitted)")
@@ -179,7 +174,7 @@ def test_a_sqlite_file_or_a_fifo_as_db_is_refused_without_an_extension(tmp_path:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(home)}  # where DuckDB would put an extension
     for db, what in ((sq, "is a SQLite database"), (fifo, "is not a regular file")):
         argv = [a.format(root=tmp_path) for a in command]
-        proc = subprocess.run([PY, "-m", "harness", *argv, "--db", str(db), *(
+        proc = subprocess.run([*kit.command(*argv), "--db", str(db), *(
             ["--workdir", str(tmp_path / "runs")] if argv[0] in ("status", "collect") else [])],
             capture_output=True, text=True, env=env, timeout=60)
         assert proc.returncode == 2, (argv, proc.stderr)
@@ -194,7 +189,7 @@ def collected(tmp_path: Path) -> dict[str, Path]:
     wd, db = tmp_path / "runs", tmp_path / "results.duckdb"
     run = make_run(wd, "good", 0, hosts=("node1",), gpus_per_host=1, ticks=5, executor="local", job_id="999999")
     append_manifest(wd, "good", run["events"])
-    assert invoke("collect", "--workdir", wd, "--db", db).exit_code == 0
+    sbench("collect", "--workdir", wd, "--db", db, in_process=True)
     return {"workdir": wd, "db": db, "root": tmp_path}
 
 
@@ -222,15 +217,16 @@ def test_a_replaced_view_is_refused_by_readers_and_restored_by_collect(collected
     con.close()
     for args in (["query", "select count(*) from latest_measurements"], ["status", "--workdir", collected["workdir"]],
                  ["report", "-o", collected["root"] / "r.html"]):
-        res = invoke(*args, "--db", db)
+        res = sbench(*args, "--db", db, in_process=True, ok=None)
         assert res.exit_code == 1, res.output
         assert "view latest_measurements was replaced" in res.output and "view run_overhead is missing" in res.output
         assert "sbench collect" in res.output and "Traceback" not in res.output
-    res = invoke("collect", "--workdir", collected["workdir"], "--db", db)
+    res = sbench("collect", "--workdir", collected["workdir"], "--db", db, in_process=True, ok=None)
     assert res.exit_code == 0, res.output
     found, expected = _views(db)
     assert found == expected and found["latest_measurements"] != "SELECT * FROM measurements"
-    res = invoke("query", "select count(*) as n from latest_measurements", "--db", db, "--format", "json")
+    res = sbench("query", "select count(*) as n from latest_measurements", "--db", db, "--format", "json",
+                 in_process=True, ok=None)
     assert res.exit_code == 0 and json.loads(res.output) == [{"n": 1}]
 
 
@@ -240,7 +236,7 @@ def test_a_table_in_place_of_a_view_is_refused_by_every_command(collected) -> No
     con.execute("CREATE TABLE run_summary AS SELECT 1 AS forged")
     con.close()
     for args in (["query", "select 1"], ["collect", "--workdir", collected["workdir"]]):
-        res = invoke(*args, "--db", collected["db"])
+        res = sbench(*args, "--db", collected["db"], in_process=True, ok=None)
         assert res.exit_code == 1 and "table run_summary holds the name of sbench's view" in res.output, res.output
         assert "mv " in res.output
 
@@ -249,39 +245,41 @@ def test_a_table_in_place_of_a_view_is_refused_by_every_command(collected) -> No
 
 def test_query_stops_at_limit_and_says_how_many_rows_there_were(collected) -> None:
     t0 = time.monotonic()
-    res = invoke("query", "select range as i from range(40000000)", "--db", collected["db"], "--limit", "10")
+    res = sbench("query", "select range as i from range(40000000)", "--db", collected["db"], "--limit", "10",
+                 in_process=True, ok=None)
     assert res.exit_code == 0, res.output
     assert time.monotonic() - t0 < 30  # the 40 million rows are counted by DuckDB, never fetched
     assert res.stdout.splitlines()[2:12] == [str(i) for i in range(10)]
     assert "(10 of 40000000 rows)" in res.stdout and "first 10 of 40,000,000 rows" in res.stderr
     for fmt, parse in (("json", json.loads), ("csv", lambda t: t.splitlines()[1:])):
-        res = invoke("query", "select range as i from range(40000000)", "--db", collected["db"],
-                     "--limit", "3", "--format", fmt)
+        res = sbench("query", "select range as i from range(40000000)", "--db", collected["db"],
+                     "--limit", "3", "--format", fmt, in_process=True, ok=None)
         assert res.exit_code == 0 and len(parse(res.stdout)) == 3 and "40,000,000" in res.stderr
     # A statement DuckDB cannot wrap in a count is counted by streaming it again.
-    res = invoke("query", "select range from range(5); select range from range(7)", "--db", collected["db"],
-                 "--limit", "2")
+    res = sbench("query", "select range from range(5); select range from range(7)", "--db", collected["db"],
+                 "--limit", "2", in_process=True, ok=None)
     assert res.exit_code == 0 and "(2 of 7 rows)" in res.stdout, res.output
 
 
 def test_query_prints_every_row_to_a_pipe_in_the_same_formats(collected) -> None:
     sql = "select range as i, 'r' || range as s, [range, 1] as l from range(2500)"
-    res = invoke("query", sql, "--db", collected["db"], "--format", "json")
+    res = sbench("query", sql, "--db", collected["db"], "--format", "json", in_process=True, ok=None)
     rows = json.loads(res.stdout)
     assert len(rows) == 2500 and rows[-1] == {"i": 2499, "s": "r2499", "l": [2499, 1]}
     assert res.stdout == json.dumps(rows, indent=2) + "\n"  # the streamed JSON is json.dumps' own layout
-    res = invoke("query", sql, "--db", collected["db"], "--format", "csv")
+    res = sbench("query", sql, "--db", collected["db"], "--format", "csv", in_process=True, ok=None)
     assert res.stdout.splitlines()[0] == "i,s,l" and len(res.stdout.splitlines()) == 2501
-    res = invoke("query", "select range as i from range(25000)", "--db", collected["db"])
+    res = sbench("query", "select range as i from range(25000)", "--db", collected["db"], in_process=True, ok=None)
     lines = res.stdout.splitlines()
     assert lines[-1] == "(25000 rows)" and len(lines) == 25003 and lines[-2] == "24999" and not res.stderr
-    assert invoke("query", "select 1 as x where false", "--db", collected["db"], "--format", "json").stdout == "[]\n"
+    assert sbench("query", "select 1 as x where false", "--db", collected["db"], "--format", "json", in_process=True,
+                  ok=None).stdout == "[]\n"
 
 
 def test_a_reader_that_stops_early_stops_the_query_quietly(collected) -> None:
     """`sbench query ... | head -2`: the query ends as a Unix tool ends on SIGPIPE, with no message."""
-    proc = subprocess.Popen([PY, "-m", "harness", "query", "select range from range(5000000)", "--db",
-                             str(collected["db"]), "--format", "csv"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(command("query", "select range from range(5000000)", "--db", collected["db"], "--format",
+                                    "csv"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout is not None
     assert [proc.stdout.readline(), proc.stdout.readline()] == [b"range\n", b"0\n"]
@@ -292,8 +290,8 @@ def test_a_reader_that_stops_early_stops_the_query_quietly(collected) -> None:
 
 def test_query_to_a_terminal_stops_at_10000_rows_by_default(collected) -> None:
     master, slave = pty.openpty()
-    proc = subprocess.Popen([PY, "-m", "harness", "query", "select range as i from range(25000)", "--db",
-                             str(collected["db"])], stdout=slave, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(command("query", "select range as i from range(25000)", "--db", collected["db"]),
+                            stdout=slave, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     os.close(slave)
     out = b""
@@ -324,9 +322,9 @@ def test_a_huge_result_streams_in_bounded_memory(collected) -> None:
              "with open('/dev/null', 'w') as null:\n"
              "    rc = subprocess.run(sys.argv[1:], stdout=null).returncode\n"
              "print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
-    proc = subprocess.run([PY, "-c", probe, PY, "-m", "harness", "query",
-                           "select range as i, repeat('x', 2000) as pad from range(120000)", "--db",
-                           str(collected["db"]), "--format", "csv"],
+    proc = subprocess.run([sys.executable, "-c", probe, *command(
+                           "query", "select range as i, repeat('x', 2000) as pad from range(120000)", "--db",
+                           collected["db"], "--format", "csv")],
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     rc, rss_kb = map(int, proc.stdout.split())
     assert rc == 0, proc.stderr
@@ -357,11 +355,11 @@ partitions:
 def test_a_merge_key_that_overrides_is_accepted_and_a_duplicate_is_not(tmp_path: Path) -> None:
     inv = tmp_path / "inv.yaml"
     inv.write_text(MERGED_INVENTORY)
-    res = invoke("inventory", "check", "-i", inv)
+    res = sbench("inventory", "check", "-i", inv, in_process=True, ok=None)
     assert res.exit_code == 0, res.output
     assert load_inventory(inv).partitions["cpu"].hosts["h1"].env == {"OMP_NUM_THREADS": "1", "A": "h1"}
     inv.write_text(MERGED_INVENTORY + '          A: "again"\n')  # a key written twice is still refused
-    res = invoke("inventory", "check", "-i", inv)
+    res = sbench("inventory", "check", "-i", inv, in_process=True, ok=None)
     assert res.exit_code == 2 and "duplicate key" in res.output and ".A'" in res.output, res.output
     # Merged maps among themselves: the first one listed wins, as YAML says; the mapping's own keys win over all.
     doc = loads_yaml("a: &a {k: 1}\nb: &b {k: 2, j: 3}\nc:\n  <<: [*a, *b]\nd:\n  <<: [*a, *b]\n  j: 4\n", "m.yaml")

@@ -10,17 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import sql_rows, write_sweep
-from .helpers import invoke
+from .kit import sbench, sql_rows, write_yaml
 
 pytestmark = pytest.mark.train
-
-
-def sbench(*args, code: int | tuple[int, ...] = 0):
-    """The CLI in-process; its exit code must be *code* (or one of them)."""
-    res = invoke(*args)
-    assert res.exit_code in ((code,) if isinstance(code, int) else code), res.output
-    return res
 
 
 @pytest.fixture
@@ -28,7 +20,7 @@ def nightly(trained, tmp_path):
     """The session's two campaigns of one sweep (nightly-1, then nightly-2 submitted with --campaign), each
     submitted with --wait and collected; a copy of them, for the tests that submit again."""
     copy = trained.copy(tmp_path / "nightly")
-    assert invoke("collect", *copy.common).exit_code == 0
+    sbench("collect", *copy.common, in_process=True)
     return copy
 
 
@@ -59,7 +51,7 @@ def test_every_runs_host_samples_cover_its_measured_window(trained) -> None:
 
 def test_compare_the_two_nights(trained) -> None:
     # exit 0 or 1: whether this loaded machine's noise crosses 10 % is not what is tested here
-    res = sbench("compare", "nightly-1", "nightly-2", "--db", trained.db, "--json", code=(0, 1))
+    res = sbench("compare", "nightly-1", "nightly-2", "--db", trained.db, "--json", in_process=True, ok=(0, 1))
     rows = json.loads(res.stdout)["rows"]
     m = {r["point_id"]: r["dataset_tokens_per_second"] for r in sql_rows(
         trained.db, "SELECT point_id, dataset_tokens_per_second FROM measurements WHERE campaign = 'nightly-1'")}
@@ -69,12 +61,14 @@ def test_compare_the_two_nights(trained) -> None:
     for r in rows:  # each point paired with itself, one run a side, the ratio the measurements' own
         assert (r["n_base"], r["n_cand"]) == (1, 1)
         assert r["ratio"] == pytest.approx(n[r["point_id"]] / m[r["point_id"]], rel=1e-9)
-    text = sbench("compare", "nightly-1", "nightly-2", "--db", trained.db, "--threshold", "0.99").stdout
+    text = sbench("compare", "nightly-1", "nightly-2", "--db", trained.db, "--threshold", "0.99",
+                  in_process=True).stdout
     assert "2 comparison(s): 0 regression(s)" in text
 
 
 def test_submitting_a_campaign_again_measures_only_what_it_lacks(nightly) -> None:
-    again = json.loads(sbench("submit", nightly.sweep, "--campaign", "nightly-2", "--json", *nightly.local).stdout)
+    again = json.loads(sbench("submit", nightly.sweep, "--campaign", "nightly-2", "--json", *nightly.local,
+                              in_process=True).stdout)
     assert again["submitted"] == 0
     done = "already measured in this campaign (attempt 1 ended ok)"
     assert all(p["action"] == "skip" and p["reason"].startswith(done) for p in again["points"])
@@ -84,7 +78,7 @@ def test_reuse_is_opt_in_and_names_the_campaign_and_run_it_took(nightly) -> None
     runs = {r["point_id"]: r["run_id"] for r in sql_rows(
         nightly.db, "SELECT point_id, run_id FROM runs WHERE campaign = 'nightly-1'")}
     # the flag: nothing measured; each point takes the oldest measured run of it, nightly-1's
-    res = sbench("submit", nightly.sweep, "--campaign", "search", "--reuse-measured", *nightly.local)
+    res = sbench("submit", nightly.sweep, "--campaign", "search", "--reuse-measured", *nightly.local, in_process=True)
     assert "campaign search: 0 attempt(s) submitted" in res.stdout
     assert "reused 2 measured run(s) of campaign(s) nightly-1" in res.stdout
     for pid, rid in runs.items():
@@ -92,13 +86,13 @@ def test_reuse_is_opt_in_and_names_the_campaign_and_run_it_took(nightly) -> None
         assert f"reused run {rid} of campaign nightly-1 (ok)" in line
     # the sweep's key does the same, in JSON
     doc = yaml.safe_load(Path(nightly.sweep).read_text())
-    reusing = write_sweep(nightly.root / "search.yaml", {**doc, "campaign": "search-2", "reuse": "measured"})
-    rep = json.loads(sbench("submit", reusing, "--json", *nightly.local).stdout)
+    reusing = write_yaml(nightly.root / "search.yaml", {**doc, "campaign": "search-2", "reuse": "measured"})
+    rep = json.loads(sbench("submit", reusing, "--json", *nightly.local, in_process=True).stdout)
     assert rep["submitted"] == 0 and rep["reused"] == 2
     assert {p["point_id"]: p["reused_from"] for p in rep["points"]} == {
         pid: {"campaign": "nightly-1", "run_id": rid, "outcome": "ok"} for pid, rid in runs.items()}
     # nothing was queued for either: no attempt of theirs in the manifest or the database
     assert not sql_rows(nightly.db, "SELECT * FROM runs WHERE campaign IN ('search', 'search-2')")
     # a bad --campaign is refused before anything is written
-    bad = sbench("submit", nightly.sweep, "--campaign", "../x", *nightly.local, code=2)
+    bad = sbench("submit", nightly.sweep, "--campaign", "../x", *nightly.local, in_process=True, ok=(2,))
     assert "is not a campaign name" in bad.output

@@ -13,7 +13,7 @@ import pytest
 
 from harness.contract.paths import JobPaths
 
-from .conftest import SMALL_DATASET, TEST_INVENTORY, sql_rows, write_sweep
+from .kit import SMALL_DATASET, TEST_INVENTORY, sql_rows, write_yaml
 
 pytestmark = [pytest.mark.slurm]
 
@@ -43,7 +43,7 @@ def sweep(env, name: str, entity: dict, repeats: int = 1) -> Path:
                       "gradient_accumulation_steps": 1, "batch_size": 2, **entity},
            "repeats": repeats, "model_map": {"tiny": str(env["model"])}, "data_dir": str(env["data"]),
            "runner": {"sample_interval_s": 0.5}}
-    return write_sweep(env["root"] / f"{name}.yaml", doc)
+    return write_yaml(env["root"] / f"{name}.yaml", doc)
 
 
 @pytest.mark.train
@@ -196,7 +196,7 @@ def test_a_slowed_node_fails_preflight_and_submit_leaves_it_out(cli, env, monkey
 @pytest.mark.slow(90)
 def test_sbench_scaling_names_the_straggler_behind_a_slowed_two_node_shape(cli, env, monkeypatch) -> None:
     # one and two CPU workers on one node, two on two nodes; node2's rank of the 2-node shape sleeps at every step
-    path = write_sweep(env["root"] / "scale.yaml", {
+    path = write_yaml(env["root"] / "scale.yaml", {
         "campaign": "scale", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
         "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET,
                    "gradient_accumulation_steps": 1, "batch_size": 2, "max_steps": 8},

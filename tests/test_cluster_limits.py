@@ -16,15 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from harness.campaign.executors import feed
-from harness.cli import main
 from harness.slurm.client import SbatchRefused
 from harness.slurm.held import read_feed
 from harness.slurm.limits import SubmitLimits, max_array_size, parse_assoc_mgr, parse_config, refusal_kind
 
-from .conftest import TEST_INVENTORY, sql_rows, write_sweep
+from .kit import TEST_INVENTORY, sbench, sql_rows, write_yaml
 
 ASSOC_MGR = """Current Association Manager state
 
@@ -163,18 +161,14 @@ def quota_15(slurm_cluster, monkeypatch):
 
 
 def _cli(common: list[str]):
-    runner = CliRunner()
-
     def sb(*args, code=0):
-        res = runner.invoke(main, [str(a) for a in args] + common, catch_exceptions=False)
-        assert res.exit_code == code, res.output
-        return res
+        return sbench(*args, *common, in_process=True, ok=(code,))
     return sb
 
 
 def _sweep(tmp_path: Path, campaign: str, n: int, idle_s: float) -> Path:
     (tmp_path / "model").mkdir(exist_ok=True)
-    return write_sweep(tmp_path / f"{campaign}.yaml", {
+    return write_yaml(tmp_path / f"{campaign}.yaml", {
         "campaign": campaign, "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
         "entity": {"model_name": "tiny", "model_max_length": 64, "number_gpus": 1},
         "grid": {"batch_size": list(range(1, n + 1))}, "model_map": {"tiny": str(tmp_path / "model")},

@@ -6,7 +6,6 @@ harness.collect.aggregate.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import shutil
@@ -16,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 from statistics import mean
-from typing import Any
 
 import duckdb
 import pytest
@@ -24,136 +22,11 @@ import pytest
 from harness.collect import aggregate, collect, ingest
 from harness.collect import discover as discover_mod
 from harness.contract.paths import JobPaths, job_dir_name
-from harness.db.schema import SCHEMA
 from harness.slurm.client import Slurm
 from harness.spec.plan import point_id as make_point_id
-from tests import synth
 
-REPO = Path(__file__).resolve().parents[1]
-CAMPAIGN = "c1"
-FULL = "finetune_full_benchmark-v1.0.0"
-
-
-def sacct_slot(job_id: str) -> tuple[str, str]:
-    """A job's start and end as sacct prints them: ten minutes in an hour of its own (by the job id's
-    digits), so that runs given different ids never held a node at the same time."""
-    n = int("".join(ch for ch in job_id if ch.isdigit()) or 0)
-    start = dt.datetime(2025, 11, 22) + dt.timedelta(hours=n % 10000)
-    return start.isoformat(), (start + dt.timedelta(minutes=10)).isoformat()
-
-
-class FakeSlurm:
-    """Stands in for sacct: answers from a dict job id -> (state, exit, nodes); counts calls. Each job ran
-    in its own slot (:func:`sacct_slot`)."""
-
-    def __init__(self, jobs: dict[str, tuple[str, str, str]] | None = None) -> None:
-        self.jobs = jobs or {}
-        self.calls: list[list[str]] = []
-
-    def __call__(self, argv):
-        self.calls.append(list(argv))
-        if argv[0] != "sacct":
-            return subprocess.CompletedProcess(argv, 0, "", "")
-        lines = []
-        for j in argv[argv.index("-j") + 1].split(","):
-            if j in self.jobs:
-                state, code, nodes = self.jobs[j]
-                start, end = sacct_slot(j)
-                lines.append(f"{j}|{state}|{code}|00:10:00||{nodes}|{start}|{end}")
-                lines.append(f"{j}.0|{state}|{code}|00:10:00|2097152K|{nodes}|{start}|{end}")
-        return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
-
-
-def write_attempt(workdir: Path, idx: int, *, hosts=("node1",), gpus_per_host=2, samples=None, ticks=20,
-                  t_train0=None, t_train1=None, warmup_end=None, entity_over=None, results=True, stages=None,
-                  errors=(), job_id=None, executor="slurm", experiment=FULL, rank0_metrics=None, trials=None,
-                  logs=None, manifest=True) -> dict[str, Any]:
-    """One attempt's files. Defaults: a successful single-node 2-GPU run."""
-    world = len(hosts) * gpus_per_host
-    ent = synth.entity_for(experiment, **{"number_gpus": world, "number_nodes": len(hosts), "batch_size": 2 * world,
-                                          "model_max_length": 100 + idx, **(entity_over or {})})
-    pid = make_point_id(experiment, ent)
-    job_dir = workdir / CAMPAIGN / job_dir_name(pid, 0, 1)
-    paths = JobPaths(job_dir)
-    job_dir.mkdir(parents=True, exist_ok=True)
-    synth.write_spec(paths, CAMPAIGN, pid, 0, 1, experiment, ent, len(hosts), world,
-                     trials=5 if "stability" in experiment else 1)
-    jid = job_id or f"9{idx:03d}"
-    t0 = synth.T0
-    tr0 = t_train0 if t_train0 is not None else t0 + 5
-    tr1 = t_train1 if t_train1 is not None else t0 + ticks - 5
-    rows_by_host = {}
-    for m, h in enumerate(hosts):
-        ranks = list(range(m * gpus_per_host, (m + 1) * gpus_per_host))
-        if stages is None or h not in stages:
-            synth.write_stages(paths, h, synth.normal_stages(h, t0, tr0, tr1, ranks))
-        elif stages[h] is not None:
-            paths.stages(h).write_text(stages[h])
-        rows = samples[h] if samples is not None else synth.gen_samples(t0, ticks, gpus_per_host, seed=idx * 10 + m)
-        rows_by_host[h] = rows
-        if rows is not None:
-            synth.write_samples(paths, h, rows)
-        if results is True or (isinstance(results, dict) and h in results):
-            doc = synth.result_doc(h, m, t0, tr1 + 1)
-            if isinstance(results, dict):
-                doc.update(results[h])
-            if trials is not None and m == 0:
-                doc["trials"] = trials
-            synth.write_json(paths.result(h), doc)
-            for r in ranks:
-                rd = synth.rank_doc(r, h, world, tr0, tr1, tps=1000.0 + r, warmup_end=warmup_end,
-                                    **(rank0_metrics or {} if r == 0 else {}))
-                synth.write_json(paths.rank_result(r), rd)
-        synth.write_json(paths.root / f"environment.{h}.json", synth.environment_doc(h, m, gpus_per_host))
-        if logs and h in logs:
-            paths.train_log(h).write_text(logs[h])
-    for e in errors:
-        synth.write_json(paths.error(e["rank"]), e)
-    events = [{"type": "point", "campaign": CAMPAIGN, "point_id": pid, "repeat": 0, "experiment": experiment,
-               "entity": ent, "valid": True, "reasons": [], "notes": []},
-              {"type": "attempt", "campaign": CAMPAIGN, "point_id": pid, "repeat": 0, "attempt": 1,
-               "job_dir": str(job_dir), "executor": executor, "job_id": jid, "array_job_id": None,
-               "array_task_id": None, "submitted_at": "2025-11-21T23:59:30+00:00", "reason": "new"}]
-    if manifest:
-        synth.append_manifest(workdir, CAMPAIGN, events)
-    return {"run_id": f"{CAMPAIGN}/{pid}.r0.a1", "paths": paths, "job_id": jid, "rows": rows_by_host,
-            "t_train0": tr0, "t_train1": tr1, "entity": ent, "world": world, "point_id": pid}
-
-
-def dump(db: Path) -> dict[str, list[tuple]]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return {t: con.execute(f'SELECT * FROM "{t}" ORDER BY ALL').fetchall() for t in SCHEMA}
-    finally:
-        con.close()
-
-
-def one(db: Path, sql: str, params=()) -> dict[str, Any]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        cur = con.execute(sql, list(params))
-        names = [d[0] for d in cur.description]
-        rows = cur.fetchall()
-        assert len(rows) == 1, rows
-        return dict(zip(names, rows[0]))
-    finally:
-        con.close()
-
-
-def rows_of(db: Path, sql: str, params=()) -> list[tuple]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql, list(params)).fetchall()
-    finally:
-        con.close()
-
-
-def campaign_workdir(tmp_path: Path) -> Path:
-    """A work dir whose manifest has campaign c1 (full fine-tuning), for write_attempt's runs."""
-    d = tmp_path / "runs"
-    d.mkdir()
-    synth.append_manifest(d, CAMPAIGN, [synth.manifest_events(CAMPAIGN, FULL)])
-    return d
+from .kit import FULL, ROOT, command, dump, jobdirs, one, rows_of, sbench
+from .kit.jobdirs import CAMPAIGN, FakeSlurm, campaign_workdir, write_attempt
 
 
 @pytest.fixture()
@@ -230,15 +103,15 @@ def test_measurements_match_an_independent_recomputation(wd, tmp_path):
     assert r["hosts_expected"] == ["node1", "node2"] and r["hosts_seen"] == ["node1", "node2"]
     # t_rel counts from train start
     t_rel = rows_of(db, "SELECT min(t_rel) FROM samples")[0][0]
-    assert t_rel == pytest.approx(synth.T0 - run["t_train0"])
+    assert t_rel == pytest.approx(jobdirs.T0 - run["t_train0"])
 
 
 def test_window_averages_weigh_each_sample_by_its_period_inside_the_window(wd, tmp_path):
     """A sample stands for the sampler's period before it: one taken just after the window's start counts
     for the part of its period inside the window, the first one after the end for the part before the end.
     Ramps make the per-sample mean of the samples taken inside the window visibly wrong."""
-    t0 = synth.T0
-    rows = synth.gen_samples(t0, 20, 2, seed=5)
+    t0 = jobdirs.T0
+    rows = jobdirs.gen_samples(t0, 20, 2, seed=5)
     for r in rows:
         k = r["t_wall"] - t0
         r.update({"cpu_pct": 10.0 * k, "mem_pct": 1.0 + k} if r["kind"] == "proc" else
@@ -268,8 +141,8 @@ def test_window_averages_weigh_each_sample_by_its_period_inside_the_window(wd, t
 def test_startup_is_timed_from_the_node_runners_start(wd, tmp_path):
     """run_overhead counts startup (and the host's span) from the runner's start that the setup stage records,
     1.7 s before the stage itself here; a host whose setup stage does not say counts from its first event."""
-    t0 = synth.T0
-    events = synth.normal_stages("node1", t0, t0 + 5, t0 + 15, [0, 1])
+    t0 = jobdirs.T0
+    events = jobdirs.normal_stages("node1", t0, t0 + 5, t0 + 15, [0, 1])
     for ev in events:
         if ev["stage"] == "setup" and ev["event"] == "end":
             ev["info"] = {"runner_start_wall": t0 - 1.7}
@@ -333,7 +206,7 @@ def test_pure_aggregation_functions_agree(wd):
 
 
 def test_auto_stop_excludes_warmup_and_stop_after_seconds_omits_tokens(wd, tmp_path):
-    warm = synth.T0 + 15
+    warm = jobdirs.T0 + 15
     run = write_attempt(wd, 2, ticks=40, warmup_end=warm,
                         entity_over={"auto_stop_method": "WARMUP_60S_STABLE_120S_OR_10_STEPS",
                                      "stop_after_seconds": 30.0})
@@ -349,7 +222,7 @@ def test_auto_stop_excludes_warmup_and_stop_after_seconds_omits_tokens(wd, tmp_p
 
 
 def test_cpu_only_run_reports_zero_gpu_values(wd, tmp_path):
-    rows = [r for r in synth.gen_samples(synth.T0, 20, 0)]
+    rows = [r for r in jobdirs.gen_samples(jobdirs.T0, 20, 0)]
     assert all(r["kind"] == "proc" for r in rows)
     run = write_attempt(wd, 3, gpus_per_host=1, samples={"node1": rows}, entity_over={"number_gpus": 0})
     db = tmp_path / "r.duckdb"
@@ -365,7 +238,7 @@ def test_cpu_only_run_reports_zero_gpu_values(wd, tmp_path):
 @pytest.mark.parametrize("cpu_partition, expect_null", [(False, True), (True, False)])
 def test_a_gpu_partition_without_gpu_samples_gets_null_gpu_values_and_a_warning(wd, tmp_path, cpu_partition,
                                                                                expect_null):
-    rows = list(synth.gen_samples(synth.T0, 20, 0))  # the sampler wrote process rows only
+    rows = list(jobdirs.gen_samples(jobdirs.T0, 20, 0))  # the sampler wrote process rows only
     run = write_attempt(wd, 4, gpus_per_host=1, samples={"node1": rows})
     spec_path = run["paths"].spec
     spec = json.loads(spec_path.read_text())
@@ -387,7 +260,7 @@ def test_stability_fractions(wd, tmp_path):
               for i, (c, o) in enumerate([(0, "ok"), (1, "invalid"), (1, "invalid"), (1, "failed"), (0, "ok")])]
     run = write_attempt(wd, 4, experiment=exp, trials=trials,
                         errors=[{"rank": 0, "host": "node1", "kind": "invalid", "error_type": "torch.OutOfMemoryError",
-                                 "message": "CUDA out of memory", "stage": "train", "trial": 2, "t_wall": synth.T0}])
+                                 "message": "CUDA out of memory", "stage": "train", "trial": 2, "t_wall": jobdirs.T0}])
     db = tmp_path / "r.duckdb"
     collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
     m = one(db, "SELECT * FROM measurements")
@@ -402,7 +275,7 @@ def test_invalid_run_gets_measurement_with_null_properties(wd, tmp_path):
     run = write_attempt(wd, 5, results={"node1": {"outcome": "invalid", "reason": "GPU out of memory", "exit_code": 1}},
                         errors=[{"rank": 1, "host": "node1", "kind": "invalid", "error_type": "torch.OutOfMemoryError",
                                  "message": "CUDA out of memory. Tried to allocate 2.00 GiB\nmore", "traceback": "tb",
-                                 "stage": "train", "trial": None, "t_wall": synth.T0 + 7}])
+                                 "stage": "train", "trial": None, "t_wall": jobdirs.T0 + 7}])
     db = tmp_path / "r.duckdb"
     collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("FAILED", "1:0", "node1")})))
     r = one(db, "SELECT outcome, reason FROM runs")
@@ -419,7 +292,7 @@ def test_invalid_run_gets_measurement_with_null_properties(wd, tmp_path):
                                           ("NODE_FAIL", "node failure"), ("OUT_OF_MEMORY", "host OOM")])
 def test_scheduler_failures_are_failed_runs_without_measurement(wd, tmp_path, state, reason):
     run = write_attempt(wd, 6, results=False,
-                        stages={"node1": json.dumps(synth.stage_event("start", "train", "node1", synth.T0 + 5, 0))
+                        stages={"node1": json.dumps(jobdirs.stage_event("start", "train", "node1", jobdirs.T0 + 5, 0))
                                 + "\n"})
     db = tmp_path / "r.duckdb"
     collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: (state, "0:9", "node1")})))
@@ -450,7 +323,7 @@ def test_a_job_gone_before_its_accounting_record_is_written_takes_the_records_st
 
 def test_missing_node_and_truncated_stages_give_precise_reasons(wd, tmp_path):
     h = "node1"
-    evs = synth.normal_stages(h, synth.T0, synth.T0 + 5, synth.T0 + 15, [0])
+    evs = jobdirs.normal_stages(h, jobdirs.T0, jobdirs.T0 + 5, jobdirs.T0 + 15, [0])
     lines = [json.dumps(e) for e in evs]
     # the train 'end' line was cut mid-write (the node died): line 7 is truncated
     idx = next(i for i, e in enumerate(evs) if e["stage"] == "train" and e["event"] == "end")
@@ -474,7 +347,7 @@ def test_missing_node_and_truncated_stages_give_precise_reasons(wd, tmp_path):
 
 
 def test_corrupt_and_truncated_csv_lines(wd, tmp_path):
-    rows = synth.gen_samples(synth.T0, 20, 2)
+    rows = jobdirs.gen_samples(jobdirs.T0, 20, 2)
     run = write_attempt(wd, 8, samples={"node1": rows})
     p = run["paths"].samples("node1")
     lines = p.read_text().splitlines()
@@ -553,7 +426,7 @@ def test_nccl_transport_recorded_per_host(wd, tmp_path):
 def build_mixed(wd):
     runs = [write_attempt(wd, 10),
             write_attempt(wd, 11, results=False, stages={"node1": json.dumps(
-                synth.stage_event("start", "train", "node1", synth.T0 + 5, 0)) + "\n"}),
+                jobdirs.stage_event("start", "train", "node1", jobdirs.T0 + 5, 0)) + "\n"}),
             write_attempt(wd, 12, results={"node1": {"outcome": "invalid", "reason": "oom"}},
                           errors=[{"rank": 0, "host": "node1", "kind": "invalid", "error_type": "OOM",
                                    "message": "m", "stage": "train"}]),
@@ -589,12 +462,12 @@ def test_running_attempt_is_updated_when_it_finishes(wd, tmp_path):
     n_samples = rows_of(db, "SELECT count(*) FROM samples")[0][0]
     # the job finishes: more samples, result and rank files appear, sacct says COMPLETED
     paths = run["paths"]
-    extra = synth.gen_samples(synth.T0 + 20, 5, 2, seed=99)
+    extra = jobdirs.gen_samples(jobdirs.T0 + 20, 5, 2, seed=99)
     with paths.samples("node1").open("a") as fh:
-        fh.write("".join(synth.sample_line(r) + "\n" for r in extra))
-    synth.write_json(paths.result("node1"), synth.result_doc("node1", 0, synth.T0, synth.T0 + 16))
+        fh.write("".join(jobdirs.sample_line(r) + "\n" for r in extra))
+    jobdirs.write_json(paths.result("node1"), jobdirs.result_doc("node1", 0, jobdirs.T0, jobdirs.T0 + 16))
     for rk in (0, 1):
-        synth.write_json(paths.rank_result(rk), synth.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))
+        jobdirs.write_json(paths.rank_result(rk), jobdirs.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))
     fake.jobs[run["job_id"]] = ("COMPLETED", "0:0", "node1")
     rep = collect(db, wd, slurm=Slurm(fake))
     assert (rep.new, rep.updated) == (0, 1)
@@ -629,7 +502,7 @@ def test_state_change_alone_rereads_the_run_with_one_copy_of_its_samples(wd, tmp
     assert rows_of(db, "SELECT count(*) FROM samples WHERE run_id = ?", [rid]) == [(n_rows,)]
     fake.jobs[run["job_id"]] = ("COMPLETED", "0:0", "node1")
     with other["paths"].samples("node1").open("a") as fh:  # the other run's files change meanwhile
-        fh.write(synth.sample_line(synth.gen_samples(synth.T0 + 20, 1, 2, seed=7)[0]) + "\n")
+        fh.write(jobdirs.sample_line(jobdirs.gen_samples(jobdirs.T0 + 20, 1, 2, seed=7)[0]) + "\n")
     rep = collect(db, wd, slurm=Slurm(fake))
     assert (rep.new, rep.updated) == (0, 2)
     assert one(db, "SELECT state, outcome, sample_rows FROM runs WHERE run_id = ?", [rid]) == {
@@ -650,8 +523,8 @@ def test_changed_and_new_runs_each_load_their_rows_once_in_their_own_file(wd, tm
     collect(db, wd, slurm=Slurm(fake))
     for i in (30, 31):  # two old runs change, three new ones come
         with runs[i]["paths"].samples("node2").open("a") as fh:
-            extra = synth.gen_samples(synth.T0 + 100, 1, 2, seed=i)
-            fh.write("".join(synth.sample_line(r) + "\n" for r in extra))
+            extra = jobdirs.gen_samples(jobdirs.T0 + 100, 1, 2, seed=i)
+            fh.write("".join(jobdirs.sample_line(r) + "\n" for r in extra))
             runs[i]["rows"]["node2"] = runs[i]["rows"]["node2"] + extra
     runs.update({i: write_attempt(wd, i, hosts=("node1", "node2"), ticks=10 + i) for i in range(33, 36)})
     rep = collect(db, wd, slurm=Slurm(fake))
@@ -752,10 +625,10 @@ def test_a_run_that_ends_while_the_scheduler_is_asked_is_read_again(wd, tmp_path
         def __call__(self, argv):
             if argv[0] == "sacct":
                 # the job ends after its files were scanned, before sacct answers
-                synth.write_json(paths.result("node1"), synth.result_doc("node1", 0, synth.T0, synth.T0 + 16))
+                jobdirs.write_json(paths.result("node1"), jobdirs.result_doc("node1", 0, jobdirs.T0, jobdirs.T0 + 16))
                 for rk in (0, 1):
-                    synth.write_json(paths.rank_result(rk),
-                                     synth.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))
+                    jobdirs.write_json(paths.rank_result(rk),
+                                     jobdirs.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))
             return super().__call__(argv)
 
     db = tmp_path / "r.duckdb"
@@ -807,15 +680,15 @@ def test_finished_runs_proved_unchanged_by_their_stamp_are_not_listed_and_every_
 
     # the changes: a result (and its ranks' files) written late; a sample row appended; a rank file replaced
     # whole (written beside it and renamed, as the runner does); the stage log rewritten in place, same name
-    synth.write_json(late["paths"].result("node1"), synth.result_doc("node1", 0, synth.T0, synth.T0 + 16))
+    jobdirs.write_json(late["paths"].result("node1"), jobdirs.result_doc("node1", 0, jobdirs.T0, jobdirs.T0 + 16))
     for rk in (0, 1):
-        synth.write_json(late["paths"].rank_result(rk), synth.rank_doc(rk, "node1", 2, late["t_train0"],
+        jobdirs.write_json(late["paths"].rank_result(rk), jobdirs.rank_doc(rk, "node1", 2, late["t_train0"],
                                                                       late["t_train1"]))
-    extra = synth.gen_samples(synth.T0 + 30, 1, 2, seed=5)
+    extra = jobdirs.gen_samples(jobdirs.T0 + 30, 1, 2, seed=5)
     with appended["paths"].samples("node1").open("a") as fh:
-        fh.write(synth.sample_line(extra[0]) + "\n")
+        fh.write(jobdirs.sample_line(extra[0]) + "\n")
     tmp = replaced["paths"].root / ".rank.0.json.tmp"
-    synth.write_json(tmp, synth.rank_doc(0, "node1", 2, replaced["t_train0"], replaced["t_train1"], tps=2000.0))
+    jobdirs.write_json(tmp, jobdirs.rank_doc(0, "node1", 2, replaced["t_train0"], replaced["t_train1"], tps=2000.0))
     os.replace(tmp, replaced["paths"].rank_result(0))
     stages = rewritten["paths"].stages("node1")
     events = [json.loads(x) for x in stages.read_text().splitlines()]
@@ -894,8 +767,8 @@ def test_an_unchanged_manifest_is_not_read_again_until_a_run_needs_its_lines(wd,
 
 def test_hand_rendered_job_dir_without_manifest_is_collected(wd, tmp_path):
     run = write_attempt(wd, 16, manifest=False, executor="local")
-    synth.write_json(run["paths"].submitted, {"executor": "local", "job_id": "not-a-pid",
-                                              "submitted_at": "2025-11-22T00:00:00+00:00"})
+    jobdirs.write_json(run["paths"].submitted, {"executor": "local", "job_id": "not-a-pid",
+                                                "submitted_at": "2025-11-22T00:00:00+00:00"})
     db = tmp_path / "r.duckdb"
     collect(db, wd, slurm=Slurm(FakeSlurm()))
     r = one(db, "SELECT campaign, point_id, outcome, executor, accounting_source FROM runs")
@@ -930,7 +803,7 @@ def _collect_proc(db: Path, wd: Path, pause: str | None = None, extra_env: dict[
             "from harness.slurm.client import Slurm\n"
             "fake = lambda argv: subprocess.CompletedProcess(argv, 0, '', '')\n"
             "collect(sys.argv[1], sys.argv[2], slurm=Slurm(fake))\n")
-    return subprocess.Popen([sys.executable, "-c", code, str(db), str(wd)], env=env, cwd=REPO,
+    return subprocess.Popen([sys.executable, "-c", code, str(db), str(wd)], env=env, cwd=ROOT,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -966,9 +839,8 @@ def test_second_collect_gets_a_clear_busy_message(wd, tmp_path):
         _wait_paused(proc)
         env = {**os.environ, "SBENCH_DB_WAIT": "0.5"}
         t = time.monotonic()
-        res = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", "collect",
-                              "--db", str(db), "--workdir", str(wd)],
-                             capture_output=True, text=True, env=env, cwd=REPO)
+        res = subprocess.run(command("collect", "--db", db, "--workdir", wd), capture_output=True, text=True, env=env,
+                             cwd=ROOT)
         assert time.monotonic() - t < 30
         assert res.returncode == 1
         assert f"Error: {db} is in use by another process (PID {proc.pid}); waited 0.5 s" in res.stderr
@@ -981,18 +853,18 @@ def test_second_collect_gets_a_clear_busy_message(wd, tmp_path):
 def test_local_executor_run_is_running_while_its_process_lives_then_done(wd, tmp_path):
     run = write_attempt(wd, 40, results=False, executor="local")
     paths = run["paths"]
-    launch = synth.local_process(paths.root)  # the live launch: it carries the job dir's token
+    launch = jobdirs.local_process(paths.root)  # the live launch: it carries the job dir's token
     try:
-        synth.write_json(paths.submitted, {"executor": "local", "job_id": run["job_id"], "pid": launch.pid})
+        jobdirs.write_json(paths.submitted, {"executor": "local", "job_id": run["job_id"], "pid": launch.pid})
         db = tmp_path / "r.duckdb"
         collect(db, wd, slurm=Slurm(FakeSlurm()))
         assert one(db, "SELECT state, outcome, accounting_source FROM runs") == {
             "state": "RUNNING", "outcome": None, "accounting_source": "executor"}
     finally:
         launch.kill()
-    synth.write_json(paths.result("node1"), synth.result_doc("node1", 0, synth.T0, synth.T0 + 16))
+    jobdirs.write_json(paths.result("node1"), jobdirs.result_doc("node1", 0, jobdirs.T0, jobdirs.T0 + 16))
     for rk in (0, 1):
-        synth.write_json(paths.rank_result(rk), synth.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))
+        jobdirs.write_json(paths.rank_result(rk), jobdirs.rank_doc(rk, "node1", 2, run["t_train0"], run["t_train1"]))
     collect(db, wd, slurm=Slurm(FakeSlurm()))
     assert one(db, "SELECT state, outcome FROM runs") == {"state": "COMPLETED", "outcome": "ok"}
 
@@ -1016,7 +888,7 @@ def test_job_that_never_started_its_runner_reports_the_batch_output(wd, tmp_path
 def test_weird_paths_are_collected(weird_tmp_path):
     wd = weird_tmp_path / "runs"
     wd.mkdir()
-    synth.append_manifest(wd, CAMPAIGN, [synth.manifest_events(CAMPAIGN, FULL)])
+    jobdirs.append_manifest(wd, CAMPAIGN, [jobdirs.manifest_events(CAMPAIGN, FULL)])
     run = write_attempt(wd, 50)
     db = weird_tmp_path / "r 'x'.duckdb"
     rep = collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
@@ -1032,15 +904,15 @@ def test_views_latest_measurement_run_summary_and_stage_durations(wd, tmp_path):
     shutil.copytree(paths1.root, paths2.root)
     spec = json.loads(paths2.spec.read_text())
     spec["jobspec"]["attempt"] = 2  # a copy keeps attempt 1's spec.json, which collect refuses for attempt 2
-    synth.write_json(paths2.spec, spec)
+    jobdirs.write_json(paths2.spec, spec)
     for rk in (0, 1):
-        synth.write_json(paths2.rank_result(rk), synth.rank_doc(rk, "node1", 2, first["t_train0"], first["t_train1"],
-                                                                tps=3000.0))
-    synth.write_json(paths2.result("node1"), synth.result_doc("node1", 0, synth.T0 + 100, synth.T0 + 200))
-    synth.append_manifest(wd, CAMPAIGN, [{"type": "attempt", "campaign": CAMPAIGN, "point_id": pid, "repeat": 0,
-                                          "attempt": 2, "job_dir": str(paths2.root), "executor": "slurm",
-                                          "job_id": "9777", "submitted_at": "2025-11-22T01:00:00+00:00",
-                                          "reason": "force"}])
+        jobdirs.write_json(paths2.rank_result(rk),
+                           jobdirs.rank_doc(rk, "node1", 2, first["t_train0"], first["t_train1"], tps=3000.0))
+    jobdirs.write_json(paths2.result("node1"), jobdirs.result_doc("node1", 0, jobdirs.T0 + 100, jobdirs.T0 + 200))
+    jobdirs.append_manifest(wd, CAMPAIGN, [{"type": "attempt", "campaign": CAMPAIGN, "point_id": pid, "repeat": 0,
+                                            "attempt": 2, "job_dir": str(paths2.root), "executor": "slurm",
+                                            "job_id": "9777", "submitted_at": "2025-11-22T01:00:00+00:00",
+                                            "reason": "force"}])
     db = tmp_path / "r.duckdb"
     collect(db, wd, slurm=Slurm(FakeSlurm({first["job_id"]: ("COMPLETED", "0:0", "node1"),
                                             "9777": ("COMPLETED", "0:0", "node1")})))
@@ -1057,28 +929,24 @@ def test_views_latest_measurement_run_summary_and_stage_durations(wd, tmp_path):
 
 
 def test_campaign_filter_and_plain_progress(wd, tmp_path):
-    from click.testing import CliRunner
-
-    from harness.cli import main
-
     write_attempt(wd, 70, executor="local", job_id="x")
     other = tmp_path / "runs" / "other"
-    synth.make_run(tmp_path / "runs", "other", 1, hosts=("node1",), gpus_per_host=1, ticks=10, executor="local",
-                   job_id="y")
+    jobdirs.make_run(tmp_path / "runs", "other", 1, hosts=("node1",), gpus_per_host=1, ticks=10, executor="local",
+                     job_id="y")
     assert other.is_dir()
     db = tmp_path / "r.duckdb"
-    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd), "--campaign", CAMPAIGN])
+    res = sbench("collect", "--db", db, "--workdir", wd, "--campaign", CAMPAIGN, in_process=True, ok=None)
     assert res.exit_code == 0, res.output
     assert "collect: reading job dirs" in res.output  # not a TTY: plain progress lines, no bar
     assert rows_of(db, "SELECT DISTINCT campaign FROM runs") == [(CAMPAIGN,)]
-    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd)])
+    res = sbench("collect", "--db", db, "--workdir", wd, in_process=True, ok=None)
     assert sorted(rows_of(db, "SELECT DISTINCT campaign FROM runs")) == [(CAMPAIGN,), ("other",)]
 
 
 def test_glob_characters_in_the_work_dir_path(tmp_path):
     wd = tmp_path / "we[ir]d*runs"
     wd.mkdir()
-    synth.append_manifest(wd, CAMPAIGN, [synth.manifest_events(CAMPAIGN, FULL)])
+    jobdirs.append_manifest(wd, CAMPAIGN, [jobdirs.manifest_events(CAMPAIGN, FULL)])
     run = write_attempt(wd, 51)
     db = tmp_path / "r.duckdb"
     rep = collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
@@ -1097,11 +965,11 @@ def test_gpu_run_without_samples_file_has_unknown_not_zero_gpu_values(wd, tmp_pa
 
 
 def test_rendered_only_job_dir_is_not_a_run(wd, tmp_path):
-    ent = synth.entity_for(FULL)
+    ent = jobdirs.entity_for(FULL)
     pid = make_point_id(FULL, ent)
     paths = JobPaths(wd / CAMPAIGN / job_dir_name(pid, 0, 1))
     paths.root.mkdir(parents=True)
-    synth.write_spec(paths, CAMPAIGN, pid, 0, 1, FULL, ent)
+    jobdirs.write_spec(paths, CAMPAIGN, pid, 0, 1, FULL, ent)
     paths.sbatch.write_text("#!/bin/bash\n")
     paths.launch.write_text("#!/bin/bash\n")
     paths.accelerate.write_text("distributed_type: DEEPSPEED\n")  # a DeepSpeed point renders both
@@ -1109,7 +977,7 @@ def test_rendered_only_job_dir_is_not_a_run(wd, tmp_path):
     db = tmp_path / "r.duckdb"
     rep = collect(db, wd, slurm=Slurm(FakeSlurm()))
     assert rep.runs == 0 and rows_of(db, "SELECT count(*) FROM runs") == [(0,)]
-    synth.write_json(paths.submitted, {"executor": "slurm", "job_id": "4444", "submitted_at": "2025-11-22T00:00:00Z"})
+    jobdirs.write_json(paths.submitted, {"executor": "slurm", "job_id": "4444", "submitted_at": "2025-11-22T00:00:00Z"})
     rep = collect(db, wd, slurm=Slurm(FakeSlurm({"4444": ("PENDING", "0:0", "None assigned")})))
     assert rows_of(db, "SELECT job_id, state, outcome FROM runs") == [("4444", "PENDING", None)]
 
@@ -1126,7 +994,7 @@ def test_what_ran_and_the_runners_notes_reach_measurements_and_warnings(wd, tmp_
         doc = json.loads(run["paths"].rank_result(r).read_text())
         doc.update(ran={"torch_dtype": "float32", "bf16": False, "fp16": False, "attn_implementation": "sdpa"},
                    adjustments=[adj], notes=notes)
-        synth.write_json(run["paths"].rank_result(r), doc)
+        jobdirs.write_json(run["paths"].rank_result(r), doc)
     db = tmp_path / "r.duckdb"
     collect(db, wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
     m = one(db, "SELECT torch_dtype, effective_torch_dtype, attn_implementation, adjustments, notes FROM measurements")

@@ -6,9 +6,7 @@ import json
 
 import duckdb
 import pytest
-from click.testing import CliRunner
 
-from harness.cli import main
 from harness.contract.errors import InputError, SchemaMismatchError
 from harness.db.manifest import record_manifest
 from harness.db.runs import replace_runs
@@ -16,15 +14,17 @@ from harness.db.schema import ENTITY_COLUMNS, SCHEMA_VERSION
 from harness.db.status import attempt_rows, next_attempt, point_status, status_rows
 from harness.db.store import open_store
 from harness.db.values import from_json, to_json
-from tests import synth
+
+from .kit import jobdirs, sbench
 
 EXP = "finetune_lora_benchmark-v1.0.0"
 
 
 def manifest(campaign="scan", n=3, executor="slurm"):
-    evs = [synth.manifest_events(campaign, EXP, executor)]
+    evs = [jobdirs.manifest_events(campaign, EXP, executor)]
     for i in range(n):
-        ent = synth.entity_for(EXP, batch_size=8 * (i + 1), fast_kernels=["True", "False", "True"] if i == 0 else None)
+        ent = jobdirs.entity_for(EXP, batch_size=8 * (i + 1),
+                                 fast_kernels=["True", "False", "True"] if i == 0 else None)
         pid = f"{i:016x}"
         evs.append({"type": "point", "campaign": campaign, "point_id": pid, "repeat": 0, "experiment": EXP,
                     "entity": ent, "valid": i != 2, "reasons": [] if i != 2 else ["batch_size % number_gpus != 0"],
@@ -76,7 +76,7 @@ def test_schema_mismatch_is_refused_clearly(tmp_path):
     msg = str(exc.value)
     assert str(db) in msg and "version 0" in msg and f"version {SCHEMA_VERSION}" in msg
     assert "sbench collect" in msg and "mv " in msg
-    res = CliRunner().invoke(main, ["query", "select 1", "--db", str(db)])
+    res = sbench("query", "select 1", "--db", db, in_process=True, ok=None)
     assert res.exit_code == 1 and "schema version 0" in res.output
 
 
@@ -137,39 +137,38 @@ def test_query_cli_formats_and_errors(tmp_path):
     db = tmp_path / "r.duckdb"
     with open_store(db) as st:
         record_manifest(st, manifest())
-    r = CliRunner()
-    res = r.invoke(main, ["query", "select job_id, attempt from runs order by job_id", "--db", str(db)])
+    res = sbench("query", "select job_id, attempt from runs order by job_id", "--db", db, in_process=True, ok=None)
     assert res.exit_code == 0, res.output
     assert res.output.splitlines()[0].split() == ["job_id", "attempt"]
     assert "1234_1  1" in res.output and "(2 rows)" in res.output
-    res = r.invoke(main, ["query", "select job_id, attempt from runs order by job_id", "--db", str(db),
-                          "--format", "csv"])
+    res = sbench("query", "select job_id, attempt from runs order by job_id", "--db", db,
+                 "--format", "csv", in_process=True, ok=None)
     assert res.output == "job_id,attempt\n1234_0,1\n1234_1,1\n"
-    res = r.invoke(main, ["query", "select job_id, submitted_at from runs order by job_id", "--db", str(db),
-                          "--format", "json"])
+    res = sbench("query", "select job_id, submitted_at from runs order by job_id", "--db", db,
+                 "--format", "json", in_process=True, ok=None)
     assert json.loads(res.output)[0] == {"job_id": "1234_0", "submitted_at": "2025-11-21 10:00:01"}
-    res = r.invoke(main, ["query", "selec nonsense", "--db", str(db)])
+    res = sbench("query", "selec nonsense", "--db", db, in_process=True, ok=None)
     assert res.exit_code == 2 and res.output.startswith("Error: SQL error: Parser Error")
     assert "Traceback" not in res.output
-    res = r.invoke(main, ["query", "delete from runs", "--db", str(db)])
+    res = sbench("query", "delete from runs", "--db", db, in_process=True, ok=None)
     assert res.exit_code == 2 and "read-only" in res.output
-    res = r.invoke(main, ["query", "select 1", "--db", str(tmp_path / "nope.duckdb")])
+    res = sbench("query", "select 1", "--db", tmp_path / "nope.duckdb", in_process=True, ok=None)
     assert res.exit_code == 2 and "run `sbench collect` first" in res.output
     assert not (tmp_path / "nope.duckdb").exists()
 
 
 def test_collect_cli_json_and_plain(tmp_path, monkeypatch):
     wd = tmp_path / "runs"
-    run = synth.make_run(wd, "c", 0, hosts=("node1",), gpus_per_host=1, ticks=20, executor="local",
-                         job_id="not-a-pid")
-    synth.append_manifest(wd, "c", [synth.manifest_events("c", "finetune_full_benchmark-v1.0.0", "local"),
-                                    *run["events"]])
+    run = jobdirs.make_run(wd, "c", 0, hosts=("node1",), gpus_per_host=1, ticks=20, executor="local",
+                           job_id="not-a-pid")
+    jobdirs.append_manifest(wd, "c", [jobdirs.manifest_events("c", "finetune_full_benchmark-v1.0.0", "local"),
+                                      *run["events"]])
     db = tmp_path / "r.duckdb"
-    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd), "--json"])
+    res = sbench("collect", "--db", db, "--workdir", wd, "--json", in_process=True, ok=None)
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert (doc["runs"], doc["new"], doc["outcomes"]) == (1, 1, {"ok": 1})
-    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd)])
+    res = sbench("collect", "--db", db, "--workdir", wd, in_process=True, ok=None)
     assert res.exit_code == 0
     assert "collected 1 run(s)" in res.output and "0 new, 0 updated, 1 unchanged" in res.output
     assert "runs by outcome (every campaign): 1 ok" in res.output
@@ -179,17 +178,17 @@ def test_collect_of_one_campaign_totals_that_campaign(tmp_path):
     """collect --campaign prints (and returns) the totals of that campaign, not of the whole database."""
     wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
     for camp, n in (("big", 3), ("small", 1)):
-        runs = [synth.make_run(wd, camp, i, hosts=("node1",), gpus_per_host=1, ticks=20, executor="local",
-                               job_id="not-a-pid") for i in range(n)]
-        synth.append_manifest(wd, camp, [synth.manifest_events(camp, "finetune_full_benchmark-v1.0.0", "local"),
-                                         *(e for r in runs for e in r["events"])])
-    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd), "--json"])
+        runs = [jobdirs.make_run(wd, camp, i, hosts=("node1",), gpus_per_host=1, ticks=20, executor="local",
+                                 job_id="not-a-pid") for i in range(n)]
+        jobdirs.append_manifest(wd, camp, [jobdirs.manifest_events(camp, "finetune_full_benchmark-v1.0.0", "local"),
+                                           *(e for r in runs for e in r["events"])])
+    res = sbench("collect", "--db", db, "--workdir", wd, "--json", in_process=True, ok=None)
     assert json.loads(res.output)["outcomes"] == {"ok": 4}
     # one campaign, nothing new: its totals, not the database's
-    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd), "--campaign", "small", "--json"])
+    res = sbench("collect", "--db", db, "--workdir", wd, "--campaign", "small", "--json", in_process=True, ok=None)
     doc = json.loads(res.output)
     assert (doc["campaign"], doc["runs"], doc["outcomes"]) == ("small", 1, {"ok": 1})
-    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd), "--campaign", "big"])
+    res = sbench("collect", "--db", db, "--workdir", wd, "--campaign", "big", in_process=True, ok=None)
     assert res.exit_code == 0, res.output
     assert "collected 3 run(s)" in res.output and "runs of campaign big by outcome: 3 ok" in res.output
     with duckdb.connect(str(db), read_only=True) as con:  # the database holds both campaigns
@@ -198,12 +197,12 @@ def test_collect_of_one_campaign_totals_that_campaign(tmp_path):
 
 def test_commands_have_help_with_example():
     for cmd in ("collect", "query"):
-        res = CliRunner().invoke(main, [cmd, "--help"])
+        res = sbench(cmd, "--help", in_process=True, ok=None)
         assert res.exit_code == 0 and "Example: sbench " + cmd in res.output
 
 
 def test_query_rejects_missing_sql_argument():
-    res = CliRunner().invoke(main, ["query"])
+    res = sbench("query", in_process=True, ok=None)
     assert res.exit_code == 2
 
 
@@ -221,12 +220,12 @@ def test_sacct_cli_path_uses_fake_binary(tmp_path, monkeypatch):
     (bin_dir / "sacct").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     wd = tmp_path / "runs"
-    evs = [synth.manifest_events("c", "finetune_full_benchmark-v1.0.0")]
+    evs = [jobdirs.manifest_events("c", "finetune_full_benchmark-v1.0.0")]
     for i in range(2):
-        evs += synth.make_run(wd, "c", i, ticks=20, gpus_per_host=1)["events"]
-    synth.append_manifest(wd, "c", evs)
+        evs += jobdirs.make_run(wd, "c", i, ticks=20, gpus_per_host=1)["events"]
+    jobdirs.append_manifest(wd, "c", evs)
     db = tmp_path / "r.duckdb"
-    res = CliRunner().invoke(main, ["collect", "--db", str(db), "--workdir", str(wd)])
+    res = sbench("collect", "--db", db, "--workdir", wd, in_process=True, ok=None)
     assert res.exit_code == 0, res.output
     assert calls.read_text().count("-j") == 1
     con = duckdb.connect(str(db), read_only=True)
@@ -344,11 +343,11 @@ def test_a_collect_does_not_import_pandas_yet_arrow_still_gives_pandas_output(tm
         import sys
         from pathlib import Path
         from harness.collect import collect
-        from tests import synth
+        from tests.kit import jobdirs
         wd = Path({str(tmp_path / "runs")!r})
-        r = synth.make_run(wd, "pd", 0, hosts=("node1",), gpus_per_host=1, ticks=5, executor="local",
-                           job_id="999990")
-        synth.append_manifest(wd, "pd", r["events"])
+        r = jobdirs.make_run(wd, "pd", 0, hosts=("node1",), gpus_per_host=1, ticks=5, executor="local",
+                             job_id="999990")
+        jobdirs.append_manifest(wd, "pd", r["events"])
         assert "pandas" not in sys.modules, "imported before the collect"
         rep = collect({str(tmp_path / "r.duckdb")!r}, wd)
         assert rep.outcomes == {{"ok": 1}}, rep.outcomes

@@ -18,8 +18,8 @@ from harness.contract.stability import rating, rating_sql
 from harness.contract.stats import t_quantile, t_sf
 from harness.report.compare import compare, parse_side
 
-from .conftest import SMALL_DATASET, write_sweep
-from .helpers import one_host_inventory, sbench
+from . import kit
+from .kit import sbench, write_yaml
 
 
 def side(values: dict[str, list[float]], metric: str = "dataset_tokens_per_second", step_cv: float | None = None,
@@ -193,13 +193,10 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
     for name, fault, repeats in (("base", None, 1), ("same", None, 1), ("base", None, 2), ("same", None, 2),
                                  ("slow", slow, 2)):
         # the slow campaign's nodes also set an NCCL variable the others do not: compare names it beside
-        inv = write_sweep(tmp_path / f"{name}-inv.yaml", one_host_inventory(
+        inv = write_yaml(tmp_path / f"{name}-inv.yaml", kit.inventory(
             env={"SBENCH_FAULT": fault, "NCCL_ALGO": "Tree"} if fault else {}))
-        sw = write_sweep(tmp_path / f"{name}.yaml", {
-            "campaign": name, "experiment": "finetune_full_benchmark-v1.0.0", "repeats": repeats,
-            "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "number_gpus": 1,
-                       "batch_size": 2, "gradient_accumulation_steps": 1, "max_steps": 16},
-            "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)})
+        sw = write_yaml(tmp_path / f"{name}.yaml", kit.sweep(tiny_model, small_data_dir, campaign=name, repeats=repeats,
+                                                             entity={"max_steps": 16}))
         out = sbench("submit", sw, "-i", inv, "--executor", "local", "--wait", "--json", *common)
         assert json.loads(out.stdout)["submitted"] == (2 if name == "slow" else 1)
     sbench("collect", *common)
@@ -271,7 +268,7 @@ def test_a_real_slowdown_is_flagged_and_the_same_configuration_is_not(tiny_model
     for name in ("base", "slow"):
         doc = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
         doc["references"] = refs
-        sw = write_sweep(tmp_path / f"{name}.yaml", doc)
+        sw = write_yaml(tmp_path / f"{name}.yaml", doc)
         out = sbench("submit", sw, "-i", tmp_path / f"{name}-inv.yaml", "--executor", "local", *common)
         assert f"campaign {name}: 0 attempt(s) submitted" in out.stdout
     sbench("collect", *common)

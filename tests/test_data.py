@@ -24,9 +24,10 @@ from harness.contract.errors import InputError
 from harness.data.datagen import dataset_status, ensure_dataset, generate_dataset, read_meta, sidecar_path
 from harness.data.tokens import dataset_token_counts, decode_template, encode_for_training
 
+from .kit import ROOT
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-ROOT = Path(__file__).resolve().parent.parent
 CHARS_IDS = {"news-chars-512-entries-4096": 512, "news-chars-1024-entries-4096": 1024,
              "news-chars-2048-entries-4096": 2048}
 INPUT_MARK, RESPONSE_MARK = "### Input:\n", "\n\n### Response:\n"

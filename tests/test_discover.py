@@ -19,8 +19,8 @@ from harness.slurm.client import Slurm
 from harness.slurm.nodes import parse_nodes, parse_partitions
 from harness.spec.inventory import load_inventory
 
-from .conftest import SMALL_DATASET, write_sweep
-from .test_probe import make_sysfs
+from .kit import SMALL_DATASET, write_yaml
+from .kit.sysfs import make_sysfs
 
 NODE = """NodeName={name} Arch=x86_64 CoresPerSocket=32
    CPUAlloc=0 CPUEfctv={cpus} CPUTot={cpus} CPULoad=0.01
@@ -122,7 +122,7 @@ def test_eight_nodes_make_an_inventory_check_accepts(tmp_path: Path, cli) -> Non
     assert ("# gpu-a08 left out (not probed: state DOWN+DRAIN): SLURM 128 CPUs, 1024000 MB, GRES "
             "gpu:a100:8(S:0-1)") in text
     # a sweep planned against it is valid
-    sweep = write_sweep(tmp_path / "s.yaml", {
+    sweep = write_yaml(tmp_path / "s.yaml", {
         "campaign": "d", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "a100",
         "entity": {"model_name": "smollm2-135m", "model_max_length": 512, "dataset_id": SMALL_DATASET,
                    "batch_size": 8, "number_gpus": 8, "number_nodes": 2, "enable_roce": True}})
@@ -187,7 +187,7 @@ def test_discover_on_the_test_cluster_writes_an_inventory_check_and_plan_accept(
         assert part.hosts[n].address == nodes[n].address
     # the test inventory names HCAs the namespaced nodes do not have
     assert "changed: cpu/node1: HCA mlx5_0:1 gone" in res.output
-    sweep = write_sweep(tmp_path / "s.yaml", {
+    sweep = write_yaml(tmp_path / "s.yaml", {
         "campaign": "disc", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
         "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "batch_size": 2,
                    "number_gpus": 2, "number_nodes": 2}, "model_map": {"tiny": str(tiny_model)}})

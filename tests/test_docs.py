@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from harness.cli.reference import render_reference
-from tests.budget import FORBIDDEN
+
+from .kit.budget import FORBIDDEN
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

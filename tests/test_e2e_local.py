@@ -18,7 +18,8 @@ import pytest
 
 from harness.contract.paths import JobPaths
 
-from .conftest import ROOT, SMALL_DATASET, sql_rows, table_contents, write_sweep
+from . import kit
+from .kit import ROOT, SMALL_DATASET, command, sql_rows, table_contents, write_yaml
 
 pytestmark = pytest.mark.train
 
@@ -65,13 +66,13 @@ def lora_campaign(cli_module, lora_env):
     """LoRA with 1 and 2 processes, DDP and FSDP v2; full fine-tuning under FSDP and DDP and prompt tuning under
     DDP and FSDP with 2 processes: through the local executor, then one collect."""
     env = lora_env
-    sweep = write_sweep(env["root"] / "lora.yaml", sweep_doc(
+    sweep = write_yaml(env["root"] / "lora.yaml", sweep_doc(
         "e2e-lora", "finetune_lora_benchmark-v1.0.0", env["model"], env["data"],
         {"batch_size": 4, "max_steps": 6}, {"number_gpus": [1, 2], "distributed_backend": ["DDP", "FSDP"]}))
     sub = run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait", "--json")
     report = json.loads(sub.stdout)
     for name, exp, backend, steps in TWO_PROCESS:
-        more = write_sweep(env["root"] / f"{name}.yaml", sweep_doc(
+        more = write_yaml(env["root"] / f"{name}.yaml", sweep_doc(
             name, exp, env["model"], env["data"],
             {"batch_size": 4, "max_steps": steps, "number_gpus": 2, "distributed_backend": backend}, {}))
         run_cli(cli_module, env, "submit", more, "--executor", "local", "--wait")
@@ -247,10 +248,8 @@ def test_resubmit_skips_measured_points_and_status_shows_done(lora_campaign, lor
 def test_failed_point_is_retried_as_a_new_attempt_and_ok_points_stay(env, cli_module, monkeypatch) -> None:
     # The partition names the nodes' python, so plan can only note that schedulefree may be missing there:
     # the point is valid, and fails when the trainer builds its optimizer.
-    inv = write_sweep(env["root"] / "mixed-inv.yaml", {"cluster": "c", "partitions": {"cpu": {
-        "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8, "python": sys.executable,
-        "hosts": {"h1": {"address": "127.0.0.1"}}}}})
-    sweep = write_sweep(env["root"] / "mixed.yaml", sweep_doc(
+    inv = write_yaml(env["root"] / "mixed-inv.yaml", kit.inventory(python=sys.executable))
+    sweep = write_yaml(env["root"] / "mixed.yaml", sweep_doc(
         "e2e-mixed", "finetune_full_benchmark-v1.0.0", env["model"], env["data"],
         {"batch_size": 2, "max_steps": 2, "number_gpus": 1}, {"optim": ["adamw_torch", "schedule_free_adamw"]}))
     waited = cli_module("submit", sweep, "-i", inv, "--executor", "local", "--wait", "--workdir", env["workdir"],
@@ -283,7 +282,7 @@ def test_failed_point_is_retried_as_a_new_attempt_and_ok_points_stay(env, cli_mo
 
 def test_gpu_oom_is_an_invalid_measurement(env, cli_module, monkeypatch) -> None:
     monkeypatch.setenv("SBENCH_FAULT", "oom@step=1")
-    sweep = write_sweep(env["root"] / "oom.yaml", sweep_doc(
+    sweep = write_yaml(env["root"] / "oom.yaml", sweep_doc(
         "e2e-oom", "finetune_full_benchmark-v1.0.0", env["model"], env["data"],
         {"batch_size": 2, "max_steps": 3, "number_gpus": 1}, {}))
     run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
@@ -301,7 +300,7 @@ def test_stability_experiment_records_fractions(env, cli_module) -> None:
                     {"batch_size": 2, "number_gpus": 1, "torch_dtype": "float32"}, {})
     for k in ("max_steps",):
         doc["entity"].pop(k, None)
-    sweep = write_sweep(env["root"] / "stab.yaml", doc)
+    sweep = write_yaml(env["root"] / "stab.yaml", doc)
     run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
     run_cli(cli_module, env, "collect")
     (m,) = sql(env["db"], "SELECT * FROM measurements WHERE campaign = 'e2e-stab'")
@@ -422,7 +421,7 @@ def test_memory_of_another_architecture(env, cli_module, tmp_path_factory) -> No
                                                         "distributed_backend": backend}, {})
         # its own model name: a point is its entity, so "tiny" would be the Llama's already measured point
         doc["entity"]["model_name"], doc["model_map"] = "tinyqwen", {"tinyqwen": str(model)}
-        run_cli(cli_module, env, "submit", write_sweep(env["root"] / f"{name}.yaml", doc), "--executor", "local",
+        run_cli(cli_module, env, "submit", write_yaml(env["root"] / f"{name}.yaml", doc), "--executor", "local",
                 "--wait")
     run_cli(cli_module, env, "collect")
     seen = _check_memory(env["db"], model, ("e2e-qwen-full", "e2e-qwen-lora", "e2e-qwen-fullddp", "e2e-qwen-pt",
@@ -432,8 +431,7 @@ def test_memory_of_another_architecture(env, cli_module, tmp_path_factory) -> No
 
 def run_cli_report(env) -> str:
     out = env["root"] / "memory-report.html"
-    proc = subprocess.run([sys.executable, "-m", "harness", "report", "--db", str(env["db"]), "--all-campaigns",
-                           "-o", str(out)],
+    proc = subprocess.run(command("report", "--db", env["db"], "--all-campaigns", "-o", out),
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     return out.read_text()
@@ -482,7 +480,7 @@ def test_deepspeed_zero_trains_on_cpu_and_its_memory_matches_a_recount(env, cli_
              ("e2e-ds-z1lora", "finetune_lora_benchmark-v1.0.0", 1, False, 2),
              ("e2e-ds-z3one", "finetune_full_benchmark-v1.0.0", 3, False, 1))
     for name, exp, stage, offload, gpus in cases:
-        sweep = write_sweep(env["root"] / f"{name}.yaml", sweep_doc(
+        sweep = write_yaml(env["root"] / f"{name}.yaml", sweep_doc(
             name, exp, env["model"], env["data"],
             {"batch_size": 4, "max_steps": 3, "number_gpus": gpus, "distributed_backend": "DEEPSPEED",
              "deepspeed_zero_stage": stage, "deepspeed_offload_optimizer": offload}, {}))
@@ -518,7 +516,7 @@ def test_sgd_with_momentum_from_optim_args_really_changes_the_run(env, cli_modul
     """optim_args reaches the trainer's optimizer: LoRA with sgd and momentum=0.9 keeps one momentum buffer per
     adapter value (measured), as predicted; the same point without optim_args keeps none."""
     name = "e2e-sgd"
-    sweep = write_sweep(env["root"] / f"{name}.yaml", sweep_doc(
+    sweep = write_yaml(env["root"] / f"{name}.yaml", sweep_doc(
         name, "finetune_lora_benchmark-v1.0.0", env["model"], env["data"],
         {"batch_size": 2, "max_steps": 2, "number_gpus": 1, "optim": "sgd"},
         {"optim_args": [None, "momentum=0.9"]}))
@@ -533,7 +531,7 @@ def test_sgd_with_momentum_from_optim_args_really_changes_the_run(env, cli_modul
     assert plain["optimizer_bytes"] == 0 == plain["predicted_optimizer_bytes"]
 
 
-# -- the synthetic job dirs of tests/synth.py keep the real runner's format ----------------------------------
+# -- the synthetic job dirs of tests/kit/jobdirs.py keep the real runner's format ----------------------------
 _PER_PART = re.compile(r"^(stages|samples|result|environment|train|rank|error)\.[^.]+\.(jsonl|csv|json|log)$")
 
 
@@ -564,16 +562,16 @@ def _same_shape(synthetic: object, real: object, where: str) -> list[str]:
 
 
 def test_synthetic_job_dirs_keep_the_real_runners_format(lora_campaign, lora_env, tmp_path) -> None:
-    # The collect tests and bench/collect.py build job dirs with tests/synth.py instead of training. Held
+    # The collect tests and bench/collect.py build job dirs with tests/kit/jobdirs.py instead of training. Held
     # against a real run's job dir (two processes, one host), every file they write must be one the runner
     # writes, with the same keys and JSON types, the same stage events and the same samples header, so the
     # two formats cannot drift apart.
-    from . import synth
+    from .kit import jobdirs
 
     real = next(Path(r["job_dir"]) for r in sql(lora_env["db"], "SELECT job_dir FROM runs r JOIN points p USING "
                                                           "(point_id) WHERE r.campaign = 'e2e-lora' AND "
                                                           "p.number_gpus = 2 AND p.distributed_backend = 'DDP'"))
-    made = synth.make_run(tmp_path / "runs", "synthetic", 0, hosts=("node1",), gpus_per_host=2, ticks=5)
+    made = jobdirs.make_run(tmp_path / "runs", "synthetic", 0, hosts=("node1",), gpus_per_host=2, ticks=5)
     fake = Path(made["job_dir"])
     real_files = {_kind(p.name): p for p in sorted(real.iterdir()) if p.is_file()}
     fake_files = {_kind(p.name): p for p in sorted(fake.iterdir()) if p.is_file()}
@@ -632,7 +630,7 @@ def test_precision_auto_stop_measures_the_steady_window_and_records_its_interval
                     {"batch_size": 2, "max_steps": 3000, "number_gpus": 2, "distributed_backend": "DDP",
                      "auto_stop_method": "WARMUP_60S_STABLE_120S_OR_10_STEPS"}, {})
     doc["runner"]["auto_stop"] = {"method": "precision", "rel_ci": 0.2, "min_steps": 10, "max_seconds": 300}
-    run_cli(cli_module, env, "submit", write_sweep(env["root"] / "precision.yaml", doc), "--executor", "local",
+    run_cli(cli_module, env, "submit", write_yaml(env["root"] / "precision.yaml", doc), "--executor", "local",
             "--wait")
     monkeypatch.delenv("SBENCH_FAULT")
     run_cli(cli_module, env, "collect")

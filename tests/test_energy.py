@@ -20,13 +20,13 @@ from harness.runner.sampler import EnergyCounter, FakeNvml, GpuBackend, NvmlBack
 from harness.slurm.client import Slurm
 from harness.slurm.sacct import SACCT_FORMAT, parse_energy, parse_sacct, parse_sacct_records
 
-from . import synth
-from . import test_collect as tc
+from .kit import FULL, jobdirs, one, rows_of
+from .kit.jobdirs import CAMPAIGN, FakeSlurm, sacct_slot, write_attempt
 
 RANGE_UJ = 262_143_328_850  # a real package's max_energy_range_uj
 
 
-def rows_of(path: Path) -> list[dict[str, str]]:
+def csv_rows(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as fh:
         return list(csv.DictReader(fh))
 
@@ -58,7 +58,7 @@ def test_a_gpu_without_the_energy_counter_writes_an_empty_energy(tmp_path: Path)
     for _ in range(3):
         s.tick()
     s.stop()
-    rows = rows_of(path)
+    rows = csv_rows(path)
     assert [r["energy_j"] for r in rows if r["device"] == "0"] == ["", "", ""]
     assert [r["energy_j"] for r in rows if r["device"] == "1"] == ["0", "110", "220"]
     assert [r["power_w"] for r in rows if r["device"] == "0"] == ["100"] * 3  # the rest of the row is there
@@ -125,7 +125,7 @@ def test_sampler_writes_cpu_rows_and_a_last_reading_when_it_stops(tmp_path: Path
     ticks_before_stop = s.ticks
     set_uj(root, "intel-rapl:0", 3_501_000)  # read by the last tick at the latest
     n = s.stop()
-    rows = rows_of(path)
+    rows = csv_rows(path)
     assert n == len(rows) == s.rows and s.ticks >= ticks_before_stop + 1
     rows = [r for r in rows if r["kind"] != "host"]  # the host's other load, beside the packages
     assert {r["kind"] for r in rows} == {"cpu"} and {r["device"] for r in rows} == {"0"}
@@ -164,7 +164,7 @@ def window_energy(job_dir: Path, kind: str = "gpu") -> float:
     total = 0.0
     for path in sorted(job_dir.glob("samples.*.csv")):
         by_dev: dict[str, list[dict[str, str]]] = {}
-        for r in rows_of(path):
+        for r in csv_rows(path):
             if r["kind"] == kind and r["energy_j"] != "":
                 by_dev.setdefault(r["device"], []).append(r)
         for rows in by_dev.values():
@@ -173,7 +173,7 @@ def window_energy(job_dir: Path, kind: str = "gpu") -> float:
     return total
 
 
-class EnergySlurm(tc.FakeSlurm):
+class EnergySlurm(FakeSlurm):
     """sacct in the current format, with a ConsumedEnergyRaw per job (empty: not gathered)."""
 
     def __init__(self, jobs: dict[str, tuple[str, str, str, str]]) -> None:
@@ -189,7 +189,7 @@ class EnergySlurm(tc.FakeSlurm):
         for j in argv[argv.index("-j") + 1].split(","):
             if j in self.energy_jobs:
                 state, code, nodes, energy = self.energy_jobs[j]
-                start, end = tc.sacct_slot(j)
+                start, end = sacct_slot(j)
                 lines.append(f"{j}|{state}|{code}|00:10:00||{nodes}|{start}|{end}|{start}|{energy}|sbench.c1.x")
                 lines.append(f"{j}.0|{state}|{code}|00:10:00|2097152K|{nodes}|{start}|{end}|{start}|7|0")
         return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
@@ -198,14 +198,14 @@ class EnergySlurm(tc.FakeSlurm):
 def test_collect_stores_the_windows_energy_equal_to_a_recomputation(tc_wd: Path, tmp_path: Path) -> None:
     # Two hosts of two GPUs; the window's edges fall between samples (interpolated), one GPU's counter reset
     # mid-run (the sampler's total keeps rising, as written).
-    run = tc.write_attempt(tc_wd, 80, hosts=("node1", "node2"), t_train0=synth.T0 + 4.25, t_train1=synth.T0 + 14.6)
-    other = tc.write_attempt(tc_wd, 81, t_train0=synth.T0 + 3.5, t_train1=synth.T0 + 15.0)
+    run = write_attempt(tc_wd, 80, hosts=("node1", "node2"), t_train0=jobdirs.T0 + 4.25, t_train1=jobdirs.T0 + 14.6)
+    other = write_attempt(tc_wd, 81, t_train0=jobdirs.T0 + 3.5, t_train1=jobdirs.T0 + 15.0)
     db = tmp_path / "r.duckdb"
     rep = collect(db, tc_wd, slurm=Slurm(EnergySlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]", "123456"),
                                                      other["job_id"]: ("COMPLETED", "0:0", "node1", "")})))
     assert rep.outcomes == {"ok": 2}
     assert rep.sample_rows == sum(len(r) for x in (run, other) for r in x["rows"].values())
-    m = tc.one(db, "SELECT * FROM measurements WHERE run_id = ?", [run["run_id"]])
+    m = one(db, "SELECT * FROM measurements WHERE run_id = ?", [run["run_id"]])
     energy = window_energy(run["paths"].root)
     assert energy > 0
     assert m["energy_source"] == "nvml" and m["energy_joules"] == pytest.approx(energy, rel=1e-12)
@@ -213,12 +213,12 @@ def test_collect_stores_the_windows_energy_equal_to_a_recomputation(tc_wd: Path,
     tokens = json.loads(run["paths"].rank_result(0).read_text())["metrics"]["dataset_tokens"]
     assert m["dataset_tokens_per_joule"] == pytest.approx(tokens / energy, rel=1e-12)
     assert m["slurm_consumed_energy_joules"] == 123456.0
-    o = tc.one(db, "SELECT * FROM measurements WHERE run_id = ?", [other["run_id"]])
+    o = one(db, "SELECT * FROM measurements WHERE run_id = ?", [other["run_id"]])
     assert o["energy_joules"] == pytest.approx(window_energy(other["paths"].root), rel=1e-12)
     assert o["slurm_consumed_energy_joules"] is None  # energy accounting off: NULL, not 0
     assert not [n for n in (m["notes"] or []) + (o["notes"] or []) if "energy" in n]
     # the samples view shows the column as written
-    got = tc.rows_of(db, "SELECT energy_j FROM samples JOIN runs USING (run_id) WHERE runs.run_id = ? AND "
+    got = rows_of(db, "SELECT energy_j FROM samples JOIN runs USING (run_id) WHERE runs.run_id = ? AND "
                          "host = 'node2' AND kind = 'gpu' AND device = 1 ORDER BY t_wall", [run["run_id"]])
     assert [g[0] for g in got] == [r["energy_j"] for r in run["rows"]["node2"] if r["kind"] == "gpu"
                                    and r["device"] == 1]
@@ -228,19 +228,19 @@ def test_collect_stores_the_windows_energy_equal_to_a_recomputation(tc_wd: Path,
 def tc_wd(tmp_path: Path) -> Path:
     d = tmp_path / "runs"
     d.mkdir()
-    synth.append_manifest(d, tc.CAMPAIGN, [synth.manifest_events(tc.CAMPAIGN, tc.FULL)])
+    jobdirs.append_manifest(d, CAMPAIGN, [jobdirs.manifest_events(CAMPAIGN, FULL)])
     return d
 
 
 def test_a_gpu_without_a_counter_leaves_energy_null_with_a_note(tc_wd: Path, tmp_path: Path) -> None:
-    rows = synth.gen_samples(synth.T0, 20, 2, seed=3)
+    rows = jobdirs.gen_samples(jobdirs.T0, 20, 2, seed=3)
     for r in rows:
         if r["kind"] == "gpu" and r["device"] == 1:
             r["energy_j"] = None  # NVML NotSupported
-    run = tc.write_attempt(tc_wd, 82, samples={"node1": rows})
+    run = write_attempt(tc_wd, 82, samples={"node1": rows})
     db = tmp_path / "r.duckdb"
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
-    m = tc.one(db, "SELECT energy_joules, gpu_energy_joules, energy_source, dataset_tokens_per_joule, notes "
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
+    m = one(db, "SELECT energy_joules, gpu_energy_joules, energy_source, dataset_tokens_per_joule, notes "
                    "FROM measurements")
     assert (m["energy_joules"], m["gpu_energy_joules"], m["dataset_tokens_per_joule"]) == (None, None, None)
     assert m["energy_source"] == "nvml"
@@ -249,11 +249,11 @@ def test_a_gpu_without_a_counter_leaves_energy_null_with_a_note(tc_wd: Path, tmp
 
 
 def test_readings_that_stop_before_the_window_ends_leave_energy_null(tc_wd: Path, tmp_path: Path) -> None:
-    rows = [r for r in synth.gen_samples(synth.T0, 20, 2, seed=4) if r["t_wall"] <= synth.T0 + 10]
-    run = tc.write_attempt(tc_wd, 83, samples={"node1": rows}, t_train1=synth.T0 + 12.5)
+    rows = [r for r in jobdirs.gen_samples(jobdirs.T0, 20, 2, seed=4) if r["t_wall"] <= jobdirs.T0 + 10]
+    run = write_attempt(tc_wd, 83, samples={"node1": rows}, t_train1=jobdirs.T0 + 12.5)
     db = tmp_path / "r.duckdb"
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
-    m = tc.one(db, "SELECT energy_joules, notes FROM measurements")
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
+    m = one(db, "SELECT energy_joules, notes FROM measurements")
     assert m["energy_joules"] is None
     assert any("do not reach both ends of the measured window" in n for n in m["notes"])
 
@@ -261,17 +261,17 @@ def test_readings_that_stop_before_the_window_ends_leave_energy_null(tc_wd: Path
 def test_a_cpu_run_takes_the_rapl_rows(tc_wd: Path, tmp_path: Path) -> None:
     rows = []
     for i in range(20):
-        t = synth.T0 + i
+        t = jobdirs.T0 + i
         rows.append({"t_wall": t, "t_mono": 5000.0 + i, "kind": "proc", "device": -1, "cpu_pct": 100.0,
                      "mem_pct": 1.0, "rss_mb": 100.0, "nprocs": 2})
         for pkg in (0, 1):
             rows.append({"t_wall": t, "t_mono": 5000.0 + i, "kind": "cpu", "device": pkg,
                          "energy_j": round(i * (40.5 + pkg), 6)})
-    run = tc.write_attempt(tc_wd, 84, gpus_per_host=1, samples={"node1": rows}, t_train0=synth.T0 + 2.2,
-                           t_train1=synth.T0 + 17.9)
+    run = write_attempt(tc_wd, 84, gpus_per_host=1, samples={"node1": rows}, t_train0=jobdirs.T0 + 2.2,
+                           t_train1=jobdirs.T0 + 17.9)
     db = tmp_path / "r.duckdb"
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
-    m = tc.one(db, "SELECT energy_joules, gpu_energy_joules, energy_source, gpu_compute_utilization_avg "
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
+    m = one(db, "SELECT energy_joules, gpu_energy_joules, energy_source, gpu_compute_utilization_avg "
                    "FROM measurements")
     assert m["energy_source"] == "rapl" and m["gpu_energy_joules"] is None  # RAPL's figure is no GPU's
     assert m["energy_joules"] == pytest.approx(window_energy(run["paths"].root, "cpu"), rel=1e-12)
@@ -280,25 +280,25 @@ def test_a_cpu_run_takes_the_rapl_rows(tc_wd: Path, tmp_path: Path) -> None:
 
 
 def test_an_older_samples_file_without_energy_still_collects(tc_wd: Path, tmp_path: Path) -> None:
-    run = tc.write_attempt(tc_wd, 85)
+    run = write_attempt(tc_wd, 85)
     path = run["paths"].samples("node1")
     old_names = SAMPLE_CSV_NAMES[:SAMPLE_CSV_OLDEST]
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     path.write_text("\n".join([",".join(old_names), *(",".join(r[k] for k in old_names) for r in rows)]) + "\n")
-    new = tc.write_attempt(tc_wd, 86)  # a current file beside it, in the same collect
+    new = write_attempt(tc_wd, 86)  # a current file beside it, in the same collect
     db = tmp_path / "r.duckdb"
-    rep = collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1"),
-                                                       new["job_id"]: ("COMPLETED", "0:0", "node1")})))
+    rep = collect(db, tc_wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1"),
+                                                    new["job_id"]: ("COMPLETED", "0:0", "node1")})))
     assert rep.outcomes == {"ok": 2} and rep.sample_rows == len(rows) + sum(len(r) for r in new["rows"].values())
-    m = tc.one(db, "SELECT energy_joules, gpu_compute_utilization_avg, notes, r.warnings FROM measurements "
+    m = one(db, "SELECT energy_joules, gpu_compute_utilization_avg, notes, r.warnings FROM measurements "
                    "JOIN runs r USING (run_id) WHERE run_id = ?", [run["run_id"]])
     assert m["energy_joules"] is None and m["gpu_compute_utilization_avg"] is not None
     assert "GPU node1:0, GPU node1:1: no energy reading" in " ".join(m["notes"])
     assert m["warnings"] == m["notes"]  # the note is the run's warning too: status counts it
-    assert tc.rows_of(db, "SELECT count(energy_j) FROM samples WHERE run_id = ?", [run["run_id"]]) == [(0,)]
-    assert tc.one(db, "SELECT energy_joules FROM measurements WHERE run_id = ?",
-                  [new["run_id"]])["energy_joules"] is not None
+    assert rows_of(db, "SELECT count(energy_j) FROM samples WHERE run_id = ?", [run["run_id"]]) == [(0,)]
+    assert one(db, "SELECT energy_joules FROM measurements WHERE run_id = ?",
+               [new["run_id"]])["energy_joules"] is not None
 
 
 # -- sacct --------------------------------------------------------------------------------------------------

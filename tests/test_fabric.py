@@ -18,7 +18,7 @@ from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import parse_sweep
 
-from .conftest import TEST_INVENTORY, sql_rows
+from .kit import TEST_INVENTORY, sql_rows
 
 
 def check_rows(rows: list[dict], world: int, sizes: list[int]) -> None:
@@ -71,7 +71,7 @@ def test_fabric_across_two_test_cluster_nodes_lands_in_the_db_and_the_report(cli
     assert cli("collect", "--workdir", tmp_path / "runs", "--db", db).exit_code == 0
     assert sql_rows(db, "SELECT count(*) AS n FROM runs") == [{"n": 0}]
     page_db = db
-    from tests.synth import append_manifest, make_run
+    from .kit.jobdirs import append_manifest, make_run
 
     wd = tmp_path / "runs2"
     run = make_run(wd, "r", 0, hosts=("node1",), gpus_per_host=1, ticks=5, executor="local", job_id="999989")

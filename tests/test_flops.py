@@ -15,8 +15,7 @@ import pytest
 
 from harness.spec.flops import compute_dtype, flops_per_token, model_counts, peak_tflops
 
-from .conftest import sql_rows, write_sweep
-from .helpers import TRAINED_PEAK_TFLOPS, Trained
+from .kit import TRAINED_PEAK_TFLOPS, Trained, sql_rows, write_yaml
 
 
 def on_disk_params(model_dir: Path) -> dict[str, int]:
@@ -46,7 +45,7 @@ def test_peaks_come_from_the_table_or_the_inventory() -> None:
 @pytest.mark.parametrize("value,needle", [("fast", "peak_tflops must be a number"), (-1, "peak_tflops must be"),
                                           ({"int8": 5}, "peak_tflops.int8 is not a known key")])
 def test_a_bad_peak_is_an_input_error(cli, tmp_path: Path, value, needle) -> None:
-    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"cpu": {
+    inv = write_yaml(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"cpu": {
         "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 4, "peak_tflops": value,
         "hosts": {"h1": {}}}}})
     res = cli("inventory", "check", "-i", inv)

@@ -14,7 +14,8 @@ import pytest
 
 from harness.contract.paths import JobPaths
 
-from .conftest import SMALL_DATASET, sql_rows, write_sweep
+from . import kit
+from .kit import SMALL_DATASET, sql_rows, write_yaml
 
 VERSION = "3.2.2"
 
@@ -30,7 +31,7 @@ def _fake_env(root: Path, version: str = VERSION, plugins: dict | None = None, p
 
 
 def _inventory(tmp_path: Path, envs: Path) -> Path:
-    return write_sweep(tmp_path / "inv.yaml", {
+    return write_yaml(tmp_path / "inv.yaml", {
         "cluster": "c", "defaults": {"envs_dir": str(envs)},
         "partitions": {
             "gpu": {"gpu_model": "NVIDIA-A100-SXM4-80GB", "gpus_per_node": 8, "cpus_per_node": 64, "memory_gb": 512,
@@ -40,7 +41,7 @@ def _inventory(tmp_path: Path, envs: Path) -> Path:
 
 
 def _plan(cli, tmp_path: Path, inv: Path, name: str, doc: dict) -> list[dict]:
-    sweep = write_sweep(tmp_path / f"{name}.yaml", {"campaign": name, **doc})
+    sweep = write_yaml(tmp_path / f"{name}.yaml", {"campaign": name, **doc})
     res = cli("plan", sweep, "-i", inv, "--json")
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
@@ -183,7 +184,7 @@ def test_a_local_model_is_told_vision_or_text_from_its_config(cli, tmp_path) -> 
                                        ("fms_hf_tuning_version", "3.2.2; rm -rf /"),
                                        ("fms_hf_tuning_version", "latest")])
 def test_bad_trainer_keys_are_input_errors(cli, tmp_path, key, value) -> None:
-    sweep = write_sweep(tmp_path / "s.yaml", {
+    sweep = write_yaml(tmp_path / "s.yaml", {
         "campaign": "bad", "experiment": "finetune_lora_benchmark-v1.0.0",
         "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 1, "batch_size": 1,
                    key: value}})
@@ -198,7 +199,7 @@ def test_render_shows_the_reference_command_line_and_its_environment(cli, tmp_pa
     out = tmp_path / "preview"
     for exp, part, name in (("finetune_pt_benchmark-v1.0.0", "cpu", "pt"),
                             ("finetune_lora_benchmark-v1.0.0", "gpu", "lora")):
-        sweep = write_sweep(tmp_path / f"{name}.yaml", {
+        sweep = write_yaml(tmp_path / f"{name}.yaml", {
             "campaign": name, "experiment": exp, "partition": part,
             "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 2, "batch_size": 4,
                        "trainer": "fms-hf-tuning", "fms_hf_tuning_version": VERSION}})
@@ -231,7 +232,7 @@ def test_render_of_a_vision_point_names_the_image_and_text_fields(cli, tmp_path)
     envs = tmp_path / "envs"
     _fake_env(envs)
     inv = _inventory(tmp_path, envs)
-    sweep = write_sweep(tmp_path / "v.yaml", {
+    sweep = write_yaml(tmp_path / "v.yaml", {
         "campaign": "v", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "gpu",
         "entity": {"model_name": "granite-vision-3.2-2b", "model_max_length": 4096, "number_gpus": 1,
                    "batch_size": 1, "dataset_id": VISION_ID, "fms_hf_tuning_version": VERSION},
@@ -287,7 +288,7 @@ def runs(tmp_path_factory, tiny_model, small_data_dir, fms_env, cli_module):
                {"number_gpus": [1, 2], "distributed_backend": ["DDP", "FSDP"]}),
               ("fms-pt", "finetune_pt_benchmark-v1.0.0", {"number_gpus": 1}, {})]
     for name, exp, entity, grid in sweeps:
-        path = write_sweep(root / f"{name}.yaml", {
+        path = write_yaml(root / f"{name}.yaml", {
             "campaign": name, "experiment": exp, "entity": {**common, **entity},
             "grid": {"trainer": ["sbench", "fms-hf-tuning"], **grid}, "model_map": {"tiny": str(tiny_model)},
             "data_dir": str(small_data_dir), "runner": {"sample_interval_s": 0.05}})
@@ -407,7 +408,7 @@ def test_oom_inside_fms_hf_tuning_is_an_invalid_measurement(tmp_path, tiny_model
                                                             monkeypatch) -> None:
     """fms-hf-tuning turns an exception into sys.exit(code); the entry point still classifies the error."""
     monkeypatch.setenv("SBENCH_FAULT", "oom@step=1")
-    path = write_sweep(tmp_path / "oom.yaml", {
+    path = write_yaml(tmp_path / "oom.yaml", {
         "campaign": "fms-oom", "experiment": "finetune_full_benchmark-v1.0.0",
         "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "batch_size": 2,
                    "number_gpus": 1, "max_steps": 3, "trainer": "fms-hf-tuning", "fms_hf_tuning_version": VERSION},
@@ -426,11 +427,8 @@ def test_oom_inside_fms_hf_tuning_is_an_invalid_measurement(tmp_path, tiny_model
 
 
 def test_submit_without_preparation_refuses_a_missing_environment(cli, tmp_path, tiny_model, small_data_dir) -> None:
-    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "defaults": {"envs_dir": str(tmp_path / "none")},
-                                              "partitions": {"cpu": {"gpu_model": "cpu", "gpus_per_node": 1,
-                                                                     "cpus_per_node": 2, "memory_gb": 8,
-                                                                     "hosts": {"h1": {"address": "127.0.0.1"}}}}})
-    path = write_sweep(tmp_path / "s.yaml", {
+    inv = write_yaml(tmp_path / "inv.yaml", kit.inventory(defaults={"envs_dir": str(tmp_path / "none")}))
+    path = write_yaml(tmp_path / "s.yaml", {
         "campaign": "noenv", "experiment": "finetune_lora_benchmark-v1.0.0",
         "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "batch_size": 1,
                    "number_gpus": 1, "trainer": "fms-hf-tuning", "fms_hf_tuning_version": VERSION},
@@ -473,7 +471,7 @@ def test_env_build_requirements_are_packages_only(cli, tmp_path, line) -> None:
 @pytest.mark.train
 def test_stop_after_seconds_stops_fms_hf_tuning_at_a_step_end(tmp_path, tiny_model, small_data_dir, fms_env,
                                                               cli) -> None:
-    path = write_sweep(tmp_path / "stop.yaml", {
+    path = write_yaml(tmp_path / "stop.yaml", {
         "campaign": "fms-stop", "experiment": "finetune_full_benchmark-v1.0.0",
         "entity": {"model_name": "tiny", "model_max_length": 512, "dataset_id": SMALL_DATASET, "batch_size": 1,
                    "number_gpus": 1, "max_steps": 100000, "stop_after_seconds": 2, "gradient_accumulation_steps": 1,

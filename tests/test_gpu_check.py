@@ -24,8 +24,7 @@ from harness.spec.inventory import Host, Inventory, Partition, local_inventory
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import parse_sweep
 
-ROOT = Path(__file__).resolve().parent.parent
-
+from .kit import ROOT
 
 # -- the rehearsal ------------------------------------------------------------------------------------------
 

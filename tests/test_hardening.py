@@ -32,50 +32,14 @@ from harness.slurm import localjob
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import load_sweep
-from tests.synth import T0, append_manifest, make_run, write_json
 
-from .conftest import sql_rows
-from .helpers import invoke, write_yaml
-
-ROOT = Path(__file__).resolve().parent.parent
-
-BASE_INVENTORY: dict[str, Any] = {
-    "cluster": "lab",
-    "defaults": {"env": {"OMP_NUM_THREADS": "1"}, "setup": []},
-    "partitions": {
-        "cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 8, "memory_gb": 16,
-                "time_limit": "00:30:00",
-                "hosts": {"h1": {"address": "127.0.0.1", "env": {"X": "1"}},
-                          "h2": {"address": "10.9.0.2", "roce": {"hcas": ["mlx5_0:1"], "gid_index": 3}}}},
-    },
-}
-BASE_SWEEP: dict[str, Any] = {
-    "campaign": "hard", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
-    "entity": {"model_name": "tiny", "model_max_length": 64, "max_steps": 2},
-    "grid": {"batch_size": [2, 4], "number_gpus": [1, 2]},
-    "repeats": 1, "model_map": {"tiny": "./model"}, "runner": {"sample_interval_s": 0.5},
-    "slurm": {"time": "00:10:00"},
-}
-
-
-
-
+from .kit import LAB_INVENTORY, LAB_SWEEP, ROOT, Campaign, sbench, setin, sql_rows, write_yaml
+from .kit.jobdirs import T0, append_manifest, make_run, write_json
 
 
 def nothing_written(lab: dict[str, Path]) -> None:
     for key in ("workdir", "db", "out"):
         assert not lab[key].exists(), f"{lab[key]} was written"
-
-
-def setin(doc: dict, dotted: tuple[str, ...], value: Any) -> dict:
-    out = copy.deepcopy(doc)
-    node = out
-    for k in dotted[:-1]:
-        if not isinstance(node.get(k), dict):
-            node[k] = {}
-        node = node[k]
-    node[dotted[-1]] = value
-    return out
 
 
 CANARY_CMD = "touch /tmp/sbench-canary"
@@ -147,7 +111,7 @@ def _corpus_id(case: tuple) -> str:
 @pytest.mark.parametrize("case", CORPUS, ids=[_corpus_id(c) for c in CORPUS])
 def test_bad_input_exits_2_naming_the_key_and_writes_nothing(lab, case) -> None:
     which, dotted, value, key = case
-    inv, sweep = copy.deepcopy(BASE_INVENTORY), copy.deepcopy(BASE_SWEEP)
+    inv, sweep = copy.deepcopy(LAB_INVENTORY), copy.deepcopy(LAB_SWEEP)
     if which == "sweep":
         sweep = setin(sweep, dotted, value)
     else:
@@ -156,7 +120,7 @@ def test_bad_input_exits_2_naming_the_key_and_writes_nothing(lab, case) -> None:
     write_yaml(lab["sweep"], sweep)
     for cmd in (["plan"], ["render", "-o", lab["out"]],
                 ["submit", "--executor", "local", "--workdir", lab["workdir"], "--db", lab["db"]]):
-        res = invoke(cmd[0], lab["sweep"], "-i", lab["inv"], *cmd[1:])
+        res = sbench(cmd[0], lab["sweep"], "-i", lab["inv"], *cmd[1:], in_process=True, ok=None)
         assert res.exit_code == 2, (cmd, res.output)
         assert res.output.startswith("Error: ") and key in res.output, (cmd, res.output)
         assert "Traceback" not in res.output
@@ -165,10 +129,10 @@ def test_bad_input_exits_2_naming_the_key_and_writes_nothing(lab, case) -> None:
 
 
 def test_the_same_host_with_two_addresses_is_refused(lab) -> None:
-    inv = copy.deepcopy(BASE_INVENTORY)
+    inv = copy.deepcopy(LAB_INVENTORY)
     inv["partitions"]["gpu"] = {"gpu_model": "NVIDIA-H100-80GB-HBM3", "gpus_per_node": 8, "cpus_per_node": 8,
                                 "memory_gb": 16, "hosts": {"h1": {"address": "10.0.0.1"}}}
-    res = invoke("inventory", "check", "-i", write_yaml(lab["inv"], inv))
+    res = sbench("inventory", "check", "-i", write_yaml(lab["inv"], inv), in_process=True, ok=None)
     assert res.exit_code == 2 and "partitions.gpu.hosts.h1.address" in res.output and "127.0.0.1" in res.output
 
 
@@ -181,28 +145,28 @@ def test_the_same_host_with_two_addresses_is_refused(lab) -> None:
     ("k: v\n" * 2, "duplicate key"),
 ])
 def test_yaml_bombs_are_refused_fast(lab, text: str, what: str) -> None:
-    write_yaml(lab["inv"], BASE_INVENTORY)
+    write_yaml(lab["inv"], LAB_INVENTORY)
     t = time.monotonic()
-    res = invoke("plan", write_yaml(lab["sweep"], text), "-i", lab["inv"])
+    res = sbench("plan", write_yaml(lab["sweep"], text), "-i", lab["inv"], in_process=True, ok=None)
     assert time.monotonic() - t < 5
     assert res.exit_code == 2 and what in res.output, res.output
 
 
 def test_an_oversized_document_is_refused_before_it_is_parsed(lab) -> None:
-    write_yaml(lab["inv"], BASE_INVENTORY)
+    write_yaml(lab["inv"], LAB_INVENTORY)
     big = lab["sweep"]
     big.write_text("campaign: x\n" + "# padding\n" * 200_000)
-    res = invoke("plan", big, "-i", lab["inv"])
+    res = sbench("plan", big, "-i", lab["inv"], in_process=True, ok=None)
     assert res.exit_code == 2 and "at most 1048576" in res.output
 
 
 def test_unlimited_time_is_legal_and_runs_without_a_local_timeout(lab) -> None:
-    inv = setin(BASE_INVENTORY, ("partitions", "cpu", "time_limit"), "UNLIMITED")
-    sweep = copy.deepcopy(BASE_SWEEP)
+    inv = setin(LAB_INVENTORY, ("partitions", "cpu", "time_limit"), "UNLIMITED")
+    sweep = copy.deepcopy(LAB_SWEEP)
     del sweep["slurm"]
     write_yaml(lab["inv"], inv)
     write_yaml(lab["sweep"], sweep)
-    res = invoke("render", lab["sweep"], "-i", lab["inv"], "-o", lab["out"])
+    res = sbench("render", lab["sweep"], "-i", lab["inv"], "-o", lab["out"], in_process=True, ok=None)
     assert res.exit_code == 0, res.output
     sbatch = next(lab["out"].glob("*/job.sbatch")).read_text()
     assert "#SBATCH --time=UNLIMITED" in sbatch
@@ -212,8 +176,8 @@ def test_unlimited_time_is_legal_and_runs_without_a_local_timeout(lab) -> None:
 # -- scripts never run a value ------------------------------------------------------------------------------
 
 def _hostile_spec(lab: dict[str, Path]):
-    write_yaml(lab["inv"], BASE_INVENTORY)
-    write_yaml(lab["sweep"], BASE_SWEEP)
+    write_yaml(lab["inv"], LAB_INVENTORY)
+    write_yaml(lab["sweep"], LAB_SWEEP)
     inv = load_inventory(lab["inv"])
     sweep = load_sweep(lab["sweep"])
     point = next(p for p in plan_sweep(sweep, inv) if p.valid and p.entity["number_gpus"] == 2)
@@ -301,11 +265,11 @@ def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
-INV_PATHS = _paths(BASE_INVENTORY) + [("partitions", "cpu", "hosts", "h3"), ("partitions", "p2"), ("zzz",)]
-SWEEP_PATHS = _paths(BASE_SWEEP) + [("grid", "r"), ("entity", "fsdp_sharding_strategy"), ("runner", "auto_stop"),
-                                    ("runner", "memory_every_steps"), ("references", "mfu"),
-                                    ("references", "mfu", "lower"),
-                                    ("entity", "fast_kernels"), ("grid", "enable_roce"), ("slurm", "exclusive")]
+INV_PATHS = _paths(LAB_INVENTORY) + [("partitions", "cpu", "hosts", "h3"), ("partitions", "p2"), ("zzz",)]
+SWEEP_PATHS = _paths(LAB_SWEEP) + [("grid", "r"), ("entity", "fsdp_sharding_strategy"), ("runner", "auto_stop"),
+                                   ("runner", "memory_every_steps"), ("references", "mfu"),
+                                   ("references", "mfu", "lower"),
+                                   ("entity", "fast_kernels"), ("grid", "enable_roce"), ("slurm", "exclusive")]
 FUZZ = hypothesis.settings(max_examples=300, deadline=None, derandomize=True, database=None,
                            suppress_health_check=list(hypothesis.HealthCheck))
 
@@ -326,7 +290,7 @@ def _fuzz_once(tmp: Path, inv: dict, sweep: dict) -> None:
     except (yaml.YAMLError, ValueError, RecursionError):
         return  # not representable as YAML: nothing a user could write
     for args in (["plan", "--json"], ["render", "-o", out]):
-        res = invoke(args[0], tmp / "sweep.yaml", "-i", tmp / "inv.yaml", *args[1:])
+        res = sbench(args[0], tmp / "sweep.yaml", "-i", tmp / "inv.yaml", *args[1:], in_process=True, ok=None)
         assert res.exit_code in (0, 2), res.output
         if res.exit_code == 2:
             assert res.output.startswith("Error: "), res.output
@@ -337,13 +301,13 @@ def _fuzz_once(tmp: Path, inv: dict, sweep: dict) -> None:
 @hypothesis.given(picks=st.lists(st.tuples(st.integers(min_value=0), NASTY), min_size=1, max_size=3))
 @FUZZ
 def test_fuzz_the_inventory(tmp_path_factory, picks) -> None:
-    _fuzz_once(tmp_path_factory.mktemp("fz"), _mutate(BASE_INVENTORY, INV_PATHS, picks), BASE_SWEEP)
+    _fuzz_once(tmp_path_factory.mktemp("fz"), _mutate(LAB_INVENTORY, INV_PATHS, picks), LAB_SWEEP)
 
 
 @hypothesis.given(picks=st.lists(st.tuples(st.integers(min_value=0), NASTY), min_size=1, max_size=3))
 @FUZZ
 def test_fuzz_the_sweep(tmp_path_factory, picks) -> None:
-    _fuzz_once(tmp_path_factory.mktemp("fz"), BASE_INVENTORY, _mutate(BASE_SWEEP, SWEEP_PATHS, picks))
+    _fuzz_once(tmp_path_factory.mktemp("fz"), LAB_INVENTORY, _mutate(LAB_SWEEP, SWEEP_PATHS, picks))
 
 
 @hypothesis.given(text=st.one_of(st.text(max_size=300), st.binary(max_size=300).map(
@@ -352,28 +316,29 @@ def test_fuzz_the_sweep(tmp_path_factory, picks) -> None:
 def test_fuzz_raw_documents(tmp_path_factory, text) -> None:
     tmp = tmp_path_factory.mktemp("fz")
     (tmp / "inv.yaml").write_text(text, encoding="utf-8", errors="surrogateescape")
-    write_yaml(tmp / "sweep.yaml", BASE_SWEEP)
-    res = invoke("plan", tmp / "sweep.yaml", "-i", tmp / "inv.yaml")
+    write_yaml(tmp / "sweep.yaml", LAB_SWEEP)
+    res = sbench("plan", tmp / "sweep.yaml", "-i", tmp / "inv.yaml", in_process=True, ok=None)
     assert res.exit_code in (0, 2), res.output
 
 
 # -- relative paths become absolute ----------------------------------------------------------------------
 
 def test_the_manifest_records_absolute_paths_so_retry_works_from_anywhere(lab, monkeypatch) -> None:
-    write_yaml(lab["inv"], BASE_INVENTORY)
-    write_yaml(lab["sweep"], setin(BASE_SWEEP, ("entity", "model_max_length"), 64) | {
+    write_yaml(lab["inv"], LAB_INVENTORY)
+    write_yaml(lab["sweep"], setin(LAB_SWEEP, ("entity", "model_max_length"), 64) | {
         "grid": {"batch_size": [2], "number_gpus": [1]},
         "runner": {"workload": "idle", "idle_seconds": 0.1, "sample_interval_s": 0.5}})  # a dry run: seconds
     monkeypatch.chdir(lab["root"])
-    res = invoke("submit", "sweep.yaml", "-i", "inv.yaml", "--executor", "local", "--workdir", "runs",
-                 "--db", "results.duckdb", "--wait")
+    res = sbench("submit", "sweep.yaml", "-i", "inv.yaml", "--executor", "local", "--workdir", "runs",
+                 "--db", "results.duckdb", "--wait", in_process=True, ok=None)
     assert res.exit_code == 0, res.output
-    camp = json.loads((lab["workdir"] / "hard" / "manifest.jsonl").read_text().splitlines()[0])
+    camp = Campaign(lab["workdir"], lab["db"], "hard").manifest()[0]
     assert camp["inventory"] == str(lab["inv"]) and camp["sweep"] == str(lab["sweep"])
     elsewhere = lab["root"] / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    res = invoke("retry", "hard", "--executor", "local", "--workdir", lab["workdir"], "--db", lab["db"])
+    res = sbench("retry", "hard", "--executor", "local", "--workdir", lab["workdir"], "--db", lab["db"],
+                 in_process=True, ok=None)
     assert res.exit_code == 0, res.output
 
 
@@ -383,13 +348,13 @@ def test_the_manifest_records_absolute_paths_so_retry_works_from_anywhere(lab, m
     (["status", "--campaign", "a/b"], "imported from another database"),
     (["collect", "--campaign", "x\n"], "is not a campaign name")])
 def test_campaign_arguments_are_names_not_paths(lab, args, says) -> None:
-    res = invoke(*args, "--workdir", lab["workdir"], "--db", lab["db"])
+    res = sbench(*args, "--workdir", lab["workdir"], "--db", lab["db"], in_process=True, ok=None)
     assert res.exit_code == 2 and says in res.output, res.output
     nothing_written(lab)
 
 
 def test_collect_of_a_missing_workdir_is_an_input_error_and_creates_no_db(lab) -> None:
-    res = invoke("collect", "--workdir", lab["workdir"], "--db", lab["db"])
+    res = sbench("collect", "--workdir", lab["workdir"], "--db", lab["db"], in_process=True, ok=None)
     assert res.exit_code == 2 and "--workdir" in res.output
     nothing_written(lab)
 
@@ -484,31 +449,32 @@ def test_cancel_signals_only_the_process_it_started(tmp_path: Path) -> None:
 @pytest.mark.train
 def test_a_cancelled_local_run_is_recorded_cancelled_with_its_signal_and_not_retried(lab, tiny_model) -> None:
     """Real local executor: a long training is cancelled mid-run; collect and retry tell the truth."""
-    inv = setin(BASE_INVENTORY, ("partitions", "cpu", "hosts"), {"h1": {"address": "127.0.0.1"}})
-    sweep = {**BASE_SWEEP, "campaign": "cancel-local", "model_map": {"tiny": str(tiny_model)},
+    inv = setin(LAB_INVENTORY, ("partitions", "cpu", "hosts"), {"h1": {"address": "127.0.0.1"}})
+    sweep = {**LAB_SWEEP, "campaign": "cancel-local", "model_map": {"tiny": str(tiny_model)},
              "entity": {"model_name": "tiny", "model_max_length": 64, "max_steps": 100000,
                         "dataset_id": "news-chars-512-entries-4096", "gradient_accumulation_steps": 1},
              "grid": {"batch_size": [2], "number_gpus": [1]}, "data_dir": str(lab["root"] / "data")}
     write_yaml(lab["inv"], inv)
     write_yaml(lab["sweep"], sweep)
     common = ["--workdir", lab["workdir"], "--db", lab["db"]]
-    rep = json.loads(invoke("submit", lab["sweep"], "-i", lab["inv"], "--executor", "local", "--json",
-                            *common).stdout)
+    rep = json.loads(sbench("submit", lab["sweep"], "-i", lab["inv"], "--executor", "local", "--json",
+                            *common, in_process=True, ok=None).stdout)
     (job,) = [p for p in rep["points"] if p["action"] == "submit"]
     paths = JobPaths(job["job_dir"])
     try:
         _wait(lambda: '"stage":"train"' in (paths.stages("h1").read_text() if paths.stages("h1").exists() else ""),
               240, "training to start")
     finally:
-        out = invoke("cancel", "--campaign", "cancel-local", *common)
+        out = sbench("cancel", "--campaign", "cancel-local", *common, in_process=True, ok=None)
     assert out.exit_code == 0 and "cancelled 1" in out.output, out.output
     _wait(lambda: json.loads(paths.submitted.read_text()).get("ended_at"), 120, "the launch to end")
-    assert invoke("collect", *common).exit_code == 0
+    sbench("collect", *common, in_process=True)
     (run,) = sql_rows(lab["db"], "SELECT * FROM runs WHERE campaign = 'cancel-local'")
     assert run["state"] == "CANCELLED" and run["outcome"] == "failed", run
     assert "cancel" in run["reason"] and run["cancel_requested_at"] is not None
     assert run["exit_signal"] == signal.SIGTERM
-    retry = json.loads(invoke("retry", "cancel-local", "--executor", "local", "--json", *common).stdout)
+    retry = json.loads(sbench("retry", "cancel-local", "--executor", "local", "--json", *common, in_process=True,
+                              ok=None).stdout)
     assert retry["submitted"] == 0 and "cancelled" in retry["points"][0]["reason"]
 
 
@@ -536,12 +502,14 @@ def test_query_is_really_read_only(collected, sql: str) -> None:
     link = collected["root"] / "hardlink.duckdb"
     if not link.exists():
         os.link(collected["db"], link)
-    res = invoke("query", sql.format(link=link, root=collected["root"]), "--db", collected["db"])
+    res = sbench("query", sql.format(link=link, root=collected["root"]), "--db", collected["db"], in_process=True,
+                 ok=None)
     assert res.exit_code == 2 and "Error: SQL error" in res.output, res.output
     assert not (collected["root"] / "stolen.csv").exists()
-    res = invoke("query", "select count(*) as n from runs", "--db", collected["db"], "--format", "json")
+    res = sbench("query", "select count(*) as n from runs", "--db", collected["db"], "--format", "json",
+                 in_process=True, ok=None)
     assert res.exit_code == 0 and json.loads(res.output) == [{"n": 1}]
-    assert invoke("status", "--workdir", collected["workdir"], "--db", collected["db"]).exit_code == 0
+    sbench("status", "--workdir", collected["workdir"], "--db", collected["db"], in_process=True)
 
 
 def test_a_database_whose_tables_were_changed_is_refused_with_a_message(collected) -> None:
@@ -553,7 +521,7 @@ def test_a_database_whose_tables_were_changed_is_refused_with_a_message(collecte
     con.close()
     for args in (["query", "select 1"], ["status", "--workdir", collected["workdir"]], ["report", "-o",
                                                                                          collected["root"] / "r.html"]):
-        res = invoke(*args, "--db", collected["db"])
+        res = sbench(*args, "--db", collected["db"], in_process=True, ok=None)
         assert res.exit_code == 1 and "tables were changed" in res.output and "runs.reason is missing" in res.output
         assert "Traceback" not in res.output
 
@@ -652,7 +620,7 @@ def test_status_knows_every_collected_attempt_not_only_the_latest(tmp_path: Path
     a2 = {**run["events"][1], "attempt": 2, "job_dir": str(second), "job_id": "999995", "reason": "retry"}
     append_manifest(wd, "s", [*run["events"], a2])
     collect(db, wd)
-    res = invoke("status", "--workdir", wd, "--db", db, "--json")
+    res = sbench("status", "--workdir", wd, "--db", db, "--json", in_process=True, ok=None)
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)["rows"]
     assert [r["last_attempt"] for r in rows] == [2]

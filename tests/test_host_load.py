@@ -20,10 +20,9 @@ from harness.runner.sampler import FakeNvml, GpuBackend, HostLoad, NvmlBackend, 
 from harness.slurm.client import Slurm
 from harness.spec.references import Reference, check_rows
 
-from . import synth
-from . import test_collect as tc
-from .conftest import ROOT, SMALL_DATASET, sql_rows, write_sweep
-from .helpers import one_host_inventory
+from . import kit
+from .kit import ROOT, command, jobdirs, sql_rows, write_yaml
+from .kit.jobdirs import FakeSlurm, campaign_workdir, write_attempt
 
 
 def stat_line(busy: int, idle: int) -> str:
@@ -89,18 +88,18 @@ def test_processes_on_the_runs_gpus_that_are_not_its_own_are_counted(tmp_path: P
 
 
 def busy_rows(other_pct: float, foreign: int | None = None) -> list[dict]:
-    rows = synth.gen_samples(synth.T0, 20, 2, seed=9)
+    rows = jobdirs.gen_samples(jobdirs.T0, 20, 2, seed=9)
     for r in rows:
         if r["kind"] == "gpu":
             r["foreign_procs"] = foreign
-    rows += [{"t_wall": synth.T0 + i, "t_mono": 5000.0 + i, "kind": "host", "device": -1, "cpu_pct": other_pct}
+    rows += [{"t_wall": jobdirs.T0 + i, "t_mono": 5000.0 + i, "kind": "host", "device": -1, "cpu_pct": other_pct}
              for i in range(20)]
     return rows
 
 
 @pytest.fixture()
 def tc_wd(tmp_path: Path) -> Path:
-    return tc.campaign_workdir(tmp_path)
+    return campaign_workdir(tmp_path)
 
 
 def with_threshold(run: dict, share: float) -> None:
@@ -110,16 +109,16 @@ def with_threshold(run: dict, share: float) -> None:
 
 
 def test_collect_flags_a_busy_host_and_says_why(tc_wd: Path, tmp_path: Path) -> None:
-    loud = tc.write_attempt(tc_wd, 70, samples={"node1": busy_rows(60.0, 0)})
-    quiet = tc.write_attempt(tc_wd, 71, samples={"node1": busy_rows(3.0, 0)})
-    crowded = tc.write_attempt(tc_wd, 72, samples={"node1": busy_rows(3.0, 2)})
-    lenient = tc.write_attempt(tc_wd, 73, samples={"node1": busy_rows(60.0, 0)})
+    loud = write_attempt(tc_wd, 70, samples={"node1": busy_rows(60.0, 0)})
+    quiet = write_attempt(tc_wd, 71, samples={"node1": busy_rows(3.0, 0)})
+    crowded = write_attempt(tc_wd, 72, samples={"node1": busy_rows(3.0, 2)})
+    lenient = write_attempt(tc_wd, 73, samples={"node1": busy_rows(60.0, 0)})
     for r in (loud, quiet, crowded):
         with_threshold(r, 0.25)
     with_threshold(lenient, 0.75)
     db = tmp_path / "r.duckdb"
     runs = (loud, quiet, crowded, lenient)
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1") for r in runs})))
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1") for r in runs})))
     got = {m["run_id"]: m for m in sql_rows(db, "SELECT m.run_id, host_other_cpu_pct, gpu_foreign_processes, "
                                                 "host_busy, m.notes, r.warnings FROM measurements m JOIN runs r "
                                                 "USING (run_id)")}
@@ -142,14 +141,14 @@ def test_compare_leaves_a_busy_run_out_and_counts_it_with_the_reason(cli, tmp_pa
     wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
     # one run a side, one after the other on one host; the candidate's host was busy with other work
     for k, (camp, other) in enumerate((("base", 2.0), ("cand", 80.0))):
-        r = synth.make_run(wd, camp, 0, hosts=("node1",), gpus_per_host=1, ticks=30, job_id=f"{camp}0",
-                           t0=synth.T0 + 100 * k, executor="local")
-        synth.append_manifest(wd, camp, [synth.manifest_events(camp, "finetune_full_benchmark-v1.0.0", "local"),
-                                         *r["events"]])
+        r = jobdirs.make_run(wd, camp, 0, hosts=("node1",), gpus_per_host=1, ticks=30, job_id=f"{camp}0",
+                           t0=jobdirs.T0 + 100 * k, executor="local")
+        jobdirs.append_manifest(wd, camp, [jobdirs.manifest_events(camp, "finetune_full_benchmark-v1.0.0", "local"),
+                                           *r["events"]])
         rows = list(csv.DictReader(r["paths"].samples("node1").open()))
         extra = [{"t_wall": row["t_wall"], "t_mono": row["t_mono"], "kind": "host", "device": -1, "cpu_pct": other}
                  for row in rows if row["kind"] == "proc"]
-        synth.write_samples(r["paths"], "node1", [*rows, *extra])
+        jobdirs.write_samples(r["paths"], "node1", [*rows, *extra])
         with_threshold(r, 0.25)
     collect(db, wd, None)
     res = cli("compare", "base", "cand", "--db", db)
@@ -168,21 +167,17 @@ def test_a_real_run_beside_two_cpu_burners_is_flagged_and_a_stuck_rapl_counter_i
     pc.mkdir(parents=True)
     (pc / "name").write_text("package-0\n")
     (pc / "energy_uj").write_text("123456\n")  # a counter that never moves
-    inv = write_sweep(tmp_path / "inv.yaml", one_host_inventory(env={"SBENCH_POWERCAP": str(tmp_path / "powercap")}))
+    inv = write_yaml(tmp_path / "inv.yaml", kit.inventory(env={"SBENCH_POWERCAP": str(tmp_path / "powercap")}))
     common = ["--workdir", str(tmp_path / "runs"), "--db", str(tmp_path / "r.duckdb")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    sw = write_sweep(tmp_path / "loud.yaml", {
-        "campaign": "loud", "experiment": "finetune_full_benchmark-v1.0.0",
-        "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "number_gpus": 1,
-                   "batch_size": 2, "gradient_accumulation_steps": 1, "max_steps": 12},
-        "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir),
-        "runner": {"sample_interval_s": 0.2, "host_busy_cpu": 0.25}})
+    sw = write_yaml(tmp_path / "loud.yaml", kit.sweep(tiny_model, small_data_dir, campaign="loud",
+                                                      entity={"max_steps": 12},
+                                                      runner={"sample_interval_s": 0.2, "host_busy_cpu": 0.25}))
     burn = "while True: pass"
     burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(2)]
     try:
-        sub = subprocess.run([sys.executable, "-m", "harness", "submit", str(sw), "-i", str(inv), "--executor",
-                              "local", "--wait", *common], env=env, capture_output=True, text=True, cwd=ROOT,
-                             timeout=900)
+        sub = subprocess.run(command("submit", sw, "-i", inv, "--executor", "local", "--wait", *common), env=env,
+                             capture_output=True, text=True, cwd=ROOT, timeout=900)
     finally:
         for p in burners:
             p.kill()
@@ -197,11 +192,11 @@ def test_a_real_run_beside_two_cpu_burners_is_flagged_and_a_stuck_rapl_counter_i
     assert m["energy_source"] == "rapl" and m["energy_joules"] is None
     assert any("the RAPL counter did not move" in n for n in m["notes"])
     # compare leaves it out, and says why
-    res = subprocess.run([sys.executable, "-m", "harness", "compare", "loud", "loud-again", "--db",
-                          str(tmp_path / "r.duckdb")], env=env, capture_output=True, text=True, cwd=ROOT)
+    res = subprocess.run(command("compare", "loud", "loud-again", "--db", tmp_path / "r.duckdb"), env=env,
+                         capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 2 and "campaign 'loud-again' is not in" in res.stderr + res.stdout
-    res = subprocess.run([sys.executable, "-m", "harness", "compare", "loud", "git_commit=none", "--db",
-                          str(tmp_path / "r.duckdb")], env=env, capture_output=True, text=True, cwd=ROOT)
+    res = subprocess.run(command("compare", "loud", "git_commit=none", "--db", tmp_path / "r.duckdb"), env=env,
+                         capture_output=True, text=True, cwd=ROOT)
     out = res.stdout + res.stderr
     assert res.returncode == 2 and "1 measured on a host busy with other work" in out and m["run_id"] in out, out
 

@@ -18,26 +18,23 @@ from typing import Any
 import duckdb
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from harness.cli import main
 from harness.collect import collect
 from harness.contract import safefile
 from harness.contract.paths import JobPaths
-from tests import helpers
-from tests.synth import append_manifest, make_run, write_json
 
-from .conftest import sql_rows
-from .test_hardening import BASE_INVENTORY, BASE_SWEEP, setin
+from . import kit
+from .kit import LAB_INVENTORY, LAB_SWEEP, setin, sql_rows
+from .kit.jobdirs import append_manifest, make_run, write_json
 
-CAMPAIGN = "hard"  # BASE_SWEEP's: a submit of it reads this campaign (its points are all invalid: nothing runs)
+CAMPAIGN = "hard"  # LAB_SWEEP's: a submit of it reads this campaign (its points are all invalid: nothing runs)
 LIMIT_S = 30
 CANARY = "CANARY-0f1e2d3c"  # in every file outside the work dir a link points to
 
 
 def sbench(*args: Any, cwd: Path, timeout: float = LIMIT_S) -> subprocess.CompletedProcess[str]:
     """``sbench ARGS`` as its own process, bounded by this file's limit; a hang or a traceback fails the test."""
-    return helpers.sbench(*args, cwd=cwd, timeout=timeout, ok=None, env={"SBENCH_DB_WAIT": "5"})
+    return kit.sbench(*args, cwd=cwd, timeout=timeout, ok=None, env={"SBENCH_DB_WAIT": "5"})
 
 
 def run(wd: Path, index: int, campaign: str = CAMPAIGN) -> dict[str, Any]:
@@ -85,8 +82,8 @@ def every_text(db: Path) -> str:
 def lab(lab: dict[str, Any]) -> dict[str, Any]:
     """The corner, with an inventory, a sweep whose points are all invalid (rule 1: nothing runs) and two good
     synthetic runs of the campaign."""
-    lab["inv"].write_text(yaml.safe_dump(BASE_INVENTORY))
-    sweep = setin(BASE_SWEEP, ("entity", "model_max_length"), 64) | {"grid": {"batch_size": [3], "number_gpus": [2]}}
+    lab["inv"].write_text(yaml.safe_dump(LAB_INVENTORY))
+    sweep = setin(LAB_SWEEP, ("entity", "model_max_length"), 64) | {"grid": {"batch_size": [3], "number_gpus": [2]}}
     lab["sweep"].write_text(yaml.safe_dump(sweep))
     wd = lab["wd"] = lab["workdir"]
     lab["good"] = [run(wd, 0), run(wd, 1)]
@@ -374,7 +371,7 @@ def test_escape_sequences_from_a_job_never_reach_the_terminal(lab) -> None:
         assert not any(c in text for c in "\x1b\x07\x9b\r\x08\x00\u202e"), repr(text)
     assert "\\x1b]0;owned" in outputs[1].stdout  # shown escaped, so it can still be read
     # In-process too, with click's own stripping of colour codes turned off.
-    res = CliRunner().invoke(main, ["status", *map(str, lab["common"])], color=True)
+    res = kit.sbench("status", *lab["common"], in_process=True, ok=None, color=True)
     assert res.exit_code == 0 and "\x1b" not in res.output and "\\x1b" in res.output
 
 

@@ -367,7 +367,7 @@ def test_a_misplaced_sweep_key_gets_advice_that_works(key, value, not_suggested,
 
 
 def test_a_partition_warning_is_given_for_sweeps_on_that_partition_only(cli, tmp_path: Path) -> None:
-    from .conftest import TEST_INVENTORY
+    from .kit import TEST_INVENTORY
 
     # the test inventory's cpu partition has hosts with different GID indices; its gpu partition does not
     said = {}

@@ -29,13 +29,8 @@ from harness.runner import stages
 from harness.runner.node import NodeRunner
 from harness.runner.stages import read_stages
 from harness.slurm import localjob
-from tests import synth
 
-from .conftest import SMALL_DATASET, sql_rows, write_sweep
-
-ROOT = Path(__file__).resolve().parent.parent
-FULL = "finetune_full_benchmark-v1.0.0"
-
+from .kit import FULL, ROOT, SMALL_DATASET, Campaign, command, jobdirs, sql_rows, write_yaml
 
 # -- helpers -------------------------------------------------------------------------------------------------
 
@@ -47,13 +42,13 @@ def _env(**extra: str) -> dict[str, str]:
 def sbench(lab: dict[str, Path], *args: Any, env: dict[str, str] | None = None,
            timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """``sbench ARGS --workdir W --db D`` as a process of its own."""
-    cmd = [sys.executable, "-m", "harness", *map(str, args), "--workdir", str(lab["workdir"]), "--db", str(lab["db"])]
+    cmd = command(*args, "--workdir", lab["workdir"], "--db", lab["db"])
     return subprocess.run(cmd, env=env or _env(), capture_output=True, text=True, timeout=timeout, cwd=lab["root"])
 
 
 def start(lab: dict[str, Path], name: str, *args: Any, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """``sbench ARGS`` in the background; its output goes to <root>/<name>.out and .err."""
-    cmd = [sys.executable, "-m", "harness", *map(str, args), "--workdir", str(lab["workdir"]), "--db", str(lab["db"])]
+    cmd = command(*args, "--workdir", lab["workdir"], "--db", lab["db"])
     out, err = (lab["root"] / f"{name}.out").open("w"), (lab["root"] / f"{name}.err").open("w")
     return subprocess.Popen(cmd, env=env or _env(), cwd=lab["root"], text=True, stdout=out, stderr=err)
 
@@ -73,8 +68,7 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def attempt_lines(lab: dict[str, Path], campaign: str) -> list[dict[str, Any]]:
-    path = lab["workdir"] / campaign / "manifest.jsonl"
-    return [ev for ev in map(json.loads, path.read_text().splitlines()) if ev["type"] == "attempt"]
+    return Campaign(lab["workdir"], lab["db"], campaign).manifest("attempt")
 
 
 def job_dirs(lab: dict[str, Path], campaign: str) -> list[str]:
@@ -117,7 +111,7 @@ def gone(pid: int) -> bool:
 
 
 def sweep_file(lab: dict[str, Path], campaign: str, model: Path, data: Path, grid: dict[str, list[Any]]) -> Path:
-    return write_sweep(lab["root"] / f"{campaign}.yaml", {
+    return write_yaml(lab["root"] / f"{campaign}.yaml", {
         "campaign": campaign, "experiment": FULL,
         "entity": {"model_name": "tiny", "model_max_length": 96, "dataset_id": SMALL_DATASET, "batch_size": 2,
                    "number_gpus": 1, "gradient_accumulation_steps": 1, "torch_dtype": "float32"},
@@ -140,7 +134,7 @@ def test_a_forged_submitted_json_or_queue_pidfile_is_never_trusted(lab) -> None:
         qfile.parent.mkdir(parents=True)
         qfile.write_text("{}")
         CampaignPaths.queue_pidfile(qfile).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
-        events = [synth.manifest_events("forged", FULL, "local")]
+        events = [jobdirs.manifest_events("forged", FULL, "local")]
         dirs = []
         for i, started in enumerate((True, False)):
             jd = camp / f"{i:016x}.r0.a1"
@@ -150,11 +144,11 @@ def test_a_forged_submitted_json_or_queue_pidfile_is_never_trusted(lab) -> None:
             if started:  # what the old identity check trusted: the real start time and a command-line needle
                 info.update(pid=pid, started_at="2026-01-01T00:00:01+0000",
                             process={"pid": pid, "create_time": psutil.Process(pid).create_time(), "needle": "sleep"})
-            synth.write_json(jd / "submitted.json", info)
+            jobdirs.write_json(jd / "submitted.json", info)
             events.append({"type": "attempt", "campaign": "forged", "point_id": f"{i:016x}", "repeat": 0, "attempt": 1,
                            "job_dir": str(jd), "executor": "local", "job_id": str(pid), "reason": "new"})
             dirs.append(str(jd))
-        synth.append_manifest(lab["workdir"], "forged", events)
+        jobdirs.append_manifest(lab["workdir"], "forged", events)
         rows = status_rows(lab, "forged")
         assert rows[dirs[0]]["live_state"] == "LOST" and rows[dirs[0]]["phase"] != "running", rows[dirs[0]]
         assert rows[dirs[1]]["live_state"] == "NOT_STARTED" and rows[dirs[1]]["phase"] == "not started", rows[dirs[1]]
@@ -173,7 +167,7 @@ def test_a_forged_submitted_json_or_queue_pidfile_is_never_trusted(lab) -> None:
 # -- the campaign lock ------------------------------------------------------------------------------------
 
 def test_a_held_campaign_lock_makes_submit_and_cancel_wait_then_exit_1_naming_the_holder(lab) -> None:
-    sweep = write_sweep(lab["root"] / "s.yaml", {
+    sweep = write_yaml(lab["root"] / "s.yaml", {
         "campaign": "busy", "experiment": FULL, "entity": {"model_name": "tiny", "model_max_length": 64,
                                                            "batch_size": 2, "number_gpus": 1},
         "model_map": {"tiny": str(lab["root"] / "model")}})
@@ -220,11 +214,11 @@ def test_retry_refuses_a_sweep_that_now_names_another_campaign(lab) -> None:
     doc = {"campaign": "first", "experiment": FULL, "entity": {"model_name": "tiny", "model_max_length": 64,
                                                                "batch_size": 2, "number_gpus": 1},
            "model_map": {"tiny": str(lab["root"] / "model")}}
-    sweep = write_sweep(lab["root"] / "s.yaml", doc)
-    manifest = synth.append_manifest(lab["workdir"], "first", [{**synth.manifest_events("first", FULL, "local"),
-                                                               "sweep": str(sweep), "inventory": None}])
+    sweep = write_yaml(lab["root"] / "s.yaml", doc)
+    manifest = jobdirs.append_manifest(lab["workdir"], "first", [{**jobdirs.manifest_events("first", FULL, "local"),
+                                                                 "sweep": str(sweep), "inventory": None}])
     before = manifest.read_text()
-    write_sweep(sweep, {**doc, "campaign": "second"})
+    write_yaml(sweep, {**doc, "campaign": "second"})
     res = sbench(lab, "retry", "first", "--executor", "local")
     assert res.returncode == 2, res.stdout + res.stderr
     assert str(sweep) in res.stderr and "'second'" in res.stderr and "'first'" in res.stderr
@@ -232,10 +226,10 @@ def test_retry_refuses_a_sweep_that_now_names_another_campaign(lab) -> None:
     assert manifest.read_text() == before and not (lab["workdir"] / "second").exists()
     # A campaign submitted under another name (submit --campaign) follows its sweep while the sweep's
     # campaign: says what it said then.
-    write_sweep(sweep, {**doc, "campaign": "nightly"})
-    synth.append_manifest(lab["workdir"], "nightly-2", [{**synth.manifest_events("nightly-2", FULL, "local"),
-                                                         "sweep": str(sweep), "inventory": None,
-                                                         "sweep_campaign": "nightly"}])
+    write_yaml(sweep, {**doc, "campaign": "nightly"})
+    jobdirs.append_manifest(lab["workdir"], "nightly-2", [{**jobdirs.manifest_events("nightly-2", FULL, "local"),
+                                                           "sweep": str(sweep), "inventory": None,
+                                                           "sweep_campaign": "nightly"}])
     res = sbench(lab, "retry", "nightly-2", "--executor", "local", "--json")
     assert res.returncode == 0 and json.loads(res.stdout)["campaign"] == "nightly-2", res.stdout + res.stderr
 
@@ -243,7 +237,7 @@ def test_retry_refuses_a_sweep_that_now_names_another_campaign(lab) -> None:
 def test_a_submit_killed_before_it_hands_its_job_dirs_over_leaves_them_visibly_not_started(lab) -> None:
     """SIGKILL between writing the job dirs and handing them to the executor (the window SIGINT and SIGTERM
     wait out): the attempt is not started, never queued for ever, and its number is never used again."""
-    sweep = write_sweep(lab["root"] / "s.yaml", {
+    sweep = write_yaml(lab["root"] / "s.yaml", {
         "campaign": "killed", "experiment": FULL, "entity": {"model_name": "tiny", "model_max_length": 64,
                                                              "batch_size": 2, "number_gpus": 1},
         "model_map": {"tiny": str(lab["root"] / "model")}})
@@ -274,14 +268,15 @@ def test_a_submit_killed_before_it_hands_its_job_dirs_over_leaves_them_visibly_n
 
 @pytest.mark.parametrize("collect_first", [True, False])
 def test_an_attempt_whose_queue_died_is_not_started_and_cancel_takes_whatever_collect_did(lab, collect_first) -> None:
-    run = synth.make_run(lab["workdir"], "strand", 0, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local")
+    run = jobdirs.make_run(lab["workdir"], "strand", 0, hosts=("n1",), gpus_per_host=1, ticks=5, executor="local")
     for f in run["paths"].root.iterdir():
         if not f.name.startswith(("spec.", "submitted.")):
             f.unlink()
     qfile = lab["workdir"] / "strand" / ".local" / "queue-1.json"  # its queue never wrote a pidfile, or died
-    synth.write_json(run["paths"].submitted, {"executor": "local", "job_id": None, "queue": str(qfile),
-                                              "submitted_at": "2026-01-01T00:00:00+0000"})
-    synth.append_manifest(lab["workdir"], "strand", [synth.manifest_events("strand", FULL, "local"), *run["events"]])
+    jobdirs.write_json(run["paths"].submitted, {"executor": "local", "job_id": None, "queue": str(qfile),
+                                                "submitted_at": "2026-01-01T00:00:00+0000"})
+    jobdirs.append_manifest(lab["workdir"], "strand",
+                            [jobdirs.manifest_events("strand", FULL, "local"), *run["events"]])
     jd = str(run["job_dir"])
     row = status_rows(lab, "strand")[jd]
     assert (row["phase"], row["live_state"]) == ("not started", "NOT_STARTED")
@@ -485,7 +480,7 @@ def test_a_signalled_queue_leaves_a_campaign_that_retry_finishes_without_rerunni
 def slurm_sweep(lab: dict[str, Path], campaign: str, model: Path, data: Path, grid: dict[str, list[Any]]) -> Path:
     path = sweep_file(lab, campaign, model, data, grid)
     doc = {**yaml.safe_load(path.read_text()), "partition": "cpu"}
-    return write_sweep(path, doc)
+    return write_yaml(path, doc)
 
 
 @pytest.mark.slurm

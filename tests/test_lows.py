@@ -17,9 +17,9 @@ from harness.collect.ingest import collect
 from harness.contract.paths import JobPaths, job_dir_name
 from harness.spec.sweep import AdaptiveRepeats
 
-from .conftest import sql_rows, write_sweep
-from .helpers import one_host_inventory
-from .synth import append_manifest, make_run, manifest_events, write_spec
+from . import kit
+from .kit import sql_rows, write_yaml
+from .kit.jobdirs import append_manifest, make_run, manifest_events, write_spec
 
 BASE = {"campaign": "lows", "experiment": "finetune_full_benchmark-v1.0.0",
         "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 1, "batch_size": 2,
@@ -55,7 +55,7 @@ def test_a_number_in_scientific_notation_is_a_number(cli, tmp_path: Path) -> Non
     ({"min": 2, "max": 3, "cv": 0}, "repeats.cv", "between 0 and 1, both excluded"),
 ])
 def test_repeats_bounds_say_what_is_checked(cli, tmp_path: Path, repeats, key, fix) -> None:
-    sw = write_sweep(tmp_path / "sweep.yaml", {**BASE, "repeats": repeats})
+    sw = write_yaml(tmp_path / "sweep.yaml", {**BASE, "repeats": repeats})
     res = cli("plan", sw)
     assert res.exit_code == 2 and str(sw) in res.output and key in res.output and fix in res.output, res.output
     assert "must be >= 0" not in res.output
@@ -63,8 +63,8 @@ def test_repeats_bounds_say_what_is_checked(cli, tmp_path: Path, repeats, key, f
 
 @pytest.mark.parametrize("rel_ci,ok", [(1, False), (0.6, False), (0, False), (0.5, True), (0.02, True)])
 def test_rel_ci_is_a_precision_not_a_formality(cli, tmp_path: Path, rel_ci, ok) -> None:
-    sw = write_sweep(tmp_path / "sweep.yaml", {**BASE, **PRECISION,
-                                               "runner": {"auto_stop": {"method": "precision", "rel_ci": rel_ci}}})
+    sw = write_yaml(tmp_path / "sweep.yaml", {**BASE, **PRECISION,
+                                              "runner": {"auto_stop": {"method": "precision", "rel_ci": rel_ci}}})
     res = cli("plan", sw)
     if ok:
         assert res.exit_code == 0, res.output
@@ -92,8 +92,8 @@ def test_compare_of_one_campaign_with_itself_or_with_one_not_there_says_so(cli, 
 
 
 def test_a_sweep_without_a_valid_point_is_refused(cli, tmp_path: Path) -> None:
-    inv = write_sweep(tmp_path / "inv.yaml", one_host_inventory())
-    sw = write_sweep(tmp_path / "sweep.yaml", {**BASE, "entity": {**BASE["entity"], "number_gpus": 4}})
+    inv = write_yaml(tmp_path / "inv.yaml", kit.inventory())
+    sw = write_yaml(tmp_path / "sweep.yaml", {**BASE, "entity": {**BASE["entity"], "number_gpus": 4}})
     res = cli("submit", sw, "-i", inv, "--executor", "local", "--workdir", tmp_path / "runs", "--db",
               tmp_path / "r.duckdb")
     assert res.exit_code == 2 and f"{sw}: every point is invalid (1 point(s))" in res.output, res.output
@@ -123,7 +123,7 @@ def test_plan_and_render_show_which_points_share_a_pack(cli, tmp_path: Path) -> 
     (tmp_path / "model").mkdir()
     doc = {**BASE, "entity": {k: v for k, v in BASE["entity"].items() if k != "batch_size"} | {"model_name": "tiny"},
            "grid": {"batch_size": [4, 1, 2]}, "model_map": {"tiny": str(tmp_path / "model")}, "slurm": {"pack": 2}}
-    sw = write_sweep(tmp_path / "sweep.yaml", doc)
+    sw = write_yaml(tmp_path / "sweep.yaml", doc)
     res = cli("plan", sw)
     assert res.exit_code == 0, res.output
     rows = {line.split()[0]: line for line in res.output.splitlines() if "valid" not in line and "yes" in line}
@@ -146,9 +146,9 @@ def test_plan_and_render_show_which_points_share_a_pack(cli, tmp_path: Path) -> 
     ("oom@step=1:3", "oom takes no :ARG"),
 ])
 def test_a_malformed_fault_is_refused_by_plan_and_submit(cli, tmp_path: Path, monkeypatch, fault, says) -> None:
-    inv_doc = one_host_inventory()
-    inv = write_sweep(tmp_path / "inv.yaml", inv_doc)
-    sw = write_sweep(tmp_path / "sweep.yaml", BASE)
+    inv_doc = kit.inventory()
+    inv = write_yaml(tmp_path / "inv.yaml", inv_doc)
+    sw = write_yaml(tmp_path / "sweep.yaml", BASE)
     common = ["--workdir", tmp_path / "runs", "--db", tmp_path / "r.duckdb"]
     monkeypatch.setenv("SBENCH_FAULT", fault)
     for args in (("plan", sw, "-i", inv), ("submit", sw, "-i", inv, "--executor", "local", *common)):
@@ -159,11 +159,11 @@ def test_a_malformed_fault_is_refused_by_plan_and_submit(cli, tmp_path: Path, mo
     # the same value in the inventory's env (rendered into each job's env/<host>.sh): named by its key
     monkeypatch.delenv("SBENCH_FAULT")
     inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": fault}
-    write_sweep(inv, inv_doc)
+    write_yaml(inv, inv_doc)
     res = cli("submit", sw, "-i", inv, "--executor", "local", *common)
     assert res.exit_code == 2 and f"{inv}: partitions.cpu.env.SBENCH_FAULT" in res.output and says in res.output
     inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": "sleep@step=1:2;oom@step=3,rank=0"}
-    write_sweep(inv, inv_doc)
+    write_yaml(inv, inv_doc)
     assert cli("plan", sw, "-i", inv).exit_code == 0
 
 

@@ -21,7 +21,8 @@ from harness.spec.memory import (
     trainable_parameters,
 )
 
-from .conftest import ROOT, write_sweep
+from . import kit
+from .kit import ROOT, sbench, write_yaml
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -167,21 +168,18 @@ def test_plan_memory_json_flags_the_point_that_cannot_fit(tmp_path: Path) -> Non
     (model / "config.json").write_text(json.dumps(dict(CONFIGS["mistral"], hidden_size=4096, intermediate_size=14336,
                                                        num_hidden_layers=32, num_attention_heads=32,
                                                        num_key_value_heads=8, head_dim=128, vocab_size=32000)))
-    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {
+    inv = write_yaml(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {
         "l4": {"gpu_model": "NVIDIA-L4", "gpus_per_node": 8, "cpus_per_node": 64, "memory_gb": 512,
                "hosts": {"g1": {"address": "10.0.0.1"}}},
         "big": {"gpu_model": "NVIDIA-L4", "gpu_memory_gb": 2000, "gpus_per_node": 8, "cpus_per_node": 64,
                 "memory_gb": 512, "hosts": {"g2": {"address": "10.0.0.2"}}}}})
     out = {}
     for part in ("l4", "big"):
-        sw = write_sweep(tmp_path / f"{part}.yaml", {
+        sw = write_yaml(tmp_path / f"{part}.yaml", {
             "campaign": part, "experiment": "finetune_full_benchmark-v1.0.0", "partition": part,
             "entity": {"model_name": "m7b", "model_max_length": 2048, "number_gpus": 1, "batch_size": 1},
             "model_map": {"m7b": str(model)}})
-        proc = subprocess.run([sys.executable, "-m", "harness", "plan", str(sw), "-i", str(inv), "--memory", "--json"],
-                              capture_output=True, text=True, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr
-        (out[part],) = json.loads(proc.stdout)
+        (out[part],) = json.loads(sbench("plan", sw, "-i", inv, "--memory", "--json").stdout)
     assert out["l4"]["valid"] and out["l4"]["predicted_oom"] is True
     assert out["l4"]["memory"]["total_bytes"] > 24e9 and out["l4"]["memory"]["device_bytes"] == 24e9
     assert out["big"]["predicted_oom"] is False
@@ -190,22 +188,13 @@ def test_plan_memory_json_flags_the_point_that_cannot_fit(tmp_path: Path) -> Non
 
 
 def test_submit_skips_the_points_predicted_not_to_fit(tmp_path: Path, tiny_model: Path, small_data_dir: Path) -> None:
-    from .conftest import SMALL_DATASET
 
-    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"cpu": {
-        "gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 0.5,
-        "hosts": {"h1": {"address": "127.0.0.1"}}}}})
-    sw = write_sweep(tmp_path / "s.yaml", {
-        "campaign": "oom-skip", "experiment": "finetune_full_benchmark-v1.0.0",
-        "entity": {"model_name": "tiny", "model_max_length": 512, "dataset_id": SMALL_DATASET, "number_gpus": 1,
-                   "gradient_accumulation_steps": 1, "max_steps": 1},
-        "grid": {"batch_size": [2, 512]}, "runner": {"workload": "idle"},
-        "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)})
-    proc = subprocess.run([sys.executable, "-m", "harness", "submit", str(sw), "-i", str(inv), "--executor", "local",
-                           "--wait", "--skip-predicted-oom", "--no-prepare", "--json",
-                           "--workdir", str(tmp_path / "runs"),
-                           "--db", str(tmp_path / "r.duckdb")], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    inv = write_yaml(tmp_path / "inv.yaml", kit.inventory(memory_gb=0.5))
+    sw = write_yaml(tmp_path / "s.yaml", kit.sweep(tiny_model, small_data_dir, campaign="oom-skip",
+                                                   entity={"model_max_length": 512, "max_steps": 1},
+                                                   grid={"batch_size": [2, 512]}, runner={"workload": "idle"}))
+    proc = sbench("submit", sw, "-i", inv, "--executor", "local", "--wait", "--skip-predicted-oom", "--no-prepare",
+                  "--json", "--workdir", tmp_path / "runs", "--db", tmp_path / "r.duckdb")
     from harness.spec.inventory import load_inventory
     from harness.spec.plan import plan_sweep
     from harness.spec.sweep import load_sweep
@@ -221,7 +210,7 @@ def test_a_bad_gpu_memory_gb_names_the_key(tmp_path: Path) -> None:
     from harness.contract.errors import InputError
     from harness.spec.inventory import load_inventory
 
-    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"g": {
+    inv = write_yaml(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"g": {
         "gpu_model": "NVIDIA-L4", "gpu_memory_gb": "lots", "gpus_per_node": 1, "cpus_per_node": 2, "memory_gb": 8,
         "hosts": {"h": {"address": "10.0.0.1"}}}}})
     with pytest.raises(InputError, match=r"partitions\.g\.gpu_memory_gb must be a number"):
@@ -245,16 +234,16 @@ def test_plan_tells_which_optimizers_can_run_where(tmp_path: Path, optim: str, p
     if importlib.util.find_spec("bitsandbytes") is not None and "package" in (expect or ""):
         pytest.skip("bitsandbytes is installed here")
     hosts = {"h": {"address": "10.0.0.1"}}
-    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {
+    inv = write_yaml(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {
         "cpu": {"gpu_model": "cpu", "gpus_per_node": 1, "cpus_per_node": 4, "memory_gb": 8, "hosts": hosts},
         "gpu": {"gpu_model": "NVIDIA-L4", "gpus_per_node": 1, "cpus_per_node": 4, "memory_gb": 8, "hosts": hosts},
         "gpu-own-python": {"gpu_model": "NVIDIA-L4", "gpus_per_node": 1, "cpus_per_node": 4, "memory_gb": 8,
                            "python": "/opt/env/bin/python", "hosts": hosts}}})
-    sw = write_sweep(tmp_path / "s.yaml", {"campaign": "o", "experiment": "finetune_full_benchmark-v1.0.0",
-                                           "partition": part,
-                                           "entity": {"model_name": "m", "optim": optim, "model_max_length": 512,
-                                                      "number_gpus": 1, "batch_size": 1},
-                                           "model_map": {"m": "ibm-granite/granite-3b-code-base-2k"}})
+    sw = write_yaml(tmp_path / "s.yaml", {"campaign": "o", "experiment": "finetune_full_benchmark-v1.0.0",
+                                          "partition": part,
+                                          "entity": {"model_name": "m", "optim": optim, "model_max_length": 512,
+                                                     "number_gpus": 1, "batch_size": 1},
+                                          "model_map": {"m": "ibm-granite/granite-3b-code-base-2k"}})
     (pt,) = plan_sweep(load_sweep(sw), load_inventory(inv))
     if expect is None:
         assert pt.valid, pt.reasons
@@ -279,13 +268,13 @@ def test_fsdp_offload_params_is_a_real_setting_that_keeps_old_point_ids(tmp_path
     assert point_id(exp, {**ent, "fsdp_offload_params": False}) == before  # ids measured before the field stay
     assert point_id(exp, {**ent, "fsdp_offload_params": True}) != before
     hosts = {"h": {"address": "10.0.0.1"}}
-    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {
+    inv = write_yaml(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {
         "gpu": {"gpu_model": "NVIDIA-A100-SXM4-80GB", "gpus_per_node": 4, "cpus_per_node": 32, "memory_gb": 256,
                 "hosts": hosts},
         "cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 8, "memory_gb": 16, "hosts": hosts}}})
     got = {}
     for part in ("gpu", "cpu"):
-        sw = write_sweep(tmp_path / f"{part}.yaml", {
+        sw = write_yaml(tmp_path / f"{part}.yaml", {
             "campaign": part, "experiment": exp, "partition": part,
             "entity": {"model_name": "m", "model_max_length": 512, "batch_size": 4, "distributed_backend": "FSDP",
                        "fsdp_offload_params": True},
@@ -317,7 +306,7 @@ def _ds_inventory(tmp_path: Path, python: str | None = None) -> Path:
            "hosts": hosts}
     if python:
         gpu["python"] = python
-    return write_sweep(tmp_path / f"inv-{'own' if python else 'here'}.yaml", {"cluster": "c", "partitions": {
+    return write_yaml(tmp_path / f"inv-{'own' if python else 'here'}.yaml", {"cluster": "c", "partitions": {
         "gpu": gpu,
         "cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 8, "memory_gb": 16, "hosts": hosts}}})
 
@@ -327,7 +316,7 @@ def _plan(tmp_path: Path, inv: Path, part: str, exp: str, entity: dict, grid: di
     from harness.spec.plan import plan_sweep
     from harness.spec.sweep import load_sweep
 
-    sw = write_sweep(tmp_path / f"{name}-{part}.yaml", {
+    sw = write_yaml(tmp_path / f"{name}-{part}.yaml", {
         "campaign": name, "experiment": exp, "partition": part,
         "entity": {"model_name": "m", "model_max_length": 256, "batch_size": 4, "number_gpus": 2, **entity},
         "grid": grid, "model_map": {"m": "ibm-granite/granite-3b-code-base-2k"}})
@@ -591,20 +580,18 @@ def test_catalogue_facts_instantiate_the_architecture_they_name() -> None:
 def test_plan_memory_predicts_a_catalogue_model_with_no_weights_here(tmp_path: Path) -> None:
     """llama3.1-8b maps to a path this machine does not have: the catalogue's facts predict it, a local
     config.json wins where there is one, and the summary counts what was not predicted apart."""
-    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"a100": {
+    inv = write_yaml(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {"a100": {
         "gpu_model": "NVIDIA-A100-SXM4-80GB", "gpus_per_node": 8, "cpus_per_node": 64, "memory_gb": 512,
         "hosts": {"g1": {"address": "10.0.0.1"}}}}})
     local = tmp_path / "small-1b"
     local.mkdir()
     (local / "config.json").write_text(json.dumps(dict(CONFIGS["llama"])))
-    sw = write_sweep(tmp_path / "s.yaml", {
+    sw = write_yaml(tmp_path / "s.yaml", {
         "campaign": "m", "experiment": "finetune_full_benchmark-v1.0.0",
         "entity": {"model_max_length": 4096, "number_gpus": 1, "batch_size": 1},
         "grid": {"model_name": ["llama3.1-8b", "mixtral-8x7b-instruct-v0.1", "allam-1-13b", "llama3.2-1b"]},
         "model_map": {"llama3.2-1b": str(local)}})  # a catalogue name whose config.json is readable: it wins
-    proc = subprocess.run([sys.executable, "-m", "harness", "plan", str(sw), "-i", str(inv), "--memory", "--json"],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
+    proc = sbench("plan", sw, "-i", inv, "--memory", "--json")
     by = {p["entity"]["model_name"]: p for p in json.loads(proc.stdout)}
     assert not Path(by["llama3.1-8b"]["model_source"]).exists()
     m8 = by["llama3.1-8b"]["memory"]
@@ -616,8 +603,7 @@ def test_plan_memory_predicts_a_catalogue_model_with_no_weights_here(tmp_path: P
     mine = by["llama3.2-1b"]["memory"]
     assert mine["config_source"] == f"{local}/config.json"
     assert mine["parameters"] == sum(parameter_groups(shape_of(CONFIGS["llama"])).values())
-    text = subprocess.run([sys.executable, "-m", "harness", "plan", str(sw), "-i", str(inv), "--memory"],
-                          capture_output=True, text=True, cwd=ROOT).stdout
+    text = sbench("plan", sw, "-i", inv, "--memory", ok=None).stdout
     assert "memory of 4 valid run(s): 2 predicted to fit, 1 predicted not to fit" in text
     assert "1 not predicted (the reasons column says why)" in text
     assert "memory not predicted: the config.json of allam-1-13b is not readable here" in text

@@ -1,7 +1,7 @@
 """Shared hosts: runs that held one host at the same time are flagged by collect (runs.overlapped_with, the warning,
 measurements.shared_host / overlapped_with), and compare, check and the report leave them out.
 
-Synthetic job dirs (tests/synth.py) and a fake sacct whose start, end and node list each test sets per job;
+Synthetic job dirs (tests/kit/jobdirs.py) and a fake sacct whose start, end and node list each test sets per job;
 local runs are placed by their stage events. Expected flags follow from the times each test wrote.
 """
 
@@ -23,12 +23,10 @@ from harness.db.store import open_store
 from harness.report.page import build_report
 from harness.slurm.client import Slurm
 from harness.spec.references import Reference
-from tests import synth
-from tests.helpers import html_only
 
-from .conftest import sql_rows, table_contents
+from .kit import LORA, jobdirs, sql_rows, table_contents
+from .kit.report import html_only
 
-LORA = "finetune_lora_benchmark-v1.0.0"
 BASE = dt.datetime(2025, 11, 22)
 ROW_TABLES = ["runs", "run_hosts", "measurements", "checks"]
 
@@ -57,14 +55,14 @@ class FakeSacct:
 
 
 def run(workdir: Path, campaign: str, index: int, job_id: str, host: str = "node1", executor: str = "slurm",
-        t0: float = synth.T0, references: list[Reference] | None = None) -> dict:
+        t0: float = jobdirs.T0, references: list[Reference] | None = None) -> dict:
     """One finished run of point *index* in *campaign* on *host* (its manifest lines appended)."""
-    r = synth.make_run(workdir, campaign, index, hosts=(host,), gpus_per_host=2, ticks=30, experiment=LORA,
-                       executor=executor, job_id=job_id, t0=t0)
+    r = jobdirs.make_run(workdir, campaign, index, hosts=(host,), gpus_per_host=2, ticks=30, experiment=LORA,
+                         executor=executor, job_id=job_id, t0=t0)
     man = Path(workdir) / campaign / "manifest.jsonl"
-    first = [] if man.exists() else [{**synth.manifest_events(campaign, LORA, executor),
+    first = [] if man.exists() else [{**jobdirs.manifest_events(campaign, LORA, executor),
                                       "references": [x.to_dict() for x in references or []]}]
-    synth.append_manifest(workdir, campaign, first + r["events"])
+    jobdirs.append_manifest(workdir, campaign, first + r["events"])
     r["run_id"] = f"{campaign}/{r['job_dir'].name}"
     return r
 
@@ -113,9 +111,9 @@ def test_a_later_run_flags_an_earlier_one_and_incremental_equals_from_scratch(tm
     collect(db, wd, slurm=Slurm(sacct))
     assert flags(db) == {a["run_id"]: []}
     assert sql_rows(db, "SELECT shared_host FROM measurements") == [{"shared_host": False}]
-    b = synth.make_run(wd, "c", 2, hosts=("node1", "node2"), gpus_per_host=2, ticks=30, experiment=LORA,
-                       job_id="202")
-    synth.append_manifest(wd, "c", b["events"])
+    b = jobdirs.make_run(wd, "c", 2, hosts=("node1", "node2"), gpus_per_host=2, ticks=30, experiment=LORA,
+                         job_id="202")
+    jobdirs.append_manifest(wd, "c", b["events"])
     b_id = f"c/{b['job_dir'].name}"
     collect(db, wd, slurm=Slurm(sacct))
     # the earlier run, not read again, is flagged now too: its row, its warning and its measurement
@@ -155,8 +153,8 @@ def test_a_run_still_running_overlaps_what_starts_after_it(tmp_path: Path) -> No
 def test_local_runs_are_placed_by_their_stage_events(tmp_path: Path) -> None:
     wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
     a = run(wd, "loc", 1, "pid-a", host="vm", executor="local")
-    b = run(wd, "loc", 2, "pid-b", host="vm", executor="local", t0=synth.T0 + 20)  # a's stages run to T0 + 26
-    c = run(wd, "loc", 3, "pid-c", host="vm", executor="local", t0=synth.T0 + 100)
+    b = run(wd, "loc", 2, "pid-b", host="vm", executor="local", t0=jobdirs.T0 + 20)  # a's stages run to T0 + 26
+    c = run(wd, "loc", 3, "pid-c", host="vm", executor="local", t0=jobdirs.T0 + 100)
     collect(db, wd, slurm=Slurm(FakeSacct({})))
     assert flags(db) == {a["run_id"]: [b["run_id"]], b["run_id"]: [a["run_id"]], c["run_id"]: []}
     (h,) = sql_rows(db, "SELECT held_start_wall, held_end_wall FROM run_hosts WHERE run_id = ?", [c["run_id"]])

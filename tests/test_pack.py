@@ -19,7 +19,8 @@ from harness.contract.errors import SweepError
 from harness.contract.paths import JobPaths
 from harness.spec.sweep import load_sweep
 
-from .conftest import SMALL_DATASET, TEST_INVENTORY, sql_rows, write_sweep
+from . import kit
+from .kit import SMALL_DATASET, TEST_INVENTORY, sql_rows, write_yaml
 
 
 def spec(point: str, batch: int, *, model: str = "tiny", time: str = "00:10:00", cpus: int = 2,
@@ -113,12 +114,9 @@ def test_the_pack_script_runs_its_points_in_order_skips_a_cancelled_one_and_requ
 # -- a real local pack ---------------------------------------------------------------------------------------
 
 def _sweep(root: Path, model: Path, data: Path, name: str, batches: list[int], pack: int | str) -> Path:
-    return write_sweep(root / f"{name}.yaml", {
-        "campaign": name, "experiment": "finetune_full_benchmark-v1.0.0",
-        "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "number_gpus": 1,
-                   "gradient_accumulation_steps": 1, "max_steps": 3},
-        "grid": {"batch_size": batches}, "model_map": {"tiny": str(model)}, "data_dir": str(data),
-        "runner": {"sample_interval_s": 0.05}, "slurm": {"pack": pack}})
+    return write_yaml(root / f"{name}.yaml", kit.sweep(model, data, campaign=name, entity={"max_steps": 3},
+                                                       grid={"batch_size": batches}, runner={"sample_interval_s": 0.05},
+                                                       slurm={"pack": pack}))
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +228,7 @@ def test_a_packed_scan_on_slurm_runs_in_one_allocation_with_one_ok_run_per_point
     doc = {"campaign": "pack-slurm", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
            "entity": entity, "grid": {"batch_size": batches}, "model_map": {"tiny": str(tiny_model)},
            "data_dir": str(small_data_dir), "runner": {"sample_interval_s": 0.5}, "slurm": {"pack": "auto"}}
-    sweep = write_sweep(tmp_path / "s.yaml", doc)
+    sweep = write_yaml(tmp_path / "s.yaml", doc)
     rep = json.loads(_run(cli, env, "submit", sweep, "-i", TEST_INVENTORY, "--executor", "slurm", "--wait",
                           "--json").stdout)
     assert rep["submitted"] == len(batches) and rep["sbatch_calls"] == 1
@@ -272,7 +270,7 @@ def test_after_an_oom_in_a_slurm_pack_the_rest_is_requeued_from_the_node_as_its_
                       "gradient_accumulation_steps": 1, "max_steps": 2},
            "grid": {"batch_size": [1, 2, 4]}, "model_map": {"tiny": str(tiny_model)},
            "data_dir": str(small_data_dir), "runner": {"sample_interval_s": 0.5}, "slurm": {"pack": 3}}
-    sweep = write_sweep(tmp_path / "s.yaml", doc)
+    sweep = write_yaml(tmp_path / "s.yaml", doc)
     monkeypatch.setenv("SBENCH_FAULT", "oom@step=1,batch=2")
     rep = json.loads(_run(cli, env, "submit", sweep, "-i", TEST_INVENTORY, "--executor", "slurm", "--wait",
                           "--json").stdout)

@@ -14,7 +14,7 @@ import yaml
 from harness.spec.catalog import EXPERIMENTS, LORA_TARGET_MODULES
 from harness.spec.modelmap import builtin_model_map
 
-from .conftest import SMALL_DATASET, write_sweep
+from .kit import SMALL_DATASET, write_yaml
 
 
 def seed_rules_oracle(e: dict, num_local_experts: int | None) -> set[int]:
@@ -208,7 +208,7 @@ def test_plan_warns_once_per_setting_the_trainer_will_change(cli, tmp_path, tiny
     data = tmp_path / "data"
     data.mkdir()
     shutil.copy(small_data_dir / f"{SMALL_DATASET}.jsonl", data)
-    inv = write_sweep(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {
+    inv = write_yaml(tmp_path / "inv.yaml", {"cluster": "c", "partitions": {
         "cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 4, "memory_gb": 16,
                 "hosts": {"c1": {"address": "127.0.0.1"}}},
         "gpu": {"gpu_model": "NVIDIA-A100-SXM4-80GB", "gpus_per_node": 8, "cpus_per_node": 64, "memory_gb": 512,
@@ -217,10 +217,10 @@ def test_plan_warns_once_per_setting_the_trainer_will_change(cli, tmp_path, tiny
            "entity": {"model_name": "tiny", "model_max_length": 256, "dataset_id": SMALL_DATASET, "batch_size": 4},
            "grid": {"number_gpus": [1, 2], "torch_dtype": ["bfloat16", "float32"]},
            "model_map": {"tiny": str(tiny_model)}, "data_dir": str(data)}
-    sweep = write_sweep(tmp_path / "s.yaml", doc)
+    sweep = write_yaml(tmp_path / "s.yaml", doc)
 
     def warnings(partition: str = "cpu") -> list[str]:
-        res = cli("plan", write_sweep(sweep, {**doc, "partition": partition}), "-i", inv)
+        res = cli("plan", write_yaml(sweep, {**doc, "partition": partition}), "-i", inv)
         assert res.exit_code == 0, res.output
         return [line for line in res.stderr.splitlines() if line.startswith("warning:")]
 
@@ -237,7 +237,7 @@ def test_plan_warns_once_per_setting_the_trainer_will_change(cli, tmp_path, tiny
         (gpu,) = warnings("gpu")
         assert "no flash_attn package" in gpu and gpu.endswith("(4 run(s))")
     # Once the training data is prepared, plan counts the entries whose response lies beyond 256 tokens.
-    res = cli("prepare", write_sweep(sweep, doc), "-i", inv)
+    res = cli("prepare", write_yaml(sweep, doc), "-i", inv)
     assert res.exit_code == 0, res.output
     masked = _masked_by_recount(tiny_model, data / f"{SMALL_DATASET}.jsonl", 256)
     assert 0 < masked < 64  # the length is chosen so that some responses fall beyond it, not all

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,8 @@ import pytest
 from harness.data.prepared import DATA_FILE, META_FILE, PREP_DIR, ensure_prepared
 from harness.data.tokens import _Encoder, encode_for_training, load_tokenizer
 
-from . import helpers
-from .conftest import ROOT, SMALL_DATASET, sql_rows, write_sweep
+from . import kit
+from .kit import ROOT, SMALL_DATASET, command, sbench, sql_rows, write_yaml
 
 TEMPLATE = "\\n### Response:"
 
@@ -47,14 +46,8 @@ def small(tmp_path_factory, small_data_dir) -> Path:
 
 
 def sweep_doc(name: str, model: Path, data_dir: Path, **entity) -> dict:
-    return {"campaign": name, "experiment": "finetune_full_benchmark-v1.0.0",
-            "entity": {"model_name": "tiny", "model_max_length": 128, "dataset_id": SMALL_DATASET, "number_gpus": 1,
-                       "batch_size": 2, "gradient_accumulation_steps": 1, "max_steps": 2, **entity},
-            "model_map": {"tiny": str(model)}, "data_dir": str(data_dir), "runner": {"sample_interval_s": 0.2}}
-
-
-def sbench(*args, env=None, check=True) -> subprocess.CompletedProcess:
-    return helpers.sbench(*args, env=env, ok=(0,) if check else None)
+    return kit.sweep(model, data_dir, campaign=name, entity={"model_max_length": 128, **entity},
+                     runner={"sample_interval_s": 0.2})
 
 
 # -- the cache entry --------------------------------------------------------------------------------------------
@@ -180,7 +173,7 @@ def test_prepare_is_idempotent(tiny_model, tmp_path) -> None:
     data = tmp_path / "data"
     doc = sweep_doc("prep-idem", tiny_model, data)
     del doc["entity"]["model_max_length"]
-    sw = write_sweep(tmp_path / "s.yaml", {**doc, "grid": {"model_max_length": [64, 128]}})
+    sw = write_yaml(tmp_path / "s.yaml", {**doc, "grid": {"model_max_length": [64, 128]}})
     first = json.loads(sbench("prepare", sw, "--json").stdout)["items"]
     kinds = sorted((i["kind"], i["status"]) for i in first)
     assert kinds == [("dataset", "generated"), ("model", "ready"), ("training_data", "built"),
@@ -195,9 +188,9 @@ def test_prepare_is_idempotent(tiny_model, tmp_path) -> None:
 
 def test_two_concurrent_prepares_build_once_and_both_succeed(tiny_model, tmp_path) -> None:
     data = tmp_path / "data"
-    sw = write_sweep(tmp_path / "s.yaml", sweep_doc("prep-race", tiny_model, data))
+    sw = write_yaml(tmp_path / "s.yaml", sweep_doc("prep-race", tiny_model, data))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-m", "harness", "prepare", str(sw), "--json"], cwd=ROOT, env=env,
+    procs = [subprocess.Popen(command("prepare", sw, "--json"), cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
@@ -217,15 +210,15 @@ def test_model_problems_are_input_errors_that_name_the_fix(tiny_model, tmp_path)
     shutil.copytree(tiny_model, broken)
     for w in broken.glob("*.safetensors"):
         w.unlink()
-    sw = write_sweep(tmp_path / "s.yaml", sweep_doc("prep-model", broken, tmp_path / "data"))
-    res = sbench("prepare", sw, check=False)
+    sw = write_yaml(tmp_path / "s.yaml", sweep_doc("prep-model", broken, tmp_path / "data"))
+    res = sbench("prepare", sw, ok=None)
     assert res.returncode == 2 and "lacks weights" in res.stderr and "Traceback" not in res.stderr
-    hub = write_sweep(tmp_path / "h.yaml", {**sweep_doc("prep-hub", tiny_model, tmp_path / "data"),
-                                            "model_map": {"tiny": "sbench-test/not-cached-anywhere"}})
-    res = sbench("prepare", hub, check=False, env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    hub = write_yaml(tmp_path / "h.yaml", {**sweep_doc("prep-hub", tiny_model, tmp_path / "data"),
+                                           "model_map": {"tiny": "sbench-test/not-cached-anywhere"}})
+    res = sbench("prepare", hub, ok=None, env={"HF_HUB_CACHE": str(tmp_path / "hub")})
     assert res.returncode == 2, res.stderr
     assert "not in the shared model cache" in res.stderr and "sbench model fetch sbench-test/not-cached" in res.stderr
-    res = sbench("model", "fetch", "sbench-test/not-cached-anywhere", "--cache", tmp_path / "hub", check=False,
+    res = sbench("model", "fetch", "sbench-test/not-cached-anywhere", "--cache", tmp_path / "hub", ok=None,
                  env={"HF_HUB_OFFLINE": "1"})
     assert res.returncode == 2 and "HF_HUB_OFFLINE=1" in res.stderr and "Traceback" not in res.stderr
     # An id that is in the cache is found there: a hub-layout snapshot of the tiny model.
@@ -233,8 +226,8 @@ def test_model_problems_are_input_errors_that_name_the_fix(tiny_model, tmp_path)
     shutil.copytree(tiny_model, snap)
     (snap.parent.parent / "refs").mkdir()
     (snap.parent.parent / "refs" / "main").write_text("0" * 40)
-    cached = write_sweep(tmp_path / "c.yaml", {**sweep_doc("prep-cached", tiny_model, tmp_path / "data"),
-                                               "model_map": {"tiny": "sbench-test/tiny"}})
+    cached = write_yaml(tmp_path / "c.yaml", {**sweep_doc("prep-cached", tiny_model, tmp_path / "data"),
+                                              "model_map": {"tiny": "sbench-test/tiny"}})
     out = json.loads(sbench("prepare", cached, "--json", env={"HF_HUB_CACHE": str(tmp_path / "hub")}).stdout)
     model = next(i for i in out["items"] if i["kind"] == "model")
     assert model["status"] == "ready" and str(snap) in model["detail"]
@@ -245,7 +238,7 @@ def test_model_problems_are_input_errors_that_name_the_fix(tiny_model, tmp_path)
 @pytest.mark.slow(40)
 def test_a_job_without_preparation_builds_it_notes_it_and_the_next_one_maps_it(tiny_model, tmp_path) -> None:
     data, runs, db = tmp_path / "data", tmp_path / "runs", tmp_path / "r.duckdb"
-    sw = write_sweep(tmp_path / "s.yaml", sweep_doc("prep-job", tiny_model, data))
+    sw = write_yaml(tmp_path / "s.yaml", sweep_doc("prep-job", tiny_model, data))
     common = ["--executor", "local", "--workdir", runs, "--db", db]
     sbench("submit", sw, "--no-prepare", "--wait", *common)
     sbench("collect", "--workdir", runs, "--db", db)
@@ -295,13 +288,13 @@ def test_a_job_without_preparation_builds_it_notes_it_and_the_next_one_maps_it(t
 
 def test_inventory_shared_dirs_reach_the_jobs(tiny_model, tmp_path, cli) -> None:
     """defaults.data_dir / models_dir (relative to the inventory) become the jobs' data dir and HF_HUB_CACHE."""
-    inv = write_sweep(tmp_path / "inv.yaml", {
+    inv = write_yaml(tmp_path / "inv.yaml", {
         "cluster": "c", "defaults": {"data_dir": "shared/data", "models_dir": "shared/models"},
         "partitions": {"cpu": {"gpu_model": "cpu", "gpus_per_node": 2, "cpus_per_node": 4, "memory_gb": 8,
                                "hosts": {"n1": {}}}}})
     doc = sweep_doc("prep-inv", tiny_model, tmp_path)
     del doc["data_dir"]
-    sw = write_sweep(tmp_path / "s.yaml", doc)
+    sw = write_yaml(tmp_path / "s.yaml", doc)
     res = cli("render", sw, "-i", inv, "-o", tmp_path / "out")
     assert res.exit_code == 0, res.output
     (spec_file,) = (tmp_path / "out").glob("*/spec.json")
@@ -357,15 +350,15 @@ def test_fingerprint_ignores_serialization_but_not_behaviour(tiny_model, tmp_pat
 def test_prepare_exits_1_once_and_plainly_when_a_model_is_not_visible(tmp_path) -> None:
     hidden = "/sbench-mount-not-here/llama"  # a file system this machine does not mount
     doc = {**sweep_doc("prep-hidden", Path(hidden), tmp_path / "data"), "model_map": {"tiny": hidden}}
-    sw = write_sweep(tmp_path / "s.yaml", doc)
-    res = sbench("prepare", sw, check=False)
+    sw = write_yaml(tmp_path / "s.yaml", doc)
+    res = sbench("prepare", sw, ok=None)
     assert res.returncode == 1, res.stdout + res.stderr
     errors = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "Traceback" not in res.stderr
     assert f"the model {hidden} is not visible from this machine" in errors[0]
     assert errors[0].endswith(f"prepare on a compute node instead: sbench prepare {sw} --on slurm")
     assert res.stdout.startswith("prepared 3 item(s)") and "1 generated, 2 not_visible" in res.stdout
-    out = sbench("prepare", sw, "--json", check=False)
+    out = sbench("prepare", sw, "--json", ok=None)
     assert out.returncode == 1
     doc = json.loads(out.stdout)
     assert "not visible from this machine" in doc["problem"] and doc["nothing"] is None
@@ -375,11 +368,11 @@ def test_prepare_exits_1_once_and_plainly_when_a_model_is_not_visible(tmp_path) 
 
 def test_prepare_with_nothing_to_prepare_says_why(tiny_model, tmp_path) -> None:
     doc = {**sweep_doc("prep-idle", tiny_model, tmp_path / "data"), "runner": {"workload": "idle"}}
-    res = sbench("prepare", write_sweep(tmp_path / "s.yaml", doc))
+    res = sbench("prepare", write_yaml(tmp_path / "s.yaml", doc))
     assert res.stdout.strip() == "nothing to prepare: runner.workload is idle, so its jobs read no model and no data"
     assert not (tmp_path / "data").exists()
     doc = sweep_doc("prep-none", tiny_model, tmp_path / "data", number_gpus=3, batch_size=4)  # rule 1: invalid
-    res = sbench("prepare", write_sweep(tmp_path / "n.yaml", doc))
+    res = sbench("prepare", write_yaml(tmp_path / "n.yaml", doc))
     assert res.stdout.strip() == "nothing to prepare: the sweep has no valid point (sbench plan says why)"
 
 
@@ -398,7 +391,7 @@ def test_a_recheck_trusts_the_stamp_until_an_input_changes(tiny_model, small, tm
     data.mkdir()
     dataset = data / small.name
     shutil.copy(small, dataset)
-    sw = load_sweep(write_sweep(tmp_path / "s.yaml", sweep_doc("prep-stamp", tiny_model, data)))
+    sw = load_sweep(write_yaml(tmp_path / "s.yaml", sweep_doc("prep-stamp", tiny_model, data)))
     inv = load_inventory(None)
 
     def check() -> dict:
@@ -453,12 +446,12 @@ def test_prepare_on_slurm_advises_the_submit_line_that_finds_its_job(tiny_model,
     and its arrays wait for that preparation job (or, when it already finished, find everything ready)."""
     import shlex
 
-    from .conftest import TEST_INVENTORY
+    from .kit import TEST_INVENTORY
 
     data = tmp_path / "data"
     data.mkdir()
     shutil.copy(small, data / small.name)
-    sw = write_sweep(tmp_path / "s.yaml", {**sweep_doc("prep-advice", tiny_model, data), "partition": "cpu"})
+    sw = write_yaml(tmp_path / "s.yaml", {**sweep_doc("prep-advice", tiny_model, data), "partition": "cpu"})
     runs, db = tmp_path / "runs", tmp_path / "r.duckdb"
     res = sbench("prepare", sw, "-i", TEST_INVENTORY, "--on", "slurm", "--workdir", runs)
     job = res.stdout.split()[2]
@@ -477,5 +470,5 @@ def test_prepare_on_slurm_advises_the_submit_line_that_finds_its_job(tiny_model,
         else:  # the preparation job had already finished: submit checked and found it all ready
             assert {i["status"] for i in rep["prepare"]} == {"ready"}
     finally:
-        sbench("cancel", "--workdir", runs, "--db", db, check=False)
+        sbench("cancel", "--workdir", runs, "--db", db, ok=None)
         subprocess.run(["scancel", job], capture_output=True)

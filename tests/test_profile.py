@@ -13,9 +13,10 @@ import pytest
 from harness.collect.profile import PHASES, summarise
 from harness.contract.paths import JobPaths
 from harness.runner.faults import FaultSpecError, parse_faults
-from tests.browser import BARS, CHROMIUM, hover_tooltip, open_report, settle
-from tests.conftest import sql_rows
-from tests.helpers import SMALL_DATASET, one_host_inventory, sbench, write_yaml
+
+from . import kit
+from .kit import sbench, sql_rows, write_yaml
+from .kit.browser import BARS, CHROMIUM, hover_tooltip, open_report, settle
 
 
 def X(name: str, ts: float, dur: float, tid: int = 1, cat: str = "cpu_op") -> dict:
@@ -150,16 +151,14 @@ def test_profile_steps_past_max_steps_and_ranks_past_the_processes_are_refused_b
 @pytest.mark.train
 @pytest.mark.slow(120)
 def test_a_profiled_ddp_point_shows_gloo_and_a_slow_optimizer(tmp_path, tiny_model, small_data_dir):
-    inv = write_yaml(tmp_path / "inv.yaml", one_host_inventory("prof", gpus=2, memory_gb=16,
-                                                               defaults={"env": {"OMP_NUM_THREADS": "1"}}))
-    sweep = write_yaml(tmp_path / "s.yaml", {
-        "campaign": "prof", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "cpu",
-        "entity": {"model_name": "tiny", "model_max_length": 128, "dataset_id": SMALL_DATASET, "number_gpus": 2,
-                   "distributed_backend": "DDP", "gradient_accumulation_steps": 1, "max_steps": 4, "batch_size": 2},
-        "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir),
+    inv = write_yaml(tmp_path / "inv.yaml", kit.inventory("prof", gpus=2, memory_gb=16,
+                                                          defaults={"env": {"OMP_NUM_THREADS": "1"}}))
+    sweep = write_yaml(tmp_path / "s.yaml", kit.sweep(
+        tiny_model, small_data_dir, campaign="prof", partition="cpu",
+        entity={"model_max_length": 128, "number_gpus": 2, "distributed_backend": "DDP", "max_steps": 4},
         # (two ranks sharing two loaded cores can score a straggler without a fault: a lenient score keeps repeat 0
         # among the measured repeats; test_stragglers tests the flag)
-        "runner": {"sample_interval_s": 0.2, "profile": {"steps": [2, 3], "ranks": [0, 1]}, "straggler_score": 0.05}})
+        runner={"sample_interval_s": 0.2, "profile": {"steps": [2, 3], "ranks": [0, 1]}, "straggler_score": 0.05}))
     common = ["--workdir", tmp_path / "runs", "--db", tmp_path / "r.duckdb"]
     # the profiled repeat (r1) is slow in its optimizer: 0.3 s before each optimizer step of the profiled steps
     slow = "sleep@step=2,before=optimizer,job=.r1.:0.3;sleep@step=3,before=optimizer,job=.r1.:0.3"
@@ -208,15 +207,12 @@ def test_a_packed_campaign_with_repeats_and_profiled_points_reports_offline_and_
     profiled: every profiled run has its trace in its job dir and parts that add up to its step; compare counts
     only the other repeat; the report loads in headless Chromium with the network blocked, logs no error, and a
     hover over a throughput marker and over a profile bar shows the run."""
-    inv = write_yaml(tmp_path / "inv.yaml", one_host_inventory("packed", gpus=2, memory_gb=16,
-                                                               defaults={"env": {"OMP_NUM_THREADS": "1"}}))
-    sweep = write_yaml(tmp_path / "s.yaml", {
-        "campaign": "packed", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "cpu",
-        "entity": {"model_name": "tiny", "model_max_length": 128, "dataset_id": SMALL_DATASET, "number_gpus": 1,
-                   "gradient_accumulation_steps": 1, "max_steps": 4},
-        "grid": {"batch_size": [2, 4]}, "repeats": 2, "slurm": {"pack": 2},
-        "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir),
-        "runner": {"sample_interval_s": 0.1, "profile": {"steps": [2, 3], "ranks": [0]}}})
+    inv = write_yaml(tmp_path / "inv.yaml", kit.inventory("packed", gpus=2, memory_gb=16,
+                                                          defaults={"env": {"OMP_NUM_THREADS": "1"}}))
+    sweep = write_yaml(tmp_path / "s.yaml", kit.sweep(
+        tiny_model, small_data_dir, campaign="packed", partition="cpu",
+        entity={"model_max_length": 128, "max_steps": 4}, grid={"batch_size": [2, 4]}, repeats=2, slurm={"pack": 2},
+        runner={"sample_interval_s": 0.1, "profile": {"steps": [2, 3], "ranks": [0]}}))
     db = tmp_path / "r.duckdb"
     common = ["--workdir", tmp_path / "runs", "--db", db]
     sbench("submit", sweep, "-i", inv, "--executor", "local", "--wait", *common, timeout=600)

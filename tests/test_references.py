@@ -11,15 +11,15 @@ from harness.spec.catalog import get_experiment
 from harness.spec.references import Reference, check_rows, pick
 from harness.spec.sweep import load_sweep
 
-from .conftest import write_sweep
+from .kit import write_yaml
 
 EXP = "finetune_lora_benchmark-v1.0.0"
 
 
 def sweep_with(tmp_path: Path, refs) -> Path:
-    return write_sweep(tmp_path / "s.yaml", {"campaign": "c", "experiment": EXP,
-                                             "entity": {"model_name": "tiny", "number_gpus": 1},
-                                             "references": refs})
+    return write_yaml(tmp_path / "s.yaml", {"campaign": "c", "experiment": EXP,
+                                            "entity": {"model_name": "tiny", "number_gpus": 1},
+                                            "references": refs})
 
 
 def test_references_parse_with_selectors_in_file_order(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import parse_sweep
 
-from .conftest import TEST_INVENTORY
+from .kit import TEST_INVENTORY
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -21,8 +21,8 @@ from harness.spec.inventory import load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep
 from harness.spec.sweep import AdaptiveRepeats, load_sweep
 
-from .conftest import SMALL_DATASET, write_sweep
-from .helpers import one_host_inventory, sbench
+from . import kit
+from .kit import sbench, write_yaml
 
 SPEC = AdaptiveRepeats(min=2, max=4, cv=0.02)
 
@@ -105,20 +105,20 @@ BASE = {"campaign": "rep", "experiment": "finetune_full_benchmark-v1.0.0",
     ({"min": 2, "max": 3, "cv": "2%"}, "repeats.cv", "number"),
 ])
 def test_bad_repeats_exit_2_naming_the_file_and_key(tmp_path: Path, cli, repeats, key, fix) -> None:
-    sw = write_sweep(tmp_path / "sweep.yaml", {**BASE, "repeats": repeats})
+    sw = write_yaml(tmp_path / "sweep.yaml", {**BASE, "repeats": repeats})
     res = cli("plan", sw)
     assert res.exit_code == 2, res.output
     assert str(sw) in res.output and key in res.output and fix in res.output and "Traceback" not in res.output
 
 
 def test_adaptive_and_plain_repeats_plan(tmp_path: Path, cli) -> None:
-    path = write_sweep(tmp_path / "a.yaml", {**BASE, "repeats": {"min": 2, "max": 5, "cv": 0.03}})
+    path = write_yaml(tmp_path / "a.yaml", {**BASE, "repeats": {"min": 2, "max": 5, "cv": 0.03}})
     sw = load_sweep(path)
     assert sw.adaptive == AdaptiveRepeats(2, 5, 0.03) and sw.repeats == 5
     res = cli("plan", path)
     assert res.exit_code == 0 and "5 run(s): 5 valid" in res.output
     assert "repeats: 2 per point, then one more at a time while its throughput CV is above 3 %, up to 5" in res.output
-    plain = load_sweep(write_sweep(tmp_path / "p.yaml", {**BASE, "repeats": 3}))
+    plain = load_sweep(write_yaml(tmp_path / "p.yaml", {**BASE, "repeats": 3}))
     assert plain.adaptive is None and plain.repeats == 3
 
 
@@ -142,15 +142,11 @@ def test_a_noisy_point_gets_more_repeats_and_a_steady_one_does_not(tiny_model: P
     # 1.5x (a CV below 0.3). One repeat of the noisy point sleeps 9 s more at each (60 s): its first two
     # repeats differ by 2.6x or more (a CV above 0.6). The target, 45 %, lies between: the noisy point gets
     # a third (max) repeat and the steady one does not.
-    doc = {"campaign": "rep", "experiment": "finetune_full_benchmark-v1.0.0",
-           "repeats": {"min": 2, "max": 3, "cv": 0.45},
-           "entity": {"model_name": "tiny", "model_max_length": 64, "dataset_id": SMALL_DATASET, "number_gpus": 1,
-                      "gradient_accumulation_steps": 1, "max_steps": 6},
-           "grid": {"batch_size": [2, 4]},
-           "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)}
-    sw = write_sweep(tmp_path / "sweep.yaml", doc)
-    inv_doc = one_host_inventory()
-    inv = write_sweep(tmp_path / "inv.yaml", inv_doc)
+    doc = kit.sweep(tiny_model, small_data_dir, campaign="rep", repeats={"min": 2, "max": 3, "cv": 0.45},
+                    entity={"max_steps": 6}, grid={"batch_size": [2, 4]})
+    sw = write_yaml(tmp_path / "sweep.yaml", doc)
+    inv_doc = kit.inventory()
+    inv = write_yaml(tmp_path / "inv.yaml", inv_doc)
     sweep = load_sweep(sw)
     ids = sorted({p.point_id: p.entity["batch_size"] for p in plan_sweep(sweep, load_inventory(inv))}.items(),
                  key=lambda kv: kv[1])
@@ -159,7 +155,7 @@ def test_a_noisy_point_gets_more_repeats_and_a_steady_one_does_not(tiny_model: P
     inv_doc["partitions"]["cpu"]["env"] = {
         "SBENCH_FAULT": ";".join([f"sleep@step={k}:3" for k in range(1, 6)]
                                  + [f"sleep@step={k},job={noisy}.r{r}.:9" for k in range(1, 6) for r in (1, 3)])}
-    write_sweep(inv, inv_doc)
+    write_yaml(inv, inv_doc)
 
     # submit --wait waits for the first repeats, then submits the noisy point's next repeat (its CV is above the
     # target) and waits for it too: nothing else has to run for the campaign to reach its precision.
@@ -188,7 +184,7 @@ def test_a_noisy_point_gets_more_repeats_and_a_steady_one_does_not(tiny_model: P
     # plain loop or cron runs) sends the fifth: the four throughputs (fast, slow, fast, slow) have a CV above
     # 0.6, whatever the machine's load does to the fast ones' time.
     doc["repeats"]["max"] = 5
-    write_sweep(sw, doc)
+    write_yaml(sw, doc)
     sub = json.loads(sbench("submit", sw, "-i", inv, "--executor", "local", "--json", *common).stdout)
     assert [(p["point_id"], p["repeat"]) for p in sub["points"] if p["action"] == "submit"] == [(noisy, 3)]
     # a second submit/collect while it is in flight submits nothing more

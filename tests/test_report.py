@@ -1,16 +1,14 @@
 """sbench report: synthetic job dirs -> the real collect -> the HTML page, checked as text and as pixels.
 
-The campaign is written with harness.collect.synth's file writers in the job-directory format, so the
+The campaign is written by tests/kit/report.py's writers in the job-directory format, so the
 database the report reads is the one collect really builds (measurements, OOM runs, stage times,
 samples). Expected counts come from the rows each test wrote, not from the report's own queries.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -18,15 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
 
-from harness.collect import collect
-from harness.contract.paths import JobPaths, job_dir_name
-from harness.slurm.client import Slurm
-from harness.spec.plan import point_id as make_point_id
-from tests import synth
-from tests.browser import (
+from .kit import LORA, jobdirs, rows_of, sbench
+from .kit.browser import (
     CHROMIUM,
     FLAGS,
     MARK_JS,
@@ -38,175 +31,7 @@ from tests.browser import (
     screenshot,
     settle,
 )
-from tests.helpers import html_only
-
-LORA, FULL = "finetune_lora_benchmark-v1.0.0", "finetune_full_benchmark-v1.0.0"
-
-
-class FakeSacct:
-    """Answers sacct for the job ids it was given: job id -> (state, elapsed seconds). The jobs ran on node1 one
-    after the other, the i-th given in the i-th hour from 2025-11-22 (no host shared)."""
-
-    def __init__(self, jobs: dict[str, tuple[str, int]]) -> None:
-        self.jobs = jobs
-
-    def __call__(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
-        if argv[0] != "sacct":
-            return subprocess.CompletedProcess(argv, 0, "", "")
-        lines = []
-        for j in argv[argv.index("-j") + 1].split(","):
-            if j not in self.jobs:
-                continue
-            state, secs = self.jobs[j]
-            code = "0:0" if state == "COMPLETED" else "1:0"
-            start = dt.datetime(2025, 11, 22) + dt.timedelta(hours=list(self.jobs).index(j))
-            end = start + dt.timedelta(seconds=secs)
-            for jid in (j, f"{j}.0"):
-                lines.append(f"{jid}|{state}|{code}|00:{secs // 60:02d}:{secs % 60:02d}|1048576K|node1|"
-                             f"{start.isoformat()}|{end.isoformat()}")
-        return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
-
-
-DEVICE_MB = 81920.0
-
-
-def gpu_memory(model: str, experiment: str) -> tuple[float, float]:
-    """(MB at rest, MB per sample of per-device batch): full fine-tuning of the bigger model needs most."""
-    return {("granite", FULL): (34000, 6200), ("granite", LORA): (12000, 2600)}.get(
-        (model.split("-")[0], experiment), (4000, 1500))
-
-
-def _samples(t0: float, ticks: int, gpus: int, bs: int, rnd: random.Random, train0: float,
-             mem: tuple[float, float] = (9000, 4200)) -> list[dict[str, Any]]:
-    """GPU rows that ramp up at training start (memory: base + per-sample x the per-device batch) and one
-    process row a tick."""
-    rows = []
-    per_dev = bs / max(gpus, 1)
-    for i in range(ticks):
-        t = t0 + i
-        training = t >= train0
-        for d in range(gpus):
-            rows.append({"t_wall": t, "t_mono": t - synth.T0 + 5000.0, "kind": "gpu", "device": d,
-                         "gpu_util": round(rnd.uniform(70, 98) if training else rnd.uniform(0, 8), 1),
-                         "mem_used_mb": round((mem[0] + mem[1] * per_dev if training else 3000)
-                                              * rnd.uniform(0.97, 1.0), 1),
-                         "mem_total_mb": DEVICE_MB, "power_w": round(rnd.uniform(250, 390) if training else 70, 1),
-                         "power_limit_w": 400.0})
-        rows.append({"t_wall": t, "t_mono": t - synth.T0 + 5000.0, "kind": "proc", "device": -1,
-                     "cpu_pct": round(rnd.uniform(90, 180) if training else rnd.uniform(20, 60), 1),
-                     "mem_pct": round(2 + 0.15 * bs + rnd.uniform(0, 0.3), 2), "rss_mb": round(3000 + 60 * bs, 1),
-                     "nprocs": gpus + 1})
-    return rows
-
-
-def write_run(workdir: Path, campaign: str, experiment: str, model: str, gpus: int, bs: int, *, repeat: int = 0,
-              outcome: str = "ok", ticks: int = 30, gpu_sampled: bool = True, seed: int = 0) -> dict[str, Any]:
-    """One attempt's job dir in the job-directory format: ok, invalid (GPU OOM) or failed (TIMEOUT)."""
-    rnd = random.Random(seed)
-    ent = synth.entity_for(experiment, model_name=model, number_gpus=gpus, number_nodes=1, batch_size=bs,
-                           model_max_length=1024)
-    pid = make_point_id(experiment, ent)
-    job_dir = workdir / campaign / job_dir_name(pid, repeat, 1)
-    paths = JobPaths(job_dir)
-    job_dir.mkdir(parents=True, exist_ok=True)
-    synth.write_spec(paths, campaign, pid, repeat, 1, experiment, ent, 1, gpus)
-    jid = f"{7000 + seed}"
-    host, t0 = "node1", synth.T0
-    tr0 = t0 + 4 + rnd.uniform(0, 2)  # dataset, tokens and model load take a few seconds
-    tr1 = t0 + ticks - 3
-    warm = tr0 + 4 if repeat == 0 else None
-    stop = tr0 + 6 if outcome == "invalid" else (tr0 + 8 if outcome == "failed" else tr1)
-    ev = [synth.stage_event("start", "setup", host, t0), synth.stage_event("end", "setup", host, t0 + 0.6)]
-    for r in range(gpus):
-        ev += [synth.stage_event("start", "dataset", host, t0 + 0.6, r),
-               synth.stage_event("end", "dataset", host, t0 + 1.4, r),
-               synth.stage_event("start", "tokens", host, t0 + 1.4, r),
-               synth.stage_event("end", "tokens", host, t0 + 2.2, r),
-               synth.stage_event("start", "model_load", host, t0 + 2.2, r),
-               synth.stage_event("end", "model_load", host, tr0 - 0.1, r),
-               synth.stage_event("start", "train", host, tr0, r)]
-        if outcome == "ok":
-            ev.append(synth.stage_event("end", "train", host, tr1, r, info={"global_step": 20}))
-        elif outcome == "invalid":
-            ev.append(synth.stage_event("end", "train", host, stop, r, status="error", error="CUDA out of memory"))
-    if outcome != "failed":
-        ev += [synth.stage_event("start", "teardown", host, stop + 0.2),
-               synth.stage_event("end", "teardown", host, stop + 0.9)]
-    synth.write_stages(paths, host, ev)
-    rows = _samples(t0, int(stop - t0) + 1, gpus if gpu_sampled else 0, bs, rnd, tr0, gpu_memory(model, experiment))
-    synth.write_samples(paths, host, rows)
-    synth.write_json(paths.root / f"environment.{host}.json",
-                     synth.environment_doc(host, 0, gpus if gpu_sampled else 0))
-    tps = 900.0 * bs ** 0.7 * (1.6 if experiment == LORA else 1.0) * (0.5 if model.startswith("granite") else 1.0)
-    if outcome == "ok":
-        res = synth.result_doc(host, 0, t0, tr1 + 1, samples=len(rows))
-        for r in range(gpus):
-            rd = synth.rank_doc(r, host, gpus, tr0, tr1, tps=tps, warmup_end=warm,
-                                dataset_tokens_per_second=tps * gpus * rnd.uniform(0.95, 1.05))
-            synth.write_json(paths.rank_result(r), rd)
-            if r == 0:
-                res["training"] = rd
-        synth.write_json(paths.result(host), res)
-    elif outcome == "invalid":
-        synth.write_json(paths.result(host), synth.result_doc(host, 0, t0, stop + 1, outcome="invalid",
-                                                              reason="GPU out of memory", exit_code=1))
-        synth.write_json(paths.error(0), {"rank": 0, "host": host, "kind": "invalid",
-                                          "error_type": "torch.OutOfMemoryError",
-                                          "message": "CUDA out of memory. Tried to allocate 4.00 GiB", "stage": "train",
-                                          "trial": None, "t_wall": stop})
-    events = [{"type": "point", "campaign": campaign, "point_id": pid, "repeat": repeat, "experiment": experiment,
-               "entity": ent, "valid": True, "reasons": [], "notes": []},
-              {"type": "attempt", "campaign": campaign, "point_id": pid, "repeat": repeat, "attempt": 1,
-               "job_dir": str(job_dir), "executor": "slurm", "job_id": jid, "array_job_id": None,
-               "array_task_id": None, "submitted_at": "2025-11-21T23:59:30+00:00", "reason": "new"}]
-    synth.append_manifest(workdir, campaign, events)
-    return {"run_id": f"{campaign}/{pid}.r{repeat}.a1", "job_id": jid, "outcome": outcome,
-            "sacct": ({"ok": "COMPLETED", "invalid": "FAILED", "failed": "TIMEOUT"}[outcome], int(stop - t0) + 2)}
-
-
-def build_campaign(workdir: Path, campaign: str = "scan", *, models=("smollm2-135m", "granite-3b-1.5"),
-                   gpu_counts=(1,), batch_sizes=(2, 4, 8), ticks: int = 30, gpu_sampled: bool = True,
-                   extras: bool = True, created_at: str | None = None, references: list[dict[str, Any]] | None = None,
-                   seed: int = 0) -> list[dict[str, Any]]:
-    """A batch-size scan: models x {lora, full} x GPUs x batch sizes. Runs whose modelled GPU memory
-    exceeds the device run out of it (invalid; with the defaults: granite full at batch 8); with
-    *extras*, one point gets a second repeat and one run times out (failed: no measurement). *created_at*
-    and *references* go into the campaign's manifest line; *seed* offsets the job ids (one per campaign)."""
-    event = synth.manifest_events(campaign, LORA)
-    event.update({k: v for k, v in (("created_at", created_at), ("references", references)) if v is not None})
-    synth.append_manifest(workdir, campaign, [event])
-    runs = []
-    for model in models:
-        for exp in (LORA, FULL):
-            for g in gpu_counts:
-                for bs in batch_sizes:
-                    seed += 1
-                    base, per_sample = gpu_memory(model, exp)
-                    oom = gpu_sampled and base + per_sample * bs / g > DEVICE_MB
-                    runs.append(write_run(workdir, campaign, exp, model, g, bs, outcome="invalid" if oom else "ok",
-                                          ticks=ticks, gpu_sampled=gpu_sampled, seed=seed))
-    if extras:
-        runs.append(write_run(workdir, campaign, LORA, models[0], gpu_counts[0], batch_sizes[0], repeat=1,
-                              ticks=ticks + 20, gpu_sampled=gpu_sampled, seed=seed + 1))
-        runs.append(write_run(workdir, campaign, FULL, models[0], gpu_counts[0], batch_sizes[-1], repeat=1,
-                              outcome="failed", ticks=ticks, gpu_sampled=gpu_sampled, seed=seed + 2))
-    return runs
-
-
-def collect_into(db: Path, workdir: Path, runs: list[dict[str, Any]]) -> None:
-    rep = collect(db, workdir, slurm=Slurm(FakeSacct({r["job_id"]: r["sacct"] for r in runs})))
-    expected: dict[str, int] = {}
-    for r in runs:
-        expected[r["outcome"]] = expected.get(r["outcome"], 0) + 1
-    assert rep.outcomes == expected, (rep.outcomes, rep.warnings)
-
-
-def sql(db: Path, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(query, params or []).fetchall()
-    finally:
-        con.close()
+from .kit.report import build_campaign, collect_into, html_only, write_run
 
 
 def section(page: str, name: str) -> str:
@@ -297,13 +122,8 @@ def cpu_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[st
 
 @pytest.fixture(scope="module")
 def gpu_page(gpu_db, tmp_path_factory) -> tuple[str, Path]:
-    from click.testing import CliRunner
-
-    from harness.cli import main
-
     out = tmp_path_factory.mktemp("page") / "report.html"
-    res = CliRunner().invoke(main, ["report", "--db", str(gpu_db[0]), "-o", str(out)], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
+    sbench("report", "--db", gpu_db[0], "-o", out, in_process=True)
     return out.read_text(), out
 
 
@@ -313,8 +133,8 @@ def test_report_command_writes_the_page_and_says_what_it_holds(cli, gpu_db, tmp_
     out = tmp_path / "r.html"
     res = cli("report", "--db", db, "-o", out)
     assert res.exit_code == 0
-    n_meas = sql(db, "SELECT count(*) FROM measurements")[0][0]
-    longest = sql(db, "SELECT run_id FROM runs WHERE outcome = 'ok' ORDER BY elapsed_s DESC, run_id LIMIT 1")[0][0]
+    n_meas = rows_of(db, "SELECT count(*) FROM measurements")[0][0]
+    longest = rows_of(db, "SELECT run_id FROM runs WHERE outcome = 'ok' ORDER BY elapsed_s DESC, run_id LIMIT 1")[0][0]
     assert res.output == (f"wrote {out}: campaign scan: {len(runs)} runs, {n_meas} measurements; "
                           f"utilisation of {longest}\n")
     assert out.read_text().startswith("<!DOCTYPE html>")
@@ -337,7 +157,7 @@ def test_page_is_self_contained(gpu_page):
 
 def test_header_counts_runs_by_outcome(gpu_page, gpu_db):
     page, _ = gpu_page
-    counts = dict(sql(gpu_db[0], "SELECT outcome, count(*) FROM runs GROUP BY 1"))
+    counts = dict(rows_of(gpu_db[0], "SELECT outcome, count(*) FROM runs GROUP BY 1"))
     assert counts == {"ok": 12, "invalid": 1, "failed": 1}
     for outcome, n in counts.items():
         assert f'<span class="c-{outcome}"><b>{n}</b> {outcome}</span>' in page
@@ -349,7 +169,7 @@ def test_throughput_plots_one_marker_per_valid_measurement_and_a_line_per_series
     page, _ = gpu_page
     sec = section(page, "throughput")
     (spec,) = specs(sec)
-    n_valid = sql(gpu_db[0], "SELECT count(*) FROM measurements WHERE is_valid AND dataset_tokens_per_second "
+    n_valid = rows_of(gpu_db[0], "SELECT count(*) FROM measurements WHERE is_valid AND dataset_tokens_per_second "
                              "IS NOT NULL")[0][0]
     metric = "dataset_tokens_per_second"
     assert n_valid == 12 and len(drawn(page, spec, metric)) == n_valid
@@ -363,7 +183,7 @@ def test_throughput_plots_one_marker_per_valid_measurement_and_a_line_per_series
     for name in ("smollm2-135m · lora · 1 GPU", "granite-3b-1.5 · full · 1 GPU", "OOM (invalid run)"):
         assert name in legend
     # the tallest marker is the highest throughput, and its tooltip names its run
-    best = sql(gpu_db[0], "SELECT run_id, dataset_tokens_per_second FROM measurements "
+    best = rows_of(gpu_db[0], "SELECT run_id, dataset_tokens_per_second FROM measurements "
                           "ORDER BY dataset_tokens_per_second DESC NULLS LAST LIMIT 1")[0]
     top = max(drawn(page, spec, metric), key=lambda r: r[metric])
     assert top["run"] == best[0] and top[metric] == pytest.approx(best[1], rel=1e-5)
@@ -375,11 +195,11 @@ def test_memory_panels_mark_oom_runs_with_a_red_cross(gpu_page, gpu_db):
     page, _ = gpu_page
     sec = section(page, "memory")
     gpu_spec, proc_spec = specs(sec)
-    n_valid = sql(gpu_db[0], "SELECT count(*) FROM measurements WHERE is_valid")[0][0]
+    n_valid = rows_of(gpu_db[0], "SELECT count(*) FROM measurements WHERE is_valid")[0][0]
     assert len(drawn(page, gpu_spec, "gpu_memory_utilization_peak")) == n_valid
     assert len(drawn(page, proc_spec, "cpu_memory_utilization")) == n_valid
     (oom,) = crosses(page, gpu_spec)
-    oom_run = sql(gpu_db[0], "SELECT run_id FROM measurements WHERE NOT is_valid")[0][0]
+    oom_run = rows_of(gpu_db[0], "SELECT run_id FROM measurements WHERE NOT is_valid")[0][0]
     assert (oom["series"], oom["batch"], oom["run"]) == ("granite-3b-1.5 · full · 1 GPU", 8, oom_run)
     assert "CUDA out of memory" in oom["reason"]
     tips = [t["field"] for t in layer(gpu_spec, "point", shape="cross")["encoding"]["tooltip"]]
@@ -394,11 +214,11 @@ def test_stage_breakdown_has_one_bar_per_run_with_stages(gpu_page, gpu_db):
     page, _ = gpu_page
     (spec,) = specs(section(page, "stages"))
     bars = rows(page, spec)
-    runs_with_stages = sql(gpu_db[0], "SELECT count(DISTINCT run_id) FROM stages")[0][0]
+    runs_with_stages = rows_of(gpu_db[0], "SELECT count(DISTINCT run_id) FROM stages")[0][0]
     assert runs_with_stages == 14
     assert len({b["label"] for b in bars}) == len({b["run"] for b in bars}) == runs_with_stages
     assert spec["encoding"]["y"]["sort"] == list(dict.fromkeys(b["label"] for b in bars))
-    per_stage = dict(sql(gpu_db[0], "SELECT stage, count(DISTINCT run_id) FILTER (WHERE status <> 'incomplete') "
+    per_stage = dict(rows_of(gpu_db[0], "SELECT stage, count(DISTINCT run_id) FILTER (WHERE status <> 'incomplete') "
                                     "FROM stages GROUP BY 1"))
     assert per_stage == {"setup": 14, "dataset": 14, "tokens": 14, "model_load": 14, "train": 13, "teardown": 13}
     for stage, n in per_stage.items():
@@ -423,12 +243,12 @@ def bands_of(spec: dict[str, Any]) -> list[str]:
 def test_utilisation_defaults_to_the_longest_ok_run_and_shades_its_windows(gpu_page, gpu_db):
     page, _ = gpu_page
     sec = section(page, "utilisation")
-    longest = sql(gpu_db[0], "SELECT run_id FROM runs WHERE outcome = 'ok' ORDER BY elapsed_s DESC LIMIT 1")[0][0]
+    longest = rows_of(gpu_db[0], "SELECT run_id FROM runs WHERE outcome = 'ok' ORDER BY elapsed_s DESC LIMIT 1")[0][0]
     assert longest.endswith(".r1.a1")  # the extra repeat ran longest
     assert f"Run <code>{longest}</code>" in sec and "the longest ok run" in sec
     util, mem, cpu = specs(sec)
-    n_gpu = sql(gpu_db[0], "SELECT count(*) FROM samples WHERE run_id = ? AND kind = 'gpu'", [longest])[0][0]
-    n_proc = sql(gpu_db[0], "SELECT count(*) FROM samples WHERE run_id = ? AND kind = 'proc'", [longest])[0][0]
+    n_gpu = rows_of(gpu_db[0], "SELECT count(*) FROM samples WHERE run_id = ? AND kind = 'gpu'", [longest])[0][0]
+    n_proc = rows_of(gpu_db[0], "SELECT count(*) FROM samples WHERE run_id = ? AND kind = 'proc'", [longest])[0][0]
     traces = rows(page, util)
     assert sum(1 for t in traces if t["kind"] == "gpu" and t["gpu_util"] is not None) == n_gpu == 48
     assert sum(1 for t in traces if t["kind"] == "proc" and t["cpu_pct"] is not None) == n_proc == 48
@@ -451,7 +271,7 @@ def test_run_option_picks_the_run_and_shows_its_warmup(cli, gpu_db, tmp_path):
 def test_latest_table_has_one_row_per_measured_point(gpu_page, gpu_db):
     page, _ = gpu_page
     sec = section(page, "latest")
-    points = sql(gpu_db[0], "SELECT count(DISTINCT point_id) FROM measurements")[0][0]
+    points = rows_of(gpu_db[0], "SELECT count(DISTINCT point_id) FROM measurements")[0][0]
     assert points == 12 and sec.count("<tr class=") == points  # 13 measurements: one point has 2
     assert sec.count('<tr class="oom">') == 1
     # the point measured twice says so
@@ -464,7 +284,7 @@ def test_cpu_only_database_says_no_gpu_was_sampled(cli, cpu_db, tmp_path):
     assert cli("report", "--db", db, "-o", out).exit_code == 0
     page = out.read_text()
     assert "No GPUs were sampled" in page
-    assert sql(db, "SELECT DISTINCT gpu_memory_utilization_peak FROM measurements") == [(0.0,)]
+    assert rows_of(db, "SELECT DISTINCT gpu_memory_utilization_peak FROM measurements") == [(0.0,)]
     gpu_spec, proc_spec = specs(section(page, "memory"))
     # the zeros are plotted, all on the x axis, and process memory is beside them
     zeros = drawn(page, gpu_spec, "gpu_memory_utilization_peak")
@@ -567,7 +387,7 @@ def test_spec_json_cannot_end_its_script_element():
 def test_a_campaign_without_measurements_gets_no_data_panels(tmp_path, cli):
     wd = tmp_path / "runs"
     runs = [write_run(wd, "broken", LORA, "smollm2-135m", 1, 4, outcome="failed", seed=1)]
-    synth.append_manifest(wd, "broken", [synth.manifest_events("broken", LORA)])
+    jobdirs.append_manifest(wd, "broken", [jobdirs.manifest_events("broken", LORA)])
     collect_into(tmp_path / "r.duckdb", wd, runs)
     out = tmp_path / "r.html"
     assert cli("report", "--db", tmp_path / "r.duckdb", "-o", out).exit_code == 0
@@ -593,7 +413,7 @@ def test_shared_rows_are_packed_by_column_and_come_back_whole(gpu_page, gpu_db):
     page, _ = gpu_page
     raw = re.search(r'id="sbench-data">(.*?)</script>', page, re.S)
     assert raw and raw.group(1).count('"dataset_tokens_per_second"') == 1  # a field's name once, not once a row
-    assert len(shared(page)["measurements"]) == sql(gpu_db[0], "SELECT count(*) FROM measurements")[0][0]
+    assert len(shared(page)["measurements"]) == rows_of(gpu_db[0], "SELECT count(*) FROM measurements")[0][0]
 
 
 def _legends(vega: dict[str, Any]) -> list[dict[str, Any]]:
@@ -766,10 +586,10 @@ def x_ticks(spec: dict[str, Any]) -> list[float]:
 
 def test_report_shows_the_latest_campaign_by_default_and_names_the_others(cli, two_db, tmp_path):
     page, said = render(cli, two_db, tmp_path / "r.html")
-    newer_runs = {r for (r,) in sql(two_db, "SELECT run_id FROM measurements WHERE campaign = ? AND is_valid",
-                                    [NEWER])}
-    assert len(newer_runs) == 16 and sql(two_db, "SELECT count(*) FROM measurements WHERE campaign = ?",
-                                         [OLDER])[0][0] == 12
+    newer_runs = {r for (r,) in rows_of(two_db, "SELECT run_id FROM measurements WHERE campaign = ? AND is_valid",
+                                        [NEWER])}
+    assert len(newer_runs) == 16 and rows_of(two_db, "SELECT count(*) FROM measurements WHERE campaign = ?",
+                                             [OLDER])[0][0] == 12
     (spec,) = specs(section(page, "throughput"))
     assert sorted(marker_runs(page, spec)) == sorted(newer_runs)  # one marker per newer measurement, none of older
     assert OLDER + "/" not in page  # no run of the older campaign anywhere: plots, stages, tables
@@ -780,7 +600,7 @@ def test_report_shows_the_latest_campaign_by_default_and_names_the_others(cli, t
     assert f"<b>{OLDER}</b> (created 2025-11-20 10:00, 12 runs): <code>sbench report --db {two_db} --campaign " \
            f"{OLDER}</code>" in page
     assert f"sbench report --db {two_db} --all-campaigns" in page
-    n_runs = sql(two_db, "SELECT count(*) FROM runs WHERE campaign = ?", [NEWER])[0][0]
+    n_runs = rows_of(two_db, "SELECT count(*) FROM runs WHERE campaign = ?", [NEWER])[0][0]
     assert said.startswith(f"wrote {tmp_path / 'r.html'}: campaign {NEWER} (the latest of 2; the others: "
                            f"--campaign NAME or --all-campaigns): {n_runs} runs, 16 measurements; ")
     # the checks are the shown campaign's
@@ -790,14 +610,14 @@ def test_report_shows_the_latest_campaign_by_default_and_names_the_others(cli, t
 def test_campaign_option_shows_that_campaign_and_all_campaigns_every_one_by_line(cli, two_db, tmp_path):
     page, _ = render(cli, two_db, tmp_path / "old.html", "--campaign", OLDER)
     (spec,) = specs(section(page, "throughput"))
-    older_runs = [r for (r,) in sql(two_db, "SELECT run_id FROM measurements WHERE campaign = ?", [OLDER])]
+    older_runs = [r for (r,) in rows_of(two_db, "SELECT run_id FROM measurements WHERE campaign = ?", [OLDER])]
     assert sorted(marker_runs(page, spec)) == sorted(older_runs) and NEWER + "/" not in page
     assert "chosen with --campaign" in page and f"--campaign {NEWER}</code>" in page
     assert 'id="checks"' not in page  # the older campaign declares no references
 
     page, said = render(cli, two_db, tmp_path / "all.html", "--all-campaigns")
     (spec,) = specs(section(page, "throughput"))
-    assert len(marker_runs(page, spec)) == sql(two_db, "SELECT count(*) FROM measurements")[0][0] == 28
+    assert len(marker_runs(page, spec)) == rows_of(two_db, "SELECT count(*) FROM measurements")[0][0] == 28
     # a line per campaign x method x worker count, each named with its campaign
     assert sorted(lines(page, spec, "dataset_tokens_per_second").values()) == [3] * 4 + [4] * 4
     legend = spec["layer"][0]["encoding"]["color"]["scale"]["domain"]
@@ -815,8 +635,8 @@ def test_campaign_option_shows_that_campaign_and_all_campaigns_every_one_by_line
 
 
 def test_run_option_without_campaign_shows_the_runs_campaign(cli, two_db, tmp_path):
-    run = sql(two_db, "SELECT run_id FROM runs WHERE campaign = ? AND outcome = 'ok' ORDER BY run_id LIMIT 1",
-              [OLDER])[0][0]
+    run = rows_of(two_db, "SELECT run_id FROM runs WHERE campaign = ? AND outcome = 'ok' ORDER BY run_id LIMIT 1",
+                  [OLDER])[0][0]
     page, said = render(cli, two_db, tmp_path / "r.html", "--run", run)
     assert f"<title>sbench report — {OLDER}</title>" in page and "the campaign of --run" in page
     assert f"Run <code>{run}</code>" in section(page, "utilisation") and NEWER + "/" not in page
@@ -832,7 +652,7 @@ def test_batch_size_axes_tick_at_the_batch_sizes_measured(cli, two_db, gpu_page,
             assert x["axis"]["title"] == "batch size" and "type" not in x["scale"]  # linear: 3, 6 no powers of 2
             assert x_ticks(spec) == list(NEWER_SIZES)  # never 2.5 or 3.5
             assert x["axis"]["format"] == "~g"  # labelled as the numbers they are
-    gpu_sizes = sorted({b for (b,) in sql(gpu_page_db(gpu_page), "SELECT batch_size FROM measurements")})
+    gpu_sizes = sorted({b for (b,) in rows_of(gpu_page_db(gpu_page), "SELECT batch_size FROM measurements")})
     (spec,) = specs(section(gpu_page[0], "throughput"))
     x = layer(spec, "point", filled=True, size=48)["encoding"]["x"]
     assert x["axis"]["title"] == "batch size (log2 scale)" and x_ticks(spec) == gpu_sizes == [2, 4, 8]
@@ -897,7 +717,7 @@ def test_every_table_has_the_shared_style(cli, two_db, gpu_page, tmp_path):
         assert all(re.fullmatch(rf'<table class="{TABLE_CLASS}( [\w-]+)*">', t) for t in tags), tags
     assert f"table.{TABLE_CLASS} th,table.{TABLE_CLASS} td{{" in CSS
     # a failed check reads in red like an OOM row
-    fails = sql(two_db, "SELECT count(*) FROM checks WHERE campaign = ? AND status = 'fail'", [NEWER])[0][0]
+    fails = rows_of(two_db, "SELECT count(*) FROM checks WHERE campaign = ? AND status = 'fail'", [NEWER])[0][0]
     assert fails > 0 and section(page, "checks").count('<tr class="fail">') == fails
     assert f"table.{TABLE_CLASS} tr.oom td,table.{TABLE_CLASS} tr.fail td{{" in CSS
     # the activation table (CUDA runs only) too

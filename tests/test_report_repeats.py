@@ -14,9 +14,7 @@ from harness.contract.paths import JobPaths, job_dir_name
 from harness.report.page import build_report
 from harness.spec.plan import point_id as make_point_id
 
-from . import synth
-
-FULL = "finetune_full_benchmark-v1.0.0"
+from .kit import FULL, jobdirs
 
 
 def cpu_rows(t0: float, n: int, watts: float) -> list[dict[str, Any]]:
@@ -35,36 +33,36 @@ def repeat_run(wd: Path, campaign: str, entity: dict[str, Any], repeat: int, t0:
     pid = make_point_id(FULL, entity)
     paths = JobPaths(wd / campaign / job_dir_name(pid, repeat, 1))
     paths.root.mkdir(parents=True)
-    synth.write_spec(paths, campaign, pid, repeat, 1, FULL, entity)
+    jobdirs.write_spec(paths, campaign, pid, repeat, 1, FULL, entity)
     tr0, tr1 = t0 + 3, t0 + 13
-    synth.write_stages(paths, "node1", synth.normal_stages("node1", t0, tr0, tr1, [0]))
-    synth.write_samples(paths, "node1", cpu_rows(t0, 18, 40.0 + repeat))
-    rd = synth.rank_doc(0, "node1", 1, tr0, tr1, dataset_tokens=tokens, dataset_tokens_per_second=tokens / 10)
+    jobdirs.write_stages(paths, "node1", jobdirs.normal_stages("node1", t0, tr0, tr1, [0]))
+    jobdirs.write_samples(paths, "node1", cpu_rows(t0, 18, 40.0 + repeat))
+    rd = jobdirs.rank_doc(0, "node1", 1, tr0, tr1, dataset_tokens=tokens, dataset_tokens_per_second=tokens / 10)
     rd.update(stopped_by="precision", window="train",
               steady_state={"step_time_cv": 0.1, "ci_rel_halfwidth": ci},
               step_end_wall=[tr0 + k for k in range(1, 11)])
-    synth.write_json(paths.rank_result(0), rd)
-    res = synth.result_doc("node1", 0, t0, tr1 + 1)
+    jobdirs.write_json(paths.rank_result(0), rd)
+    res = jobdirs.result_doc("node1", 0, t0, tr1 + 1)
     res["training"] = {"stopped_by": "precision"}
-    synth.write_json(paths.result("node1"), res)
-    synth.write_json(paths.root / "environment.node1.json", synth.environment_doc("node1", 0, 0))
-    synth.write_json(paths.submitted, {"executor": "local", "job_id": f"{campaign}{repeat}"})
+    jobdirs.write_json(paths.result("node1"), res)
+    jobdirs.write_json(paths.root / "environment.node1.json", jobdirs.environment_doc("node1", 0, 0))
+    jobdirs.write_json(paths.submitted, {"executor": "local", "job_id": f"{campaign}{repeat}"})
     return {"type": "attempt", "campaign": campaign, "point_id": pid, "repeat": repeat, "attempt": 1,
             "job_dir": str(paths.root), "executor": "local", "job_id": f"{campaign}{repeat}",
             "submitted_at": "2025-11-21T23:59:30+00:00", "reason": reason}
 
 
 def campaign(wd: Path, name: str, tokens: list[int], t0: float) -> dict[str, Any]:
-    entity = synth.entity_for(FULL, number_gpus=1, batch_size=4, model_max_length=64)
+    entity = jobdirs.entity_for(FULL, number_gpus=1, batch_size=4, model_max_length=64)
     pid = make_point_id(FULL, entity)
-    lines: list[dict[str, Any]] = [{**synth.manifest_events(name, FULL, "local"),
+    lines: list[dict[str, Any]] = [{**jobdirs.manifest_events(name, FULL, "local"),
                                     "repeats": {"min": 2, "max": 3, "cv": 0.02}}]
     lines += [{"type": "point", "campaign": name, "point_id": pid, "repeat": r, "experiment": FULL, "entity": entity,
                "valid": True, "reasons": [], "notes": []} for r in range(len(tokens))]
     for r, tok in enumerate(tokens):
         why = "new" if r < 2 else "more repeats: CV 9.43 % > 2 % with 2 of at most 3 repeats: repeat 2 is next"
         lines.append(repeat_run(wd, name, entity, r, t0 + 30 * r, tok, 0.01 + 0.005 * r, why))
-    synth.append_manifest(wd, name, lines)
+    jobdirs.append_manifest(wd, name, lines)
     return {"point_id": pid, "tokens": tokens}
 
 
@@ -76,7 +74,7 @@ def section(page: str, sid: str) -> str:
 
 def test_each_point_shows_its_repeats_median_spread_precision_and_energy(tmp_path: Path) -> None:
     wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
-    c = campaign(wd, "adaptive", [50000, 60000, 56000], synth.T0)
+    c = campaign(wd, "adaptive", [50000, 60000, 56000], jobdirs.T0)
     collect(db, wd, None)
     page = build_report(db).html
     points = section(page, "latest")
@@ -99,9 +97,9 @@ def test_each_point_shows_its_repeats_median_spread_precision_and_energy(tmp_pat
 
 def test_report_compare_builds_its_page_around_both_campaigns(tmp_path: Path) -> None:
     wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
-    campaign(wd, "nightly-a", [50000, 51000], synth.T0)
-    campaign(wd, "nightly-b", [30000, 31000], synth.T0 + 1000)
-    campaign(wd, "later", [40000, 40000], synth.T0 + 2000)  # the latest campaign, not compared
+    campaign(wd, "nightly-a", [50000, 51000], jobdirs.T0)
+    campaign(wd, "nightly-b", [30000, 31000], jobdirs.T0 + 1000)
+    campaign(wd, "later", [40000, 40000], jobdirs.T0 + 2000)  # the latest campaign, not compared
     collect(db, wd, None)
     page = build_report(db, compare_to=("nightly-a", "nightly-b")).html
     head = page[:page.index("</div>")]

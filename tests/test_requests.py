@@ -20,7 +20,7 @@ from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import parse_sweep
 
-from .conftest import TEST_INVENTORY
+from .kit import TEST_INVENTORY
 
 SINFO = "node1|96|1000000|gpu:8\nnode2|96|1000000|gpu:h100:8(S:0-1)\ncpu[01-02]|64|512000|(null)\n"
 

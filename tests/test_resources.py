@@ -15,7 +15,7 @@ from harness.spec.resources import Counts, point_counts, point_share
 from harness.spec.rules import placement_reasons
 from harness.spec.sweep import parse_sweep
 
-from .conftest import TEST_INVENTORY
+from .kit import TEST_INVENTORY
 
 EXPERIMENT = "finetune_full_benchmark-v1.0.0"
 

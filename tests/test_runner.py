@@ -22,7 +22,7 @@ from harness.runner.faults import FaultSpecError, parse_faults
 from harness.runner.node import NodeRunner, cmd_port, trial_port, with_port
 from harness.runner.stages import StageLog, Terminated, open_stages, read_stages
 
-ROOT = Path(__file__).resolve().parent.parent
+from .kit import ROOT
 
 # A stand-in for harness.runner.train: writes what a rank writes, then behaves as asked.
 FAKE_TRAINER = textwrap.dedent('''

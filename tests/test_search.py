@@ -25,8 +25,9 @@ from harness.spec.plan import PlannedPoint, plan_sweep
 from harness.spec.search import DEFAULT_ETA, RecordedSearch, SearchDecision, SearchSpec, SearchState, answer
 from harness.spec.sweep import load_sweep
 
-from .conftest import SMALL_DATASET, write_sweep
-from .helpers import one_host_inventory, sbench
+from .kit import SMALL_DATASET, sbench
+from .kit import inventory as one_host_inventory
+from .kit import write_yaml as write_sweep
 
 BASE = {"campaign": "s", "experiment": "finetune_full_benchmark-v1.0.0",
         "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 1, "max_steps": 4},

@@ -11,15 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from harness.cli import main
 from harness.contract.paths import CampaignPaths
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import load_sweep
 
-from .conftest import SMALL_DATASET, TEST_INVENTORY, sql_rows, write_sweep
+from .kit import SMALL_DATASET, TEST_INVENTORY, sbench, sql_rows, write_yaml
 
 pytestmark = [pytest.mark.slurm, pytest.mark.train]
 
@@ -30,14 +28,10 @@ def test_a_search_submitted_once_finishes_by_its_feeder(tmp_path: Path, tiny_mod
     monkeypatch.setenv("SBENCH_FEED_INTERVAL", "2")  # read at submit: the feeder's turns, 2 s apart
     camp = f"search{int(time.time())}"
     common = ["--workdir", str(tmp_path / "runs"), "--db", str(tmp_path / "r.duckdb")]
-    runner = CliRunner()
-
     def sb(*args: object) -> str:
-        res = runner.invoke(main, [str(a) for a in args] + common, catch_exceptions=False)
-        assert res.exit_code == 0, res.output
-        return res.stdout
+        return sbench(*args, *common, in_process=True).stdout
 
-    sw = write_sweep(tmp_path / "s.yaml", {
+    sw = write_yaml(tmp_path / "s.yaml", {
         "campaign": camp, "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
         "entity": {"model_name": "tiny", "model_max_length": 32, "dataset_id": SMALL_DATASET, "max_steps": 3,
                    "number_gpus": 1},
@@ -46,14 +40,14 @@ def test_a_search_submitted_once_finishes_by_its_feeder(tmp_path: Path, tiny_mod
         "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir),
         "runner": {"sample_interval_s": 0.5}, "slurm": {"time": "00:10:00"}})
     inv_doc = yaml.safe_load(TEST_INVENTORY.read_text())
-    inv = write_sweep(tmp_path / "inv.yaml", inv_doc)
+    inv = write_yaml(tmp_path / "inv.yaml", inv_doc)
     points = {(p.entity["gradient_accumulation_steps"], p.entity["batch_size"]): p.point_id
               for p in plan_sweep(load_sweep(sw), load_inventory(inv)) if p.repeat == 0}
     fast, oom = points[(1, 4)], points[(2, 4)]
     inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": ";".join(
         [f"oom@step=1,job={oom}."] + [f"sleep@step=*,job={pid}.:1" for pid in points.values()
                                        if pid not in (fast, oom)])}
-    write_sweep(inv, inv_doc)
+    write_yaml(inv, inv_doc)
 
     rep = json.loads(sb("submit", sw, "-i", inv, "--executor", "slurm", "--json"))
     assert rep["feed"].get("feeder_job"), rep["feed"]

@@ -19,20 +19,8 @@ import yaml
 from harness.contract.paths import JobPaths
 from harness.runner.envcapture import REDACTED, redact_value, relevant_env
 
-from .conftest import SMALL_DATASET, TEST_INVENTORY, sql_rows, write_sweep
-from .helpers import (
-    AWS_SECRET,
-    DB_URL,
-    HF_TOKEN,
-    JWT,
-    NEVER,
-    REDIS_URL,
-    SECRETS,
-    WANDB_KEY,
-    Trained,
-    invoke,
-    secret_inventory,
-)
+from .kit import SMALL_DATASET, TEST_INVENTORY, Trained, sbench, sql_rows, write_yaml
+from .kit.secrets import AWS_SECRET, DB_URL, HF_TOKEN, JWT, NEVER, REDIS_URL, SECRETS, WANDB_KEY, secret_inventory
 
 # -- the redaction rule, both sides --------------------------------------------------------------------------
 
@@ -119,9 +107,9 @@ def test_render_writes_values_only_into_env_files_of_mode_0600(tmp_path: Path) -
     (tmp_path / "model").mkdir()
     inv = tmp_path / "inv.yaml"
     inv.write_text(yaml.safe_dump(secret_inventory()))
-    sweep = write_sweep(tmp_path / "s.yaml", secret_sweep("sec", tmp_path / "model", tmp_path / "data"))
+    sweep = write_yaml(tmp_path / "s.yaml", secret_sweep("sec", tmp_path / "model", tmp_path / "data"))
     out = tmp_path / "out"
-    res = invoke("render", sweep, "-i", inv, "-o", out)
+    res = sbench("render", sweep, "-i", inv, "-o", out, in_process=True, ok=None)
     assert res.exit_code == 0, res.output
     (job,) = [p for p in out.iterdir() if p.is_dir()]
     paths = JobPaths(job)
@@ -135,7 +123,7 @@ def test_render_writes_values_only_into_env_files_of_mode_0600(tmp_path: Path) -
     assert names <= set(spec["jobspec"]["env"]) | set(spec["jobspec"]["host_env"]["h1"])  # the names, recorded
     assert "HF_TOKEN" in spec["inventory"]["env"] and "DATABASE_URL" in spec["inventory"]["partitions"]["cpu"]["env"]
     # Rendering again over the same directory keeps the mode (the new file is never readable by others).
-    assert invoke("render", sweep, "-i", inv, "-o", out).exit_code == 0
+    sbench("render", sweep, "-i", inv, "-o", out, in_process=True)
     assert stat.S_IMODE(paths.env("h1").stat().st_mode) == 0o600
 
 
@@ -193,11 +181,12 @@ def test_a_slurm_job_gets_its_secrets_through_the_0600_env_file(tmp_path: Path, 
     inv = tmp_path / "inv.yaml"
     inv.write_text(yaml.safe_dump(doc))
     # The shared test dirs: the nodes see the same paths (a tmp dir of this process is visible there).
-    sweep = write_sweep(tmp_path / "s.yaml", secret_sweep("sec-slurm", tiny_model, small_data_dir))
+    sweep = write_yaml(tmp_path / "s.yaml", secret_sweep("sec-slurm", tiny_model, small_data_dir))
     wd, db = tmp_path / "runs", tmp_path / "results.duckdb"
-    res = invoke("submit", sweep, "-i", inv, "--executor", "slurm", "--wait", "--json", "--workdir", wd, "--db", db)
+    res = sbench("submit", sweep, "-i", inv, "--executor", "slurm", "--wait", "--json", "--workdir", wd, "--db", db,
+                 in_process=True, ok=None)
     assert res.exit_code == 0, res.output
-    assert invoke("collect", "--workdir", wd, "--db", db).exit_code == 0
+    sbench("collect", "--workdir", wd, "--db", db, in_process=True)
     (run,) = sql_rows(db, "SELECT * FROM runs WHERE campaign = 'sec-slurm'")
     assert run["outcome"] == "ok", run
     paths = JobPaths(run["job_dir"])

@@ -10,7 +10,7 @@ import pytest
 
 from harness.spec.rules import FMS_VISION_STARTUP_S_PER_ENTRY, fms_vision_startup
 
-from .conftest import write_sweep
+from .kit import write_yaml
 
 VISION_ID = "vision-384x384-16384plus-entries-4096"
 
@@ -31,7 +31,7 @@ def test_plan_says_when_a_vision_dataset_falls_short_of_its_name_for_the_points_
            "entity": {"model_name": "tiny-vision", "model_max_length": 64, "dataset_id": VISION_ID,
                       "number_gpus": 1, "batch_size": 1, "max_steps": 2},
            "model_map": {"tiny-vision": str(tiny_vision)}, "data_dir": str(data)}
-    sw = write_sweep(tmp_path / "s.yaml", doc)
+    sw = write_yaml(tmp_path / "s.yaml", doc)
     res = cli("plan", sw)
     assert res.exit_code == 0, res.output
     said = f"{VISION_ID} promises entries of at least 16384 tokens, but with tiny-vision's processor its first 4 " \
@@ -82,8 +82,8 @@ def test_logging_inside_the_timed_steps_is_at_most_info_unless_asked() -> None:
 def test_train_log_level_is_a_runner_setting(cli, tmp_path: Path) -> None:
     base = {"campaign": "lv", "experiment": "finetune_full_benchmark-v1.0.0",
             "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 1, "batch_size": 2}}
-    ok = write_sweep(tmp_path / "ok.yaml", {**base, "runner": {"train_log_level": "debug"}})
+    ok = write_yaml(tmp_path / "ok.yaml", {**base, "runner": {"train_log_level": "debug"}})
     assert cli("plan", ok).exit_code == 0
-    bad = write_sweep(tmp_path / "bad.yaml", {**base, "runner": {"train_log_level": "loud"}})
+    bad = write_yaml(tmp_path / "bad.yaml", {**base, "runner": {"train_log_level": "loud"}})
     res = cli("plan", bad)
     assert res.exit_code == 2 and "runner.train_log_level" in res.output and "debug, info, warning, error" in res.output

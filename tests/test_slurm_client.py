@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,7 +23,7 @@ from harness.campaign.executors.base import Submitted
 from harness.contract import poll
 from harness.slurm.client import Slurm
 
-from .conftest import ROOT, TEST_INVENTORY
+from .kit import ROOT, TEST_INVENTORY, command
 
 SACCT_LINE = "{}|{}|0:0|00:01:00||node1|2026-11-22T00:00:00|2026-11-22T00:01:00"
 
@@ -248,7 +247,7 @@ def _sbench(bindir: Path, log: Path, *args) -> tuple[dict, list[list[str]]]:
     """Run one sbench command as a user does; its JSON output and the SLURM command lines it ran."""
     log.write_text("")
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "SBENCH_SLURM_LOG": str(log)}
-    proc = subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=ROOT, env=env,
+    proc = subprocess.run(command(*args), cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     calls = [line.split("\t") for line in log.read_text().splitlines()]

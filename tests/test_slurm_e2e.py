@@ -17,7 +17,7 @@ from harness.contract.paths import JobPaths
 from harness.slurm.client import Slurm
 from harness.slurm.sacct import JobKey, parse_sacct_records, sacct_time
 
-from .conftest import CLUSTER_SCRIPT, SMALL_DATASET, TEST_INVENTORY, sql_rows, write_sweep
+from .kit import CLUSTER_SCRIPT, SMALL_DATASET, TEST_INVENTORY, sbench, sql_rows, write_yaml
 
 pytestmark = [pytest.mark.slurm, pytest.mark.train]
 
@@ -33,18 +33,9 @@ def env(tmp_path_factory, tiny_model, small_data_dir, slurm_cluster):
 
 @pytest.fixture(scope="module")
 def sb():
-    from click.testing import CliRunner
-
-    from harness.cli import main
-
-    runner = CliRunner()
-
     def run(env, *args, ok=True, db_only=False):
         extra = ["--db", env["db"]] if db_only else ["--workdir", env["workdir"], "--db", env["db"]]
-        res = runner.invoke(main, [str(a) for a in args] + [str(x) for x in extra], catch_exceptions=False)
-        if ok:
-            assert res.exit_code == 0, res.output
-        return res
+        return sbench(*args, *extra, in_process=True, ok=(0,) if ok else None)
 
     return run
 
@@ -58,7 +49,7 @@ def sweep(env, name: str, entity: dict, grid: dict | None = None, slurm: dict | 
            "runner": {"sample_interval_s": 0.5}}
     if slurm:
         doc["slurm"] = slurm
-    return write_sweep(env["root"] / f"{name}.yaml", doc)
+    return write_yaml(env["root"] / f"{name}.yaml", doc)
 
 
 def submit(sb, env, path: Path, *flags: str, ok: bool = True) -> dict:
@@ -386,7 +377,7 @@ def one_worker_inventory(env, name: str, hosts: tuple[str, ...] = ("node1", "nod
     part.update(gpus_per_node=1, cpus_per_node=4)
     part["hosts"] = {h: v for h, v in part["hosts"].items() if h in hosts}
     doc["partitions"] = {"cpu": part}
-    return write_sweep(env["root"] / f"{name}.yaml", doc)
+    return write_yaml(env["root"] / f"{name}.yaml", doc)
 
 
 def sacct_spans(job_ids: list[str]) -> dict[str, tuple[str, dt.datetime, dt.datetime]]:

@@ -1,6 +1,6 @@
 """Commands that answer at once: every read command, ``--help`` and a ``collect`` that finds nothing to do import
-none of the libraries that only training, rendering, submitting, Parquet or a chart need (``tests/budget.py``:
-:data:`~tests.budget.FORBIDDEN`). Each command runs as a user runs it, in a fresh interpreter, on the session's
+none of the libraries that only training, rendering, submitting, Parquet or a chart need (``tests/kit/budget.py``:
+:data:`~tests.kit.budget.FORBIDDEN`). Each command runs as a user runs it, in a fresh interpreter, on the session's
 collected campaigns; a breach names the module and the chain of sbench's frames that imported it. (How long each
 command takes is measured by ``bench/startup.py``, not asserted here: this machine's load would decide that.)"""
 
@@ -14,9 +14,8 @@ import pytest
 
 from harness.contract.lazy import lazy_module
 
-from .budget import FORBIDDEN, run
-from .conftest import sql_rows
-from .helpers import Trained, invoke, write_yaml
+from .kit import Trained, sbench, sql_rows, write_yaml
+from .kit.budget import FORBIDDEN, run
 
 # What only a submission runs: planning, rendering, the executors' queues.
 SUBMIT_PATH = ("harness.campaign.submit", "harness.build.render", "harness.campaign.executors.base",
@@ -27,7 +26,7 @@ SUBMIT_PATH = ("harness.campaign.submit", "harness.build.render", "harness.campa
 def copied(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> Trained:
     """A collected copy of the session's two campaigns, for the commands that write (a no-op collect does)."""
     copy = trained.copy(tmp_path_factory.mktemp("startup") / "nightly")
-    assert invoke("collect", *copy.common).exit_code == 0
+    sbench("collect", *copy.common, in_process=True)
     return copy
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import TEST_INVENTORY, sql_rows, write_sweep
+from .kit import TEST_INVENTORY, sbench, sql_rows, write_yaml
 
 pytestmark = pytest.mark.slurm
 
@@ -38,23 +38,16 @@ def _left_queue(job_id: str) -> bool:
 
 
 def test_cancelled_while_pending_shows_cancelled_without_a_collect(slurm_cluster, tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from harness.cli import main
-
-    runner = CliRunner()
     db = tmp_path / "r.duckdb"
     common = ["--workdir", str(tmp_path / "runs"), "--db", str(db)]
 
     def sb(*args, code=0):
-        res = runner.invoke(main, [str(a) for a in args] + common, catch_exceptions=False)
-        assert res.exit_code == code, res.output
-        return res
+        return sbench(*args, *common, in_process=True, ok=(code,))
 
     (tmp_path / "model").mkdir()  # held jobs never load it
     reps = {}
     for camp in ("scancelled", "sbcancelled", "onetask"):
-        sweep = write_sweep(tmp_path / f"{camp}.yaml", {
+        sweep = write_yaml(tmp_path / f"{camp}.yaml", {
             "campaign": camp, "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
             "entity": {"model_name": "tiny", "model_max_length": 64, "max_steps": 1, "number_gpus": 1},
             "grid": {"batch_size": [2, 4]},  # one shape: one array of two tasks

@@ -15,9 +15,7 @@ from pathlib import Path
 from statistics import fmean, stdev
 
 import pytest
-from click.testing import CliRunner
 
-from harness.cli import main
 from harness.collect.aggregate import measured_window, window_properties
 from harness.contract.defaults import AUTO_STOP, RunnerSettings
 from harness.contract.errors import SweepError
@@ -31,6 +29,8 @@ from harness.runner.steady import (
     window_stats,
 )
 from harness.spec.sweep import parse_sweep
+
+from .kit import sbench
 
 
 def ramp_then_plateau(ramp: int, plateau: int, *, seed: int, noise: float = 0.02) -> list[float]:
@@ -227,7 +227,7 @@ def test_the_cli_refuses_a_bad_rel_ci_with_exit_2_naming_file_and_key(tmp_path) 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(sweep(tmp_path, {"method": "precision", "rel_ci": -0.1},
                                          auto_stop_method=AUTO_STOP)))
-    res = CliRunner().invoke(main, ["plan", str(path)])
+    res = sbench("plan", path, in_process=True, ok=None)
     assert res.exit_code == 2, res.output
     assert "s.yaml" in res.output and "runner.auto_stop.rel_ci" in res.output and "Traceback" not in res.output
 

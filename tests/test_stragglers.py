@@ -23,9 +23,8 @@ from harness.slurm.client import Slurm
 from harness.spec.references import Reference, check_rows
 from harness.spec.sweep import load_sweep
 
-from . import synth
-from . import test_collect as tc
-from .conftest import sql_rows
+from .kit import jobdirs, sql_rows
+from .kit.jobdirs import FakeSlurm, campaign_workdir, write_attempt
 
 
 def doc(rank: int, host: str, own: list[float], global_step: int | None = None) -> dict:
@@ -151,7 +150,7 @@ def test_straggler_score_comes_from_the_sweep_else_the_environment(tmp_path: Pat
 
 def two_node_run(wd: Path, idx: int, slow_factor: float, threshold: float | None = None) -> dict:
     """A 2-node run, one rank a node, whose rank 1 (node2) took *slow_factor* times rank 0's own time a step."""
-    r = tc.write_attempt(wd, idx, hosts=("node1", "node2"), gpus_per_host=1)
+    r = write_attempt(wd, idx, hosts=("node1", "node2"), gpus_per_host=1)
     for rank in (0, 1):
         path = r["paths"].rank_result(rank)
         d = json.loads(path.read_text())
@@ -167,7 +166,7 @@ def two_node_run(wd: Path, idx: int, slow_factor: float, threshold: float | None
 
 @pytest.fixture()
 def tc_wd(tmp_path: Path) -> Path:
-    return tc.campaign_workdir(tmp_path)
+    return campaign_workdir(tmp_path)
 
 
 def test_collect_scores_ranks_and_flags_a_straggler_run(tc_wd: Path, tmp_path: Path, cli) -> None:
@@ -176,7 +175,7 @@ def test_collect_scores_ranks_and_flags_a_straggler_run(tc_wd: Path, tmp_path: P
     lenient = two_node_run(tc_wd, 82, 4.0, threshold=0.2)
     db = tmp_path / "r.duckdb"
     runs = (slow, clean, lenient)
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node[1-2]") for r in runs})))
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node[1-2]") for r in runs})))
     scores = {(s["run_id"], s["rank"]): s for s in sql_rows(db, "SELECT * FROM rank_scores")}
     assert len(scores) == 6
     s1 = scores[(slow["run_id"], 1)]
@@ -212,7 +211,7 @@ def test_collect_scores_ranks_and_flags_a_straggler_run(tc_wd: Path, tmp_path: P
 def test_hosts_names_a_host_slow_again_and_again(tc_wd: Path, tmp_path: Path, cli) -> None:
     runs = [two_node_run(tc_wd, 90 + i, 4.0 if i < 2 else 1.0) for i in range(3)]
     db = tmp_path / "r.duckdb"
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node[1-2]") for r in runs})))
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node[1-2]") for r in runs})))
     res = cli("hosts", "--db", db, "--json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
@@ -245,7 +244,7 @@ def test_a_straggler_on_a_busy_host_says_so(tc_wd: Path, tmp_path: Path) -> None
         w.writerows({**{k: "" for k in rows[0]}, "t_wall": r["t_wall"], "t_mono": r["t_mono"], "kind": "host",
                      "device": "-1", "cpu_pct": "60"} for r in rows if r["kind"] == "proc")
     db = tmp_path / "r.duckdb"
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
     (m,) = sql_rows(db, "SELECT straggler, host_busy, notes FROM measurements")
     assert m["straggler"] is True and m["host_busy"] is True
     assert any("straggler measured on a host busy with other work" in n and "does not count toward drain "
@@ -294,13 +293,13 @@ def test_mfu_is_set_against_the_hosts_measured_peak_where_preflight_measured_the
                                                                                    cli) -> None:
     db = tmp_path / "r.duckdb"
     before = _flops_run(tc_wd, 98)
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({before["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({before["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
     (m,) = sql_rows(db, "SELECT model_tflops_per_gpu, peak_tflops, mfu, mfu_peak_source FROM measurements")
     tflops = m["model_tflops_per_gpu"]
     assert tflops == pytest.approx(100.0, rel=1e-3)
     assert (m["peak_tflops"], m["mfu_peak_source"]) == (989.0, "datasheet") and m["mfu"] == pytest.approx(tflops / 989)
     # node1 and node2 measured at bf16 (600 and 200 TFLOP/s), node3 too, and at fp32 (never the run's dtype)
-    docs = {h: {"host": h, "t_wall": synth.T0 + k, "elapsed_s": 3.0, "devices": [
+    docs = {h: {"host": h, "t_wall": jobdirs.T0 + k, "elapsed_s": 3.0, "devices": [
         {"device": "cuda:0", "name": "NVIDIA H100", "dtype": dtype,
          "figures": {"matmul_tflops": {"value": v, "reps": [v], "spread": 0.0}}}]}
         for k, (h, v, dtype) in enumerate((("node1", 600.0, "bf16"), ("node2", 200.0, "bf16"),
@@ -310,7 +309,7 @@ def test_mfu_is_set_against_the_hosts_measured_peak_where_preflight_measured_the
         record_preflight(st, rank_devices({"node1": {**docs["node1"], "devices": [
             {**docs["node1"]["devices"][0], "device": "cpu", "dtype": "fp32"}]}}, "pf2", None, "cpu", 0.1))
     after = _flops_run(tc_wd, 99)
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({after["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({after["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
     got = {r["job_id"]: r for r in sql_rows(db, "SELECT r.job_id, m.peak_tflops, m.mfu, m.mfu_peak_source "
                                                 "FROM measurements m JOIN runs r USING (run_id)")}
     # the run held node1 and node2: the median of their measured bf16 peaks
@@ -329,8 +328,8 @@ def test_mfu_is_set_against_the_hosts_measured_peak_where_preflight_measured_the
 def test_preflight_rows_give_measured_peaks_mfu_and_host_health(tc_wd: Path, tmp_path: Path, cli) -> None:
     run = two_node_run(tc_wd, 95, 1.0)
     db = tmp_path / "r.duckdb"
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
-    docs = {h: {"host": h, "t_wall": synth.T0 + k, "elapsed_s": 3.0, "devices": [
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node[1-2]")})))
+    docs = {h: {"host": h, "t_wall": jobdirs.T0 + k, "elapsed_s": 3.0, "devices": [
         {"device": "cuda:0", "name": "NVIDIA H100", "dtype": "bf16",
          "figures": {"matmul_tflops": {"value": v, "reps": [v, v], "spread": 0.0},
                      "memcpy_gbps": {"value": 3000.0, "reps": [3000.0], "spread": 0.0}}}]}

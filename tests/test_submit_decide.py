@@ -216,7 +216,7 @@ def test_array_script_runs_each_points_own_job_sbatch(tmp_path: Path) -> None:
     from harness.spec.plan import plan_sweep
     from harness.spec.sweep import parse_sweep
 
-    from .conftest import TEST_INVENTORY
+    from .kit import TEST_INVENTORY
 
     doc = {"campaign": "arr", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "gpu",
            "entity": {"model_name": "smollm2-135m", "model_max_length": 256},
@@ -276,7 +276,8 @@ def test_submit_refreshes_only_what_may_have_moved(tmp_path: Path) -> None:
     from harness.collect import collect
     from harness.contract.paths import CampaignPaths
     from harness.slurm.client import Slurm
-    from tests.synth import append_manifest, local_process, make_run, write_json
+
+    from .kit.jobdirs import append_manifest, local_process, make_run, write_json
 
     wd, db = tmp_path / "runs", tmp_path / "r.duckdb"
     assert runs_to_refresh(db, wd, "c", Slurm()) is None  # no database yet: everything

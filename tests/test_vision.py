@@ -96,7 +96,7 @@ def vision_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def vision_runs(tmp_path_factory, tiny_vision, vision_data_dir, cli_module):
     """LoRA and full fine-tuning of the tiny vision model, one process, through both trainers, one epoch of
     the 4-entry dataset each, through the local executor; then one collect."""
-    from .conftest import write_sweep
+    from .kit import write_yaml
 
     cli = cli_module
     root = tmp_path_factory.mktemp("vision")
@@ -104,7 +104,7 @@ def vision_runs(tmp_path_factory, tiny_vision, vision_data_dir, cli_module):
     common = {"model_name": "tiny-vision", "model_max_length": 512, "dataset_id": VISION_ID, "batch_size": 2,
               "gradient_accumulation_steps": 1, "fms_hf_tuning_version": VERSION, "number_gpus": 1}
     for name, exp in (("vlora", "finetune_lora_benchmark-v1.0.0"), ("vfull", "finetune_full_benchmark-v1.0.0")):
-        path = write_sweep(root / f"{name}.yaml", {
+        path = write_yaml(root / f"{name}.yaml", {
             "campaign": name, "experiment": exp, "entity": common,
             "grid": {"trainer": ["sbench", "fms-hf-tuning"]}, "model_map": {"tiny-vision": str(tiny_vision)},
             "data_dir": str(vision_data_dir), "runner": {"sample_interval_s": 0.05}})
@@ -128,7 +128,7 @@ def test_vision_points_train_through_both_trainers_and_are_measured(vision_runs,
         open_vision_dataset,
     )
 
-    from .conftest import sql_rows
+    from .kit import sql_rows
 
     rows = sql_rows(vision_runs["db"], "SELECT m.*, r.job_dir, r.outcome, r.reason FROM measurements m JOIN runs r "
                                        "USING (run_id) ORDER BY m.campaign, m.trainer")
@@ -179,9 +179,9 @@ def test_vision_points_train_through_both_trainers_and_are_measured(vision_runs,
 
 
 def test_prepare_counts_a_vision_dataset_once(cli, tmp_path, tiny_vision, vision_data_dir) -> None:
-    from .conftest import write_sweep
+    from .kit import write_yaml
 
-    sweep = write_sweep(tmp_path / "p.yaml", {
+    sweep = write_yaml(tmp_path / "p.yaml", {
         "campaign": "p", "experiment": "finetune_lora_benchmark-v1.0.0",
         "entity": {"model_name": "tiny-vision", "model_max_length": 512, "dataset_id": VISION_ID, "batch_size": 1,
                    "number_gpus": 1}, "model_map": {"tiny-vision": str(tiny_vision)},
@@ -224,9 +224,9 @@ def test_prepare_counts_a_vision_dataset_once(cli, tmp_path, tiny_vision, vision
 def test_plan_memory_counts_the_vision_tower_projector_and_language_model(cli, tmp_path, tiny_vision) -> None:
     from harness.data.tinymodel import describe_model
 
-    from .conftest import write_sweep
+    from .kit import write_yaml
 
-    sweep = write_sweep(tmp_path / "m.yaml", {
+    sweep = write_yaml(tmp_path / "m.yaml", {
         "campaign": "m", "experiment": "finetune_full_benchmark-v1.0.0",
         "entity": {"model_max_length": 512, "dataset_id": VISION_ID, "batch_size": 1, "number_gpus": 1},
         "grid": {"model_name": ["tiny-vision", "granite-vision-3.2-2b"]},
@@ -290,10 +290,10 @@ def test_vision_lora_over_two_processes_through_both_trainers(cli, tmp_path, tin
         open_vision_dataset,
     )
 
-    from .conftest import sql_rows, write_sweep
+    from .kit import sql_rows, write_yaml
 
     db, workdir = tmp_path / "r.duckdb", tmp_path / "runs"
-    sweep = write_sweep(tmp_path / "v2.yaml", {
+    sweep = write_yaml(tmp_path / "v2.yaml", {
         "campaign": "v2", "experiment": "finetune_lora_benchmark-v1.0.0",
         "entity": {"model_name": "tiny-vision", "model_max_length": 512, "dataset_id": VISION_ID, "batch_size": 2,
                    "gradient_accumulation_steps": 1, "fms_hf_tuning_version": VERSION, "number_gpus": 2,
@@ -332,10 +332,10 @@ def test_vision_lora_across_two_slurm_nodes(cli, tmp_path, tiny_vision, vision_d
     and image tokens counted."""
     from harness.contract.paths import JobPaths
 
-    from .conftest import TEST_INVENTORY, sql_rows, write_sweep
+    from .kit import TEST_INVENTORY, sql_rows, write_yaml
 
     db, workdir = tmp_path / "r.duckdb", tmp_path / "runs"
-    sweep = write_sweep(tmp_path / "v2n.yaml", {
+    sweep = write_yaml(tmp_path / "v2n.yaml", {
         "campaign": "v2n", "experiment": "finetune_lora_benchmark-v1.0.0", "partition": "cpu",
         "entity": {"model_name": "tiny-vision", "model_max_length": 512, "dataset_id": VISION_ID, "batch_size": 2,
                    "gradient_accumulation_steps": 1, "number_gpus": 2, "number_nodes": 2,

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,13 +18,12 @@ from harness.collect.ingest import collect
 from harness.contract.paths import JobPaths
 from harness.slurm import localjob
 
-from .conftest import ROOT, write_sweep
-from .synth import append_manifest, make_run, manifest_events, result_doc, write_json
+from .kit import ROOT, command, write_yaml
+from .kit.jobdirs import append_manifest, make_run, manifest_events, result_doc, write_json
 
 
 def _cmd(root: Path, *args: object) -> list[str]:
-    return [sys.executable, "-m", "harness", *map(str, args), "--workdir", str(root / "runs"), "--db",
-            str(root / "r.duckdb")]
+    return command(*args, "--workdir", root / "runs", "--db", root / "r.duckdb")
 
 
 def _env() -> dict[str, str]:
@@ -35,7 +33,7 @@ def _env() -> dict[str, str]:
 @pytest.mark.slow(30)
 def test_submit_wait_after_ctrl_c_waits_for_the_attempts_in_flight(tmp_path: Path) -> None:
     (tmp_path / "model").mkdir()
-    sweep = write_sweep(tmp_path / "s.yaml", {
+    sweep = write_yaml(tmp_path / "s.yaml", {
         "campaign": "resume", "experiment": "finetune_lora_benchmark-v1.0.0",
         "entity": {"model_name": "tiny", "model_max_length": 64, "batch_size": 2, "number_gpus": 1},
         "grid": {"max_steps": [2, 3]}, "model_map": {"tiny": str(tmp_path / "model")},

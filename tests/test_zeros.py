@@ -22,23 +22,22 @@ from harness.runner.sampler import ProcessTree, Sampler
 from harness.runner.steady import batch_means
 from harness.slurm.client import Slurm
 
-from . import synth
-from . import test_collect as tc
-from .conftest import sql_rows
+from .kit import FULL, jobdirs, one, sql_rows
+from .kit.jobdirs import CAMPAIGN, FakeSlurm, write_attempt
 
 
 @pytest.fixture()
 def tc_wd(tmp_path: Path) -> Path:
     d = tmp_path / "runs"
     d.mkdir()
-    synth.append_manifest(d, tc.CAMPAIGN, [synth.manifest_events(tc.CAMPAIGN, tc.FULL)])
+    jobdirs.append_manifest(d, CAMPAIGN, [jobdirs.manifest_events(CAMPAIGN, FULL)])
     return d
 
 
 def cpu_rows(n: int, energy_per_s: float, cpu_pct: float = 100.0, last_proc: int | None = None) -> list[dict]:
     rows = []
     for i in range(n):
-        t = synth.T0 + i
+        t = jobdirs.T0 + i
         if last_proc is None or i <= last_proc:
             rows.append({"t_wall": t, "t_mono": 5000.0 + i, "kind": "proc", "device": -1, "cpu_pct": cpu_pct,
                          "mem_pct": 1.0, "rss_mb": 100.0, "nprocs": 2})
@@ -47,11 +46,11 @@ def cpu_rows(n: int, energy_per_s: float, cpu_pct: float = 100.0, last_proc: int
 
 
 def test_a_rapl_counter_that_never_moves_on_a_busy_host_is_null_with_a_note(tc_wd: Path, tmp_path: Path) -> None:
-    stuck = tc.write_attempt(tc_wd, 90, gpus_per_host=1, samples={"node1": cpu_rows(20, 0.0)},
-                             t_train0=synth.T0 + 2.0, t_train1=synth.T0 + 17.0)
+    stuck = write_attempt(tc_wd, 90, gpus_per_host=1, samples={"node1": cpu_rows(20, 0.0)},
+                             t_train0=jobdirs.T0 + 2.0, t_train1=jobdirs.T0 + 17.0)
     db = tmp_path / "r.duckdb"
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({stuck["job_id"]: ("COMPLETED", "0:0", "node1")})))
-    m = tc.one(db, "SELECT energy_joules, energy_source, dataset_tokens_per_joule, notes, r.warnings "
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({stuck["job_id"]: ("COMPLETED", "0:0", "node1")})))
+    m = one(db, "SELECT energy_joules, energy_source, dataset_tokens_per_joule, notes, r.warnings "
                    "FROM measurements JOIN runs r USING (run_id)")
     assert m["energy_joules"] is None and m["dataset_tokens_per_joule"] is None and m["energy_source"] == "rapl"
     (note,) = [n for n in m["notes"] if "did not move" in n]
@@ -61,37 +60,37 @@ def test_a_rapl_counter_that_never_moves_on_a_busy_host_is_null_with_a_note(tc_w
 
 
 def test_a_still_counter_of_an_idle_host_or_a_short_window_is_a_measurement(tc_wd: Path, tmp_path: Path) -> None:
-    idle = tc.write_attempt(tc_wd, 91, gpus_per_host=1, samples={"node1": cpu_rows(20, 0.0, cpu_pct=0.0)},
-                            t_train0=synth.T0 + 2.0, t_train1=synth.T0 + 17.0)
-    short = tc.write_attempt(tc_wd, 92, gpus_per_host=1, samples={"node1": cpu_rows(20, 0.0)},
-                             t_train0=synth.T0 + 2.0, t_train1=synth.T0 + 2.05)
+    idle = write_attempt(tc_wd, 91, gpus_per_host=1, samples={"node1": cpu_rows(20, 0.0, cpu_pct=0.0)},
+                            t_train0=jobdirs.T0 + 2.0, t_train1=jobdirs.T0 + 17.0)
+    short = write_attempt(tc_wd, 92, gpus_per_host=1, samples={"node1": cpu_rows(20, 0.0)},
+                             t_train0=jobdirs.T0 + 2.0, t_train1=jobdirs.T0 + 2.05)
     db = tmp_path / "r.duckdb"
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1") for r in (idle, short)})))
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1") for r in (idle, short)})))
     for r in (idle, short):
-        m = tc.one(db, "SELECT energy_joules FROM measurements WHERE run_id = ?", [r["run_id"]])
+        m = one(db, "SELECT energy_joules FROM measurements WHERE run_id = ?", [r["run_id"]])
         assert m["energy_joules"] == 0.0
 
 
 def test_an_nvml_counter_that_never_moves_while_the_gpu_draws_power_is_null(tc_wd: Path, tmp_path: Path) -> None:
-    rows = synth.gen_samples(synth.T0, 20, 2, seed=5)
+    rows = jobdirs.gen_samples(jobdirs.T0, 20, 2, seed=5)
     for r in rows:
         if r["kind"] == "gpu" and r["device"] == 1:
             r["energy_j"] = 0.0  # the driver answers, and never counts
-    run = tc.write_attempt(tc_wd, 93, samples={"node1": rows})
+    run = write_attempt(tc_wd, 93, samples={"node1": rows})
     db = tmp_path / "r.duckdb"
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
-    m = tc.one(db, "SELECT energy_joules, gpu_energy_joules, notes FROM measurements")
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
+    m = one(db, "SELECT energy_joules, gpu_energy_joules, notes FROM measurements")
     assert m["energy_joules"] is None and m["gpu_energy_joules"] is None
     assert any(n.startswith("GPU node1:1: NVML's total-energy counter did not move") for n in m["notes"]), m["notes"]
 
 
 def test_process_samples_that_leave_the_windows_end_uncovered_are_said(tc_wd: Path, tmp_path: Path) -> None:
     # the last process sample at 15 s, the window to 17 s: 2 s of it without a CPU figure
-    run = tc.write_attempt(tc_wd, 94, gpus_per_host=1, samples={"node1": cpu_rows(20, 40.0, last_proc=15)},
-                           t_train0=synth.T0 + 2.0, t_train1=synth.T0 + 17.0)
+    run = write_attempt(tc_wd, 94, gpus_per_host=1, samples={"node1": cpu_rows(20, 40.0, last_proc=15)},
+                           t_train0=jobdirs.T0 + 2.0, t_train1=jobdirs.T0 + 17.0)
     db = tmp_path / "r.duckdb"
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
-    m = tc.one(db, "SELECT notes, cpu_compute_utilization FROM measurements")
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({run["job_id"]: ("COMPLETED", "0:0", "node1")})))
+    m = one(db, "SELECT notes, cpu_compute_utilization FROM measurements")
     assert "process samples on node1 cover 13.00 s of the 15.00 s measured window (2.00 s without a CPU sample, " \
            "at a 1 s period)" in " ".join(m["notes"])
     assert m["cpu_compute_utilization"] == pytest.approx(100.0)
@@ -100,16 +99,16 @@ def test_process_samples_that_leave_the_windows_end_uncovered_are_said(tc_wd: Pa
 def test_host_samples_that_leave_the_windows_end_uncovered_give_the_coverage_and_say_so(tc_wd: Path,
                                                                                       tmp_path: Path) -> None:
     # host rows every second to 14 s (as the sampler's last tick before the tree ended), the window 2 s to 17 s
-    rows = cpu_rows(20, 40.0) + [{"t_wall": synth.T0 + i, "t_mono": 5000.0 + i, "kind": "host", "device": -1,
+    rows = cpu_rows(20, 40.0) + [{"t_wall": jobdirs.T0 + i, "t_mono": 5000.0 + i, "kind": "host", "device": -1,
                                   "cpu_pct": 10.0} for i in range(15)]
-    short = tc.write_attempt(tc_wd, 95, gpus_per_host=1, samples={"node1": rows},
-                             t_train0=synth.T0 + 2.0, t_train1=synth.T0 + 17.0)
+    short = write_attempt(tc_wd, 95, gpus_per_host=1, samples={"node1": rows},
+                             t_train0=jobdirs.T0 + 2.0, t_train1=jobdirs.T0 + 17.0)
     # and a run whose host rows reach the window's end (the sampler's final host row at the tree's end)
-    whole = tc.write_attempt(tc_wd, 96, gpus_per_host=1, samples={"node1": cpu_rows(20, 40.0) + [
-        {"t_wall": synth.T0 + i, "t_mono": 5000.0 + i, "kind": "host", "device": -1, "cpu_pct": 10.0}
-        for i in range(20)]}, t_train0=synth.T0 + 2.0, t_train1=synth.T0 + 17.0)
+    whole = write_attempt(tc_wd, 96, gpus_per_host=1, samples={"node1": cpu_rows(20, 40.0) + [
+        {"t_wall": jobdirs.T0 + i, "t_mono": 5000.0 + i, "kind": "host", "device": -1, "cpu_pct": 10.0}
+        for i in range(20)]}, t_train0=jobdirs.T0 + 2.0, t_train1=jobdirs.T0 + 17.0)
     db = tmp_path / "r.duckdb"
-    collect(db, tc_wd, slurm=Slurm(tc.FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1") for r in (short, whole)})))
+    collect(db, tc_wd, slurm=Slurm(FakeSlurm({r["job_id"]: ("COMPLETED", "0:0", "node1") for r in (short, whole)})))
     got = {m["job_id"]: m for m in sql_rows(db, "SELECT r.job_id, m.host_window_coverage, m.host_other_cpu_pct, "
                                                 "m.notes FROM measurements m JOIN runs r USING (run_id)")}
     m = got[short["job_id"]]

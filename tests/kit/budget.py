@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from .paths import ROOT
 
 # What a read command never imports (the top-level package names).
 FORBIDDEN: tuple[str, ...] = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "jinja2",

@@ -1,11 +1,13 @@
 """Writers for synthetic job directories in the format of docs/job-directory.md.
 
-Used by the collect tests (which write their own raw rows through these) and by
-``bench/collect.py`` (which builds thousands of runs). Nothing here is used by a real run.
+Used by the collect tests (which write their own raw rows through these, most through :func:`write_attempt`,
+collected with :class:`FakeSlurm` standing in for sacct) and by ``bench/collect.py`` (which builds thousands of
+runs). Nothing here is used by a real run; tests/test_e2e_local.py holds these files against a real run's.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import random
@@ -20,6 +22,8 @@ from harness.runner.node import TRAINING_KEYS
 from harness.slurm import localjob
 from harness.spec.catalog import get_experiment
 from harness.spec.plan import point_id as make_point_id
+
+from .builders import FULL
 
 SAMPLE_HEADER = ",".join(SAMPLE_CSV_NAMES)
 SAMPLE_FIELDS = list(SAMPLE_CSV_NAMES)
@@ -241,3 +245,101 @@ def local_process(path: str | Path, kind: str = localjob.LAUNCH) -> subprocess.P
     the queue of queue file *path*): it carries the token status, cancel and collect check. Kill it when done."""
     return subprocess.Popen(["sleep", "120"], start_new_session=True,
                             env={**os.environ, **localjob.environment(kind, path)})
+
+
+# -- one attempt of campaign c1, and a stand-in for sacct ------------------------------------------------------
+CAMPAIGN = "c1"
+
+
+def sacct_slot(job_id: str) -> tuple[str, str]:
+    """A job's start and end as sacct prints them: ten minutes in an hour of its own (by the job id's
+    digits), so that runs given different ids never held a node at the same time."""
+    n = int("".join(ch for ch in job_id if ch.isdigit()) or 0)
+    start = dt.datetime(2025, 11, 22) + dt.timedelta(hours=n % 10000)
+    return start.isoformat(), (start + dt.timedelta(minutes=10)).isoformat()
+
+
+class FakeSlurm:
+    """Stands in for sacct: answers from a dict job id -> (state, exit, nodes); counts calls. Each job ran
+    in its own slot (:func:`sacct_slot`)."""
+
+    def __init__(self, jobs: dict[str, tuple[str, str, str]] | None = None) -> None:
+        self.jobs = jobs or {}
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv):
+        self.calls.append(list(argv))
+        if argv[0] != "sacct":
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        lines = []
+        for j in argv[argv.index("-j") + 1].split(","):
+            if j in self.jobs:
+                state, code, nodes = self.jobs[j]
+                start, end = sacct_slot(j)
+                lines.append(f"{j}|{state}|{code}|00:10:00||{nodes}|{start}|{end}")
+                lines.append(f"{j}.0|{state}|{code}|00:10:00|2097152K|{nodes}|{start}|{end}")
+        return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
+
+
+def write_attempt(workdir: Path, idx: int, *, hosts=("node1",), gpus_per_host=2, samples=None, ticks=20,
+                  t_train0=None, t_train1=None, warmup_end=None, entity_over=None, results=True, stages=None,
+                  errors=(), job_id=None, executor="slurm", experiment=FULL, rank0_metrics=None, trials=None,
+                  logs=None, manifest=True) -> dict[str, Any]:
+    """One attempt's files, in campaign :data:`CAMPAIGN`. Defaults: a successful single-node 2-GPU run."""
+    world = len(hosts) * gpus_per_host
+    ent = entity_for(experiment, **{"number_gpus": world, "number_nodes": len(hosts), "batch_size": 2 * world,
+                                    "model_max_length": 100 + idx, **(entity_over or {})})
+    pid = make_point_id(experiment, ent)
+    job_dir = workdir / CAMPAIGN / job_dir_name(pid, 0, 1)
+    paths = JobPaths(job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    write_spec(paths, CAMPAIGN, pid, 0, 1, experiment, ent, len(hosts), world,
+               trials=5 if "stability" in experiment else 1)
+    jid = job_id or f"9{idx:03d}"
+    t0 = T0
+    tr0 = t_train0 if t_train0 is not None else t0 + 5
+    tr1 = t_train1 if t_train1 is not None else t0 + ticks - 5
+    rows_by_host = {}
+    for m, h in enumerate(hosts):
+        ranks = list(range(m * gpus_per_host, (m + 1) * gpus_per_host))
+        if stages is None or h not in stages:
+            write_stages(paths, h, normal_stages(h, t0, tr0, tr1, ranks))
+        elif stages[h] is not None:
+            paths.stages(h).write_text(stages[h])
+        rows = samples[h] if samples is not None else gen_samples(t0, ticks, gpus_per_host, seed=idx * 10 + m)
+        rows_by_host[h] = rows
+        if rows is not None:
+            write_samples(paths, h, rows)
+        if results is True or (isinstance(results, dict) and h in results):
+            doc = result_doc(h, m, t0, tr1 + 1)
+            if isinstance(results, dict):
+                doc.update(results[h])
+            if trials is not None and m == 0:
+                doc["trials"] = trials
+            write_json(paths.result(h), doc)
+            for r in ranks:
+                rd = rank_doc(r, h, world, tr0, tr1, tps=1000.0 + r, warmup_end=warmup_end,
+                              **(rank0_metrics or {} if r == 0 else {}))
+                write_json(paths.rank_result(r), rd)
+        write_json(paths.root / f"environment.{h}.json", environment_doc(h, m, gpus_per_host))
+        if logs and h in logs:
+            paths.train_log(h).write_text(logs[h])
+    for e in errors:
+        write_json(paths.error(e["rank"]), e)
+    events = [{"type": "point", "campaign": CAMPAIGN, "point_id": pid, "repeat": 0, "experiment": experiment,
+               "entity": ent, "valid": True, "reasons": [], "notes": []},
+              {"type": "attempt", "campaign": CAMPAIGN, "point_id": pid, "repeat": 0, "attempt": 1,
+               "job_dir": str(job_dir), "executor": executor, "job_id": jid, "array_job_id": None,
+               "array_task_id": None, "submitted_at": "2025-11-21T23:59:30+00:00", "reason": "new"}]
+    if manifest:
+        append_manifest(workdir, CAMPAIGN, events)
+    return {"run_id": f"{CAMPAIGN}/{pid}.r0.a1", "paths": paths, "job_id": jid, "rows": rows_by_host,
+            "t_train0": tr0, "t_train1": tr1, "entity": ent, "world": world, "point_id": pid}
+
+
+def campaign_workdir(tmp_path: Path) -> Path:
+    """A work dir whose manifest has campaign :data:`CAMPAIGN` (full fine-tuning), for write_attempt's runs."""
+    d = tmp_path / "runs"
+    d.mkdir()
+    append_manifest(d, CAMPAIGN, [manifest_events(CAMPAIGN, FULL)])
+    return d
