@@ -107,6 +107,7 @@ def secret_inventory(python: str | None = None) -> dict[str, Any]:
 
 # -- the session's trained campaigns -------------------------------------------------------------------------------
 TRAINED_PEAK_TFLOPS = 0.05  # one CPU worker process's peak, as the trained campaigns' inventory declares it
+TRAINED_PRICE = 2.5  # one CPU worker process an hour, as the trained campaigns' inventory prices it
 TRAINED_CAMPAIGNS = ("nightly-1", "nightly-2")
 
 
@@ -185,6 +186,7 @@ def build_trained(root: Path, model: Path, data_dir: Path) -> None:
     wrapper.chmod(0o755)
     inv = secret_inventory(python=str(wrapper))
     inv["partitions"]["cpu"]["peak_tflops"] = TRAINED_PEAK_TFLOPS
+    inv["partitions"]["cpu"]["price_per_gpu_hour"] = TRAINED_PRICE
     write_yaml(t.inventory, inv)
     write_yaml(t.sweep, {
         "campaign": TRAINED_CAMPAIGNS[0], "experiment": "finetune_full_benchmark-v1.0.0", "partition": "cpu",
