@@ -15,7 +15,7 @@ import pytest
 
 from harness.spec.flops import compute_dtype, flops_per_token, model_counts, peak_tflops
 
-from .kit import TRAINED_PEAK_TFLOPS, Trained, sql_rows, write_yaml
+from .kit import TRAINED_PEAK_TFLOPS, TRAINED_PRICE, Trained, sql_rows, write_yaml
 
 
 def on_disk_params(model_dir: Path) -> dict[str, int]:
@@ -102,6 +102,11 @@ def test_mfu_of_a_real_run_equals_an_independent_recomputation(trained: Trained,
     assert m["peak_tflops"] == peak
     assert m["model_tflops_per_gpu"] == pytest.approx(tflops, rel=1e-9)
     assert m["mfu"] == pytest.approx(tflops / peak, rel=1e-9) and 0 < m["mfu"] < 1
+    # what a million dataset tokens cost: the inventory's price of a worker process an hour, every process paid
+    assert spec["price_per_gpu_hour"] == m["price_per_gpu_hour"] == TRAINED_PRICE
+    assert m["world_size"] == rank0["world_size"]  # every worker process is paid for
+    assert m["cost_per_million_tokens"] == pytest.approx(
+        TRAINED_PRICE * m["world_size"] * 1e6 / m["dataset_tokens_per_second"] / 3600, rel=1e-12)
     # gradient checkpointing (the experiment's default) recomputes one forward: hardware > model
     assert m["hardware_tflops_per_gpu"] == pytest.approx(
         (f + 2 * n + 4 * cfg["num_hidden_layers"] * cfg["hidden_size"] * T) * met["train_tokens_per_second"] / 1e12,

@@ -76,6 +76,7 @@ class JobSpec:
     compute_dtype: str | None = None  # the dtype the peak is read for (harness.spec.flops)
     peak_tflops: float | None = None  # one device's peak dense TFLOP/s: MFU's denominator
     peak_source: str = "unknown"  # inventory | gpu_peaks.yaml | unknown
+    price_per_gpu_hour: float | None = None  # the partition's price of one device an hour: the run's cost per token
     memory_prediction: dict[str, Any] | None = None  # harness.spec.memory's per-device prediction, for collect
     trainer: str = "sbench"  # sbench | fms-hf-tuning (the entity's trainer)
     # What the reference command line asks (Experiment.asked_settings), before a partition or an environment
@@ -386,6 +387,7 @@ def build_jobspec(sweep: Sweep, inv: Inventory, point: PlannedPoint, attempt: in
         python=python or part.python or inv.python or sys.executable,
         setup=list(inv.setup) + list(part.setup), env=env, host_env=host_env,
         compute_dtype=cdtype, peak_tflops=peak, peak_source=peak_src, memory_prediction=mem,
+        price_per_gpu_hour=part.price_per_gpu_hour,
         host_addresses={h.name: h.address for h in part.hosts.values() if h.address},
         trials=exp.trials, runner=sweep.runner.for_repeat(point.repeat).to_dict(), adjustments=adjustments,
         notes=list(point.notes),

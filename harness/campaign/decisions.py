@@ -85,6 +85,8 @@ class SubmitReport:
     repeats: list[RepeatsVerdict] = field(default_factory=list)
     repeats_before: list[RepeatsVerdict] = field(default_factory=list)
     search: dict[str, Any] = field(default_factory=dict)  # search: what it decided before this submission
+    # what the runs sent are predicted to hold (harness.spec.predict: totals), what the campaign spent, its budget
+    prediction: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         by_key = {(s.spec.point_id, s.spec.repeat): s for s in self.submitted}
@@ -102,4 +104,5 @@ class SubmitReport:
                 "devices": self.devices, "excluded_slow": self.excluded_slow,
                 "prepare": self.prepare, "prepare_job": self.prepare_job, "held_back": self.held_back,
                 "feed": self.feed, "repeats": [v.to_dict() for v in self.repeats],
-                "repeats_before": [v.to_dict() for v in self.repeats_before], "search": self.search}
+                "repeats_before": [v.to_dict() for v in self.repeats_before], "search": self.search,
+                "prediction": self.prediction}

@@ -18,7 +18,7 @@ from typing import Any
 from harness.contract.errors import InputError
 from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
 from harness.contract.records import ManifestLine, SearchLine, append_manifest, now_iso
-from harness.db.search import runs_seen, search_evidence
+from harness.db.search import point_costs, runs_seen, search_evidence
 from harness.db.status import campaign_names
 from harness.db.store import open_store
 from harness.spec.plan import PlannedPoint
@@ -118,8 +118,12 @@ def best(campaign: str, workdir: Path | None = None, db: Path | None = None) -> 
     with open_store(dbp, read_only=True) as st:  # the database answers, wherever it was made or imported from
         known = campaign_names(st)
         ev = search_evidence(st, campaign) if campaign in known else None
+        costs = point_costs(st, campaign) if ev is not None else {}
     if ev is not None:
-        return answer(ev)
+        ans = answer(ev)
+        if ans["best"]:  # what a million tokens cost at the best point (its partition's price_per_gpu_hour)
+            ans["best"]["cost_per_million_tokens"] = costs.get(ans["best"]["point_id"])
+        return ans
     if manifest.search_spec(wd / campaign) is not None:  # submitted here, not collected yet
         raise InputError(f"{dbp}: campaign {campaign!r} has no search recorded yet; run sbench collect --campaign "
                          f"{campaign} first")

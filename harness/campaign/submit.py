@@ -34,10 +34,12 @@ from harness.contract.records import (
 from harness.data.lengths import length_warnings
 from harness.data.prepared import masked_warnings
 from harness.data.trainerenv import EnvBuildError, build
+from harness.db.predict import predictions
 from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, counted_warnings, plan_sweep, plan_warnings
+from harness.spec.predict import over_budget, totals
 from harness.spec.search import PLAN, SKIP, SearchDecision, SearchState
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
@@ -279,6 +281,16 @@ def _submit(locks: CampaignLocks, req: SubmitRequest, mode: Mode, *, echo: Calla
         report.repeats = report.repeats_before = list(point_verdicts(
             sweep.adaptive, [p.point_id for p in plan.points if p.valid], history, sweep.campaign).values())
     todo = [d for d in decisions if d.kind.submits]
+    preds, spent = predictions(plan.db, [d.point for d in todo], sweep.campaign)
+    report.prediction = {**totals(preds).to_dict(), "spent_gpu_hours": spent[0], "spent_allocation_hours": spent[1],
+                         "budget": sweep.budget.to_dict() if sweep.budget else None}
+    if sweep.budget is not None:  # before anything is prepared, written or sent
+        over = over_budget(sweep.budget, preds, *spent)
+        if over:
+            unknown = sum(p.seconds is None for p in preds)
+            raise InputError(f"{sweep.source}: the campaign would pass its budget: {over}"
+                             + (f"; {unknown} run(s) have no prediction and count as nothing" if unknown else "")
+                             + "; nothing was submitted. Raise budget:, or submit fewer points")
     dependency = _prepare_before(req, plan, [d.point for d in todo], report, echo)
     report.warnings += length_warnings(sweep, plan.inv, [d.point for d in todo])  # the files prepare just made
     events = append_manifest(CampaignPaths(campaign_dir), _campaign_lines(req, plan, decisions, exists))

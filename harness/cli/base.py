@@ -324,3 +324,18 @@ def main() -> None:
 
 
 # -- inventory ---------------------------------------------------------------------------------------------
+
+
+def prediction_line(p: dict[str, Any]) -> str | None:
+    """A plan's or a submission's predicted totals (``harness.spec.predict``) in one line, with its budget."""
+    if not p or not (p.get("points_predicted") or p.get("points_unknown")):
+        return None
+    budget = p.get("budget") or {}
+    spent = p.get("spent_gpu_hours") or 0.0
+    limits = [f"{v:g} {k.replace('_', '-')}" for k, v in budget.items() if v is not None]
+    return (f"predicted: {p['predicted_seconds'] / 3600:,.3g} allocation hour(s), {p['predicted_gpu_hours']:,.3g} "
+            f"GPU-hour(s) for {p['points_predicted']} run(s)"
+            + (f"; {p['points_unknown']} run(s) not predicted (nothing like them measured)" if p.get("points_unknown")
+               else "")
+            + (f"; spent so far {spent:,.3g} GPU-hour(s)" if spent else "")
+            + (f"; budget {', '.join(limits)}" if limits else ""))

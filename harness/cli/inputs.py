@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,7 +13,8 @@ from harness.campaign.grouping import make_packs, pack_labels
 from harness.cluster import discover as discovery
 from harness.cluster.faultcheck import check_faults
 from harness.cluster.fit import ClusterFit, cluster_fit
-from harness.contract.errors import RunnerError
+from harness.contract.errors import InputError, RunnerError
+from harness.contract.lazy import lazy_module
 from harness.contract.paths import resolve_workdir
 from harness.data.lengths import length_warnings
 from harness.data.prepared import masked_warnings
@@ -21,6 +22,7 @@ from harness.slurm.client import Slurm
 from harness.spec.catalog import EXPERIMENTS, get_experiment
 from harness.spec.inventory import Inventory, describe, load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep, plan_warnings
+from harness.spec.predict import Prediction, over_budget, totals
 from harness.spec.resources import Share, point_share
 from harness.spec.sweep import Sweep, load_sweep
 
@@ -30,11 +32,17 @@ from .base import (
     json_option,
     main,
     model_map_option,
+    prediction_line,
     say,
     sweep_argument,
     table,
     workdir_option,
 )
+
+if TYPE_CHECKING:
+    from harness.db import predict
+else:  # the database loads only for plan --db: render and plan without it start without DuckDB
+    predict = lazy_module("harness.db.predict")
 
 
 @main.group()
@@ -232,13 +240,24 @@ def memory_summary(points: list[PlannedPoint]) -> str:
 @model_map_option
 @click.option("--memory", is_flag=True, help="Predict each valid point's memory per device and flag the ones "
                                            "that will not fit (predicted_oom).")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Predict each valid point's allocation seconds and GPU-hours from what this results database "
+                   "measured (and the campaign's totals, against the sweep's budget:).")
 @json_option
-def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bool, as_json: bool) -> None:
+def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bool, db: Path | None,
+         as_json: bool) -> None:
     """Expand a sweep into points and say which are valid and why not.
 
     Example: sbench plan sweeps/demo-cpu.yaml --memory --json
     """
     inv, sw, points = _plan(sweep, inventory, model_map, memory)
+    if db is not None and not db.is_file():
+        raise InputError(f"--db {db}: no results database there; predictions read what one measured (sbench "
+                         "collect writes it)")
+    preds: dict[tuple[str, int], Prediction] = {}
+    if db is not None:
+        found, _spent = predict.predictions(db, points)
+        preds = {(p.point_id, p.repeat): p for p in found}
     check_faults(inv, {p.partition for p in points})
     masked_warnings(sw, inv, points)
     length_warnings(sw, inv, points)
@@ -246,7 +265,9 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
     packs = planned_packs(inv, sw, points)
     if as_json:
         echo_json([{**p.to_dict(), "node_share": shares[p.point_id].to_dict(),
-                    **({"pack": packs.get((p.point_id, p.repeat))} if packs else {})} for p in points])
+                    **({"pack": packs.get((p.point_id, p.repeat))} if packs else {}),
+                    **({"prediction": preds[(p.point_id, p.repeat)].to_dict()}
+                       if (p.point_id, p.repeat) in preds else {})} for p in points])
         return
     varying = list(sw.grid)
     rows = []
@@ -257,6 +278,11 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
         row["node share"] = shares[p.point_id].short if p.valid else ""
         if packs:
             row["pack"] = packs.get((p.point_id, p.repeat), "")
+        pred = preds.get((p.point_id, p.repeat))
+        if pred is not None:
+            row.update({"predicted s": "" if pred.seconds is None else f"{pred.seconds:,.0f}",
+                        "GPU-h": "" if pred.gpu_hours is None else f"{pred.gpu_hours:,.3g}",
+                        "from": pred.basis if pred.source else "not predicted"})
         mem_cols: list[str] = []
         if memory:
             m = p.memory or {}
@@ -274,11 +300,19 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
         rows.append(row)
     click.echo(f"campaign {sw.campaign}: {sw.experiment.id} on partition {points[0].partition if points else '-'}")
     click.echo(table(rows, ["point_id", "rep", "valid", *varying, "node share", *(["pack"] if packs else []),
-                            *(mem_cols if memory and points else []), "reasons"]))
+                            *(mem_cols if memory and points else []),
+                            *(["predicted s", "GPU-h", "from"] if preds else []), "reasons"]))
     if memory:
         click.echo("\n" + memory_summary(points))
     n_valid = sum(p.valid for p in points)
     click.echo(f"\n{len(points)} run(s): {n_valid} valid, {len(points) - n_valid} invalid")
+    if preds:
+        listed = list(preds.values())
+        click.echo(prediction_line({**totals(listed).to_dict(), "budget": sw.budget.to_dict() if sw.budget else None})
+                   or "")
+        over = over_budget(sw.budget, listed) if sw.budget else None
+        if over:
+            say(f"warning: the campaign would pass its budget: {over}; sbench submit refuses it", err=True)
     if sw.adaptive:
         a = sw.adaptive
         click.echo(f"repeats: {a.min} per point, then one more at a time while its throughput CV is above "

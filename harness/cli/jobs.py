@@ -23,6 +23,7 @@ from .base import (
     json_option,
     main,
     model_map_option,
+    prediction_line,
     print_repeats,
     say,
     short,
@@ -208,6 +209,9 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
         click.echo(f"reused {len(reused)} measured run(s) of campaign(s) {', '.join(sources)} instead of measuring "
                    "them again (each named in its reason; --force measures them in this campaign)")
     print_repeats(d["campaign"], d.get("repeats") or [])
+    line = prediction_line(d.get("prediction") or {})
+    if line:
+        click.echo(line)
     search = d.get("search") or {}
     if search:
         state = ("over: sbench best " + d["campaign"] + " answers" if search.get("done") else

@@ -381,10 +381,13 @@ def best(campaign: str, db: Path | None, workdir: Path | None, as_json: bool) ->
     click.echo(f"search {printable(campaign)}: {state}; goal {metric_sense} {metric}")
     if b:
         lo, hi = b["interval"]
-        fields = {k: v for k, v in b.items() if k not in ("point_id", "value", "interval", "runs", "entity")}
+        fields = {k: v for k, v in b.items()
+                  if k not in ("point_id", "value", "interval", "runs", "entity", "cost_per_million_tokens")}
         named = f" ({', '.join(f'{k}={printable(str(v))}' for k, v in fields.items())})" if fields else ""
+        cost = b.get("cost_per_million_tokens")
         click.echo(f"best: {printable(b['point_id'])}{named}  {metric} {b['value']:,.4g} (95 % interval {lo:,.4g} "
-                   f".. {hi:,.4g}, {b['runs']} run(s))")
+                   f".. {hi:,.4g}, {b['runs']} run(s))"
+                   + (f"; {cost:,.4g} per million tokens at its partition's price_per_gpu_hour" if cost else ""))
     else:
         click.echo("best: none yet")
     if ans["max_batch_size"]:

@@ -17,6 +17,7 @@ from harness.contract.formats import Stage
 from harness.contract.paths import JobPaths
 from harness.db.values import entity_values, to_json, utc
 from harness.spec.catalog import EXPERIMENTS
+from harness.spec.cost import cost_per_million_tokens
 from harness.spec.flops import run_flops
 
 from . import aggregate, stragglers
@@ -70,6 +71,7 @@ class RunData:
     memory_prediction: dict[str, Any] | None = None  # spec.json's (harness.spec.memory)
     ran: dict[str, Any] = field(default_factory=dict)  # measurements' what-ran columns (aggregate.ran_properties)
     slurm_energy_j: float | None = None  # sacct's ConsumedEnergyRaw of the job (None: not recorded)
+    price_per_gpu_hour: float | None = None  # spec.json's: the partition's price of a device an hour
 
     def warn(self, text: str) -> None:
         """A problem found after the verdict: a warning of an ok run, part of the reason otherwise."""
@@ -367,7 +369,8 @@ def build(f: JobFiles, v: Verdict) -> RunData:
                 gpu_partition=None if not isinstance(f.jobspec.get("cpu_partition"), bool)
                 else not f.jobspec["cpu_partition"],
                 ran={**ran, "adjustments": to_json(ran["adjustments"] or None), "notes": ran["notes"] or None},
-                slurm_energy_j=v.sched.job.consumed_energy_j if v.sched.job else None)
+                slurm_energy_j=v.sched.job.consumed_energy_j if v.sched.job else None,
+                price_per_gpu_hour=_f(f.jobspec.get("price_per_gpu_hour")))
     run["profiled"] = RunnerSettings.from_dict(as_dict(f.jobspec.get("runner"))).profiled
     d.seen_hosts = sorted(h["host"] for h in d.hosts if h.get("seen"))
     d.rank_scores, d.stragglers = score_rows(f, rid, run.get("campaign"))
@@ -461,6 +464,9 @@ def measurement_row(d: RunData, stats: list[dict[str, Any]]) -> dict[str, Any] |
     stop_after = _f(d.entity.get("stop_after_seconds"))
     row.update(aggregate.benchmark_properties(devices, procs, had_gpu, d.rank0, d.world_size, stop_after))
     row.update(mfu_properties(d))
+    row["price_per_gpu_hour"] = d.price_per_gpu_hour
+    row["cost_per_million_tokens"] = cost_per_million_tokens(d.price_per_gpu_hour, d.world_size,
+                                                             row.get("dataset_tokens_per_second"))
     row.update(aggregate.exact_properties(d.rank0))
     row.update(aggregate.token_counts(d.rank0))
     row.update(aggregate.step_time_properties(d.rank0, start, end))

@@ -50,10 +50,12 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # 17: adaptive campaigns (search:): the search_decisions table and campaigns.search_spec;
 # 18: measurements.host_window_coverage (the share of the measured window the host samples cover) and
 # mfu_peak_source (MFU against the hosts' measured peak where preflight measured them); host_health
-# leaves the rank scores of runs on a busy host out (a straggler there is no evidence against the host).
+# leaves the rank scores of runs on a busy host out (a straggler there is no evidence against the host);
+# 19: what a measurement costs (measurements.price_per_gpu_hour, the partition's, and cost_per_million_tokens,
+# harness.spec.cost).
 # Every column and table since 13 is new and NULL in an older database's rows, so a database of UPGRADE_FROM on is
 # upgraded in place.
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 # The tables a schema added after UPGRADE_FROM (every other table is in every schema sbench reads).
 TABLE_SINCE = {"profile_ops": 14, "rank_scores": 16, "preflight": 16, "search_decisions": 17}
 # The oldest schema a database is upgraded from in place (by adding what it lacks: every change since is a new table
@@ -200,6 +202,8 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("energy_joules", "DOUBLE"), ("gpu_energy_joules", "DOUBLE"), ("energy_source", "VARCHAR"),
         ("dataset_tokens_per_joule", "DOUBLE"),
         ("slurm_consumed_energy_joules", "DOUBLE"),
+        # the partition's price of one device an hour, and a million dataset tokens at the measured throughput
+        ("price_per_gpu_hour", "DOUBLE"), ("cost_per_million_tokens", "DOUBLE"),
         ("shared_host", "BOOLEAN"), ("overlapped_with", "VARCHAR[]"),  # runs.overlapped_with
         # the host's other load over the window (the samples' host and gpu rows): the CPU share of the busiest
         # host used outside the run (percent of its capacity), the most processes not the run's on one of its

@@ -91,3 +91,11 @@ def campaign_seconds(store: Store, campaign: str) -> dict[str, float]:
         out[f"{outcome}_allocation_s"] = float(r["allocation_s"]) / int(r["n"]) if r else 0.0
         out[f"{outcome}_gpu_s"] = float(r["gpu_s"]) / int(r["n"]) if r else 0.0
     return out
+
+
+def point_costs(store: Store, campaign: str) -> dict[str, float]:
+    """Each point's mean ``cost_per_million_tokens`` over the campaign's valid measurements that have one."""
+    rows = store.con.execute("SELECT point_id, avg(cost_per_million_tokens) FROM measurements WHERE campaign = ? "
+                             "AND is_valid AND cost_per_million_tokens IS NOT NULL GROUP BY point_id",
+                             [campaign]).fetchall()
+    return {str(pid): float(v) for pid, v in rows}

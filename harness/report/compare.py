@@ -71,7 +71,8 @@ METRICS: dict[str, bool] = {
     "dataset_tokens_per_second": True, "train_tokens_per_second": True, "train_tokens_per_second_exact": True,
     "train_samples_per_second": True, "train_tokens_per_gpu_per_second": True,
     "dataset_tokens_per_second_per_gpu": True, "mfu": True, "model_tflops_per_gpu": True, "train_runtime": False,
-    "gpu_memory_utilization_peak": False, "cpu_memory_utilization": False,
+    "gpu_memory_utilization_peak": False, "cpu_memory_utilization": False, "cost_per_million_tokens": False,
+    "dataset_tokens_per_joule": True,
 }
 # the metrics measured over rank 0's training window: their runs' step times are evidence of their spread
 WINDOW_METRICS = frozenset({

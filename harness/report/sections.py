@@ -300,13 +300,14 @@ TABLE_COLUMNS = (  # (header, key, format): each number the median of the point'
     ("GPU mem peak %", "gpu_memory_utilization_peak", fmt), ("CPU %", "cpu_compute_utilization", fmt),
     ("CPU mem %", "cpu_memory_utilization", fmt), ("runtime s", "train_runtime", fmt),
     ("energy J", "energy_joules", fmt), ("tok/J", "dataset_tokens_per_joule", fmt),
+    ("cost / M tok", "cost_per_million_tokens", fmt),  # the partition's price_per_gpu_hour over the throughput
     ("notes", "notes", lambda v: "; ".join(v)),  # what ran otherwise than asked, and the runs' other notes
     ("# meas.", "n", str), ("stability", "stability", str), ("latest run", "run_id", str),
 )
 MEDIAN_KEYS = ("dataset_tokens_per_second", "ci_rel_halfwidth", "dataset_tokens_per_second_per_gpu",
                "train_tokens_per_second", "gpu_compute_utilization_avg", "gpu_memory_utilization_peak",
                "cpu_compute_utilization", "cpu_memory_utilization", "train_runtime", "energy_joules",
-               "dataset_tokens_per_joule")
+               "dataset_tokens_per_joule", "cost_per_million_tokens")
 
 
 def _median(xs: Sequence[float]) -> float | None:

@@ -52,9 +52,10 @@ DEFAULT_KEYS = ("env", "nccl", "setup", "python", "data_dir", "models_dir", "env
 PARTITION_KEYS = (
     "slurm_partition", "account", "qos", "constraint", "time_limit", "gpu_model",
     "gpus_per_node", "cpus_per_node", "memory_gb", "setup", "env", "python", "exclusive", "hosts", "slurm_extra",
-    "peak_tflops", "gpu_memory_gb",
+    "peak_tflops", "gpu_memory_gb", "price_per_gpu_hour",
 )
 MAX_PEAK_TFLOPS = 1e6
+MAX_PRICE_PER_GPU_HOUR = 1e6  # in the team's currency
 HOST_KEYS = ("address", "roce", "nccl_topo_file", "env")
 ROCE_KEYS = ("hcas", "gid_index", "socket_ifname")
 
@@ -100,6 +101,9 @@ class Partition:
     slurm_extra: dict[str, Any] = field(default_factory=dict)
     peak_tflops: float | dict[str, float] | None = None  # per device; a number, or per dtype (harness.spec.flops)
     gpu_memory_gb: float | None = None  # one device's memory (harness.spec.memory; default: gpu_memory.yaml)
+    # what one device (one worker process on a CPU partition) costs an hour, in the team's currency: a run's
+    # cost_per_million_tokens (harness.spec.flops.cost_per_million_tokens)
+    price_per_gpu_hour: float | None = None
 
     @property
     def is_cpu(self) -> bool:
@@ -110,7 +114,8 @@ class Partition:
         names; never its env, setup lines, interpreter, account or extra sbatch options."""
         return {"slurm_partition": self.slurm_partition, "gpu_model": self.gpu_model,
                 "gpus_per_node": self.gpus_per_node, "cpus_per_node": self.cpus_per_node, "memory_gb": self.memory_gb,
-                "gpu_memory_gb": self.gpu_memory_gb, "peak_tflops": self.peak_tflops, "hosts": sorted(self.hosts)}
+                "gpu_memory_gb": self.gpu_memory_gb, "peak_tflops": self.peak_tflops,
+                "price_per_gpu_hour": self.price_per_gpu_hour, "hosts": sorted(self.hosts)}
 
 
 @dataclass(frozen=True)
@@ -250,6 +255,7 @@ def _partition(ck: Checker, name: str, node: Any, parent: Mapping[str, Any]) -> 
         slurm_extra=sbatch_extra(ck, node, key, "slurm_extra"),
         peak_tflops=_peak(ck, node, key),
         gpu_memory_gb=ck.number(node, key, "gpu_memory_gb", minimum=0.001, maximum=MAX_MEMORY_GB),
+        price_per_gpu_hour=ck.number(node, key, "price_per_gpu_hour", minimum=0, maximum=MAX_PRICE_PER_GPU_HOUR),
     )
 
 

@@ -47,7 +47,9 @@ from .search import SearchSpec, parse_search, planned_repeats
 from .yamlio import LineDict, load_yaml
 
 SWEEP_KEYS = ("campaign", "experiment", "partition", "description", "entity", "grid", "repeats", "slurm",
-              "model_map", "data_dir", "runner", "references", "reuse", "search")
+              "model_map", "data_dir", "runner", "references", "reuse", "search", "budget")
+BUDGET_KEYS = ("gpu_hours", "allocation_hours")
+MAX_BUDGET_HOURS = 1e9
 
 
 # What a campaign may take from other campaigns instead of measuring it again: nothing (every campaign
@@ -58,7 +60,7 @@ _SCALAR = (str, int, float)
 SWEEP_KINDS: dict[str, type | tuple[type, ...]] = {
     "campaign": _SCALAR, "experiment": str, "partition": _SCALAR, "description": str, "entity": dict, "grid": dict,
     "repeats": (int, dict), "slurm": dict, "model_map": dict, "data_dir": str, "runner": dict, "references": dict,
-    "reuse": str, "search": dict}
+    "reuse": str, "search": dict, "budget": dict}
 
 
 SLURM_KEYS = ("time", "account", "qos", "constraint", "exclusive", "mem_gb", "max_parallel", "requeue", "extra",
@@ -169,6 +171,32 @@ class Sweep:
     search: SearchSpec | None = None
     search_repeats: int = 0
     lines: dict[str, int] = field(default_factory=dict)
+    budget: Budget | None = None  # budget: {gpu_hours, allocation_hours}: submit refuses a campaign predicted past it
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a campaign may spend: GPU-hours (devices x allocation hours) and allocation hours, either or both."""
+
+    gpu_hours: float | None = None
+    allocation_hours: float | None = None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"gpu_hours": self.gpu_hours, "allocation_hours": self.allocation_hours}
+
+
+def parse_budget(ck: Any, doc: Any) -> Budget | None:
+    node = doc.get("budget")
+    if node is None:
+        return None
+    node = ck.mapping(node, "budget", doc, "budget")
+    ck.known_keys(node, "budget", BUDGET_KEYS)
+    gpu = ck.number(node, "budget", "gpu_hours", minimum=0, maximum=MAX_BUDGET_HOURS)
+    alloc = ck.number(node, "budget", "allocation_hours", minimum=0, maximum=MAX_BUDGET_HOURS)
+    if gpu is None and alloc is None:
+        ck.fail("budget", "names no budget; give gpu_hours: N (devices x hours), allocation_hours: N, or both",
+                doc, "budget")
+    return Budget(None if gpu is None else float(gpu), None if alloc is None else float(alloc))
 
 
 def data_dir_for(sweep: Sweep, inv: Any) -> Path:
@@ -462,5 +490,5 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         search=search, search_repeats=search_repeats if search is not None else 0,
         model_map=mm, data_dir=data_dir, runner=runner, data_dir_set=bool(data_dir_raw),
         description=ck.string(doc, "", "description", default="", nonempty=False, multiline=True) or "",
-        lines=dict(doc.lines) if isinstance(doc, LineDict) else {},
+        lines=dict(doc.lines) if isinstance(doc, LineDict) else {}, budget=parse_budget(ck, doc),
     )

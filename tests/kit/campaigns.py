@@ -55,6 +55,7 @@ class Campaign:
 
 # -- the session's trained campaigns -------------------------------------------------------------------------------
 TRAINED_PEAK_TFLOPS = 0.05  # one CPU worker process's peak, as the trained campaigns' inventory declares it
+TRAINED_PRICE = 2.5  # one CPU worker process an hour, as the trained campaigns' inventory prices it
 TRAINED_CAMPAIGNS = ("nightly-1", "nightly-2")
 
 
@@ -138,6 +139,7 @@ def build_trained(root: Path, model: Path, data_dir: Path) -> None:
     wrapper.chmod(0o755)
     inv = secret_inventory(python=str(wrapper))
     inv["partitions"]["cpu"]["peak_tflops"] = TRAINED_PEAK_TFLOPS
+    inv["partitions"]["cpu"]["price_per_gpu_hour"] = TRAINED_PRICE
     write_yaml(t.inventory, inv)
     write_yaml(t.sweep, sweep(model, data_dir, campaign=TRAINED_CAMPAIGNS[0], partition="cpu",
                               entity={"model_max_length": 256, "max_steps": 4, "torch_dtype": "bfloat16"},

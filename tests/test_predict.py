@@ -1,0 +1,92 @@
+"""What a campaign will cost before it runs: ``sbench plan --db`` predicts each valid point's allocation seconds and
+GPU-hours from the session's trained campaigns (read, never trained for this), and ``submit`` refuses a campaign
+whose prediction passes its sweep's ``budget:``, writing nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.spec.predict import Seen, over_budget, predict, totals
+from harness.spec.sweep import Budget
+
+from .kit import Trained, sbench, sql_rows, write_yaml
+from .kit import inventory as one_host_inventory
+
+
+def _seen(point: str, batch: int, elapsed: float, train: float, steps: int = 4) -> Seen:
+    return Seen(point, "e", {"model_name": "m", "batch_size": batch, "max_steps": steps, "number_gpus": 2,
+                             "number_nodes": 1, "gpu_model": "g", "model_max_length": 256}, elapsed, train)
+
+
+def test_a_prediction_takes_the_point_else_the_nearest_batch_of_its_shape_scaled() -> None:
+    seen = [_seen("p2", 2, 30.0, 10.0), _seen("p2", 2, 34.0, 12.0), _seen("p8", 8, 60.0, 40.0)]
+    entity = {"model_name": "m", "batch_size": 2, "max_steps": 4, "number_gpus": 2, "number_nodes": 1,
+              "gpu_model": "g", "model_max_length": 256}
+    same = predict("p2", 0, "e", entity, seen)
+    assert (same.source, same.seconds, same.low, same.high) == ("history", 32.0, 30.0, 34.0)
+    assert same.gpu_hours == pytest.approx(32.0 * 2 / 3600)
+    # batch 4, never measured: batch 2 is as near as 8, the smaller is taken; 4 fixed steps of twice the batch
+    # take twice the training seconds at the same tokens per second, the start-up stays
+    four = predict("p4", 0, "e", {**entity, "batch_size": 4}, seen)
+    assert four.source == "history" and "batch 2" in four.basis
+    assert four.seconds == pytest.approx(((30 - 10) + 10 * 2 + (34 - 12) + 12 * 2) / 2)
+    # time-bound training (no max_steps): the training seconds do not scale
+    timed = predict("px", 0, "e", {**entity, "batch_size": 4, "max_steps": -1},
+                    [_seen("q", 2, 30.0, 10.0, steps=-1)])
+    assert timed.seconds == 30.0
+    other = predict("py", 0, "e", {**entity, "number_gpus": 4}, seen)  # another shape: nothing to go on
+    assert other.source is None and other.seconds is None and "nothing measured" in other.basis
+    t = totals([same, four, other])
+    assert (t.predicted, t.unknown) == (2, 1) and t.seconds == pytest.approx(same.seconds + four.seconds)
+    assert over_budget(Budget(gpu_hours=1.0), [same, four]) is None
+    said = over_budget(Budget(gpu_hours=1e-3), [same, four], spent_gpu_hours=0.5)
+    assert said and "budget.gpu_hours 0.001" in said and "0.5 GPU-hours spent" in said and "p4 r0" in said
+
+
+@pytest.mark.train
+def test_plan_predicts_from_history_and_submit_refuses_past_the_budget(trained: Trained, tmp_path: Path) -> None:
+    doc = yaml.safe_load(trained.sweep.read_text())
+    doc["grid"] = {"batch_size": [2, 4, 8]}  # 2 and 4 measured twice each (nightly-1, nightly-2), 8 never
+    sweep = write_yaml(tmp_path / "next.yaml", {**doc, "campaign": "next"})
+    out = json.loads(sbench("plan", sweep, "-i", trained.inventory, "--db", trained.db, "--json").stdout)
+    by_batch = {p["entity"]["batch_size"]: p["prediction"] for p in out}
+    runs = sql_rows(trained.db, "SELECT m.batch_size, r.elapsed_s FROM runs r JOIN measurements m USING (run_id) "
+                                "WHERE r.outcome = 'ok'")
+    for batch in (2, 4):  # the same point measured: the median of its runs' allocation seconds
+        mine = sorted(r["elapsed_s"] for r in runs if r["batch_size"] == batch)
+        assert by_batch[batch]["prediction_source"] == "history" and len(mine) == 2
+        assert by_batch[batch]["predicted_seconds"] == pytest.approx(sum(mine) / 2)
+        assert by_batch[batch]["predicted_gpu_hours"] == pytest.approx(sum(mine) / 2 / 3600)
+    assert by_batch[8]["prediction_source"] == "history" and "batch 4" in by_batch[8]["prediction_basis"]
+    assert by_batch[8]["predicted_seconds"] > by_batch[4]["predicted_seconds"] * 0.99  # 4 steps of twice the batch
+    text = sbench("plan", sweep, "-i", trained.inventory, "--db", trained.db).stdout
+    assert "predicted: " in text and "GPU-hour(s) for 3 run(s)" in text
+    # a budget smaller than the prediction: submit refuses, names the total and the largest runs, writes nothing
+    db = tmp_path / "r.duckdb"
+    shutil.copy(trained.db, db)
+    tight = write_yaml(tmp_path / "tight.yaml", {**doc, "campaign": "tight", "budget": {"gpu_hours": 1e-4}})
+    plan = sbench("plan", tight, "-i", trained.inventory, "--db", db)
+    assert "would pass its budget" in plan.stderr and "0.0001 gpu-hours" in plan.stdout
+    res = sbench("submit", tight, "-i", trained.inventory, "--executor", "local", "--workdir", tmp_path / "runs",
+                 "--db", db, ok=(2,))
+    assert "would pass its budget" in res.stderr and "budget.gpu_hours 0.0001" in res.stderr
+    assert "the largest runs:" in res.stderr and "nothing was submitted" in res.stderr
+    left = tmp_path / "runs" / "tight"  # at most the campaign's lock file: no manifest, no job dir
+    assert not left.exists() or [p.name for p in left.iterdir()] == [".lock"]
+    assert sql_rows(db, "SELECT count(*) AS n FROM runs WHERE campaign = 'tight'") == [{"n": 0}]
+
+
+@pytest.mark.parametrize(("budget", "said"), [({}, "names no budget"), ({"gpu_hours": -1}, ">= 0"),
+                                               ({"hours": 3}, "hours")])
+def test_a_bad_budget_is_refused_naming_the_key(tmp_path: Path, cli, budget, said: str) -> None:
+    inv = write_yaml(tmp_path / "inv.yaml", one_host_inventory())
+    sweep = write_yaml(tmp_path / "s.yaml", {"campaign": "b", "experiment": "finetune_full_benchmark-v1.0.0",
+                                             "entity": {"model_name": "smollm2-135m", "model_max_length": 64,
+                                                        "number_gpus": 1, "batch_size": 1}, "budget": budget})
+    res = cli("plan", str(sweep), "-i", str(inv))
+    assert res.exit_code == 2 and "budget" in res.output and said in res.output, res.output
