@@ -123,9 +123,9 @@ def read_export(src: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             if digest != entry.get("sha256"):
                 raise InputError(f"{file}: its sha256 is {digest}, provenance.json says {entry.get('sha256')} (the "
                                  "file was changed or cut short); nothing was imported")
-            fh.seek(0)
-            try:
-                data = pq.read_table(fh)
+            try:  # pyarrow's own reader of the same open file (a Python file object left its threads aborting
+                # the interpreter at exit); /proc/self/fd/N is this descriptor's file, even if renamed since
+                data = pq.read_table(f"/proc/self/fd/{fh.fileno()}")
             except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds for a file that is no Parquet
                 raise InputError(f"{file}: not a Parquet file sbench can read ({exc}); nothing was imported") \
                     from None
