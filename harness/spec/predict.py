@@ -5,11 +5,12 @@ A point's prediction has a source:
 
 - ``history``, the same point measured before (any campaign): the median of its runs' allocation seconds
   (``runs.elapsed_s``), the least and the most of them its range;
-- ``history``, the same model, experiment and shape (GPUs, nodes, GPU model, sequence length) at another batch
-  size: each such run's start-up (allocation seconds less its training seconds) plus its training seconds scaled
-  by the batch sizes' ratio where the point trains a fixed number of steps (``max_steps``; a step of a larger
-  batch takes longer at the same tokens per second), as they are where it trains for a time; the batch nearest
-  the point's is used;
+- ``history``, the same model, experiment and shape (GPUs, nodes, GPU model, sequence length, max_steps) at other
+  batch sizes: where the point trains a fixed number of steps and two batches or more were measured, the shape's
+  median start-up (allocation seconds less training seconds) plus training seconds fitted as a + b x batch (a
+  step's fixed cost and its cost per sample; a tiny model's step is mostly fixed cost, a large one's mostly per
+  sample); with one batch measured, each of its runs' start-up plus its training seconds scaled by the batch
+  ratio; where the point trains for a time, the nearest batch's seconds as they are;
 - none: nothing measured resembles it (the plan says so; a budget counts it as unknown, never as free).
 
 GPU-hours are the allocation's seconds times its devices (``number_gpus``; one for a CPU point without GPUs).
@@ -76,10 +77,23 @@ def predict(point_id: str, repeat: int, experiment: str, entity: Mapping[str, An
              and all(s.entity.get(k) == entity.get(k) for k in SHAPE_FIELDS)
              and s.entity.get("max_steps") == entity.get("max_steps") and s.entity.get("batch_size")]
     batch = float(entity.get("batch_size") or 0)
+    fixed_steps = int(entity.get("max_steps") or -1) > 0
+    batches = sorted({float(s.entity["batch_size"]) for s in shape})
+    if fixed_steps and len(batches) >= 2 and batch > 0:
+        # two batches or more of the shape: a fixed number of steps trains in a + b x batch seconds (a step's
+        # fixed cost and its cost per sample), fitted to each batch's median; the start-up is the shape's median
+        per = {bs: median(s.train_s or 0.0 for s in shape if float(s.entity["batch_size"]) == bs) for bs in batches}
+        slope, icept = _line(list(per), list(per.values()))
+        startup = median(s.elapsed_s - (s.train_s or 0.0) for s in shape)
+        train = max(icept + slope * batch, min(per.values()) if batch >= batches[0] else 0.0)
+        got = [startup + train]
+        spread = [s.elapsed_s - (s.train_s or 0.0) + train for s in shape]
+        return Prediction(point_id, repeat, got[0], min(spread), max(spread), devices, HISTORY,
+                          f"batches {', '.join(f'{bs:g}' for bs in batches)} of this shape ({len(shape)} run(s)), "
+                          "training fitted as a + b x batch")
     if shape and batch > 0:
-        nearest = min({float(s.entity["batch_size"]) for s in shape}, key=lambda b: (abs(b - batch), b))
+        nearest = min(batches, key=lambda b: (abs(b - batch), b))
         runs = [s for s in shape if float(s.entity["batch_size"]) == nearest]
-        fixed_steps = int(entity.get("max_steps") or -1) > 0
         ratio = batch / nearest if fixed_steps else 1.0
         got = [(s.elapsed_s - (s.train_s or 0.0)) + (s.train_s or 0.0) * ratio for s in runs]
         return Prediction(point_id, repeat, median(got), min(got), max(got), devices, HISTORY,
@@ -88,6 +102,14 @@ def predict(point_id: str, repeat: int, experiment: str, entity: Mapping[str, An
     return Prediction(point_id, repeat, None, None, None, devices, None,
                       "nothing measured of this model and shape (collect a run of it, or predict from a similar "
                       "campaign's database with --db)")
+
+
+def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least squares (slope, intercept), the slope at least 0 (a larger batch never trains faster per step)."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var) if var else 0.0
+    return slope, my - slope * mx
 
 
 @dataclass(frozen=True)
