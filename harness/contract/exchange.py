@@ -17,6 +17,7 @@ the point), so the same point measured on two clusters is one point.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,12 +54,19 @@ def namespaced_run(namespace: str, run_id: str) -> str:
     return f"{namespaced(namespace, campaign)}{NAMESPACE_SEP}{rest}"
 
 
-def sha256_file(path: Path) -> str:
+def sha256_fd(fd: int) -> str:
+    """The sha256 of the open file *fd* from its start, streamed; the file is left at its start again."""
+    os.lseek(fd, 0, os.SEEK_SET)
     h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
+    while block := os.read(fd, 1 << 20):
+        h.update(block)
+    os.lseek(fd, 0, os.SEEK_SET)
     return h.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    with path.open("rb") as fh:
+        return sha256_fd(fh.fileno())
 
 
 def seal(text: str) -> bytes:

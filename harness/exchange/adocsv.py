@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
-import hashlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from typing import Any
 from harness import __version__
 from harness.contract import safefile
 from harness.contract.errors import InputError
-from harness.contract.exchange import CSV_MAX, ORIGIN_ADO_CSV
+from harness.contract.exchange import CSV_MAX, ORIGIN_ADO_CSV, sha256_fd
 from harness.contract.paths import run_id
 from harness.db.checks import referencing, refresh_checks
 from harness.db.exchange import delete_campaign, imported_campaigns, insert_rows, point_ids
@@ -84,15 +83,6 @@ def open_csv(path: Path) -> int:
         raise InputError(f"{path}: not read ({exc.why}); --format ado-csv reads one regular CSV file") from None
     except OSError as exc:
         raise InputError(f"{path}: unreadable ({exc.strerror})") from None
-
-
-def digest_of(fd: int) -> str:
-    """The sha256 of the open file *fd*, streamed; the file is read again from its start afterwards."""
-    h = hashlib.sha256()
-    while block := os.read(fd, 1 << 20):
-        h.update(block)
-    os.lseek(fd, 0, os.SEEK_SET)
-    return h.hexdigest()
 
 
 def read_rows(path: Path, fd: int) -> Iterator[tuple[int, dict[Any, Any]]]:
@@ -242,7 +232,7 @@ def import_ado_csv(db: Path, path: Path, campaign: str, cluster: str | None = No
         raise InputError(f"--cluster {cluster!r} is not a name (letters, digits, '.', '_', '-')")
     fd = open_csv(path)
     try:
-        digest = digest_of(fd)
+        digest = sha256_fd(fd)
         first_problems(path, fd)
         report = AdoReport(str(db), str(path), campaign, "imported")
         with open_store(db) as store:

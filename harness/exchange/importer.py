@@ -17,7 +17,6 @@ exporter's, and the checks of this database's campaigns whose references name on
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from harness.contract.exchange import (
     TABLE_MAX,
     ExportPaths,
     namespaced,
+    sha256_fd,
     unseal,
 )
 from harness.db.checks import referencing, refresh_checks
@@ -119,7 +119,7 @@ def read_export(src: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         except OSError as exc:
             raise InputError(f"{file}: {_why(exc)}; nothing was imported") from None
         with os.fdopen(fd, "rb") as fh:  # hashed and read from one open file: what was checked is what is read
-            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            digest = sha256_fd(fh.fileno())
             if digest != entry.get("sha256"):
                 raise InputError(f"{file}: its sha256 is {digest}, provenance.json says {entry.get('sha256')} (the "
                                  "file was changed or cut short); nothing was imported")
