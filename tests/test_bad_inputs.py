@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from harness.db.schema import VIEWS
-from harness.db.store import open_store, view_definitions
+from harness.db.store import normal_view, open_store, view_definitions
 from harness.spec.inventory import load_inventory
 from harness.spec.memory import predict
 from harness.spec.plan import plan_sweep
@@ -194,10 +194,11 @@ def collected(tmp_path: Path) -> dict[str, Path]:
 
 
 def _views(db: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """(the views of *db* as DuckDB wrote them, sbench's definitions as DuckDB writes them)."""
+    """(the views of *db* as DuckDB wrote them, sbench's definitions as DuckDB writes them), both in DuckDB's
+    settled writing (normal_view)."""
     con = duckdb.connect(str(db), read_only=True)
     try:
-        found = {name: sql.split(" AS ", 1)[1].rstrip(";") for name, sql in con.execute(
+        found = {name: normal_view(con, name, sql.split(" AS ", 1)[1].rstrip(";")) for name, sql in con.execute(
             "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND NOT temporary").fetchall()}
         expected = view_definitions(con)
         assert not con.execute("SELECT * FROM duckdb_views() WHERE temporary AND NOT internal").fetchall()  # none left

@@ -11,10 +11,10 @@ from harness.campaign.executors.feed import feed_notes
 from harness.campaign.executors.registry import get_backend, live_states
 from harness.contract import jobstate
 from harness.contract.errors import InputError
-from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
+from harness.contract.paths import CampaignPaths, DbRef, DbTarget, resolve_db, resolve_workdir
 from harness.contract.records import AttemptLine, CancelLine, ManifestLine, append_manifest, now_iso
 from harness.db.status import job_dirs, status_rows
-from harness.db.store import open_store
+from harness.db.store import open_store, store_exists
 from harness.slurm.client import Slurm
 from harness.spec.sweep import AdaptiveRepeats
 
@@ -25,7 +25,7 @@ from .repeats import RepeatsVerdict, verdict
 from .state import refuse_imported
 
 
-def _defaults(workdir: Path | None, db: Path | None) -> tuple[Path, Path]:
+def _defaults(workdir: Path | None, db: DbRef | None) -> tuple[Path, DbTarget]:
     return resolve_workdir(workdir), resolve_db(db)
 
 
@@ -38,7 +38,7 @@ class StatusReport:
     repeats: dict[str, list[RepeatsVerdict]] = field(default_factory=dict)
 
 
-def status(workdir: Path | None = None, db: Path | None = None, campaign: str | None = None,
+def status(workdir: Path | None = None, db: DbRef | None = None, campaign: str | None = None,
            slurm: Slurm | None = None) -> StatusReport:
     wd, dbp = _defaults(workdir, db)
     refuse_imported(dbp, campaign, "status")
@@ -46,7 +46,7 @@ def status(workdir: Path | None = None, db: Path | None = None, campaign: str | 
     rows: list[dict[str, Any]] = []
     note = None
     recorded: set[str] = set()
-    if dbp.exists():
+    if store_exists(dbp):
         with open_store(dbp, read_only=True) as st:
             rows = status_rows(st, campaign)
             recorded = job_dirs(st, campaign)
@@ -146,7 +146,7 @@ def _phase(live: str | None, db_state: str | None) -> str:
 
 
 @holding_campaign_locks("cancel")
-def cancel(locks: CampaignLocks, workdir: Path | None = None, db: Path | None = None, campaign: str | None = None,
+def cancel(locks: CampaignLocks, workdir: Path | None = None, db: DbRef | None = None, campaign: str | None = None,
            slurm: Slurm | None = None, warnings: list[str] | None = None) -> list[str]:
     """Cancel every attempt still queued or running (all campaigns, or one), and every local attempt its
     queue left not started; returns what was cancelled. Holds each campaign's lock (``harness.campaign.lock``),

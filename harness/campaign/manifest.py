@@ -14,7 +14,7 @@ from typing import Any
 
 from harness.contract import safefile
 from harness.contract.errors import InputError, StoreBusyError, SubmitError
-from harness.contract.paths import CampaignPaths, resolve_workdir
+from harness.contract.paths import CampaignPaths, DbTarget, resolve_workdir
 from harness.contract.records import AttemptLine, CampaignLine, ManifestLine, SearchLine, not_read, read_manifest
 from harness.db.manifest import record_manifest
 from harness.db.store import open_store
@@ -120,7 +120,7 @@ def cancelled_dirs(workdir: Path, campaign: str | None) -> set[str]:
             for d in ev.get("job_dirs") or [] if isinstance(d, str)}
 
 
-def record_events(db: Path, events: list[ManifestLine]) -> str | None:
+def record_events(db: DbTarget, events: list[ManifestLine]) -> str | None:
     """Record manifest events in the DB; when it is busy, say so - the manifest already has them."""
     if not events:
         return None

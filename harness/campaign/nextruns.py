@@ -13,7 +13,8 @@ import enum
 from pathlib import Path
 from typing import Literal
 
-from harness.contract.paths import resolve_db, resolve_workdir
+from harness.contract.paths import DbRef, resolve_db, resolve_workdir
+from harness.db.store import store_exists
 from harness.spec.sweep import AdaptiveRepeats
 
 from . import manifest
@@ -32,7 +33,7 @@ DUE = Due.DUE  # runs are due: the submit path decides and sends them
 
 
 def settled(campaign: str, workdir: Path | None = None,
-            db: Path | None = None) -> SubmitReport | None | Literal[Due.DUE]:
+            db: DbRef | None = None) -> SubmitReport | None | Literal[Due.DUE]:
     """None: *campaign* is neither adaptive nor a search. A report with nothing submitted: nothing is due now
     (its decisions are recorded as they stand). :data:`DUE`: runs are due."""
     campaign_dir = resolve_workdir(workdir) / campaign
@@ -56,7 +57,7 @@ def settled(campaign: str, workdir: Path | None = None,
     # What the database has now (collect just read it): when no point's next repeat is due, nothing is planned,
     # rendered or locked.
     dbp = resolve_db(db)
-    if not dbp.is_file():
+    if not store_exists(dbp):
         return DUE
     history = read_history(dbp, campaign)
     verdicts = point_verdicts(AdaptiveRepeats(int(spec["min"]), int(spec["max"]), float(spec["cv"])),

@@ -11,17 +11,17 @@ from harness.campaign.executors.registry import live_states
 from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import SbenchError, StoreBusyError, SubmitError
-from harness.contract.paths import parse_job_dir_name, run_id
+from harness.contract.paths import DbTarget, parse_job_dir_name, run_id
 from harness.contract.records import AttemptLine
 from harness.db.status import attempt_rows
-from harness.db.store import open_store
+from harness.db.store import open_store, store_exists
 from harness.slurm.client import Slurm
 
 from . import manifest
 from .state import PointHistory, read_history
 
 
-def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str],
+def campaign_history(db: DbTarget, workdir: Path, campaign: str, point_ids: list[str],
                      slurm: Slurm, reuse: bool = False) -> tuple[PointHistory, str | None]:
     """Collect the campaign (incremental: a no-op when nothing changed), then read its attempts; with
     *reuse*, also the measured runs of *point_ids* in the other campaigns (as the database has them).
@@ -35,11 +35,11 @@ def campaign_history(db: Path, workdir: Path, campaign: str, point_ids: list[str
     return read_history(db, campaign, point_ids, reuse), None
 
 
-def runs_to_refresh(db: Path, workdir: Path, campaign: str, slurm: Slurm) -> list[str] | None:
+def runs_to_refresh(db: DbTarget, workdir: Path, campaign: str, slurm: Slurm) -> list[str] | None:
     """The runs of *campaign* whose state may have moved since the last collect: attempts in the
     manifest the database lacks, and attempts it has not seen end that the scheduler no longer
     reports queued or running. None: no usable database yet (collect everything)."""
-    if not Path(db).is_file():
+    if not store_exists(db):
         return None
     try:
         with open_store(db, read_only=True) as st:

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract.errors import InputError
-from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
+from harness.contract.paths import CampaignPaths, DbRef, DbTarget, resolve_db, resolve_workdir
 from harness.contract.records import ManifestLine, SearchLine, append_manifest, now_iso
 from harness.db.search import point_costs, runs_seen, search_evidence
 from harness.db.status import campaign_names
-from harness.db.store import open_store
+from harness.db.store import open_store, store_exists
 from harness.spec.plan import PlannedPoint
 from harness.spec.search import Candidate, RecordedSearch, RunSeen, SearchSpec, SearchState, answer, step
 from harness.spec.sweep import MAX_REL_CI, Sweep
@@ -65,15 +65,15 @@ def scaled_sweep(sweep: Sweep, scale: float) -> Sweep:
     return dataclasses.replace(sweep, runner=short)
 
 
-def history_runs(db: Path, campaign: str, metric: str) -> dict[str, list[RunSeen]]:
+def history_runs(db: DbTarget, campaign: str, metric: str) -> dict[str, list[RunSeen]]:
     """Each point's repeats as the database has them (none without a database yet)."""
-    if not Path(db).is_file():
+    if not store_exists(db):
         return {}
     with open_store(db, read_only=True) as st:
         return runs_seen(st, campaign, metric)
 
 
-def search_state(db: Path, campaign: str, spec: SearchSpec, points: Sequence[PlannedPoint],
+def search_state(db: DbTarget, campaign: str, spec: SearchSpec, points: Sequence[PlannedPoint],
                  grid_fields: Sequence[str], repeats: int) -> SearchState:
     return step(spec, candidates(points, grid_fields), history_runs(db, campaign, spec.metric), repeats)
 
@@ -92,7 +92,7 @@ def decision_lines(campaign_dir: Path, campaign: str, state: SearchState) -> lis
     return out
 
 
-def recorded_state(recorded: dict[str, Any], db: Path, campaign: str) -> SearchState:
+def recorded_state(recorded: dict[str, Any], db: DbTarget, campaign: str) -> SearchState:
     """The search's state from what the campaign line recorded of it and what the database holds."""
     rec = RecordedSearch.from_dict(recorded)
     return step(rec.spec, list(rec.candidates), history_runs(db, campaign, rec.spec.metric), rec.repeats)
@@ -108,11 +108,11 @@ def record_decisions(campaign_dir: Path, campaign: str, state: SearchState) -> l
     return append_manifest(CampaignPaths(campaign_dir), decision_lines(campaign_dir, campaign, state))
 
 
-def best(campaign: str, workdir: Path | None = None, db: Path | None = None) -> dict[str, Any]:
+def best(campaign: str, workdir: Path | None = None, db: DbRef | None = None) -> dict[str, Any]:
     """``sbench best``: the search's answer (``harness.spec.search.answer``) from what the database holds of it
     (``harness.db.search.search_evidence``)."""
     wd, dbp = resolve_workdir(workdir), resolve_db(db)
-    if not dbp.is_file():
+    if not store_exists(dbp):
         raise InputError(f"{dbp}: no results database; run sbench collect --campaign {campaign} first (or name "
                          "the database with --db)")
     with open_store(dbp, read_only=True) as st:  # the database answers, wherever it was made or imported from

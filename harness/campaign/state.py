@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from harness.contract import jobstate
 from harness.contract.errors import InputError, SbenchError
+from harness.contract.paths import DbTarget
 from harness.contract.records import read_submitted
 from harness.db.exchange import imported_campaigns
 from harness.db.status import attempt_rows, measured_runs, point_stability
-from harness.db.store import open_store
+from harness.db.store import open_store, store_exists
 
 
 @dataclass
@@ -74,10 +74,10 @@ class PointHistory:
         return runs[repeat] if 0 <= repeat < len(runs) else None
 
 
-def refuse_imported(db: Path, campaign: str | None, command: str) -> None:
+def refuse_imported(db: DbTarget, campaign: str | None, command: str) -> None:
     """*command* (submit, retry, status, cancel) acts on the campaigns submitted here: one imported from another
     database (sbench import) is refused, with what reads it."""
-    if campaign is None or not Path(db).is_file():
+    if campaign is None or not store_exists(db):
         return
     try:
         with open_store(db, read_only=True) as st:
@@ -91,7 +91,7 @@ def refuse_imported(db: Path, campaign: str | None, command: str) -> None:
                                                                  if command == "submit" else ""))
 
 
-def read_history(db: Path, campaign: str, point_ids: Sequence[str] = (), reuse: bool = False) -> PointHistory:
+def read_history(db: DbTarget, campaign: str, point_ids: Sequence[str] = (), reuse: bool = False) -> PointHistory:
     """What the database has of *campaign* now (no collect first): its attempts, its points' stability, and
     with *reuse* the measured runs of *point_ids* in the other campaigns."""
     history = PointHistory()

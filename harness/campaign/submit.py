@@ -18,7 +18,7 @@ from harness.cluster.faultcheck import check_faults
 from harness.cluster.fit import ClusterFit
 from harness.cluster.preflight import check_devices, check_fabric
 from harness.contract.errors import InputError, SubmitError, SweepError
-from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
+from harness.contract.paths import CampaignPaths, DbRef, DbTarget, resolve_db, resolve_workdir
 from harness.contract.records import (
     CampaignLine,
     ManifestLine,
@@ -191,7 +191,7 @@ class SubmitRequest:
     inventory: Path | None = None  # None: $SBENCH_INVENTORY, else the built-in local inventory
     executor: str = "auto"  # auto | local | slurm (harness.campaign.executors.registry)
     workdir: Path | None = None
-    db: Path | None = None
+    db: DbRef | None = None
     model_map: Path | None = None
     campaign: str | None = None  # submit as this campaign (default: the sweep's campaign:)
     force: bool = False  # run points again that this campaign measured
@@ -231,7 +231,7 @@ class Planned:
     fit: ClusterFit
     preview: list[tuple[JobSpec, Rendered]]
     workdir: Path
-    db: Path
+    db: DbTarget
 
     @property
     def campaign_dir(self) -> Path:
@@ -429,7 +429,7 @@ def _hand_over(req: SubmitRequest, plan: Planned, todo: list[Decision], specs: l
         qos=sweep.slurm.qos or inv.partition(sweep.partition).qos,
         reasons={spec.job_dir: d.reason for d, spec in zip(todo, specs, strict=True)}, pack=sweep.slurm.pack,
         pack_time_limit=inv.partition(sweep.partition).time_limit,
-        search_db=str(plan.db.resolve()) if sweep.search else None,
+        search_db=str(plan.db) if sweep.search else None,
         feeder_module=SEARCH_FEEDER if sweep.search else None), sweep, inv, plan.campaign_dir)
     report.submitted = backend.submit(plan.campaign_dir, specs, opts)
     report.sbatch_calls = backend.sbatch_calls
@@ -555,7 +555,7 @@ def _recorded_sweep(campaign: str, workdir: Path | None, executor: str) -> tuple
     return sweep_path, inv_path, executor
 
 
-def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None = None, *, executor: str = "auto",
+def retry_campaign(campaign: str, workdir: Path | None = None, db: DbRef | None = None, *, executor: str = "auto",
                    max_parallel: int | None = None, slurm: Slurm | None = None) -> SubmitReport:
     """Resubmit a campaign's failed points (those that never started included) from the sweep and inventory
     it was submitted with; refused when that sweep now names another campaign."""
@@ -565,7 +565,7 @@ def retry_campaign(campaign: str, workdir: Path | None = None, db: Path | None =
                                  max_parallel=max_parallel), Mode.RETRY, slurm=slurm)
 
 
-def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = None, *,
+def more_repeats(campaign: str, workdir: Path | None = None, db: DbRef | None = None, *,
                  slurm: Slurm | None = None) -> SubmitReport | None:
     """Submit the next repeat of each point of *campaign* whose CV is still above its ``repeats: {min, max,
     cv}`` target (``harness.campaign.repeats``), or a search's next runs, from the sweep and inventory it was
@@ -578,7 +578,7 @@ def more_repeats(campaign: str, workdir: Path | None = None, db: Path | None = N
     return send_due(campaign, workdir, db, slurm=slurm)
 
 
-def send_due(campaign: str, workdir: Path | None = None, db: Path | None = None, *,
+def send_due(campaign: str, workdir: Path | None = None, db: DbRef | None = None, *,
              slurm: Slurm | None = None) -> SubmitReport:
     """Submit *campaign*'s next runs that :func:`harness.campaign.nextruns.settled` found due, from the sweep and
     inventory it was submitted with."""

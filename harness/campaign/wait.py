@@ -26,7 +26,7 @@ from harness.campaign.executors.registry import get_backend, live_states
 from harness.collect.ingest import collect
 from harness.contract import jobstate
 from harness.contract.errors import Interrupted, SbenchError
-from harness.contract.paths import resolve_db, resolve_workdir, run_id
+from harness.contract.paths import DbRef, resolve_db, resolve_workdir, run_id
 from harness.contract.poll import poll_until
 from harness.db.status import attempt_rows
 from harness.db.store import open_store
@@ -119,7 +119,7 @@ class CampaignOutcome:
                 "done": self.done}
 
 
-def campaign_outcome(campaign: str, db: Path | None) -> CampaignOutcome:
+def campaign_outcome(campaign: str, db: DbRef | None) -> CampaignOutcome:
     """The campaign's runs by their last attempt, as the database has them (collect first)."""
     out = CampaignOutcome(campaign)
     last: dict[tuple[str, int], dict[str, Any]] = {}
@@ -161,7 +161,7 @@ def interruptible() -> Iterator[None]:
             signal.signal(sig, h)
 
 
-def cancel_command(campaign: str, workdir: Path | None, db: Path | None) -> str:
+def cancel_command(campaign: str, workdir: Path | None, db: DbRef | None) -> str:
     """``sbench cancel --campaign X``, with ``--workdir`` / ``--db`` where they are not the defaults."""
     cmd = ["sbench", "cancel", "--campaign", campaign]
     wd, dbp = resolve_workdir(workdir), resolve_db(db)
@@ -172,7 +172,7 @@ def cancel_command(campaign: str, workdir: Path | None, db: Path | None) -> str:
     return shlex.join(cmd)
 
 
-def still_queued(campaign: str, attempts_: list[AttemptRef], workdir: Path | None, db: Path | None,
+def still_queued(campaign: str, attempts_: list[AttemptRef], workdir: Path | None, db: DbRef | None,
                  slurm: Slurm) -> str:
     """Which of *attempts_* are still queued or running, and the command that cancels them."""
     attempts = [a.live() for a in attempts_]
@@ -225,7 +225,7 @@ def wait_refs(attempts: list[AttemptRef], slurm: Slurm, progress: Callable[[int,
 
 
 def wait_for(campaign: str, executor: str, submitted: list[Submitted], workdir: Path | None = None,
-             db: Path | None = None, progress: Callable[[int, int], None] | None = None,
+             db: DbRef | None = None, progress: Callable[[int, int], None] | None = None,
              slurm: Slurm | None = None, others: list[AttemptRef] | None = None) -> WaitSummary:
     """Wait for *submitted* (the attempts of one submit) and *others* (the campaign's attempts an earlier command
     left in flight), then collect them and count their outcomes."""
@@ -252,7 +252,7 @@ def wait_for(campaign: str, executor: str, submitted: list[Submitted], workdir: 
     return summarise(campaign, mine + others, workdir, db, slurm)
 
 
-def summarise(campaign: str, attempts: list[AttemptRef], workdir: Path | None, db: Path | None,
+def summarise(campaign: str, attempts: list[AttemptRef], workdir: Path | None, db: DbRef | None,
               slurm: Slurm) -> WaitSummary:
     """Collect *attempts*, then each one's outcome and reason as the database has them."""
     wd, dbp = resolve_workdir(workdir), resolve_db(db)
@@ -284,7 +284,7 @@ def summarise(campaign: str, attempts: list[AttemptRef], workdir: Path | None, d
     return out
 
 
-def judge_campaign(summary: WaitSummary, campaign: str, workdir: Path | None, db: Path | None,
+def judge_campaign(summary: WaitSummary, campaign: str, workdir: Path | None, db: DbRef | None,
                    slurm: Slurm) -> WaitSummary:
     """Once the waiting is over: every run of the campaign by its last attempt (a collect of the campaign first,
     so that what ended while nobody waited is read too), in *summary*."""

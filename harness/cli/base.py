@@ -19,6 +19,7 @@ import click
 from harness import __version__
 from harness.contract import envvars
 from harness.contract.errors import Interrupted, SbenchError
+from harness.contract.paths import Lake, is_lake_text, parse_lake
 from harness.spec.schema import is_campaign_ref, is_name
 
 # Each top-level command: the module of harness.cli that defines it, and its one line in ``sbench --help``. A
@@ -53,6 +54,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("envs", "Trainer environments: fms-hf-tuning releases, each its own."),
     "export": ("exchange", "Export campaigns as Parquet and a provenance.json."),
     "import": ("exchange", "Import an export, or published measurements."),
+    "db": ("store", "The results store: its snapshots, maintenance, and a copy into another."),
 }
 
 
@@ -231,9 +233,52 @@ def model_map_option(f: Any) -> Any:
                         envvar=envvars.MODEL_MAP.name, help="YAML of model name -> HF id or local path.")(f)
 
 
-def db_option(f: Any) -> Any:
-    return click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                        envvar=envvars.DB.name, help=f"DuckDB file (default: {envvars.DB.default}).")(f)
+class DbParam(click.ParamType):
+    """``--db``: a DuckDB file (a :class:`~pathlib.Path`), or a shared store ``ducklake:postgres:<conninfo>``
+    (kept as its text: :func:`~harness.contract.paths.resolve_db` makes it a Lake, with --db-data, in the
+    command)."""
+
+    name = "db"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, (Path, Lake)):
+            return value
+        text = str(value)
+        if is_lake_text(text):
+            try:
+                parse_lake(text)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+            return text
+        if text.endswith(os.sep) or Path(text).is_dir():
+            self.fail(f"{text!r} is a directory; --db names a DuckDB file (or ducklake:postgres:<conninfo>)",
+                      param, ctx)
+        return Path(text)
+
+
+def _set_db_data(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+    # One home for the data directory: the environment resolve_db reads, which the processes this command
+    # starts (a campaign's feeder, a --wait's collect) inherit with it.
+    if value is not None:
+        os.environ[envvars.DB_DATA.name] = str(value.resolve())
+
+
+def db_option(f: Any, *, from_env: bool = True, help: str | None = None) -> Any:
+    """``--db`` (from $SBENCH_DB unless *from_env* is false) and ``--db-data``."""
+    f = click.option("--db-data", type=click.Path(file_okay=False, path_type=Path), default=None, is_eager=True,
+                     expose_value=False, callback=_set_db_data,
+                     help=f"A shared store's data directory (its Parquet files, on NFS or Lustre; "
+                          f"${envvars.DB_DATA.name}); needed to create the store, after that the store knows it.")(f)
+    return click.option("--db", type=DbParam(), default=None, envvar=envvars.DB.name if from_env else None,
+                        help=help or f"DuckDB file (default: {envvars.DB.default}), or a shared store: "
+                                     "ducklake:postgres:<libpq conninfo>, e.g. ducklake:postgres:service=sbench.")(f)
+
+
+def at_option(f: Any) -> Any:
+    return click.option("--at", default=None, metavar="SNAPSHOT|TIME",
+                        help="Read a shared store as it was at this snapshot (a number: sbench db snapshots lists "
+                             "them) or time (2026-11-28T09:30Z), so that an earlier answer can be shown again "
+                             "exactly.")(f)
 
 
 def workdir_option(f: Any) -> Any:

@@ -16,7 +16,7 @@ from harness.cluster.preflight import run_preflight
 from harness.cluster.probe import compare, fragment, run_probe
 from harness.contract.defaults import DRAIN_MIN_FLAGS, DRAIN_MIN_SHARE, PREFLIGHT_SECONDS, PREFLIGHT_THRESHOLD
 from harness.contract.errors import RunnerError
-from harness.contract.paths import resolve_db, resolve_workdir
+from harness.contract.paths import DbArg, resolve_db, resolve_workdir
 from harness.db.cluster import record_fabric, record_preflight, record_probes
 from harness.db.hosts import drain_candidates, host_health
 from harness.db.store import open_store
@@ -40,7 +40,7 @@ from .base import FiniteFloat, db_option, echo_json, inventory_option, json_opti
 @db_option
 @json_option
 def probe(inventory: Path | None, partition: str | None, where: str, host: str | None, write_to: Path | None,
-          workdir: Path | None, db: Path | None, as_json: bool) -> None:
+          workdir: Path | None, db: DbArg | None, as_json: bool) -> None:
     """Probe GPUs, RDMA devices and GID tables, memlock, cores and memory; print what differs from the inventory.
 
     Example: sbench probe -i cluster.yaml --partition a100 --on slurm --write probed.yaml
@@ -111,7 +111,7 @@ def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> lis
 @db_option
 @json_option
 def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool | None, sizes: list[int] | None,
-           iters: int, executor: str, workdir: Path | None, db: Path | None, as_json: bool) -> None:
+           iters: int, executor: str, workdir: Path | None, db: DbArg | None, as_json: bool) -> None:
     """All-reduce and all-gather bandwidth across nodes, with exactly a benchmark point's per-host environment.
 
     Example: sbench fabric -i cluster.yaml --partition a100 --nodes 2
@@ -154,7 +154,7 @@ def fabric(inventory: Path | None, partition: str | None, nodes: int, roce: bool
 @db_option
 @json_option
 def preflight(inventory: Path | None, partition: str | None, where: str, host: str | None, threshold: float | None,
-              seconds: float, workdir: Path | None, db: Path | None, as_json: bool) -> None:
+              seconds: float, workdir: Path | None, db: DbArg | None, as_json: bool) -> None:
     """Time a matmul (TFLOP/s) and a memory copy (GB/s) on every device; flag those under the partition's median.
 
     A device under it is measured again, in a fresh process after a pause (the second look, look 2), and is slow
@@ -194,7 +194,7 @@ def preflight(inventory: Path | None, partition: str | None, where: str, host: s
 @click.option("--all", "show_all", is_flag=True, help="List every host, not only the drain candidates.")
 @db_option
 @json_option
-def hosts(min_flags: int, min_share: float, show_all: bool, db: Path | None, as_json: bool) -> None:
+def hosts(min_flags: int, min_share: float, show_all: bool, db: DbArg | None, as_json: bool) -> None:
     """Hosts slow again and again across campaigns (host_health): drain candidates with the evidence.
 
     Example: sbench hosts --json

@@ -15,7 +15,7 @@ from harness.campaign.decisions import SubmitReport
 from harness.collect import collect as run_collect
 from harness.contract.errors import InputError
 from harness.contract.lazy import lazy_module
-from harness.contract.paths import CampaignPaths, resolve_db, resolve_workdir
+from harness.contract.paths import CampaignPaths, DbArg, resolve_db, resolve_workdir
 
 if TYPE_CHECKING:
     from harness.campaign import submit
@@ -34,7 +34,7 @@ COLLECT_PHASES = {"discover": "finding runs", "parse": "reading job dirs", "samp
 @click.option("--no-more-repeats", is_flag=True, help="Only collect: do not submit the next repeats of points whose "
               "campaign says repeats: {min, max, cv} and whose CV is still above it.")
 @json_option
-def collect(db: Path | None, workdir: Path | None, campaign: str | None, no_more_repeats: bool,
+def collect(db: DbArg | None, workdir: Path | None, campaign: str | None, no_more_repeats: bool,
             as_json: bool) -> None:
     """Read job directories and SLURM accounting into the results database.
 
@@ -72,7 +72,7 @@ def collect(db: Path | None, workdir: Path | None, campaign: str | None, no_more
         print_repeats(m.campaign, [v.to_dict() for v in m.repeats], len(m.submitted))
 
 
-def _more_repeats(wd: Path, db: Path | None, campaign: str | None) -> list[SubmitReport]:
+def _more_repeats(wd: Path, db: DbArg | None, campaign: str | None) -> list[SubmitReport]:
     """The next repeats of the adaptive campaigns' points that need them (``harness.campaign.repeats``)."""
     names = [campaign] if campaign else [c.name for c in CampaignPaths.listed(wd, submitted=True)]
     out = []

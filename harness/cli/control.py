@@ -11,6 +11,7 @@ import click
 
 from harness.campaign.control import cancel as cancel_attempts
 from harness.campaign.control import status as status_report
+from harness.contract.paths import DbArg
 
 from .base import (
     campaign_name,
@@ -31,7 +32,7 @@ from .base import (
 @db_option
 @click.option("--campaign", default=None, callback=campaign_name, help="Only this campaign.")
 @json_option
-def status(workdir: Path | None, db: Path | None, campaign: str | None, as_json: bool) -> None:
+def status(workdir: Path | None, db: DbArg | None, campaign: str | None, as_json: bool) -> None:
     """Show every point and attempt: pending, running or done, from the DB and the live scheduler.
 
     Example: sbench status --campaign demo-cpu
@@ -94,7 +95,7 @@ def _overhead_reason(r: dict[str, Any]) -> str | None:
 @workdir_option
 @db_option
 @click.option("--campaign", default=None, callback=campaign_name, help="Only this campaign (default: every campaign).")
-def cancel(workdir: Path | None, db: Path | None, campaign: str | None) -> None:
+def cancel(workdir: Path | None, db: DbArg | None, campaign: str | None) -> None:
     """Cancel every attempt that is still queued or running.
 
     Example: sbench cancel --campaign lora-scan

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from harness.contract.errors import InputError
-from harness.contract.paths import resolve_db
+from harness.contract.paths import DbArg, resolve_db
 from harness.exchange.adocsv import REPORTED, import_ado_csv
 from harness.exchange.export import export_campaigns
 from harness.exchange.importer import import_export
@@ -25,7 +25,7 @@ SKIPPED_SHOWN = 20  # rows of a published file that did not parse, printed (--js
 @click.option("--cluster", default=None, help="The cluster the campaigns ran on, where the database recorded none "
               "(campaigns recorded before sbench recorded it; `sbench collect` records it from the manifest).")
 @json_option
-def export(campaigns: tuple[str, ...], out: Path, db: Path | None, cluster: str | None, as_json: bool) -> None:
+def export(campaigns: tuple[str, ...], out: Path, db: DbArg | None, cluster: str | None, as_json: bool) -> None:
     """Export campaigns as Parquet files and a provenance.json, for another results database.
 
     Every table's rows of the campaigns (runs, measurements, stages, samples, environment, checks, fabric and
@@ -58,7 +58,7 @@ def export(campaigns: tuple[str, ...], out: Path, db: Path | None, cluster: str 
 @click.option("--replace", is_flag=True, help="Take this export's (or file's) rows instead of those of the same "
                                               "campaign imported before from other rows.")
 @json_option
-def import_(source: Path, db: Path | None, fmt: str, campaign: str | None, namespace: str | None,
+def import_(source: Path, db: DbArg | None, fmt: str, campaign: str | None, namespace: str | None,
             cluster: str | None, replace: bool, as_json: bool) -> None:
     """Import another database's export, or published measurements, into the results database.
 

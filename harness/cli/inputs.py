@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ from harness.cluster.faultcheck import check_faults
 from harness.cluster.fit import ClusterFit, cluster_fit
 from harness.contract.errors import InputError, RunnerError
 from harness.contract.lazy import lazy_module
-from harness.contract.paths import resolve_workdir
+from harness.contract.paths import resolve_db, resolve_workdir
 from harness.data.lengths import length_warnings
 from harness.data.prepared import masked_warnings
 from harness.slurm.client import Slurm
@@ -27,6 +28,7 @@ from harness.spec.resources import Share, point_share
 from harness.spec.sweep import Sweep, load_sweep
 
 from .base import (
+    db_option,
     echo_json,
     inventory_option,
     json_option,
@@ -240,23 +242,24 @@ def memory_summary(points: list[PlannedPoint]) -> str:
 @model_map_option
 @click.option("--memory", is_flag=True, help="Predict each valid point's memory per device and flag the ones "
                                            "that will not fit (predicted_oom).")
-@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Predict each valid point's allocation seconds and GPU-hours from what this results database "
-                   "measured (and the campaign's totals, against the sweep's budget:).")
+@functools.partial(db_option, from_env=False,
+                   help="Predict each valid point's allocation seconds and GPU-hours from what this results database "
+                        "measured (and the campaign's totals, against the sweep's budget:).")
 @json_option
-def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bool, db: Path | None,
+def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bool, db: str | Path | None,
          as_json: bool) -> None:
     """Expand a sweep into points and say which are valid and why not.
 
     Example: sbench plan sweeps/demo-cpu.yaml --memory --json
     """
     inv, sw, points = _plan(sweep, inventory, model_map, memory)
-    if db is not None and not db.is_file():
+    target = resolve_db(db) if db is not None else None
+    if isinstance(target, Path) and not target.is_file():
         raise InputError(f"--db {db}: no results database there; predictions read what one measured (sbench "
                          "collect writes it)")
     preds: dict[tuple[str, int], Prediction] = {}
-    if db is not None:
-        found, _spent = predict.predictions(db, points)
+    if target is not None:
+        found, _spent = predict.predictions(target, points)
         preds = {(p.point_id, p.repeat): p for p in found}
     check_faults(inv, {p.partition for p in points})
     masked_warnings(sw, inv, points)

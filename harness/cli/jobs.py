@@ -12,6 +12,7 @@ from harness.campaign.decisions import SubmitReport
 from harness.campaign.submit import SubmitRequest, more_repeats, retry_campaign, submit_sweep
 from harness.campaign.wait import WaitSummary, in_flight, judge_campaign, refs, still_queued, wait_for
 from harness.contract.errors import Interrupted
+from harness.contract.paths import DbArg
 from harness.slurm.client import Slurm
 
 from .base import (
@@ -73,7 +74,7 @@ def executor_option(f: Any) -> Any:
               "has one) with torch.profiler: the sweep's runner.profile, else steps 3-5 of rank 0. A profiled run is "
               "left out of compare, check and the repeats' CV.")
 @json_option
-def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | None, db: Path | None,
+def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | None, db: DbArg | None,
            model_map: Path | None, wait: bool, force: bool, retry_failed: bool, max_parallel: int | None,
            hold: bool, preflight: bool, exclude_slow: bool, prepare_on: str, no_prepare: bool, skip_predicted_oom: bool,
            campaign: str | None, reuse_measured: bool, profile: bool, as_json: bool) -> None:
@@ -98,7 +99,7 @@ def submit(sweep: Path, inventory: Path | None, executor: str, workdir: Path | N
     _finish(report, "submit", wait, as_json, workdir, db)
 
 
-def _interrupted(exc: Interrupted, as_json: bool, workdir: Path | None, db: Path | None) -> NoReturn:
+def _interrupted(exc: Interrupted, as_json: bool, workdir: Path | None, db: DbArg | None) -> NoReturn:
     """A signal that came while submit held the campaign lock took effect once the submission was complete:
     show what was submitted, and how to stop it."""
     rep = exc.result
@@ -110,7 +111,7 @@ def _interrupted(exc: Interrupted, as_json: bool, workdir: Path | None, db: Path
 
 
 def _finish(report: SubmitReport, command: str, wait: bool, as_json: bool, workdir: Path | None,
-            db: Path | None) -> None:
+            db: DbArg | None) -> None:
     """Print the submission; with --wait, print it first, then wait for every attempt of the campaign still queued
     or running (this command's, and those an earlier one left in flight), then for the repeats that come due, then
     print the outcomes: exit 1 unless every run of the campaign ended ok or invalid."""
@@ -244,7 +245,7 @@ def _print_submit(d: dict[str, Any], as_json: bool) -> None:
               "campaign in flight, print the outcomes; exit 1 unless every run of the campaign ended ok or invalid.")
 @click.option("--max-parallel", type=click.IntRange(min=1), default=None)
 @json_option
-def retry(campaign: str, workdir: Path | None, db: Path | None, executor: str, wait: bool, max_parallel: int | None,
+def retry(campaign: str, workdir: Path | None, db: DbArg | None, executor: str, wait: bool, max_parallel: int | None,
           as_json: bool) -> None:
     """Resubmit the failed points of a campaign (and those its local queue never started) as new attempts; ok
     and invalid ones stay as they are.

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
-from harness.contract.paths import resolve_db
+from harness.contract.paths import DbArg, resolve_db
 from harness.report.page import build_report
 
-from .base import FiniteFloat, campaign_ref, db_option, main
+from .base import FiniteFloat, at_option, campaign_ref, db_option, main
 
 
 @main.command()
@@ -27,15 +27,16 @@ from .base import FiniteFloat, campaign_ref, db_option, main
               help="Add a compare section: BASE and CAND as for sbench compare.")
 @click.option("--threshold", type=FiniteFloat(), default=0.10, show_default=True,
               help="The compare section's regression threshold (fraction).")
-def report(db: Path | None, campaign: str | None, all_campaigns: bool, run_id: str | None, out: Path,
-           compare_to: tuple[str, str] | None, threshold: float) -> None:
+@at_option
+def report(db: DbArg | None, campaign: str | None, all_campaigns: bool, run_id: str | None, out: Path,
+           compare_to: tuple[str, str] | None, threshold: float, at: str | None) -> None:
     """Write one self-contained HTML page of plots and tables from the results database: one campaign's,
     the latest unless --campaign names another (or --all-campaigns).
 
     Example: sbench report --campaign lora-scan -o report.html
     """
     rep = build_report(resolve_db(db), campaign=campaign, run_id=run_id, compare_to=compare_to or None,
-                       threshold=threshold, all_campaigns=all_campaigns)
+                       threshold=threshold, all_campaigns=all_campaigns, at=at)
     if str(out) == "-":
         click.echo(rep.html)
         return

@@ -16,7 +16,7 @@ import click
 
 from harness.campaign.search import best as search_best
 from harness.contract.errors import InputError
-from harness.contract.paths import resolve_db
+from harness.contract.paths import DbArg, resolve_db
 from harness.db.checks import check_results, references_of
 from harness.db.reportdata import run_profile
 from harness.db.scaling import exposed_communication, fabric_busbw, scaling_runs
@@ -28,6 +28,7 @@ from harness.report.scaling import EFFICIENCY_THRESHOLD, scaling_rows
 
 from .base import (
     FiniteFloat,
+    at_option,
     campaign_name,
     campaign_ref,
     db_option,
@@ -59,7 +60,8 @@ TABLE_BLOCK = 10_000  # rows whose widths set the table's columns when the table
 @click.option("--limit", type=click.IntRange(min=0), default=None,
               help=f"Print at most this many rows, then say how many there were in all (0: every row). Default: "
                    f"{TERMINAL_LIMIT:,} to a terminal, every row (streamed) to a pipe or file.")
-def query(sql: str, db: Path | None, fmt: str, limit: int | None) -> None:
+@at_option
+def query(sql: str, db: DbArg | None, fmt: str, limit: int | None, at: str | None) -> None:
     """Run SQL against the results database (read-only) and print the rows.
 
     Rows are streamed: a result of any size is printed without holding it in memory.
@@ -68,7 +70,7 @@ def query(sql: str, db: Path | None, fmt: str, limit: int | None) -> None:
     """
     if limit is None:
         limit = TERMINAL_LIMIT if sys.stdout.isatty() else 0
-    with open_store(resolve_db(db), read_only=True) as store:
+    with open_store(resolve_db(db), read_only=True, at=at) as store:
         cols, stream = store.query(sql)
         rows: Iterator[tuple[Any, ...]] = itertools.islice(stream, limit) if limit else stream
         shown = _print_rows(cols, rows, fmt)
@@ -146,9 +148,10 @@ def _line(row: dict[str, Any], cols: list[str], widths: list[int]) -> str:
 @click.option("--include-shared", is_flag=True, help="Keep runs that shared a host with another sbench run at the "
                                                     "same time (measurements.shared_host) or ran on a host busy "
                                                     "with other work (measurements.host_busy); left out by default.")
+@at_option
 @json_option
-def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], threshold: float, include_shared: bool,
-            as_json: bool) -> None:
+def compare(base: str, cand: str, db: DbArg | None, metrics: tuple[str, ...], threshold: float, include_shared: bool,
+            at: str | None, as_json: bool) -> None:
     """Compare two campaigns (or run filters) point by point; exit 1 on a regression.
 
     BASE and CAND are campaign names or filters such as git_commit=3f2a1c,torch=2.13.0. Per point: each
@@ -160,7 +163,7 @@ def compare(base: str, cand: str, db: Path | None, metrics: tuple[str, ...], thr
 
     Example: sbench compare nightly-1122 nightly-1123 --threshold 0.05 --metric train_runtime
     """
-    with open_store(resolve_db(db), read_only=True) as st:
+    with open_store(resolve_db(db), read_only=True, at=at) as st:
         cmp = compare_in(st, base, cand, list(metrics), threshold, include_shared)
     rows = cmp.rows
     regressions = [r for r in rows if r.verdict == Verdict.REGRESSION]
@@ -230,7 +233,7 @@ def _print_changes(env: EnvDiff) -> None:
                                                     "(failed, pending or never run) or whose value was measured "
                                                     "on a shared host.")
 @json_option
-def check(campaign: str, db: Path | None, allow_missing: bool, as_json: bool) -> None:
+def check(campaign: str, db: DbArg | None, allow_missing: bool, as_json: bool) -> None:
     """Check a campaign's runs against the sweep's references; exit 1 on a failure.
 
     Collect computes the checks; run it first. Points whose run failed or has not ended are
@@ -275,7 +278,7 @@ def _bound(v: float | None) -> str:
 @click.option("--threshold", type=FiniteFloat(min=0, max=1, min_open=True), default=EFFICIENCY_THRESHOLD,
               show_default=True, help="A shape under this share of linear scaling gets an explanation.")
 @json_option
-def scaling(campaign: str, db: Path | None, threshold: float, as_json: bool) -> None:
+def scaling(campaign: str, db: DbArg | None, threshold: float, as_json: bool) -> None:
     """Why N devices are not N times faster: each shape's throughput, its efficiency against linear scaling
     from the smallest shape, and what accounts for a loss (stragglers, exposed communication, or unexplained).
 
@@ -325,7 +328,7 @@ def scaling(campaign: str, db: Path | None, threshold: float, as_json: bool) -> 
 @click.option("--top", type=click.IntRange(1, 1000), default=15, show_default=True,
               help="Operators (and kernels) shown per rank, by self time.")
 @json_option
-def profile(run_id: str, db: Path | None, top: int, as_json: bool) -> None:
+def profile(run_id: str, db: DbArg | None, top: int, as_json: bool) -> None:
     """Print where a profiled run's steps went (data, forward, backward, optimizer, exposed and overlapped
     communication, idle, other) and its top operators by self time.
 
@@ -363,7 +366,7 @@ def profile(run_id: str, db: Path | None, top: int, as_json: bool) -> None:
 @db_option
 @workdir_option
 @json_option
-def best(campaign: str, db: Path | None, workdir: Path | None, as_json: bool) -> None:
+def best(campaign: str, db: DbArg | None, workdir: Path | None, as_json: bool) -> None:
     """Say what a search campaign found: its best point and the largest batch that fits per shape.
 
     The campaign's sweep has a search: section; the answer is read from the results database (collect first),

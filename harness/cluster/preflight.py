@@ -31,6 +31,7 @@ from typing import Any
 from harness.contract import envvars, safefile
 from harness.contract.defaults import PREFLIGHT_SECOND_LOOK_PAUSE_S, PREFLIGHT_SECONDS, PREFLIGHT_THRESHOLD
 from harness.contract.errors import InputError, RunnerError, SbenchError, SubmitError
+from harness.contract.paths import DbTarget
 from harness.db.cluster import record_fabric, record_preflight
 from harness.db.store import open_store
 from harness.runner.preflight import UNITS, preflight_node
@@ -192,7 +193,7 @@ def run_preflight(inv: Inventory, partition: str | None, on_slurm: bool, workdir
 
 
 # -- sbench submit --preflight: the gate before anything is submitted -------------------------------------------
-def check_fabric(inv: Inventory, points: list[PlannedPoint], workdir: Path, db: Path, runner: JobRunner,
+def check_fabric(inv: Inventory, points: list[PlannedPoint], workdir: Path, db: DbTarget, runner: JobRunner,
                  fabric: Callable[..., FabricResult] = run_fabric) -> list[dict[str, Any]]:
     """``--preflight``: one fabric job per partition and node count of the sweep's multi-node points,
     before anything is submitted. Refuses (SubmitError) when one fails, or when RoCE points would run
@@ -222,7 +223,7 @@ def check_fabric(inv: Inventory, points: list[PlannedPoint], workdir: Path, db: 
     return out
 
 
-def check_devices(inv: Inventory, points: list[PlannedPoint], on_nodes: bool, workdir: Path, db: Path,
+def check_devices(inv: Inventory, points: list[PlannedPoint], on_nodes: bool, workdir: Path, db: DbTarget,
                   exclude_slow: bool, slurm: Slurm) -> tuple[list[dict[str, Any]], list[str]]:
     """``--preflight``: each device of the valid points' partitions measured (:func:`run_preflight`), before
     anything is submitted. A slow device refuses the submission (SubmitError), or with ``--exclude-slow`` its host

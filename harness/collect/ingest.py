@@ -48,9 +48,10 @@ import orjson
 from harness.contract import envvars
 from harness.contract.errors import CollectError
 from harness.contract.jobstate import FINAL_STATES
-from harness.contract.paths import JobPaths
+from harness.contract.paths import DbTarget, JobPaths
 from harness.db.checks import refresh_checks
 from harness.db.hosts import measured_peaks_by_host
+from harness.db.lake import is_conflict
 from harness.db.manifest import ensure_spec_rows, record_manifest
 from harness.db.overlaps import refresh_overlaps
 from harness.db.runs import replace_runs, run_counts, run_index
@@ -106,6 +107,7 @@ class CollectReport:
     sacct: str | None = None
     warnings: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    conflicts: int = 0  # a shared store's commits refused because another writer committed first (each redone)
     # Seconds per phase (they add up to elapsed_s): discover (the manifests recorded), scheduler, parse (the
     # changed job dirs read, their outcomes decided and rows staged), samples (what is left of the load after
     # parsing), measure, write, commit; plus samples_load, the load's own duration (it overlaps the scheduler
@@ -166,12 +168,38 @@ def analyze_isolated(att: Attempt, sched: Sched, cancel_requested: bool,
         return rows.unreadable(att, sched, exc)
 
 
-def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *, progress: Progress | None = None,
+def collect(db: DbTarget | str, workdir: str | Path, campaign: str | None = None, *, progress: Progress | None = None,
             slurm: Slurm | None = None, wait_s: float | None = None,
             run_ids: Collection[str] | None = None) -> CollectReport:
     """Collect every run under *workdir* into *db*; see the module docstring. With *run_ids*, only those
-    runs are looked at (manifests are still recorded): submit's refresh of what changed."""
+    runs are looked at (manifests are still recorded): submit's refresh of what changed. On a shared store, a
+    commit refused because another writer committed first changed nothing: the collect runs again (up to
+    :data:`CONFLICT_RETRIES` times), on what that writer left."""
     t0 = time.monotonic()
+    for turn in range(CONFLICT_RETRIES + 1):
+        try:
+            report = _collect_once(db, workdir, campaign, progress, slurm, wait_s, run_ids)
+        except _Conflict as exc:
+            if turn == CONFLICT_RETRIES:
+                raise CollectError(f"{db}: collect changed nothing: {CONFLICT_RETRIES + 1} commits in a row met "
+                                   f"another writer's ({exc}); run it again") from None
+            time.sleep(min(2.0, 0.1 * 2 ** turn))
+            continue
+        report.elapsed_s = round(time.monotonic() - t0, 3)
+        report.conflicts = turn
+        return report
+    raise AssertionError("unreachable")
+
+
+CONFLICT_RETRIES = 5
+
+
+class _Conflict(Exception):
+    pass
+
+
+def _collect_once(db: DbTarget | str, workdir: str | Path, campaign: str | None, progress: Progress | None,
+                  slurm: Slurm | None, wait_s: float | None, run_ids: Collection[str] | None) -> CollectReport:
     wd = Path(workdir)
     report = CollectReport(db=str(db), workdir=str(wd), campaign=campaign)
     prog = progress or (lambda phase, done, total: None)
@@ -187,16 +215,24 @@ def collect(db: str | Path, workdir: str | Path, campaign: str | None = None, *,
             report.warnings += warns
             if not wd.is_dir():
                 report.warnings.append(f"{wd}: no such directory; nothing to collect (pass --workdir)")
+            store.note_campaigns({a.campaign for a in attempts.values()} | ({campaign} if campaign else set()))
             with store.transaction():
                 _collect(store, report, manifests, attempts, slurm or Slurm(), prog, clock, tmpdir)
             clock.lap("commit")
             report.outcomes, report.accounting = run_counts(store, campaign)
     except duckdb.Error as exc:
-        raise CollectError(f"{db}: collect failed and changed nothing (rolled back): {exc}") from None
+        if is_conflict(exc):
+            raise _Conflict(str(exc).splitlines()[-1]) from None
+        raise CollectError(f"{db}: collect failed and changed nothing (rolled back): {first_line(exc)}") from None
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    report.elapsed_s = round(time.monotonic() - t0, 3)
     return report
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's message without the lines a driver adds under it (a query's text, a hint)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _record(store: Store, manifests: list[Manifest], attempts: Mapping[str, Attempt],

@@ -51,7 +51,11 @@ ENVS_DIR = Var("SBENCH_ENVS_DIR", "",
                "Trainer environments, when the inventory's defaults.envs_dir does not name them; unset: "
                "$XDG_CACHE_HOME/sbench/envs, else ~/.cache/sbench/envs", "login")
 DEBUG = Var("SBENCH_DEBUG", "", "Any value: the CLI shows the traceback of an internal error", "login")
-DB_WAIT = Var("SBENCH_DB_WAIT", "5", "Seconds to wait for another sbench process's DuckDB write lock", "login")
+DB_DATA = Var("SBENCH_DB_DATA", "",
+              "A shared store's data directory (its Parquet files: NFS, Lustre) when --db-data is not given", "login")
+DB_WAIT = Var("SBENCH_DB_WAIT", "",
+              "Seconds to wait for another sbench process's write lock on the results database; unset: 5 for a "
+              "DuckDB file, 600 for a shared store (where writers take turns)", "login")
 CAMPAIGN_WAIT = Var("SBENCH_CAMPAIGN_WAIT", "5",
                     "Seconds a submit, retry or cancel waits for another's lock on the same campaign, then exits 1 "
                     "naming the holder", "login")

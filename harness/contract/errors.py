@@ -31,6 +31,10 @@ class CatalogError(InputError):
     pass
 
 
+class EmptyStoreError(InputError):
+    """A results database with nothing in it yet (an empty file, a lake whose schema no writer made)."""
+
+
 class RenderError(SbenchError):
     pass
 

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import envvars
@@ -25,9 +26,69 @@ def resolve_workdir(workdir: str | Path | None = None) -> Path:
     return Path(workdir or envvars.WORKDIR.get()).resolve()
 
 
-def resolve_db(db: str | Path | None = None) -> Path:
-    """The results database: *db*, else $SBENCH_DB, else results/results.duckdb; absolute."""
-    return Path(db or envvars.DB.get()).resolve()
+LAKE_SCHEME = "ducklake:postgres:"  # --db of a shared store: this, then a libpq conninfo of its catalog
+
+
+@dataclass(frozen=True)
+class Lake:
+    """A shared results store: a DuckLake whose catalog is the Postgres database *conninfo* (a libpq
+    connection string: ``service=sbench``, ``dbname=lake host=db1 port=5432 user=bench``) and whose Parquet
+    files live under *data* (a directory every login node reads; None: the one the catalog recorded when the
+    lake was made). Credentials come from libpq's own places (a service file, ``PGPASSFILE``, ``PGPASSWORD``),
+    never from sbench's: a conninfo naming a password is refused (:func:`parse_lake`), so that the text of a
+    --db is safe to print, log and record."""
+
+    conninfo: str
+    data: Path | None = None
+
+    def __str__(self) -> str:
+        return LAKE_SCHEME + self.conninfo
+
+    @property
+    def name(self) -> str:  # what a message calls it, like a file's name
+        return str(self)
+
+
+DbTarget = Path | Lake  # what --db names: a DuckDB file, or a lake
+DbArg = str | Path  # a --db as the CLI hands it on: a file's path, or a lake's text (resolve_db makes it a DbTarget)
+DbRef = str | Path | Lake  # anything resolve_db takes
+
+
+def is_lake_text(text: str) -> bool:
+    return text.startswith("ducklake:")
+
+
+def parse_lake(text: str, data: str | Path | None = None) -> Lake:
+    """The :class:`Lake` a ``--db ducklake:postgres:<conninfo>`` names, its data directory *data* (else
+    $SBENCH_DB_DATA); :class:`ValueError` with the fix for one sbench cannot use."""
+    if not text.startswith(LAKE_SCHEME):
+        raise ValueError(f"{text!r}: a shared store is named ducklake:postgres:<libpq conninfo> (for example "
+                         "ducklake:postgres:service=sbench); DuckLake's other catalogs are not supported")
+    conninfo = text[len(LAKE_SCHEME):].strip()
+    if not conninfo:
+        raise ValueError(f"{text!r}: the catalog's connection is missing after {LAKE_SCHEME} (for example "
+                         "service=sbench, or dbname=lake host=db1 user=bench)")
+    if _PASSWORD.search(conninfo):
+        raise ValueError("the catalog's connection names a password: sbench takes none, so that no password "
+                         "reaches a job dir, a log or a report. Put it where libpq reads it (~/.pgpass or "
+                         "$PGPASSFILE, a service file's entry, or $PGPASSWORD) and leave it out of --db")
+    where = data if data is not None else (envvars.DB_DATA.get() or None)
+    return Lake(conninfo, Path(where).resolve() if where else None)
+
+
+_PASSWORD = re.compile(r"(^|[\s?&])password\s*=|://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
+
+
+def resolve_db(db: DbRef | None = None, data: str | Path | None = None) -> DbTarget:
+    """The results database: *db*, else $SBENCH_DB, else results/results.duckdb: a DuckDB file (absolute), or a
+    :class:`Lake` (``ducklake:postgres:...``, with *data* else $SBENCH_DB_DATA as its data directory).
+    :class:`ValueError` for a lake sbench cannot use (see :func:`parse_lake`)."""
+    if isinstance(db, Lake):
+        return db if data is None else Lake(db.conninfo, Path(data).resolve())
+    text = str(db) if db else envvars.DB.get()
+    if is_lake_text(text):
+        return parse_lake(text, data)
+    return Path(text).resolve()
 
 
 def process_key_files() -> list[Path]:

@@ -4,12 +4,12 @@ with its allocation and training seconds and its entity's columns."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
+from harness.contract.paths import DbTarget
 from harness.spec.plan import PlannedPoint
 from harness.spec.predict import SHAPE_FIELDS, Prediction, Seen, predict
 
-from .store import Store, open_store
+from .store import Store, open_store, store_exists
 
 _FIELDS = ("model_name", "batch_size", "max_steps", *SHAPE_FIELDS)
 
@@ -37,11 +37,11 @@ def spent_hours(store: Store, campaign: str) -> tuple[float, float]:
     return (float(row[0]), float(row[1])) if row else (0.0, 0.0)
 
 
-def predictions(db: Path, points: Sequence[PlannedPoint], campaign: str | None = None
+def predictions(db: DbTarget, points: Sequence[PlannedPoint], campaign: str | None = None
                 ) -> tuple[list[Prediction], tuple[float, float]]:
     """Each valid point's prediction from *db* (none where the file is missing), and what *campaign* spent."""
     valid = [p for p in points if p.valid]
-    if not db.is_file():
+    if not store_exists(db):
         return [predict(p.point_id, p.repeat, p.experiment, p.entity, []) for p in valid], (0.0, 0.0)
     with open_store(db, read_only=True) as st:
         seen = seen_runs(st, sorted({str(p.entity.get("model_name")) for p in valid}))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import stat
+import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -28,8 +29,11 @@ from typing import Any
 import duckdb
 
 from harness.contract import envvars
-from harness.contract.errors import CollectError, InputError, SchemaMismatchError, StoreBusyError
+from harness.contract.errors import CollectError, EmptyStoreError, InputError, SchemaMismatchError, StoreBusyError
+from harness.contract.paths import LAKE_SCHEME, Lake, is_lake_text, parse_lake
 
+from . import lake as lakes
+from .lake import QUERY_STATEMENTS, SQL_ONLY_TYPES, WRITER_KEY, check_at
 from .schema import KIND_SQL, PRIMARY_KEYS, RUN_CHILD_TABLES, SCHEMA, SCHEMA_VERSION, TYPES, UPGRADE_FROM, VIEWS, q
 from .staging import Staged, check_keys, frame, stage, typed
 from .values import COERCE
@@ -69,11 +73,15 @@ def foreign_file(p: Path) -> str | None:
     return "is not a DuckDB database"
 
 
-def _default_wait() -> float:
+FILE_WAIT_S = 5.0  # the default wait for another writer of a DuckDB file (one collect holds it briefly)
+LAKE_WAIT_S = 600.0  # ... and of a shared store, where a team's writers take turns (a collect may take minutes)
+
+
+def _default_wait(lake: bool) -> float:
     try:
         return float(envvars.DB_WAIT.get())
     except ValueError:
-        return float(envvars.DB_WAIT.default)
+        return LAKE_WAIT_S if lake else FILE_WAIT_S
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -81,16 +89,17 @@ def _is_lock_error(exc: Exception) -> bool:
     return "lock" in text.lower() and ("Could not set lock" in text or "Conflicting lock" in text)
 
 
-def create_schema(con: duckdb.DuckDBPyConnection, types: Iterable[str] = ()) -> None:
+def create_schema(con: duckdb.DuckDBPyConnection, types: Iterable[str] = (), lake: bool = False) -> None:
     """The types (but those named in *types*: they exist), tables (those missing) and views of
-    :mod:`harness.db.schema` in *con*'s database."""
+    :mod:`harness.db.schema` in *con*'s database. In a *lake*: no keys and no types (DuckLake has neither; a
+    column of sbench's type is VARCHAR there, see :mod:`harness.db.lake`)."""
     for name, definition in TYPES.items():
-        if name not in set(types):
+        if name not in set(types) and not lake:
             con.execute(f"CREATE TYPE {q(name)} AS {definition}")
     for table, cols in SCHEMA.items():
-        body = ", ".join(f"{q(c)} {t}" for c, t in cols)
+        body = ", ".join(f"{q(c)} {SQL_ONLY_TYPES.get(t, t) if lake else t}" for c, t in cols)
         pk = PRIMARY_KEYS.get(table)
-        if pk:
+        if pk and not lake:
             body += f", PRIMARY KEY ({', '.join(q(c) for c in pk)})"
         con.execute(f"CREATE TABLE IF NOT EXISTS {q(table)} ({body})")
     for name, sql in VIEWS.items():
@@ -105,26 +114,45 @@ def _view_body(sql: str) -> str:
     return sql.split(" AS ", 1)[-1].strip().rstrip(";")
 
 
+def _round_trip(con: duckdb.DuckDBPyConnection, name: str, sql: str) -> str | None:
+    """*sql* as DuckDB writes it back once made a temporary view on *con* (None when it cannot be made)."""
+    tmp = q(EXPECT_PREFIX + name)
+    try:
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {tmp} AS {sql}")
+        found = con.execute("SELECT sql FROM duckdb_views() WHERE temporary AND view_name = ?",
+                            [EXPECT_PREFIX + name]).fetchone()
+    except duckdb.Error:
+        return None
+    finally:
+        try:
+            con.execute(f"DROP VIEW IF EXISTS temp.{tmp}")
+        except duckdb.Error:
+            pass
+    return _view_body(found[0]) if found is not None else None
+
+
+def normal_view(con: duckdb.DuckDBPyConnection, name: str, sql: str) -> str | None:
+    """A view's query in DuckDB's own writing, written and read back until it no longer changes: DuckDB 1.5
+    writes a stored view's query back a little differently from how it was given (``AS "DOUBLE"``, a UNION's
+    parentheses), so a text is compared with another only in this settled form."""
+    text: str | None = sql
+    for _ in range(4):
+        again = _round_trip(con, name, text) if text is not None else None
+        if again is None or again == text:
+            return again
+        text = again
+    return text
+
+
 def view_definitions(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
-    """Each of sbench's views as DuckDB writes its query (normalised text), made as temporary views on *con*
-    (a read-only connection may make them) and dropped again. A view that cannot be made there (its tables
-    were changed: reported on their own) is left out."""
+    """Each of sbench's views in :func:`normal_view`'s settled writing, made as temporary views on *con* (a
+    read-only connection may make them) and dropped again. A view that cannot be made there (its tables were
+    changed: reported on their own) is left out."""
     out: dict[str, str] = {}
     for name, sql in VIEWS.items():
-        tmp = q(EXPECT_PREFIX + name)
-        try:
-            con.execute(f"CREATE OR REPLACE TEMP VIEW {tmp} AS {sql}")
-            found = con.execute("SELECT sql FROM duckdb_views() WHERE temporary AND view_name = ?",
-                                [EXPECT_PREFIX + name]).fetchone()
-        except duckdb.Error:
-            continue
-        finally:
-            try:
-                con.execute(f"DROP VIEW IF EXISTS temp.{tmp}")
-            except duckdb.Error:
-                pass
+        found = normal_view(con, name, sql)
         if found is not None:
-            out[name] = _view_body(found[0])
+            out[name] = found
     return out
 
 
@@ -136,23 +164,65 @@ def upgradable(found: str | None) -> bool:
         return False
 
 
-def open_store(path: str | Path, *, read_only: bool = False, wait_s: float | None = None) -> Store:
-    """Open the results DB (creating it and its schema unless *read_only*); see :class:`Store`."""
-    return Store.open(path, read_only=read_only, wait_s=wait_s)
+def open_store(path: str | Path | Lake, *, read_only: bool = False, wait_s: float | None = None,
+               at: str | None = None) -> Store:
+    """Open the results DB, a DuckDB file or a shared store (creating it and its schema unless *read_only*), as
+    the snapshot *at* left it when given (a lake only); see :class:`Store`."""
+    return Store.open(path, read_only=read_only, wait_s=wait_s, at=at)
+
+
+def store_exists(target: str | Path | Lake) -> bool:
+    """Whether *target* holds a results database already: a file that exists, or a lake whose schema was made
+    (its catalog is asked: an unreachable one is the input error it is)."""
+    if isinstance(target, str) and is_lake_text(target):
+        target = parse_lake(target)
+    if not isinstance(target, Lake):
+        return Path(target).is_file()
+    try:
+        with Store.open(target, read_only=True):
+            return True
+    except EmptyStoreError:
+        return False
+
+
+def _command() -> str:
+    """The command this process runs, as a commit records it (``sbench collect``): the program's name and its
+    first word, never the options (a path or a conninfo says nothing the snapshot's campaigns do not)."""
+    argv = [a for a in sys.argv[:2] if a]
+    name = Path(argv[0]).name if argv else "python"
+    word = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else ""
+    return f"{name} {word}".strip()
 
 
 class Store:
     """A connection to the results DB with the schema checked. Not thread-safe."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, read_only: bool) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path | Lake, read_only: bool,
+                 wait_s: float = FILE_WAIT_S) -> None:
         self.con = con
         self.path = path
         self.read_only = read_only
+        self.lake = isinstance(path, Lake)
+        self.wait_s = wait_s
         self._tx_depth = 0
+        self._ready = False  # the schema is there (a lake's writer marks WRITER_KEY in each transaction)
+        self.command = _command()  # what a lake's commits record: the sbench command, the campaigns touched
+        self.campaigns: set[str] = set()
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path, *, read_only: bool = False, wait_s: float | None = None) -> Store:
+    def open(cls, path: str | Path | Lake, *, read_only: bool = False, wait_s: float | None = None,
+             at: str | None = None) -> Store:
+        if isinstance(path, str) and is_lake_text(path):
+            try:
+                path = parse_lake(path)
+            except ValueError as exc:
+                raise InputError(f"--db: {exc}") from None
+        if isinstance(path, Lake):
+            return cls._open_lake(path, read_only=read_only, wait_s=wait_s, at=at)
+        if at is not None:
+            raise InputError(f"--at {at}: {path} is a DuckDB file, which keeps no history; --at reads a shared "
+                             f"store (--db {LAKE_SCHEME}...) as one of its snapshots left it")
         p = Path(path)
         if read_only and not p.exists():
             raise InputError(f"{p}: no results database here; run `sbench collect` first (or pass --db)")
@@ -165,7 +235,7 @@ class Store:
                 p.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise CollectError(f"cannot create {p.parent}: {exc}") from None
-        wait = _default_wait() if wait_s is None else wait_s
+        wait = _default_wait(False) if wait_s is None else wait_s
         deadline = time.monotonic() + max(0.0, wait)
         # A read-only connection is sandboxed: no ATTACH (of a writable link to this very file), no COPY
         # TO, no reading other files, no extensions, and no SET to undo that.
@@ -185,9 +255,27 @@ class Store:
                         f"writer at a time: wait for that sbench collect/submit to finish and retry "
                         f"({envvars.DB_WAIT.name}=<seconds> waits longer).") from None
                 time.sleep(0.2)
-        store = cls(con, p, read_only)
+        store = cls(con, p, read_only, wait)
         try:
             store._check_schema()
+        except BaseException:
+            con.close()
+            raise
+        return store
+
+    @classmethod
+    def _open_lake(cls, lake: Lake, *, read_only: bool, wait_s: float | None, at: str | None) -> Store:
+        when = check_at(at) if at is not None else None
+        con = lakes.connect(lake, read_only=read_only, at=when, config=OFFLINE_CONFIG, types=TYPES)
+        store = cls(con, lake, read_only or when is not None, _default_wait(True) if wait_s is None else wait_s)
+        try:
+            if not store.read_only:
+                lakes.check_writable(lake, con)
+                lakes.attach_lock(lake, con)
+            store._check_schema()
+        except duckdb.Error as exc:
+            con.close()
+            raise CollectError(f"{lake}: {str(exc).splitlines()[0]}") from None
         except BaseException:
             con.close()
             raise
@@ -204,7 +292,8 @@ class Store:
 
     def _tables(self) -> set[str]:
         rows = self.con.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
+            "AND table_catalog = current_database()").fetchall()
         return {r[0] for r in rows}
 
     def _check_schema(self) -> None:
@@ -249,12 +338,20 @@ class Store:
                 f"{self.path} is not an sbench results database (it has tables {', '.join(sorted(tables))} but "
                 f"no metadata table with a schema_version); pass another --db or move it aside.")
         if self.read_only:  # as good as no database yet: the same input error as a missing file (exit 2)
-            raise InputError(f"{self.path}: an empty file, no results database yet; run `sbench collect` first "
+            what = "an empty store" if self.lake else "an empty file"
+            raise EmptyStoreError(f"{self.path}: {what}, no results database yet; run `sbench collect` first "
                              "(or pass --db)")
         with self.transaction():
-            create_schema(self.con)
-            self.con.execute("INSERT INTO metadata VALUES ('schema_version', ?), ('created_by', 'sbench')",
-                             [str(SCHEMA_VERSION)])
+            if self.lake and self._tables():  # another writer made it while this one waited its turn
+                pass
+            else:
+                create_schema(self.con, lake=self.lake)
+                self.con.execute("INSERT INTO metadata VALUES ('schema_version', ?), ('created_by', 'sbench')",
+                                 [str(SCHEMA_VERSION)])
+                if self.lake:
+                    self.con.execute("INSERT INTO metadata VALUES (?, ?)", [WRITER_KEY, lakes.who()])
+        if self.lake:
+            self._check_schema()
 
     def _upgrade(self, found: str) -> None:
         """Bring a database of schema *found* (:func:`upgradable`) to :data:`SCHEMA_VERSION` in one transaction:
@@ -266,13 +363,15 @@ class Store:
                                                     "AND schema_name = 'main'").fetchall()}
             have: dict[str, set[str]] = {}
             for table, col in self.con.execute("SELECT table_name, column_name FROM information_schema.columns "
-                                               "WHERE table_schema = 'main'").fetchall():
+                                               "WHERE table_schema = 'main' AND table_catalog = current_database()"
+                                               ).fetchall():
                 have.setdefault(table, set()).add(col)
             for table, cols in SCHEMA.items():
                 for col, dtype in cols:
                     if table in have and col not in have[table]:
-                        self.con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(col)} {dtype}")
-            create_schema(self.con, types)  # the types and tables it lacks, and sbench's views
+                        kind = SQL_ONLY_TYPES.get(dtype, dtype) if self.lake else dtype
+                        self.con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(col)} {kind}")
+            create_schema(self.con, types, lake=self.lake)  # the types and tables it lacks, and sbench's views
             self.con.execute("DELETE FROM metadata WHERE starts_with(key, 'manifest:')")
             self.con.execute("UPDATE metadata SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION)])
             self.con.execute("INSERT INTO metadata SELECT 'upgraded_from', ? WHERE NOT EXISTS "
@@ -281,10 +380,12 @@ class Store:
     def _changed_views(self) -> tuple[list[str], list[str]]:
         """(views that are missing, views whose definition is not sbench's), compared with
         :func:`view_definitions` as DuckDB writes them."""
-        found = {name: _view_body(sql) for name, sql in self.con.execute(
+        stored = {name: _view_body(sql) for name, sql in self.con.execute(
             "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND NOT temporary "
             "AND schema_name = 'main' AND database_name = current_database()").fetchall()}
         expected = view_definitions(self.con)
+        found = {name: normal_view(self.con, name, sql) if name in expected and sql != expected[name] else sql
+                 for name, sql in stored.items()}
         missing = [v for v in VIEWS if v not in found]
         replaced = [v for v in VIEWS if v in found and v in expected and found[v] != expected[v]]
         return missing, replaced
@@ -309,10 +410,12 @@ class Store:
         have: dict[str, list[tuple[str, str]]] = {}
         for table, col, dtype in self.con.execute(
                 "SELECT table_name, column_name, data_type FROM information_schema.columns "
-                "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position").fetchall():
+                "WHERE table_schema = 'main' AND table_catalog = current_database() "
+                "ORDER BY table_name, ordinal_position").fetchall():
             have.setdefault(table, []).append((col, dtype))
         kinds = dict(self.con.execute("SELECT table_name, table_type FROM information_schema.tables "
-                                      "WHERE table_schema = 'main'").fetchall())
+                                      "WHERE table_schema = 'main' AND table_catalog = current_database()"
+                                      ).fetchall())
         problems = []
         for table, cols in SCHEMA.items():
             if kinds.get(table) != "BASE TABLE":
@@ -346,19 +449,49 @@ class Store:
             finally:
                 self._tx_depth -= 1
             return
-        self.con.execute("BEGIN TRANSACTION")
-        self._tx_depth = 1
+        turn = self._take_turn() if self.lake and not self.read_only else None
         try:
-            yield
-        except BaseException:
-            self._tx_depth = 0
+            self.con.execute("BEGIN TRANSACTION")
+            self._tx_depth = 1
             try:
-                self.con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
-            raise
-        self._tx_depth = 0
-        self.con.execute("COMMIT")
+                if turn is not None:
+                    self._mark_writer()
+                yield
+                if turn is not None:
+                    lakes.commit_note(self.con, self.command, sorted(self.campaigns))
+            except BaseException:
+                self._tx_depth = 0
+                try:
+                    self.con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass
+                raise
+            self._tx_depth = 0
+            self.con.execute("COMMIT")
+        finally:
+            if turn is not None:
+                lakes.end_turn(turn)
+
+    def _take_turn(self) -> duckdb.DuckDBPyConnection:
+        """A lake writer's turn (:mod:`harness.db.lake`): the writers' lock, held by a second connection until
+        this one's transaction has committed (so the next writer starts from what it wrote)."""
+        try:
+            return lakes.take_turn(self.con, self.wait_s)
+        except TimeoutError as exc:
+            held = f" (held by {exc})" if str(exc) else ""
+            raise StoreBusyError(
+                f"{self.path}: another sbench process is writing{held}; waited {self.wait_s:g} s. Writers of a "
+                f"shared store take turns: retry when it is done ({envvars.DB_WAIT.name}=<seconds> waits "
+                "longer).") from None
+
+    def _mark_writer(self) -> None:
+        """The mark that makes two overlapping writes conflict at commit, should the lock ever fail to part them."""
+        if self._tables() >= {"metadata"}:
+            self.con.execute("UPDATE metadata SET value = ? WHERE key = ?", [lakes.who(), WRITER_KEY])
+
+    def note_campaigns(self, campaigns: Iterable[str]) -> None:
+        """Campaigns this connection's writes touch: a lake's commit records them (``sbench db snapshots``)."""
+        self.campaigns.update(c for c in campaigns if c)
 
     # -- generic helpers -----------------------------------------------------------------------------------
     def insert(self, table: str, rows: Sequence[Mapping[str, Any]] | Staged) -> int:
@@ -441,6 +574,8 @@ class Store:
         """Run user SQL: its column names and its rows, streamed *batch* at a time (never all in memory, so a
         40-million-row result costs no more than a small one). Errors become :class:`InputError` (exit 2)
         with DuckDB's message, also while the rows are read."""
+        if self.lake:
+            self._check_reads(sql)
         try:
             cur = self.con.execute(sql)
         except duckdb.Error as exc:
@@ -459,6 +594,18 @@ class Store:
                 yield from chunk
 
         return [d[0] for d in cur.description], rows()
+
+    def _check_reads(self, sql: str) -> None:
+        """A lake's query runs reads only (see :data:`~harness.db.lake.QUERY_STATEMENTS`)."""
+        try:
+            statements = self.con.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise InputError(f"SQL error: {exc}") from None
+        for st in statements:
+            kind = st.type.name if hasattr(st.type, "name") else str(st.type)
+            if kind.removesuffix("_STATEMENT") not in QUERY_STATEMENTS:
+                raise InputError(f"{kind.removesuffix('_STATEMENT')} is not allowed here: a query of a shared store "
+                                 "reads (SELECT, WITH ... SELECT, EXPLAIN), and writes nothing anywhere")
 
     def count_rows(self, sql: str) -> int | None:
         """How many rows *sql* gives in all (a stream of it still being read is abandoned): DuckDB counts them

@@ -30,7 +30,7 @@ from harness import __version__
 from harness.contract import safefile
 from harness.contract.errors import InputError
 from harness.contract.exchange import CSV_MAX, ORIGIN_ADO_CSV, sha256_fd
-from harness.contract.paths import run_id
+from harness.contract.paths import DbTarget, run_id
 from harness.db.checks import referencing, refresh_checks
 from harness.db.exchange import delete_campaign, imported_campaigns, insert_rows, point_ids
 from harness.db.manifest import point_row
@@ -221,7 +221,7 @@ def _unchanged(report: AdoReport, before: dict[str, Any]) -> AdoReport:
     return report
 
 
-def import_ado_csv(db: Path, path: Path, campaign: str, cluster: str | None = None,
+def import_ado_csv(db: DbTarget, path: Path, campaign: str, cluster: str | None = None,
                    replace: bool = False) -> AdoReport:
     """Import the published CSV *path* as *campaign* into the database *db* (see the module docstring): streamed,
     a chunk of rows at a time, in one transaction."""

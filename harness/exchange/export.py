@@ -22,6 +22,7 @@ from typing import Any
 from harness import __version__
 from harness.contract.errors import InputError
 from harness.contract.exchange import FORMAT, NAMESPACE_SEP, ORIGIN_ADO_CSV, SEAL_KEY, ExportPaths, seal, sha256_file
+from harness.contract.paths import DbTarget
 from harness.db.exchange import EXPORTED, CampaignRecord, campaign_records, export_table
 from harness.db.schema import SCHEMA_VERSION
 from harness.db.status import campaign_names
@@ -74,7 +75,7 @@ def namespace_of(records: Sequence[CampaignRecord], cluster: str | None) -> str:
     return records[0].campaign.split(NAMESPACE_SEP, 1)[0]
 
 
-def export_campaigns(db: Path, campaigns: Sequence[str], out: Path, cluster: str | None = None) -> ExportReport:
+def export_campaigns(db: DbTarget, campaigns: Sequence[str], out: Path, cluster: str | None = None) -> ExportReport:
     """Write *campaigns* of the database *db* to the new directory *out* (see the module docstring)."""
     import pyarrow.parquet as pq  # heavy: only an export writes Parquet
 

@@ -36,6 +36,7 @@ from harness.contract.exchange import (
     sha256_fd,
     unseal,
 )
+from harness.contract.paths import DbTarget
 from harness.db.checks import referencing, refresh_checks
 from harness.db.exchange import EXPORTED, ImportPlan, import_tables, imported_campaigns
 from harness.db.schema import COLUMN_NAMES, SCHEMA_VERSION, UPGRADE_FROM, tables_of
@@ -162,7 +163,7 @@ def _check_campaigns(where: Path, doc: dict[str, Any], tables: dict[str, Any]) -
                          "provenance.json does not list; nothing was imported. Export the campaigns again")
 
 
-def import_export(db: Path, src: Path, namespace: str | None = None, replace: bool = False) -> ImportReport:
+def import_export(db: DbTarget, src: Path, namespace: str | None = None, replace: bool = False) -> ImportReport:
     """Import the export directory *src* into the database *db* (see the module docstring)."""
     doc, tables = read_export(src)
     ns = namespace or doc.get("cluster")

@@ -140,7 +140,7 @@ def load_report_data(store: Store, campaign: str | None = None, run_id: str | No
                       outcomes=reportdata.outcome_counts(store, where), measurements=measurements,
                       stage_runs=stage_runs, gpu_samples=reportdata.gpu_sample_count(store, where),
                       scope=scope, campaign_index=index, shared=shared,
-                      db_option="" if store.path.resolve() == resolve_db() else f" --db {shlex.quote(str(store.path))}")
+                      db_option="" if str(store.path) == str(resolve_db()) else f" --db {shlex.quote(str(store.path))}")
     data.shown = shown if scope == "compare" else []
     _load_run(store, data, where, run_id)
     data.fabric = reportdata.fabric_rows(store)

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
-from pathlib import Path
 
+from harness.contract.paths import DbTarget
 from harness.contract.stability import bands_text
 from harness.db.store import open_store
 
@@ -84,13 +84,13 @@ def _scope_words(d: ReportData) -> str:
     return f"campaign {d.campaign}" + (" (the campaign of --run)" if d.scope == "run" else "")
 
 
-def build_report(db: str | Path, campaign: str | None = None, run_id: str | None = None,
+def build_report(db: DbTarget | str, campaign: str | None = None, run_id: str | None = None,
                  now: _dt.datetime | None = None, compare_to: tuple[str, str] | None = None,
-                 threshold: float = 0.10, all_campaigns: bool = False) -> Report:
-    """Open *db* read-only, load and render; see the module docstring. *compare_to* (BASE, CAND) adds
-    the compare section; *all_campaigns* shows every campaign."""
+                 threshold: float = 0.10, all_campaigns: bool = False, at: str | None = None) -> Report:
+    """Open *db* read-only (as the snapshot *at* left it, for a lake), load and render; see the module
+    docstring. *compare_to* (BASE, CAND) adds the compare section; *all_campaigns* shows every campaign."""
     around = [c for c, _ in map(parse_side, compare_to) if c] if compare_to is not None else []
-    with open_store(db, read_only=True) as store:
+    with open_store(db, read_only=True, at=at) as store:
         # with --compare A B (campaigns) and no --campaign, the page is A's and B's, not the latest campaign's
         data = load_report_data(store, campaign, run_id, now, all_campaigns=all_campaigns, around=around)
         if compare_to is not None:
