@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .kit import CLUSTER_SCRIPT, SMALL_DATASET, TEST_INVENTORY, Trained, build_trained, sbench
+from .kit.lake import PgServer, start_server
 from .kit.session import built_once, cluster_ok, cost, module_group
 
 try:
@@ -86,6 +87,25 @@ def slurm_cluster() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def pg_server() -> PgServer:
+    """The project's real test Postgres (tests/pg/pg.sh), which holds the shared stores' catalogs: started by
+    ``make test`` before pytest, started here if it is not up. Its client files (PGPASSFILE, PGSERVICEFILE) go
+    into this process's environment, so the commands a test starts find the passwords where libpq looks."""
+    try:
+        server = start_server()
+    except RuntimeError as exc:
+        pytest.fail(f"the test Postgres is not running and could not be started: {exc}")
+    os.environ.update(server.env)
+    return server
+
+
+@pytest.fixture
+def lake(pg_server: PgServer, tmp_path: Path) -> tuple[str, Path]:
+    """A new, empty shared store: its --db text (ducklake:postgres:..., the writer role) and data directory."""
+    return pg_server.new_lake(tmp_path / "lake-data")
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with a locally trained tokenizer (no download)."""
     from harness.data.tinymodel import make_tiny_model
@@ -124,7 +144,11 @@ def small_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, small_data_dir: Path) -> Trained:
     """The session's trained, collected campaigns (:class:`tests.kit.Trained`), made once for all workers:
-    a test that only reads a collected campaign reads these instead of training its own."""
+    a test that only reads a collected campaign reads these instead of training its own. A developer rerunning a
+    few tests may point SBENCH_TEST_TRAINED at a tree an earlier session built (tests/kit: build_trained)."""
+    reuse = os.environ.get("SBENCH_TEST_TRAINED")
+    if reuse:
+        return Trained(Path(reuse))
     return Trained(built_once(tmp_path_factory, "trained", lambda d: build_trained(d, tiny_model, small_data_dir)))
 
 

@@ -223,16 +223,17 @@ def _collect_once(db: DbTarget | str, workdir: str | Path, campaign: str | None,
     except duckdb.Error as exc:
         if is_conflict(exc):
             raise _Conflict(str(exc).splitlines()[-1]) from None
-        raise CollectError(f"{db}: collect failed and changed nothing (rolled back): {first_line(exc)}") from None
+        raise CollectError(f"{db}: collect failed and changed nothing (rolled back): {one_line(exc)}") from None
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return report
 
 
-def first_line(exc: BaseException) -> str:
-    """An error's message without the lines a driver adds under it (a query's text, a hint)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """An error's message on one line (a shared store's commit says why on the lines under its first), at most
+    *limit* characters."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _record(store: Store, manifests: list[Manifest], attempts: Mapping[str, Attempt],

@@ -27,6 +27,7 @@ import duckdb
 
 from harness.contract.exchange import NAMESPACE_SEP, ORIGIN_ADO_CSV, ORIGIN_EXPORT, ORIGINS
 
+from .lake import SQL_ONLY_TYPES
 from .schema import COLUMN_NAMES, SCHEMA, q
 from .staging import frame
 from .store import Store
@@ -56,8 +57,11 @@ def _in(values: Sequence[str]) -> str:
 
 
 def _columns(table: str, replace: Mapping[str, str] | None = None) -> str:
+    """*table*'s columns as an export writes them: a column of sbench's own type cast to it (a lake stores it
+    as VARCHAR), so that a file and a lake export the same bytes."""
     replace = replace or {}
-    return ", ".join(replace.get(c, q(c)) for c, _ in SCHEMA[table])
+    return ", ".join(replace.get(c, f"CAST({q(c)} AS {t}) AS {q(c)}" if t in SQL_ONLY_TYPES else q(c))
+                     for c, t in SCHEMA[table])
 
 
 # -- export --------------------------------------------------------------------------------------------------

@@ -152,7 +152,8 @@ def connect(lake: Lake, *, read_only: bool, at: str | None, config: dict[str, An
         con.execute(f"SET search_path = '{LAKE_ALIAS}.main,memory.main'")
         if read_only:
             data = data_path(con)
-            con.execute("SET allowed_directories = ?", [[data] if data else []])
+            # A literal: a bound list parameter makes DuckDB's Python client import numpy and pandas (a second).
+            con.execute(f"SET allowed_directories = [{_quote(data) if data else ''}]")
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
     except BaseException:
@@ -193,7 +194,16 @@ def check_writable(lake: Lake, con: duckdb.DuckDBPyConnection) -> None:
 
 
 def attach_lock(lake: Lake, con: duckdb.DuckDBPyConnection) -> None:
+    """The catalog database attached a second time (the writers' lock is taken there); an :class:`InputError`
+    when this role may read the lake but not write it (before anything is written)."""
     con.execute(f"ATTACH {_quote(lake.conninfo)} AS {LOCK_ALIAS} (TYPE postgres)")
+    found = con.execute(
+        f"SELECT * FROM postgres_query('{LOCK_ALIAS}', 'SELECT current_user::text, CASE WHEN to_regclass("
+        f"''ducklake_snapshot'') IS NULL THEN true ELSE has_table_privilege(''ducklake_snapshot'', ''INSERT'') "
+        f"END')").fetchone()
+    if found is not None and not found[1]:
+        raise InputError(f"{lake}: the role {found[0]} may read this store but not write it: a command that writes "
+                         "(collect, submit, import, db maintain) needs the team's writer role")
 
 
 def take_turn(con: duckdb.DuckDBPyConnection, wait_s: float) -> duckdb.DuckDBPyConnection:
