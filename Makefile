@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint docs browser trainer-envs cluster cluster-stop bench gpu-wheels gpu-check clean
+.PHONY: setup demo test test-fast lint docs browser trainer-envs cluster cluster-stop pg pg-stop bench gpu-wheels gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -25,13 +25,14 @@ demo: setup
 	$(BIN)/sbench query "select model_name, number_gpus, batch_size, distributed_backend, round(train_runtime, 2) as runtime_s, round(dataset_tokens_per_second, 1) as dataset_tok_s, round(train_tokens_per_gpu_per_second, 1) as tok_s_per_gpu, round(cpu_compute_utilization, 1) as cpu_pct, is_valid from measurements where campaign = 'demo-cpu' order by number_gpus, batch_size"
 
 ## test: the house's shape (layers, no cycles, lint, types), system packages, the fms-hf-tuning environment, the
-## real test SLURM cluster, then the whole test suite on $(TEST_WORKERS) xdist workers (tests/schedule.py: the users
+## real test SLURM cluster and the test Postgres (the shared store's catalog, tests/pg/pg.sh), then the whole test suite on $(TEST_WORKERS) xdist workers (tests/schedule.py: the users
 ## of an expensive module fixture together, costliest first, at most two groups on the test cluster at a time, and
 ## the tests marked alone with the cluster to themselves); a few tests that failed there run once more, one at a
 ## time (tests/run_suite.sh: a test that fails again fails the run; one that passes alone is named FLAKY)
 TEST_WORKERS ?= 4
 test: setup lint browser trainer-envs
 	bash tests/cluster/cluster.sh start
+	bash tests/pg/pg.sh start
 	BIN=$(BIN) TEST_WORKERS=$(TEST_WORKERS) bash tests/run_suite.sh
 
 ## lint: import-linter's contracts (pyproject.toml: layers, the runner's limits, no cycles), ruff and mypy
@@ -64,6 +65,14 @@ cluster:
 
 cluster-stop:
 	bash tests/cluster/cluster.sh stop
+
+## pg: the test Postgres that holds shared stores' catalogs (127.0.0.1:55432; `bash tests/pg/pg.sh env` prints
+## the client settings to source)
+pg:
+	bash tests/pg/pg.sh start
+
+pg-stop:
+	bash tests/pg/pg.sh stop
 
 bench: setup browser
 	$(BIN)/python bench/overhead.py

@@ -28,6 +28,7 @@ from .kit.cli import command
 from .kit.lake import PASSWORDS, READER, PgServer, start_server
 
 FIRST, SECOND = TRAINED_CAMPAIGNS
+pytestmark = [pytest.mark.slow(25)]
 
 
 def _json(proc: Any) -> Any:

@@ -18,6 +18,7 @@ from harness.slurm.client import Slurm
 from harness.slurm.sacct import JobKey, parse_sacct_records, sacct_time
 
 from .kit import CLUSTER_SCRIPT, SMALL_DATASET, TEST_INVENTORY, sbench, sql_rows, write_yaml
+from .kit.cli import command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.train]
 
@@ -92,7 +93,7 @@ def collect(sb, env) -> dict:
 
 
 @pytest.mark.slow(65)
-def test_arrays_two_node_ddp_fsdp_and_roce_env_per_host(sb, env) -> None:
+def test_arrays_two_node_ddp_fsdp_and_roce_env_per_host(sb, env, lake) -> None:
     path = sweep(env, "arrays", {"number_gpus": 2, "max_steps": 3, "enable_roce": True},
                  {"number_nodes": [1, 2], "distributed_backend": ["DDP", "FSDP"]})
     rep = submit(sb, env, path, "--wait")
@@ -145,6 +146,18 @@ def test_arrays_two_node_ddp_fsdp_and_roce_env_per_host(sb, env) -> None:
             assert env0["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in env0  # RoCE is multi-node only
     st = json.loads(sb(env, "status", "--campaign", "arrays", "--json").stdout)
     assert st["counts"] == {"ok": 4}
+    # The same campaign collected into a shared store by two processes at once (as two login nodes would):
+    # each run once, with the scheduler's accounting, as in the file.
+    db, data = lake
+    procs = [subprocess.Popen(command("collect", "--workdir", env["workdir"], "--db", db, "--db-data", data, "--json"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [pr.communicate(timeout=600) for pr in procs]
+    assert [pr.returncode for pr in procs] == [0, 0], outs
+    assert sum(json.loads(o)["new"] for o, _ in outs) == 4
+    shown = "SELECT run_id, outcome, state, exit_code, accounting_source, node_list FROM runs ORDER BY run_id"
+    lake_rows = json.loads(sbench("query", shown, "--db", db, "--format", "json").stdout)
+    assert lake_rows == json.loads(sbench("query", shown, "--db", env["db"], "--format", "json").stdout)
+    assert len(lake_rows) == 4 and {r["accounting_source"] for r in lake_rows} == {"sacct"}
 
 
 @pytest.mark.slow(10)
