@@ -94,6 +94,15 @@ def test_every_command_answers_the_same_from_a_lake_as_from_a_file(trained: Trai
     prov = {n: json.loads((tmp_path / f"export-{n}" / "provenance.json").read_text()) for n in ("file", "lake")}
     assert {t: e["sha256"] for t, e in prov["file"]["tables"].items()} == \
         {t: e["sha256"] for t, e in prov["lake"]["tables"].items()}
+    # An export imports into a lake as into a file (the campaigns under their cluster's name); preflight records
+    # its device figures there, and hosts reads them back.
+    imp = _json(sbench("import", tmp_path / "export-file", "--db", db, "--json"))
+    assert set(imp["campaigns"].values()) == {"imported"}
+    names = _json(sbench("query", "SELECT campaign FROM campaigns ORDER BY 1", "--db", db, "--format", "json"))
+    assert len(names) == 2 * len(TRAINED_CAMPAIGNS)
+    sbench("preflight", "--seconds", "0.2", "--workdir", tmp_path / "pf", "--db", db, "--json", ok=(0, 1))
+    figures = _json(sbench("query", "SELECT count(*) AS n FROM preflight", "--db", db, "--format", "json"))
+    assert figures[0]["n"] > 0
     # A submit of the same sweep on the lake decides from the lake's history: every point measured, nothing runs.
     copy = trained.copy(tmp_path / "copy")
     _collect(db, data, copy.workdir)
