@@ -61,7 +61,7 @@ def copy_store(src: Store, dst: Store) -> CopyReport:
             reader = src.con.execute(f"SELECT {names} FROM {q(table)}{where}", params).fetch_record_batch(BATCH_ROWS)
             casts = ", ".join(f"CAST({q(c)} AS {t}) AS {q(c)}" for c, t in cols)
             _sbench_copy = reader  # noqa: F841 - named in the statement (DuckDB scans the frame's local)
-            dst.con.execute(f"INSERT INTO {q(table)} BY NAME SELECT {casts} FROM _sbench_copy")
+            dst.raw.execute(f"INSERT INTO {q(table)} BY NAME SELECT {casts} FROM _sbench_copy")
     return report
 
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import duckdb
 
@@ -33,6 +33,7 @@ from harness.contract.errors import CollectError, EmptyStoreError, InputError, S
 from harness.contract.paths import LAKE_SCHEME, Lake, is_lake_text, parse_lake
 
 from . import lake as lakes
+from .bind import LiteralConnection
 from .lake import QUERY_STATEMENTS, SQL_ONLY_TYPES, WRITER_KEY, check_at
 from .schema import KIND_SQL, PRIMARY_KEYS, RUN_CHILD_TABLES, SCHEMA, SCHEMA_VERSION, TYPES, UPGRADE_FROM, VIEWS, q
 from .staging import Staged, check_keys, frame, stage, typed
@@ -199,7 +200,9 @@ class Store:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, path: Path | Lake, read_only: bool,
                  wait_s: float = FILE_WAIT_S) -> None:
-        self.con = con
+        # Parameters written into the statements (harness.db.bind): no numpy/pandas/pyarrow import per command.
+        self.con = cast(duckdb.DuckDBPyConnection, LiteralConnection(con))
+        self.raw = con  # the connection itself: a statement that scans a Python local must run from its frame
         self.path = path
         self.read_only = read_only
         self.lake = isinstance(path, Lake)
@@ -503,7 +506,7 @@ class Store:
         # transaction keeps its Python objects until the commit, so a long import or collect grew by every row).
         _sbench_stage = staged.columns  # noqa: F841 - named in the statement
         cols = ", ".join(f"CAST({q(c)} AS {t}) AS {q(c)}" for c, t in SCHEMA[table])
-        self.con.execute(f"INSERT INTO {q(table)} BY NAME SELECT {cols} FROM _sbench_stage")
+        self.raw.execute(f"INSERT INTO {q(table)} BY NAME SELECT {cols} FROM _sbench_stage")
         return staged.rows
 
     def delete_runs(self, run_ids: Sequence[str], tables: Iterable[str] = RUN_CHILD_TABLES) -> None:
@@ -567,7 +570,14 @@ class Store:
         return rows[0][0] if rows else None
 
     def set_metadata(self, key: str, value: str) -> None:
-        self.upsert("metadata", [{"key": key, "value": value}], ["value"])
+        """Record *value* under *key* (nothing is written when it is there already)."""
+        found = self.get_metadata(key)
+        if found == value:
+            return
+        if found is None:
+            self.con.execute("INSERT INTO metadata (key, value) VALUES (?, ?)", [key, value])
+        else:
+            self.con.execute("UPDATE metadata SET value = ? WHERE key = ?", [value, key])
 
     # -- query ---------------------------------------------------------------------------------------------
     def query(self, sql: str, batch: int = QUERY_BATCH) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
