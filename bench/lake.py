@@ -25,6 +25,10 @@ answers for 2-node jobs, so a 1-host run is recorded as failed). The campaigns o
 number their runs on from each other (``make_run``'s index), so every run has its own point, job id and sacct time
 slot, as one campaign of all of them would (no run shares a host with another at the same time).
 
+Where this DuckDB cannot scan a numpy column of NULLs longer than its analysis sample (DuckDB 1.5.5: every collect
+of a few hundred runs fails), the collect processes raise ``pandas_analyze_sample``; the output says so
+(``analyze_bug``).
+
 Usage: .venv/bin/python bench/lake.py [--runs 10000] [--big 100000] [--dir DIR] [--json]
 Quick: .venv/bin/python bench/lake.py --quick        # a small version of everything (a few minutes)
 """
@@ -96,6 +100,7 @@ def analyze_bug() -> str | None:
     finally:
         con.close()
 
+
 CONCURRENT = 4
 
 
@@ -118,10 +123,9 @@ def numbered_from(offset: int) -> Iterator[None]:
         jobdirs.make_run = real
 
 
-def make_workdir(workdir: Path, campaigns: Sequence[tuple[str, int]], shape: dict[str, int],
-                 number: bool = True) -> float:
-    """Campaigns (name, runs) as job dirs in *workdir*, numbered on from each other when *number* (kept when a
-    previous call finished them: a marker file); seconds taken."""
+def make_workdir(workdir: Path, campaigns: Sequence[tuple[str, int]], shape: dict[str, int]) -> float:
+    """Campaigns (name, runs) as job dirs in *workdir*, their runs numbered on from each other (kept when a previous
+    call made the same: a marker file); seconds taken."""
     marker = workdir / ".generated.json"
     want = {"campaigns": [list(c) for c in campaigns], **shape}
     if marker.exists() and json.loads(marker.read_text()) == want:
@@ -130,7 +134,7 @@ def make_workdir(workdir: Path, campaigns: Sequence[tuple[str, int]], shape: dic
     t = time.perf_counter()
     offset = 0
     for name, runs in campaigns:
-        with numbered_from(offset if number else 0):
+        with numbered_from(offset):
             generate(workdir, runs, shape["hosts"], shape["gpus"], shape["ticks"], campaign=name)
         offset += runs
     marker.write_text(json.dumps(want))
@@ -159,6 +163,7 @@ class CollectFailed(Exception):
 
 
 FAILURES: list[dict[str, str]] = []  # collects that failed and were run again (printed and in the summary)
+NOISE: list[dict[str, str]] = []  # collects whose --json output had something else on stdout before it
 
 
 def retried(what: str, step: Callable[[int], dict[str, Any]], tries: int = 3) -> dict[str, Any]:
@@ -202,7 +207,13 @@ def collects(jobs: Sequence[tuple[Path, str, Path | None, str | None]], logs: Pa
         raise CollectFailed("; ".join(failed))
     reports = []
     for _, i in procs:
-        rep = json.loads((logs / f"collect-{i}.out").read_text())
+        text = (logs / f"collect-{i}.out").read_text()
+        # The JSON starts at the first line that is "{": anything before it is something else on stdout (DuckDB's
+        # progress bar, drawn while a lake's writer waits its turn), kept to be reported.
+        start = 0 if text.startswith("{") else text.index("\n{") + 1
+        rep = json.loads(text[start:])
+        if start:
+            NOISE.append({"collect": f"{logs.name}/collect-{i}", "stdout_before_json": text[:start].strip()[-200:]})
         reports.append({"campaign": rep.get("campaign"), "new": rep["new"], "updated": rep["updated"],
                         "runs": rep["runs"], "sample_rows": rep["sample_rows"], "elapsed_s": rep["elapsed_s"],
                         "ended_s": round(ends[i], 2), "conflicts": rep.get("conflicts"), "timings": rep["timings"],
@@ -499,6 +510,7 @@ def main() -> int:
         if a.dir is None:
             shutil.rmtree(base, ignore_errors=True)
     out["failures"] = FAILURES
+    out["stdout_noise"] = NOISE
     out["load_1m_end"] = list(map(lambda x: round(x, 2), os.getloadavg()))
     out["total_s"] = round(time.perf_counter() - t0, 1)
     if a.json:
@@ -510,6 +522,9 @@ def main() -> int:
         print(f"Readers' stores: {out['readers']['how']}.")
     for f in FAILURES:
         print(f"FAILED and run again: {f['what']} (attempt {f['attempt']}): {f['error']}")
+    for n in NOISE:
+        print(f"collect --json wrote something else on stdout before its JSON ({n['collect']}): "
+              f"{n['stdout_before_json']!r}")
     print()
     print(table(out))
     print("\n```json")

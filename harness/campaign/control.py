@@ -46,7 +46,7 @@ def status(workdir: Path | None = None, db: DbRef | None = None, campaign: str |
     rows: list[dict[str, Any]] = []
     note = None
     recorded: set[str] = set()
-    if store_exists(dbp):
+    if store_exists(dbp) or (isinstance(dbp, Path) and dbp.exists()):  # what is there but no file is refused by open
         with open_store(dbp, read_only=True) as st:
             rows = status_rows(st, campaign)
             recorded = job_dirs(st, campaign)

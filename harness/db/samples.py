@@ -148,12 +148,14 @@ def sample_stats(store: Store, windows: Sequence[Mapping[str, Any]]) -> list[dic
         x = "nullif(greatest(least(s.t_wall, w.hi) - greatest(s.t_wall - w.d, w.lo), 0), 0)"
         inw = "coalesce(s.t_wall BETWEEN w.lo AND w.hi, false)"
 
+        # fsum (Kahan-Babuska): a sum whose last digits do not depend on the order the rows are stored or
+        # scanned in, so a run collected again, or with others, gets the very same figures.
         def wsum(value: str, name: str) -> str:
-            return (f"sum(x * ({value})) AS {name}_xv, "
-                    f"sum(CASE WHEN ({value}) IS NOT NULL THEN x END) AS {name}_x")
+            return (f"fsum(x * ({value})) AS {name}_xv, "
+                    f"fsum(CASE WHEN ({value}) IS NOT NULL THEN x END) AS {name}_x")
 
         def wavg(name: str) -> str:
-            return f"sum({name}_xv) / nullif(sum({name}_x), 0) AS {name}"
+            return f"fsum({name}_xv) / nullif(fsum({name}_x), 0) AS {name}"
 
         mem = "100.0 * mem_used_mb / nullif(mem_total_mb, 0)"
         pct = "100.0 * power_w / nullif(power_limit_w, 0)"
@@ -191,7 +193,7 @@ def sample_stats(store: Store, windows: Sequence[Mapping[str, Any]]) -> list[dic
                        {wavg("gpu_util")}, {wavg("mem_util")},
                        max(mem_util_peak) FILTER (WHERE inw) AS mem_util_peak,
                        {wavg("power_w")}, {wavg("power_pct")}, {wavg("cpu_pct")}, {wavg("mem_pct")},
-                       sum(cpu_pct_x) AS cpu_cover, max(rss_mb_max) AS rss_mb_max,
+                       fsum(cpu_pct_x) AS cpu_cover, max(rss_mb_max) AS rss_mb_max,
                        max(foreign_max) FILTER (WHERE inw) AS foreign_max
                 FROM g GROUP BY file_id, kind, device),
                  e AS (

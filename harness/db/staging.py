@@ -1,6 +1,7 @@
 """Rows (Python dicts) as typed columns that DuckDB scans in one statement: each value converted to its
 column's type, or NULL when it cannot be one (a runner file with a string where a number belongs must not
-abort a collect). Pure Python and numpy: staging needs no database, so collect stages while DuckDB loads."""
+abort a collect). Pure Python, numpy and a pandas frame over the arrays: staging needs no database, so collect
+stages while DuckDB loads."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from .values import AS_IS, COERCE, INT_RANGE, epochs
 
 if TYPE_CHECKING:
     import numpy as np
+    import pandas as pd
 
 
 def _column(values: Sequence[Any], sql_type: str) -> np.ndarray:
@@ -50,8 +52,8 @@ def _transpose(names: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> tuple
         return [[r.get(c) for r in rows] for c in names], False
 
 
-def frame(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """Rows as a dict of typed arrays, one per column, which DuckDB scans directly (no pandas, no row loop)."""
+def frame(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Rows as typed arrays, one per column, in a pandas frame DuckDB scans directly (no row loop)."""
     return typed(columns, rows)
 
 
@@ -88,10 +90,15 @@ def stage(table: str, rows: Sequence[Mapping[str, Any]]) -> Staged:
 
 
 def typed(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[str, Any]],
-          table: str | None = None) -> dict[str, np.ndarray]:
+          table: str | None = None) -> pd.DataFrame:
     """*rows* (holding these *columns*; missing keys are NULL) as :func:`frame`'s typed arrays. With *table*,
     a key that is no column of it raises ValueError."""
     values, exact = _transpose([c for c, _ in columns], rows)
     if not exact and table is not None:
         check_keys(table, rows)
-    return {c: _column(v, t) for (c, t), v in zip(columns, values)}
+    # A pandas frame over the arrays (no copy): DuckDB 1.5 scans a dict of numpy arrays through pandas's API all the
+    # same (importing it), and then fails on an object column whose sampled values are all None unless it is a
+    # Series (``first_valid_index``).
+    import pandas as pd  # heavy: only a writer stages rows
+
+    return pd.DataFrame({c: _column(v, t) for (c, t), v in zip(columns, values)}, copy=False)
