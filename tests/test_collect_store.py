@@ -301,7 +301,7 @@ def test_staged_columns_hold_what_one_by_one_conversion_makes(tmp_path) -> None:
         for case in cases:
             rows = [{c: (case[c] if c in case and i == 1 else by_kind[t][i]) for c, t in cols} for i in range(4)]
             staged = stage(table, rows)
-            got = {c: list(a) for c, a in staged.columns.items()}
+            got = {c: list(staged.columns[c].to_numpy()) for c in staged.columns}
 
             def plain(vals, t):  # a datetime64 array's NaT and values as None and datetime
                 if t != "TIMESTAMP":

@@ -101,4 +101,6 @@ def typed(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[str, Any]],
     # Series (``first_valid_index``).
     import pandas as pd  # heavy: only a writer stages rows
 
-    return pd.DataFrame({c: _column(v, t) for (c, t), v in zip(columns, values)}, copy=False)
+    arrays = {c: _column(v, t) for (c, t), v in zip(columns, values)}
+    # dtype kept as it is: pandas 3 would otherwise read an object array of text as its str dtype (None as NaN)
+    return pd.DataFrame({c: pd.Series(a, dtype=a.dtype, copy=False) for c, a in arrays.items()}, copy=False)
