@@ -17,6 +17,7 @@ no table but ``metadata``.
 
 from __future__ import annotations
 
+import atexit
 import re
 import stat
 import sys
@@ -172,6 +173,18 @@ def open_store(path: str | Path | Lake, *, read_only: bool = False, wait_s: floa
     return Store.open(path, read_only=read_only, wait_s=wait_s, at=at)
 
 
+_READERS: dict[tuple[str, str, str | None], duckdb.DuckDBPyConnection] = {}  # see Store._open_lake
+
+
+def _close_readers() -> None:
+    for con in _READERS.values():
+        try:
+            con.close()
+        except duckdb.Error:
+            pass
+    _READERS.clear()
+
+
 def store_exists(target: str | Path | Lake) -> bool:
     """Whether *target* holds a results database already: a file that exists, or a lake whose schema was made
     (its catalog is asked: an unreachable one is the input error it is)."""
@@ -209,6 +222,7 @@ class Store:
         self.wait_s = wait_s
         self._tx_depth = 0
         self._ready = False  # the schema is there (a lake's writer marks WRITER_KEY in each transaction)
+        self._shared = False  # a lake reader's connection this process keeps (see _open_lake)
         self.command = _command()  # what a lake's commits record: the sbench command, the campaigns touched
         self.campaigns: set[str] = set()
 
@@ -269,8 +283,15 @@ class Store:
     @classmethod
     def _open_lake(cls, lake: Lake, *, read_only: bool, wait_s: float | None, at: str | None) -> Store:
         when = check_at(at) if at is not None else None
+        reads = read_only or when is not None
+        key = (str(lake), str(lake.data), when)
+        wait = _default_wait(True) if wait_s is None else wait_s
+        if reads and key in _READERS:  # this process opened it to read before: the same connection, checked
+            store = cls(_READERS[key], lake, True, wait)
+            store._shared = True
+            return store
         con = lakes.connect(lake, read_only=read_only, at=when, config=OFFLINE_CONFIG, types=TYPES)
-        store = cls(con, lake, read_only or when is not None, _default_wait(True) if wait_s is None else wait_s)
+        store = cls(con, lake, reads, wait)
         try:
             if not store.read_only:
                 lakes.check_writable(lake, con)
@@ -282,10 +303,19 @@ class Store:
         except BaseException:
             con.close()
             raise
+        if reads:
+            # A command may open the store to read several times (status: four): a lake's connection costs its
+            # extensions' loads, the attach and the schema's check (a second or more, the catalog being a
+            # server), so this process keeps it. Each statement still reads the newest snapshot (or *at*'s).
+            if not _READERS:
+                atexit.register(_close_readers)
+            _READERS[key] = con
+            store._shared = True
         return store
 
     def close(self) -> None:
-        self.con.close()
+        if not self._shared:
+            self.con.close()
 
     def __enter__(self) -> Store:
         return self
