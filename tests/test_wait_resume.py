@@ -37,7 +37,9 @@ def test_submit_wait_after_ctrl_c_waits_for_the_attempts_in_flight(tmp_path: Pat
         "campaign": "resume", "experiment": "finetune_lora_benchmark-v1.0.0",
         "entity": {"model_name": "tiny", "model_max_length": 64, "batch_size": 2, "number_gpus": 1},
         "grid": {"max_steps": [2, 3]}, "model_map": {"tiny": str(tmp_path / "model")},
-        "runner": {"workload": "idle", "idle_seconds": 4, "sample_interval_s": 0.2}})
+        # 10 s a run: the second submit, started after the first one stopped, must still find an attempt in flight
+        # when this loaded machine takes seconds to start it (4 s was not enough at load 8).
+        "runner": {"workload": "idle", "idle_seconds": 10, "sample_interval_s": 0.2}})
     err = (tmp_path / "first.err").open("w")
     first = subprocess.Popen(_cmd(tmp_path, "submit", sweep, "--executor", "local", "--wait"), cwd=tmp_path,
                              env=_env(), stdout=subprocess.DEVNULL, stderr=err, text=True)

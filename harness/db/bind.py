@@ -25,6 +25,14 @@ class Unbindable(Exception):
     """A value (or statement) this module leaves to the client's own binding."""
 
 
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
+
+
 def literal(value: Any) -> str:
     """*value* as a SQL literal of the type DuckDB's client binds it as."""
     if value is None:
@@ -40,8 +48,8 @@ def literal(value: Any) -> str:
                                                         ("inf" if value > 0 else "-inf"))
         return f"CAST('{text}' AS DOUBLE)"
     if isinstance(value, str):
-        if "\x00" in value:
-            raise Unbindable("a string holding NUL")
+        if "\x00" in value or not _encodes(value):
+            raise Unbindable("a string holding NUL, or no UTF-8")
         return "'" + value.replace("'", "''") + "'"
     if isinstance(value, (list, tuple)):
         if not value or any(isinstance(v, (list, tuple)) for v in value):
