@@ -25,9 +25,9 @@ answers for 2-node jobs, so a 1-host run is recorded as failed). The campaigns o
 number their runs on from each other (``make_run``'s index), so every run has its own point, job id and sacct time
 slot, as one campaign of all of them would (no run shares a host with another at the same time).
 
-Where this DuckDB cannot scan a numpy column of NULLs longer than its analysis sample (DuckDB 1.5.5: every collect
-of a few hundred runs fails), the collect processes raise ``pandas_analyze_sample``; the output says so
-(``analyze_bug``).
+Where this tree's collect cannot insert a column of NULLs longer than DuckDB's analysis sample (DuckDB 1.5.5 before
+8e975e4: a collect of a few hundred runs failed), the collect processes raise ``pandas_analyze_sample``; the output
+says so (``analyze_bug``).
 
 Usage: .venv/bin/python bench/lake.py [--runs 10000] [--big 100000] [--dir DIR] [--json]
 Quick: .venv/bin/python bench/lake.py --quick        # a small version of everything (a few minutes)
@@ -81,24 +81,21 @@ ANALYZE_SAMPLE = 0  # set by main() when this DuckDB has the bug analyze_bug() l
 
 
 def analyze_bug() -> str | None:
-    """Whether this DuckDB fails to scan a numpy object array of 2,000 NULLs (what ``Store.insert`` hands it for a
-    column no row has a value in, e.g. ``stages.error`` of runs without errors): DuckDB 1.5.5's analysis of an
-    object column samples 1,000 values and, finding only NULLs, calls the pandas method ``first_valid_index`` on
-    the array, which numpy's arrays lack. Then a collect of a few hundred runs or more fails; the
-    collect processes here set ``pandas_analyze_sample`` above any column's length, so that every value is
-    analysed and the fallback is never reached. The error text when the bug is there, else None."""
-    import duckdb
-    import numpy as np
-
-    con = duckdb.connect()
-    _probe = {"x": np.array([None] * 2000, dtype=object)}  # noqa: F841 - scanned by name
-    try:
-        con.execute("SELECT count(x) FROM _probe").fetchall()
-        return None
-    except Exception as exc:  # noqa: BLE001 - any failure is the bug
-        return str(exc).splitlines()[0]
-    finally:
-        con.close()
+    """Whether this tree's ``Store.insert`` fails on 2,000 rows with a column of NULLs only (``stages.error`` of runs
+    without errors), as it did with DuckDB 1.5.5 while rows were staged as a dict of numpy object arrays: DuckDB's
+    analysis of an object column samples 1,000 values and, finding only NULLs, calls the pandas method
+    ``first_valid_index`` on the array, which numpy's arrays lack (fixed in 8e975e4: the rows are staged as a pandas
+    frame). Then a collect of a few hundred runs fails; the collect processes here would set
+    ``pandas_analyze_sample`` above any column's length, so that every value is analysed and the fallback is never
+    reached. The error text when the bug is there, else None."""
+    rows = [{"run_id": "r", "host": "h", "rank": i, "stage": "train", "error": None} for i in range(2000)]
+    with tempfile.TemporaryDirectory(prefix="sbench-lake-probe-") as d:
+        try:
+            with open_store(Path(d) / "probe.duckdb") as st, st.transaction():
+                st.insert("stages", rows)
+            return None
+        except Exception as exc:  # noqa: BLE001 - any failure is the bug
+            return str(exc).splitlines()[0]
 
 
 CONCURRENT = 4
@@ -490,7 +487,7 @@ def main() -> int:
     if bug is not None:
         ANALYZE_SAMPLE = 1_000_000_000
         out["duckdb_analyze_workaround"] = bug
-        print(f"# this DuckDB cannot scan 2,000 NULLs of a numpy object array ({bug}): every collect here runs "
+        print(f"# this tree's Store.insert fails on 2,000 NULLs ({bug}): every collect here runs "
               f"with pandas_analyze_sample = {ANALYZE_SAMPLE:,} (see analyze_bug)", flush=True)
     server = start_server()
     os.environ.update(server.env)
