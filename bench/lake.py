@@ -29,7 +29,7 @@ Where this tree's collect cannot insert a column of NULLs longer than DuckDB's a
 8e975e4: a collect of a few hundred runs failed), the collect processes raise ``pandas_analyze_sample``; the output
 says so (``analyze_bug``).
 
-Usage: .venv/bin/python bench/lake.py [--runs 10000] [--big 100000] [--dir DIR] [--json]
+Usage: .venv/bin/python bench/lake.py [--runs 10000] [--big 100000] [--rounds 2] [--dir DIR] [--keep-lakes] [--json]
 Quick: .venv/bin/python bench/lake.py --quick        # a small version of everything (a few minutes)
 """
 
