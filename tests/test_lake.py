@@ -8,7 +8,6 @@ The campaigns are the session's trained ones, collected into a fresh lake per te
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from harness.db.schema import RUN_CHILD_TABLES, SCHEMA
+from harness.db.schema import SCHEMA
 
 from .kit import TRAINED_CAMPAIGNS, Trained, sbench
 from .kit.cli import command
@@ -329,10 +328,3 @@ def test_a_missing_extension_names_the_package_to_install(monkeypatch: pytest.Mo
     monkeypatch.setattr(duckdb, "__version__", "9.9.9")
     with pytest.raises(InputError, match=r"duckdb-extension-postgres-scanner==9\.9\.9"):
         lakes.extension_paths()
-
-
-def _sha(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
-assert RUN_CHILD_TABLES  # the tables _counts reads by run id include these

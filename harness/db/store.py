@@ -221,7 +221,6 @@ class Store:
         self.lake = isinstance(path, Lake)
         self.wait_s = wait_s
         self._tx_depth = 0
-        self._ready = False  # the schema is there (a lake's writer marks WRITER_KEY in each transaction)
         self._shared = False  # a lake reader's connection this process keeps (see _open_lake)
         self.command = _command()  # what a lake's commits record: the sbench command, the campaigns touched
         self.campaigns: set[str] = set()
