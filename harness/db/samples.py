@@ -148,8 +148,8 @@ def sample_stats(store: Store, windows: Sequence[Mapping[str, Any]]) -> list[dic
         x = "nullif(greatest(least(s.t_wall, w.hi) - greatest(s.t_wall - w.d, w.lo), 0), 0)"
         inw = "coalesce(s.t_wall BETWEEN w.lo AND w.hi, false)"
 
-        # fsum (Kahan-Babuska): a sum whose last digits do not depend on the order the rows are stored or
-        # scanned in, so a run collected again, or with others, gets the very same figures.
+        # fsum (Kahan-Babuska): a compensated sum, so the order the rows are stored or scanned in moves a
+        # figure by at most its last bit (threads combine their partial sums in the order they finish).
         def wsum(value: str, name: str) -> str:
             return (f"fsum(x * ({value})) AS {name}_xv, "
                     f"fsum(CASE WHEN ({value}) IS NOT NULL THEN x END) AS {name}_x")
