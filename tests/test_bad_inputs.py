@@ -231,6 +231,24 @@ def test_a_replaced_view_is_refused_by_readers_and_restored_by_collect(collected
     assert res.exit_code == 0 and json.loads(res.output) == [{"n": 1}]
 
 
+def test_sbenchs_view_definitions_are_kept_per_duckdb_release_and_made_anew_when_the_kept_file_is_bad(
+        collected, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    con = duckdb.connect(str(collected["db"]), read_only=True)
+    try:
+        made = view_definitions(con)
+        kept = list((tmp_path / "cache" / "sbench").glob(f"views-{duckdb.__version__}-file-*.json"))
+        assert set(made) == set(VIEWS) and len(kept) == 1 and json.loads(kept[0].read_text()) == made
+        kept[0].write_text(json.dumps({**made, "run_summary": "SELECT 1"}))
+        assert view_definitions(con)["run_summary"] == "SELECT 1"  # a kept set is what the check compares with
+        for bad in ("{", json.dumps({"run_summary": "SELECT 1"}), json.dumps({**made, "run_summary": 1})):
+            kept[0].write_text(bad)
+            assert view_definitions(con) == made and json.loads(kept[0].read_text()) == made
+        assert not con.execute("SELECT * FROM duckdb_views() WHERE temporary AND NOT internal").fetchall()
+    finally:
+        con.close()
+
+
 def test_a_table_in_place_of_a_view_is_refused_by_every_command(collected) -> None:
     con = duckdb.connect(str(collected["db"]))
     con.execute("DROP VIEW run_summary")

@@ -384,6 +384,37 @@ def test_spec_json_cannot_end_its_script_element():
     assert json.loads(body)["data"]["values"][0]["run"] == "</script><script>alert(1)</script><!--"
 
 
+def test_the_drawing_library_is_kept_in_the_users_cache_and_read_back_only_when_it_is_theirs_alone(
+        tmp_path, monkeypatch):
+    from harness.report import charts
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    charts.vega_bundle.cache_clear()
+    made = charts.vega_bundle()
+    kept = list((tmp_path / "cache" / "sbench").glob("vega-bundle-*.js"))
+    assert len(kept) == 1 and kept[0].stat().st_mode & 0o777 == 0o600
+    assert "window.vegaEmbed" in made and "</script" not in made
+
+    kept[0].write_text("window.vegaEmbed = 1;" + charts._BUNDLE_END)  # a kept one is what the page gets
+    charts.vega_bundle.cache_clear()
+    assert charts.vega_bundle() == "window.vegaEmbed = 1;"
+    kept[0].write_text("window.vegaEmbed = 1;")  # cut short: made again, and kept whole
+    charts.vega_bundle.cache_clear()
+    assert charts.vega_bundle() == made and kept[0].read_text().endswith(charts._BUNDLE_END)
+
+    home = tmp_path / "cache" / "sbench"
+    cases = [lambda: kept[0].chmod(0o666), lambda: home.chmod(0o777)]  # another user may write either
+    if os.getuid() == 0:
+        cases.append(lambda: os.chown(kept[0], 65534, 65534))  # another user's file
+    for make_theirs in cases:
+        home.chmod(0o700)
+        kept[0].write_text("alert(1);" + charts._BUNDLE_END)
+        make_theirs()
+        charts.vega_bundle.cache_clear()
+        assert charts.vega_bundle() == made  # never read: the library made anew
+    charts.vega_bundle.cache_clear()
+
+
 def test_a_campaign_without_measurements_gets_no_data_panels(tmp_path, cli):
     wd = tmp_path / "runs"
     runs = [write_run(wd, "broken", LORA, "smollm2-135m", 1, 4, outcome="failed", seed=1)]

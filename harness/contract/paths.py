@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import envvars
+from . import envvars, usercache
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -95,9 +94,7 @@ def process_key_files() -> list[Path]:
     """Where this user's key for local process tokens lives (harness.slurm.localjob), in order of preference:
     ``$XDG_CACHE_HOME/sbench/process.key`` (else ``~/.cache/...``), then a private directory under the
     system's temporary directory. Outside every work dir: nothing a work dir holds can stand in for it."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return [Path(base) / "sbench" / "process.key",
-            Path(tempfile.gettempdir()) / f"sbench-{os.getuid()}" / "process.key"]
+    return [d / "process.key" for d in usercache.dirs()]
 
 
 SPEC_SCHEMA = "sbench.spec/1"  # the "schema" of every spec.json render writes

@@ -18,6 +18,8 @@ no table but ``metadata``.
 from __future__ import annotations
 
 import atexit
+import hashlib
+import json
 import re
 import stat
 import sys
@@ -29,7 +31,7 @@ from typing import Any, cast
 
 import duckdb
 
-from harness.contract import envvars
+from harness.contract import envvars, usercache
 from harness.contract.errors import CollectError, EmptyStoreError, InputError, SchemaMismatchError, StoreBusyError
 from harness.contract.paths import LAKE_SCHEME, Lake, is_lake_text, parse_lake
 
@@ -146,16 +148,35 @@ def normal_view(con: duckdb.DuckDBPyConnection, name: str, sql: str) -> str | No
     return text
 
 
-def view_definitions(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+def view_definitions(con: duckdb.DuckDBPyConnection, *, lake: bool = False) -> dict[str, str]:
     """Each of sbench's views in :func:`normal_view`'s settled writing, made as temporary views on *con* (a
     read-only connection may make them) and dropped again. A view that cannot be made there (its tables were
-    changed: reported on their own) is left out."""
+    changed: reported on their own) is left out.
+
+    The writing depends only on the DuckDB release, the store's kind (*lake*) and sbench's definitions, and
+    making them all costs every command about 0.3 s (more on a lake, whose catalog each binding asks): a full set
+    is kept in the user's cache (:mod:`harness.contract.usercache`) under those three and read from there."""
+    name = f"views-{duckdb.__version__}-{'lake' if lake else 'file'}-{_VIEWS_DIGEST}.json"
+    kept = usercache.read(name, _VIEWS_MAX)
+    if kept is not None:
+        try:
+            doc = json.loads(kept)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and set(doc) == set(VIEWS) and all(isinstance(v, str) for v in doc.values()):
+            return doc
     out: dict[str, str] = {}
-    for name, sql in VIEWS.items():
-        found = normal_view(con, name, sql)
+    for view, sql in VIEWS.items():
+        found = normal_view(con, view, sql)
         if found is not None:
-            out[name] = found
+            out[view] = found
+    if len(out) == len(VIEWS):
+        usercache.write(name, json.dumps(out, sort_keys=True))
     return out
+
+
+_VIEWS_DIGEST = hashlib.sha256(json.dumps(VIEWS, sort_keys=True).encode()).hexdigest()[:16]
+_VIEWS_MAX = 4 << 20
 
 
 def upgradable(found: str | None) -> bool:
@@ -415,7 +436,7 @@ class Store:
         stored = {name: _view_body(sql) for name, sql in self.con.execute(
             "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND NOT temporary "
             "AND schema_name = 'main' AND database_name = current_database()").fetchall()}
-        expected = view_definitions(self.con)
+        expected = view_definitions(self.con, lake=self.lake)
         found = {name: normal_view(self.con, name, sql) if name in expected and sql != expected[name] else sql
                  for name, sql in stored.items()}
         missing = [v for v in VIEWS if v not in found]

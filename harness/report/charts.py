@@ -16,12 +16,16 @@ tooltips come from the caller (:mod:`harness.report.sections`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
+import importlib.metadata
 import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from harness.contract import usercache
 
 # The JavaScript's own strings that name a web address without ever fetching it; the page carries none of them
 # (vega-embed's editor link, which actions: false never shows, the compiled spec's schema, an error's issue link).
@@ -30,16 +34,35 @@ _UNUSED_URLS = ("https://vega.github.io/editor/", "https://vega.github.io/schema
                 "https://github.com/vega/vega-lite/issues/2415")
 
 
+BUNDLE_MAX = 16 << 20  # the bundle is about 0.9 MB
+# The kept bundle's form (raise it when vega_bundle changes what it makes from the package's) and the line that
+# ends a whole one (a file cut short is made again).
+_BUNDLE_FORM = 1
+_BUNDLE_END = "\n/* sbench: end of the bundle */\n"
+
+
 @functools.lru_cache(maxsize=1)
 def vega_bundle() -> str:
     """Vega, Vega-Lite and Vega-Embed (with vega-tooltip) as one script that defines ``vegaEmbed``: the bundle
-    vl-convert-python ships (its versions: ``vl_convert.get_vega_version()``...), made once per process."""
+    vl-convert-python ships (its versions: ``vl_convert.get_vega_version()``...). Making it takes about a second,
+    so it is kept in the user's cache (:mod:`harness.contract.usercache`) under the package's version and made
+    again only for another version, or where the cache is missing or not the user's alone."""
+    name = f"vega-bundle-{importlib.metadata.version('vl-convert-python')}-{_BUNDLE_FORM}.js"
+    kept = usercache.read(name, BUNDLE_MAX)
+    if kept is not None:
+        with contextlib.suppress(UnicodeDecodeError):
+            text = kept.decode()
+            if text.endswith(_BUNDLE_END):
+                return text[:-len(_BUNDLE_END)]
     import vl_convert  # heavy (an 80 MB native module): only when a report is drawn
 
     text = vl_convert.javascript_bundle("window.vegaEmbed = vegaEmbed;")
     for url in _UNUSED_URLS:
         text = text.replace(url, "")
-    return text.replace("</script", "<\\/script")
+    text = text.replace("</script", "<\\/script")
+    usercache.write(name, text + _BUNDLE_END)
+    return text
+
 
 
 def library_versions() -> dict[str, str]:
