@@ -249,6 +249,15 @@ def test_sbenchs_view_definitions_are_kept_per_duckdb_release_and_made_anew_when
         con.close()
 
 
+def test_no_connection_draws_a_progress_bar_on_stdout_and_a_readers_stays_locked(collected) -> None:
+    for read_only in (True, False):
+        with open_store(collected["db"], read_only=read_only) as st:
+            assert st.con.execute("SELECT current_setting('enable_progress_bar')").fetchone() == (False,)
+            if read_only:
+                with pytest.raises(duckdb.Error, match="configuration"):
+                    st.con.execute("SET enable_progress_bar = true")
+
+
 def test_a_table_in_place_of_a_view_is_refused_by_every_command(collected) -> None:
     con = duckdb.connect(str(collected["db"]))
     con.execute("DROP VIEW run_summary")

@@ -180,7 +180,7 @@ def test_a_files_whole_history_moves_into_a_lake_and_a_full_lake_refuses_a_copy(
     assert _counts(db) == _counts(trained.db)
 
 
-def test_a_killed_collect_leaves_the_last_snapshot_and_the_next_one_completes(trained: Trained,
+def test_a_killed_collect_leaves_the_last_snapshot_and_the_next_one_completes_and_maintenance_waits_its_turn(trained: Trained,
                                                                               lake: tuple[str, Path]) -> None:
     db, data = lake
     _collect(db, data, trained.workdir, "--campaign", FIRST)
@@ -189,6 +189,9 @@ def test_a_killed_collect_leaves_the_last_snapshot_and_the_next_one_completes(tr
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "SBENCH_COLLECT_PAUSE_AT": "commit", "SBENCH_COLLECT_PAUSE_S": "60"})
     _wait_for_pause(proc)
+    # Maintenance takes its turn too: while the collect holds the writers' turn, it waits, then says who writes.
+    busy = sbench("db", "maintain", "--db", db, "--db-data", data, ok=(1,), env={"SBENCH_DB_WAIT": "1"})
+    assert "another sbench process is writing" in busy.stderr and "waited 1 s" in busy.stderr, busy.stderr
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert _counts(db) == before  # nothing of the killed collect's transaction

@@ -66,9 +66,8 @@ def maintain(db: DbArg | None, days: float | None, as_json: bool) -> None:
     t0 = time.monotonic()
     with open_store(target) as st:
         if st.lake:
-            with st.transaction():  # the writers' turn: no collect writes while the files are merged
-                pass
-            result = lakes.maintain(st.con, days)
+            with st.writers_turn():  # no collect writes while the files are merged
+                result = lakes.maintain(st.con, days)
         else:
             if days is not None:
                 raise InputError("--expire-older-than: a DuckDB file keeps no snapshots")

@@ -123,14 +123,17 @@ def _attach(con: duckdb.DuckDBPyConnection, lake: Lake, *, read_only: bool, at: 
             time.sleep(0.2 * (turn + 1))
 
 
-def connect(lake: Lake, *, read_only: bool, at: str | None, config: dict[str, Any], types: dict[str, str]) -> \
-        duckdb.DuckDBPyConnection:
-    """A connection to *lake* (its catalog reachable, else an :class:`InputError` naming it): the extensions
-    loaded from their packages, the lake attached and USE'd, the types *types* made in the connection's own
-    catalog and put on the search path; a reading connection then locked down."""
+def connect(lake: Lake, *, read_only: bool, at: str | None, config: dict[str, Any], types: dict[str, str],
+            settings: Sequence[str] = ()) -> duckdb.DuckDBPyConnection:
+    """A connection to *lake* (its catalog reachable, else an :class:`InputError` naming it): its *settings*
+    (SET statements) run, the extensions loaded from their packages, the lake attached and USE'd, the types
+    *types* made in the connection's own catalog and put on the search path; a reading connection then locked
+    down."""
     paths = extension_paths()
     con = duckdb.connect(":memory:", config=dict(config))
     try:
+        for statement in settings:
+            con.execute(statement)
         for ext in EXTENSIONS:
             con.execute(f"LOAD {_quote(str(paths[ext]))}")
         for name, definition in types.items():

@@ -46,7 +46,10 @@ from .values import COERCE
 # would otherwise make it fetch sqlite_scanner from the network).
 OFFLINE_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
                   "allow_community_extensions": False}
-READ_ONLY_CONFIG = {**OFFLINE_CONFIG, "enable_external_access": False, "lock_configuration": True}
+READ_ONLY_CONFIG = {**OFFLINE_CONFIG, "enable_external_access": False}  # and its configuration locked (below)
+# Every connection's own settings, before a reader's configuration is locked: no progress bar (DuckDB draws one
+# on stdout for a statement over two seconds, in the middle of a query's CSV or a command's --json).
+SESSION_SETTINGS = ("SET enable_progress_bar = false",)
 QUERY_BATCH = 10_000  # rows fetched at a time by ``sbench query``
 DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of a DuckDB database file
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -292,6 +295,12 @@ class Store:
                         f"writer at a time: wait for that sbench collect/submit to finish and retry "
                         f"({envvars.DB_WAIT.name}=<seconds> waits longer).") from None
                 time.sleep(0.2)
+        try:
+            for statement in SESSION_SETTINGS + (("SET lock_configuration = true",) if read_only else ()):
+                con.execute(statement)
+        except BaseException:
+            con.close()
+            raise
         store = cls(con, p, read_only, wait)
         try:
             store._check_schema()
@@ -310,7 +319,8 @@ class Store:
             store = cls(_READERS[key], lake, True, wait)
             store._shared = True
             return store
-        con = lakes.connect(lake, read_only=read_only, at=when, config=OFFLINE_CONFIG, types=TYPES)
+        con = lakes.connect(lake, read_only=read_only, at=when, config=OFFLINE_CONFIG, types=TYPES,
+                            settings=SESSION_SETTINGS)
         store = cls(con, lake, reads, wait)
         try:
             if not store.read_only:
@@ -502,15 +512,14 @@ class Store:
             finally:
                 self._tx_depth -= 1
             return
-        turn = self._take_turn() if self.lake and not self.read_only else None
-        try:
+        with self.writers_turn() as taken:
             self.con.execute("BEGIN TRANSACTION")
             self._tx_depth = 1
             try:
-                if turn is not None:
+                if taken:
                     self._mark_writer()
                 yield
-                if turn is not None:
+                if taken:
                     lakes.commit_note(self.con, self.command, sorted(self.campaigns))
             except BaseException:
                 self._tx_depth = 0
@@ -521,6 +530,15 @@ class Store:
                 raise
             self._tx_depth = 0
             self.con.execute("COMMIT")
+
+    @contextmanager
+    def writers_turn(self) -> Iterator[bool]:
+        """A lake writer's turn, held until the block ends (whether this writer took one: a file's writer holds
+        the file, a reader writes nothing). :meth:`transaction` runs in one; so does maintenance, whose calls
+        commit on their own."""
+        turn = self._take_turn() if self.lake and not self.read_only else None
+        try:
+            yield turn is not None
         finally:
             if turn is not None:
                 lakes.end_turn(turn)
