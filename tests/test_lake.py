@@ -180,8 +180,8 @@ def test_a_files_whole_history_moves_into_a_lake_and_a_full_lake_refuses_a_copy(
     assert _counts(db) == _counts(trained.db)
 
 
-def test_a_killed_collect_leaves_the_last_snapshot_and_the_next_one_completes_and_maintenance_waits_its_turn(trained: Trained,
-                                                                              lake: tuple[str, Path]) -> None:
+def test_a_killed_collect_leaves_the_last_snapshot_and_the_next_one_completes_and_maintenance_waits_its_turn(
+        trained: Trained, lake: tuple[str, Path]) -> None:
     db, data = lake
     _collect(db, data, trained.workdir, "--campaign", FIRST)
     before = _counts(db)
