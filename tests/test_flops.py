@@ -8,26 +8,15 @@ out here from its definition (6·N + 12·L·d_attn·T for full fine-tuning).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 
 from harness.spec.flops import compute_dtype, flops_per_token, model_counts, peak_tflops
+from harness.spec.memory import flop_counts
 
 from .kit import TRAINED_PEAK_TFLOPS, TRAINED_PRICE, Trained, sql_rows, write_yaml
-
-
-def on_disk_params(model_dir: Path) -> dict[str, int]:
-    """Elements per tensor, read from the checkpoint's headers."""
-    from safetensors import safe_open
-
-    out = {}
-    for f in model_dir.glob("*.safetensors"):
-        with safe_open(str(f), "pt") as st:
-            for k in st.keys():
-                out[k] = math.prod(st.get_slice(k).get_shape())
-    return out
+from .kit.models import on_disk_params
 
 
 def test_peaks_come_from_the_table_or_the_inventory() -> None:
@@ -80,6 +69,13 @@ def test_counts_match_the_checkpoint_for_full_lora_and_prompt_tuning(tiny_model:
     assert flops_per_token(c, T) == (6 * matmul + attn, 6 * matmul + attn)
     assert flops_per_token(c, T, recompute=True)[1] == 6 * matmul + attn + 2 * matmul + attn / 3
     assert flops_per_token(cl, T)[0] == 4 * (matmul + adapters) + 2 * adapters + attn
+    # the plan's counts, from the architecture alone (no model loaded), are the loaded models' counts
+    arch = json.loads((tiny_model / "config.json").read_text())
+    assert flop_counts(arch, "full") == {k: c[k] for k in flop_counts(arch, "full") or {}}
+    assert flop_counts(arch, "lora", r=4, target_modules=("q_proj", "v_proj")) == \
+        {k: cl[k] for k in flop_counts(arch, "full") or {}}
+    assert flop_counts(arch, "pt", num_virtual_tokens=8) == {k: cp[k] for k in flop_counts(arch, "full") or {}}
+    assert flop_counts({"model_type": "unknown"}, "full") is None and flop_counts(None, "full") is None
 
 
 @pytest.mark.train

@@ -6,21 +6,32 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
 import yaml
 
-from harness.spec.predict import Seen, over_budget, predict, totals
+from harness.spec.predict import (
+    DEFAULT_MFU,
+    DEFAULT_MFU_RANGE,
+    Compute,
+    Fleet,
+    Seen,
+    over_budget,
+    predict,
+    totals,
+)
 from harness.spec.sweep import Budget
 
-from .kit import Trained, sbench, sql_rows, write_yaml
+from .kit import TRAINED_PEAK_TFLOPS, Trained, sbench, sql_rows, write_yaml
 from .kit import inventory as one_host_inventory
+from .kit.models import matmul_params
 
 
-def _seen(point: str, batch: int, elapsed: float, train: float, steps: int = 4) -> Seen:
+def _seen(point: str, batch: int, elapsed: float, train: float, steps: int = 4, mfu: float | None = None) -> Seen:
     return Seen(point, "e", {"model_name": "m", "batch_size": batch, "max_steps": steps, "number_gpus": 2,
-                             "number_nodes": 1, "gpu_model": "g", "model_max_length": 256}, elapsed, train)
+                             "number_nodes": 1, "gpu_model": "g", "model_max_length": 256}, elapsed, train, mfu)
 
 
 def test_a_prediction_takes_the_point_else_its_shape_fitted_or_scaled() -> None:
@@ -53,6 +64,39 @@ def test_a_prediction_takes_the_point_else_its_shape_fitted_or_scaled() -> None:
     assert said and "budget.gpu_hours 0.001" in said and "0.5 GPU-hours spent" in said and "p4 r0" in said
 
 
+def test_where_no_shape_was_measured_the_flop_model_predicts_at_the_models_mfu_and_the_measured_peak() -> None:
+    entity = {"model_name": "m", "batch_size": 8, "max_steps": 10, "number_gpus": 4, "number_nodes": 1,
+              "gpu_model": "g", "model_max_length": 512, "gradient_accumulation_steps": 2}
+    compute = Compute(1e9, "bf16", 100.0, "gpu_peaks.yaml")
+    tokens = 10 * 8 * 2 * 512
+    work = tokens * 1e9 / (4 * 1e12)  # FLOPs over the devices, per TFLOP/s of each
+    # another shape of the model measured (2 GPUs): its MFU (median 0.3, 0.2 to 0.4) and start-up (20 s)
+    seen = [_seen("a", 2, 30.0, 10.0, mfu=0.2), _seen("b", 2, 35.0, 15.0, mfu=0.3), _seen("c", 8, 60.0, 40.0, mfu=0.4)]
+    p = predict("p", 0, "e", entity, seen, compute, Fleet({}, {}), "gpu")
+    assert p.source == "model" and p.seconds == pytest.approx(20.0 + work / (0.3 * 100.0))
+    assert (p.low, p.high) == (pytest.approx(20.0 + work / 40.0), pytest.approx(20.0 + work / 20.0))
+    assert "MFU 0.3 (3 run(s) of this model on g)" in p.basis and "gpu_peaks.yaml peak 100" in p.basis
+    # the partition's measured peak wins over the datasheet's; a cap at stop_after_seconds holds
+    measured = predict("p", 0, "e", entity, seen, compute, Fleet({("gpu", "bf16"): 50.0}, {}), "gpu")
+    assert measured.seconds == pytest.approx(20.0 + work / (0.3 * 50.0)) and "measured peak 50" in measured.basis
+    capped = predict("p", 0, "e", {**entity, "stop_after_seconds": 0.5}, seen, compute, Fleet({}, {}), "gpu")
+    assert capped.seconds == pytest.approx(20.5) and "capped at stop_after_seconds 0.5" in capped.basis
+    # a model never measured: the stated MFU, and the GPU model's start-up from the fleet's runs
+    new = predict("p", 0, "e", {**entity, "model_name": "n"}, seen, compute, Fleet({}, {"g": [5.0, 7.0, 9.0]}), "gpu")
+    assert new.seconds == pytest.approx(7.0 + work / (DEFAULT_MFU * 100.0))
+    assert new.high == pytest.approx(9.0 + work / (DEFAULT_MFU_RANGE[0] * 100.0)) and "assumed" in new.basis
+    # what the model cannot do: epochs, no peak, no architecture
+    for ent, comp, said in (({**entity, "max_steps": -1}, compute, "trains by epochs"),
+                            (entity, Compute(1e9, "bf16", None, "unknown"), "no peak TFLOP/s"),
+                            (entity, Compute(None, "bf16", 100.0, "x", "no architecture known for m"),
+                             "no architecture")):
+        none = predict("p", 0, "e", {**ent, "model_name": "n"}, seen, comp, Fleet({}, {}), "gpu")
+        assert none.source is None and none.seconds is None and said in none.basis, none.basis
+    # history first: the same point measured
+    assert predict("a", 0, "e", {**entity, "number_gpus": 2, "batch_size": 2, "max_steps": 4,
+                                 "model_max_length": 256}, seen, compute).source == "history"
+
+
 @pytest.mark.train
 def test_plan_predicts_from_history_and_submit_refuses_past_the_budget(trained: Trained, tmp_path: Path) -> None:
     doc = yaml.safe_load(trained.sweep.read_text())
@@ -71,6 +115,21 @@ def test_plan_predicts_from_history_and_submit_refuses_past_the_budget(trained: 
     assert by_batch[8]["predicted_seconds"] > 0 and by_batch[8]["predicted_gpu_hours"] > 0
     text = sbench("plan", sweep, "-i", trained.inventory, "--db", trained.db).stdout
     assert "predicted: " in text and "GPU-hour(s) for 3 run(s)" in text
+    # a sequence length never measured: the FLOP model, at this model's measured MFU (median of its runs) of the
+    # inventory's peak, plus its runs' median start-up, recomputed here from the checkpoint
+    other = write_yaml(tmp_path / "other.yaml", {**doc, "campaign": "other", "grid": {"batch_size": [2]},
+                                                 "entity": {**doc["entity"], "model_max_length": 128}})
+    (got,) = [p["prediction"] for p in json.loads(sbench("plan", other, "-i", trained.inventory, "--db", trained.db,
+                                                         "--json").stdout)]
+    model_dir = Path(doc["model_map"][doc["entity"]["model_name"]])
+    cfg = json.loads((model_dir / "config.json").read_text())
+    f = 6 * matmul_params(model_dir) + 12 * cfg["num_hidden_layers"] * cfg["hidden_size"] * 128
+    ok = sql_rows(trained.db, "SELECT m.mfu, r.elapsed_s - (r.train_end_wall - r.train_start_wall) AS startup "
+                              "FROM runs r JOIN measurements m USING (run_id) WHERE r.outcome = 'ok' AND m.is_valid")
+    tokens = doc["entity"]["max_steps"] * 2 * doc["entity"]["gradient_accumulation_steps"] * 128
+    train = tokens * f / (statistics.median(r["mfu"] for r in ok) * TRAINED_PEAK_TFLOPS * 1e12)
+    assert got["prediction_source"] == "model" and "FLOP model" in got["prediction_basis"]
+    assert got["predicted_seconds"] == pytest.approx(statistics.median(r["startup"] for r in ok) + train, rel=1e-9)
     # a budget smaller than the prediction: submit refuses, names the total and the largest runs, writes nothing
     db = tmp_path / "r.duckdb"
     shutil.copy(trained.db, db)

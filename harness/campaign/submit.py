@@ -281,7 +281,7 @@ def _submit(locks: CampaignLocks, req: SubmitRequest, mode: Mode, *, echo: Calla
         report.repeats = report.repeats_before = list(point_verdicts(
             sweep.adaptive, [p.point_id for p in plan.points if p.valid], history, sweep.campaign).values())
     todo = [d for d in decisions if d.kind.submits]
-    preds, spent = predictions(plan.db, [d.point for d in todo], sweep.campaign)
+    preds, spent = predictions(plan.db, [d.point for d in todo], sweep.campaign, plan.inv.cluster)
     report.prediction = {**totals(preds).to_dict(), "spent_gpu_hours": spent[0], "spent_allocation_hours": spent[1],
                          "budget": sweep.budget.to_dict() if sweep.budget else None}
     if sweep.budget is not None:  # before anything is prepared, written or sent

@@ -259,7 +259,7 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
                          "collect writes it)")
     preds: dict[tuple[str, int], Prediction] = {}
     if target is not None:
-        found, _spent = predict.predictions(target, points)
+        found, _spent = predict.predictions(target, points, cluster=inv.cluster)
         preds = {(p.point_id, p.repeat): p for p in found}
     check_faults(inv, {p.partition for p in points})
     masked_warnings(sw, inv, points)

@@ -248,6 +248,34 @@ def trainable_parameters(s: Shape, method: str, *, r: int = 4, target_modules: t
     return sum(parameter_groups(s).values())
 
 
+def flop_counts(cfg: dict[str, Any] | None, method: str, *, r: int = 4, target_modules: tuple[str, ...] = (),
+                num_virtual_tokens: int = 20) -> dict[str, Any] | None:
+    """What :func:`harness.spec.flops.flops_per_token` needs, from the architecture alone (no model loaded):
+    the counts :func:`harness.spec.flops.model_counts` takes from a loaded one. Every parameter multiplies but the
+    untied input embedding (a lookup); LoRA's adapters multiply and are the trained ones; prompt tuning's virtual
+    tokens are a lookup. None where the architecture has no parameter formula."""
+    if cfg is None:
+        return None
+    try:
+        tower = vision_tower_of(cfg) if is_vision_config(cfg) else None
+        s = shape_of(cfg["text_config"] if tower is not None else cfg)
+    except (Unsupported, KeyError, TypeError, ValueError):
+        return None
+    groups = parameter_groups(s)
+    base = sum(groups.values()) - (0 if s.tied else groups["embedding"])
+    if tower is not None:
+        base += tower.params + tower.projector + tower.newline
+    trained = trainable_parameters(s, method, r=r, target_modules=target_modules, num_virtual_tokens=num_virtual_tokens)
+    if method in ("lora", "gptq-lora"):
+        matmul, trained_matmul = base + trained, trained
+    elif method == "pt":
+        matmul, trained_matmul = base, 0
+    else:
+        matmul, trained_matmul = base, base
+    return {"matmul_params": matmul, "trainable_matmul_params": trained_matmul, "layers": s.layers,
+            "attention_heads": s.heads, "head_dim": s.head_dim, "attn_dim": s.heads * s.head_dim}
+
+
 def optimizer_bytes(optim: str, trainable: int, value_bytes: int, s: Shape | None = None,
                     method: str = "full", args: str | None = None) -> int | None:
     """Optimizer state bytes for *trainable* values of *value_bytes* each; None when unknown. *args*:

@@ -20,10 +20,12 @@ from harness.contract.errors import InputError, SweepError
 from harness.contract.records import PointFields
 
 from .catalog import EXPERIMENTS
+from .flops import compute_dtype, flops_per_token, peak_tflops
 from .inventory import Inventory, Partition
-from .memory import config_for, predict
+from .memory import config_for, flop_counts, predict
 from .modelconfig import architecture, model_config
 from .modelmap import is_local_source, mount_visible
+from .predict import Compute
 from .resources import point_counts
 from .rules import (
     change_warnings,
@@ -48,6 +50,7 @@ class PlannedPoint:
     partition: str
     model_source: str | None
     memory: dict[str, Any] | None = None  # harness.spec.memory's prediction (plan --memory)
+    compute: Compute | None = None  # what the FLOP model knows of a valid point (harness.spec.predict; not recorded)
     # Settings the trainer will change (rules.change_warnings, and the data layer's masked entries), one
     # text per cause.
     warnings: list[str] = field(default_factory=list)
@@ -216,14 +219,32 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
                           if exp.method in ("lora", "gptq-lora") else (), config_source=arch_source).to_dict()
         warnings = [] if reasons or preasons or sweep.runner.workload != "train" else \
             change_warnings(exp, entity, partition, inventory)
+        compute = None if reasons or preasons else point_compute(exp, entity, partition, arch_cache[arch_key][0],
+                                                                 sweep)
         for r in range(sweep.repeats):
             points.append(PlannedPoint(
                 point_id=pid, repeat=r, experiment=exp.id, entity=entity, valid=not (reasons or preasons),
                 reasons=reasons + preasons, notes=notes + vnotes + pnotes, partition=partition.name,
-                model_source=src, memory=mem, warnings=list(warnings),
+                model_source=src, memory=mem, warnings=list(warnings), compute=compute,
             ))
     check_profile(sweep, points)
     return points
+
+
+def point_compute(exp: Any, entity: Mapping[str, Any], partition: Partition, arch: dict[str, Any] | None,
+                  sweep: Sweep) -> Compute:
+    """What the FLOP model needs of a valid point: its model FLOPs per token at ``model_max_length`` (counted from
+    the architecture, gradient checkpointing's recompute not being model FLOPs), and its devices' peak."""
+    dtype = compute_dtype(dict(entity), partition.is_cpu)
+    peak, peak_source = peak_tflops(str(entity.get("gpu_model") or partition.gpu_model), dtype, partition.peak_tflops)
+    counts = flop_counts(arch, exp.method, r=int(entity.get("r") or 4),
+                         target_modules=tuple(exp.target_modules(entity["model_name"], sweep.model_map))
+                         if exp.method in ("lora", "gptq-lora") else (),
+                         num_virtual_tokens=int(entity.get("num_virtual_tokens") or 20))
+    f = flops_per_token(counts, float(entity.get("model_max_length") or 0)) if counts else None
+    missing = None if f else ("no architecture known for " + str(entity.get("model_name")) if arch is None
+                              else "no parameter formula for its architecture")
+    return Compute(f[0] if f else None, dtype, peak, peak_source, missing)
 
 
 def check_profile(sweep: Sweep, points: list[PlannedPoint]) -> None:

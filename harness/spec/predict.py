@@ -11,7 +11,18 @@ A point's prediction has a source:
   step's fixed cost and its cost per sample; a tiny model's step is mostly fixed cost, a large one's mostly per
   sample); with one batch measured, each of its runs' start-up plus its training seconds scaled by the batch
   ratio; where the point trains for a time, the nearest batch's seconds as they are;
-- none: nothing measured resembles it (the plan says so; a budget counts it as unknown, never as free).
+- ``model``, where nothing of its shape was measured: the FLOP model (:mod:`harness.spec.flops`, counted from the
+  architecture by :func:`harness.spec.memory.flop_counts`). Training is ``max_steps`` x ``batch_size`` x
+  ``gradient_accumulation_steps`` x ``model_max_length`` tokens (every sequence counted at its full length: an
+  upper bound where the entries are shorter) x the model FLOPs per token, over MFU x the peak x the devices;
+  capped at ``stop_after_seconds``. The peak is the partition's measured one (the median of ``measured_peaks``
+  at the compute dtype, from ``sbench preflight``), else the inventory's or the datasheet's. The MFU is the
+  median of this model's measured runs on the same GPU model (their least and most give the range), else
+  :data:`DEFAULT_MFU` (range :data:`DEFAULT_MFU_RANGE`). The start-up (allocation seconds less training seconds)
+  is the median of this model's runs, else of every run on the same GPU model, else not counted (said so). A
+  point that trains by epochs has no token count before it runs: not predicted this way;
+- none: nothing measured resembles it and the FLOP model lacks a figure (the plan says which; a budget counts it
+  as unknown, never as free).
 
 GPU-hours are the allocation's seconds times its devices (``number_gpus``; one for a CPU point without GPUs).
 ``bench/predict.py`` measures the error of these figures on a campaign's second run.
@@ -25,6 +36,9 @@ from statistics import median
 from typing import Any
 
 HISTORY = "history"
+MODEL = "model"
+DEFAULT_MFU = 0.25  # a fine-tuning step's usual share of the peak on a GPU where none of the model was measured
+DEFAULT_MFU_RANGE = (0.15, 0.40)
 SHAPE_FIELDS = ("number_gpus", "number_nodes", "gpu_model", "model_max_length")
 
 
@@ -37,6 +51,27 @@ class Seen:
     entity: Mapping[str, Any]  # its entity columns (model_name, batch_size, the shape, max_steps)
     elapsed_s: float  # the allocation's seconds
     train_s: float | None  # its training stage's seconds (train_end_wall - train_start_wall)
+    mfu: float | None = None  # its measured MFU
+
+
+@dataclass(frozen=True)
+class Compute:
+    """What the FLOP model knows of a planned point before it runs (:func:`harness.spec.plan.plan_sweep`)."""
+
+    flops_per_token: float | None  # model FLOPs per token at model_max_length; None: *missing* says why
+    dtype: str  # the compute dtype its peak is read for
+    peak_tflops: float | None  # one device's peak from the inventory or the datasheet
+    peak_source: str
+    missing: str | None = None
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What the database knows beyond a point's own model: each partition's measured peak per compute dtype, and
+    each GPU model's start-up seconds (allocation less training) over every ok run."""
+
+    peaks: Mapping[tuple[str, str], float]  # (partition, dtype) -> median measured peak TFLOP/s
+    startups: Mapping[str, Sequence[float]]  # gpu_model -> start-up seconds of its runs
 
 
 @dataclass(frozen=True)
@@ -64,9 +99,19 @@ def devices_of(entity: Mapping[str, Any]) -> int:
     return max(1, int(entity.get("number_gpus") or 0))
 
 
-def predict(point_id: str, repeat: int, experiment: str, entity: Mapping[str, Any], seen: Sequence[Seen]
+def predict(point_id: str, repeat: int, experiment: str, entity: Mapping[str, Any], seen: Sequence[Seen],
+            compute: Compute | None = None, fleet: Fleet | None = None, partition: str | None = None
             ) -> Prediction:
-    """The prediction of one planned point from *seen* (every ok run of its model and experiment)."""
+    """The prediction of one planned point from *seen* (every ok run of its model), else from the FLOP model
+    (*compute*, with the *fleet*'s measured peak of its *partition*)."""
+    found = _from_history(point_id, repeat, experiment, entity, seen)
+    if found.source is not None or compute is None:
+        return found
+    return _from_model(point_id, repeat, entity, seen, compute, fleet or Fleet({}, {}), partition)
+
+
+def _from_history(point_id: str, repeat: int, experiment: str, entity: Mapping[str, Any], seen: Sequence[Seen]
+                  ) -> Prediction:
     devices = devices_of(entity)
     same = [s.elapsed_s for s in seen if s.point_id == point_id]
     if same:
@@ -102,6 +147,59 @@ def predict(point_id: str, repeat: int, experiment: str, entity: Mapping[str, An
     return Prediction(point_id, repeat, None, None, None, devices, None,
                       "nothing measured of this model and shape (collect a run of it, or predict from a similar "
                       "campaign's database with --db)")
+
+
+def _from_model(point_id: str, repeat: int, entity: Mapping[str, Any], seen: Sequence[Seen], compute: Compute,
+                fleet: Fleet, partition: str | None) -> Prediction:
+    devices = devices_of(entity)
+
+    def none(why: str) -> Prediction:
+        return Prediction(point_id, repeat, None, None, None, devices, None,
+                          f"nothing measured of this model and shape, and no FLOP model: {why}")
+
+    steps = int(entity.get("max_steps") or -1)
+    if compute.flops_per_token is None:
+        return none(compute.missing or "no FLOP count for this architecture")
+    if steps <= 0:
+        return none("it trains by epochs, whose tokens are not known before it runs")
+    measured = fleet.peaks.get((partition or "", compute.dtype))
+    peak, peak_from = ((measured, f"the partition's measured peak {measured:,.4g} TFLOP/s ({compute.dtype})")
+                       if measured else (compute.peak_tflops, f"the {compute.peak_source} peak "
+                                         f"{compute.peak_tflops or 0:,.4g} TFLOP/s ({compute.dtype})"))
+    if not peak:
+        return none(f"no peak TFLOP/s for {entity.get('gpu_model') or 'its devices'} at {compute.dtype} (run sbench "
+                    "preflight on the partition, or set the partition's peak_tflops)")
+    gpu = str(entity.get("gpu_model") or "")
+    mfus = [s.mfu for s in seen if s.mfu and s.mfu > 0 and s.entity.get("model_name") == entity.get("model_name")
+            and str(s.entity.get("gpu_model") or "") == gpu]
+    if mfus:
+        mfu, mfu_lo, mfu_hi = median(mfus), min(mfus), max(mfus)
+        mfu_from = f"MFU {mfu:.3g} ({len(mfus)} run(s) of this model on {gpu or 'these devices'})"
+    else:
+        mfu, (mfu_lo, mfu_hi) = DEFAULT_MFU, DEFAULT_MFU_RANGE
+        mfu_from = f"MFU {mfu:g} assumed ({mfu_lo:g} to {mfu_hi:g}: nothing of this model measured on {gpu or 'them'})"
+    tokens = (steps * int(entity.get("batch_size") or 0) * int(entity.get("gradient_accumulation_steps") or 1)
+              * int(entity.get("model_max_length") or 0))
+    if tokens <= 0:
+        return none("no token count (batch_size or model_max_length missing)")
+    work = tokens * compute.flops_per_token / (peak * 1e12 * devices)
+    cap = float(entity.get("stop_after_seconds") or 0)
+
+    def train(m: float) -> float:
+        return min(work / m, cap) if cap > 0 else work / m
+
+    own = [s.elapsed_s - s.train_s for s in seen if s.train_s is not None
+           and s.entity.get("model_name") == entity.get("model_name")]
+    startups, start_from = (own, "this model's") if own else (list(fleet.startups.get(gpu, ())), f"{gpu}'s")
+    startup = median(startups) if startups else 0.0
+    start_words = (f"start-up {startup:,.0f} s ({start_from} {len(startups)} run(s))" if startups
+                   else "no start-up measured (not counted)")
+    low = min(startups, default=0.0) + train(mfu_hi)
+    high = max(startups, default=0.0) + train(mfu_lo)
+    return Prediction(point_id, repeat, startup + train(mfu), low, high, devices, MODEL,
+                      f"FLOP model: {tokens:,} tokens x {compute.flops_per_token:,.4g} FLOP at {mfu_from} of "
+                      f"{peak_from}; {start_words}" + (f"; capped at stop_after_seconds {cap:g}" if cap > 0 and
+                                                       work / mfu > cap else ""))
 
 
 def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
