@@ -129,7 +129,7 @@ def test_malformed_manifest_events(tmp_path):
             record_manifest(st, [{"type": "attempt", "campaign": "x"}])
         problems = record_manifest(st, [{"type": "bogus"}, {"type": "campaign", "campaign": "ok"}], strict=False)
         assert problems == ["manifest event 1: unknown type 'bogus' (expected campaign, point, attempt, cancel, "
-                            "references, repeats or search)"]
+                            "references, repeats, budget or search)"]
         assert st.con.execute("SELECT campaign FROM campaigns").fetchall() == [("ok",)]
 
 

@@ -434,9 +434,17 @@ def test_report_shows_the_points_across_clusters_with_the_reference_as_a_line(tr
                                                                               tmp_path: Path) -> None:
     db = tmp_path / "r.duckdb"
     shutil.copy(trained.db, db)
-    sbench("import", exported, "--db", db, "--as", "cluster-b")
-    sbench("import", "--format", "ado-csv", PUBLISHED, "--campaign", "ado-published", "--db", db)
     html = tmp_path / "r.html"
+    sbench("report", "--db", db, "--campaign", "nightly-1", "-o", html)  # one cluster, no reference: no section
+    assert 'id="clusters"' not in html.read_text()
+    sbench("import", exported, "--db", db, "--as", "cluster-b")
+    # the same points, as if measured on a second cluster (this export is this cluster's own): a section
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE campaigns SET cluster = 'cluster-b' WHERE starts_with(campaign, 'cluster-b/')")
+    con.close()
+    sbench("report", "--db", db, "--campaign", "nightly-1", "-o", html)
+    assert "cluster-b/nightly-1" in html.read_text()[html.read_text().index('id="clusters"'):]
+    sbench("import", "--format", "ado-csv", PUBLISHED, "--campaign", "ado-published", "--db", db)
     sbench("report", "--db", db, "--campaign", "nightly-1", "-o", html)
     page = html.read_text()
     assert 'id="clusters"' in page and "Across clusters" in page

@@ -154,3 +154,32 @@ def test_a_bad_budget_is_refused_naming_the_key(tmp_path: Path, cli, budget, sai
                                                         "number_gpus": 1, "batch_size": 1}, "budget": budget})
     res = cli("plan", str(sweep), "-i", str(inv))
     assert res.exit_code == 2 and "budget" in res.output and said in res.output, res.output
+
+
+@pytest.mark.train
+def test_each_run_keeps_what_submit_predicted_and_the_report_sets_it_beside_what_it_spent(trained: Trained,
+                                                                                         tmp_path: Path) -> None:
+    """The trained campaigns were submitted one after the other, each collected before the next: the first was
+    predicted by the FLOP model (nothing measured yet), the second from the first's runs of the same points."""
+    runs = sql_rows(trained.db, "SELECT r.campaign, r.point_id, r.elapsed_s, r.predicted_seconds, r.prediction_source, "
+                                "p.number_gpus FROM runs r JOIN points p USING (point_id) ORDER BY r.run_id")
+    assert {r["prediction_source"] for r in runs if r["campaign"] == "nightly-1"} == {"model"}
+    first = {r["point_id"]: r["elapsed_s"] for r in runs if r["campaign"] == "nightly-1"}
+    for r in (r for r in runs if r["campaign"] == "nightly-2"):  # one run of the point before: its seconds
+        assert r["prediction_source"] == "history" and r["predicted_seconds"] == pytest.approx(first[r["point_id"]])
+    # a budget given later is the campaign's newest word; the report sets spent against it and against the prediction
+    t = trained.copy(tmp_path / "t")
+    doc = yaml.safe_load(t.sweep.read_text())
+    write_yaml(t.sweep, {**doc, "budget": {"gpu_hours": 2.0}})
+    assert "0 attempt(s) submitted" in sbench("submit", t.sweep, "--campaign", "nightly-2", *t.local).stdout
+    sbench("collect", *t.common)
+    html = tmp_path / "r.html"
+    sbench("report", "--db", t.db, "--campaign", "nightly-2", "-o", html)
+    page = html.read_text()
+    mine = [r for r in runs if r["campaign"] == "nightly-2"]
+    spent = sum(r["elapsed_s"] * max(1, r["number_gpus"] or 1) for r in mine) / 3600
+    predicted = sum(r["predicted_seconds"] * max(1, r["number_gpus"] or 1) for r in mine) / 3600
+    assert f"Spent: <b>nightly-2</b> {spent:,.3g} GPU-hours" in page
+    assert f"budget: 2 GPU-hours ({spent / 2.0:.0%} spent)" in page
+    assert f"submit predicted {predicted:,.3g} GPU-hours for the {len(mine)} runs it predicted" in page
+    assert "<th>predicted s</th>" in page and "(history)</td>" in page

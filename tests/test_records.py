@@ -90,6 +90,19 @@ WRITTEN = [
                 "eta": 3, "grid_fields": ["batch_size"], "repeats": 1,
                 "points": [{"point_id": PID, "entity": {"batch_size": 4}, "total_bytes": 1e9, "device_bytes": 8e10,
                             "predicted_oom": False}]}},
+    # a campaign line with its budget:, the budget changed since, and an attempt with what submit predicted of it
+    {"type": "campaign", "campaign": "scan", "experiment": "finetune_lora_benchmark-v1.0.0",
+     "sweep": "/abs/sweeps/lora.yaml", "sweep_campaign": "scan", "inventory": "/abs/inventory/x.yaml",
+     "cluster": "vela", "partition": "a100", "executor": "slurm", "description": None,
+     "created_at": "2026-01-02T03:04:05+0000", "sbench_version": "0.1.0", "references": [], "repeats": None,
+     "budget": {"gpu_hours": 100.0, "allocation_hours": None}},
+    {"type": "budget", "campaign": "scan", "at": "2026-01-02T03:04:05+0000",
+     "budget": {"gpu_hours": 200.0, "allocation_hours": 30.0}},
+    {"type": "attempt", "campaign": "scan", "point_id": PID, "repeat": 0, "attempt": 3, "job_dir": JD,
+     "executor": "slurm", "job_id": "1300_0", "array_job_id": "1300", "array_task_id": 0,
+     "submitted_at": "2026-01-02T03:04:05+0000", "reason": "new",
+     "prediction": {"predicted_seconds": 120.5, "predicted_low_s": 100.0, "predicted_high_s": 150.0,
+                    "prediction_source": "model", "prediction_basis": "FLOP model: ..."}},
 ]
 
 # submitted.json as each of its writers wrote it, and as older releases did
@@ -132,6 +145,12 @@ def test_every_line_todays_and_older_releases_wrote_reads_unchanged() -> None:
 def test_the_database_records_every_line_written_so_far(tmp_path: Path) -> None:
     with open_store(tmp_path / "r.duckdb") as st:
         assert record_manifest(st, WRITTEN) == []
+        # the newest budget line's word, and the prediction of the attempt that carried one
+        (spec,) = st.con.execute("SELECT budget_spec FROM campaigns WHERE campaign = 'scan'").fetchone()
+        assert json.loads(spec) == {"gpu_hours": 200.0, "allocation_hours": 30.0}
+        rows = st.con.execute("SELECT attempt, predicted_seconds, predicted_low_s, predicted_high_s, prediction_source "
+                              "FROM runs ORDER BY attempt").fetchall()
+        assert rows[-1] == (3, 120.5, 100.0, 150.0, "model") and all(r[1] is None for r in rows[:-1])
 
 
 @pytest.mark.parametrize("info", SUBMITTED)
@@ -155,10 +174,11 @@ def test_a_key_no_line_lists_and_a_missing_key_are_problems_naming_the_file_line
         "manifest.jsonl line 6: truncated JSON",
         "manifest.jsonl line 2: attempt line is malformed: unknown key 'job_state' (known: array_job_id, "
         "array_task_id, attempt, campaign, executor, fed, held_back, job_dir, job_id, job_name, pack_index, "
-        "pack_lead, pack_size, point_id, queue, reason, repeat, requeued_at, requeued_from, submitted_at, type)",
+        "pack_lead, pack_size, point_id, prediction, queue, reason, repeat, requeued_at, requeued_from, submitted_at, "
+        "type)",
         "manifest.jsonl line 3: point line is malformed: it lacks the key 'point_id'",
         "manifest.jsonl line 4: unknown type 'bogus' (expected campaign, point, attempt, cancel, references, "
-        "repeats or search)",
+        "repeats, budget or search)",
     ]
     with pytest.raises(RecordError, match="not a JSON object"):
         check_line([1])

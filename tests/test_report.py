@@ -766,7 +766,7 @@ def test_labels_count_workers_and_gpus_grammatically(cpu_db, cli, tmp_path):
     legend = spec["layer"][0]["encoding"]["color"]["scale"]["domain"]
     assert "tiny · lora · 1 worker" in legend and "tiny · lora · 2 workers" in legend
     text = re.sub(r"<[^>]+>", " ", html_only(page))
-    assert re.findall(r"\b(?:[02-9]|\d\d+) (?:worker|GPU|run|measurement)\b(?!s)", text) == []
+    assert re.findall(r"\b(?:[02-9]|\d\d+) (?:worker|GPU|run|measurement)\b(?!s|-hours)", text) == []
     assert re.findall(r"\b1 (?:workers|GPUs|runs|measurements)\b", text) == []
     assert "(s)" not in text
     assert "2 workers · bs 8" in section(page, "stages")

@@ -97,6 +97,20 @@ def search_lines(campaign_dir: Path) -> dict[str, SearchLine]:
     return {ev["point_id"]: ev for ev in lines if ev["type"] == "search"}
 
 
+def budget(campaign_dir: Path) -> dict[str, Any] | None:
+    """The campaign's ``budget:`` as its newest campaign or budget line says it (None: none, or a manifest that is
+    not read)."""
+    try:
+        lines = read_manifest(CampaignPaths(campaign_dir), ("campaign", "budget"))[0]
+    except OSError:
+        return None
+    out = None
+    for ev in lines:
+        spec = ev.get("budget")
+        out = spec if isinstance(spec, dict) else None
+    return out
+
+
 def adaptive_repeats(campaign_dir: Path) -> dict[str, Any] | None:
     """The campaign's ``repeats: {min, max, cv}`` as its newest campaign or repeats line says it (None: a plain
     ``repeats: N``, or a manifest that is not read). Only those lines are decoded: ``collect`` asks this of

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from harness.cluster.preflight import check_devices, check_fabric
 from harness.contract.errors import InputError, SubmitError, SweepError
 from harness.contract.paths import CampaignPaths, DbRef, DbTarget, resolve_db, resolve_workdir
 from harness.contract.records import (
+    BudgetLine,
     CampaignLine,
     ManifestLine,
     ReferencesLine,
@@ -39,7 +40,7 @@ from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, counted_warnings, plan_sweep, plan_warnings
-from harness.spec.predict import over_budget, totals
+from harness.spec.predict import Prediction, over_budget, totals
 from harness.spec.search import PLAN, SKIP, SearchDecision, SearchState
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
@@ -303,7 +304,7 @@ def _submit(locks: CampaignLocks, req: SubmitRequest, mode: Mode, *, echo: Calla
         report.search = search_summary(search)
     specs = _write_job_dirs(plan, todo)
     if specs:
-        events += _hand_over(req, plan, todo, specs, dependency, report)
+        events += _hand_over(req, plan, todo, specs, dependency, report, preds)
         if sweep.adaptive:  # the summary says where the repeats stand now, with these in flight
             now = with_submitted(history, sweep.campaign, [(s.spec.point_id, s.spec.repeat, s.spec.attempt, s.job_id)
                                                            for s in report.submitted])
@@ -377,7 +378,8 @@ def _campaign_lines(req: SubmitRequest, plan: Planned, decisions: list[Decision]
             sbench_version=__version__, references=[r.to_dict() for r in sweep.references],
             repeats=sweep.adaptive.to_dict() if sweep.adaptive else None,
             search=None if sweep.search is None else recorded_search(sweep.search, points, list(sweep.grid),
-                                                                     sweep.search_repeats)))
+                                                                     sweep.search_repeats),
+            budget=sweep.budget.to_dict() if sweep.budget else None))
     else:
         if _recorded_references(campaign_dir) != [r.to_dict() for r in sweep.references]:
             # The sweep's expectations changed (tightened, added): the checks follow the newest word.
@@ -387,6 +389,10 @@ def _campaign_lines(req: SubmitRequest, plan: Planned, decisions: list[Decision]
             # repeats: changed (adaptive now, or other bounds): collect and status follow the newest word
             events.append(RepeatsLine(type="repeats", campaign=sweep.campaign, at=now_iso(),
                                       repeats=sweep.adaptive.to_dict() if sweep.adaptive else None))
+        if manifest.budget(campaign_dir) != (sweep.budget.to_dict() if sweep.budget else None):
+            # budget: changed (raised, added, removed): the report's spent-against-budget follows the newest word
+            events.append(BudgetLine(type="budget", campaign=sweep.campaign, at=now_iso(),
+                                     budget=sweep.budget.to_dict() if sweep.budget else None))
     known = {(e.get("point_id"), e.get("repeat")) for e in manifest.read(campaign_dir) if e["type"] == "point"}
     # A repeat adaptive repeats have not asked for is no run of the campaign (yet): status does not list it.
     listed = {(d.point.point_id, d.point.repeat) for d in decisions}
@@ -421,8 +427,9 @@ def _write_job_dirs(plan: Planned, todo: list[Decision]) -> list[JobSpec]:
 
 
 def _hand_over(req: SubmitRequest, plan: Planned, todo: list[Decision], specs: list[JobSpec], dependency: str | None,
-               report: SubmitReport) -> list[ManifestLine]:
-    """Hand the written job dirs to the backend and append an attempt line for each; returns those lines."""
+               report: SubmitReport, preds: Sequence[Prediction]) -> list[ManifestLine]:
+    """Hand the written job dirs to the backend and append an attempt line for each (with its *preds*' prediction);
+    returns those lines."""
     sweep, inv, backend = plan.sweep, plan.inv, plan.backend
     opts = backend.complete(SubmitOptions(
         max_parallel=req.max_parallel or sweep.slurm.max_parallel, hold=req.hold, dependency=dependency,
@@ -435,10 +442,12 @@ def _hand_over(req: SubmitRequest, plan: Planned, todo: list[Decision], specs: l
     report.sbatch_calls = backend.sbatch_calls
     report.held_back = sum(1 for s in report.submitted if s.extra.get("held_back"))
     reasons = {(d.point.point_id, d.point.repeat): d.reason for d in todo}
+    predicted = {(p.point_id, p.repeat): p.recorded() for p in preds}
     lines: list[ManifestLine] = [attempt_line(
         sweep.campaign, s.spec.point_id, s.spec.repeat, s.spec.attempt, s.spec.job_dir, backend.name, s.job_id,
         now_iso(), reasons[(s.spec.point_id, s.spec.repeat)], array_job_id=s.array_job_id,
-        array_task_id=s.array_task_id, extra=s.extra) for s in report.submitted]
+        array_task_id=s.array_task_id, extra=s.extra, prediction=predicted.get((s.spec.point_id, s.spec.repeat)))
+        for s in report.submitted]
     return append_manifest(CampaignPaths(plan.campaign_dir), lines)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from harness.contract.defaults import RunnerSettings, sample_interval
 from harness.contract.formats import Stage
 from harness.contract.paths import JobPaths
+from harness.contract.records import prediction_columns
 from harness.db.values import entity_values, to_json, utc
 from harness.spec.catalog import EXPERIMENTS
 from harness.spec.cost import cost_per_million_tokens
@@ -304,7 +305,7 @@ def run_row(f: JobFiles, v: Verdict, stages: list[dict[str, Any]]) -> dict[str, 
         "attempt": att.attempt, "experiment": f.experiment, "job_dir": _text(att.job_dir),
         "executor": man.get("executor") or f.submitted.get("executor"), "job_id": _text(job_id),
         "array_job_id": _text(man.get("array_job_id")), "array_task_id": man.get("array_task_id"),
-        "submit_reason": man.get("reason"),
+        "submit_reason": man.get("reason"), **prediction_columns(man),
         "submitted_at": utc(man.get("submitted_at") or f.submitted.get("submitted_at")
                             or f.submitted.get("submit_time")),
         "state": v.state, "exit_code": job.exit_code if job else (
@@ -403,6 +404,7 @@ def failed_unread(att: Attempt, sched: Sched, why: str) -> RunData:
            "outcome": "failed", "reason": why, "warnings": None, "accounting_source": sched.source,
            "fingerprint": att.fingerprint, "max_rss_mb": None, "train_start_wall": None, "hosts_seen": [],
            "num_machines": None, "submit_reason": man.get("reason"), "submitted_at": utc(man.get("submitted_at")),
+           **prediction_columns(man),
            **{k: man.get(k) for k in ("executor", "job_id", "array_job_id", "array_task_id", "experiment")}}
     return RunData(run=run, over=True)
 

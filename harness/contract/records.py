@@ -5,9 +5,11 @@ manifest (``CampaignPaths.manifest``) and a job dir's ``submitted.json`` (``JobP
 the database. A line's ``type`` says which record it is:
 
 - :class:`CampaignLine` (``campaign``): the campaign's first line: its sweep, inventory, executor, references;
-- :class:`ReferencesLine`, :class:`RepeatsLine`: the sweep's ``references:`` or ``repeats:`` changed since;
+- :class:`ReferencesLine`, :class:`RepeatsLine`, :class:`BudgetLine`: the sweep's ``references:``, ``repeats:``
+  or ``budget:`` changed since;
 - :class:`PointLine` (``point``): a planned point, valid or not, with its entity;
-- :class:`AttemptLine` (``attempt``): an attempt handed to an executor: its job dir and the scheduler's ids;
+- :class:`AttemptLine` (``attempt``): an attempt handed to an executor: its job dir and the scheduler's ids, and
+  what submit predicted of it;
 - :class:`CancelLine` (``cancel``): what ``sbench cancel`` cancelled;
 - :class:`SearchLine` (``search``): a search's decision about one point (``search:``), when it changes.
 
@@ -72,6 +74,7 @@ class CampaignLine(_CampaignKeys, total=False):
     references: list[dict[str, Any]]
     repeats: dict[str, Any] | None  # repeats: {min, max, cv}; None for a plain repeats: N
     search: dict[str, Any] | None  # the sweep's search: (harness.spec.search); absent or None: a plain campaign
+    budget: dict[str, Any] | None  # the sweep's budget: {gpu_hours, allocation_hours}; absent or None: none
 
 
 class _ReferencesKeys(TypedDict):
@@ -92,6 +95,18 @@ class _RepeatsKeys(TypedDict):
 class RepeatsLine(_RepeatsKeys, total=False):
     at: str
     repeats: dict[str, Any] | None
+
+
+class _BudgetKeys(TypedDict):
+    type: Literal["budget"]
+    campaign: str
+
+
+class BudgetLine(_BudgetKeys, total=False):
+    """The sweep's ``budget:`` changed since the campaign line (or the last budget line): the newest word."""
+
+    at: str
+    budget: dict[str, Any] | None
 
 
 class _PointId(TypedDict):
@@ -146,8 +161,24 @@ class _AttemptKeys(TypedDict):
     attempt: int
 
 
+class Predicted(TypedDict, total=False):
+    """What submit predicted of an attempt before sending it (``harness.spec.predict``): the ``runs`` columns of
+    the same names (:func:`prediction_columns`)."""
+
+    predicted_seconds: float | None
+    predicted_low_s: float | None
+    predicted_high_s: float | None
+    prediction_source: str | None  # history, model; None: not predicted
+    prediction_basis: str
+
+
+PREDICTION_COLUMNS = ("predicted_seconds", "predicted_low_s", "predicted_high_s", "prediction_source",
+                      "prediction_basis")
+
+
 class AttemptLine(_AttemptKeys, AttemptExtra, total=False):
     repeat: int  # 0 when an older line lacks it
+    prediction: Predicted  # submit's prediction of its allocation seconds (absent: sent without one)
     job_dir: str
     executor: str
     job_id: str | None  # None while it waits in a local queue or sbench holds it back
@@ -183,12 +214,12 @@ class SearchLine(_SearchKeys, total=False):
     repeat: int | None
 
 
-ManifestLine = Union[CampaignLine, ReferencesLine, RepeatsLine, PointLine, AttemptLine, CancelLine,  # noqa: UP007
-                     SearchLine]
+ManifestLine = Union[CampaignLine, ReferencesLine, RepeatsLine, BudgetLine, PointLine, AttemptLine,  # noqa: UP007
+                     CancelLine, SearchLine]
 
 LINE_TYPES: dict[str, Any] = {"campaign": CampaignLine, "point": PointLine, "attempt": AttemptLine,
                               "cancel": CancelLine, "references": ReferencesLine, "repeats": RepeatsLine,
-                              "search": SearchLine}
+                              "budget": BudgetLine, "search": SearchLine}
 # type -> (its required keys, every key it may have)
 _KEYS = {kind: (frozenset(t.__required_keys__), frozenset(t.__required_keys__ | t.__optional_keys__))
          for kind, t in LINE_TYPES.items()}
@@ -219,14 +250,32 @@ def check_line(obj: Any) -> ManifestLine:
 
 def attempt_line(campaign: str, point_id: str, repeat: int, attempt: int, job_dir: str, executor: str,
                  job_id: str | None, submitted_at: str, reason: str | None, *, array_job_id: str | None = None,
-                 array_task_id: int | None = None, extra: AttemptExtra | None = None) -> AttemptLine:
+                 array_task_id: int | None = None, extra: AttemptExtra | None = None,
+                 prediction: Predicted | None = None) -> AttemptLine:
     """The line of one attempt handed to an executor (submit, the feeder job, a pack's requeue make it here);
-    *extra* is what the executor adds, and wins."""
+    *extra* is what the executor adds, and wins; *prediction*, what submit predicted of it."""
     line = AttemptLine(type="attempt", campaign=campaign, point_id=point_id, repeat=repeat, attempt=attempt,
                        job_dir=job_dir, executor=executor, job_id=job_id, array_job_id=array_job_id,
                        array_task_id=array_task_id, submitted_at=submitted_at, reason=reason)
+    if prediction is not None:
+        line["prediction"] = prediction
     line.update(extra or {})
     return line
+
+
+def prediction_columns(line: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``runs`` columns of an attempt line's prediction (each None where the line has none, or a value of
+    another type: a line edited by hand)."""
+    doc = line.get("prediction")
+    doc = doc if isinstance(doc, Mapping) else {}
+    out: dict[str, Any] = {}
+    for key in PREDICTION_COLUMNS:
+        v = doc.get(key)
+        if key in ("prediction_source", "prediction_basis"):
+            out[key] = v if isinstance(v, str) else None
+        else:
+            out[key] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return out
 
 
 def point_line(campaign: str, point: PointFields) -> PointLine:
@@ -418,8 +467,9 @@ def read_submitted(job_dir: str | os.PathLike[str], root: str | os.PathLike[str]
     return {}
 
 
-__all__ = ["LINE_TYPES", "SUBMITTED_KEYS", "AttemptExtra", "AttemptLine", "CampaignLine", "CancelLine",
-           "ManifestLine", "PackInfo", "PointFields", "PointLine", "ReferencesLine", "RepeatsLine", "SearchLine",
-           "SubmittedInfo",
+__all__ = ["LINE_TYPES", "PREDICTION_COLUMNS", "SUBMITTED_KEYS", "AttemptExtra", "AttemptLine", "BudgetLine",
+           "CampaignLine", "CancelLine", "ManifestLine", "PackInfo", "PointFields", "PointLine", "Predicted",
+           "ReferencesLine", "RepeatsLine", "SearchLine", "SubmittedInfo",
            "append_manifest", "attempt_line", "check_line", "check_submitted", "not_read", "now_iso", "pack_extra",
-           "pack_info", "parse_manifest", "point_line", "read_manifest", "read_submitted", "write_submitted"]
+           "pack_info", "parse_manifest", "point_line", "prediction_columns", "read_manifest", "read_submitted",
+           "write_submitted"]

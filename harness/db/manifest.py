@@ -1,9 +1,11 @@
 """What ``submit`` records: the campaign manifest's lines (``harness.contract.records``) as rows, idempotently.
 
 ``record_manifest(store, events)``: ``campaign`` -> ``campaigns``, ``point`` -> ``points`` and
-``campaign_points``, ``attempt`` -> ``runs`` (a new row starts in ``jobstate.INITIAL`` with ``outcome``
-NULL; an existing row keeps the state/outcome collect found, only its submission columns are refreshed),
-``references`` -> the campaign's ``references_spec``, ``repeats`` -> its ``repeats_spec``, ``cancel`` ->
+``campaign_points``, ``attempt`` -> ``runs`` (with submit's prediction of it; a new row starts in
+``jobstate.INITIAL`` with ``outcome`` NULL; an existing row keeps the state/outcome collect found, only its
+submission columns are refreshed),
+``references`` -> the campaign's ``references_spec``, ``repeats`` -> its ``repeats_spec``, ``budget`` -> its
+``budget_spec``, ``cancel`` ->
 ``runs.cancel_requested_at``, ``search`` -> ``search_decisions`` (the newest per point). One
 transaction; returns the problems found in malformed events (``strict=True`` raises :class:`CollectError`
 on the first instead). Collect records them too, from the manifests it finds, and adds the job dirs that
@@ -18,7 +20,7 @@ from typing import Any
 from harness.contract import jobstate
 from harness.contract.errors import CollectError, RecordError
 from harness.contract.paths import run_id
-from harness.contract.records import check_line
+from harness.contract.records import check_line, prediction_columns
 
 from .schema import MANIFEST_RUN_COLUMNS, PRIMARY_KEYS, SCHEMA, q
 from .staging import frame
@@ -48,7 +50,7 @@ def attempt_row(ev: Mapping[str, Any]) -> dict[str, Any]:
             "executor": ev.get("executor"), "job_id": None if ev.get("job_id") is None else str(ev["job_id"]),
             "array_job_id": None if ev.get("array_job_id") is None else str(ev["array_job_id"]),
             "array_task_id": task, "submit_reason": ev.get("reason"),
-            "submitted_at": utc(ev.get("submitted_at"))}
+            "submitted_at": utc(ev.get("submitted_at")), **prediction_columns(ev)}
 
 
 # -- manifest (submit's API) ---------------------------------------------------------------------------
@@ -62,6 +64,7 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
     cancels: list[tuple[str, list[str], Any]] = []
     references: dict[str, list[Any]] = {}  # campaign -> the newest references line's
     repeats: dict[str, Any] = {}  # campaign -> the newest repeats: {min, max, cv} (None: a plain repeats: N)
+    budgets: dict[str, Any] = {}  # campaign -> the newest budget: {gpu_hours, allocation_hours} (None: none)
     decisions: list[dict[str, Any]] = []
     problems: list[str] = []
 
@@ -90,9 +93,12 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
                                   "cluster": None if ev.get("cluster") is None else str(ev["cluster"]),
                                   "partitions": to_json(ev["partitions"]) if isinstance(ev.get("partitions"), dict)
                                   else None,
-                                  "search_spec": to_json(ev.get("search")) if ev.get("search") else None})
+                                  "search_spec": to_json(ev.get("search")) if ev.get("search") else None,
+                                  "budget_spec": to_json(ev["budget"]) if isinstance(ev.get("budget"), dict)
+                                  else None})
                 references[str(ev["campaign"])] = ev.get("references") or []
                 repeats[str(ev["campaign"])] = ev.get("repeats")
+                budgets[str(ev["campaign"])] = ev.get("budget")
             elif kind == "references":
                 if not isinstance(ev.get("references"), list):
                     raise TypeError("references must be a list")
@@ -108,6 +114,8 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
                               "repeat": key_int(ev.get("repeat") or 0, "repeat")})
             elif kind == "repeats":
                 repeats[str(ev["campaign"])] = ev.get("repeats")  # repeats: changed: the newest word
+            elif kind == "budget":
+                budgets[str(ev["campaign"])] = ev.get("budget")  # budget: changed: the newest word
             elif kind == "search":
                 rep = ev.get("repeat")
                 decisions.append({"campaign": str(ev["campaign"]), "point_id": str(ev["point_id"]),
@@ -131,6 +139,10 @@ def record_manifest(store: Store, events: Iterable[Mapping[str, Any]], *, strict
             value = to_json(rep) if rep else None
             store.con.execute("UPDATE campaigns SET repeats_spec = ?::JSON WHERE campaign = ? AND "
                              "repeats_spec IS DISTINCT FROM ?::JSON", [value, camp, value])
+        for camp, spec in budgets.items():
+            value = to_json(spec) if isinstance(spec, dict) else None
+            store.con.execute("UPDATE campaigns SET budget_spec = ?::JSON WHERE campaign = ? AND "
+                             "budget_spec IS DISTINCT FROM ?::JSON", [value, camp, value])
         store.upsert("points", points, [c for c, _ in SCHEMA["points"]])
         store.upsert("campaign_points", links, [])
         store.upsert("search_decisions", decisions, [c for c, _ in SCHEMA["search_decisions"]])

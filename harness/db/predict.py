@@ -10,6 +10,7 @@ from harness.contract.paths import DbTarget
 from harness.spec.plan import PlannedPoint
 from harness.spec.predict import SHAPE_FIELDS, Fleet, Prediction, Seen, predict
 
+from .schema import device_seconds
 from .store import Store, open_store, store_exists
 
 _FIELDS = ("model_name", "batch_size", "max_steps", *SHAPE_FIELDS)
@@ -50,7 +51,7 @@ def fleet(store: Store, cluster: str | None = None) -> Fleet:
 def spent_hours(store: Store, campaign: str) -> tuple[float, float]:
     """(GPU-hours, allocation hours) *campaign*'s runs have held so far (their devices x allocation seconds)."""
     row = store.con.execute(
-        "SELECT coalesce(sum(r.elapsed_s * greatest(1, coalesce(p.number_gpus, 1))), 0) / 3600, "
+        f"SELECT coalesce(sum({device_seconds('r.elapsed_s')}), 0) / 3600, "
         "coalesce(sum(r.elapsed_s), 0) / 3600 FROM runs r LEFT JOIN points p USING (point_id) "
         "WHERE r.campaign = ? AND r.elapsed_s > 0", [campaign]).fetchone()
     return (float(row[0]), float(row[1])) if row else (0.0, 0.0)

@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.contract.errors import InputError
+from harness.contract.exchange import ORIGIN_ADO_CSV
 
-from .schema import SCHEMA, point_stability_sql, q, run_overhead_sql
+from .schema import SCHEMA, device_seconds, point_stability_sql, q, run_overhead_sql
 from .store import Store
 from .values import from_json
 
@@ -36,8 +37,22 @@ def run_total(store: Store) -> int:
 
 
 def campaign_rows(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
-    where, params = _scope("campaign", campaign)
-    return store.fetch_dicts(f"SELECT * FROM campaigns{where} ORDER BY campaign", params)
+    """The campaigns rows in scope, each with what its runs spent (``spent_gpu_hours``, ``spent_allocation_hours``:
+    devices x allocation seconds, the runs' ``elapsed_s``) and, over its ended runs submit predicted
+    (``runs_predicted``), the GPU-hours predicted and spent (``predicted_gpu_hours``, ``predicted_runs_spent``)."""
+    where, params = _scope("c.campaign", campaign)
+    gpu, pred = device_seconds("r.elapsed_s"), device_seconds("r.predicted_seconds")
+    return store.fetch_dicts(
+        f"""WITH s AS (SELECT r.campaign, sum({gpu}) / 3600 AS spent_gpu_hours,
+                              sum(r.elapsed_s) / 3600 AS spent_allocation_hours,
+                              count(*) FILTER (WHERE r.predicted_seconds IS NOT NULL) AS runs_predicted,
+                              sum({pred}) FILTER (WHERE r.predicted_seconds IS NOT NULL) / 3600
+                                  AS predicted_gpu_hours,
+                              sum({gpu}) FILTER (WHERE r.predicted_seconds IS NOT NULL) / 3600 AS predicted_runs_spent
+                       FROM runs r LEFT JOIN points p USING (point_id)
+                       WHERE r.elapsed_s > 0 GROUP BY r.campaign)
+            SELECT c.*, s.* EXCLUDE (campaign) FROM campaigns c LEFT JOIN s USING (campaign){where}
+            ORDER BY c.campaign""", params)
 
 
 def campaign_list(store: Store) -> list[dict[str, Any]]:
@@ -116,7 +131,8 @@ def attempt_rows(store: Store, campaign: Scope = None) -> list[dict[str, Any]]:
     where, params = _scope("r.campaign", campaign)
     return store.fetch_dicts(
         f"""SELECT r.run_id, r.campaign, r.point_id, r.repeat, r.attempt, r.submit_reason, r.state, r.outcome,
-                   r.reason, r.stopped_by, p.model_name, p.batch_size, p.number_gpus, m.is_valid,
+                   r.reason, r.stopped_by, r.elapsed_s, r.predicted_seconds, r.prediction_source,
+                   p.model_name, p.batch_size, p.number_gpus, m.is_valid,
                    m.dataset_tokens_per_second, m.ci_rel_halfwidth, m.energy_joules, m.energy_source,
                    m.dataset_tokens_per_joule, m.host_busy, m.host_other_cpu_pct, m.shared_host, r.profiled,
                    m.straggler
@@ -298,6 +314,27 @@ def point_entities(store: Store, point_ids: Sequence[str]) -> dict[str, dict[str
     return out
 
 
+def _across_where(n: int) -> str:
+    return ("m.is_valid AND m.dataset_tokens_per_second IS NOT NULL AND NOT coalesce(m.shared_host, false) "
+            f"AND NOT coalesce(m.host_busy, false) AND m.point_id IN ({', '.join('?' for _ in range(n))})")
+
+
+def across_clusters(store: Store, point_ids: Sequence[str]) -> bool:
+    """Whether the view across clusters has anything to show for *point_ids*: one of them measured (as
+    :func:`across_campaigns` reads them) under two clusters or more, or any reference campaign in the store. One
+    aggregate, so that a store of one cluster's nightly campaigns never loads every night's rows for nothing."""
+    ids = sorted(set(point_ids))
+    if not ids:
+        return False
+    row = store.con.execute(
+        f"""SELECT EXISTS (SELECT 1 FROM campaigns WHERE origin = '{ORIGIN_ADO_CSV}')
+                   OR EXISTS (SELECT m.point_id FROM measurements m LEFT JOIN campaigns c USING (campaign)
+                              WHERE {_across_where(len(ids))} AND c.origin IS DISTINCT FROM '{ORIGIN_ADO_CSV}'
+                              GROUP BY m.point_id HAVING count(DISTINCT coalesce(c.cluster, '?')) > 1)""",
+        ids).fetchone()
+    return bool(row and row[0])
+
+
 def across_campaigns(store: Store, point_ids: Sequence[str]) -> list[dict[str, Any]]:
     """The valid measurements of *point_ids* in every campaign (the report's view across clusters), with each
     campaign's cluster and origin; runs on a shared or busy host left out."""
@@ -308,8 +345,7 @@ def across_campaigns(store: Store, point_ids: Sequence[str]) -> list[dict[str, A
         f"""SELECT m.campaign, m.point_id, m.experiment, m.model_name, m.number_gpus, m.number_nodes, m.batch_size,
                    m.model_max_length, m.gpu_model, m.dataset_tokens_per_second, c.cluster, c.origin
             FROM measurements m LEFT JOIN campaigns c USING (campaign)
-            WHERE m.is_valid AND m.dataset_tokens_per_second IS NOT NULL AND NOT coalesce(m.shared_host, false)
-              AND NOT coalesce(m.host_busy, false) AND m.point_id IN ({', '.join('?' for _ in ids)})
+            WHERE {_across_where(len(ids))}
             ORDER BY m.gpu_model, c.cluster, m.campaign, m.point_id, m.run_id""", ids)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from harness.contract.errors import CollectError
 from harness.contract.formats import SAMPLE_KINDS, Stage
+from harness.contract.records import PREDICTION_COLUMNS
 from harness.contract.stability import rating_sql
 from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPERIMENTS, STABILITY_PROPERTIES
 
@@ -52,10 +53,13 @@ from harness.spec.catalog import BENCHMARK_PROPERTIES, DERIVED_PROPERTIES, EXPER
 # mfu_peak_source (MFU against the hosts' measured peak where preflight measured them); host_health
 # leaves the rank scores of runs on a busy host out (a straggler there is no evidence against the host);
 # 19: what a measurement costs (measurements.price_per_gpu_hour, the partition's, and cost_per_million_tokens,
-# harness.spec.cost).
+# harness.spec.cost);
+# 20: what submit predicted of each run before sending it (runs.predicted_seconds, predicted_low_s,
+# predicted_high_s, prediction_source, prediction_basis: harness.spec.predict, from its attempt line) and the
+# campaign's budget (campaigns.budget_spec).
 # Every column and table since 13 is new and NULL in an older database's rows, so a database of UPGRADE_FROM on is
 # upgraded in place.
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 # The tables a schema added after UPGRADE_FROM (every other table is in every schema sbench reads).
 TABLE_SINCE = {"profile_ops": 14, "rank_scores": 16, "preflight": 16, "search_decisions": 17}
 # The oldest schema a database is upgraded from in place (by adding what it lacks: every change since is a new table
@@ -105,6 +109,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         # NULL: submitted here; ORIGINS: imported (sbench import), and from what (IMPORTED's keys)
         ("origin", "VARCHAR"), ("imported", "JSON"),
         ("search_spec", "JSON"),  # the sweep's search: and its grid's points as the search sees them (NULL: none)
+        ("budget_spec", "JSON"),  # the sweep's budget: {gpu_hours, allocation_hours} (NULL: none), newest word
     ],
     "points": [("point_id", "VARCHAR"), ("experiment", "VARCHAR"), ("valid", "BOOLEAN"),
                ("reasons", "VARCHAR[]"), ("notes", "VARCHAR[]"), *ENTITY_COLUMNS, ("entity", "JSON")],
@@ -125,6 +130,9 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("global_step", "BIGINT"), ("stopped_by", "VARCHAR"), ("sample_rows", "BIGINT"),
         ("fingerprint", "VARCHAR"), ("collected_at", "TIMESTAMP"),
         ("profiled", "BOOLEAN"), ("profile_files", "VARCHAR[]"),  # runner.profile: this run was profiled; its files
+        # what submit predicted of it (harness.contract.records.PREDICTION_COLUMNS; NULL: sent without one)
+        ("predicted_seconds", "DOUBLE"), ("predicted_low_s", "DOUBLE"), ("predicted_high_s", "DOUBLE"),
+        ("prediction_source", "VARCHAR"), ("prediction_basis", "VARCHAR"),
     ],
     "run_hosts": [
         *_RUN_KEY, ("host", "VARCHAR"), ("machine_rank", "INTEGER"), ("expected", "BOOLEAN"),
@@ -324,7 +332,7 @@ TYPES = {"sample_kind": "ENUM (" + ", ".join(f"'{k}'" for k in SAMPLE_KINDS) + "
 
 # Columns of ``runs`` that a manifest ``attempt`` line owns; collect owns the rest.
 MANIFEST_RUN_COLUMNS = ("campaign", "point_id", "repeat", "attempt", "experiment", "job_dir", "executor", "job_id",
-                        "array_job_id", "array_task_id", "submit_reason", "submitted_at")
+                        "array_job_id", "array_task_id", "submit_reason", "submitted_at", *PREDICTION_COLUMNS)
 
 
 _HEADLINE = ["train_runtime", "train_tokens_per_second", "dataset_tokens_per_second",
@@ -361,6 +369,13 @@ def run_overhead_sql(stages: str = "stages") -> str:
                          / (h.job_end_wall - h.job_start_wall) END AS outside_train_fraction,
                coalesce(h.prepared_in_job, false) AS prepared_in_job
         FROM h LEFT JOIN tt USING (run_id, host)"""
+
+
+def device_seconds(seconds: str) -> str:
+    """SQL: *seconds* (an expression over ``runs r`` joined with ``points p``) times the run's devices (its
+    ``number_gpus``; one for a CPU point without GPUs): what a GPU-hour counts (``harness.spec.predict``'s
+    ``Prediction.gpu_hours`` too)."""
+    return f"{seconds} * greatest(1, coalesce(p.number_gpus, 1))"
 
 
 def point_status_sql(campaign_points: str = "campaign_points", runs: str = "runs") -> str:

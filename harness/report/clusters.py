@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.contract.exchange import ORIGIN_ADO_CSV
-from harness.db.reportdata import across_campaigns, published_measurements
+from harness.db.reportdata import across_campaigns, across_clusters, published_measurements
 from harness.db.schema import ENTITY_FIELDS
 from harness.db.store import Store
 from harness.spec.published import matches
@@ -30,7 +30,7 @@ def load_clusters(store: Store, measurements: Sequence[Mapping[str, Any]]) -> li
     for m in measurements:
         points.setdefault(str(m["point_id"]), {**{k: m.get(k) for k in ENTITY_FIELDS},
                                                "experiment": m.get("experiment")})
-    if not points:
+    if not points or not across_clusters(store, list(points)):
         return []
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in across_campaigns(store, list(points)):

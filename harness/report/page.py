@@ -26,11 +26,14 @@ charts they draw with are :mod:`harness.report.charts`.
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from harness.contract.paths import DbTarget
 from harness.contract.stability import bands_text
 from harness.db.store import open_store
+from harness.db.values import from_json
 
 from .charts import esc, library_versions, page_scripts, plural
 from .compare import parse_side
@@ -155,11 +158,40 @@ def _header(data: ReportData) -> str:
     order = [*main_four, *sorted(set(data.outcomes) - set(main_four))]
     counts = "".join(f'<span class="c-{esc(o)}"><b>{data.outcomes.get(o, 0)}</b> {esc(o)}</span>' for o in order
                      if o in data.outcomes or o in ("ok", "invalid", "failed"))
+    spends = [line for c in data.campaigns if (line := spend_text(c))]
     return (f'<h1>sbench report</h1><div class="meta">Campaign{"s" if len(data.campaigns) > 1 else ""}: {camps}'
             f" · {esc(SCOPES[data.scope])}<br>"
             f'<span class="counts">Runs: {counts}</span> · {esc(plural(len(data.measurements), "measurement"))}<br>'
-            f"Database <code>{esc(data.db)}</code> · generated "
+            + "".join(f'<span class="spend">{line}</span><br>' for line in spends)
+            + f"Database <code>{esc(data.db)}</code> · generated "
             f"{esc(data.generated_at.strftime('%Y-%m-%d %H:%M:%S %Z'))}</div>{_campaign_choices(data)}")
+
+
+def spend_text(c: Mapping[str, Any]) -> str:
+    """What a campaign's runs spent (devices x allocation hours), against its ``budget:`` where it has one, and
+    against what submit predicted of the runs it predicted (HTML); empty before any run held an allocation."""
+    spent = c.get("spent_gpu_hours")
+    if spent is None:
+        return ""
+    text = (f"Spent: <b>{esc(c['campaign'])}</b> {_hours(spent)} GPU-hours "
+            f"({_hours(c.get('spent_allocation_hours'))} allocation hours)")
+    budget = from_json(c.get("budget_spec"), None)
+    if isinstance(budget, dict):
+        parts = [f"{limit:g} {what} ({used / limit:.0%} spent)" for key, what, used in (
+            ("gpu_hours", "GPU-hours", spent), ("allocation_hours", "allocation hours",
+                                                 c.get("spent_allocation_hours") or 0.0))
+            if isinstance(limit := budget.get(key), (int, float)) and limit > 0]
+        if parts:
+            text += "; budget: " + ", ".join(parts)
+    predicted, measured, n = c.get("predicted_gpu_hours"), c.get("predicted_runs_spent"), c.get("runs_predicted")
+    if predicted and measured and n:
+        text += (f"; submit predicted {_hours(predicted)} GPU-hours for the {plural(int(n), 'run')} it predicted, "
+                 f"which spent {_hours(measured)} ({(measured - predicted) / predicted:+.0%})")
+    return text
+
+
+def _hours(v: Any) -> str:
+    return f"{v:,.3g}" if isinstance(v, (int, float)) else "?"
 
 
 def _left_out(m: dict[str, object]) -> str:
@@ -242,7 +274,9 @@ def render_report(data: ReportData) -> str:
                                                     repeats=data.repeats) + "</div>"),
         section("repeats", "Every attempt, and why it was sent",
                 "Each attempt of the points above: why it was submitted (new, retry, force, or more repeats with "
-                "the CV that asked for it), how it ended, what it measured, and whether compare and the CV "
+                "the CV that asked for it), how it ended, its allocation seconds beside what submit predicted of "
+                "them before sending it (history: measured runs; model: the FLOP model), what it measured, and "
+                "whether compare and the CV "
                 "exclude it (a shared or busy host).",
                 f'<div class="wide">{attempts_table(data.attempts, word, by_campaign=per)}</div>'),
         _footer(), page_scripts({"measurements": points, "traces": trace_points(data)}),

@@ -364,7 +364,8 @@ def latest_table(measurements: Sequence[Mapping[str, Any]], word: str = "GPU", b
 ATTEMPT_COLUMNS = (  # (header, key, format)
     ("model", "model_name", str), ("GPUs", "number_gpus", str), ("batch", "batch_size", str),
     ("repeat", "repeat", str), ("attempt", "attempt", str), ("sent because", "submit_reason", str),
-    ("outcome", "outcome", str), ("dataset tok/s", "dataset_tokens_per_second", fmt),
+    ("outcome", "outcome", str), ("alloc s", "elapsed_s", fmt), ("predicted s", "predicted", str),
+    ("dataset tok/s", "dataset_tokens_per_second", fmt),
     ("precision", "ci_rel_halfwidth", _pct), ("stopped by", "stopped_by", str), ("energy J", "energy_joules", fmt),
     ("tok/J", "dataset_tokens_per_joule", fmt), ("excluded", "left_out", str), ("reason", "reason", str),
     ("run", "run_id", str),
@@ -373,7 +374,8 @@ ATTEMPT_COLUMNS = (  # (header, key, format)
 
 def attempts_table(attempts: Sequence[Mapping[str, Any]], word: str = "GPU", by_campaign: bool = False) -> str:
     """Every attempt of the points shown: why it was sent (``runs.submit_reason``: new, retry, ``more repeats:
-    CV ... > target``), how it ended and what it measured; a run compare and the CV exclude says why."""
+    CV ... > target``), how it ended, its allocation seconds beside what submit predicted of them (and from what),
+    and what it measured; a run compare and the CV exclude says why."""
     if not attempts:
         return no_data("no attempts in this selection")
     rows = []
@@ -383,6 +385,8 @@ def attempts_table(attempts: Sequence[Mapping[str, Any]], word: str = "GPU", by_
         r["left_out"] = ("profiled" if a.get("profiled") else "shared host" if a.get("shared_host") else
                          f"busy host ({fmt(a.get('host_other_cpu_pct'))} % other CPU)" if a.get("host_busy") else None)
         r["reason"] = None if a.get("outcome") == "ok" else a.get("reason")
+        pred = a.get("predicted_seconds")
+        r["predicted"] = None if pred is None else f"{fmt(pred)} ({a.get('prediction_source') or '?'})"
         rows.append(r)
     columns: list[tuple[str, str, Callable[[Any], str]]] = [
         *([("campaign", "campaign", str)] if by_campaign else []), *ATTEMPT_COLUMNS]

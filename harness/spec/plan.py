@@ -50,7 +50,8 @@ class PlannedPoint:
     partition: str
     model_source: str | None
     memory: dict[str, Any] | None = None  # harness.spec.memory's prediction (plan --memory)
-    compute: Compute | None = None  # what the FLOP model knows of a valid point (harness.spec.predict; not recorded)
+    # What the FLOP model knows of a valid point (harness.spec.predict): for this process's predictions, not recorded.
+    compute: Compute | None = field(default=None, metadata={"recorded": False})
     # Settings the trainer will change (rules.change_warnings, and the data layer's masked entries), one
     # text per cause.
     warnings: list[str] = field(default_factory=list)

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
+from harness.contract.records import Predicted
+
 HISTORY = "history"
 MODEL = "model"
 DEFAULT_MFU = 0.25  # a fine-tuning step's usual share of the peak on a GPU where none of the model was measured
@@ -93,6 +95,11 @@ class Prediction:
         return {"predicted_seconds": self.seconds, "predicted_low_s": self.low, "predicted_high_s": self.high,
                 "predicted_gpu_hours": self.gpu_hours, "devices": self.devices, "prediction_source": self.source,
                 "prediction_basis": self.basis}
+
+    def recorded(self) -> Predicted:
+        """What an attempt's manifest line keeps of it (the ``runs`` columns of the same names)."""
+        return Predicted(predicted_seconds=self.seconds, predicted_low_s=self.low, predicted_high_s=self.high,
+                         prediction_source=self.source, prediction_basis=self.basis)
 
 
 def devices_of(entity: Mapping[str, Any]) -> int:
