@@ -160,6 +160,11 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
     assert ans["best"]["value"] == pytest.approx(best_value, rel=1e-9)
     never = set(points.values()) - ran
     assert never and all(dict((r[0], r[1]) for r in rows)[p] == "skipped" for p in never)
+    # status lists them too, as points the search did not run, each with its decision
+    listed = json.loads(sbench("status", "--campaign", "srch", "--json", *common).stdout)
+    unrun = {r["point_id"]: r for r in listed["rows"] if r["phase"] == "not run (search)"}
+    assert set(unrun) == never and listed["counts"]["not run (search)"] == len(never)
+    assert all(r["reason"] == "skipped: " + dict((d[0], d[2]) for d in rows)[p] for p, r in unrun.items())
     assert ans["grid_points"] == len(points)
     with duckdb.connect(str(db), read_only=True) as con:
         attempts = con.execute("SELECT point_id, repeat, count(*) AS n, max(attempt) FROM runs WHERE campaign = "

@@ -13,6 +13,7 @@ from harness.contract import jobstate
 from harness.contract.errors import InputError
 from harness.contract.paths import CampaignPaths, DbRef, DbTarget, resolve_db, resolve_workdir
 from harness.contract.records import AttemptLine, CancelLine, ManifestLine, append_manifest, now_iso
+from harness.db.search import never_run
 from harness.db.status import job_dirs, status_rows
 from harness.db.store import open_store, store_exists
 from harness.slurm.client import Slurm
@@ -38,6 +39,9 @@ class StatusReport:
     repeats: dict[str, list[RepeatsVerdict]] = field(default_factory=dict)
 
 
+NOT_RUN_BY_SEARCH = "not run (search)"  # a search campaign's grid point it never ran: its decision says why
+
+
 def status(workdir: Path | None = None, db: DbRef | None = None, campaign: str | None = None,
            slurm: Slurm | None = None) -> StatusReport:
     wd, dbp = _defaults(workdir, db)
@@ -50,6 +54,13 @@ def status(workdir: Path | None = None, db: DbRef | None = None, campaign: str |
         with open_store(dbp, read_only=True) as st:
             rows = status_rows(st, campaign)
             recorded = job_dirs(st, campaign)
+            # a search's grid points it never ran (decided against, or not reached yet): listed as such
+            listed = {(r.get("campaign"), r.get("point_id")) for r in rows}
+            rows += [{"campaign": u["campaign"], "point_id": u["point_id"], "repeat": 0, "last_attempt": None,
+                      "job_id": None, "state": None, "outcome": None, "job_dir": None, "valid": True,
+                      "search_never_ran": True,
+                      "reason": f"{u['action']}: {u['reason']}" if u["reason"] else "not reached by the search yet"}
+                     for u in never_run(st, campaign) if (u["campaign"], u["point_id"]) not in listed]
     else:
         note = f"no results database at {dbp} yet; showing the campaign manifests"
     problems: list[str] = []
@@ -74,6 +85,8 @@ def status(workdir: Path | None = None, db: DbRef | None = None, campaign: str |
     for r in rows:
         if r.get("outcome"):
             phase = r["outcome"]
+        elif r.get("search_never_ran"):
+            phase = NOT_RUN_BY_SEARCH
         elif not r.get("job_dir"):
             phase = "invalid (not run)" if r.get("valid") is False else "not submitted"
         else:

@@ -61,6 +61,28 @@ def search_evidence(store: Store, campaign: str) -> SearchEvidence | None:
                           entities_of(store, [c.point_id for c in recorded.candidates]))
 
 
+def never_run(store: Store, campaign: str | None = None) -> list[dict[str, Any]]:
+    """The grid points each search campaign (*campaign*, else every one) never ran: ``campaign``, ``point_id`` and
+    the newest decision about it (``action``, ``reason``; NULL before the search decided anything of it)."""
+    where, params = (" AND campaign = ?", [campaign]) if campaign else ("", [])
+    out: list[dict[str, Any]] = []
+    for row in store.fetch_dicts(f"SELECT campaign, search_spec FROM campaigns WHERE search_spec IS NOT NULL{where} "
+                                 "ORDER BY campaign", params):
+        doc = from_json(row["search_spec"])
+        if not isinstance(doc, dict):
+            continue
+        camp = str(row["campaign"])
+        ran = {r[0] for r in store.con.execute("SELECT DISTINCT point_id FROM runs WHERE campaign = ?",
+                                               [camp]).fetchall()}
+        said = {d["point_id"]: d for d in search_decisions(store, camp)}
+        for c in RecordedSearch.from_dict(doc).candidates:
+            if c.point_id not in ran:
+                d = said.get(c.point_id) or {}
+                out.append({"campaign": camp, "point_id": c.point_id, "action": d.get("action"),
+                            "reason": d.get("reason")})
+    return out
+
+
 def entities_of(store: Store, point_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The recorded entity (``points.entity``) of each of *point_ids* that has one."""
     ids = sorted(set(point_ids))
