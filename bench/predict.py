@@ -5,7 +5,8 @@ count. The first campaign runs the even-indexed batches only (2 and 8) at sequen
 collected; the second runs every batch at ``--seq`` and at ``--seq-other`` (never measured), each attempt carrying
 what ``submit`` predicted of it (``runs.predicted_seconds``, ``prediction_source``): 2 and 8 at ``--seq`` from their
 own runs, 4 and 16 from the measured batches of their shape (``history``, fitted), and every point at
-``--seq-other`` from the FLOP model (``model``: this model's measured MFU and start-up). Per run: the predicted
+``--seq-other`` from the FLOP model (``model``: this model's measured MFU and start-up, and the partition's peak
+that ``sbench preflight``, run between the campaigns, measured). Per run: the predicted
 allocation seconds, the measured ones (``runs.elapsed_s``) and the relative error; the summary gives the median
 and the largest error for each kind of prediction (the same point, another batch of the shape, the FLOP model).
 
@@ -89,6 +90,9 @@ def main() -> int:
     first = args.batches[::2]
     sbench("submit", sweep("first", first, [args.seq]), *common, "--wait")
     sbench("collect", "--workdir", runs, "--db", db)
+    # the partition's measured peak (a CPU partition has no datasheet's): what the FLOP model divides by
+    sbench("preflight", "-i", inv, "--partition", "cpu", "--host", "h1", "--seconds", "1", "--workdir", runs,
+           "--db", db)
     seqs = [args.seq] + ([args.seq_other] if args.seq_other else [])
     sbench("submit", sweep("second", args.batches, seqs), *common, "--wait")
     sbench("collect", "--workdir", runs, "--db", db)
