@@ -189,6 +189,42 @@ def test_a_search_finds_the_grids_answer_runs_less_and_explains_every_point(tiny
     assert "hours saved" in page and slow[:18] in page
 
 
+@pytest.mark.train
+@pytest.mark.slow(40)
+def test_a_search_stops_at_its_budget_and_says_what_it_left_undone(tiny_model: Path, small_data_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    """A budget no run fits in: the first run goes (nothing measured, no peak to predict it from: it counts as
+    nothing), and once it has spent its allocation the search's next run is not sent. Raised, the search goes on."""
+    runs, db = tmp_path / "runs", tmp_path / "r.duckdb"
+    common = ["--workdir", str(runs), "--db", str(db)]
+    doc = {"campaign": "thrift", "experiment": "finetune_full_benchmark-v1.0.0",
+           "entity": {"model_name": "tiny", "model_max_length": 32, "dataset_id": SMALL_DATASET, "number_gpus": 1,
+                      "max_steps": 2},
+           "grid": {"batch_size": [1, 2, 4]}, "search": {"goal": {"maximize": "dataset_tokens_per_second"},
+                                                         "batch_size": "fit"},
+           "budget": {"gpu_hours": 1e-6},
+           "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir)}
+    sw = write_sweep(tmp_path / "sweep.yaml", doc)
+    inv = write_sweep(tmp_path / "inv.yaml", one_host_inventory())
+    first = json.loads(sbench("submit", sw, "-i", inv, "--executor", "local", "--wait", "--json", *common,
+                              timeout=600).stdout)
+    assert first["submitted"] == 1, first
+    out = json.loads(sbench("collect", "--campaign", "thrift", "--json", *common).stdout)
+    (stop,) = out["more_repeats"]
+    assert stop["submitted"] == 0 and any("were not sent: over budget" in w for w in stop["warnings"]), stop
+    assert {p["action"] for p in stop["points"] if p["reason"].startswith("over budget")} == {"skip"}
+    ans = json.loads(sbench("best", "thrift", "--json", *common).stdout)
+    assert not ans["done"] and ans["stopped_at_budget"] and ans["runs"] == 1
+    assert all(r.startswith("stopped at the budget: ") and "budget.gpu_hours 1e-06" in r
+               for r in ans["stopped_at_budget"].values())
+    text = sbench("best", "thrift", *common)
+    assert "stopped at its budget" in text.stdout and "left undone at the budget" in text.stderr
+    # raised: the next collect sends the search's next run
+    write_sweep(sw, {**doc, "budget": {"gpu_hours": 10.0}})
+    again = json.loads(sbench("submit", sw, "-i", inv, "--executor", "local", "--json", *common).stdout)
+    assert again["submitted"] == 1 and not any("over budget" in w for w in again["warnings"]), again
+
+
 def test_a_rungs_short_run_has_its_share_of_the_run_length(tmp_path: Path) -> None:
     sw = load_sweep(write_sweep(tmp_path / "a.yaml", {
         **BASE, "entity": {**BASE["entity"], "auto_stop_method": "WARMUP_60S_STABLE_120S_OR_10_STEPS"},

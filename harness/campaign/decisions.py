@@ -38,6 +38,7 @@ class DecisionKind(enum.Enum):
     FAILED = "failed"  # its last attempt failed, and retrying was not asked for
     NOT_FAILED = "not failed"  # sbench retry: a run that would be submitted, but never failed
     PREDICTED_OOM = "predicted oom"  # --skip-predicted-oom: predicted not to fit
+    OVER_BUDGET = "over budget"  # a running campaign's next run that would pass the sweep's budget: (not sent)
 
     @property
     def submits(self) -> bool:

@@ -41,7 +41,7 @@ from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, counted_warnings, plan_sweep, plan_warnings
 from harness.spec.predict import Prediction, over_budget, totals
-from harness.spec.search import PLAN, SKIP, SearchDecision, SearchState
+from harness.spec.search import BUDGET_STOP, HALVING, PLAN, SKIP, STOP, SearchDecision, SearchState
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
 from . import manifest, nextruns
@@ -287,6 +287,8 @@ def _submit(locks: CampaignLocks, req: SubmitRequest, mode: Mode, *, echo: Calla
                          "budget": sweep.budget.to_dict() if sweep.budget else None}
     if sweep.budget is not None:  # before anything is prepared, written or sent
         over = over_budget(sweep.budget, preds, *spent)
+        if over and mode is Mode.DUE:  # a running campaign's next runs: it stops there, saying why
+            return _stop_at_budget(plan, search, report, over)
         if over:
             unknown = sum(p.seconds is None for p in preds)
             raise InputError(f"{sweep.source}: the campaign would pass its budget: {over}"
@@ -312,6 +314,27 @@ def _submit(locks: CampaignLocks, req: SubmitRequest, mode: Mode, *, echo: Calla
                                                  sweep.campaign).values())
     report.feed = plan.backend.feed_summary(campaign_dir)
     report.db_note = manifest.record_events(plan.db, events) or report.db_note
+    return report
+
+
+def _stop_at_budget(plan: Planned, search: SearchState | None, report: SubmitReport, over: str) -> SubmitReport:
+    """A running campaign's next runs (a search's next rung or repeats, the repeats the CV asks for) would pass the
+    sweep's ``budget:``: none is sent. Each is reported as over budget, and a search records for each point it
+    would have run that it stopped there (``sbench best`` and ``status`` say so); raising the budget and running
+    ``sbench submit`` (or the next collect) goes on from the database."""
+    why = f"over budget: {over}; raise budget: and run sbench submit again"
+    todo = [d for d in report.decisions if d.kind.submits]
+    report.decisions = [Decision(d.point, DecisionKind.OVER_BUDGET, why) if d.kind.submits else d
+                        for d in report.decisions]
+    report.warnings.append(f"{plan.sweep.campaign}: its next {len(todo)} run(s) were not sent: {why}")
+    if search is not None:
+        for d in todo:
+            before = search.decisions.get(d.point.point_id)
+            search.decisions[d.point.point_id] = SearchDecision(
+                d.point.point_id, before.phase if before else HALVING, STOP, BUDGET_STOP + over, d.point.repeat)
+        report.search = search_summary(search)
+        report.db_note = manifest.record_events(
+            plan.db, record_decisions(plan.campaign_dir, plan.sweep.campaign, search)) or report.db_note
     return report
 
 

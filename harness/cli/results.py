@@ -380,7 +380,8 @@ def best(campaign: str, db: DbArg | None, workdir: Path | None, as_json: bool) -
         return
     b = ans["best"]
     (metric_sense, metric), = ans["goal"].items()
-    state = "done" if ans["done"] else "still running (collect goes on with it)"
+    state = ("done" if ans["done"] else "stopped at its budget (raise budget: and run sbench submit to go on)"
+             if ans.get("stopped_at_budget") else "still running (collect goes on with it)")
     click.echo(f"search {printable(campaign)}: {state}; goal {metric_sense} {metric}")
     if b:
         lo, hi = b["interval"]
@@ -407,3 +408,7 @@ def best(campaign: str, db: DbArg | None, workdir: Path | None, as_json: bool) -
                    f"allocations {ans['allocation_s']:.1f} s (the grid's cost: not estimated until a run ends)")
     if ans["stuck"]:
         click.echo(f"failed runs wait for sbench retry {printable(campaign)}: {', '.join(ans['stuck'])}", err=True)
+    if ans.get("stopped_at_budget"):
+        left = ans["stopped_at_budget"]
+        click.echo(f"left undone at the budget: the next run of {len(left)} point(s) "
+                   f"({', '.join(map(printable, left))}): {next(iter(left.values()))}", err=True)

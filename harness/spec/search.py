@@ -54,6 +54,8 @@ BATCH_FIELD = "batch_size"
 # fit, unless the bisection has nothing else to go on (nothing below it is known to fit).
 WIDE_MARGIN = 1.25
 
+# How the reason of a point whose next run the sweep's budget: stopped begins (harness.campaign.submit writes it).
+BUDGET_STOP = "stopped at the budget: "
 # A decision's phase and action, as the search_decisions table and sbench best say them.
 FIT, HALVING, FINAL = "fit", "halving", "final"
 PLAN = "plan"  # a point the plan found invalid: none of the search's, recorded with the plan's reasons
@@ -546,6 +548,9 @@ def answer(ev: SearchEvidence) -> dict[str, Any]:
     n_oom = len(cands) - n_fit
     return {
         "campaign": ev.campaign, "goal": {spec.sense: spec.metric}, "done": state.done, "stuck": state.stuck,
+        # the points whose next run the sweep's budget: stopped (harness.campaign.submit), with why
+        "stopped_at_budget": {str(d["point_id"]): str(d["reason"]) for d in ev.decisions
+                              if str(d.get("reason") or "").startswith(BUDGET_STOP) and not state.done},
         "best": None if state.best is None or iv is None else {
             "point_id": state.best, **{k: entity[state.best].get(k) for k in grid_fields}, "value": iv.mean,
             "interval": [iv.lo, iv.hi], "runs": iv.n, "entity": best_entity},
