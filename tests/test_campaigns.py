@@ -55,11 +55,11 @@ def test_every_runs_host_samples_cover_its_measured_window(trained) -> None:
         ts = [r["t_wall"] for r in rows if r["run_id"] == m["run_id"]]
         assert ts and ts[-1] >= m["hi"], m  # a host row at (or after) the window's end: its tail is covered
         # Each row stands for the sampler's period before it: the coverage, recomputed; where the sampler kept its
-        # schedule (no tick late by a tenth of a period, which a loaded machine may cause), it is the whole window
+        # schedule (no tick late by over a millisecond, which a loaded machine may cause), it is the whole window
         cover = sum(max(0.0, min(t, m["hi"]) - max(t - interval, m["lo"])) for t in ts)
         assert m["host_window_coverage"] == pytest.approx(min(1.0, cover / (m["hi"] - m["lo"])), rel=1e-9)
         inside = [t for t in ts if m["lo"] <= t <= m["hi"] + interval]
-        if all(b - a <= 1.1 * interval for a, b in zip(inside, inside[1:])):
+        if all(b - a <= interval + 0.001 for a, b in zip(inside, inside[1:])):  # windows here are 0.2-0.5 s
             assert m["host_window_coverage"] >= 0.98, (m, inside)
 
 
