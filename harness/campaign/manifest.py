@@ -97,34 +97,30 @@ def search_lines(campaign_dir: Path) -> dict[str, SearchLine]:
     return {ev["point_id"]: ev for ev in lines if ev["type"] == "search"}
 
 
-def budget(campaign_dir: Path) -> dict[str, Any] | None:
-    """The campaign's ``budget:`` as its newest campaign or budget line says it (None: none, or a manifest that is
-    not read)."""
+def _newest_word(campaign_dir: Path, kind: str) -> dict[str, Any] | None:
+    """The sweep's *kind* section (``repeats``, ``budget``) as the campaign's newest campaign or *kind* line says it
+    (None: none, or a manifest that is not read). Only those lines are decoded: ``collect`` asks this of every
+    campaign, and a large campaign's manifest is mostly attempt lines."""
     try:
-        lines = read_manifest(CampaignPaths(campaign_dir), ("campaign", "budget"))[0]
+        lines = read_manifest(CampaignPaths(campaign_dir), ("campaign", kind))[0]
     except OSError:
         return None
     out = None
     for ev in lines:
-        spec = ev.get("budget")
+        spec = ev.get(kind)
         out = spec if isinstance(spec, dict) else None
     return out
 
 
+def budget(campaign_dir: Path) -> dict[str, Any] | None:
+    """The campaign's ``budget:`` as its newest campaign or budget line says it."""
+    return _newest_word(campaign_dir, "budget")
+
+
 def adaptive_repeats(campaign_dir: Path) -> dict[str, Any] | None:
     """The campaign's ``repeats: {min, max, cv}`` as its newest campaign or repeats line says it (None: a plain
-    ``repeats: N``, or a manifest that is not read). Only those lines are decoded: ``collect`` asks this of
-    every campaign, and a large campaign's manifest is mostly attempt lines."""
-    try:
-        lines = read_manifest(CampaignPaths(campaign_dir), ("campaign", "repeats"))[0]
-    except OSError:
-        return None
-    out = None
-    for ev in lines:
-        if ev["type"] == "campaign" or ev["type"] == "repeats":
-            spec = ev.get("repeats")
-            out = spec if isinstance(spec, dict) else None
-    return out
+    ``repeats: N``)."""
+    return _newest_word(campaign_dir, "repeats")
 
 
 def cancelled_dirs(workdir: Path, campaign: str | None) -> set[str]:
