@@ -4,13 +4,16 @@ The tiny model on the local executor, one sweep of three shapes (gradient accumu
 (1 to 16), run twice: as a GRID (every point, ``search:`` left out) and as a SEARCH (``batch_size: fit``, ``method:
 halving``). The answer is known by construction, from the inventory's ``SBENCH_FAULT``: ``oom@step=1`` on every
 batch above a chosen limit per shape (one shape has none), and ``sleep@step=*`` on every step of every point but
-one (the fastest, at its shape's largest fitting batch). The sleep must dominate a step (on two loaded cores a
-step of the tiny model takes up to a second or two): 2 s by default. The search does not read the faults.
+one: the fastest, (2, 4), is *not* its shape's largest fitting batch (16), but a batch the bisection measures on
+its way there, so the search must take the points it measured into the halving to find it. The sleep must
+dominate a step (on two loaded cores a step of the tiny model takes up to a second or two): 2 s by default. The
+search does not read the faults.
 
 Reported: each campaign's best point (``sbench best`` for the search; the fastest ok point of the grid, from its
 measurements) and its largest batch per shape (the grid's largest ok batch); the training seconds of each (the
 sum of its runs' train stages) and their ratio (goal: the search at most 35 % of the grid), with the allocation
-seconds (the runs' elapsed time) beside.
+seconds (the runs' elapsed time) beside; and the error of the search's estimate of the grid's training and
+allocation seconds against what the grid took.
 
     .venv/bin/python bench/search.py                      # about 10 minutes on two loaded cores
     .venv/bin/python bench/search.py --out /tmp/search.json --sleep 3
@@ -36,8 +39,8 @@ DATASET = "news-chars-512-entries-4096"
 AUTO = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
 SHAPES = [1, 2, 3]  # gradient_accumulation_steps
 BATCHES = [1, 2, 4, 8, 16]
-LIMITS = {1: 4, 2: 8, 3: 16}  # the largest batch that fits, per shape (16: none OOMs)
-FAST = (2, 8)  # the one point without sleeps
+LIMITS = {1: 4, 2: 16, 3: 8}  # the largest batch that fits, per shape (16: none OOMs)
+FAST = (2, 4)  # the one point without sleeps: below its shape's largest fitting batch
 
 
 def prepare(work: Path) -> tuple[Path, Path]:
@@ -152,6 +155,12 @@ def main() -> None:
             "train_ratio": cost["search"]["train_s"] / cost["grid"]["train_s"] if cost["grid"]["train_s"] else None,
             "allocation_ratio": (cost["search"]["allocation_s"] / cost["grid"]["allocation_s"]
                                  if cost["grid"]["allocation_s"] else None),
+            # the search's estimate of the grid against the grid itself (estimate / measured - 1)
+            "grid_estimate_from": best["grid_estimate_from"],
+            "grid_train_estimate_error": (best["grid_train_s_estimate"] / cost["grid"]["train_s"] - 1
+                                          if cost["grid"]["train_s"] else None),
+            "grid_allocation_estimate_error": (best["grid_allocation_s_estimate"] / cost["grid"]["allocation_s"] - 1
+                                               if cost["grid"]["allocation_s"] else None),
         }
         print(json.dumps(out, indent=2, default=str))
         ratio = out["train_ratio"]
@@ -159,6 +168,10 @@ def main() -> None:
               f"training {cost['search']['train_s']:.1f} s (search) vs {cost['grid']['train_s']:.1f} s (grid) = "
               f"{100 * (ratio or 0):.1f} % (goal <= 35 %); allocations {cost['search']['allocation_s']:.1f} s vs "
               f"{cost['grid']['allocation_s']:.1f} s; runs {cost['search']['runs']} vs {cost['grid']['runs']}")
+        print(f"the search's estimate of the grid (from its {out['grid_estimate_from']}): training "
+              f"{best['grid_train_s_estimate']:.1f} s ({100 * (out['grid_train_estimate_error'] or 0):+.1f} %), "
+              f"allocations {best['grid_allocation_s_estimate']:.1f} s "
+              f"({100 * (out['grid_allocation_estimate_error'] or 0):+.1f} %)")
         if args.out:
             args.out.write_text(json.dumps(out, indent=2, default=str))
     finally:

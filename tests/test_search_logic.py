@@ -11,15 +11,21 @@ from collections.abc import Callable
 
 import pytest
 
+from harness.report.sections import search_section
 from harness.spec.search import (
+    AGREE_RUNS,
     FINAL,
     KEEP,
     RUN,
     SKIP,
     STOP,
     Candidate,
+    RecordedSearch,
     RunSeen,
+    SearchEvidence,
     SearchSpec,
+    answer,
+    disagreement,
     interval,
     spread_rel_ci,
     step,
@@ -41,9 +47,12 @@ def grid(models: list[str], batches: list[int], memory: Callable[[str, int], flo
 
 def simulate(spec: SearchSpec, cands: list[Candidate], fits: Callable[[Candidate], bool],
              speed: Callable[[Candidate], float], repeats: int = 1, rel_ci: float = 0.01,
-             fail: set[tuple[str, int]] | None = None, limit: int = 50):
-    """Run the search to its end: each step's runs end at once as the truth says. Returns the last state and
-    the runs made, in order."""
+             fail: set[tuple[str, int]] | None = None, limit: int = 50,
+             busy: set[tuple[str, int]] | None = None, at: Callable[[Candidate, int], float] | None = None,
+             also: Callable[[Candidate], dict[str, float]] | None = None):
+    """Run the search to its end: each step's runs end at once as the truth says (*at*: a repeat's own value, where
+    repeats differ; *busy*: the runs measured on a busy host; *also*: the further objectives' values). Returns the
+    last state and the runs made, in order."""
     runs: dict[str, list[RunSeen]] = {}
     made: list[tuple[str, int]] = []
     for _ in range(limit):
@@ -57,7 +66,9 @@ def simulate(spec: SearchSpec, cands: list[Candidate], fits: Callable[[Candidate
             if fail and (pid, rep) in fail:
                 runs.setdefault(pid, []).append(RunSeen(rep, "failed", reason="node died"))
             elif fits(c):
-                runs.setdefault(pid, []).append(RunSeen(rep, "ok", speed(c), rel_ci))
+                runs.setdefault(pid, []).append(RunSeen(rep, "ok", at(c, rep) if at else speed(c), rel_ci,
+                                                        busy=bool(busy and (pid, rep) in busy),
+                                                        values=also(c) if also else {}))
             else:
                 runs.setdefault(pid, []).append(RunSeen(rep, "invalid", reason="CUDA out of memory"))
     raise AssertionError("the search did not end")
@@ -256,3 +267,170 @@ def test_while_a_rungs_run_waits_for_retry_best_names_the_point_ahead_so_far():
     assert "sbench retry" in st.decisions["m8-b4"].reason
     # nothing ran yet: no point is ahead
     assert step(spec, cands, {}, 1).best is None
+
+
+def test_the_answer_is_the_fastest_point_measured_not_only_the_largest_batch_that_fits():
+    # Two shapes (1 and 2 workers, batches 1 to 64), OOM above 12 per worker; every point sleeps but (w2, 8), which
+    # the bisection of w2 measures on its way to 16 (8 ok, then 32 OOM, then 16 ok). It is the answer, not (w2, 16).
+    limit = {"w1": 12, "w2": 24}
+    cands = grid(["w1", "w2"], [1, 2, 4, 8, 16, 32, 64])
+
+    def fits(c: Candidate) -> bool:
+        return c.batch <= limit[c.entity["model_name"]]
+
+    def speed(c: Candidate) -> float:
+        return 9000.0 if c.point_id == "w2-b8" else 1000.0 * (1 + math.log(c.batch))
+
+    st, made, _ = simulate(SPEC, cands, fits, speed, repeats=1)
+    assert {f.shape["model_name"]: f.batch_size for f in st.fits} == {"w1": 8, "w2": 16}
+    assert ("w2-b8", 0) in made and st.done and st.best == "w2-b8"
+    assert grid_answer(cands, fits, speed)[0] == "w2-b8"
+    # the fitted batches were its rivals, and left on the evidence of their runs
+    assert st.decisions["w2-b16"].action == STOP and "best 9,000" in st.decisions["w2-b16"].reason
+    assert len({p for p, _ in made}) < len(cands) / 2
+
+
+def test_busy_host_runs_are_left_out_where_a_quiet_one_exists_and_used_with_a_note_where_not():
+    quiet, loud = RunSeen(0, "ok", 1000.0, 0.01), RunSeen(1, "ok", 300.0, 0.01, busy=True)
+    iv = interval([quiet, loud])
+    assert iv is not None and iv.mean == 1000.0 and iv.n == 1
+    iv = interval([loud])
+    assert iv is not None and iv.mean == 300.0
+    # three shapes; the fastest's rung 0 run was measured on a busy host at a third of its speed: without the
+    # rule it would be halved out at rung 0; with it, its busy run is all it has, so it is used (and said so) ...
+    cands = grid(["a", "b", "c"], [4])
+    spec = SearchSpec("dataset_tokens_per_second", "maximize", None, "halving", 3)
+    speeds = {"a": 1000.0, "b": 1500.0, "c": 3000.0}
+
+    def at(c: Candidate, rep: int) -> float:
+        v = speeds[c.entity["model_name"]]
+        return v / 3 if (c.point_id, rep) in busy else v
+
+    busy = {("c-b4", 0)}
+    st, made, runs = simulate(spec, cands, lambda c: True, lambda c: 0.0, at=at, busy=busy)
+    assert st.best == "b-b4" and "c-b4" not in {p for p, r in made if r > 0}
+    assert "all on a busy host: used" in st.decisions["c-b4"].reason
+    # ... and where the point has a quiet run too, the busy one is left out of every decision
+    busy = {("c-b4", 1)}
+    st, made, runs = simulate(spec, cands, lambda c: True, lambda c: 0.0, at=at, busy=busy)
+    assert ("c-b4", 1) in made and st.best == "c-b4" and st.best_interval is not None
+    assert st.best_interval.mean == 3000.0 and "1 run(s) on a busy host left out" in st.decisions["c-b4"].reason
+
+
+def test_two_runs_that_disagree_get_a_third_before_the_point_is_cut_or_ranked():
+    # b's rung 1 run reads 3x its rung 0 run (intervals far apart): it leads on that, but cuts no one and gets the
+    # campaign's repeat as a third look before it is ranked; a goes on beside it; c (slower, agreeing) is cut.
+    cands = grid(["a", "b", "c"], [4])
+    spec = SearchSpec("dataset_tokens_per_second", "maximize", None, "halving", 3)
+
+    def at(c: Candidate, rep: int) -> float:
+        m = c.entity["model_name"]
+        if m == "b":
+            return {0: 1000.0, 1: 3000.0}.get(rep, 1100.0)
+        return {"a": 1000.0, "c": 200.0}[m]
+
+    st, made, runs = simulate(spec, cands, lambda c: True, lambda c: 0.0, at=at, repeats=1)
+    assert disagreement(runs["b-b4"][:2]) is not None and ("c-b4", 1) not in made
+    assert ("b-b4", 2) in made and ("a-b4", 2) in made
+    assert len(runs["b-b4"]) >= AGREE_RUNS and st.decisions["b-b4"].phase == FINAL
+    assert "kept, as the best's runs disagree" in st.decisions["a-b4"].reason
+    assert st.best == "b-b4" and st.best_interval is not None and st.best_interval.mean == pytest.approx(1700.0)
+    # with one shape and one repeat (two runs planned), two that disagree get the spare repeat
+    one = grid(["a"], [4])
+    spec1 = SearchSpec("dataset_tokens_per_second", "maximize", None, "halving", 3)
+    st, made, runs = simulate(spec1, one, lambda c: True, lambda c: 0.0,
+                              at=lambda c, rep: {0: 1000.0, 1: 3000.0}.get(rep, 2000.0), repeats=1)
+    assert made == [("a-b4", 0), ("a-b4", 1), ("a-b4", 2)] and st.done and st.best == "a-b4"
+    assert "a third, repeat 2" in st.decisions["a-b4"].reason
+    assert st.best_interval is not None and st.best_interval.mean == pytest.approx(2000.0)
+
+
+def test_the_grids_estimate_counts_full_length_runs_and_every_grid_point():
+    # two shapes; the bisection's runs are short (1/3 of the run length); only the final repeats are full
+    cands = grid(["a", "b"], [2, 4, 8])
+    st, made, runs = simulate(SPEC, cands, lambda c: c.batch <= 4, lambda c: 100.0 * c.batch, repeats=1)
+    spent = []
+    for pid, rep in made:
+        r = next(x for x in runs[pid] if x.repeat == rep)
+        share = st.scale[(pid, rep)]
+        # a full run trains 90 s (allocation 100 s); a short run its share of it; an OOM run 5 s (allocation 15 s)
+        train = 90.0 * share if r.outcome == "ok" else 5.0
+        spent.append({"point_id": pid, "repeat": rep, "outcome": r.outcome, "train_s": train,
+                      "allocation_s": train + 10.0, "number_gpus": 2})
+    assert any(st.scale[k] < 1 for k in made) and any(st.scale[k] == 1 for k in made)
+    ev = SearchEvidence("s", RecordedSearch(SPEC, ("model_name", "batch_size"), 1, tuple(cands)), runs, spent, [],
+                        {c.point_id: {**c.entity, "number_gpus": 2} for c in cands})
+    ans = answer(ev)
+    # 4 points fit (each 90 s of training from the full runs), 2 do not (each 5 s, the OOM runs' mean)
+    assert ans["grid_estimate_from"] == "full-length runs"
+    assert ans["grid_train_s_estimate"] == pytest.approx(4 * 90.0 + 2 * 5.0)
+    assert ans["grid_allocation_s_estimate"] == pytest.approx(4 * 100.0 + 2 * 15.0)
+    assert ans["grid_gpu_s_estimate"] == pytest.approx(2 * ans["grid_allocation_s_estimate"])
+    assert ans["runs"] == len(made) and ans["train_s"] == pytest.approx(sum(r["train_s"] for r in spent))
+    # before any run ended: nothing to estimate from
+    empty = answer(SearchEvidence("s", ev.recorded, {}, [], [], {}))
+    assert empty["grid_estimate_from"] is None and empty["grid_train_s_estimate"] == 0
+
+
+def test_the_reports_answer_says_when_the_best_point_was_measured_on_a_busy_host_only():
+    base = {"campaign": "s", "goal": {"maximize": "dataset_tokens_per_second"}, "done": True, "runs": 3,
+            "objectives": [{"sense": "maximize", "metric": "dataset_tokens_per_second"}], "pareto": [],
+            "grid_points": 6, "train_s": 10.0, "allocation_s": 12.0, "gpu_s": 12.0, "grid_train_s_estimate": 30.0,
+            "grid_allocation_s_estimate": 36.0, "grid_gpu_s_estimate": 36.0, "grid_estimate_from": "full-length runs",
+            "max_batch_size": [], "decisions": []}
+    best = {"point_id": "p1", "value": 100.0, "interval": [90.0, 110.0], "runs": 2}
+    quiet = search_section([{**base, "best": {**best, "busy_runs_left_out": 0, "busy_host_only": False}}])
+    loud = search_section([{**base, "best": {**best, "busy_runs_left_out": 0, "busy_host_only": True}}])
+    some = search_section([{**base, "best": {**best, "busy_runs_left_out": 1, "busy_host_only": False}}])
+    assert "busy" not in quiet and "estimated from its full-length runs" in quiet
+    assert "every run of it on a host busy with other work" in loud
+    assert "1 run of it on a busy host left out" in some
+
+
+PARETO = SearchSpec("dataset_tokens_per_second", "maximize", None, "halving", 3,
+                    (("minimize", "cost_per_million_tokens"),))
+
+
+def test_a_pareto_search_keeps_every_point_that_may_be_on_the_front():
+    # Nine points: throughput and cost per million tokens trade off along a front (more GPUs: faster and dearer);
+    # the others are worse on both than some front point. Only the dominated ones leave, each naming who beat it.
+    truth = {f"m{i}": (1000.0 * (i + 1), 1.0 + 0.5 * i) for i in range(5)}  # the front: faster is dearer
+    truth |= {"x1": (1500.0, 2.0), "x2": (800.0, 4.0), "x3": (3500.0, 5.0), "x4": (400.0, 1.5)}
+    cands = grid(list(truth), [4])
+
+    def speed(c: Candidate) -> float:
+        return truth[c.entity["model_name"]][0]
+
+    def also(c: Candidate) -> dict[str, float]:
+        tps, cost = truth[c.entity["model_name"]]
+        return {"dataset_tokens_per_second": tps, "cost_per_million_tokens": cost}
+
+    st, made, runs = simulate(PARETO, cands, lambda c: True, speed, also=also, repeats=1)
+    front = {f"m{i}-b4" for i in range(5)}
+    assert st.done and set(st.pareto) == front and st.best == "m4-b4"
+    for x in ("x1", "x2", "x3", "x4"):
+        d = st.decisions[f"{x}-b4"]
+        assert d.action == STOP and "dominated by m" in d.reason and "cost_per_million_tokens" in d.reason, d
+    # every front point got the campaign's repeat (the rungs never cut one)
+    assert {p for p, r in made if r >= 1} >= front
+    # one objective: the same grid keeps only the fastest and those overlapping it
+    single, _, _ = simulate(SearchSpec("dataset_tokens_per_second", "maximize", None, "halving", 3), cands,
+                            lambda c: True, speed, repeats=1)
+    assert single.best == "m4-b4" and not single.pareto
+
+
+def test_a_pareto_point_leaves_only_when_another_is_better_on_every_objective_beyond_the_intervals():
+    # b is cheaper than a within their intervals' overlap (2 % each): a does not dominate it, and both stay
+    cands = grid(["a", "b", "c"], [4])
+    truth = {"a": (2000.0, 1.00), "b": (1000.0, 1.01), "c": (900.0, 3.0)}
+
+    def also(c: Candidate) -> dict[str, float]:
+        tps, cost = truth[c.entity["model_name"]]
+        return {"dataset_tokens_per_second": tps, "cost_per_million_tokens": cost}
+
+    st, _, runs = simulate(PARETO, cands, lambda c: True, lambda c: truth[c.entity["model_name"]][0], also=also,
+                           rel_ci=0.02)
+    assert st.pareto == ["a-b4", "b-b4"] and st.decisions["c-b4"].action == STOP
+    # a goal's round trip through what a campaign records, and the sweep's way of saying it
+    assert SearchSpec.from_dict(PARETO.to_dict()) == PARETO
+    assert PARETO.goal() == {"maximize": "dataset_tokens_per_second", "minimize": "cost_per_million_tokens"}

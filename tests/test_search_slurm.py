@@ -1,5 +1,6 @@
-"""A search on the project's test cluster: one ``sbench submit`` (no --wait), and the feeder job goes on with the
-search wave after wave until it is over; ``collect`` then ``sbench best`` answer. The answer is known by
+"""A search on the project's test cluster: one ``sbench submit`` (no --wait), cancelled at once and resumed with
+``sbench retry``, and the feeder job goes on with the search wave after wave until it is over; ``collect`` then
+``sbench best`` answer. The answer is known by
 construction (SBENCH_FAULT in the inventory's env: an OOM at batch 4 of one shape, a sleep on every step of every
 point but the fastest)."""
 
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.train]
 
 
 @pytest.mark.slow(150)
-def test_a_search_submitted_once_finishes_by_its_feeder(tmp_path: Path, tiny_model: Path, small_data_dir: Path,
+def test_a_search_cancelled_and_resumed_finishes_by_its_feeder(tmp_path: Path, tiny_model: Path, small_data_dir: Path,
                                                         slurm_cluster, monkeypatch) -> None:
     monkeypatch.setenv("SBENCH_FEED_INTERVAL", "2")  # read at submit: the feeder's turns, 2 s apart
     camp = f"search{int(time.time())}"
@@ -51,8 +52,16 @@ def test_a_search_submitted_once_finishes_by_its_feeder(tmp_path: Path, tiny_mod
 
     rep = json.loads(sb("submit", sw, "-i", inv, "--executor", "slurm", "--json"))
     assert rep["feed"].get("feeder_job"), rep["feed"]
-    # no further command: the feeder collects, decides and submits until the search is over
+    first = sorted(p["point_id"] for p in rep["points"] if p["action"] == "submit")
+    # cancelled at once (the feeder first, then the first wave's jobs), then resumed with retry: the search goes on
+    # from what the database holds, and its feeder takes it to the same answer
+    sb("cancel", "--campaign", camp)
     feed_file = CampaignPaths(tmp_path / "runs" / camp).feed
+    assert json.loads(feed_file.read_text()).get("cancelled_at")
+    again = json.loads(sb("retry", camp, "--executor", "slurm", "--json"))
+    assert sorted(p["point_id"] for p in again["points"] if p["action"] == "submit") == first, again
+    assert again["feed"].get("feeder_job"), again["feed"]
+    # no further command: the feeder collects, decides and submits until the search is over
     end = time.monotonic() + 400
     while time.monotonic() < end:
         doc = json.loads(feed_file.read_text()) if feed_file.is_file() else {}
@@ -67,9 +76,15 @@ def test_a_search_submitted_once_finishes_by_its_feeder(tmp_path: Path, tiny_mod
     assert ans["done"] and ans["best"]["point_id"] == fast, ans
     fits = {m["shape"]["gradient_accumulation_steps"]: m for m in ans["max_batch_size"]}
     assert fits[1]["batch_size"] == 4 and (fits[2]["batch_size"], fits[2]["smallest_oom"]) == (2, 4)
-    rows = sql_rows(tmp_path / "r.duckdb", "SELECT point_id, repeat, outcome FROM runs WHERE campaign = ?", [camp])
-    # fewer runs than the grid's points plus the best's repeat, each point's repeat once
-    assert len(rows) < len(points) + 1 and len({(r["point_id"], r["repeat"]) for r in rows}) == len(rows)
-    assert {r["point_id"] for r in rows if r["outcome"] == "invalid"} == {oom}
+    rows = sql_rows(tmp_path / "r.duckdb", "SELECT point_id, repeat, attempt, outcome FROM runs WHERE campaign = ?",
+                    [camp])
+    last = [r for r in rows if not any(o["point_id"] == r["point_id"] and o["repeat"] == r["repeat"]
+                                       and o["attempt"] > r["attempt"] for o in rows)]
+    # fewer runs than the grid's points plus the best's repeat, each point's repeat once; only the cancelled first
+    # wave ran twice (its attempt 1 cancelled, attempt 2 the retry's)
+    assert len(last) < len(points) + 1 and len({(r["point_id"], r["repeat"]) for r in last}) == len(last)
+    assert sorted(r["point_id"] for r in rows if r["attempt"] > 1) == first and all(
+        r["attempt"] <= 2 for r in rows)
+    assert {r["point_id"] for r in last if r["outcome"] == "invalid"} == {oom}
     decided = sql_rows(tmp_path / "r.duckdb", "SELECT point_id FROM search_decisions WHERE campaign = ?", [camp])
     assert {r["point_id"] for r in decided} == set(points.values())

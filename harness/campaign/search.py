@@ -65,17 +65,17 @@ def scaled_sweep(sweep: Sweep, scale: float) -> Sweep:
     return dataclasses.replace(sweep, runner=short)
 
 
-def history_runs(db: DbTarget, campaign: str, metric: str) -> dict[str, list[RunSeen]]:
-    """Each point's repeats as the database has them (none without a database yet)."""
+def history_runs(db: DbTarget, campaign: str, metrics: Sequence[str]) -> dict[str, list[RunSeen]]:
+    """Each point's repeats as the database has them, with the goal's *metrics* (none without a database yet)."""
     if not store_exists(db):
         return {}
     with open_store(db, read_only=True) as st:
-        return runs_seen(st, campaign, metric)
+        return runs_seen(st, campaign, metrics)
 
 
 def search_state(db: DbTarget, campaign: str, spec: SearchSpec, points: Sequence[PlannedPoint],
                  grid_fields: Sequence[str], repeats: int) -> SearchState:
-    return step(spec, candidates(points, grid_fields), history_runs(db, campaign, spec.metric), repeats)
+    return step(spec, candidates(points, grid_fields), history_runs(db, campaign, spec.metrics), repeats)
 
 
 def decision_lines(campaign_dir: Path, campaign: str, state: SearchState) -> list[SearchLine]:
@@ -95,7 +95,7 @@ def decision_lines(campaign_dir: Path, campaign: str, state: SearchState) -> lis
 def recorded_state(recorded: dict[str, Any], db: DbTarget, campaign: str) -> SearchState:
     """The search's state from what the campaign line recorded of it and what the database holds."""
     rec = RecordedSearch.from_dict(recorded)
-    return step(rec.spec, list(rec.candidates), history_runs(db, campaign, rec.spec.metric), rec.repeats)
+    return step(rec.spec, list(rec.candidates), history_runs(db, campaign, rec.spec.metrics), rec.repeats)
 
 
 def summary(state: SearchState) -> dict[str, Any]:

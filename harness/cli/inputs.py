@@ -322,8 +322,8 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
                    f"{100 * a.cv:g} %, up to {a.max} (listed: every repeat a point may get)")
     if sw.search:
         sr = sw.search
-        (sense, metric), = sr.to_dict()["goal"].items()
-        click.echo(f"search: {sense} {metric}; "
+        goal = ", ".join(f"{sense} {metric}" for sense, metric in sr.objectives)
+        click.echo(f"search: {goal}{' (a Pareto front)' if sr.pareto else ''}; "
                    + ("the largest batch that fits per shape by bisection; " if sr.batch_size else "")
                    + (f"successive halving (eta {sr.eta}); " if sr.method else "")
                    + f"the best point gets {sw.search_repeats} repeat(s) (listed: every repeat a point may get; "

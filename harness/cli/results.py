@@ -379,21 +379,37 @@ def best(campaign: str, db: DbArg | None, workdir: Path | None, as_json: bool) -
         echo_json(ans)
         return
     b = ans["best"]
-    (metric_sense, metric), = ans["goal"].items()
+    metric = ans["objectives"][0]["metric"]
     state = ("done" if ans["done"] else "stopped at its budget (raise budget: and run sbench submit to go on)"
              if ans.get("stopped_at_budget") else "still running (collect goes on with it)")
-    click.echo(f"search {printable(campaign)}: {state}; goal {metric_sense} {metric}")
+    goal = ", ".join(f"{o['sense']} {o['metric']}" for o in ans["objectives"])
+    click.echo(f"search {printable(campaign)}: {state}; goal {goal}")
     if b:
         lo, hi = b["interval"]
         fields = {k: v for k, v in b.items()
-                  if k not in ("point_id", "value", "interval", "runs", "entity", "cost_per_million_tokens")}
+                  if k not in ("point_id", "value", "interval", "runs", "entity", "cost_per_million_tokens",
+                               "busy_runs_left_out", "busy_host_only")}
         named = f" ({', '.join(f'{k}={printable(str(v))}' for k, v in fields.items())})" if fields else ""
         cost = b.get("cost_per_million_tokens")
         click.echo(f"best: {printable(b['point_id'])}{named}  {metric} {b['value']:,.4g} (95 % interval {lo:,.4g} "
                    f".. {hi:,.4g}, {b['runs']} run(s))"
                    + (f"; {cost:,.4g} per million tokens at its partition's price_per_gpu_hour" if cost else ""))
+        if b.get("busy_host_only"):
+            click.echo("note: every run of the best point ran on a host busy with other work (measurements.host_busy); "
+                       "its figure is what that busy host gave", err=True)
+        elif b.get("busy_runs_left_out"):
+            click.echo(f"note: {b['busy_runs_left_out']} run(s) of the best point on a busy host were left out")
     else:
         click.echo("best: none yet")
+    if ans["pareto"]:
+        click.echo(f"the Pareto front ({len(ans['pareto'])} point(s): none is better on every objective beyond the "
+                   "intervals):")
+        names = [o["metric"] for o in ans["objectives"]]
+        rows = [{"point": p["point_id"], **{k: v for k, v in p.items() if k not in ("point_id", "objectives")},
+                 **{m: "-" if (iv := p["objectives"][m]) is None else
+                    f"{iv['value']:,.4g} ({iv['interval'][0]:,.4g} .. {iv['interval'][1]:,.4g})" for m in names}}
+                for p in ans["pareto"]]
+        click.echo(table(rows, list(rows[0])))
     if ans["max_batch_size"]:
         rows = [{"shape": ", ".join(f"{k}={v}" for k, v in m["shape"].items()), "batch_size": m["batch_size"],
                  "largest ok": m["largest_ok"], "smallest OOM": m["smallest_oom"],
@@ -402,7 +418,7 @@ def best(campaign: str, db: DbArg | None, workdir: Path | None, as_json: bool) -
     if ans["grid_train_s_estimate"] > 0:
         click.echo(f"{ans['runs']} run(s) of {ans['grid_points']} grid point(s); training {ans['train_s']:.1f} s "
                    f"(the grid: about {ans['grid_train_s_estimate']:.1f} s), allocations {ans['allocation_s']:.1f} s "
-                   f"(the grid: about {ans['grid_allocation_s_estimate']:.1f} s)")
+                   f"(the grid: about {ans['grid_allocation_s_estimate']:.1f} s, from its {ans['grid_estimate_from']})")
     else:  # no run has ended with a measurement: nothing to estimate the grid from
         click.echo(f"{ans['runs']} run(s) of {ans['grid_points']} grid point(s); training {ans['train_s']:.1f} s, "
                    f"allocations {ans['allocation_s']:.1f} s (the grid's cost: not estimated until a run ends)")

@@ -1,6 +1,6 @@
 """What a search (``search:``, harness.spec.search) reads of its campaign: each repeat's last attempt with its goal
-value and interval, the decisions recorded, the seconds the campaign spent training and holding allocations, and
-all of it at once with the search its campaign line recorded (:func:`search_evidence`, from which
+value, interval and host, the decisions recorded, the seconds each run spent training and holding its allocation,
+and all of it at once with the search its campaign line recorded (:func:`search_evidence`, from which
 harness.spec.search.answer says what the search found: ``sbench best`` and the report's section say it alike)."""
 
 from __future__ import annotations
@@ -16,13 +16,17 @@ from .store import Store
 from .values import from_json
 
 
-def search_runs(store: Store, campaign: str, metric: str) -> list[dict[str, Any]]:
-    """Each (point, repeat) of *campaign* with its last attempt's outcome and reason, the goal column *metric* and
-    the precision auto-stop's relative half-width of its measurement (NULL when not measured)."""
-    if metric not in COLUMN_NAMES["measurements"]:  # the sweep's check names the key; this one guards the SQL
-        raise ValueError(f"{metric!r} is not a measurements column")
-    sql = (f"SELECT r.point_id, r.repeat, r.attempt, r.outcome, r.reason, m.{q(metric)} AS value, "
-           "m.ci_rel_halfwidth AS rel_ci, m.step_time_cv, m.steps_timed FROM runs r "
+def search_runs(store: Store, campaign: str, metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """Each (point, repeat) of *campaign* with its last attempt's outcome and reason, the goal's columns *metrics*
+    (``v0``, ``v1``, ...), the precision auto-stop's relative half-width of its measurement (NULL when not
+    measured) and whether it ran on a host busy with other work (``measurements.host_busy``)."""
+    bad = [m for m in metrics if m not in COLUMN_NAMES["measurements"]]
+    if bad or not metrics:  # the sweep's check names the key; this one guards the SQL
+        raise ValueError(f"{bad or metrics!r}: not measurements columns")
+    cols = ", ".join(f"m.{q(m)} AS v{i}" for i, m in enumerate(metrics))
+    sql = (f"SELECT r.point_id, r.repeat, r.attempt, r.outcome, r.reason, {cols}, "
+           "m.ci_rel_halfwidth AS rel_ci, m.step_time_cv, m.steps_timed, coalesce(m.host_busy, false) AS busy "
+           "FROM runs r "
            "LEFT JOIN measurements m ON m.run_id = r.run_id "
            "WHERE r.campaign = ? QUALIFY row_number() OVER (PARTITION BY r.point_id, r.repeat "
            "ORDER BY r.attempt DESC) = 1 ORDER BY r.point_id, r.repeat")
@@ -35,15 +39,17 @@ def search_decisions(store: Store, campaign: str) -> list[dict[str, Any]]:
                              "WHERE campaign = ? ORDER BY point_id", [campaign])
 
 
-def runs_seen(store: Store, campaign: str, metric: str) -> dict[str, list[RunSeen]]:
-    """Each point's repeats as the search sees them (:func:`search_runs`): the precision auto-stop's interval,
-    else one from the run's own step times (``harness.spec.search.spread_rel_ci``)."""
+def runs_seen(store: Store, campaign: str, metrics: Sequence[str]) -> dict[str, list[RunSeen]]:
+    """Each point's repeats as the search sees them (:func:`search_runs`; the value is the first of *metrics*,
+    every one in ``values``): the precision auto-stop's interval, else one from the run's own step times
+    (``harness.spec.search.spread_rel_ci``)."""
     out: dict[str, list[RunSeen]] = {}
-    for r in search_runs(store, campaign, metric):
+    for r in search_runs(store, campaign, metrics):
         rel = float(r["rel_ci"]) if r["rel_ci"] is not None else spread_rel_ci(
             None if r["step_time_cv"] is None else float(r["step_time_cv"]), r["steps_timed"])
+        values = {m: None if r[f"v{i}"] is None else float(r[f"v{i}"]) for i, m in enumerate(metrics)}
         out.setdefault(r["point_id"], []).append(RunSeen(
-            int(r["repeat"]), r["outcome"], None if r["value"] is None else float(r["value"]), rel, r["reason"]))
+            int(r["repeat"]), r["outcome"], values[metrics[0]], rel, r["reason"], bool(r["busy"]), values))
     return out
 
 
@@ -56,8 +62,8 @@ def search_evidence(store: Store, campaign: str) -> SearchEvidence | None:
     if not doc:
         return None
     recorded = RecordedSearch.from_dict(doc)
-    return SearchEvidence(campaign, recorded, runs_seen(store, campaign, recorded.spec.metric),
-                          campaign_seconds(store, campaign), search_decisions(store, campaign),
+    return SearchEvidence(campaign, recorded, runs_seen(store, campaign, recorded.spec.metrics),
+                          run_seconds(store, campaign), search_decisions(store, campaign),
                           entities_of(store, [c.point_id for c in recorded.candidates]))
 
 
@@ -93,26 +99,17 @@ def entities_of(store: Store, point_ids: Sequence[str]) -> dict[str, dict[str, A
     return {str(pid): doc for pid, entity in rows if isinstance(doc := from_json(entity), dict) and doc}
 
 
-def campaign_seconds(store: Store, campaign: str) -> dict[str, float]:
-    """What *campaign* spent: ``train_s`` (every run's training, the longest rank's train stage), ``allocation_s``
-    (the runs' elapsed time as the scheduler counted it), ``gpu_s`` (that times each point's number_gpus), ``runs``
-    (attempts that ended), and per outcome (ok, invalid) the mean of each over its runs (``ok_train_s``,
-    ``ok_allocation_s``, ``ok_gpu_s``, ...; 0 without such runs)."""
-    rows = store.fetch_dicts(
+def run_seconds(store: Store, campaign: str) -> list[dict[str, Any]]:
+    """Each ended attempt of *campaign*: ``point_id``, ``repeat``, ``outcome``, ``train_s`` (the longest rank's
+    train stage; NULL without one), ``allocation_s`` (the run's elapsed time as the scheduler counted it; NULL
+    unknown) and ``number_gpus`` (the point's, NULL unrecorded)."""
+    return store.fetch_dicts(
         "WITH t AS (SELECT s.run_id, max(s.duration_s) AS d FROM stages s JOIN runs r ON r.run_id = s.run_id "
         "WHERE r.campaign = ? AND s.stage = ? GROUP BY s.run_id) "
-        "SELECT r.outcome, count(*) AS n, coalesce(sum(t.d), 0) AS train_s, coalesce(sum(r.elapsed_s), 0) AS "
-        "allocation_s, coalesce(sum(r.elapsed_s * coalesce(p.number_gpus, 1)), 0) AS gpu_s FROM runs r "
-        "LEFT JOIN t ON t.run_id = r.run_id LEFT JOIN points p ON p.point_id = r.point_id "
-        "WHERE r.campaign = ? AND r.outcome IS NOT NULL GROUP BY r.outcome", [campaign, Stage.TRAIN, campaign])
-    out = {k: sum(float(r[k]) for r in rows) for k in ("train_s", "allocation_s", "gpu_s")}
-    out["runs"] = float(sum(int(r["n"]) for r in rows))
-    for outcome in ("ok", "invalid"):
-        r = next((r for r in rows if r["outcome"] == outcome), None)
-        out[f"{outcome}_train_s"] = float(r["train_s"]) / int(r["n"]) if r else 0.0
-        out[f"{outcome}_allocation_s"] = float(r["allocation_s"]) / int(r["n"]) if r else 0.0
-        out[f"{outcome}_gpu_s"] = float(r["gpu_s"]) / int(r["n"]) if r else 0.0
-    return out
+        "SELECT r.point_id, r.repeat, r.outcome, t.d AS train_s, r.elapsed_s AS allocation_s, p.number_gpus "
+        "FROM runs r LEFT JOIN t ON t.run_id = r.run_id LEFT JOIN points p ON p.point_id = r.point_id "
+        "WHERE r.campaign = ? AND r.outcome IS NOT NULL ORDER BY r.point_id, r.repeat, r.attempt",
+        [campaign, Stage.TRAIN, campaign])
 
 
 def point_costs(store: Store, campaign: str) -> dict[str, float]:

@@ -799,6 +799,10 @@ def scaling_section(scaling: Mapping[str, Sequence[Mapping[str, Any]]], word: st
                    f'<div class="wide">{"".join(tables)}</div>')
 
 
+def _estimated_from(a: Mapping[str, Any]) -> str:
+    return f", estimated from its {esc(a['grid_estimate_from'])}" if a.get("grid_estimate_from") else ""
+
+
 def search_section(searches: Sequence[Mapping[str, Any]], word: str = "GPU") -> str:
     """A search campaign's answer (``search:``; ``sbench best`` says the same): its best point with the goal's
     interval, the largest batch that fits per shape with its evidence, and the allocation time it saved beside the
@@ -807,26 +811,41 @@ def search_section(searches: Sequence[Mapping[str, Any]], word: str = "GPU") -> 
         return ""
     parts = []
     for a in searches:
-        (sense, metric), = a["goal"].items()
+        metric = a["objectives"][0]["metric"]
+        goal = ", ".join(f"{o['sense']} {o['metric']}" for o in a["objectives"])
         b = a["best"]
         best = ("none yet" if not b else f"{b['point_id']}: {metric} {b['value']:,.4g} (95 % interval "
                 f"{b['interval'][0]:,.4g} .. {b['interval'][1]:,.4g}, {plural(int(b['runs']), 'run')})")
+        if b and b.get("busy_host_only"):
+            best += ", every run of it on a host busy with other work: its figure is what that busy host gave"
+        elif b and b.get("busy_runs_left_out"):
+            best += f", {plural(int(b['busy_runs_left_out']), 'run')} of it on a busy host left out"
         saved_h = (float(a["grid_gpu_s_estimate"]) - float(a["gpu_s"])) / 3600
         fits = table(["shape", "largest batch that fits", "largest ok", "smallest OOM", "decided"],
                      [([", ".join(f"{k}={v}" for k, v in m["shape"].items()), m["batch_size"], m["largest_ok"],
                         m["smallest_oom"], "yes" if m["decided"] else "no"], "" if m["batch_size"] else "oom")
                       for m in a["max_batch_size"]])
+        names = [o["metric"] for o in a["objectives"]]
+        front = "" if not a.get("pareto") else (
+            f"<p>The Pareto front: {plural(len(a['pareto']), 'point')}, none better than another on every objective "
+            "beyond the intervals.</p>" + table(
+                ["point", *names], [([p["point_id"], *("-" if (iv := p["objectives"][m]) is None else
+                                                        f"{iv['value']:,.4g} ({iv['interval'][0]:,.4g} .. "
+                                                        f"{iv['interval'][1]:,.4g})" for m in names)], "")
+                                    for p in a["pareto"]]))
         decisions = table(["point", "phase", "action", "reason"],
                           [([d["point_id"], d["phase"], d["action"], d["reason"]], "")
                            for d in a["decisions"]])
         parts.append(
-            f"<h3>{esc(a['campaign'])}: {esc(sense)} {esc(metric)}{'' if a['done'] else ' (still running)'}</h3>"
+            f"<h3>{esc(a['campaign'])}: {esc(goal)}{'' if a['done'] else ' (still running)'}</h3>"
             f"<p>Best: <b>{esc(best)}</b>. {esc(plural(int(a['runs']), 'run'))} for {a['grid_points']} grid "
             f"points; training {float(a['train_s']):.1f} s (the grid: about {float(a['grid_train_s_estimate']):.1f} "
             f"s); allocations {float(a['allocation_s']):.1f} s (the grid: about "
-            f"{float(a['grid_allocation_s_estimate']):.1f} s): about {saved_h:.3g} {word}-hours saved.</p>"
-            f'<div class="wide">{fits}</div><div class="wide">{decisions}</div>')
+            f"{float(a['grid_allocation_s_estimate']):.1f} s{_estimated_from(a)}): about {saved_h:.3g} "
+            f"{word}-hours saved.</p>"
+            f'<div class="wide">{front}</div><div class="wide">{fits}</div><div class="wide">{decisions}</div>')
     return section("search", "Search: the best point and the largest batch that fits",
                    "What each search campaign (a sweep with search:) found, as sbench best says it, and every "
-                   "point's decision with its reason; the grid's figures are estimates (each valid point once, at "
-                   "the mean of the campaign's ok or OOM runs).", "".join(parts))
+                   "point's decision with its reason; the grid's figures are estimates (each valid point once: "
+                   "one that fits at the mean of its own full-length ok runs, else of the campaign's; one that does "
+                   "not at the mean of its OOM runs, else of the campaign's).", "".join(parts))

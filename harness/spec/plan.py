@@ -278,7 +278,13 @@ def plan_warnings(sweep: Sweep, inventory: Inventory, points: list[PlannedPoint]
     """What a user should read before these points run: the inventory's warnings for their partitions, and
     each point's warning once per cause, with how many runs it concerns. ``plan`` and ``submit`` both show
     them."""
-    out = list(inventory.warnings_for({p.partition for p in points} or {inventory.partition(sweep.partition).name}))
+    parts = {p.partition for p in points} or {inventory.partition(sweep.partition).name}
+    out = list(inventory.warnings_for(parts))
+    if sweep.search and "cost_per_million_tokens" in sweep.search.metrics:
+        unpriced = sorted(n for n in parts if inventory.partition(n).price_per_gpu_hour is None)
+        if unpriced:
+            out.append(f"search.goal names cost_per_million_tokens, but partition(s) {', '.join(unpriced)} have no "
+                       "price_per_gpu_hour in the inventory: their points have no cost, and none is cut on it")
     return out + counted_warnings(w for p in points for w in p.warnings)
 
 

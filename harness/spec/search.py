@@ -22,13 +22,18 @@ run) bounds the shape from above, an ``ok`` run from below; a point predicted to
 :data:`WIDE_MARGIN` times the device's memory is an upper bound without a run unless nothing below it is known to
 fit.
 
-**Fastest configuration** (``method: halving``): the entrants are each shape's largest fitting batch (the smaller
-batches of a shape are dominated by it), or every point without ``batch_size: fit``. Rung *r* is the points'
-repeat *r*; after each rung a point leaves when its interval (mean ± the precision auto-stop's half-width,
-combined over its runs) lies wholly on the wrong side of the best one's (its upper end below the best's lower
-end); the others go on to the next rung, a longer look at them (one more run each). After
-``ceil(log_eta(entrants))`` rungs the best point and the runners-up whose intervals overlap it get the campaign's
+**Fastest configuration** (``method: halving``): the entrants are each shape's largest fitting batch and every
+other point the bisection measured (its bisection run is its rung 0), or every point without ``batch_size: fit``.
+Rung *r* is the points' repeat *r*; after each rung a point leaves when its interval (mean ± the precision
+auto-stop's half-width, combined over its runs) lies wholly on the wrong side of the best one's (its upper end
+below the best's lower end); the others go on to the next rung, a longer look at them (one more run each). After
+``ceil(log_eta(shapes))`` rungs the best point and the runners-up whose intervals overlap it get the campaign's
 repeats (``repeats: N``), as repeats after the last rung.
+
+**Evidence** (:func:`used_runs`): a run on a busy host is left out where the point has a quiet one, and used with a
+note where it has none. Two runs of a point whose own intervals lie apart (:func:`disagreement`) keep the point
+from being cut, or a leader from cutting anyone, until a third run (the spare repeat where its planned ones are
+spent) says where it stands.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ SEARCH_KEYS = ("goal", "batch_size", "method", "eta")
 GOAL_SENSES = ("maximize", "minimize")
 BATCH_MODES = ("fit",)
 METHODS = ("halving",)
+# A goal's columns: the reference's measured properties, and sbench's own figures of cost and energy.
+GOAL_COLUMNS = METRICS + ("cost_per_million_tokens", "dataset_tokens_per_joule", "energy_joules")
 DEFAULT_ETA = 3
 MAX_ETA = 16
 BATCH_FIELD = "batch_size"
@@ -54,6 +61,10 @@ BATCH_FIELD = "batch_size"
 # fit, unless the bisection has nothing else to go on (nothing below it is known to fit).
 WIDE_MARGIN = 1.25
 
+# Two runs of a point that disagree (their intervals apart) get a run more before the point is cut or ranked, up to
+# this many runs used; a search plans one spare repeat per point for it.
+AGREE_RUNS = 3
+SPARE_REPEATS = 1
 # How the reason of a point whose next run the sweep's budget: stopped begins (harness.campaign.submit writes it).
 BUDGET_STOP = "stopped at the budget: "
 # A decision's phase and action, as the search_decisions table and sbench best say them.
@@ -64,25 +75,47 @@ RUN, SKIP, STOP, WAIT, KEEP = "run", "skipped", "stopped", "waiting", "kept"
 
 @dataclass(frozen=True)
 class SearchSpec:
-    """A sweep's ``search:``: the goal (a measurements column and whether more is better), how the batch size is
-    chosen and how the fastest point is found."""
+    """A sweep's ``search:``: the goal (a measurements column and whether more is better, and any further objectives
+    of a Pareto search), how the batch size is chosen and how the best point is found."""
 
-    metric: str
+    metric: str  # the first objective's column: it ranks the points and names the best
     sense: str  # maximize | minimize
     batch_size: str | None = None  # fit | None (batch_size is a grid field like any other)
     method: str | None = None  # halving | None (every entrant gets the campaign's repeats)
     eta: int = DEFAULT_ETA
+    more: tuple[tuple[str, str], ...] = ()  # further objectives, (sense, column): a Pareto search
+
+    @property
+    def objectives(self) -> tuple[tuple[str, str], ...]:
+        """Every objective as (sense, column), the first one first."""
+        return ((self.sense, self.metric),) + self.more
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return tuple(m for _, m in self.objectives)
+
+    @property
+    def pareto(self) -> bool:
+        return bool(self.more)
+
+    def goal(self) -> dict[str, Any]:
+        """``goal:`` as the sweep says it: ``{sense: column}``, or ``{sense: [columns]}`` per sense (the first
+        objective first)."""
+        out: dict[str, list[str]] = {}
+        for sense, metric in self.objectives:
+            out.setdefault(sense, []).append(metric)
+        return {k: v[0] if len(v) == 1 else v for k, v in out.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"goal": {self.sense: self.metric}, "batch_size": self.batch_size, "method": self.method,
-                "eta": self.eta}
+        return {"goal": self.goal(), "batch_size": self.batch_size, "method": self.method, "eta": self.eta}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> SearchSpec:
         """The spec :meth:`to_dict` recorded (an eta not recorded: :data:`DEFAULT_ETA`)."""
-        sense, metric = next(iter(doc["goal"].items()))
-        return cls(str(metric), str(sense), doc.get("batch_size"), doc.get("method"),
-                   int(doc.get("eta") or DEFAULT_ETA))
+        objectives = goal_objectives(doc["goal"])
+        (sense, metric), more = objectives[0], tuple(objectives[1:])
+        return cls(metric, sense, doc.get("batch_size"), doc.get("method"), int(doc.get("eta") or DEFAULT_ETA),
+                   more)
 
     def rungs(self, entrants: int) -> int:
         """How many halving rungs *entrants* points go through before the final repeats (0: one point, or no
@@ -93,6 +126,11 @@ class SearchSpec:
 
     def better(self, a: float, b: float) -> bool:
         return a > b if self.sense == "maximize" else a < b
+
+
+def goal_objectives(goal: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``goal:``'s objectives as (sense, column), in the order written: a sense names one column or a list."""
+    return [(str(sense), str(m)) for sense, v in goal.items() for m in (v if isinstance(v, list) else [v])]
 
 
 def parse_search(ck: Checker, doc: Mapping[str, Any], grid: Mapping[str, list[Any]],
@@ -106,13 +144,21 @@ def parse_search(ck: Checker, doc: Mapping[str, Any], grid: Mapping[str, list[An
     ck.require(node, "search", "goal", "goal: {maximize: dataset_tokens_per_second} (or minimize: a column)")
     goal = ck.mapping(node.get("goal"), "search.goal", node, "goal")
     ck.known_keys(goal, "search.goal", GOAL_SENSES)
-    if len(goal) != 1:
-        ck.fail("search.goal", f"must name one of {', '.join(GOAL_SENSES)} with one measurements column, e.g. "
+    if not goal:
+        ck.fail("search.goal", f"must name one of {', '.join(GOAL_SENSES)} with a measurements column, e.g. "
                                "{maximize: dataset_tokens_per_second}", node, "goal")
-    sense, metric = next(iter(goal.items()))
-    if not isinstance(metric, str) or metric not in METRICS:
-        ck.fail(f"search.goal.{sense}", f"must be a numeric measurements column, got {metric!r}; valid: "
-                                        f"{', '.join(METRICS)}", goal, sense)
+    seen: set[str] = set()
+    for sense, value in goal.items():
+        columns = value if isinstance(value, list) and value else [value]
+        for metric in columns:
+            if not isinstance(metric, str) or metric not in GOAL_COLUMNS:
+                ck.fail(f"search.goal.{sense}", f"must be a numeric measurements column (or a list of them), got "
+                                                f"{metric!r}; valid: {', '.join(GOAL_COLUMNS)}", goal, sense)
+            if metric in seen:
+                ck.fail(f"search.goal.{sense}", f"names {metric} twice; an objective is maximized or minimized "
+                                                "once", goal, sense)
+            seen.add(metric)
+    (sense, metric), *more = goal_objectives(goal)
     batch = ck.choice(node, "search", "batch_size", BATCH_MODES)
     method = ck.choice(node, "search", "method", METHODS)
     eta = ck.integer(node, "search", "eta", default=DEFAULT_ETA, minimum=2, maximum=MAX_ETA)
@@ -131,13 +177,18 @@ def parse_search(ck: Checker, doc: Mapping[str, Any], grid: Mapping[str, list[An
                                      "search.method", node, "method")
     if batch is None and method is None:
         ck.fail("search", "asks for nothing: set batch_size: fit, method: halving, or both", doc, "search")
-    return SearchSpec(str(metric), str(sense), batch, method, int(eta))
+    return SearchSpec(metric, sense, batch, method, int(eta), tuple(more))
 
 
 def planned_repeats(spec: SearchSpec, grid: Mapping[str, list[Any]], repeats: int) -> int:
-    """The repeats a search sweep plans per point: one per rung, then the campaign's *repeats*."""
-    entrants = math.prod(len(v) for k, v in grid.items() if not (spec.batch_size and k == BATCH_FIELD))
-    return spec.rungs(entrants) + 1 + repeats
+    """The repeats a search sweep plans per point: one per rung, then the campaign's *repeats*, then
+    :data:`SPARE_REPEATS` (a third run of a point whose runs disagree)."""
+    return spec.rungs(shapes(spec, grid)) + 1 + repeats + SPARE_REPEATS
+
+
+def shapes(spec: SearchSpec, grid: Mapping[str, list[Any]]) -> int:
+    """How many shapes (points without ``batch_size: fit``) the grid has: the halving's rungs count from these."""
+    return math.prod(len(v) for k, v in grid.items() if not (spec.batch_size and k == BATCH_FIELD))
 
 
 # -- what the search sees --------------------------------------------------------------------------------------
@@ -179,6 +230,20 @@ class RunSeen:
     value: float | None = None  # the goal's column
     rel_ci: float | None = None  # the precision auto-stop's relative half-width (None: not recorded)
     reason: str | None = None
+    busy: bool = False  # measured on a host busy with other work (measurements.host_busy)
+    values: Mapping[str, float | None] = field(default_factory=dict)  # every objective's column (a Pareto search)
+
+    def of(self, metric: str | None) -> float | None:
+        """The run's value of *metric* (None: the goal's first column)."""
+        return self.value if metric is None else self.values.get(metric, None)
+
+    @property
+    def span(self) -> tuple[float, float] | None:
+        """The run's own interval of the goal (None: no value, or no half-width to draw it from)."""
+        if self.value is None or self.rel_ci is None:
+            return None
+        half = abs(self.value) * self.rel_ci
+        return self.value - half, self.value + half
 
 
 @dataclass(frozen=True)
@@ -220,6 +285,7 @@ class SearchState:
     best: str | None = None
     best_interval: Interval | None = None
     runners_up: list[str] = field(default_factory=list)
+    pareto: list[str] = field(default_factory=list)  # a Pareto search's front: no point better on every objective
     stuck: list[str] = field(default_factory=list)  # points whose failed run waits for sbench retry
     waiting: bool = False
     # (point_id, repeat) -> the share of the campaign's run length that run gets (a rung's short run; 1: full)
@@ -239,16 +305,56 @@ def spread_rel_ci(step_time_cv: float | None, steps: int | None) -> float | None
     return 2.0 * step_time_cv / math.sqrt(steps)
 
 
-def interval(runs: Sequence[RunSeen]) -> Interval | None:
-    """The mean of the ok runs' goal values ± their half-widths combined (independent runs: root sum of squares
-    over n); None without an ok run with a value."""
-    vals = [(r.value, r.rel_ci or 0.0) for r in runs if r.outcome == "ok" and r.value is not None]
+def used_runs(runs: Sequence[RunSeen]) -> tuple[list[RunSeen], int]:
+    """The ok runs with a value the search decides on, and how many it left out: a run measured on a busy host
+    (``RunSeen.busy``) is left out where the point has a run on a quiet one; where every run was busy, all are
+    used (and :func:`host_note` says so)."""
+    ok = [r for r in runs if r.outcome == "ok" and r.value is not None]
+    quiet = [r for r in ok if not r.busy]
+    return (quiet, len(ok) - len(quiet)) if quiet else (ok, 0)
+
+
+def host_note(runs: Sequence[RunSeen]) -> str:
+    """What a decision says of busy-host runs: those left out, or that every run it rests on was one."""
+    used, left = used_runs(runs)
+    if left:
+        return f"; {left} run(s) on a busy host left out"
+    if used and all(r.busy for r in used):
+        return f"; its {len(used)} run(s) all on a busy host: used, as nothing else measured it"
+    return ""
+
+
+def interval(runs: Sequence[RunSeen], metric: str | None = None) -> Interval | None:
+    """The mean of the goal values (*metric*: that objective's) of the runs the search uses (:func:`used_runs`) ±
+    their half-widths combined (independent runs: root sum of squares over n; a run's relative half-width is its
+    step time's, for every objective); None without an ok run with a value."""
+    vals = [(v, r.rel_ci or 0.0) for r in used_runs(runs)[0] if (v := r.of(metric)) is not None]
     if not vals:
         return None
     n = len(vals)
     mean = sum(v for v, _ in vals) / n
     half = math.sqrt(sum((v * h) ** 2 for v, h in vals)) / n
     return Interval(mean, half, n)
+
+
+def disagreement(runs: Sequence[RunSeen]) -> str | None:
+    """Two of the runs the search uses whose own intervals lie apart (each run's value ± its half-width), said as
+    text; None where every pair overlaps (or a run has no half-width to tell)."""
+    spans = [(r.repeat, sp) for r in used_runs(runs)[0] if (sp := r.span) is not None]
+    for i, (ra, a) in enumerate(spans):
+        for rb, b in spans[i + 1:]:
+            if a[1] < b[0] or b[1] < a[0]:
+                return (f"repeat {ra} [{a[0]:,.4g}, {a[1]:,.4g}] and repeat {rb} [{b[0]:,.4g}, {b[1]:,.4g}] "
+                        "lie apart")
+    return None
+
+
+def needs_third(runs: Sequence[RunSeen]) -> str | None:
+    """Why a point needs one more run before it is cut or ranked: two runs that disagree and fewer than
+    :data:`AGREE_RUNS` used (None: it needs none)."""
+    if len(used_runs(runs)[0]) >= AGREE_RUNS:
+        return None
+    return disagreement(runs)
 
 
 def _run(runs: Mapping[str, Sequence[RunSeen]], pid: str, repeat: int) -> RunSeen | None:
@@ -353,27 +459,33 @@ def step(spec: SearchSpec, candidates: Sequence[Candidate], runs: Mapping[str, S
         shapes: dict[tuple[tuple[str, str], ...], list[Candidate]] = {}
         for c in candidates:
             shapes.setdefault(c.shape(True), []).append(c)
+        rungs = spec.rungs(len(shapes))
         # a bisection's run is a first rung's: as short as the halving's first rung over every shape
-        scale = float(spec.eta) ** -spec.rungs(len(shapes))
+        scale = float(spec.eta) ** -rungs
         for shape in shapes.values():
             best = _bisect(sorted(shape, key=lambda c: c.batch), runs, st, True, scale)
             if best is not None:
                 entrants.append(best)
         if st.todo or st.waiting or st.stuck or any(not f.decided for f in st.fits):
             return st
+        # Every other point the bisection measured enters too (its run is its rung 0): a smaller batch can be the
+        # faster one, and the answer is the best point the search measured, not only the best largest batch.
+        entrants += [c for c in candidates if c not in entrants and _fits(c, runs) == "ok"]
     else:
         entrants = list(candidates)
+        rungs = spec.rungs(len(entrants))
     if not entrants:
         return st
-    _halve(spec, entrants, runs, repeats, st)
+    _halve(spec, entrants, runs, repeats, st, rungs)
     return st
 
 
 def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Sequence[RunSeen]], repeats: int,
-           st: SearchState) -> None:
+           st: SearchState, rungs: int) -> None:
     alive = list(entrants)
-    rungs = spec.rungs(len(entrants))
     rung = 0
+    upto: dict[str, list[RunSeen]] = {}
+    drawn: dict[str, dict[str, Interval | None]] = {}  # the objectives' intervals over upto, per point
     while True:
         blocked = False
         share = float(spec.eta) ** -(rungs - rung)
@@ -403,21 +515,23 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
         if blocked or not alive:
             _leader(st, spec, alive, runs, rung)
             return
-        seen = {c.point_id: interval([x for x in runs.get(c.point_id, ()) if x.repeat <= rung]) for c in alive}
+        upto = {c.point_id: [x for x in runs.get(c.point_id, ()) if x.repeat <= rung] for c in alive}
+        seen = {pid: interval(rs) for pid, rs in upto.items()}
         ranked = sorted(alive, key=lambda c: seen[c.point_id].mean,  # type: ignore[union-attr]
                         reverse=spec.sense == "maximize")
         top = seen[ranked[0].point_id]
         assert top is not None
+        # A leader whose own runs disagree cuts no one yet: its next run says where it stands.
+        unsure = needs_third(upto[ranked[0].point_id])
+        drawn = {}
         if rung >= rungs or len(alive) == 1:
             break
         kept: list[Candidate] = []
         for c in ranked:
-            iv = seen[c.point_id]
-            assert iv is not None
-            if c is not ranked[0] and _beaten(spec, iv, top):
-                word = "<" if spec.sense == "maximize" else ">"
+            why = None if unsure or needs_third(upto[c.point_id]) else _outclassed(spec, c, ranked, upto, drawn)
+            if why is not None:
                 st.decisions[c.point_id] = SearchDecision(c.point_id, HALVING, STOP, f"halved out at rung {rung}: "
-                                                    f"{iv.text()} {word} best {top.text()} ({spec.metric})", rung)
+                                                          f"{why}{host_note(upto[c.point_id])}", rung)
             else:
                 kept.append(c)
         alive = kept
@@ -425,33 +539,47 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
             break
         rung += 1
     best = ranked[0]
-    final = [best] + [c for c in ranked[1:] if not _beaten(spec, seen[c.point_id], top)]  # type: ignore[arg-type]
+    # The best, the runners-up whose intervals overlap it, and any point whose runs disagree: the campaign's repeats
+    final = [best] + [c for c in ranked[1:] if unsure or needs_third(upto[c.point_id])
+                      or _outclassed(spec, c, ranked, upto, drawn) is None]
     for c in ranked[1:]:
         if c not in final and c in alive:  # (those halved out earlier keep their reason)
-            iv = seen[c.point_id]
-            assert iv is not None
             st.decisions[c.point_id] = SearchDecision(c.point_id, HALVING, STOP, f"out at the last rung {rung}: "
-                                                f"{iv.text()} does not overlap best {top.text()} ({spec.metric})",
-                                                rung)
+                                                f"{_outclassed(spec, c, ranked, upto, drawn)}"
+                                                f"{host_note(upto[c.point_id])}", rung)
     waiting = False
     for c in final:
-        role = "best" if c is best else "runner-up (its interval overlaps the best's)"
-        todo = []
-        for rep in range(rung + 1, rung + 1 + repeats):
+        odd = needs_third(upto[c.point_id])
+        role = ("best" if c is best else f"kept, as its runs disagree ({odd})" if odd
+                else "kept, as the best's runs disagree" if _outclassed(spec, c, ranked, upto, drawn) is not None
+                else "on the front (no point is better on every objective beyond the intervals)" if spec.pareto
+                else "runner-up (its interval overlaps the best's)")
+        todo: list[int] = []
+        mine = runs.get(c.point_id, ())
+        spare = rung + 1 + repeats
+        # every repeat ended and two runs still disagree: one run more (the spare) before it is ranked
+        split = needs_third([r for r in mine if r.repeat < spare])
+        third = f"; two of its runs disagree ({split}): a third, repeat {spare}" if split else ""
+        wait = False
+        for rep in range(rung + 1, spare + 1):
             st.scale[(c.point_id, rep)] = 1.0
             r = _run(runs, c.point_id, rep)
+            if rep == spare and (todo or wait or c.point_id in st.stuck or not (split or r is not None)):
+                break
             if r is None:
                 todo.append(rep)
             elif r.outcome is None:
-                waiting = True
+                wait = True
             elif r.outcome == "failed":
                 st.stuck.append(c.point_id)
+        waiting = waiting or wait
         st.todo += [(c.point_id, rep) for rep in todo]
         st.decisions[c.point_id] = SearchDecision(
-            c.point_id, FINAL, RUN if todo else (WAIT if waiting else KEEP),
+            c.point_id, FINAL, RUN if todo else (WAIT if wait else KEEP),
             f"{role} after rung {rung}: the campaign's {repeats} repeat(s)"
-            + (f" {', '.join(map(str, todo))} submitted" if todo else "")
-            + ("; failed repeat(s): sbench retry runs them again" if c.point_id in st.stuck else ""), rung + 1)
+            + (f" {', '.join(map(str, todo))} submitted" if todo else "") + (third if split else "")
+            + ("; failed repeat(s): sbench retry runs them again" if c.point_id in st.stuck else "")
+            + host_note(mine), rung + 1)
     st.waiting = st.waiting or waiting
     # The answer: every ok run of the final points (rungs and repeats), the best by its mean.
     final_iv = {c.point_id: interval(runs.get(c.point_id, ())) for c in final}
@@ -461,6 +589,9 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
     if answer:
         st.best, st.best_interval = answer[0].point_id, final_iv[answer[0].point_id]
         st.runners_up = [c.point_id for c in answer[1:]]
+        if spec.pareto:  # the front, on every run of the final points
+            every = {c.point_id: list(runs.get(c.point_id, ())) for c in answer}
+            st.pareto = [c.point_id for c in answer if _outclassed(spec, c, answer, every) is None]
 
 
 def _share(scale: float) -> str:
@@ -482,6 +613,45 @@ def _leader(st: SearchState, spec: SearchSpec, alive: Sequence[Candidate], runs:
 def _beaten(spec: SearchSpec, iv: Interval, best: Interval) -> bool:
     """*iv* lies wholly on the wrong side of *best*: its upper end below the best's lower end (maximize)."""
     return iv.hi < best.lo if spec.sense == "maximize" else iv.lo > best.hi
+
+
+def objective_intervals(spec: SearchSpec, runs: Sequence[RunSeen]) -> dict[str, Interval | None]:
+    """Each objective's interval over *runs* (:func:`interval`)."""
+    return {m: interval(runs, None if m == spec.metric else m) for m in spec.metrics}
+
+
+def _outclassed(spec: SearchSpec, c: Candidate, ranked: Sequence[Candidate], runs: Mapping[str, Sequence[RunSeen]],
+                seen: dict[str, dict[str, Interval | None]] | None = None) -> str | None:
+    """Why *c* leaves on the evidence of *runs* (each point's runs so far), or None: with one objective, its
+    interval lies wholly on the wrong side of the best's (*ranked*'s first); with several (a Pareto search), another
+    point is better on every objective beyond both intervals (*seen*: the objectives' intervals already drawn from
+    the same *runs*, filled in here). The best is never outclassed."""
+    if c is ranked[0]:
+        return None
+    if not spec.pareto:
+        iv, top = interval(runs[c.point_id]), interval(runs[ranked[0].point_id])
+        if iv is None or top is None or not _beaten(spec, iv, top):
+            return None
+        word = "<" if spec.sense == "maximize" else ">"
+        return f"{iv.text()} {word} best {top.text()} ({spec.metric})"
+    seen = {} if seen is None else seen
+
+    def ivs(pid: str) -> dict[str, Interval | None]:
+        if pid not in seen:
+            seen[pid] = objective_intervals(spec, runs[pid])
+        return seen[pid]
+
+    mine = ivs(c.point_id)
+    for o in ranked:
+        if o is c:
+            continue
+        theirs = ivs(o.point_id)
+        if all((a := mine[m]) is not None and (b := theirs[m]) is not None
+               and (b.lo > a.hi if sense == "maximize" else b.hi < a.lo) for sense, m in spec.objectives):
+            return f"dominated by {o.point_id}: " + "; ".join(
+                f"{m} {mine[m].text()} {'<' if sense == 'maximize' else '>'} {theirs[m].text()}"  # type: ignore[union-attr]
+                for sense, m in spec.objectives)
+    return None
 
 
 # -- what a campaign records of its search, and the search's answer ---------------------------------------------
@@ -514,25 +684,59 @@ class RecordedSearch:
 @dataclass(frozen=True)
 class SearchEvidence:
     """What the results database holds of a search campaign (``harness.db.search.search_evidence`` reads it): the
-    search it recorded, each point's repeats, the seconds it spent (``harness.db.search.campaign_seconds``), the
+    search it recorded, each point's repeats, each ended attempt's seconds (``harness.db.search.run_seconds``), the
     decisions recorded (newest per point) and the recorded entity of each of its points."""
 
     campaign: str
     recorded: RecordedSearch
     runs: Mapping[str, Sequence[RunSeen]]
-    spent: Mapping[str, float]
+    spent: Sequence[Mapping[str, Any]]
     decisions: Sequence[Mapping[str, Any]]
     entities: Mapping[str, Mapping[str, Any]]
 
 
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def grid_estimate(cands: Sequence[Candidate], fits: Mapping[str, bool], gpus: Mapping[str, int],
+                  spent: Sequence[Mapping[str, Any]],
+                  scale: Mapping[tuple[str, int], float]) -> tuple[dict[str, float], str | None]:
+    """What running every grid point once would have taken (``train_s``, ``allocation_s``, ``gpu_s``), and from
+    what (None: no run to tell). A point that fits: the mean of its own full-length ok runs, else of the campaign's
+    (the rungs' short runs only where no run was full, each stretched by its share); one that does not: the mean of
+    its OOM runs, else of the campaign's. GPU seconds: a point's allocation seconds times its *gpus*."""
+    def runs(outcome: str, pid: str | None, full: bool) -> list[Mapping[str, Any]]:
+        return [r for r in spent if r["outcome"] == outcome and (pid is None or r["point_id"] == pid)
+                and (not full or scale.get((str(r["point_id"]), int(r["repeat"])), 1.0) >= 1.0)]
+
+    def mean(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+        return _mean([float(r[key]) / (1.0 if r["outcome"] != "ok" else
+                                      scale.get((str(r["point_id"]), int(r["repeat"])), 1.0))
+                      for r in rows if r[key] is not None])
+
+    basis = "full-length runs" if runs("ok", None, True) else "short runs, stretched" if runs("ok", None, False) \
+        else "OOM runs" if runs("invalid", None, False) else None
+    out = {"train_s": 0.0, "allocation_s": 0.0, "gpu_s": 0.0}
+    for c in cands:
+        outcome = "ok" if fits[c.point_id] else "invalid"
+        full = outcome == "ok" and basis == "full-length runs"
+        for key in ("train_s", "allocation_s"):
+            v = next((m for rows in (runs(outcome, c.point_id, full), runs(outcome, None, full))
+                      if (m := mean(rows, key)) is not None), 0.0)
+            out[key] += v
+            if key == "allocation_s":
+                out["gpu_s"] += v * gpus.get(c.point_id, 1)
+    return out, basis
+
+
 def answer(ev: SearchEvidence) -> dict[str, Any]:
     """What a search campaign found (``sbench best`` and the report's section say it alike): the best point with its
-    goal value and interval, the largest batch that fits per shape with its evidence, the decisions recorded, and
-    what the campaign spent beside the full grid's estimate (each valid point once: one at or below its shape's
-    largest fitting batch at the mean of the campaign's ok runs, one above it at the mean of its OOM runs)."""
+    goal value and interval (and whether busy-host runs were left out of it, or all it has), the largest batch that
+    fits per shape with its evidence, the decisions recorded, and what the campaign spent beside the full grid's
+    estimate (:func:`grid_estimate`)."""
     spec, grid_fields, cands = ev.recorded.spec, list(ev.recorded.grid_fields), list(ev.recorded.candidates)
     state = step(spec, cands, ev.runs, ev.recorded.repeats)
-    spent = ev.spent
     entity = {c.point_id: c.entity for c in cands}
     iv = state.best_interval
     limit = {tuple(sorted((k, repr(v)) for k, v in f.shape.items() if k != BATCH_FIELD)): f for f in state.fits}
@@ -543,26 +747,37 @@ def answer(ev: SearchEvidence) -> dict[str, Any]:
             return True
         return f.batch_size is not None and c.batch <= f.batch_size
 
+    gpus = {c.point_id: int((ev.entities.get(c.point_id) or c.entity).get("number_gpus") or 1) for c in cands}
+    estimate, basis = grid_estimate(cands, {c.point_id: fits(c) for c in cands}, gpus, ev.spent, state.scale)
     best_entity = dict(ev.entities.get(state.best) or {}) if state.best else {}
-    n_fit = sum(1 for c in cands if fits(c))
-    n_oom = len(cands) - n_fit
+    used, left = used_runs(ev.runs.get(state.best or "", ()))
     return {
-        "campaign": ev.campaign, "goal": {spec.sense: spec.metric}, "done": state.done, "stuck": state.stuck,
+        "campaign": ev.campaign, "goal": spec.goal(),
+        "objectives": [{"sense": sense, "metric": m} for sense, m in spec.objectives],
+        "done": state.done, "stuck": state.stuck,
         # the points whose next run the sweep's budget: stopped (harness.campaign.submit), with why
         "stopped_at_budget": {str(d["point_id"]): str(d["reason"]) for d in ev.decisions
                               if str(d.get("reason") or "").startswith(BUDGET_STOP) and not state.done},
         "best": None if state.best is None or iv is None else {
             "point_id": state.best, **{k: entity[state.best].get(k) for k in grid_fields}, "value": iv.mean,
-            "interval": [iv.lo, iv.hi], "runs": iv.n, "entity": best_entity},
+            "interval": [iv.lo, iv.hi], "runs": iv.n, "entity": best_entity,
+            "busy_runs_left_out": left, "busy_host_only": bool(used) and all(r.busy for r in used)},
         "runners_up": state.runners_up,
+        # a Pareto search's front: each point with every objective's value and interval (none with one objective)
+        "pareto": [{"point_id": pid, **{k: entity[pid].get(k) for k in grid_fields},
+                    "objectives": {m: None if iv_m is None else {"value": iv_m.mean, "interval": [iv_m.lo, iv_m.hi],
+                                                                 "runs": iv_m.n}
+                                   for m, iv_m in objective_intervals(spec, ev.runs.get(pid, ())).items()}}
+                   for pid in state.pareto],
         "max_batch_size": [{"shape": {k: v for k, v in f.shape.items() if k != BATCH_FIELD},
                             "batch_size": f.batch_size, "largest_ok": f.largest_ok, "smallest_oom": f.smallest_oom,
                             "decided": f.decided} for f in state.fits],
-        "runs": int(spent["runs"]), "grid_points": len(cands), "train_s": spent["train_s"],
-        "allocation_s": spent["allocation_s"], "gpu_s": spent["gpu_s"],
-        "grid_train_s_estimate": n_fit * spent["ok_train_s"] + n_oom * spent["invalid_train_s"],
-        "grid_allocation_s_estimate": n_fit * spent["ok_allocation_s"] + n_oom * spent["invalid_allocation_s"],
-        "grid_gpu_s_estimate": n_fit * spent["ok_gpu_s"] + n_oom * spent["invalid_gpu_s"],
+        "runs": len(ev.spent), "grid_points": len(cands),
+        "train_s": sum(float(r["train_s"] or 0) for r in ev.spent),
+        "allocation_s": sum(float(r["allocation_s"] or 0) for r in ev.spent),
+        "gpu_s": sum(float(r["allocation_s"] or 0) * int(r["number_gpus"] or 1) for r in ev.spent),
+        "grid_train_s_estimate": estimate["train_s"], "grid_allocation_s_estimate": estimate["allocation_s"],
+        "grid_gpu_s_estimate": estimate["gpu_s"], "grid_estimate_from": basis,
         "decisions": [{k: (str(v) if k == "decided_at" and v is not None else v) for k, v in d.items()}
                       for d in ev.decisions],
     }
