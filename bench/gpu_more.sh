@@ -7,10 +7,15 @@
 # 1. sbench preflight on the local inventory: the device's bf16 matmul TFLOP/s and memory copy GB/s, recorded in
 #    the preflight table (and the measured_peaks view);
 # 2. a LoRA point of the 1.1B model with runner.profile (steps 10-12 of rank 0): one measured repeat and one
-#    profiled, collected; sbench profile prints where the profiled steps' time went (CUDA kernels included).
-# Everything goes to OUT: more.log, results.duckdb, preflight.json, profile.txt.
-# A rehearsal on a CPU: SBENCH_GPU_MORE_SIZE=tiny SBENCH_GPU_MORE_DEVICE=cpu SBENCH_GPU_SKIP_WHEELS=1 with the
-# checkout's environment's python as SBENCH_GPU_PYTHON.
+#    profiled, collected; sbench profile prints where the profiled steps' time went (CUDA kernels included, and
+#    the communication phases: nothing exposed on one device);
+# 3. full fine-tuning with distributed_backend FSDP on one rank, without and with gradient checkpointing: what
+#    each ran (the backend asked, the distributed type and processes its rank 0 recorded), and the memory
+#    prediction (harness.spec.memory, checkpointing's smaller activations included) against the CUDA allocator's
+#    peak, with the error.
+# Everything goes to OUT: more.log, results.duckdb, preflight.json, profile.txt, fsdp.json.
+# A rehearsal on a CPU (make test runs it): SBENCH_GPU_MORE_SIZE=tiny SBENCH_GPU_MORE_DEVICE=cpu
+# SBENCH_GPU_SKIP_WHEELS=1 SBENCH_GPU_MORE_SECONDS=3 with the checkout's environment's python as SBENCH_GPU_PYTHON.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:?name the output folder}"
@@ -43,6 +48,8 @@ MODEL="${SBENCH_GPU_MORE_MODEL:-$WORK/model-${SBENCH_GPU_MORE_SIZE:-1b}}"  # an 
 sb model tiny --size "${SBENCH_GPU_MORE_SIZE:-1b}" --device "${SBENCH_GPU_MORE_DEVICE:-cuda}" -o "$MODEL" --if-missing
 DSID="${SBENCH_GPU_MORE_DATASET:-news-chars-2048-entries-4096}"
 SEQ="${SBENCH_GPU_MORE_SEQ:-768}"
+SECS="${SBENCH_GPU_MORE_SECONDS:-15}"
+BATCH="${SBENCH_GPU_MORE_BATCH:-8}"
 DATA="$WORK/data"
 mkdir -p "$DATA" "$WORK/gen"
 [[ -f "$WORK/gen/$DSID.jsonl" ]] || sb dataset generate "$DSID" -o "$WORK/gen/$DSID.jsonl" --entries 512
@@ -53,7 +60,7 @@ experiment: finetune_lora_benchmark-v1.0.0
 description: sbench on a GPU, a LoRA point with runner.profile
 entity: {model_name: tinyllama-1b-gpu, model_max_length: $SEQ, dataset_id: $DSID,
          number_gpus: 1, torch_dtype: bfloat16, bf16: true, gradient_checkpointing: false,
-         gradient_accumulation_steps: 1, max_steps: 1000000, stop_after_seconds: 15, batch_size: ${SBENCH_GPU_MORE_BATCH:-8}}
+         gradient_accumulation_steps: 1, max_steps: 1000000, stop_after_seconds: $SECS, batch_size: $BATCH}
 model_map: {tinyllama-1b-gpu: $MODEL}
 data_dir: $DATA
 runner: {sample_interval_s: 0.5, profile: {steps: [10, 12], ranks: [0]}}
@@ -64,4 +71,27 @@ sb query --db "$DB" "select run_id, r.profiled, outcome, round(dataset_tokens_pe
 RUN=$(cd "$ROOT" && "$PY" -m harness query --db "$DB" --format json "select run_id from runs where profiled" \
       | "$PY" -c 'import json, sys; print(json.load(sys.stdin)[0]["run_id"])')
 sb profile "$RUN" --db "$DB" | tee "$OUT/profile.txt"
+
+cat > "$WORK/fsdp.yaml" <<EOF
+campaign: gpu-more-fsdp
+experiment: finetune_full_benchmark-v1.0.0
+description: sbench on a GPU, full fine-tuning under FSDP on one rank, without and with gradient checkpointing
+entity: {model_name: tinyllama-1b-gpu, model_max_length: $SEQ, dataset_id: $DSID,
+         number_gpus: 1, distributed_backend: FSDP, torch_dtype: bfloat16, bf16: true,
+         gradient_accumulation_steps: 1, max_steps: 1000000, stop_after_seconds: $SECS, batch_size: $BATCH}
+grid: {gradient_checkpointing: [false, true]}
+model_map: {tinyllama-1b-gpu: $MODEL}
+data_dir: $DATA
+runner: {sample_interval_s: 0.5}
+EOF
+rc_fsdp=0
+sb submit "$WORK/fsdp.yaml" --executor local --wait --workdir "$RUNS" --db "$DB" || rc_fsdp=$?
+echo "fsdp submit exit $rc_fsdp"
+sb collect --workdir "$RUNS" --db "$DB"
+sb query --db "$DB" --format json "select p.gradient_checkpointing, p.notes, r.outcome, r.reason, r.job_dir,
+  m.predicted_total_bytes, m.memory_peak_bytes, m.predicted_activation_bytes, m.activation_bytes,
+  round(m.dataset_tokens_per_second) as tok_s from runs r join points p using (point_id)
+  left join measurements m using (run_id) where r.campaign = 'gpu-more-fsdp' order by p.gradient_checkpointing" \
+  > "$WORK/fsdp-rows.json"
+"$PY" "$ROOT/bench/gpu_more_fsdp.py" "$WORK/fsdp-rows.json" "$OUT/fsdp.json"
 echo "gpu_more.sh: done after $(( $(date +%s) - START )) s"

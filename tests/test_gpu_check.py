@@ -68,6 +68,39 @@ def test_the_rehearsal_runs_every_point_and_skips_only_the_gpu_checks(tmp_path: 
         assert summary["elapsed_s"] < 180, summary["phases_s"]
 
 
+@pytest.mark.train
+@pytest.mark.slow(120)
+def test_the_companions_rehearsal_profiles_a_lora_point_and_runs_fsdp_on_one_rank(tmp_path: Path) -> None:
+    """bench/gpu_more.sh on the CPU, as a lent GPU machine runs it: preflight, a profiled LoRA point, and full
+    fine-tuning under FSDP on one rank without and with gradient checkpointing, each said with what it ran."""
+    out = tmp_path / "out"
+    env = {**os.environ, "SBENCH_GPU_WORK": str(tmp_path / "work"), "SBENCH_GPU_PYTHON": sys.executable,
+           "SBENCH_GPU_MORE_SIZE": "tiny", "SBENCH_GPU_MORE_DEVICE": "cpu", "SBENCH_GPU_SKIP_WHEELS": "1",
+           "SBENCH_GPU_MORE_SECONDS": "3", "SBENCH_GPU_MORE_SEQ": "64", "SBENCH_GPU_MORE_BATCH": "2"}
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_more.sh"), str(out)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+    log = (out / "more.log").read_text() if (out / "more.log").is_file() else ""
+    assert proc.returncode == 0, log[-6000:] + proc.stderr[-3000:]
+    assert "gpu_more.sh: done" in log
+    assert json.loads((out / "preflight.json").read_text())
+    # the profiled point's phases: on one process no communication is exposed
+    profile = (out / "profile.txt").read_text()
+    assert "communication_exposed" in profile, profile
+    fsdp = json.loads((out / "fsdp.json").read_text())
+    assert [r["gradient_checkpointing"] for r in fsdp] == [False, True], fsdp
+    for r in fsdp:
+        assert r["outcome"] == "ok" and r["num_processes"] == 1, r
+        assert r["predicted_total_bytes"] > 0 and r["tok_s"] > 0
+        assert r["memory_peak_bytes"] is None and r["memory_error"] is None  # no CUDA allocator on a CPU
+        # one device: one plain process, as the plan's note says
+        assert r["distributed_type"] == "NO", r
+        assert r["backend_note"] == "distributed_backend FSDP ignored: single-device run", r
+    plain, checkpointed = fsdp
+    assert checkpointed["predicted_activation_bytes"] < plain["predicted_activation_bytes"]
+    assert ("fsdp one rank, gradient_checkpointing True: ok; ran NO x 1 (distributed_backend FSDP ignored: "
+            "single-device run)") in log
+
+
 def test_past_its_deadline_the_check_runs_no_campaign_and_says_so(tmp_path: Path) -> None:
     # The safety net of a machine lent for minutes: what did not run is named, and the summary is still written.
     out = tmp_path / "out"
