@@ -4,8 +4,9 @@ The tiny model on the local executor, one sweep of three shapes (gradient accumu
 (1 to 16), run twice: as a GRID (every point, ``search:`` left out) and as a SEARCH (``batch_size: fit``, ``method:
 halving``). The answer is known by construction, from the inventory's ``SBENCH_FAULT``: ``oom@step=1`` on every
 batch above a chosen limit per shape (one shape has none), and ``sleep@step=*`` on every step of every point but
-one: the fastest, (2, 4), is *not* its shape's largest fitting batch (16), but a batch the bisection measures on
-its way there, so the search must take the points it measured into the halving to find it. The sleep must
+one: the fastest, (3, 4), is *not* its shape's largest fitting batch (8), but a batch the bisection measures on
+its way there (each shape's first run is its largest batch predicted to fit, 16; then the middle of what is left),
+so the search must take the points it measured into the halving to find it. The sleep must
 dominate a step (on two loaded cores a step of the tiny model takes up to a second or two): 2 s by default. The
 search does not read the faults.
 
@@ -17,6 +18,7 @@ allocation seconds against what the grid took.
 
     .venv/bin/python bench/search.py                      # about 10 minutes on two loaded cores
     .venv/bin/python bench/search.py --out /tmp/search.json --sleep 3
+    .venv/bin/python bench/search.py --fast 2,4 --no-grid  # another fastest point; the search alone
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ AUTO = "WARMUP_60S_STABLE_120S_OR_10_STEPS"
 SHAPES = [1, 2, 3]  # gradient_accumulation_steps
 BATCHES = [1, 2, 4, 8, 16]
 LIMITS = {1: 4, 2: 16, 3: 8}  # the largest batch that fits, per shape (16: none OOMs)
-FAST = (2, 4)  # the one point without sleeps: below its shape's largest fitting batch
+FAST = (3, 4)  # the one point without sleeps: below its shape's largest fitting batch, measured on the way
 
 
 def prepare(work: Path) -> tuple[Path, Path]:
@@ -110,7 +112,11 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=2.0, help="seconds slept after each step of the slow points")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here too")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--fast", default=",".join(map(str, FAST)),
+                    help="the point without sleeps, as gradient_accumulation_steps,batch_size")
+    ap.add_argument("--no-grid", action="store_true", help="run the search alone (its answer against the truth)")
     args = ap.parse_args()
+    fast = tuple(int(x) for x in args.fast.split(","))
     from harness.spec.inventory import load_inventory
     from harness.spec.plan import plan_sweep
     from harness.spec.sweep import load_sweep
@@ -133,24 +139,39 @@ def main() -> None:
                   for p in plan_sweep(load_sweep(sweeps["grid"]), load_inventory(inv)) if p.repeat == 0}
         faults = [f"oom@step=1,job={pid}." for (g, b), pid in points.items() if b > LIMITS[g]]
         faults += [f"sleep@step=*,job={pid}.:{args.sleep:g}" for (g, b), pid in points.items()
-                   if (g, b) != FAST and b <= LIMITS[g]]
+                   if (g, b) != fast and b <= LIMITS[g]]
         inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": ";".join(faults)}
         inv.write_text(yaml.safe_dump(inv_doc))
 
-        for name in ("grid", "search"):
+        for name in ("search",) if args.no_grid else ("grid", "search"):
             print(f"{name}: submit --wait ...", flush=True)
             sbench("submit", sweeps[name], "-i", inv, "--executor", "local", "--wait", *common)
-        grid = grid_answer(db, "grid")
         best = json.loads(sbench("best", "search", "--json", *common))
         search_fits = {m["shape"]["gradient_accumulation_steps"]: m["batch_size"] for m in best["max_batch_size"]}
+        if args.no_grid:
+            ran = {r["point_id"] for r in best["decisions"] if r["action"] != "skipped"}
+            out = {"truth": {"best": points[fast], "max_batch_size": LIMITS},
+                   "search": {"best": best["best"]["point_id"] if best["best"] else None,
+                              "best_value": best["best"]["value"] if best["best"] else None,
+                              "max_batch_size": search_fits, "done": best["done"], **spent(db, "search")},
+                   "same_best": bool(best["best"]) and best["best"]["point_id"] == points[fast],
+                   "fast_measured": points[fast] in ran}
+            print(json.dumps(out, indent=2, default=str))
+            print(f"\nthe search alone: best {out['search']['best']} (the truth: {points[fast]}, same: "
+                  f"{out['same_best']}); largest batch per shape {search_fits} (the truth: {LIMITS}); "
+                  f"training {out['search']['train_s']:.1f} s in {out['search']['runs']} runs")
+            if args.out:
+                args.out.write_text(json.dumps(out, indent=2, default=str))
+            return
+        grid = grid_answer(db, "grid")
         cost = {name: spent(db, name) for name in ("grid", "search")}
         out = {
-            "truth": {"best": points[FAST], "max_batch_size": LIMITS},
+            "truth": {"best": points[fast], "max_batch_size": LIMITS},
             "grid": {**grid, **cost["grid"]},
             "search": {"best": best["best"]["point_id"] if best["best"] else None,
                        "best_value": best["best"]["value"] if best["best"] else None,
                        "max_batch_size": search_fits, "done": best["done"], **cost["search"]},
-            "same_best": best["best"] is not None and best["best"]["point_id"] == grid["best"] == points[FAST],
+            "same_best": best["best"] is not None and best["best"]["point_id"] == grid["best"] == points[fast],
             "same_max_batch_size": search_fits == grid["max_batch_size"],
             "train_ratio": cost["search"]["train_s"] / cost["grid"]["train_s"] if cost["grid"]["train_s"] else None,
             "allocation_ratio": (cost["search"]["allocation_s"] / cost["grid"]["allocation_s"]
