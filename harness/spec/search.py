@@ -519,8 +519,6 @@ def _halve(spec: SearchSpec, entrants: list[Candidate], runs: Mapping[str, Seque
         seen = {pid: interval(rs) for pid, rs in upto.items()}
         ranked = sorted(alive, key=lambda c: seen[c.point_id].mean,  # type: ignore[union-attr]
                         reverse=spec.sense == "maximize")
-        top = seen[ranked[0].point_id]
-        assert top is not None
         # A leader whose own runs disagree cuts no one yet: its next run says where it stands.
         unsure = needs_third(upto[ranked[0].point_id])
         drawn = {}
@@ -706,24 +704,31 @@ def grid_estimate(cands: Sequence[Candidate], fits: Mapping[str, bool], gpus: Ma
     what (None: no run to tell). A point that fits: the mean of its own full-length ok runs, else of the campaign's
     (the rungs' short runs only where no run was full, each stretched by its share); one that does not: the mean of
     its OOM runs, else of the campaign's. GPU seconds: a point's allocation seconds times its *gpus*."""
-    def runs(outcome: str, pid: str | None, full: bool) -> list[Mapping[str, Any]]:
-        return [r for r in spent if r["outcome"] == outcome and (pid is None or r["point_id"] == pid)
-                and (not full or scale.get((str(r["point_id"]), int(r["repeat"])), 1.0) >= 1.0)]
+    # the runs grouped once by (outcome, full-length only, point id; None: the campaign's)
+    pools: dict[tuple[str, bool, str | None], list[Mapping[str, Any]]] = {}
+    for r in spent:
+        full_length = scale.get((str(r["point_id"]), int(r["repeat"])), 1.0) >= 1.0
+        for full in (False, True) if full_length else (False,):
+            for pid in (None, str(r["point_id"])):
+                pools.setdefault((str(r["outcome"]), full, pid), []).append(r)
+    means: dict[tuple[str, bool, str | None, str], float | None] = {}
 
-    def mean(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
-        return _mean([float(r[key]) / (1.0 if r["outcome"] != "ok" else
-                                      scale.get((str(r["point_id"]), int(r["repeat"])), 1.0))
-                      for r in rows if r[key] is not None])
+    def mean(outcome: str, full: bool, pid: str | None, key: str) -> float | None:
+        if (outcome, full, pid, key) not in means:
+            means[(outcome, full, pid, key)] = _mean([
+                float(r[key]) / (1.0 if r["outcome"] != "ok" else scale.get((str(r["point_id"]), int(r["repeat"])),
+                                                                             1.0))
+                for r in pools.get((outcome, full, pid), ()) if r[key] is not None])
+        return means[(outcome, full, pid, key)]
 
-    basis = "full-length runs" if runs("ok", None, True) else "short runs, stretched" if runs("ok", None, False) \
-        else "OOM runs" if runs("invalid", None, False) else None
+    basis = "full-length runs" if ("ok", True, None) in pools else "short runs, stretched" \
+        if ("ok", False, None) in pools else "OOM runs" if ("invalid", False, None) in pools else None
     out = {"train_s": 0.0, "allocation_s": 0.0, "gpu_s": 0.0}
     for c in cands:
         outcome = "ok" if fits[c.point_id] else "invalid"
         full = outcome == "ok" and basis == "full-length runs"
         for key in ("train_s", "allocation_s"):
-            v = next((m for rows in (runs(outcome, c.point_id, full), runs(outcome, None, full))
-                      if (m := mean(rows, key)) is not None), 0.0)
+            v = next((m for pid in (c.point_id, None) if (m := mean(outcome, full, pid, key)) is not None), 0.0)
             out[key] += v
             if key == "allocation_s":
                 out["gpu_s"] += v * gpus.get(c.point_id, 1)
