@@ -6,7 +6,8 @@ and returns, for the steps it covers (the ``sbench:step`` ranges):
 - the **step breakdown** (``kind = 'phase'``): every instant of a step goes to exactly one part, so the parts'
   shares add up to the step. While a collective is in flight (a communication event: NCCL or gloo kernels and
   ops, c10d collectives and their waits, on any thread or stream of the rank; a local copy around one, such as
-  FSDP's ``all_gather_copy_in``/``copy_out``, is not communication), the instant is
+  FSDP's ``all_gather_copy_in``/``copy_out``, is not communication, nor is FSDP's own range around the copies and
+  the collective, ``FSDP::all_gather``: the collective inside it is), the instant is
   ``communication_exposed`` when the step waited for it: its own thread is inside a communication op, or does
   no recorded work at all; and ``communication_overlapped`` when the step's own thread computes meanwhile (the
   collective is hidden behind its work). On a GPU trace the same split follows Holistic Trace Analysis's
@@ -40,9 +41,11 @@ REGIONS = {"sbench:data": "data", "sbench:compute": "forward", "sbench:optimizer
 STEP = "sbench:step"
 # A communication event's name (a collective, its backend's kernel or range, or a wait for one) ...
 COMM = re.compile(r"nccl|gloo|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|\bbroadcast\b|barrier|"
-                  r"wait_tensor|record_param_comms", re.I)
-# ... unless it is a local copy around a collective, or an elementwise op that merely shares a word with one
-NOT_COMM = re.compile(r"copy_in|copy_out|_copy\b|broadcast_tensors", re.I)
+                  r"wait_tensor|FSDP::\w*wait|record_param_comms", re.I)
+# ... unless it is a local copy around a collective, an elementwise op that merely shares a word with one, or one of
+# FSDP's own ranges (``FSDP::all_gather``, ``FSDP::post_backward_reduce``): a wrapper holding the copies in and out
+# as well as the collective, whose communication is the backend's events inside it (its waits still count)
+NOT_COMM = re.compile(r"copy_in|copy_out|_copy\b|broadcast_tensors|^FSDP::(?!.*wait)", re.I)
 BACKWARD = "autograd::engine::evaluate_function"
 TOP = 25  # operators (and kernels) kept per rank
 TRACE_MAX = 2 << 30  # a trace larger than this (uncompressed) is not read: profile fewer steps
@@ -151,8 +154,10 @@ def _top_ops(events: list[dict[str, Any]], steps: list[tuple[float, float]]) -> 
                 a[2] += float(e["dur"])
         elif cat == "cpu_op":
             by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-        elif cat.endswith("user_annotation") and is_comm(str(e.get("name", ""))) and in_steps(float(e["ts"])):
-            # a backend's own range of one collective (gloo:all_reduce on gloo's threads, nccl:all_reduce)
+        elif (cat.endswith("user_annotation") and is_comm(str(e.get("name", ""))) and in_steps(float(e["ts"]))
+              and "wait" not in str(e["name"]).lower()):
+            # a backend's own range of one collective (gloo:all_reduce on gloo's threads, nccl:all_reduce; not a
+            # framework's range of a wait for one, FSDP::post_backward_rs_wait)
             a = agg.setdefault(("collective", str(e["name"])), [0, 0.0, 0.0])
             a[0] += 1
             a[1] += float(e["dur"])
