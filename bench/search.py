@@ -19,6 +19,11 @@ allocation seconds against what the grid took.
     .venv/bin/python bench/search.py                      # about 10 minutes on two loaded cores
     .venv/bin/python bench/search.py --out /tmp/search.json --sleep 3
     .venv/bin/python bench/search.py --fast 2,4 --no-grid  # another fastest point; the search alone
+    .venv/bin/python bench/search.py --fast 2,4 --pack 8   # and the same search packed: its fit a scan
+
+With ``--pack N`` the same search runs a second time, packed (``slurm: {pack: N}``, campaign ``scan``): its fit
+scans each shape's batches in ascending order in one pack, a batch after its shape's first OOM not started, so
+every batch that fits is measured and enters the halving.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ def prepare(work: Path) -> tuple[Path, Path]:
     return model, data
 
 
-def sweep_doc(campaign: str, model: Path, data: Path, search: bool) -> dict[str, Any]:
+def sweep_doc(campaign: str, model: Path, data: Path, search: bool, pack: int = 1) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "campaign": campaign, "experiment": "finetune_full_benchmark-v1.0.0",
         "entity": {"model_name": "tiny", "model_max_length": 16, "dataset_id": DATASET, "number_gpus": 1,
@@ -69,6 +74,8 @@ def sweep_doc(campaign: str, model: Path, data: Path, search: bool) -> dict[str,
         "model_map": {"tiny": str(model)}, "data_dir": str(data)}
     if search:
         doc["search"] = {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving"}
+    if pack != 1:  # packed: the fit scans each shape's batches in ascending order in one pack
+        doc["slurm"] = {"pack": pack}
     return doc
 
 
@@ -115,6 +122,8 @@ def main() -> None:
     ap.add_argument("--fast", default=",".join(map(str, FAST)),
                     help="the point without sleeps, as gradient_accumulation_steps,batch_size")
     ap.add_argument("--no-grid", action="store_true", help="run the search alone (its answer against the truth)")
+    ap.add_argument("--pack", type=int, default=0,
+                    help="also run the search packed (slurm.pack: N, its fit a scan), as campaign 'scan'")
     args = ap.parse_args()
     fast = tuple(int(x) for x in args.fast.split(","))
     from harness.spec.inventory import load_inventory
@@ -132,9 +141,11 @@ def main() -> None:
         inv = work / "inventory.yaml"
         inv.write_text(yaml.safe_dump(inv_doc))
         sweeps = {}
-        for name, search in (("grid", False), ("search", True)):
+        searches = ["search", *(["scan"] if args.pack else [])]
+        for name, search in (("grid", False), ("search", True), ("scan", True)):
             sweeps[name] = work / f"{name}.yaml"
-            sweeps[name].write_text(yaml.safe_dump(sweep_doc(name, model, data, search), sort_keys=False))
+            sweeps[name].write_text(yaml.safe_dump(sweep_doc(name, model, data, search, args.pack if name == "scan"
+                                                             else 1), sort_keys=False))
         points = {(p.entity["gradient_accumulation_steps"], p.entity["batch_size"]): p.point_id
                   for p in plan_sweep(load_sweep(sweeps["grid"]), load_inventory(inv)) if p.repeat == 0}
         faults = [f"oom@step=1,job={pid}." for (g, b), pid in points.items() if b > LIMITS[g]]
@@ -143,56 +154,54 @@ def main() -> None:
         inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": ";".join(faults)}
         inv.write_text(yaml.safe_dump(inv_doc))
 
-        for name in ("search",) if args.no_grid else ("grid", "search"):
+        for name in searches if args.no_grid else ["grid", *searches]:
             print(f"{name}: submit --wait ...", flush=True)
             sbench("submit", sweeps[name], "-i", inv, "--executor", "local", "--wait", *common)
-        best = json.loads(sbench("best", "search", "--json", *common))
-        search_fits = {m["shape"]["gradient_accumulation_steps"]: m["batch_size"] for m in best["max_batch_size"]}
-        if args.no_grid:
+        grid = None if args.no_grid else grid_answer(db, "grid")
+        cost = {name: spent(db, name) for name in (searches if args.no_grid else ["grid", *searches])}
+        out: dict[str, Any] = {"truth": {"best": points[fast], "max_batch_size": LIMITS}}
+        if grid is not None:
+            out["grid"] = {**grid, **cost["grid"]}
+        for name in searches:
+            best = json.loads(sbench("best", name, "--json", *common))
+            fits = {m["shape"]["gradient_accumulation_steps"]: m["batch_size"] for m in best["max_batch_size"]}
             ran = {r["point_id"] for r in best["decisions"] if r["action"] != "skipped"}
-            out = {"truth": {"best": points[fast], "max_batch_size": LIMITS},
-                   "search": {"best": best["best"]["point_id"] if best["best"] else None,
-                              "best_value": best["best"]["value"] if best["best"] else None,
-                              "max_batch_size": search_fits, "done": best["done"], **spent(db, "search")},
-                   "same_best": bool(best["best"]) and best["best"]["point_id"] == points[fast],
-                   "fast_measured": points[fast] in ran}
-            print(json.dumps(out, indent=2, default=str))
-            print(f"\nthe search alone: best {out['search']['best']} (the truth: {points[fast]}, same: "
-                  f"{out['same_best']}); largest batch per shape {search_fits} (the truth: {LIMITS}); "
-                  f"training {out['search']['train_s']:.1f} s in {out['search']['runs']} runs")
-            if args.out:
-                args.out.write_text(json.dumps(out, indent=2, default=str))
-            return
-        grid = grid_answer(db, "grid")
-        cost = {name: spent(db, name) for name in ("grid", "search")}
-        out = {
-            "truth": {"best": points[fast], "max_batch_size": LIMITS},
-            "grid": {**grid, **cost["grid"]},
-            "search": {"best": best["best"]["point_id"] if best["best"] else None,
-                       "best_value": best["best"]["value"] if best["best"] else None,
-                       "max_batch_size": search_fits, "done": best["done"], **cost["search"]},
-            "same_best": best["best"] is not None and best["best"]["point_id"] == grid["best"] == points[fast],
-            "same_max_batch_size": search_fits == grid["max_batch_size"],
-            "train_ratio": cost["search"]["train_s"] / cost["grid"]["train_s"] if cost["grid"]["train_s"] else None,
-            "allocation_ratio": (cost["search"]["allocation_s"] / cost["grid"]["allocation_s"]
-                                 if cost["grid"]["allocation_s"] else None),
-            # the search's estimate of the grid against the grid itself (estimate / measured - 1)
-            "grid_estimate_from": best["grid_estimate_from"],
-            "grid_train_estimate_error": (best["grid_train_s_estimate"] / cost["grid"]["train_s"] - 1
-                                          if cost["grid"]["train_s"] else None),
-            "grid_allocation_estimate_error": (best["grid_allocation_s_estimate"] / cost["grid"]["allocation_s"] - 1
-                                               if cost["grid"]["allocation_s"] else None),
-        }
+            row: dict[str, Any] = {
+                "best": best["best"]["point_id"] if best["best"] else None,
+                "best_value": best["best"]["value"] if best["best"] else None,
+                "max_batch_size": fits, "done": best["done"], **cost[name],
+                "same_best": bool(best["best"]) and best["best"]["point_id"] == points[fast],
+                "fast_measured": points[fast] in ran, "grid_estimate_from": best["grid_estimate_from"]}
+            if grid is not None:
+                g = cost["grid"]
+                row.update({
+                    "same_max_batch_size": fits == grid["max_batch_size"],
+                    "train_ratio": cost[name]["train_s"] / g["train_s"] if g["train_s"] else None,
+                    "allocation_ratio": cost[name]["allocation_s"] / g["allocation_s"] if g["allocation_s"] else None,
+                    # its estimate of the grid against the grid itself (estimate / measured - 1)
+                    "grid_train_estimate_error": (best["grid_train_s_estimate"] / g["train_s"] - 1
+                                                  if g["train_s"] else None),
+                    "grid_allocation_estimate_error": (best["grid_allocation_s_estimate"] / g["allocation_s"] - 1
+                                                       if g["allocation_s"] else None)})
+            out[name] = row
         print(json.dumps(out, indent=2, default=str))
-        ratio = out["train_ratio"]
-        print(f"\nsame best point: {out['same_best']}; same largest batch per shape: {out['same_max_batch_size']}; "
-              f"training {cost['search']['train_s']:.1f} s (search) vs {cost['grid']['train_s']:.1f} s (grid) = "
-              f"{100 * (ratio or 0):.1f} % (goal <= 35 %); allocations {cost['search']['allocation_s']:.1f} s vs "
-              f"{cost['grid']['allocation_s']:.1f} s; runs {cost['search']['runs']} vs {cost['grid']['runs']}")
-        print(f"the search's estimate of the grid (from its {out['grid_estimate_from']}): training "
-              f"{best['grid_train_s_estimate']:.1f} s ({100 * (out['grid_train_estimate_error'] or 0):+.1f} %), "
-              f"allocations {best['grid_allocation_s_estimate']:.1f} s "
-              f"({100 * (out['grid_allocation_estimate_error'] or 0):+.1f} %)")
+        if grid is not None:
+            print(f"\nthe grid: best {grid['best']} at {grid['best_value']:,.0f} tok/s; largest batch per shape "
+                  f"{grid['max_batch_size']}; training {cost['grid']['train_s']:.1f} s, allocations "
+                  f"{cost['grid']['allocation_s']:.1f} s, {cost['grid']['runs']} runs")
+        for name in searches:
+            r = out[name]
+            line = (f"{name}{' (packed: a scan)' if name == 'scan' else ' (bisection)'}: best {r['best']} (the "
+                    f"truth: {points[fast]}, same: {r['same_best']}; measured the truth: {r['fast_measured']}); "
+                    f"largest batch per shape {r['max_batch_size']}; training {r['train_s']:.1f} s, allocations "
+                    f"{r['allocation_s']:.1f} s in {r['runs']} runs")
+            if grid is not None:
+                line += (f"; training {100 * (r['train_ratio'] or 0):.1f} % of the grid's, allocations "
+                         f"{100 * (r['allocation_ratio'] or 0):.1f} %; its estimate of the grid: training "
+                         f"{100 * (r['grid_train_estimate_error'] or 0):+.1f} %, allocations "
+                         f"{100 * (r['grid_allocation_estimate_error'] or 0):+.1f} % (each point from: "
+                         f"{r['grid_estimate_from']})")
+            print(line)
         if args.out:
             args.out.write_text(json.dumps(out, indent=2, default=str))
     finally:

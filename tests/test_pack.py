@@ -210,6 +210,44 @@ def test_after_an_oom_in_a_pack_the_rest_run_unpacked_and_earlier_results_stay(l
                                    "campaign = 'pack-oom' AND outcome = 'ok')")) == 2
 
 
+@pytest.mark.train
+@pytest.mark.slow(15)
+def test_a_packed_search_scans_its_batches_and_does_not_start_one_after_its_shapes_oom(local_env, cli,
+                                                                                      monkeypatch) -> None:
+    # batch 2 "runs out of memory"; batch 4 would run if started (no fault): the pack must not start it
+    env = local_env
+    doc = kit.sweep(env["model"], env["data"], campaign="pack-scan", entity={"max_steps": 3},
+                    grid={"batch_size": [1, 2, 4]}, runner={"sample_interval_s": 0.05}, slurm={"pack": 3},
+                    search={"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit"})
+    sweep = write_yaml(env["root"] / "pack-scan.yaml", doc)
+    plan = cli("plan", sweep)
+    assert plan.exit_code == 0 and "by a scan (slurm.pack" in plan.output, plan.output
+    monkeypatch.setenv("SBENCH_FAULT", "oom@step=1,batch=2")
+    out = json.loads(_run(cli, env, "submit", sweep, "--executor", "local", "--wait", "--json").stdout)
+    monkeypatch.delenv("SBENCH_FAULT")
+    # batch 4, not started, is no failure of the search: submit --wait ends 0, and retry does not run it
+    assert out["summary"]["counts"]["not needed"] == 1 and out["summary"]["counts"]["failed"] == 0, out["summary"]
+    assert out["summary"]["campaign"]["done"] and len(out["summary"]["campaign"]["not_needed"]) == 1
+    again = json.loads(_run(cli, env, "retry", "pack-scan", "--executor", "local", "--json").stdout)
+    assert again["submitted"] == 0 and any(p["reason"].startswith("search: not needed (bounded above by batch 2")
+                                           for p in again["points"]), again["points"]
+    _run(cli, env, "collect")
+    runs = sql_rows(env["db"], "SELECT r.*, p.batch_size FROM runs r JOIN points p USING (point_id) "
+                               "WHERE r.campaign = 'pack-scan' ORDER BY p.batch_size, r.repeat, r.attempt")
+    first = {r["batch_size"]: r for r in runs if r["repeat"] == 0}
+    assert {b: r["outcome"] for b, r in first.items()} == {1: "ok", 2: "invalid", 4: "failed"}, runs
+    assert first[1]["job_id"] == first[2]["job_id"]  # one pack, in ascending order
+    assert "a search's scan needs no larger batch" in first[4]["reason"] and "batch 2" in first[4]["reason"]
+    assert not JobPaths(first[4]["job_dir"]).stage_hosts()
+    assert [r["attempt"] for r in runs if r["batch_size"] == 4] == [1]  # neither requeued nor retried
+    status = json.loads(_run(cli, env, "status", "--campaign", "pack-scan", "--json").stdout)
+    assert status["counts"].get("not needed (search)") == 1 and "failed" not in status["counts"], status["counts"]
+    ans = json.loads(_run(cli, env, "best", "pack-scan", "--json").stdout)
+    assert ans["done"] and not ans["stuck"] and ans["best"]["batch_size"] == 1
+    (fit,) = ans["max_batch_size"]
+    assert (fit["batch_size"], fit["smallest_oom"]) == (1, 2)
+
+
 # -- the real SLURM test cluster -----------------------------------------------------------------------------
 
 @pytest.mark.slurm

@@ -14,7 +14,7 @@ import duckdb
 import pytest
 
 from harness.campaign.executors.feed import FEEDER
-from harness.campaign.search import MIN_STEPS, scaled_sweep
+from harness.campaign.search import scaled_sweep
 from harness.campaign.state import AttemptState, PointHistory
 from harness.campaign.submit import SEARCH, SEARCH_FEEDER, decide
 from harness.db.manifest import record_manifest
@@ -23,7 +23,15 @@ from harness.db.store import open_store
 from harness.runner.measure import StopPolicy
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep
-from harness.spec.search import DEFAULT_ETA, RecordedSearch, SearchDecision, SearchSpec, SearchState, answer
+from harness.spec.search import (
+    DEFAULT_ETA,
+    MIN_STEPS,
+    RecordedSearch,
+    SearchDecision,
+    SearchSpec,
+    SearchState,
+    answer,
+)
 from harness.spec.sweep import load_sweep
 
 from .kit import SMALL_DATASET, sbench

@@ -5,17 +5,20 @@ point's throughput), so every test checks the search against what a full grid wo
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable
 
 import pytest
 
+from harness.campaign.executors.pack import SCAN_SKIP
 from harness.report.sections import search_section
 from harness.spec.search import (
     AGREE_RUNS,
     FINAL,
     KEEP,
+    MIN_STEPS,
     RUN,
     SKIP,
     STOP,
@@ -26,7 +29,11 @@ from harness.spec.search import (
     SearchSpec,
     answer,
     disagreement,
+    grid_estimate,
     interval,
+    objective_intervals,
+    ratio_bounds,
+    short_run_steps,
     spread_rel_ci,
     step,
 )
@@ -362,7 +369,8 @@ def test_the_grids_estimate_counts_full_length_runs_and_every_grid_point():
                         {c.point_id: {**c.entity, "number_gpus": 2} for c in cands})
     ans = answer(ev)
     # 4 points fit (each 90 s of training from the full runs), 2 do not (each 5 s, the OOM runs' mean)
-    assert ans["grid_estimate_from"] == "full-length runs"
+    assert ans["grid_estimate_from"] == ("own full-length runs (2 points), the campaign's full-length runs (2 points), "
+                                         "own OOM runs (2 points)")
     assert ans["grid_train_s_estimate"] == pytest.approx(4 * 90.0 + 2 * 5.0)
     assert ans["grid_allocation_s_estimate"] == pytest.approx(4 * 100.0 + 2 * 15.0)
     assert ans["grid_gpu_s_estimate"] == pytest.approx(2 * ans["grid_allocation_s_estimate"])
@@ -370,19 +378,35 @@ def test_the_grids_estimate_counts_full_length_runs_and_every_grid_point():
     # before any run ended: nothing to estimate from
     empty = answer(SearchEvidence("s", ev.recorded, {}, [], [], {}))
     assert empty["grid_estimate_from"] is None and empty["grid_train_s_estimate"] == 0
+    # a point measured only by a short run (a scan's, or a rung's before it left) is estimated from that run,
+    # stretched (its training over the share, its start-up once), not from the other points' full runs: here a
+    # slowed point, 60 s of training in a third of the run length
+    slow = [{"point_id": "a-b2", "repeat": 0, "outcome": "ok", "train_s": 60.0, "allocation_s": 70.0}]
+    fits = {c.point_id: c.batch <= 4 for c in cands}
+    est, basis = grid_estimate(cands, fits, {}, [*spent, *slow], {**st.scale, ("a-b2", 0): 1 / 3})
+    assert est["train_s"] == pytest.approx(2 * 90.0 + 180.0 + 90.0 + 2 * 5.0)
+    assert est["allocation_s"] == pytest.approx(2 * 100.0 + 190.0 + 100.0 + 2 * 15.0)
+    assert basis == ("own full-length runs (2 points), own short runs, stretched (1 point), the campaign's "
+                     "full-length runs (1 point), own OOM runs (2 points)")
+    # where the point stops at max_steps, its short run's share is of the steps it trained: a third of 3 steps is
+    # 2 (MIN_STEPS), so the 60 s were two thirds of the run
+    est, _ = grid_estimate(cands, fits, {}, [*spent, *slow], {**st.scale, ("a-b2", 0): 1 / 3}, {"a-b2": 3})
+    assert short_run_steps(3, 1 / 3) == MIN_STEPS == 2
+    assert est["train_s"] == pytest.approx(2 * 90.0 + 90.0 + 90.0 + 2 * 5.0)
 
 
 def test_the_reports_answer_says_when_the_best_point_was_measured_on_a_busy_host_only():
     base = {"campaign": "s", "goal": {"maximize": "dataset_tokens_per_second"}, "done": True, "runs": 3,
             "objectives": [{"sense": "maximize", "metric": "dataset_tokens_per_second"}], "pareto": [],
             "grid_points": 6, "train_s": 10.0, "allocation_s": 12.0, "gpu_s": 12.0, "grid_train_s_estimate": 30.0,
-            "grid_allocation_s_estimate": 36.0, "grid_gpu_s_estimate": 36.0, "grid_estimate_from": "full-length runs",
+            "grid_allocation_s_estimate": 36.0, "grid_gpu_s_estimate": 36.0,
+            "grid_estimate_from": "own full-length runs (3 points)",
             "max_batch_size": [], "decisions": []}
     best = {"point_id": "p1", "value": 100.0, "interval": [90.0, 110.0], "runs": 2}
     quiet = search_section([{**base, "best": {**best, "busy_runs_left_out": 0, "busy_host_only": False}}])
     loud = search_section([{**base, "best": {**best, "busy_runs_left_out": 0, "busy_host_only": True}}])
     some = search_section([{**base, "best": {**best, "busy_runs_left_out": 1, "busy_host_only": False}}])
-    assert "busy" not in quiet and "estimated from its full-length runs" in quiet
+    assert "busy" not in quiet and "estimated from: own full-length runs (3 points)" in quiet
     assert "every run of it on a host busy with other work" in loud
     assert "1 run of it on a busy host left out" in some
 
@@ -434,3 +458,84 @@ def test_a_pareto_point_leaves_only_when_another_is_better_on_every_objective_be
     # a goal's round trip through what a campaign records, and the sweep's way of saying it
     assert SearchSpec.from_dict(PARETO.to_dict()) == PARETO
     assert PARETO.goal() == {"maximize": "dataset_tokens_per_second", "minimize": "cost_per_million_tokens"}
+
+
+def test_a_pareto_objective_and_its_reciprocal_cut_alike_where_a_noisy_run_would_reach_below_zero():
+    # One GPU a point: a million tokens' cost is the price over the throughput. The slow point's two runs are noisy
+    # (relative half-widths 1.9 and 0.96, a short run's), so its cost's mean ± half would reach 0.05, under the fast
+    # point's cost, and keep it on the front; as a factor either side of the value, its cost and its throughput lie
+    # apart from the fast point's alike, as they do with throughput alone
+    price = 2.5 * 1e6 / 3600
+
+    def seen(rep: int, tps: float, rel: float) -> RunSeen:
+        return RunSeen(rep, "ok", tps, rel, values={"dataset_tokens_per_second": tps,
+                                                   "cost_per_million_tokens": price / tps})
+
+    slow = [seen(0, 245.0, 1.9), seen(1, 186.0, 0.96)]
+    fast = [seen(0, 7004.0, 0.67), seen(1, 8660.0, 0.30)]
+    cost = interval(slow, "cost_per_million_tokens")
+    assert cost is not None and cost.lo < interval(fast, "cost_per_million_tokens").hi  # type: ignore[union-attr]
+    ivs = {p: objective_intervals(PARETO, rs) for p, rs in (("slow", slow), ("fast", fast))}
+    lo_slow, _ = ratio_bounds(ivs["slow"]["cost_per_million_tokens"])  # type: ignore[arg-type]
+    _, hi_fast = ratio_bounds(ivs["fast"]["cost_per_million_tokens"])  # type: ignore[arg-type]
+    assert hi_fast < lo_slow
+    for name in ("dataset_tokens_per_second", "cost_per_million_tokens"):  # the same factor on both
+        a, b = ivs["slow"][name], ivs["slow"]["dataset_tokens_per_second"]
+        assert a is not None and b is not None and a.rel == pytest.approx(b.rel, rel=1e-12)
+        lo, hi = ratio_bounds(a)
+        assert lo > 0 and lo * hi == pytest.approx(a.mean**2, rel=1e-12)
+    cands = grid(["fast", "slow"], [4])
+    runs = {"fast-b4": fast, "slow-b4": slow}
+    st = step(PARETO, cands, runs, 1)
+    assert st.decisions["slow-b4"].action == STOP and "dominated by fast-b4" in st.decisions["slow-b4"].reason
+    one = step(SearchSpec("dataset_tokens_per_second", "maximize", None, "halving", 3), cands, runs, 1)
+    assert one.decisions["slow-b4"].action == STOP
+
+
+def test_a_packed_fit_scans_every_batch_in_one_wave_and_finds_a_faster_batch_the_bisection_never_runs():
+    # The issue's two shapes (1 and 2 workers, batches 1 to 64, OOM above 12 per worker), the fast point (w2, 2): a
+    # batch the bisection of w2 never measures (it runs 64, 16... or 8, 32, 16: never 2). Packed (slurm.pack), the
+    # fit scans each shape's batches in ascending order in one pack; the pack does not start a batch after its
+    # shape's first OOM (not_needed_after_oom), which the search bounds above.
+    limit = {"w1": 12, "w2": 24}
+    cands = grid(["w1", "w2"], [1, 2, 4, 8, 16, 32, 64])
+    scan = dataclasses.replace(SPEC, scan=True)
+
+    def fits(c: Candidate) -> bool:
+        return c.batch <= limit[c.entity["model_name"]]
+
+    def speed(c: Candidate) -> float:
+        return 9000.0 if c.point_id == "w2-b2" else 1000.0 * (1 + math.log(c.batch))
+
+    runs: dict[str, list[RunSeen]] = {}
+    waves = []
+    for _ in range(20):
+        st = step(scan, cands, runs, 1)
+        if not st.todo:
+            break
+        waves.append(st.todo)
+        oom: dict[str, int] = {}
+        for pid, rep in sorted(st.todo, key=lambda t: next(c.batch for c in cands if c.point_id == t[0])):
+            c = next(c for c in cands if c.point_id == pid)
+            m = c.entity["model_name"]
+            if rep == 0 and m in oom:  # its pack does not start it
+                runs.setdefault(pid, []).append(RunSeen(rep, "failed", reason=SCAN_SKIP.format(oom=oom[m])))
+            elif fits(c):
+                runs.setdefault(pid, []).append(RunSeen(rep, "ok", speed(c), 0.01))
+            else:
+                oom.setdefault(m, c.batch)
+                runs.setdefault(pid, []).append(RunSeen(rep, "invalid", reason="CUDA out of memory"))
+    # the first wave is every batch of both shapes; the fit is decided after it
+    assert sorted(waves[0]) == sorted((c.point_id, 0) for c in cands)
+    assert "scan:" in step(scan, cands, {}, 1).decisions["w1-b4"].reason
+    assert st.done and st.best == "w2-b2" and {f.shape["model_name"]: f.batch_size for f in st.fits} == {
+        "w1": 8, "w2": 16}
+    # the batches its pack did not start are bounded above by the OOM before them, never waited on or retried
+    for pid in ("w1-b32", "w1-b64", "w2-b64"):
+        d = st.decisions[pid]
+        assert d.action == SKIP and "bounded above by batch" in d.reason and pid not in st.stuck, d
+    # the bisection, wave by wave, never measures (w2, 2): it names a slower point
+    bis, made, _ = simulate(SPEC, cands, fits, speed, repeats=1)
+    assert ("w2-b2", 0) not in made and bis.best != "w2-b2"
+    # what a packed sweep records, and reads back
+    assert SearchSpec.from_dict(scan.to_dict()) == scan and "scan" not in SPEC.to_dict()

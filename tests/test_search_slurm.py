@@ -1,8 +1,9 @@
-"""A search on the project's test cluster: one ``sbench submit`` (no --wait), cancelled at once and resumed with
-``sbench retry``, and the feeder job goes on with the search wave after wave until it is over; ``collect`` then
-``sbench best`` answer. The answer is known by
-construction (SBENCH_FAULT in the inventory's env: an OOM at batch 4 of one shape, a sleep on every step of every
-point but the fastest)."""
+"""A packed Pareto search on the project's test cluster: one ``sbench submit`` (no --wait), cancelled at once and
+resumed with ``sbench retry``, and the feeder job goes on with the search wave after wave until it is over;
+``collect`` then ``sbench best`` answer. With ``slurm.pack`` the fit scans each shape's batches in ascending order
+in one pack, and the pack does not start a batch after its shape's first OOM. The answer is known by construction
+(SBENCH_FAULT in the inventory's env: an OOM at batches 2 and 4 of one shape, a sleep on every step of every point
+but the fastest, which is not its shape's largest fitting batch)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.contract.paths import CampaignPaths
+from harness.contract.paths import CampaignPaths, JobPaths
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep
 from harness.spec.sweep import load_sweep
@@ -21,6 +22,7 @@ from harness.spec.sweep import load_sweep
 from .kit import SMALL_DATASET, TEST_INVENTORY, sbench, sql_rows, write_yaml
 
 pytestmark = [pytest.mark.slurm, pytest.mark.train]
+PRICE = 2.5  # the test partition's price per GPU-hour
 
 
 @pytest.mark.slow(150)
@@ -37,22 +39,38 @@ def test_a_search_cancelled_and_resumed_finishes_by_its_feeder(tmp_path: Path, t
         "entity": {"model_name": "tiny", "model_max_length": 32, "dataset_id": SMALL_DATASET, "max_steps": 3,
                    "number_gpus": 1},
         "grid": {"batch_size": [1, 2, 4], "gradient_accumulation_steps": [1, 2]},
-        "search": {"goal": {"maximize": "dataset_tokens_per_second"}, "batch_size": "fit", "method": "halving"},
+        # a Pareto goal, throughput and cost: at one worker per point a million tokens cost less where they come
+        # faster, so the front is the fast point (the front of a real trade-off: test_search_logic)
+        "search": {"goal": {"maximize": "dataset_tokens_per_second", "minimize": "cost_per_million_tokens"},
+                   "batch_size": "fit", "method": "halving"},
         "model_map": {"tiny": str(tiny_model)}, "data_dir": str(small_data_dir),
-        "runner": {"sample_interval_s": 0.5}, "slurm": {"time": "00:10:00"}})
+        "runner": {"sample_interval_s": 0.5}, "slurm": {"time": "00:10:00", "pack": 8},
+        "budget": {"gpu_hours": 5}})
     inv_doc = yaml.safe_load(TEST_INVENTORY.read_text())
+    inv_doc["partitions"]["cpu"]["price_per_gpu_hour"] = PRICE
     inv = write_yaml(tmp_path / "inv.yaml", inv_doc)
     points = {(p.entity["gradient_accumulation_steps"], p.entity["batch_size"]): p.point_id
               for p in plan_sweep(load_sweep(sw), load_inventory(inv)) if p.repeat == 0}
-    fast, oom = points[(1, 4)], points[(2, 4)]
+    fast, ooms = points[(1, 2)], [points[(2, 2)], points[(2, 4)]]
     inv_doc["partitions"]["cpu"]["env"] = {"SBENCH_FAULT": ";".join(
-        [f"oom@step=1,job={oom}."] + [f"sleep@step=*,job={pid}.:1" for pid in points.values()
-                                       if pid not in (fast, oom)])}
+        [f"oom@step=1,job={pid}." for pid in ooms] + [f"sleep@step=*,job={pid}.:1" for pid in points.values()
+                                                       if pid != fast and pid not in ooms])}
     write_yaml(inv, inv_doc)
 
+    # a budget the campaign would pass is refused before anything is sent (exit 2, the total and the fix)
+    tight = write_yaml(tmp_path / "tight.yaml", {**yaml.safe_load(sw.read_text()), "campaign": camp + "-tight",
+                                                 "budget": {"gpu_hours": 1e-6}})
+    refused = sbench("submit", tight, "-i", inv, "--executor", "slurm", *common, in_process=True, ok=(2,))
+    said = refused.output
+    assert "would pass its budget" in said and "nothing was submitted" in said, said
+    assert not (tmp_path / "runs" / (camp + "-tight") / "manifest.jsonl").exists()
     rep = json.loads(sb("submit", sw, "-i", inv, "--executor", "slurm", "--json"))
+    # predicted before anything ran: the FLOP model for each point of the first wave, within the budget
+    assert rep["prediction"]["points_predicted"] == len(points) and rep["prediction"]["budget"]["gpu_hours"] == 5
     assert rep["feed"].get("feeder_job"), rep["feed"]
     first = sorted(p["point_id"] for p in rep["points"] if p["action"] == "submit")
+    # the fit's scan: every batch of both shapes at once, in one pack (one allocation)
+    assert first == sorted(points.values()) and rep["sbatch_calls"] == 1, rep
     # cancelled at once (the feeder first, then the first wave's jobs), then resumed with retry: the search goes on
     # from what the database holds, and its feeder takes it to the same answer
     sb("cancel", "--campaign", camp)
@@ -73,18 +91,41 @@ def test_a_search_cancelled_and_resumed_finishes_by_its_feeder(tmp_path: Path, t
     time.sleep(2)  # sacct trails slurmctld by about a second
     sb("collect", "--campaign", camp)
     ans = json.loads(sb("best", camp, "--json"))
+    # the fast point is below its shape's largest fitting batch: measured by the scan, and the answer
     assert ans["done"] and ans["best"]["point_id"] == fast, ans
     fits = {m["shape"]["gradient_accumulation_steps"]: m for m in ans["max_batch_size"]}
-    assert fits[1]["batch_size"] == 4 and (fits[2]["batch_size"], fits[2]["smallest_oom"]) == (2, 4)
-    rows = sql_rows(tmp_path / "r.duckdb", "SELECT point_id, repeat, attempt, outcome FROM runs WHERE campaign = ?",
-                    [camp])
+    assert (fits[1]["batch_size"], fits[1]["smallest_oom"]) == (4, None)
+    assert (fits[2]["batch_size"], fits[2]["smallest_oom"]) == (1, 2)
+    rows = sql_rows(tmp_path / "r.duckdb", "SELECT point_id, repeat, attempt, outcome, reason, job_dir FROM runs "
+                    "WHERE campaign = ?", [camp])
     last = [r for r in rows if not any(o["point_id"] == r["point_id"] and o["repeat"] == r["repeat"]
                                        and o["attempt"] > r["attempt"] for o in rows)]
-    # fewer runs than the grid's points plus the best's repeat, each point's repeat once; only the cancelled first
-    # wave ran twice (its attempt 1 cancelled, attempt 2 the retry's)
-    assert len(last) < len(points) + 1 and len({(r["point_id"], r["repeat"]) for r in last}) == len(last)
+    # each (point, repeat) once; only the cancelled first wave ran twice (its attempt 1 cancelled, attempt 2 the
+    # retry's); the slow points left after their scan's run, and only the fast point ran again
+    assert len({(r["point_id"], r["repeat"]) for r in last}) == len(last)
     assert sorted(r["point_id"] for r in rows if r["attempt"] > 1) == first and all(
         r["attempt"] <= 2 for r in rows)
-    assert {r["point_id"] for r in last if r["outcome"] == "invalid"} == {oom}
+    assert {r["point_id"] for r in last if r["repeat"] >= 1} == {fast}
+    by_point = {r["point_id"]: r for r in last if r["repeat"] == 0}
+    # batch 2 of the second shape ran out of memory; its pack never started batch 4 after it, and said why
+    assert by_point[ooms[0]]["outcome"] == "invalid"
+    skipped = by_point[ooms[1]]
+    assert skipped["outcome"] == "failed" and "a search's scan needs no larger batch" in skipped["reason"], skipped
+    assert not JobPaths(skipped["job_dir"]).stage_hosts()
+    assert {r["point_id"] for r in last if r["outcome"] == "ok"} == set(points.values()) - set(ooms)
+    # the front, from the database: the fast point, its cost the price's over its throughput, run by run
+    measured = sql_rows(tmp_path / "r.duckdb", "SELECT dataset_tokens_per_second AS tps, cost_per_million_tokens AS "
+                        "cost, host_busy FROM measurements WHERE point_id = ? AND is_valid", [fast])
+    assert measured and all(m["cost"] == pytest.approx(PRICE * 1e6 / m["tps"] / 3600, rel=1e-9) for m in measured)
+    used = [m for m in measured if not m["host_busy"]] or measured
+    assert [p["point_id"] for p in ans["pareto"]] == [fast], ans["pareto"]
+    cost = ans["pareto"][0]["objectives"]["cost_per_million_tokens"]
+    assert cost["value"] == pytest.approx(sum(m["cost"] for m in used) / len(used), rel=1e-9)
+    assert cost["interval"][0] <= cost["value"] <= cost["interval"][1] and cost["runs"] == len(used)
+    # every run, the feeder's waves included, keeps what was predicted of it
+    predicted = sql_rows(tmp_path / "r.duckdb", "SELECT predicted_seconds, prediction_source FROM runs WHERE "
+                         "campaign = ?", [camp])
+    assert all(r["prediction_source"] in ("model", "history") and r["predicted_seconds"] > 0 for r in predicted), \
+        predicted
     decided = sql_rows(tmp_path / "r.duckdb", "SELECT point_id FROM search_decisions WHERE campaign = ?", [camp])
     assert {r["point_id"] for r in decided} == set(points.values())

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.campaign.executors.feed import feed_notes
+from harness.campaign.executors.pack import scan_skipped
 from harness.campaign.executors.registry import get_backend, live_states
 from harness.contract import jobstate
 from harness.contract.errors import InputError
@@ -40,6 +41,7 @@ class StatusReport:
 
 
 NOT_RUN_BY_SEARCH = "not run (search)"  # a search campaign's grid point it never ran: its decision says why
+NOT_NEEDED_BY_SEARCH = "not needed (search)"  # a run its search's scan did not start (after its shape's OOM)
 
 
 def status(workdir: Path | None = None, db: DbRef | None = None, campaign: str | None = None,
@@ -83,7 +85,9 @@ def status(workdir: Path | None = None, db: DbRef | None = None, campaign: str |
     cancelled = manifest.cancelled_dirs(wd, campaign) if any(v == "GONE" for v in live.values()) else set()
     counts: dict[str, int] = {}
     for r in rows:
-        if r.get("outcome"):
+        if r.get("outcome") == "failed" and scan_skipped(r.get("reason")):
+            phase = NOT_NEEDED_BY_SEARCH
+        elif r.get("outcome"):
             phase = r["outcome"]
         elif r.get("search_never_ran"):
             phase = NOT_RUN_BY_SEARCH

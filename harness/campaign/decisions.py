@@ -39,6 +39,7 @@ class DecisionKind(enum.Enum):
     NOT_FAILED = "not failed"  # sbench retry: a run that would be submitted, but never failed
     PREDICTED_OOM = "predicted oom"  # --skip-predicted-oom: predicted not to fit
     OVER_BUDGET = "over budget"  # a running campaign's next run that would pass the sweep's budget: (not sent)
+    NOT_NEEDED = "not needed"  # a failed run of a point the search skips (its scan's pack did not start it)
 
     @property
     def submits(self) -> bool:

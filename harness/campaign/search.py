@@ -22,12 +22,20 @@ from harness.db.search import point_costs, runs_seen, search_evidence
 from harness.db.status import campaign_names
 from harness.db.store import open_store, store_exists
 from harness.spec.plan import PlannedPoint
-from harness.spec.search import Candidate, RecordedSearch, RunSeen, SearchSpec, SearchState, answer, step
+from harness.spec.search import (
+    MIN_STEPS,
+    Candidate,
+    RecordedSearch,
+    RunSeen,
+    SearchSpec,
+    SearchState,
+    answer,
+    short_run_steps,
+    step,
+)
 from harness.spec.sweep import MAX_REL_CI, Sweep
 
 from . import manifest
-
-MIN_STEPS = 2  # a short run's fewest steps: a step time, and a second to tell its spread
 
 
 def candidates(points: Sequence[PlannedPoint], grid_fields: Sequence[str]) -> list[Candidate]:
@@ -61,7 +69,7 @@ def scaled_sweep(sweep: Sweep, scale: float) -> Sweep:
         max_seconds=r.max_seconds * scale, min_steps=max(MIN_STEPS, round(r.min_steps * scale)),
         rel_ci=min(MAX_REL_CI, r.rel_ci / math.sqrt(scale)),
         # a point's own max_steps ends its run before any auto-stop: its share of them, then
-        max_run_steps=max(MIN_STEPS, math.ceil(steps * scale)) if steps > 0 else 0)
+        max_run_steps=short_run_steps(steps, scale) if steps > 0 else 0)
     return dataclasses.replace(sweep, runner=short)
 
 

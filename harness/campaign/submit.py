@@ -81,8 +81,10 @@ def decide(points: list[PlannedPoint], history: PointHistory, campaign: str, for
         taken = history.reusable(p.point_id, p.repeat) if reuse else None
         if search is not None:
             key = (p.point_id, p.repeat)
+            said = search.decisions.get(p.point_id)
             d = search_policy(p, attempts, asked.get(key), search.scale.get(key, 1.0), force=force,
-                              retry_failed=retry_failed, taken=taken)
+                              retry_failed=retry_failed, taken=taken,
+                              skipped=said.reason if said is not None and said.action == SKIP else None)
         elif adaptive is not None:
             d = repeats_policy(p, attempts, adaptive, verdicts.get(p.point_id), force=force,
                                retry_failed=retry_failed, taken=taken)
@@ -143,13 +145,17 @@ def repeats_policy(p: PlannedPoint, attempts: list[AttemptState], adaptive: Adap
 
 
 def search_policy(p: PlannedPoint, attempts: list[AttemptState], asked: str | None, scale: float, *, force: bool,
-                  retry_failed: bool, taken: MeasuredRun | None = None) -> Decision | None:
+                  retry_failed: bool, taken: MeasuredRun | None = None, skipped: str | None = None) -> Decision | None:
     """A sweep's ``search:`` (``harness.spec.search``): a run is a run of the campaign only once the search asks
     for it (*asked*: the search's reason; None: it does not ask) or it has attempts (an invalid point's first
     repeat says why it is none). Then :func:`plain_policy`, where retry also goes on with a cancelled run; a new
-    run says why the search asks for it, and a submitted one runs *scale* of the sweep's run length."""
+    run says why the search asks for it, and a submitted one runs *scale* of the sweep's run length. A failed run
+    of a point the search skips (*skipped*: why; a batch its scan's pack did not start after its shape's OOM) is
+    not retried: the search does not need it."""
     if asked is None and not (attempts or (not p.valid and p.repeat == 0)):
         return None
+    if skipped is not None and not force and attempts and attempts[-1].outcome == "failed":
+        return Decision(p, DecisionKind.NOT_NEEDED, f"{SEARCH}: not needed ({skipped})")
     d = plain_policy(p, attempts, force=force, retry_failed=retry_failed, taken=taken, retry_cancelled=retry_failed)
     if d.kind is DecisionKind.NEW and asked:
         d = Decision(p, DecisionKind.SEARCH, f"{SEARCH}: {asked}", d.attempt)

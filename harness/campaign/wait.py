@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.campaign.executors.base import Submitted
+from harness.campaign.executors.pack import scan_skipped
 from harness.campaign.executors.registry import get_backend, live_states
 from harness.collect.ingest import collect
 from harness.contract import jobstate
@@ -35,6 +36,7 @@ from harness.slurm.client import Slurm
 from . import manifest
 
 OUTCOMES = ("ok", "invalid", "failed")
+NOT_NEEDED = "not needed"
 # An attempt the scheduler reports over may lack its final accounting for a moment (sacct trails
 # slurmctld): collect again, this often, before calling an outcome unknown.
 SETTLE_TRIES, SETTLE_WAIT_S = 5, 2.0
@@ -68,7 +70,8 @@ def refs(submitted: list[Submitted], executor: str) -> list[AttemptRef]:
 class WaitSummary:
     """What became of the attempts one submit waited for, and of the campaign as a whole."""
 
-    counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in (*OUTCOMES, "unknown")})
+    # each outcome, "unknown", and "not needed": a run a search's scan did not start (a failure by its outcome)
+    counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in (*OUTCOMES, "unknown", NOT_NEEDED)})
     runs: list[dict[str, Any]] = field(default_factory=list)  # run_id, point_id, repeat, attempt, outcome, ...
     note: str | None = None
     campaign: CampaignOutcome | None = None  # every point's last attempt, once the waiting is over
@@ -101,22 +104,25 @@ class CampaignOutcome:
     ended: dict[str, int] = field(default_factory=lambda: {"ok": 0, "invalid": 0})
     failed: list[dict[str, Any]] = field(default_factory=list)
     open: list[dict[str, Any]] = field(default_factory=list)
+    not_needed: list[dict[str, Any]] = field(default_factory=list)  # runs a search's scan did not start
 
     @property
     def done(self) -> bool:
         return not self.failed and not self.open
 
     def text(self) -> str:
-        n = sum(self.ended.values()) + len(self.failed) + len(self.open)
+        n = sum(self.ended.values()) + len(self.failed) + len(self.open) + len(self.not_needed)
         head = (f"campaign {self.name}: {n} run(s) by their last attempt: {self.ended['ok']} ok, "
-                f"{self.ended['invalid']} invalid, {len(self.failed)} failed, {len(self.open)} not ended")
+                f"{self.ended['invalid']} invalid, {len(self.failed)} failed, {len(self.open)} not ended"
+                + (f", {len(self.not_needed)} not needed (not started by a search's scan)" if self.not_needed
+                   else ""))
         if self.failed:
             head += f"; sbench retry {self.name} runs the failed ones again"
         return head
 
     def to_dict(self) -> dict[str, Any]:
         return {"campaign": self.name, "ended": dict(self.ended), "failed": self.failed, "open": self.open,
-                "done": self.done}
+                "not_needed": self.not_needed, "done": self.done}
 
 
 def campaign_outcome(campaign: str, db: DbRef | None) -> CampaignOutcome:
@@ -133,6 +139,8 @@ def campaign_outcome(campaign: str, db: DbRef | None) -> CampaignOutcome:
                "reason": r.get("reason")}
         if r.get("outcome") in ("ok", "invalid"):
             out.ended[str(r["outcome"])] += 1
+        elif r.get("outcome") == "failed" and scan_skipped(r.get("reason")):
+            out.not_needed.append(row)
         elif r.get("outcome") == "failed" and (r.get("state") or "") != "GONE":
             out.failed.append(row)
         else:
@@ -278,7 +286,7 @@ def summarise(campaign: str, attempts: list[AttemptRef], workdir: Path | None, d
     for rid, a in sorted(ids.items()):
         r = rows.get(rid, {})
         outcome = str(r["outcome"]) if r.get("outcome") in OUTCOMES else "unknown"
-        out.counts[outcome] += 1
+        out.counts[NOT_NEEDED if outcome == "failed" and scan_skipped(r.get("reason")) else outcome] += 1
         out.runs.append({"run_id": rid, "point_id": a.point_id, "repeat": a.repeat, "attempt": a.attempt,
                          "outcome": outcome, "state": r.get("state"), "reason": r.get("reason")})
     return out

@@ -324,7 +324,9 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
         sr = sw.search
         goal = ", ".join(f"{sense} {metric}" for sense, metric in sr.objectives)
         click.echo(f"search: {goal}{' (a Pareto front)' if sr.pareto else ''}; "
-                   + ("the largest batch that fits per shape by bisection; " if sr.batch_size else "")
+                   + (("the largest batch that fits per shape by a scan (slurm.pack: every batch at once, in "
+                       "ascending order in one pack, none started after its shape's first OOM); " if sr.scan else
+                       "the largest batch that fits per shape by bisection; ") if sr.batch_size else "")
                    + (f"successive halving (eta {sr.eta}); " if sr.method else "")
                    + f"the best point gets {sw.search_repeats} repeat(s) (listed: every repeat a point may get; "
                    "the search runs only those it needs)")

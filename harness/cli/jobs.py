@@ -164,8 +164,9 @@ def _finish(report: SubmitReport, command: str, wait: bool, as_json: bool, workd
 def _print_summary(summary: WaitSummary) -> None:
     c = summary.counts
     unknown = f", {c['unknown']} not known" if c["unknown"] else ""
+    skipped = f", {c['not needed']} not needed (not started by a search's scan)" if c.get("not needed") else ""
     click.echo(f"\n{len(summary.runs)} attempt(s) ended: {c['ok']} ok, {c['invalid']} invalid, {c['failed']} failed"
-               f"{unknown}")
+               f"{unknown}{skipped}")
     for r in summary.runs:
         if r["outcome"] in ("failed", "unknown"):
             click.echo(f"  {r['outcome']:<7}  {r['point_id']} r{r['repeat']} a{r['attempt']}: "

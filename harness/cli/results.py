@@ -418,7 +418,8 @@ def best(campaign: str, db: DbArg | None, workdir: Path | None, as_json: bool) -
     if ans["grid_train_s_estimate"] > 0:
         click.echo(f"{ans['runs']} run(s) of {ans['grid_points']} grid point(s); training {ans['train_s']:.1f} s "
                    f"(the grid: about {ans['grid_train_s_estimate']:.1f} s), allocations {ans['allocation_s']:.1f} s "
-                   f"(the grid: about {ans['grid_allocation_s_estimate']:.1f} s, from its {ans['grid_estimate_from']})")
+                   f"(the grid: about {ans['grid_allocation_s_estimate']:.1f} s; each grid point from: "
+                   f"{ans['grid_estimate_from']})")
     else:  # no run has ended with a measurement: nothing to estimate the grid from
         click.echo(f"{ans['runs']} run(s) of {ans['grid_points']} grid point(s); training {ans['train_s']:.1f} s, "
                    f"allocations {ans['allocation_s']:.1f} s (the grid's cost: not estimated until a run ends)")

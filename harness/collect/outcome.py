@@ -137,6 +137,10 @@ def packed(f: JobFiles, sched: Sched) -> Sched:
     if sched.state is not None and jobstate.is_done(sched.state) and not f.hosts_all and \
             f.submitted.get("cancelled_at"):
         return Sched("executor", "CANCELLED")  # sbench cancel marked it: the pack never started it
+    if sched.state is not None and jobstate.is_done(sched.state) and not f.hosts_all and \
+            f.submitted.get("not_started_at"):
+        # the pack left it out (a search's scan after a smaller batch's OOM): never started, and why
+        return Sched("executor", "NOT_STARTED", note=f.submitted.get("not_started_reason"))
     return Sched(sched.source, sched.state, gone=sched.gone, note=sched.note)
 
 

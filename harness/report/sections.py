@@ -800,7 +800,7 @@ def scaling_section(scaling: Mapping[str, Sequence[Mapping[str, Any]]], word: st
 
 
 def _estimated_from(a: Mapping[str, Any]) -> str:
-    return f", estimated from its {esc(a['grid_estimate_from'])}" if a.get("grid_estimate_from") else ""
+    return f"; each grid point estimated from: {esc(a['grid_estimate_from'])}" if a.get("grid_estimate_from") else ""
 
 
 def search_section(searches: Sequence[Mapping[str, Any]], word: str = "GPU") -> str:

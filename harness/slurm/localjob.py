@@ -43,7 +43,7 @@ import psutil
 from harness.contract import envvars, safefile
 from harness.contract.errors import SbenchError
 from harness.contract.paths import CampaignPaths, JobPaths, process_key_files
-from harness.contract.records import SubmittedInfo, read_submitted
+from harness.contract.records import SubmittedInfo, read_submitted, write_submitted
 
 LAUNCH = "launch"
 QUEUE = "queue"
@@ -171,6 +171,21 @@ def job_lock(job_dir: str | Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+# what a job's submitted.json holds once it will never start (again): started, ended, cancelled, not started
+SETTLED = ("pid", "ended_at", "cancelled_at", "not_started_at")
+
+
+def update_submitted(job_dir: str | Path, fields: SubmittedInfo, unless: tuple[str, ...] = ()) -> SubmittedInfo:
+    """Merge *fields* into the job's ``submitted.json`` under its lock, unless it already has one of the
+    fields *unless*; returns what the file holds afterwards."""
+    with job_lock(job_dir):
+        info = read_submitted(job_dir)
+        if not any(info.get(k) for k in unless):
+            info.update(fields)
+            write_submitted(job_dir, info)
+        return info
 
 
 # -- states ----------------------------------------------------------------------------------------------

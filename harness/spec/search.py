@@ -65,6 +65,7 @@ WIDE_MARGIN = 1.25
 # this many runs used; a search plans one spare repeat per point for it.
 AGREE_RUNS = 3
 SPARE_REPEATS = 1
+MIN_STEPS = 2  # a short run's fewest steps: a step time, and a second to tell its spread
 # How the reason of a point whose next run the sweep's budget: stopped begins (harness.campaign.submit writes it).
 BUDGET_STOP = "stopped at the budget: "
 # A decision's phase and action, as the search_decisions table and sbench best say them.
@@ -84,6 +85,9 @@ class SearchSpec:
     method: str | None = None  # halving | None (every entrant gets the campaign's repeats)
     eta: int = DEFAULT_ETA
     more: tuple[tuple[str, str], ...] = ()  # further objectives, (sense, column): a Pareto search
+    # batch_size: fit in a packed sweep (slurm.pack): each shape's open batches all at once, in ascending order in
+    # one pack, where a batch after one that ran out of memory is not run (harness.campaign.executors.pack)
+    scan: bool = False
 
     @property
     def objectives(self) -> tuple[tuple[str, str], ...]:
@@ -107,7 +111,8 @@ class SearchSpec:
         return {k: v[0] if len(v) == 1 else v for k, v in out.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"goal": self.goal(), "batch_size": self.batch_size, "method": self.method, "eta": self.eta}
+        return {"goal": self.goal(), "batch_size": self.batch_size, "method": self.method, "eta": self.eta,
+                **({"scan": True} if self.scan else {})}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> SearchSpec:
@@ -115,7 +120,7 @@ class SearchSpec:
         objectives = goal_objectives(doc["goal"])
         (sense, metric), more = objectives[0], tuple(objectives[1:])
         return cls(metric, sense, doc.get("batch_size"), doc.get("method"), int(doc.get("eta") or DEFAULT_ETA),
-                   more)
+                   more, bool(doc.get("scan")))
 
     def rungs(self, entrants: int) -> int:
         """How many halving rungs *entrants* points go through before the final repeats (0: one point, or no
@@ -296,6 +301,12 @@ class SearchState:
         return not self.todo and not self.waiting
 
 
+def short_run_steps(steps: int, scale: float) -> int:
+    """How many of a point's *steps* (its max_steps) a short run of *scale* of the run length trains: that share,
+    rounded up, at least :data:`MIN_STEPS` (harness.campaign.search runs it as ``runner.max_run_steps``)."""
+    return max(MIN_STEPS, math.ceil(steps * scale))
+
+
 def spread_rel_ci(step_time_cv: float | None, steps: int | None) -> float | None:
     """A run's relative 95 % half-width from its own steps when the precision auto-stop recorded none (another
     stop method, or a short run stopped before its window): about 2 x the step times' CV / sqrt(steps); None
@@ -372,9 +383,10 @@ def _fits(c: Candidate, runs: Mapping[str, Sequence[RunSeen]]) -> str | None:
 
 
 def _bisect(shape: list[Candidate], runs: Mapping[str, Sequence[RunSeen]], st: SearchState,
-            fit: bool, scale: float) -> Candidate | None:
-    """Bisect one shape (candidates by ascending batch); its largest fitting point, or None (none fits, or
-    undecided: ``st`` says which)."""
+            fit: bool, scale: float, scan: bool = False) -> Candidate | None:
+    """Bisect one shape (candidates by ascending batch), or with *scan* run every open batch at once (a packed
+    sweep: they run in ascending order in one pack); its largest fitting point, or None (none fits, or undecided:
+    ``st`` says which)."""
     seen = [_fits(c, runs) for c in shape]
     ok = [i for i, s in enumerate(seen) if s == "ok"]
     lo = max(ok) if ok else None
@@ -407,6 +419,9 @@ def _bisect(shape: list[Candidate], runs: Mapping[str, Sequence[RunSeen]], st: S
         elif s == "waiting":
             st.decisions[pid] = SearchDecision(pid, FIT, WAIT, f"bisection run of batch {c.batch} queued or running", 0)
             st.waiting = True
+        elif s == "failed" and i >= hi:  # (a run its pack did not start after a smaller batch's OOM)
+            st.decisions[pid] = SearchDecision(pid, FIT, SKIP, f"bounded above by batch {shape[hi].batch} OOM "
+                                                               f"(its own run did not end ok: not needed)", 0)
         elif s == "failed":
             reason = _run(runs, pid, 0)
             st.decisions[pid] = SearchDecision(pid, FIT, WAIT, "bisection run failed "
@@ -422,7 +437,20 @@ def _bisect(shape: list[Candidate], runs: Mapping[str, Sequence[RunSeen]], st: S
         elif lo is not None and i < lo:
             st.decisions[pid] = SearchDecision(pid, FIT, SKIP, f"bounded below by batch {shape[lo].batch} ok: a "
                                                                "smaller batch of the shape is not run")
-    if not pending and untried:
+    if scan and not pending and untried:
+        # every open batch at once, in ascending order in one pack: the largest that fits in one wave, and each
+        # batch below it measured (a batch after one that runs out of memory is not started)
+        low = f"batch {shape[lo].batch} ok" if lo is not None else "nothing known to fit"
+        high = f"batch {shape[hi].batch} OOM" if hi < len(shape) else "no OOM seen"
+        batches = ", ".join(str(shape[i].batch) for i in untried)
+        for i in untried:
+            c = shape[i]
+            st.todo.append((c.point_id, 0))
+            st.scale[(c.point_id, 0)] = scale
+            st.decisions[c.point_id] = SearchDecision(
+                c.point_id, FIT, RUN, f"scan: {low}, {high}; batches {batches} in ascending order in one pack; this "
+                                      f"run: batch {c.batch} ({c.prediction()}){_share(scale)}", 0)
+    elif not pending and untried:
         if not ok and not any(s == "oom" for s in seen) and any(c.total_bytes is not None for c in shape):
             # the first run of the shape: the largest batch predicted to fit
             fitting = [i for i in untried if shape[i].predicted_oom is False]
@@ -463,7 +491,7 @@ def step(spec: SearchSpec, candidates: Sequence[Candidate], runs: Mapping[str, S
         # a bisection's run is a first rung's: as short as the halving's first rung over every shape
         scale = float(spec.eta) ** -rungs
         for shape in shapes.values():
-            best = _bisect(sorted(shape, key=lambda c: c.batch), runs, st, True, scale)
+            best = _bisect(sorted(shape, key=lambda c: c.batch), runs, st, True, scale, spec.scan)
             if best is not None:
                 entrants.append(best)
         if st.todo or st.waiting or st.stuck or any(not f.decided for f in st.fits):
@@ -613,9 +641,37 @@ def _beaten(spec: SearchSpec, iv: Interval, best: Interval) -> bool:
     return iv.hi < best.lo if spec.sense == "maximize" else iv.lo > best.hi
 
 
+def ratio_bounds(iv: Interval) -> tuple[float, float]:
+    """A Pareto objective's interval as a factor either side of its value: mean / (1 + r) .. mean x (1 + r), r its
+    relative half-width. Every goal column is positive and the objectives are ratios of one another (a million
+    tokens' cost is the price over the throughput, tokens per joule the throughput over the power): a factor is the
+    same on an objective and on its reciprocal, where mean ± half would reach below zero on one of them (a noisy
+    short run) and not on the other, and dominance would depend on which of the two the goal names."""
+    r = iv.rel
+    return (iv.mean / (1.0 + r), iv.mean * (1.0 + r)) if math.isfinite(r) else (-math.inf, math.inf)
+
+
+def _bounds_text(iv: Interval) -> str:
+    lo, hi = ratio_bounds(iv)
+    return f"{iv.mean:,.4g} [{lo:,.4g}, {hi:,.4g}]"
+
+
 def objective_intervals(spec: SearchSpec, runs: Sequence[RunSeen]) -> dict[str, Interval | None]:
-    """Each objective's interval over *runs* (:func:`interval`)."""
-    return {m: interval(runs, None if m == spec.metric else m) for m in spec.metrics}
+    """Each objective's interval over the runs the search uses (:func:`used_runs`): the mean of its values, and a
+    relative half-width from the runs' own alone, sqrt(sum of their squares) / n (a run's relative half-width is its
+    step time's, the same for every objective), so that an objective and its reciprocal get the same factor
+    (:func:`ratio_bounds`); None without an ok run with a value."""
+    used = used_runs(runs)[0]
+    out: dict[str, Interval | None] = {}
+    for m in spec.metrics:
+        vals = [(v, r.rel_ci or 0.0) for r in used if (v := r.of(None if m == spec.metric else m)) is not None]
+        if not vals:
+            out[m] = None
+            continue
+        n = len(vals)
+        mean = sum(v for v, _ in vals) / n
+        out[m] = Interval(mean, abs(mean) * math.sqrt(sum(h * h for _, h in vals)) / n, n)
+    return out
 
 
 def _outclassed(spec: SearchSpec, c: Candidate, ranked: Sequence[Candidate], runs: Mapping[str, Sequence[RunSeen]],
@@ -645,10 +701,11 @@ def _outclassed(spec: SearchSpec, c: Candidate, ranked: Sequence[Candidate], run
             continue
         theirs = ivs(o.point_id)
         if all((a := mine[m]) is not None and (b := theirs[m]) is not None
-               and (b.lo > a.hi if sense == "maximize" else b.hi < a.lo) for sense, m in spec.objectives):
+               and (ratio_bounds(b)[0] > ratio_bounds(a)[1] if sense == "maximize"
+                    else ratio_bounds(b)[1] < ratio_bounds(a)[0]) for sense, m in spec.objectives):
             return f"dominated by {o.point_id}: " + "; ".join(
-                f"{m} {mine[m].text()} {'<' if sense == 'maximize' else '>'} {theirs[m].text()}"  # type: ignore[union-attr]
-                for sense, m in spec.objectives)
+                f"{m} {_bounds_text(mine[m])} {'<' if sense == 'maximize' else '>'} "  # type: ignore[arg-type]
+                f"{_bounds_text(theirs[m])}" for sense, m in spec.objectives)  # type: ignore[arg-type]
     return None
 
 
@@ -698,40 +755,61 @@ def _mean(xs: Sequence[float]) -> float | None:
 
 
 def grid_estimate(cands: Sequence[Candidate], fits: Mapping[str, bool], gpus: Mapping[str, int],
-                  spent: Sequence[Mapping[str, Any]],
-                  scale: Mapping[tuple[str, int], float]) -> tuple[dict[str, float], str | None]:
-    """What running every grid point once would have taken (``train_s``, ``allocation_s``, ``gpu_s``), and from
-    what (None: no run to tell). A point that fits: the mean of its own full-length ok runs, else of the campaign's
-    (the rungs' short runs only where no run was full, each stretched by its share); one that does not: the mean of
-    its OOM runs, else of the campaign's. GPU seconds: a point's allocation seconds times its *gpus*."""
-    # the runs grouped once by (outcome, full-length only, point id; None: the campaign's)
-    pools: dict[tuple[str, bool, str | None], list[Mapping[str, Any]]] = {}
+                  spent: Sequence[Mapping[str, Any]], scale: Mapping[tuple[str, int], float],
+                  steps: Mapping[str, int] | None = None) -> tuple[dict[str, float], str | None]:
+    """What running every grid point once at full length would have taken (``train_s``, ``allocation_s``,
+    ``gpu_s``), and from what (None: no run to tell). A point that fits, by the first of: the mean of its own
+    full-length ok runs; its own short (rung or scan) runs, stretched: training over the run's share of the run
+    length, the allocation its start-up once plus that training; the mean of the campaign's full-length ok runs;
+    the campaign's short runs, stretched. A point that does not fit: the mean of its OOM runs, else the
+    campaign's. Short and full runs never share a mean. A short run's share is that of the steps it trained where
+    the point has a max_steps (*steps*: :func:`short_run_steps` of them), else of the run length. GPU seconds: a
+    point's allocation seconds times its *gpus*. The basis names each kind used, with how many points."""
+    def stretched(r: Mapping[str, Any], key: str) -> float | None:
+        share = scale.get((str(r["point_id"]), int(r["repeat"])), 1.0)
+        n = (steps or {}).get(str(r["point_id"])) or 0
+        if share < 1.0 and n > 0:
+            share = min(1.0, short_run_steps(n, share) / n)
+        train, alloc = r.get("train_s"), r.get("allocation_s")
+        if share >= 1.0 or r["outcome"] != "ok":
+            v = train if key == "train_s" else alloc
+            return None if v is None else float(v)
+        if train is None:
+            return None
+        grown = float(train) / share
+        return grown if key == "train_s" else None if alloc is None else float(alloc) - float(train) + grown
+
+    # the runs grouped once by (kind, point id; None: the campaign's); kind: full | short | oom
+    pools: dict[tuple[str, str | None], list[Mapping[str, Any]]] = {}
     for r in spent:
-        full_length = scale.get((str(r["point_id"]), int(r["repeat"])), 1.0) >= 1.0
-        for full in (False, True) if full_length else (False,):
-            for pid in (None, str(r["point_id"])):
-                pools.setdefault((str(r["outcome"]), full, pid), []).append(r)
-    means: dict[tuple[str, bool, str | None, str], float | None] = {}
-
-    def mean(outcome: str, full: bool, pid: str | None, key: str) -> float | None:
-        if (outcome, full, pid, key) not in means:
-            means[(outcome, full, pid, key)] = _mean([
-                float(r[key]) / (1.0 if r["outcome"] != "ok" else scale.get((str(r["point_id"]), int(r["repeat"])),
-                                                                             1.0))
-                for r in pools.get((outcome, full, pid), ()) if r[key] is not None])
-        return means[(outcome, full, pid, key)]
-
-    basis = "full-length runs" if ("ok", True, None) in pools else "short runs, stretched" \
-        if ("ok", False, None) in pools else "OOM runs" if ("invalid", False, None) in pools else None
+        if r["outcome"] == "ok":
+            kind = "full" if scale.get((str(r["point_id"]), int(r["repeat"])), 1.0) >= 1.0 else "short"
+        elif r["outcome"] == "invalid":
+            kind = "oom"
+        else:
+            continue
+        for pid in (str(r["point_id"]), None):
+            pools.setdefault((kind, pid), []).append(r)
+    words = {("full", True): "own full-length runs", ("short", True): "own short runs, stretched",  # (in this order)
+             ("full", False): "the campaign's full-length runs", ("short", False): "the campaign's short runs, "
+             "stretched", ("oom", True): "own OOM runs", ("oom", False): "the campaign's OOM runs"}
     out = {"train_s": 0.0, "allocation_s": 0.0, "gpu_s": 0.0}
+    used: dict[str, int] = {}
     for c in cands:
-        outcome = "ok" if fits[c.point_id] else "invalid"
-        full = outcome == "ok" and basis == "full-length runs"
+        order = [("full", c.point_id), ("short", c.point_id), ("full", None), ("short", None)] \
+            if fits[c.point_id] else [("oom", c.point_id), ("oom", None)]
+        pick = next((k for k in order if pools.get(k)), None)
+        if pick is None:
+            continue
+        label = words[(pick[0], pick[1] is not None)]
+        used[label] = used.get(label, 0) + 1
         for key in ("train_s", "allocation_s"):
-            v = next((m for pid in (c.point_id, None) if (m := mean(outcome, full, pid, key)) is not None), 0.0)
+            v = _mean([x for r in pools[pick] if (x := stretched(r, key)) is not None]) or 0.0
             out[key] += v
             if key == "allocation_s":
                 out["gpu_s"] += v * gpus.get(c.point_id, 1)
+    basis = ", ".join(f"{label} ({used[label]} point{'s' if used[label] != 1 else ''})"
+                      for label in words.values() if label in used) or None
     return out, basis
 
 
@@ -753,7 +831,8 @@ def answer(ev: SearchEvidence) -> dict[str, Any]:
         return f.batch_size is not None and c.batch <= f.batch_size
 
     gpus = {c.point_id: int((ev.entities.get(c.point_id) or c.entity).get("number_gpus") or 1) for c in cands}
-    estimate, basis = grid_estimate(cands, {c.point_id: fits(c) for c in cands}, gpus, ev.spent, state.scale)
+    steps = {c.point_id: int((ev.entities.get(c.point_id) or c.entity).get("max_steps") or 0) for c in cands}
+    estimate, basis = grid_estimate(cands, {c.point_id: fits(c) for c in cands}, gpus, ev.spent, state.scale, steps)
     best_entity = dict(ev.entities.get(state.best) or {}) if state.best else {}
     used, left = used_runs(ev.runs.get(state.best or "", ()))
     return {
@@ -770,8 +849,8 @@ def answer(ev: SearchEvidence) -> dict[str, Any]:
         "runners_up": state.runners_up,
         # a Pareto search's front: each point with every objective's value and interval (none with one objective)
         "pareto": [{"point_id": pid, **{k: entity[pid].get(k) for k in grid_fields},
-                    "objectives": {m: None if iv_m is None else {"value": iv_m.mean, "interval": [iv_m.lo, iv_m.hi],
-                                                                 "runs": iv_m.n}
+                    "objectives": {m: None if iv_m is None else {"value": iv_m.mean,
+                                                                 "interval": list(ratio_bounds(iv_m)), "runs": iv_m.n}
                                    for m, iv_m in objective_intervals(spec, ev.runs.get(pid, ())).items()}}
                    for pid in state.pareto],
         "max_batch_size": [{"shape": {k: v for k, v in f.shape.items() if k != BATCH_FIELD},

@@ -399,6 +399,9 @@ def parse_sweep(doc: Any, source: str, base_dir: Path, model_map_path: str | Pat
         feed_partition=ck.string(slurm_node, "slurm", "feed_partition", pattern=SLURM_NAME, what=SLURM_NAME_TEXT),
         pack=_pack(ck, slurm_node),
     )
+    if search is not None and search.batch_size == "fit" and slurm.pack != 1:
+        # packed: each shape's batches are scanned in ascending order in one pack, not bisected wave by wave
+        search = dataclasses.replace(search, scan=True)
     runner_node = ck.mapping(doc.get("runner"), "runner", doc, "runner")
     ck.known_keys(runner_node, "runner", RUNNER_KEYS)
     auto = ck.mapping(runner_node.get("auto_stop"), "runner.auto_stop", runner_node, "auto_stop")

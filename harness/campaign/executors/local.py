@@ -53,7 +53,7 @@ from harness.contract.records import (
 )
 from harness.runner import pdeath
 from harness.slurm import localjob
-from harness.slurm.localjob import LAUNCH, QUEUE, job_lock
+from harness.slurm.localjob import LAUNCH, QUEUE, SETTLED, job_lock, update_submitted
 from harness.spec.inventory import Inventory
 from harness.spec.plan import PlannedPoint
 
@@ -64,12 +64,11 @@ from harness.spec.schema import slurm_time_minutes
 from harness.spec.sweep import Sweep
 
 from .base import SubmitOptions, Submitted
-from .pack import in_process, make_packs, requeued_locally
+from .pack import ended_invalid, in_process, make_packs, not_needed_after_oom, requeued_locally
 
 NO_LIMIT_MIN = 365 * 24 * 60  # submitit's local timeout for a time limit of UNLIMITED
 GO = "go"
 # Fields that settle a job before the queue starts it: it is never started after one of them.
-SETTLED = ("pid", "ended_at", "cancelled_at", "not_started_at")
 # (first, cap) of the poller's pauses, in seconds (harness.contract.poll): --wait reads a few small files a look;
 # the queue looks for a free slot
 WAIT_POLL_S, QUEUE_POLL_S = (0.2, 5.0), (0.1, 1.0)
@@ -78,17 +77,6 @@ WAIT_POLL_S, QUEUE_POLL_S = (0.2, 5.0), (0.1, 1.0)
 def timeout_minutes(time_text: str) -> float:
     minutes = slurm_time_minutes(time_text)
     return NO_LIMIT_MIN if minutes is None else max(minutes, 1.0)
-
-
-def update_submitted(job_dir: str | Path, fields: SubmittedInfo, unless: tuple[str, ...] = ()) -> SubmittedInfo:
-    """Merge *fields* into the job's ``submitted.json`` under its lock, unless it already has one of the
-    fields *unless*; returns what the file holds afterwards."""
-    with job_lock(job_dir):
-        info = read_submitted(job_dir)
-        if not any(info.get(k) for k in unless):
-            info.update(fields)
-            write_submitted(job_dir, info)
-        return info
 
 
 def free_port() -> int:
@@ -152,19 +140,6 @@ class LocalLaunch:
             fields["exit_signal"] = rc - 128
         update_submitted(self.job_dir, fields)
         return rc
-
-
-def ended_invalid(job_dir: str) -> bool:
-    """Whether a node runner of the job dir ended ``invalid`` (GPU out of memory) in its result file."""
-    paths = JobPaths(job_dir)
-    for host in paths.result_hosts():
-        try:
-            doc = safefile.read_json(paths.result(host), paths.root.parent, safefile.RUNNER_MAX)
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get("outcome") == "invalid":
-            return True
-    return False
 
 
 @dataclass
@@ -306,7 +281,7 @@ def _submit_pack(executor: Any, item: dict[str, Any], queued_at: str) -> Any:
 def _requeued(item: dict[str, Any], job: Any) -> list[dict[str, Any]]:
     """The points of a finished pack that go back to the queue as their own jobs (an OOM came before them)."""
     try:
-        rest = set(job.result() or [])
+        rest = {str(d) for d in not_needed_after_oom(job.result() or [])}  # (a search's scan skips some)
     except Exception:  # noqa: BLE001 - the pack's job failed as a whole: its points' files say how far it got
         return []
     out = []

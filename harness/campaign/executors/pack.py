@@ -21,12 +21,15 @@ manifest carry the same (``pack_index``, ``pack_size``) and the pack's job id.
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from harness.build.jobspec import JobSpec
 from harness.build.sbatch import job_name_of
+from harness.campaign import manifest
 from harness.campaign.grouping import (  # noqa: F401 - which points pack together lives in grouping; its callers import it here
     AUTO_MAX,
     batch_size,
@@ -53,7 +56,9 @@ from harness.contract.records import (
     write_submitted,
 )
 from harness.slurm.client import Slurm
+from harness.slurm.localjob import SETTLED, update_submitted
 from harness.spec.schema import slurm_time_minutes
+from harness.spec.search import BATCH_FIELD
 
 REQUEUE_REASON = "requeued unpacked: an earlier point of its pack ran out of GPU memory"
 
@@ -81,6 +86,68 @@ def pack_time(members: Sequence[JobSpec], time_limit: str | None) -> str | None:
 
 
 # -- on the node: the rest of a pack after an OOM -----------------------------------------------------------
+
+SCAN_SKIP = ("not run: batch {oom} of its shape ran out of GPU memory earlier in its pack, and a search's scan "
+             "needs no larger batch of it")
+_SCAN_SKIPPED = re.compile(re.escape(SCAN_SKIP).replace(re.escape("{oom}"), r"\d+"))
+
+
+def scan_skipped(reason: object) -> bool:
+    """Whether a run's reason says its pack did not start it for a search's scan (:data:`SCAN_SKIP`): a run the
+    search does not need, which ``submit --wait`` counts as not needed rather than failed."""
+    return isinstance(reason, str) and bool(_SCAN_SKIPPED.search(reason))
+
+
+def ended_invalid(job_dir: str | Path) -> bool:
+    """Whether a node runner of the job dir ended ``invalid`` (GPU out of memory) in its result file."""
+    paths = JobPaths(job_dir)
+    for host in paths.result_hosts():
+        try:
+            doc = safefile.read_json(paths.result(host), paths.root.parent, safefile.RUNNER_MAX)
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("outcome") == "invalid":
+            return True
+    return False
+
+
+def _shape_and_batch(job_dir: Path) -> tuple[str, int] | None:
+    """A job dir's point as a search's scan sees it: its entity without the batch size (as sorted JSON), and its
+    batch size; None when its ``spec.json`` does not say."""
+    try:
+        doc = safefile.read_json(JobPaths(job_dir).spec, job_dir.parent, safefile.SPEC_MAX)
+        entity = dict(doc["jobspec"]["entity"])
+        batch = int(entity.pop(BATCH_FIELD))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return json.dumps(entity, sort_keys=True, default=str), batch
+
+
+def not_needed_after_oom(job_dirs: Sequence[str | Path]) -> list[Path]:
+    """Of the points a pack did not run after an OOM (*job_dirs*), those a search's scan (``search.scan``: a packed
+    ``batch_size: fit``) needs no more, marked not started (``not_started_reason``: :data:`SCAN_SKIP`): a larger
+    batch of the same shape as a point of the pack that ran out of GPU memory. The rest go back to the queue; in a
+    campaign without a scan every one does (a grid measures each point's OOM). Returns those still to requeue."""
+    dirs = [Path(d) for d in job_dirs]
+    if not dirs or not (manifest.search_spec(dirs[0].parent) or {}).get("scan"):
+        return dirs
+    pack = read_submitted(dirs[0]).get("pack")
+    members = pack.get("job_dirs") or [] if pack else []
+    ooms: dict[str, int] = {}
+    for m in map(Path, members):
+        sb = _shape_and_batch(m) if m not in dirs and ended_invalid(m) else None
+        if sb is not None:
+            ooms[sb[0]] = min(sb[1], ooms.get(sb[0], sb[1]))
+    keep = []
+    for d in dirs:
+        sb = _shape_and_batch(d)
+        oom = ooms.get(sb[0]) if sb is not None else None
+        if sb is None or oom is None or sb[1] < oom:
+            keep.append(d)
+            continue
+        update_submitted(d, {"not_started_at": now_iso(), "not_started_reason": SCAN_SKIP.format(oom=oom)},
+                         unless=SETTLED)
+    return keep
 
 def _attempt_of(job_dir: Path, campaign_dir: Path) -> tuple[str, str, int, int]:
     """(campaign, point id, repeat, attempt) of a job dir, as its ``spec.json`` says."""
@@ -133,8 +200,7 @@ def requeue(locks: CampaignLocks, campaign_dir: Path, job_dirs: Sequence[Path], 
     camp = CampaignPaths(campaign_dir)
     out: list[tuple[str, str]] = []
     lines: list[ManifestLine] = []
-    for jd in job_dirs:
-        jd = Path(jd)
+    for jd in not_needed_after_oom(job_dirs):
         info = read_submitted(jd)
         if info.get("cancelled_at") or JobPaths(jd).stage_hosts():
             continue
