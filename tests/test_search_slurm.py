@@ -48,6 +48,7 @@ def test_a_search_cancelled_and_resumed_finishes_by_its_feeder(tmp_path: Path, t
         "budget": {"gpu_hours": 5}})
     inv_doc = yaml.safe_load(TEST_INVENTORY.read_text())
     inv_doc["partitions"]["cpu"]["price_per_gpu_hour"] = PRICE
+    inv_doc["partitions"]["cpu"]["peak_tflops"] = 0.05  # one CPU worker's: the FLOP model predicts from it
     inv = write_yaml(tmp_path / "inv.yaml", inv_doc)
     points = {(p.entity["gradient_accumulation_steps"], p.entity["batch_size"]): p.point_id
               for p in plan_sweep(load_sweep(sw), load_inventory(inv)) if p.repeat == 0}

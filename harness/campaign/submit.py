@@ -300,6 +300,10 @@ def _submit(locks: CampaignLocks, req: SubmitRequest, mode: Mode, *, echo: Calla
             raise InputError(f"{sweep.source}: the campaign would pass its budget: {over}"
                              + (f"; {unknown} run(s) have no prediction and count as nothing" if unknown else "")
                              + "; nothing was submitted. Raise budget:, or submit fewer points")
+        unknown = sum(p.seconds is None for p in preds)
+        if unknown:  # a budget that cannot see these runs: said before they go
+            report.warnings.append(f"{sweep.source}: budget: {unknown} run(s) have no prediction (nothing like them "
+                                   "measured, and no peak_tflops for the FLOP model) and count as nothing against it")
     dependency = _prepare_before(req, plan, [d.point for d in todo], report, echo)
     report.warnings += length_warnings(sweep, plan.inv, [d.point for d in todo])  # the files prepare just made
     events = append_manifest(CampaignPaths(campaign_dir), _campaign_lines(req, plan, decisions, exists))

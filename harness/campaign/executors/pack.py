@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 from harness.build.jobspec import JobSpec
 from harness.build.sbatch import job_name_of
@@ -48,6 +49,7 @@ from harness.contract.records import (
     AttemptExtra,
     AttemptLine,
     ManifestLine,
+    Predicted,
     SubmittedInfo,
     append_manifest,
     attempt_line,
@@ -162,12 +164,23 @@ def _attempt_of(job_dir: Path, campaign_dir: Path) -> tuple[str, str, int, int]:
 
 
 def requeue_line(key: tuple[str, str, int, int], job_dir: Path, executor: str, job_id: str | None, stamp: str,
-                 extra: AttemptExtra) -> AttemptLine:
+                 extra: AttemptExtra, predicted: Predicted | None = None) -> AttemptLine:
     """The manifest's attempt line of a point its pack put back in the queue (*key*: :func:`_attempt_of`; its
-    reason says so: the point's ``runs.submit_reason`` is the last line's)."""
+    reason says so: the point's ``runs.submit_reason`` is the last line's), with what submit predicted of it
+    (*predicted*: its first line's, :func:`predictions_of`)."""
     campaign, point_id, repeat, attempt = key
     return attempt_line(campaign, point_id, repeat, attempt, str(job_dir), executor, job_id, stamp, REQUEUE_REASON,
-                        extra=extra)
+                        extra=extra, prediction=predicted)
+
+
+def predictions_of(campaign_dir: Path) -> dict[str, Predicted]:
+    """What submit predicted of each job dir of the campaign (its attempt lines' ``prediction``, by job dir): a
+    requeue's line keeps it, as the run it puts back is the same attempt."""
+    out: dict[str, Predicted] = {}
+    for ev in manifest.read(campaign_dir):
+        if ev["type"] == "attempt" and ev.get("job_dir") and isinstance(ev.get("prediction"), Mapping):
+            out[str(ev["job_dir"])] = cast(Predicted, ev["prediction"])
+    return out
 
 
 def requeued_locally(job_dirs: Sequence[Path]) -> None:
@@ -175,14 +188,18 @@ def requeued_locally(job_dirs: Sequence[Path]) -> None:
     (the local queue process has no job id for them until it starts them)."""
     stamp = now_iso()
     by_campaign: dict[Path, list[ManifestLine]] = {}
+    predicted: dict[Path, dict[str, Predicted]] = {}
     for jd in map(Path, job_dirs):
         campaign_dir = jd.parent
         try:
             key = _attempt_of(jd, campaign_dir)
         except (OSError, SbenchError):
             continue  # its spec.json is not readable: collect says why; the queue still runs it
+        if campaign_dir not in predicted:
+            predicted[campaign_dir] = predictions_of(campaign_dir)
         by_campaign.setdefault(campaign_dir, []).append(
-            requeue_line(key, jd, "local", None, stamp, AttemptExtra(requeued_at=stamp)))
+            requeue_line(key, jd, "local", None, stamp, AttemptExtra(requeued_at=stamp),
+                         predicted[campaign_dir].get(str(jd))))
     for campaign_dir, lines in by_campaign.items():
         append_manifest(CampaignPaths(campaign_dir), lines)
 
@@ -200,6 +217,7 @@ def requeue(locks: CampaignLocks, campaign_dir: Path, job_dirs: Sequence[Path], 
     camp = CampaignPaths(campaign_dir)
     out: list[tuple[str, str]] = []
     lines: list[ManifestLine] = []
+    predicted = predictions_of(campaign_dir)
     for jd in not_needed_after_oom(job_dirs):
         info = read_submitted(jd)
         if info.get("cancelled_at") or JobPaths(jd).stage_hosts():
@@ -212,7 +230,8 @@ def requeue(locks: CampaignLocks, campaign_dir: Path, job_dirs: Sequence[Path], 
         write_submitted(jd, SubmittedInfo(executor="slurm", job_id=job_id, submitted_at=stamp, job_name=name,
                                           requeued_from=info.get("job_id"), requeued_at=stamp))
         lines.append(requeue_line(key, jd, "slurm", job_id, stamp,
-                                  AttemptExtra(job_name=name, requeued_from=info.get("job_id"))))
+                                  AttemptExtra(job_name=name, requeued_from=info.get("job_id")),
+                                  predicted.get(str(jd))))
         out.append((str(jd), job_id))
     append_manifest(camp, lines)
     return out
