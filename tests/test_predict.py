@@ -26,6 +26,7 @@ from harness.spec.sweep import Budget
 
 from .kit import TRAINED_PEAK_TFLOPS, Trained, sbench, sql_rows, write_yaml
 from .kit import inventory as one_host_inventory
+from .kit import sweep as small_sweep
 from .kit.models import matmul_params
 
 
@@ -183,3 +184,15 @@ def test_each_run_keeps_what_submit_predicted_and_the_report_sets_it_beside_what
     assert f"budget: 2 GPU-hours ({spent / 2.0:.0%} spent)" in page
     assert f"submit predicted {predicted:,.3g} GPU-hours for the {len(mine)} runs it predicted" in page
     assert "<th>predicted s</th>" in page and "(history)</td>" in page
+
+
+def test_a_budget_says_which_runs_it_cannot_see(tmp_path: Path, tiny_model: Path) -> None:
+    # nothing measured and no peak for the FLOP model (the built-in local inventory declares none): the runs have no
+    # prediction, count as nothing against the budget, and plan says so
+    sweep = write_yaml(tmp_path / "s.yaml", small_sweep(tiny_model, campaign="b",
+                                                        grid={"batch_size": [1, 2]}, budget={"gpu_hours": 1}))
+    db = tmp_path / "r.duckdb"
+    (tmp_path / "runs").mkdir()
+    sbench("collect", "--workdir", tmp_path / "runs", "--db", db)  # an empty results database
+    res = sbench("plan", sweep, "--db", db)
+    assert "warning: budget: 2 run(s) have no prediction" in res.stderr and "count as nothing" in res.stderr, res

@@ -40,7 +40,7 @@ from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, counted_warnings, plan_sweep, plan_warnings
-from harness.spec.predict import Prediction, over_budget, totals
+from harness.spec.predict import Prediction, over_budget, totals, unseen_by_budget
 from harness.spec.search import BUDGET_STOP, HALVING, PLAN, SKIP, STOP, SearchDecision, SearchState
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
@@ -300,10 +300,9 @@ def _submit(locks: CampaignLocks, req: SubmitRequest, mode: Mode, *, echo: Calla
             raise InputError(f"{sweep.source}: the campaign would pass its budget: {over}"
                              + (f"; {unknown} run(s) have no prediction and count as nothing" if unknown else "")
                              + "; nothing was submitted. Raise budget:, or submit fewer points")
-        unknown = sum(p.seconds is None for p in preds)
-        if unknown:  # a budget that cannot see these runs: said before they go
-            report.warnings.append(f"{sweep.source}: budget: {unknown} run(s) have no prediction (nothing like them "
-                                   "measured, and no peak_tflops for the FLOP model) and count as nothing against it")
+        unseen = unseen_by_budget(preds)
+        if unseen:  # a budget that cannot see these runs: said before they go
+            report.warnings.append(f"{sweep.source}: {unseen}")
     dependency = _prepare_before(req, plan, [d.point for d in todo], report, echo)
     report.warnings += length_warnings(sweep, plan.inv, [d.point for d in todo])  # the files prepare just made
     events = append_manifest(CampaignPaths(campaign_dir), _campaign_lines(req, plan, decisions, exists))

@@ -23,7 +23,7 @@ from harness.slurm.client import Slurm
 from harness.spec.catalog import EXPERIMENTS, get_experiment
 from harness.spec.inventory import Inventory, describe, load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep, plan_warnings
-from harness.spec.predict import Prediction, over_budget, totals
+from harness.spec.predict import Prediction, over_budget, totals, unseen_by_budget
 from harness.spec.resources import Share, point_share
 from harness.spec.sweep import Sweep, load_sweep
 
@@ -316,6 +316,9 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
         over = over_budget(sw.budget, listed) if sw.budget else None
         if over:
             say(f"warning: the campaign would pass its budget: {over}; sbench submit refuses it", err=True)
+        unseen = unseen_by_budget(listed) if sw.budget else None
+        if unseen:
+            say(f"warning: {unseen}", err=True)
     if sw.adaptive:
         a = sw.adaptive
         click.echo(f"repeats: {a.min} per point, then one more at a time while its throughput CV is above "

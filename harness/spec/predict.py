@@ -235,6 +235,15 @@ def totals(preds: Sequence[Prediction]) -> Totals:
                   len(preds) - len(known))
 
 
+def unseen_by_budget(preds: Sequence[Prediction]) -> str | None:
+    """What a budget cannot see: the runs with no prediction, which count as nothing against it (None: none)."""
+    unknown = sum(p.seconds is None for p in preds)
+    if not unknown:
+        return None
+    return (f"budget: {unknown} run(s) have no prediction (nothing like them measured, and no peak for the FLOP "
+            "model: preflight, or the partition's peak_tflops) and count as nothing against it")
+
+
 def over_budget(budget: Any, preds: Sequence[Prediction], spent_gpu_hours: float = 0.0,
                 spent_allocation_hours: float = 0.0) -> str | None:
     """Why the campaign would pass its *budget* (``harness.spec.sweep.Budget``): what it spent so far plus the
