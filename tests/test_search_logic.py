@@ -393,14 +393,6 @@ def test_the_grids_estimate_counts_full_length_runs_and_every_grid_point():
     est, _ = grid_estimate(cands, fits, {}, [*spent, *slow], {**st.scale, ("a-b2", 0): 1 / 3}, {"a-b2": 3})
     assert short_run_steps(3, 1 / 3) == MIN_STEPS == 2
     assert est["train_s"] == pytest.approx(2 * 90.0 + 90.0 + 90.0 + 2 * 5.0)
-    # with the run's step count and step time, only the steps it did not train are added (its train stage's start,
-    # here 60 - 2 x 20 = 20 s, is counted once): 60 + (6 - 2) x 20 = 140 s, to the point's max_steps of 6 or, with
-    # none, to its 2 steps over its third of the run length
-    timed = [{**slow[0], "steps": 2, "step_s": 20.0}]
-    for max_steps in ({"a-b2": 6}, {}):
-        est, _ = grid_estimate(cands, fits, {}, [*spent, *timed], {**st.scale, ("a-b2", 0): 1 / 3}, max_steps)
-        assert est["train_s"] == pytest.approx(2 * 90.0 + 140.0 + 90.0 + 2 * 5.0)
-        assert est["allocation_s"] == pytest.approx(2 * 100.0 + 150.0 + 100.0 + 2 * 15.0)
 
 
 def test_the_reports_answer_says_when_the_best_point_was_measured_on_a_busy_host_only():

@@ -102,15 +102,12 @@ def entities_of(store: Store, point_ids: Sequence[str]) -> dict[str, dict[str, A
 def run_seconds(store: Store, campaign: str) -> list[dict[str, Any]]:
     """Each ended attempt of *campaign*: ``point_id``, ``repeat``, ``outcome``, ``train_s`` (the longest rank's
     train stage; NULL without one), ``allocation_s`` (the run's elapsed time as the scheduler counted it; NULL
-    unknown), ``number_gpus`` (the point's, NULL unrecorded), and of a measured run ``steps`` (the optimizer steps
-    it trained: its window's last) and ``step_s`` (its median step time)."""
+    unknown) and ``number_gpus`` (the point's, NULL unrecorded)."""
     return store.fetch_dicts(
         "WITH t AS (SELECT s.run_id, max(s.duration_s) AS d FROM stages s JOIN runs r ON r.run_id = s.run_id "
         "WHERE r.campaign = ? AND s.stage = ? GROUP BY s.run_id) "
-        "SELECT r.point_id, r.repeat, r.outcome, t.d AS train_s, r.elapsed_s AS allocation_s, p.number_gpus, "
-        "m.window_end_step AS steps, m.step_time_median AS step_s "
+        "SELECT r.point_id, r.repeat, r.outcome, t.d AS train_s, r.elapsed_s AS allocation_s, p.number_gpus "
         "FROM runs r LEFT JOIN t ON t.run_id = r.run_id LEFT JOIN points p ON p.point_id = r.point_id "
-        "LEFT JOIN measurements m ON m.run_id = r.run_id "
         "WHERE r.campaign = ? AND r.outcome IS NOT NULL ORDER BY r.point_id, r.repeat, r.attempt",
         [campaign, Stage.TRAIN, campaign])
 

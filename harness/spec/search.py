@@ -762,28 +762,21 @@ def grid_estimate(cands: Sequence[Candidate], fits: Mapping[str, bool], gpus: Ma
     full-length ok runs; its own short (rung or scan) runs, stretched: training over the run's share of the run
     length, the allocation its start-up once plus that training; the mean of the campaign's full-length ok runs;
     the campaign's short runs, stretched. A point that does not fit: the mean of its OOM runs, else the
-    campaign's. Short and full runs never share a mean. A short run is stretched by the steps it did not train
-    (``steps``, ``step_s``: :func:`harness.db.search.run_seconds`) at its own median step time: up to the point's
-    max_steps (*steps*), else to its steps over its share of the run length; the start of its train stage (the
-    first step's compilation, the data loader) is counted once. Without a step count, the whole train stage over
-    the share (of max_steps: :func:`short_run_steps` of them). GPU seconds: a point's allocation seconds times its
-    *gpus*. The basis names each kind used, with how many points."""
+    campaign's. Short and full runs never share a mean. A short run's share is that of the steps it trained where
+    the point has a max_steps (*steps*: :func:`short_run_steps` of them), else of the run length. GPU seconds: a
+    point's allocation seconds times its *gpus*. The basis names each kind used, with how many points."""
     def stretched(r: Mapping[str, Any], key: str) -> float | None:
         share = scale.get((str(r["point_id"]), int(r["repeat"])), 1.0)
         n = (steps or {}).get(str(r["point_id"])) or 0
+        if share < 1.0 and n > 0:
+            share = min(1.0, short_run_steps(n, share) / n)
         train, alloc = r.get("train_s"), r.get("allocation_s")
         if share >= 1.0 or r["outcome"] != "ok":
             v = train if key == "train_s" else alloc
             return None if v is None else float(v)
         if train is None:
             return None
-        done, step_s = r.get("steps"), r.get("step_s")
-        if isinstance(done, int) and done > 0 and isinstance(step_s, (int, float)) and step_s > 0:
-            # the steps it did not train, at its own step time: the start of its train stage is not stretched
-            full = n if n > 0 else done / share
-            grown = float(train) + max(0.0, full - done) * float(step_s)
-        else:  # no step count: the whole train stage, over the share
-            grown = float(train) / (min(1.0, short_run_steps(n, share) / n) if n > 0 else share)
+        grown = float(train) / share
         return grown if key == "train_s" else None if alloc is None else float(alloc) - float(train) + grown
 
     # the runs grouped once by (kind, point id; None: the campaign's); kind: full | short | oom
