@@ -11,9 +11,11 @@ of every point but the first. Its job's time limit is the sum of its points' (wi
 cancel`` marked it (``cancelled_at`` in its ``submitted.json``), it runs that job dir's ``job.sbatch`` in the
 allocation. When a point's node runner ends ``invalid`` (GPU out of memory, exit status 2), the points still
 to run go back to the queue as their own jobs (:func:`requeue`, this module run on the node as
-``python -m harness.campaign.executors.pack``): none is measured on memory a failed step left fragmented. A point that
-fails otherwise does not stop the others. The pack job ends 0 once its points ran, so SLURM's word on the job
-never overrides a point's own files (:mod:`harness.collect.outcome`).
+``python -m harness.campaign.executors.pack``): none is measured on memory a failed step left fragmented; in a
+search's scan (a packed ``batch_size: fit``) a larger batch of the shape that ran out of memory is not started at
+all (:func:`not_needed_after_oom`). A point that fails otherwise does not stop the others. The pack job ends 0
+once its points ran, so SLURM's word on the job never overrides a point's own files
+(:mod:`harness.collect.outcome`).
 
 Each packed job dir's ``submitted.json`` says ``pack: {index, size, job_dirs}``; the attempt lines of the
 manifest carry the same (``pack_index``, ``pack_size``) and the pack's job id.
@@ -150,6 +152,7 @@ def not_needed_after_oom(job_dirs: Sequence[str | Path]) -> list[Path]:
         update_submitted(d, {"not_started_at": now_iso(), "not_started_reason": SCAN_SKIP.format(oom=oom)},
                          unless=SETTLED)
     return keep
+
 
 def _attempt_of(job_dir: Path, campaign_dir: Path) -> tuple[str, str, int, int]:
     """(campaign, point id, repeat, attempt) of a job dir, as its ``spec.json`` says."""
