@@ -6,8 +6,8 @@
 #
 # 1. sbench preflight on the local inventory: the device's bf16 matmul TFLOP/s and memory copy GB/s, recorded in
 #    the preflight table (and the measured_peaks view);
-# 2. a LoRA point of the 1.1B model with runner.profile (steps 10-12 of rank 0): one measured repeat and one
-#    profiled, collected; sbench profile prints where the profiled steps' time went (CUDA kernels included, and
+# 2. a LoRA point of the 1.1B model with runner.profile (steps 10-12 of rank 0; 40 steps a run): one measured
+#    repeat and one profiled, collected; sbench profile prints where the profiled steps' time went (CUDA kernels included, and
 #    the communication phases: nothing exposed on one device);
 # 3. full fine-tuning with distributed_backend FSDP on one rank, without and with gradient checkpointing: what
 #    each ran (the backend asked, the distributed type and processes its rank 0 recorded), and the memory
@@ -49,6 +49,8 @@ sb model tiny --size "${SBENCH_GPU_MORE_SIZE:-1b}" --device "${SBENCH_GPU_MORE_D
 DSID="${SBENCH_GPU_MORE_DATASET:-news-chars-2048-entries-4096}"
 SEQ="${SBENCH_GPU_MORE_SEQ:-768}"
 SECS="${SBENCH_GPU_MORE_SECONDS:-15}"
+# the profiled point stops at a step count, not a time: its profiled steps (10-12) are reached however slow a step is
+PSTEPS="${SBENCH_GPU_MORE_PROFILE_STEPS:-40}"
 BATCH="${SBENCH_GPU_MORE_BATCH:-8}"
 DATA="$WORK/data"
 mkdir -p "$DATA" "$WORK/gen"
@@ -60,7 +62,7 @@ experiment: finetune_lora_benchmark-v1.0.0
 description: sbench on a GPU, a LoRA point with runner.profile
 entity: {model_name: tinyllama-1b-gpu, model_max_length: $SEQ, dataset_id: $DSID,
          number_gpus: 1, torch_dtype: bfloat16, bf16: true, gradient_checkpointing: false,
-         gradient_accumulation_steps: 1, max_steps: 1000000, stop_after_seconds: $SECS, batch_size: $BATCH}
+         gradient_accumulation_steps: 1, max_steps: $PSTEPS, batch_size: $BATCH}
 model_map: {tinyllama-1b-gpu: $MODEL}
 data_dir: $DATA
 runner: {sample_interval_s: 0.5, profile: {steps: [10, 12], ranks: [0]}}

@@ -24,7 +24,7 @@ from harness.contract import safefile
 from harness.contract.paths import JobPaths
 
 from . import kit
-from .kit import LAB_INVENTORY, LAB_SWEEP, setin, sql_rows
+from .kit import LAB_INVENTORY, LAB_SWEEP, assert_same_rows, setin, sql_rows
 from .kit.jobdirs import append_manifest, make_run, write_json
 
 CAMPAIGN = "hard"  # LAB_SWEEP's: a submit of it reads this campaign (its points are all invalid: nothing runs)
@@ -425,8 +425,8 @@ def test_a_real_local_run_with_hostile_files_beside_its_own_is_collected_exactly
     col = sbench("collect", *common, cwd=tmp_path)
     assert col.returncode == 0, col.stderr
     for table in ("measurements", "ranks", "stages", "run_hosts", "environment"):
-        assert sql_rows(db, f"SELECT * EXCLUDE (run_id) FROM {table} ORDER BY ALL") == \
-            sql_rows(clean, f"SELECT * EXCLUDE (run_id) FROM {table} ORDER BY ALL"), table
+        assert_same_rows(sql_rows(db, f"SELECT * EXCLUDE (run_id) FROM {table} ORDER BY ALL"),
+                         sql_rows(clean, f"SELECT * EXCLUDE (run_id) FROM {table} ORDER BY ALL"), table)
     assert sql_rows(db, "SELECT count(*) AS n FROM samples") == sql_rows(clean, "SELECT count(*) AS n FROM samples")
     rows = {r["job_dir"]: r for r in sql_rows(db, "SELECT job_dir, outcome, warnings FROM runs")}
     before = {r["job_dir"]: r for r in sql_rows(clean, "SELECT job_dir, outcome, warnings FROM runs")}

@@ -30,11 +30,11 @@ from .builders import FULL, LAB_INVENTORY, LAB_SWEEP, LORA, SMALL_DATASET, inven
 from .campaigns import TRAINED_CAMPAIGNS, TRAINED_PEAK_TFLOPS, TRAINED_PRICE, Campaign, Trained, build_trained
 from .cli import command, sbench
 from .paths import CLUSTER_SCRIPT, FIXTURES, ROOT, TEST_INVENTORY
-from .sql import dump, one, rows_of, sql_rows, table_contents
+from .sql import assert_same_rows, dump, one, rows_of, sql_rows, table_contents
 
 __all__ = [
     "CLUSTER_SCRIPT", "FIXTURES", "FULL", "LAB_INVENTORY", "LAB_SWEEP", "LORA", "ROOT", "SMALL_DATASET",
     "TEST_INVENTORY", "TRAINED_CAMPAIGNS", "TRAINED_PEAK_TFLOPS", "TRAINED_PRICE", "Campaign", "Trained",
-    "build_trained", "command",
+    "build_trained", "command", "assert_same_rows",
     "dump", "inventory", "one", "rows_of", "sbench", "setin", "sql_rows", "sweep", "table_contents", "write_yaml",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,3 +61,17 @@ def table_contents(db: Path, tables: list[str]) -> dict[str, list[str]]:
         return {t: sorted(map(repr, con.execute(f"SELECT * FROM {t}").fetchall())) for t in tables}
     finally:
         con.close()
+
+
+def assert_same_rows(got: list[dict[str, Any]], want: list[dict[str, Any]], what: str) -> None:
+    """*got* and *want* hold the same rows: every value equal, a float to 1e-12 of the other. The samples' averages
+    are compensated sums DuckDB takes in parallel; two collects of the same files may combine the partial sums in
+    another order and differ in the last bit, and nothing else."""
+    assert len(got) == len(want), (what, len(got), len(want))
+    for g, w in zip(got, want, strict=True):
+        assert g.keys() == w.keys(), what
+        for k, v in g.items():
+            if isinstance(v, float) and isinstance(w[k], float):
+                assert math.isclose(v, w[k], rel_tol=1e-12), (what, k, v, w[k])
+            else:
+                assert v == w[k], (what, k, v, w[k])
