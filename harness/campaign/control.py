@@ -85,7 +85,7 @@ def status(workdir: Path | None = None, db: DbRef | None = None, campaign: str |
     cancelled = manifest.cancelled_dirs(wd, campaign) if any(v == "GONE" for v in live.values()) else set()
     counts: dict[str, int] = {}
     for r in rows:
-        if r.get("outcome") == "failed" and scan_skipped(r.get("reason")):
+        if scan_skipped(r.get("outcome"), r.get("reason")):
             phase = NOT_NEEDED_BY_SEARCH
         elif r.get("outcome"):
             phase = r["outcome"]

@@ -295,12 +295,11 @@ def _submit(locks: CampaignLocks, req: SubmitRequest, mode: Mode, *, echo: Calla
         over = over_budget(sweep.budget, preds, *spent)
         if over and mode is Mode.DUE:  # a running campaign's next runs: it stops there, saying why
             return _stop_at_budget(plan, search, report, over)
-        if over:
-            unknown = sum(p.seconds is None for p in preds)
-            raise InputError(f"{sweep.source}: the campaign would pass its budget: {over}"
-                             + (f"; {unknown} run(s) have no prediction and count as nothing" if unknown else "")
-                             + "; nothing was submitted. Raise budget:, or submit fewer points")
         unseen = unseen_by_budget(preds)
+        if over:
+            raise InputError(f"{sweep.source}: the campaign would pass its budget: {over}"
+                             + (f"; {unseen}" if unseen else "")
+                             + "; nothing was submitted. Raise budget:, or submit fewer points")
         if unseen:  # a budget that cannot see these runs: said before they go
             report.warnings.append(f"{sweep.source}: {unseen}")
     dependency = _prepare_before(req, plan, [d.point for d in todo], report, echo)

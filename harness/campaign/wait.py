@@ -36,7 +36,8 @@ from harness.slurm.client import Slurm
 from . import manifest
 
 OUTCOMES = ("ok", "invalid", "failed")
-NOT_NEEDED = "not needed"
+NOT_NEEDED = "not needed"  # a count of runs a search's scan did not start (failed by their outcome)
+NOT_NEEDED_WHY = "not started by a search's scan"
 # An attempt the scheduler reports over may lack its final accounting for a moment (sacct trails
 # slurmctld): collect again, this often, before calling an outcome unknown.
 SETTLE_TRIES, SETTLE_WAIT_S = 5, 2.0
@@ -114,7 +115,7 @@ class CampaignOutcome:
         n = sum(self.ended.values()) + len(self.failed) + len(self.open) + len(self.not_needed)
         head = (f"campaign {self.name}: {n} run(s) by their last attempt: {self.ended['ok']} ok, "
                 f"{self.ended['invalid']} invalid, {len(self.failed)} failed, {len(self.open)} not ended"
-                + (f", {len(self.not_needed)} not needed (not started by a search's scan)" if self.not_needed
+                + (f", {len(self.not_needed)} {NOT_NEEDED} ({NOT_NEEDED_WHY})" if self.not_needed
                    else ""))
         if self.failed:
             head += f"; sbench retry {self.name} runs the failed ones again"
@@ -139,7 +140,7 @@ def campaign_outcome(campaign: str, db: DbRef | None) -> CampaignOutcome:
                "reason": r.get("reason")}
         if r.get("outcome") in ("ok", "invalid"):
             out.ended[str(r["outcome"])] += 1
-        elif r.get("outcome") == "failed" and scan_skipped(r.get("reason")):
+        elif scan_skipped(r.get("outcome"), r.get("reason")):
             out.not_needed.append(row)
         elif r.get("outcome") == "failed" and (r.get("state") or "") != "GONE":
             out.failed.append(row)
@@ -286,7 +287,7 @@ def summarise(campaign: str, attempts: list[AttemptRef], workdir: Path | None, d
     for rid, a in sorted(ids.items()):
         r = rows.get(rid, {})
         outcome = str(r["outcome"]) if r.get("outcome") in OUTCOMES else "unknown"
-        out.counts[NOT_NEEDED if outcome == "failed" and scan_skipped(r.get("reason")) else outcome] += 1
+        out.counts[NOT_NEEDED if scan_skipped(outcome, r.get("reason")) else outcome] += 1
         out.runs.append({"run_id": rid, "point_id": a.point_id, "repeat": a.repeat, "attempt": a.attempt,
                          "outcome": outcome, "state": r.get("state"), "reason": r.get("reason")})
     return out

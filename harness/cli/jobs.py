@@ -10,7 +10,16 @@ import click
 
 from harness.campaign.decisions import SubmitReport
 from harness.campaign.submit import SubmitRequest, more_repeats, retry_campaign, submit_sweep
-from harness.campaign.wait import WaitSummary, in_flight, judge_campaign, refs, still_queued, wait_for
+from harness.campaign.wait import (
+    NOT_NEEDED,
+    NOT_NEEDED_WHY,
+    WaitSummary,
+    in_flight,
+    judge_campaign,
+    refs,
+    still_queued,
+    wait_for,
+)
 from harness.contract.errors import Interrupted
 from harness.contract.paths import DbArg
 from harness.slurm.client import Slurm
@@ -164,7 +173,7 @@ def _finish(report: SubmitReport, command: str, wait: bool, as_json: bool, workd
 def _print_summary(summary: WaitSummary) -> None:
     c = summary.counts
     unknown = f", {c['unknown']} not known" if c["unknown"] else ""
-    skipped = f", {c['not needed']} not needed (not started by a search's scan)" if c.get("not needed") else ""
+    skipped = f", {c[NOT_NEEDED]} {NOT_NEEDED} ({NOT_NEEDED_WHY})" if c.get(NOT_NEEDED) else ""
     click.echo(f"\n{len(summary.runs)} attempt(s) ended: {c['ok']} ok, {c['invalid']} invalid, {c['failed']} failed"
                f"{unknown}{skipped}")
     for r in summary.runs:

@@ -437,34 +437,29 @@ def _bisect(shape: list[Candidate], runs: Mapping[str, Sequence[RunSeen]], st: S
         elif lo is not None and i < lo:
             st.decisions[pid] = SearchDecision(pid, FIT, SKIP, f"bounded below by batch {shape[lo].batch} ok: a "
                                                                "smaller batch of the shape is not run")
-    if scan and not pending and untried:
-        # every open batch at once, in ascending order in one pack: the largest that fits in one wave, and each
-        # batch below it measured (a batch after one that runs out of memory is not started)
+    if not pending and untried:
         low = f"batch {shape[lo].batch} ok" if lo is not None else "nothing known to fit"
         high = f"batch {shape[hi].batch} OOM" if hi < len(shape) else "no OOM seen"
-        batches = ", ".join(str(shape[i].batch) for i in untried)
-        for i in untried:
+        if scan:
+            # every open batch at once, in ascending order in one pack: the largest that fits in one wave, and each
+            # batch below it measured (a batch after one that runs out of memory is not started)
+            batches = ", ".join(str(shape[i].batch) for i in untried)
+            probes = [(i, f"scan: {low}, {high}; batches {batches} in ascending order in one pack; this run: batch "
+                          f"{shape[i].batch}") for i in untried]
+        else:
+            if not ok and not any(s == "oom" for s in seen) and any(c.total_bytes is not None for c in shape):
+                # the first run of the shape: the largest batch predicted to fit
+                fitting = [i for i in untried if shape[i].predicted_oom is False]
+                probe = fitting[-1] if fitting else untried[len(untried) // 2]
+            else:
+                probe = untried[len(untried) // 2]
+            probes = [(probe, f"bisection: {low}, {high}; runs batch {shape[probe].batch}")]
+        for i, why in probes:
             c = shape[i]
             st.todo.append((c.point_id, 0))
             st.scale[(c.point_id, 0)] = scale
-            st.decisions[c.point_id] = SearchDecision(
-                c.point_id, FIT, RUN, f"scan: {low}, {high}; batches {batches} in ascending order in one pack; this "
-                                      f"run: batch {c.batch} ({c.prediction()}){_share(scale)}", 0)
-    elif not pending and untried:
-        if not ok and not any(s == "oom" for s in seen) and any(c.total_bytes is not None for c in shape):
-            # the first run of the shape: the largest batch predicted to fit
-            fitting = [i for i in untried if shape[i].predicted_oom is False]
-            probe = fitting[-1] if fitting else untried[len(untried) // 2]
-        else:
-            probe = untried[len(untried) // 2]
-        c = shape[probe]
-        st.todo.append((c.point_id, 0))
-        st.scale[(c.point_id, 0)] = scale
-        low = f"batch {shape[lo].batch} ok" if lo is not None else "nothing known to fit"
-        high = f"batch {shape[hi].batch} OOM" if hi < len(shape) else "no OOM seen"
-        st.decisions[c.point_id] = SearchDecision(c.point_id, FIT, RUN, f"bisection: {low}, {high}; runs batch "
-                                                                  f"{c.batch} ({c.prediction()}){_share(scale)}",
-                                                     0)
+            st.decisions[c.point_id] = SearchDecision(c.point_id, FIT, RUN,
+                                                      f"{why} ({c.prediction()}){_share(scale)}", 0)
     for i in untried:
         if shape[i].point_id not in st.decisions:
             st.decisions[shape[i].point_id] = SearchDecision(shape[i].point_id, FIT, WAIT, "not decided yet: the "

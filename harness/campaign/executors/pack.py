@@ -96,10 +96,10 @@ SCAN_SKIP = ("not run: batch {oom} of its shape ran out of GPU memory earlier in
 _SCAN_SKIPPED = re.compile(re.escape(SCAN_SKIP).replace(re.escape("{oom}"), r"\d+"))
 
 
-def scan_skipped(reason: object) -> bool:
-    """Whether a run's reason says its pack did not start it for a search's scan (:data:`SCAN_SKIP`): a run the
-    search does not need, which ``submit --wait`` counts as not needed rather than failed."""
-    return isinstance(reason, str) and bool(_SCAN_SKIPPED.search(reason))
+def scan_skipped(outcome: object, reason: object) -> bool:
+    """Whether a run failed only as its pack did not start it for a search's scan (its reason :data:`SCAN_SKIP`): a
+    run the search does not need, which ``submit --wait`` and ``status`` count as not needed rather than failed."""
+    return outcome == "failed" and isinstance(reason, str) and bool(_SCAN_SKIPPED.search(reason))
 
 
 def ended_invalid(job_dir: str | Path) -> bool:
