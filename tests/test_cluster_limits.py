@@ -144,7 +144,7 @@ def test_an_sbatch_failure_after_a_wave_keeps_what_was_submitted(tmp_path: Path)
 def _set_quota(n: int) -> None:
     subprocess.run(["sacctmgr", "-i", "modify", "user", "where", f"name={getpass.getuser()}", "cluster=sbench", "set",
                     f"MaxSubmitJobs={n}"], check=True, capture_output=True)
-    want = f"MaxSubmitJobs={n}(" if n > 0 else "MaxSubmitJobs= "
+    want = f"MaxSubmitJobs={n}(" if n >= 0 else "MaxSubmitJobs= "
     end = time.monotonic() + 30
     while want not in subprocess.run(["scontrol", "show", "assoc_mgr", f"users={getpass.getuser()}", "flags=assoc"],
                                      capture_output=True, text=True).stdout:
@@ -152,9 +152,26 @@ def _set_quota(n: int) -> None:
         time.sleep(0.5)
 
 
+def _clear_my_queue() -> None:
+    """Cancel the user's jobs still queued: these tests have the cluster to themselves (marked alone), so any
+    job of the user in the queue was left by something else and would hold slots of the limit they set."""
+    def mine() -> list[str]:
+        out = subprocess.run(["squeue", "-h", "-u", getpass.getuser(), "-o", "%F"], capture_output=True, text=True)
+        return sorted(set(out.stdout.split()))
+    left = mine()
+    if left:
+        print(f"cancelling job(s) left in the queue: {' '.join(left)}")
+        subprocess.run(["scancel", *left], check=False, capture_output=True)
+    end = time.monotonic() + 60
+    while left and (left := mine()):
+        assert time.monotonic() < end, f"job(s) {left} stayed in the queue after scancel"
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def quota_15(slurm_cluster, monkeypatch):
     monkeypatch.setenv("SBENCH_FEED_INTERVAL", "2")
+    _clear_my_queue()
     _set_quota(15)
     yield 15
     _set_quota(-1)
@@ -232,6 +249,36 @@ def test_a_campaign_several_times_the_limits_completes_from_one_submit(quota_15,
         assert len(list(Path(r["job_dir"]).glob("result.*.json"))) == 1
     # the manifest names each job dir's job id once it was fed; a second collect changes nothing
     assert json.loads(sb("collect", "--json").stdout)["new"] == 0
+
+
+@pytest.mark.slurm
+@pytest.mark.alone
+def test_a_full_quota_queues_nothing_and_says_so_and_retry_runs_every_point(slurm_cluster, tmp_path: Path) -> None:
+    """A user whose quota is already full: not one job (the feeder neither) fits. submit exits 1 naming the
+    refusal and the way on, with every attempt recorded as held; once the queue has room, retry runs them all."""
+    camp = f"limfull{int(time.time())}"
+    sb = _cli(["--workdir", str(tmp_path / "runs"), "--db", str(tmp_path / "r.duckdb")])
+    _clear_my_queue()
+    _set_quota(0)
+    try:
+        res = sbench("submit", _sweep(tmp_path, camp, 3, 0.2), "-i", TEST_INVENTORY, "--executor", "slurm",
+                     "--no-prepare", "--workdir", tmp_path / "runs", "--db", tmp_path / "r.duckdb", in_process=True,
+                     ok=(1,))
+        assert "error: nothing will submit 3 held attempt(s)" in res.stderr, res.stderr
+        assert "AssocMaxSubmitJobLimit" in res.stderr and f"sbench retry {camp}" in res.stderr
+        assert "Traceback" not in res.stderr and _queued(f"sbench.{camp}.") == []
+        js = sbench("submit", _sweep(tmp_path, camp, 3, 0.2), "-i", TEST_INVENTORY, "--executor", "slurm",
+                    "--no-prepare", "--json", "--workdir", tmp_path / "runs", "--db", tmp_path / "r.duckdb",
+                    in_process=True, ok=(1,))
+        assert json.loads(js.stdout)["feed"]["feeder_job"] is None  # the second submit: still nothing feeds them
+    finally:
+        _set_quota(-1)
+    rep = json.loads(sb("retry", camp, "--wait", "--json").stdout)
+    assert rep["submitted"] == 3 and rep["summary"]["counts"]["ok"] == 3, rep["summary"]
+    sb("collect")
+    rows = sql_rows(tmp_path / "r.duckdb", "select attempt, outcome from runs where campaign = ? order by attempt",
+                    [camp])
+    assert [(r["attempt"], r["outcome"]) for r in rows] == [(1, "failed")] * 3 + [(2, "ok")] * 3
 
 
 @pytest.mark.slurm

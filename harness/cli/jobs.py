@@ -127,6 +127,7 @@ def _finish(report: SubmitReport, command: str, wait: bool, as_json: bool, workd
     d = report.to_dict()
     if not wait:
         _print_submit(d, as_json)
+        _fail_if_unfed(d)
         return
     slurm = Slurm()
     others = in_flight(report.campaign, workdir, slurm, {s.spec.job_dir for s in report.submitted})
@@ -168,6 +169,18 @@ def _finish(report: SubmitReport, command: str, wait: bool, as_json: bool, workd
         print_repeats(report.campaign, [v.to_dict() for v in nxt.repeats])
     if not summary.all_fine:
         raise click.exceptions.Exit(1)
+
+
+def _fail_if_unfed(d: dict[str, Any]) -> None:
+    """Exit 1 when the submission left attempts held back (or a search to go on) with no feeder job: nothing
+    will run them unless the user acts, so the command did not do what was asked."""
+    fed = d.get("feed") or {}
+    if not fed.get("stopped"):
+        return
+    what = f"{fed['held']} held attempt(s)" if fed.get("held") else "the search"
+    say(f"error: nothing will submit {what} of campaign {d['campaign']}: {fed['stopped']}; when the queue has "
+        f"room, sbench retry {d['campaign']} runs them", err=True)
+    raise click.exceptions.Exit(1)
 
 
 def _print_summary(summary: WaitSummary) -> None:

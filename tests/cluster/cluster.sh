@@ -271,6 +271,7 @@ install_conf() {
 
 SLURM_CONF_CHANGED=0
 DBD_CONF_CHANGED=0
+CTLD_STARTED=0
 ensure_files() {
   mkdir -p "$DIR"/{etc,run,state/slurmctld,gpus} "$LOGDIR" "$SLURM_ETC"
   chmod 700 "$DIR/etc"
@@ -446,6 +447,18 @@ ensure_slurmctld() {
   stop_procs slurmctld
   spawn slurmctld
   wait_for "$TIMEOUT" ctld_ok || die "slurmctld is not answering" "$LOGDIR/slurmctld.log"
+  CTLD_STARTED=1
+}
+
+# Jobs a fresh slurmctld recovered from its saved state were left by an earlier run that died before its own
+# clean-up (a held array, a pending feeder): they would hold slots of the user's submit quota and of the nodes.
+clear_left_jobs() {
+  local ids
+  ids=$(timeout 10 squeue -h -o '%F' 2>/dev/null | sort -u | tr '\n' ' ' || true)
+  [[ -z ${ids// /} ]] && return 0
+  log "cancelling job(s) left in the queue by an earlier run: $ids"
+  # shellcheck disable=SC2086
+  timeout 30 scancel $ids 2>/dev/null || true
 }
 
 # ---------------------------------------------------------------- slurmd / nodes
@@ -563,6 +576,7 @@ cmd_start() {
   ensure_slurmdbd
   ensure_slurmctld
   ensure_slurmds
+  ((CTLD_STARTED)) && clear_left_jobs
   log "cluster $CLUSTER is up ($((SECONDS - t0))s); logs in $LOGDIR"
   health 1
 }
