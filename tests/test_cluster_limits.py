@@ -281,6 +281,63 @@ def test_a_full_quota_queues_nothing_and_says_so_and_retry_runs_every_point(slur
     assert [(r["attempt"], r["outcome"]) for r in rows] == [(1, "failed")] * 3 + [(2, "ok")] * 3
 
 
+def _set_max_wall(minutes: int) -> None:
+    subprocess.run(["sacctmgr", "-i", "modify", "user", "where", f"name={getpass.getuser()}", "cluster=sbench", "set",
+                    f"MaxWall={minutes}"], check=True, capture_output=True)
+    want = f"MaxWallPJ={minutes}" if minutes >= 0 else "MaxWallPJ= "
+    end = time.monotonic() + 30
+    while want not in subprocess.run(["scontrol", "show", "assoc_mgr", f"users={getpass.getuser()}", "flags=assoc"],
+                                     capture_output=True, text=True).stdout:
+        assert time.monotonic() < end, "the controller did not take the MaxWall limit"
+        time.sleep(0.5)
+
+
+@pytest.mark.slurm
+@pytest.mark.alone
+def test_jobs_over_a_limit_are_stuck_said_so_and_not_waited_for_and_slurms_maxtime_is_refused(
+        slurm_cluster, tmp_path: Path) -> None:
+    """A limit sbench does not read (the association's MaxWall, under the sweep's slurm.time): the jobs pend for
+    ever (AssocMaxWallDurationPerJobLimit). submit --wait does not wait for them: it names them stuck and exits 1;
+    status shows them stuck; cancel cancels them. SLURM's partition MaxTime below slurm.time (the inventory says
+    more): submit refuses, exit 2, nothing submitted."""
+    camp = f"limwall{int(time.time())}"
+    common = ["--workdir", tmp_path / "runs", "--db", tmp_path / "r.duckdb"]
+    _clear_my_queue()
+    _set_max_wall(5)  # minutes; the sweep asks for 00:10:00
+    try:
+        t0 = time.monotonic()
+        res = sbench("submit", _sweep(tmp_path, camp, 2, 0.2), "-i", TEST_INVENTORY, "--executor", "slurm",
+                     "--no-prepare", "--wait", *common, ok=(1,), timeout=300)
+        assert time.monotonic() - t0 < 240
+        assert "0 failed, 2 stuck in SLURM's queue (pending for ever)" in res.stdout, res.stdout
+        assert "pending for ever: AssocMaxWallDurationPerJobLimit (its time limit is above its association's " \
+               "MaxWall)" in res.stdout
+        st = json.loads(sbench("status", "--campaign", camp, "--json", *common).stdout)
+        assert st["counts"] == {"stuck": 2}, st["counts"]
+        assert all(r["live_state"] == "PENDING (AssocMaxWallDurationPerJobLimit)" for r in st["rows"])
+        assert "cancelled 2 attempt(s)" in sbench("cancel", "--campaign", camp, *common).stdout
+    finally:
+        _set_max_wall(-1)
+    end = time.monotonic() + 60
+    while _queued(f"sbench.{camp}."):
+        assert time.monotonic() < end, "the cancelled jobs did not leave the queue"
+        time.sleep(1)
+    sbench("collect", *common)
+    rows = sql_rows(tmp_path / "r.duckdb", "select outcome, state from runs where campaign = ?", [camp])
+    assert [(r["outcome"], r["state"]) for r in rows] == [("failed", "CANCELLED")] * 2
+    # SLURM's own MaxTime under the request, which the inventory (time_limit 00:20:00) does not know
+    subprocess.run(["scontrol", "update", "PartitionName=cpu", "MaxTime=00:05:00"], check=True)
+    try:
+        res = sbench("submit", _sweep(tmp_path, camp + "b", 2, 0.2), "-i", TEST_INVENTORY, "--executor", "slurm",
+                     "--no-prepare", *common, ok=(2,))
+        assert "--time=00:10:00 (2 point(s)) but SLURM's partition for 'cpu' allows at most 5:00 (MaxTime" \
+            in res.stderr, res.stderr
+        assert "nothing was submitted" in res.stderr and _queued(f"sbench.{camp}b.") == []
+        assert not (tmp_path / "runs" / f"{camp}b" / "manifest.jsonl").exists()
+    finally:
+        subprocess.run(["scontrol", "update", "PartitionName=cpu", "MaxTime=INFINITE"], check=True)
+
+
 @pytest.mark.slurm
 @pytest.mark.alone
 def test_cancel_in_the_middle_stops_the_arrays_and_the_feeding(quota_15, tmp_path: Path) -> None:

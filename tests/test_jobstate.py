@@ -24,6 +24,9 @@ EXPECTED = {
     "5001": "pending", "5002": "pending", "5003_4": "running", "5004": "pending", "5005": "running",
     "5006": "running", "5007": "pending", "5008": "pending", "5009": "done", "5010": "running", "5011": "running",
     "5012": "pending",
+    # pending for a reason that does not pass by itself (over the partition's MaxTime, the association's MaxWall);
+    # nodes that are down do come back
+    "5013": "stuck", "5014": "pending", "5015": "stuck",
     "6001": "done", "6002": "done", "6003": "done", "6004": "done", "6005": "done", "6006": "done", "6007": "done",
     "6008": "done", "6009": "done", "6010": "done", "6011": "done", "6012": "pending", "6013": "done",
     "6014": "running",
@@ -60,16 +63,17 @@ def test_every_recorded_job_is_seen(recorded) -> None:
 def test_submit_wait_status_cancel_and_collect_agree(recorded, job_id: str) -> None:
     live = recorded[job_id]
     expected = EXPECTED[job_id]
-    # submit --wait: counts an attempt as finished exactly when it is done
+    # submit --wait: counts an attempt as finished exactly when it is done, and stops waiting for a stuck one
     assert jobstate.is_done(live) == (expected == "done")
+    assert jobstate.waits(live) == (expected in ("pending", "running"))
     # status: the phase it shows
     phase = control._phase(live, None)
     if expected == "done":  # the scheduler's ending is shown as soon as it is seen, before a collect
         assert phase == f"{FAILED_BY_SCHEDULER.get(job_id, 'done')} (not collected)"
     else:
         assert phase == expected
-    # cancel: only what is pending or running is cancelled
-    assert (phase in ("pending", "running")) == (expected != "done")
+    # cancel: only what is pending (stuck too) or running is cancelled
+    assert (phase in ("pending", "stuck", "running")) == (expected != "done")
     # collect: an outcome is decided once the attempt is done, not before
     verdict, reason = jobstate.verdict(live)
     assert (verdict != "pending") == (expected == "done")

@@ -18,6 +18,7 @@ from harness.spec.predict import (
     Compute,
     Fleet,
     Seen,
+    beyond_time,
     over_budget,
     predict,
     totals,
@@ -63,6 +64,10 @@ def test_a_prediction_takes_the_point_else_its_shape_fitted_or_scaled() -> None:
     assert over_budget(Budget(gpu_hours=1.0), [same, four]) is None
     said = over_budget(Budget(gpu_hours=1e-3), [same, four], spent_gpu_hours=0.5)
     assert said and "budget.gpu_hours 0.001" in said and "0.5 GPU-hours spent" in said and "p4 r0" in said
+    # runs predicted past their time limit (SLURM would end them at TIMEOUT): 32 s and 40.7 s against 31 s
+    late = beyond_time([same, four, other], "00:00:31") or ""
+    assert late.startswith("2 run(s) are predicted to take longer than their time limit 00:00:31: the longest, p4 r0")
+    assert beyond_time([same, four], "00:00:41") is None and beyond_time([same, four], "UNLIMITED") is None
 
 
 def test_where_no_shape_was_measured_the_flop_model_predicts_at_the_models_mfu_and_the_measured_peak() -> None:
@@ -116,6 +121,11 @@ def test_plan_predicts_from_history_and_submit_refuses_past_the_budget(trained: 
     assert by_batch[8]["predicted_seconds"] > 0 and by_batch[8]["predicted_gpu_hours"] > 0
     text = sbench("plan", sweep, "-i", trained.inventory, "--db", trained.db).stdout
     assert "predicted: " in text and "GPU-hour(s) for 3 run(s)" in text
+    # a time limit the measured runs did not fit in: plan says they would time out
+    short = write_yaml(tmp_path / "short.yaml", {**doc, "campaign": "short",
+                                                 "slurm": {**(doc.get("slurm") or {}), "time": "00:00:05"}})
+    said = sbench("plan", short, "-i", trained.inventory, "--db", trained.db).stderr
+    assert "3 run(s) are predicted to take longer than their time limit 00:00:05" in said, said
     # a sequence length never measured: the FLOP model, at this model's measured MFU (median of its runs) of the
     # inventory's peak, plus its runs' median start-up, recomputed here from the checkpoint
     other = write_yaml(tmp_path / "other.yaml", {**doc, "campaign": "other", "grid": {"batch_size": [2]},

@@ -113,6 +113,51 @@ def test_sinfo_is_read_and_misfits_are_named() -> None:
     assert misfits(["node1"], nodes, {"cpus_per_task": 96, "mem": "0", "gpus_per_node": 8}, "gpu") == []
 
 
+def test_a_time_over_the_partitions_limit_is_refused_before_anything_is_asked_of_slurm(cli, tmp_path: Path) -> None:
+    # the inventory's time_limit (SLURM's MaxTime as discover writes it): a longer slurm.time is an input error
+    inv = inventory(tmp_path, time_limit="00:30:00")
+    sweep = tmp_path / "long.yaml"
+    sweep.write_text(yaml.safe_dump({"campaign": "long", "experiment": "finetune_full_benchmark-v1.0.0",
+                                     "partition": "cpu", "entity": {"model_name": "smollm2-135m",
+                                                                    "model_max_length": 64, "batch_size": 2,
+                                                                    "number_gpus": 1},
+                                     "slurm": {"time": "1-00:00:00"}}))
+    for command in ("plan", "render", "submit"):
+        extra = ["-o", str(tmp_path / "out")] if command == "render" else \
+            ["--executor", "slurm", "--workdir", str(tmp_path / "runs")] if command == "submit" else []
+        res = cli(command, sweep, "-i", inv, *extra)
+        assert res.exit_code == 2, (command, res.output)
+        assert "slurm.time: 1-00:00:00 is longer than partition 'cpu' allows: time_limit 00:30:00" in res.output
+        assert "partitions.cpu.time_limit" in res.output and "PartitionTimeLimit" in res.output
+        assert "Traceback" not in res.output
+    assert not (tmp_path / "runs").exists()
+    sweep.write_text(sweep.read_text().replace("1-00:00:00", "'00:30:00'"))
+    assert cli("plan", sweep, "-i", inv).exit_code == 0  # at the limit is within it
+
+
+def test_slurms_own_time_limit_is_read_with_the_nodes_and_bounds_requests_and_packs(tmp_path: Path) -> None:
+    # sinfo's %l: the partition's MaxTime, which the inventory may not record (or record wrong)
+    nodes = parse_sinfo("node1|96|1000000|(null)|30:00\nnode2|96|1000000|(null)|30:00\n")
+    assert nodes["node1"].time_limit == "30:00" and parse_sinfo(SINFO)["node1"].time_limit is None
+    fit = ClusterFit(nodes=nodes)
+    assert fit.time_limit == "30:00"  # 30 minutes: sinfo writes MM:SS below an hour
+    inv = load_inventory(TEST_INVENTORY)  # its cpu partition says 00:20:00, SLURM says 30:00: packs keep the tighter
+    assert fit.within(inv.partition("cpu").time_limit) == "00:20:00" and fit.within(None) == "30:00"
+    assert fit.within("2:00:00") == "30:00" and ClusterFit(nodes=parse_sinfo(SINFO)).within("01:00:00") == "01:00:00"
+    sweep = parse_sweep({"campaign": "x", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "cpu",
+                         "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 1},
+                         "grid": {"batch_size": [1, 2, 4]}, "slurm": {"time": "00:20:00"}}, "x.yaml", tmp_path)
+    specs = render_points(sweep, inv, [p for p in plan_sweep(sweep, inv) if p.valid], tmp_path / "out")
+    assert fit.over_time(specs) is None
+    for s in specs:
+        s.resources["time"] = "00:45:00"
+    over = fit.over_time(specs) or ""
+    assert "--time=00:45:00 (3 point(s)) but SLURM's partition for 'cpu' allows at most 30:00 (MaxTime" in over
+    assert "PartitionTimeLimit" in over and 'partitions.cpu.time_limit: "30:00"' in over
+    assert over in fit.check(specs, inv)  # render shows it as a warning; submit refuses it (exit 2)
+    assert ClusterFit(nodes=parse_sinfo(SINFO)).over_time(specs) is None  # no limit said: nothing to check
+
+
 def test_other_nodes_of_the_slurm_partition_are_excluded(tmp_path: Path) -> None:
     doc = yaml.safe_load(TEST_INVENTORY.read_text())
     doc["partitions"]["gpu"]["hosts"]["node3"] = {"address": "198.18.0.13"}

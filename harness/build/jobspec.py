@@ -28,6 +28,11 @@ from .trainargs import for_fms_hf_tuning, train_argv
 
 PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral range (32768+)
 DEFAULT_TIME = "01:00:00"
+
+
+def request_time(sweep: Sweep, part: Partition) -> str:
+    """A point's time limit (sbatch ``--time``): the sweep's ``slurm.time``, else the partition's ``time_limit``."""
+    return sweep.slurm.time or part.time_limit or DEFAULT_TIME
 RES_OPTIONS = "timeout:1 attempts:2"  # glibc resolver options of the job's processes (see _host_env)
 
 
@@ -135,7 +140,7 @@ def _resources(sweep: Sweep, part: Partition, counts: Counts, share: Share, job_
         res["gpus_per_node"] = share.devices
     res["cpus_per_task"] = share.cpus
     res["mem"] = share.mem
-    res["time"] = sweep.slurm.time or part.time_limit or DEFAULT_TIME
+    res["time"] = request_time(sweep, part)
     res.update(scheduling(sweep, part))
     # Isolation by default (harness.spec.resources.exclusive): a whole node, an exclusive partition and a
     # multi-node RoCE point own their nodes; the sweep's slurm.exclusive decides for all of its points.

@@ -104,6 +104,9 @@ def status(workdir: Path | None = None, db: DbRef | None = None, campaign: str |
                     r["reason"] = GONE_REASON
             r["live_state"] = ls
             phase = _phase(ls, r.get("state"))
+            held = jobstate.stuck(ls)
+            if held:
+                r["reason"] = jobstate.stuck_text(*held)
         r["phase"] = phase
         counts[phase] = counts.get(phase, 0) + 1
     rows.sort(key=lambda r: (str(r.get("campaign")), str(r.get("point_id")), r.get("repeat") or 0))
@@ -154,6 +157,8 @@ def _phase(live: str | None, db_state: str | None) -> str:
         return "held"  # sbench holds it back until the submit quota has room (harness.campaign.executors.feed)
     if live:
         st = jobstate.lookup(live)
+        if jobstate.stuck(live):
+            return "stuck"  # pending, for a reason that does not pass by itself (jobstate.STUCK_REASONS)
         if st.name in ("GONE", "LOST"):
             return "gone (not collected)"
         if st.phase == "done":
@@ -178,7 +183,8 @@ def cancel(locks: CampaignLocks, workdir: Path | None = None, db: DbRef | None =
     if campaign and not attempts and not (wd / campaign).exists():
         raise InputError(f"no campaign {campaign!r} under {wd}")
     live = live_states(attempts, slurm)
-    active = [a for a in attempts if _phase(live.get(a["job_dir"]), None) in ("pending", "running", "not started")
+    active = [a for a in attempts if _phase(live.get(a["job_dir"]), None) in ("pending", "stuck", "running",
+                                                                              "not started")
               or (a.get("executor") == "local" and live.get(a["job_dir"]) in ("PENDING", "RUNNING"))]
     done: list[str] = []
     for executor in ("slurm", "local"):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
-from harness.build.jobspec import JobSpec
+from harness.build.jobspec import JobSpec, request_time
 from harness.build.render import Rendered, prepare_points, write_files
 from harness.campaign.executors.base import Backend, SubmitOptions
 from harness.campaign.executors.registry import get_backend, job_runner, recorded_or
@@ -40,7 +40,7 @@ from harness.slurm.client import Slurm
 from harness.spec.envs import envs_root, lookup, needed
 from harness.spec.inventory import Inventory, load_inventory
 from harness.spec.plan import PlannedPoint, counted_warnings, plan_sweep, plan_warnings
-from harness.spec.predict import Prediction, over_budget, totals, unseen_by_budget
+from harness.spec.predict import Prediction, beyond_time, over_budget, totals, unseen_by_budget
 from harness.spec.search import BUDGET_STOP, HALVING, PLAN, SKIP, STOP, SearchDecision, SearchState
 from harness.spec.sweep import AdaptiveRepeats, Sweep, load_sweep
 
@@ -261,6 +261,9 @@ def _submit(locks: CampaignLocks, req: SubmitRequest, mode: Mode, *, echo: Calla
     # One scheduler client for the whole command: each question to SLURM is asked once.
     slurm = slurm or Slurm()
     plan = _plan(req, mode, echo, slurm)
+    over_time = plan.fit.over_time([spec for spec, _ in plan.preview])
+    if over_time:
+        raise InputError(f"{plan.sweep.source}: {over_time}; nothing was submitted")
     fit_notes = plan.fit.check([spec for spec, _ in plan.preview], plan.inv)
     checked: list[dict[str, Any]] = []
     devices: list[dict[str, Any]] = []
@@ -302,6 +305,9 @@ def _submit(locks: CampaignLocks, req: SubmitRequest, mode: Mode, *, echo: Calla
                              + "; nothing was submitted. Raise budget:, or submit fewer points")
         if unseen:  # a budget that cannot see these runs: said before they go
             report.warnings.append(f"{sweep.source}: {unseen}")
+    late = beyond_time(preds, request_time(sweep, plan.inv.partition(sweep.partition)))
+    if late:
+        report.warnings.append(f"{sweep.source}: {late}")
     dependency = _prepare_before(req, plan, [d.point for d in todo], report, echo)
     report.warnings += length_warnings(sweep, plan.inv, [d.point for d in todo])  # the files prepare just made
     events = append_manifest(CampaignPaths(campaign_dir), _campaign_lines(req, plan, decisions, exists))
@@ -466,7 +472,7 @@ def _hand_over(req: SubmitRequest, plan: Planned, todo: list[Decision], specs: l
         max_parallel=req.max_parallel or sweep.slurm.max_parallel, hold=req.hold, dependency=dependency,
         qos=sweep.slurm.qos or inv.partition(sweep.partition).qos,
         reasons={spec.job_dir: d.reason for d, spec in zip(todo, specs, strict=True)}, pack=sweep.slurm.pack,
-        pack_time_limit=inv.partition(sweep.partition).time_limit,
+        pack_time_limit=plan.fit.within(inv.partition(sweep.partition).time_limit),
         search_db=str(plan.db) if sweep.search else None,
         feeder_module=SEARCH_FEEDER if sweep.search else None), sweep, inv, plan.campaign_dir)
     report.submitted = backend.submit(plan.campaign_dir, specs, opts)

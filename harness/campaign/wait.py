@@ -38,6 +38,7 @@ from . import manifest
 OUTCOMES = ("ok", "invalid", "failed")
 NOT_NEEDED = "not needed"  # a count of runs a search's scan did not start (failed by their outcome)
 NOT_NEEDED_WHY = "not started by a search's scan"
+STUCK = "stuck"  # a wait's count of attempts pending for a reason that does not pass by itself
 # An attempt the scheduler reports over may lack its final accounting for a moment (sacct trails
 # slurmctld): collect again, this often, before calling an outcome unknown.
 SETTLE_TRIES, SETTLE_WAIT_S = 5, 2.0
@@ -72,7 +73,9 @@ class WaitSummary:
     """What became of the attempts one submit waited for, and of the campaign as a whole."""
 
     # each outcome, "unknown", and "not needed": a run a search's scan did not start (a failure by its outcome)
-    counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in (*OUTCOMES, "unknown", NOT_NEEDED)})
+    # and "stuck": pending in SLURM's queue for a reason that does not pass by itself (jobstate.stuck)
+    counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in (*OUTCOMES, "unknown", NOT_NEEDED,
+                                                                          STUCK)})
     runs: list[dict[str, Any]] = field(default_factory=list)  # run_id, point_id, repeat, attempt, outcome, ...
     note: str | None = None
     campaign: CampaignOutcome | None = None  # every point's last attempt, once the waiting is over
@@ -81,7 +84,7 @@ class WaitSummary:
     def all_fine(self) -> bool:
         """No attempt failed, every outcome is known, and every point of the campaign has a final outcome that
         is not a failure (exit 0 of ``submit --wait``)."""
-        return self.counts["failed"] == 0 and self.counts["unknown"] == 0 and (
+        return self.counts["failed"] == 0 and self.counts["unknown"] == 0 and self.counts[STUCK] == 0 and (
             self.campaign is None or self.campaign.done)
 
     def add(self, other: WaitSummary) -> None:
@@ -227,8 +230,7 @@ def wait_refs(attempts: list[AttemptRef], slurm: Slurm, progress: Callable[[int,
     def over() -> int:
         slurm.forget()
         live = live_states([a.live() for a in attempts], slurm)
-        return sum(1 for a in attempts if jobstate.lookup(live.get(a.job_dir) or "NOT_STARTED").phase
-                   not in ("pending", "running"))
+        return sum(1 for a in attempts if not jobstate.waits(live.get(a.job_dir) or "NOT_STARTED"))
 
     poll_until(over, len(attempts), POLL_S, progress)
 
@@ -268,6 +270,9 @@ def summarise(campaign: str, attempts: list[AttemptRef], workdir: Path | None, d
     ids = {run_id(campaign, a.point_id, a.repeat, a.attempt): a for a in attempts}
     out = WaitSummary()
     rows: dict[str, dict[str, Any]] = {}
+    slurm.forget()
+    live = live_states([a.live() for a in attempts], slurm)
+    stuck = {rid: held for rid, a in ids.items() if (held := jobstate.stuck(live.get(a.job_dir)))}
     try:
         for turn in range(SETTLE_TRIES):
             if turn:
@@ -276,7 +281,7 @@ def summarise(campaign: str, attempts: list[AttemptRef], workdir: Path | None, d
                 collect(dbp, wd, campaign, run_ids=sorted(ids), slurm=slurm)
             with open_store(dbp, read_only=True) as st:
                 rows = {r["run_id"]: r for r in attempt_rows(st, campaign) if r["run_id"] in ids}
-            if all(rows.get(rid, {}).get("outcome") in OUTCOMES for rid in ids):
+            if all(rows.get(rid, {}).get("outcome") in OUTCOMES for rid in ids if rid not in stuck):
                 break
             slurm.forget()  # SLURM's accounting trails its controller: ask afresh
     except SbenchError as exc:
@@ -286,10 +291,11 @@ def summarise(campaign: str, attempts: list[AttemptRef], workdir: Path | None, d
         raise Interrupted(exc.signum, note="every attempt is over; 'sbench collect' records them") from None
     for rid, a in sorted(ids.items()):
         r = rows.get(rid, {})
-        outcome = str(r["outcome"]) if r.get("outcome") in OUTCOMES else "unknown"
-        out.counts[NOT_NEEDED if scan_skipped(outcome, r.get("reason")) else outcome] += 1
+        outcome = str(r["outcome"]) if r.get("outcome") in OUTCOMES else STUCK if rid in stuck else "unknown"
+        reason = jobstate.stuck_text(*stuck[rid]) if outcome == STUCK else r.get("reason")
+        out.counts[NOT_NEEDED if scan_skipped(outcome, reason) else outcome] += 1
         out.runs.append({"run_id": rid, "point_id": a.point_id, "repeat": a.repeat, "attempt": a.attempt,
-                         "outcome": outcome, "state": r.get("state"), "reason": r.get("reason")})
+                         "outcome": outcome, "state": r.get("state"), "reason": reason})
     return out
 
 

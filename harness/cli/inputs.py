@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from harness.build.jobspec import JobSpec
+from harness.build.jobspec import JobSpec, request_time
 from harness.build.render import prepare_points, render_points
 from harness.campaign.grouping import make_packs, pack_labels
 from harness.cluster import discover as discovery
@@ -23,7 +23,7 @@ from harness.slurm.client import Slurm
 from harness.spec.catalog import EXPERIMENTS, get_experiment
 from harness.spec.inventory import Inventory, describe, load_inventory
 from harness.spec.plan import PlannedPoint, plan_sweep, plan_warnings
-from harness.spec.predict import Prediction, over_budget, totals, unseen_by_budget
+from harness.spec.predict import Prediction, beyond_time, over_budget, totals, unseen_by_budget
 from harness.spec.resources import Share, point_share
 from harness.spec.sweep import Sweep, load_sweep
 
@@ -319,6 +319,9 @@ def plan(sweep: Path, inventory: Path | None, model_map: Path | None, memory: bo
         unseen = unseen_by_budget(listed) if sw.budget else None
         if unseen:
             say(f"warning: {unseen}", err=True)
+        late = beyond_time(listed, request_time(sw, inv.partition(sw.partition)))
+        if late:
+            say(f"warning: {late}", err=True)
     if sw.adaptive:
         a = sw.adaptive
         click.echo(f"repeats: {a.min} per point, then one more at a time while its throughput CV is above "

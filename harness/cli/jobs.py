@@ -13,6 +13,7 @@ from harness.campaign.submit import SubmitRequest, more_repeats, retry_campaign,
 from harness.campaign.wait import (
     NOT_NEEDED,
     NOT_NEEDED_WHY,
+    STUCK,
     WaitSummary,
     in_flight,
     judge_campaign,
@@ -187,10 +188,11 @@ def _print_summary(summary: WaitSummary) -> None:
     c = summary.counts
     unknown = f", {c['unknown']} not known" if c["unknown"] else ""
     skipped = f", {c[NOT_NEEDED]} {NOT_NEEDED} ({NOT_NEEDED_WHY})" if c.get(NOT_NEEDED) else ""
+    stuck = f", {c[STUCK]} {STUCK} in SLURM's queue (pending for ever)" if c.get(STUCK) else ""
     click.echo(f"\n{len(summary.runs)} attempt(s) ended: {c['ok']} ok, {c['invalid']} invalid, {c['failed']} failed"
-               f"{unknown}{skipped}")
+               f"{unknown}{skipped}{stuck}")
     for r in summary.runs:
-        if r["outcome"] in ("failed", "unknown"):
+        if r["outcome"] in ("failed", "unknown", STUCK):
             click.echo(f"  {r['outcome']:<7}  {r['point_id']} r{r['repeat']} a{r['attempt']}: "
                        f"{short(r.get('reason') or r.get('state') or 'no outcome recorded', 100)}")
     camp = summary.campaign

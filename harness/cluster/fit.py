@@ -19,6 +19,7 @@ from harness.slurm.sinfo import NodeInfo, misfits
 from harness.spec.inventory import Inventory, Partition
 from harness.spec.plan import PlannedPoint
 from harness.spec.resources import MB_PER_GB
+from harness.spec.schema import slurm_time_minutes
 
 MEMORY_TOLERANCE = 0.10  # RealMemory is often a little below the spec sheet's figure: a larger gap is a disagreement
 
@@ -31,9 +32,60 @@ class ClusterFit:
     notes: list[str] = field(default_factory=list)  # what does not fit, or why nothing was checked
     nodes: dict[str, NodeInfo] | None = None
 
+    @property
+    def time_limit(self) -> str | None:
+        """The partition's time limit as SLURM words it (``MaxTime``; the tightest its nodes' lines give); None
+        when it has none (``infinite``) or SLURM did not answer."""
+        found = []
+        for n in (self.nodes or {}).values():
+            try:
+                m = slurm_time_minutes(n.time_limit) if n.time_limit else None
+            except ValueError:
+                continue
+            if m is not None:
+                found.append((m, str(n.time_limit)))
+        return min(found)[1] if found else None
+
+    def within(self, time_limit: str | None) -> str | None:
+        """The tighter of *time_limit* (the inventory's) and SLURM's: what a pack's time stays within."""
+        ours = self.time_limit
+        if not ours or not time_limit:
+            return ours or time_limit
+        try:
+            return min((slurm_time_minutes(t) or float("inf"), t) for t in (time_limit, ours))[1]
+        except ValueError:
+            return ours
+
+    def over_time(self, specs: list[JobSpec]) -> str | None:
+        """Why some of *specs* ask for more time than SLURM's partition allows (sbatch refuses them, or, with
+        ``EnforcePartLimits=NO``, they pend for ever: ``PartitionTimeLimit``); None when all fit."""
+        limit = self.time_limit
+        most = slurm_time_minutes(limit) if limit else None
+        if most is None:
+            return None
+        over: dict[str, int] = {}
+        for spec in specs:
+            asked = str(spec.resources.get("time") or "")
+            try:
+                want = slurm_time_minutes(asked) if asked else None
+            except ValueError:
+                continue
+            if asked and (want is None or want > most):
+                over[asked] = over.get(asked, 0) + 1
+        if not over:
+            return None
+        part = specs[0].partition
+        asks = ", ".join(f"--time={t} ({n} point(s))" for t, n in over.items())
+        return (f"{asks} but SLURM's partition for {part!r} allows at most {limit} (MaxTime, sinfo): sbatch would "
+                f"refuse them or leave them pending for ever (PartitionTimeLimit); ask for at most {limit} "
+                f"(slurm.time), and set partitions.{part}.time_limit: \"{limit}\" in the inventory")
+
     def check(self, specs: list[JobSpec], inv: Inventory) -> list[str]:
         """The notes, then each point's requests that do not fit the nodes (each line once)."""
         out = list(self.notes)
+        over = self.over_time(specs)
+        if over:
+            out.append(over)
         nodes = self.nodes
         if nodes is not None:
             for name in dict.fromkeys(spec.partition for spec in specs):

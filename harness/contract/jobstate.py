@@ -84,6 +84,52 @@ def lookup(raw: str | None) -> JobState:
     return STATES.get(name) or JobState(name, "pending", "pending")
 
 
+# Why a pending job waits, where the wait does not end by itself: the request is over a limit of its partition,
+# QOS or association, or asks for what no node has; nothing starts it until its owner cancels it and asks for
+# less, or an administrator changes the limit. (Resources, Priority, a full quota, nodes down: those pass.)
+STUCK_REASONS: dict[str, str] = {
+    "PartitionTimeLimit": "its time limit is above the partition's MaxTime",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows (MinNodes/MaxNodes) or has",
+    "PartitionConfig": "it asks for more than the partition's configuration allows (cores, memory, GPUs)",
+    "BadConstraints": "its constraints, features or counts match no node",
+    "DependencyNeverSatisfied": "the job it depends on ended in a way that never satisfies its dependency",
+    "InvalidAccount": "its account is not valid",
+    "InvalidQOS": "its QOS is not valid",
+    "QOSMaxWallDurationPerJobLimit": "its time limit is above its QOS's MaxWall",
+    "AssocMaxWallDurationPerJobLimit": "its time limit is above its association's MaxWall",
+    "QOSMaxNodePerJobLimit": "it asks for more nodes than its QOS allows a job",
+    "AssocMaxNodesPerJobLimit": "it asks for more nodes than its association allows a job",
+    "QOSMaxCpuPerJobLimit": "it asks for more CPUs than its QOS allows a job",
+    "AssocMaxCpuPerJobLimit": "it asks for more CPUs than its association allows a job",
+    "QOSMaxGRESPerJob": "it asks for more GPUs (GRES) than its QOS allows a job",
+    "AssocMaxGRESPerJob": "it asks for more GPUs (GRES) than its association allows a job",
+    "QOSMaxMemoryPerJob": "it asks for more memory than its QOS allows a job",
+    "AssocMaxMemoryPerJob": "it asks for more memory than its association allows a job",
+}
+
+
+def stuck(raw: str | None) -> tuple[str, str] | None:
+    """(SLURM's reason, what it means) when *raw* (``PENDING (PartitionTimeLimit)``, as the queue words a pending
+    job) is a wait that does not end by itself; None otherwise."""
+    text = (raw or "").strip()
+    if normalise(text) != "PENDING" or "(" not in text:
+        return None
+    reason = text[text.index("(") + 1:].rstrip(")").split(",")[0].strip()
+    why = STUCK_REASONS.get(reason)
+    return (reason, why) if why else None
+
+
+def stuck_text(reason: str, why: str) -> str:
+    """The words status, submit --wait and collect use for a stuck job."""
+    return (f"pending for ever: {reason} ({why}); nothing starts it until it is cancelled (sbench cancel) and "
+            "asked again within the limit, or the limit changes")
+
+
+def waits(raw: str | None) -> bool:
+    """Whether a wait for this attempt may still end on its own: pending (but not stuck) or running."""
+    return lookup(raw).phase in ("pending", "running") and stuck(raw) is None
+
+
 def is_done(raw: str | None) -> bool:
     return lookup(raw).phase == "done"
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .hostlist import expand_hostlist
 
-SINFO_FORMAT = "%N|%c|%m|%G"  # node name, CPUs, RealMemory (MB), Gres
+SINFO_FORMAT = "%N|%c|%m|%G|%l"  # node name, CPUs, RealMemory (MB), Gres, the partition's time limit (MaxTime)
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class NodeInfo:
     cpus: int | None
     memory_mb: int | None
     gpus: int | None
+    time_limit: str | None = None  # its partition's MaxTime as sinfo words it (``1-00:00:00``, ``30:00``, infinite)
 
 
 def _gpus(gres: str) -> int | None:
@@ -46,10 +47,11 @@ def parse_sinfo(text: str) -> dict[str, NodeInfo]:
     nodes: dict[str, NodeInfo] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 4 or not parts[0]:
+        if len(parts) not in (4, 5) or not parts[0]:
             continue
+        limit = parts[4].strip() or None if len(parts) == 5 else None
         for name in expand_hostlist(parts[0]):
-            nodes[name] = NodeInfo(name, _int(parts[1]), _int(parts[2]), _gpus(parts[3]))
+            nodes[name] = NodeInfo(name, _int(parts[1]), _int(parts[2]), _gpus(parts[3]), limit)
     return nodes
 
 

@@ -35,6 +35,7 @@ from .rules import (
     vision_reasons,
     vision_release,
 )
+from .schema import slurm_time_minutes
 from .sweep import Sweep
 
 
@@ -153,6 +154,7 @@ def plan_sweep(sweep: Sweep, inventory: Inventory, *, memory: bool = False) -> l
         partition = inventory.partition(sweep.partition)
     except InputError as exc:
         raise SweepError(f"{sweep.source}: partition: {exc}") from None
+    check_time_limit(sweep, inventory, partition)
     exp = sweep.experiment
     cfg_cache: dict[str, Any] = {}
     arch_cache: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
@@ -246,6 +248,25 @@ def point_compute(exp: Any, entity: Mapping[str, Any], partition: Partition, arc
     missing = None if f else ("no architecture known for " + str(entity.get("model_name")) if arch is None
                               else "no parameter formula for its architecture")
     return Compute(f[0] if f else None, dtype, peak, peak_source, missing)
+
+
+def check_time_limit(sweep: Sweep, inventory: Inventory, partition: Partition) -> None:
+    """``slurm.time`` within the partition's ``time_limit`` (SLURM's MaxTime, as the inventory records it): a
+    longer request is refused by sbatch, or (``EnforcePartLimits=NO``, SLURM's default) pends for ever with the
+    reason ``PartitionTimeLimit``. Refused here, exit 2, naming both keys."""
+    asked, limit = sweep.slurm.time, partition.time_limit
+    if not asked or not limit:
+        return
+    most = slurm_time_minutes(limit)
+    if most is None:
+        return
+    want = slurm_time_minutes(asked)
+    if want is None or want > most:
+        raise SweepError(
+            f"{sweep.source}: slurm.time: {asked} is longer than partition {partition.name!r} allows: time_limit "
+            f"{limit} ({inventory.source}: partitions.{partition.name}.time_limit); SLURM would refuse its jobs or "
+            f"keep them pending for ever (PartitionTimeLimit). Ask for at most {limit}, or correct the inventory's "
+            "time_limit if the partition allows more")
 
 
 def check_profile(sweep: Sweep, points: list[PlannedPoint]) -> None:

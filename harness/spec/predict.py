@@ -37,6 +37,8 @@ from typing import Any
 
 from harness.contract.records import Predicted
 
+from .schema import slurm_time_minutes
+
 HISTORY = "history"
 MODEL = "model"
 DEFAULT_MFU = 0.25  # a fine-tuning step's usual share of the peak on a GPU where none of the model was measured
@@ -242,6 +244,23 @@ def unseen_by_budget(preds: Sequence[Prediction]) -> str | None:
         return None
     return (f"budget: {unknown} run(s) have no prediction (nothing like them measured, and no peak for the FLOP "
             "model: preflight, or the partition's peak_tflops) and count as nothing against it")
+
+
+def beyond_time(preds: Sequence[Prediction], limit: str) -> str | None:
+    """The runs predicted to take longer than their time limit *limit* (SLURM ends them at TIMEOUT, with
+    nothing measured); None when none is."""
+    try:
+        most = slurm_time_minutes(limit)
+    except ValueError:
+        return None
+    over = [p for p in preds if most is not None and p.seconds is not None and p.seconds > most * 60]
+    if not over:
+        return None
+    worst = max(over, key=lambda p: p.seconds or 0.0)
+    return (f"{len(over)} run(s) are predicted to take longer than their time limit {limit}: the longest, "
+            f"{worst.point_id} r{worst.repeat}, about {(worst.seconds or 0.0) / 60:,.0f} min ({worst.basis}); SLURM "
+            "would end them at TIMEOUT before they finish: raise slurm.time (within the partition's time_limit) or "
+            "lower max_steps")
 
 
 def over_budget(budget: Any, preds: Sequence[Prediction], spent_gpu_hours: float = 0.0,
