@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from harness.build.render import render_points
-from harness.cluster.fit import ClusterFit, cluster_fit
+from harness.cluster.fit import ClusterFit, cluster_fit, within_slurms_time
 from harness.slurm.client import Slurm
 from harness.slurm.sinfo import misfits, parse_sinfo
 from harness.spec.inventory import load_inventory
@@ -156,6 +156,25 @@ def test_slurms_own_time_limit_is_read_with_the_nodes_and_bounds_requests_and_pa
     assert "PartitionTimeLimit" in over and 'partitions.cpu.time_limit: "30:00"' in over
     assert over in fit.check(specs, inv)  # render shows it as a warning; submit refuses it (exit 2)
     assert ClusterFit(nodes=parse_sinfo(SINFO)).over_time(specs) is None  # no limit said: nothing to check
+    # an inventory with no time_limit and a sweep with no slurm.time: the points ask for SLURM's MaxTime (30 min)
+    # rather than the default hour, which the partition would refuse
+    doc = yaml.safe_load(TEST_INVENTORY.read_text())
+    del doc["partitions"]["cpu"]["time_limit"]
+    (tmp_path / "bare.yaml").write_text(yaml.safe_dump(doc))
+    bare = load_inventory(tmp_path / "bare.yaml")
+    untimed = parse_sweep({"campaign": "y", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "cpu",
+                           "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 1,
+                                      "batch_size": 2}}, "y.yaml", tmp_path)
+    fit = ClusterFit(nodes=nodes)
+    bounded = within_slurms_time(bare, untimed, fit)
+    assert bounded.partition("cpu").time_limit == "30:00" and bare.partition("cpu").time_limit is None
+    assert "SLURM's MaxTime, 30:00 (sinfo), not the default 01:00:00" in fit.notes[0]
+    (spec,) = render_points(untimed, bounded, [p for p in plan_sweep(untimed, bounded) if p.valid], tmp_path / "o2")
+    assert spec.resources["time"] == "30:00" and fit.over_time([spec]) is None
+    # a limit above the default hour, or a time the user named, is left as it was
+    assert within_slurms_time(bare, untimed, ClusterFit(nodes=parse_sinfo(SINFO.replace("(null)\n",
+                                                                                        "(null)|2:00:00\n")))) is bare
+    assert within_slurms_time(inv, sweep, ClusterFit(nodes=nodes)) is inv
 
 
 def test_other_nodes_of_the_slurm_partition_are_excluded(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from harness.build.render import Rendered, prepare_points, write_files
 from harness.campaign.executors.base import Backend, SubmitOptions
 from harness.campaign.executors.registry import get_backend, job_runner, recorded_or
 from harness.cluster.faultcheck import check_faults
-from harness.cluster.fit import ClusterFit
+from harness.cluster.fit import ClusterFit, within_slurms_time
 from harness.cluster.preflight import check_devices, check_fabric
 from harness.contract.errors import InputError, SubmitError, SweepError
 from harness.contract.paths import CampaignPaths, DbRef, DbTarget, resolve_db, resolve_workdir
@@ -368,6 +368,7 @@ def _plan(req: SubmitRequest, mode: Mode, echo: Callable[[str], None], slurm: Sl
     workdir, db = resolve_workdir(req.workdir), resolve_db(req.db)
     refuse_imported(db, sweep.campaign, mode.command)
     fit = backend.fit(inv, [p for p in points if p.valid])
+    inv = within_slurms_time(inv, sweep, fit)
     preview = prepare_points(sweep, inv, points, workdir / sweep.campaign, exclude=fit.exclude)
     if req.prepare == "no":
         _check_trainer_envs(sweep, inv, points)

@@ -13,7 +13,7 @@ from harness.build.render import prepare_points, render_points
 from harness.campaign.grouping import make_packs, pack_labels
 from harness.cluster import discover as discovery
 from harness.cluster.faultcheck import check_faults
-from harness.cluster.fit import ClusterFit, cluster_fit
+from harness.cluster.fit import ClusterFit, cluster_fit, within_slurms_time
 from harness.contract.errors import InputError, RunnerError
 from harness.contract.lazy import lazy_module
 from harness.contract.paths import resolve_db, resolve_workdir
@@ -363,6 +363,7 @@ def render(sweep: Path, inventory: Path | None, model_map: Path | None, out_dir:
     """
     inv, sw, points = _plan(sweep, inventory, model_map)
     fit = cluster_fit(inv, [p for p in points if p.valid], Slurm()) if inventory is not None else ClusterFit()
+    inv = within_slurms_time(inv, sw, fit)
     specs = render_points(sw, inv, points, out_dir, exclude=fit.exclude)
     for note in fit.check(specs, inv):
         click.echo(f"warning: {note}", err=True)

@@ -11,15 +11,16 @@ are still the ones the inventory implies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from harness.build.jobspec import JobSpec
+from harness.build.jobspec import DEFAULT_TIME, JobSpec
 from harness.slurm.client import Slurm
 from harness.slurm.sinfo import NodeInfo, misfits
 from harness.spec.inventory import Inventory, Partition
 from harness.spec.plan import PlannedPoint
 from harness.spec.resources import MB_PER_GB
 from harness.spec.schema import slurm_time_minutes
+from harness.spec.sweep import Sweep
 
 MEMORY_TOLERANCE = 0.10  # RealMemory is often a little below the spec sheet's figure: a larger gap is a disagreement
 
@@ -95,6 +96,22 @@ class ClusterFit:
                 out += [f"point {spec.point_id}: {m}"
                         for m in misfits(sorted(part.hosts), nodes, spec.resources, part.slurm_partition)]
         return list(dict.fromkeys(out))
+
+
+def within_slurms_time(inv: Inventory, sweep: Sweep, fit: ClusterFit) -> Inventory:
+    """*inv* with SLURM's ``MaxTime`` as the sweep's partition's ``time_limit`` where the inventory names none and
+    the sweep asks for no time, and the default request (:data:`DEFAULT_TIME`) would pass it: the points then ask
+    for what the partition allows instead of being refused for a time the user never asked for (said in
+    ``fit.notes``)."""
+    part = inv.partition(sweep.partition)
+    limit = fit.time_limit
+    if part.time_limit or sweep.slurm.time or not limit:
+        return inv
+    if (slurm_time_minutes(limit) or float("inf")) >= (slurm_time_minutes(DEFAULT_TIME) or 0.0):
+        return inv
+    fit.notes.append(f"partition {part.name!r}: the inventory names no time_limit and the sweep no slurm.time; "
+                     f"the points ask for SLURM's MaxTime, {limit} (sinfo), not the default {DEFAULT_TIME}")
+    return replace(inv, partitions={**inv.partitions, part.name: replace(part, time_limit=limit)})
 
 
 def cluster_fit(inv: Inventory, points: list[PlannedPoint], slurm: Slurm) -> ClusterFit:
