@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.campaign.executors import feed
 from harness.slurm.client import SbatchRefused
@@ -336,6 +337,19 @@ def test_jobs_over_a_limit_are_stuck_said_so_and_not_waited_for_and_slurms_maxti
         assert not (tmp_path / "runs" / f"{camp}b" / "manifest.jsonl").exists()
     finally:
         subprocess.run(["scontrol", "update", "PartitionName=cpu", "MaxTime=INFINITE"], check=True)
+    # SLURM's MaxNodes under a point's nodes: that point would pend for ever (PartitionNodeLimit); refused too
+    wide = write_yaml(tmp_path / "wide.yaml", {**yaml.safe_load(_sweep(tmp_path, camp + "c", 1, 0.2).read_text()),
+                                              "grid": {"number_nodes": [1, 2]},
+                                              "entity": {"model_name": "tiny", "model_max_length": 64,
+                                                         "number_gpus": 2, "batch_size": 1}})
+    subprocess.run(["scontrol", "update", "PartitionName=cpu", "MaxNodes=1"], check=True)
+    try:
+        res = sbench("submit", wide, "-i", TEST_INVENTORY, "--executor", "slurm", "--no-prepare", *common, ok=(2,))
+        assert "--nodes=2 (1 point(s)) but SLURM's partition for 'cpu' lets one job have at most 1 node(s) " \
+            "(MaxNodes" in res.stderr, res.stderr
+        assert _queued(f"sbench.{camp}c.") == []
+    finally:
+        subprocess.run(["scontrol", "update", "PartitionName=cpu", "MaxNodes=UNLIMITED"], check=True)
 
 
 @pytest.mark.slurm

@@ -156,6 +156,17 @@ def test_slurms_own_time_limit_is_read_with_the_nodes_and_bounds_requests_and_pa
     assert "PartitionTimeLimit" in over and 'partitions.cpu.time_limit: "30:00"' in over
     assert over in fit.check(specs, inv)  # render shows it as a warning; submit refuses it (exit 2)
     assert ClusterFit(nodes=parse_sinfo(SINFO)).over_time(specs) is None  # no limit said: nothing to check
+    # sinfo's %s (MinNodes-MaxNodes): a point on more nodes than one job may have pends for ever
+    capped = ClusterFit(nodes=parse_sinfo("node[1-2]|96|1000000|(null)|infinite|1-1\n"))
+    assert capped.nodes is not None and capped.nodes["node1"].max_nodes == 1 and nodes["node1"].max_nodes is None
+    two = parse_sweep({"campaign": "z", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "cpu",
+                       "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 2},
+                       "grid": {"number_gpus": [1, 2], "number_nodes": [1, 2]}}, "z.yaml", tmp_path)
+    wide = render_points(two, inv, [p for p in plan_sweep(two, inv) if p.valid], tmp_path / "o3")
+    said = capped.refusals(wide)
+    assert len(said) == 1 and said[0].startswith("--nodes=2 (1 point(s)) but SLURM's partition for 'cpu' lets one "
+                                                 "job have at most 1 node(s) (MaxNodes"), said
+    assert capped.refusals([s for s in wide if s.resources["nodes"] == 1]) == [] and fit.refusals(wide) == []
     # an inventory with no time_limit and a sweep with no slurm.time: the points ask for SLURM's MaxTime (30 min)
     # rather than the default hour, which the partition would refuse
     doc = yaml.safe_load(TEST_INVENTORY.read_text())

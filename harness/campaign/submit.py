@@ -261,9 +261,9 @@ def _submit(locks: CampaignLocks, req: SubmitRequest, mode: Mode, *, echo: Calla
     # One scheduler client for the whole command: each question to SLURM is asked once.
     slurm = slurm or Slurm()
     plan = _plan(req, mode, echo, slurm)
-    over_time = plan.fit.over_time([spec for spec, _ in plan.preview])
-    if over_time:
-        raise InputError(f"{plan.sweep.source}: {over_time}; nothing was submitted")
+    refused = plan.fit.refusals([spec for spec, _ in plan.preview])
+    if refused:
+        raise InputError(f"{plan.sweep.source}: {'; '.join(refused)}; nothing was submitted")
     fit_notes = plan.fit.check([spec for spec, _ in plan.preview], plan.inv)
     checked: list[dict[str, Any]] = []
     devices: list[dict[str, Any]] = []

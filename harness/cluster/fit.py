@@ -81,12 +81,32 @@ class ClusterFit:
                 f"refuse them or leave them pending for ever (PartitionTimeLimit); ask for at most {limit} "
                 f"(slurm.time), and set partitions.{part}.time_limit: \"{limit}\" in the inventory")
 
+    def over_nodes(self, specs: list[JobSpec]) -> str | None:
+        """Why some of *specs* ask for more nodes than SLURM's partition lets one job have (``MaxNodes``: they
+        pend for ever, ``PartitionNodeLimit``); None when all fit."""
+        limits = [n.max_nodes for n in (self.nodes or {}).values() if n.max_nodes is not None]
+        if not limits or not specs:
+            return None
+        most = min(limits)
+        over: dict[int, int] = {}
+        for spec in specs:
+            n = int(spec.resources.get("nodes") or 1)
+            if n > most:
+                over[n] = over.get(n, 0) + 1
+        if not over:
+            return None
+        asks = ", ".join(f"--nodes={n} ({k} point(s))" for n, k in sorted(over.items()))
+        return (f"{asks} but SLURM's partition for {specs[0].partition!r} lets one job have at most {most} node(s) "
+                "(MaxNodes, sinfo): they would pend for ever (PartitionNodeLimit); leave those number_nodes out "
+                "of the sweep, or use a partition that allows them")
+
+    def refusals(self, specs: list[JobSpec]) -> list[str]:
+        """What SLURM's partition would never run of *specs*: submit refuses them (render warns)."""
+        return [r for r in (self.over_time(specs), self.over_nodes(specs)) if r]
+
     def check(self, specs: list[JobSpec], inv: Inventory) -> list[str]:
         """The notes, then each point's requests that do not fit the nodes (each line once)."""
-        out = list(self.notes)
-        over = self.over_time(specs)
-        if over:
-            out.append(over)
+        out = list(self.notes) + self.refusals(specs)
         nodes = self.nodes
         if nodes is not None:
             for name in dict.fromkeys(spec.partition for spec in specs):

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from .hostlist import expand_hostlist
 
-SINFO_FORMAT = "%N|%c|%m|%G|%l"  # node name, CPUs, RealMemory (MB), Gres, the partition's time limit (MaxTime)
+# node name, CPUs, RealMemory (MB), Gres, the partition's time limit (MaxTime) and job size in nodes (MinNodes-MaxNodes)
+SINFO_FORMAT = "%N|%c|%m|%G|%l|%s"
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class NodeInfo:
     memory_mb: int | None
     gpus: int | None
     time_limit: str | None = None  # its partition's MaxTime as sinfo words it (``1-00:00:00``, ``30:00``, infinite)
+    max_nodes: int | None = None  # its partition's MaxNodes, the most nodes one job may have (None: no limit)
 
 
 def _gpus(gres: str) -> int | None:
@@ -47,11 +49,12 @@ def parse_sinfo(text: str) -> dict[str, NodeInfo]:
     nodes: dict[str, NodeInfo] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) not in (4, 5) or not parts[0]:
+        if len(parts) not in (4, 5, 6) or not parts[0]:
             continue
-        limit = parts[4].strip() or None if len(parts) == 5 else None
+        limit = parts[4].strip() or None if len(parts) >= 5 else None
+        most = _int(parts[5].rpartition("-")[2]) if len(parts) == 6 else None  # "1-4"; "1-infinite": no limit
         for name in expand_hostlist(parts[0]):
-            nodes[name] = NodeInfo(name, _int(parts[1]), _int(parts[2]), _gpus(parts[3]), limit)
+            nodes[name] = NodeInfo(name, _int(parts[1]), _int(parts[2]), _gpus(parts[3]), limit, most)
     return nodes
 
 
