@@ -25,9 +25,11 @@ One thread at a time uses an instance.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import getpass
+import io
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -330,7 +332,9 @@ def _script_executor() -> Any:
 
         def submit_script(self) -> Any:
             try:
-                return self._submit_command("")
+                # submitit prints sbatch's stderr on a refusal; the refusal carries it, said once by sbench
+                with contextlib.redirect_stderr(io.StringIO()):
+                    return self._submit_command("")
             except subprocess.CalledProcessError as exc:  # raised by submitit's CommandFunction
                 raise SbatchRefused(f"sbatch refused the submission: {exc}", refusal_kind(str(exc))) from None
             except Exception as exc:  # noqa: BLE001 - submitit wraps sbatch failures in several types
