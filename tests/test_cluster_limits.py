@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -285,10 +286,10 @@ def test_a_full_quota_queues_nothing_and_says_so_and_retry_runs_every_point(slur
 def _set_max_wall(minutes: int) -> None:
     subprocess.run(["sacctmgr", "-i", "modify", "user", "where", f"name={getpass.getuser()}", "cluster=sbench", "set",
                     f"MaxWall={minutes}"], check=True, capture_output=True)
-    want = f"MaxWallPJ={minutes}" if minutes >= 0 else "MaxWallPJ= "
+    want = rf"MaxWallPJ={minutes}\b" if minutes >= 0 else r"MaxWallPJ=(\s|$)"
     end = time.monotonic() + 30
-    while want not in subprocess.run(["scontrol", "show", "assoc_mgr", f"users={getpass.getuser()}", "flags=assoc"],
-                                     capture_output=True, text=True).stdout:
+    while not re.search(want, subprocess.run(["scontrol", "show", "assoc_mgr", f"users={getpass.getuser()}",
+                                              "flags=assoc"], capture_output=True, text=True).stdout, re.M):
         assert time.monotonic() < end, "the controller did not take the MaxWall limit"
         time.sleep(0.5)
 
@@ -341,7 +342,7 @@ def test_jobs_over_a_limit_are_stuck_said_so_and_not_waited_for_and_slurms_maxti
     wide = write_yaml(tmp_path / "wide.yaml", {**yaml.safe_load(_sweep(tmp_path, camp + "c", 1, 0.2).read_text()),
                                               "grid": {"number_nodes": [1, 2]},
                                               "entity": {"model_name": "tiny", "model_max_length": 64,
-                                                         "number_gpus": 2, "batch_size": 1}})
+                                                         "number_gpus": 2, "batch_size": 2}})
     subprocess.run(["scontrol", "update", "PartitionName=cpu", "MaxNodes=1"], check=True)
     try:
         res = sbench("submit", wide, "-i", TEST_INVENTORY, "--executor", "slurm", "--no-prepare", *common, ok=(2,))

@@ -193,8 +193,9 @@ def _print_summary(summary: WaitSummary) -> None:
                f"{unknown}{skipped}{stuck}")
     for r in summary.runs:
         if r["outcome"] in ("failed", "unknown", STUCK):
+            said = r.get("reason") or r.get("state") or "no outcome recorded"  # a stuck job's reason is its fix
             click.echo(f"  {r['outcome']:<7}  {r['point_id']} r{r['repeat']} a{r['attempt']}: "
-                       f"{short(r.get('reason') or r.get('state') or 'no outcome recorded', 100)}")
+                       f"{said if r['outcome'] == STUCK else short(said, 100)}")
     camp = summary.campaign
     if camp is not None:
         click.echo(camp.text())

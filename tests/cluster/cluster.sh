@@ -431,7 +431,7 @@ ensure_slurmdbd() {
   fi
   # A test that set a submit limit and died before clearing it must not limit the next run.
   timeout 30 sacctmgr -i modify user where name=root cluster="$CLUSTER" set MaxSubmitJobs=-1 MaxJobs=-1 \
-    GrpSubmitJobs=-1 >/dev/null 2>&1 || true
+    GrpSubmitJobs=-1 MaxWall=-1 >/dev/null 2>&1 || true
 }
 
 # ---------------------------------------------------------------- slurmctld
