@@ -270,7 +270,7 @@ def test_failed_point_is_retried_as_a_new_attempt_and_ok_points_stay(env, cli_mo
     assert again.exit_code == 1, again.output  # it fails again
     rep = json.loads(again.stdout)
     assert rep["submitted"] == 1 and rep["summary"]["counts"] == {"ok": 0, "invalid": 0, "failed": 1, "unknown": 0,
-                                                                 "not needed": 0}
+                                                                 "not needed": 0, "stuck": 0}
     (row,) = [p for p in rep["points"] if p["action"] == "submit"]
     assert row["point_id"] == runs["schedule_free_adamw"]["point_id"]
     assert row["attempt"] == 2 and row["reason"] == "retry"

@@ -463,7 +463,7 @@ def test_a_signalled_queue_leaves_a_campaign_that_retry_finishes_without_rerunni
     assert res.returncode == 0, res.stdout + res.stderr
     rep = json.loads(res.stdout)
     assert rep["submitted"] == 2 and rep["summary"]["counts"] == {"ok": 2, "invalid": 0, "failed": 0, "unknown": 0,
-                                                                 "not needed": 0}
+                                                                 "not needed": 0, "stuck": 0}
     assert {p["attempt"] for p in rep["points"] if p["action"] == "submit"} == {2}
     got = {(r["job_dir"].split("/")[-1][:16], r["attempt"]): r for r in runs(lab, "qterm")}
     pa, pb, pc = (Path(d).name[:16] for d in (a, b, c))
