@@ -104,9 +104,9 @@ def status(workdir: Path | None = None, db: DbRef | None = None, campaign: str |
                     r["reason"] = GONE_REASON
             r["live_state"] = ls
             phase = _phase(ls, r.get("state"))
-            held = jobstate.stuck(ls)
-            if held:
-                r["reason"] = jobstate.stuck_text(*held)
+            why = jobstate.stuck(ls)
+            if why:
+                r["reason"] = jobstate.stuck_text(*why)
         r["phase"] = phase
         counts[phase] = counts.get(phase, 0) + 1
     rows.sort(key=lambda r: (str(r.get("campaign")), str(r.get("point_id")), r.get("repeat") or 0))

@@ -272,7 +272,7 @@ def summarise(campaign: str, attempts: list[AttemptRef], workdir: Path | None, d
     rows: dict[str, dict[str, Any]] = {}
     slurm.forget()
     live = live_states([a.live() for a in attempts], slurm)
-    stuck = {rid: held for rid, a in ids.items() if (held := jobstate.stuck(live.get(a.job_dir)))}
+    stuck = {rid: why for rid, a in ids.items() if (why := jobstate.stuck(live.get(a.job_dir)))}
     try:
         for turn in range(SETTLE_TRIES):
             if turn:

@@ -19,7 +19,7 @@ from harness.slurm.sinfo import NodeInfo, misfits
 from harness.spec.inventory import Inventory, Partition
 from harness.spec.plan import PlannedPoint
 from harness.spec.resources import MB_PER_GB
-from harness.spec.schema import slurm_time_minutes
+from harness.spec.schema import slurm_time_key
 from harness.spec.sweep import Sweep
 
 MEMORY_TOLERANCE = 0.10  # RealMemory is often a little below the spec sheet's figure: a larger gap is a disagreement
@@ -40,38 +40,29 @@ class ClusterFit:
         found = []
         for n in (self.nodes or {}).values():
             try:
-                m = slurm_time_minutes(n.time_limit) if n.time_limit else None
+                found += [(slurm_time_key(n.time_limit), n.time_limit)] if n.time_limit else []
             except ValueError:
-                continue
-            if m is not None:
-                found.append((m, str(n.time_limit)))
-        return min(found)[1] if found else None
+                continue  # a word of sinfo's this does not read: no limit known from it
+        limit = min(found, default=None)
+        return limit[1] if limit and limit[0] != float("inf") else None
 
     def within(self, time_limit: str | None) -> str | None:
         """The tighter of *time_limit* (the inventory's) and SLURM's: what a pack's time stays within."""
         ours = self.time_limit
         if not ours or not time_limit:
             return ours or time_limit
-        try:
-            return min((slurm_time_minutes(t) or float("inf"), t) for t in (time_limit, ours))[1]
-        except ValueError:
-            return ours
+        return min((slurm_time_key(t), t) for t in (time_limit, ours))[1]
 
     def over_time(self, specs: list[JobSpec]) -> str | None:
         """Why some of *specs* ask for more time than SLURM's partition allows (sbatch refuses them, or, with
         ``EnforcePartLimits=NO``, they pend for ever: ``PartitionTimeLimit``); None when all fit."""
         limit = self.time_limit
-        most = slurm_time_minutes(limit) if limit else None
-        if most is None:
+        if limit is None:
             return None
         over: dict[str, int] = {}
         for spec in specs:
-            asked = str(spec.resources.get("time") or "")
-            try:
-                want = slurm_time_minutes(asked) if asked else None
-            except ValueError:
-                continue
-            if asked and (want is None or want > most):
+            asked = str(spec.resources["time"])  # (always rendered: harness.build.jobspec.request_time)
+            if slurm_time_key(asked) > slurm_time_key(limit):
                 over[asked] = over.get(asked, 0) + 1
         if not over:
             return None
@@ -127,7 +118,7 @@ def within_slurms_time(inv: Inventory, sweep: Sweep, fit: ClusterFit) -> Invento
     limit = fit.time_limit
     if part.time_limit or sweep.slurm.time or not limit:
         return inv
-    if (slurm_time_minutes(limit) or float("inf")) >= (slurm_time_minutes(DEFAULT_TIME) or 0.0):
+    if slurm_time_key(limit) >= slurm_time_key(DEFAULT_TIME):
         return inv
     fit.notes.append(f"partition {part.name!r}: the inventory names no time_limit and the sweep no slurm.time; "
                      f"the points ask for SLURM's MaxTime, {limit} (sinfo), not the default {DEFAULT_TIME}")

@@ -51,7 +51,7 @@ def parse_sinfo(text: str) -> dict[str, NodeInfo]:
         parts = line.strip().split("|")
         if len(parts) not in (4, 5, 6) or not parts[0]:
             continue
-        limit = parts[4].strip() or None if len(parts) >= 5 else None
+        limit = (parts[4].strip() or None) if len(parts) >= 5 else None
         most = _int(parts[5].rpartition("-")[2]) if len(parts) == 6 else None  # "1-4"; "1-infinite": no limit
         for name in expand_hostlist(parts[0]):
             nodes[name] = NodeInfo(name, _int(parts[1]), _int(parts[2]), _gpus(parts[3]), limit, most)

@@ -35,7 +35,7 @@ from .rules import (
     vision_reasons,
     vision_release,
 )
-from .schema import slurm_time_minutes
+from .schema import slurm_time_key
 from .sweep import Sweep
 
 
@@ -255,13 +255,7 @@ def check_time_limit(sweep: Sweep, inventory: Inventory, partition: Partition) -
     longer request is refused by sbatch, or (``EnforcePartLimits=NO``, SLURM's default) pends for ever with the
     reason ``PartitionTimeLimit``. Refused here, exit 2, naming both keys."""
     asked, limit = sweep.slurm.time, partition.time_limit
-    if not asked or not limit:
-        return
-    most = slurm_time_minutes(limit)
-    if most is None:
-        return
-    want = slurm_time_minutes(asked)
-    if want is None or want > most:
+    if asked and limit and slurm_time_key(asked) > slurm_time_key(limit):
         raise SweepError(
             f"{sweep.source}: slurm.time: {asked} is longer than partition {partition.name!r} allows: time_limit "
             f"{limit} ({inventory.source}: partitions.{partition.name}.time_limit); SLURM would refuse its jobs or "

@@ -37,7 +37,7 @@ from typing import Any
 
 from harness.contract.records import Predicted
 
-from .schema import slurm_time_minutes
+from .schema import slurm_time_key
 
 HISTORY = "history"
 MODEL = "model"
@@ -249,11 +249,8 @@ def unseen_by_budget(preds: Sequence[Prediction]) -> str | None:
 def beyond_time(preds: Sequence[Prediction], limit: str) -> str | None:
     """The runs predicted to take longer than their time limit *limit* (SLURM ends them at TIMEOUT, with
     nothing measured); None when none is."""
-    try:
-        most = slurm_time_minutes(limit)
-    except ValueError:
-        return None
-    over = [p for p in preds if most is not None and p.seconds is not None and p.seconds > most * 60]
+    most_s = slurm_time_key(limit) * 60  # (a validated time: the sweep's, the inventory's, or the default)
+    over = [p for p in preds if p.seconds is not None and p.seconds > most_s]
     if not over:
         return None
     worst = max(over, key=lambda p: p.seconds or 0.0)

@@ -111,6 +111,13 @@ def slurm_time_minutes(text: str) -> float | None:
     return days * 1440 + h * 60 + m + s / 60
 
 
+def slurm_time_key(text: str) -> float:
+    """A SLURM time as minutes to compare by, UNLIMITED/INFINITE the longest. Raises ``ValueError`` on another
+    format."""
+    minutes = slurm_time_minutes(text)
+    return float("inf") if minutes is None else minutes
+
+
 def control_char(text: str, multiline: bool = False) -> str | None:
     """The first control character of *text* (newline and tab allowed when *multiline*), shown escaped."""
     m = (_CONTROL if multiline else _CONTROL_LINE).search(text)

@@ -120,7 +120,7 @@ class SlurmBackend:
             waiting = [jd for jd, j in ids if not j and jd]
             held = held_states(waiting, self.slurm)
             # a job pending for a reason that does not pass by itself is over for a wait (jobstate.stuck)
-            done = sum(1 for _jd, j in ids if j and not jobstate.waits(states.get(j) or "UNKNOWN"))
+            done = sum(1 for _jd, j in ids if j and not jobstate.waits(states.get(j)))
             return done + sum(1 for jd in waiting if jd not in held or held[jd][0] != "HELD")
 
         poll_until(over, len(ids), WAIT_POLL_S, progress)
