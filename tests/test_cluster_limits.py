@@ -9,6 +9,7 @@ arrays and the feeding.
 
 from __future__ import annotations
 
+import concurrent.futures
 import getpass
 import json
 import re
@@ -22,7 +23,16 @@ import yaml
 from harness.campaign.executors import feed
 from harness.slurm.client import SbatchRefused
 from harness.slurm.held import read_feed
-from harness.slurm.limits import SubmitLimits, max_array_size, parse_assoc_mgr, parse_config, refusal_kind
+from harness.slurm.limits import (
+    SubmitLimits,
+    default_qos,
+    max_array_size,
+    parse_assoc_mgr,
+    parse_config,
+    parse_job_limits,
+    parse_records,
+    refusal_kind,
+)
 
 from .kit import TEST_INVENTORY, sbench, sql_rows, write_yaml
 
@@ -66,12 +76,99 @@ def test_the_submit_quota_is_read_with_its_use() -> None:
     assert parse_assoc_mgr(qos.replace("GrpSubmitJobs=40(38)", "GrpSubmitJobs=N(38)"), "root")[:2] == (7, 9)
 
 
+# a site's hierarchy: account physics under root, alice's default association in physics, one of her own for the
+# gpu partition, and two QOS (SLURM 22.05 lists a QOS's user limits by uid, the limits on the line below)
+HIERARCHY = """Current Association Manager state
+
+Association Records
+
+ClusterName=c Account=root UserName= Partition= Priority=0 ID=1
+    ParentAccount= Lft=1 DefAssoc=No
+    MaxJobs= MaxJobsAccrue= MaxSubmitJobs= MaxWallPJ=2880
+    MaxTRESPJ=
+ClusterName=c Account=physics UserName= Partition= Priority=0 ID=3
+    ParentAccount=root Lft=2 DefAssoc=No
+    MaxJobs= MaxJobsAccrue= MaxSubmitJobs= MaxWallPJ=
+    MaxTRESPJ=node=4,gres/gpu=16
+ClusterName=c Account=physics UserName=alice(1001) Partition= Priority=0 ID=4
+    ParentAccount= Lft=3 DefAssoc=Yes
+    MaxJobs= MaxJobsAccrue= MaxSubmitJobs=50(10) MaxWallPJ=
+    MaxTRESPJ=cpu=64
+ClusterName=c Account=physics UserName=alice(1001) Partition=gpu Priority=0 ID=5
+    ParentAccount= Lft=4 DefAssoc=No
+    MaxJobs= MaxJobsAccrue= MaxSubmitJobs= MaxWallPJ=600
+    MaxTRESPJ=
+ClusterName=c Account=chem UserName=alice(1001) Partition= Priority=0 ID=6
+    ParentAccount= Lft=5 DefAssoc=No
+    MaxJobs= MaxJobsAccrue= MaxSubmitJobs= MaxWallPJ=30
+    MaxTRESPJ=
+
+QOS Records
+
+QOS=normal(1)
+    UsageRaw=0.000000
+    GrpJobs=N(3) GrpJobsAccrue=N(6) GrpSubmitJobs=N(10) GrpWall=N(0.00)
+    MaxWallPJ=
+    MaxTRESPJ=
+    Account Limits
+      physics
+        MaxJobsPA=N(3) MaxJobsAccruePA=N(6) MaxSubmitJobsPA=5(1)
+    User Limits
+      1001
+        MaxJobsPU=N(3) MaxJobsAccruePU=N(6) MaxSubmitJobsPU=20(18)
+      1002
+        MaxJobsPU=N(0) MaxJobsAccruePU=N(0) MaxSubmitJobsPU=20(20)
+QOS=debug(2)
+    UsageRaw=0.000000
+    GrpJobs=N(0) GrpJobsAccrue=N(0) GrpSubmitJobs=N(0) GrpWall=N(0.00)
+    MaxWallPJ=15
+    MaxTRESPJ=node=1
+"""
+
+
+def test_a_qos_user_limit_listed_by_uid_binds_only_that_user() -> None:
+    # uid 1001's line binds alice (2 free of 20); uid 1002's (none free) does not; account limits are not hers
+    assert parse_assoc_mgr(HIERARCHY, "alice", {"normal"}, 1001) == (2, 20, "QOS normal MaxSubmitJobsPU=20(18)")
+    assert parse_assoc_mgr(HIERARCHY, "alice", {"debug"}, 1001) == (40, 50,
+                                                                   "association physics/alice MaxSubmitJobs=50(10)")
+
+
+def test_per_job_limits_come_from_the_jobs_association_its_accounts_and_its_qos() -> None:
+    def limits(**kw) -> dict:
+        return {lim.tres: (lim.most, lim.where, lim.reason) for lim in parse_job_limits(HIERARCHY, "alice", **kw)}
+
+    # her default association (physics): its own cpu, its account's nodes and GPUs, root's two days
+    assert limits() == {"cpu": (64, "association physics/alice", "AssocMaxCpuPerJobLimit"),
+                        "node": (4, "account physics", "AssocMaxNodesPerJobLimit"),
+                        "gres/gpu": (16, "account physics", "AssocMaxGRESPerJob"),
+                        "wall": (2880, "account root", "AssocMaxWallDurationPerJobLimit")}
+    # her association for the gpu partition sets its own wall; another account's association its own
+    assert limits(partition="gpu")["wall"][:2] == (600, "association physics/alice")
+    assert limits(account="chem") == {"wall": (30, "association chem/alice", "AssocMaxWallDurationPerJobLimit")}
+    # a QOS's limits take the place of the association's where it sets them
+    debug = limits(qos="debug")
+    assert debug["wall"] == (15, "QOS debug", "QOSMaxWallDurationPerJobLimit")
+    assert debug["node"] == (1, "QOS debug", "QOSMaxNodePerJobLimit") and debug["cpu"][0] == 64
+    assert limits(qos="normal") == limits()
+    # a user with no association here, and an account she has none in: nothing known, nothing refused
+    assert parse_job_limits(HIERARCHY, "bob") == [] and limits(account="biology") == {}
+    # the QOS a job gets when it names none: DefaultQOS, else the only one allowed, else normal where allowed
+    assert default_qos("|normal,debug|debug\n") == "debug" and default_qos("|debug|\n") == "debug"
+    assert default_qos("|debug,normal|\n") == "normal" and default_qos("|debug,high|\n") is None
+    assert default_qos("|normal||\ngpu|debug,high|high\n", "gpu") == "high" and default_qos("") is None
+
+
 def test_the_array_limit_and_sbatchs_refusals_are_read() -> None:
     assert max_array_size(parse_config("ClusterName             = sbench\nMaxArraySize            = 20\n")) == 20
     assert max_array_size(parse_config("ClusterName = x\n")) == 1001  # SLURM's default when it does not say
     assert refusal_kind("sbatch: error: AssocMaxSubmitJobLimit\nsbatch: error: Batch job submission failed: Job "
                         "violates accounting/QOS policy (job submit limit, user's size and/or time limits)") == "quota"
     assert refusal_kind("sbatch: error: Batch job submission failed: Invalid job array specification") == "array"
+    # a per-job limit (a QOS with DenyOnLimit) comes with the quota's words, but no room in the queue lets it in
+    assert refusal_kind("sbatch: error: QOSMaxWallDurationPerJobLimit\nsbatch: error: Batch job submission failed: "
+                        "Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)") is None
+    assert refusal_kind("sbatch: error: AssocMaxNodesPerJobLimit\nsbatch: error: Batch job submission failed: Job "
+                        "violates accounting/QOS policy (job submit limit, user's size and/or time limits)") is None
     assert refusal_kind("sbatch: error: Batch job submission failed: Invalid partition name specified") is None
 
 
@@ -283,33 +380,66 @@ def test_a_full_quota_queues_nothing_and_says_so_and_retry_runs_every_point(slur
     assert [(r["attempt"], r["outcome"]) for r in rows] == [(1, "failed")] * 3 + [(2, "ok")] * 3
 
 
+def _until_assoc_mgr_says(check, what: str) -> None:
+    end = time.monotonic() + 30
+    while not check(subprocess.run(["scontrol", "show", "assoc_mgr", f"users={getpass.getuser()}",
+                                    "flags=assoc,qos"], capture_output=True, text=True).stdout):
+        assert time.monotonic() < end, f"the controller did not take {what}"
+        time.sleep(0.5)
+
+
 def _set_max_wall(minutes: int) -> None:
     subprocess.run(["sacctmgr", "-i", "modify", "user", "where", f"name={getpass.getuser()}", "cluster=sbench", "set",
                     f"MaxWall={minutes}"], check=True, capture_output=True)
     want = rf"MaxWallPJ={minutes}\b" if minutes >= 0 else r"MaxWallPJ=(\s|$)"
-    end = time.monotonic() + 30
-    while not re.search(want, subprocess.run(["scontrol", "show", "assoc_mgr", f"users={getpass.getuser()}",
-                                              "flags=assoc"], capture_output=True, text=True).stdout, re.M):
-        assert time.monotonic() < end, "the controller did not take the MaxWall limit"
-        time.sleep(0.5)
+    _until_assoc_mgr_says(lambda text: re.search(want, text, re.M), "the MaxWall limit")
+
+
+def _set_qos_max_nodes(n: int) -> None:
+    """The per-job node limit of QOS normal, the QOS the test cluster's jobs get when they name none."""
+    subprocess.run(["sacctmgr", "-i", "modify", "qos", "where", "name=normal", "set", f"MaxTRESPerJob=node={n}"],
+                   check=True, capture_output=True)
+    want = f"node={n}" if n >= 0 else ""
+    _until_assoc_mgr_says(lambda text: [r.fields.get("MaxTRESPJ") for r in parse_records(text)
+                                        if r.kind == "qos" and r.name == "normal"] == [want], "the QOS's node limit")
 
 
 @pytest.mark.slurm
 @pytest.mark.alone
-def test_jobs_over_a_limit_are_stuck_said_so_and_not_waited_for_and_slurms_maxtime_is_refused(
+def test_per_job_limits_are_refused_before_submit_and_a_limit_met_later_leaves_jobs_stuck_not_waited_for(
         slurm_cluster, tmp_path: Path) -> None:
-    """A limit sbench does not read (the association's MaxWall, under the sweep's slurm.time): the jobs pend for
-    ever (AssocMaxWallDurationPerJobLimit). submit --wait does not wait for them: it names them stuck and exits 1;
-    status shows them stuck; cancel cancels them. SLURM's partition MaxTime below slurm.time (the inventory says
-    more): submit refuses, exit 2, nothing submitted."""
+    """Per-job limits sbench reads before it submits: the association's MaxWall, the default QOS's MaxTRESPerJob
+    node count, SLURM's partition MaxTime and MaxNodes, each under what the sweep asks (the inventory knows none of
+    them): submit refuses, exit 2, naming the limit and where it is set, nothing submitted. A limit set after the
+    jobs were queued: they pend for ever (AssocMaxWallDurationPerJobLimit); submit --wait does not wait for them, it
+    names them stuck and exits 1; status shows them stuck; cancel cancels them."""
     camp = f"limwall{int(time.time())}"
     common = ["--workdir", tmp_path / "runs", "--db", tmp_path / "r.duckdb"]
+    submit = ["-i", TEST_INVENTORY, "--executor", "slurm", "--no-prepare", *common]
     _clear_my_queue()
     _set_max_wall(5)  # minutes; the sweep asks for 00:10:00
     try:
-        t0 = time.monotonic()
-        res = sbench("submit", _sweep(tmp_path, camp, 2, 0.2), "-i", TEST_INVENTORY, "--executor", "slurm",
-                     "--no-prepare", "--wait", *common, ok=(1,), timeout=300)
+        res = sbench("submit", _sweep(tmp_path, camp + "a", 2, 0.2), *submit, ok=(2,))
+        assert "--time=00:10:00 (2 point(s)) but the association root/root lets one job have at most 00:05:00 " \
+               "(association root/root MaxWallPJ=5, scontrol show assoc_mgr)" in res.stderr, res.stderr
+        assert "AssocMaxWallDurationPerJobLimit" in res.stderr and "nothing was submitted" in res.stderr
+        assert _queued(f"sbench.{camp}a.") == [] and not (tmp_path / "runs" / f"{camp}a").exists()
+    finally:
+        _set_max_wall(-1)
+    # a limit met after submit: the partition is down while the jobs are queued, the limit comes, then it is up
+    subprocess.run(["scontrol", "update", "PartitionName=cpu", "State=DOWN"], check=True)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            t0 = time.monotonic()
+            waiting = pool.submit(sbench, "submit", _sweep(tmp_path, camp, 2, 0.2), *submit, "--wait", ok=(1,),
+                                  timeout=300)
+            end = time.monotonic() + 120
+            while len(_queued(f"sbench.{camp}.")) < 2:
+                assert time.monotonic() < end and not waiting.done(), "the campaign's jobs were not queued"
+                time.sleep(0.5)
+            _set_max_wall(5)
+            subprocess.run(["scontrol", "update", "PartitionName=cpu", "State=UP"], check=True)
+            res = waiting.result()
         assert time.monotonic() - t0 < 240
         assert "0 failed, 2 stuck in SLURM's queue (pending for ever)" in res.stdout, res.stdout
         assert "pending for ever: AssocMaxWallDurationPerJobLimit (its time limit is above its association's " \
@@ -319,6 +449,7 @@ def test_jobs_over_a_limit_are_stuck_said_so_and_not_waited_for_and_slurms_maxti
         assert all(r["live_state"] == "PENDING (AssocMaxWallDurationPerJobLimit)" for r in st["rows"])
         assert "cancelled 2 attempt(s)" in sbench("cancel", "--campaign", camp, *common).stdout
     finally:
+        subprocess.run(["scontrol", "update", "PartitionName=cpu", "State=UP"], check=True)
         _set_max_wall(-1)
     end = time.monotonic() + 60
     while _queued(f"sbench.{camp}."):
@@ -345,12 +476,22 @@ def test_jobs_over_a_limit_are_stuck_said_so_and_not_waited_for_and_slurms_maxti
                                                          "number_gpus": 2, "batch_size": 2}})
     subprocess.run(["scontrol", "update", "PartitionName=cpu", "MaxNodes=1"], check=True)
     try:
-        res = sbench("submit", wide, "-i", TEST_INVENTORY, "--executor", "slurm", "--no-prepare", *common, ok=(2,))
+        res = sbench("submit", wide, *submit, ok=(2,))
         assert "--nodes=2 (1 point(s)) but SLURM's partition for 'cpu' lets one job have at most 1 node(s) " \
             "(MaxNodes" in res.stderr, res.stderr
         assert _queued(f"sbench.{camp}c.") == []
     finally:
         subprocess.run(["scontrol", "update", "PartitionName=cpu", "MaxNodes=UNLIMITED"], check=True)
+    # the default QOS's per-job node limit (the sweep names no QOS: sacctmgr says which the jobs get)
+    _set_qos_max_nodes(1)
+    try:
+        res = sbench("submit", wide, *submit, ok=(2,))
+        assert "2 node(s) (1 point(s)) asked, but the QOS normal lets one job have at most 1 node(s) (MaxTRESPJ " \
+               "node=1, scontrol show assoc_mgr): they would pend for ever (QOSMaxNodePerJobLimit)" in res.stderr, \
+            res.stderr
+        assert _queued(f"sbench.{camp}c.") == []
+    finally:
+        _set_qos_max_nodes(-1)
 
 
 @pytest.mark.slurm

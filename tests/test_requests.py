@@ -15,6 +15,7 @@ import yaml
 from harness.build.render import render_points
 from harness.cluster.fit import ClusterFit, cluster_fit, within_slurms_time
 from harness.slurm.client import Slurm
+from harness.slurm.limits import JobLimit
 from harness.slurm.sinfo import misfits, parse_sinfo
 from harness.spec.inventory import load_inventory
 from harness.spec.plan import plan_sweep
@@ -179,13 +180,48 @@ def test_slurms_own_time_limit_is_read_with_the_nodes_and_bounds_requests_and_pa
     fit = ClusterFit(nodes=nodes)
     bounded = within_slurms_time(bare, untimed, fit)
     assert bounded.partition("cpu").time_limit == "30:00" and bare.partition("cpu").time_limit is None
-    assert "SLURM's MaxTime, 30:00 (sinfo), not the default 01:00:00" in fit.notes[0]
+    assert "SLURM's limit, 30:00 (MaxTime, sinfo), not the default 01:00:00" in fit.notes[0]
     (spec,) = render_points(untimed, bounded, [p for p in plan_sweep(untimed, bounded) if p.valid], tmp_path / "o2")
     assert spec.resources["time"] == "30:00" and fit.over_time([spec]) is None
     # a limit above the default hour, or a time the user named, is left as it was
     assert within_slurms_time(bare, untimed, ClusterFit(nodes=parse_sinfo(SINFO.replace("(null)\n",
                                                                                         "(null)|2:00:00\n")))) is bare
     assert within_slurms_time(inv, sweep, ClusterFit(nodes=nodes)) is inv
+
+
+def test_an_associations_or_qos_per_job_limits_bound_requests_like_the_partitions(tmp_path: Path) -> None:
+    # what scontrol show assoc_mgr gives of the user's association and QOS (harness.slurm.limits.parse_job_limits)
+    limits = [JobLimit("wall", 15, "QOS debug", "MaxWallPJ=15", "QOSMaxWallDurationPerJobLimit"),
+              JobLimit("node", 1, "association root/alice", "MaxTRESPJ node=1", "AssocMaxNodesPerJobLimit"),
+              JobLimit("gres/gpu", 8, "account physics", "MaxTRESPJ gres/gpu=8", "AssocMaxGRESPerJob")]
+    nodes = parse_sinfo("node1|96|737280|gpu:8|2:00:00\nnode2|96|737280|gpu:8|2:00:00\n")
+    fit = ClusterFit(nodes=nodes, job_limits=limits)
+    assert fit.time_limit == "00:15:00" and fit.within("01:00:00") == "00:15:00"  # packs stay within it too
+    inv = load_inventory(TEST_INVENTORY)
+    sweep = parse_sweep({"campaign": "q", "experiment": "finetune_full_benchmark-v1.0.0", "partition": "gpu",
+                         "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 16},
+                         "grid": {"number_gpus": [8, 16], "number_nodes": [1, 2]},
+                         "slurm": {"time": "00:20:00"}}, "q.yaml", tmp_path)
+    specs = render_points(sweep, inv, [p for p in plan_sweep(sweep, inv) if p.valid], tmp_path / "out")
+    assert sorted((s.resources["nodes"], s.resources["gpus_per_node"]) for s in specs) == [(1, 8), (2, 4), (2, 8)]
+    said = fit.refusals(specs)
+    assert said[0].startswith("--time=00:20:00 (3 point(s)) but the QOS debug lets one job have at most 00:15:00 "
+                              "(QOS debug MaxWallPJ=15, scontrol show assoc_mgr)"), said
+    assert "QOSMaxWallDurationPerJobLimit" in said[0] and "slurm.time" in said[0]
+    assert said[1].startswith("2 node(s) (2 point(s)) asked, but the association root/alice lets one job have at "
+                              "most 1 node(s) (MaxTRESPJ node=1"), said
+    assert said[2].startswith("16 GPU(s) (1 point(s)) asked, but the account physics lets one job have at most 8 "
+                              "GPU(s)") and "AssocMaxGRESPerJob" in said[2] and len(said) == 3, said
+    one = [s for s in specs if s.resources["nodes"] == 1]
+    for s in one:
+        s.resources["time"] = "00:15:00"
+    assert fit.refusals(one) == []  # at the limits is within them
+    # CPUs: a whole-node point holds its nodes' every CPU
+    cpus = ClusterFit(nodes=nodes, job_limits=[JobLimit("cpu", 64, "association root/alice", "MaxTRESPJ cpu=64",
+                                                        "AssocMaxCpuPerJobLimit")])
+    assert one[0].resources.get("exclusive") and cpus.over_job_limits(one)[0].startswith("96 CPU(s) (1 point(s))")
+    # no limit read (no accounting, another user's association): the partition's alone
+    assert ClusterFit(nodes=nodes).time_limit == "2:00:00" and ClusterFit(nodes=nodes).refusals(specs) == []
 
 
 def test_other_nodes_of_the_slurm_partition_are_excluded(tmp_path: Path) -> None:
@@ -205,9 +241,10 @@ def test_other_nodes_of_the_slurm_partition_are_excluded(tmp_path: Path) -> None
                          "entity": {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 48},
                          "grid": {"number_gpus": [8, 24], "number_nodes": [1, 3]}}, "x.yaml", tmp_path)
     points = [p for p in plan_sweep(sweep, inv) if p.valid]
-    fit = cluster_fit(inv, points, Slurm(sinfo))
+    fit = cluster_fit(inv, sweep, points, Slurm(sinfo))
     assert fit.exclude == ["node4"]
-    assert [a[:2] for a in asked] == [["sinfo", "-h"]] and "gpu" in asked[0]  # the point's SLURM partition
+    # the point's SLURM partition, then the per-job limits of the user's association (none in this answer)
+    assert [a[:2] for a in asked] == [["sinfo", "-h"], ["scontrol", "show"]] and "gpu" in asked[0]
     dirs = [Path(s.job_dir) for s in render_points(sweep, inv, points, tmp_path / "out", exclude=fit.exclude)]
     by_nodes = {directives(d)["nodes"]: directives(d) for d in dirs}
     assert by_nodes["1"]["exclude"] == "node4" and "nodelist" not in by_nodes["1"]
@@ -319,7 +356,7 @@ def test_inventory_and_slurm_disagreements_are_named_in_either_direction(tmp_pat
                                         "number_gpus": 2}}, "x.yaml", tmp_path)
         points = [p for p in plan_sweep(sweep, inv) if p.valid]
         specs = render_points(sweep, inv, points, tmp_path / f"out-{len(asked)}")
-        return cluster_fit(inv, points, Slurm(sinfo)).check(specs, inv)
+        return cluster_fit(inv, sweep, points, Slurm(sinfo)).check(specs, inv)
 
     # fewer cores and less memory than SLURM knows (the nodes can run other jobs beside a point)
     notes = fit_of(inventory(tmp_path, cpus_per_node=2), "cpu")
@@ -328,7 +365,8 @@ def test_inventory_and_slurm_disagreements_are_named_in_either_direction(tmp_pat
     assert "says 2 cores" in cores and "fix: cpus_per_node: 96" in cores and "--exclusive" in cores
     (mem,) = [n for n in notes if "RealMemory" in n and "disagree" in n]
     assert "16 GB" in mem and "fix: memory_gb: 1000" in mem
-    assert len(asked) == 1  # one question to SLURM per command
+    # one question to SLURM about the nodes per command, and one about the user's per-job limits
+    assert [a[:2] for a in asked] == [["sinfo", "-h"], ["scontrol", "show"]]
     # more than SLURM has, on a GPU partition: cores, and GPUs on the host whose Gres says 4
     notes = fit_of(inventory(tmp_path, cpus_per_node=128, memory_gb=1000), "gpu")
     (cores,) = [n for n in notes if "disagree" in n and "cores" in n]

@@ -367,7 +367,7 @@ def _plan(req: SubmitRequest, mode: Mode, echo: Callable[[str], None], slurm: Sl
     backend = get_backend(req.executor, slurm)
     workdir, db = resolve_workdir(req.workdir), resolve_db(req.db)
     refuse_imported(db, sweep.campaign, mode.command)
-    fit = backend.fit(inv, [p for p in points if p.valid])
+    fit = backend.fit(inv, sweep, [p for p in points if p.valid])
     inv = within_slurms_time(inv, sweep, fit)
     preview = prepare_points(sweep, inv, points, workdir / sweep.campaign, exclude=fit.exclude)
     if req.prepare == "no":

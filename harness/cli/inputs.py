@@ -362,7 +362,7 @@ def render(sweep: Path, inventory: Path | None, model_map: Path | None, out_dir:
     Example: sbench render sweeps/demo-cpu.yaml -o /tmp/preview
     """
     inv, sw, points = _plan(sweep, inventory, model_map)
-    fit = cluster_fit(inv, [p for p in points if p.valid], Slurm()) if inventory is not None else ClusterFit()
+    fit = cluster_fit(inv, sw, [p for p in points if p.valid], Slurm()) if inventory is not None else ClusterFit()
     inv = within_slurms_time(inv, sw, fit)
     specs = render_points(sw, inv, points, out_dir, exclude=fit.exclude)
     for note in fit.check(specs, inv):

@@ -30,7 +30,7 @@ from harness.contract.paths import JobPaths
 from harness.runner.fabric import CPU_SIZES, DEFAULT_SIZES
 from harness.spec.inventory import Inventory
 from harness.spec.plan import PlannedPoint, plan_sweep
-from harness.spec.sweep import parse_sweep
+from harness.spec.sweep import Sweep, parse_sweep
 
 from .fit import ClusterFit
 
@@ -39,7 +39,7 @@ class JobRunner(Protocol):
     """What a check of the cluster asks of an executor (``harness.campaign.executors.registry.job_runner`` makes
     one): where its jobs may go, and one job run to its end."""
 
-    def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit: ...
+    def fit(self, inv: Inventory, sweep: Sweep, points: list[PlannedPoint]) -> ClusterFit: ...
 
     def run(self, out: Path, spec: JobSpec) -> None: ...
 
@@ -91,7 +91,7 @@ def run_fabric(inv: Any, partition: str | None, nodes: int, workdir: Path, runne
     fabric_id = time.strftime("%Y%m%dT%H%M%S") + f"-{part.name}-{nodes}n"
     out = (workdir / ".fabric" / fabric_id).resolve()
     sweep, point = fabric_sweep(inv, part.name, nodes, roce, out)
-    fit = runner.fit(inv, [point])
+    fit = runner.fit(inv, sweep, [point])
     job_dir = out / f"{point.point_id}.r0.a1"
     spec = build_jobspec(sweep, inv, point, 1, str(job_dir), exclude=fit.exclude)
     sizes = sizes or list(CPU_SIZES if part.is_cpu else DEFAULT_SIZES)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from harness.build.jobspec import DEFAULT_TIME, JobSpec
+from harness.build.jobspec import DEFAULT_TIME, JobSpec, scheduling
 from harness.slurm.client import Slurm
+from harness.slurm.limits import JobLimit
 from harness.slurm.sinfo import NodeInfo, misfits
 from harness.spec.inventory import Inventory, Partition
 from harness.spec.plan import PlannedPoint
 from harness.spec.resources import MB_PER_GB
-from harness.spec.schema import slurm_time_key
+from harness.spec.schema import minutes_text, slurm_time_key
 from harness.spec.sweep import Sweep
 
 MEMORY_TOLERANCE = 0.10  # RealMemory is often a little below the spec sheet's figure: a larger gap is a disagreement
@@ -32,19 +33,29 @@ class ClusterFit:
     exclude: list[str] | None = None  # partition nodes that are not inventory hosts
     notes: list[str] = field(default_factory=list)  # what does not fit, or why nothing was checked
     nodes: dict[str, NodeInfo] | None = None
+    # the per-job limits of the association and QOS the sweep's jobs run under (scontrol show assoc_mgr)
+    job_limits: list[JobLimit] = field(default_factory=list)
 
     @property
     def time_limit(self) -> str | None:
-        """The partition's time limit as SLURM words it (``MaxTime``; the tightest its nodes' lines give); None
-        when it has none (``infinite``) or SLURM did not answer."""
+        """The longest time a job may ask for, as SLURM words it: the partition's ``MaxTime`` (the tightest its
+        nodes' lines give) or the association's or QOS's ``MaxWall``, whichever is tighter; None when neither
+        sets one or SLURM did not answer."""
+        limit = self.tightest_time()
+        return limit[1] if limit else None
+
+    def tightest_time(self) -> tuple[float, str, str] | None:
+        """(minutes, SLURM's words, what sets it and where it was read) of the tightest time limit."""
         found = []
         for n in (self.nodes or {}).values():
             try:
-                found += [(slurm_time_key(n.time_limit), n.time_limit)] if n.time_limit else []
+                found += [(slurm_time_key(n.time_limit), n.time_limit, "MaxTime, sinfo")] if n.time_limit else []
             except ValueError:
                 continue  # a word of sinfo's this does not read: no limit known from it
+        found += [(float(lim.most), minutes_text(lim.most), f"{lim.where} {lim.name}, scontrol show assoc_mgr")
+                  for lim in self.job_limits if lim.tres == "wall"]
         limit = min(found, default=None)
-        return limit[1] if limit and limit[0] != float("inf") else None
+        return limit if limit and limit[0] != float("inf") else None
 
     def within(self, time_limit: str | None) -> str | None:
         """The tighter of *time_limit* (the inventory's) and SLURM's: what a pack's time stays within."""
@@ -56,21 +67,63 @@ class ClusterFit:
     def over_time(self, specs: list[JobSpec]) -> str | None:
         """Why some of *specs* ask for more time than SLURM's partition allows (sbatch refuses them, or, with
         ``EnforcePartLimits=NO``, they pend for ever: ``PartitionTimeLimit``); None when all fit."""
-        limit = self.time_limit
-        if limit is None:
+        found = self.tightest_time()
+        if found is None:
             return None
+        most, limit, source = found
         over: dict[str, int] = {}
         for spec in specs:
             asked = str(spec.resources["time"])  # (always rendered: harness.build.jobspec.request_time)
-            if slurm_time_key(asked) > slurm_time_key(limit):
+            if slurm_time_key(asked) > most:
                 over[asked] = over.get(asked, 0) + 1
         if not over:
             return None
         part = specs[0].partition
         asks = ", ".join(f"--time={t} ({n} point(s))" for t, n in over.items())
-        return (f"{asks} but SLURM's partition for {part!r} allows at most {limit} (MaxTime, sinfo): sbatch would "
-                f"refuse them or leave them pending for ever (PartitionTimeLimit); ask for at most {limit} "
-                f"(slurm.time), and set partitions.{part}.time_limit: \"{limit}\" in the inventory")
+        wall = next((lim for lim in self.job_limits if lim.tres == "wall" and float(lim.most) == most), None)
+        if wall is not None and "sinfo" not in source:
+            whose = f"the {wall.where} lets one job have at most {limit} ({source})"
+            reason = wall.reason
+        else:
+            whose = f"SLURM's partition for {part!r} allows at most {limit} ({source})"
+            reason = "PartitionTimeLimit"
+        return (f"{asks} but {whose}: sbatch would refuse them or leave them pending for ever ({reason}); ask for "
+                f"at most {limit} (slurm.time), and set partitions.{part}.time_limit: \"{limit}\" in the inventory")
+
+    def over_job_limits(self, specs: list[JobSpec]) -> list[str]:
+        """Why some of *specs* ask for more nodes, CPUs or GPUs than the association or QOS lets one job have
+        (``MaxTRESPerJob``: they pend for ever); [] when all fit. A whole-node (exclusive) point is counted at
+        its nodes' CPUs where SLURM said them."""
+        out = []
+        for lim in self.job_limits:
+            if lim.tres == "wall":
+                continue
+            over: dict[int, int] = {}
+            for spec in specs:
+                asked = self._asked(spec, lim.tres)
+                if asked is not None and asked > lim.most:
+                    over[asked] = over.get(asked, 0) + 1
+            if over:
+                what = {"node": "node(s)", "cpu": "CPU(s)", "gres/gpu": "GPU(s)"}[lim.tres]
+                asks = ", ".join(f"{n} {what} ({k} point(s))" for n, k in sorted(over.items()))
+                out.append(f"{asks} asked, but the {lim.where} lets one job have at most {lim.most} {what} "
+                           f"({lim.name}, scontrol show assoc_mgr): they would pend for ever ({lim.reason}); leave "
+                           "those points out of the sweep, or run under an account or QOS that allows them "
+                           "(slurm.account, slurm.qos)")
+        return out
+
+    def _asked(self, spec: JobSpec, tres: str) -> int | None:
+        """What *spec* asks of *tres* in all (None: not known)."""
+        res = spec.resources
+        nodes = int(res.get("nodes") or 1)
+        if tres == "node":
+            return nodes
+        if tres == "gres/gpu":
+            return nodes * int(res.get("gpus_per_node") or 0)
+        if res.get("exclusive"):  # the job holds its nodes' every CPU
+            cpus = [n.cpus for n in (self.nodes or {}).values() if n.cpus]
+            return nodes * max(cpus) if cpus else None
+        return nodes * int(res.get("ntasks_per_node") or 1) * int(res.get("cpus_per_task") or 1)
 
     def over_nodes(self, specs: list[JobSpec]) -> str | None:
         """Why some of *specs* ask for more nodes than SLURM's partition lets one job have (``MaxNodes``: they
@@ -93,7 +146,7 @@ class ClusterFit:
 
     def refusals(self, specs: list[JobSpec]) -> list[str]:
         """What SLURM's partition would never run of *specs*: submit refuses them (render warns)."""
-        return [r for r in (self.over_time(specs), self.over_nodes(specs)) if r]
+        return [r for r in (self.over_time(specs), self.over_nodes(specs)) if r] + self.over_job_limits(specs)
 
     def check(self, specs: list[JobSpec], inv: Inventory) -> list[str]:
         """The notes, then each point's requests that do not fit the nodes (each line once)."""
@@ -110,23 +163,26 @@ class ClusterFit:
 
 
 def within_slurms_time(inv: Inventory, sweep: Sweep, fit: ClusterFit) -> Inventory:
-    """*inv* with SLURM's ``MaxTime`` as the sweep's partition's ``time_limit`` where the inventory names none and
+    """*inv* with SLURM's time limit (``MaxTime``, or the association's or QOS's ``MaxWall`` where tighter) as the
+    sweep's partition's ``time_limit`` where the inventory names none and
     the sweep asks for no time, and the default request (:data:`DEFAULT_TIME`) would pass it: the points then ask
     for what the partition allows instead of being refused for a time the user never asked for (said in
     ``fit.notes``)."""
     part = inv.partition(sweep.partition)
-    limit = fit.time_limit
-    if part.time_limit or sweep.slurm.time or not limit:
+    found = fit.tightest_time()
+    if part.time_limit or sweep.slurm.time or not found:
         return inv
-    if slurm_time_key(limit) >= slurm_time_key(DEFAULT_TIME):
+    most, limit, source = found
+    if most >= slurm_time_key(DEFAULT_TIME):
         return inv
     fit.notes.append(f"partition {part.name!r}: the inventory names no time_limit and the sweep no slurm.time; "
-                     f"the points ask for SLURM's MaxTime, {limit} (sinfo), not the default {DEFAULT_TIME}")
+                     f"the points ask for SLURM's limit, {limit} ({source}), not the default {DEFAULT_TIME}")
     return replace(inv, partitions={**inv.partitions, part.name: replace(part, time_limit=limit)})
 
 
-def cluster_fit(inv: Inventory, points: list[PlannedPoint], slurm: Slurm) -> ClusterFit:
-    """Ask the controller (``sinfo``) about the sweep's SLURM partition; an empty fit when none answers."""
+def cluster_fit(inv: Inventory, sweep: Sweep, points: list[PlannedPoint], slurm: Slurm) -> ClusterFit:
+    """Ask the controller about the sweep's SLURM partition (``sinfo``) and the per-job limits of the account and
+    QOS its jobs run under (``scontrol show assoc_mgr``); an empty fit when none answers."""
     names = {p.partition for p in points}
     if len(names) != 1:
         return ClusterFit()
@@ -136,7 +192,9 @@ def cluster_fit(inv: Inventory, points: list[PlannedPoint], slurm: Slurm) -> Clu
         return ClusterFit(notes=[f"requests not checked against SLURM ({why}); allocations of fewer nodes than the "
                                  f"partition has hosts are not restricted to inventory hosts"])
     others = sorted(set(nodes) - set(part.hosts))
-    return ClusterFit(exclude=others or None, nodes=nodes)
+    asks = scheduling(sweep, part)
+    limits = slurm.job_limits(asks.get("account"), part.slurm_partition, asks.get("qos"))
+    return ClusterFit(exclude=others or None, nodes=nodes, job_limits=limits)
 
 
 def disagreements(part: Partition, nodes: dict[str, NodeInfo]) -> list[str]:

@@ -30,6 +30,7 @@ import datetime as _dt
 import functools
 import getpass
 import io
+import pwd
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -38,7 +39,18 @@ from typing import Any
 
 from harness.contract.errors import RunnerError, SubmitError
 
-from .limits import SubmitLimits, max_array_size, parse_assoc_mgr, parse_config, refusal_kind
+from .limits import (
+    JobLimit,
+    SubmitLimits,
+    default_qos,
+    job_association,
+    max_array_size,
+    parse_assoc_mgr,
+    parse_config,
+    parse_job_limits,
+    parse_records,
+    refusal_kind,
+)
 from .nodes import NODES_ARGV, PARTITIONS_ARGV, SlurmNode, SlurmPartition, parse_nodes, parse_partitions
 from .sacct import JobAccounting, JobKey, Queued, parse_sacct_records, parse_squeue, pick, sacct_argv, squeue_argv
 from .sinfo import NodeInfo, parse_sinfo, sinfo_argv
@@ -226,14 +238,43 @@ class Slurm:
         use moves with every submission). A quota nobody can read is unknown (``free`` None)."""
         size = max_array_size(self.config())
         user = getpass.getuser()
+        text = self._assoc_mgr(user)
+        if text is None:
+            return SubmitLimits(size)
+        free, limit, source = parse_assoc_mgr(text, user, qos, _uid(user))
+        return SubmitLimits(size, free, limit, source)
+
+    def _assoc_mgr(self, user: str) -> str | None:
+        """The controller's view of *user*'s associations and the QOS (``scontrol show assoc_mgr``); None when it
+        does not answer (no accounting, no controller)."""
         try:
             res = self._call(["scontrol", "show", "assoc_mgr", f"users={user}", "flags=assoc,qos"], ASK_TIMEOUT_S)
         except (OSError, subprocess.SubprocessError):
-            return SubmitLimits(size)
-        if res.returncode != 0:
-            return SubmitLimits(size)
-        free, limit, source = parse_assoc_mgr(res.stdout, user, qos)
-        return SubmitLimits(size, free, limit, source)
+            return None
+        return res.stdout if res.returncode == 0 else None
+
+    def job_limits(self, account: str | None, partition: str | None, qos: str | None) -> list[JobLimit]:
+        """The per-job limits (wall time, nodes, CPUs, GPUs) of the association and QOS a job of this user with
+        *account* and *qos* (None: the defaults) runs under; [] when none is set or nobody answers. The default
+        QOS is asked of ``sacctmgr``; where it cannot say, only the association's limits are read."""
+        user = getpass.getuser()
+        text = self._assoc_mgr(user)
+        if text is None:
+            return []
+        if qos is None:
+            assoc = job_association(parse_records(text), user, account, partition)
+            qos = self._default_qos(user, assoc.account, partition) if assoc is not None else None
+        return parse_job_limits(text, user, account=account, partition=partition, qos=qos)
+
+    def _default_qos(self, user: str, account: str, partition: str | None) -> str | None:
+        argv = ["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", f"account={account}"]
+        cluster = self.config().get("ClusterName")
+        argv += [f"cluster={cluster}"] if cluster else []
+        try:
+            res = self._call([*argv, "format=partition,qos,defaultqos"], SINFO_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return default_qos(res.stdout, partition) if res.returncode == 0 else None
 
     def partition_nodes(self, slurm_partition: str) -> tuple[dict[str, NodeInfo] | None, str]:
         """(the nodes of the SLURM partition, or None when nobody answers; and why not)."""
@@ -304,6 +345,13 @@ class Slurm:
     def srun(self, argv: Sequence[str], *, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
         """Run ``srun argv`` (a step of its own allocation) to its end, with *env*."""
         return self._call(["srun", *argv], timeout, env=env)
+
+
+def _uid(user: str) -> int | None:
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
 
 
 def _earlier(need: _dt.datetime | None, asked: _dt.datetime | None) -> bool:

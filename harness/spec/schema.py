@@ -111,6 +111,15 @@ def slurm_time_minutes(text: str) -> float | None:
     return days * 1440 + h * 60 + m + s / 60
 
 
+def minutes_text(minutes: float) -> str:
+    """Minutes as SLURM's ``D-HH:MM:SS``."""
+    secs = int(round(minutes * 60))
+    d, rest = divmod(secs, 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+
+
 def slurm_time_key(text: str) -> float:
     """A SLURM time as minutes to compare by, UNLIMITED/INFINITE the longest. Raises ``ValueError`` on another
     format."""

@@ -429,9 +429,10 @@ ensure_slurmdbd() {
     log "registering cluster $CLUSTER in accounting"
     timeout 30 sacctmgr -i add cluster "$CLUSTER" >/dev/null || die "sacctmgr add cluster failed" "$LOGDIR/slurmdbd.log"
   fi
-  # A test that set a submit limit and died before clearing it must not limit the next run.
+  # A test that set a submit or per-job limit and died before clearing it must not limit the next run.
   timeout 30 sacctmgr -i modify user where name=root cluster="$CLUSTER" set MaxSubmitJobs=-1 MaxJobs=-1 \
-    GrpSubmitJobs=-1 MaxWall=-1 >/dev/null 2>&1 || true
+    GrpSubmitJobs=-1 MaxWall=-1 MaxTRESPerJob=node=-1,cpu=-1 >/dev/null 2>&1 || true
+  timeout 30 sacctmgr -i modify qos where name=normal set MaxWall=-1 MaxTRESPerJob=node=-1,cpu=-1 >/dev/null 2>&1 || true
 }
 
 # ---------------------------------------------------------------- slurmctld

@@ -53,7 +53,7 @@ class Backend(Protocol):
     def check(self, specs: list[JobSpec]) -> None:
         """Refuse, before anything is written, what this executor cannot run."""
 
-    def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit:
+    def fit(self, inv: Inventory, sweep: Sweep, points: list[PlannedPoint]) -> ClusterFit:
         """What the cluster says of the points' partition: the nodes to keep out of their requests, and what
         does not fit (an empty fit where no scheduler places the jobs)."""
 

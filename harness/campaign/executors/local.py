@@ -324,7 +324,7 @@ class LocalBackend:
             raise InputError(f"the local executor runs on one machine; {len(multi)} point(s) need several nodes "
                              f"(e.g. {multi[0]}); use --executor slurm or number_nodes: 1")
 
-    def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit:
+    def fit(self, inv: Inventory, sweep: Sweep, points: list[PlannedPoint]) -> ClusterFit:
         return ClusterFit()
 
     def complete(self, opts: SubmitOptions, sweep: Sweep, inv: Inventory, campaign_dir: Path) -> SubmitOptions:

@@ -61,19 +61,10 @@ from harness.contract.records import (
 )
 from harness.slurm.client import Slurm
 from harness.slurm.localjob import SETTLED, update_submitted
-from harness.spec.schema import slurm_time_minutes
+from harness.spec.schema import minutes_text, slurm_time_minutes
 from harness.spec.search import BATCH_FIELD
 
 REQUEUE_REASON = "requeued unpacked: an earlier point of its pack ran out of GPU memory"
-
-
-def minutes_text(minutes: float) -> str:
-    """Minutes as SLURM's ``D-HH:MM:SS``."""
-    secs = int(round(minutes * 60))
-    d, rest = divmod(secs, 86400)
-    h, rest = divmod(rest, 3600)
-    m, s = divmod(rest, 60)
-    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
 
 
 def pack_time(members: Sequence[JobSpec], time_limit: str | None) -> str | None:

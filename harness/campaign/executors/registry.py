@@ -17,6 +17,7 @@ from harness.contract.paths import JobPaths
 from harness.slurm.client import Slurm
 from harness.spec.inventory import Inventory
 from harness.spec.plan import PlannedPoint
+from harness.spec.sweep import Sweep
 
 from .base import Backend, SubmitOptions
 from .local import LocalBackend
@@ -53,8 +54,8 @@ class OneJob:
 
     backend: Backend
 
-    def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit:
-        return self.backend.fit(inv, points)
+    def fit(self, inv: Inventory, sweep: Sweep, points: list[PlannedPoint]) -> ClusterFit:
+        return self.backend.fit(inv, sweep, points)
 
     def run(self, out: Path, spec: JobSpec) -> None:
         self.backend.check([spec])

@@ -54,9 +54,9 @@ class SlurmBackend:
     def check(self, specs: list[JobSpec]) -> None:
         """Nothing beyond what plan and render checked: SLURM places multi-node points itself."""
 
-    def fit(self, inv: Inventory, points: list[PlannedPoint]) -> ClusterFit:
+    def fit(self, inv: Inventory, sweep: Sweep, points: list[PlannedPoint]) -> ClusterFit:
         """The partition as its controller describes it (``harness.cluster.fit``)."""
-        return cluster_fit(inv, points, self.slurm)
+        return cluster_fit(inv, sweep, points, self.slurm)
 
     def complete(self, opts: SubmitOptions, sweep: Sweep, inv: Inventory, campaign_dir: Path) -> SubmitOptions:
         """The feeder job's script (what the submit quota holds back, ``feed``) and the command a pack runs after an
