@@ -102,11 +102,14 @@ def test_a_search_cancelled_and_resumed_finishes_by_its_feeder(tmp_path: Path, t
     last = [r for r in rows if not any(o["point_id"] == r["point_id"] and o["repeat"] == r["repeat"]
                                        and o["attempt"] > r["attempt"] for o in rows)]
     # each (point, repeat) once; only the cancelled first wave ran twice (its attempt 1 cancelled, attempt 2 the
-    # retry's); the slow points left after their scan's run, and only the fast point ran again
+    # retry's)
     assert len({(r["point_id"], r["repeat"]) for r in last}) == len(last)
     assert sorted(r["point_id"] for r in rows if r["attempt"] > 1) == first and all(
         r["attempt"] <= 2 for r in rows)
-    assert {r["point_id"] for r in last if r["repeat"] >= 1} == {fast}
+    # the fast point ran again (the front's repeats). A slowed point may too: the halving cuts a point only when
+    # the intervals part, and a 2-step run on a loaded machine can have one wide enough to reach the fast point's
+    # (once 800 tok/s against a slowed point's 207); which points that keeps is the load's, not asserted
+    assert fast in {r["point_id"] for r in last if r["repeat"] >= 1}
     by_point = {r["point_id"]: r for r in last if r["repeat"] == 0}
     # batch 2 of the second shape ran out of memory; its pack never started batch 4 after it, and said why
     assert by_point[ooms[0]]["outcome"] == "invalid"
