@@ -88,6 +88,7 @@ class Slurm:
         self._sacct_down: str | None = None  # why sacct could not answer, once it could not
         self._queue: dict[str, Queued] | None = None
         self._queue_asked = False
+        self._assoc: str | None = None  # scontrol show assoc_mgr: the quotas' use moves with the jobs
 
     def _call(self, argv: Sequence[str], timeout: float | None, env: dict[str, str] | None = None,
               ) -> subprocess.CompletedProcess[str]:
@@ -234,8 +235,8 @@ class Slurm:
         return self._config
 
     def submit_limits(self, qos: set[str] | None = None) -> SubmitLimits:
-        """The array size limit and how many jobs this user may submit now (asked afresh each time: the
-        use moves with every submission). A quota nobody can read is unknown (``free`` None)."""
+        """The array size limit and how many jobs this user may submit now (asked afresh after every submission
+        of this client: the use moves with it). A quota nobody can read is unknown (``free`` None)."""
         size = max_array_size(self.config())
         user = getpass.getuser()
         text = self._assoc_mgr(user)
@@ -245,13 +246,16 @@ class Slurm:
         return SubmitLimits(size, free, limit, source)
 
     def _assoc_mgr(self, user: str) -> str | None:
-        """The controller's view of *user*'s associations and the QOS (``scontrol show assoc_mgr``); None when it
-        does not answer (no accounting, no controller)."""
-        try:
-            res = self._call(["scontrol", "show", "assoc_mgr", f"users={user}", "flags=assoc,qos"], ASK_TIMEOUT_S)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return res.stdout if res.returncode == 0 else None
+        """The controller's view of *user*'s associations and the QOS (``scontrol show assoc_mgr``, asked once until
+        this client submits or forgets); None when it does not answer (no accounting, no controller)."""
+        if self._assoc is None:
+            try:
+                res = self._call(["scontrol", "show", "assoc_mgr", f"users={user}", "flags=assoc,qos"],
+                                 ASK_TIMEOUT_S)
+            except (OSError, subprocess.SubprocessError):
+                return None
+            self._assoc = res.stdout if res.returncode == 0 else None
+        return self._assoc
 
     def job_limits(self, account: str | None, partition: str | None, qos: str | None) -> list[JobLimit]:
         """The per-job limits (wall time, nodes, CPUs, GPUs) of the association and QOS a job of this user with
