@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from harness.campaign.executors import feed
+from harness.contract.jobstate import STUCK_REASONS
 from harness.slurm.client import SbatchRefused
 from harness.slurm.held import read_feed
 from harness.slurm.limits import (
@@ -150,6 +151,8 @@ def test_per_job_limits_come_from_the_jobs_association_its_accounts_and_its_qos(
     assert debug["wall"] == (15, "QOS debug", "QOSMaxWallDurationPerJobLimit")
     assert debug["node"] == (1, "QOS debug", "QOSMaxNodePerJobLimit") and debug["cpu"][0] == 64
     assert limits(qos="normal") == limits()
+    # each reason is one the queue's stuck rule knows (a job over the limit that got in anyway is named stuck)
+    assert {lim.reason for lim in parse_job_limits(HIERARCHY, "alice", qos="debug")} <= set(STUCK_REASONS)
     # a user with no association here, and an account she has none in: nothing known, nothing refused
     assert parse_job_limits(HIERARCHY, "bob") == [] and limits(account="biology") == {}
     # the QOS a job gets when it names none: DefaultQOS, else the only one allowed, else normal where allowed
