@@ -44,17 +44,18 @@ class ClusterFit:
         limit = self.tightest_time()
         return limit[1] if limit else None
 
-    def tightest_time(self) -> tuple[float, str, str] | None:
-        """(minutes, SLURM's words, what sets it and where it was read) of the tightest time limit."""
-        found = []
+    def tightest_time(self) -> tuple[float, str, str, JobLimit | None] | None:
+        """(minutes, SLURM's words, what sets it and where it was read, the association's or QOS's limit or None
+        for the partition's) of the tightest time limit."""
+        found: list[tuple[float, str, str, JobLimit | None]] = []
         for n in (self.nodes or {}).values():
             try:
-                found += [(slurm_time_key(n.time_limit), n.time_limit, "MaxTime, sinfo")] if n.time_limit else []
+                found += [(slurm_time_key(n.time_limit), n.time_limit, "MaxTime, sinfo", None)] if n.time_limit else []
             except ValueError:
                 continue  # a word of sinfo's this does not read: no limit known from it
-        found += [(float(lim.most), minutes_text(lim.most), f"{lim.where} {lim.name}, scontrol show assoc_mgr")
+        found += [(float(lim.most), minutes_text(lim.most), f"{lim.where} {lim.name}, scontrol show assoc_mgr", lim)
                   for lim in self.job_limits if lim.tres == "wall"]
-        limit = min(found, default=None)
+        limit = min(found, default=None, key=lambda f: f[0])
         return limit if limit and limit[0] != float("inf") else None
 
     def within(self, time_limit: str | None) -> str | None:
@@ -70,7 +71,7 @@ class ClusterFit:
         found = self.tightest_time()
         if found is None:
             return None
-        most, limit, source = found
+        most, limit, source, wall = found
         over: dict[str, int] = {}
         for spec in specs:
             asked = str(spec.resources["time"])  # (always rendered: harness.build.jobspec.request_time)
@@ -80,8 +81,7 @@ class ClusterFit:
             return None
         part = specs[0].partition
         asks = ", ".join(f"--time={t} ({n} point(s))" for t, n in over.items())
-        wall = next((lim for lim in self.job_limits if lim.tres == "wall" and float(lim.most) == most), None)
-        if wall is not None and "sinfo" not in source:
+        if wall is not None:
             whose = f"the {wall.where} lets one job have at most {limit} ({source})"
             reason = wall.reason
         else:
@@ -172,7 +172,7 @@ def within_slurms_time(inv: Inventory, sweep: Sweep, fit: ClusterFit) -> Invento
     found = fit.tightest_time()
     if part.time_limit or sweep.slurm.time or not found:
         return inv
-    most, limit, source = found
+    most, limit, source, _wall = found
     if most >= slurm_time_key(DEFAULT_TIME):
         return inv
     fit.notes.append(f"partition {part.name!r}: the inventory names no time_limit and the sweep no slurm.time; "

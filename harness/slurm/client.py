@@ -44,10 +44,10 @@ from .limits import (
     SubmitLimits,
     default_qos,
     job_association,
+    job_limits,
     max_array_size,
     parse_assoc_mgr,
     parse_config,
-    parse_job_limits,
     parse_records,
     refusal_kind,
 )
@@ -265,10 +265,11 @@ class Slurm:
         text = self._assoc_mgr(user)
         if text is None:
             return []
+        records = parse_records(text)
         if qos is None:
-            assoc = job_association(parse_records(text), user, account, partition)
+            assoc = job_association(records, user, account, partition)
             qos = self._default_qos(user, assoc.account, partition) if assoc is not None else None
-        return parse_job_limits(text, user, account=account, partition=partition, qos=qos)
+        return job_limits(records, user, account=account, partition=partition, qos=qos)
 
     def _default_qos(self, user: str, account: str, partition: str | None) -> str | None:
         argv = ["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", f"account={account}"]

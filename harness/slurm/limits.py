@@ -73,11 +73,6 @@ class Record:
         return self.fields.get("UserName", "").split("(")[0]
 
     @property
-    def uid(self) -> str:
-        name = self.fields.get("UserName", "")
-        return name.partition("(")[2].rstrip(")")
-
-    @property
     def name(self) -> str:
         return self.fields.get("QOS", "").split("(")[0]
 
@@ -209,12 +204,17 @@ def job_association(records: list[Record], user: str, account: str | None = None
 
 def parse_job_limits(text: str, user: str, *, account: str | None = None, partition: str | None = None,
                      qos: str | None = None) -> list[JobLimit]:
-    """The per-job limits a job of *user* meets, from ``scontrol show assoc_mgr users=USER flags=assoc,qos``:
+    """:func:`job_limits` of ``scontrol show assoc_mgr users=USER flags=assoc,qos``."""
+    return job_limits(parse_records(text), user, account=account, partition=partition, qos=qos)
+
+
+def job_limits(records: list[Record], user: str, *, account: str | None = None, partition: str | None = None,
+               qos: str | None = None) -> list[JobLimit]:
+    """The per-job limits a job of *user* meets, from the controller's *records* (:func:`parse_records`):
     its association's (the one of *account*, else the user's default, ``DefAssoc=Yes``; for *partition* where
     the user has one of its own), each limit the association leaves unset taken from the nearest account above
     it that sets it; then *qos*'s, which take the place of the association's where set (a QOS's limits come
-    first in SLURM). A QOS that is not named is not read: which one a job gets by default is not in this text."""
-    records = parse_records(text)
+    first in SLURM). A QOS that is not named is not read: which one a job gets by default is not in these records."""
     assoc = job_association(records, user, account, partition)
     if assoc is None:
         return []
@@ -281,4 +281,5 @@ def refusal_kind(message: str) -> str | None:
 
 
 __all__ = ["DEFAULT_MAX_ARRAY_SIZE", "JobLimit", "Record", "SubmitLimits", "default_qos", "job_association",
-           "max_array_size", "parse_assoc_mgr", "parse_config", "parse_job_limits", "parse_records", "refusal_kind"]
+           "job_limits", "max_array_size", "parse_assoc_mgr", "parse_config", "parse_job_limits", "parse_records",
+           "refusal_kind"]
