@@ -10,6 +10,7 @@ import csv
 import json
 import math
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.contract.paths import JobPaths
+from harness.runner.stages import open_stages, read_stages
 
 from . import kit
 from .kit import ROOT, SMALL_DATASET, command, sql_rows, table_contents, write_yaml
@@ -296,18 +298,45 @@ def test_gpu_oom_is_an_invalid_measurement(env, cli_module, monkeypatch) -> None
 
 
 @pytest.mark.slow(35)
-def test_stability_experiment_records_fractions(env, cli_module) -> None:
+def test_stability_experiment_classifies_each_trial_and_records_fractions(env, cli_module, monkeypatch) -> None:
+    """Five trials of five steps through the local executor; trial 1 runs out of memory, trial 2 is SIGKILLed,
+    trial 3 fails: the node runner classifies each trial and collect's fractions count them."""
     doc = sweep_doc("e2e-stab", "finetune_full_stability-v1.0.0", env["model"], env["data"],
-                    {"batch_size": 2, "number_gpus": 1, "torch_dtype": "float32"}, {})
-    for k in ("max_steps",):
-        doc["entity"].pop(k, None)
+                    {"batch_size": 2, "number_gpus": 1, "torch_dtype": "bfloat16", "model_max_length": 64}, {})
+    doc["entity"].pop("max_steps", None)
     sweep = write_yaml(env["root"] / "stab.yaml", doc)
+    monkeypatch.setenv("SBENCH_FAULT", "oom@step=1,trial=1;sigkill@step=2,trial=2;error@step=2,trial=3")
     run_cli(cli_module, env, "submit", sweep, "--executor", "local", "--wait")
+    monkeypatch.delenv("SBENCH_FAULT")
     run_cli(cli_module, env, "collect")
-    (m,) = sql(env["db"], "SELECT * FROM measurements WHERE campaign = 'e2e-stab'")
+    (m,) = sql(env["db"], "SELECT m.*, r.job_dir FROM measurements m JOIN runs r USING (run_id) "
+                          "WHERE r.campaign = 'e2e-stab'")
+    paths = JobPaths(m["job_dir"])
+    spec = json.loads(paths.spec.read_text())["jobspec"]
+    assert spec["trials"] == 5 and "5" == spec["train_argv"][spec["train_argv"].index("--max_steps") + 1]
+    (host,) = paths.result_hosts()
+    res = json.loads(paths.result(host).read_text())
+    assert [t["outcome"] for t in res["trials"]] == ["ok", "invalid", "failed", "failed", "ok"]
+    assert res["trial_counts"] == {"ok": 2, "invalid": 1, "failed": 2}
+    assert res["outcome"] == "ok" and "2 ok, 1 invalid" in res["reason"]
+    assert res["trials"][1]["errors"][0]["error_type"] == "torch.OutOfMemoryError"
+    # the SIGKILL left no error file, only its signal and an unfinished stage
+    assert res["trials"][2]["signal"] == signal.SIGKILL and res["trials"][2]["errors"] == []
+    assert "SIGKILL" in res["trials"][2]["reason"]
+    assert [(s["stage"], s["trial"]) for s in res["trials"][2]["open_stages"]] == [("train", 2)]
+    assert "SBENCH_FAULT error" in res["trials"][3]["reason"]
+    assert len({t["port"] for t in res["trials"]}) == 5
+    events = read_stages(paths.stages(host))
+    assert [e["trial"] for e in events if e["stage"] == "trial" and e["event"] == "start"] == [0, 1, 2, 3, 4]
+    assert [(e["stage"], e["rank"], e["trial"]) for e in open_stages(events)] == [("train", 0, 2)]
+    ok_trains = [e for e in events if e["stage"] == "train" and e["event"] == "end" and e["status"] == "ok"]
+    assert sorted(e["trial"] for e in ok_trains) == [0, 4]
+    assert all(e["info"]["global_step"] == 5 for e in ok_trains)
+    # collect: one row per trial, and the fractions the seed defines (an OOM; the SIGKILL and the error are
+    # other errors), computed from them
     trials = sql(env["db"], "SELECT * FROM trials WHERE run_id = ? ORDER BY trial", [m["run_id"]])
-    assert len(trials) == 5 and all(t["outcome"] == "ok" for t in trials)
-    assert (m["f_gpu_oom"], m["f_other_error"], m["f_no_error"]) == (0.0, 0.0, 1.0)
+    assert [t["outcome"] for t in trials] == ["ok", "invalid", "failed", "failed", "ok"]
+    assert (m["f_gpu_oom"], m["f_other_error"], m["f_no_error"]) == (1 / 5, 2 / 5, 2 / 5)
     assert m["is_valid"] is True
 
 
@@ -406,16 +435,14 @@ def test_memory_rows_match_an_independent_recount_and_the_prediction(lora_campai
 @pytest.mark.slow(55)
 def test_memory_of_another_architecture(env, cli_module, tmp_path_factory) -> None:
     """A generated Qwen2-like model (biased q/k/v projections, grouped-query attention, 3 layers): full
-    fine-tuning, LoRA and prompt tuning, each under DDP and FSDP with 2 processes; measured against the recount
-    and the prediction."""
+    fine-tuning and LoRA under FSDP (whose shards the biases' and grouped projections' shapes change) and prompt
+    tuning under DDP, 2 processes each; measured against the recount and the prediction. (The Llama's campaigns
+    above run every method under both backends.)"""
     from harness.data.tinymodel import make_tiny_model
 
     model = make_tiny_model(tmp_path_factory.mktemp("qwen") / "tinyqwen", arch="qwen2", hidden_size=96,
                             num_layers=3, num_heads=6)
     for name, exp, backend in (("e2e-qwen-full", "finetune_full_benchmark-v1.0.0", "FSDP"),
-                               ("e2e-qwen-lora", "finetune_lora_benchmark-v1.0.0", "DDP"),
-                               ("e2e-qwen-fullddp", "finetune_full_benchmark-v1.0.0", "DDP"),
-                               ("e2e-qwen-pt", "finetune_pt_benchmark-v1.0.0", "FSDP"),
                                ("e2e-qwen-lorafsdp", "finetune_lora_benchmark-v1.0.0", "FSDP"),
                                ("e2e-qwen-ptddp", "finetune_pt_benchmark-v1.0.0", "DDP")):
         doc = sweep_doc(name, exp, model, env["data"], {"batch_size": 4, "max_steps": 2, "number_gpus": 2,
@@ -425,9 +452,8 @@ def test_memory_of_another_architecture(env, cli_module, tmp_path_factory) -> No
         run_cli(cli_module, env, "submit", write_yaml(env["root"] / f"{name}.yaml", doc), "--executor", "local",
                 "--wait")
     run_cli(cli_module, env, "collect")
-    seen = _check_memory(env["db"], model, ("e2e-qwen-full", "e2e-qwen-lora", "e2e-qwen-fullddp", "e2e-qwen-pt",
-                                            "e2e-qwen-lorafsdp", "e2e-qwen-ptddp"))
-    assert seen == {(m, b) for m in ("none", "lora", "pt") for b in ("DDP", "FSDP")}
+    seen = _check_memory(env["db"], model, ("e2e-qwen-full", "e2e-qwen-lorafsdp", "e2e-qwen-ptddp"))
+    assert seen == {("none", "FSDP"), ("lora", "FSDP"), ("pt", "DDP")}
 
 
 def run_cli_report(env) -> str:

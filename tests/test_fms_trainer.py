@@ -277,20 +277,23 @@ def fms_env():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model, small_data_dir, fms_env, cli_module):
     cli = cli_module
-    """Full, LoRA (1 and 2 processes, DDP and FSDP) and prompt tuning through both trainers, one epoch of
-    the 64-entry dataset each, through the local executor; then one collect."""
+    """Full, LoRA and prompt tuning through both trainers, and LoRA with 2 processes (DDP and FSDP) through
+    fms-hf-tuning (the sbench trainer's are test_e2e_local's), one epoch of the 64-entry dataset each, through the
+    local executor; then one collect."""
     root = tmp_path_factory.mktemp("fms")
     env = {"root": root, "workdir": root / "runs", "db": root / "r.duckdb", "data": small_data_dir}
     common = {"model_name": "tiny", "model_max_length": 512, "dataset_id": SMALL_DATASET, "batch_size": 4,
               "gradient_accumulation_steps": 2, "fms_hf_tuning_version": VERSION}
-    sweeps = [("fms-full", "finetune_full_benchmark-v1.0.0", {"number_gpus": 1}, {}),
-              ("fms-lora", "finetune_lora_benchmark-v1.0.0", {},
-               {"number_gpus": [1, 2], "distributed_backend": ["DDP", "FSDP"]}),
-              ("fms-pt", "finetune_pt_benchmark-v1.0.0", {"number_gpus": 1}, {})]
+    both = {"trainer": ["sbench", "fms-hf-tuning"]}
+    sweeps = [("fms-full", "finetune_full_benchmark-v1.0.0", {"number_gpus": 1}, both),
+              ("fms-lora", "finetune_lora_benchmark-v1.0.0", {"number_gpus": 1}, both),
+              ("fms-lora2", "finetune_lora_benchmark-v1.0.0", {"number_gpus": 2, "trainer": "fms-hf-tuning"},
+               {"distributed_backend": ["DDP", "FSDP"]}),
+              ("fms-pt", "finetune_pt_benchmark-v1.0.0", {"number_gpus": 1}, both)]
     for name, exp, entity, grid in sweeps:
         path = write_yaml(root / f"{name}.yaml", {
             "campaign": name, "experiment": exp, "entity": {**common, **entity},
-            "grid": {"trainer": ["sbench", "fms-hf-tuning"], **grid}, "model_map": {"tiny": str(tiny_model)},
+            "grid": grid, "model_map": {"tiny": str(tiny_model)},
             "data_dir": str(small_data_dir), "runner": {"sample_interval_s": 0.05}})
         res = cli("submit", path, "--executor", "local", "--wait", "--workdir", env["workdir"], "--db", env["db"])
         assert res.exit_code == 0, res.output
@@ -309,8 +312,8 @@ def _rows(env, where: str = "true") -> list[dict]:
 @pytest.mark.slow(170)
 def test_every_point_runs_through_both_trainers(runs) -> None:
     rows = _rows(runs)
-    # full 1 + LoRA (1 process; 2 x DDP/FSDP) + PT 1, each through both trainers
-    assert len(rows) == 2 * (1 + 3 + 1)
+    # full, LoRA and PT with 1 process through both trainers; LoRA with 2 (DDP, FSDP) through fms-hf-tuning
+    assert len(rows) == 2 * (1 + 1 + 1) + 2
     assert all(r["outcome"] == "ok" and r["is_valid"] for r in rows), [(r["run_id"], r["reason"]) for r in rows]
     assert sorted({r["trainer"] for r in rows}) == ["fms-hf-tuning", "sbench"]
     points = sql_rows(runs["db"], "SELECT DISTINCT trainer FROM points")

@@ -138,17 +138,31 @@ def _round_trip(con: duckdb.DuckDBPyConnection, name: str, sql: str) -> str | No
     return _view_body(found[0]) if found is not None else None
 
 
+_SETTLED: dict[str, str] = {}  # a query's text -> its settled writing, as this process found it (normal_view)
+
+
 def normal_view(con: duckdb.DuckDBPyConnection, name: str, sql: str) -> str | None:
     """A view's query in DuckDB's own writing, written and read back until it no longer changes: DuckDB 1.5
     writes a stored view's query back a little differently from how it was given (``AS "DOUBLE"``, a UNION's
-    parentheses), so a text is compared with another only in this settled form."""
+    parentheses), so a text is compared with another only in this settled form.
+
+    The settled writing is the DuckDB release's rewriting of the text alone, so a text settled once is not made
+    again in this process (every store's check settles the same stored views: four temporary views and eight
+    statements each time). A text that could not be made (its tables were changed) is tried again each time."""
+    known = _SETTLED.get(sql)
+    if known is not None:
+        return known
     text: str | None = sql
     for _ in range(4):
         again = _round_trip(con, name, text) if text is not None else None
         if again is None or again == text:
-            return again
+            break
         text = again
-    return text
+    else:
+        again = text
+    if again is not None:
+        _SETTLED[sql] = again
+    return again
 
 
 def view_definitions(con: duckdb.DuckDBPyConnection, *, lake: bool = False) -> dict[str, str]:
