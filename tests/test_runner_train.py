@@ -403,6 +403,20 @@ def test_scancel_sigterm_stops_training_and_records_it(tmp_path, inventory, host
     assert end and end[0]["status"] == "killed"
 
 
+def test_deepspeed_is_imported_only_where_the_launch_is_deepspeeds(monkeypatch) -> None:
+    """accelerate imports DeepSpeed to unwrap any model where it is installed; the sbench trainer switches that off
+    unless accelerate launched DeepSpeed (ACCELERATE_USE_DEEPSPEED)."""
+    import accelerate.utils.other as other
+
+    from harness.runner.train import deepspeed_left_out
+
+    monkeypatch.setattr(other, "is_deepspeed_available", lambda: True)  # (put back after the test)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert deepspeed_left_out() is False and other.is_deepspeed_available() is True
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    assert deepspeed_left_out() is True and other.is_deepspeed_available() is False
+
+
 def test_activation_checkpointing_goes_by_the_name_the_trainer_arguments_have() -> None:
     # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; earlier 5.x releases know only
     # the old name, and an unknown keyword fails every point

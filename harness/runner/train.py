@@ -163,6 +163,20 @@ def trl_triton_off() -> bool:
     return known
 
 
+def deepspeed_left_out() -> bool:
+    """Where the launch is not DeepSpeed's, keep accelerate from importing DeepSpeed to unwrap the model (its
+    ``extract_model_from_parallel`` imports ``deepspeed`` whenever it is installed: CPU seconds of every rank, and
+    DeepSpeed's accelerator lines in its log); True when it had the switch this knows."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes"):
+        return False
+    import accelerate.utils.other as other  # heavy: only where a model is trained
+
+    if not callable(getattr(other, "is_deepspeed_available", None)):
+        return False
+    other.is_deepspeed_available = lambda: False
+    return True
+
+
 def checkpointing_args(config_cls: Any, enabled: bool, kwargs: dict[str, Any] | None) -> dict[str, Any]:
     """The Trainer's activation-checkpointing arguments, under the names *config_cls* (``SFTConfig``) has: since
     transformers 5.2x ``activation_checkpointing`` (``gradient_checkpointing`` is its deprecated alias there),
@@ -385,6 +399,7 @@ def run(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:
             ctx.note(f"{problem}; this trl has no switch sbench knows to use its torch path: its Triton kernels "
                      "may fail")
     gc_kwargs = dict(args.gradient_checkpointing_kwargs or {})
+    deepspeed_left_out()
 
     # Created first: everything below can then use the process group (gloo on CPU).
     t_imported = time.time()
