@@ -124,6 +124,10 @@ QOS=debug(2)
     GrpJobs=N(0) GrpJobsAccrue=N(0) GrpSubmitJobs=N(0) GrpWall=N(0.00)
     MaxWallPJ=15
     MaxTRESPJ=node=1
+QOS=long(3)
+    UsageRaw=0.000000
+    MaxWallPJ=4320
+    MaxTRESPJ=
 """
 
 
@@ -155,6 +159,17 @@ def test_per_job_limits_come_from_the_jobs_association_its_accounts_and_its_qos(
     assert {lim.reason for lim in parse_job_limits(HIERARCHY, "alice", qos="debug")} <= set(STUCK_REASONS)
     # a user with no association here, and an account she has none in: nothing known, nothing refused
     assert parse_job_limits(HIERARCHY, "bob") == [] and limits(account="biology") == {}
+    # the QOS SLURM's partition gives its jobs comes before the job's own (unless that one says OverPartQOS)
+    part = limits(partition="short", qos="normal", partition_qos="debug")
+    assert part["wall"] == (15, "partition short's QOS debug", "QOSMaxWallDurationPerJobLimit")
+    assert part["node"][:2] == (1, "partition short's QOS debug") and part["cpu"][0] == 64
+    assert all(lim.partition == (lim.tres in ("wall", "node")) for lim in parse_job_limits(
+        HIERARCHY, "alice", partition="short", qos="normal", partition_qos="debug"))
+    assert limits(qos="debug", partition_qos="normal") == limits(qos="debug")  # the partition's sets none
+    assert limits(partition="short", qos="long", partition_qos="debug")["wall"][:2] == (15, "partition short's "
+                                                                                       "QOS debug")
+    assert limits(partition="short", qos="long", partition_qos="debug", over_partition_qos=True)["wall"] == (
+        4320, "QOS long", "QOSMaxWallDurationPerJobLimit")
     # the QOS a job gets when it names none: DefaultQOS, else the only one allowed, else normal where allowed
     assert default_qos("|normal,debug|debug\n") == "debug" and default_qos("|debug|\n") == "debug"
     assert default_qos("|debug,normal|\n") == "normal" and default_qos("|debug,high|\n") is None
@@ -407,12 +422,25 @@ def _set_qos_max_nodes(n: int) -> None:
                                         if r.kind == "qos" and r.name == "normal"] == [want], "the QOS's node limit")
 
 
+def _set_partition_qos(name: str | None, max_wall: int = -1) -> None:
+    """The QOS SLURM's partition cpu gives every job in it (None: none), with its per-job MaxWall in minutes."""
+    if name:
+        subprocess.run(["sacctmgr", "-i", "add", "qos", name], capture_output=True)  # (one left there: fine)
+        subprocess.run(["sacctmgr", "-i", "modify", "qos", "where", f"name={name}", "set", f"MaxWall={max_wall}"],
+                       check=True, capture_output=True)
+        _until_assoc_mgr_says(lambda text: [r.fields.get("MaxWallPJ") for r in parse_records(text)
+                                            if r.kind == "qos" and r.name == name] == [str(max_wall)],
+                              "the partition's QOS")
+    subprocess.run(["scontrol", "update", "PartitionName=cpu", f"QOS={name or ''}"], check=True)
+
+
 @pytest.mark.slurm
 @pytest.mark.alone
 def test_per_job_limits_are_refused_before_submit_and_a_limit_met_later_leaves_jobs_stuck_not_waited_for(
         slurm_cluster, tmp_path: Path) -> None:
     """Per-job limits sbench reads before it submits: the association's MaxWall, the default QOS's MaxTRESPerJob
-    node count, SLURM's partition MaxTime and MaxNodes, each under what the sweep asks (the inventory knows none of
+    node count, SLURM's partition MaxTime and MaxNodes, the partition's own QOS's MaxWall, each under what the sweep
+    asks (the inventory knows none of
     them): submit refuses, exit 2, naming the limit and where it is set, nothing submitted. A limit set after the
     jobs were queued: they pend for ever (AssocMaxWallDurationPerJobLimit); submit --wait does not wait for them, it
     names them stuck and exits 1; status shows them stuck; cancel cancels them."""
@@ -495,6 +523,16 @@ def test_per_job_limits_are_refused_before_submit_and_a_limit_met_later_leaves_j
         assert _queued(f"sbench.{camp}c.") == []
     finally:
         _set_qos_max_nodes(-1)
+    # the QOS of SLURM's partition itself: it binds every job in the partition, whatever QOS the job has
+    _set_partition_qos("sbench_part", max_wall=5)
+    try:
+        res = sbench("submit", _sweep(tmp_path, camp + "d", 2, 0.2), *submit, ok=(2,))
+        assert "--time=00:10:00 (2 point(s)) but the partition cpu's QOS sbench_part lets one job have at most " \
+               "00:05:00 (partition cpu's QOS sbench_part MaxWallPJ=5, scontrol show assoc_mgr)" in res.stderr, \
+            res.stderr
+        assert "(QOSMaxWallDurationPerJobLimit)" in res.stderr and _queued(f"sbench.{camp}d.") == []
+    finally:
+        _set_partition_qos(None)
 
 
 @pytest.mark.slurm

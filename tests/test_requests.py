@@ -220,6 +220,13 @@ def test_an_associations_or_qos_per_job_limits_bound_requests_like_the_partition
     cpus = ClusterFit(nodes=nodes, job_limits=[JobLimit("cpu", 64, "association root/alice", "MaxTRESPJ cpu=64",
                                                         "AssocMaxCpuPerJobLimit")])
     assert one[0].resources.get("exclusive") and cpus.over_job_limits(one)[0].startswith("96 CPU(s) (1 point(s))")
+    assert "(slurm.account, slurm.qos)" in cpus.over_job_limits(one)[0]
+    # the partition's own QOS binds every job in it: another account or QOS does not lift it, another partition does
+    part = ClusterFit(nodes=nodes, job_limits=[JobLimit("cpu", 64, "partition batch's QOS part", "MaxTRESPJ cpu=64",
+                                                        "QOSMaxCpuPerJobLimit", partition=True)])
+    (said,) = part.over_job_limits(one)
+    assert "but the partition batch's QOS part lets one job have at most 64 CPU(s)" in said
+    assert "use another partition" in said and "slurm.qos" not in said
     # no limit read (no accounting, another user's association): the partition's alone
     assert ClusterFit(nodes=nodes).time_limit == "2:00:00" and ClusterFit(nodes=nodes).refusals(specs) == []
 

@@ -275,10 +275,12 @@ def test_one_command_asks_each_question_once(slurm_cluster, tmp_path: Path) -> N
     ids = [p["job_id"] for p in rep["points"]]
     try:
         assert rep["submitted"] == 4 and rep["sbatch_calls"] == 2  # two resource shapes, two arrays
-        assert sorted(c[0] for c in calls) == ["sacctmgr", "sbatch", "sbatch", "scontrol", "scontrol", "sinfo"]
-        # the cluster's limits, once each: the array size, and the user's per-job limits and submit quota with its
-        # use (one answer for both); the QOS the jobs get when the sweep names none
-        assert sorted(" ".join(c[1:3]) for c in calls if c[0] == "scontrol") == ["show assoc_mgr", "show config"]
+        assert sorted(c[0] for c in calls) == ["sacctmgr", "sbatch", "sbatch", "scontrol", "scontrol", "scontrol",
+                                               "sinfo"]
+        # the cluster's limits, once each: the array size, the user's per-job limits and submit quota with its
+        # use (one answer for both), the partition's own QOS; the QOS the jobs get when the sweep names none
+        assert sorted(" ".join(c[1:3]) for c in calls if c[0] == "scontrol") == ["show assoc_mgr", "show config",
+                                                                                 "show partition"]
         assert [c[1:4] for c in calls if c[0] == "sacctmgr"] == [["-nP", "show", "assoc"]]
         # One attempt ends (cancelled from outside sbench, while pending: SLURM keeps no record of that task
         # by its own id); the others stay held in the queue.
@@ -293,7 +295,7 @@ def test_one_command_asks_each_question_once(slurm_cluster, tmp_path: Path) -> N
         rep, calls = _sbench(bindir, log, *submit)
         assert rep["submitted"] == 0
         # (and, as any submit does, the partition's nodes and the per-job limits: sinfo, scontrol, sacctmgr)
-        assert Counter(c[0] for c in calls) == {"sinfo": 1, "scontrol": 2, "sacctmgr": 1, "squeue": 1, "sacct": 2}
+        assert Counter(c[0] for c in calls) == {"sinfo": 1, "scontrol": 3, "sacctmgr": 1, "squeue": 1, "sacct": 2}
         assert [_question(c) for c in calls if c[0] == "sacct"] == [("sacct", ids[0]), ("sacct", ids[0].split("_")[0])]
         _, calls = _sbench(bindir, log, "status", "--json", *common)
         assert Counter(c[0] for c in calls)["squeue"] == 1

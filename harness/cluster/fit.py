@@ -106,10 +106,12 @@ class ClusterFit:
             if over:
                 what = {"node": "node(s)", "cpu": "CPU(s)", "gres/gpu": "GPU(s)"}[lim.tres]
                 asks = ", ".join(f"{n} {what} ({k} point(s))" for n, k in sorted(over.items()))
+                fix = ("use another partition (its QOS binds every job in it, unless the job's QOS has the "
+                       "OverPartQOS flag)" if lim.partition else
+                       "run under an account or QOS that allows them (slurm.account, slurm.qos)")
                 out.append(f"{asks} asked, but the {lim.where} lets one job have at most {lim.most} {what} "
                            f"({lim.name}, scontrol show assoc_mgr): they would pend for ever ({lim.reason}); leave "
-                           "those points out of the sweep, or run under an account or QOS that allows them "
-                           "(slurm.account, slurm.qos)")
+                           f"those points out of the sweep, or {fix}")
         return out
 
     def _asked(self, spec: JobSpec, tres: str) -> int | None:

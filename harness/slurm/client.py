@@ -12,7 +12,10 @@ is asked at most once:
   :class:`~harness.slurm.sacct.JobKey`: its name and when it was submitted); an id asked about again with an
   earlier submit time is asked again, from that time;
 - the queue (``squeue``): once;
-- a partition's nodes (``sinfo``): once per partition.
+- a partition's nodes (``sinfo``): once per partition;
+- the per-job limits' sources: the user's associations and the QOS (``scontrol show assoc_mgr``: once until
+  the client submits), a partition's own QOS (``scontrol show partition``: once per partition), the default
+  QOS (``sacctmgr``).
 
 An answer tells the world as it was when it was asked. A loop that must see states move (``wait``)
 asks again with :meth:`Slurm.forget`; so does every command this client gives (``sbatch``,
@@ -31,6 +34,7 @@ import functools
 import getpass
 import io
 import pwd
+import re
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -49,6 +53,7 @@ from .limits import (
     parse_assoc_mgr,
     parse_config,
     parse_records,
+    qos_limits,
     refusal_kind,
 )
 from .nodes import NODES_ARGV, PARTITIONS_ARGV, SlurmNode, SlurmPartition, parse_nodes, parse_partitions
@@ -77,6 +82,7 @@ class Slurm:
         self._chunk = chunk
         self._nodes: dict[str, tuple[dict[str, NodeInfo] | None, str]] = {}
         self._config: dict[str, str] | None = None
+        self._partition_qos: dict[str, str | None] = {}
         self.forget()
 
     def forget(self) -> None:
@@ -269,7 +275,35 @@ class Slurm:
         if qos is None:
             assoc = job_association(records, user, account, partition)
             qos = self._default_qos(user, assoc.account, partition) if assoc is not None else None
-        return job_limits(records, user, account=account, partition=partition, qos=qos)
+        own = self.partition_qos(partition) if partition else None
+        # whose limits come first where both QOS set one: the partition's, unless the job's QOS says OverPartQOS
+        over = bool(own and qos and qos != own and qos_limits(records, own) and qos_limits(records, qos)
+                    and self._over_partition_qos(qos))
+        return job_limits(records, user, account=account, partition=partition, qos=qos, partition_qos=own,
+                          over_partition_qos=over)
+
+    def partition_qos(self, slurm_partition: str) -> str | None:
+        """The QOS SLURM's partition gives every job in it (``QoS=`` of ``scontrol show partition``, asked once per
+        partition); None where it has none (``N/A``) or nobody answers."""
+        if slurm_partition not in self._partition_qos:
+            found = None
+            try:
+                res = self._call(["scontrol", "show", "partition", "-o", slurm_partition], SINFO_TIMEOUT_S)
+                m = re.search(r"(?:^|\s)QoS=(\S+)", res.stdout) if res.returncode == 0 else None
+                found = m.group(1) if m and m.group(1) not in ("N/A", "(null)") else None
+            except (OSError, subprocess.SubprocessError):
+                pass
+            self._partition_qos[slurm_partition] = found
+        return self._partition_qos[slurm_partition]
+
+    def _over_partition_qos(self, qos: str) -> bool:
+        """Whether the QOS *qos* has the ``OverPartQOS`` flag (its limits then come before the partition QOS's);
+        False where sacctmgr cannot say."""
+        try:
+            res = self._call(["sacctmgr", "-nP", "show", "qos", qos, "format=flags"], SINFO_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return res.returncode == 0 and "overpartqos" in res.stdout.lower()
 
     def _default_qos(self, user: str, account: str, partition: str | None) -> str | None:
         argv = ["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", f"account={account}"]

@@ -15,7 +15,7 @@ command; :mod:`harness.slurm.client` asks the questions and hands the answers to
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 DEFAULT_MAX_ARRAY_SIZE = 1001  # SLURM's default when scontrol does not say
 # "MaxSubmitJobs=15(3)", "GrpSubmitJobs=N(0)" (N: no limit), "MaxSubmitJobsPU=20(4)"; an empty value is no limit.
@@ -168,6 +168,7 @@ class JobLimit:
     where: str  # "association root/alice", "account physics", "QOS normal"
     name: str  # as SLURM prints it: "MaxWallPJ=300", "MaxTRESPJ node=2"
     reason: str  # the pending reason SLURM gives a job over it
+    partition: bool = False  # set by the QOS of SLURM's partition (which binds every job in it)
 
 
 # per-job limits SLURM keeps a job pending for, by TRES: (association's reason, QOS's reason)
@@ -203,21 +204,38 @@ def job_association(records: list[Record], user: str, account: str | None = None
 
 
 def parse_job_limits(text: str, user: str, *, account: str | None = None, partition: str | None = None,
-                     qos: str | None = None) -> list[JobLimit]:
+                     qos: str | None = None, partition_qos: str | None = None,
+                     over_partition_qos: bool = False) -> list[JobLimit]:
     """:func:`job_limits` of ``scontrol show assoc_mgr users=USER flags=assoc,qos``."""
-    return job_limits(parse_records(text), user, account=account, partition=partition, qos=qos)
+    return job_limits(parse_records(text), user, account=account, partition=partition, qos=qos,
+                      partition_qos=partition_qos, over_partition_qos=over_partition_qos)
+
+
+def qos_limits(records: list[Record], name: str | None) -> dict[str, JobLimit]:
+    """The per-job limits the QOS *name* sets, by TRES ({} for None or a QOS the records do not list)."""
+    out: dict[str, JobLimit] = {}
+    for rec in records:
+        if rec.kind == "qos" and name and rec.name == name:
+            out.update(_job_limits(rec))
+    return out
 
 
 def job_limits(records: list[Record], user: str, *, account: str | None = None, partition: str | None = None,
-               qos: str | None = None) -> list[JobLimit]:
+               qos: str | None = None, partition_qos: str | None = None,
+               over_partition_qos: bool = False) -> list[JobLimit]:
     """The per-job limits a job of *user* meets, from the controller's *records* (:func:`parse_records`):
     its association's (the one of *account*, else the user's default, ``DefAssoc=Yes``; for *partition* where
     the user has one of its own), each limit the association leaves unset taken from the nearest account above
     it that sets it; then *qos*'s, which take the place of the association's where set (a QOS's limits come
-    first in SLURM). A QOS that is not named is not read: which one a job gets by default is not in these records."""
+    first in SLURM); then the QOS SLURM's partition gives its jobs (*partition_qos*, its ``QoS=``), whose limits
+    come before the job's QOS's, unless that one has the ``OverPartQOS`` flag (*over_partition_qos*). A QOS that is
+    not named is not read: which one a job gets by default is not in these records."""
     assoc = job_association(records, user, account, partition)
+    part = {t: replace(lim, where=f"partition {partition}'s QOS {partition_qos}" if partition else lim.where,
+                       partition=True)
+            for t, lim in qos_limits(records, partition_qos).items()}
     if assoc is None:
-        return []
+        return list(part.values())
     limits: dict[str, JobLimit] = {}
     accounts = {r.account: r for r in records if r.kind == "association" and not r.user}
     chain: list[Record] = [assoc]
@@ -230,9 +248,9 @@ def job_limits(records: list[Record], user: str, *, account: str | None = None, 
     for rec in chain:
         for tres, lim in _job_limits(rec).items():
             limits.setdefault(tres, lim)
-    for rec in records:
-        if rec.kind == "qos" and qos and rec.name == qos:
-            limits.update(_job_limits(rec))
+    own = qos_limits(records, qos) if qos != partition_qos else {}
+    for layer in ((part, own) if over_partition_qos else (own, part)):  # the last one's limits stand
+        limits.update(layer)
     return list(limits.values())
 
 
@@ -282,4 +300,4 @@ def refusal_kind(message: str) -> str | None:
 
 __all__ = ["DEFAULT_MAX_ARRAY_SIZE", "JobLimit", "Record", "SubmitLimits", "default_qos", "job_association",
            "job_limits", "max_array_size", "parse_assoc_mgr", "parse_config", "parse_job_limits", "parse_records",
-           "refusal_kind"]
+           "qos_limits", "refusal_kind"]

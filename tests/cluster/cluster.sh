@@ -560,6 +560,13 @@ health() {
 }
 
 # ---------------------------------------------------------------- commands
+# A test that changed partition cpu (its MaxTime, MaxNodes, state or QOS) and died before setting it back must not
+# limit the next run: slurmctld keeps such changes in its saved state.
+reset_partitions() {
+  timeout 10 scontrol update PartitionName=cpu QOS= MaxTime=INFINITE MaxNodes=UNLIMITED State=UP >/dev/null 2>&1 \
+    || warn "could not reset partition cpu's limits"
+}
+
 cmd_start() {
   local t0=$SECONDS
   ensure_packages
@@ -569,6 +576,7 @@ cmd_start() {
   for n in "${NODES[@]}"; do ns_ok "${NODE_NS[$n]}" || all_ns=0; done
   if ((SLURM_CONF_CHANGED == 0 && DBD_CONF_CHANGED == 0 && all_ns)) && health 0; then
     ensure_hosts
+    reset_partitions
     log "already running and healthy"
     return 0
   fi
@@ -578,6 +586,7 @@ cmd_start() {
   ensure_slurmctld
   ensure_slurmds
   ((CTLD_STARTED)) && clear_left_jobs
+  reset_partitions
   log "cluster $CLUSTER is up ($((SECONDS - t0))s); logs in $LOGDIR"
   health 1
 }
