@@ -162,8 +162,9 @@ def test_a_slowed_node_fails_preflight_and_submit_leaves_it_out(cli, env, monkey
     assert [r["preflight_id"] for r in looks] == [doc["preflight_id"], f"{doc['preflight_id']}-again"]
     health = {h["host"]: h for h in sql_rows(env["db"], "SELECT * FROM host_health")}
     assert health["node2"]["slow_preflights"] == 0  # one burst is no flag
-    # slow at both looks: condemned
-    monkeypatch.setenv("SBENCH_FAULT", "slow@stage=preflight,host=node2:4")
+    # slow at both looks: condemned. Ten times slower (near 2/11 of the median): a burst of load on node1 at the
+    # second look (it had node2 at 0.72 of a fourfold slowdown's 2/5) cannot lift it past the threshold
+    monkeypatch.setenv("SBENCH_FAULT", "slow@stage=preflight,host=node2:10")
     res = sb(cli, env, "preflight", "-i", TEST_INVENTORY, "--partition", "cpu", "--on", "slurm", "--seconds", "0.5",
              "--json", ok=False)
     assert res.exit_code == 1, res.output

@@ -275,7 +275,8 @@ class Slurm:
         if qos is None:
             assoc = job_association(records, user, account, partition)
             qos = self._default_qos(user, assoc.account, partition) if assoc is not None else None
-        own = self.partition_qos(partition) if partition else None
+        # (a controller that lists no QOS enforces none: the partition's is not asked then)
+        own = self.partition_qos(partition) if partition and any(r.kind == "qos" for r in records) else None
         # whose limits come first where both QOS set one: the partition's, unless the job's QOS says OverPartQOS
         over = bool(own and qos and qos != own and qos_limits(records, own) and qos_limits(records, qos)
                     and self._over_partition_qos(qos))
