@@ -152,14 +152,11 @@ def normal_view(con: duckdb.DuckDBPyConnection, name: str, sql: str) -> str | No
     known = _SETTLED.get(sql)
     if known is not None:
         return known
-    text: str | None = sql
-    for _ in range(4):
-        again = _round_trip(con, name, text) if text is not None else None
+    text, again = sql, _round_trip(con, name, sql)
+    for _ in range(3):
         if again is None or again == text:
             break
-        text = again
-    else:
-        again = text
+        text, again = again, _round_trip(con, name, again)
     if again is not None:
         _SETTLED[sql] = again
     return again

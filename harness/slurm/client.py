@@ -34,7 +34,6 @@ import functools
 import getpass
 import io
 import pwd
-import re
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -47,11 +46,13 @@ from .limits import (
     JobLimit,
     SubmitLimits,
     default_qos,
+    has_over_part_qos,
     job_association,
     job_limits,
     max_array_size,
     parse_assoc_mgr,
     parse_config,
+    parse_partition_qos,
     parse_records,
     qos_limits,
     refusal_kind,
@@ -290,8 +291,7 @@ class Slurm:
             found = None
             try:
                 res = self._call(["scontrol", "show", "partition", "-o", slurm_partition], SINFO_TIMEOUT_S)
-                m = re.search(r"(?:^|\s)QoS=(\S+)", res.stdout) if res.returncode == 0 else None
-                found = m.group(1) if m and m.group(1) not in ("N/A", "(null)") else None
+                found = parse_partition_qos(res.stdout) if res.returncode == 0 else None
             except (OSError, subprocess.SubprocessError):
                 pass
             self._partition_qos[slurm_partition] = found
@@ -304,7 +304,7 @@ class Slurm:
             res = self._call(["sacctmgr", "-nP", "show", "qos", qos, "format=flags"], SINFO_TIMEOUT_S)
         except (OSError, subprocess.SubprocessError):
             return False
-        return res.returncode == 0 and "overpartqos" in res.stdout.lower()
+        return res.returncode == 0 and has_over_part_qos(res.stdout)
 
     def _default_qos(self, user: str, account: str, partition: str | None) -> str | None:
         argv = ["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", f"account={account}"]

@@ -254,6 +254,19 @@ def job_limits(records: list[Record], user: str, *, account: str | None = None, 
     return list(limits.values())
 
 
+def parse_partition_qos(text: str) -> str | None:
+    """``scontrol show partition -o NAME`` -> the QOS the partition gives every job in it (``QoS=``); None where it
+    has none (``N/A``)."""
+    found = dict(_FIELD.findall(text)).get("QoS")
+    return found if found and found not in ("N/A", "(null)") else None
+
+
+def has_over_part_qos(text: str) -> bool:
+    """``sacctmgr -nP show qos NAME format=flags`` -> whether the QOS has the ``OverPartQOS`` flag (its limits then
+    come before the partition QOS's)."""
+    return "overpartqos" in text.lower()
+
+
 def default_qos(text: str, partition: str | None = None) -> str | None:
     """The QOS a job gets when it names none, from ``sacctmgr -nP show assoc where user=U account=A
     format=partition,qos,defaultqos`` (the association of *partition* where the user has one, else the plain one):
@@ -298,6 +311,6 @@ def refusal_kind(message: str) -> str | None:
     return None
 
 
-__all__ = ["DEFAULT_MAX_ARRAY_SIZE", "JobLimit", "Record", "SubmitLimits", "default_qos", "job_association",
-           "job_limits", "max_array_size", "parse_assoc_mgr", "parse_config", "parse_job_limits", "parse_records",
-           "qos_limits", "refusal_kind"]
+__all__ = ["DEFAULT_MAX_ARRAY_SIZE", "JobLimit", "Record", "SubmitLimits", "default_qos", "has_over_part_qos",
+           "job_association", "job_limits", "max_array_size", "parse_assoc_mgr", "parse_config", "parse_job_limits",
+           "parse_partition_qos", "parse_records", "qos_limits", "refusal_kind"]
